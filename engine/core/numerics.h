@@ -1,0 +1,314 @@
+// The numerics contract (DESIGN.md section 6), written once so that C++ and
+// CUDA compile the same text: the scalar Adam/AdamW step, fp32 <-> bf16/fp16
+// conversion, and the fixed summation order of the gradient norm.
+//
+// Every kernel (scalar, AVX2, AVX-512, the host device, CUDA) performs exactly
+// these operations in exactly this order, with fused multiply-adds where this
+// file calls fma and nowhere else. Build with -ffp-contract=off (nvcc
+// --fmad=false), never with fast-math, never with flush-to-zero. Then results
+// are bit-identical for finite inputs wherever they run. Where a result is
+// NaN every kernel produces a NaN, but its sign and payload are not part of
+// the contract (x86 and CUDA generate different default NaNs); the engine
+// never commits a step whose gradients were not finite.
+#pragma once
+
+#include <cstdint>
+
+#include <bit>
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define STRATA_HD __host__ __device__ __forceinline__
+#else
+#define STRATA_HD inline
+#endif
+
+namespace strata::core::numerics {
+
+// ---------------------------------------------------------------------------
+// Bit casts and the IEEE operations the contract uses.
+// ---------------------------------------------------------------------------
+
+STRATA_HD std::uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  return std::bit_cast<std::uint32_t>(x);
+#endif
+}
+
+STRATA_HD float float_from_bits(std::uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  return std::bit_cast<float>(u);
+#endif
+}
+
+// Correctly rounded (IEEE 754) single-precision operations.
+STRATA_HD float fma_f32(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return std::fma(a, b, c);
+#endif
+}
+STRATA_HD float sqrt_f32(float x) {
+#if defined(__CUDA_ARCH__)
+  return __fsqrt_rn(x);
+#else
+  return std::sqrt(x);
+#endif
+}
+STRATA_HD float div_f32(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+STRATA_HD float mul_f32(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+STRATA_HD bool is_finite_bits(std::uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
+
+// ---------------------------------------------------------------------------
+// fp32 <-> bf16. bf16 is the upper half of an fp32.
+// ---------------------------------------------------------------------------
+
+// Round to nearest, ties to even, on the bit pattern. Subnormals are kept
+// (never flushed); values past the largest bf16 round to infinity; a NaN
+// becomes a quiet NaN with its sign and the upper bits of its payload.
+STRATA_HD std::uint16_t fp32_to_bf16_bits(float x) {
+  std::uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) {
+    return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+  }
+  const std::uint32_t lsb = (u >> 16) & 1u;
+  u += 0x7fffu + lsb;
+  return static_cast<std::uint16_t>(u >> 16);
+}
+
+// Exact.
+STRATA_HD float bf16_bits_to_fp32(std::uint16_t h) {
+  return float_from_bits(static_cast<std::uint32_t>(h) << 16);
+}
+
+// ---------------------------------------------------------------------------
+// fp32 <-> fp16 (IEEE binary16: 1 sign, 5 exponent, 10 mantissa bits).
+// ---------------------------------------------------------------------------
+
+// Round to nearest, ties to even. Results below 2^-14 become fp16 subnormals
+// (never flushed); magnitudes >= 65520 become infinity; a NaN becomes a quiet
+// NaN with its sign and the upper bits of its payload.
+STRATA_HD std::uint16_t fp32_to_fp16_bits(float x) {
+  const std::uint32_t u = float_bits(x);
+  const std::uint32_t sign = (u >> 16) & 0x8000u;
+  std::uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) {  // NaN
+    return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x03ffu));
+  }
+  if (a >= 0x477ff000u) {  // >= 65520.0f (or inf): rounds to infinity
+    return static_cast<std::uint16_t>(sign | 0x7c00u);
+  }
+  if (a >= 0x38800000u) {  // >= 2^-14: a normal fp16
+    const std::uint32_t lsb = (a >> 13) & 1u;
+    a += 0x0fffu + lsb;    // round to nearest even at bit 13
+    a -= 112u << 23;       // rebias the exponent: 127 - 15
+    return static_cast<std::uint16_t>(sign | (a >> 13));
+  }
+  if (a <= 0x33000000u) {  // <= 2^-25: rounds to zero (2^-25 is a tie, zero is even)
+    return static_cast<std::uint16_t>(sign);
+  }
+  // fp16 subnormal: the value in units of 2^-24 is m * 2^(e - 150 + 24).
+  const std::uint32_t e = a >> 23;  // 102 .. 112
+  const std::uint32_t m = (a & 0x007fffffu) | 0x00800000u;
+  const std::uint32_t shift = 126u - e;  // 14 .. 24
+  std::uint32_t r = m >> shift;
+  const std::uint32_t rem = m & ((1u << shift) - 1u);
+  const std::uint32_t half = 1u << (shift - 1u);
+  if (rem > half || (rem == half && (r & 1u) != 0)) ++r;  // may carry into the smallest normal
+  return static_cast<std::uint16_t>(sign | r);
+}
+
+// Exact (every fp16 is an fp32).
+STRATA_HD float fp16_bits_to_fp32(std::uint16_t h) {
+  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
+  std::uint32_t e = (h >> 10) & 0x1fu;
+  std::uint32_t m = h & 0x03ffu;
+  if (e == 0x1fu) return float_from_bits(sign | 0x7f800000u | (m << 13));  // inf, NaN
+  if (e == 0) {
+    if (m == 0) return float_from_bits(sign);
+    // Subnormal: normalise. value = m * 2^-24.
+    e = 1;
+    while ((m & 0x0400u) == 0) {
+      m <<= 1;
+      --e;
+    }
+    m &= 0x03ffu;
+    return float_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+  }
+  return float_from_bits(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+// ---------------------------------------------------------------------------
+// Adam / AdamW (DeepSpeed semantics: `Adam` with adam_w_mode = true is AdamW;
+// eps is added after the bias-corrected square root). Loshchilov & Hutter,
+// "Decoupled Weight Decay Regularization", Algorithm 2; Kingma & Ba, Alg. 1.
+//
+//   g  = grad * grad_scale                       (unscale, clip, 1/accumulation)
+//   g  = fma(p, l2_decay, g)                     (Adam with L2 only: g += wd * p)
+//   m  = fma(beta1, m, one_minus_beta1 * g)
+//   v  = fma(beta2, v, one_minus_beta2 * (g * g))
+//   d  = fma(sqrt(v), inv_sqrt_bias_correction2, eps)
+//   u  = m / d
+//   p  = fma(neg_lr_decay, p, p)                 (AdamW only: p -= lr * wd * p)
+//   p  = fma(neg_step_size, u, p)                (p -= lr / bias_correction1 * u)
+//
+// The two decay lines run only when their constant is non-zero, so a kernel
+// branches once per call, not per element.
+// ---------------------------------------------------------------------------
+
+// Per-step constants, computed on the host in double and rounded to float once
+// (make_adam_constants). Every kernel takes this struct.
+struct AdamStepConstants {
+  float grad_scale = 1.0f;                 // combined factor applied to the raw gradient
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float one_minus_beta1 = 0.1f;            // rounded from double 1 - beta1
+  float one_minus_beta2 = 0.001f;          // rounded from double 1 - beta2
+  float eps = 1e-8f;
+  float inv_sqrt_bias_correction2 = 1.0f;  // 1 / sqrt(1 - beta2^step); 1 without bias correction
+  float neg_step_size = -1e-3f;            // -lr / (1 - beta1^step); -lr without bias correction
+  float neg_lr_decay = 0.0f;               // AdamW: -lr * weight_decay; else 0
+  float l2_decay = 0.0f;                   // Adam (L2): weight_decay; else 0
+};
+
+// Hyperparameters of one optimizer group for one step.
+struct AdamHyperparams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adamw_mode = true;       // true: decoupled decay (AdamW); false: L2 added to the gradient
+  bool bias_correction = true;
+};
+
+// `step` counts from 1 (the first update). `grad_scale` is the combined factor
+// (see combined_grad_scale). Host only.
+inline AdamStepConstants make_adam_constants(const AdamHyperparams& h, std::int64_t step,
+                                             double grad_scale) {
+  AdamStepConstants c;
+  const double t = static_cast<double>(step < 1 ? 1 : step);
+  const double bc1 = h.bias_correction ? 1.0 - std::pow(h.beta1, t) : 1.0;
+  const double bc2 = h.bias_correction ? 1.0 - std::pow(h.beta2, t) : 1.0;
+  c.grad_scale = static_cast<float>(grad_scale);
+  c.beta1 = static_cast<float>(h.beta1);
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.eps = static_cast<float>(h.eps);
+  c.inv_sqrt_bias_correction2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  c.neg_step_size = static_cast<float>(-h.lr / bc1);
+  c.neg_lr_decay = h.adamw_mode ? static_cast<float>(-h.lr * h.weight_decay) : 0.0f;
+  c.l2_decay = h.adamw_mode ? 0.0f : static_cast<float>(h.weight_decay);
+  return c;
+}
+
+// One element of the step. `grad` is the raw fp32 gradient (or the fp32 value
+// of a bf16/fp16 gradient); p, m, v are updated in place.
+STRATA_HD void adam_step(const AdamStepConstants& c, float grad, float& p, float& m, float& v) {
+  float g = mul_f32(grad, c.grad_scale);
+  if (c.l2_decay != 0.0f) g = fma_f32(p, c.l2_decay, g);
+  m = fma_f32(c.beta1, m, mul_f32(c.one_minus_beta1, g));
+  v = fma_f32(c.beta2, v, mul_f32(c.one_minus_beta2, mul_f32(g, g)));
+  const float d = fma_f32(sqrt_f32(v), c.inv_sqrt_bias_correction2, c.eps);
+  const float u = div_f32(m, d);
+  if (c.neg_lr_decay != 0.0f) p = fma_f32(c.neg_lr_decay, p, p);
+  p = fma_f32(c.neg_step_size, u, p);
+}
+
+// ---------------------------------------------------------------------------
+// Gradient scaling (host, double).
+// ---------------------------------------------------------------------------
+
+// DeepSpeed's clip coefficient: max_norm / (norm + 1e-6), capped at 1; 1 when
+// clipping is off (max_norm <= 0). `norm` is the norm of the unscaled gradient.
+inline double clip_coefficient(double norm, double max_norm) {
+  if (max_norm <= 0.0) return 1.0;
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? coef : 1.0;
+}
+
+// The one factor the raw (scaled, summed over micro-batches) gradient is
+// multiplied by: 1/loss_scale x clip coefficient x 1/gradient_accumulation_steps,
+// formed in double and rounded to float once (by make_adam_constants).
+inline double combined_grad_scale(double loss_scale, double clip_coef,
+                                  std::int64_t gradient_accumulation_steps) {
+  return (1.0 / loss_scale) * clip_coef / static_cast<double>(gradient_accumulation_steps);
+}
+
+// ---------------------------------------------------------------------------
+// The global gradient norm: a fixed order, whatever the arrival order,
+// chunking or device.
+//
+// Parameters are numbered by their global flat offset. Block b covers offsets
+// [b * kNormBlockElems, (b + 1) * kNormBlockElems); chunks and tiles start on
+// block boundaries, so every block is reduced by one worker. Within a block,
+// lane j (0..31) sums, in increasing offset, the squares (in double, exact)
+// of the elements whose offset within the block is j mod 32, starting from
+// +0.0; then the lanes are folded in a fixed tree, for s = 16, 8, 4, 2, 1:
+// lane[k] += lane[k + s] for k < s (a CUDA warp's shuffle-down). The block's
+// partial is lane[0]. The squared norm is the sum of the partials in block
+// index order starting from +0.0; the norm is its square root.
+// ---------------------------------------------------------------------------
+
+inline constexpr std::int64_t kNormBlockElems = 65536;
+inline constexpr int kNormLanes = 32;
+
+// Square of an fp32 value in double: exact (48 significant bits).
+STRATA_HD double square_f64(float x) {
+  const double d = static_cast<double>(x);
+  return d * d;
+}
+
+// Folds 32 lane sums in the contract's tree order; lanes is overwritten.
+STRATA_HD double fold_norm_lanes(double* lanes) {
+  for (int s = kNormLanes / 2; s >= 1; s /= 2) {
+    for (int k = 0; k < s; ++k) lanes[k] = lanes[k] + lanes[k + s];
+  }
+  return lanes[0];
+}
+
+// Reference partial of one block (n <= kNormBlockElems elements, which start
+// on a block boundary). `to_f32` converts one element (identity for float,
+// bf16_bits_to_fp32, fp16_bits_to_fp32).
+template <typename T, typename ToF32>
+STRATA_HD double norm_block_partial(const T* x, std::int64_t n, ToF32 to_f32) {
+  double lanes[kNormLanes];
+  for (int j = 0; j < kNormLanes; ++j) lanes[j] = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    lanes[i % kNormLanes] = lanes[i % kNormLanes] + square_f64(to_f32(x[i]));
+  }
+  return fold_norm_lanes(lanes);
+}
+
+// Sum of block partials in index order.
+STRATA_HD double sum_norm_partials(const double* partials, std::int64_t count) {
+  double total = 0.0;
+  for (std::int64_t b = 0; b < count; ++b) total = total + partials[b];
+  return total;
+}
+
+// Number of norm blocks covering n elements that start on a block boundary.
+STRATA_HD std::int64_t norm_block_count(std::int64_t n) {
+  return (n + kNormBlockElems - 1) / kNormBlockElems;
+}
+
+}  // namespace strata::core::numerics
