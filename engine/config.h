@@ -1,0 +1,241 @@
+// The engine's configuration: JSON in (DeepSpeed's keys with DeepSpeed's
+// meaning, units and defaults, plus strata's own under "strata"), a typed,
+// validated, fully resolved Config out. docs/config.md is the reference for
+// every key. Config is a thread-compatible value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/core/result.h"
+
+namespace strata::engine {
+
+enum class OffloadDevice { kNone, kCpu, kNvme };  // "none" (stays on the GPU), "cpu", "nvme"
+enum class OptimizerType { kAdam, kAdamW, kAdagrad, kLion };
+enum class SchedulerType { kNone, kWarmupLR, kWarmupDecayLR, kWarmupCosineLR };
+enum class WarmupType { kLog, kLinear };  // "log", "linear"
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class IoBackend { kAuto, kIoUring, kLibaio, kPsync };  // "auto", "io_uring", "libaio", "psync"
+enum class CpuAdamIsa { kAuto, kAvx512, kAvx2, kScalar };
+enum class OverlapMode { kExact, kDelayed, kNone };  // "exact", "delayed", "none"
+enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
+enum class NonfinitePolicy { kSkip, kError };         // "skip" (skip the step, count it), "error"
+
+std::string_view to_string(OffloadDevice v);
+std::string_view to_string(OptimizerType v);
+std::string_view to_string(SchedulerType v);
+std::string_view to_string(WarmupType v);
+std::string_view to_string(Precision v);
+std::string_view to_string(IoBackend v);
+std::string_view to_string(CpuAdamIsa v);
+std::string_view to_string(OverlapMode v);
+std::string_view to_string(DeviceKind v);
+std::string_view to_string(NonfinitePolicy v);
+
+// "optimizer": {"type": ..., "params": {...}}. Absent: AdamW with these defaults.
+struct OptimizerConfig {
+  OptimizerType type = OptimizerType::kAdamW;
+  double lr = 1e-3;            // params.lr
+  double beta1 = 0.9;          // params.betas[0]
+  double beta2 = 0.999;        // params.betas[1]
+  double eps = 1e-8;           // params.eps
+  double weight_decay = 0.0;   // params.weight_decay
+  // params.adam_w_mode (DeepSpeed default true: type "Adam" is AdamW unless
+  // this is false). Resolved: true for AdamW, and for Adam unless disabled.
+  bool adam_w_mode = true;
+  bool bias_correction = true;  // params.bias_correction
+};
+
+// "scheduler": {"type": ..., "params": {...}} (DeepSpeed's lr_schedules).
+struct SchedulerConfig {
+  SchedulerType type = SchedulerType::kNone;
+  double warmup_min_lr = 0.0;         // WarmupLR, WarmupDecayLR
+  double warmup_max_lr = 1e-3;        // WarmupLR, WarmupDecayLR
+  std::int64_t warmup_num_steps = 1000;
+  WarmupType warmup_type = WarmupType::kLog;
+  std::int64_t total_num_steps = 0;   // WarmupDecayLR, WarmupCosineLR (required there)
+  double warmup_min_ratio = 0.0;      // WarmupCosineLR: start lr = ratio x optimizer lr
+  double cos_min_ratio = 1e-4;        // WarmupCosineLR: final lr = ratio x optimizer lr
+};
+
+// "fp16": {...}: DeepSpeed's dynamic loss scaler.
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0.0;             // 0: dynamic; > 0: static scale
+  int initial_scale_power = 16;        // dynamic scale starts at 2^power
+  std::int64_t loss_scale_window = 1000;  // steps without overflow before the scale doubles
+  int hysteresis = 2;                  // overflows tolerated before the scale halves
+  bool consecutive_hysteresis = false; // refill hysteresis after a good step
+  double min_loss_scale = 1.0;
+};
+
+// "zero_optimization.offload_optimizer".
+struct OffloadOptimizerConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path = "/local_nvme";
+  bool pin_memory = false;
+  std::int64_t buffer_count = 4;
+  bool fast_init = false;
+  // DeepSpeed's meaning: the share of the optimizer (by parameters) updated on
+  // the CPU; the rest stays and is updated on the GPU. 0 < ratio <= 1.
+  double ratio = 1.0;
+};
+
+// "zero_optimization.offload_param".
+struct OffloadParamConfig {
+  OffloadDevice device = OffloadDevice::kNone;
+  std::string nvme_path = "/local_nvme";
+  bool pin_memory = false;
+  std::int64_t buffer_count = 5;
+  std::int64_t buffer_size = 100'000'000;  // elements
+  std::int64_t max_in_cpu = 1'000'000'000;  // elements
+};
+
+// "zero_optimization". Size keys count elements, as in DeepSpeed.
+struct ZeroConfig {
+  int stage = 0;
+  OffloadOptimizerConfig offload_optimizer;
+  OffloadParamConfig offload_param;
+  std::int64_t sub_group_size = 1'000'000'000;               // elements
+  std::int64_t stage3_prefetch_bucket_size = 50'000'000;     // elements
+  std::int64_t stage3_max_live_parameters = 1'000'000'000;   // elements
+  std::int64_t stage3_max_reuse_distance = 1'000'000'000;    // elements
+  std::int64_t stage3_param_persistence_threshold = 100'000; // elements
+  std::int64_t reduce_bucket_size = 500'000'000;             // elements
+  std::int64_t allgather_bucket_size = 500'000'000;          // elements
+  bool overlap_comm = false;
+  bool contiguous_gradients = true;
+  bool stage3_gather_16bit_weights_on_model_save = false;
+};
+
+// "aio" (DeepSpeed's async I/O settings).
+struct AioConfig {
+  std::int64_t block_size = 1'048'576;  // bytes
+  std::int64_t queue_depth = 8;
+  std::int64_t intra_op_parallelism = 1;  // old name: thread_count
+  bool single_submit = false;
+  bool overlap_events = true;
+  bool use_gds = false;
+};
+
+// "strata.budgets": hard limits in bytes. 0 means "derive": the probed
+// capacity of the tier less a safety margin (see docs/config.md).
+struct BudgetsConfig {
+  std::uint64_t device_bytes = 0;   // device memory the engine may hold
+  std::uint64_t pinned_bytes = 0;   // pinned host memory (state, gradients, staging)
+  std::uint64_t staging_bytes = 0;  // of pinned: the I/O staging ring
+  std::uint64_t disk_bytes = 0;     // swap space over all paths
+};
+
+// "strata.io".
+struct IoConfig {
+  IoBackend backend = IoBackend::kAuto;
+  // Swap directories. When empty, the DeepSpeed nvme_path(s) of offload_optimizer
+  // and offload_param are used; when set, these win (a warning says so if a
+  // DeepSpeed nvme_path of an nvme placement differs).
+  std::vector<std::string> paths;
+  std::uint64_t stripe_bytes = 8ull << 20;  // blocks larger than this are striped over paths
+  std::int64_t queue_depth = 32;            // requests in flight per ring
+  std::uint64_t block_bytes = 1ull << 20;   // request size; default from aio.block_size
+  int rings = 1;                            // io_uring rings (one per I/O thread)
+  bool sqpoll = false;
+  bool keep_files = false;                  // keep swap files after close
+};
+
+// "strata.cpu_adam".
+struct CpuAdamConfig {
+  CpuAdamIsa isa = CpuAdamIsa::kAuto;
+  int threads = 0;              // 0: every core of the NUMA node
+  std::int64_t tile_elems = 0;  // 0: chosen by the kernel (a multiple of the norm block)
+};
+
+// "strata.host_device": the emulated device and its timing model. A rate of 0
+// means "instantaneous" (no modelled time).
+struct HostDeviceConfig {
+  std::uint64_t memory_bytes = 16ull << 30;  // emulated device memory
+  double h2d_gbps = 0.0;    // host -> device copies, GB/s (1e9 bytes/s)
+  double d2h_gbps = 0.0;    // device -> host copies
+  double d2d_gbps = 0.0;    // device -> device copies
+  double tflops = 0.0;      // declared compute, 1e12 FLOP/s
+};
+
+// "strata": everything that is not DeepSpeed's.
+struct StrataConfig {
+  std::uint64_t seed = 0;
+  BudgetsConfig budgets;
+  std::uint64_t chunk_bytes = 64ull << 20;  // optimizer-state chunk (fp32 master bytes)
+  // With offload_optimizer.device = nvme: the share (0..1) of the optimizer
+  // state kept in pinned CPU memory; the rest lives on NVMe. Key:
+  // "strata.optimizer_cpu_fraction".
+  double optimizer_cpu_fraction = 0.0;
+  IoConfig io;
+  bool crc = true;
+  CpuAdamConfig cpu_adam;
+  OverlapMode overlap = OverlapMode::kExact;
+  DeviceKind device = DeviceKind::kAuto;
+  HostDeviceConfig host_device;
+  NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;  // bf16 / fp32 non-finite gradients
+  std::string trace;  // path of a Chrome trace JSON to write; empty: no trace
+  bool strict = false;  // unknown keys are errors instead of warnings
+};
+
+// A warning found while parsing: the key path and what strata does about it.
+struct ConfigWarning {
+  std::string key_path;  // "zero_optimization.offload_optimizer.fast_init"
+  std::string message;
+};
+
+struct Config {
+  // Batch sizes, resolved as DeepSpeed does with one process:
+  // train_batch_size = micro_batch x gradient_accumulation_steps.
+  std::int64_t train_batch_size = 1;
+  std::int64_t train_micro_batch_size_per_gpu = 1;
+  std::int64_t gradient_accumulation_steps = 1;
+  double gradient_clipping = 0.0;  // max global norm; 0: off
+
+  Precision precision = Precision::kFp32;  // from bf16.enabled / fp16.enabled
+  Fp16Config fp16;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ZeroConfig zero;
+  AioConfig aio;
+  StrataConfig strata;
+
+  // Everything the parser warned about (also logged at warn level).
+  std::vector<ConfigWarning> warnings;
+
+  // The swap directories the engine uses: strata.io.paths, else the distinct
+  // nvme_paths of the placements that use nvme. Empty when nothing is on nvme.
+  std::vector<std::string> swap_paths() const;
+  // Bytes of one compute-copy element: 2 for bf16/fp16, 4 for fp32.
+  int compute_bytes() const { return precision == Precision::kFp32 ? 4 : 2; }
+};
+
+struct ParseOptions {
+  // Hidden size of the model, when the caller knows it: resolves DeepSpeed's
+  // "auto" for reduce_bucket_size (h^2), stage3_prefetch_bucket_size
+  // (0.9 h^2) and stage3_param_persistence_threshold (10 h) the way the
+  // Hugging Face integration does. 0: unknown (the DeepSpeed defaults apply).
+  std::int64_t hidden_size = 0;
+  // Overrides "strata.strict" when true.
+  bool strict = false;
+};
+
+// Parses and validates a JSON document. Errors are kInvalidArgument and name
+// the key path, the value and what was expected, e.g.
+//   zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme
+// Unknown keys are warnings (errors under strict).
+core::Result<Config> parse_config(std::string_view json_text, const ParseOptions& options = {});
+
+// Reads and parses a file; errors name the file.
+core::Result<Config> load_config_file(const std::string& path, const ParseOptions& options = {});
+
+// The resolved configuration as JSON (every key, defaults filled in), the form
+// checkpoints store and `strata config` prints. parse_config(to_json(c))
+// gives back c.
+std::string to_json(const Config& config);
+
+}  // namespace strata::engine
