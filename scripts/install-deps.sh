@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages strata needs that are missing (apt, as root
+# or through sudo). Safe to run again: it installs nothing when all are there.
+# Usage: scripts/install-deps.sh [--with-tools]   (tools: fio, clang, hwloc-nox)
+set -euo pipefail
+
+packages=(
+  g++ meson ninja-build pkg-config python3
+  liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
+  libgtest-dev libgmock-dev nlohmann-json3-dev
+)
+if [[ "${1:-}" == "--with-tools" ]]; then
+  packages+=(fio clang hwloc-nox)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+if [[ $(id -u) -eq 0 ]]; then
+  sudo=()
+elif command -v sudo >/dev/null; then
+  sudo=(sudo)
+else
+  echo "install-deps: not root and no sudo; install these packages: ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,102 @@
+#!/usr/bin/python3
+"""Fails on any include edge that the layering of DESIGN.md section 2 and
+STYLE.md section 1 forbids: who may include whom, and which files may include
+vendor headers. Usage: layering_test.py SOURCE_ROOT"""
+import fnmatch
+import os
+import re
+import sys
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]', re.M)
+SOURCE_EXT = (".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh")
+
+# Module -> quoted include prefixes it may use (its own folder is always allowed).
+MODULES = {
+    "engine/core/": ["engine/core/"],
+    "gpu/": ["engine/core/", "gpu/"],
+    "nvme/": ["engine/core/", "nvme/"],
+    "cpu_adam/": ["engine/core/", "cpu_adam/"],
+    "partition/": ["engine/core/", "partition/"],
+    "engine/": ["engine/", "gpu/", "nvme/", "cpu_adam/", "partition/"],
+    "bindings/c/": ["bindings/c/", "engine/", "strata/"],
+    # The CLI sees the C API and, for the planner, the engine's config and plan
+    # headers (and the core helpers they are written in).
+    "bindings/cli/": ["bindings/cli/", "strata/", "engine/config.h", "engine/plan.h",
+                      "engine/machine.h", "engine/core/"],
+    "bindings/python/": ["bindings/python/", "strata/"],
+    "examples/": ["examples/", "strata/"],
+    "tests/c_api/": ["strata/"],
+    "tests/core/": ["engine/core/"],
+    "tests/gpu/": ["engine/core/", "gpu/"],
+    "tests/nvme/": ["engine/core/", "nvme/"],
+    "tests/cpu_adam/": ["engine/core/", "cpu_adam/"],
+    "tests/engine/": ["engine/", "strata/"],
+    "tests/e2e/": ["strata/", "engine/core/"],
+    "benchmarks/": ["engine/core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
+                    "benchmarks/"],
+}
+
+# Vendor header -> file patterns allowed to include it (the firewall).
+VENDOR = [
+    (re.compile(r"^(cuda_runtime|cuda|cuda_fp16|cuda_bf16|cublas.*|cuda_runtime_api)\.h$"),
+     ["gpu/cuda/*", "partition/nccl/*"]),
+    (re.compile(r"^nccl\.h$"), ["partition/nccl/*"]),
+    (re.compile(r"^liburing\.h$"), ["nvme/uring/*"]),
+    (re.compile(r"^libaio\.h$"), ["nvme/aio/*"]),
+    (re.compile(r"^(immintrin|x86intrin)\.h$"),
+     ["cpu_adam/kernels/*_avx512*.cpp", "cpu_adam/kernels/*_avx2*.cpp",
+      "benchmarks/*_avx512*.cpp", "benchmarks/*_avx2*.cpp"]),
+    (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*"]),
+]
+
+
+def module_of(rel):
+    best = None
+    for prefix in MODULES:
+        if rel.startswith(prefix) and (best is None or len(prefix) > len(best)):
+            best = prefix
+    return best
+
+
+def check(root):
+    errors = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        dirnames[:] = [d for d in dirnames
+                       if not d.startswith(".") and not d.startswith("build") and d != "subprojects"]
+        for name in filenames:
+            if not name.endswith(SOURCE_EXT):
+                continue
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            with open(os.path.join(dirpath, name), errors="replace") as f:
+                text = f.read()
+            mod = module_of(rel)
+            for kind, header in INCLUDE.findall(text):
+                for pattern, allowed in VENDOR:
+                    if pattern.search(header) and not any(fnmatch.fnmatch(rel, a) for a in allowed):
+                        errors.append(f"{rel}: includes vendor header <{header}>, allowed only in "
+                                      + ", ".join(allowed))
+                if kind != '"' or mod is None:
+                    continue
+                if header.startswith("strata_build_config.h") or "/" not in header:
+                    continue  # generated config header, or a sibling file
+                own = os.path.dirname(rel) + "/"
+                if header.startswith(own) or header.startswith(mod):
+                    continue
+                if not any(header.startswith(p) for p in MODULES[mod]):
+                    errors.append(f"{rel}: includes \"{header}\": {mod} may include only "
+                                  + ", ".join(MODULES[mod]))
+    return errors
+
+
+def main():
+    root = sys.argv[1] if len(sys.argv) > 1 else "."
+    errors = check(root)
+    for e in errors:
+        print(e)
+    print(f"layering: {len(errors)} forbidden edge(s)")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
