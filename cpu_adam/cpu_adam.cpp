@@ -1,0 +1,374 @@
+// CpuAdam: validation, run-time kernel choice, and oneTBB threads over fixed
+// tiles (pinned to cores with hwloc).
+#include "cpu_adam/cpu_adam.h"
+
+#include <hwloc.h>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cpu_adam/kernels/kernels.h"
+#include "engine/core/logging.h"
+#include "engine/core/str.h"
+
+namespace strata::adam {
+namespace {
+
+namespace nx = core::numerics;
+using core::Status;
+using core::str_cat;
+
+constexpr std::int64_t kDefaultTileElems = 4 * nx::kNormBlockElems;
+
+// Keeps the floating-point environment at the contract's settings while a
+// kernel runs: round to nearest, no flush-to-zero, no denormals-are-zero (an
+// embedding framework may have set them on its threads).
+class FpEnvGuard {
+ public:
+  FpEnvGuard() {
+#if defined(__x86_64__)
+    saved_ = __builtin_ia32_stmxcsr();
+    // MXCSR bits: 6 DAZ, 13-14 rounding control, 15 FTZ.
+    const unsigned wanted = saved_ & ~((1u << 6) | (3u << 13) | (1u << 15));
+    if (wanted != saved_) __builtin_ia32_ldmxcsr(wanted);
+#endif
+  }
+  ~FpEnvGuard() {
+#if defined(__x86_64__)
+    if (__builtin_ia32_stmxcsr() != saved_) __builtin_ia32_ldmxcsr(saved_);
+#endif
+  }
+  FpEnvGuard(const FpEnvGuard&) = delete;
+  FpEnvGuard& operator=(const FpEnvGuard&) = delete;
+
+ private:
+  unsigned saved_ = 0;
+};
+
+const kernels::KernelTable& table_for(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return kernels::avx512_kernels();
+    case Isa::kAvx2: return kernels::avx2_kernels();
+    case Isa::kScalar: break;
+  }
+  return kernels::scalar_kernels();
+}
+
+struct ByteRange {
+  const char* name;
+  std::uintptr_t begin;
+  std::uintptr_t end;
+};
+
+// Errors when any two ranges overlap. `allowed_same` names a pair that may
+// coincide exactly (src == dst in the gradient pass).
+Status check_disjoint(std::vector<ByteRange> ranges, const char* same_a = nullptr,
+                      const char* same_b = nullptr) {
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    for (size_t j = i + 1; j < ranges.size(); ++j) {
+      const ByteRange& x = ranges[i];
+      const ByteRange& y = ranges[j];
+      if (x.begin >= y.end || y.begin >= x.end) continue;
+      const bool pair = same_a != nullptr &&
+                        ((x.name == same_a && y.name == same_b) || (x.name == same_b && y.name == same_a));
+      if (pair && x.begin == y.begin && x.end == y.end) continue;
+      return Status::invalid_argument(str_cat("buffers ", x.name, " and ", y.name, " overlap"));
+    }
+  }
+  return Status();
+}
+
+ByteRange range_of(const char* name, const void* p, std::int64_t n, int elem_bytes) {
+  const auto b = reinterpret_cast<std::uintptr_t>(p);
+  return {name, b, b + static_cast<std::uintptr_t>(n) * static_cast<std::uintptr_t>(elem_bytes)};
+}
+
+Status check_aligned(const char* name, const void* p, int elem_bytes) {
+  if (p == nullptr) return Status::invalid_argument(str_cat(name, " is null"));
+  if (reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(elem_bytes) != 0) {
+    return Status::invalid_argument(str_cat(name, " at ", p, " is not aligned to its element size (",
+                                            elem_bytes, " bytes)"));
+  }
+  return Status();
+}
+
+// Pins each worker thread that enters the arena to one core, round robin.
+class CorePinner : public oneapi::tbb::task_scheduler_observer {
+ public:
+  CorePinner(oneapi::tbb::task_arena& arena, hwloc_topology_t topology)
+      : oneapi::tbb::task_scheduler_observer(arena), topology_(topology) {
+    cores_ = hwloc_get_nbobjs_by_type(topology_, HWLOC_OBJ_CORE);
+    observe(true);
+  }
+  ~CorePinner() override { observe(false); }
+
+  void on_scheduler_entry(bool is_worker) override {
+    // The caller's own thread is never pinned: it belongs to the embedder.
+    if (!is_worker || cores_ <= 0) return;
+    const int slot = oneapi::tbb::this_task_arena::current_thread_index();
+    hwloc_obj_t core = hwloc_get_obj_by_type(topology_, HWLOC_OBJ_CORE, slot % cores_);
+    if (core == nullptr) return;
+    if (hwloc_set_cpubind(topology_, core->cpuset, HWLOC_CPUBIND_THREAD) != 0 && !warned_.exchange(true)) {
+      STRATA_LOG(kInfo) << "cpu_adam: could not pin worker threads to cores; running unpinned";
+    }
+  }
+
+ private:
+  hwloc_topology_t topology_;
+  int cores_ = 0;
+  std::atomic<bool> warned_{false};
+};
+
+}  // namespace
+
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kScalar: return "scalar";
+    case Isa::kAvx2: return "avx2";
+    case Isa::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+std::string_view elem_type_name(ElemType type) {
+  switch (type) {
+    case ElemType::kF32: return "fp32";
+    case ElemType::kBf16: return "bf16";
+    case ElemType::kF16: return "fp16";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  switch (isa) {
+    case Isa::kScalar: return true;
+    case Isa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case Isa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  }
+  return false;
+#else
+  return isa == Isa::kScalar;
+#endif
+}
+
+Isa best_isa() {
+  if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
+  if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
+  return Isa::kScalar;
+}
+
+Status validate_adam_constants(const nx::AdamStepConstants& c) {
+  auto bad = [](const char* field, float value, const char* expected) {
+    return Status::invalid_argument(str_cat("adam constants: ", field, " = ", value, " ", expected));
+  };
+  const float all[] = {c.grad_scale, c.beta1, c.beta2, c.one_minus_beta1, c.one_minus_beta2, c.eps,
+                       c.inv_sqrt_bias_correction2, c.neg_step_size, c.neg_lr_decay, c.l2_decay};
+  for (float x : all) {
+    if (!std::isfinite(x)) return bad("a constant", x, "is not finite");
+  }
+  if (!(c.beta1 >= 0.0f && c.beta1 < 1.0f)) return bad("beta1", c.beta1, "is outside [0, 1)");
+  if (!(c.beta2 >= 0.0f && c.beta2 < 1.0f)) return bad("beta2", c.beta2, "is outside [0, 1)");
+  if (!(c.eps > 0.0f)) return bad("eps", c.eps, "must be > 0");
+  if (!(c.grad_scale > 0.0f)) return bad("grad_scale", c.grad_scale, "must be > 0");
+  if (!(c.inv_sqrt_bias_correction2 > 0.0f)) {
+    return bad("inv_sqrt_bias_correction2", c.inv_sqrt_bias_correction2, "must be > 0");
+  }
+  if (c.neg_step_size > 0.0f) return bad("neg_step_size", c.neg_step_size, "must be <= 0 (it is -lr/bc1)");
+  return Status();
+}
+
+struct CpuAdam::Impl {
+  const kernels::KernelTable* table = nullptr;
+  // Destruction order: the pinner stops observing before the arena goes, and
+  // both before the topology they use.
+  hwloc_topology_t topology = nullptr;
+  std::unique_ptr<oneapi::tbb::task_arena> arena;
+  std::unique_ptr<CorePinner> pinner;
+
+  ~Impl() {
+    pinner.reset();
+    arena.reset();
+    if (topology != nullptr) hwloc_topology_destroy(topology);
+  }
+};
+
+core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& options) {
+  Isa isa = options.auto_isa ? best_isa() : options.isa;
+  if (!isa_supported(isa)) {
+    return Status::unimplemented(str_cat("cpu_adam: ISA ", isa_name(isa),
+                                         " was requested but this CPU does not support it (best: ",
+                                         isa_name(best_isa()), ")"));
+  }
+  if (options.threads < 0) {
+    return Status::invalid_argument(str_cat("cpu_adam: threads = ", options.threads, " must be >= 0"));
+  }
+  std::int64_t tile = options.tile_elems == 0 ? kDefaultTileElems : options.tile_elems;
+  if (tile < 0 || tile % nx::kNormBlockElems != 0) {
+    return Status::invalid_argument(str_cat("cpu_adam: tile_elems = ", options.tile_elems,
+                                            " must be a positive multiple of ", nx::kNormBlockElems,
+                                            " (the norm block)"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->table = &table_for(isa);
+  int threads = options.threads;
+  if (hwloc_topology_init(&impl->topology) == 0 && hwloc_topology_load(impl->topology) == 0) {
+    if (threads == 0) threads = std::max(1, hwloc_get_nbobjs_by_type(impl->topology, HWLOC_OBJ_CORE));
+  } else {
+    if (impl->topology != nullptr) hwloc_topology_destroy(impl->topology);
+    impl->topology = nullptr;
+  }
+  if (threads == 0) threads = std::max(1, oneapi::tbb::info::default_concurrency());
+  impl->arena = std::make_unique<oneapi::tbb::task_arena>(threads);
+  if (options.bind_threads && impl->topology != nullptr && threads > 1) {
+    impl->pinner = std::make_unique<CorePinner>(*impl->arena, impl->topology);
+  }
+  STRATA_LOG(kDebug) << "cpu_adam: " << isa_name(isa) << " kernels, " << threads << " threads, tiles of "
+                     << tile << " elements";
+  return std::unique_ptr<CpuAdam>(new CpuAdam(isa, threads, tile, std::move(impl)));
+}
+
+CpuAdam::CpuAdam(Isa isa, int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl)
+    : isa_(isa), threads_(threads), tile_elems_(tile_elems), impl_(std::move(impl)) {}
+
+CpuAdam::~CpuAdam() = default;
+
+Status CpuAdam::step(const AdamStepArgs& args) {
+  const std::int64_t n = static_cast<std::int64_t>(args.master.size());
+  if (n == 0) return Status::invalid_argument("adam step: zero elements");
+  if (static_cast<std::int64_t>(args.exp_avg.size()) != n ||
+      static_cast<std::int64_t>(args.exp_avg_sq.size()) != n || args.grad.size != n ||
+      (args.copy_out.data != nullptr && args.copy_out.size != n)) {
+    return Status::invalid_argument(str_cat(
+        "adam step: sizes differ: master ", n, ", exp_avg ", args.exp_avg.size(), ", exp_avg_sq ",
+        args.exp_avg_sq.size(), ", grad ", args.grad.size,
+        args.copy_out.data != nullptr ? str_cat(", copy_out ", args.copy_out.size) : std::string()));
+  }
+  const bool copy = args.copy_out.data != nullptr;
+  if (copy && args.copy_out.type == ElemType::kF32) {
+    return Status::invalid_argument("adam step: copy_out must be bf16 or fp16 (the master is the fp32 copy)");
+  }
+  STRATA_RETURN_IF_ERROR(check_aligned("master", args.master.data(), 4));
+  STRATA_RETURN_IF_ERROR(check_aligned("exp_avg", args.exp_avg.data(), 4));
+  STRATA_RETURN_IF_ERROR(check_aligned("exp_avg_sq", args.exp_avg_sq.data(), 4));
+  STRATA_RETURN_IF_ERROR(check_aligned("grad", args.grad.data, elem_size_bytes(args.grad.type)));
+  if (copy) STRATA_RETURN_IF_ERROR(check_aligned("copy_out", args.copy_out.data, 2));
+  std::vector<ByteRange> ranges = {range_of("master", args.master.data(), n, 4),
+                                   range_of("exp_avg", args.exp_avg.data(), n, 4),
+                                   range_of("exp_avg_sq", args.exp_avg_sq.data(), n, 4),
+                                   range_of("grad", args.grad.data, n, elem_size_bytes(args.grad.type))};
+  if (copy) ranges.push_back(range_of("copy_out", args.copy_out.data, n, 2));
+  STRATA_RETURN_IF_ERROR(check_disjoint(std::move(ranges)));
+  STRATA_RETURN_IF_ERROR(validate_adam_constants(args.constants));
+
+  const kernels::KernelTable& table = *impl_->table;
+  const std::int64_t tile = tile_elems_;
+  const std::int64_t tiles = (n + tile - 1) / tile;
+  const int grad_bytes = elem_size_bytes(args.grad.type);
+  const int copy_bytes = copy ? elem_size_bytes(args.copy_out.type) : 0;
+  auto run_tiles = [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+    FpEnvGuard fp_env;
+    for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+      const std::int64_t begin = t * tile;
+      kernels::AdamKernelArgs k{
+          &args.constants,
+          args.master.data() + begin,
+          args.exp_avg.data() + begin,
+          args.exp_avg_sq.data() + begin,
+          static_cast<const std::byte*>(args.grad.data) + begin * grad_bytes,
+          args.grad.type,
+          copy ? static_cast<std::byte*>(args.copy_out.data) + begin * copy_bytes : nullptr,
+          args.copy_out.type,
+          std::min(tile, n - begin)};
+      table.adam(k);
+    }
+  };
+  impl_->arena->execute([&] {
+    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, tiles, 1), run_tiles,
+                              oneapi::tbb::simple_partitioner());
+  });
+  return Status();
+}
+
+core::Result<GradPassResult> CpuAdam::grad_pass(const GradPassArgs& args) {
+  const std::int64_t n = args.src.size;
+  if (n == 0) return Status::invalid_argument("gradient pass: zero elements");
+  if (args.dst.size != n) {
+    return Status::invalid_argument(str_cat("gradient pass: sizes differ: src ", n, ", dst ", args.dst.size));
+  }
+  const bool same_type = args.src.type == args.dst.type;
+  if (args.dst.type != ElemType::kF32 && !same_type) {
+    return Status::invalid_argument(str_cat("gradient pass: cannot convert ", elem_type_name(args.src.type),
+                                            " into ", elem_type_name(args.dst.type),
+                                            " (16-bit gradients are kept as they arrive or widened to fp32)"));
+  }
+  if (args.accumulate && args.dst.type != ElemType::kF32) {
+    return Status::invalid_argument(str_cat("gradient pass: accumulation needs an fp32 destination, not ",
+                                            elem_type_name(args.dst.type)));
+  }
+  if (args.accumulate && args.src.data == args.dst.data) {
+    return Status::invalid_argument("gradient pass: cannot accumulate a buffer into itself");
+  }
+  const std::int64_t blocks = nx::norm_block_count(n);
+  if (static_cast<std::int64_t>(args.norm_partials.size()) < blocks) {
+    return Status::invalid_argument(str_cat("gradient pass: norm_partials holds ", args.norm_partials.size(),
+                                            " values, ", blocks, " needed for ", n, " elements"));
+  }
+  const int src_bytes = elem_size_bytes(args.src.type);
+  const int dst_bytes = elem_size_bytes(args.dst.type);
+  STRATA_RETURN_IF_ERROR(check_aligned("src", args.src.data, src_bytes));
+  STRATA_RETURN_IF_ERROR(check_aligned("dst", args.dst.data, dst_bytes));
+  STRATA_RETURN_IF_ERROR(check_aligned("norm_partials", args.norm_partials.data(), 8));
+  STRATA_RETURN_IF_ERROR(check_disjoint(
+      {range_of("src", args.src.data, n, src_bytes), range_of("dst", args.dst.data, n, dst_bytes),
+       range_of("norm_partials", args.norm_partials.data(), blocks, 8)},
+      "src", "dst"));
+
+  const kernels::KernelTable& table = *impl_->table;
+  const std::int64_t tile = tile_elems_;
+  const std::int64_t tiles = (n + tile - 1) / tile;
+  auto run_tiles = [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+    FpEnvGuard fp_env;
+    for (std::int64_t t = r.begin(); t < r.end(); ++t) {
+      const std::int64_t begin = t * tile;
+      kernels::GradKernelArgs k{static_cast<const std::byte*>(args.src.data) + begin * src_bytes,
+                                args.src.type,
+                                static_cast<std::byte*>(args.dst.data) + begin * dst_bytes,
+                                args.dst.type,
+                                args.accumulate,
+                                args.norm_partials.data() + begin / nx::kNormBlockElems,
+                                std::min(tile, n - begin)};
+      table.grad_pass(k);
+    }
+  };
+  impl_->arena->execute([&] {
+    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, tiles, 1), run_tiles,
+                              oneapi::tbb::simple_partitioner());
+  });
+  // A block partial is inf or NaN exactly when one of its values is: squares
+  // of finite floats sum far below the double range.
+  GradPassResult result;
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    if (!std::isfinite(args.norm_partials[static_cast<size_t>(b)])) {
+      result.nonfinite = true;
+      break;
+    }
+  }
+  return result;
+}
+
+}  // namespace strata::adam

@@ -1,0 +1,121 @@
+// The CPU optimizer: a fused Adam/AdamW step and the gradient pass, one pass
+// over memory per tile, with AVX-512, AVX2+FMA and scalar kernels chosen at run
+// time and oneTBB threads over fixed tiles. Every kernel, thread count and tile
+// size gives bit-identical results (engine/core/numerics.h is the contract).
+//
+// CpuAdam is thread-compatible: one call at a time per object (each call uses
+// the object's threads). Buffers are borrowed for the duration of a call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "engine/core/numerics.h"
+#include "engine/core/result.h"
+
+namespace strata::adam {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+enum class ElemType { kF32, kBf16, kF16 };
+
+std::string_view isa_name(Isa isa);       // "scalar", "avx2", "avx512"
+std::string_view elem_type_name(ElemType type);
+inline int elem_size_bytes(ElemType type) { return type == ElemType::kF32 ? 4 : 2; }
+
+// True when this CPU (and OS) can run the kernel: avx2 needs AVX2, FMA and
+// F16C; avx512 needs AVX-512 F, BW, VL and DQ.
+bool isa_supported(Isa isa);
+// The widest supported kernel.
+Isa best_isa();
+
+// A typed view of 16- or 32-bit values (gradients, compute copies).
+struct TypedSpan {
+  void* data = nullptr;
+  ElemType type = ElemType::kF32;
+  std::int64_t size = 0;  // elements
+};
+struct ConstTypedSpan {
+  const void* data = nullptr;
+  ElemType type = ElemType::kF32;
+  std::int64_t size = 0;  // elements
+};
+
+// One fused step over n elements: read the gradient (fp32, bf16 or fp16),
+// scale it by constants.grad_scale, update master, exp_avg and exp_avg_sq in
+// place with numerics::adam_step, and write the updated master as bf16 or
+// fp16 to copy_out when copy_out.data is set.
+struct AdamStepArgs {
+  core::numerics::AdamStepConstants constants;
+  std::span<float> master;
+  std::span<float> exp_avg;
+  std::span<float> exp_avg_sq;
+  ConstTypedSpan grad;
+  TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
+};
+
+// The gradient pass: dst = src (assign) or dst = dst + src (accumulate, fp32
+// only), converting bf16/fp16 to fp32 when dst is fp32, or keeping bf16/fp16
+// when dst has the same type (no accumulation then; src may equal dst). The
+// norm partials of the resulting dst values are written per 65536-element
+// block (numerics.h order): norm_partials must hold
+// numerics::norm_block_count(n) values. The range starts on a block boundary.
+struct GradPassArgs {
+  ConstTypedSpan src;
+  TypedSpan dst;
+  bool accumulate = false;
+  std::span<double> norm_partials;
+};
+
+struct GradPassResult {
+  bool nonfinite = false;  // some dst value is inf or NaN
+};
+
+struct CpuAdamOptions {
+  bool auto_isa = true;           // pick best_isa(); else use `isa`
+  Isa isa = Isa::kScalar;         // used when auto_isa is false; must be supported
+  int threads = 0;                // 0: every core hwloc finds
+  std::int64_t tile_elems = 0;    // 0: default; else a positive multiple of 65536
+  bool bind_threads = true;       // pin worker threads to cores with hwloc
+};
+
+// Checks the constants a step would use: betas in [0, 1), eps > 0, every value
+// finite, grad_scale > 0. Errors name the field and the value.
+core::Status validate_adam_constants(const core::numerics::AdamStepConstants& c);
+
+class CpuAdam {
+ public:
+  // Errors: kInvalidArgument for a bad tile size or thread count;
+  // kUnimplemented when an explicitly requested ISA is not supported here.
+  static core::Result<std::unique_ptr<CpuAdam>> create(const CpuAdamOptions& options);
+  ~CpuAdam();
+  CpuAdam(const CpuAdam&) = delete;
+  CpuAdam& operator=(const CpuAdam&) = delete;
+
+  Isa isa() const { return isa_; }
+  int threads() const { return threads_; }
+  std::int64_t tile_elems() const { return tile_elems_; }
+
+  // Errors (nothing is written): kInvalidArgument for zero length, sizes that
+  // differ, a copy type other than bf16/fp16, misaligned or overlapping
+  // buffers, or bad constants.
+  core::Status step(const AdamStepArgs& args);
+
+  // Errors (nothing is written): kInvalidArgument for zero length, sizes or
+  // types that do not combine, overlapping buffers (other than src == dst),
+  // or too few norm partials.
+  core::Result<GradPassResult> grad_pass(const GradPassArgs& args);
+
+  // Raw kernels without threads, for tests and benchmarks (no validation).
+  struct Impl;
+
+ private:
+  CpuAdam(Isa isa, int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl);
+  Isa isa_;
+  int threads_;
+  std::int64_t tile_elems_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::adam

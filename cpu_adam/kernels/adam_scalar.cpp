@@ -1,0 +1,85 @@
+// Scalar kernels: numerics.h applied element by element. The reference every
+// vector kernel must match bit for bit (finite inputs).
+#include <cstdint>
+
+#include "cpu_adam/kernels/kernels.h"
+#include "engine/core/numerics.h"
+
+namespace strata::adam::kernels {
+namespace {
+
+namespace nx = core::numerics;
+
+float load_elem(const void* p, ElemType type, std::int64_t i) {
+  switch (type) {
+    case ElemType::kF32: return static_cast<const float*>(p)[i];
+    case ElemType::kBf16: return nx::bf16_bits_to_fp32(static_cast<const std::uint16_t*>(p)[i]);
+    case ElemType::kF16: return nx::fp16_bits_to_fp32(static_cast<const std::uint16_t*>(p)[i]);
+  }
+  return 0.0f;
+}
+
+void store_elem(void* p, ElemType type, std::int64_t i, float x) {
+  switch (type) {
+    case ElemType::kF32: static_cast<float*>(p)[i] = x; break;
+    case ElemType::kBf16: static_cast<std::uint16_t*>(p)[i] = nx::fp32_to_bf16_bits(x); break;
+    case ElemType::kF16: static_cast<std::uint16_t*>(p)[i] = nx::fp32_to_fp16_bits(x); break;
+  }
+}
+
+void adam_scalar(const AdamKernelArgs& a) {
+  const nx::AdamStepConstants& c = *a.constants;
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    nx::adam_step(c, load_elem(a.grad, a.grad_type, i), a.master[i], a.exp_avg[i],
+                  a.exp_avg_sq[i]);
+    if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
+  }
+}
+
+// Elements [begin, end) of a block; element `begin` sits in lane first_lane.
+void grad_range(const GradKernelArgs& a, std::int64_t begin, std::int64_t end, double* lanes,
+                std::int64_t first_lane) {
+  const bool raw_copy = !a.accumulate && a.src_type == a.dst_type;
+  for (std::int64_t i = begin; i < end; ++i) {
+    if (raw_copy) {
+      // A copy is a copy: 16-bit patterns (NaN payloads included) move unchanged.
+      if (a.dst_type == ElemType::kF32) {
+        static_cast<float*>(a.dst)[i] = static_cast<const float*>(a.src)[i];
+      } else {
+        static_cast<std::uint16_t*>(a.dst)[i] = static_cast<const std::uint16_t*>(a.src)[i];
+      }
+    } else {
+      float x = load_elem(a.src, a.src_type, i);
+      if (a.accumulate) x = static_cast<float*>(a.dst)[i] + x;
+      store_elem(a.dst, a.dst_type, i, x);
+    }
+    const int lane = static_cast<int>((first_lane + i - begin) % nx::kNormLanes);
+    lanes[lane] = lanes[lane] + nx::square_f64(load_elem(a.dst, a.dst_type, i));
+  }
+}
+
+void grad_pass_scalar(const GradKernelArgs& a) {
+  const std::int64_t blocks = nx::norm_block_count(a.n);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const std::int64_t begin = b * nx::kNormBlockElems;
+    const std::int64_t end = begin + nx::kNormBlockElems < a.n ? begin + nx::kNormBlockElems : a.n;
+    double lanes[nx::kNormLanes] = {};
+    grad_range(a, begin, end, lanes, 0);
+    a.norm_partials[b] = nx::fold_norm_lanes(lanes);
+  }
+}
+
+}  // namespace
+
+void grad_tail_scalar(const GradKernelArgs& args, double* lanes, std::int64_t first_lane) {
+  grad_range(args, 0, args.n, lanes, first_lane);
+}
+
+double fold_lanes_scalar(double* lanes) { return nx::fold_norm_lanes(lanes); }
+
+const KernelTable& scalar_kernels() {
+  static constexpr KernelTable kTable{Isa::kScalar, adam_scalar, grad_pass_scalar};
+  return kTable;
+}
+
+}  // namespace strata::adam::kernels

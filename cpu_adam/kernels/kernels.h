@@ -1,0 +1,60 @@
+// Kernel table shared by the ISA-specific translation units (private to cpu_adam/).
+// Kernels do no validation and no threading: CpuAdam does both.
+#pragma once
+
+#include <cstdint>
+
+#include "cpu_adam/cpu_adam.h"
+#include "engine/core/numerics.h"
+
+namespace strata::adam::kernels {
+
+struct AdamKernelArgs {
+  const core::numerics::AdamStepConstants* constants;
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const void* grad;
+  ElemType grad_type;
+  void* copy_out;         // nullptr: none
+  ElemType copy_type;     // kBf16 or kF16 when copy_out is set
+  std::int64_t n;
+};
+
+// Gradient pass over n elements starting on a norm-block boundary; writes
+// norm_block_count(n) partials.
+struct GradKernelArgs {
+  const void* src;
+  ElemType src_type;
+  void* dst;
+  ElemType dst_type;
+  bool accumulate;
+  double* norm_partials;
+  std::int64_t n;
+};
+
+struct KernelTable {
+  Isa isa;
+  void (*adam)(const AdamKernelArgs& args);
+  void (*grad_pass)(const GradKernelArgs& args);
+};
+
+const KernelTable& scalar_kernels();
+
+// Scalar continuation of a norm block for the vector kernels' tails: processes
+// args.n elements like grad_pass (store into dst, accumulate when asked),
+// adding each stored value's square into lanes[local index % 32], where the
+// first element has local index `first_lane` (a multiple of 32). Does not fold.
+void grad_tail_scalar(const GradKernelArgs& args, double* lanes, std::int64_t first_lane);
+// numerics::fold_norm_lanes, from the scalar translation unit.
+double fold_lanes_scalar(double* lanes);
+
+// Vector kernel files must not call numerics.h's inline functions: the linker
+// may keep one out-of-line copy for the whole program, and a copy compiled
+// with AVX-512 flags would then run on the scalar path. Their tails call the
+// scalar table instead.
+
+const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
+const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)
+
+}  // namespace strata::adam::kernels
