@@ -55,9 +55,12 @@ class FpEnvGuard {
 
 const kernels::KernelTable& table_for(Isa isa) {
   switch (isa) {
-    case Isa::kAvx512: return kernels::avx512_kernels();
-    case Isa::kAvx2: return kernels::avx2_kernels();
-    case Isa::kScalar: break;
+    case Isa::kAvx512:
+      return kernels::avx512_kernels();
+    case Isa::kAvx2:
+      return kernels::avx2_kernels();
+    case Isa::kScalar:
+      break;
   }
   return kernels::scalar_kernels();
 }
@@ -94,8 +97,8 @@ ByteRange range_of(const char* name, const void* p, std::int64_t n, int elem_byt
 Status check_aligned(const char* name, const void* p, int elem_bytes) {
   if (p == nullptr) return Status::invalid_argument(str_cat(name, " is null"));
   if (reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(elem_bytes) != 0) {
-    return Status::invalid_argument(str_cat(name, " at ", p, " is not aligned to its element size (",
-                                            elem_bytes, " bytes)"));
+    return Status::invalid_argument(
+        str_cat(name, " at ", p, " is not aligned to its element size (", elem_bytes, " bytes)"));
   }
   return Status();
 }
@@ -131,18 +134,24 @@ class CorePinner : public oneapi::tbb::task_scheduler_observer {
 
 std::string_view isa_name(Isa isa) {
   switch (isa) {
-    case Isa::kScalar: return "scalar";
-    case Isa::kAvx2: return "avx2";
-    case Isa::kAvx512: return "avx512";
+    case Isa::kScalar:
+      return "scalar";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
   }
   return "?";
 }
 
 std::string_view elem_type_name(ElemType type) {
   switch (type) {
-    case ElemType::kF32: return "fp32";
-    case ElemType::kBf16: return "bf16";
-    case ElemType::kF16: return "fp16";
+    case ElemType::kF32:
+      return "fp32";
+    case ElemType::kBf16:
+      return "bf16";
+    case ElemType::kF16:
+      return "fp16";
   }
   return "?";
 }
@@ -151,7 +160,8 @@ bool isa_supported(Isa isa) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
   switch (isa) {
-    case Isa::kScalar: return true;
+    case Isa::kScalar:
+      return true;
     case Isa::kAvx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
              __builtin_cpu_supports("f16c");
@@ -176,8 +186,16 @@ Status validate_adam_constants(const nx::AdamStepConstants& c) {
   auto bad = [](const char* field, float value, const char* expected) {
     return Status::invalid_argument(str_cat("adam constants: ", field, " = ", value, " ", expected));
   };
-  const float all[] = {c.grad_scale, c.beta1, c.beta2, c.one_minus_beta1, c.one_minus_beta2, c.eps,
-                       c.inv_sqrt_bias_correction2, c.neg_step_size, c.neg_lr_decay, c.l2_decay};
+  const float all[] = {c.grad_scale,
+                       c.beta1,
+                       c.beta2,
+                       c.one_minus_beta1,
+                       c.one_minus_beta2,
+                       c.eps,
+                       c.inv_sqrt_bias_correction2,
+                       c.neg_step_size,
+                       c.neg_lr_decay,
+                       c.l2_decay};
   for (float x : all) {
     if (!std::isfinite(x)) return bad("a constant", x, "is not finite");
   }
@@ -210,9 +228,9 @@ struct CpuAdam::Impl {
 core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& options) {
   Isa isa = options.auto_isa ? best_isa() : options.isa;
   if (!isa_supported(isa)) {
-    return Status::unimplemented(str_cat("cpu_adam: ISA ", isa_name(isa),
-                                         " was requested but this CPU does not support it (best: ",
-                                         isa_name(best_isa()), ")"));
+    return Status::unimplemented(
+        str_cat("cpu_adam: ISA ", isa_name(isa),
+                " was requested but this CPU does not support it (best: ", isa_name(best_isa()), ")"));
   }
   if (options.threads < 0) {
     return Status::invalid_argument(str_cat("cpu_adam: threads = ", options.threads, " must be >= 0"));
@@ -247,16 +265,39 @@ CpuAdam::CpuAdam(Isa isa, int threads, std::int64_t tile_elems, std::unique_ptr<
 
 CpuAdam::~CpuAdam() = default;
 
+Status CpuAdam::set_isa(Isa isa) {
+  if (!isa_supported(isa)) {
+    return Status::unimplemented(str_cat("cpu_adam: this CPU does not support ISA ", isa_name(isa)));
+  }
+  isa_ = isa;
+  impl_->table = &table_for(isa);
+  return Status();
+}
+
+void CpuAdam::for_each_tile(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  const std::int64_t tile = tile_elems_;
+  const std::int64_t tiles = (n + tile - 1) / tile;
+  impl_->arena->execute([&] {
+    oneapi::tbb::parallel_for(
+        oneapi::tbb::blocked_range<std::int64_t>(0, tiles, 1),
+        [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
+          FpEnvGuard fp_env;
+          for (std::int64_t t = r.begin(); t < r.end(); ++t) fn(t * tile, std::min(tile, n - t * tile));
+        },
+        oneapi::tbb::simple_partitioner());
+  });
+}
+
 Status CpuAdam::step(const AdamStepArgs& args) {
   const std::int64_t n = static_cast<std::int64_t>(args.master.size());
   if (n == 0) return Status::invalid_argument("adam step: zero elements");
   if (static_cast<std::int64_t>(args.exp_avg.size()) != n ||
       static_cast<std::int64_t>(args.exp_avg_sq.size()) != n || args.grad.size != n ||
       (args.copy_out.data != nullptr && args.copy_out.size != n)) {
-    return Status::invalid_argument(str_cat(
-        "adam step: sizes differ: master ", n, ", exp_avg ", args.exp_avg.size(), ", exp_avg_sq ",
-        args.exp_avg_sq.size(), ", grad ", args.grad.size,
-        args.copy_out.data != nullptr ? str_cat(", copy_out ", args.copy_out.size) : std::string()));
+    return Status::invalid_argument(
+        str_cat("adam step: sizes differ: master ", n, ", exp_avg ", args.exp_avg.size(), ", exp_avg_sq ",
+                args.exp_avg_sq.size(), ", grad ", args.grad.size,
+                args.copy_out.data != nullptr ? str_cat(", copy_out ", args.copy_out.size) : std::string()));
   }
   const bool copy = args.copy_out.data != nullptr;
   if (copy && args.copy_out.type == ElemType::kF32) {
@@ -276,30 +317,20 @@ Status CpuAdam::step(const AdamStepArgs& args) {
   STRATA_RETURN_IF_ERROR(validate_adam_constants(args.constants));
 
   const kernels::KernelTable& table = *impl_->table;
-  const std::int64_t tile = tile_elems_;
-  const std::int64_t tiles = (n + tile - 1) / tile;
   const int grad_bytes = elem_size_bytes(args.grad.type);
   const int copy_bytes = copy ? elem_size_bytes(args.copy_out.type) : 0;
-  auto run_tiles = [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-    FpEnvGuard fp_env;
-    for (std::int64_t t = r.begin(); t < r.end(); ++t) {
-      const std::int64_t begin = t * tile;
-      kernels::AdamKernelArgs k{
-          &args.constants,
-          args.master.data() + begin,
-          args.exp_avg.data() + begin,
-          args.exp_avg_sq.data() + begin,
-          static_cast<const std::byte*>(args.grad.data) + begin * grad_bytes,
-          args.grad.type,
-          copy ? static_cast<std::byte*>(args.copy_out.data) + begin * copy_bytes : nullptr,
-          args.copy_out.type,
-          std::min(tile, n - begin)};
-      table.adam(k);
-    }
-  };
-  impl_->arena->execute([&] {
-    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, tiles, 1), run_tiles,
-                              oneapi::tbb::simple_partitioner());
+  for_each_tile(n, [&](std::int64_t begin, std::int64_t length) {
+    kernels::AdamKernelArgs k{
+        &args.constants,
+        args.master.data() + begin,
+        args.exp_avg.data() + begin,
+        args.exp_avg_sq.data() + begin,
+        static_cast<const std::byte*>(args.grad.data) + begin * grad_bytes,
+        args.grad.type,
+        copy ? static_cast<std::byte*>(args.copy_out.data) + begin * copy_bytes : nullptr,
+        args.copy_out.type,
+        length};
+    table.adam(k);
   });
   return Status();
 }
@@ -312,9 +343,9 @@ core::Result<GradPassResult> CpuAdam::grad_pass(const GradPassArgs& args) {
   }
   const bool same_type = args.src.type == args.dst.type;
   if (args.dst.type != ElemType::kF32 && !same_type) {
-    return Status::invalid_argument(str_cat("gradient pass: cannot convert ", elem_type_name(args.src.type),
-                                            " into ", elem_type_name(args.dst.type),
-                                            " (16-bit gradients are kept as they arrive or widened to fp32)"));
+    return Status::invalid_argument(str_cat(
+        "gradient pass: cannot convert ", elem_type_name(args.src.type), " into ",
+        elem_type_name(args.dst.type), " (16-bit gradients are kept as they arrive or widened to fp32)"));
   }
   if (args.accumulate && args.dst.type != ElemType::kF32) {
     return Status::invalid_argument(str_cat("gradient pass: accumulation needs an fp32 destination, not ",
@@ -339,25 +370,15 @@ core::Result<GradPassResult> CpuAdam::grad_pass(const GradPassArgs& args) {
       "src", "dst"));
 
   const kernels::KernelTable& table = *impl_->table;
-  const std::int64_t tile = tile_elems_;
-  const std::int64_t tiles = (n + tile - 1) / tile;
-  auto run_tiles = [&](const oneapi::tbb::blocked_range<std::int64_t>& r) {
-    FpEnvGuard fp_env;
-    for (std::int64_t t = r.begin(); t < r.end(); ++t) {
-      const std::int64_t begin = t * tile;
-      kernels::GradKernelArgs k{static_cast<const std::byte*>(args.src.data) + begin * src_bytes,
-                                args.src.type,
-                                static_cast<std::byte*>(args.dst.data) + begin * dst_bytes,
-                                args.dst.type,
-                                args.accumulate,
-                                args.norm_partials.data() + begin / nx::kNormBlockElems,
-                                std::min(tile, n - begin)};
-      table.grad_pass(k);
-    }
-  };
-  impl_->arena->execute([&] {
-    oneapi::tbb::parallel_for(oneapi::tbb::blocked_range<std::int64_t>(0, tiles, 1), run_tiles,
-                              oneapi::tbb::simple_partitioner());
+  for_each_tile(n, [&](std::int64_t begin, std::int64_t length) {
+    kernels::GradKernelArgs k{static_cast<const std::byte*>(args.src.data) + begin * src_bytes,
+                              args.src.type,
+                              static_cast<std::byte*>(args.dst.data) + begin * dst_bytes,
+                              args.dst.type,
+                              args.accumulate,
+                              args.norm_partials.data() + begin / nx::kNormBlockElems,
+                              length};
+    table.grad_pass(k);
   });
   // A block partial is inf or NaN exactly when one of its values is: squares
   // of finite floats sum far below the double range.

@@ -5,9 +5,13 @@
 //
 // CpuAdam is thread-compatible: one call at a time per object (each call uses
 // the object's threads). Buffers are borrowed for the duration of a call.
+// Create one CpuAdam per process and share it: oneTBB hands its worker
+// threads to the arena that first claims them, so a second arena of the same
+// size often runs on the calling thread alone.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -94,6 +98,9 @@ class CpuAdam {
   CpuAdam& operator=(const CpuAdam&) = delete;
 
   Isa isa() const { return isa_; }
+  // Switches kernels (the override for tests and benchmarks). Errors:
+  // kUnimplemented when this CPU does not support `isa`.
+  core::Status set_isa(Isa isa);
   int threads() const { return threads_; }
   std::int64_t tile_elems() const { return tile_elems_; }
 
@@ -107,7 +114,11 @@ class CpuAdam {
   // or too few norm partials.
   core::Result<GradPassResult> grad_pass(const GradPassArgs& args);
 
-  // Raw kernels without threads, for tests and benchmarks (no validation).
+  // Runs fn(begin, length) over [0, n) in this object's tiles on this
+  // object's threads, the way step() does (benchmarks run their yardsticks
+  // through it so both see the same threads). fn must not throw.
+  void for_each_tile(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& fn);
+
   struct Impl;
 
  private:

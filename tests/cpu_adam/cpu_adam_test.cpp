@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <bit>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -258,6 +262,21 @@ TEST(CpuAdam, ThreadCountAndTileSizeDoNotChangeTheBits) {
       EXPECT_TRUE(states_equal(s, expect, ElemType::kBf16)) << threads << " threads, tile " << tile;
     }
   }
+}
+
+TEST(CpuAdam, UsesTheConfiguredThreads) {
+  auto adam = make(best_isa(), 2, 65536);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  // Enough tiles, each slow enough, that a second thread must take some.
+  adam->for_each_tile(65536 * 64, [&](std::int64_t, std::int64_t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      ids.insert(std::this_thread::get_id());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  });
+  EXPECT_EQ(ids.size(), 2u);
 }
 
 TEST(CpuAdam, GradPassNormFollowsTheContractAndFlagsNonFinite) {

@@ -1,0 +1,333 @@
+// cpu_adam_bench: the fused Adam step of every kernel against the memory
+// roofline of its own access pattern, measured in the same process,
+// interleaved. Prints a table; --json FILE writes the rows.
+//
+//   cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N] [--json FILE]
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmarks/roofline.h"
+#include "cpu_adam/cpu_adam.h"
+#include "engine/core/aligned_buffer.h"
+#include "engine/core/clock.h"
+#include "engine/core/numerics.h"
+
+namespace strata::bench {
+namespace {
+
+namespace nx = core::numerics;
+using adam::ElemType;
+using adam::Isa;
+
+constexpr std::int64_t kTile = 4 * 65536;  // the same tiles CpuAdam uses by default
+
+struct Options {
+  std::vector<std::int64_t> sizes = {16ll << 20, 256ll << 20};
+  std::vector<int> threads = {1, 2};
+  int reps = 5;
+  std::string json_path;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Arrays of one size, allocated and touched once (first touch is slow here).
+struct Arrays {
+  core::AlignedBuffer p, m, v, g32, g16, out;
+  std::int64_t n = 0;
+  float* fp() { return p.as<float>().data(); }
+  float* fm() { return m.as<float>().data(); }
+  float* fv() { return v.as<float>().data(); }
+  float* fg() { return g32.as<float>().data(); }
+  std::uint16_t* hg() { return g16.as<std::uint16_t>().data(); }
+  std::uint16_t* hout() { return out.as<std::uint16_t>().data(); }
+
+  void fill(bool subnormal_moments) {
+    std::uint32_t x = 12345;
+    auto next = [&x] {
+      x = x * 1664525u + 1013904223u;
+      return static_cast<float>(x >> 8) * (1.0f / 16777216.0f) - 0.5f;  // [-0.5, 0.5)
+    };
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float r = next();
+      fp()[i] = r;
+      if (subnormal_moments) {
+        fm()[i] = std::ldexp(r, -130);
+        fv()[i] = std::ldexp(std::fabs(r), -135);
+        fg()[i] = std::ldexp(r, -128);
+      } else {
+        fm()[i] = r * 1e-2f;
+        fv()[i] = r * r * 1e-4f;
+        fg()[i] = r * 2.0f;
+      }
+      hg()[i] = nx::fp32_to_bf16_bits(fg()[i]);
+      hout()[i] = 0;
+    }
+  }
+};
+
+core::Result<Arrays> make_arrays(std::int64_t n) {
+  Arrays a;
+  a.n = n;
+  const std::size_t f = static_cast<std::size_t>(n) * 4, h = static_cast<std::size_t>(n) * 2;
+  STRATA_ASSIGN_OR_RETURN(a.p, core::AlignedBuffer::allocate(f, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.m, core::AlignedBuffer::allocate(f, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.v, core::AlignedBuffer::allocate(f, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.g32, core::AlignedBuffer::allocate(f, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.g16, core::AlignedBuffer::allocate(h, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.out, core::AlignedBuffer::allocate(h, 4096));
+  a.fill(false);
+  return a;
+}
+
+struct Row {
+  std::string kernel;  // scalar, avx2, avx512, naive
+  int threads = 1;
+  std::int64_t n = 0;
+  ElemType grad = ElemType::kF32;
+  bool copy = false;
+  bool subnormal = false;
+  std::vector<double> seconds;
+  double bytes_per_param() const { return 24.0 + (grad == ElemType::kF32 ? 4 : 2) + (copy ? 2 : 0); }
+  std::string pattern() const { return std::string(grad == ElemType::kF32 ? "g32" : "g16") + (copy ? "+copy" : ""); }
+};
+
+struct Roofline {
+  std::vector<double> ordinary, nontemporal;
+};
+
+int run(const Options& opt) {
+  std::vector<Row> rows;
+  std::map<std::string, Roofline> rooflines;  // key: n/threads/pattern
+  std::map<std::string, std::vector<double>> triads;  // key: n/threads
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+    if (adam::isa_supported(isa)) isas.push_back(isa);
+  }
+  if (!adam::isa_supported(Isa::kAvx512)) {
+    std::fprintf(stderr, "cpu_adam_bench: the roofline kernels need AVX-512, which this CPU lacks\n");
+    return 1;
+  }
+  const nx::AdamHyperparams hyper{.lr = 1e-4, .beta2 = 0.95, .weight_decay = 0.01};
+  for (std::int64_t n : opt.sizes) {
+    auto arrays_or = make_arrays(n);
+    if (!arrays_or.ok()) {
+      std::fprintf(stderr, "cpu_adam_bench: %s\n", arrays_or.status().to_string().c_str());
+      return 1;
+    }
+    Arrays& a = *arrays_or;
+    for (int threads : opt.threads) {
+      // One CpuAdam (one oneTBB arena) per thread count: the step and its
+      // yardsticks run on the same threads through for_each_tile.
+      auto created = adam::CpuAdam::create({.threads = threads, .tile_elems = kTile});
+      if (!created.ok()) {
+        std::fprintf(stderr, "cpu_adam_bench: %s\n", created.status().to_string().c_str());
+        return 1;
+      }
+      adam::CpuAdam& cpu = **created;
+      const size_t first_row = rows.size();
+      for (size_t k = 0; k < isas.size(); ++k) {
+        for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
+          for (bool copy : {false, true}) {
+            rows.push_back({std::string(adam::isa_name(isas[k])), threads, n, g, copy, false, {}});
+          }
+        }
+      }
+      rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}});
+      if (threads == 1) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}});
+      const std::string rkey = std::to_string(n) + "/" + std::to_string(threads) + "/";
+      int step = 0;
+      for (int rep = 0; rep < opt.reps; ++rep) {
+        for (size_t r = first_row; r < rows.size(); ++r) {
+          Row& row = rows[r];
+          if (row.subnormal) a.fill(true);
+          ++step;
+          core::Stopwatch sw;
+          if (row.kernel == "naive") {
+            naive_adamw(a.fp(), a.fm(), a.fv(), a.fg(), n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.01f, step);
+          } else {
+            const Isa isa = *std::find_if(isas.begin(), isas.end(),
+                                          [&](Isa i) { return adam::isa_name(i) == row.kernel; });
+            if (!cpu.set_isa(isa).ok()) return 1;
+            adam::AdamStepArgs args;
+            args.constants = nx::make_adam_constants(hyper, step, 1.0);
+            args.master = a.p.as<float>();
+            args.exp_avg = a.m.as<float>();
+            args.exp_avg_sq = a.v.as<float>();
+            args.grad = row.grad == ElemType::kF32 ? adam::ConstTypedSpan{a.fg(), ElemType::kF32, n}
+                                                   : adam::ConstTypedSpan{a.hg(), ElemType::kBf16, n};
+            if (row.copy) args.copy_out = {a.hout(), ElemType::kBf16, n};
+            sw.restart();
+            const core::Status s = cpu.step(args);
+            if (!s.ok()) {
+              std::fprintf(stderr, "cpu_adam_bench: %s\n", s.to_string().c_str());
+              return 1;
+            }
+          }
+          row.seconds.push_back(sw.elapsed_s());
+          if (row.subnormal) a.fill(false);
+        }
+        // The rooflines of the four patterns, both store kinds, interleaved with the rows.
+        for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
+          for (bool copy : {false, true}) {
+            for (bool nt : {false, true}) {
+              core::Stopwatch sw;
+              cpu.for_each_tile(n, [&](std::int64_t begin, std::int64_t len) {
+                PatternArrays pa{a.fp() + begin,
+                                 a.fm() + begin,
+                                 a.fv() + begin,
+                                 g == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin) : a.hg() + begin,
+                                 g == ElemType::kBf16,
+                                 copy ? a.hout() + begin : nullptr,
+                                 len};
+                stream_pattern_avx512(pa, nt);
+              });
+              const double t = sw.elapsed_s();
+              Roofline& rl = rooflines[rkey + Row{"", 0, 0, g, copy, false, {}}.pattern()];
+              (nt ? rl.nontemporal : rl.ordinary).push_back(t);
+            }
+          }
+        }
+        {
+          core::Stopwatch sw;
+          cpu.for_each_tile(n, [&](std::int64_t begin, std::int64_t len) {
+            stream_triad_avx512(a.fm() + begin, a.fp() + begin, a.fv() + begin, 0.5f, len);
+          });
+          triads[rkey].push_back(sw.elapsed_s());
+        }
+        a.fill(false);  // keep values in range for the next repetition
+      }
+    }
+  }
+
+  // Report.
+  std::printf("%-7s %3s %6s %-10s %-9s %12s %8s %8s %9s %8s %s\n", "kernel", "thr", "N", "pattern",
+              "moments", "params/s", "B/param", "GB/s", "roof GB/s", "fraction", "");
+  FILE* json = opt.json_path.empty() ? nullptr : std::fopen(opt.json_path.c_str(), "w");
+  if (!opt.json_path.empty() && json == nullptr) {
+    std::fprintf(stderr, "cpu_adam_bench: cannot write %s\n", opt.json_path.c_str());
+    return 1;
+  }
+  if (json) std::fprintf(json, "{\n  \"rows\": [\n");
+  bool first = true;
+  for (const Row& row : rows) {
+    const std::string rkey = std::to_string(row.n) + "/" + std::to_string(row.threads) + "/";
+    const Roofline& rl = rooflines[rkey + row.pattern()];
+    const double t = median(row.seconds);
+    const double bytes = row.bytes_per_param() * static_cast<double>(row.n);
+    const double gbps = bytes / t * 1e-9;
+    const double roof_ord = bytes / median(rl.ordinary) * 1e-9;
+    const double roof_nt = bytes / median(rl.nontemporal) * 1e-9;
+    const double roof = std::max(roof_ord, roof_nt);
+    const double fraction = gbps / roof;
+    const double triad = 12.0 * static_cast<double>(row.n) / median(triads[rkey]) * 1e-9;
+    const bool suspect = fraction > 1.0;
+    std::printf("%-7s %3d %5lldM %-10s %-9s %12.3e %8.0f %8.2f %9.2f %8.3f %s\n", row.kernel.c_str(), row.threads,
+                static_cast<long long>(row.n >> 20), row.pattern().c_str(), row.subnormal ? "subnormal" : "normal",
+                static_cast<double>(row.n) / t, row.bytes_per_param(), gbps, roof, fraction,
+                suspect ? "SUSPECT: above the roofline" : "");
+    if (json) {
+      std::fprintf(json,
+                   "%s    {\"kernel\": \"%s\", \"threads\": %d, \"n\": %lld, \"grad\": \"%s\", \"copy_out\": %s, "
+                   "\"moments\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": %.0f, \"gbps\": %.4f, "
+                   "\"roofline_gbps\": %.4f, \"roofline_ordinary_gbps\": %.4f, \"roofline_nontemporal_gbps\": %.4f, "
+                   "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"suspect\": %s, \"reps\": %zu}",
+                   first ? "" : ",\n", row.kernel.c_str(), row.threads, static_cast<long long>(row.n),
+                   adam::elem_type_name(row.grad).data(), row.copy ? "true" : "false",
+                   row.subnormal ? "subnormal" : "normal", static_cast<double>(row.n) / t, row.bytes_per_param(),
+                   gbps, roof, roof_ord, roof_nt, triad, fraction, suspect ? "true" : "false", row.seconds.size());
+      first = false;
+    }
+  }
+  std::printf("\nSTREAM triad (fp32, 12 B/element, for reference):\n");
+  for (const auto& [key, secs] : triads) {
+    const std::int64_t n = std::atoll(key.c_str());
+    const int threads = std::atoi(key.c_str() + key.find('/') + 1);
+    std::printf("  N=%lldM threads=%d: %.2f GB/s\n", static_cast<long long>(n >> 20), threads,
+                12.0 * static_cast<double>(n) / median(secs) * 1e-9);
+  }
+  if (json) {
+    std::fprintf(json, "\n  ]\n}\n");
+    std::fclose(json);
+  }
+  return 0;
+}
+
+bool parse_list(const char* text, std::vector<std::int64_t>* out) {
+  out->clear();
+  std::string s(text);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t comma = s.find(',', pos);
+    std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (item.empty()) return false;
+    std::int64_t mult = 1;
+    if (item.back() == 'M' || item.back() == 'm') mult = 1 << 20, item.pop_back();
+    else if (item.back() == 'K' || item.back() == 'k') mult = 1 << 10, item.pop_back();
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (end == item.c_str() || *end != '\0' || v <= 0) return false;
+    out->push_back(v * mult);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return !out->empty();
+}
+
+}  // namespace
+}  // namespace strata::bench
+
+int main(int argc, char** argv) {
+  strata::bench::Options opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "cpu_adam_bench: %s needs a value\n", name);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (arg == "--quick") {
+      opt.sizes = {16ll << 20};
+      opt.reps = 3;
+    } else if (arg == "--sizes") {
+      if (!strata::bench::parse_list(value("--sizes"), &opt.sizes)) {
+        std::fprintf(stderr, "cpu_adam_bench: --sizes takes a list like 16M,256M\n");
+        return 2;
+      }
+    } else if (arg == "--threads") {
+      std::vector<std::int64_t> t;
+      if (!strata::bench::parse_list(value("--threads"), &t)) {
+        std::fprintf(stderr, "cpu_adam_bench: --threads takes a list like 1,2\n");
+        return 2;
+      }
+      opt.threads.assign(t.begin(), t.end());
+    } else if (arg == "--reps") {
+      opt.reps = std::atoi(value("--reps"));
+      if (opt.reps < 1) {
+        std::fprintf(stderr, "cpu_adam_bench: --reps must be >= 1\n");
+        return 2;
+      }
+    } else if (arg == "--json") {
+      opt.json_path = value("--json");
+    } else {
+      std::fprintf(stderr,
+                   "usage: cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N] [--json FILE]\n");
+      return 2;
+    }
+  }
+  return strata::bench::run(opt);
+}

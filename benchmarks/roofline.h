@@ -1,0 +1,32 @@
+// Streaming yardsticks for cpu_adam_bench: kernels that read and write exactly
+// the arrays of the fused Adam step (same element sizes) with trivial
+// arithmetic, in two store flavours, plus STREAM triad and a naive Adam loop.
+#pragma once
+
+#include <cstdint>
+
+namespace strata::bench {
+
+struct PatternArrays {
+  float* master;
+  float* exp_avg;
+  float* exp_avg_sq;
+  const void* grad;       // fp32 or bf16
+  bool grad_bf16;
+  std::uint16_t* copy_out;  // nullptr: the pattern has no copy-out
+  std::int64_t n;
+};
+
+// Reads grad, master, exp_avg, exp_avg_sq; writes master, exp_avg, exp_avg_sq
+// (and copy_out). `nontemporal` uses streaming stores. AVX-512.
+void stream_pattern_avx512(const PatternArrays& a, bool nontemporal);
+
+// a[i] = b[i] + s * c[i] (STREAM triad, fp32). AVX-512.
+void stream_triad_avx512(float* a, const float* b, const float* c, float s, std::int64_t n);
+
+// A textbook AdamW loop as a user would write it: no intrinsics, no fused
+// conversions, compiled without vector flags (and without vectorisation).
+void naive_adamw(float* p, float* m, float* v, const float* g, std::int64_t n, float lr, float beta1,
+                 float beta2, float eps, float weight_decay, int step);
+
+}  // namespace strata::bench

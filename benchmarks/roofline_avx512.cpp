@@ -1,0 +1,68 @@
+// Streaming yardsticks (AVX-512): the fused step's access pattern with trivial
+// arithmetic, and STREAM triad.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "benchmarks/roofline.h"
+
+namespace strata::bench {
+namespace {
+
+template <bool kBf16, bool kCopy, bool kNt>
+void pattern(const PatternArrays& a) {
+  const std::int64_t n = a.n - a.n % 16;
+  for (std::int64_t i = 0; i < n; i += 16) {
+    __m512 g;
+    if constexpr (kBf16) {
+      const __m256i h = _mm256_loadu_si256(
+          reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(a.grad) + i));
+      g = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      g = _mm512_loadu_ps(static_cast<const float*>(a.grad) + i);
+    }
+    const __m512 p = _mm512_add_ps(_mm512_loadu_ps(a.master + i), g);
+    const __m512 m = _mm512_add_ps(_mm512_loadu_ps(a.exp_avg + i), g);
+    const __m512 v = _mm512_add_ps(_mm512_loadu_ps(a.exp_avg_sq + i), g);
+    if constexpr (kNt) {
+      _mm512_stream_ps(a.master + i, p);
+      _mm512_stream_ps(a.exp_avg + i, m);
+      _mm512_stream_ps(a.exp_avg_sq + i, v);
+    } else {
+      _mm512_storeu_ps(a.master + i, p);
+      _mm512_storeu_ps(a.exp_avg + i, m);
+      _mm512_storeu_ps(a.exp_avg_sq + i, v);
+    }
+    if constexpr (kCopy) {
+      const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16));
+      if constexpr (kNt) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(a.copy_out + i), h);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.copy_out + i), h);
+      }
+    }
+  }
+  if constexpr (kNt) _mm_sfence();
+}
+
+}  // namespace
+
+void stream_pattern_avx512(const PatternArrays& a, bool nontemporal) {
+  const bool copy = a.copy_out != nullptr;
+  if (a.grad_bf16) {
+    if (copy) return nontemporal ? pattern<true, true, true>(a) : pattern<true, true, false>(a);
+    return nontemporal ? pattern<true, false, true>(a) : pattern<true, false, false>(a);
+  }
+  if (copy) return nontemporal ? pattern<false, true, true>(a) : pattern<false, true, false>(a);
+  return nontemporal ? pattern<false, false, true>(a) : pattern<false, false, false>(a);
+}
+
+void stream_triad_avx512(float* a, const float* b, const float* c, float s, std::int64_t n) {
+  const __m512 vs = _mm512_set1_ps(s);
+  const std::int64_t nv = n - n % 16;
+  for (std::int64_t i = 0; i < nv; i += 16) {
+    _mm512_storeu_ps(a + i, _mm512_fmadd_ps(vs, _mm512_loadu_ps(c + i), _mm512_loadu_ps(b + i)));
+  }
+}
+
+}  // namespace strata::bench
