@@ -250,7 +250,13 @@ core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& opt
     if (impl->topology != nullptr) hwloc_topology_destroy(impl->topology);
     impl->topology = nullptr;
   }
-  if (threads == 0) threads = std::max(1, oneapi::tbb::info::default_concurrency());
+  const int max_threads = std::max(1, oneapi::tbb::info::default_concurrency());
+  if (threads == 0) threads = max_threads;
+  if (threads > max_threads) {
+    STRATA_LOG(kInfo) << "cpu_adam: " << threads << " threads requested but this process may run "
+                      << max_threads << " at once; using " << max_threads;
+    threads = max_threads;
+  }
   impl->arena = std::make_unique<oneapi::tbb::task_arena>(threads);
   if (options.bind_threads && impl->topology != nullptr && threads > 1) {
     impl->pinner = std::make_unique<CorePinner>(*impl->arena, impl->topology);
