@@ -1218,10 +1218,11 @@ Status parse_zero(ObjectReader& root, Context& ctx, ZeroConfig* zc, NvmePathsGiv
         zc->stage));
   }
   if (zc->offload_optimizer.device != OffloadDevice::kNone && zc->stage == 0) {
-    return Status::invalid_argument(str_cat(
-        where, ".offload_optimizer.device: \"", to_string(zc->offload_optimizer.device),
-        "\" needs zero_optimization.stage 1, 2 or 3 (DeepSpeed ignores offload at stage 0); "
-        "stage is 0"));
+    return Status::invalid_argument(str_cat(where, ".offload_optimizer.device: \"",
+                                            to_string(zc->offload_optimizer.device),
+                                            "\" needs zero_optimization.stage 1, 2 or 3 (DeepSpeed "
+                                            "offloads the optimizer only through ZeRO); "
+                                            "stage is 0"));
   }
   if (zc->offload_optimizer.ratio < 1.0 && zc->stage != 3) {
     return Status::invalid_argument(str_cat(
