@@ -422,6 +422,13 @@ TEST(Config, WarmupLRWithoutMaxLrWarmsUpToTheOptimizerLr) {
   EXPECT_NE(find_warning(decay, "scheduler.params.warmup_max_lr"), nullptr) << all_warnings(decay);
 }
 
+TEST(Config, WarmupLRWithoutMaxLrDoesNotWarnWhenTheVersionsAgree) {
+  const Config c = parse_ok(doc(R"("optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+      "scheduler": {"type": "WarmupLR"})"));
+  EXPECT_EQ(c.scheduler.warmup_max_lr, 1e-3);
+  EXPECT_TRUE(c.warnings.empty()) << all_warnings(c);
+}
+
 TEST(Config, SchedulerPositionAndShortRunsWarn) {
   const Config c = parse_ok(doc(R"("scheduler": {"type": "WarmupDecayLR", "params": {
       "warmup_max_lr": 1e-3, "warmup_num_steps": 100, "total_num_steps": 50,
@@ -468,6 +475,13 @@ TEST(Config, Fp16LossScalerKeysParse) {
                {"fp16.initial_scale_power: 200 must be in [0, 127]"});
   const Config cast = parse_ok(doc(R"("fp16": {"enabled": true, "auto_cast": true})"));
   EXPECT_NE(find_warning(cast, "fp16.auto_cast"), nullptr) << all_warnings(cast);
+}
+
+TEST(Config, Bf16MasterWeightOptionsWarnThatStrataKeepsFp32) {
+  const Config c = parse_ok(doc(R"("bf16": {"enabled": true, "bf16_master_weights_and_grads": true,
+      "bf16_optimizer_states": false})"));
+  EXPECT_NE(find_warning(c, "bf16.bf16_master_weights_and_grads"), nullptr) << all_warnings(c);
+  EXPECT_EQ(find_warning(c, "bf16.bf16_optimizer_states"), nullptr) << all_warnings(c);
 }
 
 // --- zero_optimization ----------------------------------------------------------------
@@ -631,6 +645,17 @@ TEST(Config, DeepSpeedFieldNamesOfStage3KeysAreAccepted) {
   EXPECT_EQ(c.zero.stage3_max_reuse_distance, 1011);
   EXPECT_TRUE(c.zero.stage3_gather_16bit_weights_on_model_save);
   EXPECT_TRUE(c.warnings.empty()) << all_warnings(c);
+}
+
+TEST(Config, TwoSpellingsOfOneKeyMustAgree) {
+  expect_error(doc(R"("zero_optimization": {"stage3_prefetch_bucket_size": 100,
+                   "prefetch_bucket_size": 200})"),
+               {"zero_optimization.prefetch_bucket_size: 200 conflicts with "
+                "zero_optimization.stage3_prefetch_bucket_size = 100"});
+  const Config same = parse_ok(doc(R"("zero_optimization": {"stage3_prefetch_bucket_size": 100,
+      "prefetch_bucket_size": 100})"));
+  EXPECT_EQ(same.zero.stage3_prefetch_bucket_size, 100);
+  EXPECT_TRUE(same.warnings.empty()) << all_warnings(same);
 }
 
 TEST(Config, KeysWithoutEffectWarnOnlyWhenTheyWouldMatter) {
@@ -853,6 +878,13 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
   expect_error(doc(R"("strata": {"trace": 5})"), {"strata.trace: expected a string, got 5"});
 }
 
+TEST(Config, ByteSizesWrittenAsStringsAreQuotedInErrors) {
+  expect_error(doc(R"("strata": {"chunk_bytes": "1MB"})"),
+               {"strata.chunk_bytes: \"1MB\" (1000000 bytes) is not a multiple of 262144 bytes"});
+  EXPECT_EQ(parse_ok(doc(R"("strata": {"chunk_bytes": "1MiB"})")).strata.chunk_bytes, 1u << 20);
+  EXPECT_EQ(parse_ok(doc(R"("strata": {"chunk_bytes": 5.24288e5})")).strata.chunk_bytes, 524288u);
+}
+
 TEST(Config, StrataIoPathsWinOverDeepSpeedNvmePathsWithAWarning) {
   const Config c = parse_ok(doc(R"("zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "nvme", "nvme_path": "/mnt/a"},
@@ -900,6 +932,10 @@ TEST(Config, UnknownKeysWarnWithTheirPathAndASuggestion) {
   EXPECT_NE(find_warning(c, "strata.frobnicate"), nullptr) << all_warnings(c);
   EXPECT_EQ(c.zero.offload_optimizer.device, OffloadDevice::kNone);
   EXPECT_EQ(c.warnings.size(), 4u) << all_warnings(c);
+
+  const Config params =
+      parse_ok(doc(R"("optimizer": {"type": "AdamW", "params": {"momentum": 0.9}})"));
+  EXPECT_NE(find_warning(params, "optimizer.params.momentum"), nullptr) << all_warnings(params);
 }
 
 TEST(Config, StrictMakesUnknownKeysErrors) {
@@ -1123,6 +1159,16 @@ TEST(Config, DuplicateKeysAreErrorsAsInDeepSpeed) {
                {"zero_optimization.stage: duplicate key"});
   expect_error(R"({"train_batch_size": 8, "train_batch_size": 8})",
                {"train_batch_size: duplicate key"});
+}
+
+TEST(Config, EqualKeysInSiblingObjectsAreNotDuplicates) {
+  const Config c = parse_ok(doc(R"("wandb": {"runs": [{"name": "a"}, {"name": "b"}]},
+      "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
+      "zero_optimization": {"offload_optimizer": {"device": "none"},
+                            "offload_param": {"device": "none"}})"));
+  EXPECT_EQ(c.optimizer.lr, 0.1);
+  expect_error(R"({"train_batch_size": 8, "wandb": {"runs": [{"name": "a", "name": "b"}]}})",
+               {"duplicate key"});
 }
 
 TEST(Config, CommentsAreAllowedAsInDeepSpeedsHjsonLoader) {
