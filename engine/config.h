@@ -36,6 +36,8 @@ std::string_view to_string(DeviceKind v);
 std::string_view to_string(NonfinitePolicy v);
 
 // "optimizer": {"type": ..., "params": {...}}. Absent: AdamW with these defaults.
+// Adagrad's defaults are DeepSpeed's CPU Adagrad's instead: lr 1e-2, eps 1e-10.
+// Adagrad takes no betas and Lion no eps: those fields keep their defaults.
 struct OptimizerConfig {
   OptimizerType type = OptimizerType::kAdamW;
   double lr = 1e-3;            // params.lr
@@ -45,20 +47,27 @@ struct OptimizerConfig {
   double weight_decay = 0.0;   // params.weight_decay
   // params.adam_w_mode (DeepSpeed default true: type "Adam" is AdamW unless
   // this is false). Resolved: true for AdamW, and for Adam unless disabled.
+  // Unused by Adagrad and Lion.
   bool adam_w_mode = true;
-  bool bias_correction = true;  // params.bias_correction
+  bool bias_correction = true;  // params.bias_correction (Adam, AdamW)
+
+  friend bool operator==(const OptimizerConfig&, const OptimizerConfig&) = default;
 };
 
 // "scheduler": {"type": ..., "params": {...}} (DeepSpeed's lr_schedules).
 struct SchedulerConfig {
   SchedulerType type = SchedulerType::kNone;
   double warmup_min_lr = 0.0;         // WarmupLR, WarmupDecayLR
-  double warmup_max_lr = 1e-3;        // WarmupLR, WarmupDecayLR
+  // WarmupLR, WarmupDecayLR. When not given: WarmupLR warms up to the
+  // optimizer's lr (current DeepSpeed), WarmupDecayLR to 1e-3 (its default).
+  double warmup_max_lr = 1e-3;
   std::int64_t warmup_num_steps = 1000;
   WarmupType warmup_type = WarmupType::kLog;
   std::int64_t total_num_steps = 0;   // WarmupDecayLR, WarmupCosineLR (required there)
   double warmup_min_ratio = 0.0;      // WarmupCosineLR: start lr = ratio x optimizer lr
   double cos_min_ratio = 1e-4;        // WarmupCosineLR: final lr = ratio x optimizer lr
+
+  friend bool operator==(const SchedulerConfig&, const SchedulerConfig&) = default;
 };
 
 // "fp16": {...}: DeepSpeed's dynamic loss scaler.
@@ -70,6 +79,8 @@ struct Fp16Config {
   int hysteresis = 2;                  // overflows tolerated before the scale halves
   bool consecutive_hysteresis = false; // refill hysteresis after a good step
   double min_loss_scale = 1.0;
+
+  friend bool operator==(const Fp16Config&, const Fp16Config&) = default;
 };
 
 // "zero_optimization.offload_optimizer".
@@ -82,6 +93,8 @@ struct OffloadOptimizerConfig {
   // DeepSpeed's meaning: the share of the optimizer (by parameters) updated on
   // the CPU; the rest stays and is updated on the GPU. 0 < ratio <= 1.
   double ratio = 1.0;
+
+  friend bool operator==(const OffloadOptimizerConfig&, const OffloadOptimizerConfig&) = default;
 };
 
 // "zero_optimization.offload_param".
@@ -92,6 +105,8 @@ struct OffloadParamConfig {
   std::int64_t buffer_count = 5;
   std::int64_t buffer_size = 100'000'000;  // elements
   std::int64_t max_in_cpu = 1'000'000'000;  // elements
+
+  friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
 };
 
 // "zero_optimization". Size keys count elements, as in DeepSpeed.
@@ -106,9 +121,11 @@ struct ZeroConfig {
   std::int64_t stage3_param_persistence_threshold = 100'000; // elements
   std::int64_t reduce_bucket_size = 500'000'000;             // elements
   std::int64_t allgather_bucket_size = 500'000'000;          // elements
-  bool overlap_comm = false;
+  bool overlap_comm = false;  // when not given: true at stage 3, else false (DeepSpeed)
   bool contiguous_gradients = true;
   bool stage3_gather_16bit_weights_on_model_save = false;
+
+  friend bool operator==(const ZeroConfig&, const ZeroConfig&) = default;
 };
 
 // "aio" (DeepSpeed's async I/O settings).
@@ -119,6 +136,8 @@ struct AioConfig {
   bool single_submit = false;
   bool overlap_events = true;
   bool use_gds = false;
+
+  friend bool operator==(const AioConfig&, const AioConfig&) = default;
 };
 
 // "strata.budgets": hard limits in bytes. 0 means "derive": the probed
@@ -128,6 +147,8 @@ struct BudgetsConfig {
   std::uint64_t pinned_bytes = 0;   // pinned host memory (state, gradients, staging)
   std::uint64_t staging_bytes = 0;  // of pinned: the I/O staging ring
   std::uint64_t disk_bytes = 0;     // swap space over all paths
+
+  friend bool operator==(const BudgetsConfig&, const BudgetsConfig&) = default;
 };
 
 // "strata.io".
@@ -143,6 +164,8 @@ struct IoConfig {
   int rings = 1;                            // io_uring rings (one per I/O thread)
   bool sqpoll = false;
   bool keep_files = false;                  // keep swap files after close
+
+  friend bool operator==(const IoConfig&, const IoConfig&) = default;
 };
 
 // "strata.cpu_adam".
@@ -150,6 +173,8 @@ struct CpuAdamConfig {
   CpuAdamIsa isa = CpuAdamIsa::kAuto;
   int threads = 0;              // 0: every core of the NUMA node
   std::int64_t tile_elems = 0;  // 0: chosen by the kernel (a multiple of the norm block)
+
+  friend bool operator==(const CpuAdamConfig&, const CpuAdamConfig&) = default;
 };
 
 // "strata.host_device": the emulated device and its timing model. A rate of 0
@@ -160,6 +185,8 @@ struct HostDeviceConfig {
   double d2h_gbps = 0.0;    // device -> host copies
   double d2d_gbps = 0.0;    // device -> device copies
   double tflops = 0.0;      // declared compute, 1e12 FLOP/s
+
+  friend bool operator==(const HostDeviceConfig&, const HostDeviceConfig&) = default;
 };
 
 // "strata": everything that is not DeepSpeed's.
@@ -180,12 +207,16 @@ struct StrataConfig {
   NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;  // bf16 / fp32 non-finite gradients
   std::string trace;  // path of a Chrome trace JSON to write; empty: no trace
   bool strict = false;  // unknown keys are errors instead of warnings
+
+  friend bool operator==(const StrataConfig&, const StrataConfig&) = default;
 };
 
 // A warning found while parsing: the key path and what strata does about it.
 struct ConfigWarning {
   std::string key_path;  // "zero_optimization.offload_optimizer.fast_init"
   std::string message;
+
+  friend bool operator==(const ConfigWarning&, const ConfigWarning&) = default;
 };
 
 struct Config {
@@ -212,6 +243,9 @@ struct Config {
   std::vector<std::string> swap_paths() const;
   // Bytes of one compute-copy element: 2 for bf16/fp16, 4 for fp32.
   int compute_bytes() const { return precision == Precision::kFp32 ? 4 : 2; }
+
+  // Field by field, warnings included.
+  friend bool operator==(const Config&, const Config&) = default;
 };
 
 struct ParseOptions {
@@ -220,22 +254,38 @@ struct ParseOptions {
   // (0.9 h^2) and stage3_param_persistence_threshold (10 h) the way the
   // Hugging Face integration does. 0: unknown (the DeepSpeed defaults apply).
   std::int64_t hidden_size = 0;
+  // Number of optimizer steps of the run, when the caller knows it: resolves
+  // "auto" for scheduler.params.total_num_steps. 0: unknown ("auto" there is
+  // then an error).
+  std::int64_t total_num_steps = 0;
   // Overrides "strata.strict" when true.
   bool strict = false;
 };
 
-// Parses and validates a JSON document. Errors are kInvalidArgument and name
-// the key path, the value and what was expected, e.g.
+// Parses and validates a JSON document (comments // and /* */ are allowed, as
+// DeepSpeed's hjson loader allows them; duplicate keys are an error, as in
+// DeepSpeed). Errors are kInvalidArgument and name the key path, the value and
+// what was expected, e.g.
 //   zero_optimization.offload_optimizer.device: "gpu" is not one of none, cpu, nvme
-// Unknown keys are warnings (errors under strict).
+// Unknown keys are warnings (errors under strict). Warnings are logged at warn
+// level and returned in Config::warnings; "auto" resolutions and keys accepted
+// without effect are logged at info level. Thread-safe (no shared state
+// besides the logger).
 core::Result<Config> parse_config(std::string_view json_text, const ParseOptions& options = {});
 
-// Reads and parses a file; errors name the file.
+// Reads and parses a file; errors name the file (a missing file is kNotFound,
+// other read failures follow errno; parse errors keep kInvalidArgument).
 core::Result<Config> load_config_file(const std::string& path, const ParseOptions& options = {});
 
 // The resolved configuration as JSON (every key, defaults filled in), the form
 // checkpoints store and `strata config` prints. parse_config(to_json(c))
-// gives back c.
+// gives back c (warnings aside) and warns only where c's values themselves
+// warrant it (a non-default value of a key without effect, an nvme_path that
+// strata.io.paths overrides): old names and old forms are never written.
+// Three keys are written only when they differ from their defaults so that the
+// re-parse adds no warning: pin_memory (when true), nvme_path (when not
+// "/local_nvme") and strata.optimizer_cpu_fraction (when offload_optimizer
+// is on nvme). Returns an empty string only if memory runs out.
 std::string to_json(const Config& config);
 
 }  // namespace strata::engine
