@@ -11,14 +11,12 @@
 #include "engine/machine.h"
 #include "engine/plan.h"
 #include "engine/plan_args.h"
-#include "gpu/device_query.h"
 #include "strata_build_config.h"
 
 namespace {
 
 namespace core = strata::core;
 namespace engine = strata::engine;
-namespace gpu = strata::gpu;
 
 constexpr int kExitOk = 0;
 constexpr int kExitDoesNotFit = 1;
@@ -84,8 +82,8 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (command == "version" || command == "--version") {
-    std::printf("strata %s (CUDA %s)\n", STRATA_VERSION_STRING,
-                gpu::cuda_built() ? "built in" : "not built");
+    std::printf("strata %s (CUDA backend %s)\n", STRATA_VERSION_STRING,
+                STRATA_HAVE_CUDA ? "built in" : "not built");
     return kExitOk;
   }
   if (command == "plan") return run_plan(rest);
