@@ -21,7 +21,7 @@ MODULES = {
     "bindings/c/": ["bindings/c/", "engine/", "strata/"],
     # The CLI sees the C API and, for the planner, the engine's config and plan
     # headers (and the core helpers they are written in).
-    "bindings/cli/": ["bindings/cli/", "strata/", "engine/config.h", "engine/plan.h",
+    "bindings/cli/": ["bindings/cli/", "strata/", "engine/config.h", "engine/plan",
                       "engine/machine.h", "engine/core/"],
     "bindings/python/": ["bindings/python/", "strata/"],
     "examples/": ["examples/", "strata/"],

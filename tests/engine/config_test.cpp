@@ -12,6 +12,7 @@
 #include <fstream>
 #include <initializer_list>
 #include <mutex>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -22,6 +23,12 @@
 
 namespace strata::engine {
 namespace {
+
+// The bundled example configs; meson passes the source root in STRATA_SOURCE_ROOT.
+std::string example(const char* name) {
+  const char* root = std::getenv("STRATA_SOURCE_ROOT");
+  return std::string(root != nullptr ? root : ".") + "/examples/configs/" + name;
+}
 
 using core::LogLevel;
 using core::Result;
@@ -553,7 +560,7 @@ TEST(Config, ZeroInfinityNvmeAsDeepSpeedDocumentsIt) {
 }
 
 TEST(Config, ExampleConfigFilesLoad) {
-  Result<Config> nvme = load_config_file("../../examples/configs/deepspeed_zero3_nvme.json");
+  Result<Config> nvme = load_config_file(example("deepspeed_zero3_nvme.json"));
   ASSERT_TRUE(nvme.ok()) << nvme.status().to_string();
   EXPECT_EQ(nvme->precision, Precision::kBf16);
   EXPECT_EQ(nvme->train_batch_size, 16);
@@ -567,7 +574,7 @@ TEST(Config, ExampleConfigFilesLoad) {
   EXPECT_EQ(nvme->zero.offload_param.buffer_size, 100'000'000);
   EXPECT_NE(find_warning(*nvme, "aio.thread_count"), nullptr) << all_warnings(*nvme);
 
-  Result<Config> cpu = load_config_file("../../examples/configs/deepspeed_zero_offload_cpu.json");
+  Result<Config> cpu = load_config_file(example("deepspeed_zero_offload_cpu.json"));
   ASSERT_TRUE(cpu.ok()) << cpu.status().to_string();
   EXPECT_EQ(cpu->precision, Precision::kFp16);
   EXPECT_EQ(cpu->train_batch_size, 32);
@@ -577,7 +584,7 @@ TEST(Config, ExampleConfigFilesLoad) {
   EXPECT_EQ(cpu->scheduler.warmup_max_lr, 3e-5);
   EXPECT_EQ(cpu->zero.offload_optimizer.device, OffloadDevice::kCpu);
 
-  Result<Config> native = load_config_file("../../examples/configs/strata_default.json");
+  Result<Config> native = load_config_file(example("strata_default.json"));
   ASSERT_TRUE(native.ok()) << native.status().to_string();
   EXPECT_EQ(native->strata.seed, 1234u);
   EXPECT_EQ(native->strata.device, DeviceKind::kHost);
@@ -1067,9 +1074,8 @@ void expect_round_trip(const Config& c) {
 
 TEST(Config, ToJsonRoundTripsFieldByField) {
   expect_round_trip(parse_ok(doc()));
-  for (const char* file : {"../../examples/configs/deepspeed_zero3_nvme.json",
-                           "../../examples/configs/deepspeed_zero_offload_cpu.json",
-                           "../../examples/configs/strata_default.json"}) {
+  for (const std::string& file : {example("deepspeed_zero3_nvme.json"), example("deepspeed_zero_offload_cpu.json"),
+                                 example("strata_default.json")}) {
     Result<Config> c = load_config_file(file);
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     expect_round_trip(*c);
@@ -1131,7 +1137,7 @@ TEST(Config, ToJsonRoundTripsFieldByField) {
 }
 
 TEST(Config, ToJsonWritesCurrentNamesAndEveryKey) {
-  Result<Config> c = load_config_file("../../examples/configs/deepspeed_zero3_nvme.json");
+  Result<Config> c = load_config_file(example("deepspeed_zero3_nvme.json"));
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   const std::string json = to_json(*c);
   for (const char* key :

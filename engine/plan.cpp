@@ -1,0 +1,818 @@
+// The planner's arithmetic: model resolution, tier capacities, one placement's
+// bytes per tier and per step, and the search over placements.
+#include "engine/plan.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <string>
+
+#include "engine/core/str.h"
+#include "engine/internal/plan_internal.h"
+
+namespace strata::engine {
+namespace {
+
+using core::Status;
+using core::str_cat;
+
+// The planner's range: far beyond any model, small enough that every byte
+// count below (at most ~40 B per parameter, times the accumulation steps,
+// saturating) stays exact in 64 bits.
+constexpr std::int64_t kMaxParams = 1'000'000'000'000'000;  // 1e15
+
+std::uint64_t sat_mul(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t r = 0;
+  return __builtin_mul_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+
+std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) {
+  std::uint64_t r = 0;
+  return __builtin_add_overflow(a, b, &r) ? std::numeric_limits<std::uint64_t>::max() : r;
+}
+
+std::uint64_t u64(std::int64_t v) { return v > 0 ? static_cast<std::uint64_t>(v) : 0; }
+
+// round(n x fraction), within [0, n].
+std::int64_t share(std::int64_t n, double fraction) {
+  const long long v = std::llround(static_cast<long double>(n) * fraction);
+  return std::clamp(static_cast<std::int64_t>(v), std::int64_t{0}, n);
+}
+
+std::uint64_t floor_fraction(std::uint64_t bytes, double fraction) {
+  return static_cast<std::uint64_t>(std::floor(static_cast<double>(bytes) * fraction));
+}
+
+// Elements of the tensors of one block, in the order of transformer_num_params.
+std::array<std::int64_t, 12> block_tensor_elems(std::int64_t h) {
+  return {3 * h * h, 3 * h, h * h, h, 4 * h * h, 4 * h, 4 * h * h, h, h, h, h, h};
+}
+
+Status invalid(std::string message) { return Status::invalid_argument(std::move(message)); }
+
+core::Result<ModelSummary> resolve_model(const Config& config, const ModelSpec& spec) {
+  ModelSummary m;
+  m.has_shape = spec.hidden_size != 0 || spec.vocab_size != 0;
+  if (spec.num_layers == 0) {
+    return invalid("num_layers (--layers) is required: the number of layers (fetch groups)");
+  }
+  if (spec.num_layers < 0) {
+    return invalid(str_cat("num_layers (--layers) must be positive, got ", spec.num_layers));
+  }
+  m.num_layers = spec.num_layers;
+  if (m.has_shape) {
+    if (spec.num_params != 0) {
+      return invalid(
+          "give either num_params (--params) or a transformer shape (--hidden, --vocab), not both");
+    }
+    if (spec.hidden_size <= 0) {
+      return invalid(
+          str_cat("hidden_size (--hidden) must be positive with a transformer shape, got ",
+                  spec.hidden_size));
+    }
+    if (spec.vocab_size <= 0) {
+      return invalid(str_cat("vocab_size (--vocab) must be positive with a transformer shape, got ",
+                             spec.vocab_size));
+    }
+    if (spec.num_heads < 0 || spec.num_heads > spec.hidden_size) {
+      return invalid(str_cat("num_heads (--heads) must be in [1, hidden_size = ", spec.hidden_size,
+                             "], got ", spec.num_heads));
+    }
+    m.hidden_size = spec.hidden_size;
+    m.vocab_size = spec.vocab_size;
+    m.num_heads =
+        spec.num_heads != 0 ? spec.num_heads : std::max<std::int64_t>(1, spec.hidden_size / 128);
+    STRATA_ASSIGN_OR_RETURN(m.num_params,
+                            transformer_num_params(m.num_layers, m.hidden_size, m.vocab_size));
+  } else {
+    if (spec.num_heads != 0) {
+      return invalid("num_heads (--heads) needs a transformer shape (--hidden, --vocab)");
+    }
+    if (spec.num_params == 0) {
+      return invalid(
+          "the model size is required: give num_params (--params) or a transformer shape "
+          "(--hidden, --vocab)");
+    }
+    if (spec.num_params < 0) {
+      return invalid(str_cat("num_params (--params) must be positive, got ", spec.num_params));
+    }
+    m.num_params = spec.num_params;
+  }
+  if (m.num_params > kMaxParams) {
+    return invalid(str_cat("the model has ", m.num_params,
+                           " parameters, beyond the planner's range (", kMaxParams, ")"));
+  }
+  if (m.num_layers > m.num_params) {
+    return invalid(str_cat("num_layers (--layers) ", m.num_layers,
+                           " exceeds num_params (--params) ", m.num_params,
+                           ": a layer holds at least one parameter"));
+  }
+  if (!(spec.frozen_fraction >= 0.0 && spec.frozen_fraction <= 1.0)) {
+    return invalid(str_cat("frozen_fraction (--frozen-fraction) must be in [0, 1], got ",
+                           spec.frozen_fraction));
+  }
+  m.frozen_fraction = spec.frozen_fraction;
+  m.num_frozen_params = share(m.num_params, spec.frozen_fraction);
+  m.num_trainable_params = m.num_params - m.num_frozen_params;
+  if (spec.seq_len <= 0) {
+    return invalid(str_cat("seq_len (--seq) must be positive, got ", spec.seq_len));
+  }
+  m.seq_len = spec.seq_len;
+  if (spec.micro_batch < 0) {
+    return invalid(str_cat("micro_batch (--micro-batch) must be positive, got ", spec.micro_batch));
+  }
+  m.micro_batch = spec.micro_batch != 0 ? spec.micro_batch : config.train_micro_batch_size_per_gpu;
+  if (m.micro_batch <= 0) {
+    return invalid(str_cat("train_micro_batch_size_per_gpu must be positive, got ", m.micro_batch));
+  }
+  m.activation_checkpointing = spec.activation_checkpointing;
+
+  const std::int64_t threshold = config.zero.stage3_param_persistence_threshold;
+  if (m.has_shape) {
+    const std::int64_t h = m.hidden_size;
+    m.group_params = std::max(12 * h * h + 13 * h, m.vocab_size * h);
+    std::int64_t per_block = 0;
+    for (std::int64_t elems : block_tensor_elems(h)) {
+      if (elems < threshold) per_block += elems;
+    }
+    m.persistent_params = m.num_layers * per_block;
+    if (h < threshold) m.persistent_params += 2 * h;  // final layer norm
+    if (m.vocab_size * h < threshold) m.persistent_params += m.vocab_size * h;
+    STRATA_ASSIGN_OR_RETURN(
+        ActivationEstimate act,
+        estimate_activations(m.num_layers, h, m.num_heads, m.vocab_size, m.seq_len, m.micro_batch,
+                             m.activation_checkpointing, config.compute_bytes()));
+    m.activations = act;
+  } else {
+    m.group_params = (m.num_params + m.num_layers - 1) / m.num_layers;
+  }
+  return m;
+}
+
+Status validate_config(const Config& config, const PlanOptions& options) {
+  if (config.gradient_accumulation_steps <= 0) {
+    return invalid(str_cat("gradient_accumulation_steps must be positive, got ",
+                           config.gradient_accumulation_steps));
+  }
+  const double ratio = config.zero.offload_optimizer.ratio;
+  if (!(ratio > 0.0 && ratio <= 1.0)) {
+    return invalid(
+        str_cat("zero_optimization.offload_optimizer.ratio must be in (0, 1], got ", ratio));
+  }
+  const double fraction = config.strata.optimizer_cpu_fraction;
+  if (!(fraction >= 0.0 && fraction <= 1.0)) {
+    return invalid(str_cat("strata.optimizer_cpu_fraction must be in [0, 1], got ", fraction));
+  }
+  if (config.strata.chunk_bytes == 0) return invalid("strata.chunk_bytes must be positive, got 0");
+  const OffloadParamConfig& op = config.zero.offload_param;
+  if (op.buffer_count < 0) {
+    return invalid(
+        str_cat("zero_optimization.offload_param.buffer_count must not be negative, got ",
+                op.buffer_count));
+  }
+  if (op.buffer_size < 0) {
+    return invalid(str_cat("zero_optimization.offload_param.buffer_size must not be negative, got ",
+                           op.buffer_size));
+  }
+  const ZeroConfig& z = config.zero;
+  if (z.stage3_prefetch_bucket_size < 0 || z.stage3_max_live_parameters < 0 ||
+      z.stage3_param_persistence_threshold < 0) {
+    return invalid(
+        "zero_optimization.stage3_prefetch_bucket_size, stage3_max_live_parameters and "
+        "stage3_param_persistence_threshold must not be negative");
+  }
+  const PlanMargins& mg = options.margins;
+  for (double f : {mg.gpu_fraction, mg.ram_fraction, mg.disk_fraction}) {
+    if (!(f >= 0.0 && f < 1.0))
+      return invalid(str_cat("plan margin fraction must be in [0, 1), got ", f));
+  }
+  if (!(options.cpu_fraction_step > 0.0 && options.cpu_fraction_step <= 1.0)) {
+    return invalid(str_cat("cpu_fraction_step must be in (0, 1], got ", options.cpu_fraction_step));
+  }
+  return Status();
+}
+
+// Capacity of one tier: the machine's, less its margin, or a budget.
+TierPlan tier_capacity(Tier tier, std::optional<std::uint64_t> physical, const std::string& source,
+                       std::uint64_t budget, std::string_view budget_key,
+                       std::uint64_t margin_bytes, std::vector<std::string>* notes) {
+  TierPlan t;
+  t.tier = tier;
+  if (budget > 0 && (!physical || budget <= *physical)) {
+    t.capacity_bytes = budget;
+    t.margin_bytes = 0;
+    t.capacity_source = str_cat(budget_key, " (budget)");
+    if (physical && *physical - budget < margin_bytes) {
+      notes->push_back(str_cat(budget_key, " = ", core::format_bytes(budget),
+                               " leaves less than the ", core::format_bytes(margin_bytes),
+                               " margin the planner keeps on this ", core::format_bytes(*physical),
+                               " ", tier_label(tier)));
+    }
+  } else {
+    t.capacity_bytes = *physical;
+    t.margin_bytes = margin_bytes;
+    t.capacity_source = source;
+    if (budget > 0) {
+      notes->push_back(str_cat(budget_key, " = ", core::format_bytes(budget), " exceeds the ",
+                               core::format_bytes(*physical), " of ", tier_label(tier),
+                               " on this machine: the machine's capacity applies"));
+    }
+  }
+  t.available_bytes = t.capacity_bytes > t.margin_bytes ? t.capacity_bytes - t.margin_bytes : 0;
+  return t;
+}
+
+using TierCapacities = std::array<TierPlan, kNumTiers>;
+
+core::Result<TierCapacities> tier_capacities(const Config& config, const MachineSpec& machine,
+                                             const PlanMargins& margins,
+                                             std::vector<std::string>* notes) {
+  const BudgetsConfig& b = config.strata.budgets;
+  if (!machine.gpu_bytes && b.device_bytes == 0) {
+    return Status::failed_precondition(
+        str_cat("GPU memory is unknown (", machine.gpu_probe,
+                "): give it with `strata plan --gpu-memory SIZE` or set strata.budgets.device"));
+  }
+  TierCapacities tiers;
+  const std::uint64_t gpu_margin =
+      machine.gpu_bytes ? floor_fraction(*machine.gpu_bytes, margins.gpu_fraction) : 0;
+  tiers[0] = tier_capacity(Tier::kGpu, machine.gpu_bytes, machine.gpu_source, b.device_bytes,
+                           "strata.budgets.device", gpu_margin, notes);
+  tiers[1] = tier_capacity(
+      Tier::kCpu, machine.ram_bytes, machine.ram_source, b.pinned_bytes, "strata.budgets.pinned",
+      sat_add(floor_fraction(machine.ram_bytes, margins.ram_fraction), margins.ram_reserve_bytes),
+      notes);
+  tiers[2] = tier_capacity(Tier::kNvme, machine.disk_bytes, machine.disk_source, b.disk_bytes,
+                           "strata.budgets.disk",
+                           floor_fraction(machine.disk_bytes, margins.disk_fraction), notes);
+  return tiers;
+}
+
+std::string precision_label(const Config& config) {
+  switch (config.precision) {
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+    case Precision::kFp32: return "fp32";
+  }
+  return "?";
+}
+
+std::string count_times(std::int64_t n, std::uint64_t bytes, std::string_view what = {}) {
+  std::string s = str_cat(group_digits(u64(n)), " x ", bytes, " B");
+  if (!what.empty()) s += str_cat(" (", what, ")");
+  return s;
+}
+
+struct Inputs {
+  const Config& config;
+  const ModelSummary& model;
+  const TierCapacities& capacities;
+  const PlanOptions& options;
+};
+
+PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
+  const Config& cfg = in.config;
+  const ModelSummary& m = in.model;
+  PlacementPlan plan;
+  plan.placement = pl;
+  auto add = [&plan](std::string name, Tier tier, std::uint64_t bytes, std::string detail) {
+    if (bytes == 0) return;
+    plan.items.push_back(PlanItem{std::move(name), tier, bytes, std::move(detail)});
+  };
+
+  const std::int64_t P = m.num_params;
+  const std::int64_t T = m.num_trainable_params;
+  const std::uint64_t c = static_cast<std::uint64_t>(cfg.compute_bytes());
+  const std::uint64_t accum = u64(cfg.gradient_accumulation_steps);
+  const std::uint64_t g = accum == 1 ? c : 4;
+  const std::uint64_t moments = optimizer_moment_bytes(cfg.optimizer.type);
+  const std::uint64_t state = 4 + moments;
+  const std::string prec = precision_label(cfg);
+
+  const std::int64_t t_off =
+      pl.optimizer_device == OffloadDevice::kNone ? 0 : share(T, pl.optimizer_ratio);
+  const std::int64_t t_gpu = T - t_off;
+  std::int64_t t_keep = 0;  // CPU-updated and resident in pinned memory
+  if (pl.optimizer_device == OffloadDevice::kCpu) t_keep = t_off;
+  if (pl.optimizer_device == OffloadDevice::kNvme) t_keep = share(t_off, pl.optimizer_cpu_fraction);
+  const std::int64_t t_nvme = t_off - t_keep;
+
+  const bool params_offloaded = pl.param_device != OffloadDevice::kNone;
+  const Tier param_tier = tier_of(pl.param_device);
+
+  add("compute_copies", param_tier, sat_mul(u64(P), c), count_times(P, c, prec));
+  if (params_offloaded) {
+    add("persistent_params", Tier::kGpu, sat_mul(u64(m.persistent_params), c),
+        count_times(m.persistent_params, c,
+                    str_cat("tensors under stage3_param_persistence_threshold = ",
+                            group_digits(u64(cfg.zero.stage3_param_persistence_threshold)))));
+    const std::int64_t two = 2 * m.group_params;
+    const std::int64_t wanted = two + cfg.zero.stage3_prefetch_bucket_size;
+    const std::int64_t window =
+        std::min(P, std::max(two, std::min(wanted, cfg.zero.stage3_max_live_parameters)));
+    add("fetch_window", Tier::kGpu, sat_mul(u64(window), c),
+        count_times(window, c,
+                    str_cat("2 fetch groups of ", group_digits(u64(m.group_params)),
+                            " + stage3_prefetch_bucket_size within stage3_max_live_parameters")));
+  }
+  if (pl.param_device == OffloadDevice::kNvme) {
+    const OffloadParamConfig& op = cfg.zero.offload_param;
+    add("param_staging", Tier::kCpu, sat_mul(sat_mul(u64(op.buffer_count), u64(op.buffer_size)), c),
+        str_cat("offload_param.buffer_count ", op.buffer_count, " x buffer_size ",
+                group_digits(u64(op.buffer_size)), " x ", c, " B"));
+  }
+  if (t_gpu > 0) {
+    add("gradients", Tier::kGpu, sat_mul(u64(t_gpu), g),
+        count_times(t_gpu, g, accum == 1 ? prec : "fp32 accumulation"));
+    add("master_weights", Tier::kGpu, sat_mul(u64(t_gpu), 4), count_times(t_gpu, 4, "fp32"));
+    add("optimizer_moments", Tier::kGpu, sat_mul(u64(t_gpu), moments),
+        count_times(t_gpu, moments, optimizer_label(cfg.optimizer.type)));
+  }
+  if (t_off > 0) {
+    add("host_gradients", Tier::kCpu, sat_mul(u64(t_off), g),
+        count_times(t_off, g, accum == 1 ? prec : "fp32 accumulation"));
+    const std::int64_t buffered = std::min<std::int64_t>(2 * m.group_params, t_off);
+    add("device_gradient_buffers", Tier::kGpu, sat_mul(u64(buffered), c),
+        count_times(buffered, c, "2 fetch groups being copied out"));
+  }
+  if (t_keep > 0) {
+    add("master_weights", Tier::kCpu, sat_mul(u64(t_keep), 4), count_times(t_keep, 4, "fp32"));
+    add("optimizer_moments", Tier::kCpu, sat_mul(u64(t_keep), moments),
+        count_times(t_keep, moments, optimizer_label(cfg.optimizer.type)));
+  }
+  if (t_nvme > 0) {
+    add("master_weights", Tier::kNvme, sat_mul(u64(t_nvme), 4), count_times(t_nvme, 4, "fp32"));
+    add("optimizer_moments", Tier::kNvme, sat_mul(u64(t_nvme), moments),
+        count_times(t_nvme, moments, optimizer_label(cfg.optimizer.type)));
+    const std::uint64_t states = 1 + moments / 4;
+    const std::uint64_t per_state = std::min(
+        sat_mul(u64(kOptimizerRingDepth), cfg.strata.chunk_bytes), sat_mul(u64(t_nvme), 4));
+    add("optimizer_staging", Tier::kCpu, sat_mul(per_state, states),
+        str_cat(kOptimizerRingDepth, " chunks of strata.chunk_bytes ",
+                core::format_bytes(cfg.strata.chunk_bytes), " x ", states, " fp32 states"));
+  }
+  if (m.activations) {
+    const ActivationEstimate& a = *m.activations;
+    add("activations", Tier::kGpu, a.layers_bytes,
+        m.activation_checkpointing
+            ? str_cat(m.num_layers, " layer inputs of ", core::format_bytes(a.kept_layer_bytes),
+                      " + 1 layer recomputed (", core::format_bytes(a.full_layer_bytes), ")")
+            : str_cat(m.num_layers, " layers x ", core::format_bytes(a.full_layer_bytes),
+                      " (no checkpointing)"));
+    add("logits", Tier::kGpu, a.logits_bytes,
+        str_cat("4 B x seq ", m.seq_len, " x micro-batch ", m.micro_batch, " x vocab ",
+                group_digits(u64(m.vocab_size))));
+  }
+  if (in.options.include_checkpoint) {
+    add("checkpoint", Tier::kNvme, sat_add(sat_mul(u64(P), c), sat_mul(u64(T), state)),
+        str_cat(group_digits(u64(P)), " x ", c, " B + ", group_digits(u64(T)), " x ", state,
+                " B (compute copies, master, moments)"));
+  }
+
+  plan.tiers = in.capacities;
+  for (TierPlan& t : plan.tiers) t.needed_bytes = 0;
+  for (const PlanItem& item : plan.items) {
+    TierPlan& t = plan.tiers[static_cast<int>(item.tier)];
+    t.needed_bytes = sat_add(t.needed_bytes, item.size_bytes);
+  }
+  plan.fits = true;
+  for (TierPlan& t : plan.tiers) {
+    t.fits = t.needed_bytes <= t.available_bytes;
+    if (!t.fits) {
+      plan.fits = false;
+      plan.reasons.push_back(over_capacity_reason(plan, t));
+    }
+  }
+
+  StepTraffic& tr = plan.traffic;
+  const std::uint64_t fetch = sat_mul(sat_mul(2 * c, u64(P)), accum);  // forward + backward
+  // New compute copies go from where they were updated to the params' home.
+  const std::uint64_t gradients_out = sat_mul(sat_mul(c, u64(t_off)), accum);
+  if (params_offloaded) {
+    tr.host_to_device_bytes = fetch;
+    tr.device_to_host_bytes = sat_add(gradients_out, sat_mul(c, u64(t_gpu)));
+  } else {
+    tr.host_to_device_bytes = sat_mul(c, u64(t_off));
+    tr.device_to_host_bytes = gradients_out;
+  }
+  tr.disk_read_bytes = sat_mul(state, u64(t_nvme));
+  tr.disk_write_bytes = sat_mul(state, u64(t_nvme));
+  if (pl.param_device == OffloadDevice::kNvme) {
+    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, fetch);
+    tr.disk_write_bytes = sat_add(tr.disk_write_bytes, sat_mul(c, u64(T)));
+  }
+  return plan;
+}
+
+// a better than b: fewer bytes per step, then fewer disk bytes.
+bool moves_less(const PlacementPlan& a, const PlacementPlan& b) {
+  if (a.traffic.total_bytes() != b.traffic.total_bytes()) {
+    return a.traffic.total_bytes() < b.traffic.total_bytes();
+  }
+  return a.traffic.disk_bytes() < b.traffic.disk_bytes();
+}
+
+std::string quoted(std::string_view s) { return str_cat('"', s, '"'); }
+
+std::string fraction_text(double f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", f);
+  return buf;
+}
+
+std::vector<ConfigChange> changes_for(const Config& config, const Placement& to) {
+  std::vector<ConfigChange> changes;
+  const int stage = config.zero.stage;
+  int stage_needed = stage;
+  if (to.param_device != OffloadDevice::kNone) {
+    stage_needed = 3;
+  } else if (to.optimizer_device != OffloadDevice::kNone && stage == 0) {
+    stage_needed = 2;
+  }
+  if (stage_needed != stage) {
+    changes.push_back(
+        {"zero_optimization.stage", std::to_string(stage), std::to_string(stage_needed)});
+  }
+  if (to.param_device != config.zero.offload_param.device) {
+    changes.push_back({"zero_optimization.offload_param.device",
+                       quoted(offload_device_key(config.zero.offload_param.device)),
+                       quoted(offload_device_key(to.param_device))});
+  }
+  if (to.optimizer_device != config.zero.offload_optimizer.device) {
+    changes.push_back({"zero_optimization.offload_optimizer.device",
+                       quoted(offload_device_key(config.zero.offload_optimizer.device)),
+                       quoted(offload_device_key(to.optimizer_device))});
+  }
+  if (to.optimizer_device == OffloadDevice::kNvme &&
+      to.optimizer_cpu_fraction != config.strata.optimizer_cpu_fraction) {
+    changes.push_back({"strata.optimizer_cpu_fraction",
+                       fraction_text(config.strata.optimizer_cpu_fraction),
+                       fraction_text(to.optimizer_cpu_fraction)});
+  }
+  return changes;
+}
+
+}  // namespace
+
+std::string group_digits(std::uint64_t v) {
+  std::string digits = std::to_string(v);
+  std::string out;
+  const int n = static_cast<int>(digits.size());
+  for (int i = 0; i < n; ++i) {
+    if (i > 0 && (n - i) % 3 == 0) out += ',';
+    out += digits[static_cast<std::size_t>(i)];
+  }
+  return out;
+}
+
+std::string_view offload_device_key(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone: return "none";
+    case OffloadDevice::kCpu: return "cpu";
+    case OffloadDevice::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+std::string_view optimizer_name(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kAdam: return "Adam";
+    case OptimizerType::kAdamW: return "AdamW";
+    case OptimizerType::kAdagrad: return "Adagrad";
+    case OptimizerType::kLion: return "Lion";
+  }
+  return "?";
+}
+
+std::string_view optimizer_label(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kAdam: return "Adam moments";
+    case OptimizerType::kAdamW: return "AdamW moments";
+    case OptimizerType::kAdagrad: return "Adagrad sum of squares";
+    case OptimizerType::kLion: return "Lion momentum";
+  }
+  return "?";
+}
+
+std::uint64_t optimizer_moment_bytes(OptimizerType t) {
+  switch (t) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW: return 8;
+    case OptimizerType::kAdagrad:
+    case OptimizerType::kLion: return 4;
+  }
+  return 8;
+}
+
+Tier tier_of(OffloadDevice d) {
+  switch (d) {
+    case OffloadDevice::kNone: return Tier::kGpu;
+    case OffloadDevice::kCpu: return Tier::kCpu;
+    case OffloadDevice::kNvme: return Tier::kNvme;
+  }
+  return Tier::kGpu;
+}
+
+std::string over_capacity_reason(const PlacementPlan& plan, const TierPlan& tier) {
+  std::vector<const PlanItem*> items;
+  for (const PlanItem& item : plan.items) {
+    if (item.tier == tier.tier) items.push_back(&item);
+  }
+  std::stable_sort(items.begin(), items.end(), [](const PlanItem* a, const PlanItem* b) {
+    return a->size_bytes > b->size_bytes;
+  });
+  std::string parts;
+  constexpr std::size_t kShown = 4;
+  for (std::size_t i = 0; i < items.size() && i < kShown; ++i) {
+    if (i > 0) parts += ", ";
+    parts += str_cat(item_label(items[i]->name), " ", core::format_bytes(items[i]->size_bytes));
+  }
+  if (items.size() > kShown) parts += str_cat(", ", items.size() - kShown, " more");
+  std::string limit = tier.margin_bytes > 0
+                          ? str_cat(core::format_bytes(tier.capacity_bytes), " less the ",
+                                    core::format_bytes(tier.margin_bytes), " margin")
+                          : tier.capacity_source;
+  return str_cat(tier_label(tier.tier), " needs ", core::format_bytes(tier.needed_bytes), " (",
+                 parts, ") > ", core::format_bytes(tier.available_bytes), " available (", limit,
+                 ")");
+}
+
+std::string_view item_label(std::string_view name) {
+  if (name == "compute_copies") return "compute copies";
+  if (name == "persistent_params") return "persistent params";
+  if (name == "fetch_window") return "fetch window";
+  if (name == "gradients") return "gradients";
+  if (name == "device_gradient_buffers") return "device gradient buffers";
+  if (name == "host_gradients") return "host gradients";
+  if (name == "master_weights") return "fp32 master";
+  if (name == "optimizer_moments") return "optimizer moments";
+  if (name == "optimizer_staging") return "optimizer staging";
+  if (name == "param_staging") return "param staging";
+  if (name == "activations") return "activations";
+  if (name == "logits") return "logits";
+  if (name == "checkpoint") return "checkpoint";
+  return name;
+}
+
+std::string describe_placement(const Placement& p) {
+  std::string s =
+      str_cat("params ",
+              p.param_device == OffloadDevice::kNone ? std::string_view("gpu")
+                                                     : offload_device_key(p.param_device),
+              ", optimizer ",
+              p.optimizer_device == OffloadDevice::kNone ? std::string_view("gpu")
+                                                         : offload_device_key(p.optimizer_device));
+  if (p.optimizer_device != OffloadDevice::kNone && p.optimizer_ratio < 1.0) {
+    s += str_cat(" (ratio ", fraction_text(p.optimizer_ratio), ": the rest on gpu)");
+  }
+  if (p.optimizer_device == OffloadDevice::kNvme) {
+    s += str_cat(" (cpu fraction ", fraction_text(p.optimizer_cpu_fraction), ")");
+  }
+  return s;
+}
+
+std::string_view tier_key(Tier tier) {
+  switch (tier) {
+    case Tier::kGpu: return "gpu";
+    case Tier::kCpu: return "cpu";
+    case Tier::kNvme: return "nvme";
+  }
+  return "?";
+}
+
+std::string_view tier_label(Tier tier) {
+  switch (tier) {
+    case Tier::kGpu: return "GPU";
+    case Tier::kCpu: return "CPU RAM";
+    case Tier::kNvme: return "NVMe/disk";
+  }
+  return "?";
+}
+
+std::uint64_t PlacementPlan::item_bytes(Tier t, std::string_view name) const {
+  std::uint64_t total = 0;
+  for (const PlanItem& item : items) {
+    if (item.tier == t && item.name == name) total += item.size_bytes;
+  }
+  return total;
+}
+
+core::Result<ActivationEstimate> estimate_activations(
+    std::int64_t num_layers, std::int64_t hidden_size, std::int64_t num_heads,
+    std::int64_t vocab_size, std::int64_t seq_len, std::int64_t micro_batch,
+    bool activation_checkpointing, int compute_bytes) {
+  if (num_layers <= 0 || hidden_size <= 0 || num_heads <= 0 || vocab_size <= 0 || seq_len <= 0 ||
+      micro_batch <= 0 || (compute_bytes != 2 && compute_bytes != 4)) {
+    return invalid(str_cat("activation estimate: layers ", num_layers, ", hidden ", hidden_size,
+                           ", heads ", num_heads, ", vocab ", vocab_size, ", seq ", seq_len,
+                           ", micro-batch ", micro_batch, " must all be positive"));
+  }
+  // Checked 64-bit arithmetic: any overflow makes the estimate an error.
+  bool overflow = false;
+  auto mul = [&overflow](std::uint64_t x, std::uint64_t y) {
+    std::uint64_t r = 0;
+    overflow = overflow || __builtin_mul_overflow(x, y, &r);
+    return r;
+  };
+  auto add = [&overflow](std::uint64_t x, std::uint64_t y) {
+    std::uint64_t r = 0;
+    overflow = overflow || __builtin_add_overflow(x, y, &r);
+    return r;
+  };
+  const std::uint64_t s = u64(seq_len), b = u64(micro_batch), h = u64(hidden_size);
+  const std::uint64_t a = u64(num_heads), L = u64(num_layers), V = u64(vocab_size);
+  const std::uint64_t scale = u64(compute_bytes);  // over 2: 16-bit is the paper's unit
+  const std::uint64_t sb = mul(s, b);
+  const std::uint64_t full = mul(mul(sb, add(mul(34, h), mul(mul(5, a), s))), scale) / 2;
+  const std::uint64_t kept_ckpt = mul(mul(2, mul(sb, h)), scale) / 2;
+  const std::uint64_t kept = activation_checkpointing ? kept_ckpt : full;
+  const std::uint64_t layers =
+      activation_checkpointing ? add(mul(L, kept_ckpt), full) : mul(L, full);
+  const std::uint64_t logits = mul(mul(4, sb), V);
+  const std::uint64_t total = add(layers, logits);
+  if (overflow) {
+    return invalid("activation estimate overflows 64 bits: check --seq, --hidden, --micro-batch");
+  }
+  ActivationEstimate e;
+  e.full_layer_bytes = full;
+  e.kept_layer_bytes = kept;
+  e.layers_bytes = layers;
+  e.logits_bytes = logits;
+  e.total_bytes = total;
+  return e;
+}
+
+core::Result<std::int64_t> transformer_num_params(std::int64_t num_layers, std::int64_t hidden_size,
+                                                  std::int64_t vocab_size) {
+  if (num_layers <= 0 || hidden_size <= 0 || vocab_size <= 0) {
+    return invalid(str_cat("transformer shape: layers ", num_layers, ", hidden ", hidden_size,
+                           ", vocab ", vocab_size, " must all be positive"));
+  }
+  // L (12 h^2 + 13 h) + V h + 2 h, checked.
+  std::int64_t params = 0;
+  std::int64_t hh = 0, block = 0, blocks = 0, embed = 0;
+  const bool overflow = __builtin_mul_overflow(hidden_size, hidden_size, &hh) ||
+                        __builtin_mul_overflow(hh, std::int64_t{12}, &block) ||
+                        __builtin_add_overflow(block, 13 * hidden_size, &block) ||
+                        __builtin_mul_overflow(num_layers, block, &blocks) ||
+                        __builtin_mul_overflow(vocab_size, hidden_size, &embed) ||
+                        __builtin_add_overflow(blocks, embed, &params) ||
+                        __builtin_add_overflow(params, 2 * hidden_size, &params) ||
+                        hidden_size > (std::int64_t{1} << 40);
+  if (overflow) {
+    return invalid(str_cat("transformer shape: layers ", num_layers, " x hidden ", hidden_size,
+                           " x vocab ", vocab_size, " overflows 64 bits"));
+  }
+  return params;
+}
+
+bool parse_count(std::string_view text, std::int64_t* out) {
+  std::string s(text);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  std::size_t start = 0;
+  while (start < s.size() && std::isspace(static_cast<unsigned char>(s[start]))) ++start;
+  s.erase(0, start);
+  if (s.empty()) return false;
+  const bool negative = s[0] == '-';
+  if (negative) s.erase(0, 1);
+  if (s.empty() || !(std::isdigit(static_cast<unsigned char>(s[0])) || s[0] == '.')) return false;
+  if (s.find_first_of("xXpP") != std::string::npos) return false;  // strtold's hex floats
+  char* end = nullptr;
+  const long double number = std::strtold(s.c_str(), &end);
+  if (end == s.c_str() || !std::isfinite(number)) return false;
+  std::string suffix(end);
+  long double mult = 0;
+  if (suffix.empty()) mult = 1;
+  if (suffix == "k" || suffix == "K") mult = 1e3L;
+  if (suffix == "m" || suffix == "M") mult = 1e6L;
+  if (suffix == "b" || suffix == "B" || suffix == "g" || suffix == "G") mult = 1e9L;
+  if (suffix == "t" || suffix == "T") mult = 1e12L;
+  if (mult == 0) return false;
+  const long double value = number * mult;
+  const long double rounded = std::round(value);
+  if (rounded >= 9.2e18L) return false;
+  if (std::fabs(value - rounded) > 1e-9L * std::max(1.0L, rounded)) return false;
+  const auto v = static_cast<std::int64_t>(rounded);
+  *out = negative ? -v : v;
+  return true;
+}
+
+std::vector<std::string> plan_swap_paths(const Config& config) {
+  if (!config.strata.io.paths.empty()) return config.strata.io.paths;
+  std::vector<std::string> paths{config.zero.offload_optimizer.nvme_path};
+  if (config.zero.offload_param.nvme_path != paths.front()) {
+    paths.push_back(config.zero.offload_param.nvme_path);
+  }
+  return paths;
+}
+
+core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
+                             const MachineSpec& machine, const PlanOptions& options) {
+  STRATA_RETURN_IF_ERROR(validate_config(config, options));
+  Plan plan;
+  STRATA_ASSIGN_OR_RETURN(plan.model, resolve_model(config, model));
+  plan.state.precision = precision_label(config);
+  plan.state.optimizer = std::string(optimizer_name(config.optimizer.type));
+  plan.state.compute_bytes = static_cast<std::uint64_t>(config.compute_bytes());
+  plan.state.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  plan.state.gradient_bytes =
+      config.gradient_accumulation_steps == 1 ? plan.state.compute_bytes : 4;
+  plan.state.moment_bytes = optimizer_moment_bytes(config.optimizer.type);
+  plan.machine = machine;
+  STRATA_ASSIGN_OR_RETURN(TierCapacities capacities,
+                          tier_capacities(config, machine, options.margins, &plan.notes));
+  const Inputs in{config, plan.model, capacities, options};
+
+  Placement configured;
+  configured.param_device = config.zero.offload_param.device;
+  configured.optimizer_device = config.zero.offload_optimizer.device;
+  configured.optimizer_ratio = config.zero.offload_optimizer.ratio;
+  configured.optimizer_cpu_fraction = config.strata.optimizer_cpu_fraction;
+  plan.configured = evaluate(in, configured);
+
+  // The search. Fractions are k x step, computed from k so that they are exact
+  // decimals where the step is (0.05 x 3 == 0.15).
+  const int steps = std::max(1, static_cast<int>(std::lround(1.0 / options.cpu_fraction_step)));
+  const PlacementPlan* best = nullptr;
+  std::vector<PlacementPlan> fitting;
+  fitting.reserve(static_cast<std::size_t>(9 * steps));
+  constexpr OffloadDevice kDevices[] = {OffloadDevice::kNone, OffloadDevice::kCpu,
+                                        OffloadDevice::kNvme};
+  for (OffloadDevice pd : kDevices) {
+    for (OffloadDevice od : kDevices) {
+      Placement p = configured;
+      p.param_device = pd;
+      p.optimizer_device = od;
+      p.optimizer_cpu_fraction = 0.0;
+      std::optional<PlacementPlan> shown;
+      const int tries = od == OffloadDevice::kNvme ? steps : 1;
+      for (int k = 0; k < tries; ++k) {
+        if (od == OffloadDevice::kNvme) {
+          p.optimizer_cpu_fraction = std::round(k * options.cpu_fraction_step * 1e9) / 1e9;
+        }
+        PlacementPlan candidate = evaluate(in, p);
+        if (!shown || (candidate.fits && (!shown->fits || moves_less(candidate, *shown)))) {
+          shown = candidate;
+        }
+        if (candidate.fits) fitting.push_back(std::move(candidate));
+      }
+      plan.candidates.push_back(std::move(*shown));
+    }
+  }
+  for (const PlacementPlan& c : fitting) {
+    if (best == nullptr || moves_less(c, *best)) best = &c;
+  }
+  if (best != nullptr && (!plan.configured.fits || moves_less(*best, plan.configured))) {
+    plan.recommended = *best;
+    plan.changes = changes_for(config, best->placement);
+  }
+
+  // Notes: what the estimate leaves out or assumes.
+  if (!plan.model.has_shape) {
+    plan.notes.push_back(
+        "no transformer shape (--hidden, --vocab): activations and persistent parameters are not "
+        "estimated; the GPU needs room for them on top of the GPU total");
+  }
+  if (configured.param_device != OffloadDevice::kNone && config.zero.stage != 3) {
+    plan.notes.push_back(
+        str_cat("offload_param is used only with zero_optimization.stage 3 (stage is ",
+                config.zero.stage, ")"));
+  }
+  if (config.gradient_accumulation_steps > 1) {
+    plan.notes.push_back(
+        str_cat("gradient_accumulation_steps = ", config.gradient_accumulation_steps,
+                ": host gradients accumulate in fp32 (4 B) and the bytes per step "
+                "count every micro-batch's fetches and gradients"));
+  }
+  const std::uint64_t staging = plan.configured.item_bytes(Tier::kCpu, "optimizer_staging") +
+                                plan.configured.item_bytes(Tier::kCpu, "param_staging");
+  if (config.strata.budgets.staging_bytes > 0 && staging > config.strata.budgets.staging_bytes) {
+    plan.notes.push_back(str_cat(
+        "staging buffers need ", core::format_bytes(staging),
+        " > strata.budgets.staging = ", core::format_bytes(config.strata.budgets.staging_bytes),
+        ": raise it, or lower strata.chunk_bytes or "
+        "offload_param.buffer_count / buffer_size"));
+  }
+  if (plan.recommended && config.strata.io.paths.empty()) {
+    const Placement& r = plan.recommended->placement;
+    if (r.param_device == OffloadDevice::kNvme && configured.param_device != OffloadDevice::kNvme) {
+      plan.notes.push_back(
+          str_cat("parameter swap files go to zero_optimization.offload_param.nvme_path = ",
+                  quoted(config.zero.offload_param.nvme_path),
+                  " unless strata.io.paths is set: point it at an NVMe drive"));
+    }
+    if (r.optimizer_device == OffloadDevice::kNvme &&
+        configured.optimizer_device != OffloadDevice::kNvme) {
+      plan.notes.push_back(
+          str_cat("optimizer swap files go to zero_optimization.offload_optimizer.nvme_path = ",
+                  quoted(config.zero.offload_optimizer.nvme_path),
+                  " unless strata.io.paths is set: point it at an NVMe drive"));
+    }
+  }
+  return plan;
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,278 @@
+// The memory planner behind `strata plan`: for a model under a Config's
+// placement, the bytes each tier (GPU, pinned CPU memory, NVMe) must hold and
+// the bytes moved per step (DESIGN.md section 1), whether that fits the
+// machine, and which placement fits while moving the fewest bytes.
+//
+// The estimates, per parameter (P parameters, T of them trainable, c = 2 B
+// for bf16/fp16 and 4 B for fp32 compute copies):
+//  - compute copies: c x P, in offload_param.device's tier (none: GPU).
+//  - optimizer state of the trainable parameters: fp32 master 4 B plus moments
+//    (Adam/AdamW 8 B, Adagrad 4 B, Lion 4 B). offload_optimizer.device none:
+//    all on the GPU; cpu/nvme: the share `ratio` is updated on the CPU, the
+//    rest stays on the GPU. With nvme, strata.optimizer_cpu_fraction of the
+//    CPU-updated share stays in pinned CPU memory, the rest lives on NVMe.
+//  - gradients live with the optimizer that reads them: for the CPU-updated
+//    share a pinned host buffer of g B per parameter (g = c when
+//    gradient_accumulation_steps = 1, else 4: fp32 accumulation; never on
+//    NVMe) plus device-side buffers for two fetch groups (c B each) that
+//    backward fills while the previous group is copied out; for the GPU
+//    share a full g B gradient buffer on the GPU.
+//  - GPU working set when parameters are not GPU-resident: the fetch window
+//    (two fetch groups, one computing and one arriving, plus
+//    stage3_prefetch_bucket_size more elements as long as the total stays
+//    within stage3_max_live_parameters; never more than P) and the persistent
+//    parameters (tensors below stage3_param_persistence_threshold elements
+//    stay on the GPU; known only with a transformer shape). A fetch group is
+//    one layer: P / num_layers parameters, or with a transformer shape the
+//    larger of a block (12h^2 + 13h) and the embedding (V h).
+//  - pinned staging: with optimizer state on NVMe a ring of
+//    kOptimizerRingDepth chunks (strata.chunk_bytes of fp32 master each) per
+//    fp32 state (3 for Adam: master and two moments), no larger than the
+//    NVMe-resident state; with parameters on NVMe offload_param.buffer_count
+//    x buffer_size x c.
+//  - activations (GPU; only with a transformer shape): see
+//    estimate_activations().
+//  - checkpoint space on disk: c x P + (4 + moments) x T.
+// Per optimizer step (G = gradient_accumulation_steps micro-batches): the
+// host->device link carries 2 c B per parameter and micro-batch when
+// parameters are not GPU-resident (forward and backward fetches) plus c B per
+// CPU-updated parameter to send the new compute copies when parameters are
+// GPU-resident; device->host carries c B of gradients per CPU-updated
+// parameter and micro-batch, plus c B of new compute copies per GPU-updated
+// parameter when parameters live off the GPU; the disk reads and writes
+// (4 + moments) B per NVMe-resident optimizer parameter, reads 2 c B per
+// parameter and micro-batch and writes c B per trainable parameter when
+// parameters live on NVMe.
+//
+// Thread-compatible value types and pure functions (no I/O, no probing).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/core/result.h"
+#include "engine/machine.h"
+
+namespace strata::engine {
+
+// Chunks in flight per fp32 optimizer state when that state is on NVMe:
+// one being read, one being updated, one being written, one spare.
+inline constexpr std::int64_t kOptimizerRingDepth = 4;
+
+enum class Tier : int { kGpu = 0, kCpu = 1, kNvme = 2 };
+inline constexpr int kNumTiers = 3;
+// "gpu", "cpu", "nvme" (JSON keys).
+std::string_view tier_key(Tier tier);
+// "GPU", "CPU RAM", "NVMe/disk" (table labels).
+std::string_view tier_label(Tier tier);
+
+// The model to plan for: either num_params, or a decoder-only transformer
+// shape (hidden_size and vocab_size) whose parameter count is
+// transformer_num_params(); num_layers in both cases. Field names double as
+// the `strata plan` flags named beside them.
+struct ModelSpec {
+  std::int64_t num_params = 0;           // --params; 0: from the transformer shape
+  std::int64_t num_layers = 0;           // --layers; required, 1 <= num_layers <= num_params
+  std::int64_t hidden_size = 0;          // --hidden (h); 0: no transformer shape
+  std::int64_t vocab_size = 0;           // --vocab (V); required with hidden_size
+  std::int64_t num_heads = 0;            // --heads (a); 0: max(1, h / 128)
+  std::int64_t seq_len = 2048;           // --seq: tokens per sequence
+  std::int64_t micro_batch = 0;          // --micro-batch: 0 means train_micro_batch_size_per_gpu
+  bool activation_checkpointing = true;  // --checkpointing on|off (full, per layer)
+  double frozen_fraction = 0.0;  // --frozen-fraction: share of parameters not trained, [0, 1]
+};
+
+// Safety margins kept free on each tier whose capacity comes from the machine
+// (probed or given). A tier capped by a strata.budgets.* value has no margin:
+// the budget is already the amount the engine may hold.
+struct PlanMargins {
+  double gpu_fraction = 0.10;                    // of GPU memory (CUDA context, fragmentation)
+  double ram_fraction = 0.10;                    // of CPU RAM
+  std::uint64_t ram_reserve_bytes = 4ull << 30;  // plus this (OS, the framework process)
+  double disk_fraction = 0.05;                   // of free disk space
+};
+
+struct PlanOptions {
+  PlanMargins margins;
+  // The search tries strata.optimizer_cpu_fraction = 0, step, 2 step, ...
+  // below 1 for optimizer state on NVMe. In (0, 1].
+  double cpu_fraction_step = 0.05;
+  // Count checkpoint space (compute copies, master, moments) in the disk tier.
+  bool include_checkpoint = true;
+};
+
+// Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+// Transformer Models", section 4: one block keeps s b h (34 + 5 a s / h) bytes
+// of 16-bit activations for backward (written here as s b (34 h + 5 a s)).
+// With full checkpointing each block keeps only its 16-bit input, 2 s b h,
+// plus one block's full activations while it is recomputed. The output
+// logits add 4 s b V (fp32, for the loss). fp32 compute doubles the 16-bit
+// terms (approximate: dropout masks stay 1 B).
+struct ActivationEstimate {
+  std::uint64_t full_layer_bytes = 0;  // s b (34 h + 5 a s) x c / 2
+  std::uint64_t kept_layer_bytes = 0;  // per layer held until backward
+  std::uint64_t layers_bytes = 0;      // all layers (and the recompute buffer)
+  std::uint64_t logits_bytes = 0;      // 4 s b V
+  std::uint64_t total_bytes = 0;       // layers_bytes + logits_bytes
+};
+
+// Errors: kInvalidArgument when an argument is not positive or the result
+// overflows 64 bits.
+core::Result<ActivationEstimate> estimate_activations(
+    std::int64_t num_layers, std::int64_t hidden_size, std::int64_t num_heads,
+    std::int64_t vocab_size, std::int64_t seq_len, std::int64_t micro_batch,
+    bool activation_checkpointing, int compute_bytes);
+
+// Parameters of a GPT-style decoder with tied embeddings and no learned
+// position embeddings: L (12 h^2 + 13 h) + V h + 2 h. Per block: attention
+// QKV 3h^2 + 3h and output h^2 + h, MLP (4h) h^2 + 4h and 4h^2 + h, two layer
+// norms 4h; then the embedding V h and the final layer norm 2h.
+// kInvalidArgument when an argument is not positive or on overflow.
+core::Result<std::int64_t> transformer_num_params(std::int64_t num_layers, std::int64_t hidden_size,
+                                                  std::int64_t vocab_size);
+
+// Parses a count: "40000000000", "40e9", "1.5e9", "40B" (billion), "7M",
+// "125K", "1T" (case-insensitive, decimal). A leading '-' is accepted so the
+// caller can say "must be positive". False unless the value is integral and
+// fits in 63 bits.
+bool parse_count(std::string_view text, std::int64_t* out);
+
+// The swap directories the planner measures: strata.io.paths when set, else
+// the distinct nvme_paths of offload_optimizer and offload_param, whether or
+// not they are on nvme now (the search may move state there). Unlike
+// Config::swap_paths(), never empty.
+std::vector<std::string> plan_swap_paths(const Config& config);
+
+// Where the state goes.
+struct Placement {
+  OffloadDevice param_device = OffloadDevice::kNone;      // offload_param.device
+  OffloadDevice optimizer_device = OffloadDevice::kNone;  // offload_optimizer.device
+  double optimizer_ratio = 1.0;         // offload_optimizer.ratio (share updated on the CPU)
+  double optimizer_cpu_fraction = 0.0;  // strata.optimizer_cpu_fraction (with nvme)
+};
+
+// One line of the plan: a state or buffer in one tier.
+struct PlanItem {
+  // Stable key: compute_copies, persistent_params, fetch_window, gradients
+  // (GPU-updated share), device_gradient_buffers, host_gradients,
+  // master_weights, optimizer_moments, optimizer_staging, param_staging,
+  // activations, logits, checkpoint.
+  std::string name;
+  Tier tier = Tier::kGpu;
+  std::uint64_t size_bytes = 0;
+  std::string detail;  // how it was computed: "40,000,000,000 x 2 B (bf16)"
+};
+
+struct TierPlan {
+  Tier tier = Tier::kGpu;
+  std::uint64_t needed_bytes = 0;     // sum of the tier's items
+  std::uint64_t capacity_bytes = 0;   // machine capacity, capped by the tier's budget
+  std::uint64_t margin_bytes = 0;     // kept free (PlanMargins); 0 when a budget caps the tier
+  std::uint64_t available_bytes = 0;  // capacity_bytes - margin_bytes
+  bool fits = false;                  // needed_bytes <= available_bytes
+  std::string capacity_source;        // where capacity_bytes came from
+};
+
+// Bytes moved per optimizer step.
+struct StepTraffic {
+  std::uint64_t host_to_device_bytes = 0;
+  std::uint64_t device_to_host_bytes = 0;
+  std::uint64_t disk_read_bytes = 0;
+  std::uint64_t disk_write_bytes = 0;
+  std::uint64_t total_bytes() const {
+    return host_to_device_bytes + device_to_host_bytes + disk_read_bytes + disk_write_bytes;
+  }
+  std::uint64_t disk_bytes() const { return disk_read_bytes + disk_write_bytes; }
+};
+
+// One placement evaluated.
+struct PlacementPlan {
+  Placement placement;
+  std::vector<PlanItem> items;
+  std::array<TierPlan, kNumTiers> tiers;  // indexed by Tier
+  StepTraffic traffic;
+  bool fits = false;                 // every tier fits
+  std::vector<std::string> reasons;  // one per tier that does not fit
+
+  const TierPlan& tier(Tier t) const { return tiers[static_cast<int>(t)]; }
+  // Sum of the items called `name` in tier `t` (0 when none).
+  std::uint64_t item_bytes(Tier t, std::string_view name) const;
+};
+
+// The model after defaults and derivations.
+struct ModelSummary {
+  std::int64_t num_params = 0;
+  std::int64_t num_trainable_params = 0;
+  std::int64_t num_frozen_params = 0;
+  std::int64_t num_layers = 0;
+  bool has_shape = false;  // a transformer shape was given
+  std::int64_t hidden_size = 0;
+  std::int64_t vocab_size = 0;
+  std::int64_t num_heads = 0;
+  std::int64_t seq_len = 0;
+  std::int64_t micro_batch = 0;
+  bool activation_checkpointing = true;
+  double frozen_fraction = 0.0;
+  std::int64_t group_params = 0;                  // largest fetch group
+  std::int64_t persistent_params = 0;             // kept on the GPU when parameters are offloaded
+  std::optional<ActivationEstimate> activations;  // nullopt without a transformer shape
+};
+
+// A config key to change to get the recommended placement.
+struct ConfigChange {
+  std::string key_path;  // "zero_optimization.offload_param.device"
+  std::string from;      // "\"cpu\"" (JSON text)
+  std::string to;        // "\"nvme\""
+};
+
+// Bytes per parameter of each state under the config (DESIGN.md section 1).
+struct StateSizes {
+  std::string precision;            // "bf16", "fp16", "fp32"
+  std::string optimizer;            // "AdamW", "Adam", "Adagrad", "Lion"
+  std::uint64_t compute_bytes = 2;  // per parameter: 2 (bf16/fp16), 4 (fp32)
+  std::uint64_t gradient_bytes =
+      2;                           // per trainable parameter: compute_bytes, or 4 with accumulation
+  std::uint64_t master_bytes = 4;  // per trainable parameter (fp32)
+  std::uint64_t moment_bytes = 8;  // per trainable parameter: Adam(W) 8, Adagrad 4, Lion 4
+  std::int64_t gradient_accumulation_steps = 1;
+};
+
+struct Plan {
+  ModelSummary model;
+  StateSizes state;
+  MachineSpec machine;
+  PlacementPlan configured;  // the placement the config asks for
+  // Every (param device, optimizer device) pair, params none/cpu/nvme outer,
+  // optimizer none/cpu/nvme inner. An nvme optimizer shows the largest
+  // fraction that fits, or fraction 0 when none does.
+  std::vector<PlacementPlan> candidates;
+  // Set when the configured placement does not fit and one does, or when one
+  // fits that moves fewer bytes per step: the fitting placement with the
+  // fewest bytes moved per step (ties: fewer disk bytes, then search order).
+  std::optional<PlacementPlan> recommended;
+  std::vector<ConfigChange> changes;  // config keys to set for `recommended`
+  std::vector<std::string> notes;     // assumptions and warnings, one sentence each
+  bool fits() const { return configured.fits; }
+};
+
+// Plans `model` under `config` on `machine`. Errors (kInvalidArgument) name
+// the field and its flag or the config key path: a non-positive or missing
+// size, num_layers > num_params, frozen_fraction outside [0, 1], both
+// num_params and a transformer shape, an optimizer ratio outside (0, 1], an
+// unknown GPU size with no strata.budgets.device (kFailedPrecondition: says
+// to pass --gpu-memory or set the budget).
+core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
+                             const MachineSpec& machine, const PlanOptions& options = {});
+
+// A readable, aligned table of the plan with byte units and the reasons.
+std::string format_plan_table(const Plan& plan);
+
+// The plan as a JSON object (bytes as integers).
+std::string plan_to_json(const Plan& plan);
+
+}  // namespace strata::engine

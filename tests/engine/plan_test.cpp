@@ -1,0 +1,859 @@
+// The memory planner: byte counts per tier and per step against hand
+// calculations, the placement search, machine probing, and every input error.
+#include "engine/plan.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/machine.h"
+#include "engine/plan_args.h"
+
+namespace strata::engine {
+namespace {
+
+using core::StatusCode;
+
+constexpr std::uint64_t kGiB = 1ull << 30;
+
+Config bf16_config(OffloadDevice params, OffloadDevice optimizer) {
+  Config c;
+  c.precision = Precision::kBf16;
+  c.zero.stage = 3;
+  c.zero.offload_param.device = params;
+  c.zero.offload_optimizer.device = optimizer;
+  return c;
+}
+
+MachineSpec machine(std::uint64_t gpu_bytes, std::uint64_t ram_bytes, std::uint64_t disk_bytes) {
+  MachineSpec m;
+  m.gpu_bytes = gpu_bytes;
+  m.gpu_source = "given (--gpu-memory)";
+  m.ram_bytes = ram_bytes;
+  m.ram_source = "given (--ram)";
+  m.disk_bytes = disk_bytes;
+  m.disk_source = "given (--disk)";
+  return m;
+}
+
+ModelSpec params_model(std::int64_t num_params, std::int64_t num_layers) {
+  ModelSpec m;
+  m.num_params = num_params;
+  m.num_layers = num_layers;
+  return m;
+}
+
+const PlacementPlan& candidate(const Plan& plan, OffloadDevice params, OffloadDevice optimizer) {
+  for (const PlacementPlan& c : plan.candidates) {
+    if (c.placement.param_device == params && c.placement.optimizer_device == optimizer) return c;
+  }
+  ADD_FAILURE() << "no candidate";
+  return plan.candidates.front();
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The planner's reference case: 40B parameters, 48 layers, bf16, AdamW, no
+// gradient accumulation, on 80 GiB GPU / 128 GiB RAM / 2 TB NVMe, with the
+// DeepSpeed defaults for every size key. Hand calculation (P = T = 40e9):
+//
+// GPU (params not resident):
+//   fetch group       = ceil(40e9 / 48)                       =   833,333,334 params
+//   fetch window      = max(2 groups, min(2 groups + 5e7 prefetch, 1e9 max live))
+//                     = 1,666,666,668 params x 2 B             = 3,333,333,336 B
+//   device grad bufs  = 2 groups x 2 B                         = 3,333,333,336 B
+//   total                                                      = 6,666,666,672 B
+// CPU RAM (pinned):
+//   host gradients    = 40e9 x 2 B                             = 80,000,000,000 B
+//   param staging     = buffer_count 5 x buffer_size 1e8 x 2 B =  1,000,000,000 B
+//   optimizer staging = 4 chunks x 64 MiB x 3 states           =    805,306,368 B
+//   total                                                      = 81,805,306,368 B
+// NVMe:
+//   compute copies 40e9 x 2 = 80e9, master 40e9 x 4 = 160e9, moments 40e9 x 8
+//   = 320e9, checkpoint 80e9 + 480e9 = 560e9; total 1,120e9 B.
+// Capacities:
+//   GPU  80 GiB  = 85,899,345,920 - 10%           (8,589,934,592) = 77,309,411,328
+//   RAM 128 GiB = 137,438,953,472 - 10% - 4 GiB (18,038,862,643) = 119,400,090,829
+//   NVMe 2 TB   = 2e12 - 5% (1e11)                                = 1.9e12
+// Per step: host->device 2 x 2 B x 40e9 = 160e9 (forward + backward fetch),
+// device->host 2 B x 40e9 = 80e9, disk read 12 x 40e9 + 160e9 = 640e9, disk
+// write 12 x 40e9 + 2 x 40e9 = 560e9.
+Config forty_b_config(OffloadDevice params, OffloadDevice optimizer) {
+  return bf16_config(params, optimizer);
+}
+MachineSpec forty_b_machine() { return machine(80 * kGiB, 128 * kGiB, 2'000'000'000'000); }
+
+TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
+  const Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const PlacementPlan& p = plan->configured;
+
+  EXPECT_EQ(plan->model.group_params, 833'333'334);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "fetch_window"), 3'333'333'336u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "device_gradient_buffers"), 3'333'333'336u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "persistent_params"), 0u);
+  EXPECT_EQ(p.tier(Tier::kGpu).needed_bytes, 6'666'666'672u);
+
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 80'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "param_staging"), 1'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_staging"), 805'306'368u);
+  EXPECT_EQ(p.tier(Tier::kCpu).needed_bytes, 81'805'306'368u);
+
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), 80'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "master_weights"), 160'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "optimizer_moments"), 320'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), 560'000'000'000u);
+  EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 1'120'000'000'000u);
+
+  EXPECT_EQ(p.tier(Tier::kGpu).available_bytes, 77'309'411'328u);
+  EXPECT_EQ(p.tier(Tier::kCpu).margin_bytes, 18'038'862'643u);
+  EXPECT_EQ(p.tier(Tier::kCpu).available_bytes, 119'400'090'829u);
+  EXPECT_EQ(p.tier(Tier::kNvme).available_bytes, 1'900'000'000'000u);
+  EXPECT_TRUE(p.tier(Tier::kGpu).fits);
+  EXPECT_TRUE(p.tier(Tier::kCpu).fits);
+  EXPECT_TRUE(p.tier(Tier::kNvme).fits);
+  EXPECT_TRUE(plan->fits());
+
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 160'000'000'000u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 80'000'000'000u);
+  EXPECT_EQ(p.traffic.disk_read_bytes, 640'000'000'000u);
+  EXPECT_EQ(p.traffic.disk_write_bytes, 560'000'000'000u);
+}
+
+// The same model, configured ZeRO-Offload style (params and optimizer in CPU
+// memory). Hand calculation of why the other placements fail:
+//   optimizer on cpu: RAM needs master + moments 480e9 + host grads 80e9 > 119.4e9
+//   params on cpu, optimizer on nvme: compute copies 80e9 + host grads 80e9
+//     + optimizer staging 0.8e9 = 160.8e9 > 119.4e9
+//   params on the GPU: compute copies 80e9 > 77.3e9 alone
+// What fits: params and optimizer on nvme, and then the largest
+// optimizer_cpu_fraction in 0.05 steps: 0.05 keeps 2e9 params' state (24e9 B)
+// in RAM: 81.8e9 + 24e9 = 105.8e9 <= 119.4e9; 0.10 would need 129.8e9.
+// Its disk traffic: 12 B x 38e9 = 456e9 each way, plus 160e9 param reads and
+// 80e9 param writes: read 616e9, write 536e9.
+TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
+  const Config config = forty_b_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_FALSE(plan->fits());
+  EXPECT_EQ(plan->configured.tier(Tier::kCpu).needed_bytes,
+            80'000'000'000u + 80'000'000'000u + 480'000'000'000u);
+  EXPECT_FALSE(plan->configured.tier(Tier::kCpu).fits);
+  ASSERT_EQ(plan->configured.reasons.size(), 1u);
+  EXPECT_TRUE(contains(plan->configured.reasons[0], "CPU RAM needs"))
+      << plan->configured.reasons[0];
+
+  const PlacementPlan& opt_cpu = candidate(*plan, OffloadDevice::kNvme, OffloadDevice::kCpu);
+  EXPECT_FALSE(opt_cpu.fits);
+  EXPECT_EQ(opt_cpu.tier(Tier::kCpu).needed_bytes,
+            480'000'000'000u + 80'000'000'000u + 1'000'000'000u);
+  const PlacementPlan& params_cpu = candidate(*plan, OffloadDevice::kCpu, OffloadDevice::kNvme);
+  EXPECT_FALSE(params_cpu.fits);
+  EXPECT_EQ(params_cpu.placement.optimizer_cpu_fraction, 0.0);
+  EXPECT_EQ(params_cpu.tier(Tier::kCpu).needed_bytes, 160'805'306'368u);
+  for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    const PlacementPlan& on_gpu = candidate(*plan, OffloadDevice::kNone, opt);
+    EXPECT_FALSE(on_gpu.tier(Tier::kGpu).fits);
+  }
+  int fitting = 0;
+  for (const PlacementPlan& c : plan->candidates) fitting += c.fits ? 1 : 0;
+  EXPECT_EQ(fitting, 1);
+
+  ASSERT_TRUE(plan->recommended.has_value());
+  const PlacementPlan& r = *plan->recommended;
+  EXPECT_EQ(r.placement.param_device, OffloadDevice::kNvme);
+  EXPECT_EQ(r.placement.optimizer_device, OffloadDevice::kNvme);
+  EXPECT_DOUBLE_EQ(r.placement.optimizer_cpu_fraction, 0.05);
+  EXPECT_EQ(r.tier(Tier::kCpu).needed_bytes, 105'805'306'368u);
+  EXPECT_EQ(r.traffic.disk_read_bytes, 616'000'000'000u);
+  EXPECT_EQ(r.traffic.disk_write_bytes, 536'000'000'000u);
+  ASSERT_EQ(plan->changes.size(), 3u);
+  EXPECT_EQ(plan->changes[0].key_path, "zero_optimization.offload_param.device");
+  EXPECT_EQ(plan->changes[0].from, "\"cpu\"");
+  EXPECT_EQ(plan->changes[0].to, "\"nvme\"");
+  EXPECT_EQ(plan->changes[1].key_path, "zero_optimization.offload_optimizer.device");
+  EXPECT_EQ(plan->changes[2].key_path, "strata.optimizer_cpu_fraction");
+  EXPECT_EQ(plan->changes[2].to, "0.05");
+
+  const std::string table = format_plan_table(*plan);
+  EXPECT_TRUE(contains(table, "DOES NOT FIT")) << table;
+  EXPECT_TRUE(
+      contains(table, "set zero_optimization.offload_param.device = \"nvme\" (now \"cpu\")"))
+      << table;
+  EXPECT_TRUE(contains(table, "80.00 GiB")) << table;
+}
+
+TEST(Planner, FortyBillionOnNvmeRecommendsTheLargestCpuFractionThatFits) {
+  const Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->fits());
+  ASSERT_TRUE(plan->recommended.has_value());
+  EXPECT_DOUBLE_EQ(plan->recommended->placement.optimizer_cpu_fraction, 0.05);
+  ASSERT_EQ(plan->changes.size(), 1u);
+  EXPECT_EQ(plan->changes[0].key_path, "strata.optimizer_cpu_fraction");
+  EXPECT_EQ(plan->changes[0].from, "0");
+}
+
+// ZeRO-Offload: fp16, Adam, optimizer on cpu, params on the GPU, 8 gradient
+// accumulation steps, micro-batch 4 from the config. Transformer L = 32,
+// h = 4096, V = 32000, seq 2048, full checkpointing, a = 4096 / 128 = 32.
+//   P = 32 (12 h^2 + 13 h) + V h + 2 h = 32 x 201,379,840 + 131,072,000 + 8,192
+//     = 6,575,235,072
+// GPU: compute copies 2P = 13,150,470,144
+//      device grad buffers: group = max(12h^2 + 13h, V h) = 201,379,840;
+//        2 groups x 2 B = 805,519,360
+//      activations: one layer s b (34 h + 5 a s) = 8192 x 466,944 = 3,825,205,248;
+//        kept 2 s b h = 67,108,864 per layer; 32 x 67,108,864 + 3,825,205,248
+//        = 5,972,688,896
+//      logits 4 s b V = 1,048,576,000
+//      total 20,977,254,400
+// CPU:  host grads fp32 4P = 26,300,940,288, master 4P, moments 8P: total 16P
+//       = 105,203,761,152
+// Per step: host->device 2P = 13,150,470,144 (new compute copies),
+// device->host 8 micro-batches x 2P = 105,203,761,152.
+TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
+  Config config;
+  config.precision = Precision::kFp16;
+  config.optimizer.type = OptimizerType::kAdam;
+  config.zero.stage = 2;
+  config.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  config.gradient_accumulation_steps = 8;
+  config.train_micro_batch_size_per_gpu = 4;
+  ModelSpec model;
+  model.num_layers = 32;
+  model.hidden_size = 4096;
+  model.vocab_size = 32000;
+  core::Result<Plan> plan =
+      make_plan(config, model, machine(24 * kGiB, 256 * kGiB, 1'000'000'000'000));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const std::int64_t P = 6'575'235'072;
+  EXPECT_EQ(plan->model.num_params, P);
+  EXPECT_EQ(plan->model.num_heads, 32);
+  EXPECT_EQ(plan->model.micro_batch, 4);
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "compute_copies"), 13'150'470'144u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "device_gradient_buffers"), 805'519'360u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "activations"), 5'972'688'896u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "logits"), 1'048'576'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "fetch_window"), 0u);
+  EXPECT_EQ(p.tier(Tier::kGpu).needed_bytes, 20'977'254'400u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 26'300'940'288u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 26'300'940'288u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 52'601'880'576u);
+  EXPECT_EQ(p.tier(Tier::kCpu).needed_bytes, 105'203'761'152u);
+  EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 14u * P);  // the checkpoint only
+  EXPECT_TRUE(plan->fits());
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 13'150'470'144u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 105'203'761'152u);
+  EXPECT_EQ(p.traffic.disk_bytes(), 0u);
+  // Nothing that fits moves fewer bytes: everything on the GPU needs 16P + act.
+  EXPECT_FALSE(plan->recommended.has_value());
+  EXPECT_FALSE(candidate(*plan, OffloadDevice::kNone, OffloadDevice::kNone).fits);
+  // With params offloaded the per-block small tensors stay on the GPU:
+  // 13 h per block (all below the 1e5 threshold) x 32 + final norm 2 h.
+  const PlacementPlan& offloaded = candidate(*plan, OffloadDevice::kCpu, OffloadDevice::kCpu);
+  EXPECT_EQ(plan->model.persistent_params, 32 * 13 * 4096 + 2 * 4096);
+  EXPECT_EQ(offloaded.item_bytes(Tier::kGpu, "persistent_params"),
+            2u * (32 * 13 * 4096 + 2 * 4096));
+}
+
+// Frozen parameters have a compute copy only. 10e9 params, 3/4 frozen:
+// T = 2.5e9 trainable. Params and optimizer on cpu, bf16, no accumulation.
+TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
+  const Config config = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  ModelSpec model = params_model(10'000'000'000, 40);
+  model.frozen_fraction = 0.75;
+  core::Result<Plan> plan =
+      make_plan(config, model, machine(80 * kGiB, 512 * kGiB, 4'000'000'000'000));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->model.num_trainable_params, 2'500'000'000);
+  EXPECT_EQ(plan->model.num_frozen_params, 7'500'000'000);
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "compute_copies"), 20'000'000'000u);  // all 10e9 x 2
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 5'000'000'000u);   // 2.5e9 x 2
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 10'000'000'000u);  // 2.5e9 x 4
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 20'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), 20'000'000'000u + 30'000'000'000u);
+  // Fetching touches every parameter; gradients only the trainable ones.
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 40'000'000'000u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 5'000'000'000u);
+
+  model.frozen_fraction = 1.0;
+  plan = make_plan(config, model, machine(80 * kGiB, 512 * kGiB, 4'000'000'000'000));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "master_weights"), 0u);
+  EXPECT_EQ(plan->configured.traffic.device_to_host_bytes, 0u);
+}
+
+// gradient_accumulation_steps > 1: host gradients are fp32 (4 B), and each
+// micro-batch fetches and sends gradients again. 1e9 params, params on the
+// GPU, optimizer on cpu, 4 steps: host grads 4e9; d2h 4 x 2 B x 1e9 = 8e9;
+// h2d 2 B x 1e9 = 2e9 (the new copies, once per step).
+TEST(Planner, GradientAccumulationUsesFp32HostGradients) {
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  config.gradient_accumulation_steps = 4;
+  core::Result<Plan> plan = make_plan(config, params_model(1'000'000'000, 10),
+                                      machine(80 * kGiB, 128 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 4'000'000'000u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 8'000'000'000u);
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 2'000'000'000u);
+
+  config.gradient_accumulation_steps = 1;
+  plan = make_plan(config, params_model(1'000'000'000, 10),
+                   machine(80 * kGiB, 128 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "host_gradients"), 2'000'000'000u);
+
+  // fp32 compute: copies and gradients are 4 B whatever the accumulation.
+  config.precision = Precision::kFp32;
+  plan = make_plan(config, params_model(1'000'000'000, 10),
+                   machine(80 * kGiB, 128 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "compute_copies"), 4'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "host_gradients"), 4'000'000'000u);
+}
+
+// offload_optimizer.ratio = 0.25: a quarter of the optimizer is updated on
+// the CPU, the rest (with its gradients) stays on the GPU. 4e9 params, bf16,
+// params on the GPU: CPU share 1e9, GPU share 3e9.
+TEST(Planner, RatioBelowOneKeepsPartOfTheOptimizerOnTheGpu) {
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  config.zero.offload_optimizer.ratio = 0.25;
+  core::Result<Plan> plan = make_plan(config, params_model(4'000'000'000, 32),
+                                      machine(141 * kGiB, 128 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 4'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 8'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 2'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "master_weights"), 12'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "optimizer_moments"), 24'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "gradients"), 6'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "compute_copies"), 8'000'000'000u);
+  // group = 4e9 / 32 = 125e6; 2 groups x 2 B.
+  EXPECT_EQ(p.item_bytes(Tier::kGpu, "device_gradient_buffers"), 500'000'000u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 2'000'000'000u);
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 2'000'000'000u);
+}
+
+// strata.optimizer_cpu_fraction = 0.5 with the optimizer on nvme: half the
+// state in pinned RAM, half on NVMe, and the disk moves 12 B per NVMe param
+// each way. 2e9 params on the GPU: 1e9 in RAM (12e9 B), 1e9 on NVMe (12e9 B).
+TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kNvme);
+  config.strata.optimizer_cpu_fraction = 0.5;
+  config.strata.chunk_bytes = 16ull << 20;
+  core::Result<Plan> plan =
+      make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 4'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 8'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "master_weights"), 4'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "optimizer_moments"), 8'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_staging"), 4u * (16u << 20) * 3u);
+  EXPECT_EQ(p.traffic.disk_read_bytes, 12'000'000'000u);
+  EXPECT_EQ(p.traffic.disk_write_bytes, 12'000'000'000u);
+
+  // The staging ring is never larger than the NVMe-resident state: 1000
+  // params on NVMe are 4000 B of master per state.
+  config.strata.optimizer_cpu_fraction = 0.0;
+  plan = make_plan(config, params_model(1000, 2), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "optimizer_staging"), 3u * 4000u);
+}
+
+// Two fresh directories under /tmp, removed at the end of the test.
+class TempDirs {
+ public:
+  TempDirs() {
+    for (std::string* dir : {&a_, &b_}) {
+      char templ[] = "/tmp/strata_plan_XXXXXX";
+      if (::mkdtemp(templ) != nullptr) *dir = templ;
+    }
+  }
+  TempDirs(const TempDirs&) = delete;
+  TempDirs& operator=(const TempDirs&) = delete;
+  ~TempDirs() {
+    std::error_code ec;
+    for (const std::string& dir : {a_, b_}) {
+      if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    }
+  }
+  bool ok() const { return !a_.empty() && !b_.empty(); }
+  const std::string& a() const { return a_; }
+  const std::string& b() const { return b_; }
+
+ private:
+  std::string a_, b_;
+};
+
+TEST(Planner, PathsOnOneFileSystemAreCountedOnce) {
+  const TempDirs dirs;
+  ASSERT_TRUE(dirs.ok());
+  const std::string missing = dirs.a() + "/not/yet/created";
+  core::Result<std::vector<DiskSpace>> disks =
+      probe_disk_space({dirs.a(), dirs.b(), missing, "/proc"});
+  ASSERT_TRUE(disks.ok()) << disks.status().to_string();
+  ASSERT_EQ(disks->size(), 4u);
+  EXPECT_TRUE((*disks)[0].counted);
+  EXPECT_FALSE((*disks)[1].counted);
+  EXPECT_FALSE((*disks)[2].counted);
+  EXPECT_EQ((*disks)[2].measured_at, dirs.a());
+  EXPECT_EQ((*disks)[2].device_id, (*disks)[0].device_id);
+  EXPECT_TRUE((*disks)[3].counted);  // procfs: another file system
+  EXPECT_NE((*disks)[3].device_id, (*disks)[0].device_id);
+  EXPECT_EQ(counted_free_bytes(*disks), (*disks)[0].free_bytes + (*disks)[3].free_bytes);
+  EXPECT_GT((*disks)[0].free_bytes, 0u);
+
+  // A relative path is measured from the current directory.
+  disks = probe_disk_space({"strata_plan_relative_dir_that_does_not_exist"});
+  ASSERT_TRUE(disks.ok());
+  EXPECT_EQ((*disks)[0].measured_at, std::filesystem::current_path().string());
+}
+
+TEST(Planner, MachineIsProbedUnlessGiven) {
+  const TempDirs dirs;
+  ASSERT_TRUE(dirs.ok());
+  MachineOverrides given;
+  given.gpu_bytes = 80 * kGiB;
+  given.ram_bytes = 128 * kGiB;
+  core::Result<MachineSpec> m = probe_machine({dirs.a(), dirs.b()}, given);
+  ASSERT_TRUE(m.ok()) << m.status().to_string();
+  EXPECT_EQ(m->gpu_bytes, 80 * kGiB);
+  EXPECT_EQ(m->gpu_source, "given (--gpu-memory)");
+  EXPECT_FALSE(m->gpu_probe.empty());  // "no GPU: <why>" or the device found
+  EXPECT_EQ(m->ram_bytes, 128 * kGiB);
+  ASSERT_EQ(m->disks.size(), 2u);
+  EXPECT_EQ(m->disk_bytes, m->disks[0].free_bytes);
+
+  core::Result<MachineSpec> probed = probe_machine({dirs.a()}, {});
+  ASSERT_TRUE(probed.ok()) << probed.status().to_string();
+  EXPECT_GT(probed->ram_bytes, 0u);
+  if (!probed->gpu_bytes) {
+    // No GPU here: planning needs --gpu-memory or strata.budgets.device.
+    EXPECT_EQ(probed->gpu_probe.rfind("no GPU: ", 0), 0u) << probed->gpu_probe;
+    EXPECT_EQ(probed->gpu_source, "unknown");
+    Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+    core::Result<Plan> plan = make_plan(config, params_model(1'000'000, 2), *probed);
+    ASSERT_FALSE(plan.ok());
+    EXPECT_EQ(plan.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(contains(std::string(plan.status().message()), "--gpu-memory"));
+    EXPECT_TRUE(contains(std::string(plan.status().message()), "strata.budgets.device"));
+    config.strata.budgets.device_bytes = 8 * kGiB;
+    plan = make_plan(config, params_model(1'000'000, 2), *probed);
+    ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+    EXPECT_EQ(plan->configured.tier(Tier::kGpu).capacity_bytes, 8 * kGiB);
+  }
+}
+
+TEST(Planner, MemTotalParsesMeminfo) {
+  core::Result<std::uint64_t> total =
+      parse_mem_total_bytes("MemTotal:       24594560 kB\nMemFree: 1 kB\n");
+  ASSERT_TRUE(total.ok());
+  EXPECT_EQ(*total, 24'594'560ull * 1024);
+  EXPECT_FALSE(parse_mem_total_bytes("MemFree: 1 kB\n").ok());
+  EXPECT_FALSE(parse_mem_total_bytes("MemTotal: lots\n").ok());
+  EXPECT_EQ(read_mem_total_bytes("/nonexistent/meminfo").status().code(), StatusCode::kNotFound);
+}
+
+TEST(Planner, BudgetsCapTiersWithoutMargin) {
+  Config config = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  config.strata.budgets.device_bytes = 2 * kGiB;
+  config.strata.budgets.pinned_bytes = 8 * kGiB;
+  config.strata.budgets.disk_bytes = 100'000'000'000;
+  core::Result<Plan> plan = make_plan(config, params_model(100'000'000, 10),
+                                      machine(80 * kGiB, 128 * kGiB, 1'000'000'000'000));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.tier(Tier::kGpu).capacity_bytes, 2 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kGpu).margin_bytes, 0u);
+  EXPECT_EQ(p.tier(Tier::kGpu).available_bytes, 2 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kGpu).capacity_source, "strata.budgets.device (budget)");
+  EXPECT_EQ(p.tier(Tier::kCpu).available_bytes, 8 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kNvme).available_bytes, 100'000'000'000u);
+  EXPECT_TRUE(plan->fits());
+
+  // A budget the tier cannot hold: the tier does not fit and says why.
+  config.strata.budgets.pinned_bytes = 1 * kGiB;  // needs 0.2 + 0.2 + 1.2 GB
+  plan = make_plan(config, params_model(100'000'000, 10),
+                   machine(80 * kGiB, 128 * kGiB, 1'000'000'000'000));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->configured.tier(Tier::kCpu).fits);
+  ASSERT_FALSE(plan->configured.reasons.empty());
+  EXPECT_TRUE(contains(plan->configured.reasons[0], "strata.budgets.pinned"))
+      << plan->configured.reasons[0];
+
+  // A budget above the machine: the machine's capacity and margin apply.
+  config.strata.budgets.device_bytes = 200 * kGiB;
+  plan = make_plan(config, params_model(100'000'000, 10),
+                   machine(80 * kGiB, 128 * kGiB, 1'000'000'000'000));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.tier(Tier::kGpu).capacity_bytes, 80 * kGiB);
+  EXPECT_EQ(plan->configured.tier(Tier::kGpu).margin_bytes, 8 * kGiB);
+  bool noted = false;
+  for (const std::string& n : plan->notes) noted = noted || contains(n, "strata.budgets.device");
+  EXPECT_TRUE(noted);
+}
+
+TEST(Planner, CheckpointSpaceCanBeLeftOut) {
+  const Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  PlanOptions options;
+  options.include_checkpoint = false;
+  core::Result<Plan> plan =
+      make_plan(config, params_model(40'000'000'000, 48), forty_b_machine(), options);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "checkpoint"), 0u);
+  EXPECT_EQ(plan->configured.tier(Tier::kNvme).needed_bytes, 560'000'000'000u);
+}
+
+TEST(Planner, TransformerFormulaCountsParameters) {
+  // GPT-2 small has 124,439,808 parameters with its 1024 x 768 learned
+  // position embeddings, which this formula leaves out.
+  core::Result<std::int64_t> gpt2 = transformer_num_params(12, 768, 50257);
+  ASSERT_TRUE(gpt2.ok());
+  EXPECT_EQ(*gpt2, 124'439'808 - 1024 * 768);
+  // L (12 h^2 + 13 h) + V h + 2 h with L = 2, h = 4, V = 10: 2 x 244 + 40 + 8.
+  EXPECT_EQ(transformer_num_params(2, 4, 10).value(), 536);
+  EXPECT_EQ(transformer_num_params(0, 4, 10).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(transformer_num_params(1'000'000, 4'000'000'000, 10).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// Korthikanti et al.: L = 2, h = 256, a = 2, V = 1000, s = 128, b = 2.
+//   one layer s b (34 h + 5 a s) = 256 x (8704 + 1280) = 2,555,904
+//   kept with checkpointing 2 s b h = 131,072
+//   checkpointing on: 2 x 131,072 + 2,555,904 = 2,818,048; off: 2 x 2,555,904
+//   logits 4 s b V = 1,024,000
+TEST(Planner, ActivationEstimateFollowsKorthikanti) {
+  core::Result<ActivationEstimate> on = estimate_activations(2, 256, 2, 1000, 128, 2, true, 2);
+  ASSERT_TRUE(on.ok());
+  EXPECT_EQ(on->full_layer_bytes, 2'555'904u);
+  EXPECT_EQ(on->kept_layer_bytes, 131'072u);
+  EXPECT_EQ(on->layers_bytes, 2'818'048u);
+  EXPECT_EQ(on->logits_bytes, 1'024'000u);
+  EXPECT_EQ(on->total_bytes, 2'818'048u + 1'024'000u);
+  core::Result<ActivationEstimate> off = estimate_activations(2, 256, 2, 1000, 128, 2, false, 2);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(off->kept_layer_bytes, 2'555'904u);
+  EXPECT_EQ(off->layers_bytes, 5'111'808u);
+  core::Result<ActivationEstimate> fp32 = estimate_activations(2, 256, 2, 1000, 128, 2, false, 4);
+  ASSERT_TRUE(fp32.ok());
+  EXPECT_EQ(fp32->layers_bytes, 2u * 5'111'808u);
+  EXPECT_EQ(fp32->logits_bytes, 1'024'000u);
+  EXPECT_FALSE(estimate_activations(2, 256, 0, 1000, 128, 2, true, 2).ok());
+
+  // Through the planner: --seq, --micro-batch and --checkpointing reach it,
+  // and without a shape there is no estimate (and a note says so).
+  ModelSpec model;
+  model.num_layers = 2;
+  model.hidden_size = 256;
+  model.num_heads = 2;
+  model.vocab_size = 1000;
+  model.seq_len = 128;
+  model.micro_batch = 2;
+  model.activation_checkpointing = false;
+  const Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
+  core::Result<Plan> plan = make_plan(config, model, machine(8 * kGiB, 16 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "activations"), 5'111'808u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "logits"), 1'024'000u);
+  plan = make_plan(config, params_model(1'000'000, 2), machine(8 * kGiB, 16 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->model.activations.has_value());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "activations"), 0u);
+  ASSERT_FALSE(plan->notes.empty());
+  EXPECT_TRUE(contains(plan->notes[0], "activations")) << plan->notes[0];
+}
+
+TEST(Planner, OptimizerTypeSetsMomentBytes) {
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  for (auto [type, bytes] :
+       {std::pair{OptimizerType::kAdamW, 8u}, std::pair{OptimizerType::kAdam, 8u},
+        std::pair{OptimizerType::kAdagrad, 4u}, std::pair{OptimizerType::kLion, 4u}}) {
+    config.optimizer.type = type;
+    core::Result<Plan> plan =
+        make_plan(config, params_model(1'000'000, 2), machine(8 * kGiB, 16 * kGiB, kGiB << 10));
+    ASSERT_TRUE(plan.ok());
+    EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "optimizer_moments"), bytes * 1'000'000u);
+  }
+}
+
+TEST(Planner, NothingFitsSaysSo) {
+  const Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48),
+                                      machine(80 * kGiB, 16 * kGiB, 100'000'000'000));
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->fits());
+  EXPECT_FALSE(plan->recommended.has_value());
+  for (const PlacementPlan& c : plan->candidates) {
+    EXPECT_FALSE(c.fits);
+    EXPECT_FALSE(c.reasons.empty());
+  }
+  EXPECT_EQ(plan->candidates.size(), 9u);
+  EXPECT_TRUE(contains(format_plan_table(*plan), "nothing fits"));
+}
+
+TEST(Planner, JsonHasTheNumbersAndEscapesStrings) {
+  const Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  MachineSpec m = forty_b_machine();
+  m.disks.push_back(DiskSpace{"/tmp/a \"quoted\"\npath", "/tmp", 1, 7, true});
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), m);
+  ASSERT_TRUE(plan.ok());
+  const std::string json = plan_to_json(*plan);
+  EXPECT_TRUE(contains(json, "\"fits\": true")) << json;
+  EXPECT_TRUE(contains(json, "\"needed_bytes\": 81805306368")) << json;
+  EXPECT_TRUE(contains(json, "\"host_to_device_bytes\": 160000000000")) << json;
+  EXPECT_TRUE(contains(json, "\"path\": \"/tmp/a \\\"quoted\\\"\\npath\"")) << json;
+  EXPECT_TRUE(contains(json, "\"key_path\": \"strata.optimizer_cpu_fraction\"")) << json;
+  EXPECT_TRUE(contains(json, "\"to\": 0.05")) << json;
+  EXPECT_TRUE(contains(json, "\"activations\": null")) << json;
+  int depth = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    const char ch = json[i];
+    if (in_string) {
+      if (ch == '\\') {
+        ++i;
+      } else if (ch == '"') {
+        in_string = false;
+      } else {
+        EXPECT_GE(static_cast<unsigned char>(ch), 0x20u);
+      }
+    } else if (ch == '"') {
+      in_string = true;
+    } else if (ch == '{' || ch == '[') {
+      ++depth;
+    } else if (ch == '}' || ch == ']') {
+      --depth;
+      EXPECT_GE(depth, 0);
+    }
+  }
+  EXPECT_EQ(depth, 0);
+  EXPECT_FALSE(in_string);
+}
+
+TEST(Planner, BadModelInputIsAnErrorNamingTheFlag) {
+  const Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  const MachineSpec m = machine(80 * kGiB, 128 * kGiB, 2'000'000'000'000);
+  struct Case {
+    ModelSpec model;
+    const char* expected;
+  };
+  ModelSpec both = params_model(1000, 2);
+  both.hidden_size = 64;
+  both.vocab_size = 100;
+  ModelSpec no_vocab;
+  no_vocab.num_layers = 2;
+  no_vocab.hidden_size = 64;
+  ModelSpec heads_without_shape = params_model(1000, 2);
+  heads_without_shape.num_heads = 4;
+  ModelSpec too_many_heads;
+  too_many_heads.num_layers = 2;
+  too_many_heads.hidden_size = 64;
+  too_many_heads.vocab_size = 100;
+  too_many_heads.num_heads = 65;
+  ModelSpec frozen_high = params_model(1000, 2);
+  frozen_high.frozen_fraction = 1.5;
+  ModelSpec frozen_low = params_model(1000, 2);
+  frozen_low.frozen_fraction = -0.1;
+  ModelSpec frozen_nan = params_model(1000, 2);
+  frozen_nan.frozen_fraction = std::nan("");
+  ModelSpec seq = params_model(1000, 2);
+  seq.seq_len = 0;
+  ModelSpec micro = params_model(1000, 2);
+  micro.micro_batch = -1;
+  const std::vector<Case> cases = {
+      {params_model(0, 2), "--params"},
+      {params_model(-5, 2), "num_params (--params) must be positive, got -5"},
+      {params_model(1000, 0), "--layers) is required"},
+      {params_model(1000, -1), "--layers) must be positive"},
+      {params_model(50, 100), "num_layers (--layers) 100 exceeds num_params (--params) 50"},
+      {params_model(2'000'000'000'000'000, 2), "beyond the planner's range"},
+      {both, "not both"},
+      {no_vocab, "vocab_size (--vocab)"},
+      {heads_without_shape, "num_heads (--heads) needs a transformer shape"},
+      {too_many_heads, "num_heads (--heads)"},
+      {frozen_high, "frozen_fraction (--frozen-fraction) must be in [0, 1], got 1.5"},
+      {frozen_low, "frozen_fraction (--frozen-fraction)"},
+      {frozen_nan, "frozen_fraction (--frozen-fraction)"},
+      {seq, "seq_len (--seq)"},
+      {micro, "micro_batch (--micro-batch)"},
+  };
+  for (const Case& c : cases) {
+    core::Result<Plan> plan = make_plan(config, c.model, m);
+    ASSERT_FALSE(plan.ok()) << c.expected;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(std::string(plan.status().message()), c.expected))
+        << plan.status().message() << " lacks " << c.expected;
+  }
+}
+
+TEST(Planner, BadConfigValuesAreErrorsNamingTheKey) {
+  const MachineSpec m = machine(80 * kGiB, 128 * kGiB, 2'000'000'000'000);
+  const ModelSpec model = params_model(1000, 2);
+  struct Case {
+    Config config;
+    const char* expected;
+  };
+  std::vector<Case> cases;
+  Config c = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  c.zero.offload_optimizer.ratio = 0.0;
+  cases.push_back({c, "zero_optimization.offload_optimizer.ratio must be in (0, 1]"});
+  c = bf16_config(OffloadDevice::kNone, OffloadDevice::kNvme);
+  c.strata.optimizer_cpu_fraction = 2.0;
+  cases.push_back({c, "strata.optimizer_cpu_fraction must be in [0, 1]"});
+  c = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
+  c.gradient_accumulation_steps = 0;
+  cases.push_back({c, "gradient_accumulation_steps must be positive"});
+  c = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
+  c.train_micro_batch_size_per_gpu = 0;
+  cases.push_back({c, "train_micro_batch_size_per_gpu must be positive"});
+  c = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
+  c.strata.chunk_bytes = 0;
+  cases.push_back({c, "strata.chunk_bytes"});
+  c = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNone);
+  c.zero.offload_param.buffer_count = -1;
+  cases.push_back({c, "zero_optimization.offload_param.buffer_count"});
+  for (const Case& k : cases) {
+    core::Result<Plan> plan = make_plan(k.config, model, m);
+    ASSERT_FALSE(plan.ok()) << k.expected;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(std::string(plan.status().message()), k.expected))
+        << plan.status().message() << " lacks " << k.expected;
+  }
+  PlanOptions options;
+  options.margins.gpu_fraction = 1.0;
+  EXPECT_FALSE(
+      make_plan(bf16_config(OffloadDevice::kNone, OffloadDevice::kNone), model, m, options).ok());
+}
+
+TEST(Planner, CountParserAcceptsSuffixesAndExponents) {
+  std::int64_t n = 0;
+  ASSERT_TRUE(parse_count("40e9", &n));
+  EXPECT_EQ(n, 40'000'000'000);
+  ASSERT_TRUE(parse_count("40B", &n));
+  EXPECT_EQ(n, 40'000'000'000);
+  ASSERT_TRUE(parse_count("1.5b", &n));
+  EXPECT_EQ(n, 1'500'000'000);
+  ASSERT_TRUE(parse_count("7M", &n));
+  EXPECT_EQ(n, 7'000'000);
+  ASSERT_TRUE(parse_count("125k", &n));
+  EXPECT_EQ(n, 125'000);
+  ASSERT_TRUE(parse_count("1T", &n));
+  EXPECT_EQ(n, 1'000'000'000'000);
+  ASSERT_TRUE(parse_count(" 4096 ", &n));
+  EXPECT_EQ(n, 4096);
+  ASSERT_TRUE(parse_count("-5", &n));
+  EXPECT_EQ(n, -5);
+  for (const char* bad :
+       {"", "forty", "1.5", "40X", "40 B", "1e30", "--5", "e9", "nan", "inf", "0x10"}) {
+    EXPECT_FALSE(parse_count(bad, &n)) << bad;
+  }
+}
+
+std::vector<std::string_view> argv_of(const std::vector<const char*>& args) {
+  return std::vector<std::string_view>(args.begin(), args.end());
+}
+
+TEST(Planner, FlagsParseIntoModelAndMachine) {
+  core::Result<PlanArgs> a = parse_plan_args(argv_of({"--config",
+                                                      "c.json",
+                                                      "--params",
+                                                      "40B",
+                                                      "--layers=48",
+                                                      "--seq",
+                                                      "4096",
+                                                      "--micro-batch",
+                                                      "2",
+                                                      "--checkpointing",
+                                                      "off",
+                                                      "--frozen-fraction",
+                                                      "0.25",
+                                                      "--gpu-memory",
+                                                      "80GiB",
+                                                      "--ram",
+                                                      "128GiB",
+                                                      "--disk",
+                                                      "2TB",
+                                                      "--json",
+                                                      "--no-checkpoint"}));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  EXPECT_EQ(a->config_path, "c.json");
+  EXPECT_EQ(a->model.num_params, 40'000'000'000);
+  EXPECT_EQ(a->model.num_layers, 48);
+  EXPECT_EQ(a->model.seq_len, 4096);
+  EXPECT_EQ(a->model.micro_batch, 2);
+  EXPECT_FALSE(a->model.activation_checkpointing);
+  EXPECT_DOUBLE_EQ(a->model.frozen_fraction, 0.25);
+  EXPECT_EQ(a->machine.gpu_bytes, 80 * kGiB);
+  EXPECT_EQ(a->machine.ram_bytes, 128 * kGiB);
+  EXPECT_EQ(a->machine.disk_bytes, 2'000'000'000'000u);
+  EXPECT_TRUE(a->json);
+  EXPECT_FALSE(a->options.include_checkpoint);
+
+  a = parse_plan_args(argv_of({"--config", "c.json", "--layers", "32", "--hidden", "4096",
+                               "--vocab", "32000", "--heads", "32"}));
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->model.hidden_size, 4096);
+  EXPECT_EQ(a->model.vocab_size, 32000);
+  EXPECT_EQ(a->model.num_heads, 32);
+  EXPECT_FALSE(a->machine.gpu_bytes.has_value());
+
+  a = parse_plan_args(argv_of({"--help"}));
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->help);
+  EXPECT_TRUE(contains(std::string(plan_usage()), "--gpu-memory"));
+}
+
+TEST(Planner, BadFlagsAreErrorsNamingTheFlag) {
+  const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
+      {{"--config", "c.json", "--parms", "40B"}, "unknown flag --parms"},
+      {{"--config", "c.json", "--gpu-memory", "80XB"}, "--gpu-memory: cannot parse '80XB'"},
+      {{"--config", "c.json", "--ram", "lots"}, "--ram: cannot parse 'lots'"},
+      {{"--config", "c.json", "--disk", "0"}, "--disk: must be positive"},
+      {{"--config", "c.json", "--params", "forty"}, "--params: cannot parse 'forty'"},
+      {{"--config", "c.json", "--params", "0"}, "num_params (--params) must be positive"},
+      {{"--config", "c.json", "--layers", "1.5"}, "--layers: cannot parse '1.5'"},
+      {{"--config", "c.json", "--layers"}, "--layers needs a value"},
+      {{"--config", "c.json", "--checkpointing", "maybe"}, "--checkpointing: cannot parse 'maybe'"},
+      {{"--config", "c.json", "--frozen-fraction", "half"},
+       "--frozen-fraction: cannot parse 'half'"},
+      {{"--config", "c.json", "--micro-batch", "-2"},
+       "micro_batch (--micro-batch) must be positive"},
+      {{"--config", "c.json", "--seq", "1", "--seq", "2"}, "--seq is given twice"},
+      {{"--params", "40B", "--layers", "48"}, "--config FILE is required"},
+      {{"--config", "c.json", "extra"}, "unexpected argument 'extra'"},
+  };
+  for (const auto& [args, expected] : cases) {
+    core::Result<PlanArgs> a = parse_plan_args(argv_of(args));
+    ASSERT_FALSE(a.ok()) << expected;
+    EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(std::string(a.status().message()), expected))
+        << a.status().message() << " lacks " << expected;
+  }
+}
+
+TEST(Planner, SwapPathsComeFromIoPathsElseNvmePaths) {
+  Config config;
+  EXPECT_EQ(plan_swap_paths(config), std::vector<std::string>{"/local_nvme"});
+  config.zero.offload_param.nvme_path = "/nvme1";
+  EXPECT_EQ(plan_swap_paths(config), (std::vector<std::string>{"/local_nvme", "/nvme1"}));
+  config.strata.io.paths = {"/a", "/b"};
+  EXPECT_EQ(plan_swap_paths(config), (std::vector<std::string>{"/a", "/b"}));
+}
+
+}  // namespace
+}  // namespace strata::engine
