@@ -57,6 +57,13 @@ class Cli(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("--gpu-memory", r.stderr)
 
+    def test_main_job_default_plan_fits(self):
+        # scripts/run.sh's main job: the embedded default must fit its own budgets.
+        r = strata("plan", "--config", f"{ROOT}/examples/configs/strata_default.json",
+                   "--layers", "24", "--hidden", "2048", "--vocab", "50304", "--seq", "2048")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("FITS", r.stdout)
+
     def test_version_and_help(self):
         self.assertEqual(strata("version").returncode, 0)
         r = strata("help")

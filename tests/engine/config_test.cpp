@@ -590,7 +590,7 @@ TEST(Config, ExampleConfigFilesLoad) {
   EXPECT_EQ(native->strata.device, DeviceKind::kHost);
   EXPECT_EQ(native->strata.chunk_bytes, 16u << 20);
   EXPECT_EQ(native->strata.budgets.device_bytes, 2ull << 30);
-  EXPECT_EQ(native->strata.budgets.pinned_bytes, 4ull << 30);
+  EXPECT_EQ(native->strata.budgets.pinned_bytes, 8ull << 30);
   EXPECT_EQ(native->swap_paths(), std::vector<std::string>{"./strata_swap"});
   EXPECT_TRUE(native->warnings.empty()) << all_warnings(*native);
 }
