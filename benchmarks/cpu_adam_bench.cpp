@@ -105,7 +105,7 @@ struct Row {
 };
 
 struct Roofline {
-  std::vector<double> ordinary, nontemporal;
+  std::vector<double> ordinary, nontemporal, mixed;
 };
 
 int run(const Options& opt) {
@@ -182,7 +182,8 @@ int run(const Options& opt) {
         // The rooflines of the four patterns, both store kinds, interleaved with the rows.
         for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
           for (bool copy : {false, true}) {
-            for (bool nt : {false, true}) {
+            for (StoreKind kind : {StoreKind::kOrdinary, StoreKind::kNontemporal, StoreKind::kMixed}) {
+              if (kind == StoreKind::kMixed && !copy) continue;  // same as ordinary without a copy-out
               core::Stopwatch sw;
               cpu.for_each_tile(n, [&](std::int64_t begin, std::int64_t len) {
                 PatternArrays pa{a.fp() + begin,
@@ -192,11 +193,14 @@ int run(const Options& opt) {
                                  g == ElemType::kBf16,
                                  copy ? a.hout() + begin : nullptr,
                                  len};
-                stream_pattern_avx512(pa, nt);
+                stream_pattern_avx512(pa, kind);
               });
               const double t = sw.elapsed_s();
               Roofline& rl = rooflines[rkey + Row{"", 0, 0, g, copy, false, {}}.pattern()];
-              (nt ? rl.nontemporal : rl.ordinary).push_back(t);
+              (kind == StoreKind::kOrdinary ? rl.ordinary
+               : kind == StoreKind::kNontemporal ? rl.nontemporal
+                                                 : rl.mixed)
+                  .push_back(t);
             }
           }
         }
@@ -230,7 +234,8 @@ int run(const Options& opt) {
     const double gbps = bytes / t * 1e-9;
     const double roof_ord = bytes / median(rl.ordinary) * 1e-9;
     const double roof_nt = bytes / median(rl.nontemporal) * 1e-9;
-    const double roof = std::max(roof_ord, roof_nt);
+    const double roof_mixed = rl.mixed.empty() ? 0.0 : bytes / median(rl.mixed) * 1e-9;
+    const double roof = std::max({roof_ord, roof_nt, roof_mixed});
     const double fraction = gbps / roof;
     const double triad = 12.0 * static_cast<double>(row.n) / median(triads[rkey]) * 1e-9;
     const bool suspect = fraction > 1.0;
@@ -243,11 +248,12 @@ int run(const Options& opt) {
                    "%s    {\"kernel\": \"%s\", \"threads\": %d, \"n\": %lld, \"grad\": \"%s\", \"copy_out\": %s, "
                    "\"moments\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": %.0f, \"gbps\": %.4f, "
                    "\"roofline_gbps\": %.4f, \"roofline_ordinary_gbps\": %.4f, \"roofline_nontemporal_gbps\": %.4f, "
+                   "\"roofline_mixed_gbps\": %.4f, "
                    "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"suspect\": %s, \"reps\": %zu}",
                    first ? "" : ",\n", row.kernel.c_str(), row.threads, static_cast<long long>(row.n),
                    adam::elem_type_name(row.grad).data(), row.copy ? "true" : "false",
                    row.subnormal ? "subnormal" : "normal", static_cast<double>(row.n) / t, row.bytes_per_param(),
-                   gbps, roof, roof_ord, roof_nt, triad, fraction, suspect ? "true" : "false", row.seconds.size());
+                   gbps, roof, roof_ord, roof_nt, roof_mixed, triad, fraction, suspect ? "true" : "false", row.seconds.size());
       first = false;
     }
   }

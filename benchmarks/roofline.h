@@ -17,9 +17,17 @@ struct PatternArrays {
   std::int64_t n;
 };
 
+// How the streaming yardstick stores.
+enum class StoreKind {
+  kOrdinary,     // every array with ordinary stores
+  kNontemporal,  // every array with streaming (non-temporal) stores
+  kMixed,        // in-place arrays ordinary (their lines are cached by the read),
+                 // the write-only copy-out streaming (no read for ownership)
+};
+
 // Reads grad, master, exp_avg, exp_avg_sq; writes master, exp_avg, exp_avg_sq
-// (and copy_out). `nontemporal` uses streaming stores. AVX-512.
-void stream_pattern_avx512(const PatternArrays& a, bool nontemporal);
+// (and copy_out). AVX-512.
+void stream_pattern_avx512(const PatternArrays& a, StoreKind stores);
 
 // a[i] = b[i] + s * c[i] (STREAM triad, fp32). AVX-512.
 void stream_triad_avx512(float* a, const float* b, const float* c, float s, std::int64_t n);

@@ -9,7 +9,7 @@
 namespace strata::bench {
 namespace {
 
-template <bool kBf16, bool kCopy, bool kNt>
+template <bool kBf16, bool kCopy, bool kNt, bool kNtCopy>
 void pattern(const PatternArrays& a) {
   const std::int64_t n = a.n - a.n % 16;
   for (std::int64_t i = 0; i < n; i += 16) {
@@ -35,26 +35,31 @@ void pattern(const PatternArrays& a) {
     }
     if constexpr (kCopy) {
       const __m256i h = _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(p), 16));
-      if constexpr (kNt) {
+      if constexpr (kNtCopy) {
         _mm256_stream_si256(reinterpret_cast<__m256i*>(a.copy_out + i), h);
       } else {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(a.copy_out + i), h);
       }
     }
   }
-  if constexpr (kNt) _mm_sfence();
+  if constexpr (kNt || kNtCopy) _mm_sfence();
+}
+
+template <bool kBf16, bool kCopy>
+void pattern_stores(const PatternArrays& a, StoreKind stores) {
+  switch (stores) {
+    case StoreKind::kOrdinary: return pattern<kBf16, kCopy, false, false>(a);
+    case StoreKind::kNontemporal: return pattern<kBf16, kCopy, true, true>(a);
+    case StoreKind::kMixed: return pattern<kBf16, kCopy, false, true>(a);
+  }
 }
 
 }  // namespace
 
-void stream_pattern_avx512(const PatternArrays& a, bool nontemporal) {
+void stream_pattern_avx512(const PatternArrays& a, StoreKind stores) {
   const bool copy = a.copy_out != nullptr;
-  if (a.grad_bf16) {
-    if (copy) return nontemporal ? pattern<true, true, true>(a) : pattern<true, true, false>(a);
-    return nontemporal ? pattern<true, false, true>(a) : pattern<true, false, false>(a);
-  }
-  if (copy) return nontemporal ? pattern<false, true, true>(a) : pattern<false, true, false>(a);
-  return nontemporal ? pattern<false, false, true>(a) : pattern<false, false, false>(a);
+  if (a.grad_bf16) return copy ? pattern_stores<true, true>(a, stores) : pattern_stores<true, false>(a, stores);
+  return copy ? pattern_stores<false, true>(a, stores) : pattern_stores<false, false>(a, stores);
 }
 
 void stream_triad_avx512(float* a, const float* b, const float* c, float s, std::int64_t n) {

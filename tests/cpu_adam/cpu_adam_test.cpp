@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/core/aligned_buffer.h"
 #include "engine/core/numerics.h"
 
 namespace strata::adam {
@@ -241,6 +242,35 @@ TEST_P(CpuAdamIsa, GradPassIsBitIdenticalToScalar) {
               << "block " << b << ": " << pa[b] << " vs " << pb[b];
         }
       }
+    }
+  }
+}
+
+// The vector kernels stream the copy-out when its address is aligned; the
+// bits must not depend on which path ran.
+TEST_P(CpuAdamIsa, CopyOutIsTheSameStreamedOrNot) {
+  constexpr std::int64_t kN = 65536 + 45;
+  const auto c = nx::make_adam_constants({.lr = 1e-3, .weight_decay = 0.01}, 2, 1.0);
+  auto vec = make(GetParam(), 2, 65536);
+  auto ref = make(Isa::kScalar);
+  auto buffer = core::AlignedBuffer::allocate((kN + 64) * 2, 64);
+  ASSERT_TRUE(buffer.ok());
+  for (std::int64_t offset : {0, 1, 8}) {  // 64-byte aligned, 2-byte aligned, 16-byte aligned
+    std::uint16_t* out = buffer->as<std::uint16_t>().data() + offset;
+    for (ElemType ct : {ElemType::kBf16, ElemType::kF16}) {
+      State a = random_state(kN, 77, false);
+      State b = a;
+      AdamStepArgs args;
+      args.constants = c;
+      args.master = a.p;
+      args.exp_avg = a.m;
+      args.exp_avg_sq = a.v;
+      args.grad = {a.g32.data(), ElemType::kF32, kN};
+      args.copy_out = {out, ct, kN};
+      ASSERT_TRUE(vec->step(args).ok());
+      std::vector<std::uint16_t> got(out, out + kN);
+      run_step(*ref, b, ElemType::kF32, ct, true, c);
+      ASSERT_EQ(got, b.out) << "offset " << offset << " " << elem_type_name(ct);
     }
   }
 }
