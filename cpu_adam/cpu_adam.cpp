@@ -13,9 +13,11 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpu_adam/kernels/kernels.h"
+#include "engine/core/aligned_buffer.h"
 #include "engine/core/logging.h"
 #include "engine/core/str.h"
 
@@ -71,17 +73,18 @@ struct ByteRange {
   std::uintptr_t end;
 };
 
-// Errors when any two ranges overlap. `allowed_same` names a pair that may
-// coincide exactly (src == dst in the gradient pass).
-Status check_disjoint(std::vector<ByteRange> ranges, const char* same_a = nullptr,
-                      const char* same_b = nullptr) {
+// Errors when any two ranges overlap. The ranges named `identical_a` and
+// `identical_b` may coincide exactly (src == dst in the gradient pass).
+Status check_disjoint(const std::vector<ByteRange>& ranges, std::string_view identical_a = {},
+                      std::string_view identical_b = {}) {
   for (size_t i = 0; i < ranges.size(); ++i) {
     for (size_t j = i + 1; j < ranges.size(); ++j) {
       const ByteRange& x = ranges[i];
       const ByteRange& y = ranges[j];
       if (x.begin >= y.end || y.begin >= x.end) continue;
-      const bool pair = same_a != nullptr &&
-                        ((x.name == same_a && y.name == same_b) || (x.name == same_b && y.name == same_a));
+      const std::string_view xn = x.name, yn = y.name;
+      const bool pair = !identical_a.empty() && ((xn == identical_a && yn == identical_b) ||
+                                                 (xn == identical_b && yn == identical_a));
       if (pair && x.begin == y.begin && x.end == y.end) continue;
       return Status::invalid_argument(str_cat("buffers ", x.name, " and ", y.name, " overlap"));
     }
@@ -96,7 +99,7 @@ ByteRange range_of(const char* name, const void* p, std::int64_t n, int elem_byt
 
 Status check_aligned(const char* name, const void* p, int elem_bytes) {
   if (p == nullptr) return Status::invalid_argument(str_cat(name, " is null"));
-  if (reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(elem_bytes) != 0) {
+  if (!core::is_aligned(p, static_cast<std::size_t>(elem_bytes))) {
     return Status::invalid_argument(
         str_cat(name, " at ", p, " is not aligned to its element size (", elem_bytes, " bytes)"));
   }
@@ -263,11 +266,13 @@ core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& opt
   }
   STRATA_LOG(kDebug) << "cpu_adam: " << isa_name(isa) << " kernels, " << threads << " threads, tiles of "
                      << tile << " elements";
-  return std::unique_ptr<CpuAdam>(new CpuAdam(isa, threads, tile, std::move(impl)));
+  return std::unique_ptr<CpuAdam>(new CpuAdam(threads, tile, std::move(impl)));
 }
 
-CpuAdam::CpuAdam(Isa isa, int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl)
-    : isa_(isa), threads_(threads), tile_elems_(tile_elems), impl_(std::move(impl)) {}
+CpuAdam::CpuAdam(int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl)
+    : threads_(threads), tile_elems_(tile_elems), impl_(std::move(impl)) {}
+
+Isa CpuAdam::isa() const { return impl_->table->isa; }
 
 CpuAdam::~CpuAdam() = default;
 
@@ -275,7 +280,6 @@ Status CpuAdam::set_isa(Isa isa) {
   if (!isa_supported(isa)) {
     return Status::unimplemented(str_cat("cpu_adam: this CPU does not support ISA ", isa_name(isa)));
   }
-  isa_ = isa;
   impl_->table = &table_for(isa);
   return Status();
 }
@@ -319,7 +323,7 @@ Status CpuAdam::step(const AdamStepArgs& args) {
                                    range_of("exp_avg_sq", args.exp_avg_sq.data(), n, 4),
                                    range_of("grad", args.grad.data, n, elem_size_bytes(args.grad.type))};
   if (copy) ranges.push_back(range_of("copy_out", args.copy_out.data, n, 2));
-  STRATA_RETURN_IF_ERROR(check_disjoint(std::move(ranges)));
+  STRATA_RETURN_IF_ERROR(check_disjoint(ranges));
   STRATA_RETURN_IF_ERROR(validate_adam_constants(args.constants));
 
   const kernels::KernelTable& table = *impl_->table;

@@ -97,7 +97,7 @@ class CpuAdam {
   CpuAdam(const CpuAdam&) = delete;
   CpuAdam& operator=(const CpuAdam&) = delete;
 
-  Isa isa() const { return isa_; }
+  Isa isa() const;
   // Switches kernels (the override for tests and benchmarks). Errors:
   // kUnimplemented when this CPU does not support `isa`.
   core::Status set_isa(Isa isa);
@@ -122,8 +122,7 @@ class CpuAdam {
   struct Impl;
 
  private:
-  CpuAdam(Isa isa, int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl);
-  Isa isa_;
+  CpuAdam(int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl);
   int threads_;
   std::int64_t tile_elems_;
   std::unique_ptr<Impl> impl_;

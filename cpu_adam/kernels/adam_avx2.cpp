@@ -12,8 +12,9 @@ namespace strata::adam::kernels {
 namespace {
 
 constexpr std::int64_t kWidth = 8;
-constexpr std::int64_t kBlockElems = 65536;  // numerics::kNormBlockElems
-constexpr int kLanes = 32;                   // numerics::kNormLanes
+// Constants only: the vector files call no numerics.h function (kernels.h).
+constexpr std::int64_t kBlockElems = core::numerics::kNormBlockElems;
+constexpr int kLanes = core::numerics::kNormLanes;
 
 // --- loads: 8 elements of the given type, widened to fp32 (exact) ------------
 

@@ -13,8 +13,9 @@ namespace strata::adam::kernels {
 namespace {
 
 constexpr std::int64_t kWidth = 16;
-constexpr std::int64_t kBlockElems = 65536;  // numerics::kNormBlockElems
-constexpr int kLanes = 32;                   // numerics::kNormLanes
+// Constants only: the vector files call no numerics.h function (kernels.h).
+constexpr std::int64_t kBlockElems = core::numerics::kNormBlockElems;
+constexpr int kLanes = core::numerics::kNormLanes;
 
 // --- loads: 16 elements of the given type, widened to fp32 (exact) -----------
 
