@@ -3,6 +3,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ostream>
 #include <string>
 
 #include "engine/core/str.h"
@@ -129,5 +130,7 @@ std::string Status::to_string() const {
   if (ok()) return "OK";
   return str_cat(status_code_name(rep_->code), ": ", rep_->message);
 }
+
+std::ostream& operator<<(std::ostream& os, const Status& s) { return os << s.to_string(); }
 
 }  // namespace strata::core

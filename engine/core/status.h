@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iosfwd>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -106,5 +107,8 @@ class [[nodiscard]] Status {
 };
 
 inline bool operator==(const Status& a, StatusCode c) { return a.code() == c; }
+
+// Writes to_string() (for logs and test failure messages).
+std::ostream& operator<<(std::ostream& os, const Status& s);
 
 }  // namespace strata::core

@@ -9,12 +9,65 @@
 
 #include "engine/core/aligned_buffer.h"
 #include "engine/core/clock.h"
+#include "engine/core/host_allocator.h"
 #include "engine/core/logging.h"
 #include "engine/core/str.h"
 #include "engine/core/unique_fd.h"
 
 namespace strata::core {
 namespace {
+
+// Counts what passes through, to prove HostBlock returns memory to the allocator it came from.
+class CountingAllocator final : public HostAllocator {
+ public:
+  std::string_view name() const override { return "counting"; }
+  Result<void*> allocate(std::size_t size, std::size_t alignment, int numa_node) override {
+    last_node = numa_node;
+    STRATA_ASSIGN_OR_RETURN(void* p, default_host_allocator().allocate(size, alignment, numa_node));
+    live += size;
+    return p;
+  }
+  void deallocate(void* p, std::size_t size) noexcept override {
+    live -= size;
+    default_host_allocator().deallocate(p, size);
+  }
+  std::size_t live = 0;
+  int last_node = -2;
+};
+
+TEST(HostAllocator, BlockReturnsMemoryToItsAllocator) {
+  CountingAllocator counting;
+  {
+    Result<HostBlock> a = HostBlock::allocate(counting, 8192, 4096, 0);
+    ASSERT_TRUE(a.ok()) << a.status();
+    EXPECT_TRUE(is_aligned(a->data(), 4096));
+    EXPECT_EQ(a->allocator(), &counting);
+    EXPECT_EQ(counting.live, 8192u);
+    EXPECT_EQ(counting.last_node, 0);
+    HostBlock moved = std::move(a).value();
+    EXPECT_EQ(counting.live, 8192u);
+    moved.data()[8191] = std::byte{1};  // writable to the end
+    moved.reset();
+    EXPECT_EQ(moved.data(), nullptr);
+    EXPECT_EQ(counting.live, 0u);
+    moved.reset();  // idempotent
+    Result<HostBlock> b = HostBlock::allocate(counting, 100, 64);
+    ASSERT_TRUE(b.ok());
+    EXPECT_EQ(counting.live, 100u);
+  }
+  EXPECT_EQ(counting.live, 0u);
+}
+
+TEST(HostAllocator, RejectsBadRequestsByName) {
+  HostAllocator& a = default_host_allocator();
+  EXPECT_EQ(a.allocate(0, 64, -1).status().code(), StatusCode::kInvalidArgument);
+  const Status bad_align = a.allocate(64, 48, -1).status();
+  EXPECT_EQ(bad_align.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_align.message().find("48"), std::string::npos) << bad_align;
+  const Status huge = a.allocate(std::size_t{1} << 62, 4096, -1).status();
+  EXPECT_EQ(huge.code(), StatusCode::kOutOfMemory);
+  EXPECT_NE(huge.message().find("pageable host memory"), std::string::npos) << huge;
+}
 
 TEST(AlignedBuffer, AlignsAndOwns) {
   for (std::size_t align : {64u, 4096u}) {
