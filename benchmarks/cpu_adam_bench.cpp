@@ -2,7 +2,12 @@
 // roofline of its own access pattern, measured in the same process,
 // interleaved. Prints a table; --json FILE writes the rows.
 //
-//   cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N] [--json FILE]
+//   cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N]
+//                  [--kernels scalar,avx2,avx512,naive] [--headline] [--json FILE]
+//
+// --kernels and --headline (only the 28 B fp32-master / bf16-gradient / bf16
+// copy-out pattern, plus its subnormal row) shorten a run while tuning; the
+// figures in docs/benchmarks.md come from a full run.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -34,6 +39,8 @@ struct Options {
   std::vector<std::int64_t> sizes = {16ll << 20, 256ll << 20};
   std::vector<int> threads = {1, 2};
   int reps = 5;
+  std::vector<std::string> kernels = {"scalar", "avx2", "avx512", "naive"};
+  bool headline_only = false;
   std::string json_path;
 };
 
@@ -113,8 +120,11 @@ int run(const Options& opt) {
   std::map<std::string, Roofline> rooflines;  // key: n/threads/pattern
   std::map<std::string, std::vector<double>> triads;  // key: n/threads
   std::vector<Isa> isas;
+  auto wanted = [&](std::string_view kernel) {
+    return std::find(opt.kernels.begin(), opt.kernels.end(), kernel) != opt.kernels.end();
+  };
   for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (adam::isa_supported(isa)) isas.push_back(isa);
+    if (adam::isa_supported(isa) && wanted(adam::isa_name(isa))) isas.push_back(isa);
   }
   if (!adam::isa_supported(Isa::kAvx512)) {
     std::fprintf(stderr, "cpu_adam_bench: the roofline kernels need AVX-512, which this CPU lacks\n");
@@ -141,12 +151,15 @@ int run(const Options& opt) {
       for (size_t k = 0; k < isas.size(); ++k) {
         for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
           for (bool copy : {false, true}) {
+            if (opt.headline_only && (g != ElemType::kBf16 || !copy)) continue;
             rows.push_back({std::string(adam::isa_name(isas[k])), threads, n, g, copy, false, {}});
           }
         }
       }
-      rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}});
-      if (threads == 1) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}});
+      if (!isas.empty()) {
+        rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}});
+      }
+      if (threads == 1 && wanted("naive")) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}});
       const std::string rkey = std::to_string(n) + "/" + std::to_string(threads) + "/";
       int step = 0;
       for (int rep = 0; rep < opt.reps; ++rep) {
@@ -182,6 +195,9 @@ int run(const Options& opt) {
         // The rooflines of the four patterns, both store kinds, interleaved with the rows.
         for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
           for (bool copy : {false, true}) {
+            const bool needed = std::any_of(rows.begin() + static_cast<std::ptrdiff_t>(first_row), rows.end(),
+                                            [&](const Row& r) { return r.grad == g && r.copy == copy; });
+            if (!needed) continue;
             for (StoreKind kind : {StoreKind::kOrdinary, StoreKind::kNontemporal, StoreKind::kMixed}) {
               if (kind == StoreKind::kMixed && !copy) continue;  // same as ordinary without a copy-out
               core::Stopwatch sw;
@@ -327,11 +343,28 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "cpu_adam_bench: --reps must be >= 1\n");
         return 2;
       }
+    } else if (arg == "--kernels") {
+      opt.kernels.clear();
+      std::string list = value("--kernels");
+      for (size_t pos = 0; pos <= list.size();) {
+        const size_t comma = std::min(list.find(',', pos), list.size());
+        const std::string k = list.substr(pos, comma - pos);
+        if (k != "scalar" && k != "avx2" && k != "avx512" && k != "naive") {
+          std::fprintf(stderr, "cpu_adam_bench: unknown kernel '%s' in --kernels (scalar, avx2, avx512, naive)\n",
+                       k.c_str());
+          return 2;
+        }
+        opt.kernels.push_back(k);
+        pos = comma + 1;
+      }
+    } else if (arg == "--headline") {
+      opt.headline_only = true;
     } else if (arg == "--json") {
       opt.json_path = value("--json");
     } else {
       std::fprintf(stderr,
-                   "usage: cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N] [--json FILE]\n");
+                   "usage: cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N]\n"
+                   "                      [--kernels scalar,avx2,avx512,naive] [--headline] [--json FILE]\n");
       return 2;
     }
   }

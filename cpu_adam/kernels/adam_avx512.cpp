@@ -76,55 +76,101 @@ inline void stream_copy(void* base, std::int64_t i, __m512 x) {
 // --- Adam --------------------------------------------------------------------
 
 struct AdamVectors {
-  __m512 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2,
-      neg_step_size, neg_lr_decay, l2_decay;
-  bool has_l2, has_decay;
+  __m512 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size,
+      neg_lr_decay, l2_decay;
+  explicit AdamVectors(const core::numerics::AdamStepConstants& c)
+      : grad_scale(_mm512_set1_ps(c.grad_scale)),
+        beta1(_mm512_set1_ps(c.beta1)),
+        beta2(_mm512_set1_ps(c.beta2)),
+        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
+        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+        eps(_mm512_set1_ps(c.eps)),
+        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bias_correction2)),
+        neg_step_size(_mm512_set1_ps(c.neg_step_size)),
+        neg_lr_decay(_mm512_set1_ps(c.neg_lr_decay)),
+        l2_decay(_mm512_set1_ps(c.l2_decay)) {}
 };
 
-// kCopy: kF32 means "no copy-out".
-template <ElemType kGrad, ElemType kCopy, bool kStreamCopy>
-void adam_loop(const AdamKernelArgs& a, std::int64_t n_vec) {
-  const core::numerics::AdamStepConstants& c = *a.constants;
-  const AdamVectors k{_mm512_set1_ps(c.grad_scale),      _mm512_set1_ps(c.beta1),
-                      _mm512_set1_ps(c.beta2),           _mm512_set1_ps(c.one_minus_beta1),
-                      _mm512_set1_ps(c.one_minus_beta2), _mm512_set1_ps(c.eps),
-                      _mm512_set1_ps(c.inv_sqrt_bias_correction2),
-                      _mm512_set1_ps(c.neg_step_size),   _mm512_set1_ps(c.neg_lr_decay),
-                      _mm512_set1_ps(c.l2_decay),        c.l2_decay != 0.0f,
-                      c.neg_lr_decay != 0.0f};
-  for (std::int64_t i = 0; i < n_vec; i += kWidth) {
-    __m512 p = _mm512_loadu_ps(a.master + i);
-    __m512 m = _mm512_loadu_ps(a.exp_avg + i);
-    __m512 v = _mm512_loadu_ps(a.exp_avg_sq + i);
-    __m512 g = _mm512_mul_ps(load16<kGrad>(a.grad, i), k.grad_scale);
-    if (k.has_l2) g = _mm512_fmadd_ps(p, k.l2_decay, g);
-    m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
-    v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
-    const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
-    const __m512 u = _mm512_div_ps(m, d);
-    if (k.has_decay) p = _mm512_fmadd_ps(k.neg_lr_decay, p, p);
-    p = _mm512_fmadd_ps(k.neg_step_size, u, p);
-    _mm512_storeu_ps(a.master + i, p);
-    _mm512_storeu_ps(a.exp_avg + i, m);
-    _mm512_storeu_ps(a.exp_avg_sq + i, v);
-    if constexpr (kCopy != ElemType::kF32) {
-      if constexpr (kStreamCopy) {
-        stream_copy<kCopy>(a.copy_out, i, p);
-      } else {
-        store16<kCopy>(a.copy_out, i, p);
-      }
+// The compile-time shape of one Adam loop. kCopy == kF32 means "no copy-out".
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kL2, bool kDecay>
+struct AdamShape {};
+
+// 16 elements of numerics::adam_step, operation for operation.
+template <ElemType kGrad, bool kL2, bool kDecay>
+inline __m512 adam16(const AdamVectors& k, float* __restrict master, float* __restrict exp_avg,
+                     float* __restrict exp_avg_sq, const void* __restrict grad, std::int64_t i) {
+  __m512 p = _mm512_loadu_ps(master + i);
+  __m512 m = _mm512_loadu_ps(exp_avg + i);
+  __m512 v = _mm512_loadu_ps(exp_avg_sq + i);
+  __m512 g = _mm512_mul_ps(load16<kGrad>(grad, i), k.grad_scale);
+  if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2_decay, g);
+  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
+  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
+  const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  const __m512 u = _mm512_div_ps(m, d);
+  if constexpr (kDecay) p = _mm512_fmadd_ps(k.neg_lr_decay, p, p);
+  p = _mm512_fmadd_ps(k.neg_step_size, u, p);
+  _mm512_storeu_ps(master + i, p);
+  _mm512_storeu_ps(exp_avg + i, m);
+  _mm512_storeu_ps(exp_avg_sq + i, v);
+  return p;
+}
+
+template <ElemType kCopy, bool kStreamCopy>
+inline void copy16(void* __restrict copy_out, std::int64_t i, __m512 p) {
+  if constexpr (kCopy != ElemType::kF32) {
+    if constexpr (kStreamCopy) {
+      stream_copy<kCopy>(copy_out, i, p);
+    } else {
+      store16<kCopy>(copy_out, i, p);
     }
   }
 }
 
+// Two vectors per iteration: independent chains the core can overlap. The
+// pointers are copied out of the argument struct so the compiler knows the
+// stores cannot change them.
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kL2, bool kDecay>
+void adam_loop(const AdamKernelArgs& a, std::int64_t n_vec, AdamShape<kGrad, kCopy, kStreamCopy, kL2, kDecay>) {
+  const AdamVectors k(*a.constants);
+  float* __restrict master = a.master;
+  float* __restrict exp_avg = a.exp_avg;
+  float* __restrict exp_avg_sq = a.exp_avg_sq;
+  const void* __restrict grad = a.grad;
+  void* __restrict copy_out = a.copy_out;
+  const std::int64_t n_pair = n_vec - n_vec % (2 * kWidth);
+  std::int64_t i = 0;
+  for (; i < n_pair; i += 2 * kWidth) {
+    const __m512 p0 = adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i);
+    const __m512 p1 = adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i + kWidth);
+    copy16<kCopy, kStreamCopy>(copy_out, i, p0);
+    copy16<kCopy, kStreamCopy>(copy_out, i + kWidth, p1);
+  }
+  for (; i < n_vec; i += kWidth) {
+    copy16<kCopy, kStreamCopy>(copy_out, i, adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i));
+  }
+}
+
+// Peels the run-time choices into template arguments, one at a time.
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy>
+void adam_dispatch_decay(const AdamKernelArgs& a, std::int64_t n_vec) {
+  const bool l2 = a.constants->l2_decay != 0.0f, decay = a.constants->neg_lr_decay != 0.0f;
+  if (l2 && decay) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, true, true>{});
+  if (l2) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, true, false>{});
+  if (decay) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, false, true>{});
+  return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, false, false>{});
+}
+
 template <ElemType kGrad>
 void adam_dispatch_copy(const AdamKernelArgs& a, std::int64_t n_vec) {
-  if (a.copy_out == nullptr) return adam_loop<kGrad, ElemType::kF32, false>(a, n_vec);
+  if (a.copy_out == nullptr) return adam_dispatch_decay<kGrad, ElemType::kF32, false>(a, n_vec);
   const bool stream = reinterpret_cast<std::uintptr_t>(a.copy_out) % 32 == 0;
   if (a.copy_type == ElemType::kBf16) {
-    stream ? adam_loop<kGrad, ElemType::kBf16, true>(a, n_vec) : adam_loop<kGrad, ElemType::kBf16, false>(a, n_vec);
+    stream ? adam_dispatch_decay<kGrad, ElemType::kBf16, true>(a, n_vec)
+           : adam_dispatch_decay<kGrad, ElemType::kBf16, false>(a, n_vec);
   } else {
-    stream ? adam_loop<kGrad, ElemType::kF16, true>(a, n_vec) : adam_loop<kGrad, ElemType::kF16, false>(a, n_vec);
+    stream ? adam_dispatch_decay<kGrad, ElemType::kF16, true>(a, n_vec)
+           : adam_dispatch_decay<kGrad, ElemType::kF16, false>(a, n_vec);
   }
   if (stream) _mm_sfence();  // order the streaming stores before the caller reads or hands off the copy
 }

@@ -139,6 +139,13 @@ TEST_P(CpuAdamIsa, StepIsBitIdenticalToScalarForEveryTypeAndTail) {
       nx::make_adam_constants({.lr = 1e-3, .beta2 = 0.95, .weight_decay = 0.1}, 7, 1.0 / 1024);
   const nx::AdamStepConstants l2 = nx::make_adam_constants(
       {.lr = 3e-4, .weight_decay = 0.01, .adamw_mode = false}, 1, 0.37);
+  const nx::AdamStepConstants plain = nx::make_adam_constants({.lr = 2e-3}, 3, 1.0);
+  // Not produced by make_adam_constants, but a valid struct: both decays at once.
+  const nx::AdamStepConstants both = [&] {
+    nx::AdamStepConstants c = l2;
+    c.neg_lr_decay = adamw.neg_lr_decay;
+    return c;
+  }();
   auto vec = make(GetParam());
   auto ref = make(Isa::kScalar);
   std::uint32_t seed = 1;
@@ -146,7 +153,7 @@ TEST_P(CpuAdamIsa, StepIsBitIdenticalToScalarForEveryTypeAndTail) {
     for (ElemType gt : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
       for (int copy = 0; copy < 3; ++copy) {
         const ElemType ct = copy == 2 ? ElemType::kF16 : ElemType::kBf16;
-        for (const auto* c : {&adamw, &l2}) {
+        for (const auto* c : {&adamw, &l2, &plain, &both}) {
           State a = random_state(n, ++seed, /*specials=*/true);
           fill_grad16(a, gt);
           State b = a;
@@ -154,7 +161,8 @@ TEST_P(CpuAdamIsa, StepIsBitIdenticalToScalarForEveryTypeAndTail) {
           run_step(*ref, b, gt, ct, copy != 0, *c);
           ASSERT_TRUE(states_equal(a, b, ct))
               << isa_name(GetParam()) << " n=" << n << " grad=" << elem_type_name(gt)
-              << " copy=" << copy << (c == &l2 ? " L2" : " AdamW");
+              << " copy=" << copy
+              << (c == &l2 ? " L2" : c == &adamw ? " AdamW" : c == &plain ? " no decay" : " L2+AdamW");
         }
       }
     }
