@@ -3,7 +3,7 @@
 // interleaved. Prints a table; --json FILE writes the rows.
 //
 //   cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N]
-//                  [--kernels scalar,avx2,avx512,naive] [--headline] [--json FILE]
+//                  [--kernels scalar,avx2,avx512,avx512_bf16,naive] [--headline] [--json FILE]
 //
 // --kernels and --headline (only the 28 B fp32-master / bf16-gradient / bf16
 // copy-out pattern, plus its subnormal row) shorten a run while tuning; the
@@ -39,7 +39,7 @@ struct Options {
   std::vector<std::int64_t> sizes = {16ll << 20, 256ll << 20};
   std::vector<int> threads = {1, 2};
   int reps = 5;
-  std::vector<std::string> kernels = {"scalar", "avx2", "avx512", "naive"};
+  std::vector<std::string> kernels = {"scalar", "avx2", "avx512", "avx512_bf16", "naive"};
   bool headline_only = false;
   std::string json_path;
 };
@@ -100,7 +100,7 @@ core::Result<Arrays> make_arrays(std::int64_t n) {
 }
 
 struct Row {
-  std::string kernel;  // scalar, avx2, avx512, naive
+  std::string kernel;  // scalar, avx2, avx512, avx512_bf16, naive
   int threads = 1;
   std::int64_t n = 0;
   ElemType grad = ElemType::kF32;
@@ -123,7 +123,7 @@ int run(const Options& opt) {
   auto wanted = [&](std::string_view kernel) {
     return std::find(opt.kernels.begin(), opt.kernels.end(), kernel) != opt.kernels.end();
   };
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
     if (adam::isa_supported(isa) && wanted(adam::isa_name(isa))) isas.push_back(isa);
   }
   if (!adam::isa_supported(Isa::kAvx512)) {
@@ -233,7 +233,7 @@ int run(const Options& opt) {
   }
 
   // Report.
-  std::printf("%-7s %3s %6s %-10s %-9s %12s %8s %8s %9s %8s %s\n", "kernel", "thr", "N", "pattern",
+  std::printf("%-11s %3s %6s %-10s %-9s %12s %8s %8s %9s %8s %s\n", "kernel", "thr", "N", "pattern",
               "moments", "params/s", "B/param", "GB/s", "roof GB/s", "fraction", "");
   FILE* json = opt.json_path.empty() ? nullptr : std::fopen(opt.json_path.c_str(), "w");
   if (!opt.json_path.empty() && json == nullptr) {
@@ -255,7 +255,7 @@ int run(const Options& opt) {
     const double fraction = gbps / roof;
     const double triad = 12.0 * static_cast<double>(row.n) / median(triads[rkey]) * 1e-9;
     const bool suspect = fraction > 1.0;
-    std::printf("%-7s %3d %5lldM %-10s %-9s %12.3e %8.0f %8.2f %9.2f %8.3f %s\n", row.kernel.c_str(), row.threads,
+    std::printf("%-11s %3d %5lldM %-10s %-9s %12.3e %8.0f %8.2f %9.2f %8.3f %s\n", row.kernel.c_str(), row.threads,
                 static_cast<long long>(row.n >> 20), row.pattern().c_str(), row.subnormal ? "subnormal" : "normal",
                 static_cast<double>(row.n) / t, row.bytes_per_param(), gbps, roof, fraction,
                 suspect ? "SUSPECT: above the roofline" : "");
@@ -349,8 +349,9 @@ int main(int argc, char** argv) {
       for (size_t pos = 0; pos <= list.size();) {
         const size_t comma = std::min(list.find(',', pos), list.size());
         const std::string k = list.substr(pos, comma - pos);
-        if (k != "scalar" && k != "avx2" && k != "avx512" && k != "naive") {
-          std::fprintf(stderr, "cpu_adam_bench: unknown kernel '%s' in --kernels (scalar, avx2, avx512, naive)\n",
+        if (k != "scalar" && k != "avx2" && k != "avx512" && k != "avx512_bf16" && k != "naive") {
+          std::fprintf(stderr,
+                       "cpu_adam_bench: unknown kernel '%s' in --kernels (scalar, avx2, avx512, avx512_bf16, naive)\n",
                        k.c_str());
           return 2;
         }
@@ -364,7 +365,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N]\n"
-                   "                      [--kernels scalar,avx2,avx512,naive] [--headline] [--json FILE]\n");
+                   "                      [--kernels scalar,avx2,avx512,avx512_bf16,naive] [--headline] [--json FILE]\n");
       return 2;
     }
   }

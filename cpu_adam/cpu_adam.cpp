@@ -57,6 +57,8 @@ class FpEnvGuard {
 
 const kernels::KernelTable& table_for(Isa isa) {
   switch (isa) {
+    case Isa::kAvx512Bf16:
+      return kernels::avx512_bf16_kernels();
     case Isa::kAvx512:
       return kernels::avx512_kernels();
     case Isa::kAvx2:
@@ -143,6 +145,8 @@ std::string_view isa_name(Isa isa) {
       return "avx2";
     case Isa::kAvx512:
       return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512_bf16";
   }
   return "?";
 }
@@ -172,6 +176,8 @@ bool isa_supported(Isa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+    case Isa::kAvx512Bf16:
+      return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 #else
@@ -180,6 +186,7 @@ bool isa_supported(Isa isa) {
 }
 
 Isa best_isa() {
+  if (isa_supported(Isa::kAvx512Bf16)) return Isa::kAvx512Bf16;
   if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;
   if (isa_supported(Isa::kAvx2)) return Isa::kAvx2;
   return Isa::kScalar;

@@ -21,15 +21,17 @@
 
 namespace strata::adam {
 
-enum class Isa { kScalar, kAvx2, kAvx512 };
+// Kernels, narrowest first. kAvx512Bf16 is kAvx512 with the hardware fp32->bf16
+// conversion (AVX512_BF16) for the compute copy; the bits are the same.
+enum class Isa { kScalar, kAvx2, kAvx512, kAvx512Bf16 };
 enum class ElemType { kF32, kBf16, kF16 };
 
-std::string_view isa_name(Isa isa);       // "scalar", "avx2", "avx512"
+std::string_view isa_name(Isa isa);  // "scalar", "avx2", "avx512", "avx512_bf16"
 std::string_view elem_type_name(ElemType type);
 inline int elem_size_bytes(ElemType type) { return type == ElemType::kF32 ? 4 : 2; }
 
 // True when this CPU (and OS) can run the kernel: avx2 needs AVX2, FMA and
-// F16C; avx512 needs AVX-512 F, BW, VL and DQ.
+// F16C; avx512 needs AVX-512 F, BW, VL and DQ; avx512_bf16 also AVX512_BF16.
 bool isa_supported(Isa isa);
 // The widest supported kernel.
 Isa best_isa();

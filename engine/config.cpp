@@ -74,6 +74,7 @@ constexpr EnumName<IoBackend> kIoBackendNames[] = {{"auto", IoBackend::kAuto},
                                                    {"libaio", IoBackend::kLibaio},
                                                    {"psync", IoBackend::kPsync}};
 constexpr EnumName<CpuAdamIsa> kCpuAdamIsaNames[] = {{"auto", CpuAdamIsa::kAuto},
+                                                     {"avx512_bf16", CpuAdamIsa::kAvx512Bf16},
                                                      {"avx512", CpuAdamIsa::kAvx512},
                                                      {"avx2", CpuAdamIsa::kAvx2},
                                                      {"scalar", CpuAdamIsa::kScalar}};

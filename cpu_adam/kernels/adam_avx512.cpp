@@ -1,10 +1,14 @@
 // AVX-512 kernels (F, BW, VL, DQ, plus F16C/FMA): 16 floats per vector. The
 // same operations in the same order as numerics.h, so results match the scalar
 // kernel bit for bit. Tails shorter than a vector go to the scalar kernels.
-// Compiled with its own flags (cpu_adam/meson.build); called only after
-// isa_supported(Isa::kAvx512).
+// Compiled with its own flags (cpu_adam/meson.build); avx512_kernels() is
+// called only after isa_supported(Isa::kAvx512), avx512_bf16_kernels(), the
+// same loops with the hardware bf16 conversion, only after
+// isa_supported(Isa::kAvx512Bf16). The file is compiled with -mavx512bf16, but
+// only to_bf16<true> uses those instructions (GCC emits them for no other code).
 #include <immintrin.h>
 
+#include <bit>
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
@@ -34,9 +38,11 @@ inline __m512 load16(const void* base, std::int64_t i) {
   }
 }
 
-// --- fp32 -> bf16 on the bit pattern (numerics::fp32_to_bf16_bits) -----------
+// --- fp32 -> bf16 (numerics::fp32_to_bf16_bits) ----------------------------------
 
-inline __m256i to_bf16(__m512 x) {
+// On the bit pattern: round to nearest even by adding 0x7fff plus the kept
+// lsb, NaNs quieted with their payload's top bits kept.
+inline __m256i to_bf16_bits(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
   const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
   const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
@@ -48,18 +54,33 @@ inline __m256i to_bf16(__m512 x) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
+// kNative (AVX512_BF16, only when isa_supported(kAvx512Bf16)): vcvtneps2bf16
+// rounds to nearest even and quiets NaNs exactly as numerics.h does, but it
+// ignores MXCSR and flushes subnormal inputs to zero. A vector holding any
+// subnormal (vfpclassps, class 0x20) takes the bit-pattern path instead; normal
+// training values never do. Either way the bits are numerics.h's.
+template <bool kNative>
+inline __m256i to_bf16(__m512 x) {
+  if constexpr (kNative) {
+    if (_mm512_fpclass_ps_mask(x, 0x20) != 0) [[unlikely]] return to_bf16_bits(x);
+    return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  } else {
+    return to_bf16_bits(x);
+  }
+}
+
 // fp32 -> fp16: the F16C conversion rounds to nearest even and keeps
 // subnormals (FTZ is off), as numerics::fp32_to_fp16_bits does.
 inline __m256i to_f16(__m512 x) {
   return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
 
-template <ElemType T>
+template <ElemType T, bool kNativeBf16 = false>
 inline void store16(void* base, std::int64_t i, __m512 x) {
   if constexpr (T == ElemType::kF32) {
     _mm512_storeu_ps(static_cast<float*>(base) + i, x);
   } else {
-    const __m256i h = T == ElemType::kBf16 ? to_bf16(x) : to_f16(x);
+    const __m256i h = T == ElemType::kBf16 ? to_bf16<kNativeBf16>(x) : to_f16(x);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i), h);
   }
 }
@@ -67,9 +88,9 @@ inline void store16(void* base, std::int64_t i, __m512 x) {
 // The compute copy is write-only here (it goes to the device next), so when
 // the destination is aligned it is written with non-temporal stores: no read
 // for ownership, no cache pollution. The bits are the same either way.
-template <ElemType T>
+template <ElemType T, bool kNativeBf16>
 inline void stream_copy(void* base, std::int64_t i, __m512 x) {
-  const __m256i h = T == ElemType::kBf16 ? to_bf16(x) : to_f16(x);
+  const __m256i h = T == ElemType::kBf16 ? to_bf16<kNativeBf16>(x) : to_f16(x);
   _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i), h);
 }
 
@@ -92,7 +113,7 @@ struct AdamVectors {
 };
 
 // The compile-time shape of one Adam loop. kCopy == kF32 means "no copy-out".
-template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kL2, bool kDecay>
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kNativeBf16, bool kL2, bool kDecay>
 struct AdamShape {};
 
 // 16 elements of numerics::adam_step, operation for operation.
@@ -116,13 +137,13 @@ inline __m512 adam16(const AdamVectors& k, float* __restrict master, float* __re
   return p;
 }
 
-template <ElemType kCopy, bool kStreamCopy>
+template <ElemType kCopy, bool kStreamCopy, bool kNativeBf16>
 inline void copy16(void* __restrict copy_out, std::int64_t i, __m512 p) {
   if constexpr (kCopy != ElemType::kF32) {
     if constexpr (kStreamCopy) {
-      stream_copy<kCopy>(copy_out, i, p);
+      stream_copy<kCopy, kNativeBf16>(copy_out, i, p);
     } else {
-      store16<kCopy>(copy_out, i, p);
+      store16<kCopy, kNativeBf16>(copy_out, i, p);
     }
   }
 }
@@ -130,8 +151,9 @@ inline void copy16(void* __restrict copy_out, std::int64_t i, __m512 p) {
 // Two vectors per iteration: independent chains the core can overlap. The
 // pointers are copied out of the argument struct so the compiler knows the
 // stores cannot change them.
-template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kL2, bool kDecay>
-void adam_loop(const AdamKernelArgs& a, std::int64_t n_vec, AdamShape<kGrad, kCopy, kStreamCopy, kL2, kDecay>) {
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kNativeBf16, bool kL2, bool kDecay>
+void adam_loop(const AdamKernelArgs& a, std::int64_t n_vec,
+               AdamShape<kGrad, kCopy, kStreamCopy, kNativeBf16, kL2, kDecay>) {
   const AdamVectors k(*a.constants);
   float* __restrict master = a.master;
   float* __restrict exp_avg = a.exp_avg;
@@ -143,44 +165,45 @@ void adam_loop(const AdamKernelArgs& a, std::int64_t n_vec, AdamShape<kGrad, kCo
   for (; i < n_pair; i += 2 * kWidth) {
     const __m512 p0 = adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i);
     const __m512 p1 = adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i + kWidth);
-    copy16<kCopy, kStreamCopy>(copy_out, i, p0);
-    copy16<kCopy, kStreamCopy>(copy_out, i + kWidth, p1);
+    copy16<kCopy, kStreamCopy, kNativeBf16>(copy_out, i, p0);
+    copy16<kCopy, kStreamCopy, kNativeBf16>(copy_out, i + kWidth, p1);
   }
   for (; i < n_vec; i += kWidth) {
-    copy16<kCopy, kStreamCopy>(copy_out, i, adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i));
+    copy16<kCopy, kStreamCopy, kNativeBf16>(copy_out, i, adam16<kGrad, kL2, kDecay>(k, master, exp_avg, exp_avg_sq, grad, i));
   }
 }
 
 // Peels the run-time choices into template arguments, one at a time.
-template <ElemType kGrad, ElemType kCopy, bool kStreamCopy>
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kNativeBf16>
 void adam_dispatch_decay(const AdamKernelArgs& a, std::int64_t n_vec) {
   const bool l2 = a.constants->l2_decay != 0.0f, decay = a.constants->neg_lr_decay != 0.0f;
-  if (l2 && decay) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, true, true>{});
-  if (l2) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, true, false>{});
-  if (decay) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, false, true>{});
-  return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, false, false>{});
+  if (l2 && decay) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, kNativeBf16, true, true>{});
+  if (l2) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, kNativeBf16, true, false>{});
+  if (decay) return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, kNativeBf16, false, true>{});
+  return adam_loop(a, n_vec, AdamShape<kGrad, kCopy, kStreamCopy, kNativeBf16, false, false>{});
 }
 
-template <ElemType kGrad>
+template <ElemType kGrad, bool kNativeBf16>
 void adam_dispatch_copy(const AdamKernelArgs& a, std::int64_t n_vec) {
-  if (a.copy_out == nullptr) return adam_dispatch_decay<kGrad, ElemType::kF32, false>(a, n_vec);
+  if (a.copy_out == nullptr) return adam_dispatch_decay<kGrad, ElemType::kF32, false, false>(a, n_vec);
   const bool stream = reinterpret_cast<std::uintptr_t>(a.copy_out) % 32 == 0;
   if (a.copy_type == ElemType::kBf16) {
-    stream ? adam_dispatch_decay<kGrad, ElemType::kBf16, true>(a, n_vec)
-           : adam_dispatch_decay<kGrad, ElemType::kBf16, false>(a, n_vec);
+    stream ? adam_dispatch_decay<kGrad, ElemType::kBf16, true, kNativeBf16>(a, n_vec)
+           : adam_dispatch_decay<kGrad, ElemType::kBf16, false, kNativeBf16>(a, n_vec);
   } else {
-    stream ? adam_dispatch_decay<kGrad, ElemType::kF16, true>(a, n_vec)
-           : adam_dispatch_decay<kGrad, ElemType::kF16, false>(a, n_vec);
+    stream ? adam_dispatch_decay<kGrad, ElemType::kF16, true, false>(a, n_vec)
+           : adam_dispatch_decay<kGrad, ElemType::kF16, false, false>(a, n_vec);
   }
   if (stream) _mm_sfence();  // order the streaming stores before the caller reads or hands off the copy
 }
 
+template <bool kNativeBf16>
 void adam_avx512(const AdamKernelArgs& a) {
   const std::int64_t n_vec = a.n - a.n % kWidth;
   switch (a.grad_type) {
-    case ElemType::kF32: adam_dispatch_copy<ElemType::kF32>(a, n_vec); break;
-    case ElemType::kBf16: adam_dispatch_copy<ElemType::kBf16>(a, n_vec); break;
-    case ElemType::kF16: adam_dispatch_copy<ElemType::kF16>(a, n_vec); break;
+    case ElemType::kF32: adam_dispatch_copy<ElemType::kF32, kNativeBf16>(a, n_vec); break;
+    case ElemType::kBf16: adam_dispatch_copy<ElemType::kBf16, kNativeBf16>(a, n_vec); break;
+    case ElemType::kF16: adam_dispatch_copy<ElemType::kF16, kNativeBf16>(a, n_vec); break;
   }
   if (n_vec == a.n) return;
   AdamKernelArgs tail = a;
@@ -283,7 +306,12 @@ void grad_pass_avx512(const GradKernelArgs& a) {
 }  // namespace
 
 const KernelTable& avx512_kernels() {
-  static constexpr KernelTable kTable{Isa::kAvx512, adam_avx512, grad_pass_avx512};
+  static constexpr KernelTable kTable{Isa::kAvx512, adam_avx512<false>, grad_pass_avx512};
+  return kTable;
+}
+
+const KernelTable& avx512_bf16_kernels() {
+  static constexpr KernelTable kTable{Isa::kAvx512Bf16, adam_avx512<true>, grad_pass_avx512};
   return kTable;
 }
 

@@ -56,5 +56,6 @@ double fold_lanes_scalar(double* lanes);
 
 const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
 const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)
+const KernelTable& avx512_bf16_kernels();  // only call when isa_supported(kAvx512Bf16)
 
 }  // namespace strata::adam::kernels

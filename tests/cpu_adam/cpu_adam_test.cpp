@@ -82,6 +82,11 @@ State random_state(std::int64_t n, std::uint32_t seed, bool specials, bool subno
         case 4: g = std::numeric_limits<float>::quiet_NaN(); break;
         case 5: g = std::ldexp(normal(rng), -120); break;  // near the subnormal range
         case 6: g = 70000.0f; break;                        // beyond fp16
+        case 7:  // a subnormal master that stays subnormal (u = 0): its compute copy converts a subnormal
+          s.p[i] = std::ldexp(normal(rng), -130);
+          s.m[i] = 0.0f;
+          g = 0.0f;
+          break;
         default: break;
       }
     }
@@ -283,7 +288,7 @@ TEST_P(CpuAdamIsa, CopyOutIsTheSameStreamedOrNot) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Kernels, CpuAdamIsa, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512),
+INSTANTIATE_TEST_SUITE_P(Kernels, CpuAdamIsa, ::testing::Values(Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16),
                          [](const auto& info) { return std::string(isa_name(info.param)); });
 
 TEST(CpuAdam, ThreadCountAndTileSizeDoNotChangeTheBits) {

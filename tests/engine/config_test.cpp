@@ -856,7 +856,7 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
   expect_error(doc(R"("strata": {"cpu_adam": {"threads": -1}})"),
                {"strata.cpu_adam.threads: -1 must be in [0, 4096]"});
   expect_error(doc(R"("strata": {"cpu_adam": {"isa": "sse"}})"),
-               {"strata.cpu_adam.isa: \"sse\" is not one of auto, avx512, avx2, scalar"});
+               {"strata.cpu_adam.isa: \"sse\" is not one of auto, avx512_bf16, avx512, avx2, scalar"});
   expect_error(doc(R"("strata": {"host_device": {"tflops": -1}})"),
                {"strata.host_device.tflops: -1 must be >= 0"});
   expect_error(doc(R"("strata": {"budgets": {"pinned": "ten"}})"),
@@ -1235,6 +1235,7 @@ TEST(Config, ToStringGivesTheConfigSpelling) {
   EXPECT_EQ(to_string(Precision::kBf16), "bf16");
   EXPECT_EQ(to_string(IoBackend::kIoUring), "io_uring");
   EXPECT_EQ(to_string(CpuAdamIsa::kAvx512), "avx512");
+  EXPECT_EQ(to_string(CpuAdamIsa::kAvx512Bf16), "avx512_bf16");
   EXPECT_EQ(to_string(OverlapMode::kDelayed), "delayed");
   EXPECT_EQ(to_string(DeviceKind::kHost), "host");
   EXPECT_EQ(to_string(NonfinitePolicy::kSkip), "skip");
