@@ -46,7 +46,8 @@ VENDOR = [
     (re.compile(r"^(immintrin|x86intrin)\.h$"),
      ["cpu_adam/kernels/*_avx512*.cpp", "cpu_adam/kernels/*_avx2*.cpp",
       "benchmarks/*_avx512*.cpp", "benchmarks/*_avx2*.cpp"]),
-    (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*"]),
+    # JSON formats: the config, and the safetensors header.
+    (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*"]),
 ]
 
 

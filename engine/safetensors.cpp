@@ -1,0 +1,382 @@
+// safetensors reading and writing. The header is JSON, so this file is behind
+// the nlohmann firewall with engine/config* (tests/layering_test.py).
+#include "engine/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "engine/core/aligned_buffer.h"
+#include "engine/core/numerics.h"
+#include "engine/core/str.h"
+
+namespace strata::engine {
+namespace {
+
+using core::Status;
+using core::str_cat;
+namespace nx = core::numerics;
+
+// A header larger than this is not a weights file (the format's own readers cap it too).
+constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
+// Data starts on an 8-byte boundary; the header is padded with spaces.
+constexpr std::uint64_t kDataAlignment = 8;
+
+Status pread_all(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+  auto* p = static_cast<std::byte*>(buf);
+  std::uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::io_error(r < 0 ? errno : 0, "pread", path, offset + done, n - done, r);
+    done += static_cast<std::uint64_t>(r);
+  }
+  return Status();
+}
+
+Status pwrite_all(int fd, const void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+  const auto* p = static_cast<const std::byte*>(buf);
+  std::uint64_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::io_error(r < 0 ? errno : 0, "pwrite", path, offset + done, n - done, r);
+    done += static_cast<std::uint64_t>(r);
+  }
+  return Status();
+}
+
+Status fsync_dir_of(const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  core::UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d.valid()) return Status::from_errno(errno, str_cat("open directory ", dir));
+  if (::fsync(d.get()) != 0) return Status::from_errno(errno, str_cat("fsync directory ", dir));
+  return Status();
+}
+
+core::Result<TensorDtype> parse_dtype(const std::string& s, const std::string& path, const std::string& name) {
+  if (s == "F32") return TensorDtype::kF32;
+  if (s == "BF16") return TensorDtype::kBf16;
+  if (s == "F16") return TensorDtype::kF16;
+  return Status::unimplemented(str_cat(path, ": tensor '", name, "' has dtype ", s,
+                                       "; strata reads F32, BF16 and F16 weights"));
+}
+
+std::int64_t checked_numel(const std::vector<std::int64_t>& shape, bool* overflow) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || (d != 0 && n > std::numeric_limits<std::int64_t>::max() / d)) {
+      *overflow = true;
+      return 0;
+    }
+    n *= d;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::string_view to_string(TensorDtype d) {
+  switch (d) {
+    case TensorDtype::kF32:
+      return "F32";
+    case TensorDtype::kBf16:
+      return "BF16";
+    case TensorDtype::kF16:
+      return "F16";
+  }
+  return "?";
+}
+
+std::int64_t TensorInfo::numel() const {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) n *= d;
+  return n;
+}
+
+// --- reading -------------------------------------------------------------------
+
+core::Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
+  SafetensorsReader r;
+  r.path_ = path;
+  r.fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!r.fd_.valid()) return Status::from_errno(errno, str_cat("open safetensors file ", path));
+  struct stat st {};
+  if (::fstat(r.fd_.get(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", path));
+  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  auto corrupt = [&](const std::string& what) {
+    return Status::data_loss(str_cat(path, ": not a valid safetensors file: ", what));
+  };
+  if (file_size < 8) return corrupt(str_cat("only ", file_size, " bytes"));
+  unsigned char len_bytes[8];
+  STRATA_RETURN_IF_ERROR(pread_all(r.fd_.get(), len_bytes, 8, 0, path));
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
+  if (header_len > kMaxHeaderBytes || header_len > file_size - 8) {
+    return corrupt(str_cat("header length ", header_len, " does not fit in the file of ", file_size, " bytes"));
+  }
+  std::string header(header_len, '\0');
+  STRATA_RETURN_IF_ERROR(pread_all(r.fd_.get(), header.data(), header_len, 8, path));
+  const nlohmann::json doc = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) return corrupt("the header is not a JSON object");
+  const std::uint64_t data_start = 8 + header_len;
+  const std::uint64_t data_size = file_size - data_start;
+  for (const auto& [name, entry] : doc.items()) {
+    if (name == "__metadata__") {
+      if (!entry.is_object()) return corrupt("__metadata__ is not an object");
+      for (const auto& [k, v] : entry.items()) {
+        if (!v.is_string()) return corrupt(str_cat("__metadata__.", k, " is not a string"));
+        r.metadata_[k] = v.get<std::string>();
+      }
+      continue;
+    }
+    if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+        !entry.contains("data_offsets")) {
+      return corrupt(str_cat("tensor '", name, "' lacks dtype, shape or data_offsets"));
+    }
+    const auto& dt = entry["dtype"];
+    const auto& shape = entry["shape"];
+    const auto& offs = entry["data_offsets"];
+    if (!dt.is_string()) return corrupt(str_cat("tensor '", name, "': dtype is not a string"));
+    if (!shape.is_array()) return corrupt(str_cat("tensor '", name, "': shape is not an array"));
+    if (!offs.is_array() || offs.size() != 2 || !offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
+      return corrupt(str_cat("tensor '", name, "': data_offsets is not [begin, end]"));
+    }
+    TensorInfo t;
+    t.name = name;
+    STRATA_ASSIGN_OR_RETURN(t.dtype, parse_dtype(dt.get<std::string>(), path, name));
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned()) return corrupt(str_cat("tensor '", name, "': a dimension is not a count >= 0"));
+      t.shape.push_back(d.get<std::int64_t>());
+    }
+    const auto begin = offs[0].get<std::uint64_t>(), end = offs[1].get<std::uint64_t>();
+    if (begin > end || end > data_size) {
+      return corrupt(str_cat("tensor '", name, "': data_offsets [", begin, ", ", end, "] outside the ", data_size,
+                             " data bytes"));
+    }
+    bool overflow = false;
+    const std::int64_t numel = checked_numel(t.shape, &overflow);
+    if (overflow || static_cast<std::uint64_t>(numel) * dtype_size(t.dtype) != end - begin) {
+      return corrupt(str_cat("tensor '", name, "': ", end - begin, " bytes do not hold its shape of ",
+                             overflow ? std::string("overflowing size") : str_cat(numel, " elements"), " of ",
+                             to_string(t.dtype)));
+    }
+    t.offset = data_start + begin;
+    t.nbytes = end - begin;
+    r.tensors_.push_back(std::move(t));
+  }
+  std::sort(r.tensors_.begin(), r.tensors_.end(),
+            [](const TensorInfo& a, const TensorInfo& b) { return a.offset < b.offset; });
+  for (std::size_t i = 1; i < r.tensors_.size(); ++i) {
+    const TensorInfo& a = r.tensors_[i - 1];
+    const TensorInfo& b = r.tensors_[i];
+    if (a.offset + a.nbytes > b.offset) {
+      return corrupt(str_cat("tensors '", a.name, "' and '", b.name, "' overlap"));
+    }
+  }
+  return r;
+}
+
+const TensorInfo* SafetensorsReader::find(std::string_view name) const {
+  for (const TensorInfo& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+core::Status SafetensorsReader::read_raw(std::string_view name, std::span<std::byte> out) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::not_found(str_cat(path_, ": no tensor named '", name, "'"));
+  if (out.size() != t->nbytes) {
+    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' has ", t->nbytes,
+                                            " bytes; the buffer has ", out.size()));
+  }
+  return pread_all(fd_.get(), out.data(), out.size(), t->offset, path_);
+}
+
+core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float> out) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::not_found(str_cat(path_, ": no tensor named '", name, "'"));
+  if (static_cast<std::int64_t>(out.size()) != t->numel()) {
+    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' has ", t->numel(),
+                                            " elements; the destination has ", out.size()));
+  }
+  if (t->dtype == TensorDtype::kF32) {
+    return read_raw(name, std::as_writable_bytes(out));
+  }
+  // 16-bit: read into the back half of `out`, widen front to back (exact).
+  auto* half = reinterpret_cast<std::uint16_t*>(out.data()) + out.size();
+  STRATA_RETURN_IF_ERROR(pread_all(fd_.get(), half, t->nbytes, t->offset, path_));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::uint16_t h;
+    std::memcpy(&h, half + i, 2);
+    out[i] = t->dtype == TensorDtype::kBf16 ? nx::bf16_bits_to_fp32(h) : nx::fp16_bits_to_fp32(h);
+  }
+  return Status();
+}
+
+// --- writing -------------------------------------------------------------------
+
+core::Result<SafetensorsWriter> SafetensorsWriter::create(std::string path, std::vector<Declared> tensors,
+                                                          std::map<std::string, std::string> metadata) {
+  SafetensorsWriter w;
+  w.path_ = std::move(path);
+  w.tmp_path_ = w.path_ + ".tmp";
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : metadata) meta[k] = v;
+    header["__metadata__"] = std::move(meta);
+  }
+  std::uint64_t offset = 0;
+  for (Declared& d : tensors) {
+    if (d.name.empty() || d.name == "__metadata__") {
+      return Status::invalid_argument(str_cat(w.path_, ": tensor name '", d.name, "' is not allowed"));
+    }
+    if (header.contains(d.name)) {
+      return Status::invalid_argument(str_cat(w.path_, ": tensor '", d.name, "' declared twice"));
+    }
+    bool overflow = false;
+    const std::int64_t numel = checked_numel(d.shape, &overflow);
+    if (overflow) return Status::invalid_argument(str_cat(w.path_, ": tensor '", d.name, "' has a bad shape"));
+    TensorInfo t{d.name, d.dtype, d.shape, offset, static_cast<std::uint64_t>(numel) * dtype_size(d.dtype)};
+    header[d.name] = {{"dtype", std::string(to_string(d.dtype))},
+                      {"shape", d.shape},
+                      {"data_offsets", {offset, offset + t.nbytes}}};
+    offset += t.nbytes;
+    w.tensors_.push_back(std::move(t));
+  }
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // invalid UTF-8 in a name or metadata
+    return Status::invalid_argument(str_cat(w.path_, ": cannot write the header: ", e.what()));
+  }
+  text.append(core::align_up(text.size(), kDataAlignment) - text.size(), ' ');
+  const std::uint64_t data_start = 8 + text.size();
+  for (TensorInfo& t : w.tensors_) t.offset += data_start;
+  w.written_.assign(w.tensors_.size(), false);
+  w.file_bytes_ = data_start + offset;
+
+  w.fd_.reset(::open(w.tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!w.fd_.valid()) return Status::from_errno(errno, str_cat("create ", w.tmp_path_));
+  unsigned char len_bytes[8];
+  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
+  STRATA_RETURN_IF_ERROR(pwrite_all(w.fd_.get(), len_bytes, 8, 0, w.tmp_path_));
+  STRATA_RETURN_IF_ERROR(pwrite_all(w.fd_.get(), text.data(), text.size(), 8, w.tmp_path_));
+  if (::ftruncate(w.fd_.get(), static_cast<off_t>(w.file_bytes_)) != 0) {
+    return Status::from_errno(errno, str_cat("size ", w.tmp_path_, " to ", w.file_bytes_, " bytes"));
+  }
+  return w;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_.valid() && !finished_) {
+    fd_.reset();
+    ::unlink(tmp_path_.c_str());
+  }
+}
+
+const TensorInfo* SafetensorsWriter::find(std::string_view name) const {
+  for (const TensorInfo& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+core::Status SafetensorsWriter::write_raw(std::string_view name, std::span<const std::byte> bytes) {
+  if (finished_ || !fd_.valid()) return Status::failed_precondition(str_cat(path_, ": writer already finished"));
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
+  if (bytes.size() != t->nbytes) {
+    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' takes ", t->nbytes, " bytes, got ",
+                                            bytes.size()));
+  }
+  STRATA_RETURN_IF_ERROR(pwrite_all(fd_.get(), bytes.data(), bytes.size(), t->offset, tmp_path_));
+  written_[static_cast<std::size_t>(t - tensors_.data())] = true;
+  return Status();
+}
+
+core::Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float> values) {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
+  if (t->dtype == TensorDtype::kF32) return write_raw(name, std::as_bytes(values));
+  std::vector<std::uint16_t> half(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    half[i] = t->dtype == TensorDtype::kBf16 ? nx::fp32_to_bf16_bits(values[i]) : nx::fp32_to_fp16_bits(values[i]);
+  }
+  return write_raw(name, std::as_bytes(std::span<const std::uint16_t>(half)));
+}
+
+core::Status SafetensorsWriter::finish() {
+  if (finished_ || !fd_.valid()) return Status::failed_precondition(str_cat(path_, ": writer already finished"));
+  for (std::size_t i = 0; i < tensors_.size(); ++i) {
+    if (!written_[i]) {
+      return Status::failed_precondition(str_cat(path_, ": tensor '", tensors_[i].name, "' was never written"));
+    }
+  }
+  if (::fsync(fd_.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", tmp_path_));
+  STRATA_RETURN_IF_ERROR(fd_.close(tmp_path_));
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    return Status::from_errno(errno, str_cat("rename ", tmp_path_, " to ", path_));
+  }
+  finished_ = true;
+  return fsync_dir_of(path_);
+}
+
+// --- sharded export ------------------------------------------------------------
+
+std::vector<std::vector<std::size_t>> plan_shards(std::span<const std::uint64_t> sizes,
+                                                  std::uint64_t max_shard_bytes) {
+  std::vector<std::vector<std::size_t>> shards;
+  std::uint64_t used = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (shards.empty() || (used > 0 && used + sizes[i] > max_shard_bytes)) {
+      shards.emplace_back();
+      used = 0;
+    }
+    shards.back().push_back(i);
+    used += sizes[i];
+  }
+  return shards;
+}
+
+std::string shard_file_name(std::size_t index, std::size_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", index, count);
+  return buf;
+}
+
+core::Status write_shard_index(const std::string& dir, std::uint64_t total_size,
+                               const std::map<std::string, std::string>& weight_map) {
+  nlohmann::ordered_json doc;
+  doc["metadata"] = {{"total_size", total_size}};
+  doc["weight_map"] = nlohmann::ordered_json::object();
+  for (const auto& [name, file] : weight_map) doc["weight_map"][name] = file;
+  const std::string text = doc.dump(2) + "\n";
+  const std::string path = dir + "/model.safetensors.index.json";
+  const std::string tmp = path + ".tmp";
+  core::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return Status::from_errno(errno, str_cat("create ", tmp));
+  Status s = pwrite_all(fd.get(), text.data(), text.size(), 0, tmp);
+  if (s.ok() && ::fsync(fd.get()) != 0) s = Status::from_errno(errno, str_cat("fsync ", tmp));
+  if (s.ok()) s = fd.close(tmp);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = Status::from_errno(errno, str_cat("rename ", tmp, " to ", path));
+  }
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  return fsync_dir_of(path);
+}
+
+}  // namespace strata::engine

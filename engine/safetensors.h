@@ -1,0 +1,120 @@
+// safetensors files: read pretrained weights tensor by tensor (the host never
+// holds the whole model) and export trained weights, single-file or sharded
+// with the index file fine-tuning tools load
+// (model-00001-of-00003.safetensors + model.safetensors.index.json).
+//
+// The format: an 8-byte little-endian header length, a JSON header mapping
+// each tensor name to {"dtype", "shape", "data_offsets": [begin, end]}
+// (offsets relative to the end of the header) plus an optional
+// "__metadata__" of strings, then the data. strata reads F32, BF16 and F16
+// tensors and rejects a header that does not describe the file exactly
+// (offsets outside the data, overlapping tensors, a size that does not match
+// the shape) with an error naming the file and the tensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/core/result.h"
+#include "engine/core/unique_fd.h"
+
+namespace strata::engine {
+
+enum class TensorDtype { kF32, kBf16, kF16 };
+std::string_view to_string(TensorDtype d);  // "F32", "BF16", "F16" (the format's names)
+inline std::size_t dtype_size(TensorDtype d) { return d == TensorDtype::kF32 ? 4 : 2; }
+
+struct TensorInfo {
+  std::string name;
+  TensorDtype dtype = TensorDtype::kF32;
+  std::vector<std::int64_t> shape;
+  std::uint64_t offset = 0;  // absolute, in the file
+  std::uint64_t nbytes = 0;
+  std::int64_t numel() const;
+};
+
+class SafetensorsReader {
+ public:
+  // Opens and validates the header. Errors: kNotFound/kPermissionDenied for
+  // the file, kDataLoss for a header that is malformed or inconsistent with
+  // the file, kUnimplemented for a dtype strata does not read.
+  static core::Result<SafetensorsReader> open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file order
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const TensorInfo* find(std::string_view name) const;
+
+  // Reads `name` converted to fp32 (exact for BF16 and F16) into `out`, whose
+  // size must equal the tensor's element count. Thread-safe (pread).
+  core::Status read_f32(std::string_view name, std::span<float> out) const;
+  // Reads the raw bytes of `name` into `out` (size must equal nbytes).
+  core::Status read_raw(std::string_view name, std::span<std::byte> out) const;
+
+ private:
+  std::string path_;
+  core::UniqueFd fd_;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// Writes one safetensors file: declare every tensor first (the header comes
+// first in the file), then write each tensor's data in any order, then
+// finish(), which fsyncs, renames the file into place and fsyncs the
+// directory. Until finish() succeeds the data sits in "<path>.tmp"; a
+// writer destroyed before that removes it, so a crash never leaves a
+// truncated file under the final name.
+class SafetensorsWriter {
+ public:
+  struct Declared {
+    std::string name;
+    TensorDtype dtype;
+    std::vector<std::int64_t> shape;
+  };
+  // Errors: kInvalidArgument for an empty or duplicate name, a negative
+  // dimension; errors of creating the file (naming it).
+  static core::Result<SafetensorsWriter> create(std::string path, std::vector<Declared> tensors,
+                                                std::map<std::string, std::string> metadata = {});
+  SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
+  SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept = default;
+  ~SafetensorsWriter();
+
+  // Writes fp32 values as the tensor's dtype (round to nearest even, as numerics.h).
+  core::Status write_f32(std::string_view name, std::span<const float> values);
+  // Writes raw bytes (already in the tensor's dtype).
+  core::Status write_raw(std::string_view name, std::span<const std::byte> bytes);
+  // Every tensor must have been written once.
+  core::Status finish();
+
+  std::uint64_t file_bytes() const { return file_bytes_; }
+
+ private:
+  SafetensorsWriter() = default;
+  const TensorInfo* find(std::string_view name) const;
+
+  std::string path_, tmp_path_;
+  core::UniqueFd fd_;
+  std::vector<TensorInfo> tensors_;
+  std::vector<bool> written_;
+  std::uint64_t file_bytes_ = 0;
+  bool finished_ = false;
+};
+
+// Plans a sharded export: tensors in the given order, a new shard whenever
+// the next tensor would push a shard past `max_shard_bytes` (a tensor larger
+// than that gets a shard of its own). Returns, per shard, the indices into
+// `sizes`.
+std::vector<std::vector<std::size_t>> plan_shards(std::span<const std::uint64_t> sizes,
+                                                  std::uint64_t max_shard_bytes);
+// "model-00002-of-00005.safetensors" (1-based shard index).
+std::string shard_file_name(std::size_t index, std::size_t count);
+// Writes "<dir>/model.safetensors.index.json" atomically: {"metadata":
+// {"total_size": N}, "weight_map": {tensor: file}}.
+core::Status write_shard_index(const std::string& dir, std::uint64_t total_size,
+                               const std::map<std::string, std::string>& weight_map);
+
+}  // namespace strata::engine
