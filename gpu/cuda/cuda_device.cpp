@@ -1,0 +1,409 @@
+// The CUDA device (gpu/cuda_device.h): device memory from one arena reserved
+// with a single cudaMalloc, pinned memory from cudaHostAlloc/cudaHostRegister,
+// CUDA streams and events, and the kernels of cuda_kernels.cu. Every CUDA call
+// is checked; an error names the call and CUDA's error name and text.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <utility>
+
+#include "engine/core/logging.h"
+#include "engine/core/mutex.h"
+#include "engine/core/str.h"
+#include "gpu/cuda/cuda_kernels.h"
+#include "gpu/cuda_device.h"
+
+namespace strata::gpu {
+namespace {
+
+using core::Result;
+using core::Status;
+using core::str_cat;
+
+constexpr std::uint64_t kArenaAlignment = 256;
+constexpr std::uint64_t kHeadroomBytes = 1ull << 30;
+
+// A CUDA error as a Status: the code follows the error, the message names the call.
+Status cuda_status(cudaError_t err, std::string_view call) {
+  (void)cudaGetLastError();  // clear a non-sticky error so later launches do not report it
+  std::string msg = str_cat(call, " failed: ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
+  switch (err) {
+    case cudaErrorMemoryAllocation: return Status::out_of_memory(std::move(msg));
+    case cudaErrorInsufficientDriver:
+    case cudaErrorNoDevice:
+    case cudaErrorDevicesUnavailable:
+    case cudaErrorSystemDriverMismatch: return Status::unavailable(std::move(msg));
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidDevice: return Status::invalid_argument(std::move(msg));
+    case cudaErrorHostMemoryAlreadyRegistered: return Status::already_exists(std::move(msg));
+    case cudaErrorHostMemoryNotRegistered: return Status::failed_precondition(std::move(msg));
+    default: return Status::internal(std::move(msg));
+  }
+}
+
+// Runs `fn args`, and returns its error as a Status naming `fn`.
+#define STRATA_CUDA_RETURN_IF_ERROR(fn, args)                      \
+  do {                                                             \
+    const cudaError_t strata_cuda_err_ = fn args;                  \
+    if (strata_cuda_err_ != cudaSuccess) [[unlikely]]              \
+      return cuda_status(strata_cuda_err_, #fn);                   \
+  } while (false)
+
+// Logs a failure of a call in a path that cannot return one (destructors).
+void log_if_error(cudaError_t err, std::string_view call) {
+  if (err != cudaSuccess) {
+    STRATA_LOG(kWarn) << cuda_status(err, call);
+  }
+}
+
+// First-fit allocator over [0, size) of the arena, with neighbours coalesced
+// on free. Thread-safe.
+class Arena {
+ public:
+  explicit Arena(std::uint64_t size_bytes) : size_bytes_(size_bytes) {
+    if (size_bytes > 0) free_.emplace(0, size_bytes);
+  }
+
+  // An offset, or -1 when no free range is large enough.
+  std::int64_t allocate(std::uint64_t size_bytes) {
+    const std::uint64_t need = round_up(size_bytes);
+    core::MutexLock lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < need) continue;
+      const std::uint64_t offset = it->first;
+      const std::uint64_t left = it->second - need;
+      free_.erase(it);
+      if (left > 0) free_.emplace(offset + need, left);
+      return static_cast<std::int64_t>(offset);
+    }
+    return -1;
+  }
+
+  void free(std::uint64_t offset, std::uint64_t size_bytes) {
+    std::uint64_t begin = offset;
+    std::uint64_t size = round_up(size_bytes);
+    core::MutexLock lock(mu_);
+    auto next = free_.lower_bound(begin);
+    if (next != free_.end() && begin + size == next->first) {
+      size += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == begin) {
+        begin = prev->first;
+        size += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_.emplace(begin, size);
+  }
+
+  std::uint64_t largest_free() {
+    core::MutexLock lock(mu_);
+    std::uint64_t best = 0;
+    for (const auto& [offset, size] : free_) best = std::max(best, size);
+    return best;
+  }
+  std::uint64_t size_bytes() const { return size_bytes_; }
+
+ private:
+  static std::uint64_t round_up(std::uint64_t n) { return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
+
+  const std::uint64_t size_bytes_;
+  core::Mutex mu_;
+  std::map<std::uint64_t, std::uint64_t> free_ STRATA_GUARDED_BY(mu_);  // offset -> size
+};
+
+class CudaStream final : public StreamImpl {
+ public:
+  CudaStream(int ordinal, cudaStream_t stream, bool owned) : ordinal_(ordinal), stream_(stream), owned_(owned) {}
+  ~CudaStream() override {
+    if (!owned_) return;  // the framework's stream: its owner synchronizes and destroys it
+    log_if_error(cudaSetDevice(ordinal_), "cudaSetDevice");
+    log_if_error(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    log_if_error(cudaStreamDestroy(stream_), "cudaStreamDestroy");
+  }
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  const int ordinal_;
+  const cudaStream_t stream_;
+  const bool owned_;
+};
+
+class CudaEvent final : public EventImpl {
+ public:
+  CudaEvent(int ordinal, cudaEvent_t event) : ordinal_(ordinal), event_(event) {}
+  ~CudaEvent() override {
+    log_if_error(cudaSetDevice(ordinal_), "cudaSetDevice");
+    log_if_error(cudaEventDestroy(event_), "cudaEventDestroy");
+  }
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  const int ordinal_;
+  const cudaEvent_t event_;
+};
+
+cudaStream_t stream_of(StreamImpl& s) { return static_cast<CudaStream&>(s).get(); }
+cudaEvent_t event_of(const EventImpl& e) { return static_cast<const CudaEvent&>(e).get(); }
+
+void host_func_trampoline(void* user_data) {
+  std::unique_ptr<std::function<void()>> fn(static_cast<std::function<void()>*>(user_data));
+  (*fn)();
+}
+
+class CudaDevice final : public Device {
+ public:
+  CudaDevice(DeviceCaps caps, DeviceBudgets budgets, int ordinal, void* arena_base, std::uint64_t arena_bytes)
+      : Device(std::move(caps), budgets), ordinal_(ordinal), arena_base_(arena_base), arena_(arena_bytes) {}
+
+  ~CudaDevice() override {
+    log_if_error(cudaSetDevice(ordinal_), "cudaSetDevice");
+    log_if_error(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    log_if_error(cudaFree(arena_base_), "cudaFree");
+  }
+
+ protected:
+  Status activate() {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice, (ordinal_));
+    return Status();
+  }
+
+  // --- memory ---
+  Result<void*> do_allocate(std::uint64_t /*buffer_id*/, std::uint64_t size_bytes) override {
+    const std::int64_t offset = arena_.allocate(size_bytes);
+    if (offset < 0) {
+      return Status::out_of_memory(str_cat("CUDA device arena (", core::format_bytes(arena_.size_bytes()),
+                                           ") has no free range of ", core::format_bytes(size_bytes),
+                                           " (largest free range: ", core::format_bytes(arena_.largest_free()), ")"));
+    }
+    return static_cast<void*>(static_cast<std::byte*>(arena_base_) + offset);
+  }
+
+  void do_free(std::uint64_t /*buffer_id*/, void* p, std::uint64_t size_bytes) noexcept override {
+    arena_.free(static_cast<std::uint64_t>(static_cast<std::byte*>(p) - static_cast<std::byte*>(arena_base_)),
+                size_bytes);
+  }
+
+  Result<void*> do_allocate_pinned(std::size_t size_bytes) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    void* p = nullptr;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc, (&p, size_bytes, cudaHostAllocPortable));
+    return p;
+  }
+
+  void do_free_pinned(void* p, std::size_t /*size_bytes*/) noexcept override {
+    log_if_error(cudaFreeHost(p), "cudaFreeHost");
+  }
+
+  Status do_register_host(void* p, std::size_t size_bytes) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaHostRegister, (p, size_bytes, cudaHostRegisterPortable));
+    return Status();
+  }
+
+  void do_unregister_host(void* p, std::size_t /*size_bytes*/) noexcept override {
+    log_if_error(cudaHostUnregister(p), "cudaHostUnregister");
+  }
+
+  // --- streams and events ---
+  Result<std::unique_ptr<StreamImpl>> do_create_stream(std::string_view /*name*/) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    cudaStream_t s = nullptr;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags, (&s, cudaStreamNonBlocking));
+    return std::unique_ptr<StreamImpl>(std::make_unique<CudaStream>(ordinal_, s, true));
+  }
+
+  Result<std::unique_ptr<StreamImpl>> do_wrap_native_stream(void* native_stream, std::string_view /*name*/) override {
+    return std::unique_ptr<StreamImpl>(
+        std::make_unique<CudaStream>(ordinal_, static_cast<cudaStream_t>(native_stream), false));
+  }
+
+  void* do_native_handle(StreamImpl& stream) const override { return stream_of(stream); }
+
+  Result<std::unique_ptr<EventImpl>> do_create_event() override {
+    STRATA_RETURN_IF_ERROR(activate());
+    cudaEvent_t e = nullptr;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags, (&e, cudaEventDisableTiming));
+    return std::unique_ptr<EventImpl>(std::make_unique<CudaEvent>(ordinal_, e));
+  }
+
+  Status do_record(EventImpl& event, StreamImpl& stream) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventRecord, (event_of(event), stream_of(stream)));
+    return Status();
+  }
+
+  Status do_wait(StreamImpl& stream, const EventImpl& event) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent, (stream_of(stream), event_of(event), 0));
+    return Status();
+  }
+
+  Status do_synchronize_event(EventImpl& event) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaEventSynchronize, (event_of(event)));
+    return Status();
+  }
+
+  Result<bool> do_query_event(EventImpl& event) override {
+    const cudaError_t err = cudaEventQuery(event_of(event));
+    if (err == cudaSuccess) return true;
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();  // not an error: clear it
+      return false;
+    }
+    return cuda_status(err, "cudaEventQuery");
+  }
+
+  Status do_synchronize_stream(StreamImpl& stream) override {
+    STRATA_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize, (stream_of(stream)));
+    return Status();
+  }
+
+  Status do_synchronize_device() override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize, ());
+    return Status();
+  }
+
+  Status do_host_callback(StreamImpl& stream, std::function<void()> fn) override {
+    auto heap = std::make_unique<std::function<void()>>(std::move(fn));
+    STRATA_CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc, (stream_of(stream), host_func_trampoline, heap.get()));
+    (void)heap.release();  // owned by the trampoline now
+    return Status();
+  }
+
+  // --- copies ---
+  Status do_copy_h2d(StreamImpl& stream, const DeviceSpan& dst, const void* src) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync,
+                                (dst.data(), src, dst.size_bytes(), cudaMemcpyHostToDevice, stream_of(stream)));
+    return Status();
+  }
+
+  Status do_copy_d2h(StreamImpl& stream, void* dst, const DeviceSpan& src) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync,
+                                (dst, src.data(), src.size_bytes(), cudaMemcpyDeviceToHost, stream_of(stream)));
+    return Status();
+  }
+
+  Status do_copy_d2d(StreamImpl& stream, const DeviceSpan& dst, const DeviceSpan& src) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync, (dst.data(), src.data(), dst.size_bytes(),
+                                                  cudaMemcpyDeviceToDevice, stream_of(stream)));
+    return Status();
+  }
+
+  // --- kernels ---
+  Status do_convert(StreamImpl& stream, const DeviceTypedSpan& dst, const DeviceTypedSpan& src) override {
+    if (dst.type == src.type) return do_copy_d2d(stream, dst.bytes, src.bytes);
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cuda::launch_convert, (dst.bytes.data(), dst.type, src.bytes.data(), src.type,
+                                                       dst.size(), stream_of(stream)));
+    return Status();
+  }
+
+  Status do_accumulate(StreamImpl& stream, const DeviceSpan& dst, const DeviceTypedSpan& src) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cuda::launch_accumulate, (static_cast<float*>(dst.data()), src.bytes.data(),
+                                                          src.type, src.size(), stream_of(stream)));
+    return Status();
+  }
+
+  Status do_norm_partials(StreamImpl& stream, const NormPartialsArgs& args) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    auto* flag = args.nonfinite_flag.buffer_id() != 0 ? static_cast<std::uint32_t*>(args.nonfinite_flag.data())
+                                                      : nullptr;
+    STRATA_CUDA_RETURN_IF_ERROR(cuda::launch_norm_partials,
+                                (args.src.bytes.data(), args.src.type, args.src.size(),
+                                 static_cast<double*>(args.partials.data()), flag, stream_of(stream)));
+    return Status();
+  }
+
+  Status do_scale(StreamImpl& stream, const DeviceTypedSpan& x, float factor) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cuda::launch_scale, (x.bytes.data(), x.type, x.size(), factor, stream_of(stream)));
+    return Status();
+  }
+
+  Status do_fill(StreamImpl& stream, const DeviceTypedSpan& x, float value) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    STRATA_CUDA_RETURN_IF_ERROR(cuda::launch_fill, (x.bytes.data(), x.type, x.size(), value, stream_of(stream)));
+    return Status();
+  }
+
+  Status do_adam_step(StreamImpl& stream, const AdamStepArgs& args) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cuda::launch_adam_step,
+        (args.constants, static_cast<float*>(args.master.data()), static_cast<float*>(args.exp_avg.data()),
+         static_cast<float*>(args.exp_avg_sq.data()), args.grad.bytes.data(), args.grad.type,
+         has_copy ? args.copy_out.bytes.data() : nullptr, args.copy_out.type, args.grad.size(), stream_of(stream)));
+    return Status();
+  }
+
+ private:
+  const int ordinal_;
+  void* const arena_base_;
+  Arena arena_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& options) {
+  if (options.budgets.device == nullptr || options.budgets.pinned == nullptr) {
+    return Status::invalid_argument("CUDA device: both budgets (device, pinned) are required");
+  }
+  int count = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount, (&count));
+  if (count == 0) return Status::unavailable("no CUDA device is visible");
+  if (options.ordinal < 0 || options.ordinal >= count) {
+    return Status::invalid_argument(str_cat("CUDA device ordinal ", options.ordinal, " is not in [0, ", count, ")"));
+  }
+  STRATA_CUDA_RETURN_IF_ERROR(cudaSetDevice, (options.ordinal));
+  cudaDeviceProp prop{};
+  STRATA_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties, (&prop, options.ordinal));
+  std::size_t free_bytes = 0;
+  std::size_t total_bytes = 0;
+  STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo, (&free_bytes, &total_bytes));
+
+  std::uint64_t arena_bytes = options.arena_bytes;
+  if (arena_bytes == 0) {
+    const std::uint64_t limit = options.budgets.device->limit_bytes();
+    arena_bytes = limit != core::MemoryBudget::kUnlimited
+                      ? limit
+                      : (free_bytes > kHeadroomBytes ? free_bytes - kHeadroomBytes : free_bytes / 2);
+  }
+  arena_bytes = arena_bytes / kArenaAlignment * kArenaAlignment;
+  if (arena_bytes == 0) return Status::invalid_argument("CUDA device: the arena would be empty");
+  void* base = nullptr;
+  const cudaError_t err = cudaMalloc(&base, arena_bytes);
+  if (err != cudaSuccess) {
+    return cuda_status(err, "cudaMalloc").annotate(str_cat("reserving the CUDA device arena of ",
+                                                           core::format_bytes(arena_bytes), " (",
+                                                           core::format_bytes(free_bytes), " free)"));
+  }
+
+  DeviceCaps caps;
+  caps.kind = DeviceKind::kCuda;
+  caps.name = prop.name;
+  caps.device_memory_bytes = arena_bytes;
+  caps.allocation_alignment_bytes = kArenaAlignment;
+  caps.page_locked_host_memory = true;
+  caps.native_streams = true;
+  caps.declared_compute = false;
+  caps.timing_model = false;
+  caps.strict = false;
+  caps.compute_capability = prop.major * 10 + prop.minor;
+  return std::unique_ptr<Device>(
+      std::make_unique<CudaDevice>(std::move(caps), options.budgets, options.ordinal, base, arena_bytes));
+}
+
+}  // namespace strata::gpu

@@ -1,0 +1,178 @@
+// The CUDA device's kernels: element-wise conversion, accumulation, scale,
+// fill and AdamW, and the norm partials in the contract's order. Every formula
+// is numerics.h's (STRATA_HD functions compiled here for the device), so the
+// results are bit-identical to the CPU's for finite values.
+#include "gpu/cuda/cuda_kernels.h"
+
+#include <cstdint>
+#include <type_traits>
+
+namespace strata::gpu::cuda {
+namespace {
+
+namespace nx = core::numerics;
+
+constexpr int kThreads = 256;
+constexpr std::int64_t kMaxBlocks = 8192;  // grid-stride loops cover the rest
+
+int grid_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+template <ElemType T>
+__device__ __forceinline__ float load(const void* p, std::int64_t i) {
+  if constexpr (T == ElemType::kF32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (T == ElemType::kBf16) {
+    return nx::bf16_bits_to_fp32(static_cast<const std::uint16_t*>(p)[i]);
+  } else {
+    return nx::fp16_bits_to_fp32(static_cast<const std::uint16_t*>(p)[i]);
+  }
+}
+
+template <ElemType T>
+__device__ __forceinline__ void store(void* p, std::int64_t i, float x) {
+  if constexpr (T == ElemType::kF32) {
+    static_cast<float*>(p)[i] = x;
+  } else if constexpr (T == ElemType::kBf16) {
+    static_cast<std::uint16_t*>(p)[i] = nx::fp32_to_bf16_bits(x);
+  } else {
+    static_cast<std::uint16_t*>(p)[i] = nx::fp32_to_fp16_bits(x);
+  }
+}
+
+__device__ __forceinline__ std::int64_t first_index() {
+  return static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::int64_t grid_stride() {
+  return static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+}
+
+template <ElemType D, ElemType S>
+__global__ void convert_kernel(void* dst, const void* src, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) store<D>(dst, i, load<S>(src, i));
+}
+
+template <ElemType S>
+__global__ void accumulate_kernel(float* dst, const void* src, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) dst[i] = dst[i] + load<S>(src, i);
+}
+
+template <ElemType T>
+__global__ void scale_kernel(void* x, std::int64_t n, float factor) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) store<T>(x, i, nx::mul_f32(load<T>(x, i), factor));
+}
+
+template <ElemType T>
+__global__ void fill_kernel(void* x, std::int64_t n, float value) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) store<T>(x, i, value);
+}
+
+// One warp per norm block. Lane l sums the squares (double, exact) of the
+// block's elements l, l + 32, l + 64, ... in increasing offset from +0.0; the
+// lanes fold by shuffle-down with s = 16, 8, 4, 2, 1 (lane[k] += lane[k + s]),
+// which is numerics::norm_block_partial's order exactly.
+template <ElemType S>
+__global__ void norm_partials_kernel(const void* src, std::int64_t n, double* partials, std::uint32_t* flag) {
+  const int lane = static_cast<int>(threadIdx.x) % nx::kNormLanes;
+  const std::int64_t warps_per_block = blockDim.x / nx::kNormLanes;
+  const std::int64_t block = static_cast<std::int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / nx::kNormLanes;
+  const std::int64_t blocks = nx::norm_block_count(n);
+  if (block >= blocks) return;  // the whole warp leaves together
+  const std::int64_t begin = block * nx::kNormBlockElems;
+  const std::int64_t remaining = n - begin;
+  const std::int64_t len = remaining < nx::kNormBlockElems ? remaining : nx::kNormBlockElems;
+  double acc = 0.0;
+  for (std::int64_t i = lane; i < len; i += nx::kNormLanes) acc = acc + nx::square_f64(load<S>(src, begin + i));
+  for (int s = nx::kNormLanes / 2; s >= 1; s /= 2) {
+    const double other = __shfl_down_sync(0xffffffffu, acc, s);
+    acc = acc + other;
+  }
+  if (lane == 0) {
+    partials[block] = acc;
+    // A partial is inf or NaN exactly when one of its values is.
+    if (flag != nullptr && !isfinite(acc)) *flag = 1u;
+  }
+}
+
+template <ElemType G, ElemType C, bool kCopy>
+__global__ void adam_kernel(nx::AdamStepConstants c, float* master, float* exp_avg, float* exp_avg_sq,
+                            const void* grad, void* copy_out, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    float p = master[i];
+    float m = exp_avg[i];
+    float v = exp_avg_sq[i];
+    nx::adam_step(c, load<G>(grad, i), p, m, v);
+    master[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if constexpr (kCopy) store<C>(copy_out, i, p);
+  }
+}
+
+// Calls fn with an integral constant for `t`.
+template <typename Fn>
+void dispatch(ElemType t, Fn&& fn) {
+  switch (t) {
+    case ElemType::kF32: fn(std::integral_constant<ElemType, ElemType::kF32>()); break;
+    case ElemType::kBf16: fn(std::integral_constant<ElemType, ElemType::kBf16>()); break;
+    case ElemType::kF16: fn(std::integral_constant<ElemType, ElemType::kF16>()); break;
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_convert(void* dst, ElemType dt, const void* src, ElemType st, std::int64_t n,
+                           cudaStream_t stream) {
+  dispatch(dt, [&](auto d) {
+    dispatch(st, [&](auto s) { convert_kernel<decltype(d)::value, decltype(s)::value><<<grid_for(n), kThreads, 0, stream>>>(dst, src, n); });
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_accumulate(float* dst, const void* src, ElemType st, std::int64_t n, cudaStream_t stream) {
+  dispatch(st, [&](auto s) { accumulate_kernel<decltype(s)::value><<<grid_for(n), kThreads, 0, stream>>>(dst, src, n); });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_norm_partials(const void* src, ElemType st, std::int64_t n, double* partials,
+                                 std::uint32_t* flag, cudaStream_t stream) {
+  const std::int64_t blocks = nx::norm_block_count(n);
+  const int warps_per_block = kThreads / nx::kNormLanes;
+  const int grid = static_cast<int>((blocks + warps_per_block - 1) / warps_per_block);
+  dispatch(st, [&](auto s) {
+    norm_partials_kernel<decltype(s)::value><<<grid, kThreads, 0, stream>>>(src, n, partials, flag);
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_scale(void* x, ElemType t, std::int64_t n, float factor, cudaStream_t stream) {
+  dispatch(t, [&](auto tt) { scale_kernel<decltype(tt)::value><<<grid_for(n), kThreads, 0, stream>>>(x, n, factor); });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_fill(void* x, ElemType t, std::int64_t n, float value, cudaStream_t stream) {
+  dispatch(t, [&](auto tt) { fill_kernel<decltype(tt)::value><<<grid_for(n), kThreads, 0, stream>>>(x, n, value); });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adam_step(const core::numerics::AdamStepConstants& constants, float* master, float* exp_avg,
+                             float* exp_avg_sq, const void* grad, ElemType grad_type, void* copy_out,
+                             ElemType copy_type, std::int64_t n, cudaStream_t stream) {
+  dispatch(grad_type, [&](auto g) {
+    if (copy_out == nullptr) {
+      adam_kernel<decltype(g)::value, ElemType::kBf16, false><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, grad, nullptr, n);
+    } else if (copy_type == ElemType::kBf16) {
+      adam_kernel<decltype(g)::value, ElemType::kBf16, true><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, grad, copy_out, n);
+    } else {
+      adam_kernel<decltype(g)::value, ElemType::kF16, true><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, grad, copy_out, n);
+    }
+  });
+  return cudaGetLastError();
+}
+
+}  // namespace strata::gpu::cuda

@@ -1,0 +1,33 @@
+// Launchers of the CUDA device's kernels (private to gpu/cuda/). Each enqueues
+// one kernel on `stream` and returns the launch's error (cudaGetLastError).
+// Arguments are validated by gpu::Device before they get here; n > 0.
+// Formulas: engine/core/numerics.h, bit for bit (built with --fmad=false).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "engine/core/numerics.h"
+#include "gpu/device_span.h"
+
+namespace strata::gpu::cuda {
+
+// dst[i] = convert(src[i]); dst and src do not overlap; dt != st.
+cudaError_t launch_convert(void* dst, ElemType dt, const void* src, ElemType st, std::int64_t n,
+                           cudaStream_t stream);
+// dst[i] = dst[i] + fp32(src[i]).
+cudaError_t launch_accumulate(float* dst, const void* src, ElemType st, std::int64_t n, cudaStream_t stream);
+// partials[b] for b < norm_block_count(n); *flag = 1 when a value is not finite (flag may be null).
+cudaError_t launch_norm_partials(const void* src, ElemType st, std::int64_t n, double* partials,
+                                 std::uint32_t* flag, cudaStream_t stream);
+// x[i] = type(fp32(x[i]) * factor).
+cudaError_t launch_scale(void* x, ElemType t, std::int64_t n, float factor, cudaStream_t stream);
+// x[i] = type(value).
+cudaError_t launch_fill(void* x, ElemType t, std::int64_t n, float value, cudaStream_t stream);
+// numerics::adam_step per element; copy_out (bf16/fp16) may be null.
+cudaError_t launch_adam_step(const core::numerics::AdamStepConstants& constants, float* master, float* exp_avg,
+                             float* exp_avg_sq, const void* grad, ElemType grad_type, void* copy_out,
+                             ElemType copy_type, std::int64_t n, cudaStream_t stream);
+
+}  // namespace strata::gpu::cuda

@@ -1,0 +1,354 @@
+// gpu::Device: one accelerator behind one interface, with two backends (the
+// emulated host device, gpu/host_device.h; CUDA, gpu/cuda_device.h). The split
+// follows ggml-backend: the Device owns memory and capabilities; a Stream is a
+// FIFO queue of work; an Event marks a point in a stream; DeviceBuffer and
+// PinnedBuffer own memory. Public methods are non-virtual: they validate
+// arguments once for every backend and dispatch to the backend's do_* hooks.
+//
+// Thread-safety: Device is thread-safe (any thread may enqueue on any stream).
+// DeviceBuffer, PinnedBuffer, Stream and Event are move-only owners, released
+// through their Device, which must outlive them (its destructor checks).
+//
+// Asynchrony: enqueueing calls (copies, kernels, record, wait, callbacks)
+// return after validation; the work runs later in stream order. An error found
+// while validating is returned and nothing is enqueued. An error found while
+// the work runs (a CUDA fault; on the host device a buffer freed before the
+// work ran) is sticky on its stream: later work on that stream is skipped,
+// streams waiting on it through events fail too, and synchronize/query of the
+// stream or of a later event return it. Host memory handed to an async copy
+// must stay valid until the copy completes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+
+#include "engine/core/host_allocator.h"
+#include "engine/core/memory_budget.h"
+#include "engine/core/mutex.h"
+#include "engine/core/result.h"
+#include "gpu/device_span.h"
+
+namespace strata::gpu {
+
+enum class DeviceKind { kHost, kCuda };
+std::string_view device_kind_name(DeviceKind kind);  // "host", "cuda"
+
+// What a backend offers. Filled once by the backend; read-only after.
+struct DeviceCaps {
+  DeviceKind kind = DeviceKind::kHost;
+  std::string name;                         // "host (emulated)", "NVIDIA H100 80GB HBM3"
+  std::uint64_t device_memory_bytes = 0;    // what allocate() can hand out in all (arena or budget)
+  std::uint64_t allocation_alignment_bytes = 256;  // every DeviceBuffer starts on this
+  bool page_locked_host_memory = false;     // pinned memory is really page-locked (DMA-able)
+  bool native_streams = false;              // wrap_native_stream() and Stream::native_handle() work
+  bool declared_compute = false;            // declare_compute() takes its modeled time
+  bool timing_model = false;                // copies and kernels take modeled time
+  bool strict = false;                      // run-time checks: unrecorded events, freed buffers
+  int compute_capability = 0;               // 90 for sm_90; 0 on the host device
+};
+
+class Device;
+
+// Backend state of a stream or an event (each backend derives its own).
+class StreamImpl {
+ public:
+  virtual ~StreamImpl() = default;
+};
+class EventImpl {
+ public:
+  virtual ~EventImpl() = default;
+};
+
+// One device allocation, charged to the device budget. Move-only; frees its
+// memory and returns its charge when destroyed or reset. Work still queued
+// that uses the buffer must finish first (the host device reports a buffer
+// freed under queued work as an error of that work's stream).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+
+  DeviceSpan span() const { return span_; }
+  DeviceSpan subspan(std::uint64_t offset_bytes, std::uint64_t size_bytes) const {
+    return span_.subspan(offset_bytes, size_bytes);
+  }
+  void* data() const { return span_.data(); }
+  std::uint64_t size_bytes() const { return span_.size_bytes(); }
+  std::uint64_t id() const { return span_.buffer_id(); }
+  bool empty() const { return device_ == nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class Device;
+  Device* device_ = nullptr;
+  DeviceSpan span_;
+  core::BudgetCharge charge_;
+};
+
+// Pinned (page-locked) host memory: allocated by the device, or existing host
+// memory registered with it. Charged to the pinned budget. Move-only; frees or
+// unregisters when destroyed.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(PinnedBuffer&& other) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& other) noexcept;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { reset(); }
+
+  std::byte* data() const { return data_; }
+  std::size_t size_bytes() const { return size_bytes_; }
+  std::span<std::byte> bytes() const { return {data_, size_bytes_}; }
+  // True for memory registered with register_host() (the caller owns it).
+  bool registered() const { return registered_; }
+  bool empty() const { return device_ == nullptr; }
+  void reset() noexcept;
+
+ private:
+  friend class Device;
+  Device* device_ = nullptr;
+  std::byte* data_ = nullptr;
+  std::size_t size_bytes_ = 0;
+  bool registered_ = false;
+  core::BudgetCharge charge_;
+};
+
+// A FIFO queue of device work. Move-only; destroying it waits for its work.
+class Stream {
+ public:
+  Stream() = default;
+  Stream(Stream&& other) noexcept;
+  Stream& operator=(Stream&& other) noexcept;
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { reset(); }
+
+  const std::string& name() const { return name_; }
+  bool empty() const { return device_ == nullptr; }
+  // The backend's handle (a cudaStream_t on CUDA); nullptr on the host device.
+  void* native_handle() const;
+  StreamImpl* impl() const { return impl_.get(); }
+  void reset() noexcept;
+
+ private:
+  friend class Device;
+  Device* device_ = nullptr;
+  std::string name_;
+  std::unique_ptr<StreamImpl> impl_;
+};
+
+// A point in a stream: record() captures the work enqueued so far on a
+// stream; wait() makes later work on another stream wait for it. Recording
+// again moves the point (waits already enqueued keep the old one).
+class Event {
+ public:
+  Event() = default;
+  Event(Event&& other) noexcept;
+  Event& operator=(Event&& other) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event() { reset(); }
+
+  bool empty() const { return device_ == nullptr; }
+  EventImpl* impl() const { return impl_.get(); }
+  void reset() noexcept;
+
+ private:
+  friend class Device;
+  Device* device_ = nullptr;
+  std::unique_ptr<EventImpl> impl_;
+};
+
+// Budgets a device charges. Borrowed: both must outlive the device.
+struct DeviceBudgets {
+  core::MemoryBudget* device = nullptr;  // every DeviceBuffer (required)
+  core::MemoryBudget* pinned = nullptr;  // every PinnedBuffer (required)
+};
+
+class Device {
+ public:
+  virtual ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  const DeviceCaps& caps() const { return caps_; }
+  DeviceKind kind() const { return caps_.kind; }
+  core::MemoryBudget& device_budget() const { return *budgets_.device; }
+  core::MemoryBudget& pinned_budget() const { return *budgets_.pinned; }
+
+  // --- memory -----------------------------------------------------------------
+  // Allocates `size_bytes` (> 0) of device memory for `what` ("layer 3 params"),
+  // aligned to caps().allocation_alignment_bytes; contents undefined.
+  // Errors: kInvalidArgument for 0 bytes; kResourceExhausted naming the device
+  // budget when it would go over; kOutOfMemory when the backend has no room
+  // (the CUDA arena is fragmented or full).
+  core::Result<DeviceBuffer> allocate(std::uint64_t size_bytes, std::string_view what);
+
+  // Allocates pinned host memory (page-aligned), charged to the pinned budget.
+  // Errors as allocate() (kResourceExhausted names the pinned budget).
+  core::Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what);
+
+  // Pins existing host memory (the caller keeps owning it and must keep it
+  // alive until the returned buffer is destroyed). Charged to the pinned budget.
+  // Errors: kInvalidArgument for an empty range; kAlreadyExists when part of it
+  // is registered already; kResourceExhausted over budget.
+  core::Result<PinnedBuffer> register_host(std::span<std::byte> memory, std::string_view what);
+
+  // This device's pinned memory as a core::HostAllocator, to hand to modules
+  // that must not see the GPU (nvme/'s buffer pool). Allocations through it
+  // are not charged to a budget (the caller that owns the buffer charges).
+  // Lives as long as the device.
+  core::HostAllocator& pinned_allocator();
+
+  // --- streams and events ----------------------------------------------------
+  // Errors: the backend's (a CUDA call that failed).
+  core::Result<Stream> create_stream(std::string_view name);
+  // Wraps a stream the embedding framework owns (a cudaStream_t passed as void*);
+  // the Stream does not destroy it. (optional) default: kUnimplemented.
+  core::Result<Stream> wrap_native_stream(void* native_stream, std::string_view name);
+  core::Result<Event> create_event();
+
+  // Captures the work enqueued on `stream` so far into `event`.
+  core::Status record(Event& event, Stream& stream);
+  // Later work on `stream` waits until `event`'s captured work is done; the
+  // host does not block. Errors: kFailedPrecondition on a strict device when
+  // the event was never recorded (CUDA treats that wait as a no-op).
+  core::Status wait(Stream& stream, const Event& event);
+  // Blocks until the captured work is done; returns its stream's sticky error.
+  // An event never recorded is complete.
+  core::Status synchronize(Event& event);
+  // True when the captured work is done (or the event was never recorded);
+  // the sticky error of its stream otherwise.
+  core::Result<bool> query(Event& event);
+  // Blocks until all work enqueued on `stream` is done; its sticky error.
+  core::Status synchronize(Stream& stream);
+
+  // Runs fn on a runtime thread after the work enqueued before it (stream
+  // order), and before the work enqueued after it. fn must not call into this
+  // Device (CUDA forbids runtime calls in host functions) and must not throw.
+  // It is not called if the stream has failed.
+  core::Status host_callback(Stream& stream, std::function<void()> fn);
+
+  // --- copies (async; sizes must be equal, views in bounds) --------------------
+  // Errors: kInvalidArgument (sizes differ, a view of another device, dst and
+  // src overlap for d2d), kOutOfRange (a view past its buffer's end),
+  // kFailedPrecondition (a view of a freed buffer).
+  core::Status copy_h2d(Stream& stream, DeviceSpan dst, std::span<const std::byte> src);
+  core::Status copy_d2h(Stream& stream, std::span<std::byte> dst, DeviceSpan src);
+  core::Status copy_d2d(Stream& stream, DeviceSpan dst, DeviceSpan src);
+
+  // --- kernels (async; formulas in engine/core/numerics.h, bit-identical to
+  // it on every backend for finite values; NaN in gives NaN out) ----------------
+  // Besides the copy errors: kInvalidArgument for sizes that differ, a byte size
+  // that is not a whole number of elements, a misaligned view, or wrong types.
+
+  // dst = src converted element-wise (fp32 -> bf16/fp16 rounds to nearest
+  // even; bf16/fp16 -> fp32 is exact; between 16-bit types through fp32; the
+  // same type copies bit patterns). Same element count; no overlap.
+  core::Status convert(Stream& stream, DeviceTypedSpan dst, DeviceTypedSpan src);
+  // dst (fp32) = dst + fp32(src), element-wise. Same element count; no overlap.
+  core::Status accumulate(Stream& stream, DeviceSpan dst_f32, DeviceTypedSpan src);
+  // Norm partials and the inf/nan flag (see NormPartialsArgs).
+  core::Status norm_partials(Stream& stream, const NormPartialsArgs& args);
+  // x = x * factor (in fp32, rounded back to x's type).
+  core::Status scale(Stream& stream, DeviceTypedSpan x, float factor);
+  // x = value (rounded to x's type).
+  core::Status fill(Stream& stream, DeviceTypedSpan x, float value);
+  // One AdamW/Adam step (see AdamStepArgs). Also kInvalidArgument for
+  // constants that are not finite.
+  core::Status adam_step(Stream& stream, const AdamStepArgs& args);
+
+  // A compute operation of `flops` floating-point operations that does
+  // nothing but take the time the timing model gives it, so a pipeline can be
+  // measured without a GPU. (optional) default: kUnimplemented (see
+  // caps().declared_compute).
+  core::Status declare_compute(Stream& stream, double flops, std::string_view what);
+
+  // Blocks until all work on every stream of this device is done.
+  core::Status synchronize();
+
+ protected:
+  Device(DeviceCaps caps, DeviceBudgets budgets);
+  // Backends set this once their caps are known (before any other call).
+  DeviceCaps& mutable_caps() { return caps_; }
+
+  // --- backend hooks. Arguments are validated; views are in bounds, of this
+  // device, of live buffers, aligned for their element type. -----------------
+  virtual core::Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes) = 0;
+  virtual void do_free(std::uint64_t buffer_id, void* p, std::uint64_t size_bytes) noexcept = 0;
+  virtual core::Result<void*> do_allocate_pinned(std::size_t size_bytes) = 0;
+  virtual void do_free_pinned(void* p, std::size_t size_bytes) noexcept = 0;
+  virtual core::Status do_register_host(void* p, std::size_t size_bytes) = 0;
+  virtual void do_unregister_host(void* p, std::size_t size_bytes) noexcept = 0;
+
+  virtual core::Result<std::unique_ptr<StreamImpl>> do_create_stream(std::string_view name) = 0;
+  virtual core::Result<std::unique_ptr<StreamImpl>> do_wrap_native_stream(void* native_stream,
+                                                                           std::string_view name);
+  virtual void* do_native_handle(StreamImpl& stream) const;
+  virtual core::Result<std::unique_ptr<EventImpl>> do_create_event() = 0;
+  virtual core::Status do_record(EventImpl& event, StreamImpl& stream) = 0;
+  virtual core::Status do_wait(StreamImpl& stream, const EventImpl& event) = 0;
+  virtual core::Status do_synchronize_event(EventImpl& event) = 0;
+  virtual core::Result<bool> do_query_event(EventImpl& event) = 0;
+  virtual core::Status do_synchronize_stream(StreamImpl& stream) = 0;
+  virtual core::Status do_host_callback(StreamImpl& stream, std::function<void()> fn) = 0;
+  virtual core::Status do_synchronize_device() = 0;
+
+  virtual core::Status do_copy_h2d(StreamImpl& stream, const DeviceSpan& dst, const void* src) = 0;
+  virtual core::Status do_copy_d2h(StreamImpl& stream, void* dst, const DeviceSpan& src) = 0;
+  virtual core::Status do_copy_d2d(StreamImpl& stream, const DeviceSpan& dst, const DeviceSpan& src) = 0;
+
+  virtual core::Status do_convert(StreamImpl& stream, const DeviceTypedSpan& dst, const DeviceTypedSpan& src) = 0;
+  virtual core::Status do_accumulate(StreamImpl& stream, const DeviceSpan& dst_f32, const DeviceTypedSpan& src) = 0;
+  virtual core::Status do_norm_partials(StreamImpl& stream, const NormPartialsArgs& args) = 0;
+  virtual core::Status do_scale(StreamImpl& stream, const DeviceTypedSpan& x, float factor) = 0;
+  virtual core::Status do_fill(StreamImpl& stream, const DeviceTypedSpan& x, float value) = 0;
+  virtual core::Status do_adam_step(StreamImpl& stream, const AdamStepArgs& args) = 0;
+  virtual core::Status do_declare_compute(StreamImpl& stream, double flops);
+
+ private:
+  friend class DeviceBuffer;
+  friend class PinnedBuffer;
+  friend class Stream;
+  friend class Event;
+  class PinnedHostAllocator;
+
+  void release_buffer(DeviceBuffer& buffer) noexcept;
+  void release_pinned(PinnedBuffer& buffer) noexcept;
+  void release_stream(Stream& stream) noexcept;
+  void release_event(Event& event) noexcept;
+
+  // Checks a view against this device's live buffers; `role` names it in errors.
+  core::Status check_span(const DeviceSpan& span, std::string_view role) const;
+  core::Status check_typed(const DeviceTypedSpan& span, std::string_view role) const;
+  core::Status check_stream(const Stream& stream) const;
+  core::Status check_event(const Event& event) const;
+
+  DeviceCaps caps_;
+  const DeviceBudgets budgets_;
+  std::unique_ptr<PinnedHostAllocator> pinned_allocator_;
+
+  mutable core::Mutex mu_;
+  // Live DeviceBuffers: id -> size. Ids are unique per process, never reused.
+  struct LiveBuffer {
+    std::uint64_t size_bytes;
+    void* base;
+  };
+  std::unordered_map<std::uint64_t, LiveBuffer> live_buffers_ STRATA_GUARDED_BY(mu_);
+  std::int64_t live_pinned_ STRATA_GUARDED_BY(mu_) = 0;
+  std::int64_t live_streams_ STRATA_GUARDED_BY(mu_) = 0;
+  std::int64_t live_events_ STRATA_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace strata::gpu

@@ -1,0 +1,113 @@
+// Views of device memory and the argument structs of the device kernels.
+// DeviceSpan is to device memory what std::span<std::byte> is to host memory:
+// a non-owning byte range of one DeviceBuffer. Value types, thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "engine/core/numerics.h"
+
+namespace strata::gpu {
+
+class Device;
+
+// Element types the kernels read and write.
+enum class ElemType { kF32, kBf16, kF16 };
+
+std::string_view elem_type_name(ElemType type);  // "fp32", "bf16", "fp16"
+inline constexpr std::uint64_t elem_size_bytes(ElemType type) { return type == ElemType::kF32 ? 4 : 2; }
+
+// A byte range [offset, offset + size) of one device buffer. It remembers the
+// buffer (its id and size) so the device can reject a range past the buffer's
+// end or a buffer that was freed; building an out-of-range view is allowed,
+// using it is an error. Does not own: the DeviceBuffer must outlive the work
+// that uses the view.
+class DeviceSpan {
+ public:
+  DeviceSpan() = default;
+
+  // The device address of the first byte (a CUDA pointer on the CUDA device, a
+  // host address on the host device). Only the device's own operations, or a
+  // framework's kernels on the same device, may dereference it.
+  void* data() const {
+    return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(base_) + offset_bytes_);
+  }
+  std::uint64_t size_bytes() const { return size_bytes_; }
+  bool empty() const { return size_bytes_ == 0; }
+  // Where the view starts inside its buffer, and the buffer's size.
+  std::uint64_t offset_bytes() const { return offset_bytes_; }
+  std::uint64_t buffer_size_bytes() const { return buffer_size_bytes_; }
+  // Unique per allocation within a process (0: no buffer).
+  std::uint64_t buffer_id() const { return buffer_id_; }
+  const Device* device() const { return device_; }
+  // True when the view lies inside its buffer.
+  bool in_bounds() const {
+    return offset_bytes_ <= buffer_size_bytes_ && size_bytes_ <= buffer_size_bytes_ - offset_bytes_;
+  }
+
+  // [offset, offset + size) relative to this view. Not checked here: the
+  // device checks the range when the view is used.
+  DeviceSpan subspan(std::uint64_t offset_bytes, std::uint64_t size_bytes) const {
+    DeviceSpan s = *this;
+    s.offset_bytes_ = offset_bytes_ + offset_bytes;
+    s.size_bytes_ = size_bytes;
+    return s;
+  }
+  // From `offset` to the end of this view (empty when offset is past it).
+  DeviceSpan subspan(std::uint64_t offset_bytes) const {
+    return subspan(offset_bytes, offset_bytes <= size_bytes_ ? size_bytes_ - offset_bytes : 0);
+  }
+
+ private:
+  friend class Device;
+  DeviceSpan(const Device* device, std::uint64_t buffer_id, void* base, std::uint64_t buffer_size_bytes)
+      : device_(device), buffer_id_(buffer_id), base_(base), buffer_size_bytes_(buffer_size_bytes),
+        size_bytes_(buffer_size_bytes) {}
+
+  const Device* device_ = nullptr;
+  std::uint64_t buffer_id_ = 0;
+  void* base_ = nullptr;  // the buffer's first byte
+  std::uint64_t buffer_size_bytes_ = 0;
+  std::uint64_t offset_bytes_ = 0;
+  std::uint64_t size_bytes_ = 0;
+};
+
+// A device view read as elements of one type. The byte size must be a
+// multiple of the element size and the address aligned to it.
+struct DeviceTypedSpan {
+  DeviceSpan bytes;
+  ElemType type = ElemType::kF32;
+  std::int64_t size() const { return static_cast<std::int64_t>(bytes.size_bytes() / elem_size_bytes(type)); }
+};
+
+inline DeviceTypedSpan typed(DeviceSpan bytes, ElemType type) { return {bytes, type}; }
+
+// --- kernel arguments (formulas in engine/core/numerics.h) -------------------
+
+// One fused AdamW/Adam step on the device, element by element with
+// numerics::adam_step: master, exp_avg and exp_avg_sq (fp32, n elements each)
+// are updated in place from the gradient (fp32, bf16 or fp16, n elements);
+// when copy_out has a buffer, the updated master is also written to it as
+// bf16 or fp16 (numerics.h rounding). No two views may overlap.
+struct AdamStepArgs {
+  core::numerics::AdamStepConstants constants;  // from numerics::make_adam_constants
+  DeviceSpan master;                            // fp32
+  DeviceSpan exp_avg;                           // fp32
+  DeviceSpan exp_avg_sq;                        // fp32
+  DeviceTypedSpan grad;                         // fp32, bf16 or fp16
+  DeviceTypedSpan copy_out;                     // optional (empty bytes: none); bf16 or fp16
+};
+
+// Norm partials of n values in the contract's order (numerics.h): the first
+// element starts norm block 0; partials receives numerics::norm_block_count(n)
+// doubles, block b's partial at index b. When nonfinite_flag has a buffer (4
+// bytes, a uint32), 1 is stored there if any value is inf or NaN; otherwise it
+// is left as it was (fill it with 0 first: the flag is sticky across calls).
+struct NormPartialsArgs {
+  DeviceTypedSpan src;         // fp32, bf16 or fp16
+  DeviceSpan partials;         // at least norm_block_count(n) * 8 bytes, 8-byte aligned
+  DeviceSpan nonfinite_flag;   // optional: exactly 4 bytes, 4-byte aligned
+};
+
+}  // namespace strata::gpu
