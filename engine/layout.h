@@ -1,0 +1,113 @@
+// Layout: where every element of every parameter's state lives. Built once at
+// finalize from the registered parameters and the config, then read by the
+// step machinery. Pure arithmetic: no memory is touched here.
+//
+// - Each fetch group (usually a layer) packs its parameters' compute copies
+//   into one flat buffer, each parameter starting on a kParamAlignElems
+//   boundary, in registration order.
+// - Trainable parameters also get a place in the trainable space, which holds
+//   gradients, fp32 master weights and both moments: group after group, each
+//   group's part starting on a norm-block boundary (numerics.h, 65536
+//   elements), so the gradient norm's block order is fixed by the layout and
+//   never by placement, chunking or timing (DESIGN.md section 6).
+// - The trainable space is cut into chunks of strata.chunk_bytes (fp32 master
+//   bytes, rounded down to whole norm blocks; at least one block) that never
+//   cross a group. Each chunk's optimizer state has one home tier.
+// - Padding elements (alignment gaps) are zero everywhere and stay zero.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/core/result.h"
+
+namespace strata::engine {
+
+enum class Tier { kDevice, kPinned, kNvme };
+std::string_view to_string(Tier t);  // "device", "pinned", "nvme"
+
+inline constexpr std::int64_t kParamAlignElems = 64;
+
+// One registered parameter.
+struct ParamDesc {
+  std::string name;
+  std::vector<std::int64_t> shape;  // every dimension > 0; [] is a scalar
+  std::string group;                // fetch group
+  bool trainable = true;            // frozen: a compute copy only
+  int optimizer_group = 0;          // index into the optimizer groups
+  std::int64_t numel() const;
+};
+
+// Per-group optimizer settings (e.g. no weight decay on norms and biases).
+struct OptimizerGroupDesc {
+  std::string name;
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;  // the group's lr is the schedule's lr times this
+};
+
+struct ParamPlace {
+  std::size_t group = 0;             // index into Layout::groups
+  std::int64_t compute_offset = 0;   // in the group's compute buffer (elements)
+  std::int64_t trainable_offset = -1;  // in the trainable space; -1 when frozen
+};
+
+struct GroupPlace {
+  std::string name;
+  std::vector<std::size_t> params;   // in registration order
+  std::int64_t compute_elems = 0;    // size of the compute buffer, padding included
+  std::int64_t trainable_begin = 0;  // norm-block aligned
+  std::int64_t trainable_elems = 0;  // padded to whole norm blocks; 0 when all frozen
+  Tier compute_tier = Tier::kDevice;
+  std::size_t first_chunk = 0, chunk_count = 0;
+};
+
+struct ChunkPlace {
+  std::size_t group = 0;
+  std::int64_t begin = 0;  // in the trainable space, norm-block aligned
+  std::int64_t elems = 0;
+  Tier state_tier = Tier::kDevice;  // master and both moments
+};
+
+// A run of a chunk whose elements share an optimizer group.
+struct Segment {
+  std::int64_t begin = 0;  // in the trainable space
+  std::int64_t elems = 0;
+  int optimizer_group = 0;
+};
+
+// Bytes the layout puts in each tier (state only: the pipelines' working
+// buffers are budgeted by the engine on top).
+struct TierBytes {
+  std::uint64_t device = 0, pinned = 0, nvme = 0;
+};
+
+struct Layout {
+  std::vector<ParamDesc> params;
+  std::vector<OptimizerGroupDesc> optimizer_groups;
+  std::vector<ParamPlace> places;  // one per param
+  std::vector<GroupPlace> groups;  // in first-registration order
+  std::vector<ChunkPlace> chunks;  // in trainable-space order
+  std::int64_t chunk_elems = 0;
+  std::int64_t trainable_elems = 0;  // the whole trainable space, padding included
+  int compute_bytes = 2;             // per compute-copy element (config precision)
+  int grad_bytes = 2;                // per host gradient element (DESIGN.md section 1)
+
+  // The chunk's runs by optimizer group, in order; padding after a parameter
+  // belongs to that parameter's run.
+  std::vector<Segment> segments(const ChunkPlace& chunk) const;
+  TierBytes bytes() const;
+  const GroupPlace* find_group(std::string_view name) const;
+};
+
+// Errors (kInvalidArgument, naming the parameter): an empty or duplicate
+// name, an empty group name, a dimension <= 0, an optimizer group out of
+// range, no parameters at all; an invalid config combination the parser
+// cannot see (strata.chunk_bytes below one fp32 norm block is rounded up,
+// not an error).
+core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<OptimizerGroupDesc> optimizer_groups,
+                                 const Config& config);
+
+}  // namespace strata::engine

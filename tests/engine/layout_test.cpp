@@ -1,0 +1,173 @@
+// The layout: offsets, norm-block alignment, chunks, tier homes and the bytes
+// per tier, against values worked out by hand.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "engine/layout.h"
+
+namespace strata::engine {
+namespace {
+
+constexpr std::int64_t kB = 65536;  // norm block
+
+Config config_with(OffloadDevice optimizer, OffloadDevice param, std::uint64_t chunk_bytes) {
+  Config c;
+  c.precision = Precision::kBf16;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer.device = optimizer;
+  c.zero.offload_param.device = param;
+  c.strata.chunk_bytes = chunk_bytes;
+  return c;
+}
+
+// Two layers of [w (1000x300), b (300)], plus a frozen embedding in its own group.
+std::vector<ParamDesc> small_model() {
+  return {
+      {"embed", {500, 64}, "embed", /*trainable=*/false, 0},
+      {"l0.w", {1000, 300}, "l0", true, 0},
+      {"l0.b", {300}, "l0", true, 1},
+      {"l1.w", {1000, 300}, "l1", true, 0},
+      {"l1.b", {300}, "l1", true, 1},
+  };
+}
+
+TEST(Layout, OffsetsAlignAndTheTrainableSpaceStartsGroupsOnNormBlocks) {
+  auto l = plan_layout(small_model(), {{"decay", 0.1}, {"no_decay", 0.0}},
+                       config_with(OffloadDevice::kCpu, OffloadDevice::kNone, 8 * kB));
+  ASSERT_TRUE(l.ok()) << l.status();
+  ASSERT_EQ(l->groups.size(), 3u);
+  EXPECT_EQ(l->groups[0].name, "embed");
+  EXPECT_EQ(l->groups[0].compute_elems, 32000);
+  EXPECT_EQ(l->groups[0].trainable_elems, 0);  // frozen: no gradient, master or moments
+  EXPECT_EQ(l->places[0].trainable_offset, -1);
+  // l0: w = 300000 elements, b starts at the next multiple of 64: 300032.
+  EXPECT_EQ(l->places[1].compute_offset, 0);
+  EXPECT_EQ(l->places[2].compute_offset, 300032);
+  EXPECT_EQ(l->groups[1].compute_elems, 300032 + 320);
+  EXPECT_EQ(l->places[1].trainable_offset, 0);
+  EXPECT_EQ(l->places[2].trainable_offset, 300032);
+  // 300352 trainable elements round up to 5 norm blocks; l1 starts right after.
+  EXPECT_EQ(l->groups[1].trainable_elems, 5 * kB);
+  EXPECT_EQ(l->groups[2].trainable_begin, 5 * kB);
+  EXPECT_EQ(l->places[3].trainable_offset, 5 * kB);
+  EXPECT_EQ(l->trainable_elems, 10 * kB);
+  EXPECT_EQ(l->grad_bytes, 2);  // bf16, no accumulation
+}
+
+TEST(Layout, ChunksAreWholeBlocksAndNeverCrossAGroup) {
+  // chunk_bytes of 2 blocks of fp32 master: each 5-block group cuts 2, 2, 1.
+  auto l = plan_layout(small_model(), {{"decay", 0.1}, {"no_decay", 0.0}},
+                       config_with(OffloadDevice::kCpu, OffloadDevice::kNone, 2 * kB * 4));
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->chunk_elems, 2 * kB);
+  ASSERT_EQ(l->chunks.size(), 6u);
+  const std::int64_t want[6][2] = {{0, 2 * kB}, {2 * kB, 2 * kB}, {4 * kB, kB},
+                                   {5 * kB, 2 * kB}, {7 * kB, 2 * kB}, {9 * kB, kB}};
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(l->chunks[i].begin, want[i][0]) << i;
+    EXPECT_EQ(l->chunks[i].elems, want[i][1]) << i;
+    EXPECT_EQ(l->chunks[i].group, i < 3 ? 1u : 2u) << i;
+  }
+  EXPECT_EQ(l->groups[2].first_chunk, 3u);
+  EXPECT_EQ(l->groups[2].chunk_count, 3u);
+  // A chunk size below one block is rounded up to one block.
+  auto tiny = plan_layout(small_model(), {{"d", 0.1}, {"n", 0.0}},
+                          config_with(OffloadDevice::kCpu, OffloadDevice::kNone, 1000));
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->chunk_elems, kB);
+  EXPECT_EQ(tiny->chunks.size(), 10u);
+}
+
+TEST(Layout, SegmentsFollowOptimizerGroupsWithPaddingOnThePreviousParam) {
+  auto l = plan_layout(small_model(), {{"decay", 0.1}, {"no_decay", 0.0}},
+                       config_with(OffloadDevice::kCpu, OffloadDevice::kNone, 2 * kB * 4));
+  ASSERT_TRUE(l.ok());
+  // Chunk 0 = [0, 2B): all of l0.w.
+  auto s0 = l->segments(l->chunks[0]);
+  ASSERT_EQ(s0.size(), 1u);
+  EXPECT_EQ(s0[0].optimizer_group, 0);
+  EXPECT_EQ(s0[0].elems, 2 * kB);
+  // Chunk 2 = [4B, 5B): the rest of l0.w (to 300032), then l0.b with the group's padding.
+  auto s2 = l->segments(l->chunks[2]);
+  ASSERT_EQ(s2.size(), 2u);
+  EXPECT_EQ(s2[0].begin, 4 * kB);
+  EXPECT_EQ(s2[0].elems, 300032 - 4 * kB);
+  EXPECT_EQ(s2[0].optimizer_group, 0);
+  EXPECT_EQ(s2[1].begin, 300032);
+  EXPECT_EQ(s2[1].elems, 5 * kB - 300032);
+  EXPECT_EQ(s2[1].optimizer_group, 1);
+}
+
+TEST(Layout, TierHomesFollowTheConfig) {
+  const auto count = [](const Layout& l, Tier t) {
+    int n = 0;
+    for (const ChunkPlace& c : l.chunks) n += c.state_tier == t;
+    return n;
+  };
+  const std::vector<OptimizerGroupDesc> og = {{"d", 0.1}, {"n", 0.0}};
+  auto dev = plan_layout(small_model(), og, config_with(OffloadDevice::kNone, OffloadDevice::kNone, 4 * kB));
+  ASSERT_TRUE(dev.ok());
+  EXPECT_EQ(count(*dev, Tier::kDevice), 10);
+  EXPECT_EQ(dev->groups[1].compute_tier, Tier::kDevice);
+
+  Config nvme = config_with(OffloadDevice::kNvme, OffloadDevice::kNvme, 4 * kB);
+  nvme.strata.optimizer_cpu_fraction = 0.3;
+  auto split = plan_layout(small_model(), og, nvme);
+  ASSERT_TRUE(split.ok());
+  // Chunk starts 0..9 blocks of 10: those starting below 3 blocks are pinned.
+  EXPECT_EQ(count(*split, Tier::kPinned), 3);
+  EXPECT_EQ(count(*split, Tier::kNvme), 7);
+  EXPECT_EQ(split->chunks.front().state_tier, Tier::kPinned);
+  EXPECT_EQ(split->chunks.back().state_tier, Tier::kNvme);
+  EXPECT_EQ(split->groups[0].compute_tier, Tier::kNvme);
+
+  Config ratio = config_with(OffloadDevice::kCpu, OffloadDevice::kCpu, 4 * kB);
+  ratio.zero.offload_optimizer.ratio = 0.5;  // DeepSpeed: half updated on the CPU, the rest on the GPU
+  auto half = plan_layout(small_model(), og, ratio);
+  ASSERT_TRUE(half.ok());
+  EXPECT_EQ(count(*half, Tier::kPinned), 5);
+  EXPECT_EQ(count(*half, Tier::kDevice), 5);
+  EXPECT_EQ(half->chunks.back().state_tier, Tier::kDevice);
+}
+
+TEST(Layout, BytesPerTier) {
+  Config c = config_with(OffloadDevice::kNvme, OffloadDevice::kCpu, 4 * kB);
+  c.gradient_accumulation_steps = 4;  // fp32 gradient accumulators: 4 B
+  auto l = plan_layout(small_model(), {{"d", 0.1}, {"n", 0.0}}, c);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->grad_bytes, 4);
+  const TierBytes b = l->bytes();
+  const std::uint64_t compute = (32000 + 2 * (300032 + 320)) * 2;
+  EXPECT_EQ(b.device, 0u);
+  EXPECT_EQ(b.pinned, compute + 10 * kB * 4);
+  EXPECT_EQ(b.nvme, 10u * kB * 12);
+}
+
+TEST(Layout, BadRegistrationsNameTheParameter) {
+  const Config c = config_with(OffloadDevice::kCpu, OffloadDevice::kNone, 4 * kB);
+  struct Case {
+    std::vector<ParamDesc> params;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {{}, "no parameters"},
+      {{{"a", {4}, "g"}, {"a", {4}, "g"}}, "'a' is registered twice"},
+      {{{"a", {4, 0}, "g"}}, "'a' has a dimension of 0"},
+      {{{"a", {4}, ""}}, "'a' has no fetch group"},
+      {{{"", {4}, "g"}}, "#0 has an empty name"},
+      {{{"a", {4}, "g", true, 5}}, "'a' names optimizer group 5"},
+  };
+  for (const Case& k : cases) {
+    auto l = plan_layout(k.params, {{"d", 0.0}}, c);
+    ASSERT_FALSE(l.ok()) << k.expect;
+    EXPECT_EQ(l.status().code(), core::StatusCode::kInvalidArgument);
+    EXPECT_NE(l.status().message().find(k.expect), std::string::npos) << l.status();
+  }
+  // A frozen parameter's optimizer group is not looked at.
+  EXPECT_TRUE(plan_layout({{"a", {4}, "g", false, 9}}, {}, c).ok());
+}
+
+}  // namespace
+}  // namespace strata::engine
