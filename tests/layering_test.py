@@ -30,7 +30,8 @@ MODULES = {
     "tests/gpu/": ["engine/core/", "gpu/"],
     "tests/nvme/": ["engine/core/", "nvme/"],
     "tests/cpu_adam/": ["engine/core/", "cpu_adam/"],
-    "tests/engine/": ["engine/", "strata/"],
+    # Engine tests build the pieces the engine composes (a host device, a swap store).
+    "tests/engine/": ["engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
     "tests/e2e/": ["strata/", "engine/core/"],
     "benchmarks/": ["engine/core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
                     "benchmarks/"],
