@@ -137,27 +137,55 @@ double run_fio(const Options& opt, const std::string& file, const char* rw, std:
 // a negative value after printing the error.
 double strata_pass(nvme::SwapStore& store, nvme::IoOp op, const std::vector<std::string>& ids,
                    std::vector<nvme::PoolBuffer>& buffers, unsigned qd, std::uint64_t bs) {
-  std::deque<nvme::SwapIo> window;
+  // Up to qd blocks in flight, each in its own buffer slot. A slot is refilled
+  // as soon as its block is done, whether or not older blocks are, so a slow
+  // request does not idle the others (the drive may complete out of order).
+  struct Slot {
+    nvme::SwapIo io;
+    bool busy = false;
+  };
+  std::vector<Slot> slots(qd);
+  std::deque<unsigned> order;  // busy slots, oldest first
+  std::size_t next = 0;
+  auto fail = [](const Status& s) {
+    std::fprintf(stderr, "nvme_bench: %s\n", s.to_string().c_str());
+    return -1.0;
+  };
+  auto start = [&](unsigned slot) -> Status {
+    auto& buf = buffers[slot];
+    auto io = op == nvme::IoOp::kWrite ? store.start_write(ids[next], std::span<const std::byte>(buf.data(), bs))
+                                       : store.start_read(ids[next], std::span<std::byte>(buf.data(), bs));
+    if (!io.ok()) return io.status();
+    ++next;
+    slots[slot].io = std::move(io).value();
+    slots[slot].busy = true;
+    order.push_back(slot);
+    return Status();
+  };
   strata::core::Stopwatch clock;
-  for (std::size_t i = 0; i < ids.size() + qd; ++i) {
-    if (i >= qd) {
-      Status s = window.front().wait();
-      window.pop_front();
-      if (!s.ok()) {
-        std::fprintf(stderr, "nvme_bench: %s\n", s.to_string().c_str());
-        return -1;
-      }
+  for (unsigned s = 0; s < qd && next < ids.size(); ++s) {
+    if (Status st = start(s); !st.ok()) return fail(st);
+  }
+  while (!order.empty()) {
+    // Finish the oldest (blocking), then every other one already done.
+    const unsigned oldest = order.front();
+    order.pop_front();
+    if (Status st = slots[oldest].io.wait(); !st.ok()) return fail(st);
+    slots[oldest].busy = false;
+    if (next < ids.size()) {
+      if (Status st = start(oldest); !st.ok()) return fail(st);
     }
-    if (i < ids.size()) {
-      auto& buf = buffers[i % qd];
-      auto io = op == nvme::IoOp::kWrite
-                    ? store.start_write(ids[i], std::span<const std::byte>(buf.data(), bs))
-                    : store.start_read(ids[i], std::span<std::byte>(buf.data(), bs));
-      if (!io.ok()) {
-        std::fprintf(stderr, "nvme_bench: %s\n", io.status().to_string().c_str());
-        return -1;
+    for (std::size_t k = 0; k < order.size();) {
+      const unsigned s = order[k];
+      if (!slots[s].io.ready()) {
+        ++k;
+        continue;
       }
-      window.push_back(std::move(io).value());
+      order.erase(order.begin() + static_cast<std::ptrdiff_t>(k));
+      if (Status st = slots[s].io.wait(); !st.ok()) return fail(st);
+      if (next < ids.size()) {
+        if (Status st = start(s); !st.ok()) return fail(st);
+      }
     }
   }
   const double secs = clock.elapsed_s();
@@ -231,8 +259,7 @@ int run(const Options& opt) {
       const std::uint64_t bytes = ids.size() * bs;
       if (strata_pass(*store, nvme::IoOp::kWrite, ids, buffers, max_qd, bs) < 0) return 1;
       for (unsigned qd : opt.queue_depths) {
-        // Reads first (fio reads leave the data alone), then writes with
-        // strata last, so the next queue depth reads valid, CRC-matching data.
+        // Reads first (fio reads leave the data alone), then writes.
         for (const char* opname : {"read", "write"}) {
           const bool is_read = std::string(opname) == "read";
           Row row;
@@ -240,14 +267,22 @@ int run(const Options& opt) {
           row.op = opname;
           row.block_size = bs;
           row.queue_depth = qd;
+          // ABBA order (strata first on even repetitions for reads, fio first
+          // for writes), so neither side always runs right after the other.
+          bool last_was_fio = false;
           for (int r = 0; r < opt.reps; ++r) {
-            if (!is_read && !opt.fio.empty()) row.all_fio_gbps.push_back(run_fio(opt, file, opname, bs, qd, bytes));
+            const bool fio_first = !opt.fio.empty() && ((r % 2 == 0) != is_read);
+            if (fio_first) row.all_fio_gbps.push_back(run_fio(opt, file, opname, bs, qd, bytes));
             const double g = strata_pass(*store, is_read ? nvme::IoOp::kRead : nvme::IoOp::kWrite, ids, buffers,
                                          qd, bs);
             if (g < 0) return 1;
             row.all_gbps.push_back(g);
-            if (is_read && !opt.fio.empty()) row.all_fio_gbps.push_back(run_fio(opt, file, opname, bs, qd, bytes));
+            if (!fio_first && !opt.fio.empty()) row.all_fio_gbps.push_back(run_fio(opt, file, opname, bs, qd, bytes));
+            last_was_fio = !fio_first && !opt.fio.empty();
           }
+          // fio's writes leave data whose CRCs the store does not know: rewrite
+          // (untimed) so the next reads find valid blocks.
+          if (!is_read && last_was_fio && strata_pass(*store, nvme::IoOp::kWrite, ids, buffers, qd, bs) < 0) return 1;
           row.gbps = median(row.all_gbps);
           row.fio_gbps = median(row.all_fio_gbps);
           const double ratio = row.fio_gbps > 0 ? row.gbps / row.fio_gbps : 0;

@@ -2,7 +2,10 @@
 #include "nvme/buffer_pool.h"
 
 #include <hwloc.h>
+#include <sys/mman.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <utility>
 
@@ -41,6 +44,8 @@ void PoolBuffer::reset() {
 }
 
 namespace {
+
+constexpr std::size_t kHugePageBytes = 2u << 20;
 
 // Owns an hwloc topology for the length of one pool creation.
 class Topology {
@@ -93,26 +98,37 @@ Result<std::unique_ptr<BufferPool>> BufferPool::create(const BufferPoolOptions& 
   if (!charge.ok()) return std::move(charge).status();
   auto pool = std::unique_ptr<BufferPool>(
       new BufferPool(options.name, buffer_bytes, allocator, std::move(charge).value()));
-  bool bind_warned = false;
-  for (std::size_t i = 0; i < options.buffer_count; ++i) {
-    auto block = core::HostBlock::allocate(allocator, buffer_bytes, options.alignment, options.numa_node);
-    if (!block.ok()) return std::move(block).status().annotate(str_cat(options.name, ": buffer ", i));
-    if (node != nullptr) {
-      const int rc = hwloc_set_area_membind(topology->get(), block->data(), buffer_bytes, node->nodeset,
-                                            HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_MIGRATE);
-      if (rc != 0 && !bind_warned) {
-        const int err = errno;
-        STRATA_LOG(kWarn) << options.name << ": cannot bind " << allocator.name() << " to NUMA node "
-                          << options.numa_node << " (" << Status::from_errno(err, "hwloc_set_area_membind").message()
-                          << "); using it where it is";
-        bind_warned = true;
-      }
+  // One slab for all buffers: one allocation (one cudaHostAlloc when pinned),
+  // and, when large, 2 MiB aligned and advised for transparent huge pages, so a
+  // request's pages are physically contiguous and a 1 MiB request is one DMA
+  // segment run instead of 256 pages (virtio and NVMe cap segments per request).
+  const std::size_t slab_bytes = buffer_bytes * options.buffer_count;
+  const std::size_t slab_alignment = slab_bytes >= kHugePageBytes ? std::max(options.alignment, kHugePageBytes)
+                                                                   : options.alignment;
+  const std::size_t slab_alloc = core::align_up(slab_bytes, slab_alignment);
+  auto slab = core::HostBlock::allocate(allocator, slab_alloc, slab_alignment, options.numa_node);
+  if (!slab.ok()) return std::move(slab).status().annotate(options.name);
+  pool->slab_ = std::move(slab).value();
+  if (slab_alignment >= kHugePageBytes) {
+    // Advice only: memory that cannot take it (pinned, hugetlb) is used as it is.
+    (void)::madvise(pool->slab_.data(), slab_alloc, MADV_HUGEPAGE);
+  }
+  if (node != nullptr) {
+    const int rc = hwloc_set_area_membind(topology->get(), pool->slab_.data(), slab_alloc, node->nodeset,
+                                          HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_MIGRATE);
+    if (rc != 0) {
+      const int err = errno;
+      STRATA_LOG(kWarn) << options.name << ": cannot bind " << allocator.name() << " to NUMA node "
+                        << options.numa_node << " (" << Status::from_errno(err, "hwloc_set_area_membind").message()
+                        << "); using it where it is";
     }
-    // First touch: fault the pages in now (on the bound node), not in the I/O path.
-    std::memset(block->data(), 0, buffer_bytes);
-    pool->blocks_.push_back(std::move(block).value());
-    core::MutexLock lock(pool->mu_);
-    pool->free_.push_back(i);
+  }
+  // First touch: fault the pages in now (on the bound node), not in the I/O path.
+  std::memset(pool->slab_.data(), 0, slab_alloc);
+  core::MutexLock lock(pool->mu_);
+  for (std::size_t i = 0; i < options.buffer_count; ++i) {
+    pool->buffers_.push_back(pool->slab_.data() + i * buffer_bytes);
+    pool->free_.push_back(options.buffer_count - 1 - i);
   }
   return pool;
 }
@@ -123,19 +139,19 @@ BufferPool::BufferPool(std::string name, std::size_t buffer_bytes, core::HostAll
 
 BufferPool::~BufferPool() {
   core::MutexLock lock(mu_);
-  STRATA_CHECK(free_.size() == blocks_.size())
-      << name_ << " destroyed with " << (blocks_.size() - free_.size()) << " buffer(s) still in use";
+  STRATA_CHECK(free_.size() == buffers_.size())
+      << name_ << " destroyed with " << (buffers_.size() - free_.size()) << " buffer(s) still in use";
 }
 
 Result<PoolBuffer> BufferPool::try_acquire() {
   core::MutexLock lock(mu_);
   if (free_.empty()) {
-    return Status::resource_exhausted(str_cat(name_, ": all ", blocks_.size(), " buffers of ",
+    return Status::resource_exhausted(str_cat(name_, ": all ", buffers_.size(), " buffers of ",
                                               core::format_bytes(buffer_bytes_), " are in use"));
   }
   const std::size_t i = free_.back();
   free_.pop_back();
-  return PoolBuffer(this, i, blocks_[i].data(), buffer_bytes_);
+  return PoolBuffer(this, i, buffers_[i], buffer_bytes_);
 }
 
 PoolBuffer BufferPool::acquire() {
@@ -143,13 +159,13 @@ PoolBuffer BufferPool::acquire() {
   cv_.wait(mu_, [&] { return !free_.empty(); });
   const std::size_t i = free_.back();
   free_.pop_back();
-  return PoolBuffer(this, i, blocks_[i].data(), buffer_bytes_);
+  return PoolBuffer(this, i, buffers_[i], buffer_bytes_);
 }
 
 std::vector<std::span<std::byte>> BufferPool::buffers() const {
   std::vector<std::span<std::byte>> out;
-  out.reserve(blocks_.size());
-  for (const auto& b : blocks_) out.emplace_back(b.data(), b.size_bytes());
+  out.reserve(buffers_.size());
+  for (std::byte* b : buffers_) out.emplace_back(b, buffer_bytes_);
   return out;
 }
 

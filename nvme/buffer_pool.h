@@ -63,8 +63,9 @@ class PoolBuffer {
 
 class BufferPool {
  public:
-  // Charges buffer_count x buffer_bytes to `budget` first, then allocates and
-  // touches every buffer. `budget` and `allocator` are borrowed and must
+  // Charges buffer_count x buffer_bytes to `budget` first, then allocates all
+  // buffers as one slab (2 MiB aligned and advised for transparent huge pages
+  // when at least 2 MiB) and touches it. `budget` and `allocator` are borrowed and must
   // outlive the pool. Errors: kInvalidArgument (sizes, alignment, NUMA node);
   // kResourceExhausted naming the budget and its key when it would go over;
   // the allocator's kOutOfMemory.
@@ -85,7 +86,7 @@ class BufferPool {
   // Every buffer (for IoBackend::register_buffers).
   std::vector<std::span<std::byte>> buffers() const;
   std::size_t buffer_bytes() const { return buffer_bytes_; }
-  std::size_t buffer_count() const { return blocks_.size(); }
+  std::size_t buffer_count() const { return buffers_.size(); }
   std::size_t free_count() const;
   const std::string& name() const { return name_; }
   const core::HostAllocator& allocator() const { return allocator_; }
@@ -98,9 +99,10 @@ class BufferPool {
   const std::string name_;
   const std::size_t buffer_bytes_;
   core::HostAllocator& allocator_;
-  // Destruction order: the blocks go back to the allocator, then the charge to the budget.
+  // Destruction order: the slab goes back to the allocator, then the charge to the budget.
   core::BudgetCharge charge_;
-  std::vector<core::HostBlock> blocks_;
+  core::HostBlock slab_;              // every buffer, back to back
+  std::vector<std::byte*> buffers_;   // buffer i starts here
   mutable core::Mutex mu_;
   core::CondVar cv_;
   std::vector<std::size_t> free_ STRATA_GUARDED_BY(mu_);

@@ -75,6 +75,9 @@ class SwapIo {
   // the CRCs while the I/O runs. Returns the block's status (see SwapStore);
   // a second call returns OK.
   core::Status wait();
+  // True when every request has completed, so wait() will not block on I/O
+  // (it still checks the CRCs). False when nothing is pending.
+  bool ready() const { return pending_ && batch_->done(); }
 
  private:
   friend class SwapStore;
