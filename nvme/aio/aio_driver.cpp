@@ -102,7 +102,8 @@ class AioDriver final : public IoDriver {
         free_.push_back(events_[i].obj);
       }
       in_kernel_ -= std::min(in_kernel_, static_cast<unsigned>(rc));
-      if (out.size() - start >= min_complete && pending_.empty()) return Status();
+      // Ops io_submit could not take yet are submitted on the next call.
+      if (out.size() - start >= min_complete) return Status();
     }
   }
 

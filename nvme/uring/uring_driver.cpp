@@ -71,7 +71,8 @@ class UringDriver final : public IoDriver {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
     for (int spins = 0; sqe == nullptr && spins < 1000; ++spins) {
       // With SQPOLL the kernel thread may not have consumed the ring yet.
-      io_uring_submit(&ring_);
+      submit();
+      if (!broken_.ok()) return broken_;
       sched_yield();
       sqe = io_uring_get_sqe(&ring_);
     }
