@@ -32,7 +32,8 @@ MODULES = {
     "tests/cpu_adam/": ["engine/core/", "cpu_adam/"],
     # Engine tests build the pieces the engine composes (a host device, a swap store).
     "tests/engine/": ["engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
-    "tests/e2e/": ["strata/", "engine/core/"],
+    # The engine's C++ interface until the C API covers the step (issue #6).
+    "tests/e2e/": ["strata/", "engine/"],
     "benchmarks/": ["engine/core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
                     "benchmarks/"],
 }

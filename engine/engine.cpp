@@ -1,0 +1,688 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "cpu_adam/cpu_adam.h"
+#include "engine/core/logging.h"
+#include "engine/core/numerics.h"
+#include "engine/core/str.h"
+#include "engine/state_store.h"
+#include "gpu/cuda_device.h"
+#include "gpu/host_device.h"
+#include "nvme/swap_store.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+namespace nx = core::numerics;
+
+namespace {
+
+constexpr std::int64_t kBlock = nx::kNormBlockElems;
+constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
+
+adam::ElemType adam_type(int bytes, Precision p) {
+  if (bytes == 4) return adam::ElemType::kF32;
+  return p == Precision::kFp16 ? adam::ElemType::kF16 : adam::ElemType::kBf16;
+}
+gpu::ElemType gpu_type(int bytes, Precision p) {
+  if (bytes == 4) return gpu::ElemType::kF32;
+  return p == Precision::kFp16 ? gpu::ElemType::kF16 : gpu::ElemType::kBf16;
+}
+
+// Writes fp32 values as the compute dtype.
+void to_compute(std::span<const float> src, std::byte* dst, int bytes, Precision p) {
+  if (bytes == 4) {
+    std::memcpy(dst, src.data(), src.size_bytes());
+    return;
+  }
+  auto* h = reinterpret_cast<std::uint16_t*>(dst);
+  for (std::size_t i = 0; i < src.size(); ++i) {
+    h[i] = p == Precision::kFp16 ? nx::fp32_to_fp16_bits(src[i]) : nx::fp32_to_bf16_bits(src[i]);
+  }
+}
+void from_compute(const std::byte* src, std::span<float> dst, int bytes, Precision p) {
+  if (bytes == 4) {
+    std::memcpy(dst.data(), src, dst.size_bytes());
+    return;
+  }
+  const auto* h = reinterpret_cast<const std::uint16_t*>(src);
+  for (std::size_t i = 0; i < dst.size(); ++i) {
+    dst[i] = p == Precision::kFp16 ? nx::fp16_bits_to_fp32(h[i]) : nx::bf16_bits_to_fp32(h[i]);
+  }
+}
+
+nvme::BackendKind backend_of(IoBackend b) {
+  switch (b) {
+    case IoBackend::kAuto:
+      return nvme::BackendKind::kAuto;
+    case IoBackend::kIoUring:
+      return nvme::BackendKind::kIoUring;
+    case IoBackend::kLibaio:
+      return nvme::BackendKind::kLibaio;
+    case IoBackend::kPsync:
+      return nvme::BackendKind::kPsync;
+  }
+  return nvme::BackendKind::kAuto;
+}
+
+}  // namespace
+
+// A fetch group's compute copies and its transient device buffers.
+struct Engine::GroupState {
+  gpu::DeviceBuffer device_home;  // compute home on the device
+  gpu::PinnedBuffer pinned_home;  // compute home in pinned memory
+  std::string block_id;           // compute home on nvme
+  gpu::DeviceBuffer working;      // device copy while fetched (home elsewhere)
+  bool fetched = false;
+  gpu::DeviceBuffer grad;         // gradients, between grad_buffer and grads_ready
+  int grads_micro_step = -1;      // the micro-batch whose gradients arrived
+};
+
+Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
+    : config_(config),
+      scaler_(std::move(scaler)),
+      schedule_(std::move(schedule)),
+      device_budget_("device memory",
+                     config.strata.budgets.device_bytes != 0 ? config.strata.budgets.device_bytes
+                     : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
+                                                                 : kUnlimited,
+                     "strata.budgets.device"),
+      pinned_budget_("pinned host memory",
+                     config.strata.budgets.pinned_bytes != 0 ? config.strata.budgets.pinned_bytes : kUnlimited,
+                     "strata.budgets.pinned") {
+  optimizer_groups_.push_back({"default", config.optimizer.weight_decay, 1.0});
+}
+
+Engine::~Engine() {
+  if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
+  groups_.clear();
+  grads_.reset();
+  state_.reset();
+  stream_.reset();
+}
+
+core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
+  if (config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion) {
+    return Status::unimplemented(str_cat("optimizer.type ", to_string(config.optimizer.type),
+                                         " is not implemented yet; use Adam or AdamW"));
+  }
+  STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
+                          LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
+  STRATA_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::create(config.scheduler, config.optimizer.lr));
+  std::unique_ptr<Engine> e(new Engine(config, std::move(scaler), std::move(schedule)));
+  const gpu::DeviceBudgets budgets{&e->device_budget_, &e->pinned_budget_};
+  if (config.strata.device == DeviceKind::kHost) {
+    gpu::HostDeviceOptions o;
+    o.budgets = budgets;
+    o.timing.h2d_gb_per_s = config.strata.host_device.h2d_gbps;
+    o.timing.d2h_gb_per_s = config.strata.host_device.d2h_gbps;
+    o.timing.device_memory_gb_per_s = config.strata.host_device.d2d_gbps;
+    o.timing.compute_tflops = config.strata.host_device.tflops;
+    STRATA_ASSIGN_OR_RETURN(e->device_, gpu::make_host_device(o));
+  } else {
+    auto cuda = gpu::make_cuda_device({budgets});
+    if (cuda.ok()) {
+      e->device_ = std::move(cuda).value();
+    } else if (config.strata.device == DeviceKind::kCuda) {
+      return Status(cuda.status()).annotate("strata.device is \"cuda\"");
+    } else {
+      STRATA_LOG(kInfo) << "strata.device auto: no CUDA device (" << cuda.status().message()
+                        << "); using the host device";
+      gpu::HostDeviceOptions o;
+      o.budgets = budgets;
+      STRATA_ASSIGN_OR_RETURN(e->device_, gpu::make_host_device(o));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(e->stream_, e->device_->create_stream("engine"));
+  return e;
+}
+
+core::Result<int> Engine::add_optimizer_group(const OptimizerGroupDesc& group) {
+  if (finalized_) return Status::failed_precondition("add_optimizer_group after finalize");
+  if (!(group.weight_decay >= 0.0) || !(group.lr_scale >= 0.0)) {
+    return Status::invalid_argument(str_cat("optimizer group '", group.name, "': weight_decay ", group.weight_decay,
+                                            " and lr_scale ", group.lr_scale, " must be >= 0"));
+  }
+  optimizer_groups_.push_back(group);
+  return static_cast<int>(optimizer_groups_.size() - 1);
+}
+
+core::Status Engine::register_param(const ParamDesc& desc, InitFn init) {
+  if (finalized_) return Status::failed_precondition(str_cat("register_param('", desc.name, "') after finalize"));
+  if (!init) return Status::invalid_argument(str_cat("parameter '", desc.name, "' has no initializer"));
+  params_.push_back(desc);
+  inits_.push_back(std::move(init));
+  return Status();
+}
+
+core::Status Engine::check_finalized(const char* op) const {
+  if (!finalized_) return Status::failed_precondition(str_cat(op, " before finalize"));
+  return Status();
+}
+
+core::Result<std::size_t> Engine::group_index(std::string_view name, const char* op) const {
+  STRATA_RETURN_IF_ERROR(check_finalized(op));
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    if (layout_.groups[g].name == name) return g;
+  }
+  return Status::not_found(str_cat(op, ": no fetch group named '", name, "'"));
+}
+
+core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) {
+  STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream_, dst, src));
+  bytes_.h2d += src.size();
+  return device_->synchronize(stream_);
+}
+
+core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) {
+  STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream_, dst, src));
+  bytes_.d2h += dst.size();
+  return device_->synchronize(stream_);
+}
+
+core::Status Engine::finalize() {
+  if (finalized_) return Status::failed_precondition("finalize called twice");
+  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(params_, optimizer_groups_, config_));
+
+  // Budgets up front, with the numbers (the allocations below enforce them too).
+  const TierBytes need = layout_.bytes();
+  if (need.device > device_budget_.limit_bytes()) {
+    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
+                                              " of state on the device; strata.budgets.device allows ",
+                                              core::format_bytes(device_budget_.limit_bytes()),
+                                              ". Offload more (zero_optimization.offload_*) or raise the budget"));
+  }
+  if (need.pinned > pinned_budget_.limit_bytes()) {
+    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
+                                              " of state in pinned memory; strata.budgets.pinned allows ",
+                                              core::format_bytes(pinned_budget_.limit_bytes()),
+                                              ". Put the optimizer state on nvme or raise the budget"));
+  }
+  if (need.nvme > 0) {
+    nvme::SwapStoreOptions o;
+    o.paths = config_.swap_paths();
+    const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
+    if (config_.strata.budgets.disk_bytes != 0 && config_.strata.budgets.disk_bytes < need.nvme) {
+      return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.nvme),
+                                                " on nvme; strata.budgets.disk allows ",
+                                                core::format_bytes(config_.strata.budgets.disk_bytes)));
+    }
+    o.capacity_bytes = config_.strata.budgets.disk_bytes != 0 ? config_.strata.budgets.disk_bytes : wanted;
+    o.stripe_bytes = config_.strata.io.stripe_bytes;
+    o.request_bytes = config_.strata.io.block_bytes;
+    o.crc = config_.strata.crc;
+    o.keep_files = config_.strata.io.keep_files;
+    o.io.kind = backend_of(config_.strata.io.backend);
+    o.io.queue_depth = static_cast<unsigned>(config_.strata.io.queue_depth);
+    o.io.rings = static_cast<unsigned>(config_.strata.io.rings);
+    o.io.sqpoll = config_.strata.io.sqpoll;
+    STRATA_ASSIGN_OR_RETURN(swap_, nvme::SwapStore::create(o));
+  }
+
+  adam::CpuAdamOptions ao;
+  switch (config_.strata.cpu_adam.isa) {
+    case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
+    case CpuAdamIsa::kAvx512Bf16: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512Bf16; break;
+    case CpuAdamIsa::kAvx512: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512; break;
+    case CpuAdamIsa::kAvx2: ao.auto_isa = false; ao.isa = adam::Isa::kAvx2; break;
+    case CpuAdamIsa::kScalar: ao.auto_isa = false; ao.isa = adam::Isa::kScalar; break;
+  }
+  ao.threads = config_.strata.cpu_adam.threads;
+  ao.tile_elems = config_.strata.cpu_adam.tile_elems;
+  STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
+
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get()));
+  if (layout_.trainable_elems > 0) {
+    const auto bytes = static_cast<std::size_t>(layout_.trainable_elems) * static_cast<std::size_t>(layout_.grad_bytes);
+    STRATA_ASSIGN_OR_RETURN(grads_, device_->allocate_pinned(bytes, "host gradients"));
+    std::memset(grads_.data(), 0, bytes);
+  }
+  norm_partials_.assign(static_cast<std::size_t>(layout_.trainable_elems / kBlock), 0.0);
+
+  // Compute homes, then the initial values group by group (the host holds one
+  // group's fp32 values at a time).
+  groups_.resize(layout_.groups.size());
+  const int cb = layout_.compute_bytes;
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
+    const std::string what = str_cat("compute copies of group '", gp.name, "'");
+    GroupState& gs = groups_[g];
+    switch (gp.compute_tier) {
+      case Tier::kDevice: {
+        STRATA_ASSIGN_OR_RETURN(gs.device_home, device_->allocate(bytes, what));
+        break;
+      }
+      case Tier::kPinned: {
+        STRATA_ASSIGN_OR_RETURN(gs.pinned_home, device_->allocate_pinned(bytes, what));
+        break;
+      }
+      case Tier::kNvme:
+        gs.block_id = str_cat("compute/", g);
+        STRATA_RETURN_IF_ERROR(swap_->allocate(gs.block_id, bytes));
+        break;
+    }
+  }
+  finalized_ = true;  // the loaders below use the finalized paths
+  const Status init = write_initial_values();
+  if (!init.ok()) {
+    finalized_ = false;
+    return init;
+  }
+  bytes_ = {};  // initialisation is not a step's traffic
+  return Status();
+}
+
+core::Status Engine::write_initial_values() {
+  const int cb = layout_.compute_bytes;
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    std::vector<std::vector<float>> values(gp.params.size());
+    for (std::size_t k = 0; k < gp.params.size(); ++k) {
+      const std::size_t pi = gp.params[k];
+      values[k].assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
+      Status s = inits_[pi](values[k]);
+      if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
+    }
+    gpu::PinnedBuffer staging;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
+    std::span<std::byte> host;
+    if (gp.compute_tier == Tier::kPinned) {
+      host = groups_[g].pinned_home.bytes();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(staging, device_->allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
+      host = staging.bytes().first(bytes);
+    }
+    std::memset(host.data(), 0, host.size());
+    for (std::size_t k = 0; k < gp.params.size(); ++k) {
+      const ParamPlace& pl = layout_.places[gp.params[k]];
+      to_compute(values[k], host.data() + pl.compute_offset * cb, cb, config_.precision);
+    }
+    STRATA_RETURN_IF_ERROR(commit_compute(g, host));
+    // Master weights, chunk by chunk (moments start at zero).
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      const ChunkPlace& cp = layout_.chunks[c];
+      gpu::PinnedBuffer cstage;
+      std::vector<float> device_master;
+      std::span<float> master;
+      if (cp.state_tier == Tier::kDevice) {
+        device_master.assign(static_cast<std::size_t>(cp.elems), 0.0f);
+        master = device_master;
+      } else {
+        if (state_->staging_bytes(c) > 0) {
+          STRATA_ASSIGN_OR_RETURN(cstage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
+        }
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, cstage.bytes()));
+        if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
+        master = st.master;
+      }
+      for (std::size_t k = 0; k < gp.params.size(); ++k) {
+        const ParamPlace& pl = layout_.places[gp.params[k]];
+        if (pl.trainable_offset < 0) continue;
+        const std::int64_t n = static_cast<std::int64_t>(values[k].size());
+        const std::int64_t lo = std::max(pl.trainable_offset, cp.begin);
+        const std::int64_t hi = std::min(pl.trainable_offset + n, cp.begin + cp.elems);
+        if (lo >= hi) continue;
+        std::memcpy(master.data() + (lo - cp.begin), values[k].data() + (lo - pl.trainable_offset),
+                    static_cast<std::size_t>(hi - lo) * 4);
+      }
+      if (cp.state_tier == Tier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan dev, state_->device_state(c));
+        STRATA_RETURN_IF_ERROR(copy_h2d(dev.subspan(0, static_cast<std::uint64_t>(cp.elems) * 4),
+                                        std::as_bytes(master)));
+      } else {
+        STRATA_RETURN_IF_ERROR(state_->store(c, cstage.bytes()));
+        if (cp.state_tier == Tier::kNvme) bytes_.nvme_write += state_->staging_bytes(c);
+      }
+    }
+  }
+  return Status();
+}
+
+core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::PinnedBuffer& staging) {
+  const GroupPlace& gp = layout_.groups[g];
+  GroupState& gs = groups_[g];
+  const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+  if (gp.compute_tier == Tier::kPinned) return gs.pinned_home.bytes();
+  STRATA_ASSIGN_OR_RETURN(staging, device_->allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
+  const std::span<std::byte> host = staging.bytes().first(bytes);
+  if (gp.compute_tier == Tier::kDevice) {
+    STRATA_RETURN_IF_ERROR(copy_d2h(host, gs.device_home.span()));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(gs.block_id, host));
+    STRATA_RETURN_IF_ERROR(io.wait());
+    bytes_.nvme_read += bytes;
+  }
+  return host;
+}
+
+core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> host) {
+  const GroupPlace& gp = layout_.groups[g];
+  GroupState& gs = groups_[g];
+  switch (gp.compute_tier) {
+    case Tier::kPinned:
+      if (host.data() != gs.pinned_home.data()) std::memcpy(gs.pinned_home.data(), host.data(), host.size());
+      return Status();
+    case Tier::kDevice:
+      return copy_h2d(gs.device_home.span(), host);
+    case Tier::kNvme: {
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(gs.block_id, host));
+      STRATA_RETURN_IF_ERROR(io.wait());
+      bytes_.nvme_write += host.size();
+      return Status();
+    }
+  }
+  return Status();
+}
+
+core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
+  GroupState& gs = groups_[g];
+  if (gs.fetched) {
+    return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
+  }
+  const GroupPlace& gp = layout_.groups[g];
+  if (gp.compute_tier == Tier::kDevice) {
+    gs.fetched = true;
+    return gs.device_home.span();
+  }
+  const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+  STRATA_ASSIGN_OR_RETURN(gs.working, device_->allocate(bytes, str_cat("fetched group '", gp.name, "'")));
+  gpu::PinnedBuffer staging;
+  STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
+  STRATA_RETURN_IF_ERROR(copy_h2d(gs.working.span(), host));
+  gs.fetched = true;
+  return gs.working.span();
+}
+
+core::Status Engine::release(std::string_view group) {
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "release"));
+  GroupState& gs = groups_[g];
+  if (!gs.fetched) return Status::failed_precondition(str_cat("release('", group, "'): the group is not fetched"));
+  gs.working.reset();
+  gs.fetched = false;
+  return Status();
+}
+
+core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grad_buffer"));
+  const GroupPlace& gp = layout_.groups[g];
+  GroupState& gs = groups_[g];
+  if (gp.trainable_elems == 0) {
+    return Status::failed_precondition(str_cat("grad_buffer('", group, "'): the group has no trainable parameters"));
+  }
+  if (gs.grads_micro_step == micro_step_) {
+    return Status::failed_precondition(
+        str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
+  }
+  if (gs.grad.empty()) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+    STRATA_ASSIGN_OR_RETURN(gs.grad, device_->allocate(bytes, str_cat("gradients of group '", gp.name, "'")));
+  }
+  return gs.grad.span();
+}
+
+core::Status Engine::grads_ready(std::string_view group) {
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
+  const GroupPlace& gp = layout_.groups[g];
+  GroupState& gs = groups_[g];
+  if (gs.grad.empty()) {
+    return Status::failed_precondition(str_cat("grads_ready('", group, "') without grad_buffer('", group, "')"));
+  }
+  const int cb = layout_.compute_bytes;
+  const std::uint64_t bytes = gs.grad.size_bytes();
+  // Device -> host (compute dtype, the compute layout), then into the
+  // trainable layout, then the gradient pass into the host gradients.
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, device_->allocate_pinned(bytes, "gradient staging"));
+  STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), gs.grad.span()));
+  gs.grad.reset();
+  const std::uint64_t tbytes = static_cast<std::uint64_t>(gp.trainable_elems) * static_cast<std::uint64_t>(cb);
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, device_->allocate_pinned(tbytes, "gradient staging"));
+  std::memset(packed.data(), 0, tbytes);
+  for (std::size_t pi : gp.params) {
+    const ParamPlace& pl = layout_.places[pi];
+    if (pl.trainable_offset < 0) continue;
+    std::memcpy(packed.data() + (pl.trainable_offset - gp.trainable_begin) * cb, wire.data() + pl.compute_offset * cb,
+                static_cast<std::size_t>(layout_.params[pi].numel()) * static_cast<std::size_t>(cb));
+  }
+  adam::GradPassArgs a;
+  a.src = {packed.data(), adam_type(cb, config_.precision), gp.trainable_elems};
+  a.dst = {grads_.data() + gp.trainable_begin * layout_.grad_bytes, adam_type(layout_.grad_bytes, config_.precision),
+           gp.trainable_elems};
+  a.accumulate = layout_.grad_bytes == 4 && micro_step_ > 0;  // fp32 accumulators add up the micro-batches
+  a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
+                                                               static_cast<std::size_t>(gp.trainable_elems / kBlock));
+  STRATA_ASSIGN_OR_RETURN(adam::GradPassResult r, cpu_adam_->grad_pass(a));
+  nonfinite_ = nonfinite_ || r.nonfinite;
+  gs.grads_micro_step = micro_step_;
+  return Status();
+}
+
+core::Status Engine::micro_step_end() {
+  STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
+      return Status::failed_precondition(str_cat("micro_step_end: group '", layout_.groups[g].name,
+                                                 "' has no gradients for micro-batch ", micro_step_ + 1));
+    }
+  }
+  if (micro_step_ + 1 >= config_.gradient_accumulation_steps) {
+    return Status::failed_precondition(str_cat("micro_step_end after micro-batch ", micro_step_ + 1, " of ",
+                                               config_.gradient_accumulation_steps,
+                                               " (gradient_accumulation_steps): call step_end instead"));
+  }
+  ++micro_step_;
+  return Status();
+}
+
+core::Status Engine::set_lr(double lr) {
+  if (!(lr >= 0.0) || !std::isfinite(lr)) return Status::invalid_argument(str_cat("set_lr(", lr, "): expected >= 0"));
+  lr_override_ = lr;
+  return Status();
+}
+
+core::Result<StepStats> Engine::step_end() {
+  STRATA_RETURN_IF_ERROR(check_finalized("step_end"));
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
+      return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
+                                                 "' has no gradients for micro-batch ", micro_step_ + 1));
+    }
+  }
+  if (micro_step_ + 1 != config_.gradient_accumulation_steps) {
+    return Status::failed_precondition(str_cat("step_end after ", micro_step_ + 1, " micro-batches; ",
+                                               "gradient_accumulation_steps is ", config_.gradient_accumulation_steps));
+  }
+  StepStats stats;
+  const double loss_scale = scaler_.scale();
+  const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
+                                                          static_cast<std::int64_t>(norm_partials_.size())));
+  const auto gas = config_.gradient_accumulation_steps;
+  const bool overflow = nonfinite_ || !std::isfinite(raw_norm);
+  bool skip = false;
+  if (config_.precision == Precision::kFp16) {
+    STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler_.update(overflow));
+    skip = o == LossScaler::Outcome::kSkip;
+  } else if (overflow) {
+    if (config_.strata.nonfinite == NonfinitePolicy::kError) {
+      return Status::failed_precondition(str_cat("non-finite gradients at step ", applied_steps_ + 1,
+                                                 " (strata.nonfinite is \"error\"); the step was not applied"));
+    }
+    skip = true;
+  }
+  stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
+  if (!skip) {
+    const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
+    const double grad_scale = nx::combined_grad_scale(loss_scale, clip, gas);
+    const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
+    std::vector<nx::AdamStepConstants> constants;
+    for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
+      const nx::AdamHyperparams h{.lr = lr * og.lr_scale,
+                                  .beta1 = config_.optimizer.beta1,
+                                  .beta2 = config_.optimizer.beta2,
+                                  .eps = config_.optimizer.eps,
+                                  .weight_decay = og.weight_decay,
+                                  .adamw_mode = config_.optimizer.adam_w_mode,
+                                  .bias_correction = config_.optimizer.bias_correction};
+      constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
+    }
+    STRATA_RETURN_IF_ERROR(run_optimizer(constants.data()));
+    ++applied_steps_;
+    stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
+  } else {
+    ++skipped_steps_;
+  }
+  stats.step = applied_steps_;
+  stats.skipped = skip;
+  stats.skipped_total = skipped_steps_;
+  stats.loss_scale = scaler_.scale();
+  stats.bytes = bytes_;
+  bytes_ = {};
+  micro_step_ = 0;
+  nonfinite_ = false;
+  for (GroupState& gs : groups_) gs.grads_micro_step = -1;
+  return stats;
+}
+
+core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
+  const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
+  const adam::ElemType grad_type = adam_type(gb, config_.precision);
+  const adam::ElemType compute_type = adam_type(cb, config_.precision);
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    if (gp.chunk_count == 0) continue;
+    gpu::PinnedBuffer compute_staging;
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> compute, load_compute(g, compute_staging));
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      const ChunkPlace& cp = layout_.chunks[c];
+      // The trainable parameters of this chunk: [lo, hi) in the trainable space.
+      struct Piece {
+        std::size_t param;
+        std::int64_t lo, hi;
+      };
+      std::vector<Piece> pieces;
+      for (std::size_t pi : gp.params) {
+        const ParamPlace& pl = layout_.places[pi];
+        if (pl.trainable_offset < 0) continue;
+        const std::int64_t lo = std::max(pl.trainable_offset, cp.begin);
+        const std::int64_t hi = std::min(pl.trainable_offset + layout_.params[pi].numel(), cp.begin + cp.elems);
+        if (lo < hi) pieces.push_back({pi, lo, hi});
+      }
+      auto compute_at = [&](const Piece& p) {
+        const ParamPlace& pl = layout_.places[p.param];
+        return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
+      };
+      if (cp.state_tier != Tier::kDevice) {
+        gpu::PinnedBuffer stage;
+        if (state_->staging_bytes(c) > 0) {
+          STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
+        }
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
+        if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
+        for (const Piece& p : pieces) {
+          const auto off = static_cast<std::size_t>(p.lo - cp.begin);
+          const auto n = static_cast<std::size_t>(p.hi - p.lo);
+          adam::AdamStepArgs a;
+          a.constants = constants[layout_.params[p.param].optimizer_group];
+          a.master = st.master.subspan(off, n);
+          a.exp_avg = st.exp_avg.subspan(off, n);
+          a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
+          a.grad = {grads_.data() + p.lo * gb, grad_type, static_cast<std::int64_t>(n)};
+          if (cb == 2) a.copy_out = {compute_at(p), compute_type, static_cast<std::int64_t>(n)};
+          STRATA_RETURN_IF_ERROR(cpu_adam_->step(a));
+          if (cb == 4) std::memcpy(compute_at(p), a.master.data(), n * 4);
+        }
+        STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
+        if (cp.state_tier == Tier::kNvme) bytes_.nvme_write += state_->staging_bytes(c);
+        continue;
+      }
+      // State on the device: gradients go up, the device steps, the new
+      // compute copies come back down into the group's host view.
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, state_->device_state(c));
+      const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_->allocate(n_all * gb, "optimizer gradients"));
+      STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {grads_.data() + cp.begin * gb, n_all * gb}));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_->allocate(n_all * cb, "optimizer compute copies"));
+      for (const Piece& p : pieces) {
+        const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
+        const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
+        gpu::AdamStepArgs a;
+        a.constants = constants[layout_.params[p.param].optimizer_group];
+        a.master = state.subspan(off * 4, n * 4);
+        a.exp_avg = state.subspan(n_all * 4 + off * 4, n * 4);
+        a.exp_avg_sq = state.subspan(2 * n_all * 4 + off * 4, n * 4);
+        a.grad = gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, config_.precision));
+        if (cb == 2) a.copy_out = gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, config_.precision));
+        STRATA_RETURN_IF_ERROR(device_->adam_step(stream_, a));
+        if (cb == 4) STRATA_RETURN_IF_ERROR(device_->copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), a.master));
+      }
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, device_->allocate_pinned(n_all * cb, "optimizer compute copies"));
+      STRATA_RETURN_IF_ERROR(copy_d2h(back.bytes().first(n_all * cb), dcopy.span()));
+      for (const Piece& p : pieces) {
+        std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
+      }
+    }
+    STRATA_RETURN_IF_ERROR(commit_compute(g, compute));
+  }
+  return Status();
+}
+
+core::Status Engine::read_master(std::string_view param, std::span<float> out) {
+  STRATA_RETURN_IF_ERROR(check_finalized("read_master"));
+  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
+    if (layout_.params[pi].name != param) continue;
+    const ParamPlace& pl = layout_.places[pi];
+    const std::int64_t n = layout_.params[pi].numel();
+    if (pl.trainable_offset < 0) return Status::failed_precondition(str_cat("'", param, "' is frozen: no master"));
+    if (static_cast<std::int64_t>(out.size()) != n) {
+      return Status::invalid_argument(str_cat("read_master('", param, "'): ", n, " elements, buffer of ", out.size()));
+    }
+    const GroupPlace& gp = layout_.groups[pl.group];
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      const ChunkPlace& cp = layout_.chunks[c];
+      const std::int64_t lo = std::max(pl.trainable_offset, cp.begin), hi = std::min(pl.trainable_offset + n, cp.begin + cp.elems);
+      if (lo >= hi) continue;
+      float* dst = out.data() + (lo - pl.trainable_offset);
+      if (cp.state_tier == Tier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan s, state_->device_state(c));
+        STRATA_RETURN_IF_ERROR(copy_d2h({reinterpret_cast<std::byte*>(dst), static_cast<std::size_t>(hi - lo) * 4},
+                                        s.subspan(static_cast<std::uint64_t>(lo - cp.begin) * 4,
+                                                  static_cast<std::uint64_t>(hi - lo) * 4)));
+      } else {
+        gpu::PinnedBuffer stage;
+        if (state_->staging_bytes(c) > 0) {
+          STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
+        }
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
+        std::memcpy(dst, st.master.data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
+      }
+    }
+    return Status();
+  }
+  return Status::not_found(str_cat("read_master: no parameter named '", param, "'"));
+}
+
+core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
+  STRATA_RETURN_IF_ERROR(check_finalized("read_compute"));
+  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
+    if (layout_.params[pi].name != param) continue;
+    const ParamPlace& pl = layout_.places[pi];
+    if (static_cast<std::int64_t>(out.size()) != layout_.params[pi].numel()) {
+      return Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
+                                              " elements, buffer of ", out.size()));
+    }
+    gpu::PinnedBuffer staging;
+    const StepBytes saved = bytes_;
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(pl.group, staging));
+    bytes_ = saved;  // inspection is not step traffic
+    from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);
+    return Status();
+  }
+  return Status::not_found(str_cat("read_compute: no parameter named '", param, "'"));
+}
+
+}  // namespace strata::engine

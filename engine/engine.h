@@ -1,0 +1,157 @@
+// Engine: the orchestrator of DESIGN.md section 3, in C++ (the C API wraps
+// it). This is the straightforward, correct-first schedule: every transfer
+// waits for the one before it. Results are bit-identical for every placement
+// (DESIGN.md section 6); engine/README.md describes the step.
+//
+// Call order (anything else is kFailedPrecondition, never a hang):
+//   create -> add_optimizer_group* -> register_param+ -> finalize ->
+//   per micro-batch: { fetch(g) [ ... forward ... ] release(g) }*,
+//                    { fetch(g), grad_buffer(g) [ ... backward writes it ... ],
+//                      grads_ready(g), release(g) }* for every trainable group,
+//                    micro_step_end()  (or step_end() after the last one)
+// Thread-safety: owner-thread only (one framework thread drives the engine).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/core/memory_budget.h"
+#include "engine/core/result.h"
+#include "engine/layout.h"
+#include "engine/loss_scaler.h"
+#include "engine/lr_schedule.h"
+#include "gpu/device.h"
+
+namespace strata::adam {
+class CpuAdam;
+}
+namespace strata::nvme {
+class SwapStore;
+}
+
+namespace strata::engine {
+
+class StateStore;
+
+// Fills a parameter's initial fp32 values (out.size() == numel). Called once
+// per parameter at finalize, group by group.
+using InitFn = std::function<core::Status(std::span<float> out)>;
+
+// Bytes moved in one step, per tier and direction.
+struct StepBytes {
+  std::uint64_t h2d = 0;         // host -> device copies
+  std::uint64_t d2h = 0;         // device -> host copies
+  std::uint64_t nvme_read = 0;   // swap reads
+  std::uint64_t nvme_write = 0;  // swap writes
+  friend bool operator==(const StepBytes&, const StepBytes&) = default;
+};
+
+struct StepStats {
+  std::int64_t step = 0;       // applied optimizer steps so far
+  bool skipped = false;        // overflow (fp16) or non-finite gradients (bf16/fp32)
+  std::int64_t skipped_total = 0;
+  double grad_norm = 0.0;      // of the unscaled, averaged gradient (before clipping)
+  double lr = 0.0;             // of optimizer group 0 for this step
+  double loss_scale = 1.0;     // for the next step
+  StepBytes bytes;             // since the previous step_end
+};
+
+class Engine {
+ public:
+  // Errors: the device's or the config's (a budget that cannot be met).
+  static core::Result<std::unique_ptr<Engine>> create(const Config& config);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Optimizer groups (per-group weight decay and lr scale); group 0 exists
+  // already with the optimizer's weight decay. Returns the new group's index.
+  core::Result<int> add_optimizer_group(const OptimizerGroupDesc& group);
+  core::Status register_param(const ParamDesc& desc, InitFn init);
+  // Lays out every state, allocates it in its home tier under the budgets,
+  // and writes the initial values (master weights and compute copies).
+  core::Status finalize();
+
+  // The group's compute copies on the device (compute dtype, the layout's
+  // offsets), valid until release(group). Blocking: when it returns the
+  // copy is complete.
+  core::Result<gpu::DeviceSpan> fetch(std::string_view group);
+  core::Status release(std::string_view group);
+  // A device buffer for the group's gradients, laid out like its compute
+  // copies (frozen parameters' slots are ignored); valid until grads_ready.
+  core::Result<gpu::DeviceSpan> grad_buffer(std::string_view group);
+  // The framework has written the group's gradients (scaled by loss_scale()).
+  core::Status grads_ready(std::string_view group);
+  core::Status micro_step_end();
+  // Ends the step: loss scaling, clipping, the optimizer, new compute copies.
+  core::Result<StepStats> step_end();
+
+  double loss_scale() const { return scaler_.scale(); }
+  // Overrides the schedule's learning rate from the next step on.
+  core::Status set_lr(double lr);
+
+  const Layout& layout() const { return layout_; }
+  gpu::Device& device() { return *device_; }
+  const Config& config() const { return config_; }
+  bool finalized() const { return finalized_; }
+
+  // Test and checkpoint access: the fp32 master weights of a trainable
+  // parameter, and its compute copy (as fp32), wherever they live.
+  core::Status read_master(std::string_view param, std::span<float> out);
+  core::Status read_compute(std::string_view param, std::span<float> out);
+
+ private:
+  struct GroupState;
+  Engine(const Config& config, LossScaler scaler, LrSchedule schedule);
+
+  core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
+  core::Status check_finalized(const char* op) const;
+  // The group's compute copies in host memory (pinned home: its own memory;
+  // device or nvme home: a staging copy loaded here). commit() writes a
+  // staging copy back home.
+  core::Result<std::span<std::byte>> load_compute(std::size_t g, gpu::PinnedBuffer& staging);
+  core::Status commit_compute(std::size_t g, std::span<const std::byte> host);
+  // finalize's last part: every parameter's initial values, group by group.
+  core::Status write_initial_values();
+  core::Status run_optimizer(const core::numerics::AdamStepConstants* per_group_constants);
+  core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src);
+  core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src);
+
+  Config config_;
+  LossScaler scaler_;
+  LrSchedule schedule_;
+  double lr_override_ = -1.0;
+  std::vector<ParamDesc> params_;
+  std::vector<InitFn> inits_;
+  std::vector<OptimizerGroupDesc> optimizer_groups_;
+  Layout layout_;
+  bool finalized_ = false;
+
+  // Destruction order: everything holding device memory or swap blocks
+  // before the device, the swap store and the budgets.
+  core::MemoryBudget device_budget_;
+  core::MemoryBudget pinned_budget_;
+  std::unique_ptr<gpu::Device> device_;
+  std::unique_ptr<nvme::SwapStore> swap_;
+  std::unique_ptr<adam::CpuAdam> cpu_adam_;
+  gpu::Stream stream_;
+  std::unique_ptr<StateStore> state_;
+  std::vector<GroupState> groups_;
+  gpu::PinnedBuffer grads_;  // host gradients, trainable layout (grad_bytes per element)
+  std::vector<double> norm_partials_;  // per norm block of the trainable space
+
+  // Step bookkeeping.
+  int micro_step_ = 0;            // micro-batches ended in this step
+  bool nonfinite_ = false;        // some gradient pass saw inf/NaN this step
+  std::int64_t applied_steps_ = 0;
+  std::int64_t skipped_steps_ = 0;
+  StepBytes bytes_;
+};
+
+}  // namespace strata::engine

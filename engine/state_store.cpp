@@ -1,0 +1,122 @@
+#include "engine/state_store.h"
+
+#include <cstring>
+
+#include "engine/core/aligned_buffer.h"
+#include "engine/core/str.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+
+namespace {
+constexpr std::uint64_t kStateBytesPerElem = 12;
+}  // namespace
+
+ChunkState StateStore::views(std::byte* base, std::int64_t elems) {
+  auto* f = reinterpret_cast<float*>(base);
+  const auto n = static_cast<std::size_t>(elems);
+  return {{f, n}, {f + n, n}, {f + 2 * n, n}};
+}
+
+std::uint64_t StateStore::staging_bytes(std::size_t chunk) const {
+  return tier(chunk) == Tier::kNvme ? static_cast<std::uint64_t>(elems(chunk)) * kStateBytesPerElem : 0;
+}
+
+core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layout, gpu::Device& device,
+                                                             nvme::SwapStore* swap) {
+  std::unique_ptr<StateStore> s(new StateStore(layout, device, swap));
+  s->chunks_.resize(layout.chunks.size());
+  // One zeroed staging buffer, reused to initialise nvme chunks and device chunks.
+  core::AlignedBuffer zeros;
+  std::uint64_t largest = 0;
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier != Tier::kPinned) {
+      largest = std::max<std::uint64_t>(largest, static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem);
+    }
+  }
+  if (largest > 0) {
+    STRATA_ASSIGN_OR_RETURN(zeros, core::AlignedBuffer::allocate(largest, core::kDirectIoAlignment));
+    std::memset(zeros.data(), 0, largest);
+  }
+  STRATA_ASSIGN_OR_RETURN(gpu::Stream stream, device.create_stream("state init"));
+  for (std::size_t i = 0; i < layout.chunks.size(); ++i) {
+    const ChunkPlace& c = layout.chunks[i];
+    const std::uint64_t bytes = static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem;
+    const std::string what = str_cat("optimizer state of chunk ", i, " (", layout.groups[c.group].name, ")");
+    Chunk& chunk = s->chunks_[i];
+    switch (c.state_tier) {
+      case Tier::kDevice: {
+        STRATA_ASSIGN_OR_RETURN(chunk.device, device.allocate(bytes, what));
+        STRATA_RETURN_IF_ERROR(device.copy_h2d(stream, chunk.device.span(), {zeros.data(), bytes}));
+        break;
+      }
+      case Tier::kPinned: {
+        STRATA_ASSIGN_OR_RETURN(chunk.pinned, device.allocate_pinned(bytes, what));
+        std::memset(chunk.pinned.data(), 0, bytes);
+        break;
+      }
+      case Tier::kNvme: {
+        if (swap == nullptr) {
+          return Status::failed_precondition(str_cat(what, " lives on nvme, but no swap store was opened"));
+        }
+        chunk.block_id = str_cat("state/", i);
+        STRATA_RETURN_IF_ERROR(swap->allocate(chunk.block_id, bytes));
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap->start_write(chunk.block_id, {zeros.data(), bytes}));
+        STRATA_RETURN_IF_ERROR(io.wait());
+        break;
+      }
+    }
+  }
+  // The zero source must outlive the device copies that read it.
+  STRATA_RETURN_IF_ERROR(device.synchronize(stream));
+  return s;
+}
+
+core::Result<ChunkState> StateStore::load(std::size_t chunk, std::span<std::byte> staging) {
+  if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
+  switch (tier(chunk)) {
+    case Tier::kPinned:
+      return views(chunks_[chunk].pinned.data(), elems(chunk));
+    case Tier::kNvme: {
+      const std::uint64_t bytes = staging_bytes(chunk);
+      if (staging.size() < bytes) {
+        return Status::invalid_argument(
+            str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
+      }
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io,
+                              swap_->start_read(chunks_[chunk].block_id, staging.first(bytes)));
+      STRATA_RETURN_IF_ERROR(io.wait());
+      return views(staging.data(), elems(chunk));
+    }
+    case Tier::kDevice:
+      break;
+  }
+  return Status::failed_precondition(str_cat("chunk ", chunk, " lives on the device; it has no host views"));
+}
+
+core::Status StateStore::store(std::size_t chunk, std::span<const std::byte> staging) {
+  if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
+  if (tier(chunk) == Tier::kPinned) return Status();
+  if (tier(chunk) == Tier::kDevice) {
+    return Status::failed_precondition(str_cat("chunk ", chunk, " lives on the device; nothing to store"));
+  }
+  const std::uint64_t bytes = staging_bytes(chunk);
+  if (staging.size() < bytes) {
+    return Status::invalid_argument(str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
+  }
+  STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(chunks_[chunk].block_id, staging.first(bytes)));
+  return io.wait();
+}
+
+core::Result<gpu::DeviceSpan> StateStore::device_state(std::size_t chunk) const {
+  if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
+  if (tier(chunk) != Tier::kDevice) {
+    return Status::failed_precondition(str_cat("chunk ", chunk, " lives in ", to_string(tier(chunk)),
+                                               " memory, not on the device"));
+  }
+  return chunks_[chunk].device.span();
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,74 @@
+// StateStore: every chunk's optimizer state (fp32 master weight, exp_avg,
+// exp_avg_sq) in its home tier (engine/layout.h), and the one way the
+// optimizer gets at it. A chunk's state is three arrays of `elems` floats,
+// kept together as [master | exp_avg | exp_avg_sq]:
+// - device: one DeviceBuffer per chunk; the device's AdamW updates it there;
+// - pinned: one PinnedBuffer per chunk; the CPU optimizer works in place;
+// - nvme: one SwapStore block per chunk ("state/<index>", CRC-checked); the
+//   CPU optimizer works on a staging copy that load() reads and store() writes.
+// Every byte is charged to its budget when the store is created: device and
+// pinned through the Device, disk space through the SwapStore's capacity.
+// Thread-compatible (the optimizer pipeline calls it from one thread).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "engine/core/result.h"
+#include "engine/layout.h"
+#include "gpu/device.h"
+#include "nvme/swap_store.h"
+
+namespace strata::engine {
+
+// Host views of one chunk's state.
+struct ChunkState {
+  std::span<float> master, exp_avg, exp_avg_sq;
+};
+
+class StateStore {
+ public:
+  // Allocates every chunk in its home tier and zero-fills it. `swap` may be
+  // null when no chunk lives on nvme. Errors: the budgets' and the swap
+  // store's, naming what was being allocated.
+  static core::Result<std::unique_ptr<StateStore>> create(const Layout& layout, gpu::Device& device,
+                                                          nvme::SwapStore* swap);
+
+  std::size_t chunk_count() const { return chunks_.size(); }
+  Tier tier(std::size_t chunk) const { return layout_.chunks[chunk].state_tier; }
+  std::int64_t elems(std::size_t chunk) const { return layout_.chunks[chunk].elems; }
+  // Bytes of staging memory a chunk needs for load()/store() (0 unless nvme).
+  std::uint64_t staging_bytes(std::size_t chunk) const;
+
+  // Host views of a pinned or nvme chunk. Pinned: views of its own memory
+  // (`staging` unused). Nvme: reads the block into `staging` (at least
+  // staging_bytes(chunk), 4096-aligned) and returns views into it; a CRC
+  // mismatch is kDataLoss naming the file and offset. Device chunks:
+  // kFailedPrecondition (use device_state()).
+  core::Result<ChunkState> load(std::size_t chunk, std::span<std::byte> staging);
+  // Writes an nvme chunk's staging copy back and waits for it; no-op for
+  // pinned chunks. The staging copy must be the one load() filled.
+  core::Status store(std::size_t chunk, std::span<const std::byte> staging);
+
+  // The device views [master | exp_avg | exp_avg_sq] of a device chunk.
+  core::Result<gpu::DeviceSpan> device_state(std::size_t chunk) const;
+
+ private:
+  struct Chunk {
+    gpu::DeviceBuffer device;
+    gpu::PinnedBuffer pinned;
+    std::string block_id;  // nvme
+  };
+  StateStore(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap)
+      : layout_(layout), device_(device), swap_(swap) {}
+  static ChunkState views(std::byte* base, std::int64_t elems);
+
+  const Layout& layout_;
+  gpu::Device& device_;
+  nvme::SwapStore* swap_;
+  std::vector<Chunk> chunks_;
+};
+
+}  // namespace strata::engine

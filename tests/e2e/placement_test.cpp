@@ -1,0 +1,376 @@
+// End to end through the C++ engine on the host device: a small two-layer
+// MLP (teacher-student regression, computed by this test as a CPU framework
+// would) trains 20 steps under every placement. Final weights, compute copies
+// and losses are bit-identical across placements; each placement's traffic
+// matches the memory model; the loss halves.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/core/numerics.h"
+#include "engine/engine.h"
+
+namespace strata::engine {
+namespace {
+
+namespace fs = std::filesystem;
+namespace nx = core::numerics;
+
+constexpr int kIn = 256, kHidden = 512, kOut = 32, kBatch = 32;
+constexpr int kSteps = 20;
+
+// splitmix64: the same stream on every platform.
+struct Rng {
+  std::uint64_t s;
+  std::uint64_t next() {
+    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }  // [-1, 1)
+};
+
+struct Tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string group;
+  float scale;
+};
+const std::vector<Tensor> kTensors = {
+    {"l1.w", {kHidden, kIn}, "l1", 1.0f / 16.0f},
+    {"l1.b", {kHidden}, "l1", 0.0f},
+    {"l2.w", {kOut, kHidden}, "l2", 1.0f / 22.0f},
+    {"l2.b", {kOut}, "l2", 0.0f},
+};
+
+void init_values(const Tensor& t, std::span<float> out) {
+  Rng r{std::hash<std::string>{}(t.name) * 0 + static_cast<std::uint64_t>(t.name[1]) * 1000 + t.name.size() +
+        static_cast<std::uint64_t>(t.name.back())};
+  for (float& v : out) v = t.scale * r.uniform();
+}
+
+// The framework side: host copies of the weights, forward and backward in fp32.
+struct Framework {
+  std::map<std::string, std::vector<float>> w;  // current compute weights, fp32
+  std::vector<float> x, y, h, pre, out;         // one batch and its activations
+  int cb = 2;
+  Precision precision = Precision::kBf16;
+
+  void batch(int step) {
+    Rng r{static_cast<std::uint64_t>(step) * 7919 + 1};
+    x.resize(kBatch * kIn);
+    for (float& v : x) v = r.uniform();
+    // teacher: a fixed linear map of x, mildly nonlinear
+    y.assign(kBatch * kOut, 0.0f);
+    Rng t{424242};
+    std::vector<float> teacher(kOut * kIn);
+    for (float& v : teacher) v = t.uniform() / 16.0f;
+    for (int b = 0; b < kBatch; ++b) {
+      for (int o = 0; o < kOut; ++o) {
+        float s = 0.0f;
+        for (int i = 0; i < kIn; ++i) s += teacher[o * kIn + i] * x[b * kIn + i];
+        y[b * kOut + o] = std::tanh(s);
+      }
+    }
+  }
+  void load(Engine& e, const std::string& group) {
+    auto span = e.fetch(group);
+    ASSERT_TRUE(span.ok()) << span.status();
+    std::vector<std::byte> host(span->size_bytes());
+    ASSERT_TRUE(e.device().copy_d2h(stream(e), host, *span).ok());
+    ASSERT_TRUE(e.device().synchronize(stream(e)).ok());
+    const GroupPlace* g = e.layout().find_group(group);
+    for (std::size_t pi : g->params) {
+      const ParamDesc& p = e.layout().params[pi];
+      std::vector<float>& dst = w[p.name];
+      dst.resize(static_cast<std::size_t>(p.numel()));
+      const std::byte* src = host.data() + e.layout().places[pi].compute_offset * cb;
+      for (std::size_t i = 0; i < dst.size(); ++i) {
+        if (cb == 4) {
+          std::memcpy(&dst[i], src + 4 * i, 4);
+        } else {
+          std::uint16_t hb;
+          std::memcpy(&hb, src + 2 * i, 2);
+          dst[i] = precision == Precision::kFp16 ? nx::fp16_bits_to_fp32(hb) : nx::bf16_bits_to_fp32(hb);
+        }
+      }
+    }
+    ASSERT_TRUE(e.release(group).ok());
+  }
+  double forward() {
+    const auto& w1 = w["l1.w"];
+    const auto& b1 = w["l1.b"];
+    const auto& w2 = w["l2.w"];
+    const auto& b2 = w["l2.b"];
+    pre.assign(kBatch * kHidden, 0.0f);
+    h.assign(kBatch * kHidden, 0.0f);
+    out.assign(kBatch * kOut, 0.0f);
+    for (int b = 0; b < kBatch; ++b) {
+      for (int j = 0; j < kHidden; ++j) {
+        float s = b1[j];
+        for (int i = 0; i < kIn; ++i) s += w1[j * kIn + i] * x[b * kIn + i];
+        pre[b * kHidden + j] = s;
+        h[b * kHidden + j] = s > 0.0f ? s : 0.0f;
+      }
+      for (int o = 0; o < kOut; ++o) {
+        float s = b2[o];
+        for (int j = 0; j < kHidden; ++j) s += w2[o * kHidden + j] * h[b * kHidden + j];
+        out[b * kOut + o] = s;
+      }
+    }
+    double loss = 0.0;
+    for (int k = 0; k < kBatch * kOut; ++k) loss += 0.5 * double(out[k] - y[k]) * double(out[k] - y[k]);
+    return loss / kBatch;
+  }
+  // Gradients of loss * scale, per parameter.
+  std::map<std::string, std::vector<float>> backward(float scale) {
+    std::map<std::string, std::vector<float>> g;
+    g["l1.w"].assign(kHidden * kIn, 0.0f);
+    g["l1.b"].assign(kHidden, 0.0f);
+    g["l2.w"].assign(kOut * kHidden, 0.0f);
+    g["l2.b"].assign(kOut, 0.0f);
+    std::vector<float> dh(kBatch * kHidden, 0.0f);
+    const auto& w2 = w["l2.w"];
+    for (int b = 0; b < kBatch; ++b) {
+      for (int o = 0; o < kOut; ++o) {
+        const float d = (out[b * kOut + o] - y[b * kOut + o]) * scale / kBatch;
+        g["l2.b"][o] += d;
+        for (int j = 0; j < kHidden; ++j) {
+          g["l2.w"][o * kHidden + j] += d * h[b * kHidden + j];
+          dh[b * kHidden + j] += d * w2[o * kHidden + j];
+        }
+      }
+      for (int j = 0; j < kHidden; ++j) {
+        const float d = pre[b * kHidden + j] > 0.0f ? dh[b * kHidden + j] : 0.0f;
+        g["l1.b"][j] += d;
+        for (int i = 0; i < kIn; ++i) g["l1.w"][j * kIn + i] += d * x[b * kIn + i];
+      }
+    }
+    return g;
+  }
+  void give_grads(Engine& e, const std::string& group, const std::map<std::string, std::vector<float>>& g) {
+    auto span = e.grad_buffer(group);
+    ASSERT_TRUE(span.ok()) << span.status();
+    std::vector<std::byte> host(span->size_bytes());
+    const GroupPlace* gp = e.layout().find_group(group);
+    for (std::size_t pi : gp->params) {
+      const ParamDesc& p = e.layout().params[pi];
+      std::byte* dst = host.data() + e.layout().places[pi].compute_offset * cb;
+      const auto& src = g.at(p.name);
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        if (cb == 4) {
+          std::memcpy(dst + 4 * i, &src[i], 4);
+        } else {
+          const std::uint16_t hb =
+              precision == Precision::kFp16 ? nx::fp32_to_fp16_bits(src[i]) : nx::fp32_to_bf16_bits(src[i]);
+          std::memcpy(dst + 2 * i, &hb, 2);
+        }
+      }
+    }
+    ASSERT_TRUE(e.device().copy_h2d(stream(e), *span, host).ok());
+    ASSERT_TRUE(e.device().synchronize(stream(e)).ok());
+    ASSERT_TRUE(e.grads_ready(group).ok());
+  }
+  gpu::Stream& stream(Engine& e) {
+    if (s.empty()) s = std::move(e.device().create_stream("framework")).value();
+    return s;
+  }
+  gpu::Stream s;
+};
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> master, compute;
+  std::vector<StepStats> stats;
+  StepBytes expected_bytes;  // one step's traffic by the memory model
+};
+
+// One step's traffic, from the layout (GAS = 1, every group fetched twice,
+// gradients for every trainable group): compute copies cross the link on each
+// fetch unless they live on the device, gradients come down once (2 B), the
+// optimizer loads and commits each group's compute copies from and to their
+// home, nvme chunks are read and written once (12 B per element), device
+// chunks take their gradients up and send new compute copies down.
+StepBytes memory_model(const Layout& l) {
+  StepBytes b;
+  const std::uint64_t cb = static_cast<std::uint64_t>(l.compute_bytes), gb = static_cast<std::uint64_t>(l.grad_bytes);
+  for (const GroupPlace& g : l.groups) {
+    const std::uint64_t compute = static_cast<std::uint64_t>(g.compute_elems) * cb;
+    const bool trainable = g.trainable_elems > 0;
+    const int fetches = trainable ? 2 : 1;
+    if (g.compute_tier != Tier::kDevice) b.h2d += fetches * compute;
+    if (g.compute_tier == Tier::kNvme) b.nvme_read += fetches * compute;
+    if (!trainable) continue;
+    b.d2h += compute;  // gradients, laid out like the compute copies
+    if (g.compute_tier == Tier::kDevice) {
+      b.d2h += compute;
+      b.h2d += compute;
+    } else if (g.compute_tier == Tier::kNvme) {
+      b.nvme_read += compute;
+      b.nvme_write += compute;
+    }
+  }
+  for (const ChunkPlace& c : l.chunks) {
+    const std::uint64_t n = static_cast<std::uint64_t>(c.elems);
+    if (c.state_tier == Tier::kNvme) {
+      b.nvme_read += 12 * n;
+      b.nvme_write += 12 * n;
+    } else if (c.state_tier == Tier::kDevice) {
+      b.h2d += gb * n;
+      b.d2h += cb * n;
+    }
+  }
+  return b;
+}
+
+class Placement : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("strata_e2e_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  Config base() {
+    Config c;
+    c.train_batch_size = kBatch;
+    c.train_micro_batch_size_per_gpu = kBatch;
+    c.precision = Precision::kBf16;
+    c.zero.stage = 3;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.weight_decay = 0.01;
+    c.gradient_clipping = 1.0;
+    c.strata.device = DeviceKind::kHost;
+    c.strata.chunk_bytes = 65536 * 4;  // one norm block per chunk: several chunks per group
+    c.strata.io.paths = {dir_.string()};
+    c.strata.io.backend = IoBackend::kPsync;
+    c.strata.cpu_adam.threads = 1;
+    return c;
+  }
+
+  RunResult train(const Config& c, bool freeze_l1 = false) {
+    RunResult r;
+    auto created = Engine::create(c);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (!created.ok()) return r;
+    Engine& e = **created;
+    auto no_decay = e.add_optimizer_group({"no_decay", 0.0, 1.0});
+    EXPECT_TRUE(no_decay.ok());
+    for (const Tensor& t : kTensors) {
+      ParamDesc d{t.name, t.shape, t.group, !(freeze_l1 && t.group == "l1"), t.name.back() == 'b' ? *no_decay : 0};
+      EXPECT_TRUE(e.register_param(d, [t](std::span<float> out) {
+                     init_values(t, out);
+                     return core::Status();
+                   }).ok());
+    }
+    const core::Status fin = e.finalize();
+    EXPECT_TRUE(fin.ok()) << fin;
+    if (!fin.ok()) return r;
+    Framework f;
+    f.cb = e.layout().compute_bytes;
+    f.precision = c.precision;
+    for (int step = 0; step < kSteps; ++step) {
+      for (int micro = 0; micro < c.gradient_accumulation_steps; ++micro) {
+        f.batch(step * 16 + micro);
+        f.load(e, "l1");
+        f.load(e, "l2");
+        const double loss = f.forward();
+        if (micro == 0) r.losses.push_back(loss);
+        const auto g = f.backward(static_cast<float>(e.loss_scale()));
+        f.load(e, "l2");  // fetch again for backward, as a framework does
+        f.give_grads(e, "l2", g);
+        if (!freeze_l1) {
+          f.load(e, "l1");
+          f.give_grads(e, "l1", g);
+        }
+        if (micro + 1 < c.gradient_accumulation_steps) {
+          EXPECT_TRUE(e.micro_step_end().ok());
+        }
+      }
+      auto st = e.step_end();
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (!st.ok()) return r;
+      r.stats.push_back(*st);
+    }
+    r.expected_bytes = memory_model(e.layout());
+    for (const Tensor& t : kTensors) {
+      std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
+      if (!(freeze_l1 && t.group == "l1")) {
+        EXPECT_TRUE(e.read_master(t.name, v).ok());
+        r.master[t.name] = v;
+      }
+      EXPECT_TRUE(e.read_compute(t.name, v).ok());
+      r.compute[t.name] = v;
+    }
+    return r;
+  }
+
+  fs::path dir_;
+};
+
+bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
+  struct Case {
+    const char* name;
+    OffloadDevice optimizer, param;
+    double cpu_fraction = 0.0, ratio = 1.0;
+  };
+  const std::vector<Case> cases = {
+      {"all on the device", OffloadDevice::kNone, OffloadDevice::kNone},
+      {"optimizer in pinned memory", OffloadDevice::kCpu, OffloadDevice::kNone},
+      {"params and optimizer in pinned memory", OffloadDevice::kCpu, OffloadDevice::kCpu},
+      {"optimizer on nvme", OffloadDevice::kNvme, OffloadDevice::kNone},
+      {"everything on nvme", OffloadDevice::kNvme, OffloadDevice::kNvme},
+      {"optimizer split cpu/nvme", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.5},
+      {"half the optimizer on the device (ratio)", OffloadDevice::kCpu, OffloadDevice::kCpu, 0.0, 0.5},
+  };
+  RunResult reference;
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Config c = base();
+    c.zero.offload_optimizer.device = k.optimizer;
+    c.zero.offload_param.device = k.param;
+    c.zero.offload_optimizer.ratio = k.ratio;
+    c.strata.optimizer_cpu_fraction = k.cpu_fraction;
+    RunResult r = train(c);
+    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+    const StepBytes& got = r.stats.back().bytes;
+    std::printf("%-42s loss %.6f -> %.6f  h2d %llu d2h %llu nvme r/w %llu/%llu\n", k.name, r.losses.front(),
+                r.losses.back(), static_cast<unsigned long long>(got.h2d), static_cast<unsigned long long>(got.d2h),
+                static_cast<unsigned long long>(got.nvme_read), static_cast<unsigned long long>(got.nvme_write));
+    if (reference.losses.empty()) {
+      reference = r;
+      EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the loss should halve in " << kSteps << " steps";
+    } else {
+      EXPECT_EQ(r.losses, reference.losses);
+      for (const auto& [name, v] : reference.master) EXPECT_TRUE(bits_equal(r.master[name], v)) << name;
+      for (const auto& [name, v] : reference.compute) EXPECT_TRUE(bits_equal(r.compute[name], v)) << name;
+    }
+    EXPECT_EQ(r.stats.back().bytes, r.expected_bytes) << "h2d " << r.stats.back().bytes.h2d << " vs "
+                                                      << r.expected_bytes.h2d << ", d2h " << r.stats.back().bytes.d2h
+                                                      << " vs " << r.expected_bytes.d2h << ", nvme read "
+                                                      << r.stats.back().bytes.nvme_read << " vs "
+                                                      << r.expected_bytes.nvme_read << ", nvme write "
+                                                      << r.stats.back().bytes.nvme_write << " vs "
+                                                      << r.expected_bytes.nvme_write;
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine

@@ -1,0 +1,166 @@
+// StateStore over the host device and a real swap store: every tier holds
+// what was stored, nvme corruption is caught, budgets are enforced.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/core/aligned_buffer.h"
+#include "engine/core/memory_budget.h"
+#include "engine/layout.h"
+#include "engine/state_store.h"
+#include "gpu/host_device.h"
+#include "nvme/swap_store.h"
+
+namespace strata::engine {
+namespace {
+
+namespace fs = std::filesystem;
+constexpr std::int64_t kB = 65536;
+
+class StateStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("strata_state_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // 3 groups of 2 blocks, chunks of 1 block: 6 chunks; nvme with half of the
+  // offloaded share pinned, and DeepSpeed's ratio leaving 2 chunks on the device.
+  Layout layout() {
+    Config c;
+    c.precision = Precision::kBf16;
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero.offload_optimizer.ratio = 4.0 / 6.0;
+    c.strata.optimizer_cpu_fraction = 0.5;
+    c.strata.chunk_bytes = kB * 4;
+    std::vector<ParamDesc> params;
+    for (int g = 0; g < 3; ++g) params.push_back({"w" + std::to_string(g), {2 * kB}, "g" + std::to_string(g)});
+    auto l = plan_layout(params, {}, c);
+    EXPECT_TRUE(l.ok()) << l.status();
+    return std::move(l).value();
+  }
+
+  std::unique_ptr<nvme::SwapStore> swap() {
+    nvme::SwapStoreOptions o;
+    o.paths = {dir_.string()};
+    o.capacity_bytes = 64ull << 20;
+    o.io.kind = nvme::BackendKind::kPsync;
+    auto s = nvme::SwapStore::create(o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  fs::path dir_;
+  core::MemoryBudget device_budget_{"device memory", 64ull << 20, "strata.budgets.device"};
+  core::MemoryBudget pinned_budget_{"pinned host memory", 64ull << 20, "strata.budgets.pinned"};
+};
+
+TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
+  const Layout l = layout();
+  int tiers[3] = {0, 0, 0};
+  for (const ChunkPlace& c : l.chunks) ++tiers[static_cast<int>(c.state_tier)];
+  ASSERT_EQ(tiers[0], 2);  // device
+  ASSERT_EQ(tiers[1], 2);  // pinned
+  ASSERT_EQ(tiers[2], 2);  // nvme
+  auto device = gpu::make_host_device({{&device_budget_, &pinned_budget_}, {}});
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto sw = swap();
+  ASSERT_NE(sw, nullptr);
+  auto store = StateStore::create(l, **device, sw.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(device_budget_.used_bytes(), 2u * kB * 12);
+  EXPECT_EQ(pinned_budget_.used_bytes(), 2u * kB * 12);
+
+  auto staging = core::AlignedBuffer::allocate(kB * 12, core::kDirectIoAlignment);
+  ASSERT_TRUE(staging.ok());
+  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
+    if ((*store)->tier(i) == Tier::kDevice) continue;
+    auto st = (*store)->load(i, staging->bytes());
+    ASSERT_TRUE(st.ok()) << st.status();
+    for (std::int64_t k = 0; k < kB; ++k) {
+      ASSERT_EQ(st->master[k], 0.0f);  // zero-filled at creation
+      st->master[k] = static_cast<float>(i * 1000 + k);
+      st->exp_avg[k] = 1.0f;
+      st->exp_avg_sq[k] = -static_cast<float>(k);
+    }
+    ASSERT_TRUE((*store)->store(i, staging->bytes()).ok());
+  }
+  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
+    if ((*store)->tier(i) == Tier::kDevice) {
+      auto span = (*store)->device_state(i);
+      ASSERT_TRUE(span.ok());
+      EXPECT_EQ(span->size_bytes(), static_cast<std::uint64_t>(kB) * 12);
+      EXPECT_EQ((*store)->load(i, staging->bytes()).status().code(), core::StatusCode::kFailedPrecondition);
+      continue;
+    }
+    std::memset(staging->data(), 0xff, staging->size_bytes());
+    auto st = (*store)->load(i, staging->bytes());
+    ASSERT_TRUE(st.ok()) << st.status();
+    for (std::int64_t k = 0; k < kB; k += 997) {
+      EXPECT_EQ(st->master[k], static_cast<float>(i * 1000 + k)) << i << " " << k;
+      EXPECT_EQ(st->exp_avg[k], 1.0f);
+      EXPECT_EQ(st->exp_avg_sq[k], -static_cast<float>(k));
+    }
+  }
+  EXPECT_EQ((*store)->device_state(2).status().code(), core::StatusCode::kFailedPrecondition);
+  store->reset();
+  EXPECT_EQ(device_budget_.used_bytes(), 0u);
+  EXPECT_EQ(pinned_budget_.used_bytes(), 0u);
+}
+
+TEST_F(StateStoreTest, CorruptSwapIsDataLossNotGarbage) {
+  const Layout l = layout();
+  auto device = gpu::make_host_device({{&device_budget_, &pinned_budget_}, {}});
+  ASSERT_TRUE(device.ok());
+  auto sw = swap();
+  ASSERT_NE(sw, nullptr);
+  auto store = StateStore::create(l, **device, sw.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  const std::size_t nvme_chunk = l.chunks.size() - 3;  // pinned, pinned, nvme, nvme, device, device
+  ASSERT_EQ((*store)->tier(nvme_chunk), Tier::kNvme);
+  auto extents = sw->extents("state/" + std::to_string(nvme_chunk));
+  ASSERT_TRUE(extents.ok()) << extents.status();
+  {
+    std::fstream f(extents->front().file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(extents->front().file_offset + 4096 + 3));
+    f.put('\x5a');
+  }
+  auto staging = core::AlignedBuffer::allocate(kB * 12, core::kDirectIoAlignment);
+  ASSERT_TRUE(staging.ok());
+  auto st = (*store)->load(nvme_chunk, staging->bytes());
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.status().code(), core::StatusCode::kDataLoss) << st.status();
+  EXPECT_NE(st.status().message().find(extents->front().file), std::string::npos) << st.status();
+}
+
+TEST_F(StateStoreTest, BudgetsAreEnforcedWithTheirNames) {
+  const Layout l = layout();
+  core::MemoryBudget small_pinned{"pinned host memory", kB * 12, "strata.budgets.pinned"};
+  auto device = gpu::make_host_device({{&device_budget_, &small_pinned}, {}});
+  ASSERT_TRUE(device.ok());
+  auto sw = swap();
+  ASSERT_NE(sw, nullptr);
+  auto store = StateStore::create(l, **device, sw.get());
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), core::StatusCode::kResourceExhausted);
+  EXPECT_NE(store.status().message().find("strata.budgets.pinned"), std::string::npos) << store.status();
+  EXPECT_EQ(small_pinned.used_bytes(), 0u);  // nothing kept from the failed attempt
+  // No swap store while chunks live on nvme: a clear error, not a crash.
+  auto roomy = gpu::make_host_device({{&device_budget_, &pinned_budget_}, {}});
+  ASSERT_TRUE(roomy.ok());
+  auto no_swap = StateStore::create(l, **roomy, nullptr);
+  ASSERT_FALSE(no_swap.ok());
+  EXPECT_NE(no_swap.status().message().find("no swap store"), std::string::npos) << no_swap.status();
+}
+
+}  // namespace
+}  // namespace strata::engine
