@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -194,25 +196,26 @@ struct RunResult {
   std::map<std::string, std::vector<float>> master, compute;
   std::vector<StepStats> stats;
   StepBytes expected_bytes;  // one step's traffic by the memory model
+  core::Status error;        // of the step that was expected to fail
 };
 
-// One step's traffic, from the layout (GAS = 1, every group fetched twice,
+// One step's traffic, from the layout (every group fetched twice per micro-batch,
 // gradients for every trainable group): compute copies cross the link on each
 // fetch unless they live on the device, gradients come down once (2 B), the
 // optimizer loads and commits each group's compute copies from and to their
 // home, nvme chunks are read and written once (12 B per element), device
 // chunks take their gradients up and send new compute copies down.
-StepBytes memory_model(const Layout& l) {
+StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   StepBytes b;
   const std::uint64_t cb = static_cast<std::uint64_t>(l.compute_bytes), gb = static_cast<std::uint64_t>(l.grad_bytes);
   for (const GroupPlace& g : l.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(g.compute_elems) * cb;
     const bool trainable = g.trainable_elems > 0;
-    const int fetches = trainable ? 2 : 1;
+    const std::uint64_t fetches = (trainable ? 2 : 1) * micro_batches;
     if (g.compute_tier != Tier::kDevice) b.h2d += fetches * compute;
     if (g.compute_tier == Tier::kNvme) b.nvme_read += fetches * compute;
     if (!trainable) continue;
-    b.d2h += compute;  // gradients, laid out like the compute copies
+    b.d2h += micro_batches * compute;  // gradients, laid out like the compute copies
     if (g.compute_tier == Tier::kDevice) {
       b.d2h += compute;
       b.h2d += compute;
@@ -261,7 +264,11 @@ class Placement : public ::testing::Test {
     return c;
   }
 
-  RunResult train(const Config& c, bool freeze_l1 = false) {
+  // `tamper(step, grads)` may change the gradients a step hands over.
+  using Tamper = std::function<void(int step, std::map<std::string, std::vector<float>>& grads)>;
+  // With `error_at` >= 0, step_end of that step must fail (and training stops there).
+  RunResult train(const Config& c, bool freeze_l1 = false, const Tamper& tamper = nullptr, int error_at = -1,
+                  int steps = kSteps) {
     RunResult r;
     auto created = Engine::create(c);
     EXPECT_TRUE(created.ok()) << created.status();
@@ -282,14 +289,15 @@ class Placement : public ::testing::Test {
     Framework f;
     f.cb = e.layout().compute_bytes;
     f.precision = c.precision;
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < steps; ++step) {
       for (int micro = 0; micro < c.gradient_accumulation_steps; ++micro) {
         f.batch(step * 16 + micro);
         f.load(e, "l1");
         f.load(e, "l2");
         const double loss = f.forward();
         if (micro == 0) r.losses.push_back(loss);
-        const auto g = f.backward(static_cast<float>(e.loss_scale()));
+        auto g = f.backward(static_cast<float>(e.loss_scale()));
+        if (tamper) tamper(step, g);
         f.load(e, "l2");  // fetch again for backward, as a framework does
         f.give_grads(e, "l2", g);
         if (!freeze_l1) {
@@ -301,11 +309,16 @@ class Placement : public ::testing::Test {
         }
       }
       auto st = e.step_end();
+      if (step == error_at) {
+        EXPECT_FALSE(st.ok());
+        r.error = st.status();
+        return r;
+      }
       EXPECT_TRUE(st.ok()) << st.status();
       if (!st.ok()) return r;
       r.stats.push_back(*st);
     }
-    r.expected_bytes = memory_model(e.layout());
+    r.expected_bytes = memory_model(e.layout(), static_cast<std::uint64_t>(c.gradient_accumulation_steps));
     for (const Tensor& t : kTensors) {
       std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
       if (!(freeze_l1 && t.group == "l1")) {
@@ -370,6 +383,89 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
                                                       << r.stats.back().bytes.nvme_write << " vs "
                                                       << r.expected_bytes.nvme_write;
   }
+}
+
+TEST_F(Placement, GradientAccumulationIsBitIdenticalAcrossPlacements) {
+  Config pinned = base();
+  pinned.gradient_accumulation_steps = 2;
+  pinned.train_batch_size = 2 * kBatch;
+  pinned.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  pinned.zero.offload_param.device = OffloadDevice::kCpu;
+  Config nvme = pinned;
+  nvme.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  nvme.zero.offload_param.device = OffloadDevice::kNvme;
+  constexpr int kAccumSteps = 8;
+  const RunResult a = train(pinned, false, nullptr, -1, kAccumSteps), b = train(nvme, false, nullptr, -1, kAccumSteps);
+  ASSERT_EQ(a.losses.size(), static_cast<std::size_t>(kAccumSteps));
+  EXPECT_EQ(a.losses, b.losses);
+  for (const auto& [name, v] : a.master) EXPECT_TRUE(bits_equal(b.master.at(name), v)) << name;
+  EXPECT_LT(a.losses.back(), 0.8 * a.losses.front());
+  EXPECT_EQ(a.stats.back().bytes, a.expected_bytes);
+  EXPECT_EQ(b.stats.back().bytes, b.expected_bytes);
+}
+
+TEST_F(Placement, FrozenBaseTrainsOnlyTheTrainablePart) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  const RunResult r = train(c, /*freeze_l1=*/true);
+  ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_LT(r.losses.back(), r.losses.front());
+  EXPECT_EQ(r.master.count("l1.w"), 0u);  // frozen: no master weights
+  for (const Tensor& t : kTensors) {
+    if (t.group != "l1") continue;
+    std::vector<float> init(r.compute.at(t.name).size());
+    init_values(t, init);
+    for (std::size_t i = 0; i < init.size(); ++i) {
+      ASSERT_EQ(r.compute.at(t.name)[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(init[i]))) << t.name << " " << i;
+    }
+  }
+  EXPECT_EQ(r.stats.back().bytes, r.expected_bytes);
+}
+
+TEST_F(Placement, Bf16NonFiniteGradientsSkipTheStepAndCount) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  const auto nan_at_5 = [](int step, std::map<std::string, std::vector<float>>& g) {
+    if (step == 5) g["l2.w"][7] = std::numeric_limits<float>::quiet_NaN();
+  };
+  const RunResult r = train(c, false, nan_at_5);
+  ASSERT_EQ(r.stats.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_TRUE(r.stats[5].skipped);
+  EXPECT_EQ(r.stats[5].step, 5);  // not advanced
+  EXPECT_EQ(r.stats.back().skipped_total, 1);
+  EXPECT_EQ(r.stats.back().step, kSteps - 1);
+  for (const auto& [name, v] : r.master) {
+    for (float x : v) ASSERT_TRUE(std::isfinite(x)) << name;  // the NaN never reached the weights
+  }
+  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
+
+  // strata.nonfinite = "error": the same step fails, naming the key.
+  c.strata.nonfinite = NonfinitePolicy::kError;
+  const RunResult strict = train(c, false, nan_at_5, /*error_at=*/5);
+  EXPECT_EQ(strict.error.code(), core::StatusCode::kFailedPrecondition);
+  EXPECT_NE(strict.error.message().find("strata.nonfinite"), std::string::npos) << strict.error;
+}
+
+TEST_F(Placement, Fp16OverflowSkipsAndHalvesTheScaleAsDeepSpeedDoes) {
+  Config c = base();
+  c.precision = Precision::kFp16;
+  c.fp16.enabled = true;
+  c.fp16.initial_scale_power = 8;
+  c.fp16.hysteresis = 1;
+  c.fp16.loss_scale_window = 1000;
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  const auto inf_at_4 = [](int step, std::map<std::string, std::vector<float>>& g) {
+    if (step == 4) g["l1.w"][3] = std::numeric_limits<float>::infinity();
+  };
+  const RunResult r = train(c, false, inf_at_4);
+  ASSERT_EQ(r.stats.size(), static_cast<std::size_t>(kSteps));
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(r.stats[s].skipped, s == 4) << s;
+    EXPECT_EQ(r.stats[s].loss_scale, s < 4 ? 256.0 : 128.0) << s;
+  }
+  EXPECT_EQ(r.stats.back().step, kSteps - 1);
+  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
 }
 
 }  // namespace
