@@ -164,6 +164,14 @@ core::Status Engine::check_finalized(const char* op) const {
   return Status();
 }
 
+bool Engine::between_steps() const {
+  if (micro_step_ != 0) return false;
+  for (const GroupState& gs : groups_) {
+    if (gs.grads_micro_step >= 0 || gs.fetched || !gs.grad.empty()) return false;
+  }
+  return true;
+}
+
 core::Result<std::size_t> Engine::group_index(std::string_view name, const char* op) const {
   STRATA_RETURN_IF_ERROR(check_finalized(op));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {

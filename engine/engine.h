@@ -38,6 +38,7 @@ class SwapStore;
 namespace strata::engine {
 
 class StateStore;
+struct ChunkState;
 
 // Fills a parameter's initial fp32 values (out.size() == numel). Called once
 // per parameter at finalize, group by group.
@@ -96,6 +97,26 @@ class Engine {
   // Overrides the schedule's learning rate from the next step on.
   core::Status set_lr(double lr);
 
+  // --- checkpoints (engine/checkpoint.cpp; format in docs/checkpoints.md) ---
+  // Saves the whole training state between steps into <root>/step-<N>/ and
+  // then points <root>/latest at it; a save interrupted anywhere leaves the
+  // previous checkpoint loadable. `blob` is the framework's own state
+  // (data loader, RNG), returned by load_checkpoint. Placement-independent:
+  // values are stored per parameter, not per chunk or tier.
+  // Errors: kFailedPrecondition mid-step; I/O errors naming the file.
+  core::Status save_checkpoint(const std::string& root, std::span<const std::byte> blob);
+  // Loads <root>/latest (or <root> itself when it is a step directory) into
+  // this finalized engine, whatever its placement; returns the framework's
+  // blob. Errors: kNotFound; kDataLoss for a corrupt or truncated file (CRC);
+  // kFailedPrecondition for a format version this build cannot read or a
+  // parameter set that differs (naming the first difference).
+  core::Result<std::vector<std::byte>> load_checkpoint(const std::string& root);
+  // Writes the current weights (the fp32 masters of trainable parameters,
+  // the compute copies of frozen ones) as safetensors in `dtype` into `dir`:
+  // one file "model.safetensors", or shards of at most `max_shard_bytes`
+  // with model.safetensors.index.json when the weights are larger.
+  core::Status export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes);
+
   const Layout& layout() const { return layout_; }
   gpu::Device& device() { return *device_; }
   const Config& config() const { return config_; }
@@ -112,6 +133,8 @@ class Engine {
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   core::Status check_finalized(const char* op) const;
+  // True when no micro-batch is under way: nothing fetched, no gradients pending.
+  bool between_steps() const;
   // The group's compute copies in host memory (pinned home: its own memory;
   // device or nvme home: a staging copy loaded here). commit() writes a
   // staging copy back home.
@@ -122,6 +145,11 @@ class Engine {
   core::Status run_optimizer(const core::numerics::AdamStepConstants* per_group_constants);
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src);
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src);
+  // Runs fn over every chunk of group g with host views of its state (device
+  // chunks through a host copy); with `write_back`, the views are written
+  // home afterwards.
+  core::Status visit_group_state(std::size_t g, bool write_back,
+                                 const std::function<core::Status(const ChunkPlace&, ChunkState&)>& fn);
 
   Config config_;
   LossScaler scaler_;

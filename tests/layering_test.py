@@ -49,7 +49,8 @@ VENDOR = [
      ["cpu_adam/kernels/*_avx512*.cpp", "cpu_adam/kernels/*_avx2*.cpp",
       "benchmarks/*_avx512*.cpp", "benchmarks/*_avx2*.cpp"]),
     # JSON formats: the config, and the safetensors header.
-    (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*"]),
+    (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*",
+                                    "engine/checkpoint*"]),
 ]
 
 

@@ -1,0 +1,400 @@
+// Checkpoints and weight export (Engine methods declared in engine/engine.h).
+// Layout of <root>/step-<N>/ (docs/checkpoints.md):
+//   state.safetensors  per parameter: "<name>.compute" (compute dtype) and, when
+//                      trainable, "<name>.master", ".exp_avg", ".exp_avg_sq" (F32)
+//   framework.bin      the framework's blob
+//   manifest.json      format version, step counters, loss scaler, lr override,
+//                      the parameter list, the config, CRC64 of the two files
+// Written into <root>/.step-<N>.tmp, fsynced, renamed; then <root>/latest is
+// replaced (write aside, fsync, rename). Loading follows latest.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <array>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "engine/core/str.h"
+#include "engine/core/unique_fd.h"
+#include "engine/engine.h"
+#include "engine/safetensors.h"
+#include "engine/state_store.h"
+#include "nvme/crc64.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kFormatVersion = 1;
+
+// Test hook: STRATA_CHECKPOINT_CRASH_AT=<point> ends the process at that point
+// of a save (tests/e2e kill a child there and load what is left).
+void crash_point(const char* name) {
+  const char* at = std::getenv("STRATA_CHECKPOINT_CRASH_AT");
+  if (at != nullptr && std::strcmp(at, name) == 0) std::_Exit(86);
+}
+
+Status fsync_path(const std::string& path, bool directory) {
+  core::UniqueFd fd(::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC));
+  if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path, " to fsync"));
+  if (::fsync(fd.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", path));
+  return Status();
+}
+
+Status write_file(const std::string& path, std::span<const std::byte> data) {
+  core::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) return Status::from_errno(errno, str_cat("create ", path));
+  std::size_t done = 0;
+  while (done < data.size()) {
+    const ssize_t w = ::write(fd.get(), data.data() + done, data.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return Status::io_error(w < 0 ? errno : 0, "write", path, done, data.size() - done, w);
+    done += static_cast<std::size_t>(w);
+  }
+  if (::fsync(fd.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", path));
+  return fd.close(path);
+}
+
+core::Result<std::vector<std::byte>> read_file(const std::string& path) {
+  core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", path));
+  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return Status::io_error(r < 0 ? errno : 0, "read", path, done, out.size() - done, r);
+    done += static_cast<std::size_t>(r);
+  }
+  return out;
+}
+
+// CRC64 of a whole file, read in 8 MiB pieces.
+core::Result<std::uint64_t> file_crc(const std::string& path) {
+  core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path));
+  std::vector<std::byte> buf(8u << 20);
+  std::uint64_t crc = 0, offset = 0;
+  for (;;) {
+    const ssize_t r = ::pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return Status::io_error(errno, "pread", path, offset, buf.size(), r);
+    if (r == 0) break;
+    crc = nvme::crc64(crc, std::span<const std::byte>(buf.data(), static_cast<std::size_t>(r)));
+    offset += static_cast<std::uint64_t>(r);
+  }
+  return crc;
+}
+
+TensorDtype dtype_of(int bytes, Precision p) {
+  if (bytes == 4) return TensorDtype::kF32;
+  return p == Precision::kFp16 ? TensorDtype::kF16 : TensorDtype::kBf16;
+}
+
+const char* const kStateNames[3] = {"master", "exp_avg", "exp_avg_sq"};
+
+}  // namespace
+
+core::Status Engine::visit_group_state(std::size_t g, bool write_back,
+                                       const std::function<Status(const ChunkPlace&, ChunkState&)>& fn) {
+  const GroupPlace& gp = layout_.groups[g];
+  for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+    const ChunkPlace& cp = layout_.chunks[c];
+    const std::uint64_t bytes = static_cast<std::uint64_t>(cp.elems) * 12;
+    if (cp.state_tier == Tier::kDevice) {
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan dev, state_->device_state(c));
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, device_->allocate_pinned(bytes, "state staging"));
+      STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), dev));
+      auto* f = reinterpret_cast<float*>(host.data());
+      const auto n = static_cast<std::size_t>(cp.elems);
+      ChunkState st{{f, n}, {f + n, n}, {f + 2 * n, n}};
+      STRATA_RETURN_IF_ERROR(fn(cp, st));
+      if (write_back) STRATA_RETURN_IF_ERROR(copy_h2d(dev, host.bytes().first(bytes)));
+      continue;
+    }
+    gpu::PinnedBuffer stage;
+    if (state_->staging_bytes(c) > 0) {
+      STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
+    }
+    STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
+    STRATA_RETURN_IF_ERROR(fn(cp, st));
+    if (write_back) STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
+  }
+  return Status();
+}
+
+core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
+  STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
+  if (!between_steps()) {
+    return Status::failed_precondition(
+        "save_checkpoint in the middle of a step (groups fetched or gradients pending): call it after step_end");
+  }
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
+  const std::string name = str_cat("step-", applied_steps_);
+  const std::string tmp = str_cat(root, "/.", name, ".tmp");
+  const std::string final_dir = str_cat(root, "/", name);
+  fs::remove_all(tmp, ec);
+  fs::create_directories(tmp, ec);
+  if (ec) return Status::from_errno(ec.value(), str_cat("create ", tmp));
+
+  // state.safetensors: declare every tensor, then write group by group.
+  const int cb = layout_.compute_bytes;
+  std::vector<SafetensorsWriter::Declared> declared;
+  for (const ParamDesc& p : layout_.params) {
+    declared.push_back({p.name + ".compute", dtype_of(cb, config_.precision), p.shape});
+    if (p.trainable) {
+      for (const char* s : kStateNames) declared.push_back({p.name + "." + s, TensorDtype::kF32, p.shape});
+    }
+  }
+  const std::string state_path = tmp + "/state.safetensors";
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer,
+                          SafetensorsWriter::create(state_path, std::move(declared), {{"format", "strata-checkpoint"}}));
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    gpu::PinnedBuffer staging;
+    const StepBytes saved = bytes_;
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
+    for (std::size_t pi : gp.params) {
+      const ParamDesc& p = layout_.params[pi];
+      const auto n = static_cast<std::size_t>(p.numel());
+      STRATA_RETURN_IF_ERROR(writer.write_raw(
+          p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
+    }
+    // Gather each trainable parameter's three arrays from the chunks.
+    std::map<std::size_t, std::array<std::vector<float>, 3>> arrays;
+    for (std::size_t pi : gp.params) {
+      if (layout_.places[pi].trainable_offset < 0) continue;
+      for (auto& a : arrays[pi]) a.resize(static_cast<std::size_t>(layout_.params[pi].numel()));
+    }
+    STRATA_RETURN_IF_ERROR(visit_group_state(g, false, [&](const ChunkPlace& cp, ChunkState& st) {
+      for (auto& [pi, a] : arrays) {
+        const std::int64_t off = layout_.places[pi].trainable_offset, n = layout_.params[pi].numel();
+        const std::int64_t lo = std::max(off, cp.begin), hi = std::min(off + n, cp.begin + cp.elems);
+        if (lo >= hi) continue;
+        const std::span<float> src[3] = {st.master, st.exp_avg, st.exp_avg_sq};
+        for (int k = 0; k < 3; ++k) {
+          std::memcpy(a[k].data() + (lo - off), src[k].data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
+        }
+      }
+      return Status();
+    }));
+    bytes_ = saved;  // checkpoint traffic is not step traffic
+    for (auto& [pi, a] : arrays) {
+      for (int k = 0; k < 3; ++k) {
+        STRATA_RETURN_IF_ERROR(writer.write_f32(layout_.params[pi].name + "." + kStateNames[k], a[k]));
+      }
+    }
+  }
+  STRATA_RETURN_IF_ERROR(writer.finish());
+  crash_point("state_written");
+  STRATA_RETURN_IF_ERROR(write_file(tmp + "/framework.bin", blob));
+
+  nlohmann::ordered_json m;
+  m["format"] = "strata-checkpoint";
+  m["version"] = kFormatVersion;
+  m["step"] = applied_steps_;
+  m["skipped_steps"] = skipped_steps_;
+  m["lr_override"] = lr_override_;
+  const LossScaler::State& ls = scaler_.state();
+  m["loss_scaler"] = {{"scale", ls.scale},
+                      {"iteration", ls.iteration},
+                      {"last_overflow_iteration", ls.last_overflow_iteration},
+                      {"hysteresis_left", ls.hysteresis_left}};
+  m["compute_dtype"] = std::string(to_string(dtype_of(cb, config_.precision)));
+  nlohmann::ordered_json params = nlohmann::ordered_json::array();
+  for (const ParamDesc& p : layout_.params) {
+    params.push_back({{"name", p.name}, {"shape", p.shape}, {"group", p.group}, {"trainable", p.trainable},
+                      {"optimizer_group", p.optimizer_group}});
+  }
+  m["params"] = std::move(params);
+  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, file_crc(state_path));
+  m["files"] = {{"state.safetensors", state_crc},
+                {"framework.bin", nvme::crc64(0, blob)}};
+  m["config"] = nlohmann::ordered_json::parse(to_json(config_), nullptr, false);
+  const std::string text = m.dump(2) + "\n";
+  STRATA_RETURN_IF_ERROR(write_file(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text))));
+  STRATA_RETURN_IF_ERROR(fsync_path(tmp, true));
+  crash_point("manifest_written");
+
+  // Publish: step directory, then the latest pointer.
+  if (fs::exists(final_dir)) {
+    const std::string old = final_dir + ".old";
+    fs::remove_all(old, ec);
+    if (::rename(final_dir.c_str(), old.c_str()) != 0) return Status::from_errno(errno, str_cat("rename ", final_dir));
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    return Status::from_errno(errno, str_cat("rename ", tmp, " to ", final_dir));
+  }
+  STRATA_RETURN_IF_ERROR(fsync_path(root, true));
+  crash_point("renamed");
+  const std::string latest_tmp = root + "/.latest.tmp";
+  const std::string pointer = name + "\n";
+  STRATA_RETURN_IF_ERROR(write_file(latest_tmp, std::as_bytes(std::span<const char>(pointer))));
+  if (::rename(latest_tmp.c_str(), (root + "/latest").c_str()) != 0) {
+    return Status::from_errno(errno, str_cat("rename ", latest_tmp, " to ", root, "/latest"));
+  }
+  STRATA_RETURN_IF_ERROR(fsync_path(root, true));
+  fs::remove_all(final_dir + ".old", ec);
+  return Status();
+}
+
+core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
+  STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
+  if (!between_steps()) {
+    return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
+  }
+  std::string dir = root;
+  if (fs::exists(root + "/latest")) {
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> p, read_file(root + "/latest"));
+    std::string name(reinterpret_cast<const char*>(p.data()), p.size());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    dir = root + "/" + name;
+  } else if (!fs::exists(root + "/manifest.json")) {
+    return Status::not_found(str_cat("no checkpoint at ", root, " (neither ", root, "/latest nor ", root,
+                                     "/manifest.json exists)"));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> mtext, read_file(dir + "/manifest.json"));
+  const nlohmann::json m = nlohmann::json::parse(reinterpret_cast<const char*>(mtext.data()),
+                                                 reinterpret_cast<const char*>(mtext.data()) + mtext.size(), nullptr,
+                                                 /*allow_exceptions=*/false);
+  auto corrupt = [&](const std::string& what) {
+    return Status::data_loss(str_cat(dir, "/manifest.json: ", what));
+  };
+  if (m.is_discarded() || !m.is_object() || m.value("format", "") != "strata-checkpoint") {
+    return corrupt("not a strata checkpoint manifest");
+  }
+  if (!m.contains("version") || !m["version"].is_number_integer()) return corrupt("no version");
+  if (m["version"].get<int>() != kFormatVersion) {
+    return Status::failed_precondition(str_cat(dir, ": checkpoint format version ", m["version"].get<int>(),
+                                               "; this build reads version ", kFormatVersion));
+  }
+  try {
+    // Same parameters, same shapes, same trainability (placement may differ).
+    const auto& params = m.at("params");
+    if (params.size() != layout_.params.size()) {
+      return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", params.size(),
+                                                 " parameters; this engine has ", layout_.params.size()));
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const ParamDesc& p = layout_.params[i];
+      if (params[i].at("name").get<std::string>() != p.name ||
+          params[i].at("shape").get<std::vector<std::int64_t>>() != p.shape ||
+          params[i].at("trainable").get<bool>() != p.trainable) {
+        return Status::failed_precondition(str_cat(dir, ": parameter #", i, " is '",
+                                                   params[i].at("name").get<std::string>(), "' in the checkpoint and '",
+                                                   p.name, "' here (or its shape or trainability differs)"));
+      }
+    }
+    if (m.at("compute_dtype").get<std::string>() != to_string(dtype_of(layout_.compute_bytes, config_.precision))) {
+      return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.at("compute_dtype").get<std::string>(),
+                                                 " in the checkpoint; this engine uses ",
+                                                 to_string(dtype_of(layout_.compute_bytes, config_.precision))));
+    }
+    // Integrity before anything changes.
+    STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, file_crc(dir + "/state.safetensors"));
+    if (state_crc != m.at("files").at("state.safetensors").get<std::uint64_t>()) {
+      return Status::data_loss(str_cat(dir, "/state.safetensors: CRC64 mismatch (the file is corrupt or truncated)"));
+    }
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
+    if (nvme::crc64(0, blob) != m.at("files").at("framework.bin").get<std::uint64_t>()) {
+      return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch"));
+    }
+    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(dir + "/state.safetensors"));
+    const int cb = layout_.compute_bytes;
+    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+      const GroupPlace& gp = layout_.groups[g];
+      gpu::PinnedBuffer staging;
+      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
+      std::map<std::size_t, std::array<std::vector<float>, 3>> arrays;
+      for (std::size_t pi : gp.params) {
+        const ParamDesc& p = layout_.params[pi];
+        const auto n = static_cast<std::size_t>(p.numel());
+        STRATA_RETURN_IF_ERROR(reader.read_raw(
+            p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
+        if (!p.trainable) continue;
+        auto& a = arrays[pi];
+        for (int k = 0; k < 3; ++k) {
+          a[k].resize(n);
+          STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
+        }
+      }
+      STRATA_RETURN_IF_ERROR(commit_compute(g, host));
+      STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
+        for (auto& [pi, a] : arrays) {
+          const std::int64_t off = layout_.places[pi].trainable_offset, n = layout_.params[pi].numel();
+          const std::int64_t lo = std::max(off, cp.begin), hi = std::min(off + n, cp.begin + cp.elems);
+          if (lo >= hi) continue;
+          const std::span<float> dst[3] = {st.master, st.exp_avg, st.exp_avg_sq};
+          for (int k = 0; k < 3; ++k) {
+            std::memcpy(dst[k].data() + (lo - cp.begin), a[k].data() + (lo - off), static_cast<std::size_t>(hi - lo) * 4);
+          }
+        }
+        return Status();
+      }));
+    }
+    const auto& ls = m.at("loss_scaler");
+    LossScaler::State state;
+    state.scale = ls.at("scale").get<double>();
+    state.iteration = ls.at("iteration").get<std::int64_t>();
+    state.last_overflow_iteration = ls.at("last_overflow_iteration").get<std::int64_t>();
+    state.hysteresis_left = ls.at("hysteresis_left").get<std::int64_t>();
+    STRATA_RETURN_IF_ERROR(scaler_.restore(state));
+    applied_steps_ = m.at("step").get<std::int64_t>();
+    skipped_steps_ = m.at("skipped_steps").get<std::int64_t>();
+    lr_override_ = m.at("lr_override").get<double>();
+    bytes_ = {};
+    return blob;
+  } catch (const nlohmann::json::exception& e) {
+    return corrupt(str_cat("unexpected content: ", e.what()));
+  }
+}
+
+core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
+  STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::from_errno(ec.value(), str_cat("create ", dir));
+  const TensorDtype td = dtype == Precision::kFp32 ? TensorDtype::kF32
+                         : dtype == Precision::kFp16 ? TensorDtype::kF16
+                                                     : TensorDtype::kBf16;
+  std::vector<std::uint64_t> sizes;
+  for (const ParamDesc& p : layout_.params) sizes.push_back(static_cast<std::uint64_t>(p.numel()) * dtype_size(td));
+  const auto shards = plan_shards(sizes, max_shard_bytes == 0 ? ~0ull : max_shard_bytes);
+  std::map<std::string, std::string> weight_map;
+  std::uint64_t total = 0;
+  for (std::size_t s = 0; s < shards.size(); ++s) {
+    const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(s + 1, shards.size());
+    std::vector<SafetensorsWriter::Declared> declared;
+    for (std::size_t pi : shards[s]) declared.push_back({layout_.params[pi].name, td, layout_.params[pi].shape});
+    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w,
+                            SafetensorsWriter::create(dir + "/" + file, std::move(declared), {{"format", "pt"}}));
+    for (std::size_t pi : shards[s]) {
+      const ParamDesc& p = layout_.params[pi];
+      std::vector<float> v(static_cast<std::size_t>(p.numel()));
+      const StepBytes saved = bytes_;
+      STRATA_RETURN_IF_ERROR(p.trainable ? read_master(p.name, v) : read_compute(p.name, v));
+      bytes_ = saved;
+      STRATA_RETURN_IF_ERROR(w.write_f32(p.name, v));
+      weight_map[p.name] = file;
+      total += sizes[pi];
+    }
+    STRATA_RETURN_IF_ERROR(w.finish());
+  }
+  if (shards.size() > 1) STRATA_RETURN_IF_ERROR(write_shard_index(dir, total, weight_map));
+  return Status();
+}
+
+}  // namespace strata::engine

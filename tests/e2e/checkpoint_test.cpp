@@ -1,0 +1,229 @@
+// Checkpoints end to end: resume bit-identically (also under another
+// placement), survive a crash at every point inside save (a child process
+// killed there), reject corrupt files, and export safetensors.
+#include <gtest/gtest.h>
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/engine.h"
+#include "engine/safetensors.h"
+#include "tests/e2e/mlp_harness.h"
+
+extern char** environ;
+
+namespace strata::engine {
+namespace {
+
+using namespace e2e;  // NOLINT: the harness is this test's vocabulary
+namespace fs = std::filesystem;
+
+constexpr int kSaveAt = 10;
+
+Config config_for(const std::string& swap_dir, OffloadDevice optimizer, OffloadDevice param) {
+  Config c;
+  c.train_batch_size = kBatch;
+  c.train_micro_batch_size_per_gpu = kBatch;
+  c.precision = Precision::kBf16;
+  c.zero.stage = 3;
+  c.zero.offload_optimizer.device = optimizer;
+  c.zero.offload_param.device = param;
+  c.optimizer.lr = 3e-3;
+  c.optimizer.weight_decay = 0.01;
+  c.gradient_clipping = 1.0;
+  c.scheduler.type = SchedulerType::kWarmupLR;  // the schedule must resume too
+  c.scheduler.warmup_num_steps = 5;
+  c.scheduler.warmup_max_lr = 3e-3;
+  c.strata.device = DeviceKind::kHost;
+  c.strata.chunk_bytes = 65536 * 4;
+  c.strata.io.paths = {swap_dir};
+  c.strata.io.backend = IoBackend::kPsync;
+  c.strata.cpu_adam.threads = 1;
+  return c;
+}
+
+std::vector<std::byte> blob_of(const std::string& s) {
+  const auto* p = reinterpret_cast<const std::byte*>(s.data());
+  return {p, p + s.size()};
+}
+
+class Checkpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("strata_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_ / "swap");
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string swap() const { return (dir_ / "swap").string(); }
+  std::string ckpt() const { return (dir_ / "ckpt").string(); }
+
+  // Steps [0, kSteps) without interruption: losses and final masters.
+  void straight_run(std::vector<double>* losses, std::map<std::string, std::vector<float>>* masters) {
+    auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu));
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < kSteps; ++s) losses->push_back(train_one_step(*e, f, s));
+    *masters = read_masters(*e);
+  }
+
+  // Loads the checkpoint into a fresh engine of `config` and trains on to
+  // kSteps; checks the blob, the losses from kSaveAt on and the final masters.
+  void resume_and_compare(const Config& config, const std::vector<double>& losses,
+                          const std::map<std::string, std::vector<float>>& masters) {
+    auto e = make_mlp_engine(config);
+    ASSERT_NE(e, nullptr);
+    auto blob = e->load_checkpoint(ckpt());
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_EQ(*blob, blob_of("data loader at batch 10"));
+    Framework f;
+    for (int s = kSaveAt; s < kSteps; ++s) EXPECT_EQ(train_one_step(*e, f, s), losses[s]) << "step " << s;
+    const auto got = read_masters(*e);
+    for (const auto& [name, v] : masters) EXPECT_TRUE(bits_equal(got.at(name), v)) << name;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(Checkpoint, ResumesBitIdenticallyUnderAnotherPlacement) {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> masters;
+  straight_run(&losses, &masters);
+  {
+    auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu));
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < kSaveAt; ++s) train_one_step(*e, f, s);
+    // Mid-step saves are refused.
+    f.load(*e, "l1");
+    ASSERT_TRUE(e->fetch("l2").ok());
+    EXPECT_EQ(e->save_checkpoint(ckpt(), blob_of("x")).code(), core::StatusCode::kFailedPrecondition);
+    ASSERT_TRUE(e->release("l2").ok());
+    ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("data loader at batch 10")).ok());
+  }
+  // Same placement, then the optimizer on the device with compute copies on nvme.
+  resume_and_compare(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu), losses, masters);
+  resume_and_compare(config_for(swap(), OffloadDevice::kNone, OffloadDevice::kNvme), losses, masters);
+}
+
+// The child process: trains to kSaveAt, saves, trains two more steps and
+// saves again with STRATA_CHECKPOINT_CRASH_AT set, which ends it there. It is
+// registered only inside the child (STRATA_TEST_CHILD_ROOT set), so ordinary
+// runs neither run nor skip it.
+void child_train_save_and_crash() {
+  const std::string root = std::getenv("STRATA_TEST_CHILD_ROOT");
+  const std::string crash = std::getenv("STRATA_TEST_CHILD_CRASH");
+  auto e = make_mlp_engine(config_for(root + "/swap", OffloadDevice::kNvme, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < kSaveAt; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(root + "/ckpt", blob_of("data loader at batch 10")).ok());
+  for (int s = kSaveAt; s < kSaveAt + 2; ++s) train_one_step(*e, f, s);
+  ::setenv("STRATA_CHECKPOINT_CRASH_AT", crash.c_str(), 1);
+  const core::Status s = e->save_checkpoint(root + "/ckpt", blob_of("data loader at batch 12"));
+  ADD_FAILURE() << "the save should have ended the process at " << crash << ": " << s;
+}
+
+class ChildTest : public ::testing::Test {
+ public:
+  void TestBody() override { child_train_save_and_crash(); }
+};
+
+const bool kChildRegistered = [] {
+  if (std::getenv("STRATA_TEST_CHILD_ROOT") == nullptr) return false;
+  ::testing::RegisterTest("CheckpointChild", "TrainSaveAndCrash", nullptr, nullptr, __FILE__, __LINE__,
+                          []() -> ::testing::Test* { return new ChildTest; });
+  return true;
+}();
+
+TEST_F(Checkpoint, CrashInsideSaveLeavesThePreviousOneLoadable) {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> masters;
+  straight_run(&losses, &masters);
+  for (const char* point : {"state_written", "manifest_written", "renamed"}) {
+    SCOPED_TRACE(point);
+    fs::remove_all(ckpt());
+    const std::string exe = fs::read_symlink("/proc/self/exe").string();
+    std::vector<std::string> args = {exe, "--gtest_filter=CheckpointChild.TrainSaveAndCrash"};
+    std::vector<std::string> env_s = {"STRATA_TEST_CHILD_ROOT=" + dir_.string(),
+                                      std::string("STRATA_TEST_CHILD_CRASH=") + point};
+    for (char** e = environ; *e != nullptr; ++e) env_s.emplace_back(*e);
+    std::vector<char*> argv, envp;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    for (auto& v : env_s) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    pid_t pid = 0;
+    ASSERT_EQ(posix_spawn(&pid, exe.c_str(), nullptr, nullptr, argv.data(), envp.data()), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    ASSERT_EQ(WEXITSTATUS(status), 86) << "the child did not stop at the crash point";
+    // Whatever the save left behind, latest still names step 10.
+    resume_and_compare(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu), losses, masters);
+  }
+}
+
+TEST_F(Checkpoint, CorruptStateIsDataLossAndChangesNothing) {
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < 3; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("b")).ok());
+  const auto before = read_masters(*e);
+  const std::string state = ckpt() + "/step-3/state.safetensors";
+  {
+    std::fstream file(state, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(fs::file_size(state) - 100));
+    file.put('\x7f');
+  }
+  train_one_step(*e, f, 3);
+  const auto after_step = read_masters(*e);
+  auto r = e->load_checkpoint(ckpt());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("state.safetensors"), std::string::npos) << r.status();
+  const auto now = read_masters(*e);
+  for (const auto& [name, v] : after_step) EXPECT_TRUE(bits_equal(now.at(name), v)) << name;
+  EXPECT_FALSE(bits_equal(before.at("l1.w"), after_step.at("l1.w")));
+  EXPECT_EQ(e->load_checkpoint((dir_ / "nothing").string()).status().code(), core::StatusCode::kNotFound);
+}
+
+TEST_F(Checkpoint, ExportsSafetensorsSingleAndSharded) {
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kNvme));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < 3; ++s) train_one_step(*e, f, s);
+  const auto masters = read_masters(*e);
+  const std::string one = (dir_ / "export").string(), sharded = (dir_ / "sharded").string();
+  ASSERT_TRUE(e->export_safetensors(one, Precision::kFp32, 0).ok());
+  auto r = SafetensorsReader::open(one + "/model.safetensors");
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const auto& [name, v] : masters) {
+    std::vector<float> got(v.size());
+    ASSERT_TRUE(r->read_f32(name, got).ok());
+    EXPECT_TRUE(bits_equal(got, v)) << name;
+  }
+  ASSERT_TRUE(e->export_safetensors(sharded, Precision::kBf16, 200000).ok());  // l1.w alone is 262144 B
+  EXPECT_TRUE(fs::exists(sharded + "/model.safetensors.index.json"));
+  EXPECT_TRUE(fs::exists(sharded + "/" + shard_file_name(1, 2)));
+  auto s2 = SafetensorsReader::open(sharded + "/" + shard_file_name(2, 2));
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  std::vector<float> b(kOut);
+  ASSERT_TRUE(s2->read_f32("l2.b", b).ok());
+  for (int i = 0; i < kOut; ++i) {
+    EXPECT_EQ(b[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(masters.at("l2.b")[i])));
+  }
+}
+
+}  // namespace
+}  // namespace strata::engine

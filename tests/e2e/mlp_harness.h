@@ -1,0 +1,244 @@
+// The e2e tests' model and framework: a two-layer MLP on a teacher-student
+// regression task, computed in fp32 on the host the way a CPU framework
+// drives the engine (fetch, copy the device view out, forward, backward,
+// gradients into the engine's buffer, grads_ready).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/core/numerics.h"
+#include "engine/engine.h"
+
+namespace strata::engine::e2e {
+
+namespace nx = core::numerics;
+
+inline constexpr int kIn = 256, kHidden = 512, kOut = 32, kBatch = 32;
+inline constexpr int kSteps = 20;
+
+// splitmix64: the same stream on every platform.
+struct Rng {
+  std::uint64_t s;
+  std::uint64_t next() {
+    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }  // [-1, 1)
+};
+
+struct Tensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string group;
+  float scale;
+};
+inline const std::vector<Tensor> kTensors = {
+    {"l1.w", {kHidden, kIn}, "l1", 1.0f / 16.0f},
+    {"l1.b", {kHidden}, "l1", 0.0f},
+    {"l2.w", {kOut, kHidden}, "l2", 1.0f / 22.0f},
+    {"l2.b", {kOut}, "l2", 0.0f},
+};
+
+// Deterministic initial values from the tensor's name (FNV-1a seeds splitmix64).
+inline void init_values(const Tensor& t, std::span<float> out) {
+  std::uint64_t seed = 1469598103934665603ull;
+  for (char ch : t.name) seed = (seed ^ static_cast<unsigned char>(ch)) * 1099511628211ull;
+  Rng r{seed};
+  for (float& v : out) v = t.scale * r.uniform();
+}
+
+// The framework side: host copies of the weights, forward and backward in fp32.
+struct Framework {
+  std::map<std::string, std::vector<float>> w;  // current compute weights, fp32
+  std::vector<float> x, y, h, pre, out;         // one batch and its activations
+  int cb = 2;
+  Precision precision = Precision::kBf16;
+
+  void batch(int step) {
+    Rng r{static_cast<std::uint64_t>(step) * 7919 + 1};
+    x.resize(kBatch * kIn);
+    for (float& v : x) v = r.uniform();
+    // teacher: a fixed linear map of x, mildly nonlinear
+    y.assign(kBatch * kOut, 0.0f);
+    Rng t{424242};
+    std::vector<float> teacher(kOut * kIn);
+    for (float& v : teacher) v = t.uniform() / 16.0f;
+    for (int b = 0; b < kBatch; ++b) {
+      for (int o = 0; o < kOut; ++o) {
+        float s = 0.0f;
+        for (int i = 0; i < kIn; ++i) s += teacher[o * kIn + i] * x[b * kIn + i];
+        y[b * kOut + o] = std::tanh(s);
+      }
+    }
+  }
+  void load(Engine& e, const std::string& group) {
+    auto span = e.fetch(group);
+    ASSERT_TRUE(span.ok()) << span.status();
+    std::vector<std::byte> host(span->size_bytes());
+    ASSERT_TRUE(e.device().copy_d2h(stream(e), host, *span).ok());
+    ASSERT_TRUE(e.device().synchronize(stream(e)).ok());
+    const GroupPlace* g = e.layout().find_group(group);
+    for (std::size_t pi : g->params) {
+      const ParamDesc& p = e.layout().params[pi];
+      std::vector<float>& dst = w[p.name];
+      dst.resize(static_cast<std::size_t>(p.numel()));
+      const std::byte* src = host.data() + e.layout().places[pi].compute_offset * cb;
+      for (std::size_t i = 0; i < dst.size(); ++i) {
+        if (cb == 4) {
+          std::memcpy(&dst[i], src + 4 * i, 4);
+        } else {
+          std::uint16_t hb;
+          std::memcpy(&hb, src + 2 * i, 2);
+          dst[i] = precision == Precision::kFp16 ? nx::fp16_bits_to_fp32(hb) : nx::bf16_bits_to_fp32(hb);
+        }
+      }
+    }
+    ASSERT_TRUE(e.release(group).ok());
+  }
+  double forward() {
+    const auto& w1 = w["l1.w"];
+    const auto& b1 = w["l1.b"];
+    const auto& w2 = w["l2.w"];
+    const auto& b2 = w["l2.b"];
+    pre.assign(kBatch * kHidden, 0.0f);
+    h.assign(kBatch * kHidden, 0.0f);
+    out.assign(kBatch * kOut, 0.0f);
+    for (int b = 0; b < kBatch; ++b) {
+      for (int j = 0; j < kHidden; ++j) {
+        float s = b1[j];
+        for (int i = 0; i < kIn; ++i) s += w1[j * kIn + i] * x[b * kIn + i];
+        pre[b * kHidden + j] = s;
+        h[b * kHidden + j] = s > 0.0f ? s : 0.0f;
+      }
+      for (int o = 0; o < kOut; ++o) {
+        float s = b2[o];
+        for (int j = 0; j < kHidden; ++j) s += w2[o * kHidden + j] * h[b * kHidden + j];
+        out[b * kOut + o] = s;
+      }
+    }
+    double loss = 0.0;
+    for (int k = 0; k < kBatch * kOut; ++k) loss += 0.5 * double(out[k] - y[k]) * double(out[k] - y[k]);
+    return loss / kBatch;
+  }
+  // Gradients of loss * scale, per parameter.
+  std::map<std::string, std::vector<float>> backward(float scale) {
+    std::map<std::string, std::vector<float>> g;
+    g["l1.w"].assign(kHidden * kIn, 0.0f);
+    g["l1.b"].assign(kHidden, 0.0f);
+    g["l2.w"].assign(kOut * kHidden, 0.0f);
+    g["l2.b"].assign(kOut, 0.0f);
+    std::vector<float> dh(kBatch * kHidden, 0.0f);
+    const auto& w2 = w["l2.w"];
+    for (int b = 0; b < kBatch; ++b) {
+      for (int o = 0; o < kOut; ++o) {
+        const float d = (out[b * kOut + o] - y[b * kOut + o]) * scale / kBatch;
+        g["l2.b"][o] += d;
+        for (int j = 0; j < kHidden; ++j) {
+          g["l2.w"][o * kHidden + j] += d * h[b * kHidden + j];
+          dh[b * kHidden + j] += d * w2[o * kHidden + j];
+        }
+      }
+      for (int j = 0; j < kHidden; ++j) {
+        const float d = pre[b * kHidden + j] > 0.0f ? dh[b * kHidden + j] : 0.0f;
+        g["l1.b"][j] += d;
+        for (int i = 0; i < kIn; ++i) g["l1.w"][j * kIn + i] += d * x[b * kIn + i];
+      }
+    }
+    return g;
+  }
+  void give_grads(Engine& e, const std::string& group, const std::map<std::string, std::vector<float>>& g) {
+    auto span = e.grad_buffer(group);
+    ASSERT_TRUE(span.ok()) << span.status();
+    std::vector<std::byte> host(span->size_bytes());
+    const GroupPlace* gp = e.layout().find_group(group);
+    for (std::size_t pi : gp->params) {
+      const ParamDesc& p = e.layout().params[pi];
+      std::byte* dst = host.data() + e.layout().places[pi].compute_offset * cb;
+      const auto& src = g.at(p.name);
+      for (std::size_t i = 0; i < src.size(); ++i) {
+        if (cb == 4) {
+          std::memcpy(dst + 4 * i, &src[i], 4);
+        } else {
+          const std::uint16_t hb =
+              precision == Precision::kFp16 ? nx::fp32_to_fp16_bits(src[i]) : nx::fp32_to_bf16_bits(src[i]);
+          std::memcpy(dst + 2 * i, &hb, 2);
+        }
+      }
+    }
+    ASSERT_TRUE(e.device().copy_h2d(stream(e), *span, host).ok());
+    ASSERT_TRUE(e.device().synchronize(stream(e)).ok());
+    ASSERT_TRUE(e.grads_ready(group).ok());
+  }
+  gpu::Stream& stream(Engine& e) {
+    if (s.empty()) s = std::move(e.device().create_stream("framework")).value();
+    return s;
+  }
+  gpu::Stream s;
+};
+
+
+// An engine with the MLP's parameters registered (biases in a no-decay
+// group) and finalized; null (with a test failure) on error.
+inline std::unique_ptr<Engine> make_mlp_engine(const Config& c) {
+  auto created = Engine::create(c);
+  EXPECT_TRUE(created.ok()) << created.status();
+  if (!created.ok()) return nullptr;
+  std::unique_ptr<Engine> e = std::move(created).value();
+  auto no_decay = e->add_optimizer_group({"no_decay", 0.0, 1.0});
+  EXPECT_TRUE(no_decay.ok());
+  for (const Tensor& t : kTensors) {
+    ParamDesc d{t.name, t.shape, t.group, true, t.name.back() == 'b' ? *no_decay : 0};
+    EXPECT_TRUE(e->register_param(d, [t](std::span<float> out) {
+                   init_values(t, out);
+                   return core::Status();
+                 }).ok());
+  }
+  const core::Status s = e->finalize();
+  EXPECT_TRUE(s.ok()) << s;
+  return s.ok() ? std::move(e) : nullptr;
+}
+
+// One training step (one micro-batch) on batch `step`; returns the loss.
+inline double train_one_step(Engine& e, Framework& f, int step) {
+  f.cb = e.layout().compute_bytes;
+  f.precision = e.config().precision;
+  f.batch(step * 16);
+  f.load(e, "l1");
+  f.load(e, "l2");
+  const double loss = f.forward();
+  const auto g = f.backward(static_cast<float>(e.loss_scale()));
+  f.load(e, "l2");
+  f.give_grads(e, "l2", g);
+  f.load(e, "l1");
+  f.give_grads(e, "l1", g);
+  auto st = e.step_end();
+  EXPECT_TRUE(st.ok()) << st.status();
+  return loss;
+}
+
+inline std::map<std::string, std::vector<float>> read_masters(Engine& e) {
+  std::map<std::string, std::vector<float>> out;
+  for (const Tensor& t : kTensors) {
+    std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
+    EXPECT_TRUE(e.read_master(t.name, v).ok());
+    out[t.name] = std::move(v);
+  }
+  return out;
+}
+
+inline bool bits_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+}  // namespace strata::engine::e2e
