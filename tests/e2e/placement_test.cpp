@@ -21,6 +21,7 @@
 #include "engine/config.h"
 #include "engine/core/numerics.h"
 #include "engine/engine.h"
+#include "engine/safetensors.h"
 #include "tests/e2e/mlp_harness.h"
 
 namespace strata::engine {
@@ -302,6 +303,82 @@ TEST_F(Placement, Fp16OverflowSkipsAndHalvesTheScaleAsDeepSpeedDoes) {
   }
   EXPECT_EQ(r.stats.back().step, kSteps - 1);
   EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
+}
+
+TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
+  // Compute copies: 295936 bytes; optimizer state: 4 blocks x 12 B = 3 MiB.
+  Config c = base();
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.strata.budgets.device_bytes = 280000;          // below the compute copies: only a working set fits
+  c.strata.budgets.pinned_bytes = 5ull << 19;      // 2.5 MiB: below the optimizer state
+  const RunResult r = train(c);
+  ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
+  EXPECT_EQ(r.stats.back().bytes, r.expected_bytes);
+
+  // The same budgets with the optimizer state in pinned memory: refused at
+  // finalize with the numbers and the key to change.
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.ok());
+  for (const Tensor& t : kTensors) {
+    ASSERT_TRUE((*e)->register_param({t.name, t.shape, t.group}, [t](std::span<float> out) {
+                      init_values(t, out);
+                      return core::Status();
+                    }).ok());
+  }
+  const core::Status s = (*e)->finalize();
+  EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted);
+  EXPECT_NE(s.message().find("strata.budgets.pinned"), std::string::npos) << s;
+}
+
+TEST_F(Placement, FineTunesFromASafetensorsFile) {
+  // A "pretrained" model: train, export.
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  const std::string pretrained = (dir_ / "pretrained").string();
+  {
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < 5; ++s) train_one_step(*e, f, s);
+    ASSERT_TRUE(e->export_safetensors(pretrained, Precision::kFp32, 0).ok());
+  }
+  auto reader = SafetensorsReader::open(pretrained + "/model.safetensors");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  // Fine-tune: the first layer frozen, its weights streamed in from the file.
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  auto created = Engine::create(c);
+  ASSERT_TRUE(created.ok());
+  Engine& e = **created;
+  for (const Tensor& t : kTensors) {
+    const SafetensorsReader* r = &*reader;
+    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, t.group != "l1"},
+                                 [r, name = t.name](std::span<float> out) { return r->read_f32(name, out); })
+                    .ok());
+  }
+  ASSERT_TRUE(e.finalize().ok());
+  std::vector<float> w(kHidden * kIn), from_file(kHidden * kIn);
+  ASSERT_TRUE(reader->read_f32("l1.w", from_file).ok());
+  ASSERT_TRUE(e.read_compute("l1.w", w).ok());
+  for (std::size_t i = 0; i < w.size(); i += 101) {
+    ASSERT_EQ(w[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(from_file[i]))) << i;
+  }
+  Framework f;
+  f.cb = e.layout().compute_bytes;
+  std::vector<double> losses;
+  for (int s = 5; s < 15; ++s) {
+    f.batch(s * 16);
+    f.load(e, "l1");
+    f.load(e, "l2");
+    losses.push_back(f.forward());
+    const auto g = f.backward(1.0f);
+    f.load(e, "l2");
+    f.give_grads(e, "l2", g);
+    ASSERT_TRUE(e.step_end().ok());
+  }
+  EXPECT_LT(losses.back(), losses.front());
 }
 
 }  // namespace
