@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "cpu_adam/cpu_adam.h"
+#include "engine/core/clock.h"
 #include "engine/core/logging.h"
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
@@ -93,12 +94,16 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
                      "strata.budgets.device"),
       pinned_budget_("pinned host memory",
                      config.strata.budgets.pinned_bytes != 0 ? config.strata.budgets.pinned_bytes : kUnlimited,
-                     "strata.budgets.pinned") {
+                     "strata.budgets.pinned"),
+      trace_(config.strata.trace) {
   optimizer_groups_.push_back({"default", config.optimizer.weight_decay, 1.0});
 }
 
 Engine::~Engine() {
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
+  if (const Status s = trace_.write(); !s.ok()) {
+    STRATA_LOG(kWarn) << "strata.trace: " << s;
+  }
   groups_.clear();
   grads_.reset();
   state_.reset();
@@ -181,12 +186,14 @@ core::Result<std::size_t> Engine::group_index(std::string_view name, const char*
 }
 
 core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) {
+  TraceScope t(trace_, TraceTrack::kDevice, "h2d", src.size());
   STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream_, dst, src));
   bytes_.h2d += src.size();
   return device_->synchronize(stream_);
 }
 
 core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) {
+  TraceScope t(trace_, TraceTrack::kDevice, "d2h", dst.size());
   STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream_, dst, src));
   bytes_.d2h += dst.size();
   return device_->synchronize(stream_);
@@ -389,6 +396,13 @@ core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> ho
 
 core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
+  const core::Stopwatch sw;
+  TraceScope t(trace_, TraceTrack::kStep, str_cat("fetch ", group));
+  struct AddTime {
+    double& total;
+    const core::Stopwatch& sw;
+    ~AddTime() { total += sw.elapsed_s(); }
+  } add{times_.fetch_s, sw};
   GroupState& gs = groups_[g];
   if (gs.fetched) {
     return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
@@ -436,6 +450,13 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
 
 core::Status Engine::grads_ready(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
+  const core::Stopwatch sw;
+  TraceScope t(trace_, TraceTrack::kStep, str_cat("grads_ready ", group));
+  struct AddTime {
+    double& total;
+    const core::Stopwatch& sw;
+    ~AddTime() { total += sw.elapsed_s(); }
+  } add{times_.grads_s, sw};
   const GroupPlace& gp = layout_.groups[g];
   GroupState& gs = groups_[g];
   if (gs.grad.empty()) {
@@ -464,7 +485,11 @@ core::Status Engine::grads_ready(std::string_view group) {
   a.accumulate = layout_.grad_bytes == 4 && micro_step_ > 0;  // fp32 accumulators add up the micro-batches
   a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
                                                                static_cast<std::size_t>(gp.trainable_elems / kBlock));
-  STRATA_ASSIGN_OR_RETURN(adam::GradPassResult r, cpu_adam_->grad_pass(a));
+  core::Result<adam::GradPassResult> pass = [&] {
+    TraceScope tp(trace_, TraceTrack::kCpuAdam, str_cat("gradient pass ", group), tbytes);
+    return cpu_adam_->grad_pass(a);
+  }();
+  STRATA_ASSIGN_OR_RETURN(adam::GradPassResult r, std::move(pass));
   nonfinite_ = nonfinite_ || r.nonfinite;
   gs.grads_micro_step = micro_step_;
   return Status();
@@ -538,7 +563,12 @@ core::Result<StepStats> Engine::step_end() {
                                   .bias_correction = config_.optimizer.bias_correction};
       constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
     }
-    STRATA_RETURN_IF_ERROR(run_optimizer(constants.data()));
+    const core::Stopwatch sw;
+    {
+      TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
+      STRATA_RETURN_IF_ERROR(run_optimizer(constants.data()));
+    }
+    times_.optimizer_s += sw.elapsed_s();
     ++applied_steps_;
     stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
   } else {
@@ -549,7 +579,11 @@ core::Result<StepStats> Engine::step_end() {
   stats.skipped_total = skipped_steps_;
   stats.loss_scale = scaler_.scale();
   stats.bytes = bytes_;
+  stats.fetch_s = times_.fetch_s;
+  stats.grads_s = times_.grads_s;
+  stats.optimizer_s = times_.optimizer_s;
   bytes_ = {};
+  times_ = {};
   micro_step_ = 0;
   nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
@@ -589,8 +623,13 @@ core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
         if (state_->staging_bytes(c) > 0) {
           STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
         }
-        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
+        core::Result<ChunkState> loaded = [&] {
+          TraceScope ts(trace_, TraceTrack::kSwap, str_cat("load state chunk ", c), state_->staging_bytes(c));
+          return state_->load(c, stage.bytes());
+        }();
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, std::move(loaded));
         if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
+        TraceScope tc(trace_, TraceTrack::kCpuAdam, str_cat("adam chunk ", c), static_cast<std::uint64_t>(cp.elems));
         for (const Piece& p : pieces) {
           const auto off = static_cast<std::size_t>(p.lo - cp.begin);
           const auto n = static_cast<std::size_t>(p.hi - p.lo);
@@ -604,7 +643,10 @@ core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
           STRATA_RETURN_IF_ERROR(cpu_adam_->step(a));
           if (cb == 4) std::memcpy(compute_at(p), a.master.data(), n * 4);
         }
-        STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
+        {
+          TraceScope ts(trace_, TraceTrack::kSwap, str_cat("store state chunk ", c), state_->staging_bytes(c));
+          STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
+        }
         if (cp.state_tier == Tier::kNvme) bytes_.nvme_write += state_->staging_bytes(c);
         continue;
       }

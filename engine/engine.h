@@ -26,6 +26,7 @@
 #include "engine/layout.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
+#include "engine/trace.h"
 #include "gpu/device.h"
 
 namespace strata::adam {
@@ -61,6 +62,10 @@ struct StepStats {
   double lr = 0.0;             // of optimizer group 0 for this step
   double loss_scale = 1.0;     // for the next step
   StepBytes bytes;             // since the previous step_end
+  // Seconds spent since the previous step_end, by stage.
+  double fetch_s = 0.0;        // fetch: compute copies to the device
+  double grads_s = 0.0;        // grads_ready: gradients down and the gradient pass
+  double optimizer_s = 0.0;    // step_end: the optimizer and new compute copies home
 };
 
 class Engine {
@@ -121,6 +126,8 @@ class Engine {
   gpu::Device& device() { return *device_; }
   const Config& config() const { return config_; }
   bool finalized() const { return finalized_; }
+  // Writes the timeline so far to strata.trace (also done when the engine is destroyed).
+  core::Status flush_trace() const { return trace_.write(); }
 
   // Test and checkpoint access: the fp32 master weights of a trainable
   // parameter, and its compute copy (as fp32), wherever they live.
@@ -180,6 +187,8 @@ class Engine {
   std::int64_t applied_steps_ = 0;
   std::int64_t skipped_steps_ = 0;
   StepBytes bytes_;
+  StepStats times_;  // the stage seconds of the step under way
+  Trace trace_;
 };
 
 }  // namespace strata::engine

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <limits>
 #include <map>
@@ -379,6 +381,45 @@ TEST_F(Placement, FineTunesFromASafetensorsFile) {
     ASSERT_TRUE(e.step_end().ok());
   }
   EXPECT_LT(losses.back(), losses.front());
+}
+
+TEST_F(Placement, StatisticsAndTheTimelineTrace) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.strata.trace = (dir_ / "trace.json").string();
+  {
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    train_one_step(*e, f, 0);
+    f.batch(16);
+    f.load(*e, "l1");
+    f.load(*e, "l2");
+    f.forward();
+    const auto g = f.backward(1.0f);
+    f.load(*e, "l2");
+    f.give_grads(*e, "l2", g);
+    f.load(*e, "l1");
+    f.give_grads(*e, "l1", g);
+    auto st = e->step_end();
+    ASSERT_TRUE(st.ok());
+    EXPECT_EQ(st->step, 2);
+    EXPECT_GT(st->fetch_s, 0.0);
+    EXPECT_GT(st->grads_s, 0.0);
+    EXPECT_GT(st->optimizer_s, 0.0);
+    EXPECT_GT(st->grad_norm, 0.0);
+    EXPECT_GT(st->lr, 0.0);
+    EXPECT_EQ(st->loss_scale, 1.0);
+  }  // the engine writes its trace when destroyed
+  std::ifstream in(c.strata.trace);
+  ASSERT_TRUE(in.good()) << "no trace at " << c.strata.trace;
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* want : {"\"traceEvents\"", "\"thread_name\"", "\"swap I/O\"", "\"cpu_adam\"", "\"fetch l1\"",
+                           "\"gradient pass l2\"", "\"adam chunk 0\"", "\"load state chunk 3\"",
+                           "\"optimizer, step 2\"", "\"h2d\""}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want;
+  }
 }
 
 }  // namespace
