@@ -595,6 +595,33 @@ TEST(Config, ExampleConfigFilesLoad) {
   EXPECT_TRUE(native->warnings.empty()) << all_warnings(*native);
 }
 
+TEST(Config, PlacementExamplesLoadWithoutWarningsAndPlaceWhatTheyNameSay) {
+  struct Case {
+    const char* file;
+    OffloadDevice optimizer, param;
+    double cpu_fraction;
+  };
+  const Case cases[] = {
+      {"placement_device.json", OffloadDevice::kNone, OffloadDevice::kNone, 0.0},
+      {"placement_cpu_optimizer.json", OffloadDevice::kCpu, OffloadDevice::kNone, 0.0},
+      {"placement_cpu_all.json", OffloadDevice::kCpu, OffloadDevice::kCpu, 0.0},
+      {"placement_nvme_optimizer.json", OffloadDevice::kNvme, OffloadDevice::kNone, 0.0},
+      {"placement_nvme_all.json", OffloadDevice::kNvme, OffloadDevice::kNvme, 0.0},
+      {"placement_cpu_nvme_split.json", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.5},
+      {"finetune_frozen_base.json", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.0},
+  };
+  for (const Case& k : cases) {
+    Result<Config> c = load_config_file(example(k.file));
+    ASSERT_TRUE(c.ok()) << k.file << ": " << c.status().to_string();
+    EXPECT_TRUE(c->warnings.empty()) << k.file << ": " << all_warnings(*c);
+    EXPECT_EQ(c->zero.offload_optimizer.device, k.optimizer) << k.file;
+    EXPECT_EQ(c->zero.offload_param.device, k.param) << k.file;
+    EXPECT_EQ(c->strata.optimizer_cpu_fraction, k.cpu_fraction) << k.file;
+    EXPECT_EQ(c->strata.device, DeviceKind::kHost) << k.file;
+    EXPECT_EQ(c->precision, Precision::kBf16) << k.file;
+  }
+}
+
 TEST(Config, OffloadPlacementRulesFollowDeepSpeed) {
   expect_error(doc(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}})"),
                {"zero_optimization.offload_param.device: \"nvme\" needs zero_optimization.stage 3",
