@@ -393,8 +393,13 @@ strata_status strata_group_fetch_host(strata_engine* engine, const char* group, 
     STRATA_ASSIGN_OR_RETURN(gpu::Stream * s, c_api::copy_stream(*engine));
     STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, c_api::fetch(*engine, group));
     const std::span<std::byte> dst(static_cast<std::byte*>(host_dst), size);
-    STRATA_RETURN_IF_ERROR(e.device().copy_d2h(*s, dst, span));
-    return e.device().synchronize(*s);
+    core::Status copied = e.device().copy_d2h(*s, dst, span);
+    if (copied.ok()) copied = e.device().synchronize(*s);
+    if (!copied.ok()) {  // a failed call leaves the group as it was: not fetched
+      e.release(group).ignore_error();
+      engine->fetched.erase(std::string(group));
+    }
+    return copied;
   });
 }
 

@@ -268,7 +268,8 @@ STRATA_API strata_status strata_group_wait(strata_engine* engine, const char* gr
 /* For frameworks that compute on the CPU: fetches a group (as
  * strata_group_fetch with a NULL stream) and copies its compute copies into
  * host_dst, which must hold exactly size bytes (strata_group_info's
- * size_bytes). The group stays fetched until strata_group_release. host_dst
+ * size_bytes). On success the group stays fetched until
+ * strata_group_release; on failure it is not fetched. host_dst
  * is borrowed. These copies are the framework's and are not counted in the
  * step's bytes. Errors: as strata_group_fetch; INVALID_ARGUMENT naming both
  * sizes when size is not the group's (nothing is fetched then). */
