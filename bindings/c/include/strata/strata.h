@@ -112,9 +112,8 @@ STRATA_API void strata_string_free(char* s) STRATA_NOEXCEPT;
 /* --- the engine ---------------------------------------------------------- */
 
 /* Training state in device memory, pinned CPU memory or NVMe, driven by the
- * framework through the step protocol (docs/training.md and DESIGN.md
- * section 3). Call order (any other order is FAILED_PRECONDITION, never a
- * hang):
+ * framework through the step protocol (bindings/c/README.md). Call order (any
+ * other order is FAILED_PRECONDITION, never a hang):
  *
  *   strata_engine_create
  *   strata_optimizer_group_add*          optional per-group lr / weight decay
