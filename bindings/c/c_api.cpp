@@ -1,15 +1,30 @@
 // The C API's implementation: every entry point runs inside guard(), which
 // turns a Status into a strata_status plus the thread's last-error message and
 // catches anything thrown (bad_alloc becomes OUT_OF_MEMORY, the rest INTERNAL).
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
 #include "engine/core/status.h"
+#include "engine/core/str.h"
+#include "engine/engine.h"
 #include "strata/strata.h"
+
+// The handle behind strata_engine*. Members are destroyed in reverse order:
+// the copy stream before the engine that owns its device.
+struct strata_engine {
+  std::unique_ptr<strata::engine::Engine> engine;
+  strata::gpu::Stream copies;          // the *_host calls' copies (created on first use)
+  std::set<std::string, std::less<>> fetched;  // groups fetched and not released
+};
 
 namespace strata::c_api {
 namespace {
@@ -46,11 +61,116 @@ core::Result<engine::Config> parse(const char* json) {
   return engine::parse_config(json);
 }
 
+core::Status null_argument(const char* fn, const char* arg) {
+  return core::Status::invalid_argument(core::str_cat(fn, ": ", arg, " is NULL"));
+}
+#define STRATA_C_NOT_NULL(fn, arg) \
+  if ((arg) == nullptr) return ::strata::c_api::null_argument(fn, #arg)
+
+// A caller's versioned struct, read as this library's version of it: the
+// bytes that fit are copied, the rest stays zero (the defaults).
+template <typename T>
+core::Result<T> read_struct(const T* in, const char* fn, const char* arg) {
+  if (in == nullptr) return null_argument(fn, arg);
+  if (in->struct_size < sizeof(std::uint32_t)) {
+    return core::Status::invalid_argument(
+        core::str_cat(fn, ": ", arg, "->struct_size is ", in->struct_size, "; initialize it with its STRATA_*_INIT"));
+  }
+  T out{};
+  std::memcpy(&out, in, std::min<std::size_t>(in->struct_size, sizeof(T)));
+  out.struct_size = sizeof(T);
+  return out;
+}
+
+// Writes a result into a caller's versioned struct: only the bytes that fit
+// its struct_size; struct_size itself keeps the caller's value.
+template <typename T>
+core::Status check_out_struct(const T* out, const char* fn, const char* arg) {
+  if (out == nullptr) return null_argument(fn, arg);
+  if (out->struct_size < sizeof(std::uint32_t)) {
+    return core::Status::invalid_argument(
+        core::str_cat(fn, ": ", arg, "->struct_size is ", out->struct_size, "; initialize it with its STRATA_*_INIT"));
+  }
+  return core::Status();
+}
+template <typename T>
+void write_struct(T* out, T value) {
+  const std::uint32_t caller_size = out->struct_size;
+  value.struct_size = caller_size;
+  std::memcpy(out, &value, std::min<std::size_t>(caller_size, sizeof(T)));
+}
+
+strata_dtype dtype_of(const engine::Engine& e) {
+  if (e.layout().compute_bytes == 4) return STRATA_DTYPE_F32;
+  return e.config().precision == engine::Precision::kFp16 ? STRATA_DTYPE_F16 : STRATA_DTYPE_BF16;
+}
+strata_device_kind device_of(engine::Engine& e) {
+  return e.device().kind() == gpu::DeviceKind::kCuda ? STRATA_DEVICE_CUDA : STRATA_DEVICE_HOST;
+}
+
+strata_group_view view_of(engine::Engine& e, const gpu::DeviceSpan& span) {
+  strata_group_view v = STRATA_GROUP_VIEW_INIT;
+  v.data = span.data();
+  v.size_bytes = span.size_bytes();
+  v.dtype = dtype_of(e);
+  v.device = device_of(e);
+  return v;
+}
+
+core::Result<const engine::GroupPlace*> find_group(engine::Engine& e, const char* group, const char* fn) {
+  if (!e.finalized()) return core::Status::failed_precondition(core::str_cat(fn, " before finalize"));
+  const engine::GroupPlace* g = e.layout().find_group(group);
+  if (g == nullptr) return core::Status::not_found(core::str_cat(fn, ": no fetch group named '", group, "'"));
+  return g;
+}
+
+std::uint64_t group_bytes(const engine::Engine& e, const engine::GroupPlace& g) {
+  return static_cast<std::uint64_t>(g.compute_elems) * static_cast<std::uint64_t>(e.layout().compute_bytes);
+}
+
+core::Status check_size(const engine::Engine& e, const engine::GroupPlace& g, std::size_t size, const char* fn) {
+  if (size != group_bytes(e, g)) {
+    return core::Status::invalid_argument(core::str_cat(fn, "('", g.name, "'): size is ", size,
+                                                        " bytes; the group's buffer is ", group_bytes(e, g),
+                                                        " bytes (strata_group_info_get)"));
+  }
+  return core::Status();
+}
+
+// Waits for the framework's stream; NULL: nothing to wait for.
+core::Status wait_native(engine::Engine& e, void* stream, const char* fn) {
+  if (stream == nullptr) return core::Status();
+  if (e.device().kind() != gpu::DeviceKind::kCuda) {
+    return core::Status::invalid_argument(core::str_cat(fn, ": stream must be NULL on the host device"));
+  }
+  auto wrapped = e.device().wrap_native_stream(stream, "framework");
+  if (!wrapped.ok()) return std::move(wrapped).status().annotate(fn);
+  return e.device().synchronize(*wrapped);
+}
+
+core::Result<gpu::Stream*> copy_stream(strata_engine& h) {
+  if (h.copies.empty()) {
+    STRATA_ASSIGN_OR_RETURN(h.copies, h.engine->device().create_stream("c_api host copies"));
+  }
+  return &h.copies;
+}
+
+// Fetch, recording the group as fetched.
+core::Result<gpu::DeviceSpan> fetch(strata_engine& h, const char* group) {
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan span, h.engine->fetch(group));
+  h.fetched.insert(group);
+  return span;
+}
+
 }  // namespace
 }  // namespace strata::c_api
 
 using strata::c_api::guard;
 namespace core = strata::core;
+namespace c_api = strata::c_api;
+namespace se = strata::engine;
+namespace gpu = strata::gpu;
+using core::str_cat;
 
 extern "C" {
 
@@ -107,4 +227,290 @@ strata_status strata_config_resolve(const char* config_json, char** json_out) no
 
 void strata_string_free(char* s) noexcept { std::free(s); }
 
+// --- the engine ---------------------------------------------------------------
+
+strata_status strata_engine_create(const char* config_json, strata_engine** out) noexcept {
+  return guard([&]() -> core::Status {
+    STRATA_C_NOT_NULL("strata_engine_create", out);
+    STRATA_ASSIGN_OR_RETURN(se::Config config, c_api::parse(config_json));
+    auto h = std::make_unique<strata_engine>();
+    STRATA_ASSIGN_OR_RETURN(h->engine, se::Engine::create(config));
+    *out = h.release();
+    return core::Status();
+  });
+}
+
+void strata_engine_destroy(strata_engine* engine) noexcept {
+  // Destructors report nothing; errors were returned where they arose.
+  try {
+    delete engine;
+  } catch (...) {
+  }
+}
+
+strata_status strata_optimizer_group_add(strata_engine* engine, const strata_optimizer_group_desc* desc,
+                                         int32_t* index_out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_optimizer_group_add";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, index_out);
+    STRATA_ASSIGN_OR_RETURN(const strata_optimizer_group_desc d, c_api::read_struct(desc, fn, "desc"));
+    se::OptimizerGroupDesc g;
+    g.name = d.name != nullptr ? d.name : "";
+    g.weight_decay = d.weight_decay;
+    g.lr_scale = d.lr_scale == 0.0 ? 1.0 : d.lr_scale;
+    if (!std::isfinite(g.weight_decay) || !std::isfinite(g.lr_scale)) {
+      return core::Status::invalid_argument(str_cat(fn, ": optimizer group '", g.name, "': weight_decay ",
+                                                    g.weight_decay, " and lr_scale ", g.lr_scale,
+                                                    " must be finite"));
+    }
+    STRATA_ASSIGN_OR_RETURN(const int index, engine->engine->add_optimizer_group(g));
+    *index_out = index;
+    return core::Status();
+  });
+}
+
+strata_status strata_param_register(strata_engine* engine, const strata_param_desc* desc, strata_init_fn init,
+                                    void* user_data) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_param_register";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, init);
+    STRATA_ASSIGN_OR_RETURN(const strata_param_desc d, c_api::read_struct(desc, fn, "desc"));
+    if (d.name == nullptr) return core::Status::invalid_argument(str_cat(fn, ": desc->name is NULL"));
+    if (d.ndim < 0) {
+      return core::Status::invalid_argument(str_cat(fn, "('", d.name, "'): desc->ndim is ", d.ndim, "; expected >= 0"));
+    }
+    if (d.ndim > 0 && d.shape == nullptr) {
+      return core::Status::invalid_argument(
+          str_cat(fn, "('", d.name, "'): desc->shape is NULL with desc->ndim ", d.ndim));
+    }
+    se::ParamDesc p;
+    p.name = d.name;
+    p.shape.assign(d.shape, d.shape + d.ndim);
+    p.group = d.group != nullptr ? d.group : d.name;
+    p.trainable = d.frozen == 0;
+    p.optimizer_group = d.optimizer_group;
+    // The callback runs during finalize, on its caller's thread, with no lock held.
+    se::InitFn fill = [init, user_data, name = p.name](std::span<float> out) -> core::Status {
+      const strata_status s = init(name.c_str(), out.data(), static_cast<int64_t>(out.size()), user_data);
+      if (s == STRATA_STATUS_OK) return core::Status();
+      const auto code = s > STRATA_STATUS_OK && s <= STRATA_STATUS_INTERNAL ? static_cast<core::StatusCode>(s)
+                                                                           : core::StatusCode::kInternal;
+      return core::Status(code, str_cat("the init callback returned ", strata_status_name(s)));
+    };
+    return engine->engine->register_param(p, std::move(fill));
+  });
+}
+
+strata_status strata_engine_finalize(strata_engine* engine) noexcept {
+  return guard([&]() -> core::Status {
+    STRATA_C_NOT_NULL("strata_engine_finalize", engine);
+    return engine->engine->finalize();
+  });
+}
+
+strata_status strata_group_info_get(strata_engine* engine, const char* group, strata_group_info* out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_info_get";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
+    se::Engine& e = *engine->engine;
+    STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
+    strata_group_info info = STRATA_GROUP_INFO_INIT;
+    info.size_bytes = c_api::group_bytes(e, *g);
+    info.dtype = c_api::dtype_of(e);
+    info.device = c_api::device_of(e);
+    info.param_count = static_cast<int32_t>(g->params.size());
+    info.trainable = g->trainable_elems > 0 ? 1 : 0;
+    c_api::write_struct(out, info);
+    return core::Status();
+  });
+}
+
+strata_status strata_param_offset(strata_engine* engine, const char* param, int64_t* offset_elems_out,
+                                  const char** group_out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_param_offset";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, param);
+    STRATA_C_NOT_NULL(fn, offset_elems_out);
+    const se::Engine& e = *engine->engine;
+    if (!e.finalized()) return core::Status::failed_precondition(str_cat(fn, " before finalize"));
+    const se::Layout& l = e.layout();
+    for (std::size_t pi = 0; pi < l.params.size(); ++pi) {
+      if (l.params[pi].name != param) continue;
+      *offset_elems_out = l.places[pi].compute_offset;
+      if (group_out != nullptr) *group_out = l.groups[l.places[pi].group].name.c_str();
+      return core::Status();
+    }
+    return core::Status::not_found(str_cat(fn, ": no parameter named '", param, "'"));
+  });
+}
+
+strata_status strata_group_fetch(strata_engine* engine, const char* group, void* stream,
+                                 strata_group_view* out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_fetch";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
+    se::Engine& e = *engine->engine;
+    // The fetch blocks, so the framework's stream may read the view at once;
+    // the stream is only checked.
+    if (stream != nullptr && e.device().kind() != gpu::DeviceKind::kCuda) {
+      return core::Status::invalid_argument(str_cat(fn, ": stream must be NULL on the host device"));
+    }
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, c_api::fetch(*engine, group));
+    c_api::write_struct(out, c_api::view_of(e, span));
+    return core::Status();
+  });
+}
+
+strata_status strata_group_wait(strata_engine* engine, const char* group) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_wait";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_RETURN_IF_ERROR(c_api::find_group(*engine->engine, group, fn).status());
+    if (!engine->fetched.contains(std::string_view(group))) {
+      return core::Status::failed_precondition(str_cat(fn, "('", group, "'): the group is not fetched"));
+    }
+    return core::Status();  // fetches are blocking in this version
+  });
+}
+
+strata_status strata_group_fetch_host(strata_engine* engine, const char* group, void* host_dst, size_t size) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_fetch_host";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_C_NOT_NULL(fn, host_dst);
+    se::Engine& e = *engine->engine;
+    STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
+    STRATA_RETURN_IF_ERROR(c_api::check_size(e, *g, size, fn));
+    STRATA_ASSIGN_OR_RETURN(gpu::Stream * s, c_api::copy_stream(*engine));
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, c_api::fetch(*engine, group));
+    const std::span<std::byte> dst(static_cast<std::byte*>(host_dst), size);
+    core::Status copied = e.device().copy_d2h(*s, dst, span);
+    if (copied.ok()) copied = e.device().synchronize(*s);
+    if (!copied.ok()) {  // a failed call leaves the group as it was: not fetched
+      e.release(group).ignore_error();
+      engine->fetched.erase(std::string(group));
+    }
+    return copied;
+  });
+}
+
+strata_status strata_group_release(strata_engine* engine, const char* group) noexcept {
+  return guard([&]() -> core::Status {
+    STRATA_C_NOT_NULL("strata_group_release", engine);
+    STRATA_C_NOT_NULL("strata_group_release", group);
+    STRATA_RETURN_IF_ERROR(engine->engine->release(group));
+    engine->fetched.erase(std::string(group));
+    return core::Status();
+  });
+}
+
+strata_status strata_group_grad_buffer(strata_engine* engine, const char* group, strata_group_view* out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_grad_buffer";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
+    se::Engine& e = *engine->engine;
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, e.grad_buffer(group));
+    c_api::write_struct(out, c_api::view_of(e, span));
+    return core::Status();
+  });
+}
+
+strata_status strata_group_grads_ready(strata_engine* engine, const char* group, void* stream) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_grads_ready";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_RETURN_IF_ERROR(c_api::wait_native(*engine->engine, stream, fn));
+    return engine->engine->grads_ready(group);
+  });
+}
+
+strata_status strata_group_grads_host(strata_engine* engine, const char* group, const void* host_src,
+                                      size_t size) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_grads_host";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_C_NOT_NULL(fn, host_src);
+    se::Engine& e = *engine->engine;
+    STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
+    STRATA_RETURN_IF_ERROR(c_api::check_size(e, *g, size, fn));
+    STRATA_ASSIGN_OR_RETURN(gpu::Stream * s, c_api::copy_stream(*engine));
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, e.grad_buffer(group));
+    const std::span<const std::byte> src(static_cast<const std::byte*>(host_src), size);
+    STRATA_RETURN_IF_ERROR(e.device().copy_h2d(*s, span, src));
+    STRATA_RETURN_IF_ERROR(e.device().synchronize(*s));
+    return e.grads_ready(group);
+  });
+}
+
+strata_status strata_micro_step_end(strata_engine* engine) noexcept {
+  return guard([&]() -> core::Status {
+    STRATA_C_NOT_NULL("strata_micro_step_end", engine);
+    return engine->engine->micro_step_end();
+  });
+}
+
+strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_step_end";
+    STRATA_C_NOT_NULL(fn, engine);
+    if (out != nullptr) {
+      STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
+    }
+    STRATA_ASSIGN_OR_RETURN(const se::StepStats st, engine->engine->step_end());
+    if (out == nullptr) return core::Status();
+    strata_step_stats r = STRATA_STEP_STATS_INIT;
+    r.skipped = st.skipped ? 1 : 0;
+    r.step = st.step;
+    r.skipped_total = st.skipped_total;
+    r.grad_norm = st.grad_norm;
+    r.lr = st.lr;
+    r.loss_scale = st.loss_scale;
+    r.bytes_h2d = st.bytes.h2d;
+    r.bytes_d2h = st.bytes.d2h;
+    r.bytes_nvme_read = st.bytes.nvme_read;
+    r.bytes_nvme_write = st.bytes.nvme_write;
+    c_api::write_struct(out, r);
+    return core::Status();
+  });
+}
+
+strata_status strata_loss_scale(strata_engine* engine, double* out) noexcept {
+  return guard([&]() -> core::Status {
+    STRATA_C_NOT_NULL("strata_loss_scale", engine);
+    STRATA_C_NOT_NULL("strata_loss_scale", out);
+    *out = engine->engine->loss_scale();
+    return core::Status();
+  });
+}
+
+strata_status strata_lr_set(strata_engine* engine, double lr) noexcept {
+  return guard([&]() -> core::Status {
+    STRATA_C_NOT_NULL("strata_lr_set", engine);
+    return engine->engine->set_lr(lr);
+  });
+}
+
+strata_status strata_param_read_master(strata_engine* engine, const char* param, float* out, int64_t numel) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_param_read_master";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, param);
+    STRATA_C_NOT_NULL(fn, out);
+    if (numel < 0) return core::Status::invalid_argument(str_cat(fn, "('", param, "'): numel is ", numel));
+    return engine->engine->read_master(param, std::span<float>(out, static_cast<std::size_t>(numel)));
+  });
+}
 }  // extern "C"

@@ -1,8 +1,15 @@
-/* The C API from C11: version, status names, the thread's last error, and
- * configuration checks. Exits 0 when every check holds; prints each failure. */
+/* The C API from C11: version, status names, the thread's last error,
+ * configuration checks, and training a tiny linear model through the engine on
+ * the host device (as a framework computing on the CPU would), with the
+ * optimizer state in pinned memory and on nvme: bit-identical results, wrong
+ * call orders refused. Exits 0 when every check holds; prints each failure. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "strata/strata.h"
 
@@ -14,6 +21,353 @@ static int failures = 0;
       ++failures;                                                     \
     }                                                                 \
   } while (0)
+
+/* Checks a call's status and, for a failure, that the message contains
+ * `needle`. */
+#define CHECK_STATUS(call, want, needle)                                                          \
+  do {                                                                                            \
+    strata_status got_ = (call);                                                                  \
+    if (got_ != (want)) {                                                                         \
+      fprintf(stderr, "%s:%d: %s returned %s, expected %s (%s)\n", __FILE__, __LINE__, #call,     \
+              strata_status_name(got_), strata_status_name(want), strata_last_error());           \
+      ++failures;                                                                                 \
+    } else if ((want) != STRATA_STATUS_OK && strstr(strata_last_error(), (needle)) == NULL) {     \
+      fprintf(stderr, "%s:%d: %s: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, #call,     \
+              strata_last_error(), (needle));                                                     \
+      ++failures;                                                                                 \
+    }                                                                                             \
+  } while (0)
+#define CHECK_OK(call) CHECK_STATUS(call, STRATA_STATUS_OK, "")
+
+/* --- a tiny linear model: y = W x + b, W in group "weight", b in "bias" ---- */
+
+enum { kIn = 32, kOut = 8, kBatch = 16, kSteps = 10 };
+
+/* splitmix64: the same stream on every platform. */
+static uint64_t next_u64(uint64_t* s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static float uniform(uint64_t* s) { /* [-1, 1) */
+  return (float)(next_u64(s) >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
+}
+
+static float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static uint16_t f32_to_bf16(float f) { /* round to nearest even; the test's values are finite */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* The init callback's state. */
+struct init_log {
+  int calls;
+  int bad_name;
+};
+
+static strata_status init_param(const char* name, float* out, int64_t numel, void* user_data) {
+  struct init_log* log = (struct init_log*)user_data;
+  ++log->calls;
+  uint64_t seed = strcmp(name, "w") == 0 ? 11 : 13;
+  if ((strcmp(name, "w") == 0 && numel != kOut * kIn) || (strcmp(name, "b") == 0 && numel != kOut)) ++log->bad_name;
+  for (int64_t i = 0; i < numel; ++i) out[i] = 0.1f * uniform(&seed);
+  return STRATA_STATUS_OK;
+}
+
+static strata_status init_fails(const char* name, float* out, int64_t numel, void* user_data) {
+  (void)name;
+  (void)out;
+  (void)numel;
+  (void)user_data;
+  return STRATA_STATUS_IO_ERROR;
+}
+
+/* One batch of the teacher-student task: t = W* x + b*. */
+static void make_batch(int step, float* x, float* t) {
+  uint64_t teacher = 4242;
+  float wt[kOut * kIn], bt[kOut];
+  for (int k = 0; k < kOut * kIn; ++k) wt[k] = 0.5f * uniform(&teacher);
+  for (int o = 0; o < kOut; ++o) bt[o] = 0.5f * uniform(&teacher);
+  uint64_t s = 1000u + (uint64_t)step;
+  for (int k = 0; k < kBatch * kIn; ++k) x[k] = uniform(&s);
+  for (int b = 0; b < kBatch; ++b) {
+    for (int o = 0; o < kOut; ++o) {
+      float acc = bt[o];
+      for (int i = 0; i < kIn; ++i) acc += wt[o * kIn + i] * x[b * kIn + i];
+      t[b * kOut + o] = acc;
+    }
+  }
+}
+
+struct run_result {
+  int ok;
+  double loss[kSteps];
+  float w[kOut * kIn], b[kOut];
+  strata_step_stats last;
+};
+
+static const char* const kBase =
+    "{\"train_batch_size\": 16, \"bf16\": {\"enabled\": true}, \"gradient_clipping\": 1.0,"
+    " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.05, \"weight_decay\": 0.01}},"
+    " \"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": %s},"
+    " \"strata\": {\"device\": \"host\", \"io\": {\"backend\": \"psync\"}, \"cpu_adam\": {\"threads\": 1}}}";
+
+/* Registers the model; returns the engine, or NULL after reporting. */
+static strata_engine* build(const char* config, struct init_log* log) {
+  strata_engine* e = NULL;
+  CHECK_OK(strata_engine_create(config, &e));
+  if (e == NULL) return NULL;
+  strata_optimizer_group_desc og = STRATA_OPTIMIZER_GROUP_DESC_INIT;
+  og.name = "no_decay";
+  int32_t no_decay = -1;
+  CHECK_OK(strata_optimizer_group_add(e, &og, &no_decay));
+  CHECK(no_decay == 1);
+
+  const int64_t wshape[2] = {kOut, kIn}, bshape[1] = {kOut};
+  strata_param_desc w = STRATA_PARAM_DESC_INIT;
+  w.name = "w";
+  w.shape = wshape;
+  w.ndim = 2;
+  w.group = "weight";
+  CHECK_OK(strata_param_register(e, &w, init_param, log));
+  strata_param_desc b = STRATA_PARAM_DESC_INIT;
+  b.name = "b";
+  b.shape = bshape;
+  b.ndim = 1;
+  b.group = "bias";
+  b.optimizer_group = no_decay;
+  CHECK_OK(strata_param_register(e, &b, init_param, log));
+  return e;
+}
+
+/* Trains kSteps steps as a CPU framework would. */
+static void train(const char* config, int on_nvme, struct run_result* r) {
+  memset(r, 0, sizeof *r);
+  struct init_log log = {0, 0};
+  strata_engine* e = build(config, &log);
+  if (e == NULL) return;
+
+  /* Before finalize: no views, no steps. */
+  uint16_t scratch[4];
+  strata_group_view view = STRATA_GROUP_VIEW_INIT;
+  CHECK_STATUS(strata_group_fetch_host(e, "weight", scratch, sizeof scratch), STRATA_STATUS_FAILED_PRECONDITION,
+               "before finalize");
+  CHECK_STATUS(strata_group_fetch(e, "weight", NULL, &view), STRATA_STATUS_FAILED_PRECONDITION, "before finalize");
+  CHECK_STATUS(strata_step_end(e, NULL), STRATA_STATUS_FAILED_PRECONDITION, "before finalize");
+  int64_t off = -1;
+  CHECK_STATUS(strata_param_offset(e, "w", &off, NULL), STRATA_STATUS_FAILED_PRECONDITION, "before finalize");
+  CHECK(log.calls == 0);
+
+  CHECK_OK(strata_engine_finalize(e));
+  CHECK(log.calls == 2 && log.bad_name == 0);
+  CHECK_STATUS(strata_engine_finalize(e), STRATA_STATUS_FAILED_PRECONDITION, "twice");
+  strata_param_desc late = STRATA_PARAM_DESC_INIT;
+  late.name = "late";
+  CHECK_STATUS(strata_param_register(e, &late, init_param, &log), STRATA_STATUS_FAILED_PRECONDITION,
+               "after finalize");
+
+  /* The layout. */
+  strata_group_info wi = STRATA_GROUP_INFO_INIT, bi = STRATA_GROUP_INFO_INIT;
+  CHECK_OK(strata_group_info_get(e, "weight", &wi));
+  CHECK_OK(strata_group_info_get(e, "bias", &bi));
+  CHECK(wi.dtype == STRATA_DTYPE_BF16 && wi.device == STRATA_DEVICE_HOST && wi.param_count == 1 && wi.trainable);
+  CHECK(wi.size_bytes >= 2u * kOut * kIn && bi.size_bytes >= 2u * kOut);
+  CHECK_STATUS(strata_group_info_get(e, "nope", &wi), STRATA_STATUS_NOT_FOUND, "nope");
+  int64_t w_off = -1, b_off = -1;
+  const char* group = NULL;
+  CHECK_OK(strata_param_offset(e, "w", &w_off, &group));
+  CHECK(group != NULL && strcmp(group, "weight") == 0);
+  CHECK_OK(strata_param_offset(e, "b", &b_off, NULL));
+  CHECK(w_off >= 0 && b_off >= 0);
+  CHECK_STATUS(strata_param_offset(e, "nope", &off, NULL), STRATA_STATUS_NOT_FOUND, "nope");
+  if (wi.size_bytes < 2u * kOut * kIn || bi.size_bytes < 2u * kOut || w_off < 0 || b_off < 0) {
+    strata_engine_destroy(e);
+    return;
+  }
+
+  /* A device view: on the host device it is not ours to touch, only to size. */
+  CHECK_OK(strata_group_fetch(e, "weight", NULL, &view));
+  CHECK(view.data != NULL && view.size_bytes == wi.size_bytes && view.dtype == STRATA_DTYPE_BF16 &&
+        view.device == STRATA_DEVICE_HOST);
+  CHECK_OK(strata_group_wait(e, "weight"));
+  CHECK_STATUS(strata_group_fetch(e, "weight", NULL, &view), STRATA_STATUS_FAILED_PRECONDITION, "already fetched");
+  CHECK_OK(strata_group_release(e, "weight"));
+  CHECK_STATUS(strata_group_wait(e, "weight"), STRATA_STATUS_FAILED_PRECONDITION, "not fetched");
+  int not_a_stream = 0;
+  CHECK_STATUS(strata_group_fetch(e, "bias", &not_a_stream, &view), STRATA_STATUS_INVALID_ARGUMENT, "stream");
+
+  uint16_t* wbuf = malloc(wi.size_bytes);
+  uint16_t* bbuf = malloc(bi.size_bytes);
+  uint16_t* wgrad = malloc(wi.size_bytes);
+  uint16_t* bgrad = malloc(bi.size_bytes);
+  float x[kBatch * kIn], t[kBatch * kOut], y[kBatch * kOut], gw[kOut * kIn], gb[kOut];
+  if (wbuf == NULL || bbuf == NULL || wgrad == NULL || bgrad == NULL) abort();
+
+  /* Wrong sizes and arguments change nothing. */
+  CHECK_STATUS(strata_group_fetch_host(e, "weight", wbuf, wi.size_bytes - 2), STRATA_STATUS_INVALID_ARGUMENT,
+               "bytes");
+  CHECK_STATUS(strata_group_fetch_host(e, NULL, wbuf, wi.size_bytes), STRATA_STATUS_INVALID_ARGUMENT, "group");
+  CHECK_STATUS(strata_group_fetch_host(e, "weight", NULL, wi.size_bytes), STRATA_STATUS_INVALID_ARGUMENT,
+               "host_dst");
+  CHECK_STATUS(strata_group_fetch_host(e, "nope", wbuf, wi.size_bytes), STRATA_STATUS_NOT_FOUND, "nope");
+  CHECK_STATUS(strata_group_release(e, "bias"), STRATA_STATUS_FAILED_PRECONDITION, "not fetched");
+
+  for (int step = 0; step < kSteps; ++step) {
+    double scale = 0.0;
+    CHECK_OK(strata_loss_scale(e, &scale));
+    CHECK(scale == 1.0); /* bf16: no loss scaling */
+    make_batch(step, x, t);
+
+    /* Forward. */
+    CHECK_OK(strata_group_fetch_host(e, "weight", wbuf, wi.size_bytes));
+    CHECK_OK(strata_group_release(e, "weight"));
+    CHECK_OK(strata_group_fetch_host(e, "bias", bbuf, bi.size_bytes));
+    CHECK_OK(strata_group_release(e, "bias"));
+    double loss = 0.0;
+    for (int b = 0; b < kBatch; ++b) {
+      for (int o = 0; o < kOut; ++o) {
+        float acc = bf16_to_f32(bbuf[b_off + o]);
+        for (int i = 0; i < kIn; ++i) acc += bf16_to_f32(wbuf[w_off + o * kIn + i]) * x[b * kIn + i];
+        y[b * kOut + o] = acc;
+        const double d = (double)acc - (double)t[b * kOut + o];
+        loss += 0.5 * d * d;
+      }
+    }
+    r->loss[step] = loss / kBatch;
+
+    /* Backward: gradients of loss * scale, in the groups' layouts. */
+    memset(gw, 0, sizeof gw);
+    memset(gb, 0, sizeof gb);
+    for (int b = 0; b < kBatch; ++b) {
+      for (int o = 0; o < kOut; ++o) {
+        const float d = (y[b * kOut + o] - t[b * kOut + o]) * (float)scale / kBatch;
+        gb[o] += d;
+        for (int i = 0; i < kIn; ++i) gw[o * kIn + i] += d * x[b * kIn + i];
+      }
+    }
+    memset(wgrad, 0, wi.size_bytes);
+    memset(bgrad, 0, bi.size_bytes);
+    for (int k = 0; k < kOut * kIn; ++k) wgrad[w_off + k] = f32_to_bf16(gw[k]);
+    for (int o = 0; o < kOut; ++o) bgrad[b_off + o] = f32_to_bf16(gb[o]);
+
+    CHECK_OK(strata_group_fetch_host(e, "weight", wbuf, wi.size_bytes));
+    CHECK_OK(strata_group_grads_host(e, "weight", wgrad, wi.size_bytes));
+    CHECK_OK(strata_group_release(e, "weight"));
+    if (step == 0) {
+      /* The bias's gradients are missing: no step, and the message names it. */
+      CHECK_STATUS(strata_step_end(e, NULL), STRATA_STATUS_FAILED_PRECONDITION, "'bias' has no gradients");
+      CHECK_STATUS(strata_micro_step_end(e), STRATA_STATUS_FAILED_PRECONDITION, "'bias'");
+      CHECK_STATUS(strata_group_grads_host(e, "weight", wgrad, wi.size_bytes), STRATA_STATUS_FAILED_PRECONDITION,
+                   "arrived already");
+      CHECK_STATUS(strata_group_grads_host(e, "bias", bgrad, bi.size_bytes + 2), STRATA_STATUS_INVALID_ARGUMENT,
+                   "bytes");
+    }
+    CHECK_OK(strata_group_fetch_host(e, "bias", bbuf, bi.size_bytes));
+    CHECK_OK(strata_group_grads_host(e, "bias", bgrad, bi.size_bytes));
+    CHECK_OK(strata_group_release(e, "bias"));
+
+    strata_step_stats st = STRATA_STEP_STATS_INIT;
+    CHECK_OK(strata_step_end(e, &st));
+    CHECK(st.struct_size == sizeof st);
+    CHECK(st.step == step + 1 && st.skipped == 0 && st.skipped_total == 0);
+    CHECK(st.grad_norm > 0.0 && isfinite(st.grad_norm));
+    CHECK(st.lr == 0.05 && st.loss_scale == 1.0);
+    /* Compute copies live on the device: gradients come down, the optimizer
+     * takes the copies down and puts the new ones back. */
+    CHECK(st.bytes_d2h == 2 * (wi.size_bytes + bi.size_bytes));
+    CHECK(st.bytes_h2d == wi.size_bytes + bi.size_bytes);
+    if (on_nvme) {
+      CHECK(st.bytes_nvme_read > 0 && st.bytes_nvme_read == st.bytes_nvme_write);
+    } else {
+      CHECK(st.bytes_nvme_read == 0 && st.bytes_nvme_write == 0);
+    }
+    r->last = st;
+  }
+  CHECK(r->loss[kSteps - 1] < 0.5 * r->loss[0]);
+
+  CHECK_OK(strata_param_read_master(e, "w", r->w, kOut * kIn));
+  CHECK_OK(strata_param_read_master(e, "b", r->b, kOut));
+  CHECK_STATUS(strata_param_read_master(e, "b", r->w, kOut + 1), STRATA_STATUS_INVALID_ARGUMENT, "9");
+  CHECK_STATUS(strata_lr_set(e, -1.0), STRATA_STATUS_INVALID_ARGUMENT, "-1");
+  CHECK_OK(strata_lr_set(e, 0.01));
+  free(wbuf);
+  free(bbuf);
+  free(wgrad);
+  free(bgrad);
+  strata_engine_destroy(e);
+  r->ok = failures == 0;
+}
+
+static void engine_checks(void) {
+  /* NULL and unversioned arguments name what is wrong. */
+  strata_engine* e = NULL;
+  CHECK_STATUS(strata_engine_create("{\"train_batch_size\": 4}", NULL), STRATA_STATUS_INVALID_ARGUMENT, "out");
+  CHECK_STATUS(strata_engine_create(NULL, &e), STRATA_STATUS_INVALID_ARGUMENT, "config_json");
+  CHECK(e == NULL);
+  CHECK_STATUS(strata_engine_finalize(NULL), STRATA_STATUS_INVALID_ARGUMENT, "engine");
+  strata_engine_destroy(NULL);
+
+  char config[2048];
+  snprintf(config, sizeof config, kBase, "{\"device\": \"cpu\"}");
+  CHECK_OK(strata_engine_create(config, &e));
+  if (e != NULL) {
+    strata_param_desc d = STRATA_PARAM_DESC_INIT;
+    d.struct_size = 0;
+    d.name = "p";
+    CHECK_STATUS(strata_param_register(e, &d, init_param, NULL), STRATA_STATUS_INVALID_ARGUMENT, "struct_size");
+    d.struct_size = sizeof d;
+    CHECK_STATUS(strata_param_register(e, &d, NULL, NULL), STRATA_STATUS_INVALID_ARGUMENT, "init");
+    d.ndim = 1;
+    CHECK_STATUS(strata_param_register(e, &d, init_param, NULL), STRATA_STATUS_INVALID_ARGUMENT, "shape");
+    /* An init callback's failure is finalize's, naming the parameter. */
+    const int64_t shape[1] = {4};
+    d.shape = shape;
+    CHECK_OK(strata_param_register(e, &d, init_fails, NULL));
+    CHECK_STATUS(strata_engine_finalize(e), STRATA_STATUS_IO_ERROR, "'p'");
+    strata_engine_destroy(e);
+  }
+
+  /* Optimizer state in pinned memory, then on nvme: the same bits. */
+  static struct run_result pinned, nvme;
+  train(config, 0, &pinned);
+
+  const char* tmp = getenv("TMPDIR");
+  char dir[1024];
+  snprintf(dir, sizeof dir, "%s/strata_c_api_XXXXXX", tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+  if (mkdtemp(dir) == NULL) {
+    fprintf(stderr, "mkdtemp(%s) failed\n", dir);
+    ++failures;
+    return;
+  }
+  char offload[1200];
+  snprintf(offload, sizeof offload, "{\"device\": \"nvme\", \"nvme_path\": \"%s\"}", dir);
+  snprintf(config, sizeof config, kBase, offload);
+  train(config, 1, &nvme);
+  /* The swap files go with the engine; the directory's lock file stays. */
+  char lock[1100];
+  snprintf(lock, sizeof lock, "%s/strata-swap.lock", dir);
+  unlink(lock);
+  if (rmdir(dir) != 0) {
+    fprintf(stderr, "%s: swap files left after the engine was destroyed\n", dir);
+    ++failures;
+  }
+
+  if (pinned.ok && nvme.ok) {
+    CHECK(memcmp(pinned.loss, nvme.loss, sizeof pinned.loss) == 0);
+    CHECK(memcmp(pinned.w, nvme.w, sizeof pinned.w) == 0);
+    CHECK(memcmp(pinned.b, nvme.b, sizeof pinned.b) == 0);
+    CHECK(pinned.last.grad_norm == nvme.last.grad_norm);
+    printf("c_api_test: loss %.6f -> %.6f over %d steps, pinned and nvme bit-identical\n", pinned.loss[0],
+           pinned.loss[kSteps - 1], kSteps);
+  }
+}
 
 int main(void) {
   /* version */
@@ -56,6 +410,8 @@ int main(void) {
   strata_string_free(NULL);
   CHECK(strata_config_resolve("{\"train_batch_size\": 8}", NULL) == STRATA_STATUS_INVALID_ARGUMENT);
   CHECK(strstr(strata_last_error(), "json_out") != NULL);
+
+  engine_checks();
 
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;

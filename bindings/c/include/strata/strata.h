@@ -16,7 +16,18 @@
  *  6. Structs that cross the API begin with uint32_t struct_size, set by the
  *     matching STRATA_*_INIT to the caller's sizeof; fields are only appended.
  *  7. Thread-safety is stated per function; functions without a statement
- *     are thread-safe.
+ *     are thread-safe. An engine is owner-thread only: one thread at a time
+ *     (the thread driving the training loop) makes every call that takes its
+ *     strata_engine*; different engines may be used from different threads.
+ *  8. Memory crosses as pointer, size in bytes, dtype and device. Device
+ *     memory (strata_group_view.data) is touched only by the device's own
+ *     operations or by the framework's kernels on that device; a framework
+ *     that computes on the CPU copies with the *_host calls instead.
+ *  9. A stream argument is a void*: a cudaStream_t on the CUDA device, NULL on
+ *     the host device (anything else there is INVALID_ARGUMENT). NULL means
+ *     "blocking".
+ * 10. Callbacks take user_data last, say on which thread they run, and are
+ *     never called with a lock held.
  */
 #ifndef STRATA_STRATA_H_
 #define STRATA_STRATA_H_
@@ -97,6 +108,247 @@ STRATA_API strata_status strata_config_resolve(const char* config_json, char** j
 
 /* Frees a string strata returned. NULL is a no-op. */
 STRATA_API void strata_string_free(char* s) STRATA_NOEXCEPT;
+
+/* --- the engine ---------------------------------------------------------- */
+
+/* Training state in device memory, pinned CPU memory or NVMe, driven by the
+ * framework through the step protocol (bindings/c/README.md). Call order (any
+ * other order is FAILED_PRECONDITION, never a hang):
+ *
+ *   strata_engine_create
+ *   strata_optimizer_group_add*          optional per-group lr / weight decay
+ *   strata_param_register+
+ *   strata_engine_finalize
+ *   per step, per micro-batch:
+ *     forward:  { strata_group_fetch[_host]  ...  strata_group_release }*
+ *     backward: { strata_group_fetch[_host], strata_group_grad_buffer +
+ *                 strata_group_grads_ready (or strata_group_grads_host),
+ *                 strata_group_release }* for every trainable group
+ *     strata_micro_step_end              between micro-batches
+ *   strata_step_end                      after the last micro-batch
+ *   strata_engine_destroy
+ *
+ * Every call in this section is owner-thread only (convention 7) and
+ * blocking: when it returns, the work it started is complete. */
+typedef struct strata_engine strata_engine;
+
+/* Element types of compute copies and gradients. */
+typedef enum strata_dtype {
+  STRATA_DTYPE_F32 = 0,
+  STRATA_DTYPE_BF16 = 1,
+  STRATA_DTYPE_F16 = 2
+} strata_dtype;
+
+/* Where a view's memory lives. */
+typedef enum strata_device_kind {
+  STRATA_DEVICE_HOST = 0, /* the emulated device: host memory, used only through strata */
+  STRATA_DEVICE_CUDA = 1  /* CUDA device memory */
+} strata_device_kind;
+
+/* Creates an engine from a JSON configuration (docs/config.md): the device
+ * ("strata.device"), the budgets, the placement of every state. On success
+ * *out is caller-owned: free it with strata_engine_destroy. Errors: the
+ * config's (INVALID_ARGUMENT naming the key), the device's (UNAVAILABLE when
+ * strata.device is "cuda" and there is none), UNIMPLEMENTED for an optimizer
+ * not built yet. config_json is borrowed. */
+STRATA_API strata_status strata_engine_create(const char* config_json, strata_engine** out) STRATA_NOEXCEPT;
+
+/* Destroys an engine: waits for its device work, frees its memory and its
+ * swap files (unless strata.io.keep_files). Every view it handed out becomes
+ * invalid. NULL is a no-op. */
+STRATA_API void strata_engine_destroy(strata_engine* engine) STRATA_NOEXCEPT;
+
+/* An optimizer group: per-group weight decay and learning-rate scale (e.g. no
+ * weight decay on norms and biases). Group 0 exists already, with the
+ * optimizer's weight decay and scale 1. */
+typedef struct strata_optimizer_group_desc {
+  uint32_t struct_size;  /* STRATA_OPTIMIZER_GROUP_DESC_INIT */
+  const char* name;      /* for messages; NULL: "" */
+  double weight_decay;   /* >= 0; 0: none */
+  double lr_scale;       /* > 0: the group's lr is the schedule's times this; 0: 1 */
+} strata_optimizer_group_desc;
+#define STRATA_OPTIMIZER_GROUP_DESC_INIT {(uint32_t)sizeof(strata_optimizer_group_desc), NULL, 0.0, 0.0}
+
+/* Adds an optimizer group before finalize and writes its index (for
+ * strata_param_desc.optimizer_group) to *index_out. desc is borrowed.
+ * Errors: INVALID_ARGUMENT (a NULL argument, struct_size 0, a negative or
+ * non-finite value), FAILED_PRECONDITION after finalize. */
+STRATA_API strata_status strata_optimizer_group_add(strata_engine* engine, const strata_optimizer_group_desc* desc,
+                                                    int32_t* index_out) STRATA_NOEXCEPT;
+
+/* A parameter. Zero is the default of every field but name. */
+typedef struct strata_param_desc {
+  uint32_t struct_size;    /* STRATA_PARAM_DESC_INIT */
+  const char* name;        /* unique, required */
+  const int64_t* shape;    /* ndim dimensions, each > 0; NULL when ndim is 0 (a scalar) */
+  int32_t ndim;            /* >= 0 */
+  const char* group;       /* fetch group (usually a layer); NULL: the parameter's own name */
+  int32_t frozen;          /* nonzero: no gradient, master weights or moments (a compute copy only) */
+  int32_t optimizer_group; /* from strata_optimizer_group_add; 0: the default group */
+} strata_param_desc;
+#define STRATA_PARAM_DESC_INIT {(uint32_t)sizeof(strata_param_desc), NULL, NULL, 0, NULL, 0, 0}
+
+/* Fills a parameter's initial fp32 values: out has numel elements (row-major
+ * in the registered shape), owned by strata and valid for the call; name is
+ * valid for the call. Returns STRATA_STATUS_OK, or a failure that
+ * strata_engine_finalize then returns (naming the parameter). Called once per
+ * parameter on the thread that calls strata_engine_finalize, during that
+ * call, group by group, never with a lock held. It must not call functions
+ * taking this engine. */
+typedef strata_status (*strata_init_fn)(const char* name, float* out, int64_t numel, void* user_data);
+
+/* Registers a parameter before finalize. desc and the strings and shape it
+ * points to are borrowed (copied); init and user_data must stay valid until
+ * strata_engine_finalize returns. Errors: INVALID_ARGUMENT (a NULL argument,
+ * struct_size 0, ndim < 0, shape NULL with ndim > 0), FAILED_PRECONDITION
+ * after finalize. Names, dimensions and optimizer groups are checked at
+ * finalize (INVALID_ARGUMENT naming the parameter). */
+STRATA_API strata_status strata_param_register(strata_engine* engine, const strata_param_desc* desc,
+                                               strata_init_fn init, void* user_data) STRATA_NOEXCEPT;
+
+/* Lays out every state, places it in its home tier under the budgets, and
+ * writes the initial values (calling each parameter's init). Errors:
+ * RESOURCE_EXHAUSTED naming the budget (strata.budgets.*) and the bytes
+ * needed; INVALID_ARGUMENT for a bad registration; an init callback's
+ * failure; FAILED_PRECONDITION when called twice. */
+STRATA_API strata_status strata_engine_finalize(strata_engine* engine) STRATA_NOEXCEPT;
+
+/* A fetch group's layout, without fetching it. */
+typedef struct strata_group_info {
+  uint32_t struct_size;      /* STRATA_GROUP_INFO_INIT */
+  uint64_t size_bytes;       /* of its compute copies (and of its gradient buffer), padding included */
+  strata_dtype dtype;        /* of compute copies and gradients */
+  strata_device_kind device; /* where strata_group_fetch's views live */
+  int32_t param_count;       /* parameters in the group */
+  int32_t trainable;         /* nonzero when some parameter of it is trainable (it needs gradients) */
+} strata_group_info;
+#define STRATA_GROUP_INFO_INIT {(uint32_t)sizeof(strata_group_info), 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST, 0, 0}
+
+/* Writes the layout of a fetch group to *out (the caller sets
+ * out->struct_size; strata writes only the fields that fit). Errors:
+ * INVALID_ARGUMENT, FAILED_PRECONDITION before finalize, NOT_FOUND for an
+ * unknown group. group is borrowed. */
+STRATA_API strata_status strata_group_info_get(strata_engine* engine, const char* group,
+                                               strata_group_info* out) STRATA_NOEXCEPT;
+
+/* Where a parameter sits in its group's compute copies (and gradients): it
+ * starts *offset_elems_out elements (of the group's dtype) into the group's
+ * buffer and runs for its numel elements, row-major. *group_out (may be NULL)
+ * is the group's name, valid until the engine is destroyed. Errors:
+ * INVALID_ARGUMENT, FAILED_PRECONDITION before finalize, NOT_FOUND. */
+STRATA_API strata_status strata_param_offset(strata_engine* engine, const char* param, int64_t* offset_elems_out,
+                                             const char** group_out) STRATA_NOEXCEPT;
+
+/* A view of device memory. */
+typedef struct strata_group_view {
+  uint32_t struct_size;      /* STRATA_GROUP_VIEW_INIT */
+  void* data;                /* device address (see convention 8) */
+  uint64_t size_bytes;
+  strata_dtype dtype;
+  strata_device_kind device;
+} strata_group_view;
+#define STRATA_GROUP_VIEW_INIT {(uint32_t)sizeof(strata_group_view), NULL, 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST}
+
+/* Fetches a group's compute copies to the device and writes a view of them to
+ * *out (the caller sets out->struct_size). The view is valid until
+ * strata_group_release(group) and must only be read. stream: see convention
+ * 9; this version blocks: when it returns the copies are complete, so work
+ * the framework then enqueues on its stream may read them. Errors:
+ * INVALID_ARGUMENT, FAILED_PRECONDITION (before finalize, or the group is
+ * fetched already), NOT_FOUND, RESOURCE_EXHAUSTED (device budget). */
+STRATA_API strata_status strata_group_fetch(strata_engine* engine, const char* group, void* stream,
+                                            strata_group_view* out) STRATA_NOEXCEPT;
+
+/* Waits until a fetched group's copies are complete (for a framework that
+ * computes on the CPU; with this version's blocking fetch it returns at once).
+ * Errors: FAILED_PRECONDITION when the group is not fetched. */
+STRATA_API strata_status strata_group_wait(strata_engine* engine, const char* group) STRATA_NOEXCEPT;
+
+/* For frameworks that compute on the CPU: fetches a group (as
+ * strata_group_fetch with a NULL stream) and copies its compute copies into
+ * host_dst, which must hold exactly size bytes (strata_group_info's
+ * size_bytes). On success the group stays fetched until
+ * strata_group_release; on failure it is not fetched. host_dst
+ * is borrowed. These copies are the framework's and are not counted in the
+ * step's bytes. Errors: as strata_group_fetch; INVALID_ARGUMENT naming both
+ * sizes when size is not the group's (nothing is fetched then). */
+STRATA_API strata_status strata_group_fetch_host(strata_engine* engine, const char* group, void* host_dst,
+                                                 size_t size) STRATA_NOEXCEPT;
+
+/* Ends a fetch: the group's views become invalid. Errors: FAILED_PRECONDITION
+ * when the group is not fetched. */
+STRATA_API strata_status strata_group_release(strata_engine* engine, const char* group) STRATA_NOEXCEPT;
+
+/* A device buffer for a trainable group's gradients of the current
+ * micro-batch, laid out like its compute copies (the slots of frozen
+ * parameters are ignored), scaled by strata_loss_scale. Valid until
+ * strata_group_grads_ready(group). Errors: INVALID_ARGUMENT,
+ * FAILED_PRECONDITION (before finalize, a group without trainable
+ * parameters, its gradients for this micro-batch arrived already),
+ * NOT_FOUND. */
+STRATA_API strata_status strata_group_grad_buffer(strata_engine* engine, const char* group,
+                                                  strata_group_view* out) STRATA_NOEXCEPT;
+
+/* The framework has written the group's gradients into the buffer of
+ * strata_group_grad_buffer. stream: the stream they were written on (see
+ * convention 9); strata waits for it before reading (this version blocks the
+ * host). With NULL the caller guarantees the writes are complete. Errors:
+ * FAILED_PRECONDITION without a gradient buffer, NOT_FOUND. */
+STRATA_API strata_status strata_group_grads_ready(strata_engine* engine, const char* group,
+                                                  void* stream) STRATA_NOEXCEPT;
+
+/* For frameworks that compute on the CPU: copies size bytes of gradients
+ * (laid out like the group's compute copies, its dtype, scaled by
+ * strata_loss_scale) from host_src into the engine's gradient buffer and
+ * calls strata_group_grads_ready. host_src is borrowed. Errors: as
+ * strata_group_grad_buffer; INVALID_ARGUMENT naming both sizes when size is
+ * not the group's. */
+STRATA_API strata_status strata_group_grads_host(strata_engine* engine, const char* group, const void* host_src,
+                                                 size_t size) STRATA_NOEXCEPT;
+
+/* Ends a micro-batch that is not the step's last. Errors: FAILED_PRECONDITION
+ * naming a trainable group without gradients, or after the last micro-batch
+ * (gradient_accumulation_steps). */
+STRATA_API strata_status strata_micro_step_end(strata_engine* engine) STRATA_NOEXCEPT;
+
+/* One step's outcome. */
+typedef struct strata_step_stats {
+  uint32_t struct_size;      /* STRATA_STEP_STATS_INIT */
+  int32_t skipped;           /* nonzero: not applied (fp16 overflow, or non-finite bf16/fp32 gradients) */
+  int64_t step;              /* optimizer steps applied so far */
+  int64_t skipped_total;     /* steps skipped so far */
+  double grad_norm;          /* of the unscaled, averaged gradients, before clipping */
+  double lr;                 /* of optimizer group 0 for this step (0 when skipped) */
+  double loss_scale;         /* for the next step */
+  uint64_t bytes_h2d;        /* moved by the engine since the previous strata_step_end */
+  uint64_t bytes_d2h;
+  uint64_t bytes_nvme_read;
+  uint64_t bytes_nvme_write;
+} strata_step_stats;
+#define STRATA_STEP_STATS_INIT {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0}
+
+/* Ends the step after its last micro-batch: loss scaling or skip, clipping,
+ * the learning rate, the optimizer, new compute copies home. Writes the
+ * step's statistics to *out when out is not NULL (the caller sets
+ * out->struct_size). Errors: FAILED_PRECONDITION naming a trainable group
+ * without gradients, or when micro-batches are missing; the I/O and device
+ * errors of the optimizer pass. */
+STRATA_API strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) STRATA_NOEXCEPT;
+
+/* The loss scale for the next backward pass (1 unless fp16): the framework
+ * multiplies its loss by it. */
+STRATA_API strata_status strata_loss_scale(strata_engine* engine, double* out) STRATA_NOEXCEPT;
+
+/* Overrides the schedule's learning rate (>= 0, finite) from the next step on.
+ * Errors: INVALID_ARGUMENT. */
+STRATA_API strata_status strata_lr_set(strata_engine* engine, double lr) STRATA_NOEXCEPT;
+
+/* Copies a trainable parameter's fp32 master weights, wherever they live,
+ * into out (numel elements, caller-owned). Errors: INVALID_ARGUMENT (numel is
+ * not the parameter's, naming both), FAILED_PRECONDITION (before finalize, a
+ * frozen parameter), NOT_FOUND. */
+STRATA_API strata_status strata_param_read_master(strata_engine* engine, const char* param, float* out,
+                                                  int64_t numel) STRATA_NOEXCEPT;
 
 #ifdef __cplusplus
 } /* extern "C" */
