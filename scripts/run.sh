@@ -1,17 +1,29 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds strata (release), and runs it
-# on the embedded default: `strata plan` for the example configuration (host
-# device, a local swap directory) and a 1.3B-parameter decoder on this machine.
-# Extra arguments go to `strata plan` (e.g. --params 40e9 --layers 48 --gpu-memory 80GiB).
-# Usage: scripts/run.sh [strata plan flags...]
+# The main job: installs what is missing, builds strata (release), and trains
+# the example model (examples/model, a residual MLP on a teacher-student task)
+# through the C API on the embedded default configuration
+# (examples/configs/strata_default.json: the emulated host device, compute
+# copies in pinned memory, optimizer state on NVMe under ./strata_swap).
+# It prints each step (loss, samples/s, bytes per tier) and a summary.
+#
+# Usage: scripts/run.sh [strata-train flags...]   (e.g. --steps 100 --config examples/configs/placement_cpu_all.json)
+#        scripts/run.sh plan [strata plan flags...] (the memory planner, e.g. --params 40e9 --layers 48)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 source scripts/common.sh
 meson_setup build-release --buildtype=release $cuda_option
 ninja -C build-release >/dev/null
-echo "built build-release/bindings/cli/strata"
-if [[ $# -eq 0 ]]; then
-  set -- --layers 24 --hidden 2048 --vocab 50304 --seq 2048
+if [[ "${1:-}" == "plan" ]]; then
+  shift
+  if [[ $# -eq 0 ]]; then
+    set -- --layers 24 --hidden 2048 --vocab 50304 --seq 2048
+  fi
+  exec build-release/bindings/cli/strata plan --config examples/configs/strata_default.json "$@"
 fi
-exec build-release/bindings/cli/strata plan --config examples/configs/strata_default.json "$@"
+if [[ ! -x build-release/examples/train/strata-train ]]; then
+  echo "run.sh: build-release/examples/train/strata-train was not built (OpenBLAS missing?)" >&2
+  exit 1
+fi
+mkdir -p strata_swap  # the default config's swap directory (swap files are removed at exit)
+exec build-release/examples/train/strata-train --config examples/configs/strata_default.json "$@"

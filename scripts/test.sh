@@ -34,7 +34,10 @@ source scripts/common.sh
 jobs=$(nproc)
 # Sanitizers: stop at the first UBSan report (it only prints by default).
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1
+# allocator_may_return_null: an impossible allocation returns NULL as in a
+# normal build, so out-of-memory paths are tested instead of aborting.
+export ASAN_OPTIONS=detect_leaks=1:strict_string_checks=1:allocator_may_return_null=1
+export LSAN_OPTIONS=suppressions=$root/scripts/lsan.supp
 
 run_stage "configure (normal)" meson_setup build $cuda_option
 run_stage "build (normal)" ninja -C build -j"$jobs"

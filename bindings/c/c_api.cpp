@@ -24,6 +24,8 @@ struct strata_engine {
   std::unique_ptr<strata::engine::Engine> engine;
   strata::gpu::Stream copies;          // the *_host calls' copies (created on first use)
   std::set<std::string, std::less<>> fetched;  // groups fetched and not released
+  std::vector<std::byte> blob;                 // of the last checkpoint load
+  bool loaded = false;
 };
 
 namespace strata::c_api {
@@ -511,6 +513,61 @@ strata_status strata_param_read_master(strata_engine* engine, const char* param,
     STRATA_C_NOT_NULL(fn, out);
     if (numel < 0) return core::Status::invalid_argument(str_cat(fn, "('", param, "'): numel is ", numel));
     return engine->engine->read_master(param, std::span<float>(out, static_cast<std::size_t>(numel)));
+  });
+}
+strata_status strata_checkpoint_save(strata_engine* engine, const char* root, const void* blob,
+                                     size_t blob_size) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_checkpoint_save";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, root);
+    if (blob == nullptr && blob_size != 0) {
+      return core::Status::invalid_argument(str_cat(fn, ": blob is NULL with blob_size ", blob_size));
+    }
+    return engine->engine->save_checkpoint(
+        root, std::span<const std::byte>(static_cast<const std::byte*>(blob), blob == nullptr ? 0 : blob_size));
+  });
+}
+
+strata_status strata_checkpoint_load(strata_engine* engine, const char* root) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_checkpoint_load";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, root);
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, engine->engine->load_checkpoint(root));
+    engine->blob = std::move(blob);
+    engine->loaded = true;
+    return core::Status();
+  });
+}
+
+strata_status strata_checkpoint_blob(strata_engine* engine, const void** data_out, size_t* size_out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_checkpoint_blob";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, data_out);
+    STRATA_C_NOT_NULL(fn, size_out);
+    if (!engine->loaded) return core::Status::failed_precondition(str_cat(fn, ": no checkpoint was loaded"));
+    *data_out = engine->blob.data();
+    *size_out = engine->blob.size();
+    return core::Status();
+  });
+}
+
+strata_status strata_export_safetensors(strata_engine* engine, const char* dir, strata_dtype dtype,
+                                        uint64_t max_shard_bytes) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_export_safetensors";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, dir);
+    strata::engine::Precision p;
+    switch (dtype) {
+      case STRATA_DTYPE_F32: p = strata::engine::Precision::kFp32; break;
+      case STRATA_DTYPE_BF16: p = strata::engine::Precision::kBf16; break;
+      case STRATA_DTYPE_F16: p = strata::engine::Precision::kFp16; break;
+      default: return core::Status::invalid_argument(str_cat(fn, ": dtype ", static_cast<int>(dtype), " is not a strata_dtype"));
+    }
+    return engine->engine->export_safetensors(dir, p, max_shard_bytes);
   });
 }
 }  // extern "C"

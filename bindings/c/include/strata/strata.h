@@ -350,6 +350,38 @@ STRATA_API strata_status strata_lr_set(strata_engine* engine, double lr) STRATA_
 STRATA_API strata_status strata_param_read_master(strata_engine* engine, const char* param, float* out,
                                                   int64_t numel) STRATA_NOEXCEPT;
 
+
+/* --- checkpoints and export (format: docs/checkpoints.md) ----------------- */
+
+/* Saves the whole training state between steps into <root>/step-<N>/ and then
+ * points <root>/latest at it; a save interrupted anywhere leaves the previous
+ * checkpoint loadable. blob (blob_size bytes, may be NULL when 0) is the
+ * framework's own state, returned by strata_checkpoint_blob after a load;
+ * root and blob are borrowed. Errors: FAILED_PRECONDITION in the middle of a
+ * step (groups fetched, gradients pending); I/O errors naming the file. */
+STRATA_API strata_status strata_checkpoint_save(strata_engine* engine, const char* root, const void* blob,
+                                                size_t blob_size) STRATA_NOEXCEPT;
+
+/* Loads <root>/latest (or <root> itself when it is a step directory) into a
+ * finalized engine with the same parameters, under any placement. Errors:
+ * NOT_FOUND; DATA_LOSS for a corrupt or truncated file (checked before
+ * anything changes); FAILED_PRECONDITION for another format version, another
+ * parameter set (naming the first difference), or mid-step. */
+STRATA_API strata_status strata_checkpoint_load(strata_engine* engine, const char* root) STRATA_NOEXCEPT;
+
+/* The framework blob of the last strata_checkpoint_load: *data_out (owned by
+ * the engine, valid until the next load or destroy) and *size_out. Errors:
+ * FAILED_PRECONDITION when nothing was loaded. */
+STRATA_API strata_status strata_checkpoint_blob(strata_engine* engine, const void** data_out,
+                                                size_t* size_out) STRATA_NOEXCEPT;
+
+/* Writes the current weights (fp32 masters of trainable parameters, compute
+ * copies of frozen ones) as safetensors in dtype into dir: model.safetensors,
+ * or shards of at most max_shard_bytes (0: no limit) with
+ * model.safetensors.index.json. dir is borrowed. */
+STRATA_API strata_status strata_export_safetensors(strata_engine* engine, const char* dir, strata_dtype dtype,
+                                                   uint64_t max_shard_bytes) STRATA_NOEXCEPT;
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

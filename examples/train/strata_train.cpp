@@ -1,0 +1,376 @@
+// strata-train: trains the example model (examples/model: a residual MLP
+// student on a teacher-student regression task) through strata's C API, as
+// an embedding framework would, and reports each step: loss, samples/s and
+// the bytes the engine moved per tier. The README's main command runs it.
+//
+// Micro-batches per step come from the config (gradient_accumulation_steps);
+// samples per micro-batch from --batch (the config's
+// train_micro_batch_size_per_gpu counts the planner's sequences).
+//
+//   strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]
+//                [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]
+//                [--export DIR] [--dump-masters FILE] [--quiet]
+//
+// The model computes on the CPU (OpenBLAS), so it reads its weights with
+// strata_group_fetch_host and hands gradients back with strata_group_grads_host.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "examples/model/model_runner.h"
+#include "examples/model/precision.h"
+#include "examples/model/residual_mlp.h"
+#include "strata/strata.h"
+
+namespace {
+
+using strata::examples::Batch;
+using strata::examples::GroupLayout;
+using strata::examples::ModelRunner;
+using strata::examples::ModelSpec;
+using strata::examples::ResidualMlp;
+
+struct Options {
+  std::string config = "examples/configs/strata_default.json";
+  int steps = 30;
+  ModelSpec spec;
+  bool freeze_base = false;
+  std::string checkpoint;
+  int save_every = 0;
+  bool resume = false;
+  std::string export_dir;
+  std::string dump_masters;
+  bool quiet = false;
+};
+
+int fail(const char* what, strata_status s) {
+  std::fprintf(stderr, "strata-train: %s: %s (%s)\n", what, strata_last_error(), strata_status_name(s));
+  return s == STRATA_STATUS_INVALID_ARGUMENT ? 2 : 1;
+}
+
+#define CHECK_STRATA(call, what)                          \
+  do {                                                    \
+    const strata_status s_ = (call);                      \
+    if (s_ != STRATA_STATUS_OK) return fail((what), s_);  \
+  } while (0)
+
+// A top-level integer of the resolved config (every key is present there):
+// gradient_accumulation_steps, train_micro_batch_size_per_gpu.
+long resolved_int(const char* json, const char* key) {
+  char* resolved = nullptr;
+  if (strata_config_resolve(json, &resolved) != STRATA_STATUS_OK) return 1;
+  long v = 1;
+  const std::string quoted = std::string("\"") + key + "\"";
+  if (const char* p = std::strstr(resolved, quoted.c_str())) {
+    p = std::strchr(p, ':');
+    if (p != nullptr) v = std::strtol(p + 1, nullptr, 10);
+  }
+  strata_string_free(resolved);
+  return v > 0 ? v : 1;
+}
+
+struct InitContext {
+  const ResidualMlp* model;
+};
+
+strata_status init_param(const char* name, float* out, int64_t numel, void* user_data) {
+  const auto* ctx = static_cast<const InitContext*>(user_data);
+  const auto& params = ctx->model->params();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].name == name) {
+      const auto st = ctx->model->init_param(static_cast<int>(i), {out, static_cast<std::size_t>(numel)});
+      return st.ok() ? STRATA_STATUS_OK : static_cast<strata_status>(st.code());
+    }
+  }
+  return STRATA_STATUS_NOT_FOUND;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
+  return buf;
+}
+
+int run(const Options& o) {
+  std::ifstream in(o.config);
+  if (!in) {
+    std::fprintf(stderr, "strata-train: cannot read config %s\n", o.config.c_str());
+    return 2;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string json = text.str();
+  const long gas = resolved_int(json.c_str(), "gradient_accumulation_steps");
+  const ModelSpec spec = o.spec;
+
+  auto model_or = ResidualMlp::create(spec);
+  if (!model_or.ok()) {
+    std::fprintf(stderr, "strata-train: %s\n", model_or.status().to_string().c_str());
+    return 2;
+  }
+  const ResidualMlp& model = *model_or;
+
+  strata_engine* engine = nullptr;
+  CHECK_STRATA(strata_engine_create(json.c_str(), &engine), "create the engine");
+  struct Destroy {
+    strata_engine* e;
+    ~Destroy() { strata_engine_destroy(e); }
+  } destroy{engine};
+
+  strata_optimizer_group_desc no_decay = STRATA_OPTIMIZER_GROUP_DESC_INIT;
+  no_decay.name = "no_decay";
+  no_decay.weight_decay = 0.0;
+  int32_t no_decay_index = 0;
+  CHECK_STRATA(strata_optimizer_group_add(engine, &no_decay, &no_decay_index), "add an optimizer group");
+
+  // The base (embedding and the first half of the blocks) is frozen when fine-tuning.
+  const int groups = model.num_groups();
+  auto frozen_group = [&](int g) { return o.freeze_base && g <= groups / 2 - 1; };
+  InitContext ctx{&model};
+  std::int64_t trainable_params = 0, all_params = 0;
+  for (const auto& p : model.params()) {
+    strata_param_desc d = STRATA_PARAM_DESC_INIT;
+    d.name = p.name.c_str();
+    d.shape = p.shape.data();
+    d.ndim = static_cast<int32_t>(p.shape.size());
+    d.group = model.groups()[static_cast<std::size_t>(p.group_index)].name.c_str();
+    d.frozen = frozen_group(p.group_index) ? 1 : 0;
+    d.optimizer_group = p.no_decay ? no_decay_index : 0;
+    CHECK_STRATA(strata_param_register(engine, &d, init_param, &ctx), "register a parameter");
+    all_params += p.num_elems;
+    if (!d.frozen) trainable_params += p.num_elems;
+  }
+  const auto t_finalize = std::chrono::steady_clock::now();
+  CHECK_STRATA(strata_engine_finalize(engine), "finalize");
+  const double finalize_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finalize).count();
+
+  // Each group's layout, as the engine placed it.
+  std::vector<GroupLayout> layouts(static_cast<std::size_t>(groups));
+  std::vector<strata_group_info> infos(static_cast<std::size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
+    const auto& gd = model.groups()[static_cast<std::size_t>(g)];
+    strata_group_info& info = infos[static_cast<std::size_t>(g)];
+    info = STRATA_GROUP_INFO_INIT;
+    CHECK_STRATA(strata_group_info_get(engine, gd.name.c_str(), &info), "group info");
+    const std::int64_t esize = info.dtype == STRATA_DTYPE_F32 ? 4 : 2;
+    layouts[static_cast<std::size_t>(g)].size_elems = static_cast<std::int64_t>(info.size_bytes) / esize;
+    for (int pi : gd.param_indices) {
+      int64_t off = 0;
+      CHECK_STRATA(strata_param_offset(engine, model.params()[static_cast<std::size_t>(pi)].name.c_str(), &off, nullptr),
+                   "parameter offset");
+      layouts[static_cast<std::size_t>(g)].offset_elems.push_back(off);
+    }
+  }
+  auto runner_or = ModelRunner::create(model, layouts);
+  if (!runner_or.ok()) {
+    std::fprintf(stderr, "strata-train: %s\n", runner_or.status().to_string().c_str());
+    return 1;
+  }
+  ModelRunner& runner = *runner_or;
+
+  int first_step = 0;
+  if (o.resume && !o.checkpoint.empty()) {
+    CHECK_STRATA(strata_checkpoint_load(engine, o.checkpoint.c_str()), "load the checkpoint");
+    const void* blob = nullptr;
+    size_t blob_size = 0;
+    CHECK_STRATA(strata_checkpoint_blob(engine, &blob, &blob_size), "read the checkpoint's blob");
+    first_step = std::atoi(std::string(static_cast<const char*>(blob), blob_size).c_str());
+    std::printf("resumed from %s at step %d\n", o.checkpoint.c_str(), first_step);
+  }
+
+  std::printf("strata-train: %lld parameters (%lld trainable) in %d groups, %ld micro-batch(es) of %lld per step; "
+              "finalize %.2f s\n",
+              static_cast<long long>(all_params), static_cast<long long>(trainable_params), groups, gas,
+              static_cast<long long>(spec.batch), finalize_s);
+  if (!o.quiet) {
+    std::printf("%5s %12s %10s %10s %10s %10s %10s %9s\n", "step", "loss", "samples/s", "h2d", "d2h", "nvme rd",
+                "nvme wr", "lr");
+  }
+
+  std::vector<std::uint16_t> half;
+  std::vector<float> weights, grads;
+  auto to_f32 = [&](const strata_group_info& info, const std::vector<unsigned char>& raw, std::vector<float>& out) {
+    const std::size_t n = info.dtype == STRATA_DTYPE_F32 ? raw.size() / 4 : raw.size() / 2;
+    out.resize(n);
+    if (info.dtype == STRATA_DTYPE_F32) {
+      std::memcpy(out.data(), raw.data(), raw.size());
+      return;
+    }
+    half.resize(n);
+    std::memcpy(half.data(), raw.data(), raw.size());
+    (info.dtype == STRATA_DTYPE_BF16 ? strata::examples::bf16_to_fp32(half, out)
+                                     : strata::examples::fp16_to_fp32(half, out))
+        .ignore_error();  // sizes match by construction
+  };
+  std::vector<unsigned char> raw;
+  double first_loss = 0.0, last_loss = 0.0, samples_per_s_sum = 0.0;
+  strata_step_stats last = STRATA_STEP_STATS_INIT;
+  const auto t_train = std::chrono::steady_clock::now();
+  for (int step = first_step; step < o.steps; ++step) {
+    const auto t_step = std::chrono::steady_clock::now();
+    double step_loss = 0.0;
+    for (long micro = 0; micro < gas; ++micro) {
+      double scale = 1.0;
+      CHECK_STRATA(strata_loss_scale(engine, &scale), "loss scale");
+      const Batch batch = model.make_batch(step * gas + micro);
+      if (const auto st = runner.begin(batch, static_cast<float>(scale)); !st.ok()) {
+        std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
+        return 1;
+      }
+      for (int g = 0; g < groups; ++g) {
+        const auto& info = infos[static_cast<std::size_t>(g)];
+        const char* name = model.groups()[static_cast<std::size_t>(g)].name.c_str();
+        raw.resize(info.size_bytes);
+        CHECK_STRATA(strata_group_fetch_host(engine, name, raw.data(), raw.size()), "fetch for forward");
+        to_f32(info, raw, weights);
+        CHECK_STRATA(strata_group_release(engine, name), "release");
+        if (const auto st = runner.forward_group(g, weights); !st.ok()) {
+          std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
+          return 1;
+        }
+      }
+      step_loss += runner.loss() / static_cast<double>(gas);
+      for (int g = groups - 1; g >= 0; --g) {
+        const auto& info = infos[static_cast<std::size_t>(g)];
+        const char* name = model.groups()[static_cast<std::size_t>(g)].name.c_str();
+        raw.resize(info.size_bytes);
+        CHECK_STRATA(strata_group_fetch_host(engine, name, raw.data(), raw.size()), "fetch for backward");
+        to_f32(info, raw, weights);
+        const bool trainable = info.trainable != 0;
+        grads.assign(weights.size(), 0.0f);
+        if (const auto st = runner.backward_group(g, weights, trainable ? std::span<float>(grads) : std::span<float>());
+            !st.ok()) {
+          std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
+          return 1;
+        }
+        if (trainable) {
+          if (info.dtype == STRATA_DTYPE_F32) {
+            std::memcpy(raw.data(), grads.data(), raw.size());
+          } else {
+            half.resize(grads.size());
+            (info.dtype == STRATA_DTYPE_BF16 ? strata::examples::fp32_to_bf16(grads, half)
+                                             : strata::examples::fp32_to_fp16(grads, half))
+                .ignore_error();
+            std::memcpy(raw.data(), half.data(), raw.size());
+          }
+          CHECK_STRATA(strata_group_grads_host(engine, name, raw.data(), raw.size()), "hand back gradients");
+        }
+        CHECK_STRATA(strata_group_release(engine, name), "release");
+      }
+      if (micro + 1 < gas) CHECK_STRATA(strata_micro_step_end(engine), "end a micro-batch");
+    }
+    strata_step_stats stats = STRATA_STEP_STATS_INIT;
+    CHECK_STRATA(strata_step_end(engine, &stats), "step_end");
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_step).count();
+    const double sps = static_cast<double>(spec.batch * gas) / secs;
+    if (step == first_step) first_loss = step_loss;
+    last_loss = step_loss;
+    samples_per_s_sum += sps;
+    last = stats;
+    if (!o.quiet) {
+      std::printf("%5d %12.6f %10.1f %10s %10s %10s %10s %9.2e%s\n", step + 1, step_loss, sps,
+                  human_bytes(static_cast<double>(stats.bytes_h2d)).c_str(),
+                  human_bytes(static_cast<double>(stats.bytes_d2h)).c_str(),
+                  human_bytes(static_cast<double>(stats.bytes_nvme_read)).c_str(),
+                  human_bytes(static_cast<double>(stats.bytes_nvme_write)).c_str(), stats.lr,
+                  stats.skipped ? "  (skipped)" : "");
+    }
+    if (!o.checkpoint.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
+      const std::string blob = std::to_string(step + 1);
+      CHECK_STRATA(strata_checkpoint_save(engine, o.checkpoint.c_str(), blob.data(), blob.size()), "save a checkpoint");
+    }
+  }
+  const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
+  const int ran = o.steps - first_step;
+  std::printf("\nsummary: %d steps in %.1f s, %.1f samples/s on average; loss %.6f -> %.6f (%.1f%% of the first)\n",
+              ran, train_s, ran > 0 ? samples_per_s_sum / ran : 0.0, first_loss, last_loss,
+              first_loss > 0 ? 100.0 * last_loss / first_loss : 0.0);
+  std::printf("         per step: h2d %s, d2h %s, nvme read %s, nvme write %s; %lld skipped\n",
+              human_bytes(static_cast<double>(last.bytes_h2d)).c_str(),
+              human_bytes(static_cast<double>(last.bytes_d2h)).c_str(),
+              human_bytes(static_cast<double>(last.bytes_nvme_read)).c_str(),
+              human_bytes(static_cast<double>(last.bytes_nvme_write)).c_str(),
+              static_cast<long long>(last.skipped_total));
+  if (!o.export_dir.empty()) {
+    CHECK_STRATA(strata_export_safetensors(engine, o.export_dir.c_str(), STRATA_DTYPE_BF16, 0), "export");
+    std::printf("exported the weights to %s/model.safetensors\n", o.export_dir.c_str());
+  }
+  if (!o.dump_masters.empty()) {
+    // Every trainable parameter's fp32 masters, back to back in registration
+    // order: placements are compared on these bytes.
+    std::ofstream out(o.dump_masters, std::ios::binary);
+    for (const auto& p : model.params()) {
+      if (frozen_group(p.group_index)) continue;
+      std::vector<float> v(static_cast<std::size_t>(p.num_elems));
+      CHECK_STRATA(strata_param_read_master(engine, p.name.c_str(), v.data(), p.num_elems), "read masters");
+      out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+    }
+    if (!out) {
+      std::fprintf(stderr, "strata-train: cannot write %s\n", o.dump_masters.c_str());
+      return 1;
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  o.spec.input_dim = 64;
+  o.spec.hidden_dim = 256;
+  o.spec.ffn_dim = 1024;
+  o.spec.output_dim = 16;
+  o.spec.depth = 8;
+  o.spec.teacher_hidden_dim = 64;
+  o.spec.batch = 64;
+  o.spec.seed = 1234;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](const char* name) -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "strata-train: %s needs a value\n", name);
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto positive = [&](const char* name) {
+      const long v = std::strtol(value(name), nullptr, 10);
+      if (v <= 0) {
+        std::fprintf(stderr, "strata-train: %s must be a positive number\n", name);
+        std::exit(2);
+      }
+      return v;
+    };
+    if (a == "--config") o.config = value("--config");
+    else if (a == "--steps") o.steps = static_cast<int>(positive("--steps"));
+    else if (a == "--width") o.spec.hidden_dim = positive("--width"), o.spec.ffn_dim = 4 * o.spec.hidden_dim;
+    else if (a == "--depth") o.spec.depth = positive("--depth");
+    else if (a == "--batch") o.spec.batch = positive("--batch");
+    else if (a == "--freeze-base") o.freeze_base = true;
+    else if (a == "--checkpoint") o.checkpoint = value("--checkpoint");
+    else if (a == "--save-every") o.save_every = static_cast<int>(positive("--save-every"));
+    else if (a == "--resume") o.resume = true;
+    else if (a == "--export") o.export_dir = value("--export");
+    else if (a == "--dump-masters") o.dump_masters = value("--dump-masters");
+    else if (a == "--quiet") o.quiet = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]\n"
+                   "                    [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]\n"
+                   "                    [--export DIR] [--dump-masters FILE] [--quiet]\n");
+      return 2;
+    }
+  }
+  return run(o);
+}
