@@ -25,6 +25,7 @@ struct strata_engine {
   strata::gpu::Stream copies;          // the *_host calls' copies (created on first use)
   std::set<std::string, std::less<>> fetched;  // groups fetched and not released
   std::vector<std::byte> blob;                 // of the last checkpoint load
+  strata_step_stats last = STRATA_STEP_STATS_INIT;  // of the last strata_step_end
   bool loaded = false;
 };
 
@@ -472,7 +473,6 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
       STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     }
     STRATA_ASSIGN_OR_RETURN(const se::StepStats st, engine->engine->step_end());
-    if (out == nullptr) return core::Status();
     strata_step_stats r = STRATA_STEP_STATS_INIT;
     r.skipped = st.skipped ? 1 : 0;
     r.step = st.step;
@@ -484,7 +484,22 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.bytes_d2h = st.bytes.d2h;
     r.bytes_nvme_read = st.bytes.nvme_read;
     r.bytes_nvme_write = st.bytes.nvme_write;
-    c_api::write_struct(out, r);
+    r.fetch_seconds = st.fetch_s;
+    r.grads_seconds = st.grads_s;
+    r.optimizer_seconds = st.optimizer_s;
+    engine->last = r;
+    if (out != nullptr) c_api::write_struct(out, r);
+    return core::Status();
+  });
+}
+
+strata_status strata_stats(strata_engine* engine, strata_step_stats* out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_stats";
+    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_NOT_NULL(fn, out);
+    STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
+    c_api::write_struct(out, engine->last);
     return core::Status();
   });
 }

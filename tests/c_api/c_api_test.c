@@ -147,8 +147,9 @@ static strata_engine* build(const char* config, struct init_log* log) {
   return e;
 }
 
-/* Trains kSteps steps as a CPU framework would. */
-static void train(const char* config, int on_nvme, struct run_result* r) {
+/* Trains kSteps steps as a CPU framework would; with ckpt_root, saves a
+ * checkpoint at the end (before destroying the engine). */
+static void train(const char* config, int on_nvme, struct run_result* r, const char* ckpt_root) {
   memset(r, 0, sizeof *r);
   struct init_log log = {0, 0};
   strata_engine* e = build(config, &log);
@@ -296,6 +297,14 @@ static void train(const char* config, int on_nvme, struct run_result* r) {
   CHECK_OK(strata_param_read_master(e, "b", r->b, kOut));
   CHECK_STATUS(strata_param_read_master(e, "b", r->w, kOut + 1), STRATA_STATUS_INVALID_ARGUMENT, "9");
   CHECK_STATUS(strata_lr_set(e, -1.0), STRATA_STATUS_INVALID_ARGUMENT, "-1");
+  strata_step_stats again = STRATA_STEP_STATS_INIT;
+  CHECK_OK(strata_stats(e, &again));
+  CHECK(again.step == kSteps && again.bytes_d2h == r->last.bytes_d2h && again.grad_norm == r->last.grad_norm);
+  if (ckpt_root != NULL) {
+    static const char kBlob[] = "data loader at epoch 3";
+    CHECK_STATUS(strata_checkpoint_save(e, ckpt_root, NULL, 5), STRATA_STATUS_INVALID_ARGUMENT, "blob");
+    CHECK_OK(strata_checkpoint_save(e, ckpt_root, kBlob, sizeof kBlob));
+  }
   CHECK_OK(strata_lr_set(e, 0.01));
   free(wbuf);
   free(bbuf);
@@ -336,9 +345,16 @@ static void engine_checks(void) {
 
   /* Optimizer state in pinned memory, then on nvme: the same bits. */
   static struct run_result pinned, nvme;
-  train(config, 0, &pinned);
-
   const char* tmp = getenv("TMPDIR");
+  char ckpt[1024];
+  snprintf(ckpt, sizeof ckpt, "%s/strata_c_ckpt_XXXXXX", tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+  if (mkdtemp(ckpt) == NULL) {
+    fprintf(stderr, "mkdtemp(%s) failed\n", ckpt);
+    ++failures;
+    return;
+  }
+  train(config, 0, &pinned, ckpt);
+
   char dir[1024];
   snprintf(dir, sizeof dir, "%s/strata_c_api_XXXXXX", tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
   if (mkdtemp(dir) == NULL) {
@@ -349,7 +365,37 @@ static void engine_checks(void) {
   char offload[1200];
   snprintf(offload, sizeof offload, "{\"device\": \"nvme\", \"nvme_path\": \"%s\"}", dir);
   snprintf(config, sizeof config, kBase, offload);
-  train(config, 1, &nvme);
+  train(config, 1, &nvme, NULL);
+
+  /* The pinned run's checkpoint, loaded into a fresh engine with the optimizer
+   * state on nvme: the same masters and the framework's blob back. */
+  {
+    struct init_log log = {0, 0};
+    strata_engine* e = build(config, &log);
+    if (e != NULL) {
+      CHECK_OK(strata_engine_finalize(e));
+      const void* blob = NULL;
+      size_t blob_size = 0;
+      CHECK_STATUS(strata_checkpoint_blob(e, &blob, &blob_size), STRATA_STATUS_FAILED_PRECONDITION, "no checkpoint");
+      CHECK_STATUS(strata_checkpoint_load(e, "/nonexistent/strata"), STRATA_STATUS_NOT_FOUND, "no checkpoint");
+      CHECK_OK(strata_checkpoint_load(e, ckpt));
+      CHECK_OK(strata_checkpoint_blob(e, &blob, &blob_size));
+      CHECK(blob_size == sizeof "data loader at epoch 3" && memcmp(blob, "data loader at epoch 3", blob_size) == 0);
+      float w[kOut * kIn], b[kOut];
+      CHECK_OK(strata_param_read_master(e, "w", w, kOut * kIn));
+      CHECK_OK(strata_param_read_master(e, "b", b, kOut));
+      CHECK(memcmp(w, pinned.w, sizeof w) == 0);
+      CHECK(memcmp(b, pinned.b, sizeof b) == 0);
+      char exported[1100];
+      snprintf(exported, sizeof exported, "%s/export", ckpt);
+      CHECK_OK(strata_export_safetensors(e, exported, STRATA_DTYPE_BF16, 0));
+      CHECK_STATUS(strata_export_safetensors(e, exported, (strata_dtype)7, 0), STRATA_STATUS_INVALID_ARGUMENT, "7");
+      strata_engine_destroy(e);
+    }
+  }
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
+  if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", ckpt);
   /* The swap files go with the engine; the directory's lock file stays. */
   char lock[1100];
   snprintf(lock, sizeof lock, "%s/strata-swap.lock", dir);

@@ -324,8 +324,12 @@ typedef struct strata_step_stats {
   uint64_t bytes_d2h;
   uint64_t bytes_nvme_read;
   uint64_t bytes_nvme_write;
+  double fetch_seconds;      /* in fetches (compute copies to the device) since the previous step_end */
+  double grads_seconds;      /* in taking gradients back (down, gradient pass) */
+  double optimizer_seconds;  /* in the optimizer and writing compute copies home */
 } strata_step_stats;
-#define STRATA_STEP_STATS_INIT {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0}
+#define STRATA_STEP_STATS_INIT \
+  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
@@ -334,6 +338,10 @@ typedef struct strata_step_stats {
  * without gradients, or when micro-batches are missing; the I/O and device
  * errors of the optimizer pass. */
 STRATA_API strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) STRATA_NOEXCEPT;
+
+/* The statistics of the last strata_step_end (zeros before the first) into
+ * *out (the caller sets out->struct_size). */
+STRATA_API strata_status strata_stats(strata_engine* engine, strata_step_stats* out) STRATA_NOEXCEPT;
 
 /* The loss scale for the next backward pass (1 unless fp16): the framework
  * multiplies its loss by it. */
