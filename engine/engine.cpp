@@ -681,8 +681,9 @@ core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
   return Status();
 }
 
-core::Status Engine::read_master(std::string_view param, std::span<float> out) {
+core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
   STRATA_RETURN_IF_ERROR(check_finalized("read_master"));
+  if (which < 0 || which > 2) return Status::invalid_argument(str_cat("read_state: array ", which, " (0, 1 or 2)"));
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (layout_.params[pi].name != param) continue;
     const ParamPlace& pl = layout_.places[pi];
@@ -699,8 +700,9 @@ core::Status Engine::read_master(std::string_view param, std::span<float> out) {
       float* dst = out.data() + (lo - pl.trainable_offset);
       if (cp.state_tier == Tier::kDevice) {
         STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan s, state_->device_state(c));
+        const std::uint64_t array = static_cast<std::uint64_t>(which) * static_cast<std::uint64_t>(cp.elems) * 4;
         STRATA_RETURN_IF_ERROR(copy_d2h({reinterpret_cast<std::byte*>(dst), static_cast<std::size_t>(hi - lo) * 4},
-                                        s.subspan(static_cast<std::uint64_t>(lo - cp.begin) * 4,
+                                        s.subspan(array + static_cast<std::uint64_t>(lo - cp.begin) * 4,
                                                   static_cast<std::uint64_t>(hi - lo) * 4)));
       } else {
         gpu::PinnedBuffer stage;
@@ -708,7 +710,8 @@ core::Status Engine::read_master(std::string_view param, std::span<float> out) {
           STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
         }
         STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
-        std::memcpy(dst, st.master.data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
+        const std::span<float> arrays[3] = {st.master, st.exp_avg, st.exp_avg_sq};
+        std::memcpy(dst, arrays[which].data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
       }
     }
     return Status();

@@ -131,7 +131,9 @@ class Engine {
 
   // Test and checkpoint access: the fp32 master weights of a trainable
   // parameter, and its compute copy (as fp32), wherever they live.
-  core::Status read_master(std::string_view param, std::span<float> out);
+  core::Status read_master(std::string_view param, std::span<float> out) { return read_state(param, 0, out); }
+  // One of a trainable parameter's optimizer arrays: 0 master, 1 exp_avg, 2 exp_avg_sq.
+  core::Status read_state(std::string_view param, int which, std::span<float> out);
   core::Status read_compute(std::string_view param, std::span<float> out);
 
  private:

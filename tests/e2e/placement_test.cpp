@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,7 +36,7 @@ namespace fs = std::filesystem;
 
 struct RunResult {
   std::vector<double> losses;
-  std::map<std::string, std::vector<float>> master, compute;
+  std::map<std::string, std::vector<float>> master, compute, exp_avg, exp_avg_sq;
   std::vector<StepStats> stats;
   StepBytes expected_bytes;  // one step's traffic by the memory model
   core::Status error;        // of the step that was expected to fail
@@ -166,6 +167,10 @@ class Placement : public ::testing::Test {
       if (!(freeze_l1 && t.group == "l1")) {
         EXPECT_TRUE(e.read_master(t.name, v).ok());
         r.master[t.name] = v;
+        EXPECT_TRUE(e.read_state(t.name, 1, v).ok());
+        r.exp_avg[t.name] = v;
+        EXPECT_TRUE(e.read_state(t.name, 2, v).ok());
+        r.exp_avg_sq[t.name] = v;
       }
       EXPECT_TRUE(e.read_compute(t.name, v).ok());
       r.compute[t.name] = v;
@@ -208,11 +213,15 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
                 static_cast<unsigned long long>(got.nvme_read), static_cast<unsigned long long>(got.nvme_write));
     if (reference.losses.empty()) {
       reference = r;
+      const auto& m = r.exp_avg.at("l1.w");
+      EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0.0f; })) << "moments never moved";
       EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the loss should halve in " << kSteps << " steps";
     } else {
       EXPECT_EQ(r.losses, reference.losses);
       for (const auto& [name, v] : reference.master) EXPECT_TRUE(bits_equal(r.master[name], v)) << name;
       for (const auto& [name, v] : reference.compute) EXPECT_TRUE(bits_equal(r.compute[name], v)) << name;
+      for (const auto& [name, v] : reference.exp_avg) EXPECT_TRUE(bits_equal(r.exp_avg[name], v)) << name;
+      for (const auto& [name, v] : reference.exp_avg_sq) EXPECT_TRUE(bits_equal(r.exp_avg_sq[name], v)) << name;
     }
     EXPECT_EQ(r.stats.back().bytes, r.expected_bytes) << "h2d " << r.stats.back().bytes.h2d << " vs "
                                                       << r.expected_bytes.h2d << ", d2h " << r.stats.back().bytes.d2h
