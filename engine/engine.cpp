@@ -70,6 +70,19 @@ nvme::BackendKind backend_of(IoBackend b) {
   return nvme::BackendKind::kAuto;
 }
 
+// Adds the seconds from construction to destruction to `total`.
+class StageTimer {
+ public:
+  explicit StageTimer(double& total) : total_(total) {}
+  ~StageTimer() { total_ += sw_.elapsed_s(); }
+  StageTimer(const StageTimer&) = delete;
+  StageTimer& operator=(const StageTimer&) = delete;
+
+ private:
+  double& total_;
+  core::Stopwatch sw_;
+};
+
 }  // namespace
 
 // A fetch group's compute copies and its transient device buffers.
@@ -396,13 +409,8 @@ core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> ho
 
 core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
-  const core::Stopwatch sw;
+  const StageTimer timer(times_.fetch_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("fetch ", group));
-  struct AddTime {
-    double& total;
-    const core::Stopwatch& sw;
-    ~AddTime() { total += sw.elapsed_s(); }
-  } add{times_.fetch_s, sw};
   GroupState& gs = groups_[g];
   if (gs.fetched) {
     return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
@@ -450,13 +458,8 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
 
 core::Status Engine::grads_ready(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
-  const core::Stopwatch sw;
+  const StageTimer timer(times_.grads_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("grads_ready ", group));
-  struct AddTime {
-    double& total;
-    const core::Stopwatch& sw;
-    ~AddTime() { total += sw.elapsed_s(); }
-  } add{times_.grads_s, sw};
   const GroupPlace& gp = layout_.groups[g];
   GroupState& gs = groups_[g];
   if (gs.grad.empty()) {
@@ -563,12 +566,11 @@ core::Result<StepStats> Engine::step_end() {
                                   .bias_correction = config_.optimizer.bias_correction};
       constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
     }
-    const core::Stopwatch sw;
     {
+      const StageTimer timer(times_.optimizer_s);
       TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
       STRATA_RETURN_IF_ERROR(run_optimizer(constants.data()));
     }
-    times_.optimizer_s += sw.elapsed_s();
     ++applied_steps_;
     stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
   } else {
