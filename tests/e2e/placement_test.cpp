@@ -431,5 +431,30 @@ TEST_F(Placement, StatisticsAndTheTimelineTrace) {
   }
 }
 
+TEST_F(Placement, EvaluationPassesBetweenStepsChangeNothing) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  std::map<std::string, std::vector<float>> plain, with_eval;
+  std::vector<double> eval_losses;
+  for (bool eval : {false, true}) {
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < 6; ++s) {
+      train_one_step(*e, f, s);
+      if (eval) {  // forward only, on held-out batches: no gradients, no step
+        f.batch(-1 - s);
+        f.load(*e, "l1");
+        f.load(*e, "l2");
+        eval_losses.push_back(f.forward());
+      }
+    }
+    (eval ? with_eval : plain) = read_masters(*e);
+  }
+  for (const auto& [name, v] : plain) EXPECT_TRUE(bits_equal(with_eval.at(name), v)) << name;
+  EXPECT_LT(eval_losses.back(), eval_losses.front());
+}
+
 }  // namespace
 }  // namespace strata::engine
