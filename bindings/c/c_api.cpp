@@ -185,7 +185,9 @@ int strata_abi_compatible(int major, int minor) noexcept {
 }
 
 const char* strata_status_name(strata_status status) noexcept {
-  switch (status) {
+  int raw = 0;  // a C caller may pass any int: read its bytes, not an out-of-range enum
+  std::memcpy(&raw, &status, sizeof raw);
+  switch (raw) {
     case STRATA_STATUS_OK: return "OK";
     case STRATA_STATUS_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
     case STRATA_STATUS_NOT_FOUND: return "NOT_FOUND";
@@ -575,12 +577,16 @@ strata_status strata_export_safetensors(strata_engine* engine, const char* dir, 
     constexpr const char* fn = "strata_export_safetensors";
     STRATA_C_NOT_NULL(fn, engine);
     STRATA_C_NOT_NULL(fn, dir);
+    // A C caller may pass any int: read its bytes, not an out-of-range enum.
+    int raw = 0;
+    static_assert(sizeof raw == sizeof dtype);
+    std::memcpy(&raw, &dtype, sizeof raw);
     strata::engine::Precision p;
-    switch (dtype) {
+    switch (raw) {
       case STRATA_DTYPE_F32: p = strata::engine::Precision::kFp32; break;
       case STRATA_DTYPE_BF16: p = strata::engine::Precision::kBf16; break;
       case STRATA_DTYPE_F16: p = strata::engine::Precision::kFp16; break;
-      default: return core::Status::invalid_argument(str_cat(fn, ": dtype ", static_cast<int>(dtype), " is not a strata_dtype"));
+      default: return core::Status::invalid_argument(str_cat(fn, ": dtype ", raw, " is not a strata_dtype"));
     }
     return engine->engine->export_safetensors(dir, p, max_shard_bytes);
   });
