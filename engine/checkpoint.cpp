@@ -22,6 +22,7 @@
 #include "engine/core/str.h"
 #include "engine/core/unique_fd.h"
 #include "engine/engine.h"
+#include "engine/file_io.h"
 #include "engine/safetensors.h"
 #include "engine/state_store.h"
 #include "nvme/crc64.h"
@@ -41,43 +42,6 @@ constexpr int kFormatVersion = 1;
 void crash_point(const char* name) {
   const char* at = std::getenv("STRATA_CHECKPOINT_CRASH_AT");
   if (at != nullptr && std::strcmp(at, name) == 0) std::_Exit(86);
-}
-
-Status fsync_path(const std::string& path, bool directory) {
-  core::UniqueFd fd(::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC));
-  if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path, " to fsync"));
-  if (::fsync(fd.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", path));
-  return Status();
-}
-
-Status write_file(const std::string& path, std::span<const std::byte> data) {
-  core::UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) return Status::from_errno(errno, str_cat("create ", path));
-  std::size_t done = 0;
-  while (done < data.size()) {
-    const ssize_t w = ::write(fd.get(), data.data() + done, data.size() - done);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return Status::io_error(w < 0 ? errno : 0, "write", path, done, data.size() - done, w);
-    done += static_cast<std::size_t>(w);
-  }
-  if (::fsync(fd.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", path));
-  return fd.close(path);
-}
-
-core::Result<std::vector<std::byte>> read_file(const std::string& path) {
-  core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", path));
-  std::vector<std::byte> out(static_cast<std::size_t>(st.st_size));
-  std::size_t done = 0;
-  while (done < out.size()) {
-    const ssize_t r = ::read(fd.get(), out.data() + done, out.size() - done);
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return Status::io_error(r < 0 ? errno : 0, "read", path, done, out.size() - done, r);
-    done += static_cast<std::size_t>(r);
-  }
-  return out;
 }
 
 // CRC64 of a whole file, read in 8 MiB pieces.
@@ -124,10 +88,7 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
       continue;
     }
     gpu::PinnedBuffer stage;
-    if (state_->staging_bytes(c) > 0) {
-      STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
-    }
-    STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
+    STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
     STRATA_RETURN_IF_ERROR(fn(cp, st));
     if (write_back) STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
   }
@@ -200,7 +161,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   }
   STRATA_RETURN_IF_ERROR(writer.finish());
   crash_point("state_written");
-  STRATA_RETURN_IF_ERROR(write_file(tmp + "/framework.bin", blob));
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob));
 
   nlohmann::ordered_json m;
   m["format"] = "strata-checkpoint";
@@ -225,8 +186,8 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
                 {"framework.bin", nvme::crc64(0, blob)}};
   m["config"] = nlohmann::ordered_json::parse(to_json(config_), nullptr, false);
   const std::string text = m.dump(2) + "\n";
-  STRATA_RETURN_IF_ERROR(write_file(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text))));
-  STRATA_RETURN_IF_ERROR(fsync_path(tmp, true));
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text))));
+  STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
   crash_point("manifest_written");
 
   // Publish: step directory, then the latest pointer.
@@ -238,15 +199,10 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return Status::from_errno(errno, str_cat("rename ", tmp, " to ", final_dir));
   }
-  STRATA_RETURN_IF_ERROR(fsync_path(root, true));
+  STRATA_RETURN_IF_ERROR(fsync_dir(root));
   crash_point("renamed");
-  const std::string latest_tmp = root + "/.latest.tmp";
   const std::string pointer = name + "\n";
-  STRATA_RETURN_IF_ERROR(write_file(latest_tmp, std::as_bytes(std::span<const char>(pointer))));
-  if (::rename(latest_tmp.c_str(), (root + "/latest").c_str()) != 0) {
-    return Status::from_errno(errno, str_cat("rename ", latest_tmp, " to ", root, "/latest"));
-  }
-  STRATA_RETURN_IF_ERROR(fsync_path(root, true));
+  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer))));
   fs::remove_all(final_dir + ".old", ec);
   return Status();
 }

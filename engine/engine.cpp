@@ -182,6 +182,13 @@ core::Status Engine::check_finalized(const char* op) const {
   return Status();
 }
 
+core::Result<ChunkState> Engine::load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage) {
+  if (state_->staging_bytes(c) > 0) {
+    STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
+  }
+  return state_->load(c, stage.bytes());
+}
+
 bool Engine::between_steps() const {
   if (micro_step_ != 0) return false;
   for (const GroupState& gs : groups_) {
@@ -341,10 +348,7 @@ core::Status Engine::write_initial_values() {
         device_master.assign(static_cast<std::size_t>(cp.elems), 0.0f);
         master = device_master;
       } else {
-        if (state_->staging_bytes(c) > 0) {
-          STRATA_ASSIGN_OR_RETURN(cstage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
-        }
-        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, cstage.bytes()));
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
         if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
         master = st.master;
       }
@@ -622,12 +626,9 @@ core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
       };
       if (cp.state_tier != Tier::kDevice) {
         gpu::PinnedBuffer stage;
-        if (state_->staging_bytes(c) > 0) {
-          STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
-        }
         core::Result<ChunkState> loaded = [&] {
           TraceScope ts(trace_, TraceTrack::kSwap, str_cat("load state chunk ", c), state_->staging_bytes(c));
-          return state_->load(c, stage.bytes());
+          return load_host_chunk(c, stage);
         }();
         STRATA_ASSIGN_OR_RETURN(ChunkState st, std::move(loaded));
         if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
@@ -708,10 +709,7 @@ core::Status Engine::read_state(std::string_view param, int which, std::span<flo
                                                   static_cast<std::uint64_t>(hi - lo) * 4)));
       } else {
         gpu::PinnedBuffer stage;
-        if (state_->staging_bytes(c) > 0) {
-          STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
-        }
-        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, stage.bytes()));
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
         const std::span<float> arrays[3] = {st.master, st.exp_avg, st.exp_avg_sq};
         std::memcpy(dst, arrays[which].data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
       }

@@ -154,6 +154,9 @@ class Engine {
   core::Status run_optimizer(const core::numerics::AdamStepConstants* per_group_constants);
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src);
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src);
+  // Host views of a pinned or nvme chunk's state; `stage` receives the staging
+  // copy an nvme chunk needs (pass it to StateStore::store to write back).
+  core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
   // Runs fn over every chunk of group g with host views of its state (device
   // chunks through a host copy); with `write_back`, the views are written
   // home afterwards.

@@ -16,6 +16,7 @@
 #include "engine/core/aligned_buffer.h"
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
+#include "engine/file_io.h"
 
 namespace strata::engine {
 namespace {
@@ -28,39 +29,6 @@ namespace nx = core::numerics;
 constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 // Data starts on an 8-byte boundary; the header is padded with spaces.
 constexpr std::uint64_t kDataAlignment = 8;
-
-Status pread_all(int fd, void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
-  auto* p = static_cast<std::byte*>(buf);
-  std::uint64_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return Status::io_error(r < 0 ? errno : 0, "pread", path, offset + done, n - done, r);
-    done += static_cast<std::uint64_t>(r);
-  }
-  return Status();
-}
-
-Status pwrite_all(int fd, const void* buf, std::uint64_t n, std::uint64_t offset, const std::string& path) {
-  const auto* p = static_cast<const std::byte*>(buf);
-  std::uint64_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pwrite(fd, p + done, n - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return Status::io_error(r < 0 ? errno : 0, "pwrite", path, offset + done, n - done, r);
-    done += static_cast<std::uint64_t>(r);
-  }
-  return Status();
-}
-
-Status fsync_dir_of(const std::string& path) {
-  const std::size_t slash = path.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  core::UniqueFd d(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!d.valid()) return Status::from_errno(errno, str_cat("open directory ", dir));
-  if (::fsync(d.get()) != 0) return Status::from_errno(errno, str_cat("fsync directory ", dir));
-  return Status();
-}
 
 core::Result<TensorDtype> parse_dtype(const std::string& s, const std::string& path, const std::string& name) {
   if (s == "F32") return TensorDtype::kF32;
@@ -362,21 +330,7 @@ core::Status write_shard_index(const std::string& dir, std::uint64_t total_size,
   doc["weight_map"] = nlohmann::ordered_json::object();
   for (const auto& [name, file] : weight_map) doc["weight_map"][name] = file;
   const std::string text = doc.dump(2) + "\n";
-  const std::string path = dir + "/model.safetensors.index.json";
-  const std::string tmp = path + ".tmp";
-  core::UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd.valid()) return Status::from_errno(errno, str_cat("create ", tmp));
-  Status s = pwrite_all(fd.get(), text.data(), text.size(), 0, tmp);
-  if (s.ok() && ::fsync(fd.get()) != 0) s = Status::from_errno(errno, str_cat("fsync ", tmp));
-  if (s.ok()) s = fd.close(tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    s = Status::from_errno(errno, str_cat("rename ", tmp, " to ", path));
-  }
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  return fsync_dir_of(path);
+  return replace_file(dir + "/model.safetensors.index.json", std::as_bytes(std::span<const char>(text)));
 }
 
 }  // namespace strata::engine
