@@ -23,6 +23,7 @@
 #include "engine/core/unique_fd.h"
 #include "engine/engine.h"
 #include "engine/file_io.h"
+#include "engine/internal/engine_entry.h"
 #include "engine/safetensors.h"
 #include "engine/state_store.h"
 #include "nvme/crc64.h"
@@ -96,6 +97,7 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
 }
 
 core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
+  STRATA_ENGINE_ENTRY("save_checkpoint");
   STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition(
@@ -208,6 +210,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
 }
 
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
+  STRATA_ENGINE_ENTRY("load_checkpoint");
   STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
@@ -319,6 +322,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
 }
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
+  STRATA_ENGINE_ENTRY("export_safetensors");
   STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -341,7 +345,7 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
       const ParamDesc& p = layout_.params[pi];
       std::vector<float> v(static_cast<std::size_t>(p.numel()));
       const StepBytes saved = bytes_;
-      STRATA_RETURN_IF_ERROR(p.trainable ? read_master(p.name, v) : read_compute(p.name, v));
+      STRATA_RETURN_IF_ERROR(p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v));
       bytes_ = saved;
       STRATA_RETURN_IF_ERROR(w.write_f32(p.name, v));
       weight_map[p.name] = file;

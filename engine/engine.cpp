@@ -9,6 +9,7 @@
 #include "engine/core/logging.h"
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
+#include "engine/internal/engine_entry.h"
 #include "engine/state_store.h"
 #include "gpu/cuda_device.h"
 #include "gpu/host_device.h"
@@ -160,6 +161,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
 }
 
 core::Result<int> Engine::add_optimizer_group(const OptimizerGroupDesc& group) {
+  STRATA_ENGINE_ENTRY("add_optimizer_group");
   if (finalized_) return Status::failed_precondition("add_optimizer_group after finalize");
   if (!(group.weight_decay >= 0.0) || !(group.lr_scale >= 0.0)) {
     return Status::invalid_argument(str_cat("optimizer group '", group.name, "': weight_decay ", group.weight_decay,
@@ -170,11 +172,23 @@ core::Result<int> Engine::add_optimizer_group(const OptimizerGroupDesc& group) {
 }
 
 core::Status Engine::register_param(const ParamDesc& desc, InitFn init) {
+  STRATA_ENGINE_ENTRY("register_param");
   if (finalized_) return Status::failed_precondition(str_cat("register_param('", desc.name, "') after finalize"));
   if (!init) return Status::invalid_argument(str_cat("parameter '", desc.name, "' has no initializer"));
   params_.push_back(desc);
   inits_.push_back(std::move(init));
   return Status();
+}
+
+double Engine::loss_scale() const {
+  const core::MutexLock lock(mu_);
+  return scaler_.scale();
+}
+
+core::Status Engine::finalize_running(const char* op) {
+  return Status::failed_precondition(
+      str_cat(op, " while finalize runs (from an init callback or another thread): init callbacks must not call "
+                  "into the engine"));
 }
 
 core::Status Engine::check_finalized(const char* op) const {
@@ -220,6 +234,7 @@ core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) {
 }
 
 core::Status Engine::finalize() {
+  STRATA_ENGINE_ENTRY("finalize");
   if (finalized_) return Status::failed_precondition("finalize called twice");
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(params_, optimizer_groups_, config_));
 
@@ -303,7 +318,9 @@ core::Status Engine::finalize() {
     }
   }
   finalized_ = true;  // the loaders below use the finalized paths
+  finalizing_ = true;
   const Status init = write_initial_values();
+  finalizing_ = false;
   if (!init.ok()) {
     finalized_ = false;
     return init;
@@ -320,7 +337,11 @@ core::Status Engine::write_initial_values() {
     for (std::size_t k = 0; k < gp.params.size(); ++k) {
       const std::size_t pi = gp.params[k];
       values[k].assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
+      // The callback runs without the lock (calls into the engine meanwhile
+      // see finalizing_ and fail).
+      mu_.unlock();
       Status s = inits_[pi](values[k]);
+      mu_.lock();
       if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
     }
     gpu::PinnedBuffer staging;
@@ -412,6 +433,7 @@ core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> ho
 }
 
 core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
+  STRATA_ENGINE_ENTRY("fetch");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
   const StageTimer timer(times_.fetch_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("fetch ", group));
@@ -434,6 +456,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
 }
 
 core::Status Engine::release(std::string_view group) {
+  STRATA_ENGINE_ENTRY("release");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "release"));
   GroupState& gs = groups_[g];
   if (!gs.fetched) return Status::failed_precondition(str_cat("release('", group, "'): the group is not fetched"));
@@ -443,6 +466,7 @@ core::Status Engine::release(std::string_view group) {
 }
 
 core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
+  STRATA_ENGINE_ENTRY("grad_buffer");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grad_buffer"));
   const GroupPlace& gp = layout_.groups[g];
   GroupState& gs = groups_[g];
@@ -461,6 +485,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
 }
 
 core::Status Engine::grads_ready(std::string_view group) {
+  STRATA_ENGINE_ENTRY("grads_ready");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
   const StageTimer timer(times_.grads_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("grads_ready ", group));
@@ -503,6 +528,7 @@ core::Status Engine::grads_ready(std::string_view group) {
 }
 
 core::Status Engine::micro_step_end() {
+  STRATA_ENGINE_ENTRY("micro_step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
@@ -520,12 +546,14 @@ core::Status Engine::micro_step_end() {
 }
 
 core::Status Engine::set_lr(double lr) {
+  STRATA_ENGINE_ENTRY("set_lr");
   if (!(lr >= 0.0) || !std::isfinite(lr)) return Status::invalid_argument(str_cat("set_lr(", lr, "): expected >= 0"));
   lr_override_ = lr;
   return Status();
 }
 
 core::Result<StepStats> Engine::step_end() {
+  STRATA_ENGINE_ENTRY("step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
@@ -685,6 +713,11 @@ core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
 }
 
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
+  STRATA_ENGINE_ENTRY("read_state");
+  return read_state_locked(param, which, out);
+}
+
+core::Status Engine::read_state_locked(std::string_view param, int which, std::span<float> out) {
   STRATA_RETURN_IF_ERROR(check_finalized("read_master"));
   if (which < 0 || which > 2) return Status::invalid_argument(str_cat("read_state: array ", which, " (0, 1 or 2)"));
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
@@ -720,6 +753,11 @@ core::Status Engine::read_state(std::string_view param, int which, std::span<flo
 }
 
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
+  STRATA_ENGINE_ENTRY("read_compute");
+  return read_compute_locked(param, out);
+}
+
+core::Status Engine::read_compute_locked(std::string_view param, std::span<float> out) {
   STRATA_RETURN_IF_ERROR(check_finalized("read_compute"));
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (layout_.params[pi].name != param) continue;

@@ -9,9 +9,17 @@
 //                    { fetch(g), grad_buffer(g) [ ... backward writes it ... ],
 //                      grads_ready(g), release(g) }* for every trainable group,
 //                    micro_step_end()  (or step_end() after the last one)
-// Thread-safety: owner-thread only (one framework thread drives the engine).
+// Thread-safety: every member function is thread-safe: calls are serialized
+// by the engine's lock, so they may come from several threads. The protocol
+// above still holds across threads: e.g. a backward thread may call
+// grad_buffer/grads_ready for a group while the thread that fetched it goes
+// on fetching the next one, but step_end must come after every grads_ready
+// of the step has returned (the framework orders those two). Init callbacks
+// run without the lock; any call made while finalize runs (from a callback
+// or from another thread) is kFailedPrecondition.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -22,6 +30,7 @@
 
 #include "engine/config.h"
 #include "engine/core/memory_budget.h"
+#include "engine/core/mutex.h"
 #include "engine/core/result.h"
 #include "engine/layout.h"
 #include "engine/loss_scaler.h"
@@ -42,7 +51,8 @@ class StateStore;
 struct ChunkState;
 
 // Fills a parameter's initial fp32 values (out.size() == numel). Called once
-// per parameter at finalize, group by group.
+// per parameter at finalize, group by group, on the thread calling finalize,
+// without the engine's lock held (calls into the engine fail meanwhile).
 using InitFn = std::function<core::Status(std::span<float> out)>;
 
 // Bytes moved in one step, per tier and direction.
@@ -98,7 +108,7 @@ class Engine {
   // Ends the step: loss scaling, clipping, the optimizer, new compute copies.
   core::Result<StepStats> step_end();
 
-  double loss_scale() const { return scaler_.scale(); }
+  double loss_scale() const;
   // Overrides the schedule's learning rate from the next step on.
   core::Status set_lr(double lr);
 
@@ -122,10 +132,12 @@ class Engine {
   // with model.safetensors.index.json when the weights are larger.
   core::Status export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes);
 
+  // The layout, device and config never change after finalize (the layout
+  // is empty before it): reading them needs no lock.
   const Layout& layout() const { return layout_; }
   gpu::Device& device() { return *device_; }
   const Config& config() const { return config_; }
-  bool finalized() const { return finalized_; }
+  bool finalized() const { return finalized_.load(std::memory_order_acquire); }
   // Writes the timeline so far to strata.trace (also done when the engine is destroyed).
   core::Status flush_trace() const { return trace_.write(); }
 
@@ -139,6 +151,12 @@ class Engine {
  private:
   struct GroupState;
   Engine(const Config& config, LossScaler scaler, LrSchedule schedule);
+
+  // The error for a call made while finalize runs.
+  static core::Status finalize_running(const char* op);
+  // The *_locked functions are the public ones' bodies, called with mu_ held.
+  core::Status read_state_locked(std::string_view param, int which, std::span<float> out);
+  core::Status read_compute_locked(std::string_view param, std::span<float> out);
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   core::Status check_finalized(const char* op) const;
@@ -171,7 +189,12 @@ class Engine {
   std::vector<InitFn> inits_;
   std::vector<OptimizerGroupDesc> optimizer_groups_;
   Layout layout_;
-  bool finalized_ = false;
+  std::atomic<bool> finalized_{false};
+
+  // Serializes every public call (see the thread-safety note at the top).
+  // finalize lets go of it around each init callback, with finalizing_ set.
+  mutable core::Mutex mu_;
+  bool finalizing_ = false;
 
   // Destruction order: everything holding device memory or swap blocks
   // before the device, the swap store and the budgets.

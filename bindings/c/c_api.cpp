@@ -13,14 +13,18 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/core/mutex.h"
 #include "engine/core/status.h"
 #include "engine/core/str.h"
 #include "engine/engine.h"
 #include "strata/strata.h"
 
 // The handle behind strata_engine*. Members are destroyed in reverse order:
-// the copy stream before the engine that owns its device.
+// the copy stream before the engine that owns its device. `mu` serializes
+// the calls that take the handle (STRATA_C_ENTER); the engine locks itself
+// too, inside.
 struct strata_engine {
+  strata::core::Mutex mu;
   std::unique_ptr<strata::engine::Engine> engine;
   strata::gpu::Stream copies;          // the *_host calls' copies (created on first use)
   std::set<std::string, std::less<>> fetched;  // groups fetched and not released
@@ -69,6 +73,12 @@ core::Status null_argument(const char* fn, const char* arg) {
 }
 #define STRATA_C_NOT_NULL(fn, arg) \
   if ((arg) == nullptr) return ::strata::c_api::null_argument(fn, #arg)
+// The start of every call that takes a strata_engine* (but finalize, which
+// only calls the engine, so that init callbacks run with no lock held): the
+// handle is not NULL, then the handle's lock for the rest of the call.
+#define STRATA_C_ENTER(fn, handle) \
+  STRATA_C_NOT_NULL(fn, handle);   \
+  const ::strata::core::MutexLock strata_c_lock_((handle)->mu)
 
 // A caller's versioned struct, read as this library's version of it: the
 // bytes that fit are copied, the rest stays zero (the defaults).
@@ -257,7 +267,7 @@ strata_status strata_optimizer_group_add(strata_engine* engine, const strata_opt
                                          int32_t* index_out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_optimizer_group_add";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, index_out);
     STRATA_ASSIGN_OR_RETURN(const strata_optimizer_group_desc d, c_api::read_struct(desc, fn, "desc"));
     se::OptimizerGroupDesc g;
@@ -279,7 +289,7 @@ strata_status strata_param_register(strata_engine* engine, const strata_param_de
                                     void* user_data) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_param_register";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, init);
     STRATA_ASSIGN_OR_RETURN(const strata_param_desc d, c_api::read_struct(desc, fn, "desc"));
     if (d.name == nullptr) return core::Status::invalid_argument(str_cat(fn, ": desc->name is NULL"));
@@ -296,7 +306,8 @@ strata_status strata_param_register(strata_engine* engine, const strata_param_de
     p.group = d.group != nullptr ? d.group : d.name;
     p.trainable = d.frozen == 0;
     p.optimizer_group = d.optimizer_group;
-    // The callback runs during finalize, on its caller's thread, with no lock held.
+    // The callback runs during finalize, on its caller's thread, with no lock held
+    // (calls into the engine meanwhile fail with FAILED_PRECONDITION).
     se::InitFn fill = [init, user_data, name = p.name](std::span<float> out) -> core::Status {
       const strata_status s = init(name.c_str(), out.data(), static_cast<int64_t>(out.size()), user_data);
       if (s == STRATA_STATUS_OK) return core::Status();
@@ -310,7 +321,7 @@ strata_status strata_param_register(strata_engine* engine, const strata_param_de
 
 strata_status strata_engine_finalize(strata_engine* engine) noexcept {
   return guard([&]() -> core::Status {
-    STRATA_C_NOT_NULL("strata_engine_finalize", engine);
+    STRATA_C_NOT_NULL("strata_engine_finalize", engine);  // no handle lock: see STRATA_C_ENTER
     return engine->engine->finalize();
   });
 }
@@ -318,7 +329,7 @@ strata_status strata_engine_finalize(strata_engine* engine) noexcept {
 strata_status strata_group_info_get(strata_engine* engine, const char* group, strata_group_info* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_info_get";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     se::Engine& e = *engine->engine;
@@ -338,7 +349,7 @@ strata_status strata_param_offset(strata_engine* engine, const char* param, int6
                                   const char** group_out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_param_offset";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, param);
     STRATA_C_NOT_NULL(fn, offset_elems_out);
     const se::Engine& e = *engine->engine;
@@ -358,7 +369,7 @@ strata_status strata_group_fetch(strata_engine* engine, const char* group, void*
                                  strata_group_view* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_fetch";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     se::Engine& e = *engine->engine;
@@ -376,7 +387,7 @@ strata_status strata_group_fetch(strata_engine* engine, const char* group, void*
 strata_status strata_group_wait(strata_engine* engine, const char* group) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_wait";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::find_group(*engine->engine, group, fn).status());
     if (!engine->fetched.contains(std::string_view(group))) {
@@ -389,7 +400,7 @@ strata_status strata_group_wait(strata_engine* engine, const char* group) noexce
 strata_status strata_group_fetch_host(strata_engine* engine, const char* group, void* host_dst, size_t size) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_fetch_host";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_C_NOT_NULL(fn, host_dst);
     se::Engine& e = *engine->engine;
@@ -410,7 +421,7 @@ strata_status strata_group_fetch_host(strata_engine* engine, const char* group, 
 
 strata_status strata_group_release(strata_engine* engine, const char* group) noexcept {
   return guard([&]() -> core::Status {
-    STRATA_C_NOT_NULL("strata_group_release", engine);
+    STRATA_C_ENTER("strata_group_release", engine);
     STRATA_C_NOT_NULL("strata_group_release", group);
     STRATA_RETURN_IF_ERROR(engine->engine->release(group));
     engine->fetched.erase(std::string(group));
@@ -421,7 +432,7 @@ strata_status strata_group_release(strata_engine* engine, const char* group) noe
 strata_status strata_group_grad_buffer(strata_engine* engine, const char* group, strata_group_view* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_grad_buffer";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     se::Engine& e = *engine->engine;
@@ -434,7 +445,7 @@ strata_status strata_group_grad_buffer(strata_engine* engine, const char* group,
 strata_status strata_group_grads_ready(strata_engine* engine, const char* group, void* stream) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_grads_ready";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::wait_native(*engine->engine, stream, fn));
     return engine->engine->grads_ready(group);
@@ -445,7 +456,7 @@ strata_status strata_group_grads_host(strata_engine* engine, const char* group, 
                                       size_t size) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_grads_host";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
     STRATA_C_NOT_NULL(fn, host_src);
     se::Engine& e = *engine->engine;
@@ -462,7 +473,7 @@ strata_status strata_group_grads_host(strata_engine* engine, const char* group, 
 
 strata_status strata_micro_step_end(strata_engine* engine) noexcept {
   return guard([&]() -> core::Status {
-    STRATA_C_NOT_NULL("strata_micro_step_end", engine);
+    STRATA_C_ENTER("strata_micro_step_end", engine);
     return engine->engine->micro_step_end();
   });
 }
@@ -470,7 +481,7 @@ strata_status strata_micro_step_end(strata_engine* engine) noexcept {
 strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_step_end";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     if (out != nullptr) {
       STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     }
@@ -498,7 +509,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
 strata_status strata_stats(strata_engine* engine, strata_step_stats* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_stats";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, out);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     c_api::write_struct(out, engine->last);
@@ -508,7 +519,7 @@ strata_status strata_stats(strata_engine* engine, strata_step_stats* out) noexce
 
 strata_status strata_loss_scale(strata_engine* engine, double* out) noexcept {
   return guard([&]() -> core::Status {
-    STRATA_C_NOT_NULL("strata_loss_scale", engine);
+    STRATA_C_ENTER("strata_loss_scale", engine);
     STRATA_C_NOT_NULL("strata_loss_scale", out);
     *out = engine->engine->loss_scale();
     return core::Status();
@@ -517,7 +528,7 @@ strata_status strata_loss_scale(strata_engine* engine, double* out) noexcept {
 
 strata_status strata_lr_set(strata_engine* engine, double lr) noexcept {
   return guard([&]() -> core::Status {
-    STRATA_C_NOT_NULL("strata_lr_set", engine);
+    STRATA_C_ENTER("strata_lr_set", engine);
     return engine->engine->set_lr(lr);
   });
 }
@@ -525,7 +536,7 @@ strata_status strata_lr_set(strata_engine* engine, double lr) noexcept {
 strata_status strata_param_read_master(strata_engine* engine, const char* param, float* out, int64_t numel) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_param_read_master";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, param);
     STRATA_C_NOT_NULL(fn, out);
     if (numel < 0) return core::Status::invalid_argument(str_cat(fn, "('", param, "'): numel is ", numel));
@@ -536,7 +547,7 @@ strata_status strata_checkpoint_save(strata_engine* engine, const char* root, co
                                      size_t blob_size) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_checkpoint_save";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, root);
     if (blob == nullptr && blob_size != 0) {
       return core::Status::invalid_argument(str_cat(fn, ": blob is NULL with blob_size ", blob_size));
@@ -549,7 +560,7 @@ strata_status strata_checkpoint_save(strata_engine* engine, const char* root, co
 strata_status strata_checkpoint_load(strata_engine* engine, const char* root) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_checkpoint_load";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, root);
     STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, engine->engine->load_checkpoint(root));
     engine->blob = std::move(blob);
@@ -561,7 +572,7 @@ strata_status strata_checkpoint_load(strata_engine* engine, const char* root) no
 strata_status strata_checkpoint_blob(strata_engine* engine, const void** data_out, size_t* size_out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_checkpoint_blob";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, data_out);
     STRATA_C_NOT_NULL(fn, size_out);
     if (!engine->loaded) return core::Status::failed_precondition(str_cat(fn, ": no checkpoint was loaded"));
@@ -575,7 +586,7 @@ strata_status strata_export_safetensors(strata_engine* engine, const char* dir, 
                                         uint64_t max_shard_bytes) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_export_safetensors";
-    STRATA_C_NOT_NULL(fn, engine);
+    STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, dir);
     // A C caller may pass any int: read its bytes, not an out-of-range enum.
     int raw = 0;

@@ -89,6 +89,23 @@ static strata_status init_fails(const char* name, float* out, int64_t numel, voi
   return STRATA_STATUS_IO_ERROR;
 }
 
+/* An init callback that calls into its engine (user_data): refused while
+ * finalize runs, never a deadlock. Records the status it got. */
+struct reentry {
+  strata_engine* engine;
+  strata_status got;
+  char message[256];
+};
+static strata_status init_reenters(const char* name, float* out, int64_t numel, void* user_data) {
+  (void)name;
+  struct reentry* r = (struct reentry*)user_data;
+  for (int64_t i = 0; i < numel; ++i) out[i] = 0.0f;
+  strata_group_view v = STRATA_GROUP_VIEW_INIT;
+  r->got = strata_group_fetch(r->engine, "p", NULL, &v);
+  snprintf(r->message, sizeof r->message, "%s", strata_last_error());
+  return STRATA_STATUS_OK;
+}
+
 /* One batch of the teacher-student task: t = W* x + b*. */
 static void make_batch(int step, float* x, float* t) {
   uint64_t teacher = 4242;
@@ -340,6 +357,21 @@ static void engine_checks(void) {
     d.shape = shape;
     CHECK_OK(strata_param_register(e, &d, init_fails, NULL));
     CHECK_STATUS(strata_engine_finalize(e), STRATA_STATUS_IO_ERROR, "'p'");
+    strata_engine_destroy(e);
+  }
+  /* An init callback calling its engine gets FAILED_PRECONDITION. */
+  CHECK_OK(strata_engine_create(config, &e));
+  if (e != NULL) {
+    struct reentry r = {e, STRATA_STATUS_OK, ""};
+    const int64_t shape[1] = {4};
+    strata_param_desc d = STRATA_PARAM_DESC_INIT;
+    d.name = "p";
+    d.shape = shape;
+    d.ndim = 1;
+    CHECK_OK(strata_param_register(e, &d, init_reenters, &r));
+    CHECK_OK(strata_engine_finalize(e));
+    CHECK(r.got == STRATA_STATUS_FAILED_PRECONDITION);
+    CHECK(strstr(r.message, "while finalize runs") != NULL);
     strata_engine_destroy(e);
   }
 

@@ -16,9 +16,14 @@
  *  6. Structs that cross the API begin with uint32_t struct_size, set by the
  *     matching STRATA_*_INIT to the caller's sizeof; fields are only appended.
  *  7. Thread-safety is stated per function; functions without a statement
- *     are thread-safe. An engine is owner-thread only: one thread at a time
- *     (the thread driving the training loop) makes every call that takes its
- *     strata_engine*; different engines may be used from different threads.
+ *     are thread-safe. The calls that take a strata_engine* are serialized
+ *     per engine, so several threads may make them: e.g. a backward thread
+ *     hands a group's gradients back (strata_group_grad_buffer,
+ *     strata_group_grads_ready, strata_group_grads_host) while the training
+ *     thread fetches the next group. The call order below still holds across
+ *     threads (the framework makes strata_step_end wait for every gradient
+ *     call of the step to return). strata_engine_destroy must not overlap
+ *     any other call on its engine.
  *  8. Memory crosses as pointer, size in bytes, dtype and device. Device
  *     memory (strata_group_view.data) is touched only by the device's own
  *     operations or by the framework's kernels on that device; a framework
@@ -128,8 +133,9 @@ STRATA_API void strata_string_free(char* s) STRATA_NOEXCEPT;
  *   strata_step_end                      after the last micro-batch
  *   strata_engine_destroy
  *
- * Every call in this section is owner-thread only (convention 7) and
- * blocking: when it returns, the work it started is complete. */
+ * Every call in this section is thread-safe as convention 7 says (but
+ * strata_engine_destroy) and blocking: when it returns, the work it started
+ * is complete. */
 typedef struct strata_engine strata_engine;
 
 /* Element types of compute copies and gradients. */
@@ -194,7 +200,8 @@ typedef struct strata_param_desc {
  * strata_engine_finalize then returns (naming the parameter). Called once per
  * parameter on the thread that calls strata_engine_finalize, during that
  * call, group by group, never with a lock held. It must not call functions
- * taking this engine. */
+ * taking this engine: until finalize returns they fail with
+ * FAILED_PRECONDITION (from any thread). */
 typedef strata_status (*strata_init_fn)(const char* name, float* out, int64_t numel, void* user_data);
 
 /* Registers a parameter before finalize. desc and the strings and shape it
