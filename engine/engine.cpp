@@ -561,6 +561,13 @@ core::Result<StepStats> Engine::step_end() {
                                                  "' has no gradients for micro-batch ", micro_step_ + 1));
     }
   }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    // The optimizer writes new compute copies home: no view of them may be out.
+    if (groups_[g].fetched) {
+      return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
+                                                 "' is still fetched; release it first"));
+    }
+  }
   if (micro_step_ + 1 != config_.gradient_accumulation_steps) {
     return Status::failed_precondition(str_cat("step_end after ", micro_step_ + 1, " micro-batches; ",
                                                "gradient_accumulation_steps is ", config_.gradient_accumulation_steps));

@@ -106,6 +106,8 @@ class Engine {
   core::Status grads_ready(std::string_view group);
   core::Status micro_step_end();
   // Ends the step: loss scaling, clipping, the optimizer, new compute copies.
+  // kFailedPrecondition while a group is still fetched (the optimizer
+  // rewrites compute copies) or gradients are missing.
   core::Result<StepStats> step_end();
 
   double loss_scale() const;

@@ -289,6 +289,10 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
     }
     CHECK_OK(strata_group_fetch_host(e, "bias", bbuf, bi.size_bytes));
     CHECK_OK(strata_group_grads_host(e, "bias", bgrad, bi.size_bytes));
+    if (step == 0) {
+      /* The optimizer rewrites compute copies: no group may still be fetched. */
+      CHECK_STATUS(strata_step_end(e, NULL), STRATA_STATUS_FAILED_PRECONDITION, "'bias' is still fetched");
+    }
     CHECK_OK(strata_group_release(e, "bias"));
 
     strata_step_stats st = STRATA_STEP_STATS_INIT;

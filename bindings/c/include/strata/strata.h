@@ -342,7 +342,9 @@ typedef struct strata_step_stats {
  * the learning rate, the optimizer, new compute copies home. Writes the
  * step's statistics to *out when out is not NULL (the caller sets
  * out->struct_size). Errors: FAILED_PRECONDITION naming a trainable group
- * without gradients, or when micro-batches are missing; the I/O and device
+ * without gradients or a group still fetched (release every group first: the
+ * optimizer rewrites their compute copies), or when micro-batches are
+ * missing; the I/O and device
  * errors of the optimizer pass. */
 STRATA_API strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) STRATA_NOEXCEPT;
 
