@@ -98,6 +98,7 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
 
 core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
   STRATA_ENGINE_ENTRY("save_checkpoint");
+  STRATA_RETURN_IF_ERROR(wait_optimizer("save_checkpoint"));
   STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition(
@@ -211,6 +212,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
 
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("load_checkpoint");
+  STRATA_RETURN_IF_ERROR(wait_optimizer("load_checkpoint"));
   STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
@@ -323,6 +325,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
   STRATA_ENGINE_ENTRY("export_safetensors");
+  STRATA_RETURN_IF_ERROR(wait_optimizer("export_safetensors"));
   STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
   std::error_code ec;
   fs::create_directories(dir, ec);

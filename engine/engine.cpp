@@ -9,7 +9,9 @@
 #include "engine/core/logging.h"
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
+#include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
+#include "engine/internal/optimizer_job.h"
 #include "engine/state_store.h"
 #include "gpu/cuda_device.h"
 #include "gpu/host_device.h"
@@ -26,14 +28,6 @@ namespace {
 constexpr std::int64_t kBlock = nx::kNormBlockElems;
 constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
 
-adam::ElemType adam_type(int bytes, Precision p) {
-  if (bytes == 4) return adam::ElemType::kF32;
-  return p == Precision::kFp16 ? adam::ElemType::kF16 : adam::ElemType::kBf16;
-}
-gpu::ElemType gpu_type(int bytes, Precision p) {
-  if (bytes == 4) return gpu::ElemType::kF32;
-  return p == Precision::kFp16 ? gpu::ElemType::kF16 : gpu::ElemType::kBf16;
-}
 
 // Writes fp32 values as the compute dtype.
 void to_compute(std::span<const float> src, std::byte* dst, int bytes, Precision p) {
@@ -109,22 +103,33 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
       pinned_budget_("pinned host memory",
                      config.strata.budgets.pinned_bytes != 0 ? config.strata.budgets.pinned_bytes : kUnlimited,
                      "strata.budgets.pinned"),
+      staging_budget_("the disk pipeline's staging memory",
+                      config.strata.budgets.staging_bytes != 0 ? config.strata.budgets.staging_bytes : kUnlimited,
+                      "strata.budgets.staging"),
       trace_(config.strata.trace) {
   optimizer_groups_.push_back({"default", config.optimizer.weight_decay, 1.0});
 }
 
 Engine::~Engine() {
+  stop_optimizer_thread();
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
   }
   groups_.clear();
   grads_.reset();
+  ring_.clear();
+  ring_charge_.release();
   state_.reset();
+  opt_stream_.reset();
   stream_.reset();
 }
 
 core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
+  if (config.strata.overlap == OverlapMode::kDelayed) {
+    return Status::unimplemented("strata.overlap \"delayed\" (the one-step delayed update) is not implemented yet; "
+                                 "use \"exact\" (the default) or \"none\"");
+  }
   if (config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion) {
     return Status::unimplemented(str_cat("optimizer.type ", to_string(config.optimizer.type),
                                          " is not implemented yet; use Adam or AdamW"));
@@ -219,18 +224,20 @@ core::Result<std::size_t> Engine::group_index(std::string_view name, const char*
   return Status::not_found(str_cat(op, ": no fetch group named '", name, "'"));
 }
 
-core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) {
-  TraceScope t(trace_, TraceTrack::kDevice, "h2d", src.size());
-  STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream_, dst, src));
-  bytes_.h2d += src.size();
-  return device_->synchronize(stream_);
+core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane) {
+  gpu::Stream& stream = lane.stream != nullptr ? *lane.stream : stream_;
+  TraceScope t(trace_, lane.stream != nullptr ? TraceTrack::kOptDevice : TraceTrack::kDevice, "h2d", src.size());
+  STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream, dst, src));
+  (lane.bytes != nullptr ? *lane.bytes : bytes_).h2d += src.size();
+  return device_->synchronize(stream);
 }
 
-core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) {
-  TraceScope t(trace_, TraceTrack::kDevice, "d2h", dst.size());
-  STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream_, dst, src));
-  bytes_.d2h += dst.size();
-  return device_->synchronize(stream_);
+core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane) {
+  gpu::Stream& stream = lane.stream != nullptr ? *lane.stream : stream_;
+  TraceScope t(trace_, lane.stream != nullptr ? TraceTrack::kOptDevice : TraceTrack::kDevice, "d2h", dst.size());
+  STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream, dst, src));
+  (lane.bytes != nullptr ? *lane.bytes : bytes_).d2h += dst.size();
+  return device_->synchronize(stream);
 }
 
 core::Status Engine::finalize() {
@@ -286,6 +293,7 @@ core::Status Engine::finalize() {
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
 
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get()));
+  STRATA_ASSIGN_OR_RETURN(opt_stream_, device_->create_stream("optimizer"));
   if (layout_.trainable_elems > 0) {
     const auto bytes = static_cast<std::size_t>(layout_.trainable_elems) * static_cast<std::size_t>(layout_.grad_bytes);
     STRATA_ASSIGN_OR_RETURN(grads_, device_->allocate_pinned(bytes, "host gradients"));
@@ -326,6 +334,11 @@ core::Status Engine::finalize() {
     return init;
   }
   bytes_ = {};  // initialisation is not a step's traffic
+  // Last, so that a derived ring takes what pinned memory has left.
+  STRATA_RETURN_IF_ERROR(create_staging_ring());
+  group_done_job_.assign(layout_.groups.size(), 0);
+  fetched_this_step_.assign(layout_.groups.size(), false);
+  if (config_.strata.overlap == OverlapMode::kExact) opt_thread_ = std::thread([this] { optimizer_thread_main(); });
   return Status();
 }
 
@@ -396,7 +409,7 @@ core::Status Engine::write_initial_values() {
   return Status();
 }
 
-core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::PinnedBuffer& staging) {
+core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::PinnedBuffer& staging, Lane lane) {
   const GroupPlace& gp = layout_.groups[g];
   GroupState& gs = groups_[g];
   const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
@@ -404,16 +417,16 @@ core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::Pinn
   STRATA_ASSIGN_OR_RETURN(staging, device_->allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
   const std::span<std::byte> host = staging.bytes().first(bytes);
   if (gp.compute_tier == Tier::kDevice) {
-    STRATA_RETURN_IF_ERROR(copy_d2h(host, gs.device_home.span()));
+    STRATA_RETURN_IF_ERROR(copy_d2h(host, gs.device_home.span(), lane));
   } else {
     STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(gs.block_id, host));
     STRATA_RETURN_IF_ERROR(io.wait());
-    bytes_.nvme_read += bytes;
+    (lane.bytes != nullptr ? *lane.bytes : bytes_).nvme_read += bytes;
   }
   return host;
 }
 
-core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> host) {
+core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> host, Lane lane) {
   const GroupPlace& gp = layout_.groups[g];
   GroupState& gs = groups_[g];
   switch (gp.compute_tier) {
@@ -421,11 +434,11 @@ core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> ho
       if (host.data() != gs.pinned_home.data()) std::memcpy(gs.pinned_home.data(), host.data(), host.size());
       return Status();
     case Tier::kDevice:
-      return copy_h2d(gs.device_home.span(), host);
+      return copy_h2d(gs.device_home.span(), host, lane);
     case Tier::kNvme: {
       STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(gs.block_id, host));
       STRATA_RETURN_IF_ERROR(io.wait());
-      bytes_.nvme_write += host.size();
+      (lane.bytes != nullptr ? *lane.bytes : bytes_).nvme_write += host.size();
       return Status();
     }
   }
@@ -440,6 +453,12 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   GroupState& gs = groups_[g];
   if (gs.fetched) {
     return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
+  }
+  // The last step's optimizer may still be writing this group's copies.
+  STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "fetch"));
+  if (!fetched_this_step_[g]) {
+    fetched_this_step_[g] = true;
+    step_fetches_.push_back(g);
   }
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
@@ -477,6 +496,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
     return Status::failed_precondition(
         str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
   }
+  STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(gs.grad, device_->allocate(bytes, str_cat("gradients of group '", gp.name, "'")));
@@ -494,6 +514,8 @@ core::Status Engine::grads_ready(std::string_view group) {
   if (gs.grad.empty()) {
     return Status::failed_precondition(str_cat("grads_ready('", group, "') without grad_buffer('", group, "')"));
   }
+  // The host gradients of this group are the last step optimizer's input.
+  STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grads_ready"));
   const int cb = layout_.compute_bytes;
   const std::uint64_t bytes = gs.grad.size_bytes();
   // Device -> host (compute dtype, the compute layout), then into the
@@ -518,6 +540,7 @@ core::Status Engine::grads_ready(std::string_view group) {
   a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
                                                                static_cast<std::size_t>(gp.trainable_elems / kBlock));
   core::Result<adam::GradPassResult> pass = [&] {
+    const core::MutexLock cpu(cpu_adam_mu_);
     TraceScope tp(trace_, TraceTrack::kCpuAdam, str_cat("gradient pass ", group), tbytes);
     return cpu_adam_->grad_pass(a);
   }();
@@ -555,6 +578,9 @@ core::Status Engine::set_lr(double lr) {
 core::Result<StepStats> Engine::step_end() {
   STRATA_ENGINE_ENTRY("step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("step_end"));
+  // The previous step's optimizer is done by now in a well-ordered step
+  // (every group was fetched); this also collects its traffic and errors.
+  STRATA_RETURN_IF_ERROR(wait_optimizer("step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
@@ -590,6 +616,8 @@ core::Result<StepStats> Engine::step_end() {
     skip = true;
   }
   stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
+  learn_fetch_order();
+  std::unique_ptr<OptimizerJob> job;
   if (!skip) {
     const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
     const double grad_scale = nx::combined_grad_scale(loss_scale, clip, gas);
@@ -605,10 +633,11 @@ core::Result<StepStats> Engine::step_end() {
                                   .bias_correction = config_.optimizer.bias_correction};
       constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
     }
-    {
-      const StageTimer timer(times_.optimizer_s);
+    job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
+    if (config_.strata.overlap == OverlapMode::kNone) {
+      // The sequential schedule: the optimizer runs here, to the end.
       TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
-      STRATA_RETURN_IF_ERROR(run_optimizer(constants.data()));
+      STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
     }
     ++applied_steps_;
     stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
@@ -619,108 +648,31 @@ core::Result<StepStats> Engine::step_end() {
   stats.skipped = skip;
   stats.skipped_total = skipped_steps_;
   stats.loss_scale = scaler_.scale();
+  // This step's own traffic, and the optimizer's since the last step_end:
+  // with overlap "exact" that is the previous step's optimizer, which ran
+  // during this step's forward.
   stats.bytes = bytes_;
+  stats.bytes.h2d += opt_bytes_.h2d;
+  stats.bytes.d2h += opt_bytes_.d2h;
+  stats.bytes.nvme_read += opt_bytes_.nvme_read;
+  stats.bytes.nvme_write += opt_bytes_.nvme_write;
   stats.fetch_s = times_.fetch_s;
   stats.grads_s = times_.grads_s;
-  stats.optimizer_s = times_.optimizer_s;
+  stats.optimizer_s = opt_seconds_;
   bytes_ = {};
+  opt_bytes_ = {};
+  opt_seconds_ = 0.0;
   times_ = {};
   micro_step_ = 0;
   nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
+  if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
   return stats;
-}
-
-core::Status Engine::run_optimizer(const nx::AdamStepConstants* constants) {
-  const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
-  const adam::ElemType grad_type = adam_type(gb, config_.precision);
-  const adam::ElemType compute_type = adam_type(cb, config_.precision);
-  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    const GroupPlace& gp = layout_.groups[g];
-    if (gp.chunk_count == 0) continue;
-    gpu::PinnedBuffer compute_staging;
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> compute, load_compute(g, compute_staging));
-    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-      const ChunkPlace& cp = layout_.chunks[c];
-      // The trainable parameters of this chunk: [lo, hi) in the trainable space.
-      struct Piece {
-        std::size_t param;
-        std::int64_t lo, hi;
-      };
-      std::vector<Piece> pieces;
-      for (std::size_t pi : gp.params) {
-        const ParamPlace& pl = layout_.places[pi];
-        if (pl.trainable_offset < 0) continue;
-        const std::int64_t lo = std::max(pl.trainable_offset, cp.begin);
-        const std::int64_t hi = std::min(pl.trainable_offset + layout_.params[pi].numel(), cp.begin + cp.elems);
-        if (lo < hi) pieces.push_back({pi, lo, hi});
-      }
-      auto compute_at = [&](const Piece& p) {
-        const ParamPlace& pl = layout_.places[p.param];
-        return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
-      };
-      if (cp.state_tier != Tier::kDevice) {
-        gpu::PinnedBuffer stage;
-        core::Result<ChunkState> loaded = [&] {
-          TraceScope ts(trace_, TraceTrack::kSwap, str_cat("load state chunk ", c), state_->staging_bytes(c));
-          return load_host_chunk(c, stage);
-        }();
-        STRATA_ASSIGN_OR_RETURN(ChunkState st, std::move(loaded));
-        if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
-        TraceScope tc(trace_, TraceTrack::kCpuAdam, str_cat("adam chunk ", c), static_cast<std::uint64_t>(cp.elems));
-        for (const Piece& p : pieces) {
-          const auto off = static_cast<std::size_t>(p.lo - cp.begin);
-          const auto n = static_cast<std::size_t>(p.hi - p.lo);
-          adam::AdamStepArgs a;
-          a.constants = constants[layout_.params[p.param].optimizer_group];
-          a.master = st.master.subspan(off, n);
-          a.exp_avg = st.exp_avg.subspan(off, n);
-          a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
-          a.grad = {grads_.data() + p.lo * gb, grad_type, static_cast<std::int64_t>(n)};
-          if (cb == 2) a.copy_out = {compute_at(p), compute_type, static_cast<std::int64_t>(n)};
-          STRATA_RETURN_IF_ERROR(cpu_adam_->step(a));
-          if (cb == 4) std::memcpy(compute_at(p), a.master.data(), n * 4);
-        }
-        {
-          TraceScope ts(trace_, TraceTrack::kSwap, str_cat("store state chunk ", c), state_->staging_bytes(c));
-          STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
-        }
-        if (cp.state_tier == Tier::kNvme) bytes_.nvme_write += state_->staging_bytes(c);
-        continue;
-      }
-      // State on the device: gradients go up, the device steps, the new
-      // compute copies come back down into the group's host view.
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, state_->device_state(c));
-      const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_->allocate(n_all * gb, "optimizer gradients"));
-      STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {grads_.data() + cp.begin * gb, n_all * gb}));
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_->allocate(n_all * cb, "optimizer compute copies"));
-      for (const Piece& p : pieces) {
-        const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
-        const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
-        gpu::AdamStepArgs a;
-        a.constants = constants[layout_.params[p.param].optimizer_group];
-        a.master = state.subspan(off * 4, n * 4);
-        a.exp_avg = state.subspan(n_all * 4 + off * 4, n * 4);
-        a.exp_avg_sq = state.subspan(2 * n_all * 4 + off * 4, n * 4);
-        a.grad = gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, config_.precision));
-        if (cb == 2) a.copy_out = gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, config_.precision));
-        STRATA_RETURN_IF_ERROR(device_->adam_step(stream_, a));
-        if (cb == 4) STRATA_RETURN_IF_ERROR(device_->copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), a.master));
-      }
-      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, device_->allocate_pinned(n_all * cb, "optimizer compute copies"));
-      STRATA_RETURN_IF_ERROR(copy_d2h(back.bytes().first(n_all * cb), dcopy.span()));
-      for (const Piece& p : pieces) {
-        std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
-      }
-    }
-    STRATA_RETURN_IF_ERROR(commit_compute(g, compute));
-  }
-  return Status();
 }
 
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_state");
+  STRATA_RETURN_IF_ERROR(wait_optimizer("read_state"));
   return read_state_locked(param, which, out);
 }
 
@@ -761,6 +713,7 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
+  STRATA_RETURN_IF_ERROR(wait_optimizer("read_compute"));
   return read_compute_locked(param, out);
 }
 

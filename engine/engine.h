@@ -26,6 +26,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/config.h"
@@ -76,6 +77,13 @@ struct StepStats {
   double fetch_s = 0.0;        // fetch: compute copies to the device
   double grads_s = 0.0;        // grads_ready: gradients down and the gradient pass
   double optimizer_s = 0.0;    // step_end: the optimizer and new compute copies home
+};
+
+// Where the engine's device copies go and whose bytes they count (null:
+// the engine's own stream and step counters). Private to the engine.
+struct CopyLane {
+  gpu::Stream* stream = nullptr;
+  StepBytes* bytes = nullptr;
 };
 
 class Engine {
@@ -140,6 +148,13 @@ class Engine {
   gpu::Device& device() { return *device_; }
   const Config& config() const { return config_; }
   bool finalized() const { return finalized_.load(std::memory_order_acquire); }
+  // The budgets this engine charges (use and peak, for reports and tests):
+  // device memory, pinned memory, and the disk pipeline's staging ring.
+  const core::MemoryBudget& device_budget() const { return device_budget_; }
+  const core::MemoryBudget& pinned_budget() const { return pinned_budget_; }
+  const core::MemoryBudget& staging_budget() const { return staging_budget_; }
+  // Slots in the disk pipeline's staging ring (0 when no state lives on nvme).
+  std::size_t staging_slots() const { return ring_.size(); }
   // Writes the timeline so far to strata.trace (also done when the engine is destroyed).
   core::Status flush_trace() const { return trace_.write(); }
 
@@ -164,16 +179,46 @@ class Engine {
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const;
+  // Where device copies go and whose bytes they count: the framework's calls
+  // use the default (stream_, bytes_), the optimizer its own stream and
+  // opt_bytes_, so the two run side by side.
+  using Lane = CopyLane;
   // The group's compute copies in host memory (pinned home: its own memory;
   // device or nvme home: a staging copy loaded here). commit() writes a
   // staging copy back home.
-  core::Result<std::span<std::byte>> load_compute(std::size_t g, gpu::PinnedBuffer& staging);
-  core::Status commit_compute(std::size_t g, std::span<const std::byte> host);
+  core::Result<std::span<std::byte>> load_compute(std::size_t g, gpu::PinnedBuffer& staging, Lane lane = {});
+  core::Status commit_compute(std::size_t g, std::span<const std::byte> host, Lane lane = {});
   // finalize's last part: every parameter's initial values, group by group.
   core::Status write_initial_values();
-  core::Status run_optimizer(const core::numerics::AdamStepConstants* per_group_constants);
-  core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src);
-  core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src);
+  core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane = {});
+  core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane = {});
+
+  // --- the optimizer (engine/optimizer.cpp) ---
+  struct OptimizerJob;
+  // Runs one step's optimizer over every group in job.order: host chunks by
+  // cpu_adam (nvme chunks through the disk pipeline: reads ahead, Adam, write
+  // behind, in the staging ring), device chunks by the device's AdamW; each
+  // group's new compute copies go home and the group is marked done.
+  core::Status run_optimizer_job(const OptimizerJob& job);
+  // Starts the job on the optimizer thread (overlap "exact") or runs it here
+  // (overlap "none").
+  core::Status submit_optimizer_job(std::unique_ptr<OptimizerJob> job);
+  void optimizer_thread_main();
+  void mark_group_done(std::size_t g, std::int64_t job);
+  // Wait until the last submitted job is done with group g, or with every
+  // group; return its error (sticky: a failed job fails every later wait).
+  core::Status wait_optimizer_group(std::size_t g, const char* op);
+  core::Status wait_optimizer(const char* op);
+  // Stops the optimizer thread (the destructor).
+  void stop_optimizer_thread();
+  // finalize: the staging ring, charged to strata.budgets.staging (default:
+  // four slots of the largest nvme chunk's state).
+  core::Status create_staging_ring();
+  std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<core::numerics::AdamStepConstants> constants,
+                                                   std::int64_t step);
+  // step_end: this step's first fetches become the order the optimizer
+  // follows (when they differ from the last one learned).
+  void learn_fetch_order();
   // Host views of a pinned or nvme chunk's state; `stage` receives the staging
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
   core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
@@ -210,6 +255,32 @@ class Engine {
   std::vector<GroupState> groups_;
   gpu::PinnedBuffer grads_;  // host gradients, trainable layout (grad_bytes per element)
   std::vector<double> norm_partials_;  // per norm block of the trainable space
+
+  // The optimizer's side (engine/optimizer.cpp). The thread works without
+  // mu_ on what the protocol leaves it: the chunks, the host gradients and
+  // the compute homes of groups it has not marked done; fetch, grad_buffer
+  // and grads_ready of a group wait for that mark.
+  core::MemoryBudget staging_budget_;
+  core::BudgetCharge ring_charge_;
+  std::vector<gpu::PinnedBuffer> ring_;  // the disk pipeline's staging slots
+  gpu::Stream opt_stream_;
+  StepBytes opt_bytes_;       // the jobs' traffic since the last step_end (after wait_optimizer)
+  double opt_seconds_ = 0.0;  // likewise, the jobs' time
+  core::Mutex cpu_adam_mu_;  // cpu_adam is one call at a time: gradient passes and Adam
+  core::Mutex opt_mu_;
+  core::CondVar opt_cv_;
+  std::unique_ptr<OptimizerJob> pending_job_;   // opt_mu_
+  std::int64_t submitted_job_ = 0;              // opt_mu_
+  std::int64_t finished_job_ = 0;               // opt_mu_
+  std::vector<std::int64_t> group_done_job_;    // opt_mu_: per group, the last job done with it
+  core::Status opt_error_;                      // opt_mu_
+  bool opt_stop_ = false;                       // opt_mu_
+  std::thread opt_thread_;
+  // The order the forward needs groups in: first fetches of the last
+  // training step (learned again when it changes); the optimizer follows it.
+  std::vector<std::size_t> fetch_order_;
+  std::vector<std::size_t> step_fetches_;  // this step's first fetches so far
+  std::vector<bool> fetched_this_step_;
 
   // Step bookkeeping.
   int micro_step_ = 0;            // micro-batches ended in this step

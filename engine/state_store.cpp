@@ -74,19 +74,39 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   return s;
 }
 
+core::Result<nvme::SwapIo> StateStore::start_load(std::size_t chunk, std::span<std::byte> staging) {
+  if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
+  if (tier(chunk) != Tier::kNvme) {
+    return Status::failed_precondition(str_cat("chunk ", chunk, " lives in ", to_string(tier(chunk)),
+                                               " memory, not on nvme: nothing to read"));
+  }
+  const std::uint64_t bytes = staging_bytes(chunk);
+  if (staging.size() < bytes) {
+    return Status::invalid_argument(str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
+  }
+  return swap_->start_read(chunks_[chunk].block_id, staging.first(bytes));
+}
+
+core::Result<nvme::SwapIo> StateStore::start_store(std::size_t chunk, std::span<const std::byte> staging) {
+  if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
+  if (tier(chunk) != Tier::kNvme) {
+    return Status::failed_precondition(str_cat("chunk ", chunk, " lives in ", to_string(tier(chunk)),
+                                               " memory, not on nvme: nothing to write"));
+  }
+  const std::uint64_t bytes = staging_bytes(chunk);
+  if (staging.size() < bytes) {
+    return Status::invalid_argument(str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
+  }
+  return swap_->start_write(chunks_[chunk].block_id, staging.first(bytes));
+}
+
 core::Result<ChunkState> StateStore::load(std::size_t chunk, std::span<std::byte> staging) {
   if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
   switch (tier(chunk)) {
     case Tier::kPinned:
       return views(chunks_[chunk].pinned.data(), elems(chunk));
     case Tier::kNvme: {
-      const std::uint64_t bytes = staging_bytes(chunk);
-      if (staging.size() < bytes) {
-        return Status::invalid_argument(
-            str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
-      }
-      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io,
-                              swap_->start_read(chunks_[chunk].block_id, staging.first(bytes)));
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, start_load(chunk, staging));
       STRATA_RETURN_IF_ERROR(io.wait());
       return views(staging.data(), elems(chunk));
     }
@@ -102,11 +122,7 @@ core::Status StateStore::store(std::size_t chunk, std::span<const std::byte> sta
   if (tier(chunk) == Tier::kDevice) {
     return Status::failed_precondition(str_cat("chunk ", chunk, " lives on the device; nothing to store"));
   }
-  const std::uint64_t bytes = staging_bytes(chunk);
-  if (staging.size() < bytes) {
-    return Status::invalid_argument(str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
-  }
-  STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(chunks_[chunk].block_id, staging.first(bytes)));
+  STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, start_store(chunk, staging));
   return io.wait();
 }
 

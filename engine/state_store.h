@@ -8,7 +8,7 @@
 //   CPU optimizer works on a staging copy that load() reads and store() writes.
 // Every byte is charged to its budget when the store is created: device and
 // pinned through the Device, disk space through the SwapStore's capacity.
-// Thread-compatible (the optimizer pipeline calls it from one thread).
+// Thread-compatible: one thread at a time (the optimizer's, during a step).
 #pragma once
 
 #include <cstdint>
@@ -51,6 +51,17 @@ class StateStore {
   // Writes an nvme chunk's staging copy back and waits for it; no-op for
   // pinned chunks. The staging copy must be the one load() filled.
   core::Status store(std::size_t chunk, std::span<const std::byte> staging);
+
+  // The asynchronous halves of load() and store() for an nvme chunk (the
+  // optimizer's disk pipeline keeps several in flight): start_load reads the
+  // block into `staging`; after its wait() succeeds (CRCs checked),
+  // staged_views gives the host views; start_store writes the staging copy
+  // back. Errors as load()/store(); kFailedPrecondition for other tiers.
+  core::Result<nvme::SwapIo> start_load(std::size_t chunk, std::span<std::byte> staging);
+  core::Result<nvme::SwapIo> start_store(std::size_t chunk, std::span<const std::byte> staging);
+  ChunkState staged_views(std::size_t chunk, std::span<std::byte> staging) const {
+    return views(staging.data(), elems(chunk));
+  }
 
   // The device views [master | exp_avg | exp_avg_sq] of a device chunk.
   core::Result<gpu::DeviceSpan> device_state(std::size_t chunk) const;

@@ -17,6 +17,14 @@ std::string_view to_string(TraceTrack t) {
       return "swap I/O";
     case TraceTrack::kCpuAdam:
       return "cpu_adam";
+    case TraceTrack::kOptimizer:
+      return "optimizer (groups)";
+    case TraceTrack::kSwapRead:
+      return "disk pipeline reads";
+    case TraceTrack::kSwapWrite:
+      return "disk pipeline writes";
+    case TraceTrack::kOptDevice:
+      return "optimizer device stream";
   }
   return "?";
 }
@@ -56,7 +64,7 @@ std::string json_string(std::string_view s) {
 core::Status Trace::write() const {
   if (!enabled()) return core::Status();
   std::string text = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
-  for (TraceTrack t : {TraceTrack::kStep, TraceTrack::kDevice, TraceTrack::kSwap, TraceTrack::kCpuAdam}) {
+  for (TraceTrack t : kAllTraceTracks) {
     text += core::str_cat("{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": 1, \"tid\": ", static_cast<int>(t),
                           ", \"args\": {\"name\": ", json_string(to_string(t)), "}},\n");
   }

@@ -16,7 +16,19 @@
 
 namespace strata::engine {
 
-enum class TraceTrack : int { kStep = 1, kDevice = 2, kSwap = 3, kCpuAdam = 4 };
+enum class TraceTrack : int {
+  kStep = 1,        // the framework's calls
+  kDevice = 2,      // the framework-side device stream (fetches, gradients)
+  kSwap = 3,        // swap reads and writes waited for in line
+  kCpuAdam = 4,     // cpu_adam: gradient passes and Adam
+  kOptimizer = 5,   // the optimizer thread: one span per group of a step
+  kSwapRead = 6,    // the disk pipeline's reads, issue to completion (several in flight)
+  kSwapWrite = 7,   // the disk pipeline's writes, likewise
+  kOptDevice = 8,   // the optimizer's device stream
+};
+inline constexpr TraceTrack kAllTraceTracks[] = {TraceTrack::kStep,      TraceTrack::kDevice,   TraceTrack::kSwap,
+                                                 TraceTrack::kCpuAdam,   TraceTrack::kOptimizer, TraceTrack::kSwapRead,
+                                                 TraceTrack::kSwapWrite, TraceTrack::kOptDevice};
 std::string_view to_string(TraceTrack t);  // the track's name in the viewer
 
 class Trace {

@@ -1,0 +1,370 @@
+// The optimizer of a step (Engine members declared in engine/engine.h):
+// the job step_end hands over, the thread that runs it while the next
+// forward goes on (overlap "exact"), and the disk pipeline inside it.
+//
+// Exactness: a job applies the step's constants (norm, clipping, loss scale
+// and learning rate are all known when step_end builds it) to every chunk;
+// chunks are independent, so the order they are updated in, and what runs
+// beside them, never changes a bit. The next step waits per group: fetch,
+// grad_buffer and grads_ready of group g return only after the job has
+// written g's new compute copies home and consumed g's gradients.
+//
+// The disk pipeline: nvme chunks are read into the staging ring up to
+// `read_ahead` chunks ahead of the one cpu_adam works on, and written back
+// behind it; a slot is free again when its write has completed. With the
+// ring's K slots, K - 1 reads and writes are in flight around the chunk in
+// Adam (read i+2, Adam i+1, write i for K = 3).
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+
+#include "cpu_adam/cpu_adam.h"
+#include "engine/core/clock.h"
+#include "engine/core/logging.h"
+#include "engine/core/str.h"
+#include "engine/engine.h"
+#include "engine/internal/elem_types.h"
+#include "engine/internal/optimizer_job.h"
+#include "engine/state_store.h"
+#include "nvme/swap_store.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+namespace nx = core::numerics;
+
+namespace {
+
+constexpr std::uint64_t kDefaultRingSlots = 4;
+
+// The trainable parameters of one chunk: [lo, hi) in the trainable space.
+struct Piece {
+  std::size_t param;
+  std::int64_t lo, hi;
+};
+
+std::vector<Piece> pieces_of(const Layout& layout, const ChunkPlace& cp) {
+  std::vector<Piece> pieces;
+  for (std::size_t pi : layout.groups[cp.group].params) {
+    const ParamPlace& pl = layout.places[pi];
+    if (pl.trainable_offset < 0) continue;
+    const std::int64_t lo = std::max(pl.trainable_offset, cp.begin);
+    const std::int64_t hi = std::min(pl.trainable_offset + layout.params[pi].numel(), cp.begin + cp.elems);
+    if (lo < hi) pieces.push_back({pi, lo, hi});
+  }
+  return pieces;
+}
+
+}  // namespace
+
+core::Status Engine::create_staging_ring() {
+  std::uint64_t slot = 0;
+  std::size_t nvme_chunks = 0;
+  for (std::size_t c = 0; c < layout_.chunks.size(); ++c) {
+    if (state_->tier(c) != Tier::kNvme) continue;
+    slot = std::max(slot, core::align_up(state_->staging_bytes(c), 4096));
+    ++nvme_chunks;
+  }
+  if (nvme_chunks == 0) return Status();
+  const std::uint64_t limit = staging_budget_.limit_bytes();
+  std::uint64_t slots = limit / slot;
+  if (limit == core::MemoryBudget::kUnlimited) {
+    // Derived: four slots, or fewer when pinned memory is tight (at most half
+    // of what it has left, and at least one slot).
+    slots = kDefaultRingSlots;
+    if (pinned_budget_.limit_bytes() != core::MemoryBudget::kUnlimited) {
+      slots = std::clamp<std::uint64_t>(pinned_budget_.available_bytes() / (2 * slot), 1, kDefaultRingSlots);
+    }
+  }
+  if (slots == 0) {
+    return Status::resource_exhausted(str_cat(
+        "the disk pipeline needs at least one chunk's optimizer state in staging memory (",
+        core::format_bytes(slot), "); strata.budgets.staging allows ", core::format_bytes(limit),
+        ". Raise strata.budgets.staging (three chunks or more let reads, Adam and writes overlap) or lower "
+        "strata.chunk_bytes"));
+  }
+  slots = std::min<std::uint64_t>(slots, nvme_chunks);
+  STRATA_ASSIGN_OR_RETURN(ring_charge_, staging_budget_.charge(slots * slot, "the disk pipeline's staging ring"));
+  for (std::uint64_t i = 0; i < slots; ++i) {
+    STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer b, device_->allocate_pinned(slot, "the disk pipeline's staging ring"));
+    ring_.push_back(std::move(b));
+  }
+  return Status();
+}
+
+void Engine::learn_fetch_order() {
+  if (!step_fetches_.empty()) {
+    std::vector<std::size_t> order = step_fetches_;
+    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+      if (!fetched_this_step_[g]) order.push_back(g);
+    }
+    if (order != fetch_order_) {
+      if (!fetch_order_.empty()) {
+        STRATA_LOG(kInfo) << "the fetch order changed; the optimizer follows the new one";
+      }
+      fetch_order_ = std::move(order);
+    }
+  }
+  step_fetches_.clear();
+  std::fill(fetched_this_step_.begin(), fetched_this_step_.end(), false);
+}
+
+std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,
+                                                                 std::int64_t step) {
+  auto job = std::make_unique<OptimizerJob>();
+  job->step = step;
+  job->constants = std::move(constants);
+  if (fetch_order_.size() == layout_.groups.size()) {
+    job->order = fetch_order_;
+  } else {
+    for (std::size_t g = 0; g < layout_.groups.size(); ++g) job->order.push_back(g);
+  }
+  const bool overlap = config_.strata.overlap != OverlapMode::kNone;
+  job->read_ahead = overlap && !ring_.empty() ? ring_.size() - 1 : 0;
+  job->write_behind = overlap;
+  return job;
+}
+
+core::Status Engine::submit_optimizer_job(std::unique_ptr<OptimizerJob> job) {
+  {
+    const core::MutexLock lock(opt_mu_);
+    job->id = ++submitted_job_;
+    if (opt_thread_.joinable()) {
+      pending_job_ = std::move(job);
+      opt_cv_.notify_all();
+      return Status();
+    }
+  }
+  // No optimizer thread (overlap "none"): run it here, to the end.
+  Status s = run_optimizer_job(*job);
+  const core::MutexLock lock(opt_mu_);
+  finished_job_ = job->id;
+  if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job->step));
+  opt_cv_.notify_all();
+  return s;
+}
+
+void Engine::optimizer_thread_main() {
+  for (;;) {
+    std::unique_ptr<OptimizerJob> job;
+    {
+      const core::MutexLock lock(opt_mu_);
+      opt_cv_.wait(opt_mu_, [this]() STRATA_REQUIRES(opt_mu_) { return opt_stop_ || pending_job_ != nullptr; });
+      if (pending_job_ == nullptr) return;
+      job = std::move(pending_job_);
+    }
+    const Status s = run_optimizer_job(*job);
+    const core::MutexLock lock(opt_mu_);
+    finished_job_ = job->id;
+    if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job->step));
+    opt_cv_.notify_all();
+  }
+}
+
+void Engine::stop_optimizer_thread() {
+  if (!opt_thread_.joinable()) return;
+  {
+    const core::MutexLock lock(opt_mu_);
+    opt_stop_ = true;  // a pending job still runs first: stop only when idle
+    opt_cv_.notify_all();
+  }
+  opt_thread_.join();
+}
+
+void Engine::mark_group_done(std::size_t g, std::int64_t job) {
+  const core::MutexLock lock(opt_mu_);
+  group_done_job_[g] = job;
+  opt_cv_.notify_all();
+}
+
+core::Status Engine::wait_optimizer_group(std::size_t g, const char* op) {
+  const core::MutexLock lock(opt_mu_);
+  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
+    return group_done_job_[g] >= submitted_job_ || finished_job_ >= submitted_job_;
+  });
+  if (!opt_error_.ok()) {
+    return Status(opt_error_).annotate(str_cat(op, ": the engine cannot go on after its optimizer failed"));
+  }
+  return Status();
+}
+
+core::Status Engine::wait_optimizer(const char* op) {
+  const core::MutexLock lock(opt_mu_);
+  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) { return finished_job_ >= submitted_job_; });
+  if (!opt_error_.ok()) {
+    return Status(opt_error_).annotate(str_cat(op, ": the engine cannot go on after its optimizer failed"));
+  }
+  return Status();
+}
+
+core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
+  const core::Stopwatch clock;
+  const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
+  const adam::ElemType grad_type = adam_type(gb, config_.precision);
+  const adam::ElemType compute_type = adam_type(cb, config_.precision);
+  const Lane lane{&opt_stream_, &opt_bytes_};
+
+  struct Item {
+    std::size_t group, chunk;
+  };
+  std::vector<Item> items;
+  for (std::size_t g : job.order) {
+    const GroupPlace& gp = layout_.groups[g];
+    if (gp.chunk_count == 0) mark_group_done(g, job.id);  // frozen: nothing to update
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
+  }
+
+  // The disk pipeline's state: free slots, reads ahead, writes behind.
+  struct Flight {
+    std::size_t item, slot;
+    nvme::SwapIo io;
+    std::int64_t begin_ns;
+  };
+  std::deque<std::size_t> free_slots;
+  for (std::size_t i = 0; i < ring_.size(); ++i) free_slots.push_back(i);
+  std::deque<Flight> reads, writes;
+  std::size_t next_read = 0;
+  auto is_nvme = [&](std::size_t i) { return state_->tier(items[i].chunk) == Tier::kNvme; };
+  auto finish_write = [&]() -> Status {
+    Flight f = std::move(writes.front());
+    writes.pop_front();
+    const Status s = f.io.wait();
+    trace_.span(TraceTrack::kSwapWrite, str_cat("write chunk ", items[f.item].chunk), f.begin_ns,
+                core::monotonic_ns(), state_->staging_bytes(items[f.item].chunk));
+    free_slots.push_back(f.slot);
+    return s;
+  };
+  // Reads for the chunks up to `current + read_ahead`, while slots are free.
+  auto issue_reads = [&](std::size_t current) -> Status {
+    while (next_read < items.size() && next_read <= current + job.read_ahead) {
+      if (!is_nvme(next_read)) {
+        ++next_read;
+        continue;
+      }
+      if (free_slots.empty()) break;
+      const std::size_t slot = free_slots.front();
+      const std::size_t c = items[next_read].chunk;
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_load(c, ring_[slot].bytes()));
+      free_slots.pop_front();
+      opt_bytes_.nvme_read += state_->staging_bytes(c);
+      reads.push_back({next_read, slot, std::move(io), core::monotonic_ns()});
+      ++next_read;
+    }
+    return Status();
+  };
+
+  // The group whose compute copies are open: its host view (a staging copy
+  // unless they live in pinned memory) and the time it was opened.
+  std::size_t open_group = SIZE_MAX;
+  gpu::PinnedBuffer compute_staging;
+  std::span<std::byte> compute;
+  std::int64_t group_begin_ns = 0;
+
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    const std::size_t g = items[i].group, c = items[i].chunk;
+    const ChunkPlace& cp = layout_.chunks[c];
+    if (g != open_group) {
+      open_group = g;
+      group_begin_ns = core::monotonic_ns();
+      compute_staging.reset();
+      STRATA_ASSIGN_OR_RETURN(compute, load_compute(g, compute_staging, lane));
+    }
+    const std::vector<Piece> pieces = pieces_of(layout_, cp);
+    auto compute_at = [&](const Piece& p) {
+      const ParamPlace& pl = layout_.places[p.param];
+      return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
+    };
+
+    // Writes that are done give their slots back; then the reads ahead.
+    while (!writes.empty() && writes.front().io.ready()) STRATA_RETURN_IF_ERROR(finish_write());
+    STRATA_RETURN_IF_ERROR(issue_reads(i));
+
+    if (cp.state_tier != Tier::kDevice) {
+      ChunkState st;
+      std::size_t slot = SIZE_MAX;
+      if (cp.state_tier == Tier::kNvme) {
+        // No slot was free for this chunk's read: wait for the oldest write.
+        while (reads.empty() || reads.front().item != i) {
+          if (writes.empty()) return Status::internal(str_cat("disk pipeline: no read in flight for chunk ", c));
+          STRATA_RETURN_IF_ERROR(finish_write());
+          STRATA_RETURN_IF_ERROR(issue_reads(i));
+        }
+        Flight f = std::move(reads.front());
+        reads.pop_front();
+        STRATA_RETURN_IF_ERROR(f.io.wait());
+        trace_.span(TraceTrack::kSwapRead, str_cat("read chunk ", c), f.begin_ns, core::monotonic_ns(),
+                    state_->staging_bytes(c));
+        slot = f.slot;
+        st = state_->staged_views(c, ring_[slot].bytes());
+      } else {
+        STRATA_ASSIGN_OR_RETURN(st, state_->load(c, {}));
+      }
+      {
+        const core::MutexLock cpu(cpu_adam_mu_);
+        TraceScope tc(trace_, TraceTrack::kCpuAdam, str_cat("adam chunk ", c), static_cast<std::uint64_t>(cp.elems));
+        for (const Piece& p : pieces) {
+          const auto off = static_cast<std::size_t>(p.lo - cp.begin);
+          const auto n = static_cast<std::size_t>(p.hi - p.lo);
+          adam::AdamStepArgs a;
+          a.constants = job.constants[static_cast<std::size_t>(layout_.params[p.param].optimizer_group)];
+          a.master = st.master.subspan(off, n);
+          a.exp_avg = st.exp_avg.subspan(off, n);
+          a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
+          a.grad = {grads_.data() + p.lo * gb, grad_type, static_cast<std::int64_t>(n)};
+          if (cb == 2) a.copy_out = {compute_at(p), compute_type, static_cast<std::int64_t>(n)};
+          STRATA_RETURN_IF_ERROR(cpu_adam_->step(a));
+          if (cb == 4) std::memcpy(compute_at(p), a.master.data(), n * 4);
+        }
+      }
+      if (cp.state_tier == Tier::kNvme) {
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_store(c, ring_[slot].bytes()));
+        opt_bytes_.nvme_write += state_->staging_bytes(c);
+        writes.push_back({i, slot, std::move(io), core::monotonic_ns()});
+        if (!job.write_behind) STRATA_RETURN_IF_ERROR(finish_write());
+      }
+    } else {
+      // State on the device: gradients go up, the device steps, the new
+      // compute copies come back down into the group's host view.
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, state_->device_state(c));
+      const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_->allocate(n_all * gb, "optimizer gradients"));
+      STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {grads_.data() + cp.begin * gb, n_all * gb}, lane));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_->allocate(n_all * cb, "optimizer compute copies"));
+      for (const Piece& p : pieces) {
+        const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
+        const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
+        gpu::AdamStepArgs a;
+        a.constants = job.constants[static_cast<std::size_t>(layout_.params[p.param].optimizer_group)];
+        a.master = state.subspan(off * 4, n * 4);
+        a.exp_avg = state.subspan(n_all * 4 + off * 4, n * 4);
+        a.exp_avg_sq = state.subspan(2 * n_all * 4 + off * 4, n * 4);
+        a.grad = gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, config_.precision));
+        if (cb == 2) a.copy_out = gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, config_.precision));
+        STRATA_RETURN_IF_ERROR(device_->adam_step(opt_stream_, a));
+        if (cb == 4) STRATA_RETURN_IF_ERROR(device_->copy_d2d(opt_stream_, dcopy.subspan(off * 4, n * 4), a.master));
+      }
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, device_->allocate_pinned(n_all * cb, "optimizer compute copies"));
+      STRATA_RETURN_IF_ERROR(copy_d2h(back.bytes().first(n_all * cb), dcopy.span(), lane));
+      for (const Piece& p : pieces) {
+        std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
+      }
+    }
+
+    // The group's last chunk: its new compute copies go home, and the next
+    // step may fetch it.
+    const GroupPlace& gp = layout_.groups[g];
+    if (c + 1 == gp.first_chunk + gp.chunk_count) {
+      STRATA_RETURN_IF_ERROR(commit_compute(g, compute, lane));
+      trace_.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), group_begin_ns,
+                  core::monotonic_ns());
+      mark_group_done(g, job.id);
+    }
+  }
+  while (!writes.empty()) STRATA_RETURN_IF_ERROR(finish_write());
+  opt_seconds_ += clock.elapsed_s();
+  return Status();
+}
+
+}  // namespace strata::engine
