@@ -24,6 +24,15 @@ core::Status convert(const char* what, std::span<const In> in, std::span<Out> ou
 
 }  // namespace
 
+std::string_view compute_type_name(ComputeType type) {
+  switch (type) {
+    case ComputeType::kF32: return "fp32";
+    case ComputeType::kBf16: return "bf16";
+    case ComputeType::kF16: return "fp16";
+  }
+  return "unknown";
+}
+
 core::Status bf16_to_fp32(std::span<const std::uint16_t> in, std::span<float> out) {
   return convert("bf16_to_fp32", in, out, core::numerics::bf16_bits_to_fp32);
 }

@@ -3,12 +3,23 @@
 // The conversions are numerics.h's, so they match every kernel in strata.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "engine/core/status.h"
 
 namespace strata::examples {
+
+// The element type of the engine's compute copies and gradients
+// (strata_group_info.dtype).
+enum class ComputeType { kF32, kBf16, kF16 };
+
+std::string_view compute_type_name(ComputeType type);  // "fp32", "bf16", "fp16"
+inline constexpr std::size_t compute_type_bytes(ComputeType type) {
+  return type == ComputeType::kF32 ? 4 : 2;
+}
 
 // Element-wise, exact (every bf16/fp16 value is an fp32 value).
 // INVALID_ARGUMENT when the sizes differ.

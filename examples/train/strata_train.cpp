@@ -9,20 +9,32 @@
 //
 //   strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]
 //                [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]
-//                [--export DIR] [--dump-masters FILE] [--quiet]
+//                [--export DIR] [--dump-masters FILE] [--model-device host|cuda|auto]
+//                [--quiet]
 //
-// The model computes on the CPU (OpenBLAS), so it reads its weights with
-// strata_group_fetch_host and hands gradients back with strata_group_grads_host.
+// Where the model computes (--model-device, default auto):
+//  - host: on the CPU (OpenBLAS). It reads its weights with
+//    strata_group_fetch_host and hands gradients back with
+//    strata_group_grads_host, whatever the engine's device.
+//  - cuda: on the engine's CUDA device (cuBLAS, CudaModelRunner), straight on
+//    the views of strata_group_fetch and strata_group_grad_buffer, with the
+//    runner's stream as the C API's stream argument. Needs the engine on CUDA
+//    (strata.device "cuda", or "auto" with a GPU) and the CUDA runner in the
+//    build.
+//  - auto: cuda when the engine's device is CUDA and the CUDA runner is built
+//    (else host, saying why), host otherwise.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "examples/model/cuda_model_runner.h"
 #include "examples/model/model_runner.h"
 #include "examples/model/precision.h"
 #include "examples/model/residual_mlp.h"
@@ -31,10 +43,16 @@
 namespace {
 
 using strata::examples::Batch;
+using strata::examples::ComputeType;
+using strata::examples::CudaGrads;
+using strata::examples::CudaModelRunner;
+using strata::examples::CudaWeights;
 using strata::examples::GroupLayout;
 using strata::examples::ModelRunner;
 using strata::examples::ModelSpec;
 using strata::examples::ResidualMlp;
+
+enum class ModelDevice { kHost, kCuda, kAuto };
 
 struct Options {
   std::string config = "examples/configs/strata_default.json";
@@ -46,6 +64,7 @@ struct Options {
   bool resume = false;
   std::string export_dir;
   std::string dump_masters;
+  ModelDevice model_device = ModelDevice::kAuto;
   bool quiet = false;
 };
 
@@ -171,12 +190,55 @@ int run(const Options& o) {
       layouts[static_cast<std::size_t>(g)].offset_elems.push_back(off);
     }
   }
-  auto runner_or = ModelRunner::create(model, layouts);
-  if (!runner_or.ok()) {
-    std::fprintf(stderr, "strata-train: %s\n", runner_or.status().to_string().c_str());
-    return 1;
+  // The runner: on the engine's CUDA device, or on the host.
+  const bool engine_on_cuda = infos[0].device == STRATA_DEVICE_CUDA;
+  if (o.model_device == ModelDevice::kCuda && !engine_on_cuda) {
+    std::fprintf(stderr,
+                 "strata-train: --model-device cuda needs the engine on a CUDA device (strata.device \"cuda\", "
+                 "or \"auto\" on a machine with a GPU); this engine's device is the host\n");
+    return 2;
   }
-  ModelRunner& runner = *runner_or;
+  std::optional<CudaModelRunner> cuda_runner;
+  if (engine_on_cuda && o.model_device != ModelDevice::kHost) {
+    auto created = CudaModelRunner::create(model, layouts);
+    if (created.ok()) {
+      cuda_runner.emplace(std::move(created).value());
+      std::printf("strata-train: the model computes on the engine's CUDA device (cuBLAS)\n");
+    } else if (o.model_device == ModelDevice::kAuto &&
+               created.status().code() == strata::core::StatusCode::kUnimplemented) {
+      std::printf("strata-train: the engine is on CUDA but the model computes on the host (OpenBLAS): %s\n",
+                  std::string(created.status().message()).c_str());
+    } else {
+      std::fprintf(stderr, "strata-train: %s\n", created.status().to_string().c_str());
+      return 1;
+    }
+  } else if (engine_on_cuda) {
+    std::printf("strata-train: the engine is on CUDA; the model computes on the host (OpenBLAS, --model-device host)\n");
+  }
+  std::optional<ModelRunner> host_runner;
+  if (!cuda_runner) {
+    auto runner_or = ModelRunner::create(model, layouts);
+    if (!runner_or.ok()) {
+      std::fprintf(stderr, "strata-train: %s\n", runner_or.status().to_string().c_str());
+      return 1;
+    }
+    host_runner.emplace(std::move(runner_or).value());
+  }
+  auto compute_type = [](strata_dtype d) {
+    return d == STRATA_DTYPE_F32 ? ComputeType::kF32 : d == STRATA_DTYPE_BF16 ? ComputeType::kBf16 : ComputeType::kF16;
+  };
+  auto weights_of = [&](const strata_group_view& v) {
+    const ComputeType t = compute_type(v.dtype);
+    return CudaWeights{.data = v.data,
+                       .size_elems = static_cast<std::int64_t>(v.size_bytes / strata::examples::compute_type_bytes(t)),
+                       .type = t};
+  };
+  auto grads_of = [&](const strata_group_view& v) {
+    const ComputeType t = compute_type(v.dtype);
+    return CudaGrads{.data = v.data,
+                     .size_elems = static_cast<std::int64_t>(v.size_bytes / strata::examples::compute_type_bytes(t)),
+                     .type = t};
+  };
 
   int first_step = 0;
   if (o.resume && !o.checkpoint.empty()) {
@@ -223,6 +285,45 @@ int run(const Options& o) {
       double scale = 1.0;
       CHECK_STRATA(strata_loss_scale(engine, &scale), "loss scale");
       const Batch batch = model.make_batch(step * gas + micro);
+      if (cuda_runner) {
+        // On the device: the runner reads the fetched views and writes the
+        // engine's gradient buffers on its stream, and waits for that stream
+        // before it returns, so each group is released right after its call.
+        void* stream = cuda_runner->native_stream();
+        if (const auto st = cuda_runner->begin(batch, static_cast<float>(scale)); !st.ok()) {
+          std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
+          return 1;
+        }
+        for (int g = 0; g < groups; ++g) {
+          const char* name = model.groups()[static_cast<std::size_t>(g)].name.c_str();
+          strata_group_view view = STRATA_GROUP_VIEW_INIT;
+          CHECK_STRATA(strata_group_fetch(engine, name, stream, &view), "fetch for forward");
+          if (const auto st = cuda_runner->forward_group(g, weights_of(view)); !st.ok()) {
+            std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
+            return 1;
+          }
+          CHECK_STRATA(strata_group_release(engine, name), "release");
+        }
+        step_loss += cuda_runner->loss() / static_cast<double>(gas);
+        for (int g = groups - 1; g >= 0; --g) {
+          const char* name = model.groups()[static_cast<std::size_t>(g)].name.c_str();
+          const bool trainable = infos[static_cast<std::size_t>(g)].trainable != 0;
+          strata_group_view view = STRATA_GROUP_VIEW_INIT;
+          CHECK_STRATA(strata_group_fetch(engine, name, stream, &view), "fetch for backward");
+          strata_group_view grad_view = STRATA_GROUP_VIEW_INIT;
+          if (trainable) CHECK_STRATA(strata_group_grad_buffer(engine, name, &grad_view), "gradient buffer");
+          if (const auto st = cuda_runner->backward_group(g, weights_of(view), trainable ? grads_of(grad_view) : CudaGrads{});
+              !st.ok()) {
+            std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
+            return 1;
+          }
+          if (trainable) CHECK_STRATA(strata_group_grads_ready(engine, name, stream), "hand back gradients");
+          CHECK_STRATA(strata_group_release(engine, name), "release");
+        }
+        if (micro + 1 < gas) CHECK_STRATA(strata_micro_step_end(engine), "end a micro-batch");
+        continue;
+      }
+      ModelRunner& runner = *host_runner;
       if (const auto st = runner.begin(batch, static_cast<float>(scale)); !st.ok()) {
         std::fprintf(stderr, "strata-train: %s\n", st.to_string().c_str());
         return 1;
@@ -363,12 +464,23 @@ int main(int argc, char** argv) {
     else if (a == "--resume") o.resume = true;
     else if (a == "--export") o.export_dir = value("--export");
     else if (a == "--dump-masters") o.dump_masters = value("--dump-masters");
+    else if (a == "--model-device") {
+      const std::string d = value("--model-device");
+      if (d == "host") o.model_device = ModelDevice::kHost;
+      else if (d == "cuda") o.model_device = ModelDevice::kCuda;
+      else if (d == "auto") o.model_device = ModelDevice::kAuto;
+      else {
+        std::fprintf(stderr, "strata-train: --model-device is host, cuda or auto, not %s\n", d.c_str());
+        return 2;
+      }
+    }
     else if (a == "--quiet") o.quiet = true;
     else {
       std::fprintf(stderr,
                    "usage: strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]\n"
                    "                    [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]\n"
-                   "                    [--export DIR] [--dump-masters FILE] [--quiet]\n");
+                   "                    [--export DIR] [--dump-masters FILE] [--model-device host|cuda|auto]\n"
+                   "                    [--quiet]\n");
       return 2;
     }
   }
