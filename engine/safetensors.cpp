@@ -342,7 +342,10 @@ core::Status SafetensorsWriter::write_raw(std::string_view name, std::span<const
 }
 
 core::Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float> values) {
-  const TensorInfo* t = find(name);
+  // Sequential writers look at the expected tensor first (no scan of the list).
+  const TensorInfo* t = direct_ != nullptr && next_ < tensors_.size() && tensors_[next_].name == name
+                            ? &tensors_[next_]
+                            : find(name);
   if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
   if (t->dtype == TensorDtype::kF32) return write_raw(name, std::as_bytes(values));
   auto convert = [dtype = t->dtype](std::span<const float> in, std::uint16_t* out) {
