@@ -6,27 +6,32 @@
 //   manifest.json      format version, step counters, loss scaler, lr override,
 //                      the parameter list, the config, CRC64 of the two files
 // Written into <root>/.step-<N>.tmp, fsynced, renamed; then <root>/latest is
-// replaced (write aside, fsync, rename). Loading follows latest.
-#include <fcntl.h>
-#include <sys/stat.h>
+// replaced (write aside, fsync, rename). Loading follows latest. The state
+// file is written front to back and read through the nvme engine (O_DIRECT,
+// strata.io.backend), its CRC64 computed as it is written.
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstdlib>
+#include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/str.h"
-#include "engine/core/unique_fd.h"
 #include "engine/engine.h"
 #include "engine/file_io.h"
 #include "engine/internal/engine_entry.h"
+#include "engine/io_options.h"
 #include "engine/safetensors.h"
 #include "engine/state_store.h"
 #include "nvme/crc64.h"
+#include "nvme/direct_file.h"
+#include "nvme/io_backend.h"
 
 namespace strata::engine {
 
@@ -45,21 +50,11 @@ void crash_point(const char* name) {
   if (at != nullptr && std::strcmp(at, name) == 0) std::_Exit(86);
 }
 
-// CRC64 of a whole file, read in 8 MiB pieces.
-core::Result<std::uint64_t> file_crc(const std::string& path) {
-  core::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.valid()) return Status::from_errno(errno, str_cat("open ", path));
-  std::vector<std::byte> buf(8u << 20);
-  std::uint64_t crc = 0, offset = 0;
-  for (;;) {
-    const ssize_t r = ::pread(fd.get(), buf.data(), buf.size(), static_cast<off_t>(offset));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return Status::io_error(errno, "pread", path, offset, buf.size(), r);
-    if (r == 0) break;
-    crc = nvme::crc64(crc, std::span<const std::byte>(buf.data(), static_cast<std::size_t>(r)));
-    offset += static_cast<std::uint64_t>(r);
-  }
-  return crc;
+// A backend for checkpoint and export files, as strata.io configures the swap's.
+core::Result<std::unique_ptr<nvme::IoBackend>> file_backend(const Config& config, const char* what) {
+  auto backend = nvme::IoBackend::create(io_backend_options(config.strata.io));
+  if (!backend.ok()) return std::move(backend).status().annotate(what);
+  return backend;
 }
 
 TensorDtype dtype_of(int bytes, Precision p) {
@@ -114,18 +109,37 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   fs::create_directories(tmp, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create ", tmp));
 
-  // state.safetensors: declare every tensor, then write group by group.
+  // state.safetensors, one sequential stream: each group's compute copies,
+  // then the optimizer arrays of its trainable parameters (in parameter
+  // order), group after group; tensors are declared in that order, so the
+  // header and then the data go out front to back.
   const int cb = layout_.compute_bytes;
+  auto trainable_in = [&](const GroupPlace& gp) {
+    std::vector<std::size_t> out;
+    for (std::size_t pi : gp.params) {
+      if (layout_.places[pi].trainable_offset >= 0) out.push_back(pi);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
   std::vector<SafetensorsWriter::Declared> declared;
-  for (const ParamDesc& p : layout_.params) {
-    declared.push_back({p.name + ".compute", dtype_of(cb, config_.precision), p.shape});
-    if (p.trainable) {
+  for (const GroupPlace& gp : layout_.groups) {
+    for (std::size_t pi : gp.params) {
+      const ParamDesc& p = layout_.params[pi];
+      declared.push_back({p.name + ".compute", dtype_of(cb, config_.precision), p.shape});
+    }
+    for (std::size_t pi : trainable_in(gp)) {
+      const ParamDesc& p = layout_.params[pi];
       for (const char* s : kStateNames) declared.push_back({p.name + "." + s, TensorDtype::kF32, p.shape});
     }
   }
   const std::string state_path = tmp + "/state.safetensors";
+  // Destruction order: the writer (which waits for its writes) before the backend.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
   STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer,
-                          SafetensorsWriter::create(state_path, std::move(declared), {{"format", "strata-checkpoint"}}));
+                          SafetensorsWriter::create_sequential(state_path, std::move(declared),
+                                                               {{"format", "strata-checkpoint"}}, *backend,
+                                                               direct_file_options(config_.strata.io)));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
     gpu::PinnedBuffer staging;
@@ -139,8 +153,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }
     // Gather each trainable parameter's three arrays from the chunks.
     std::map<std::size_t, std::array<std::vector<float>, 3>> arrays;
-    for (std::size_t pi : gp.params) {
-      if (layout_.places[pi].trainable_offset < 0) continue;
+    for (std::size_t pi : trainable_in(gp)) {
       for (auto& a : arrays[pi]) a.resize(static_cast<std::size_t>(layout_.params[pi].numel()));
     }
     STRATA_RETURN_IF_ERROR(visit_group_state(g, false, [&](const ChunkPlace& cp, ChunkState& st) {
@@ -163,6 +176,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }
   }
   STRATA_RETURN_IF_ERROR(writer.finish());
+  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, writer.crc64());
   crash_point("state_written");
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob));
 
@@ -184,7 +198,6 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
                       {"optimizer_group", p.optimizer_group}});
   }
   m["params"] = std::move(params);
-  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, file_crc(state_path));
   m["files"] = {{"state.safetensors", state_crc},
                 {"framework.bin", nvme::crc64(0, blob)}};
   m["config"] = nlohmann::ordered_json::parse(to_json(config_), nullptr, false);
@@ -264,16 +277,23 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
                                                  " in the checkpoint; this engine uses ",
                                                  to_string(dtype_of(layout_.compute_bytes, config_.precision))));
     }
-    // Integrity before anything changes.
-    STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, file_crc(dir + "/state.safetensors"));
+    // Integrity before anything changes: the state file's CRC64, read front
+    // to back with direct reads (read-ahead), then the blob's.
+    const std::string state_path = dir + "/state.safetensors";
+    // Destruction order: the reader (it owns the file) before the backend.
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "load_checkpoint"));
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> state_file,
+                            nvme::DirectFileReader::open(*backend, state_path, direct_file_options(config_.strata.io)));
+    STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, state_file->crc64());
     if (state_crc != m.at("files").at("state.safetensors").get<std::uint64_t>()) {
-      return Status::data_loss(str_cat(dir, "/state.safetensors: CRC64 mismatch (the file is corrupt or truncated)"));
+      return Status::data_loss(str_cat(state_path, ": CRC64 mismatch (the file is corrupt or truncated)"));
     }
     STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
     if (nvme::crc64(0, blob) != m.at("files").at("framework.bin").get<std::uint64_t>()) {
       return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch"));
     }
-    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(dir + "/state.safetensors"));
+    // Tensors come in with direct reads of the aligned blocks around them.
+    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
     const int cb = layout_.compute_bytes;
     for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
       const GroupPlace& gp = layout_.groups[g];
@@ -338,12 +358,16 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
   const auto shards = plan_shards(sizes, max_shard_bytes == 0 ? ~0ull : max_shard_bytes);
   std::map<std::string, std::string> weight_map;
   std::uint64_t total = 0;
+  // Each shard is written front to back through the nvme engine, as checkpoints are.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "export_safetensors"));
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(s + 1, shards.size());
     std::vector<SafetensorsWriter::Declared> declared;
     for (std::size_t pi : shards[s]) declared.push_back({layout_.params[pi].name, td, layout_.params[pi].shape});
     STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                            SafetensorsWriter::create(dir + "/" + file, std::move(declared), {{"format", "pt"}}));
+                            SafetensorsWriter::create_sequential(dir + "/" + file, std::move(declared),
+                                                                 {{"format", "pt"}}, *backend,
+                                                                 direct_file_options(config_.strata.io)));
     for (std::size_t pi : shards[s]) {
       const ParamDesc& p = layout_.params[pi];
       std::vector<float> v(static_cast<std::size_t>(p.numel()));

@@ -12,6 +12,7 @@
 #include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/optimizer_job.h"
+#include "engine/io_options.h"
 #include "engine/state_store.h"
 #include "gpu/cuda_device.h"
 #include "gpu/host_device.h"
@@ -49,20 +50,6 @@ void from_compute(const std::byte* src, std::span<float> dst, int bytes, Precisi
   for (std::size_t i = 0; i < dst.size(); ++i) {
     dst[i] = p == Precision::kFp16 ? nx::fp16_bits_to_fp32(h[i]) : nx::bf16_bits_to_fp32(h[i]);
   }
-}
-
-nvme::BackendKind backend_of(IoBackend b) {
-  switch (b) {
-    case IoBackend::kAuto:
-      return nvme::BackendKind::kAuto;
-    case IoBackend::kIoUring:
-      return nvme::BackendKind::kIoUring;
-    case IoBackend::kLibaio:
-      return nvme::BackendKind::kLibaio;
-    case IoBackend::kPsync:
-      return nvme::BackendKind::kPsync;
-  }
-  return nvme::BackendKind::kAuto;
 }
 
 // Adds the seconds from construction to destruction to `total`.
@@ -273,10 +260,7 @@ core::Status Engine::finalize() {
     o.request_bytes = config_.strata.io.block_bytes;
     o.crc = config_.strata.crc;
     o.keep_files = config_.strata.io.keep_files;
-    o.io.kind = backend_of(config_.strata.io.backend);
-    o.io.queue_depth = static_cast<unsigned>(config_.strata.io.queue_depth);
-    o.io.rings = static_cast<unsigned>(config_.strata.io.rings);
-    o.io.sqpoll = config_.strata.io.sqpoll;
+    o.io = io_backend_options(config_.strata.io);
     STRATA_ASSIGN_OR_RETURN(swap_, nvme::SwapStore::create(o));
   }
 

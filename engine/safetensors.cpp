@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/core/aligned_buffer.h"
+#include "engine/core/check.h"
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
 #include "engine/file_io.h"
@@ -79,20 +80,40 @@ core::Result<SafetensorsReader> SafetensorsReader::open(const std::string& path)
   if (!r.fd_.valid()) return Status::from_errno(errno, str_cat("open safetensors file ", path));
   struct stat st {};
   if (::fstat(r.fd_.get(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", path));
-  const auto file_size = static_cast<std::uint64_t>(st.st_size);
+  STRATA_RETURN_IF_ERROR(r.load_header(static_cast<std::uint64_t>(st.st_size)));
+  return r;
+}
+
+core::Result<SafetensorsReader> SafetensorsReader::open(std::unique_ptr<nvme::DirectFileReader> file) {
+  if (file == nullptr) return Status::invalid_argument("SafetensorsReader::open: no file");
+  SafetensorsReader r;
+  r.path_ = file->path();
+  const std::uint64_t size = file->size_bytes();
+  r.direct_ = std::move(file);
+  STRATA_RETURN_IF_ERROR(r.load_header(size));
+  return r;
+}
+
+core::Status SafetensorsReader::read_at(std::uint64_t offset, std::span<std::byte> out) const {
+  if (direct_ != nullptr) return direct_->read(offset, out);
+  return pread_all(fd_.get(), out.data(), out.size(), offset, path_);
+}
+
+core::Status SafetensorsReader::load_header(std::uint64_t file_size) {
+  const std::string& path = path_;
   auto corrupt = [&](const std::string& what) {
     return Status::data_loss(str_cat(path, ": not a valid safetensors file: ", what));
   };
   if (file_size < 8) return corrupt(str_cat("only ", file_size, " bytes"));
   unsigned char len_bytes[8];
-  STRATA_RETURN_IF_ERROR(pread_all(r.fd_.get(), len_bytes, 8, 0, path));
+  STRATA_RETURN_IF_ERROR(read_at(0, std::as_writable_bytes(std::span<unsigned char>(len_bytes))));
   std::uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
   if (header_len > kMaxHeaderBytes || header_len > file_size - 8) {
     return corrupt(str_cat("header length ", header_len, " does not fit in the file of ", file_size, " bytes"));
   }
   std::string header(header_len, '\0');
-  STRATA_RETURN_IF_ERROR(pread_all(r.fd_.get(), header.data(), header_len, 8, path));
+  STRATA_RETURN_IF_ERROR(read_at(8, std::as_writable_bytes(std::span<char>(header))));
   const nlohmann::json doc = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded() || !doc.is_object()) return corrupt("the header is not a JSON object");
   const std::uint64_t data_start = 8 + header_len;
@@ -102,7 +123,7 @@ core::Result<SafetensorsReader> SafetensorsReader::open(const std::string& path)
       if (!entry.is_object()) return corrupt("__metadata__ is not an object");
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string()) return corrupt(str_cat("__metadata__.", k, " is not a string"));
-        r.metadata_[k] = v.get<std::string>();
+        metadata_[k] = v.get<std::string>();
       }
       continue;
     }
@@ -139,18 +160,18 @@ core::Result<SafetensorsReader> SafetensorsReader::open(const std::string& path)
     }
     t.offset = data_start + begin;
     t.nbytes = end - begin;
-    r.tensors_.push_back(std::move(t));
+    tensors_.push_back(std::move(t));
   }
-  std::sort(r.tensors_.begin(), r.tensors_.end(),
+  std::sort(tensors_.begin(), tensors_.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.offset < b.offset; });
-  for (std::size_t i = 1; i < r.tensors_.size(); ++i) {
-    const TensorInfo& a = r.tensors_[i - 1];
-    const TensorInfo& b = r.tensors_[i];
+  for (std::size_t i = 1; i < tensors_.size(); ++i) {
+    const TensorInfo& a = tensors_[i - 1];
+    const TensorInfo& b = tensors_[i];
     if (a.offset + a.nbytes > b.offset) {
       return corrupt(str_cat("tensors '", a.name, "' and '", b.name, "' overlap"));
     }
   }
-  return r;
+  return Status();
 }
 
 const TensorInfo* SafetensorsReader::find(std::string_view name) const {
@@ -167,7 +188,7 @@ core::Status SafetensorsReader::read_raw(std::string_view name, std::span<std::b
     return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' has ", t->nbytes,
                                             " bytes; the buffer has ", out.size()));
   }
-  return pread_all(fd_.get(), out.data(), out.size(), t->offset, path_);
+  return read_at(t->offset, out);
 }
 
 core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float> out) const {
@@ -182,7 +203,7 @@ core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float>
   }
   // 16-bit: read into the back half of `out`, widen front to back (exact).
   auto* half = reinterpret_cast<std::uint16_t*>(out.data()) + out.size();
-  STRATA_RETURN_IF_ERROR(pread_all(fd_.get(), half, t->nbytes, t->offset, path_));
+  STRATA_RETURN_IF_ERROR(read_at(t->offset, std::span<std::byte>(reinterpret_cast<std::byte*>(half), t->nbytes)));
   for (std::size_t i = 0; i < out.size(); ++i) {
     std::uint16_t h;
     std::memcpy(&h, half + i, 2);
@@ -193,8 +214,9 @@ core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float>
 
 // --- writing -------------------------------------------------------------------
 
-core::Result<SafetensorsWriter> SafetensorsWriter::create(std::string path, std::vector<Declared> tensors,
-                                                          std::map<std::string, std::string> metadata) {
+core::Result<SafetensorsWriter> SafetensorsWriter::prepare(std::string path, std::vector<Declared> tensors,
+                                                           const std::map<std::string, std::string>& metadata,
+                                                           std::string* header_bytes) {
   SafetensorsWriter w;
   w.path_ = std::move(path);
   w.tmp_path_ = w.path_ + ".tmp";
@@ -233,21 +255,42 @@ core::Result<SafetensorsWriter> SafetensorsWriter::create(std::string path, std:
   for (TensorInfo& t : w.tensors_) t.offset += data_start;
   w.written_.assign(w.tensors_.size(), false);
   w.file_bytes_ = data_start + offset;
+  // The 8-byte little-endian header length, then the header.
+  header_bytes->clear();
+  for (int i = 0; i < 8; ++i) header_bytes->push_back(static_cast<char>(text.size() >> (8 * i)));
+  header_bytes->append(text);
+  return w;
+}
 
+core::Result<SafetensorsWriter> SafetensorsWriter::create(std::string path, std::vector<Declared> tensors,
+                                                          std::map<std::string, std::string> metadata) {
+  std::string head;
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w, prepare(std::move(path), std::move(tensors), metadata, &head));
   w.fd_.reset(::open(w.tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!w.fd_.valid()) return Status::from_errno(errno, str_cat("create ", w.tmp_path_));
-  unsigned char len_bytes[8];
-  for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(text.size() >> (8 * i));
-  STRATA_RETURN_IF_ERROR(pwrite_all(w.fd_.get(), len_bytes, 8, 0, w.tmp_path_));
-  STRATA_RETURN_IF_ERROR(pwrite_all(w.fd_.get(), text.data(), text.size(), 8, w.tmp_path_));
+  STRATA_RETURN_IF_ERROR(pwrite_all(w.fd_.get(), head.data(), head.size(), 0, w.tmp_path_));
   if (::ftruncate(w.fd_.get(), static_cast<off_t>(w.file_bytes_)) != 0) {
     return Status::from_errno(errno, str_cat("size ", w.tmp_path_, " to ", w.file_bytes_, " bytes"));
   }
   return w;
 }
 
+core::Result<SafetensorsWriter> SafetensorsWriter::create_sequential(std::string path, std::vector<Declared> tensors,
+                                                                     std::map<std::string, std::string> metadata,
+                                                                     nvme::IoBackend& backend,
+                                                                     const nvme::DirectFileOptions& options) {
+  std::string head;
+  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w, prepare(std::move(path), std::move(tensors), metadata, &head));
+  auto file = nvme::DirectFileWriter::create(backend, w.tmp_path_, options);
+  if (!file.ok()) return std::move(file).status();
+  w.direct_ = std::move(file).value();
+  STRATA_RETURN_IF_ERROR(w.direct_->append(std::as_bytes(std::span<const char>(head))));
+  return w;
+}
+
 SafetensorsWriter::~SafetensorsWriter() {
-  if (fd_.valid() && !finished_) {
+  if (open() && !finished_) {  // (a moved-from writer owns nothing)
+    direct_.reset();  // waits for its writes
     fd_.reset();
     ::unlink(tmp_path_.c_str());
   }
@@ -260,44 +303,103 @@ const TensorInfo* SafetensorsWriter::find(std::string_view name) const {
   return nullptr;
 }
 
-core::Status SafetensorsWriter::write_raw(std::string_view name, std::span<const std::byte> bytes) {
-  if (finished_ || !fd_.valid()) return Status::failed_precondition(str_cat(path_, ": writer already finished"));
-  const TensorInfo* t = find(name);
-  if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
-  if (bytes.size() != t->nbytes) {
-    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' takes ", t->nbytes, " bytes, got ",
-                                            bytes.size()));
+core::Result<std::size_t> SafetensorsWriter::check_write(std::string_view name, std::uint64_t bytes) const {
+  if (finished_ || !open()) return Status::failed_precondition(str_cat(path_, ": writer already finished"));
+  const TensorInfo* t = nullptr;
+  if (direct_ != nullptr) {
+    // Sequential: only the next declared tensor (checked by name first: O(1)).
+    if (next_ < tensors_.size() && tensors_[next_].name == name) {
+      t = &tensors_[next_];
+    } else {
+      t = find(name);
+      if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
+      return Status::failed_precondition(
+          next_ < tensors_.size()
+              ? str_cat(path_, ": tensor '", name, "' written out of order; the sequential writer expects '",
+                        tensors_[next_].name, "' next (declare tensors in the order they are written)")
+              : str_cat(path_, ": tensor '", name, "' written twice"));
+    }
+  } else {
+    t = find(name);
+    if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
   }
-  STRATA_RETURN_IF_ERROR(pwrite_all(fd_.get(), bytes.data(), bytes.size(), t->offset, tmp_path_));
-  written_[static_cast<std::size_t>(t - tensors_.data())] = true;
+  if (bytes != t->nbytes) {
+    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' takes ", t->nbytes, " bytes, got ", bytes));
+  }
+  return static_cast<std::size_t>(t - tensors_.data());
+}
+
+core::Status SafetensorsWriter::write_raw(std::string_view name, std::span<const std::byte> bytes) {
+  STRATA_ASSIGN_OR_RETURN(const std::size_t i, check_write(name, bytes.size()));
+  if (direct_ != nullptr) {
+    STRATA_RETURN_IF_ERROR(direct_->append(bytes));
+    ++next_;
+  } else {
+    STRATA_RETURN_IF_ERROR(pwrite_all(fd_.get(), bytes.data(), bytes.size(), tensors_[i].offset, tmp_path_));
+  }
+  written_[i] = true;
   return Status();
 }
 
 core::Status SafetensorsWriter::write_f32(std::string_view name, std::span<const float> values) {
-  const TensorInfo* t = find(name);
+  // Sequential writers look at the expected tensor first (no scan of the list).
+  const TensorInfo* t = direct_ != nullptr && next_ < tensors_.size() && tensors_[next_].name == name
+                            ? &tensors_[next_]
+                            : find(name);
   if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
   if (t->dtype == TensorDtype::kF32) return write_raw(name, std::as_bytes(values));
-  std::vector<std::uint16_t> half(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    half[i] = t->dtype == TensorDtype::kBf16 ? nx::fp32_to_bf16_bits(values[i]) : nx::fp32_to_fp16_bits(values[i]);
+  auto convert = [dtype = t->dtype](std::span<const float> in, std::uint16_t* out) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      out[i] = dtype == TensorDtype::kBf16 ? nx::fp32_to_bf16_bits(in[i]) : nx::fp32_to_fp16_bits(in[i]);
+    }
+  };
+  if (direct_ == nullptr) {
+    std::vector<std::uint16_t> half(values.size());
+    convert(values, half.data());
+    return write_raw(name, std::as_bytes(std::span<const std::uint16_t>(half)));
   }
-  return write_raw(name, std::as_bytes(std::span<const std::uint16_t>(half)));
+  // Sequential: convert a piece at a time straight into the stream.
+  STRATA_ASSIGN_OR_RETURN(const std::size_t i, check_write(name, values.size() * 2));
+  constexpr std::size_t kPiece = 1u << 16;
+  std::vector<std::uint16_t> half(std::min(values.size(), kPiece));
+  for (std::size_t at = 0; at < values.size(); at += kPiece) {
+    const std::span<const float> in = values.subspan(at, std::min(kPiece, values.size() - at));
+    convert(in, half.data());
+    STRATA_RETURN_IF_ERROR(direct_->append(std::as_bytes(std::span<const std::uint16_t>(half.data(), in.size()))));
+  }
+  ++next_;
+  written_[i] = true;
+  return Status();
 }
 
 core::Status SafetensorsWriter::finish() {
-  if (finished_ || !fd_.valid()) return Status::failed_precondition(str_cat(path_, ": writer already finished"));
+  if (finished_ || !open()) return Status::failed_precondition(str_cat(path_, ": writer already finished"));
   for (std::size_t i = 0; i < tensors_.size(); ++i) {
     if (!written_[i]) {
       return Status::failed_precondition(str_cat(path_, ": tensor '", tensors_[i].name, "' was never written"));
     }
   }
-  if (::fsync(fd_.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", tmp_path_));
-  STRATA_RETURN_IF_ERROR(fd_.close(tmp_path_));
+  if (direct_ != nullptr) {
+    // Writes the rest, truncates to the logical size, fsyncs and closes.
+    STRATA_RETURN_IF_ERROR(direct_->finish());
+    STRATA_CHECK(direct_->size_bytes() == file_bytes_) << path_ << ": wrote " << direct_->size_bytes()
+                                                       << " bytes, the header describes " << file_bytes_;
+  } else {
+    if (::fsync(fd_.get()) != 0) return Status::from_errno(errno, str_cat("fsync ", tmp_path_));
+    STRATA_RETURN_IF_ERROR(fd_.close(tmp_path_));
+  }
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     return Status::from_errno(errno, str_cat("rename ", tmp_path_, " to ", path_));
   }
   finished_ = true;
   return fsync_dir_of(path_);
+}
+
+core::Result<std::uint64_t> SafetensorsWriter::crc64() const {
+  if (direct_ == nullptr || !finished_) {
+    return Status::failed_precondition(str_cat(path_, ": the CRC64 is known only after finish() of a sequential writer"));
+  }
+  return direct_->crc64();
 }
 
 // --- sharded export ------------------------------------------------------------

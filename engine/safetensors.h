@@ -15,12 +15,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "engine/core/result.h"
 #include "engine/core/unique_fd.h"
+#include "nvme/direct_file.h"
+#include "nvme/io_backend.h"
 
 namespace strata::engine {
 
@@ -43,6 +46,11 @@ class SafetensorsReader {
   // the file, kDataLoss for a header that is malformed or inconsistent with
   // the file, kUnimplemented for a dtype strata does not read.
   static core::Result<SafetensorsReader> open(const std::string& path);
+  // The same over a file opened with the nvme engine (owned from here on):
+  // the header and every tensor are read with direct reads of the aligned
+  // blocks around them. Its backend must outlive the reader. Errors as above
+  // (the size is the one the file had when `file` was opened).
+  static core::Result<SafetensorsReader> open(std::unique_ptr<nvme::DirectFileReader> file);
 
   const std::string& path() const { return path_; }
   const std::vector<TensorInfo>& tensors() const { return tensors_; }  // in file order
@@ -50,24 +58,31 @@ class SafetensorsReader {
   const TensorInfo* find(std::string_view name) const;
 
   // Reads `name` converted to fp32 (exact for BF16 and F16) into `out`, whose
-  // size must equal the tensor's element count. Thread-safe (pread).
+  // size must equal the tensor's element count. Thread-safe with pread; over a
+  // direct file, owner-thread-only.
   core::Status read_f32(std::string_view name, std::span<float> out) const;
   // Reads the raw bytes of `name` into `out` (size must equal nbytes).
   core::Status read_raw(std::string_view name, std::span<std::byte> out) const;
 
  private:
+  // Parses and checks the header of a file of `file_size` bytes.
+  core::Status load_header(std::uint64_t file_size);
+  core::Status read_at(std::uint64_t offset, std::span<std::byte> out) const;
+
   std::string path_;
-  core::UniqueFd fd_;
+  core::UniqueFd fd_;                             // pread, or
+  std::unique_ptr<nvme::DirectFileReader> direct_;  // the nvme engine
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
 };
 
 // Writes one safetensors file: declare every tensor first (the header comes
-// first in the file), then write each tensor's data in any order, then
-// finish(), which fsyncs, renames the file into place and fsyncs the
-// directory. Until finish() succeeds the data sits in "<path>.tmp"; a
-// writer destroyed before that removes it, so a crash never leaves a
-// truncated file under the final name.
+// first in the file), then write each tensor's data (in any order with
+// create(), in declared order with create_sequential()), then finish(),
+// which fsyncs, renames the file into place and fsyncs the directory. Until
+// finish() succeeds the data sits in "<path>.tmp"; a writer destroyed before
+// that removes it, so a crash never leaves a truncated file under the final
+// name. Owner-thread-only.
 class SafetensorsWriter {
  public:
   struct Declared {
@@ -79,6 +94,16 @@ class SafetensorsWriter {
   // dimension; errors of creating the file (naming it).
   static core::Result<SafetensorsWriter> create(std::string path, std::vector<Declared> tensors,
                                                 std::map<std::string, std::string> metadata = {});
+  // A writer that streams the file front to back through the nvme engine
+  // (O_DIRECT per `options.direct_io`) on `backend` (borrowed; must outlive
+  // the writer): tensors must be written in the order they were declared
+  // (otherwise kFailedPrecondition naming the one expected), and crc64()
+  // gives the file's CRC64 after finish() without reading it back. Errors as
+  // create, plus the direct file's (nvme/direct_file.h).
+  static core::Result<SafetensorsWriter> create_sequential(std::string path, std::vector<Declared> tensors,
+                                                           std::map<std::string, std::string> metadata,
+                                                           nvme::IoBackend& backend,
+                                                           const nvme::DirectFileOptions& options);
   SafetensorsWriter(SafetensorsWriter&&) noexcept = default;
   SafetensorsWriter& operator=(SafetensorsWriter&&) noexcept = default;
   ~SafetensorsWriter();
@@ -91,15 +116,28 @@ class SafetensorsWriter {
   core::Status finish();
 
   std::uint64_t file_bytes() const { return file_bytes_; }
+  // CRC64 (nvme/crc64.h) of the whole file, computed while it was written.
+  // kFailedPrecondition unless this is a sequential writer that finished.
+  core::Result<std::uint64_t> crc64() const;
 
  private:
   SafetensorsWriter() = default;
+  // The header (declared tensors, metadata) as it goes into the file, with
+  // every tensor's absolute offset set.
+  static core::Result<SafetensorsWriter> prepare(std::string path, std::vector<Declared> tensors,
+                                                 const std::map<std::string, std::string>& metadata,
+                                                 std::string* header_bytes);
   const TensorInfo* find(std::string_view name) const;
+  // The index of tensor `name` if it may be written now with `bytes` bytes.
+  core::Result<std::size_t> check_write(std::string_view name, std::uint64_t bytes) const;
+  bool open() const { return fd_.valid() || direct_ != nullptr; }
 
   std::string path_, tmp_path_;
-  core::UniqueFd fd_;
+  core::UniqueFd fd_;                             // pwrite at each tensor's offset, or
+  std::unique_ptr<nvme::DirectFileWriter> direct_;  // the nvme engine, front to back
   std::vector<TensorInfo> tensors_;
   std::vector<bool> written_;
+  std::size_t next_ = 0;  // sequential: the tensor to write next
   std::uint64_t file_bytes_ = 0;
   bool finished_ = false;
 };

@@ -266,27 +266,18 @@ Status SwapStore::open_files(bool reopen, const std::vector<std::uint64_t>& size
   bool use_direct = options_.direct_io != DirectIo::kOff;
   for (std::size_t i = 0; i < files_.size(); ++i) {
     File& f = files_[i];
-    const int base = O_RDWR | O_CLOEXEC | (reopen ? 0 : O_CREAT | O_TRUNC);
-    int fd = ::open(f.path.c_str(), base | (use_direct ? O_DIRECT : 0), 0600);
-    int err = fd < 0 ? errno : 0;
-    if (fd < 0 && err == EINVAL && use_direct) {
-      if (options_.direct_io == DirectIo::kOn) {
-        return Status::unavailable(str_cat("swap file '", f.path,
-                                           "': the file system refuses O_DIRECT (direct I/O was requested)"));
-      }
-      STRATA_LOG(kInfo) << "nvme: the file system of '" << paths_[i]
-                        << "' refuses O_DIRECT; swap files use the page cache";
-      use_direct = false;
-      fd = ::open(f.path.c_str(), base, 0600);
-      err = fd < 0 ? errno : 0;
-    }
-    if (fd < 0) {
-      if (reopen && err == ENOENT) {
+    const int flags = O_RDWR | (reopen ? 0 : O_CREAT | O_TRUNC);
+    // After one file fell back to the page cache (logged), the rest follow without trying.
+    auto opened = open_file(f.path, flags, 0600, use_direct ? options_.direct_io : DirectIo::kOff, "swap file");
+    if (!opened.ok()) {
+      if (reopen && opened.status().code() == core::StatusCode::kNotFound) {
         return Status::data_loss(str_cat("swap file '", f.path, "' named by the index does not exist"));
       }
-      return Status::from_errno(err, str_cat("open swap file '", f.path, "'"));
+      return std::move(opened).status();
     }
-    f.fd.reset(fd);
+    use_direct = use_direct && opened->direct;
+    const int fd = opened->fd.get();
+    f.fd = std::move(opened->fd);
     f.created = !reopen;
     if (reopen) {
       struct stat st;

@@ -19,15 +19,12 @@
 #include "engine/core/result.h"
 #include "engine/core/unique_fd.h"
 #include "nvme/buffer_pool.h"
+#include "nvme/direct_io.h"
 #include "nvme/io_backend.h"
 
 namespace strata::nvme {
 
 class SwapStore;
-
-// O_DIRECT on the swap files. kAuto: on where the file system accepts it, else
-// off with a log line; kOn: a file system that refuses it is an error.
-enum class DirectIo : std::uint8_t { kAuto, kOn, kOff };
 
 // Each field maps to a config key (engine/config.h); the engine copies them.
 struct SwapStoreOptions {
@@ -46,7 +43,7 @@ struct SwapStoreOptions {
   bool crc = true;
   // Keep the swap files after close (strata.io.keep_files); default false.
   bool keep_files = false;
-  DirectIo direct_io = DirectIo::kAuto;  // default auto
+  DirectIo direct_io = DirectIo::kAuto;  // O_DIRECT on the swap files (nvme/direct_io.h); default auto
   // The I/O backend (strata.io.backend, queue_depth, rings, sqpoll).
   IoBackendOptions io;
 };

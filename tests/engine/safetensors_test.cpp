@@ -1,5 +1,6 @@
 // safetensors: round trips, files written by hand as other tools write them,
-// every kind of corrupt header, atomic writes and sharded export.
+// every kind of corrupt header, atomic writes and sharded export; the
+// sequential writer and the reader over the nvme engine's direct files.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -16,6 +17,9 @@
 
 #include "engine/core/numerics.h"
 #include "engine/safetensors.h"
+#include "nvme/crc64.h"
+#include "nvme/direct_file.h"
+#include "nvme/io_backend.h"
 
 namespace strata::engine {
 namespace {
@@ -179,6 +183,133 @@ TEST_F(Safetensors, AnUnfinishedWriterLeavesNothingBehind) {
             core::StatusCode::kInvalidArgument);
   EXPECT_EQ(SafetensorsWriter::create(path("no/such/dir/x.safetensors"), {}).status().code(),
             core::StatusCode::kNotFound);
+}
+
+// The nvme engine's psync backend: runs everywhere (io_uring and libaio are
+// covered by tests/nvme/direct_file_test.cpp).
+std::unique_ptr<nvme::IoBackend> psync_backend() {
+  nvme::IoBackendOptions o;
+  o.kind = nvme::BackendKind::kPsync;
+  o.queue_depth = 4;
+  auto b = nvme::IoBackend::create(o);
+  EXPECT_TRUE(b.ok()) << b.status();
+  return b.ok() ? std::move(b).value() : nullptr;
+}
+
+// A small ring, so that a tensor spans several buffers.
+nvme::DirectFileOptions small_ring() {
+  nvme::DirectFileOptions o;
+  o.buffer_bytes = 8192;
+  o.buffer_count = 3;
+  o.request_bytes = 4096;
+  return o;
+}
+
+std::string file_bytes(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+TEST_F(Safetensors, SequentialWriterStreamsTheFileWithItsCrcAndDirectReadsReadIt) {
+  auto backend = psync_backend();
+  ASSERT_NE(backend, nullptr);
+  std::vector<float> a(10000), b(37), c(5);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = std::sin(static_cast<float>(i)) * 3.0f;
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(i) * 0.3f - 4.0f;
+  c = {0.0f, -0.0f, 1e-40f, std::numeric_limits<float>::infinity(), 65504.0f};
+  std::uint64_t crc = 0;
+  {
+    auto w = SafetensorsWriter::create_sequential(path("s.safetensors"),
+                                                  {{"w", TensorDtype::kF32, {100, 100}},
+                                                   {"b", TensorDtype::kBf16, {37}},
+                                                   {"n", TensorDtype::kF16, {5}}},
+                                                  {{"format", "pt"}}, *backend, small_ring());
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(w->crc64().status().code(), core::StatusCode::kFailedPrecondition);  // not yet
+    // Out of order is refused, naming the tensor expected.
+    const core::Status early = w->write_f32("b", b);
+    EXPECT_EQ(early.code(), core::StatusCode::kFailedPrecondition) << early;
+    EXPECT_NE(early.message().find("expects 'w' next"), std::string::npos) << early;
+    ASSERT_TRUE(w->write_f32("w", a).ok());
+    EXPECT_EQ(w->write_f32("w", a).code(), core::StatusCode::kFailedPrecondition);  // twice
+    EXPECT_EQ(w->write_f32("zzz", a).code(), core::StatusCode::kNotFound);
+    ASSERT_TRUE(w->write_f32("b", b).ok());
+    EXPECT_EQ(w->write_raw("n", std::as_bytes(std::span<const float>(c))).code(),
+              core::StatusCode::kInvalidArgument);  // F16 takes 10 bytes
+    ASSERT_TRUE(w->write_f32("n", c).ok());
+    EXPECT_FALSE(fs::exists(path("s.safetensors")));
+    ASSERT_TRUE(w->finish().ok());
+    EXPECT_EQ(fs::file_size(path("s.safetensors")), w->file_bytes());
+    auto got = w->crc64();
+    ASSERT_TRUE(got.ok()) << got.status();
+    crc = *got;
+  }
+  EXPECT_FALSE(fs::exists(path("s.safetensors.tmp")));
+  const std::string bytes = file_bytes(path("s.safetensors"));
+  EXPECT_EQ(crc, nvme::crc64(0, std::as_bytes(std::span<const char>(bytes))));
+
+  // The page-cache reader and the direct reader see the same tensors.
+  auto plain = SafetensorsReader::open(path("s.safetensors"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto file = nvme::DirectFileReader::open(*backend, path("s.safetensors"), small_ring());
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto direct = SafetensorsReader::open(std::move(file).value());
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(direct->metadata().at("format"), "pt");
+  ASSERT_EQ(direct->tensors().size(), 3u);
+  for (SafetensorsReader* r : {&*plain, &*direct}) {
+    std::vector<float> ga(a.size()), gb(b.size()), gc(c.size());
+    ASSERT_TRUE(r->read_f32("w", ga).ok());
+    ASSERT_TRUE(r->read_f32("b", gb).ok());
+    ASSERT_TRUE(r->read_f32("n", gc).ok());
+    EXPECT_EQ(0, std::memcmp(ga.data(), a.data(), a.size() * 4));
+    for (std::size_t i = 0; i < b.size(); ++i) EXPECT_EQ(gb[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(b[i])));
+    for (std::size_t i = 0; i < c.size(); ++i) EXPECT_EQ(gc[i], nx::fp16_bits_to_fp32(nx::fp32_to_fp16_bits(c[i])));
+  }
+  // Tensors lie in the file in declared order, back to back.
+  EXPECT_EQ(direct->tensors()[0].name, "w");
+  EXPECT_EQ(direct->tensors()[1].name, "b");
+  EXPECT_EQ(direct->tensors()[2].offset + direct->tensors()[2].nbytes, bytes.size());
+}
+
+TEST_F(Safetensors, DirectReaderRejectsCorruptFilesLikeThePreadReader) {
+  auto backend = psync_backend();
+  ASSERT_NE(backend, nullptr);
+  const std::string bad = write_by_hand("bad.safetensors", R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,20]}})",
+                                        std::string(16, '\0'));
+  auto file = nvme::DirectFileReader::open(*backend, bad, small_ring());
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto r = SafetensorsReader::open(std::move(file).value());
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find(bad), std::string::npos) << r.status();
+  {
+    std::ofstream f(path("tiny.safetensors"), std::ios::binary);
+    f << "abc";
+  }
+  auto tiny = nvme::DirectFileReader::open(*backend, path("tiny.safetensors"), small_ring());
+  ASSERT_TRUE(tiny.ok()) << tiny.status();
+  EXPECT_EQ(SafetensorsReader::open(std::move(tiny).value()).status().code(), core::StatusCode::kDataLoss);
+}
+
+TEST_F(Safetensors, AnUnfinishedSequentialWriterLeavesNothingBehind) {
+  auto backend = psync_backend();
+  ASSERT_NE(backend, nullptr);
+  {
+    auto w = SafetensorsWriter::create_sequential(path("m.safetensors"),
+                                                  {{"a", TensorDtype::kF32, {4}}, {"b", TensorDtype::kF32, {2}}}, {},
+                                                  *backend, small_ring());
+    ASSERT_TRUE(w.ok()) << w.status();
+    const float a[4] = {1, 2, 3, 4};
+    ASSERT_TRUE(w->write_f32("a", a).ok());
+    const core::Status s = w->finish();
+    EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.message().find("'b' was never written"), std::string::npos) << s;
+    EXPECT_TRUE(fs::exists(path("m.safetensors.tmp")));
+  }
+  EXPECT_FALSE(fs::exists(path("m.safetensors")));
+  EXPECT_FALSE(fs::exists(path("m.safetensors.tmp")));
 }
 
 TEST_F(Safetensors, ShardPlanAndIndex) {
