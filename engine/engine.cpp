@@ -12,6 +12,7 @@
 #include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/optimizer_job.h"
+#include "engine/internal/serial_queue.h"
 #include "engine/io_options.h"
 #include "engine/state_store.h"
 #include "gpu/cuda_device.h"
@@ -98,6 +99,7 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
 }
 
 Engine::~Engine() {
+  grads_queue_.reset();  // drains the gradient passes
   stop_optimizer_thread();
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
@@ -109,6 +111,7 @@ Engine::~Engine() {
   ring_charge_.release();
   state_.reset();
   opt_stream_.reset();
+  grads_stream_.reset();
   stream_.reset();
 }
 
@@ -211,9 +214,22 @@ core::Result<std::size_t> Engine::group_index(std::string_view name, const char*
   return Status::not_found(str_cat(op, ": no fetch group named '", name, "'"));
 }
 
+TraceTrack Engine::track_of(Lane lane) const {
+  if (lane.stream == nullptr) return TraceTrack::kDevice;
+  return lane.stream == &grads_stream_ ? TraceTrack::kGradDevice : TraceTrack::kOptDevice;
+}
+
+core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, const std::string& what) {
+  core::Result<gpu::DeviceBuffer> b = device_->allocate(bytes, what);
+  if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted || grads_queue_ == nullptr) return b;
+  // Gradient passes in flight hold device buffers: let them finish, then try again.
+  STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
+  return device_->allocate(bytes, what);
+}
+
 core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane) {
   gpu::Stream& stream = lane.stream != nullptr ? *lane.stream : stream_;
-  TraceScope t(trace_, lane.stream != nullptr ? TraceTrack::kOptDevice : TraceTrack::kDevice, "h2d", src.size());
+  TraceScope t(trace_, track_of(lane), "h2d", src.size());
   STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream, dst, src));
   (lane.bytes != nullptr ? *lane.bytes : bytes_).h2d += src.size();
   return device_->synchronize(stream);
@@ -221,7 +237,7 @@ core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> sr
 
 core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane) {
   gpu::Stream& stream = lane.stream != nullptr ? *lane.stream : stream_;
-  TraceScope t(trace_, lane.stream != nullptr ? TraceTrack::kOptDevice : TraceTrack::kDevice, "d2h", dst.size());
+  TraceScope t(trace_, track_of(lane), "d2h", dst.size());
   STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream, dst, src));
   (lane.bytes != nullptr ? *lane.bytes : bytes_).d2h += dst.size();
   return device_->synchronize(stream);
@@ -293,7 +309,7 @@ core::Status Engine::finalize() {
     const GroupPlace& gp = layout_.groups[g];
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
     const std::string what = str_cat("compute copies of group '", gp.name, "'");
-    GroupState& gs = groups_[g];
+  GroupState& gs = groups_[g];
     switch (gp.compute_tier) {
       case Tier::kDevice: {
         STRATA_ASSIGN_OR_RETURN(gs.device_home, device_->allocate(bytes, what));
@@ -322,7 +338,11 @@ core::Status Engine::finalize() {
   STRATA_RETURN_IF_ERROR(create_staging_ring());
   group_done_job_.assign(layout_.groups.size(), 0);
   fetched_this_step_.assign(layout_.groups.size(), false);
-  if (config_.strata.overlap == OverlapMode::kExact) opt_thread_ = std::thread([this] { optimizer_thread_main(); });
+  if (config_.strata.overlap == OverlapMode::kExact) {
+    STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
+    grads_queue_ = std::make_unique<SerialQueue>();
+    opt_thread_ = std::thread([this] { optimizer_thread_main(); });
+  }
   return Status();
 }
 
@@ -450,7 +470,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
     return gs.device_home.span();
   }
   const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
-  STRATA_ASSIGN_OR_RETURN(gs.working, device_->allocate(bytes, str_cat("fetched group '", gp.name, "'")));
+  STRATA_ASSIGN_OR_RETURN(gs.working, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
   gpu::PinnedBuffer staging;
   STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
   STRATA_RETURN_IF_ERROR(copy_h2d(gs.working.span(), host));
@@ -483,7 +503,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
   STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
-    STRATA_ASSIGN_OR_RETURN(gs.grad, device_->allocate(bytes, str_cat("gradients of group '", gp.name, "'")));
+    STRATA_ASSIGN_OR_RETURN(gs.grad, allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
   }
   return gs.grad.span();
 }
@@ -493,20 +513,40 @@ core::Status Engine::grads_ready(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
   const StageTimer timer(times_.grads_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("grads_ready ", group));
-  const GroupPlace& gp = layout_.groups[g];
   GroupState& gs = groups_[g];
   if (gs.grad.empty()) {
     return Status::failed_precondition(str_cat("grads_ready('", group, "') without grad_buffer('", group, "')"));
   }
   // The host gradients of this group are the last step optimizer's input.
   STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grads_ready"));
+  const int micro_step = micro_step_;
+  gs.grads_micro_step = micro_step;
+  if (grads_queue_ == nullptr) {
+    const gpu::DeviceBuffer grad = std::move(gs.grad);
+    return gradient_pass(g, grad, micro_step, {});
+  }
+  // The copy down and the pass run on the gradient thread; the device buffer
+  // goes with them (the next grad_buffer gets a new one).
+  auto grad = std::make_shared<gpu::DeviceBuffer>(std::move(gs.grad));
+  grads_queue_->post([this, g, grad, micro_step] {
+    const core::Stopwatch clock;
+    Status s = gradient_pass(g, *grad, micro_step, {&grads_stream_, &grads_bytes_});
+    grad->reset();
+    grads_seconds_ += clock.elapsed_s();
+    return s;
+  });
+  return Status();
+}
+
+core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, Lane lane) {
+  const GroupPlace& gp = layout_.groups[g];
   const int cb = layout_.compute_bytes;
-  const std::uint64_t bytes = gs.grad.size_bytes();
+  const std::uint64_t bytes = grad.size_bytes();
   // Device -> host (compute dtype, the compute layout), then into the
   // trainable layout, then the gradient pass into the host gradients.
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, device_->allocate_pinned(bytes, "gradient staging"));
-  STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), gs.grad.span()));
-  gs.grad.reset();
+  STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), grad.span(), lane));
+
   const std::uint64_t tbytes = static_cast<std::uint64_t>(gp.trainable_elems) * static_cast<std::uint64_t>(cb);
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, device_->allocate_pinned(tbytes, "gradient staging"));
   std::memset(packed.data(), 0, tbytes);
@@ -520,23 +560,31 @@ core::Status Engine::grads_ready(std::string_view group) {
   a.src = {packed.data(), adam_type(cb, config_.precision), gp.trainable_elems};
   a.dst = {grads_.data() + gp.trainable_begin * layout_.grad_bytes, adam_type(layout_.grad_bytes, config_.precision),
            gp.trainable_elems};
-  a.accumulate = layout_.grad_bytes == 4 && micro_step_ > 0;  // fp32 accumulators add up the micro-batches
+  a.accumulate = layout_.grad_bytes == 4 && micro_step > 0;  // fp32 accumulators add up the micro-batches
   a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
                                                                static_cast<std::size_t>(gp.trainable_elems / kBlock));
   core::Result<adam::GradPassResult> pass = [&] {
     const core::MutexLock cpu(cpu_adam_mu_);
-    TraceScope tp(trace_, TraceTrack::kCpuAdam, str_cat("gradient pass ", group), tbytes);
+    TraceScope tp(trace_, TraceTrack::kCpuAdam, str_cat("gradient pass ", gp.name), tbytes);
     return cpu_adam_->grad_pass(a);
   }();
   STRATA_ASSIGN_OR_RETURN(adam::GradPassResult r, std::move(pass));
   nonfinite_ = nonfinite_ || r.nonfinite;
-  gs.grads_micro_step = micro_step_;
   return Status();
 }
+
+core::Status Engine::wait_gradients(const char* op) {
+  if (grads_queue_ == nullptr) return Status();
+  Status s = grads_queue_->drain();
+  if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient pass failed; the engine cannot go on"));
+  return Status();
+}
+
 
 core::Status Engine::micro_step_end() {
   STRATA_ENGINE_ENTRY("micro_step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
+  STRATA_RETURN_IF_ERROR(wait_gradients("micro_step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
       return Status::failed_precondition(str_cat("micro_step_end: group '", layout_.groups[g].name,
@@ -565,6 +613,7 @@ core::Result<StepStats> Engine::step_end() {
   // The previous step's optimizer is done by now in a well-ordered step
   // (every group was fetched); this also collects its traffic and errors.
   STRATA_RETURN_IF_ERROR(wait_optimizer("step_end"));
+  STRATA_RETURN_IF_ERROR(wait_gradients("step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
@@ -640,12 +689,15 @@ core::Result<StepStats> Engine::step_end() {
   stats.bytes.d2h += opt_bytes_.d2h;
   stats.bytes.nvme_read += opt_bytes_.nvme_read;
   stats.bytes.nvme_write += opt_bytes_.nvme_write;
+  stats.bytes.d2h += grads_bytes_.d2h;
   stats.fetch_s = times_.fetch_s;
-  stats.grads_s = times_.grads_s;
+  stats.grads_s = times_.grads_s + grads_seconds_;
   stats.optimizer_s = opt_seconds_;
   bytes_ = {};
   opt_bytes_ = {};
   opt_seconds_ = 0.0;
+  grads_bytes_ = {};
+  grads_seconds_ = 0.0;
   times_ = {};
   micro_step_ = 0;
   nonfinite_ = false;

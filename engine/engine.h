@@ -50,6 +50,7 @@ namespace strata::engine {
 
 class StateStore;
 struct ChunkState;
+class SerialQueue;
 
 // Fills a parameter's initial fp32 values (out.size() == numel). Called once
 // per parameter at finalize, group by group, on the thread calling finalize,
@@ -188,8 +189,20 @@ class Engine {
   // staging copy back home.
   core::Result<std::span<std::byte>> load_compute(std::size_t g, gpu::PinnedBuffer& staging, Lane lane = {});
   core::Status commit_compute(std::size_t g, std::span<const std::byte> host, Lane lane = {});
+  // grads_ready's work: group g's gradients down (compute dtype), packed into
+  // the trainable layout, and cpu_adam's gradient pass into the host
+  // gradients (norm partials, the inf/NaN flag). On the gradient thread
+  // (overlap "exact") or in grads_ready itself ("none").
+  core::Status gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, Lane lane);
+  // Waits for the gradient passes posted so far; their first error.
+  core::Status wait_gradients(const char* op);
   // finalize's last part: every parameter's initial values, group by group.
   core::Status write_initial_values();
+  // A fetch's or gradients' device buffer; when the device budget is short,
+  // waits for the gradient passes in flight (which hold such buffers) and
+  // tries once more.
+  core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
+  TraceTrack track_of(Lane lane) const;  // the trace track of a lane's stream
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane = {});
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane = {});
 
@@ -276,6 +289,12 @@ class Engine {
   core::Status opt_error_;                      // opt_mu_
   bool opt_stop_ = false;                       // opt_mu_
   std::thread opt_thread_;
+  // The gradient path (overlap "exact"): grads_ready posts the group's
+  // gradient pass here and returns; micro_step_end and step_end wait.
+  std::unique_ptr<SerialQueue> grads_queue_;
+  gpu::Stream grads_stream_;
+  StepBytes grads_bytes_;       // its traffic since the last step_end (after wait_gradients)
+  double grads_seconds_ = 0.0;  // likewise, its time
   // The order the forward needs groups in: first fetches of the last
   // training step (learned again when it changes); the optimizer follows it.
   std::vector<std::size_t> fetch_order_;

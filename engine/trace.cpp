@@ -25,6 +25,8 @@ std::string_view to_string(TraceTrack t) {
       return "disk pipeline writes";
     case TraceTrack::kOptDevice:
       return "optimizer device stream";
+    case TraceTrack::kGradDevice:
+      return "gradient device stream";
   }
   return "?";
 }

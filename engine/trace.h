@@ -25,10 +25,11 @@ enum class TraceTrack : int {
   kSwapRead = 6,    // the disk pipeline's reads, issue to completion (several in flight)
   kSwapWrite = 7,   // the disk pipeline's writes, likewise
   kOptDevice = 8,   // the optimizer's device stream
+  kGradDevice = 9,  // the gradient path's device stream (copies down)
 };
 inline constexpr TraceTrack kAllTraceTracks[] = {TraceTrack::kStep,      TraceTrack::kDevice,   TraceTrack::kSwap,
                                                  TraceTrack::kCpuAdam,   TraceTrack::kOptimizer, TraceTrack::kSwapRead,
-                                                 TraceTrack::kSwapWrite, TraceTrack::kOptDevice};
+                                                 TraceTrack::kSwapWrite, TraceTrack::kOptDevice, TraceTrack::kGradDevice};
 std::string_view to_string(TraceTrack t);  // the track's name in the viewer
 
 class Trace {
