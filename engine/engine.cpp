@@ -11,7 +11,9 @@
 #include "engine/core/str.h"
 #include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
+#include "engine/internal/group_state.h"
 #include "engine/internal/optimizer_job.h"
+#include "engine/internal/prefetch.h"
 #include "engine/internal/serial_queue.h"
 #include "engine/io_options.h"
 #include "engine/state_store.h"
@@ -68,16 +70,6 @@ class StageTimer {
 
 }  // namespace
 
-// A fetch group's compute copies and its transient device buffers.
-struct Engine::GroupState {
-  gpu::DeviceBuffer device_home;  // compute home on the device
-  gpu::PinnedBuffer pinned_home;  // compute home in pinned memory
-  std::string block_id;           // compute home on nvme
-  gpu::DeviceBuffer working;      // device copy while fetched (home elsewhere)
-  bool fetched = false;
-  gpu::DeviceBuffer grad;         // gradients, between grad_buffer and grads_ready
-  int grads_micro_step = -1;      // the micro-batch whose gradients arrived
-};
 
 Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
     : config_(config),
@@ -99,7 +91,9 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
 }
 
 Engine::~Engine() {
-  grads_queue_.reset();  // drains the gradient passes
+  grads_queue_.reset();     // drains the gradient passes
+  prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
+  prefetched_.clear();
   stop_optimizer_thread();
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
@@ -112,6 +106,7 @@ Engine::~Engine() {
   state_.reset();
   opt_stream_.reset();
   grads_stream_.reset();
+  prefetch_stream_.reset();
   stream_.reset();
 }
 
@@ -341,6 +336,8 @@ core::Status Engine::finalize() {
   if (config_.strata.overlap == OverlapMode::kExact) {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
     grads_queue_ = std::make_unique<SerialQueue>();
+    STRATA_ASSIGN_OR_RETURN(prefetch_stream_, device_->create_stream("prefetch"));
+    prefetch_queue_ = std::make_unique<SerialQueue>();
     opt_thread_ = std::thread([this] { optimizer_thread_main(); });
   }
   return Status();
@@ -464,10 +461,18 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
     fetched_this_step_[g] = true;
     step_fetches_.push_back(g);
   }
+  note_fetch(g);
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
     gs.fetched = true;
     return gs.device_home.span();
+  }
+  STRATA_ASSIGN_OR_RETURN(const bool prefetched, take_prefetch(g));
+  if (prefetched) {
+    ++prefetched_fetches_;
+    gs.fetched = true;
+    issue_prefetches();
+    return gs.working.span();
   }
   const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
   STRATA_ASSIGN_OR_RETURN(gs.working, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
@@ -475,6 +480,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
   STRATA_RETURN_IF_ERROR(copy_h2d(gs.working.span(), host));
   gs.fetched = true;
+  issue_prefetches();
   return gs.working.span();
 }
 
@@ -693,6 +699,8 @@ core::Result<StepStats> Engine::step_end() {
   stats.fetch_s = times_.fetch_s;
   stats.grads_s = times_.grads_s + grads_seconds_;
   stats.optimizer_s = opt_seconds_;
+  stats.prefetched = prefetched_fetches_;
+  prefetched_fetches_ = 0;
   bytes_ = {};
   opt_bytes_ = {};
   opt_seconds_ = 0.0;
@@ -703,6 +711,7 @@ core::Result<StepStats> Engine::step_end() {
   nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
   if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
+  issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }
 

@@ -77,7 +77,9 @@ struct StepStats {
   // Seconds spent since the previous step_end, by stage.
   double fetch_s = 0.0;        // fetch: compute copies to the device
   double grads_s = 0.0;        // grads_ready: gradients down and the gradient pass
-  double optimizer_s = 0.0;    // step_end: the optimizer and new compute copies home
+  double optimizer_s = 0.0;    // the optimizer and new compute copies home (overlap "exact":
+                               // the previous step's, which ran during this one)
+  std::int64_t prefetched = 0; // fetches served by a prefetched copy (traced prefetch)
 };
 
 // Where the engine's device copies go and whose bytes they count (null:
@@ -224,6 +226,20 @@ class Engine {
   core::Status wait_optimizer(const char* op);
   // Stops the optimizer thread (the destructor).
   void stop_optimizer_thread();
+  // --- traced prefetch (engine/prefetch.cpp) ---
+  struct Prefetch;
+  // After a fetch (and at step_end): starts copies of the groups the learned
+  // trace says come next, up to stage3_prefetch_bucket_size elements ahead
+  // and stage3_max_live_parameters elements on the device in all.
+  void issue_prefetches();
+  // The group's prefetched copy, waited for, when there is one (null
+  // otherwise); its traffic is counted now.
+  core::Result<bool> take_prefetch(std::size_t g);
+  // Drops every prefetched copy (after their copies end): load_checkpoint
+  // rewrites the compute copies.
+  void drop_prefetches();
+  // Follows the trace with a fetch of group g: records it and moves the cursor.
+  void note_fetch(std::size_t g);
   // finalize: the staging ring, charged to strata.budgets.staging (default:
   // four slots of the largest nvme chunk's state).
   core::Status create_staging_ring();
@@ -295,6 +311,16 @@ class Engine {
   gpu::Stream grads_stream_;
   StepBytes grads_bytes_;       // its traffic since the last step_end (after wait_gradients)
   double grads_seconds_ = 0.0;  // likewise, its time
+  // Traced prefetch: the fetch sequence of the last training step, the
+  // position in it, this step's sequence so far, and the copies in flight or
+  // landed (device buffers not yet handed out by fetch).
+  std::unique_ptr<SerialQueue> prefetch_queue_;
+  gpu::Stream prefetch_stream_;
+  std::vector<std::size_t> fetch_trace_;
+  std::vector<std::size_t> step_sequence_;
+  std::size_t trace_cursor_ = 0;
+  std::int64_t prefetched_fetches_ = 0;  // since the last step_end
+  std::map<std::size_t, std::unique_ptr<Prefetch>> prefetched_;
   // The order the forward needs groups in: first fetches of the last
   // training step (learned again when it changes); the optimizer follows it.
   std::vector<std::size_t> fetch_order_;

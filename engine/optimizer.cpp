@@ -109,6 +109,9 @@ void Engine::learn_fetch_order() {
   }
   step_fetches_.clear();
   std::fill(fetched_this_step_.begin(), fetched_this_step_.end(), false);
+  if (!step_sequence_.empty() && step_sequence_ != fetch_trace_) fetch_trace_ = step_sequence_;
+  step_sequence_.clear();
+  trace_cursor_ = 0;
 }
 
 std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,

@@ -27,6 +27,8 @@ std::string_view to_string(TraceTrack t) {
       return "optimizer device stream";
     case TraceTrack::kGradDevice:
       return "gradient device stream";
+    case TraceTrack::kPrefetch:
+      return "prefetch";
   }
   return "?";
 }

@@ -26,10 +26,12 @@ enum class TraceTrack : int {
   kSwapWrite = 7,   // the disk pipeline's writes, likewise
   kOptDevice = 8,   // the optimizer's device stream
   kGradDevice = 9,  // the gradient path's device stream (copies down)
+  kPrefetch = 10,   // traced prefetch: copies of the groups the trace says come next
 };
 inline constexpr TraceTrack kAllTraceTracks[] = {TraceTrack::kStep,      TraceTrack::kDevice,   TraceTrack::kSwap,
                                                  TraceTrack::kCpuAdam,   TraceTrack::kOptimizer, TraceTrack::kSwapRead,
-                                                 TraceTrack::kSwapWrite, TraceTrack::kOptDevice, TraceTrack::kGradDevice};
+                                                 TraceTrack::kSwapWrite, TraceTrack::kOptDevice, TraceTrack::kGradDevice,
+                                                 TraceTrack::kPrefetch};
 std::string_view to_string(TraceTrack t);  // the track's name in the viewer
 
 class Trace {

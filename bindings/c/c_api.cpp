@@ -500,6 +500,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.fetch_seconds = st.fetch_s;
     r.grads_seconds = st.grads_s;
     r.optimizer_seconds = st.optimizer_s;
+    r.prefetched = st.prefetched;
     engine->last = r;
     if (out != nullptr) c_api::write_struct(out, r);
     return core::Status();

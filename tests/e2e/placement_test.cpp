@@ -411,6 +411,51 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
   EXPECT_NE(s.message().find("strata.budgets.staging"), std::string::npos) << s;
 }
 
+// Traced prefetch: the first step teaches the engine the fetch sequence
+// (l1, l2 forward; l2, l1 backward); from the second step on the copies of
+// the groups that come next are started ahead and fetch takes them (three of
+// the four fetches: the backward's l2 follows its own release at once). An
+// evaluation pass between steps does not unlearn it; with overlap "none"
+// nothing is prefetched.
+TEST_F(Placement, TracedPrefetchServesTheFetchesThatComeNext) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  for (const OverlapMode mode : {OverlapMode::kExact, OverlapMode::kNone}) {
+    c.strata.overlap = mode;
+    c.strata.trace = mode == OverlapMode::kExact ? (dir_ / "prefetch_trace.json").string() : "";
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    f.cb = e->layout().compute_bytes;
+    f.precision = c.precision;
+    for (int s = 0; s < 5; ++s) {
+      if (s == 3) {  // an evaluation pass between steps
+        f.batch(999);
+        f.load(*e, "l1");
+        f.load(*e, "l2");
+        f.forward();
+      }
+      f.batch(s * 16);
+      f.load(*e, "l1");
+      f.load(*e, "l2");
+      f.forward();
+      const auto g = f.backward(1.0f);
+      f.load(*e, "l2");
+      f.give_grads(*e, "l2", g);
+      f.load(*e, "l1");
+      f.give_grads(*e, "l1", g);
+      auto st = e->step_end();
+      ASSERT_TRUE(st.ok()) << st.status();
+      const std::int64_t want = mode == OverlapMode::kNone || s == 0 ? 0 : s == 3 ? 4 : 3;
+      EXPECT_EQ(st->prefetched, want) << "step " << s << (mode == OverlapMode::kNone ? " (none)" : " (exact)");
+    }
+  }
+  std::ifstream in(dir_ / "prefetch_trace.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"prefetch l1\""), std::string::npos);
+}
+
 TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   // Compute copies: 295936 bytes; optimizer state: 4 blocks x 12 B = 3 MiB.
   Config c = base();

@@ -1,0 +1,98 @@
+// Traced prefetch (Engine members declared in engine/engine.h). The first
+// training step records the sequence of fetches; later fetches follow it and
+// start the copies of the groups that come next on the prefetch thread and
+// stream, within DeepSpeed's stage3_prefetch_bucket_size (elements ahead,
+// not yet fetched) and stage3_max_live_parameters (elements on the device,
+// fetched or prefetched). A fetch whose copy is in flight waits for that copy
+// only. A sequence that changes is learned again at step_end. A prefetch
+// waits for the optimizer's mark on its group, so it never copies a stale
+// compute copy; prefetches into the next step start only at step_end, once
+// that step's optimizer job exists. Traffic is counted when a fetch takes the
+// copy, so every step's statistics stay what the memory model says.
+#include <algorithm>
+#include <memory>
+
+#include "engine/core/logging.h"
+#include "engine/core/str.h"
+#include "engine/engine.h"
+#include "engine/internal/group_state.h"
+#include "engine/internal/prefetch.h"
+#include "engine/internal/serial_queue.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+
+
+void Engine::note_fetch(std::size_t g) {
+  step_sequence_.push_back(g);
+  if (fetch_trace_.empty()) return;
+  // The next occurrence of g from the cursor on (wrapping: an evaluation pass
+  // between steps starts the forward again).
+  const auto from = fetch_trace_.begin() + static_cast<std::ptrdiff_t>(std::min(trace_cursor_, fetch_trace_.size()));
+  auto it = std::find(from, fetch_trace_.end(), g);
+  if (it == fetch_trace_.end()) it = std::find(fetch_trace_.begin(), from, g);
+  if (it != fetch_trace_.end()) trace_cursor_ = static_cast<std::size_t>(it - fetch_trace_.begin()) + 1;
+}
+
+void Engine::issue_prefetches() {
+  if (prefetch_queue_ == nullptr || fetch_trace_.empty()) return;
+  const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
+  const std::uint64_t bucket = static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb;
+  const std::uint64_t max_live = static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb;
+  std::uint64_t ahead = 0, live = 0;
+  for (const auto& [g, p] : prefetched_) ahead += p->buffer.size_bytes();
+  live = ahead;
+  for (const GroupState& gs : groups_) live += gs.working.size_bytes();
+  for (std::size_t i = trace_cursor_; i < fetch_trace_.size(); ++i) {
+    const std::size_t g = fetch_trace_[i];
+    const GroupPlace& gp = layout_.groups[g];
+    if (gp.compute_tier == Tier::kDevice || groups_[g].fetched || prefetched_.contains(g)) continue;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+    if (ahead + bytes > bucket || live + bytes > max_live) break;
+    core::Result<gpu::DeviceBuffer> buffer = device_->allocate(bytes, str_cat("prefetch of group '", gp.name, "'"));
+    if (!buffer.ok()) break;  // the device budget is short: fetch will copy it in line
+    auto p = std::make_unique<Prefetch>();
+    p->buffer = std::move(buffer).value();
+    Prefetch* raw = p.get();
+    const gpu::DeviceSpan dst = raw->buffer.span();
+    prefetched_[g] = std::move(p);
+    ahead += bytes;
+    live += bytes;
+    prefetch_queue_->post([this, g, dst, raw] {
+      Status s = wait_optimizer_group(g, "prefetch");
+      if (s.ok()) {
+        TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name), dst.size_bytes());
+        const Lane lane{&prefetch_stream_, &raw->bytes};
+        gpu::PinnedBuffer staging;
+        core::Result<std::span<std::byte>> host = load_compute(g, staging, lane);
+        s = host.ok() ? copy_h2d(dst, *host, lane) : host.status();
+      }
+      raw->finish(std::move(s));
+      return Status();  // a failed prefetch fails its fetch, not the queue
+    });
+  }
+}
+
+core::Result<bool> Engine::take_prefetch(std::size_t g) {
+  auto it = prefetched_.find(g);
+  if (it == prefetched_.end()) return false;
+  std::unique_ptr<Prefetch> p = std::move(it->second);
+  prefetched_.erase(it);
+  Status s = p->wait();
+  if (!s.ok()) return std::move(s).annotate(str_cat("prefetch of group '", layout_.groups[g].name, "'"));
+  bytes_.h2d += p->bytes.h2d;
+  bytes_.d2h += p->bytes.d2h;
+  bytes_.nvme_read += p->bytes.nvme_read;
+  bytes_.nvme_write += p->bytes.nvme_write;
+  groups_[g].working = std::move(p->buffer);
+  return true;
+}
+
+void Engine::drop_prefetches() {
+  for (auto& [g, p] : prefetched_) p->wait().ignore_error();  // the copy must end before its buffer goes
+  prefetched_.clear();
+}
+
+}  // namespace strata::engine
