@@ -74,30 +74,27 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   return s;
 }
 
-core::Result<nvme::SwapIo> StateStore::start_load(std::size_t chunk, std::span<std::byte> staging) {
+core::Status StateStore::check_staged(std::size_t chunk, std::size_t staging_size, const char* what) const {
   if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
   if (tier(chunk) != Tier::kNvme) {
     return Status::failed_precondition(str_cat("chunk ", chunk, " lives in ", to_string(tier(chunk)),
-                                               " memory, not on nvme: nothing to read"));
+                                               " memory, not on nvme: nothing to ", what));
   }
-  const std::uint64_t bytes = staging_bytes(chunk);
-  if (staging.size() < bytes) {
-    return Status::invalid_argument(str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
+  if (staging_size < staging_bytes(chunk)) {
+    return Status::invalid_argument(
+        str_cat("chunk ", chunk, " needs ", staging_bytes(chunk), " bytes of staging; got ", staging_size));
   }
-  return swap_->start_read(chunks_[chunk].block_id, staging.first(bytes));
+  return Status();
+}
+
+core::Result<nvme::SwapIo> StateStore::start_load(std::size_t chunk, std::span<std::byte> staging) {
+  STRATA_RETURN_IF_ERROR(check_staged(chunk, staging.size(), "read"));
+  return swap_->start_read(chunks_[chunk].block_id, staging.first(staging_bytes(chunk)));
 }
 
 core::Result<nvme::SwapIo> StateStore::start_store(std::size_t chunk, std::span<const std::byte> staging) {
-  if (chunk >= chunks_.size()) return Status::out_of_range(str_cat("chunk ", chunk, " of ", chunks_.size()));
-  if (tier(chunk) != Tier::kNvme) {
-    return Status::failed_precondition(str_cat("chunk ", chunk, " lives in ", to_string(tier(chunk)),
-                                               " memory, not on nvme: nothing to write"));
-  }
-  const std::uint64_t bytes = staging_bytes(chunk);
-  if (staging.size() < bytes) {
-    return Status::invalid_argument(str_cat("chunk ", chunk, " needs ", bytes, " bytes of staging; got ", staging.size()));
-  }
-  return swap_->start_write(chunks_[chunk].block_id, staging.first(bytes));
+  STRATA_RETURN_IF_ERROR(check_staged(chunk, staging.size(), "write"));
+  return swap_->start_write(chunks_[chunk].block_id, staging.first(staging_bytes(chunk)));
 }
 
 core::Result<ChunkState> StateStore::load(std::size_t chunk, std::span<std::byte> staging) {

@@ -75,6 +75,8 @@ class StateStore {
   StateStore(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap)
       : layout_(layout), device_(device), swap_(swap) {}
   static ChunkState views(std::byte* base, std::int64_t elems);
+  // An nvme chunk with enough staging for `what` ("read", "write").
+  core::Status check_staged(std::size_t chunk, std::size_t staging_size, const char* what) const;
 
   const Layout& layout_;
   gpu::Device& device_;

@@ -178,6 +178,19 @@ class Placement : public ::testing::Test {
     return r;
   }
 
+  // finalize's status for the MLP's parameters under `c`.
+  core::Status finalize_status(const Config& c) {
+    auto e = Engine::create(c);
+    if (!e.ok()) return e.status();
+    for (const Tensor& t : kTensors) {
+      STRATA_RETURN_IF_ERROR((*e)->register_param({t.name, t.shape, t.group}, [t](std::span<float> out) {
+        init_values(t, out);
+        return core::Status();
+      }));
+    }
+    return (*e)->finalize();
+  }
+
   fs::path dir_;
 };
 
@@ -398,15 +411,7 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
     EXPECT_LE(e->staging_budget().peak_bytes(), c.strata.budgets.staging_bytes);
   }
   c.strata.budgets.staging_bytes = chunk_state - 4096;
-  auto e = Engine::create(c);
-  ASSERT_TRUE(e.ok());
-  for (const Tensor& t : kTensors) {
-    ASSERT_TRUE((*e)->register_param({t.name, t.shape, t.group}, [t](std::span<float> out) {
-                      init_values(t, out);
-                      return core::Status();
-                    }).ok());
-  }
-  const core::Status s = (*e)->finalize();
+  const core::Status s = finalize_status(c);
   EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("strata.budgets.staging"), std::string::npos) << s;
 }
@@ -471,15 +476,7 @@ TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   // The same budgets with the optimizer state in pinned memory: refused at
   // finalize with the numbers and the key to change.
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
-  auto e = Engine::create(c);
-  ASSERT_TRUE(e.ok());
-  for (const Tensor& t : kTensors) {
-    ASSERT_TRUE((*e)->register_param({t.name, t.shape, t.group}, [t](std::span<float> out) {
-                      init_values(t, out);
-                      return core::Status();
-                    }).ok());
-  }
-  const core::Status s = (*e)->finalize();
+  const core::Status s = finalize_status(c);
   EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("strata.budgets.pinned"), std::string::npos) << s;
 }
