@@ -14,6 +14,7 @@
 //
 // docs/benchmarks.md ("step") describes the scenarios, the calibration that
 // sizes the timing model, how each resource is measured, and every column.
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -205,8 +206,23 @@ struct Shape {
   friend bool operator==(const Shape&, const Shape&) = default;
 };
 
+// CPU time and page faults of the whole process so far (getrusage).
+struct Usage {
+  double user_s = 0, sys_s = 0;
+  std::int64_t minor_faults = 0;
+  static Usage now() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return {static_cast<double>(u.ru_utime.tv_sec) + 1e-6 * static_cast<double>(u.ru_utime.tv_usec),
+            static_cast<double>(u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_stime.tv_usec),
+            static_cast<std::int64_t>(u.ru_minflt)};
+  }
+  Usage operator-(const Usage& o) const { return {user_s - o.user_s, sys_s - o.sys_s, minor_faults - o.minor_faults}; }
+};
+
 struct StepRecord {
   double seconds = 0.0;
+  Usage usage;  // the process's CPU time and page faults during the step
   eng::StepStats stats;
   bool clipped = false;  // the norm exceeded gradient_clipping (and the step applied)
   Shape shape() const { return {stats.bytes, !stats.skipped}; }
@@ -262,6 +278,7 @@ class Driver {
     }
     gpu::Device& dev = engine_->device();
     const double fwd = model_.forward_flops();
+    const Usage before = Usage::now();
     core::Stopwatch sw;
     for (int g = 0; g < model_.layers; ++g) {
       const std::string name = model_.group(g);
@@ -283,6 +300,7 @@ class Driver {
     STRATA_ASSIGN_OR_RETURN(eng::StepStats stats, engine_->step_end());
     StepRecord r;
     r.seconds = sw.elapsed_s();
+    r.usage = Usage::now() - before;
     r.stats = stats;
     r.clipped = clipping_ > 0.0 && !stats.skipped && stats.grad_norm > clipping_;
     if (timed) ++index_;
@@ -909,6 +927,7 @@ struct ScheduleResult {
   int busiest = 0, second = 0;
   double device_idle = 0, skipped_fraction = 0, clipped_fraction = 0;
   double fetch_s = 0, grads_s = 0, optimizer_s = 0;
+  double user_s = 0, sys_s = 0, minor_faults = 0;  // per step, medians
 };
 
 struct ScenarioResult {
@@ -949,7 +968,7 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
   r.rates = RateModel::from(r.samples, fixed_copy_bytes);
   r.resources = r.rates.at(r.typical);
   double skipped = 0, clipped = 0;
-  std::vector<double> fetch, grads, opt;
+  std::vector<double> fetch, grads, opt, user, sys, faults;
   for (const StepRecord& s : r.steps) {
     const ResTimes t = r.rates.at(s.shape());
     r.step_s_all.push_back(s.seconds);
@@ -959,6 +978,9 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
     fetch.push_back(s.stats.fetch_s);
     grads.push_back(s.stats.grads_s);
     opt.push_back(s.stats.optimizer_s);
+    user.push_back(s.usage.user_s);
+    sys.push_back(s.usage.sys_s);
+    faults.push_back(static_cast<double>(s.usage.minor_faults));
   }
   const double n = static_cast<double>(std::max<std::size_t>(1, r.steps.size()));
   r.step_s = median(r.step_s_all);
@@ -974,6 +996,9 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
   r.fetch_s = median(fetch);
   r.grads_s = median(grads);
   r.optimizer_s = median(opt);
+  r.user_s = median(user);
+  r.sys_s = median(sys);
+  r.minor_faults = median(faults);
 }
 
 Status make_dir(const std::string& path) {
@@ -1159,6 +1184,16 @@ void print_table(const std::vector<ScenarioResult>& results) {
                   r.resources[kDisk], r.resources[kCpu], m.grad_pass_s, m.adam_s, m.crc_s, m.copy_s);
     }
   }
+  std::printf("\nWhere the step went (medians per step): the engine's stage seconds (StepStats) and the process's\n"
+              "CPU seconds and minor page faults (getrusage):\n");
+  std::printf("%-11s %-10s %8s %8s %8s %8s %8s %10s\n", "scenario", "schedule", "fetch", "grads", "optim", "user",
+              "sys", "faults");
+  for (const ScenarioResult& sr : results) {
+    for (const ScheduleResult& r : sr.schedules) {
+      std::printf("%-11s %-10s %8.3f %8.3f %8.3f %8.3f %8.3f %10.0f\n", sr.sc->name, schedule_name(r.overlap),
+                  r.fetch_s, r.grads_s, r.optimizer_s, r.user_s, r.sys_s, r.minor_faults);
+    }
+  }
   std::printf("\nIsolated rates (medians; compare with nvme_bench and cpu_adam_bench from the same session):\n");
   std::printf("%-11s %9s %9s %9s %12s %9s %9s %9s\n", "scenario", "read GB/s", "write GB/s", "mixed", "adam param/s",
               "adam GB/s", "crc GB/s", "copy GB/s");
@@ -1261,6 +1296,11 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
           .num("fetch_s", r.fetch_s)
           .num("grads_s", r.grads_s)
           .num("optimizer_s", r.optimizer_s)
+          .end_object();
+      j.begin_object("process_per_step")
+          .num("user_s", r.user_s)
+          .num("sys_s", r.sys_s)
+          .num("minor_faults", r.minor_faults)
           .end_object();
       j.nums("step_s_all", r.step_s_all).nums("bound_s_all", r.bound_s_all);
       json_sample(j, "isolated", r.rates.med, m.params(), r.rates.fixed_copy_bytes);
