@@ -1161,7 +1161,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
 
 void print_table(const std::vector<ScenarioResult>& results) {
   std::printf("\n%-11s %-10s %9s %9s %7s %8s %-16s %-16s %7s %8s %7s %7s\n", "scenario", "schedule", "step s",
-              "bound s", "ratio", "mean", "busiest", "second", "2nd/1st", "dev idle", "skipped", "clipped");
+              "bound s", "ratio", "r(mean)", "busiest", "second", "2nd/1st", "dev idle", "skipped", "clipped");
   for (const ScenarioResult& sr : results) {
     for (const ScheduleResult& r : sr.schedules) {
       char bb[64], ss[64];
