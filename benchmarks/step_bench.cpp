@@ -179,10 +179,10 @@ GradKind grad_kind(GradPlan plan, std::int64_t step) {
 }
 
 // The gradient of one group as compute-dtype bits: every value +-a with a
-// fixed pseudo-random sign, a = norm / sqrt(params) x loss scale, so the whole
-// model's gradient has the given norm; with `inf`, element 0 is +inf.
-std::vector<std::uint16_t> gradient_bits(const Model& m, double norm, double loss_scale, bool inf) {
-  const float a = static_cast<float>(norm / std::sqrt(static_cast<double>(m.params())) * loss_scale);
+// fixed pseudo-random sign, a = kind.norm / sqrt(params) x loss scale, so the
+// whole model's gradient has that norm; with kind.inf, element 0 is +inf.
+std::vector<std::uint16_t> gradient_bits(const Model& m, const GradKind& kind, double loss_scale) {
+  const float a = static_cast<float>(kind.norm / std::sqrt(static_cast<double>(m.params())) * loss_scale);
   const bool fp16 = m.precision == eng::Precision::kFp16;
   const std::uint16_t pos = fp16 ? nx::fp32_to_fp16_bits(a) : nx::fp32_to_bf16_bits(a);
   const std::uint16_t neg = fp16 ? nx::fp32_to_fp16_bits(-a) : nx::fp32_to_bf16_bits(-a);
@@ -194,7 +194,7 @@ std::vector<std::uint16_t> gradient_bits(const Model& m, double norm, double los
     x ^= x << 5;
     b = (x & 1) != 0 ? pos : neg;
   }
-  if (inf) bits[0] = fp16 ? nx::fp32_to_fp16_bits(INFINITY) : nx::fp32_to_bf16_bits(INFINITY);
+  if (kind.inf) bits[0] = fp16 ? nx::fp32_to_fp16_bits(INFINITY) : nx::fp32_to_bf16_bits(INFINITY);
   return bits;
 }
 
@@ -219,6 +219,8 @@ struct Usage {
   }
   Usage operator-(const Usage& o) const { return {user_s - o.user_s, sys_s - o.sys_s, minor_faults - o.minor_faults}; }
 };
+
+enum class StepKind { kWarmUp, kTimed };
 
 struct StepRecord {
   double seconds = 0.0;
@@ -261,20 +263,19 @@ class Driver {
     if (engine_ != nullptr && !stream_.empty()) engine_->device().synchronize(stream_).ignore_error();  // at exit
   }
 
-  eng::Engine& engine() { return *engine_; }
-
   // One training step: forward over every group, backward in reverse with
   // synthetic gradients, step_end. Timed from the first fetch to the return
   // of step_end. The gradient for this step is prepared before the clock.
   // The gradient plan counts timed steps only; warm-up steps get the steady
-  // gradient.
-  Result<StepRecord> step(bool timed) {
+  // gradient. With an inf planned, only the first backward group gets it.
+  Result<StepRecord> step(StepKind step_kind) {
+    const bool timed = step_kind == StepKind::kTimed;
     const GradKind kind = timed ? grad_kind(plan_, index_) : GradKind{};
     const double scale = engine_->loss_scale();
-    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan good, pattern(kind.norm, scale, false));
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan good, pattern({kind.norm, false}, scale));
     gpu::DeviceSpan bad = good;
     if (kind.inf) {
-      STRATA_ASSIGN_OR_RETURN(bad, pattern(kind.norm, scale, true));
+      STRATA_ASSIGN_OR_RETURN(bad, pattern(kind, scale));
     }
     gpu::Device& dev = engine_->device();
     const double fwd = model_.forward_flops();
@@ -324,13 +325,13 @@ class Driver {
  private:
   Driver(const Model& model, GradPlan plan, double clipping) : model_(model), plan_(plan), clipping_(clipping) {}
 
-  // The device buffer holding one group's gradient for (norm, loss scale, inf),
-  // made on first use (outside any timed step).
-  Result<gpu::DeviceSpan> pattern(double norm, double loss_scale, bool inf) {
-    const auto key = std::make_tuple(norm, loss_scale, inf);
+  // The device buffer holding one group's gradient of this kind at this loss
+  // scale, made on first use (outside any timed step).
+  Result<gpu::DeviceSpan> pattern(const GradKind& kind, double loss_scale) {
+    const auto key = std::make_tuple(kind.norm, loss_scale, kind.inf);
     auto it = patterns_.find(key);
     if (it != patterns_.end()) return it->second.span();
-    const std::vector<std::uint16_t> bits = gradient_bits(model_, norm, loss_scale, inf);
+    const std::vector<std::uint16_t> bits = gradient_bits(model_, kind, loss_scale);
     gpu::Device& dev = engine_->device();
     STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer buf, dev.allocate(model_.group_bytes(), "synthetic gradient"));
     STRATA_RETURN_IF_ERROR(dev.copy_h2d(stream_, buf.span(), std::as_bytes(std::span(bits))));
@@ -421,7 +422,6 @@ struct IsoSample {
     return mixed_s > 0 ? std::min(read_s + write_s, mixed_s) : read_s + write_s;
   }
   double cpu_s() const { return grad_pass_s + adam_s + crc_s + copy_s; }
-  ResTimes resources() const { return {device_s, h2d_s, d2h_s, disk_s(), cpu_s()}; }
 };
 
 // Times every resource of a step alone, on buffers of the step's sizes:
@@ -477,10 +477,12 @@ class Isolated {
     return device_->synchronize(stream_);
   }
 
-  // The device work of a step (declared compute, with `with_compute`, and the
-  // framework's gradient writes), enqueued as the framework enqueues it.
-  Result<double> device_time(bool with_compute) {
+  enum class DeviceWork { kComputeAndGradients, kGradientsOnly };
+  // The device work of a step (the declared compute unless kGradientsOnly,
+  // and the framework's gradient writes), enqueued as the framework enqueues it.
+  Result<double> device_time(DeviceWork work) {
     const Model& m = o_.model;
+    const bool with_compute = work == DeviceWork::kComputeAndGradients;
     core::Stopwatch sw;
     if (with_compute) {
       for (int g = 0; g < m.layers; ++g) {
@@ -498,15 +500,20 @@ class Isolated {
   Result<IsoSample> measure(const Shape& shape) {
     IsoSample s;
     s.shape = shape;
-    STRATA_ASSIGN_OR_RETURN(s.device_s, device_time(true));
-    STRATA_ASSIGN_OR_RETURN(s.h2d_s, link_time(true, shape.bytes.h2d));
-    STRATA_ASSIGN_OR_RETURN(s.d2h_s, link_time(false, shape.bytes.d2h));
+    STRATA_ASSIGN_OR_RETURN(s.device_s, device_time(DeviceWork::kComputeAndGradients));
+    STRATA_ASSIGN_OR_RETURN(s.h2d_s, link_time(Direction::kH2d, shape.bytes.h2d));
+    STRATA_ASSIGN_OR_RETURN(s.d2h_s, link_time(Direction::kD2h, shape.bytes.d2h));
     if (shape.disk_bytes() > 0) STRATA_RETURN_IF_ERROR(disk_times(shape, s));
     STRATA_RETURN_IF_ERROR(cpu_times(shape, s));
     return s;
   }
 
-  std::int64_t threads() const { return cpu_.threads(); }
+  // The bytes the host device copies with memcpy in a step of this shape:
+  // both links' and the framework's gradient writes (the compute copies' size).
+  std::uint64_t copy_bytes_of(const Shape& shape) const {
+    return shape.bytes.h2d + shape.bytes.d2h +
+           static_cast<std::uint64_t>(o_.model.params() * o_.model.compute_bytes());
+  }
 
  private:
   Isolated(const Options& o, adam::CpuAdam& cpu)
@@ -543,7 +550,7 @@ class Isolated {
       }
       std::memset(master + len, 0, static_cast<std::size_t>(2 * len) * 4);
     }
-    const std::vector<std::uint16_t> g = gradient_bits(o_.model, kNormLow, 1.0, false);
+    const std::vector<std::uint16_t> g = gradient_bits(o_.model, GradKind{}, 1.0);
     auto* s16 = src_.as<std::uint16_t>().data();
     for (std::size_t i = 0; i < n; i += g.size()) std::memcpy(s16 + i, g.data(), g.size() * 2);
     std::memset(grads_.data(), 0, grads_.size_bytes());
@@ -551,13 +558,14 @@ class Isolated {
     return Status();
   }
 
-  Result<double> link_time(bool h2d, std::uint64_t bytes) {
+  enum class Direction { kH2d, kD2h };
+  Result<double> link_time(Direction dir, std::uint64_t bytes) {
     if (bytes == 0) return 0.0;
     const std::uint64_t piece = o_.model.group_bytes();
     core::Stopwatch sw;
     for (std::uint64_t done = 0; done < bytes;) {
       const std::uint64_t n = std::min(piece, bytes - done);
-      if (h2d) {
+      if (dir == Direction::kH2d) {
         STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream_, dlink_.subspan(0, n), hlink_.bytes().first(n)));
       } else {
         STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream_, hlink_.bytes().first(n), dlink_.subspan(0, n)));
@@ -625,15 +633,14 @@ class Isolated {
     for (const Block& b : writes_) STRATA_RETURN_IF_ERROR(store_->allocate(b.id, b.bytes));
     reads_bytes_ = r;
     writes_bytes_ = w;
-    return run_disk(reads_, {}, /*reads_are_writes=*/true).status();
+    return run_disk({}, reads_).status();  // the read set's contents (and CRCs)
   }
 
   // Reads `reads` and writes `writes` with up to kWindow blocks of each kind
   // in flight (each block is split into the engine's requests, with its
-  // queue depth); with reads_are_writes the first list is written instead.
+  // queue depth); returns the seconds.
   static constexpr std::size_t kWindow = 2;
-  Result<double> run_disk(const std::vector<Block>& reads, const std::vector<Block>& writes,
-                          bool reads_are_writes = false) {
+  Result<double> run_disk(const std::vector<Block>& reads, const std::vector<Block>& writes) {
     struct InFlight {
       bool write;
       nvme::SwapIo io;
@@ -643,13 +650,8 @@ class Isolated {
     auto start_more = [&]() -> Status {
       while (r_in < kWindow && nr < reads.size()) {
         const Block& b = reads[nr++];
-        if (reads_are_writes) {
-          STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, store_->start_write(b.id, {b.data, b.bytes}));
-          flight.push_back({false, std::move(io)});
-        } else {
-          STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, store_->start_read(b.id, {b.data, b.bytes}));
-          flight.push_back({false, std::move(io)});
-        }
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, store_->start_read(b.id, {b.data, b.bytes}));
+        flight.push_back({false, std::move(io)});
         ++r_in;
       }
       while (w_in < kWindow && nw < writes.size()) {
@@ -689,7 +691,8 @@ class Isolated {
     const int cb = m.compute_bytes();
     // Untimed: a short pass first, so that oneTBB's worker (shared with the
     // engines' arenas) has joined this arena before the clock starts.
-    cpu_.for_each_tile(4 * cpu_.tile_elems(), [&](std::int64_t begin, std::int64_t len) {
+    const auto warm = std::min<std::int64_t>(4 * cpu_.tile_elems(), static_cast<std::int64_t>(src_.size_bytes()));
+    cpu_.for_each_tile(warm, [&](std::int64_t begin, std::int64_t len) {
       std::memcpy(copyout_.data() + begin, src_.data() + begin, static_cast<std::size_t>(len));
     });
     core::Stopwatch sw;
@@ -741,8 +744,7 @@ class Isolated {
       sink.fetch_xor(crc, std::memory_order_relaxed);
     });
     s.crc_s = shape.disk_bytes() > 0 ? sw.elapsed_s() : 0.0;
-    // The host device's copies are memcpys on this machine: the links' bytes
-    // and the framework's gradient writes (the compute copies' size).
+    // The host device's copies are memcpys on this machine.
     const std::uint64_t copy_bytes = copy_bytes_of(shape);
     const std::size_t span = src_.size_bytes();
     sw.restart();
@@ -757,12 +759,6 @@ class Isolated {
     s.copy_s = sw.elapsed_s();
     crc_sink_ ^= sink.load();
     return Status();
-  }
-
- public:
-  std::uint64_t copy_bytes_of(const Shape& shape) const {
-    return shape.bytes.h2d + shape.bytes.d2h +
-           static_cast<std::uint64_t>(o_.model.params() * o_.model.compute_bytes());
   }
 
  private:
@@ -785,53 +781,62 @@ class Isolated {
   gpu::PinnedBuffer hlink_;
 };
 
-// Medians over repetitions of isolated samples taken at one shape, turned
-// into per-byte rates so that any step's resources follow from its bytes.
+// The isolated samples of a schedule (one per repetition, each at that
+// repetition's typical shape) as per-byte rates, medians over the samples,
+// so that any step's resources follow from its own bytes.
 struct RateModel {
-  IsoSample med;  // field-wise medians
-  double h2d_per_byte = 0, d2h_per_byte = 0, disk_per_byte = 0, crc_per_byte = 0, copy_per_byte = 0;
-  std::uint64_t fixed_copy_bytes = 0;  // the gradient writes' memcpy bytes (per step, always)
+  // Seconds per step whatever the bytes.
+  double device_s = 0, grad_pass_s = 0, adam_s = 0;
+  // Seconds per byte.
+  double h2d = 0, d2h = 0, read = 0, write = 0, mixed = 0, crc = 0, copy = 0;
+  std::uint64_t fixed_copy_bytes = 0;  // the gradient writes' memcpy bytes (every step)
 
   static RateModel from(const std::vector<IsoSample>& samples, std::uint64_t fixed_copy_bytes) {
     RateModel r;
     r.fixed_copy_bytes = fixed_copy_bytes;
-    auto med = [&](auto field) {
+    auto med = [&](auto per_sample) {
       std::vector<double> v;
-      for (const IsoSample& s : samples) v.push_back(s.*field);
+      for (const IsoSample& s : samples) v.push_back(per_sample(s));
       return median(v);
     };
-    r.med.shape = samples.front().shape;
-    r.med.device_s = med(&IsoSample::device_s);
-    r.med.h2d_s = med(&IsoSample::h2d_s);
-    r.med.d2h_s = med(&IsoSample::d2h_s);
-    r.med.read_s = med(&IsoSample::read_s);
-    r.med.write_s = med(&IsoSample::write_s);
-    r.med.mixed_s = med(&IsoSample::mixed_s);
-    r.med.grad_pass_s = med(&IsoSample::grad_pass_s);
-    r.med.adam_s = med(&IsoSample::adam_s);
-    r.med.crc_s = med(&IsoSample::crc_s);
-    r.med.copy_s = med(&IsoSample::copy_s);
-    const eng::StepBytes& b = r.med.shape.bytes;
     auto per = [](double s, std::uint64_t bytes) { return bytes > 0 ? s / static_cast<double>(bytes) : 0.0; };
-    r.h2d_per_byte = per(r.med.h2d_s, b.h2d);
-    r.d2h_per_byte = per(r.med.d2h_s, b.d2h);
-    r.disk_per_byte = per(r.med.disk_s(), r.med.shape.disk_bytes());
-    r.crc_per_byte = per(r.med.crc_s, r.med.shape.disk_bytes());
-    r.copy_per_byte = per(r.med.copy_s, b.h2d + b.d2h + fixed_copy_bytes);
+    r.device_s = med([](const IsoSample& s) { return s.device_s; });
+    r.grad_pass_s = med([](const IsoSample& s) { return s.grad_pass_s; });
+    r.adam_s = med([](const IsoSample& s) { return s.adam_s; });
+    r.h2d = med([&](const IsoSample& s) { return per(s.h2d_s, s.shape.bytes.h2d); });
+    r.d2h = med([&](const IsoSample& s) { return per(s.d2h_s, s.shape.bytes.d2h); });
+    r.read = med([&](const IsoSample& s) { return per(s.read_s, s.shape.bytes.nvme_read); });
+    r.write = med([&](const IsoSample& s) { return per(s.write_s, s.shape.bytes.nvme_write); });
+    r.mixed = med([&](const IsoSample& s) { return per(s.mixed_s, s.shape.disk_bytes()); });
+    r.crc = med([&](const IsoSample& s) { return per(s.crc_s, s.shape.disk_bytes()); });
+    r.copy = med([&](const IsoSample& s) {
+      return per(s.copy_s, s.shape.bytes.h2d + s.shape.bytes.d2h + fixed_copy_bytes);
+    });
     return r;
   }
 
-  ResTimes at(const Shape& s) const {
+  // Every isolated figure at this shape.
+  IsoSample at(const Shape& s) const {
     const eng::StepBytes& b = s.bytes;
     const auto d = [](std::uint64_t x) { return static_cast<double>(x); };
-    ResTimes t;
-    t[kDevice] = med.device_s;
-    t[kH2d] = h2d_per_byte * d(b.h2d);
-    t[kD2h] = d2h_per_byte * d(b.d2h);
-    t[kDisk] = disk_per_byte * d(s.disk_bytes());
-    t[kCpu] = med.grad_pass_s + (s.applied ? med.adam_s : 0.0) + crc_per_byte * d(s.disk_bytes()) +
-              copy_per_byte * d(b.h2d + b.d2h + fixed_copy_bytes);
-    return t;
+    IsoSample x;
+    x.shape = s;
+    x.device_s = device_s;
+    x.h2d_s = h2d * d(b.h2d);
+    x.d2h_s = d2h * d(b.d2h);
+    x.read_s = read * d(b.nvme_read);
+    x.write_s = write * d(b.nvme_write);
+    x.mixed_s = mixed * d(s.disk_bytes());
+    x.grad_pass_s = grad_pass_s;
+    x.adam_s = s.applied ? adam_s : 0.0;
+    x.crc_s = crc * d(s.disk_bytes());
+    x.copy_s = copy * d(b.h2d + b.d2h + fixed_copy_bytes);
+    return x;
+  }
+
+  ResTimes resources(const Shape& s) const {
+    const IsoSample x = at(s);
+    return {x.device_s, x.h2d_s, x.d2h_s, x.disk_s(), x.cpu_s()};
   }
 };
 
@@ -966,11 +971,11 @@ Shape typical_shape(const std::vector<StepRecord>& steps) {
 
 void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
   r.rates = RateModel::from(r.samples, fixed_copy_bytes);
-  r.resources = r.rates.at(r.typical);
+  r.resources = r.rates.resources(r.typical);
   double skipped = 0, clipped = 0;
   std::vector<double> fetch, grads, opt, user, sys, faults;
   for (const StepRecord& s : r.steps) {
-    const ResTimes t = r.rates.at(s.shape());
+    const ResTimes t = r.rates.resources(s.shape());
     r.step_s_all.push_back(s.seconds);
     r.bound_s_all.push_back(*std::max_element(t.begin(), t.end()));
     skipped += s.stats.skipped ? 1 : 0;
@@ -1035,7 +1040,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
     STRATA_ASSIGN_OR_RETURN(auto d, Driver::create(cc, small, GradPlan::kSteady));
     StepRecord last;
     for (int i = 0; i < 2; ++i) {
-      STRATA_ASSIGN_OR_RETURN(last, d->step(false));
+      STRATA_ASSIGN_OR_RETURN(last, d->step(StepKind::kWarmUp));
     }
     const double scale = static_cast<double>(m.params()) / static_cast<double>(small.params());
     auto grow = [&](std::uint64_t b) { return static_cast<std::uint64_t>(std::llround(static_cast<double>(b) * scale)); };
@@ -1057,7 +1062,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   STRATA_ASSIGN_OR_RETURN(auto iso, Isolated::create(io, cpu));
   res.fixed_copy_bytes = iso->copy_bytes_of(Shape{});
   STRATA_RETURN_IF_ERROR(iso->set_timing({}));
-  STRATA_ASSIGN_OR_RETURN(const double grad_write_s, iso->device_time(false));
+  STRATA_ASSIGN_OR_RETURN(const double grad_write_s, iso->device_time(Isolated::DeviceWork::kGradientsOnly));
   // Twice: the first pass also warms the buffers and gets the disk into the
   // state a run keeps it in (writes behind); the CPU from the second, the
   // disk the slower of the two (it is the noisiest resource here).
@@ -1082,7 +1087,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   {
     std::vector<double> t;
     for (int i = 0; i < 3; ++i) {
-      STRATA_ASSIGN_OR_RETURN(const double s, iso->device_time(true));
+      STRATA_ASSIGN_OR_RETURN(const double s, iso->device_time(Isolated::DeviceWork::kComputeAndGradients));
       t.push_back(s);
     }
     const double overhead = median(t) - m.step_flops() / (cal.timing.tflops * 1e12);
@@ -1115,9 +1120,9 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
       const int k = (rep % 2 == 0) ? i : 1 - i;  // ABBA
       Driver& d = *drivers[k];
       STRATA_RETURN_IF_ERROR(d.settle());
-      STRATA_RETURN_IF_ERROR(d.step(false).status());  // warm-up (the first one learns the fetch order)
+      STRATA_RETURN_IF_ERROR(d.step(StepKind::kWarmUp).status());  // the first one learns the fetch order
       for (int s = 0; s < opt.steps; ++s) {
-        STRATA_ASSIGN_OR_RETURN(StepRecord r, d.step(true));
+        STRATA_ASSIGN_OR_RETURN(StepRecord r, d.step(StepKind::kTimed));
         res.schedules[k].steps.push_back(r);
       }
       STRATA_RETURN_IF_ERROR(d.settle());
@@ -1178,7 +1183,7 @@ void print_table(const std::vector<ScenarioResult>& results) {
               "cpu = grad pass + adam + crc + memcpy");
   for (const ScenarioResult& sr : results) {
     for (const ScheduleResult& r : sr.schedules) {
-      const IsoSample& m = r.rates.med;
+      const IsoSample m = r.rates.at(r.typical);
       std::printf("%-11s %-10s %8.3f %8.3f %8.3f %8.3f %8.3f   %.3f + %.3f + %.3f + %.3f\n", sr.sc->name,
                   schedule_name(r.overlap), r.resources[kDevice], r.resources[kH2d], r.resources[kD2h],
                   r.resources[kDisk], r.resources[kCpu], m.grad_pass_s, m.adam_s, m.crc_s, m.copy_s);
@@ -1199,7 +1204,7 @@ void print_table(const std::vector<ScenarioResult>& results) {
               "adam GB/s", "crc GB/s", "copy GB/s");
   for (const ScenarioResult& sr : results) {
     const ScheduleResult& r = sr.schedules.front();
-    const IsoSample& m = r.rates.med;
+    const IsoSample m = r.rates.at(r.typical);
     const double n = static_cast<double>(sr.model.params());
     const double g = 1e-9;
     const eng::StepBytes& b = m.shape.bytes;
@@ -1303,7 +1308,7 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
           .num("minor_faults", r.minor_faults)
           .end_object();
       j.nums("step_s_all", r.step_s_all).nums("bound_s_all", r.bound_s_all);
-      json_sample(j, "isolated", r.rates.med, m.params(), r.rates.fixed_copy_bytes);
+      json_sample(j, "isolated", r.rates.at(r.typical), m.params(), r.rates.fixed_copy_bytes);
       j.begin_array("isolated_reps");
       for (const IsoSample& s : r.all_samples) json_sample(j, {}, s, m.params(), r.rates.fixed_copy_bytes);
       j.end_array();
