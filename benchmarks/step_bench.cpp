@@ -308,17 +308,21 @@ class Driver {
     return r;
   }
 
-  // Lets work the engine left running after the last step_end finish before
+  // Lets the work the engine left running after the last step_end (the
+  // optimizer behind it, its writes behind, prefetches) finish before
   // something else is measured: an evaluation pass (fetch and release of
-  // every group, which waits for each group's new compute copies) and a
-  // device synchronize. The engine has no call that waits for all of its
-  // background work (see the report of issue #7).
+  // every group: each waits for its group's new compute copies), a
+  // read_compute (which waits for the whole optimizer job, its last writes
+  // included), and a device synchronize. The engine has no call that just
+  // waits for its background work.
   Status settle() {
     for (int g = 0; g < model_.layers; ++g) {
       const std::string name = model_.group(g);
       STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());
       STRATA_RETURN_IF_ERROR(engine_->release(name));
     }
+    settle_values_.resize(static_cast<std::size_t>(model_.layer_elems));
+    STRATA_RETURN_IF_ERROR(engine_->read_compute("layer0.weight", settle_values_));
     return engine_->device().synchronize();
   }
 
@@ -343,6 +347,7 @@ class Driver {
   GradPlan plan_;
   double clipping_;
   std::int64_t index_ = 0;  // timed steps taken (the gradient plan's clock)
+  std::vector<float> settle_values_;  // read_compute's output in settle()
   // Destruction order: buffers and the stream before the engine (their device).
   std::unique_ptr<eng::Engine> engine_;
   gpu::Stream stream_;
