@@ -936,7 +936,7 @@ struct ScheduleResult {
   double step_s = 0, step_s_mean = 0, bound_s = 0, bound_s_mean = 0, ratio = 0, ratio_mean = 0;
   int busiest = 0, second = 0;
   double device_idle = 0, skipped_fraction = 0, clipped_fraction = 0;
-  double fetch_s = 0, grads_s = 0, optimizer_s = 0;
+  double fetch_s = 0, grads_s = 0, optimizer_s = 0, prefetched = 0;
   double user_s = 0, sys_s = 0, minor_faults = 0;  // per step, medians
 };
 
@@ -978,7 +978,7 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
   r.rates = RateModel::from(r.samples, fixed_copy_bytes);
   r.resources = r.rates.resources(r.typical);
   double skipped = 0, clipped = 0;
-  std::vector<double> fetch, grads, opt, user, sys, faults;
+  std::vector<double> fetch, grads, opt, prefetched, user, sys, faults;
   for (const StepRecord& s : r.steps) {
     const ResTimes t = r.rates.resources(s.shape());
     r.step_s_all.push_back(s.seconds);
@@ -988,6 +988,7 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
     fetch.push_back(s.stats.fetch_s);
     grads.push_back(s.stats.grads_s);
     opt.push_back(s.stats.optimizer_s);
+    prefetched.push_back(static_cast<double>(s.stats.prefetched));
     user.push_back(s.usage.user_s);
     sys.push_back(s.usage.sys_s);
     faults.push_back(static_cast<double>(s.usage.minor_faults));
@@ -1006,6 +1007,7 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
   r.fetch_s = median(fetch);
   r.grads_s = median(grads);
   r.optimizer_s = median(opt);
+  r.prefetched = median(prefetched);
   r.user_s = median(user);
   r.sys_s = median(sys);
   r.minor_faults = median(faults);
@@ -1194,14 +1196,15 @@ void print_table(const std::vector<ScenarioResult>& results) {
                   r.resources[kDisk], r.resources[kCpu], m.grad_pass_s, m.adam_s, m.crc_s, m.copy_s);
     }
   }
-  std::printf("\nWhere the step went (medians per step): the engine's stage seconds (StepStats) and the process's\n"
-              "CPU seconds and minor page faults (getrusage):\n");
-  std::printf("%-11s %-10s %8s %8s %8s %8s %8s %10s\n", "scenario", "schedule", "fetch", "grads", "optim", "user",
-              "sys", "faults");
+  std::printf("\nWhere the step went (medians per step): the engine's stage seconds and prefetched fetches\n"
+              "(StepStats) and the process's CPU seconds and minor page faults (getrusage):\n");
+  std::printf("%-11s %-10s %8s %8s %8s %10s %8s %8s %10s\n", "scenario", "schedule", "fetch", "grads", "optim",
+              "prefetched", "user", "sys", "faults");
   for (const ScenarioResult& sr : results) {
     for (const ScheduleResult& r : sr.schedules) {
-      std::printf("%-11s %-10s %8.3f %8.3f %8.3f %8.3f %8.3f %10.0f\n", sr.sc->name, schedule_name(r.overlap),
-                  r.fetch_s, r.grads_s, r.optimizer_s, r.user_s, r.sys_s, r.minor_faults);
+      std::printf("%-11s %-10s %8.3f %8.3f %8.3f %10.0f %8.3f %8.3f %10.0f\n", sr.sc->name,
+                  schedule_name(r.overlap), r.fetch_s, r.grads_s, r.optimizer_s, r.prefetched, r.user_s, r.sys_s,
+                  r.minor_faults);
     }
   }
   std::printf("\nIsolated rates (medians; compare with nvme_bench and cpu_adam_bench from the same session):\n");
@@ -1306,6 +1309,7 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
           .num("fetch_s", r.fetch_s)
           .num("grads_s", r.grads_s)
           .num("optimizer_s", r.optimizer_s)
+          .num("prefetched", r.prefetched)
           .end_object();
       j.begin_object("process_per_step")
           .num("user_s", r.user_s)
