@@ -115,7 +115,8 @@ const Scenario kScenarios[] = {
     {"d2h_device", Placement::kCpu, eng::Precision::kBf16, kD2h, kDevice, 0.0, GradPlan::kSteady, 12,
      "optimizer on the CPU: the device->host link busiest, device compute second"},
     {"cpu_clip", Placement::kCpu, eng::Precision::kBf16, kCpu, kDevice, 1.0, GradPlan::kAlternateNorm, 12,
-     "as cpu_cpu with gradient_clipping 1.0; the gradient norm alternates 2.0 / 0.5, so clipping fires on half "
+     "as cpu_cpu with gradient_clipping 1.0; the gradient norm alternates 2.0 / 0.5, so clipping fires on "
+     "half "
      "the steps"},
     {"nvme_fp16", Placement::kNvme, eng::Precision::kFp16, kDisk, kDevice, 0.0, GradPlan::kOverflow, 12,
      "as nvme_disk in fp16 with the dynamic loss scaler; every 3rd step has an inf gradient (overflow: the "
@@ -125,23 +126,26 @@ const Scenario kScenarios[] = {
 struct Options {
   std::vector<const Scenario*> scenarios;
   bool small = false;
-  int layers = 0;                   // 0: the scenario's default (4 with --small)
-  std::int64_t layer_elems = 0;     // 0: 4096 x 4096 (512 x 512 with --small)
-  int reps = 3;                     // interleaved repetitions
-  int steps = 2;                    // timed steps per block (after one warm-up step)
-  double balance = 0.9;             // second-busiest / busiest the calibration aims for
-  bool disk_mixed = false;          // also time the disk with reads and writes in flight together
-  std::string dir;                  // root for the swap directories
+  int layers = 0;                // 0: the scenario's default (4 with --small)
+  std::int64_t layer_elems = 0;  // 0: 4096 x 4096 (512 x 512 with --small)
+  int reps = 3;                  // interleaved repetitions
+  int steps = 2;                 // timed steps per block (after one warm-up step)
+  double balance = 0.9;          // second-busiest / busiest the calibration aims for
+  bool disk_mixed = false;       // also time the disk with reads and writes in flight together
+  std::string dir;               // root for the swap directories
   std::string json_path;
   std::string trace_dir;
-  std::string command;              // the command line, for the JSON
+  std::string command;  // the command line, for the JSON
 };
 
-const char* schedule_name(eng::OverlapMode m) { return m == eng::OverlapMode::kNone ? "sequential" : "overlapped"; }
+const char* schedule_name(eng::OverlapMode m) {
+  return m == eng::OverlapMode::kNone ? "sequential" : "overlapped";
+}
 const char* placement_name(Placement p) { return p == Placement::kNvme ? "nvme" : "cpu"; }
 
 [[noreturn]] void die(const Status& s, std::string_view what) {
-  std::fprintf(stderr, "step_bench: %.*s: %s\n", static_cast<int>(what.size()), what.data(), s.to_string().c_str());
+  std::fprintf(stderr, "step_bench: %.*s: %s\n", static_cast<int>(what.size()), what.data(),
+               s.to_string().c_str());
   std::exit(1);
 }
 
@@ -156,7 +160,7 @@ struct Model {
   int compute_bytes() const { return precision == eng::Precision::kFp32 ? 4 : 2; }
   std::uint64_t group_bytes() const { return static_cast<std::uint64_t>(layer_elems * compute_bytes()); }
   double forward_flops() const { return 2.0 * static_cast<double>(layer_elems) * kTokens; }  // per layer
-  double step_flops() const { return 3.0 * forward_flops() * layers; }                          // fwd + bwd (2x)
+  double step_flops() const { return 3.0 * forward_flops() * layers; }                       // fwd + bwd (2x)
   std::string group(int g) const { return str_cat("layer", g); }
 };
 
@@ -217,7 +221,9 @@ struct Usage {
             static_cast<double>(u.ru_stime.tv_sec) + 1e-6 * static_cast<double>(u.ru_stime.tv_usec),
             static_cast<std::int64_t>(u.ru_minflt)};
   }
-  Usage operator-(const Usage& o) const { return {user_s - o.user_s, sys_s - o.sys_s, minor_faults - o.minor_faults}; }
+  Usage operator-(const Usage& o) const {
+    return {user_s - o.user_s, sys_s - o.sys_s, minor_faults - o.minor_faults};
+  }
 };
 
 enum class StepKind { kWarmUp, kTimed };
@@ -235,7 +241,8 @@ struct StepRecord {
 
 class Driver {
  public:
-  static Result<std::unique_ptr<Driver>> create(const eng::Config& config, const Model& model, GradPlan plan) {
+  static Result<std::unique_ptr<Driver>> create(const eng::Config& config, const Model& model,
+                                                GradPlan plan) {
     std::unique_ptr<Driver> d(new Driver(model, plan, config.gradient_clipping));
     STRATA_ASSIGN_OR_RETURN(d->engine_, eng::Engine::create(config));
     for (int g = 0; g < model.layers; ++g) {
@@ -260,7 +267,8 @@ class Driver {
 
   ~Driver() {
     // Everything on the framework stream is done before its buffers go.
-    if (engine_ != nullptr && !stream_.empty()) engine_->device().synchronize(stream_).ignore_error();  // at exit
+    if (engine_ != nullptr && !stream_.empty())
+      engine_->device().synchronize(stream_).ignore_error();  // at exit
   }
 
   // One training step: forward over every group, backward in reverse with
@@ -327,7 +335,8 @@ class Driver {
   }
 
  private:
-  Driver(const Model& model, GradPlan plan, double clipping) : model_(model), plan_(plan), clipping_(clipping) {}
+  Driver(const Model& model, GradPlan plan, double clipping)
+      : model_(model), plan_(plan), clipping_(clipping) {}
 
   // The device buffer holding one group's gradient of this kind at this loss
   // scale, made on first use (outside any timed step).
@@ -346,7 +355,7 @@ class Driver {
   Model model_;
   GradPlan plan_;
   double clipping_;
-  std::int64_t index_ = 0;  // timed steps taken (the gradient plan's clock)
+  std::int64_t index_ = 0;            // timed steps taken (the gradient plan's clock)
   std::vector<float> settle_values_;  // read_compute's output in settle()
   // Destruction order: buffers and the stream before the engine (their device).
   std::unique_ptr<eng::Engine> engine_;
@@ -369,8 +378,10 @@ std::string config_json(const Scenario& sc, const Model& m, eng::OverlapMode ove
   std::string j = "{\n";
   j += "  \"train_micro_batch_size_per_gpu\": 1,\n  \"gradient_accumulation_steps\": 1,\n";
   j += str_cat("  \"gradient_clipping\": ", sc.clipping, ",\n");
-  j += fp16 ? "  \"fp16\": {\"enabled\": true, \"initial_scale_power\": 16},\n" : "  \"bf16\": {\"enabled\": true},\n";
-  j += "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4, \"betas\": [0.9, 0.95], \"eps\": 1e-8, "
+  j += fp16 ? "  \"fp16\": {\"enabled\": true, \"initial_scale_power\": 16},\n"
+            : "  \"bf16\": {\"enabled\": true},\n";
+  j += "  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-4, \"betas\": [0.9, 0.95], \"eps\": "
+       "1e-8, "
        "\"weight_decay\": 0.01}},\n";
   // The prefetch window holds a few layers, as in a model far larger than the device.
   j += str_cat("  \"zero_optimization\": {\"stage\": 3,\n    \"offload_optimizer\": {\"device\": \"",
@@ -387,8 +398,8 @@ std::string config_json(const Scenario& sc, const Model& m, eng::OverlapMode ove
   return j;
 }
 
-Result<eng::Config> make_config(const Scenario& sc, const Model& m, eng::OverlapMode overlap, const TimingPlan& t,
-                                const std::string& swap_dir, const std::string& trace) {
+Result<eng::Config> make_config(const Scenario& sc, const Model& m, eng::OverlapMode overlap,
+                                const TimingPlan& t, const std::string& swap_dir, const std::string& trace) {
   return eng::parse_config(config_json(sc, m, overlap, t, swap_dir, trace));
 }
 
@@ -451,7 +462,7 @@ class Isolated {
   }
 
   ~Isolated() {
-    if (store_ != nullptr) store_->close().ignore_error();  // the swap files go; nothing to keep
+    if (store_ != nullptr) store_->close().ignore_error();          // the swap files go; nothing to keep
     if (device_ != nullptr) device_->synchronize().ignore_error();  // before the buffers go
   }
 
@@ -495,7 +506,8 @@ class Isolated {
       }
     }
     for (int g = 0; g < m.layers; ++g) {
-      if (with_compute) STRATA_RETURN_IF_ERROR(device_->declare_compute(stream_, 2.0 * m.forward_flops(), "backward"));
+      if (with_compute)
+        STRATA_RETURN_IF_ERROR(device_->declare_compute(stream_, 2.0 * m.forward_flops(), "backward"));
       STRATA_RETURN_IF_ERROR(device_->copy_d2d(stream_, dgrad_.span(), dpattern_.span()));
     }
     STRATA_RETURN_IF_ERROR(device_->synchronize(stream_));
@@ -595,8 +607,8 @@ class Isolated {
     const std::size_t regions = std::max<std::size_t>(1, state_.size_bytes() / bb);
     std::vector<Block> out;
     for (std::uint64_t off = 0, j = 0; off < bytes; off += bb, ++j) {
-      out.push_back({str_cat(prefix, j), std::min(bb, bytes - off),
-                     state_.data() + ((j + shift) % regions) * bb});
+      out.push_back(
+          {str_cat(prefix, j), std::min(bb, bytes - off), state_.data() + ((j + shift) % regions) * bb});
     }
     return out;
   }
@@ -696,7 +708,8 @@ class Isolated {
     const int cb = m.compute_bytes();
     // Untimed: a short pass first, so that oneTBB's worker (shared with the
     // engines' arenas) has joined this arena before the clock starts.
-    const auto warm = std::min<std::int64_t>(4 * cpu_.tile_elems(), static_cast<std::int64_t>(src_.size_bytes()));
+    const auto warm =
+        std::min<std::int64_t>(4 * cpu_.tile_elems(), static_cast<std::int64_t>(src_.size_bytes()));
     cpu_.for_each_tile(warm, [&](std::int64_t begin, std::int64_t len) {
       std::memcpy(copyout_.data() + begin, src_.data() + begin, static_cast<std::size_t>(len));
     });
@@ -706,8 +719,9 @@ class Isolated {
       adam::GradPassArgs a;
       a.src = {src_.data() + b * cb, ct, m.layer_elems};
       a.dst = {grads_.data() + b * cb, ct, m.layer_elems};
-      a.norm_partials = std::span<double>(partials_).subspan(static_cast<std::size_t>(b / nx::kNormBlockElems),
-                                                             static_cast<std::size_t>(m.layer_elems / nx::kNormBlockElems));
+      a.norm_partials =
+          std::span<double>(partials_).subspan(static_cast<std::size_t>(b / nx::kNormBlockElems),
+                                               static_cast<std::size_t>(m.layer_elems / nx::kNormBlockElems));
       STRATA_RETURN_IF_ERROR(cpu_.grad_pass(a).status());
     }
     s.grad_pass_s = sw.elapsed_s();
@@ -738,16 +752,18 @@ class Isolated {
     const std::span<const std::byte> crc_src(state_.data(), state_.size_bytes());
     std::atomic<std::uint64_t> sink{0};
     sw.restart();
-    cpu_.for_each_tile(static_cast<std::int64_t>(shape.disk_bytes()), [&](std::int64_t begin, std::int64_t len) {
-      std::uint64_t crc = 0;
-      for (std::uint64_t done = 0; done < static_cast<std::uint64_t>(len);) {
-        const std::uint64_t at = (static_cast<std::uint64_t>(begin) + done) % crc_src.size();
-        const std::uint64_t n = std::min<std::uint64_t>(static_cast<std::uint64_t>(len) - done, crc_src.size() - at);
-        crc = nvme::crc64(crc, crc_src.subspan(at, n));
-        done += n;
-      }
-      sink.fetch_xor(crc, std::memory_order_relaxed);
-    });
+    cpu_.for_each_tile(
+        static_cast<std::int64_t>(shape.disk_bytes()), [&](std::int64_t begin, std::int64_t len) {
+          std::uint64_t crc = 0;
+          for (std::uint64_t done = 0; done < static_cast<std::uint64_t>(len);) {
+            const std::uint64_t at = (static_cast<std::uint64_t>(begin) + done) % crc_src.size();
+            const std::uint64_t n =
+                std::min<std::uint64_t>(static_cast<std::uint64_t>(len) - done, crc_src.size() - at);
+            crc = nvme::crc64(crc, crc_src.subspan(at, n));
+            done += n;
+          }
+          sink.fetch_xor(crc, std::memory_order_relaxed);
+        });
     s.crc_s = shape.disk_bytes() > 0 ? sw.elapsed_s() : 0.0;
     // The host device's copies are memcpys on this machine.
     const std::uint64_t copy_bytes = copy_bytes_of(shape);
@@ -862,12 +878,12 @@ std::pair<int, int> top_two(const ResTimes& t) {
 // Calibration: size the timing model from the isolated CPU and disk times.
 
 struct Calibration {
-  ResTimes fixed{};      // measured: disk and CPU at the predicted shape (others 0)
-  ResTimes target{};     // what the timing model is sized to give each resource
+  ResTimes fixed{};   // measured: disk and CPU at the predicted shape (others 0)
+  ResTimes target{};  // what the timing model is sized to give each resource
   TimingPlan timing;
-  double grad_write_s = 0;  // the device's gradient writes alone (memcpys)
+  double grad_write_s = 0;       // the device's gradient writes alone (memcpys)
   double device_overhead_s = 0;  // measured device time less declared FLOPs / rate, at the chosen rate
-  std::string note;         // empty, or why the intended order could not be met
+  std::string note;              // empty, or why the intended order could not be met
 };
 
 Calibration calibrate(const Scenario& sc, const Model& m, const Shape& predicted, const IsoSample& iso,
@@ -914,8 +930,8 @@ Calibration calibrate(const Scenario& sc, const Model& m, const Shape& predicted
   c.timing.d2h_gbps = rate(predicted.bytes.d2h, c.target[kD2h]);
   const auto [a, b] = top_two(c.target);
   if (a != sc.busiest || b != sc.second) {
-    c.note = str_cat("intended ", kResName[sc.busiest], " > ", kResName[sc.second], ", but the calibration gives ",
-                     kResName[a], " > ", kResName[b]);
+    c.note = str_cat("intended ", kResName[sc.busiest], " > ", kResName[sc.second],
+                     ", but the calibration gives ", kResName[a], " > ", kResName[b]);
   }
   return c;
 }
@@ -925,8 +941,8 @@ Calibration calibrate(const Scenario& sc, const Model& m, const Shape& predicted
 
 struct ScheduleResult {
   eng::OverlapMode overlap = eng::OverlapMode::kExact;
-  std::vector<StepRecord> steps;  // timed steps, in order
-  std::vector<IsoSample> samples; // isolated, one per repetition, at this schedule's typical shape
+  std::vector<StepRecord> steps;       // timed steps, in order
+  std::vector<IsoSample> samples;      // isolated, one per repetition, at this schedule's typical shape
   std::vector<IsoSample> all_samples;  // every repetition's, whatever its shape
   Shape typical;
   // Summary.
@@ -1014,7 +1030,8 @@ void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
 }
 
 Status make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::from_errno(errno, str_cat("mkdir ", path));
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    return Status::from_errno(errno, str_cat("mkdir ", path));
   return Status();
 }
 
@@ -1032,9 +1049,11 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   for (const char* sub : {"calibration", "sequential", "overlapped", "isolated"}) {
     STRATA_RETURN_IF_ERROR(make_dir(str_cat(dir, "/", sub)));
   }
-  std::printf("\n== %s: %s\n   %d layers x %lld parameters = %.1fM parameters, optimizer state %s on %s\n", sc.name,
-              sc.about, m.layers, static_cast<long long>(m.layer_elems), static_cast<double>(m.params()) / 1e6,
-              core::format_bytes(12ull * static_cast<std::uint64_t>(m.params())).c_str(), placement_name(sc.placement));
+  std::printf("\n== %s: %s\n   %d layers x %lld parameters = %.1fM parameters, optimizer state %s on %s\n",
+              sc.name, sc.about, m.layers, static_cast<long long>(m.layer_elems),
+              static_cast<double>(m.params()) / 1e6,
+              core::format_bytes(12ull * static_cast<std::uint64_t>(m.params())).c_str(),
+              placement_name(sc.placement));
   std::fflush(stdout);
 
   // 1. Bytes per parameter and step, from a small engine of the same shape
@@ -1042,22 +1061,25 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   {
     Model small = m;
     small.layer_elems = 4 * nx::kNormBlockElems;
-    STRATA_ASSIGN_OR_RETURN(eng::Config cc, make_config(sc, small, eng::OverlapMode::kNone, {},
-                                                        dir + "/calibration", ""));
+    STRATA_ASSIGN_OR_RETURN(eng::Config cc,
+                            make_config(sc, small, eng::OverlapMode::kNone, {}, dir + "/calibration", ""));
     STRATA_ASSIGN_OR_RETURN(auto d, Driver::create(cc, small, GradPlan::kSteady));
     StepRecord last;
     for (int i = 0; i < 2; ++i) {
       STRATA_ASSIGN_OR_RETURN(last, d->step(StepKind::kWarmUp));
     }
     const double scale = static_cast<double>(m.params()) / static_cast<double>(small.params());
-    auto grow = [&](std::uint64_t b) { return static_cast<std::uint64_t>(std::llround(static_cast<double>(b) * scale)); };
-    res.predicted.bytes = {grow(last.stats.bytes.h2d), grow(last.stats.bytes.d2h), grow(last.stats.bytes.nvme_read),
-                           grow(last.stats.bytes.nvme_write)};
+    auto grow = [&](std::uint64_t b) {
+      return static_cast<std::uint64_t>(std::llround(static_cast<double>(b) * scale));
+    };
+    res.predicted.bytes = {grow(last.stats.bytes.h2d), grow(last.stats.bytes.d2h),
+                           grow(last.stats.bytes.nvme_read), grow(last.stats.bytes.nvme_write)};
     res.predicted.applied = true;
   }
 
   // 2. The isolated resources at the predicted shape, without a timing model.
-  STRATA_ASSIGN_OR_RETURN(eng::Config base, make_config(sc, m, eng::OverlapMode::kExact, {}, dir + "/sequential", ""));
+  STRATA_ASSIGN_OR_RETURN(eng::Config base,
+                          make_config(sc, m, eng::OverlapMode::kExact, {}, dir + "/sequential", ""));
   const std::uint64_t chunk_elems_cfg = base.strata.chunk_bytes / 4;
   res.chunk_elems = std::min<std::int64_t>(static_cast<std::int64_t>(chunk_elems_cfg), m.layer_elems);
   Isolated::Options io;
@@ -1082,12 +1104,14 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   }
   res.calib = calibrate(sc, m, res.predicted, res.calib_sample, grad_write_s, opt.balance);
   const Calibration& cal = res.calib;
-  std::printf("   calibration (predicted step: h2d %s, d2h %s, disk %s read + %s written): disk %.3f s, "
-              "cpu %.3f s (grad pass %.3f + adam %.3f + crc %.3f + memcpy %.3f)\n",
-              core::format_bytes(res.predicted.bytes.h2d).c_str(), core::format_bytes(res.predicted.bytes.d2h).c_str(),
-              core::format_bytes(res.predicted.bytes.nvme_read).c_str(),
-              core::format_bytes(res.predicted.bytes.nvme_write).c_str(), cal.fixed[kDisk], cal.fixed[kCpu],
-              res.calib_sample.grad_pass_s, res.calib_sample.adam_s, res.calib_sample.crc_s, res.calib_sample.copy_s);
+  std::printf(
+      "   calibration (predicted step: h2d %s, d2h %s, disk %s read + %s written): disk %.3f s, "
+      "cpu %.3f s (grad pass %.3f + adam %.3f + crc %.3f + memcpy %.3f)\n",
+      core::format_bytes(res.predicted.bytes.h2d).c_str(),
+      core::format_bytes(res.predicted.bytes.d2h).c_str(),
+      core::format_bytes(res.predicted.bytes.nvme_read).c_str(),
+      core::format_bytes(res.predicted.bytes.nvme_write).c_str(), cal.fixed[kDisk], cal.fixed[kCpu],
+      res.calib_sample.grad_pass_s, res.calib_sample.adam_s, res.calib_sample.crc_s, res.calib_sample.copy_s);
   STRATA_RETURN_IF_ERROR(iso->set_timing(cal.timing));
   // The declared operations cost a little more than their FLOPs (waking the
   // stream, timer slack): measure it once at this rate and take it off.
@@ -1105,9 +1129,10 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
       STRATA_RETURN_IF_ERROR(iso->set_timing(cal.timing));
     }
   }
-  std::printf("   timing model: %.4g TFLOP/s (device %.3f s), h2d %.3f GB/s (%.3f s), d2h %.3f GB/s (%.3f s)%s%s\n",
-              cal.timing.tflops, cal.target[kDevice], cal.timing.h2d_gbps, cal.target[kH2d], cal.timing.d2h_gbps,
-              cal.target[kD2h], cal.note.empty() ? "" : "\n   NOTE: ", cal.note.c_str());
+  std::printf(
+      "   timing model: %.4g TFLOP/s (device %.3f s), h2d %.3f GB/s (%.3f s), d2h %.3f GB/s (%.3f s)%s%s\n",
+      cal.timing.tflops, cal.target[kDevice], cal.timing.h2d_gbps, cal.target[kH2d], cal.timing.d2h_gbps,
+      cal.target[kD2h], cal.note.empty() ? "" : "\n   NOTE: ", cal.note.c_str());
   std::fflush(stdout);
 
   // 3. The two engines, alive together, driven in interleaved blocks.
@@ -1116,8 +1141,9 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   res.schedules.resize(2);
   for (int k = 0; k < 2; ++k) {
     res.schedules[k].overlap = modes[k];
-    const std::string trace =
-        opt.trace_dir.empty() ? "" : str_cat(opt.trace_dir, "/", sc.name, "_", schedule_name(modes[k]), ".trace.json");
+    const std::string trace = opt.trace_dir.empty() ? ""
+                                                    : str_cat(opt.trace_dir, "/", sc.name, "_",
+                                                              schedule_name(modes[k]), ".trace.json");
     STRATA_ASSIGN_OR_RETURN(eng::Config c, make_config(sc, m, modes[k], cal.timing,
                                                        str_cat(dir, "/", schedule_name(modes[k])), trace));
     STRATA_ASSIGN_OR_RETURN(drivers[k], Driver::create(c, m, sc.grads));
@@ -1139,9 +1165,11 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
     for (int k = 0; k < 2; ++k) {
       ScheduleResult& sr = res.schedules[k];
       const std::size_t per_rep = static_cast<std::size_t>(opt.steps);
-      const std::vector<StepRecord> this_rep(sr.steps.end() - static_cast<std::ptrdiff_t>(per_rep), sr.steps.end());
+      const std::vector<StepRecord> this_rep(sr.steps.end() - static_cast<std::ptrdiff_t>(per_rep),
+                                             sr.steps.end());
       const Shape shape = typical_shape(this_rep);
-      auto it = std::find_if(measured.begin(), measured.end(), [&](const auto& p) { return p.first == shape; });
+      auto it =
+          std::find_if(measured.begin(), measured.end(), [&](const auto& p) { return p.first == shape; });
       if (it == measured.end()) {
         STRATA_ASSIGN_OR_RETURN(IsoSample s, iso->measure(shape));
         measured.push_back({shape, s});
@@ -1173,7 +1201,8 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
 
 void print_table(const std::vector<ScenarioResult>& results) {
   std::printf("\n%-11s %-10s %9s %9s %7s %8s %-16s %-16s %7s %8s %7s %7s\n", "scenario", "schedule", "step s",
-              "bound s", "ratio", "r(mean)", "busiest", "second", "2nd/1st", "dev idle", "skipped", "clipped");
+              "bound s", "ratio", "r(mean)", "busiest", "second", "2nd/1st", "dev idle", "skipped",
+              "clipped");
   for (const ScenarioResult& sr : results) {
     for (const ScheduleResult& r : sr.schedules) {
       char bb[64], ss[64];
@@ -1181,13 +1210,13 @@ void print_table(const std::vector<ScenarioResult>& results) {
       std::snprintf(ss, sizeof ss, "%s %.3f", kResName[r.second], r.resources[r.second]);
       std::printf("%-11s %-10s %9.3f %9.3f %7.3f %8.3f %-16s %-16s %7.3f %8.3f %7.2f %7.2f\n", sr.sc->name,
                   schedule_name(r.overlap), r.step_s, r.bound_s, r.ratio, r.ratio_mean, bb, ss,
-                  r.resources[r.busiest] > 0 ? r.resources[r.second] / r.resources[r.busiest] : 0.0, r.device_idle,
-                  r.skipped_fraction, r.clipped_fraction);
+                  r.resources[r.busiest] > 0 ? r.resources[r.second] / r.resources[r.busiest] : 0.0,
+                  r.device_idle, r.skipped_fraction, r.clipped_fraction);
     }
   }
   std::printf("\nResources in isolation, seconds per step at each schedule's typical step:\n");
-  std::printf("%-11s %-10s %8s %8s %8s %8s %8s   %s\n", "scenario", "schedule", "device", "h2d", "d2h", "disk", "cpu",
-              "cpu = grad pass + adam + crc + memcpy");
+  std::printf("%-11s %-10s %8s %8s %8s %8s %8s   %s\n", "scenario", "schedule", "device", "h2d", "d2h",
+              "disk", "cpu", "cpu = grad pass + adam + crc + memcpy");
   for (const ScenarioResult& sr : results) {
     for (const ScheduleResult& r : sr.schedules) {
       const IsoSample m = r.rates.at(r.typical);
@@ -1196,33 +1225,36 @@ void print_table(const std::vector<ScenarioResult>& results) {
                   r.resources[kDisk], r.resources[kCpu], m.grad_pass_s, m.adam_s, m.crc_s, m.copy_s);
     }
   }
-  std::printf("\nWhere the step went (medians per step): the engine's stage seconds and prefetched fetches\n"
-              "(StepStats) and the process's CPU seconds and minor page faults (getrusage):\n");
-  std::printf("%-11s %-10s %8s %8s %8s %10s %8s %8s %10s\n", "scenario", "schedule", "fetch", "grads", "optim",
-              "prefetched", "user", "sys", "faults");
+  std::printf(
+      "\nWhere the step went (medians per step): the engine's stage seconds and prefetched fetches\n"
+      "(StepStats) and the process's CPU seconds and minor page faults (getrusage):\n");
+  std::printf("%-11s %-10s %8s %8s %8s %10s %8s %8s %10s\n", "scenario", "schedule", "fetch", "grads",
+              "optim", "prefetched", "user", "sys", "faults");
   for (const ScenarioResult& sr : results) {
     for (const ScheduleResult& r : sr.schedules) {
       std::printf("%-11s %-10s %8.3f %8.3f %8.3f %10.0f %8.3f %8.3f %10.0f\n", sr.sc->name,
-                  schedule_name(r.overlap), r.fetch_s, r.grads_s, r.optimizer_s, r.prefetched, r.user_s, r.sys_s,
-                  r.minor_faults);
+                  schedule_name(r.overlap), r.fetch_s, r.grads_s, r.optimizer_s, r.prefetched, r.user_s,
+                  r.sys_s, r.minor_faults);
     }
   }
-  std::printf("\nIsolated rates (medians; compare with nvme_bench and cpu_adam_bench from the same session):\n");
-  std::printf("%-11s %9s %9s %9s %12s %9s %9s %9s\n", "scenario", "read GB/s", "write GB/s", "mixed", "adam param/s",
-              "adam GB/s", "crc GB/s", "copy GB/s");
+  std::printf(
+      "\nIsolated rates (medians; compare with nvme_bench and cpu_adam_bench from the same session):\n");
+  std::printf("%-11s %9s %9s %9s %12s %9s %9s %9s\n", "scenario", "read GB/s", "write GB/s", "mixed",
+              "adam param/s", "adam GB/s", "crc GB/s", "copy GB/s");
   for (const ScenarioResult& sr : results) {
     const ScheduleResult& r = sr.schedules.front();
     const IsoSample m = r.rates.at(r.typical);
     const double n = static_cast<double>(sr.model.params());
     const double g = 1e-9;
     const eng::StepBytes& b = m.shape.bytes;
-    std::printf("%-11s %9.3f %9.3f %9.3f %12.4g %9.2f %9.2f %9.2f\n", sr.sc->name,
-                m.read_s > 0 ? static_cast<double>(b.nvme_read) / m.read_s * g : 0.0,
-                m.write_s > 0 ? static_cast<double>(b.nvme_write) / m.write_s * g : 0.0,
-                m.mixed_s > 0 ? static_cast<double>(m.shape.disk_bytes()) / m.mixed_s * g : 0.0,
-                m.adam_s > 0 ? n / m.adam_s : 0.0, m.adam_s > 0 ? 28.0 * n / m.adam_s * g : 0.0,
-                m.crc_s > 0 ? static_cast<double>(m.shape.disk_bytes()) / m.crc_s * g : 0.0,
-                m.copy_s > 0 ? static_cast<double>(b.h2d + b.d2h + r.rates.fixed_copy_bytes) / m.copy_s * g : 0.0);
+    std::printf(
+        "%-11s %9.3f %9.3f %9.3f %12.4g %9.2f %9.2f %9.2f\n", sr.sc->name,
+        m.read_s > 0 ? static_cast<double>(b.nvme_read) / m.read_s * g : 0.0,
+        m.write_s > 0 ? static_cast<double>(b.nvme_write) / m.write_s * g : 0.0,
+        m.mixed_s > 0 ? static_cast<double>(m.shape.disk_bytes()) / m.mixed_s * g : 0.0,
+        m.adam_s > 0 ? n / m.adam_s : 0.0, m.adam_s > 0 ? 28.0 * n / m.adam_s * g : 0.0,
+        m.crc_s > 0 ? static_cast<double>(m.shape.disk_bytes()) / m.crc_s * g : 0.0,
+        m.copy_s > 0 ? static_cast<double>(b.h2d + b.d2h + r.rates.fixed_copy_bytes) / m.copy_s * g : 0.0);
   }
 }
 
@@ -1248,7 +1280,10 @@ void json_sample(JsonWriter& j, std::string_view key, const IsoSample& s, std::i
   j.begin_object(key);
   json_bytes(j, "bytes", b);
   j.num("device_s", s.device_s).num("h2d_s", s.h2d_s).num("d2h_s", s.d2h_s);
-  j.num("disk_s", s.disk_s()).num("disk_read_s", s.read_s).num("disk_write_s", s.write_s).num("disk_mixed_s", s.mixed_s);
+  j.num("disk_s", s.disk_s())
+      .num("disk_read_s", s.read_s)
+      .num("disk_write_s", s.write_s)
+      .num("disk_mixed_s", s.mixed_s);
   j.num("disk_read_gbps", s.read_s > 0 ? static_cast<double>(b.nvme_read) / s.read_s * g : 0.0);
   j.num("disk_write_gbps", s.write_s > 0 ? static_cast<double>(b.nvme_write) / s.write_s * g : 0.0);
   j.num("disk_mixed_gbps", s.mixed_s > 0 ? static_cast<double>(s.shape.disk_bytes()) / s.mixed_s * g : 0.0);
@@ -1257,7 +1292,8 @@ void json_sample(JsonWriter& j, std::string_view key, const IsoSample& s, std::i
   j.num("adam_params_per_s", s.adam_s > 0 ? n / s.adam_s : 0.0);
   j.num("adam_gbps", s.adam_s > 0 ? 28.0 * n / s.adam_s * g : 0.0);
   j.num("crc_gbps", s.crc_s > 0 ? static_cast<double>(s.shape.disk_bytes()) / s.crc_s * g : 0.0);
-  j.num("copy_gbps", s.copy_s > 0 ? static_cast<double>(b.h2d + b.d2h + fixed_copy_bytes) / s.copy_s * g : 0.0);
+  j.num("copy_gbps",
+        s.copy_s > 0 ? static_cast<double>(b.h2d + b.d2h + fixed_copy_bytes) / s.copy_s * g : 0.0);
   j.end_object();
 }
 
@@ -1295,11 +1331,15 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
       j.begin_object();
       j.str("schedule", schedule_name(r.overlap)).str("overlap", eng::to_string(r.overlap));
       j.num("step_s", r.step_s).num("bound_s", r.bound_s).num("ratio_to_bound", r.ratio);
-      j.num("step_s_mean", r.step_s_mean).num("bound_s_mean", r.bound_s_mean).num("ratio_to_bound_mean", r.ratio_mean);
+      j.num("step_s_mean", r.step_s_mean)
+          .num("bound_s_mean", r.bound_s_mean)
+          .num("ratio_to_bound_mean", r.ratio_mean);
       j.str("busiest", kResName[r.busiest]).num("busiest_s", r.resources[r.busiest]);
       j.str("second", kResName[r.second]).num("second_s", r.resources[r.second]);
-      j.num("second_to_busiest", r.resources[r.busiest] > 0 ? r.resources[r.second] / r.resources[r.busiest] : 0.0);
-      j.boolean("balanced", r.resources[r.busiest] > 0 && r.resources[r.second] >= 0.8 * r.resources[r.busiest]);
+      j.num("second_to_busiest",
+            r.resources[r.busiest] > 0 ? r.resources[r.second] / r.resources[r.busiest] : 0.0);
+      j.boolean("balanced",
+                r.resources[r.busiest] > 0 && r.resources[r.second] >= 0.8 * r.resources[r.busiest]);
       j.num("device_idle", r.device_idle);
       json_resources(j, "resources", r.resources);
       json_bytes(j, "bytes", r.typical.bytes);
@@ -1336,7 +1376,8 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
 void usage() {
   std::fprintf(stderr,
                "usage: step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N] [--reps R]\n"
-               "                  [--steps S] [--balance B] [--disk-mixed] [--dir DIR] [--json FILE] [--trace-dir DIR]\n"
+               "                  [--steps S] [--balance B] [--disk-mixed] [--dir DIR] [--json FILE] "
+               "[--trace-dir DIR]\n"
                "                  [--list]\n");
 }
 
@@ -1364,7 +1405,8 @@ int run(int argc, char** argv) {
       opt.layers = std::atoi(value().c_str());
     } else if (arg == "--layer-elems") {
       std::uint64_t v = 0;
-      if (!core::parse_bytes(value(), &v) || v == 0 || v % static_cast<std::uint64_t>(nx::kNormBlockElems) != 0) {
+      if (!core::parse_bytes(value(), &v) || v == 0 ||
+          v % static_cast<std::uint64_t>(nx::kNormBlockElems) != 0) {
         std::fprintf(stderr, "step_bench: --layer-elems must be a positive multiple of %lld\n",
                      static_cast<long long>(nx::kNormBlockElems));
         return 2;
@@ -1435,10 +1477,11 @@ int run(int argc, char** argv) {
   auto cpu_or = adam::CpuAdam::create({});
   if (!cpu_or.ok()) die(cpu_or.status(), "cpu_adam");
   adam::CpuAdam& cpu = **cpu_or;
-  std::printf("step_bench: %zu scenario(s), %d repetitions x (1 warm-up + %d timed steps) per schedule, "
-              "balance target %.2f; cpu_adam %s on %d threads; CRC64 %s; swap under %s\n",
-              opt.scenarios.size(), opt.reps, opt.steps, opt.balance, std::string(adam::isa_name(cpu.isa())).c_str(),
-              cpu.threads(), nvme::crc64_accelerated() ? "ISA-L" : "portable", root.c_str());
+  std::printf(
+      "step_bench: %zu scenario(s), %d repetitions x (1 warm-up + %d timed steps) per schedule, "
+      "balance target %.2f; cpu_adam %s on %d threads; CRC64 %s; swap under %s\n",
+      opt.scenarios.size(), opt.reps, opt.steps, opt.balance, std::string(adam::isa_name(cpu.isa())).c_str(),
+      cpu.threads(), nvme::crc64_accelerated() ? "ISA-L" : "portable", root.c_str());
 
   std::vector<ScenarioResult> results;
   for (const Scenario* sc : opt.scenarios) {
