@@ -9,6 +9,7 @@
 #include "engine/core/logging.h"
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
+#include "engine/internal/buffer_cache.h"
 #include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/group_state.h"
@@ -95,6 +96,12 @@ Engine::~Engine() {
   prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
   prefetched_.clear();
   stop_optimizer_thread();
+  for (GroupState& gs : groups_) {  // nothing goes back into the caches below
+    gs.working.reset();
+    gs.grad.reset();
+  }
+  if (device_cache_ != nullptr) device_cache_->clear();
+  if (pinned_cache_ != nullptr) pinned_cache_->clear();
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
@@ -147,6 +154,11 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
     }
   }
   STRATA_ASSIGN_OR_RETURN(e->stream_, e->device_->create_stream("engine"));
+  gpu::Device* d = e->device_.get();
+  e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
+      [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); });
+  e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
+      [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); });
   return e;
 }
 
@@ -188,7 +200,7 @@ core::Status Engine::check_finalized(const char* op) const {
 
 core::Result<ChunkState> Engine::load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage) {
   if (state_->staging_bytes(c) > 0) {
-    STRATA_ASSIGN_OR_RETURN(stage, device_->allocate_pinned(state_->staging_bytes(c), "state staging"));
+    STRATA_ASSIGN_OR_RETURN(stage, pinned_cache_->get(state_->staging_bytes(c), "state staging"));
   }
   return state_->load(c, stage.bytes());
 }
@@ -215,11 +227,11 @@ TraceTrack Engine::track_of(Lane lane) const {
 }
 
 core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, const std::string& what) {
-  core::Result<gpu::DeviceBuffer> b = device_->allocate(bytes, what);
+  core::Result<gpu::DeviceBuffer> b = device_cache_->get(bytes, what);
   if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted || grads_queue_ == nullptr) return b;
   // Gradient passes in flight hold device buffers: let them finish, then try again.
   STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
-  return device_->allocate(bytes, what);
+  return device_cache_->get(bytes, what);
 }
 
 core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane) {
@@ -415,7 +427,7 @@ core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::Pinn
   GroupState& gs = groups_[g];
   const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
   if (gp.compute_tier == Tier::kPinned) return gs.pinned_home.bytes();
-  STRATA_ASSIGN_OR_RETURN(staging, device_->allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
+  STRATA_ASSIGN_OR_RETURN(staging, pinned_cache_->get(core::align_up(bytes, 4096), "compute staging"));
   const std::span<std::byte> host = staging.bytes().first(bytes);
   if (gp.compute_tier == Tier::kDevice) {
     STRATA_RETURN_IF_ERROR(copy_d2h(host, gs.device_home.span(), lane));
@@ -479,6 +491,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   gpu::PinnedBuffer staging;
   STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
   STRATA_RETURN_IF_ERROR(copy_h2d(gs.working.span(), host));
+  pinned_cache_->put(std::move(staging));
   gs.fetched = true;
   issue_prefetches();
   return gs.working.span();
@@ -489,7 +502,8 @@ core::Status Engine::release(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "release"));
   GroupState& gs = groups_[g];
   if (!gs.fetched) return Status::failed_precondition(str_cat("release('", group, "'): the group is not fetched"));
-  gs.working.reset();
+  device_cache_->put(std::move(gs.working));
+  gs.working = {};
   gs.fetched = false;
   return Status();
 }
@@ -537,7 +551,7 @@ core::Status Engine::grads_ready(std::string_view group) {
   grads_queue_->post([this, g, grad, micro_step] {
     const core::Stopwatch clock;
     Status s = gradient_pass(g, *grad, micro_step, {&grads_stream_, &grads_bytes_});
-    grad->reset();
+    device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
     return s;
   });
@@ -550,11 +564,11 @@ core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad,
   const std::uint64_t bytes = grad.size_bytes();
   // Device -> host (compute dtype, the compute layout), then into the
   // trainable layout, then the gradient pass into the host gradients.
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, device_->allocate_pinned(bytes, "gradient staging"));
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, pinned_cache_->get(bytes, "gradient staging"));
   STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), grad.span(), lane));
 
   const std::uint64_t tbytes = static_cast<std::uint64_t>(gp.trainable_elems) * static_cast<std::uint64_t>(cb);
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, device_->allocate_pinned(tbytes, "gradient staging"));
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, pinned_cache_->get(tbytes, "gradient staging"));
   std::memset(packed.data(), 0, tbytes);
   for (std::size_t pi : gp.params) {
     const ParamPlace& pl = layout_.places[pi];
@@ -576,6 +590,8 @@ core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad,
   }();
   STRATA_ASSIGN_OR_RETURN(adam::GradPassResult r, std::move(pass));
   nonfinite_ = nonfinite_ || r.nonfinite;
+  pinned_cache_->put(std::move(wire));
+  pinned_cache_->put(std::move(packed));
   return Status();
 }
 

@@ -51,6 +51,8 @@ namespace strata::engine {
 class StateStore;
 struct ChunkState;
 class SerialQueue;
+template <typename Buffer>
+class BufferCache;
 
 // Fills a parameter's initial fp32 values (out.size() == numel). Called once
 // per parameter at finalize, group by group, on the thread calling finalize,
@@ -280,6 +282,10 @@ class Engine {
   std::unique_ptr<nvme::SwapStore> swap_;
   std::unique_ptr<adam::CpuAdam> cpu_adam_;
   gpu::Stream stream_;
+  // Buffers the step asks for again and again, kept for reuse (their
+  // budgets still count them; a refused allocation empties the caches).
+  std::unique_ptr<BufferCache<gpu::DeviceBuffer>> device_cache_;
+  std::unique_ptr<BufferCache<gpu::PinnedBuffer>> pinned_cache_;
   std::unique_ptr<StateStore> state_;
   std::vector<GroupState> groups_;
   gpu::PinnedBuffer grads_;  // host gradients, trainable layout (grad_bytes per element)

@@ -24,6 +24,7 @@
 #include "engine/core/logging.h"
 #include "engine/core/str.h"
 #include "engine/engine.h"
+#include "engine/internal/buffer_cache.h"
 #include "engine/internal/elem_types.h"
 #include "engine/internal/optimizer_job.h"
 #include "engine/state_store.h"
@@ -271,7 +272,8 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
     if (g != open_group) {
       open_group = g;
       group_begin_ns = core::monotonic_ns();
-      compute_staging.reset();
+      pinned_cache_->put(std::move(compute_staging));
+      compute_staging = {};
       STRATA_ASSIGN_OR_RETURN(compute, load_compute(g, compute_staging, lane));
     }
     const std::vector<Piece> pieces = pieces_of(layout_, cp);
@@ -332,9 +334,9 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       // compute copies come back down into the group's host view.
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, state_->device_state(c));
       const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_->allocate(n_all * gb, "optimizer gradients"));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_cache_->get(n_all * gb, "optimizer gradients"));
       STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {grads_.data() + cp.begin * gb, n_all * gb}, lane));
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_->allocate(n_all * cb, "optimizer compute copies"));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_cache_->get(n_all * cb, "optimizer compute copies"));
       for (const Piece& p : pieces) {
         const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
         const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
@@ -348,11 +350,14 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
         STRATA_RETURN_IF_ERROR(device_->adam_step(opt_stream_, a));
         if (cb == 4) STRATA_RETURN_IF_ERROR(device_->copy_d2d(opt_stream_, dcopy.subspan(off * 4, n * 4), a.master));
       }
-      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, device_->allocate_pinned(n_all * cb, "optimizer compute copies"));
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, pinned_cache_->get(n_all * cb, "optimizer compute copies"));
       STRATA_RETURN_IF_ERROR(copy_d2h(back.bytes().first(n_all * cb), dcopy.span(), lane));
       for (const Piece& p : pieces) {
         std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
       }
+      device_cache_->put(std::move(dgrad));
+      device_cache_->put(std::move(dcopy));
+      pinned_cache_->put(std::move(back));
     }
 
     // The group's last chunk: its new compute copies go home, and the next
@@ -366,6 +371,7 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
     }
   }
   while (!writes.empty()) STRATA_RETURN_IF_ERROR(finish_write());
+  pinned_cache_->put(std::move(compute_staging));
   opt_seconds_ += clock.elapsed_s();
   return Status();
 }

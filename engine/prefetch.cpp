@@ -15,6 +15,7 @@
 #include "engine/core/logging.h"
 #include "engine/core/str.h"
 #include "engine/engine.h"
+#include "engine/internal/buffer_cache.h"
 #include "engine/internal/group_state.h"
 #include "engine/internal/prefetch.h"
 #include "engine/internal/serial_queue.h"
@@ -51,7 +52,7 @@ void Engine::issue_prefetches() {
     if (gp.compute_tier == Tier::kDevice || groups_[g].fetched || prefetched_.contains(g)) continue;
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     if (ahead + bytes > bucket || live + bytes > max_live) break;
-    core::Result<gpu::DeviceBuffer> buffer = device_->allocate(bytes, str_cat("prefetch of group '", gp.name, "'"));
+    core::Result<gpu::DeviceBuffer> buffer = device_cache_->get(bytes, str_cat("prefetch of group '", gp.name, "'"));
     if (!buffer.ok()) break;  // the device budget is short: fetch will copy it in line
     auto p = std::make_unique<Prefetch>();
     p->buffer = std::move(buffer).value();
@@ -68,6 +69,7 @@ void Engine::issue_prefetches() {
         gpu::PinnedBuffer staging;
         core::Result<std::span<std::byte>> host = load_compute(g, staging, lane);
         s = host.ok() ? copy_h2d(dst, *host, lane) : host.status();
+        pinned_cache_->put(std::move(staging));
       }
       raw->finish(std::move(s));
       return Status();  // a failed prefetch fails its fetch, not the queue
@@ -91,7 +93,10 @@ core::Result<bool> Engine::take_prefetch(std::size_t g) {
 }
 
 void Engine::drop_prefetches() {
-  for (auto& [g, p] : prefetched_) p->wait().ignore_error();  // the copy must end before its buffer goes
+  for (auto& [g, p] : prefetched_) {
+    p->wait().ignore_error();  // the copy must end before its buffer goes
+    device_cache_->put(std::move(p->buffer));
+  }
   prefetched_.clear();
 }
 
