@@ -542,8 +542,11 @@ core::Status Engine::grads_ready(std::string_view group) {
   const int micro_step = micro_step_;
   gs.grads_micro_step = micro_step;
   if (grads_queue_ == nullptr) {
-    const gpu::DeviceBuffer grad = std::move(gs.grad);
-    return gradient_pass(g, grad, micro_step, {});
+    gpu::DeviceBuffer grad = std::move(gs.grad);
+    gs.grad = {};
+    Status s = gradient_pass(g, grad, micro_step, {});
+    device_cache_->put(std::move(grad));
+    return s;
   }
   // The copy down and the pass run on the gradient thread; the device buffer
   // goes with them (the next grad_buffer gets a new one).
