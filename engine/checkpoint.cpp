@@ -64,6 +64,27 @@ TensorDtype dtype_of(int bytes, Precision p) {
 
 const char* const kStateNames[3] = {"master", "exp_avg", "exp_avg_sq"};
 
+// Whole parameters' optimizer arrays (master, exp_avg, exp_avg_sq), by parameter index.
+using StateArrays = std::map<std::size_t, std::array<std::vector<float>, 3>>;
+
+// Copies a chunk's share of each parameter in `arrays` between the chunk's
+// views and the whole arrays: out of the chunk, or into it with `into_chunk`.
+void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkState& st, StateArrays& arrays,
+                           bool into_chunk) {
+  const std::span<float> chunk[3] = {st.master, st.exp_avg, st.exp_avg_sq};
+  for (const Layout::Piece& p : layout.pieces(cp)) {
+    const auto it = arrays.find(p.param);
+    if (it == arrays.end()) continue;
+    const std::int64_t off = layout.places[p.param].trainable_offset;
+    const auto bytes = static_cast<std::size_t>(p.hi - p.lo) * 4;
+    for (int k = 0; k < 3; ++k) {
+      float* whole = it->second[k].data() + (p.lo - off);
+      float* part = chunk[k].data() + (p.lo - cp.begin);
+      std::memcpy(into_chunk ? part : whole, into_chunk ? whole : part, bytes);
+    }
+  }
+}
+
 }  // namespace
 
 core::Status Engine::visit_group_state(std::size_t g, bool write_back,
@@ -152,20 +173,12 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
           p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
     }
     // Gather each trainable parameter's three arrays from the chunks.
-    std::map<std::size_t, std::array<std::vector<float>, 3>> arrays;
+    StateArrays arrays;
     for (std::size_t pi : trainable_in(gp)) {
       for (auto& a : arrays[pi]) a.resize(static_cast<std::size_t>(layout_.params[pi].numel()));
     }
     STRATA_RETURN_IF_ERROR(visit_group_state(g, false, [&](const ChunkPlace& cp, ChunkState& st) {
-      for (auto& [pi, a] : arrays) {
-        const std::int64_t off = layout_.places[pi].trainable_offset, n = layout_.params[pi].numel();
-        const std::int64_t lo = std::max(off, cp.begin), hi = std::min(off + n, cp.begin + cp.elems);
-        if (lo >= hi) continue;
-        const std::span<float> src[3] = {st.master, st.exp_avg, st.exp_avg_sq};
-        for (int k = 0; k < 3; ++k) {
-          std::memcpy(a[k].data() + (lo - off), src[k].data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
-        }
-      }
+      exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/false);
       return Status();
     }));
     bytes_ = saved;  // checkpoint traffic is not step traffic
@@ -300,7 +313,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       const GroupPlace& gp = layout_.groups[g];
       gpu::PinnedBuffer staging;
       STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
-      std::map<std::size_t, std::array<std::vector<float>, 3>> arrays;
+      StateArrays arrays;
       for (std::size_t pi : gp.params) {
         const ParamDesc& p = layout_.params[pi];
         const auto n = static_cast<std::size_t>(p.numel());
@@ -315,15 +328,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       }
       STRATA_RETURN_IF_ERROR(commit_compute(g, host));
       STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
-        for (auto& [pi, a] : arrays) {
-          const std::int64_t off = layout_.places[pi].trainable_offset, n = layout_.params[pi].numel();
-          const std::int64_t lo = std::max(off, cp.begin), hi = std::min(off + n, cp.begin + cp.elems);
-          if (lo >= hi) continue;
-          const std::span<float> dst[3] = {st.master, st.exp_avg, st.exp_avg_sq};
-          for (int k = 0; k < 3; ++k) {
-            std::memcpy(dst[k].data() + (lo - cp.begin), a[k].data() + (lo - off), static_cast<std::size_t>(hi - lo) * 4);
-          }
-        }
+        exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
         return Status();
       }));
     }

@@ -235,18 +235,18 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
 }
 
 core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane) {
-  gpu::Stream& stream = lane.stream != nullptr ? *lane.stream : stream_;
+  gpu::Stream& stream = stream_of(lane);
   TraceScope t(trace_, track_of(lane), "h2d", src.size());
   STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream, dst, src));
-  (lane.bytes != nullptr ? *lane.bytes : bytes_).h2d += src.size();
+  bytes_of(lane).h2d += src.size();
   return device_->synchronize(stream);
 }
 
 core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane) {
-  gpu::Stream& stream = lane.stream != nullptr ? *lane.stream : stream_;
+  gpu::Stream& stream = stream_of(lane);
   TraceScope t(trace_, track_of(lane), "d2h", dst.size());
   STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream, dst, src));
-  (lane.bytes != nullptr ? *lane.bytes : bytes_).d2h += dst.size();
+  bytes_of(lane).d2h += dst.size();
   return device_->synchronize(stream);
 }
 
@@ -344,7 +344,6 @@ core::Status Engine::finalize() {
   // Last, so that a derived ring takes what pinned memory has left.
   STRATA_RETURN_IF_ERROR(create_staging_ring());
   group_done_job_.assign(layout_.groups.size(), 0);
-  fetched_this_step_.assign(layout_.groups.size(), false);
   if (config_.strata.overlap == OverlapMode::kExact) {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
     grads_queue_ = std::make_unique<SerialQueue>();
@@ -359,14 +358,14 @@ core::Status Engine::write_initial_values() {
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
-    std::vector<std::vector<float>> values(gp.params.size());
-    for (std::size_t k = 0; k < gp.params.size(); ++k) {
-      const std::size_t pi = gp.params[k];
-      values[k].assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
+    std::map<std::size_t, std::vector<float>> values;  // by parameter index
+    for (std::size_t pi : gp.params) {
+      std::vector<float>& v = values[pi];
+      v.assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
       // The callback runs without the lock (calls into the engine meanwhile
       // see finalizing_ and fail).
       mu_.unlock();
-      Status s = inits_[pi](values[k]);
+      Status s = inits_[pi](v);
       mu_.lock();
       if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
     }
@@ -380,9 +379,8 @@ core::Status Engine::write_initial_values() {
       host = staging.bytes().first(bytes);
     }
     std::memset(host.data(), 0, host.size());
-    for (std::size_t k = 0; k < gp.params.size(); ++k) {
-      const ParamPlace& pl = layout_.places[gp.params[k]];
-      to_compute(values[k], host.data() + pl.compute_offset * cb, cb, config_.precision);
+    for (const auto& [pi, v] : values) {
+      to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
     }
     STRATA_RETURN_IF_ERROR(commit_compute(g, host));
     // Master weights, chunk by chunk (moments start at zero).
@@ -399,15 +397,10 @@ core::Status Engine::write_initial_values() {
         if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
         master = st.master;
       }
-      for (std::size_t k = 0; k < gp.params.size(); ++k) {
-        const ParamPlace& pl = layout_.places[gp.params[k]];
-        if (pl.trainable_offset < 0) continue;
-        const std::int64_t n = static_cast<std::int64_t>(values[k].size());
-        const std::int64_t lo = std::max(pl.trainable_offset, cp.begin);
-        const std::int64_t hi = std::min(pl.trainable_offset + n, cp.begin + cp.elems);
-        if (lo >= hi) continue;
-        std::memcpy(master.data() + (lo - cp.begin), values[k].data() + (lo - pl.trainable_offset),
-                    static_cast<std::size_t>(hi - lo) * 4);
+      for (const Layout::Piece& p : layout_.pieces(cp)) {
+        std::memcpy(master.data() + (p.lo - cp.begin),
+                    values.at(p.param).data() + (p.lo - layout_.places[p.param].trainable_offset),
+                    static_cast<std::size_t>(p.hi - p.lo) * 4);
       }
       if (cp.state_tier == Tier::kDevice) {
         STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan dev, state_->device_state(c));
@@ -434,7 +427,7 @@ core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::Pinn
   } else {
     STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(gs.block_id, host));
     STRATA_RETURN_IF_ERROR(io.wait());
-    (lane.bytes != nullptr ? *lane.bytes : bytes_).nvme_read += bytes;
+    bytes_of(lane).nvme_read += bytes;
   }
   return host;
 }
@@ -451,7 +444,7 @@ core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> ho
     case Tier::kNvme: {
       STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(gs.block_id, host));
       STRATA_RETURN_IF_ERROR(io.wait());
-      (lane.bytes != nullptr ? *lane.bytes : bytes_).nvme_write += host.size();
+      bytes_of(lane).nvme_write += host.size();
       return Status();
     }
   }
@@ -469,10 +462,6 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   }
   // The last step's optimizer may still be writing this group's copies.
   STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "fetch"));
-  if (!fetched_this_step_[g]) {
-    fetched_this_step_[g] = true;
-    step_fetches_.push_back(g);
-  }
   note_fetch(g);
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
@@ -674,7 +663,7 @@ core::Result<StepStats> Engine::step_end() {
     skip = true;
   }
   stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
-  learn_fetch_order();
+  learn_fetch_trace();
   std::unique_ptr<OptimizerJob> job;
   if (!skip) {
     const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
@@ -710,11 +699,8 @@ core::Result<StepStats> Engine::step_end() {
   // with overlap "exact" that is the previous step's optimizer, which ran
   // during this step's forward.
   stats.bytes = bytes_;
-  stats.bytes.h2d += opt_bytes_.h2d;
-  stats.bytes.d2h += opt_bytes_.d2h;
-  stats.bytes.nvme_read += opt_bytes_.nvme_read;
-  stats.bytes.nvme_write += opt_bytes_.nvme_write;
-  stats.bytes.d2h += grads_bytes_.d2h;
+  stats.bytes += opt_bytes_;
+  stats.bytes += grads_bytes_;
   stats.fetch_s = times_.fetch_s;
   stats.grads_s = times_.grads_s + grads_seconds_;
   stats.optimizer_s = opt_seconds_;

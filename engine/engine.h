@@ -66,6 +66,13 @@ struct StepBytes {
   std::uint64_t nvme_read = 0;   // swap reads
   std::uint64_t nvme_write = 0;  // swap writes
   friend bool operator==(const StepBytes&, const StepBytes&) = default;
+  StepBytes& operator+=(const StepBytes& o) {
+    h2d += o.h2d;
+    d2h += o.d2h;
+    nvme_read += o.nvme_read;
+    nvme_write += o.nvme_write;
+    return *this;
+  }
 };
 
 struct StepStats {
@@ -207,6 +214,8 @@ class Engine {
   // tries once more.
   core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
   TraceTrack track_of(Lane lane) const;  // the trace track of a lane's stream
+  gpu::Stream& stream_of(Lane lane) { return lane.stream != nullptr ? *lane.stream : stream_; }
+  StepBytes& bytes_of(Lane lane) { return lane.bytes != nullptr ? *lane.bytes : bytes_; }
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane = {});
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane = {});
 
@@ -226,6 +235,10 @@ class Engine {
   // group; return its error (sticky: a failed job fails every later wait).
   core::Status wait_optimizer_group(std::size_t g, const char* op);
   core::Status wait_optimizer(const char* op);
+  // Both: waits with opt_mu_ held until the last job is finished or done().
+  core::Status wait_optimizer_until(const char* op, const std::function<bool()>& done);
+  // Records a job's end (and its error, sticky) and wakes the waiters.
+  void finish_optimizer_job(const OptimizerJob& job, const core::Status& s);
   // Stops the optimizer thread (the destructor).
   void stop_optimizer_thread();
   // --- traced prefetch (engine/prefetch.cpp) ---
@@ -247,9 +260,9 @@ class Engine {
   core::Status create_staging_ring();
   std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<core::numerics::AdamStepConstants> constants,
                                                    std::int64_t step);
-  // step_end: this step's first fetches become the order the optimizer
-  // follows (when they differ from the last one learned).
-  void learn_fetch_order();
+  // step_end: this step's fetch sequence becomes the learned one (when it
+  // differs): prefetch follows it, and the optimizer its first fetches.
+  void learn_fetch_trace();
   // Host views of a pinned or nvme chunk's state; `stage` receives the staging
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
   core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
@@ -327,12 +340,6 @@ class Engine {
   std::size_t trace_cursor_ = 0;
   std::int64_t prefetched_fetches_ = 0;  // since the last step_end
   std::map<std::size_t, std::unique_ptr<Prefetch>> prefetched_;
-  // The order the forward needs groups in: first fetches of the last
-  // training step (learned again when it changes); the optimizer follows it.
-  std::vector<std::size_t> fetch_order_;
-  std::vector<std::size_t> step_fetches_;  // this step's first fetches so far
-  std::vector<bool> fetched_this_step_;
-
   // Step bookkeeping.
   int micro_step_ = 0;            // micro-batches ended in this step
   bool nonfinite_ = false;        // some gradient pass saw inf/NaN this step

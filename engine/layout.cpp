@@ -186,6 +186,18 @@ std::vector<Segment> Layout::segments(const ChunkPlace& chunk) const {
   return out;
 }
 
+std::vector<Layout::Piece> Layout::pieces(const ChunkPlace& chunk) const {
+  std::vector<Piece> out;
+  for (std::size_t pi : groups[chunk.group].params) {
+    const ParamPlace& pl = places[pi];
+    if (pl.trainable_offset < 0) continue;
+    const std::int64_t lo = std::max(pl.trainable_offset, chunk.begin);
+    const std::int64_t hi = std::min(pl.trainable_offset + params[pi].numel(), chunk.begin + chunk.elems);
+    if (lo < hi) out.push_back({pi, lo, hi});
+  }
+  return out;
+}
+
 TierBytes Layout::bytes() const {
   TierBytes b;
   auto add = [&b](Tier t, std::uint64_t n) {

@@ -98,6 +98,13 @@ struct Layout {
   // The chunk's runs by optimizer group, in order; padding after a parameter
   // belongs to that parameter's run.
   std::vector<Segment> segments(const ChunkPlace& chunk) const;
+  // The trainable parameters' elements in the chunk, one piece per
+  // parameter: [lo, hi) in the trainable space, padding excluded.
+  struct Piece {
+    std::size_t param;
+    std::int64_t lo, hi;
+  };
+  std::vector<Piece> pieces(const ChunkPlace& chunk) const;
   TierBytes bytes() const;
   const GroupPlace* find_group(std::string_view name) const;
 };

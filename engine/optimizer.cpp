@@ -40,24 +40,6 @@ namespace {
 
 constexpr std::uint64_t kDefaultRingSlots = 4;
 
-// The trainable parameters of one chunk: [lo, hi) in the trainable space.
-struct Piece {
-  std::size_t param;
-  std::int64_t lo, hi;
-};
-
-std::vector<Piece> pieces_of(const Layout& layout, const ChunkPlace& cp) {
-  std::vector<Piece> pieces;
-  for (std::size_t pi : layout.groups[cp.group].params) {
-    const ParamPlace& pl = layout.places[pi];
-    if (pl.trainable_offset < 0) continue;
-    const std::int64_t lo = std::max(pl.trainable_offset, cp.begin);
-    const std::int64_t hi = std::min(pl.trainable_offset + layout.params[pi].numel(), cp.begin + cp.elems);
-    if (lo < hi) pieces.push_back({pi, lo, hi});
-  }
-  return pieces;
-}
-
 }  // namespace
 
 core::Status Engine::create_staging_ring() {
@@ -95,22 +77,13 @@ core::Status Engine::create_staging_ring() {
   return Status();
 }
 
-void Engine::learn_fetch_order() {
-  if (!step_fetches_.empty()) {
-    std::vector<std::size_t> order = step_fetches_;
-    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-      if (!fetched_this_step_[g]) order.push_back(g);
+void Engine::learn_fetch_trace() {
+  if (!step_sequence_.empty() && step_sequence_ != fetch_trace_) {
+    if (!fetch_trace_.empty()) {
+      STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
     }
-    if (order != fetch_order_) {
-      if (!fetch_order_.empty()) {
-        STRATA_LOG(kInfo) << "the fetch order changed; the optimizer follows the new one";
-      }
-      fetch_order_ = std::move(order);
-    }
+    fetch_trace_ = step_sequence_;
   }
-  step_fetches_.clear();
-  std::fill(fetched_this_step_.begin(), fetched_this_step_.end(), false);
-  if (!step_sequence_.empty() && step_sequence_ != fetch_trace_) fetch_trace_ = step_sequence_;
   step_sequence_.clear();
   trace_cursor_ = 0;
 }
@@ -120,10 +93,15 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   auto job = std::make_unique<OptimizerJob>();
   job->step = step;
   job->constants = std::move(constants);
-  if (fetch_order_.size() == layout_.groups.size()) {
-    job->order = fetch_order_;
-  } else {
-    for (std::size_t g = 0; g < layout_.groups.size(); ++g) job->order.push_back(g);
+  // The groups in the order of their first fetch in the learned sequence
+  // (the next forward's order), then any group it never fetched.
+  std::vector<bool> placed(layout_.groups.size(), false);
+  for (std::size_t g : fetch_trace_) {
+    if (!placed[g]) job->order.push_back(g);
+    placed[g] = true;
+  }
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    if (!placed[g]) job->order.push_back(g);
   }
   const bool overlap = config_.strata.overlap != OverlapMode::kNone;
   job->read_ahead = overlap && !ring_.empty() ? ring_.size() - 1 : 0;
@@ -143,11 +121,15 @@ core::Status Engine::submit_optimizer_job(std::unique_ptr<OptimizerJob> job) {
   }
   // No optimizer thread (overlap "none"): run it here, to the end.
   Status s = run_optimizer_job(*job);
-  const core::MutexLock lock(opt_mu_);
-  finished_job_ = job->id;
-  if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job->step));
-  opt_cv_.notify_all();
+  finish_optimizer_job(*job, s);
   return s;
+}
+
+void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {
+  const core::MutexLock lock(opt_mu_);
+  finished_job_ = job.id;
+  if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job.step));
+  opt_cv_.notify_all();
 }
 
 void Engine::optimizer_thread_main() {
@@ -159,11 +141,7 @@ void Engine::optimizer_thread_main() {
       if (pending_job_ == nullptr) return;
       job = std::move(pending_job_);
     }
-    const Status s = run_optimizer_job(*job);
-    const core::MutexLock lock(opt_mu_);
-    finished_job_ = job->id;
-    if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job->step));
-    opt_cv_.notify_all();
+    finish_optimizer_job(*job, run_optimizer_job(*job));
   }
 }
 
@@ -184,19 +162,16 @@ void Engine::mark_group_done(std::size_t g, std::int64_t job) {
 }
 
 core::Status Engine::wait_optimizer_group(std::size_t g, const char* op) {
-  const core::MutexLock lock(opt_mu_);
-  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
-    return group_done_job_[g] >= submitted_job_ || finished_job_ >= submitted_job_;
-  });
-  if (!opt_error_.ok()) {
-    return Status(opt_error_).annotate(str_cat(op, ": the engine cannot go on after its optimizer failed"));
-  }
-  return Status();
+  return wait_optimizer_until(op, [&]() STRATA_REQUIRES(opt_mu_) { return group_done_job_[g] >= submitted_job_; });
 }
 
 core::Status Engine::wait_optimizer(const char* op) {
+  return wait_optimizer_until(op, [] { return false; });
+}
+
+core::Status Engine::wait_optimizer_until(const char* op, const std::function<bool()>& done) {
   const core::MutexLock lock(opt_mu_);
-  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) { return finished_job_ >= submitted_job_; });
+  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) { return finished_job_ >= submitted_job_ || done(); });
   if (!opt_error_.ok()) {
     return Status(opt_error_).annotate(str_cat(op, ": the engine cannot go on after its optimizer failed"));
   }
@@ -276,8 +251,8 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       compute_staging = {};
       STRATA_ASSIGN_OR_RETURN(compute, load_compute(g, compute_staging, lane));
     }
-    const std::vector<Piece> pieces = pieces_of(layout_, cp);
-    auto compute_at = [&](const Piece& p) {
+    const std::vector<Layout::Piece> pieces = layout_.pieces(cp);
+    auto compute_at = [&](const Layout::Piece& p) {
       const ParamPlace& pl = layout_.places[p.param];
       return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
     };
@@ -309,7 +284,7 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       {
         const core::MutexLock cpu(cpu_adam_mu_);
         TraceScope tc(trace_, TraceTrack::kCpuAdam, str_cat("adam chunk ", c), static_cast<std::uint64_t>(cp.elems));
-        for (const Piece& p : pieces) {
+        for (const Layout::Piece& p : pieces) {
           const auto off = static_cast<std::size_t>(p.lo - cp.begin);
           const auto n = static_cast<std::size_t>(p.hi - p.lo);
           adam::AdamStepArgs a;
@@ -337,7 +312,7 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_cache_->get(n_all * gb, "optimizer gradients"));
       STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {grads_.data() + cp.begin * gb, n_all * gb}, lane));
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_cache_->get(n_all * cb, "optimizer compute copies"));
-      for (const Piece& p : pieces) {
+      for (const Layout::Piece& p : pieces) {
         const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
         const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
         gpu::AdamStepArgs a;
@@ -352,7 +327,7 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       }
       STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, pinned_cache_->get(n_all * cb, "optimizer compute copies"));
       STRATA_RETURN_IF_ERROR(copy_d2h(back.bytes().first(n_all * cb), dcopy.span(), lane));
-      for (const Piece& p : pieces) {
+      for (const Layout::Piece& p : pieces) {
         std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
       }
       device_cache_->put(std::move(dgrad));

@@ -84,10 +84,7 @@ core::Result<bool> Engine::take_prefetch(std::size_t g) {
   prefetched_.erase(it);
   Status s = p->wait();
   if (!s.ok()) return std::move(s).annotate(str_cat("prefetch of group '", layout_.groups[g].name, "'"));
-  bytes_.h2d += p->bytes.h2d;
-  bytes_.d2h += p->bytes.d2h;
-  bytes_.nvme_read += p->bytes.nvme_read;
-  bytes_.nvme_write += p->bytes.nvme_write;
+  bytes_ += p->bytes;
   groups_[g].working = std::move(p->buffer);
   return true;
 }
