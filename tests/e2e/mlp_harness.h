@@ -4,9 +4,12 @@
 // gradients into the engine's buffer, grads_ready).
 #pragma once
 
+#include <unistd.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <span>
@@ -209,23 +212,65 @@ inline std::unique_ptr<Engine> make_mlp_engine(const Config& c) {
   return s.ok() ? std::move(e) : nullptr;
 }
 
-// One training step (one micro-batch) on batch `step`; returns the loss.
-inline double train_one_step(Engine& e, Framework& f, int step) {
+// One training step (one micro-batch) on batch `step`: forward, backward,
+// gradients, step_end. Returns step_end's result; the loss goes to *loss.
+inline core::Result<StepStats> run_step(Engine& e, Framework& f, int step, double* loss = nullptr) {
   f.cb = e.layout().compute_bytes;
   f.precision = e.config().precision;
   f.batch(step * 16);
   f.load(e, "l1");
   f.load(e, "l2");
-  const double loss = f.forward();
+  const double l = f.forward();
+  if (loss != nullptr) *loss = l;
   const auto g = f.backward(static_cast<float>(e.loss_scale()));
   f.load(e, "l2");
   f.give_grads(e, "l2", g);
   f.load(e, "l1");
   f.give_grads(e, "l1", g);
-  auto st = e.step_end();
+  return e.step_end();
+}
+
+// run_step, expecting success; returns the loss.
+inline double train_one_step(Engine& e, Framework& f, int step) {
+  double loss = 0.0;
+  const auto st = run_step(e, f, step, &loss);
   EXPECT_TRUE(st.ok()) << st.status();
   return loss;
 }
+
+// A test with a swap directory of its own, and the e2e tests' config: bf16,
+// clipping at 1, one norm block per chunk (several chunks per group), psync,
+// one cpu_adam thread, everything on the device until a test offloads it.
+class MlpTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("strata_e2e_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  Config base() const {
+    Config c;
+    c.train_batch_size = kBatch;
+    c.train_micro_batch_size_per_gpu = kBatch;
+    c.precision = Precision::kBf16;
+    c.zero.stage = 3;
+    c.optimizer.lr = 3e-3;
+    c.optimizer.weight_decay = 0.01;
+    c.gradient_clipping = 1.0;
+    c.strata.device = DeviceKind::kHost;
+    c.strata.chunk_bytes = 65536 * 4;
+    c.strata.io.paths = {dir_.string()};
+    c.strata.io.backend = IoBackend::kPsync;
+    c.strata.cpu_adam.threads = 1;
+    return c;
+  }
+
+  std::filesystem::path dir_;
+};
 
 inline std::map<std::string, std::vector<float>> read_masters(Engine& e) {
   std::map<std::string, std::vector<float>> out;

@@ -5,14 +5,11 @@
 // matches the memory model; the loss halves.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <functional>
@@ -30,9 +27,7 @@
 namespace strata::engine {
 namespace {
 
-
 using namespace e2e;  // NOLINT: the harness is this test's vocabulary
-namespace fs = std::filesystem;
 
 struct RunResult {
   std::vector<double> losses;
@@ -80,32 +75,8 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   return b;
 }
 
-class Placement : public ::testing::Test {
+class Placement : public MlpTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("strata_e2e_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  Config base() {
-    Config c;
-    c.train_batch_size = kBatch;
-    c.train_micro_batch_size_per_gpu = kBatch;
-    c.precision = Precision::kBf16;
-    c.zero.stage = 3;
-    c.optimizer.lr = 3e-3;
-    c.optimizer.weight_decay = 0.01;
-    c.gradient_clipping = 1.0;
-    c.strata.device = DeviceKind::kHost;
-    c.strata.chunk_bytes = 65536 * 4;  // one norm block per chunk: several chunks per group
-    c.strata.io.paths = {dir_.string()};
-    c.strata.io.backend = IoBackend::kPsync;
-    c.strata.cpu_adam.threads = 1;
-    return c;
-  }
 
   // `tamper(step, grads)` may change the gradients a step hands over.
   using Tamper = std::function<void(int step, std::map<std::string, std::vector<float>>& grads)>;
@@ -190,8 +161,6 @@ class Placement : public ::testing::Test {
     }
     return (*e)->finalize();
   }
-
-  fs::path dir_;
 };
 
 
@@ -441,16 +410,7 @@ TEST_F(Placement, TracedPrefetchServesTheFetchesThatComeNext) {
         f.load(*e, "l2");
         f.forward();
       }
-      f.batch(s * 16);
-      f.load(*e, "l1");
-      f.load(*e, "l2");
-      f.forward();
-      const auto g = f.backward(1.0f);
-      f.load(*e, "l2");
-      f.give_grads(*e, "l2", g);
-      f.load(*e, "l1");
-      f.give_grads(*e, "l1", g);
-      auto st = e->step_end();
+      auto st = run_step(*e, f, s);
       ASSERT_TRUE(st.ok()) << st.status();
       const std::int64_t want = mode == OverlapMode::kNone || s == 0 ? 0 : s == 3 ? 4 : 3;
       EXPECT_EQ(st->prefetched, want) << "step " << s << (mode == OverlapMode::kNone ? " (none)" : " (exact)");
@@ -539,16 +499,7 @@ TEST_F(Placement, StatisticsAndTheTimelineTrace) {
     ASSERT_NE(e, nullptr);
     Framework f;
     train_one_step(*e, f, 0);
-    f.batch(16);
-    f.load(*e, "l1");
-    f.load(*e, "l2");
-    f.forward();
-    const auto g = f.backward(1.0f);
-    f.load(*e, "l2");
-    f.give_grads(*e, "l2", g);
-    f.load(*e, "l1");
-    f.give_grads(*e, "l1", g);
-    auto st = e->step_end();
+    auto st = run_step(*e, f, 1);
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(st->step, 2);
     EXPECT_GT(st->fetch_s, 0.0);

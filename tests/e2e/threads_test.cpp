@@ -5,12 +5,9 @@
 // init callback, or from another thread) fails instead of deadlocking.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <deque>
-#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -25,7 +22,6 @@ namespace strata::engine {
 namespace {
 
 using namespace e2e;  // NOLINT: the harness is this test's vocabulary
-namespace fs = std::filesystem;
 
 // A one-thread worker running posted jobs in order (a framework's backward
 // thread).
@@ -76,35 +72,15 @@ class Worker {
   std::thread thread_;
 };
 
-class Threads : public ::testing::Test {
+class Threads : public MlpTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("strata_threads_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   // Optimizer state on nvme, compute copies pinned: every stage does real work.
-  Config config() {
-    Config c;
-    c.train_batch_size = kBatch;
-    c.train_micro_batch_size_per_gpu = kBatch;
-    c.precision = Precision::kBf16;
-    c.zero.stage = 3;
+  Config config() const {
+    Config c = base();
     c.zero.offload_optimizer.device = OffloadDevice::kNvme;
     c.zero.offload_param.device = OffloadDevice::kCpu;
-    c.optimizer.lr = 3e-3;
-    c.optimizer.weight_decay = 0.01;
-    c.gradient_clipping = 1.0;
-    c.strata.device = DeviceKind::kHost;
-    c.strata.chunk_bytes = 65536 * 4;
-    c.strata.io.paths = {dir_.string()};
-    c.strata.io.backend = IoBackend::kPsync;
-    c.strata.cpu_adam.threads = 1;
     return c;
   }
-  fs::path dir_;
 };
 
 // The training thread fetches each group for backward and moves on to the
