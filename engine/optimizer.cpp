@@ -122,7 +122,8 @@ core::Status Engine::submit_optimizer_job(std::unique_ptr<OptimizerJob> job) {
   // No optimizer thread (overlap "none"): run it here, to the end.
   Status s = run_optimizer_job(*job);
   finish_optimizer_job(*job, s);
-  return s;
+  if (!s.ok()) return std::move(s).annotate(str_cat("the optimizer of step ", job->step));
+  return Status();
 }
 
 void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {

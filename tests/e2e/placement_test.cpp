@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <functional>
@@ -419,6 +420,53 @@ TEST_F(Placement, TracedPrefetchServesTheFetchesThatComeNext) {
   std::ifstream in(dir_ / "prefetch_trace.json");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(text.find("\"prefetch l1\""), std::string::npos);
+}
+
+// The optimizer's failures reach the framework: a state chunk corrupted on
+// disk between steps is DATA_LOSS from the optimizer that reads it (under
+// "none", from that step_end; under "exact", from the next call that waits
+// for it, and from every call after, naming the step), never silent garbage.
+// "delayed" is refused when the engine is created.
+TEST_F(Placement, AFailedOptimizerStopsTheEngineWithTheError) {
+  for (const OverlapMode mode : {OverlapMode::kNone, OverlapMode::kExact}) {
+    SCOPED_TRACE(mode == OverlapMode::kNone ? "none" : "exact");
+    Config c = base();
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero.offload_param.device = OffloadDevice::kCpu;
+    c.strata.overlap = mode;
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    train_one_step(*e, f, 0);
+    std::vector<float> v(static_cast<std::size_t>(kOut) * kHidden);
+    ASSERT_TRUE(e->read_master("l2.w", v).ok());  // the first step's optimizer has ended
+    // Overwrite the start of every swap file (the state blocks live there).
+    const std::vector<char> junk(8u << 20, '\x5a');
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(dir_)) {
+      if (!entry.is_regular_file()) continue;
+      std::fstream out(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+      out.write(junk.data(), static_cast<std::streamsize>(std::min<std::uintmax_t>(junk.size(), entry.file_size())));
+    }
+    auto st = run_step(*e, f, 1);
+    core::Status failed;
+    if (mode == OverlapMode::kNone) {
+      failed = st.status();
+    } else {
+      ASSERT_TRUE(st.ok()) << st.status();  // the optimizer runs behind step_end
+      failed = e->fetch("l1").status();
+      EXPECT_NE(failed.message().find("the engine cannot go on"), std::string::npos) << failed;
+      const core::Status again = e->read_master("l2.w", v);
+      EXPECT_EQ(again.code(), core::StatusCode::kDataLoss) << again;
+    }
+    EXPECT_EQ(failed.code(), core::StatusCode::kDataLoss) << failed;
+    EXPECT_NE(failed.message().find("step 2"), std::string::npos) << failed;
+  }
+  Config c = base();
+  c.strata.overlap = OverlapMode::kDelayed;
+  auto created = Engine::create(c);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), core::StatusCode::kUnimplemented);
+  EXPECT_NE(created.status().message().find("strata.overlap"), std::string::npos) << created.status();
 }
 
 TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
