@@ -239,7 +239,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("load_checkpoint");
   STRATA_RETURN_IF_ERROR(wait_optimizer("load_checkpoint"));
-  drop_prefetches();  // they hold compute copies the load replaces
+  drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
   STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");

@@ -510,6 +510,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
         str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
   }
   STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
+  note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(gs.grad, allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
@@ -715,7 +716,12 @@ core::Result<StepStats> Engine::step_end() {
   micro_step_ = 0;
   nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
-  if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
+  if (job != nullptr) {
+    // A copy prefetched during this step (an evaluation pass's, or one the
+    // trace ran ahead to) holds compute copies the new job replaces.
+    drop_prefetches(Drop::kUpdated);
+    STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
+  }
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }

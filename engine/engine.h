@@ -176,6 +176,8 @@ class Engine {
   // One of a trainable parameter's optimizer arrays: 0 master, 1 exp_avg, 2 exp_avg_sq.
   core::Status read_state(std::string_view param, int which, std::span<float> out);
   core::Status read_compute(std::string_view param, std::span<float> out);
+  // The learned fetch sequence (group names; empty before the first step_end).
+  std::vector<std::string> fetch_sequence() const;
 
  private:
   struct GroupState;
@@ -250,18 +252,26 @@ class Engine {
   // The group's prefetched copy, waited for, when there is one (null
   // otherwise); its traffic is counted now.
   core::Result<bool> take_prefetch(std::size_t g);
-  // Drops every prefetched copy (after their copies end): load_checkpoint
-  // rewrites the compute copies.
-  void drop_prefetches();
+  // Drops prefetched copies (after their copies end): every one
+  // (load_checkpoint rewrites the compute copies), or those of the groups an
+  // optimizer job updates (step_end submits one: a copy taken before it
+  // would be stale).
+  enum class Drop { kAll, kUpdated };
+  void drop_prefetches(Drop which);
   // Follows the trace with a fetch of group g: records it and moves the cursor.
   void note_fetch(std::size_t g);
+  // grad_buffer(g): the step's backward began with g's last fetch (the first
+  // call of the step marks where; learn_fetch_trace drops evaluation passes
+  // before that point).
+  void note_backward(std::size_t g);
   // finalize: the staging ring, charged to strata.budgets.staging (default:
   // four slots of the largest nvme chunk's state).
   core::Status create_staging_ring();
   std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<core::numerics::AdamStepConstants> constants,
                                                    std::int64_t step);
-  // step_end: this step's fetch sequence becomes the learned one (when it
-  // differs): prefetch follows it, and the optimizer its first fetches.
+  // step_end: this step's fetch sequence, less the evaluation passes before
+  // its forward, becomes the learned one (when it differs): prefetch follows
+  // it, and the optimizer its first fetches.
   void learn_fetch_trace();
   // Host views of a pinned or nvme chunk's state; `stage` receives the staging
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
@@ -337,6 +347,8 @@ class Engine {
   gpu::Stream prefetch_stream_;
   std::vector<std::size_t> fetch_trace_;
   std::vector<std::size_t> step_sequence_;
+  std::size_t backward_start_ = SIZE_MAX;  // index in step_sequence_ of the first backward fetch
+  std::size_t trace_backward_ = 0;  // index in fetch_trace_ of its first backward fetch
   std::size_t trace_cursor_ = 0;
   std::int64_t prefetched_fetches_ = 0;  // since the last step_end
   std::map<std::size_t, std::unique_ptr<Prefetch>> prefetched_;

@@ -77,17 +77,6 @@ core::Status Engine::create_staging_ring() {
   return Status();
 }
 
-void Engine::learn_fetch_trace() {
-  if (!step_sequence_.empty() && step_sequence_ != fetch_trace_) {
-    if (!fetch_trace_.empty()) {
-      STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
-    }
-    fetch_trace_ = step_sequence_;
-  }
-  step_sequence_.clear();
-  trace_cursor_ = 0;
-}
-
 std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,
                                                                  std::int64_t step) {
   auto job = std::make_unique<OptimizerJob>();

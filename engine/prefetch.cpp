@@ -26,6 +26,58 @@ using core::Status;
 using core::str_cat;
 
 
+namespace {
+
+// The fetches of a training step without the evaluation passes that came
+// before its forward: when the fetches before the first backward fetch are
+// one sequence repeated (an evaluation pass, or several, then the training
+// forward: the same groups in the same order), only the last repetition is
+// the step's. `backward` is the index of the first backward fetch (the
+// sequence's size when the step had no backward).
+struct Learned {
+  std::vector<std::size_t> sequence;
+  std::size_t backward;  // index of its first backward fetch (its size without one)
+};
+Learned without_evaluation_passes(const std::vector<std::size_t>& seq, std::size_t backward) {
+  backward = std::min(backward, seq.size());
+  for (std::size_t period = 1; period < backward; ++period) {
+    if (backward % period != 0) continue;
+    bool repeats = true;
+    for (std::size_t i = period; i < backward && repeats; ++i) repeats = seq[i] == seq[i - period];
+    if (repeats) return {{seq.begin() + static_cast<std::ptrdiff_t>(backward - period), seq.end()}, period};
+  }
+  return {seq, backward};
+}
+
+}  // namespace
+
+void Engine::learn_fetch_trace() {
+  Learned learned = without_evaluation_passes(step_sequence_, backward_start_);
+  if (!learned.sequence.empty() && learned.sequence != fetch_trace_) {
+    if (!fetch_trace_.empty()) {
+      STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
+    }
+    fetch_trace_ = std::move(learned.sequence);
+    trace_backward_ = learned.backward;
+  }
+  step_sequence_.clear();
+  backward_start_ = SIZE_MAX;
+  trace_cursor_ = 0;
+}
+
+void Engine::note_backward(std::size_t g) {
+  if (backward_start_ != SIZE_MAX) return;
+  const auto it = std::find(step_sequence_.rbegin(), step_sequence_.rend(), g);
+  if (it != step_sequence_.rend()) backward_start_ = static_cast<std::size_t>(step_sequence_.rend() - it) - 1;
+}
+
+std::vector<std::string> Engine::fetch_sequence() const {
+  const core::MutexLock lock(mu_);
+  std::vector<std::string> names;
+  for (std::size_t g : fetch_trace_) names.push_back(layout_.groups[g].name);
+  return names;
+}
+
 void Engine::note_fetch(std::size_t g) {
   step_sequence_.push_back(g);
   if (fetch_trace_.empty()) return;
@@ -34,6 +86,15 @@ void Engine::note_fetch(std::size_t g) {
   const auto from = fetch_trace_.begin() + static_cast<std::ptrdiff_t>(std::min(trace_cursor_, fetch_trace_.size()));
   auto it = std::find(from, fetch_trace_.end(), g);
   if (it == fetch_trace_.end()) it = std::find(fetch_trace_.begin(), from, g);
+  // Before this step's backward, the trace's first group starts a forward
+  // again (an evaluation pass, or the training forward after one): follow the
+  // trace from its start, not from that group's place in the backward.
+  // (Only while the cursor has not followed the trace into its backward: a
+  // backward fetch may come before the grad_buffer that marks the backward.)
+  if (backward_start_ == SIZE_MAX && g == fetch_trace_.front() && trace_cursor_ <= trace_backward_ &&
+      static_cast<std::size_t>(it - fetch_trace_.begin()) >= trace_backward_) {
+    it = fetch_trace_.begin();
+  }
   if (it != fetch_trace_.end()) trace_cursor_ = static_cast<std::size_t>(it - fetch_trace_.begin()) + 1;
 }
 
@@ -89,12 +150,16 @@ core::Result<bool> Engine::take_prefetch(std::size_t g) {
   return true;
 }
 
-void Engine::drop_prefetches() {
-  for (auto& [g, p] : prefetched_) {
-    p->wait().ignore_error();  // the copy must end before its buffer goes
-    device_cache_->put(std::move(p->buffer));
+void Engine::drop_prefetches(Drop which) {
+  for (auto it = prefetched_.begin(); it != prefetched_.end();) {
+    if (which == Drop::kUpdated && layout_.groups[it->first].chunk_count == 0) {
+      ++it;  // frozen: no optimizer writes its copies
+      continue;
+    }
+    it->second->wait().ignore_error();  // the copy must end before its buffer goes
+    device_cache_->put(std::move(it->second->buffer));
+    it = prefetched_.erase(it);
   }
-  prefetched_.clear();
 }
 
 }  // namespace strata::engine
