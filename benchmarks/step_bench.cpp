@@ -9,7 +9,8 @@
 // the busiest of them; ratio_to_bound = step time / bound.
 //
 //   step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N]
-//              [--reps R] [--steps S] [--balance B] [--disk-mixed] [--dir DIR]
+//              [--reps R] [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative]
+//              [--dir DIR]
 //              [--json FILE] [--trace-dir DIR] [--list]
 //
 // docs/benchmarks.md ("step") describes the scenarios, the calibration that
@@ -132,6 +133,7 @@ struct Options {
   int steps = 2;                 // timed steps per block (after one warm-up step)
   double balance = 0.9;          // second-busiest / busiest the calibration aims for
   bool disk_mixed = false;       // also time the disk with reads and writes in flight together
+  eng::OverlapMode overlap = eng::OverlapMode::kExact;  // the overlapped schedule's strata.overlap
   std::string dir;               // root for the swap directories
   std::string json_path;
   std::string trace_dir;
@@ -139,6 +141,7 @@ struct Options {
 };
 
 const char* schedule_name(eng::OverlapMode m) {
+  if (m == eng::OverlapMode::kSpeculative) return "speculative";
   return m == eng::OverlapMode::kNone ? "sequential" : "overlapped";
 }
 const char* placement_name(Placement p) { return p == Placement::kNvme ? "nvme" : "cpu"; }
@@ -202,10 +205,13 @@ std::vector<std::uint16_t> gradient_bits(const Model& m, const GradKind& kind, d
   return bits;
 }
 
-// The step's traffic (StepStats::bytes) and whether the optimizer ran.
+// The step's traffic (StepStats::bytes), whether the optimizer ran, and the
+// elements of speculative updates thrown away (overlap "speculative": Adam's
+// work that counts in the CPU's time although nothing is applied).
 struct Shape {
   eng::StepBytes bytes;
   bool applied = true;
+  std::int64_t discarded = 0;
   std::uint64_t disk_bytes() const { return bytes.nvme_read + bytes.nvme_write; }
   friend bool operator==(const Shape&, const Shape&) = default;
 };
@@ -233,7 +239,7 @@ struct StepRecord {
   Usage usage;  // the process's CPU time and page faults during the step
   eng::StepStats stats;
   bool clipped = false;  // the norm exceeded gradient_clipping (and the step applied)
-  Shape shape() const { return {stats.bytes, !stats.skipped}; }
+  Shape shape() const { return {stats.bytes, !stats.skipped, stats.speculative_discarded}; }
 };
 
 // ---------------------------------------------------------------------------
@@ -811,10 +817,13 @@ struct RateModel {
   // Seconds per byte.
   double h2d = 0, d2h = 0, read = 0, write = 0, mixed = 0, crc = 0, copy = 0;
   std::uint64_t fixed_copy_bytes = 0;  // the gradient writes' memcpy bytes (every step)
+  double trainable = 0;                // elements one Adam pass updates
 
-  static RateModel from(const std::vector<IsoSample>& samples, std::uint64_t fixed_copy_bytes) {
+  static RateModel from(const std::vector<IsoSample>& samples, std::uint64_t fixed_copy_bytes,
+                        std::int64_t trainable) {
     RateModel r;
     r.fixed_copy_bytes = fixed_copy_bytes;
+    r.trainable = static_cast<double>(trainable);
     auto med = [&](auto per_sample) {
       std::vector<double> v;
       for (const IsoSample& s : samples) v.push_back(per_sample(s));
@@ -849,7 +858,8 @@ struct RateModel {
     x.write_s = write * d(b.nvme_write);
     x.mixed_s = mixed * d(s.disk_bytes());
     x.grad_pass_s = grad_pass_s;
-    x.adam_s = s.applied ? adam_s : 0.0;
+    x.adam_s = adam_s * ((s.applied ? 1.0 : 0.0) +
+                         (trainable > 0 ? static_cast<double>(s.discarded) / trainable : 0.0));
     x.crc_s = crc * d(s.disk_bytes());
     x.copy_s = copy * d(b.h2d + b.d2h + fixed_copy_bytes);
     return x;
@@ -990,8 +1000,8 @@ Shape typical_shape(const std::vector<StepRecord>& steps) {
       ->first;
 }
 
-void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes) {
-  r.rates = RateModel::from(r.samples, fixed_copy_bytes);
+void summarize(ScheduleResult& r, std::uint64_t fixed_copy_bytes, std::int64_t trainable) {
+  r.rates = RateModel::from(r.samples, fixed_copy_bytes, trainable);
   r.resources = r.rates.resources(r.typical);
   double skipped = 0, clipped = 0;
   std::vector<double> fetch, grads, opt, prefetched, user, sys, faults;
@@ -1136,7 +1146,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   std::fflush(stdout);
 
   // 3. The two engines, alive together, driven in interleaved blocks.
-  const eng::OverlapMode modes[2] = {eng::OverlapMode::kNone, eng::OverlapMode::kExact};
+  const eng::OverlapMode modes[2] = {eng::OverlapMode::kNone, opt.overlap};
   std::unique_ptr<Driver> drivers[2];
   res.schedules.resize(2);
   for (int k = 0; k < 2; ++k) {
@@ -1191,7 +1201,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
     }
     sr.all_samples = sr.samples;
     if (!same.empty()) sr.samples = same;
-    summarize(sr, res.fixed_copy_bytes);
+    summarize(sr, res.fixed_copy_bytes, m.params());
   }
   return res;
 }
@@ -1376,7 +1386,7 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
 void usage() {
   std::fprintf(stderr,
                "usage: step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N] [--reps R]\n"
-               "                  [--steps S] [--balance B] [--disk-mixed] [--dir DIR] [--json FILE] "
+               "                  [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative] [--dir DIR] [--json FILE] "
                "[--trace-dir DIR]\n"
                "                  [--list]\n");
 }
@@ -1424,6 +1434,16 @@ int run(int argc, char** argv) {
       }
     } else if (arg == "--disk-mixed") {
       opt.disk_mixed = true;
+    } else if (arg == "--overlap") {
+      const std::string v = value();
+      if (v == "exact") {
+        opt.overlap = eng::OverlapMode::kExact;
+      } else if (v == "speculative") {
+        opt.overlap = eng::OverlapMode::kSpeculative;
+      } else {
+        std::fprintf(stderr, "step_bench: --overlap is exact or speculative\n");
+        return 2;
+      }
     } else if (arg == "--dir") {
       opt.dir = value();
     } else if (arg == "--json") {

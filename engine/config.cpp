@@ -80,6 +80,7 @@ constexpr EnumName<CpuAdamIsa> kCpuAdamIsaNames[] = {{"auto", CpuAdamIsa::kAuto}
                                                      {"scalar", CpuAdamIsa::kScalar}};
 constexpr EnumName<OverlapMode> kOverlapNames[] = {{"exact", OverlapMode::kExact},
                                                    {"delayed", OverlapMode::kDelayed},
+                                                   {"speculative", OverlapMode::kSpeculative},
                                                    {"none", OverlapMode::kNone}};
 constexpr EnumName<DeviceKind> kDeviceNames[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};

@@ -20,7 +20,7 @@ enum class WarmupType { kLog, kLinear };  // "log", "linear"
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class IoBackend { kAuto, kIoUring, kLibaio, kPsync };  // "auto", "io_uring", "libaio", "psync"
 enum class CpuAdamIsa { kAuto, kAvx512Bf16, kAvx512, kAvx2, kScalar };
-enum class OverlapMode { kExact, kDelayed, kNone };  // "exact", "delayed", "none"
+enum class OverlapMode { kExact, kDelayed, kNone, kSpeculative };  // "exact", "delayed", "none", "speculative"
 enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
 enum class NonfinitePolicy { kSkip, kError };         // "skip" (skip the step, count it), "error"
 

@@ -256,7 +256,9 @@ core::Status Engine::finalize() {
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(params_, optimizer_groups_, config_));
 
   // Budgets up front, with the numbers (the allocations below enforce them too).
-  const TierBytes need = layout_.bytes();
+  TierBytes need = layout_.bytes();
+  // Speculative updates keep a second version of the state on nvme.
+  if (speculative()) need.nvme += StateStore::nvme_bytes(layout_, false);
   if (need.device > device_budget_.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
                                               " of state on the device; strata.budgets.device allows ",
@@ -275,7 +277,8 @@ core::Status Engine::finalize() {
     const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
     if (config_.strata.budgets.disk_bytes != 0 && config_.strata.budgets.disk_bytes < need.nvme) {
       return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.nvme),
-                                                " on nvme; strata.budgets.disk allows ",
+                                                " on nvme", speculative() ? " (two versions of the optimizer state: strata.overlap is \"speculative\")" : "",
+                                                "; strata.budgets.disk allows ",
                                                 core::format_bytes(config_.strata.budgets.disk_bytes)));
     }
     o.capacity_bytes = config_.strata.budgets.disk_bytes != 0 ? config_.strata.budgets.disk_bytes : wanted;
@@ -299,7 +302,7 @@ core::Status Engine::finalize() {
   ao.tile_elems = config_.strata.cpu_adam.tile_elems;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
 
-  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get()));
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get(), speculative()));
   STRATA_ASSIGN_OR_RETURN(opt_stream_, device_->create_stream("optimizer"));
   if (layout_.trainable_elems > 0) {
     const auto bytes = static_cast<std::size_t>(layout_.trainable_elems) * static_cast<std::size_t>(layout_.grad_bytes);
@@ -344,7 +347,8 @@ core::Status Engine::finalize() {
   // Last, so that a derived ring takes what pinned memory has left.
   STRATA_RETURN_IF_ERROR(create_staging_ring());
   group_done_job_.assign(layout_.groups.size(), 0);
-  if (config_.strata.overlap == OverlapMode::kExact) {
+  grads_in_job_.assign(layout_.groups.size(), 0);
+  if (config_.strata.overlap != OverlapMode::kNone) {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
     grads_queue_ = std::make_unique<SerialQueue>();
     STRATA_ASSIGN_OR_RETURN(prefetch_stream_, device_->create_stream("prefetch"));
@@ -538,14 +542,22 @@ core::Status Engine::grads_ready(std::string_view group) {
     device_cache_->put(std::move(grad));
     return s;
   }
+  // overlap "speculative": the step's last micro-batch starts the optimizer,
+  // which updates each group as its gradients are in.
+  std::int64_t spec = 0;
+  if (speculative() && micro_step + 1 == config_.gradient_accumulation_steps) {
+    if (spec_job_ == 0) STRATA_RETURN_IF_ERROR(start_speculative_job());
+    spec = spec_job_;
+  }
   // The copy down and the pass run on the gradient thread; the device buffer
   // goes with them (the next grad_buffer gets a new one).
   auto grad = std::make_shared<gpu::DeviceBuffer>(std::move(gs.grad));
-  grads_queue_->post([this, g, grad, micro_step] {
+  grads_queue_->post([this, g, grad, micro_step, spec] {
     const core::Stopwatch clock;
     Status s = gradient_pass(g, *grad, micro_step, {&grads_stream_, &grads_bytes_});
     device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
+    if (s.ok() && spec != 0) note_grads_in(g, spec);
     return s;
   });
   return Status();
@@ -666,32 +678,32 @@ core::Result<StepStats> Engine::step_end() {
   stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
   learn_fetch_trace();
   std::unique_ptr<OptimizerJob> job;
+  bool applied = false;
   if (!skip) {
     const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
-    const double grad_scale = nx::combined_grad_scale(loss_scale, clip, gas);
+    std::vector<nx::AdamStepConstants> constants = step_constants(clip);
+    // overlap "speculative": the job under way applies these very constants
+    // (no clipping, same learning rate): it commits what it did and goes on.
+    const bool speculated =
+        spec_job_ != 0 && constants.size() == spec_constants_.size() &&
+        std::memcmp(constants.data(), spec_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
+    if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, speculated));
+    if (!speculated) job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
     const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
-    std::vector<nx::AdamStepConstants> constants;
-    for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
-      const nx::AdamHyperparams h{.lr = lr * og.lr_scale,
-                                  .beta1 = config_.optimizer.beta1,
-                                  .beta2 = config_.optimizer.beta2,
-                                  .eps = config_.optimizer.eps,
-                                  .weight_decay = og.weight_decay,
-                                  .adamw_mode = config_.optimizer.adam_w_mode,
-                                  .bias_correction = config_.optimizer.bias_correction};
-      constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
-    }
-    job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
-    if (config_.strata.overlap == OverlapMode::kNone) {
+    if (job != nullptr && config_.strata.overlap == OverlapMode::kNone) {
       // The sequential schedule: the optimizer runs here, to the end.
       TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
-      STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
+      STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
     }
+    applied = true;
     ++applied_steps_;
     stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
   } else {
+    // A speculative job under way stops; nothing it did is committed.
+    if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, false));
     ++skipped_steps_;
   }
+  spec_job_ = 0;
   stats.step = applied_steps_;
   stats.skipped = skip;
   stats.skipped_total = skipped_steps_;
@@ -700,28 +712,33 @@ core::Result<StepStats> Engine::step_end() {
   // with overlap "exact" that is the previous step's optimizer, which ran
   // during this step's forward.
   stats.bytes = bytes_;
-  stats.bytes += opt_bytes_;
+  {
+    const core::MutexLock lock(opt_mu_);
+    stats.bytes += opt_bytes_;
+    stats.optimizer_s = opt_seconds_;
+    stats.speculative_discarded = opt_discarded_;
+    opt_bytes_ = {};
+    opt_seconds_ = 0.0;
+    opt_discarded_ = 0;
+  }
   stats.bytes += grads_bytes_;
   stats.fetch_s = times_.fetch_s;
   stats.grads_s = times_.grads_s + grads_seconds_;
-  stats.optimizer_s = opt_seconds_;
   stats.prefetched = prefetched_fetches_;
   prefetched_fetches_ = 0;
   bytes_ = {};
-  opt_bytes_ = {};
-  opt_seconds_ = 0.0;
   grads_bytes_ = {};
   grads_seconds_ = 0.0;
   times_ = {};
   micro_step_ = 0;
   nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
-  if (job != nullptr) {
+  if (applied) {
     // A copy prefetched during this step (an evaluation pass's, or one the
-    // trace ran ahead to) holds compute copies the new job replaces.
+    // trace ran ahead to) holds compute copies the step's job replaces.
     drop_prefetches(Drop::kUpdated);
-    STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)));
   }
+  if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }

@@ -21,6 +21,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,6 +33,7 @@
 #include "engine/config.h"
 #include "engine/core/memory_budget.h"
 #include "engine/core/mutex.h"
+#include "engine/core/numerics.h"
 #include "engine/core/result.h"
 #include "engine/layout.h"
 #include "engine/loss_scaler.h"
@@ -89,6 +91,10 @@ struct StepStats {
   double optimizer_s = 0.0;    // the optimizer and new compute copies home (overlap "exact":
                                // the previous step's, which ran during this one)
   std::int64_t prefetched = 0; // fetches served by a prefetched copy (traced prefetch)
+  // overlap "speculative": elements whose speculative update was thrown away
+  // (the step was skipped, or clipping fired and they were updated again),
+  // counted when the job that did the work ends.
+  std::int64_t speculative_discarded = 0;
 };
 
 // Where the engine's device copies go and whose bytes they count (null:
@@ -190,6 +196,7 @@ class Engine {
   core::Status read_compute_locked(std::string_view param, std::span<float> out);
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
+  bool speculative() const { return config_.strata.overlap == OverlapMode::kSpeculative; }
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const;
@@ -227,10 +234,25 @@ class Engine {
   // cpu_adam (nvme chunks through the disk pipeline: reads ahead, Adam, write
   // behind, in the staging ring), device chunks by the device's AdamW; each
   // group's new compute copies go home and the group is marked done.
-  core::Status run_optimizer_job(const OptimizerJob& job);
+  core::Status run_optimizer_job(OptimizerJob& job);
   // Starts the job on the optimizer thread (overlap "exact") or runs it here
-  // (overlap "none").
-  core::Status submit_optimizer_job(std::unique_ptr<OptimizerJob> job);
+  // (overlap "none"); returns its id. A speculative job's id is not waited for
+  // (fetch and the rest wait for the last decided job) until its verdict.
+  core::Result<std::int64_t> submit_optimizer_job(std::unique_ptr<OptimizerJob> job);
+  // overlap "speculative": the step's speculative job (grads_ready, the first
+  // of the step's last micro-batch), the gradient pass's note that a group's
+  // gradients are in, and step_end's verdict: `apply` when the step applies
+  // exactly the speculated constants (the job commits what it did and goes on
+  // in the next forward's order), else the job stops (step_end waits until it
+  // no longer touches the gradients) and nothing it did is committed.
+  std::vector<core::numerics::AdamStepConstants> step_constants(double clip_coefficient) const;
+  core::Status start_speculative_job();
+  void note_grads_in(std::size_t g, std::int64_t job);
+  core::Status settle_speculation(std::int64_t job, bool apply);
+  // The optimizer thread's gate before a speculative job updates group g:
+  // waits until g's gradients are in (when `undoable`) or the verdict came.
+  enum class Gate { kGo, kGoDecided, kStop };
+  Gate speculation_gate(const OptimizerJob& job, std::size_t g, bool undoable);
   void optimizer_thread_main();
   void mark_group_done(std::size_t g, std::int64_t job);
   // Wait until the last submitted job is done with group g, or with every
@@ -322,16 +344,25 @@ class Engine {
   core::BudgetCharge ring_charge_;
   std::vector<gpu::PinnedBuffer> ring_;  // the disk pipeline's staging slots
   gpu::Stream opt_stream_;
-  StepBytes opt_bytes_;       // the jobs' traffic since the last step_end (after wait_optimizer)
-  double opt_seconds_ = 0.0;  // likewise, the jobs' time
+  StepBytes opt_bytes_;                // opt_mu_: finished jobs' traffic since the last step_end
+  double opt_seconds_ = 0.0;           // opt_mu_: likewise, their time
+  std::int64_t opt_discarded_ = 0;     // opt_mu_: likewise, their discarded speculative elements
   core::Mutex cpu_adam_mu_;  // cpu_adam is one call at a time: gradient passes and Adam
   core::Mutex opt_mu_;
   core::CondVar opt_cv_;
-  std::unique_ptr<OptimizerJob> pending_job_;   // opt_mu_
-  std::int64_t submitted_job_ = 0;              // opt_mu_
+  std::deque<std::unique_ptr<OptimizerJob>> pending_jobs_;  // opt_mu_
+  std::int64_t next_job_id_ = 0;                // opt_mu_
+  std::int64_t submitted_job_ = 0;              // opt_mu_: the last decided job (what waits wait for)
   std::int64_t finished_job_ = 0;               // opt_mu_
   std::vector<std::int64_t> group_done_job_;    // opt_mu_: per group, the last job done with it
   core::Status opt_error_;                      // opt_mu_
+  // overlap "speculative" (engine/optimizer.cpp).
+  std::int64_t spec_job_ = 0;                   // mu_: the step's speculative job (0: none yet)
+  std::vector<core::numerics::AdamStepConstants> spec_constants_;  // mu_: its constants
+  std::vector<std::int64_t> grads_in_job_;      // opt_mu_: per group, the speculative job whose gradients are in
+  std::int64_t verdict_job_ = 0;                // opt_mu_: the speculative job with a verdict, and the verdict
+  bool verdict_apply_ = false;                  // opt_mu_
+  std::int64_t quiet_job_ = 0;                  // opt_mu_: the last speculative job that stopped updating
   bool opt_stop_ = false;                       // opt_mu_
   std::thread opt_thread_;
   // The gradient path (overlap "exact"): grads_ready posts the group's

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <map>
 
 #include "cpu_adam/cpu_adam.h"
 #include "engine/core/clock.h"
@@ -26,6 +27,7 @@
 #include "engine/engine.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/elem_types.h"
+#include "engine/internal/group_state.h"
 #include "engine/internal/optimizer_job.h"
 #include "engine/state_store.h"
 #include "nvme/swap_store.h"
@@ -98,26 +100,32 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   return job;
 }
 
-core::Status Engine::submit_optimizer_job(std::unique_ptr<OptimizerJob> job) {
+core::Result<std::int64_t> Engine::submit_optimizer_job(std::unique_ptr<OptimizerJob> job) {
   {
     const core::MutexLock lock(opt_mu_);
-    job->id = ++submitted_job_;
+    job->id = ++next_job_id_;
+    if (!job->speculative) submitted_job_ = job->id;
     if (opt_thread_.joinable()) {
-      pending_job_ = std::move(job);
+      const std::int64_t id = job->id;
+      pending_jobs_.push_back(std::move(job));
       opt_cv_.notify_all();
-      return Status();
+      return id;
     }
   }
   // No optimizer thread (overlap "none"): run it here, to the end.
   Status s = run_optimizer_job(*job);
   finish_optimizer_job(*job, s);
   if (!s.ok()) return std::move(s).annotate(str_cat("the optimizer of step ", job->step));
-  return Status();
+  return job->id;
 }
 
 void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {
   const core::MutexLock lock(opt_mu_);
   finished_job_ = job.id;
+  opt_bytes_ += job.bytes;
+  opt_seconds_ += job.seconds;
+  opt_discarded_ += job.discarded_elems;
+  if (job.speculative) quiet_job_ = std::max(quiet_job_, job.id);
   if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job.step));
   opt_cv_.notify_all();
 }
@@ -127,9 +135,10 @@ void Engine::optimizer_thread_main() {
     std::unique_ptr<OptimizerJob> job;
     {
       const core::MutexLock lock(opt_mu_);
-      opt_cv_.wait(opt_mu_, [this]() STRATA_REQUIRES(opt_mu_) { return opt_stop_ || pending_job_ != nullptr; });
-      if (pending_job_ == nullptr) return;
-      job = std::move(pending_job_);
+      opt_cv_.wait(opt_mu_, [this]() STRATA_REQUIRES(opt_mu_) { return opt_stop_ || !pending_jobs_.empty(); });
+      if (pending_jobs_.empty()) return;
+      job = std::move(pending_jobs_.front());
+      pending_jobs_.pop_front();
     }
     finish_optimizer_job(*job, run_optimizer_job(*job));
   }
@@ -139,10 +148,80 @@ void Engine::stop_optimizer_thread() {
   if (!opt_thread_.joinable()) return;
   {
     const core::MutexLock lock(opt_mu_);
-    opt_stop_ = true;  // a pending job still runs first: stop only when idle
+    opt_stop_ = true;  // pending jobs still run first (a speculative one without a verdict stops at once)
     opt_cv_.notify_all();
   }
   opt_thread_.join();
+}
+
+std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficient) const {
+  const double grad_scale =
+      nx::combined_grad_scale(scaler_.scale(), clip_coefficient, config_.gradient_accumulation_steps);
+  const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
+  std::vector<nx::AdamStepConstants> constants;
+  for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
+    const nx::AdamHyperparams h{.lr = lr * og.lr_scale,
+                                .beta1 = config_.optimizer.beta1,
+                                .beta2 = config_.optimizer.beta2,
+                                .eps = config_.optimizer.eps,
+                                .weight_decay = og.weight_decay,
+                                .adamw_mode = config_.optimizer.adam_w_mode,
+                                .bias_correction = config_.optimizer.bias_correction};
+    constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
+  }
+  return constants;
+}
+
+core::Status Engine::start_speculative_job() {
+  // The constants of a step that is applied and not clipped.
+  spec_constants_ = step_constants(1.0);
+  std::unique_ptr<OptimizerJob> job = make_optimizer_job(spec_constants_, applied_steps_ + 1);
+  job->speculative = true;
+  // Update in the order the backward hands gradients over (the groups by
+  // their last place in the learned sequence; backwards by index before one
+  // is learned); after the verdict, in the next forward's order.
+  const std::size_t n = layout_.groups.size();
+  job->rank.assign(n, n);
+  for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
+  std::vector<std::size_t> last(n, 0);
+  for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i + 1;
+  std::sort(job->order.begin(), job->order.end(), [&](std::size_t a, std::size_t b) {
+    if (last[a] != last[b]) return last[a] > last[b];
+    return a > b;
+  });
+  STRATA_ASSIGN_OR_RETURN(spec_job_, submit_optimizer_job(std::move(job)));
+  return Status();
+}
+
+void Engine::note_grads_in(std::size_t g, std::int64_t job) {
+  const core::MutexLock lock(opt_mu_);
+  grads_in_job_[g] = job;
+  opt_cv_.notify_all();
+}
+
+core::Status Engine::settle_speculation(std::int64_t job, bool apply) {
+  const core::MutexLock lock(opt_mu_);
+  verdict_job_ = job;
+  verdict_apply_ = apply;
+  if (apply) submitted_job_ = job;  // from now on, fetch and the rest wait for its marks
+  opt_cv_.notify_all();
+  if (apply) return Status();
+  // It must stop reading the host gradients before the next step writes them.
+  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) { return quiet_job_ >= job; });
+  if (!opt_error_.ok()) {
+    return Status(opt_error_).annotate("step_end: the engine cannot go on after its optimizer failed");
+  }
+  return Status();
+}
+
+Engine::Gate Engine::speculation_gate(const OptimizerJob& job, std::size_t g, bool undoable) {
+  const core::MutexLock lock(opt_mu_);
+  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
+    return opt_stop_ || verdict_job_ == job.id || (undoable && grads_in_job_[g] == job.id);
+  });
+  if (verdict_job_ == job.id) return verdict_apply_ ? Gate::kGoDecided : Gate::kStop;
+  if (opt_stop_) return Gate::kStop;
+  return Gate::kGo;
 }
 
 void Engine::mark_group_done(std::size_t g, std::int64_t job) {
@@ -168,12 +247,12 @@ core::Status Engine::wait_optimizer_until(const char* op, const std::function<bo
   return Status();
 }
 
-core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
+core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   const core::Stopwatch clock;
   const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
   const adam::ElemType grad_type = adam_type(gb, config_.precision);
   const adam::ElemType compute_type = adam_type(cb, config_.precision);
-  const Lane lane{&opt_stream_, &opt_bytes_};
+  const Lane lane{&opt_stream_, &job.bytes};
 
   struct Item {
     std::size_t group, chunk;
@@ -181,9 +260,11 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
   std::vector<Item> items;
   for (std::size_t g : job.order) {
     const GroupPlace& gp = layout_.groups[g];
-    if (gp.chunk_count == 0) mark_group_done(g, job.id);  // frozen: nothing to update
+    if (gp.chunk_count == 0 && !job.speculative) mark_group_done(g, job.id);  // frozen: nothing to update
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
   }
+  // A speculative job knows whether its work counts only from the verdict on.
+  bool decided = !job.speculative;
 
   // The disk pipeline's state: free slots, reads ahead, writes behind.
   struct Flight {
@@ -205,6 +286,14 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
     free_slots.push_back(f.slot);
     return s;
   };
+  auto drain_writes = [&]() -> Status {
+    Status first;
+    while (!writes.empty()) {
+      Status s = finish_write();
+      if (first.ok()) first = std::move(s);
+    }
+    return first;
+  };
   // Reads for the chunks up to `current + read_ahead`, while slots are free.
   auto issue_reads = [&](std::size_t current) -> Status {
     while (next_read < items.size() && next_read <= current + job.read_ahead) {
@@ -217,31 +306,104 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       const std::size_t c = items[next_read].chunk;
       STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_load(c, ring_[slot].bytes()));
       free_slots.pop_front();
-      opt_bytes_.nvme_read += state_->staging_bytes(c);
+      job.bytes.nvme_read += state_->staging_bytes(c);
       reads.push_back({next_read, slot, std::move(io), core::monotonic_ns()});
       ++next_read;
     }
     return Status();
   };
 
-  // The group whose compute copies are open: its host view (a staging copy
-  // unless they live in pinned memory) and the time it was opened.
-  std::size_t open_group = SIZE_MAX;
-  gpu::PinnedBuffer compute_staging;
-  std::span<std::byte> compute;
-  std::int64_t group_begin_ns = 0;
+  // The groups whose compute copies are open: a host view (the pinned home
+  // itself, or a staging copy; a speculative job's is always a shadow copy),
+  // the chunks still to update, and when the group was opened.
+  struct Open {
+    gpu::PinnedBuffer buffer;
+    std::span<std::byte> compute;
+    std::size_t left = 0;
+    std::int64_t begin_ns = 0;
+  };
+  std::map<std::size_t, Open> open;
+  std::vector<std::size_t> waiting;  // speculative: updated groups awaiting the verdict
+  std::int64_t updated_elems = 0;    // speculative: elements updated before the verdict
+  auto open_group = [&](std::size_t g) -> Status {
+    const GroupPlace& gp = layout_.groups[g];
+    Open o;
+    o.left = gp.chunk_count;
+    o.begin_ns = core::monotonic_ns();
+    if (job.speculative && gp.compute_tier == Tier::kPinned) {
+      const std::span<std::byte> home = groups_[g].pinned_home.bytes();
+      STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_->get(home.size(), "speculative compute copies"));
+      std::memcpy(o.buffer.data(), home.data(), home.size());
+      o.compute = o.buffer.bytes();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(o.compute, load_compute(g, o.buffer, lane));
+    }
+    open.emplace(g, std::move(o));
+    return Status();
+  };
+  // The group's new state becomes the current one: the next versions of its
+  // nvme chunks (speculative) and its compute copies; then the next step may
+  // fetch it.
+  auto commit_group = [&](std::size_t g) -> Status {
+    const GroupPlace& gp = layout_.groups[g];
+    Open& o = open.at(g);
+    if (job.speculative) {
+      for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+        if (state_->tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(state_->commit_next(c));
+      }
+    }
+    if (job.speculative && gp.compute_tier == Tier::kPinned) {
+      std::swap(groups_[g].pinned_home, o.buffer);  // the shadow is the new home
+    } else {
+      STRATA_RETURN_IF_ERROR(commit_compute(g, o.compute, lane));
+    }
+    trace_.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), o.begin_ns,
+                core::monotonic_ns());
+    pinned_cache_->put(std::move(o.buffer));
+    open.erase(g);
+    mark_group_done(g, job.id);
+    return Status();
+  };
+  // The verdict said apply: what was updated is committed in the next
+  // forward's order, and the rest follows that order.
+  auto on_apply = [&](std::size_t current) -> Status {
+    decided = true;
+    std::sort(waiting.begin(), waiting.end(), [&](std::size_t a, std::size_t b) { return job.rank[a] < job.rank[b]; });
+    for (std::size_t g : waiting) STRATA_RETURN_IF_ERROR(commit_group(g));
+    waiting.clear();
+    for (std::size_t g : job.order) {
+      if (layout_.groups[g].chunk_count == 0) mark_group_done(g, job.id);
+    }
+    const auto from = static_cast<std::ptrdiff_t>(std::max(next_read, current + 1));
+    std::stable_sort(items.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(items.size())),
+                     items.end(), [&](const Item& a, const Item& b) { return job.rank[a.group] < job.rank[b.group]; });
+    return Status();
+  };
+  // The verdict said stop: nothing this job did counts.
+  auto stop = [&]() -> Status {
+    for (auto& [g, o] : open) pinned_cache_->put(std::move(o.buffer));
+    open.clear();
+    job.discarded_elems += updated_elems;
+    {
+      const core::MutexLock lock(opt_mu_);
+      quiet_job_ = std::max(quiet_job_, job.id);  // step_end may go on: no gradient is read any more
+      opt_cv_.notify_all();
+    }
+    while (!reads.empty()) {  // their slots must not be reused while the reads run
+      reads.front().io.wait().ignore_error();
+      reads.pop_front();
+    }
+    Status s = drain_writes();
+    job.seconds += clock.elapsed_s();
+    return s;
+  };
 
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::size_t g = items[i].group, c = items[i].chunk;
     const ChunkPlace& cp = layout_.chunks[c];
-    if (g != open_group) {
-      open_group = g;
-      group_begin_ns = core::monotonic_ns();
-      pinned_cache_->put(std::move(compute_staging));
-      compute_staging = {};
-      STRATA_ASSIGN_OR_RETURN(compute, load_compute(g, compute_staging, lane));
-    }
+    if (!open.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
     const std::vector<Layout::Piece> pieces = layout_.pieces(cp);
+    std::span<std::byte> compute = open.at(g).compute;
     auto compute_at = [&](const Layout::Piece& p) {
       const ParamPlace& pl = layout_.places[p.param];
       return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
@@ -250,6 +412,14 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
     // Writes that are done give their slots back; then the reads ahead.
     while (!writes.empty() && writes.front().io.ready()) STRATA_RETURN_IF_ERROR(finish_write());
     STRATA_RETURN_IF_ERROR(issue_reads(i));
+
+    // A speculative update waits for the group's gradients (an nvme chunk,
+    // whose current state stays intact) or for the verdict (anything else).
+    if (!decided) {
+      const Gate gate = speculation_gate(job, g, cp.state_tier == Tier::kNvme);
+      if (gate == Gate::kStop) return stop();
+      if (gate == Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
+    }
 
     if (cp.state_tier != Tier::kDevice) {
       ChunkState st;
@@ -273,7 +443,9 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       }
       {
         const core::MutexLock cpu(cpu_adam_mu_);
-        TraceScope tc(trace_, TraceTrack::kCpuAdam, str_cat("adam chunk ", c), static_cast<std::uint64_t>(cp.elems));
+        TraceScope tc(trace_, TraceTrack::kCpuAdam,
+                      str_cat(decided ? "adam chunk " : "adam (speculative) chunk ", c),
+                      static_cast<std::uint64_t>(cp.elems));
         for (const Layout::Piece& p : pieces) {
           const auto off = static_cast<std::size_t>(p.lo - cp.begin);
           const auto n = static_cast<std::size_t>(p.hi - p.lo);
@@ -289,8 +461,9 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
         }
       }
       if (cp.state_tier == Tier::kNvme) {
-        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_store(c, ring_[slot].bytes()));
-        opt_bytes_.nvme_write += state_->staging_bytes(c);
+        const auto version = job.speculative ? StateStore::Version::kNext : StateStore::Version::kCurrent;
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_store(c, ring_[slot].bytes(), version));
+        job.bytes.nvme_write += state_->staging_bytes(c);
         writes.push_back({i, slot, std::move(io), core::monotonic_ns()});
         if (!job.write_behind) STRATA_RETURN_IF_ERROR(finish_write());
       }
@@ -325,19 +498,25 @@ core::Status Engine::run_optimizer_job(const OptimizerJob& job) {
       pinned_cache_->put(std::move(back));
     }
 
-    // The group's last chunk: its new compute copies go home, and the next
-    // step may fetch it.
-    const GroupPlace& gp = layout_.groups[g];
-    if (c + 1 == gp.first_chunk + gp.chunk_count) {
-      STRATA_RETURN_IF_ERROR(commit_compute(g, compute, lane));
-      trace_.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), group_begin_ns,
-                  core::monotonic_ns());
-      mark_group_done(g, job.id);
+    if (!decided) updated_elems += cp.elems;
+    // The group's last chunk: its new compute copies go home (once the
+    // verdict says so), and the next step may fetch it.
+    if (--open.at(g).left == 0) {
+      if (decided) {
+        STRATA_RETURN_IF_ERROR(commit_group(g));
+      } else {
+        waiting.push_back(g);
+      }
     }
   }
-  while (!writes.empty()) STRATA_RETURN_IF_ERROR(finish_write());
-  pinned_cache_->put(std::move(compute_staging));
-  opt_seconds_ += clock.elapsed_s();
+  // A speculative job that updated everything before its verdict waits for it here.
+  if (!decided) {
+    const Gate gate = speculation_gate(job, SIZE_MAX, false);
+    if (gate == Gate::kStop) return stop();
+    STRATA_RETURN_IF_ERROR(on_apply(items.size()));
+  }
+  STRATA_RETURN_IF_ERROR(drain_writes());
+  job.seconds += clock.elapsed_s();
   return Status();
 }
 

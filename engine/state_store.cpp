@@ -24,9 +24,17 @@ std::uint64_t StateStore::staging_bytes(std::size_t chunk) const {
   return tier(chunk) == Tier::kNvme ? static_cast<std::uint64_t>(elems(chunk)) * kStateBytesPerElem : 0;
 }
 
+std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
+  std::uint64_t bytes = 0;
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier == Tier::kNvme) bytes += static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem;
+  }
+  return two_versions ? 2 * bytes : bytes;
+}
+
 core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layout, gpu::Device& device,
-                                                             nvme::SwapStore* swap) {
-  std::unique_ptr<StateStore> s(new StateStore(layout, device, swap));
+                                                             nvme::SwapStore* swap, bool two_versions) {
+  std::unique_ptr<StateStore> s(new StateStore(layout, device, swap, two_versions));
   s->chunks_.resize(layout.chunks.size());
   // One zeroed staging buffer, reused to initialise nvme chunks and device chunks.
   core::AlignedBuffer zeros;
@@ -61,10 +69,14 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
         if (swap == nullptr) {
           return Status::failed_precondition(str_cat(what, " lives on nvme, but no swap store was opened"));
         }
-        chunk.block_id = str_cat("state/", i);
-        STRATA_RETURN_IF_ERROR(swap->allocate(chunk.block_id, bytes));
-        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap->start_write(chunk.block_id, {zeros.data(), bytes}));
+        chunk.block_id[0] = str_cat("state/", i);
+        STRATA_RETURN_IF_ERROR(swap->allocate(chunk.block_id[0], bytes));
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap->start_write(chunk.block_id[0], {zeros.data(), bytes}));
         STRATA_RETURN_IF_ERROR(io.wait());
+        if (two_versions) {  // written before it is ever read: a speculative update fills it
+          chunk.block_id[1] = str_cat("state/", i, "~");
+          STRATA_RETURN_IF_ERROR(swap->allocate(chunk.block_id[1], bytes));
+        }
         break;
       }
     }
@@ -89,12 +101,27 @@ core::Status StateStore::check_staged(std::size_t chunk, std::size_t staging_siz
 
 core::Result<nvme::SwapIo> StateStore::start_load(std::size_t chunk, std::span<std::byte> staging) {
   STRATA_RETURN_IF_ERROR(check_staged(chunk, staging.size(), "read"));
-  return swap_->start_read(chunks_[chunk].block_id, staging.first(staging_bytes(chunk)));
+  const Chunk& ch = chunks_[chunk];
+  return swap_->start_read(ch.block_id[ch.current], staging.first(staging_bytes(chunk)));
 }
 
-core::Result<nvme::SwapIo> StateStore::start_store(std::size_t chunk, std::span<const std::byte> staging) {
+core::Result<nvme::SwapIo> StateStore::start_store(std::size_t chunk, std::span<const std::byte> staging,
+                                                   Version version) {
   STRATA_RETURN_IF_ERROR(check_staged(chunk, staging.size(), "write"));
-  return swap_->start_write(chunks_[chunk].block_id, staging.first(staging_bytes(chunk)));
+  const Chunk& ch = chunks_[chunk];
+  int which = ch.current;
+  if (version == Version::kNext) {
+    if (!two_versions_) return Status::failed_precondition(str_cat("chunk ", chunk, " has one version on nvme"));
+    which = 1 - ch.current;
+  }
+  return swap_->start_write(ch.block_id[which], staging.first(staging_bytes(chunk)));
+}
+
+core::Status StateStore::commit_next(std::size_t chunk) {
+  STRATA_RETURN_IF_ERROR(check_staged(chunk, SIZE_MAX, "commit"));
+  if (!two_versions_) return Status::failed_precondition(str_cat("chunk ", chunk, " has one version on nvme"));
+  chunks_[chunk].current = 1 - chunks_[chunk].current;
+  return Status();
 }
 
 core::Result<ChunkState> StateStore::load(std::size_t chunk, std::span<std::byte> staging) {

@@ -33,8 +33,14 @@ class StateStore {
   // Allocates every chunk in its home tier and zero-fills it. `swap` may be
   // null when no chunk lives on nvme. Errors: the budgets' and the swap
   // store's, naming what was being allocated.
+  // With `two_versions`, every nvme chunk has a second block ("state/<index>~")
+  // for speculative updates: start_store(..., kNext) writes it and
+  // commit_next() makes it the current one, so the current state stays
+  // intact until a speculative update is known to be right.
   static core::Result<std::unique_ptr<StateStore>> create(const Layout& layout, gpu::Device& device,
-                                                          nvme::SwapStore* swap);
+                                                          nvme::SwapStore* swap, bool two_versions = false);
+  // Disk bytes a layout's nvme state takes (twice the state with two versions).
+  static std::uint64_t nvme_bytes(const Layout& layout, bool two_versions);
 
   std::size_t chunk_count() const { return chunks_.size(); }
   Tier tier(std::size_t chunk) const { return layout_.chunks[chunk].state_tier; }
@@ -58,7 +64,13 @@ class StateStore {
   // staged_views gives the host views; start_store writes the staging copy
   // back. Errors as load()/store(); kFailedPrecondition for other tiers.
   core::Result<nvme::SwapIo> start_load(std::size_t chunk, std::span<std::byte> staging);
-  core::Result<nvme::SwapIo> start_store(std::size_t chunk, std::span<const std::byte> staging);
+  enum class Version { kCurrent, kNext };
+  core::Result<nvme::SwapIo> start_store(std::size_t chunk, std::span<const std::byte> staging,
+                                         Version version = Version::kCurrent);
+  // The next version written by start_store(..., kNext) becomes the current
+  // one (the caller has waited for that write, or will before any read).
+  // kFailedPrecondition without two versions or for other tiers.
+  core::Status commit_next(std::size_t chunk);
   ChunkState staged_views(std::size_t chunk, std::span<std::byte> staging) const {
     return views(staging.data(), elems(chunk));
   }
@@ -70,10 +82,11 @@ class StateStore {
   struct Chunk {
     gpu::DeviceBuffer device;
     gpu::PinnedBuffer pinned;
-    std::string block_id;  // nvme
+    std::string block_id[2];  // nvme: the current version is block_id[current]
+    int current = 0;
   };
-  StateStore(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap)
-      : layout_(layout), device_(device), swap_(swap) {}
+  StateStore(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap, bool two_versions)
+      : layout_(layout), device_(device), swap_(swap), two_versions_(two_versions) {}
   static ChunkState views(std::byte* base, std::int64_t elems);
   // An nvme chunk with enough staging for `what` ("read", "write").
   core::Status check_staged(std::size_t chunk, std::size_t staging_size, const char* what) const;
@@ -81,6 +94,7 @@ class StateStore {
   const Layout& layout_;
   gpu::Device& device_;
   nvme::SwapStore* swap_;
+  bool two_versions_;
   std::vector<Chunk> chunks_;
 };
 

@@ -501,6 +501,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.grads_seconds = st.grads_s;
     r.optimizer_seconds = st.optimizer_s;
     r.prefetched = st.prefetched;
+    r.speculative_discarded = st.speculative_discarded;
     engine->last = r;
     if (out != nullptr) c_api::write_struct(out, r);
     return core::Status();

@@ -17,6 +17,19 @@ struct Engine::OptimizerJob {
   std::vector<std::size_t> order;                // groups, in the order the next forward needs them
   std::size_t read_ahead = 0;                    // nvme chunks read ahead of Adam
   bool write_behind = false;                     // false: each write is waited for at once
+  // Speculative (overlap "speculative"): started by the step's first
+  // grads_ready with the constants the step has unless clipping fires or it
+  // is skipped; `order` is then the backward's order and `rank` each group's
+  // place in the next forward (the order after the verdict). Nvme chunks are
+  // updated as their group's gradients arrive, into the next version of their
+  // state and a shadow of the group's compute copies; nothing is committed
+  // before step_end's verdict (Engine::settle_speculation).
+  bool speculative = false;
+  std::vector<std::size_t> rank;
+  // Written by the job, read after it finished (finish_optimizer_job).
+  StepBytes bytes;
+  double seconds = 0.0;
+  std::int64_t discarded_elems = 0;  // elements updated speculatively and thrown away
 };
 
 }  // namespace strata::engine

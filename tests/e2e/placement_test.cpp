@@ -299,12 +299,14 @@ TEST_F(Placement, Fp16OverflowSkipsAndHalvesTheScaleAsDeepSpeedDoes) {
   EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
 }
 
-// The overlapped schedule (the default, "exact": the optimizer runs behind
-// step_end while the next forward goes on) against the sequential one
-// ("none"), with clipping firing and with fp16 overflows: the same bits.
-// Each step's traffic equals the memory model under "none"; under "exact" the
-// optimizer's traffic shows one step later, so every step after the first
-// equals it too.
+// The overlapped schedules (the default, "exact": the optimizer runs behind
+// step_end while the next forward goes on; "speculative": nvme chunks are
+// updated during the backward and committed or thrown away at step_end)
+// against the sequential one ("none"), with clipping firing and with fp16
+// overflows: the same bits. Each step's traffic equals the memory model under
+// "none"; under "exact" the optimizer's traffic shows one step later, so
+// every step after the first equals it too. Under "speculative" the work
+// thrown away (clipped and skipped steps) shows as speculative_discarded.
 TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
   struct Case {
     const char* name;
@@ -334,9 +336,31 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
     const RunResult seq = train(c, false, tamper);
     c.strata.overlap = OverlapMode::kExact;
     const RunResult ovl = train(c, false, tamper);
+    c.strata.overlap = OverlapMode::kSpeculative;
+    const RunResult spec = train(c, false, tamper);
     ASSERT_EQ(seq.stats.size(), static_cast<std::size_t>(kSteps));
     ASSERT_EQ(ovl.stats.size(), static_cast<std::size_t>(kSteps));
+    ASSERT_EQ(spec.stats.size(), static_cast<std::size_t>(kSteps));
     EXPECT_EQ(seq.losses, ovl.losses);
+    EXPECT_EQ(seq.losses, spec.losses);
+    std::int64_t discarded = 0;
+    for (int s = 0; s < kSteps; ++s) {
+      EXPECT_EQ(seq.stats[s].skipped, spec.stats[s].skipped) << s;
+      EXPECT_EQ(seq.stats[s].grad_norm, spec.stats[s].grad_norm) << s;
+      EXPECT_EQ(seq.stats[s].loss_scale, spec.stats[s].loss_scale) << s;
+      discarded += spec.stats[s].speculative_discarded;
+    }
+    if (k.optimizer == OffloadDevice::kNvme) {
+      EXPECT_GT(discarded, 0) << "clipped and skipped steps throw speculative work away";
+    } else {
+      EXPECT_EQ(discarded, 0) << "only nvme chunks are updated speculatively";
+    }
+    for (const auto& [name, v] : seq.master) EXPECT_TRUE(bits_equal(spec.master.at(name), v)) << "speculative " << name;
+    for (const auto& [name, v] : seq.compute) EXPECT_TRUE(bits_equal(spec.compute.at(name), v)) << "speculative " << name;
+    for (const auto& [name, v] : seq.exp_avg) EXPECT_TRUE(bits_equal(spec.exp_avg.at(name), v)) << "speculative " << name;
+    for (const auto& [name, v] : seq.exp_avg_sq) {
+      EXPECT_TRUE(bits_equal(spec.exp_avg_sq.at(name), v)) << "speculative " << name;
+    }
     int clipped = 0, skipped = 0;
     for (int s = 0; s < kSteps; ++s) {
       EXPECT_EQ(seq.stats[s].skipped, ovl.stats[s].skipped) << s;

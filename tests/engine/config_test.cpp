@@ -903,7 +903,7 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
                    "strata": {"optimizer_cpu_fraction": 1.5})"),
                {"strata.optimizer_cpu_fraction: 1.5 must be in [0, 1]"});
   expect_error(doc(R"("strata": {"overlap": "full"})"),
-               {"strata.overlap: \"full\" is not one of exact, delayed, none"});
+               {"strata.overlap: \"full\" is not one of exact, delayed, speculative, none"});
   expect_error(doc(R"("strata": {"device": "gpu"})"),
                {"strata.device: \"gpu\" is not one of auto, cuda, host"});
   expect_error(doc(R"("strata": {"nonfinite": "ignore"})"),

@@ -335,9 +335,11 @@ typedef struct strata_step_stats {
   double grads_seconds;      /* in taking gradients back (down, gradient pass) */
   double optimizer_seconds;  /* in the optimizer and writing compute copies home */
   int64_t prefetched;        /* fetches served by a prefetched copy since the previous step_end */
+  int64_t speculative_discarded; /* strata.overlap "speculative": elements whose speculative update was
+                                    thrown away (skipped or clipped steps), by jobs ended since the previous step_end */
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT \
-  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0}
+  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
