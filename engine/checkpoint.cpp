@@ -115,6 +115,7 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
 core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
   STRATA_ENGINE_ENTRY("save_checkpoint");
   STRATA_RETURN_IF_ERROR(wait_optimizer("save_checkpoint"));
+  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the state saved here
   STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition(
@@ -239,11 +240,12 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("load_checkpoint");
   STRATA_RETURN_IF_ERROR(wait_optimizer("load_checkpoint"));
-  drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
   STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
   }
+  drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
+  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {
     STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> p, read_file(root + "/latest"));
@@ -352,6 +354,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
   STRATA_ENGINE_ENTRY("export_safetensors");
   STRATA_RETURN_IF_ERROR(wait_optimizer("export_safetensors"));
+  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the state exported here
   STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
   std::error_code ec;
   fs::create_directories(dir, ec);

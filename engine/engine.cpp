@@ -257,8 +257,18 @@ core::Status Engine::finalize() {
 
   // Budgets up front, with the numbers (the allocations below enforce them too).
   TierBytes need = layout_.bytes();
-  // Speculative updates keep a second version of the state on nvme.
-  if (speculative()) need.nvme += StateStore::nvme_bytes(layout_, false);
+  // Speculative updates keep a second version of the state on nvme, and the
+  // new compute copies of those groups in pinned memory until step_end.
+  if (speculative()) {
+    need.nvme += StateStore::nvme_bytes(layout_, false);
+    for (const GroupPlace& gp : layout_.groups) {
+      for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+        if (layout_.chunks[c].state_tier != Tier::kNvme) continue;
+        need.pinned += static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+        break;
+      }
+    }
+  }
   if (need.device > device_budget_.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
                                               " of state on the device; strata.budgets.device allows ",
@@ -267,7 +277,11 @@ core::Status Engine::finalize() {
   }
   if (need.pinned > pinned_budget_.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
-                                              " of state in pinned memory; strata.budgets.pinned allows ",
+                                              " of state in pinned memory",
+                                              speculative() ? " (with the new compute copies that strata.overlap "
+                                                              "\"speculative\" holds until step_end)"
+                                                            : "",
+                                              "; strata.budgets.pinned allows ",
                                               core::format_bytes(pinned_budget_.limit_bytes()),
                                               ". Put the optimizer state on nvme or raise the budget"));
   }
@@ -542,8 +556,9 @@ core::Status Engine::grads_ready(std::string_view group) {
     device_cache_->put(std::move(grad));
     return s;
   }
-  // overlap "speculative": the step's last micro-batch starts the optimizer,
-  // which updates each group as its gradients are in.
+  // overlap "speculative": the step's optimizer job (started by the last
+  // step_end, or here for the first step) updates each group as its
+  // gradients of the last micro-batch are in.
   std::int64_t spec = 0;
   if (speculative() && micro_step + 1 == config_.gradient_accumulation_steps) {
     if (spec_job_ == 0) STRATA_RETURN_IF_ERROR(start_speculative_job());
@@ -739,6 +754,9 @@ core::Result<StepStats> Engine::step_end() {
     drop_prefetches(Drop::kUpdated);
   }
   if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
+  // overlap "speculative": the next step's job starts now, so that it reads
+  // the first chunks the backward will need while the forward runs.
+  if (speculative()) STRATA_RETURN_IF_ERROR(start_speculative_job());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }
@@ -746,6 +764,7 @@ core::Result<StepStats> Engine::step_end() {
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_state");
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_state"));
+  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the same blocks
   return read_state_locked(param, which, out);
 }
 
@@ -787,6 +806,7 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_compute"));
+  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the same blocks
   return read_compute_locked(param, out);
 }
 

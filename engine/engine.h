@@ -249,6 +249,10 @@ class Engine {
   core::Status start_speculative_job();
   void note_grads_in(std::size_t g, std::int64_t job);
   core::Status settle_speculation(std::int64_t job, bool apply);
+  // Stops the speculative job started ahead (at step_end, for the next step)
+  // before a call reads the state it may be reading: the next grads_ready
+  // starts another.
+  core::Status abandon_speculation();
   // The optimizer thread's gate before a speculative job updates group g:
   // waits until g's gradients are in (when `undoable`) or the verdict came.
   enum class Gate { kGo, kGoDecided, kStop };

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <utility>
 
 #include "cpu_adam/cpu_adam.h"
 #include "engine/core/clock.h"
@@ -183,10 +184,10 @@ core::Status Engine::start_speculative_job() {
   const std::size_t n = layout_.groups.size();
   job->rank.assign(n, n);
   for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
-  std::vector<std::size_t> last(n, 0);
-  for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i + 1;
+  std::vector<std::size_t> last(n, SIZE_MAX);  // never fetched: last
+  for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i;
   std::sort(job->order.begin(), job->order.end(), [&](std::size_t a, std::size_t b) {
-    if (last[a] != last[b]) return last[a] > last[b];
+    if (last[a] != last[b]) return last[a] < last[b];
     return a > b;
   });
   STRATA_ASSIGN_OR_RETURN(spec_job_, submit_optimizer_job(std::move(job)));
@@ -197,6 +198,12 @@ void Engine::note_grads_in(std::size_t g, std::int64_t job) {
   const core::MutexLock lock(opt_mu_);
   grads_in_job_[g] = job;
   opt_cv_.notify_all();
+}
+
+core::Status Engine::abandon_speculation() {
+  if (spec_job_ == 0) return Status();
+  const std::int64_t job = std::exchange(spec_job_, 0);
+  return settle_speculation(job, false);
 }
 
 core::Status Engine::settle_speculation(std::int64_t job, bool apply) {
@@ -384,14 +391,16 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     for (auto& [g, o] : open) pinned_cache_->put(std::move(o.buffer));
     open.clear();
     job.discarded_elems += updated_elems;
-    {
-      const core::MutexLock lock(opt_mu_);
-      quiet_job_ = std::max(quiet_job_, job.id);  // step_end may go on: no gradient is read any more
-      opt_cv_.notify_all();
-    }
-    while (!reads.empty()) {  // their slots must not be reused while the reads run
+    while (!reads.empty()) {  // the current versions it reads are the caller's again after this
       reads.front().io.wait().ignore_error();
       reads.pop_front();
+    }
+    {
+      // The caller may go on: no gradient, compute copy or current state is
+      // read any more (the writes left go to the next versions).
+      const core::MutexLock lock(opt_mu_);
+      quiet_job_ = std::max(quiet_job_, job.id);
+      opt_cv_.notify_all();
     }
     Status s = drain_writes();
     job.seconds += clock.elapsed_s();
@@ -401,13 +410,6 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::size_t g = items[i].group, c = items[i].chunk;
     const ChunkPlace& cp = layout_.chunks[c];
-    if (!open.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
-    const std::vector<Layout::Piece> pieces = layout_.pieces(cp);
-    std::span<std::byte> compute = open.at(g).compute;
-    auto compute_at = [&](const Layout::Piece& p) {
-      const ParamPlace& pl = layout_.places[p.param];
-      return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
-    };
 
     // Writes that are done give their slots back; then the reads ahead.
     while (!writes.empty() && writes.front().io.ready()) STRATA_RETURN_IF_ERROR(finish_write());
@@ -420,6 +422,15 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
       if (gate == Gate::kStop) return stop();
       if (gate == Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
     }
+    // The group's compute copies are read only now: a speculative job may
+    // have started before the forward that fetches them.
+    if (!open.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
+    const std::vector<Layout::Piece> pieces = layout_.pieces(cp);
+    std::span<std::byte> compute = open.at(g).compute;
+    auto compute_at = [&](const Layout::Piece& p) {
+      const ParamPlace& pl = layout_.places[p.param];
+      return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
+    };
 
     if (cp.state_tier != Tier::kDevice) {
       ChunkState st;

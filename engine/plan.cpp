@@ -353,6 +353,14 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     add("optimizer_staging", Tier::kCpu, sat_mul(per_state, states),
         str_cat(kOptimizerRingDepth, " chunks of strata.chunk_bytes ",
                 core::format_bytes(cfg.strata.chunk_bytes), " x ", states, " fp32 states"));
+    if (cfg.strata.overlap == OverlapMode::kSpeculative) {
+      // What a speculative update keeps until step_end's verdict: a second
+      // version of the nvme state, and the new compute copies.
+      add("speculative_state", Tier::kNvme, sat_mul(u64(t_nvme), state),
+          count_times(t_nvme, state, "a second version (strata.overlap speculative)"));
+      add("speculative_compute_copies", Tier::kCpu, sat_mul(u64(t_nvme), c),
+          count_times(t_nvme, c, "new compute copies awaiting step_end (strata.overlap speculative)"));
+    }
   }
   if (m.activations) {
     const ActivationEstimate& a = *m.activations;
@@ -551,6 +559,8 @@ std::string_view item_label(std::string_view name) {
   if (name == "optimizer_moments") return "optimizer moments";
   if (name == "optimizer_staging") return "optimizer staging";
   if (name == "param_staging") return "param staging";
+  if (name == "speculative_state") return "speculative state";
+  if (name == "speculative_compute_copies") return "speculative compute copies";
   if (name == "activations") return "activations";
   if (name == "logits") return "logits";
   if (name == "checkpoint") return "checkpoint";

@@ -30,6 +30,10 @@
 //    fp32 state (3 for Adam: master and two moments), no larger than the
 //    NVMe-resident state; with parameters on NVMe offload_param.buffer_count
 //    x buffer_size x c.
+//  - with strata.overlap "speculative" and optimizer state on NVMe: a second
+//    version of that state on disk ((4 + moments) B per NVMe-resident
+//    parameter) and pinned room for its groups' new compute copies (c B per
+//    NVMe-resident parameter) until step_end decides.
 //  - activations (GPU; only with a transformer shape): see
 //    estimate_activations().
 //  - checkpoint space on disk: c x P + (4 + moments) x T.

@@ -137,7 +137,7 @@ class Placement : public MlpTest {
     for (const Tensor& t : kTensors) {
       std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
       if (!(freeze_l1 && t.group == "l1")) {
-        EXPECT_TRUE(e.read_master(t.name, v).ok());
+        { auto rs = e.read_master(t.name, v); EXPECT_TRUE(rs.ok()) << rs; }
         r.master[t.name] = v;
         EXPECT_TRUE(e.read_state(t.name, 1, v).ok());
         r.exp_avg[t.name] = v;
@@ -558,6 +558,26 @@ TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   const core::Status s = finalize_status(c);
   EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted);
   EXPECT_NE(s.message().find("strata.budgets.pinned"), std::string::npos) << s;
+}
+
+// strata.overlap "speculative" keeps a second version of the nvme state: a
+// disk budget that holds one version is enough under "exact" and refused at
+// finalize under "speculative", saying why.
+TEST_F(Placement, SpeculativeUpdatesNeedRoomForTheSecondVersion) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  auto e = make_mlp_engine(c);
+  ASSERT_NE(e, nullptr);
+  const std::uint64_t one_version = e->layout().bytes().nvme;
+  e.reset();
+  c.strata.budgets.disk_bytes = one_version + (one_version / 2);
+  EXPECT_TRUE(finalize_status(c).ok());
+  c.strata.overlap = OverlapMode::kSpeculative;
+  const core::Status s = finalize_status(c);
+  EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("two versions"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("strata.budgets.disk"), std::string::npos) << s;
 }
 
 TEST_F(Placement, FineTunesFromASafetensorsFile) {

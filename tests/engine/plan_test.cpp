@@ -375,6 +375,22 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
   EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "optimizer_staging"), 3u * 4000u);
 }
 
+// strata.overlap "speculative" keeps a second version of the NVMe state and
+// the new compute copies of its parameters until step_end: both are counted.
+TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kNvme);
+  config.strata.optimizer_cpu_fraction = 0.5;
+  core::Result<Plan> plan =
+      make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "speculative_state"), 0u);
+  config.strata.overlap = OverlapMode::kSpeculative;
+  plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "speculative_state"), 12'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "speculative_compute_copies"), 2'000'000'000u);
+}
+
 // Two fresh directories under /tmp, removed at the end of the test.
 class TempDirs {
  public:
