@@ -24,6 +24,12 @@ enum class OverlapMode { kExact, kDelayed, kNone, kSpeculative };  // "exact", "
 enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
 enum class NonfinitePolicy { kSkip, kError };         // "skip" (skip the step, count it), "error"
 
+// Slots of the disk pipeline's staging ring when strata.budgets.staging is
+// derived (the planner counts the same): four, or six with "speculative",
+// whose reads also run ahead of the backward's gradients (measured:
+// docs/benchmarks.md, step).
+inline std::int64_t optimizer_ring_depth(OverlapMode overlap) { return overlap == OverlapMode::kSpeculative ? 6 : 4; }
+
 std::string_view to_string(OffloadDevice v);
 std::string_view to_string(OptimizerType v);
 std::string_view to_string(SchedulerType v);

@@ -806,7 +806,6 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_compute"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the same blocks
   return read_compute_locked(param, out);
 }
 

@@ -248,10 +248,11 @@ class Engine {
   std::vector<core::numerics::AdamStepConstants> step_constants(double clip_coefficient) const;
   core::Status start_speculative_job();
   void note_grads_in(std::size_t g, std::int64_t job);
-  core::Status settle_speculation(std::int64_t job, bool apply);
+  core::Status settle_speculation(std::int64_t job, bool apply, bool reads_too = false);
   // Stops the speculative job started ahead (at step_end, for the next step)
-  // before a call reads the state it may be reading: the next grads_ready
-  // starts another.
+  // before a call reads the optimizer state it may be reading (read_state,
+  // checkpoints, export): the next grads_ready starts another. (It reads a
+  // group's compute copies only once that group's gradients are in.)
   core::Status abandon_speculation();
   // The optimizer thread's gate before a speculative job updates group g:
   // waits until g's gradients are in (when `undoable`) or the verdict came.
@@ -367,6 +368,7 @@ class Engine {
   std::int64_t verdict_job_ = 0;                // opt_mu_: the speculative job with a verdict, and the verdict
   bool verdict_apply_ = false;                  // opt_mu_
   std::int64_t quiet_job_ = 0;                  // opt_mu_: the last speculative job that stopped updating
+  std::int64_t reads_done_job_ = 0;             // opt_mu_: ... and whose reads of the current state ended
   bool opt_stop_ = false;                       // opt_mu_
   std::thread opt_thread_;
   // The gradient path (overlap "exact"): grads_ready posts the group's

@@ -41,7 +41,6 @@ namespace nx = core::numerics;
 
 namespace {
 
-constexpr std::uint64_t kDefaultRingSlots = 4;
 
 }  // namespace
 
@@ -57,11 +56,13 @@ core::Status Engine::create_staging_ring() {
   const std::uint64_t limit = staging_budget_.limit_bytes();
   std::uint64_t slots = limit / slot;
   if (limit == core::MemoryBudget::kUnlimited) {
-    // Derived: four slots, or fewer when pinned memory is tight (at most half
-    // of what it has left, and at least one slot).
-    slots = kDefaultRingSlots;
+    // Derived: four slots (six when speculative: reads also run ahead of the
+    // gradients), or fewer when pinned memory is tight (at most half of what
+    // it has left, and at least one slot).
+    const auto depth = static_cast<std::uint64_t>(optimizer_ring_depth(config_.strata.overlap));
+    slots = depth;
     if (pinned_budget_.limit_bytes() != core::MemoryBudget::kUnlimited) {
-      slots = std::clamp<std::uint64_t>(pinned_budget_.available_bytes() / (2 * slot), 1, kDefaultRingSlots);
+      slots = std::clamp<std::uint64_t>(pinned_budget_.available_bytes() / (2 * slot), 1, depth);
     }
   }
   if (slots == 0) {
@@ -126,7 +127,10 @@ void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {
   opt_bytes_ += job.bytes;
   opt_seconds_ += job.seconds;
   opt_discarded_ += job.discarded_elems;
-  if (job.speculative) quiet_job_ = std::max(quiet_job_, job.id);
+  if (job.speculative) {
+    quiet_job_ = std::max(quiet_job_, job.id);
+    reads_done_job_ = std::max(reads_done_job_, job.id);
+  }
   if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job.step));
   opt_cv_.notify_all();
 }
@@ -203,18 +207,21 @@ void Engine::note_grads_in(std::size_t g, std::int64_t job) {
 core::Status Engine::abandon_speculation() {
   if (spec_job_ == 0) return Status();
   const std::int64_t job = std::exchange(spec_job_, 0);
-  return settle_speculation(job, false);
+  return settle_speculation(job, false, /*reads_too=*/true);
 }
 
-core::Status Engine::settle_speculation(std::int64_t job, bool apply) {
+core::Status Engine::settle_speculation(std::int64_t job, bool apply, bool reads_too) {
   const core::MutexLock lock(opt_mu_);
   verdict_job_ = job;
   verdict_apply_ = apply;
   if (apply) submitted_job_ = job;  // from now on, fetch and the rest wait for its marks
   opt_cv_.notify_all();
   if (apply) return Status();
-  // It must stop reading the host gradients before the next step writes them.
-  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) { return quiet_job_ >= job; });
+  // It must stop reading the host gradients before the next step writes them
+  // (and, with reads_too, the current state before the caller reads it).
+  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
+    return quiet_job_ >= job && (!reads_too || reads_done_job_ >= job);
+  });
   if (!opt_error_.ok()) {
     return Status(opt_error_).annotate("step_end: the engine cannot go on after its optimizer failed");
   }
@@ -391,15 +398,20 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     for (auto& [g, o] : open) pinned_cache_->put(std::move(o.buffer));
     open.clear();
     job.discarded_elems += updated_elems;
+    {
+      // step_end may go on: no gradient or compute copy is read any more.
+      const core::MutexLock lock(opt_mu_);
+      quiet_job_ = std::max(quiet_job_, job.id);
+      opt_cv_.notify_all();
+    }
     while (!reads.empty()) {  // the current versions it reads are the caller's again after this
       reads.front().io.wait().ignore_error();
       reads.pop_front();
     }
     {
-      // The caller may go on: no gradient, compute copy or current state is
-      // read any more (the writes left go to the next versions).
+      // Nor any current state (the writes left go to the next versions).
       const core::MutexLock lock(opt_mu_);
-      quiet_job_ = std::max(quiet_job_, job.id);
+      reads_done_job_ = std::max(reads_done_job_, job.id);
       opt_cv_.notify_all();
     }
     Status s = drain_writes();

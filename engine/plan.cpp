@@ -349,9 +349,9 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
         count_times(t_nvme, moments, optimizer_label(cfg.optimizer.type)));
     const std::uint64_t states = 1 + moments / 4;
     const std::uint64_t per_state = std::min(
-        sat_mul(u64(kOptimizerRingDepth), cfg.strata.chunk_bytes), sat_mul(u64(t_nvme), 4));
+        sat_mul(u64(optimizer_ring_depth(cfg.strata.overlap)), cfg.strata.chunk_bytes), sat_mul(u64(t_nvme), 4));
     add("optimizer_staging", Tier::kCpu, sat_mul(per_state, states),
-        str_cat(kOptimizerRingDepth, " chunks of strata.chunk_bytes ",
+        str_cat(optimizer_ring_depth(cfg.strata.overlap), " chunks of strata.chunk_bytes ",
                 core::format_bytes(cfg.strata.chunk_bytes), " x ", states, " fp32 states"));
     if (cfg.strata.overlap == OverlapMode::kSpeculative) {
       // What a speculative update keeps until step_end's verdict: a second

@@ -26,7 +26,7 @@
 //    one layer: P / num_layers parameters, or with a transformer shape the
 //    larger of a block (12h^2 + 13h) and the embedding (V h).
 //  - pinned staging: with optimizer state on NVMe a ring of
-//    kOptimizerRingDepth chunks (strata.chunk_bytes of fp32 master each) per
+//    optimizer_ring_depth() chunks (strata.chunk_bytes of fp32 master each) per
 //    fp32 state (3 for Adam: master and two moments), no larger than the
 //    NVMe-resident state; with parameters on NVMe offload_param.buffer_count
 //    x buffer_size x c.
@@ -66,7 +66,6 @@ namespace strata::engine {
 
 // Chunks in flight per fp32 optimizer state when that state is on NVMe:
 // one being read, one being updated, one being written, one spare.
-inline constexpr std::int64_t kOptimizerRingDepth = 4;
 
 enum class Tier : int { kGpu = 0, kCpu = 1, kNvme = 2 };
 inline constexpr int kNumTiers = 3;

@@ -28,7 +28,11 @@ def load(paths):
             doc = json.load(f)
         for sc in doc["scenarios"]:
             by = {s["schedule"]: s for s in sc["schedules"]}
-            rows.append((sc["scenario"], sc, by))
+            name = sc["scenario"]
+            if "speculative" in by and "overlapped" not in by:  # step_bench --overlap speculative
+                by["overlapped"] = by.pop("speculative")
+                name += " (speculative)"
+            rows.append((name, sc, by))
     return rows
 
 

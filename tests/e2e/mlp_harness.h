@@ -68,6 +68,12 @@ struct Framework {
   int cb = 2;
   Precision precision = Precision::kBf16;
 
+  // Takes the engine's compute dtype.
+  void bind(const Engine& e) {
+    cb = e.layout().compute_bytes;
+    precision = e.config().precision;
+  }
+
   void batch(int step) {
     Rng r{static_cast<std::uint64_t>(step) * 7919 + 1};
     x.resize(kBatch * kIn);

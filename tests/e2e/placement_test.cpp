@@ -384,16 +384,27 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
 }
 
 // The disk pipeline's staging ring stays inside strata.budgets.staging: two
-// slots for a dozen nvme chunks still train to the same bits; a budget below
-// one chunk is refused at finalize naming the key.
+// slots for a dozen nvme chunks still train to the same bits, under "exact"
+// and "speculative" (derived: four and six slots); a budget below one chunk
+// is refused at finalize naming the key.
 TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
   Config c = base();
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
   c.zero.offload_param.device = OffloadDevice::kCpu;
   const RunResult reference = train(c, false, nullptr, -1, 6);
   const std::uint64_t chunk_state = 65536ull * 12;  // base(): one norm block per chunk
-  c.strata.budgets.staging_bytes = 2 * chunk_state + chunk_state / 2;
-  {
+  for (const OverlapMode mode : {OverlapMode::kExact, OverlapMode::kSpeculative}) {
+    SCOPED_TRACE(to_string(mode));
+    c.strata.overlap = mode;
+    c.strata.budgets.staging_bytes = 0;  // derived: 4 slots, 6 when speculative, no more than the chunks
+    {
+      auto e = make_mlp_engine(c);
+      ASSERT_NE(e, nullptr);
+      const auto depth = static_cast<std::size_t>(optimizer_ring_depth(mode));
+      EXPECT_EQ(depth, mode == OverlapMode::kSpeculative ? 6u : 4u);
+      EXPECT_EQ(e->staging_slots(), std::min(depth, e->layout().chunks.size()));
+    }
+    c.strata.budgets.staging_bytes = 2 * chunk_state + chunk_state / 2;
     auto e = make_mlp_engine(c);
     ASSERT_NE(e, nullptr);
     EXPECT_EQ(e->staging_slots(), 2u);
@@ -404,6 +415,7 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
     EXPECT_EQ(e->staging_budget().peak_bytes(), 2 * chunk_state);
     EXPECT_LE(e->staging_budget().peak_bytes(), c.strata.budgets.staging_bytes);
   }
+  c.strata.overlap = OverlapMode::kExact;
   c.strata.budgets.staging_bytes = chunk_state - 4096;
   const core::Status s = finalize_status(c);
   EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
@@ -426,8 +438,7 @@ TEST_F(Placement, TracedPrefetchServesTheFetchesThatComeNext) {
     auto e = make_mlp_engine(c);
     ASSERT_NE(e, nullptr);
     Framework f;
-    f.cb = e->layout().compute_bytes;
-    f.precision = c.precision;
+    f.bind(*e);
     for (int s = 0; s < 5; ++s) {
       if (s == 3) {  // evaluation passes between steps
         for (int pass = 0; pass < 2; ++pass) {
@@ -466,8 +477,7 @@ TEST_F(Placement, CopiesPrefetchedBeforeStepEndAreNotServedStale) {
     auto e = make_mlp_engine(c);
     ASSERT_NE(e, nullptr);
     Framework f;
-    f.cb = e->layout().compute_bytes;
-    f.precision = c.precision;
+    f.bind(*e);
     for (int s = 0; s < 6; ++s) {
       f.batch(s * 16);
       f.load(*e, "l1");
