@@ -245,6 +245,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
   }
   drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
+  drop_resident(Drop::kAll);
   STRATA_RETURN_IF_ERROR(abandon_speculation());  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {

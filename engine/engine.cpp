@@ -95,6 +95,7 @@ Engine::~Engine() {
   grads_queue_.reset();     // drains the gradient passes
   prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
   prefetched_.clear();
+  resident_.clear();
   stop_optimizer_thread();
   for (GroupState& gs : groups_) {  // nothing goes back into the caches below
     gs.working.reset();
@@ -228,7 +229,13 @@ TraceTrack Engine::track_of(Lane lane) const {
 
 core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, const std::string& what) {
   core::Result<gpu::DeviceBuffer> b = device_cache_->get(bytes, what);
-  if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted || grads_queue_ == nullptr) return b;
+  if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+  if (!resident_.empty()) {  // resident copies give their memory back first
+    drop_resident(Drop::kAll);
+    b = device_cache_->get(bytes, what);
+    if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+  }
+  if (grads_queue_ == nullptr) return b;
   // Gradient passes in flight hold device buffers: let them finish, then try again.
   STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
   return device_cache_->get(bytes, what);
@@ -486,6 +493,15 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
     gs.fetched = true;
     return gs.device_home.span();
   }
+  if (auto it = resident_.find(g); it != resident_.end()) {  // still on the device since its release
+    gs.working = std::move(it->second);
+    resident_.erase(it);
+    ++resident_fetches_;
+    resident_bytes_ += gs.working.size_bytes();
+    gs.fetched = true;
+    issue_prefetches();
+    return gs.working.span();
+  }
   STRATA_ASSIGN_OR_RETURN(const bool prefetched, take_prefetch(g));
   if (prefetched) {
     ++prefetched_fetches_;
@@ -509,7 +525,11 @@ core::Status Engine::release(std::string_view group) {
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "release"));
   GroupState& gs = groups_[g];
   if (!gs.fetched) return Status::failed_precondition(str_cat("release('", group, "'): the group is not fetched"));
-  device_cache_->put(std::move(gs.working));
+  if (prefetch_queue_ != nullptr && layout_.groups[g].compute_tier != Tier::kDevice) {
+    keep_resident(g, std::move(gs.working));  // the overlapped schedules keep it while it is current
+  } else {
+    device_cache_->put(std::move(gs.working));
+  }
   gs.working = {};
   gs.fetched = false;
   return Status();
@@ -741,6 +761,10 @@ core::Result<StepStats> Engine::step_end() {
   stats.grads_s = times_.grads_s + grads_seconds_;
   stats.prefetched = prefetched_fetches_;
   prefetched_fetches_ = 0;
+  stats.resident = resident_fetches_;
+  stats.resident_bytes = resident_bytes_;
+  resident_fetches_ = 0;
+  resident_bytes_ = 0;
   bytes_ = {};
   grads_bytes_ = {};
   grads_seconds_ = 0.0;
@@ -750,8 +774,10 @@ core::Result<StepStats> Engine::step_end() {
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
   if (applied) {
     // A copy prefetched during this step (an evaluation pass's, or one the
-    // trace ran ahead to) holds compute copies the step's job replaces.
+    // trace ran ahead to), or kept since a release, holds compute copies the
+    // step's job replaces.
     drop_prefetches(Drop::kUpdated);
+    drop_resident(Drop::kUpdated);
   }
   if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
   // overlap "speculative": the next step's job starts now, so that it reads

@@ -91,6 +91,8 @@ struct StepStats {
   double optimizer_s = 0.0;    // the optimizer and new compute copies home (overlap "exact":
                                // the previous step's, which ran during this one)
   std::int64_t prefetched = 0; // fetches served by a prefetched copy (traced prefetch)
+  std::int64_t resident = 0;   // fetches served by a copy kept on the device since its release
+  std::uint64_t resident_bytes = 0;  // the compute copies they did not move (not in `bytes`)
   // overlap "speculative": elements whose speculative update was thrown away
   // (the step was skipped, or clipping fired and they were updated again),
   // counted when the job that did the work ends.
@@ -285,6 +287,26 @@ class Engine {
   // would be stale).
   enum class Drop { kAll, kUpdated };
   void drop_prefetches(Drop which);
+  // Resident copies: release() keeps a group's device copy while it is still
+  // what the compute copies hold (until an optimizer updates them), and fetch
+  // takes it back without a copy. Groups of at most
+  // stage3_param_persistence_threshold elements stay (persistent); the others
+  // share stage3_max_live_parameters with fetched and prefetched groups, and
+  // when room is needed the one used again farthest ahead in the learned
+  // sequence goes first (Belady). Dropped like prefetches (the same Drop).
+  void keep_resident(std::size_t g, gpu::DeviceBuffer buffer);
+  bool persistent(std::size_t g) const;
+  // Evicts non-persistent resident copies, farthest next use first, until
+  // `live + bytes` fits within stage3_max_live_parameters or none is left
+  // whose next use comes after `before` (a position in the trace; SIZE_MAX:
+  // any); returns the bytes on the device for groups (fetched, prefetched,
+  // resident) afterwards.
+  std::uint64_t make_room(std::uint64_t bytes, std::size_t before);
+  std::uint64_t live_bytes() const;
+  // The position of group g's next use in the learned sequence from the
+  // cursor on (SIZE_MAX: not again in this step).
+  std::size_t next_use(std::size_t g) const;
+  void drop_resident(Drop which);
   // Follows the trace with a fetch of group g: records it and moves the cursor.
   void note_fetch(std::size_t g);
   // grad_buffer(g): the step's backward began with g's last fetch (the first
@@ -389,6 +411,9 @@ class Engine {
   std::size_t trace_cursor_ = 0;
   std::int64_t prefetched_fetches_ = 0;  // since the last step_end
   std::map<std::size_t, std::unique_ptr<Prefetch>> prefetched_;
+  std::map<std::size_t, gpu::DeviceBuffer> resident_;  // released copies kept (see keep_resident)
+  std::int64_t resident_fetches_ = 0;                  // fetches served by one, since the last step_end
+  std::uint64_t resident_bytes_ = 0;                   // and their bytes
   // Step bookkeeping.
   int micro_step_ = 0;            // micro-batches ended in this step
   bool nonfinite_ = false;        // some gradient pass saw inf/NaN this step

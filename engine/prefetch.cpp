@@ -98,21 +98,84 @@ void Engine::note_fetch(std::size_t g) {
   if (it != fetch_trace_.end()) trace_cursor_ = static_cast<std::size_t>(it - fetch_trace_.begin()) + 1;
 }
 
+bool Engine::persistent(std::size_t g) const {
+  return layout_.groups[g].compute_elems <= config_.zero.stage3_param_persistence_threshold;
+}
+
+std::uint64_t Engine::live_bytes() const {
+  std::uint64_t live = 0;
+  for (const auto& [g, p] : prefetched_) live += p->buffer.size_bytes();
+  for (const GroupState& gs : groups_) live += gs.working.size_bytes();
+  for (const auto& [g, b] : resident_) {
+    if (!persistent(g)) live += b.size_bytes();
+  }
+  return live;
+}
+
+std::size_t Engine::next_use(std::size_t g) const {
+  for (std::size_t i = trace_cursor_; i < fetch_trace_.size(); ++i) {
+    if (fetch_trace_[i] == g) return i;
+  }
+  return SIZE_MAX;
+}
+
+std::uint64_t Engine::make_room(std::uint64_t bytes, std::size_t before) {
+  const std::uint64_t max_live = static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) *
+                                 static_cast<std::uint64_t>(layout_.compute_bytes);
+  std::uint64_t live = live_bytes();
+  while (live + bytes > max_live) {
+    auto victim = resident_.end();
+    std::size_t victim_use = 0;
+    for (auto it = resident_.begin(); it != resident_.end(); ++it) {
+      if (persistent(it->first)) continue;
+      const std::size_t use = next_use(it->first);
+      if (victim == resident_.end() || use > victim_use) {
+        victim = it;
+        victim_use = use;
+      }
+    }
+    // Keep a copy used again before the one that wants the room.
+    if (victim == resident_.end() || (before != SIZE_MAX && victim_use <= before)) break;
+    live -= victim->second.size_bytes();
+    device_cache_->put(std::move(victim->second));
+    resident_.erase(victim);
+  }
+  return live;
+}
+
+void Engine::keep_resident(std::size_t g, gpu::DeviceBuffer buffer) {
+  resident_[g] = std::move(buffer);
+  make_room(0, SIZE_MAX);
+}
+
+void Engine::drop_resident(Drop which) {
+  for (auto it = resident_.begin(); it != resident_.end();) {
+    if (which == Drop::kUpdated && layout_.groups[it->first].chunk_count == 0) {
+      ++it;  // frozen: its copy stays what the compute copies hold
+      continue;
+    }
+    device_cache_->put(std::move(it->second));
+    it = resident_.erase(it);
+  }
+}
+
 void Engine::issue_prefetches() {
   if (prefetch_queue_ == nullptr || fetch_trace_.empty()) return;
   const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
   const std::uint64_t bucket = static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb;
   const std::uint64_t max_live = static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb;
-  std::uint64_t ahead = 0, live = 0;
+  std::uint64_t ahead = 0;
   for (const auto& [g, p] : prefetched_) ahead += p->buffer.size_bytes();
-  live = ahead;
-  for (const GroupState& gs : groups_) live += gs.working.size_bytes();
   for (std::size_t i = trace_cursor_; i < fetch_trace_.size(); ++i) {
     const std::size_t g = fetch_trace_[i];
     const GroupPlace& gp = layout_.groups[g];
-    if (gp.compute_tier == Tier::kDevice || groups_[g].fetched || prefetched_.contains(g)) continue;
+    if (gp.compute_tier == Tier::kDevice || groups_[g].fetched || prefetched_.contains(g) || resident_.contains(g)) {
+      continue;
+    }
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * cb;
-    if (ahead + bytes > bucket || live + bytes > max_live) break;
+    if (ahead + bytes > bucket) break;
+    // Room on the device: resident copies used again later than this one go.
+    if (make_room(bytes, i) + bytes > max_live) break;
     core::Result<gpu::DeviceBuffer> buffer = device_cache_->get(bytes, str_cat("prefetch of group '", gp.name, "'"));
     if (!buffer.ok()) break;  // the device budget is short: fetch will copy it in line
     auto p = std::make_unique<Prefetch>();
@@ -121,7 +184,6 @@ void Engine::issue_prefetches() {
     const gpu::DeviceSpan dst = raw->buffer.span();
     prefetched_[g] = std::move(p);
     ahead += bytes;
-    live += bytes;
     prefetch_queue_->post([this, g, dst, raw] {
       Status s = wait_optimizer_group(g, "prefetch");
       if (s.ok()) {

@@ -34,6 +34,10 @@ struct RunResult {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> master, compute, exp_avg, exp_avg_sq;
   std::vector<StepStats> stats;
+  // Each step's traffic as if nothing stayed resident: StepStats::bytes plus
+  // the compute copies that fetches served by a resident copy did not move
+  // (over the link, and from nvme when they live there).
+  std::vector<StepBytes> traffic;
   StepBytes expected_bytes;  // one step's traffic by the memory model
   core::Status error;        // of the step that was expected to fail
 };
@@ -132,6 +136,10 @@ class Placement : public MlpTest {
       EXPECT_TRUE(st.ok()) << st.status();
       if (!st.ok()) return r;
       r.stats.push_back(*st);
+      StepBytes t = st->bytes;
+      t.h2d += st->resident_bytes;
+      if (e.layout().groups[0].compute_tier == Tier::kNvme) t.nvme_read += st->resident_bytes;
+      r.traffic.push_back(t);
     }
     r.expected_bytes = memory_model(e.layout(), static_cast<std::uint64_t>(c.gradient_accumulation_steps));
     for (const Tensor& t : kTensors) {
@@ -206,12 +214,12 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
       for (const auto& [name, v] : reference.exp_avg) EXPECT_TRUE(bits_equal(r.exp_avg[name], v)) << name;
       for (const auto& [name, v] : reference.exp_avg_sq) EXPECT_TRUE(bits_equal(r.exp_avg_sq[name], v)) << name;
     }
-    EXPECT_EQ(r.stats.back().bytes, r.expected_bytes) << "h2d " << r.stats.back().bytes.h2d << " vs "
-                                                      << r.expected_bytes.h2d << ", d2h " << r.stats.back().bytes.d2h
+    EXPECT_EQ(r.traffic.back(), r.expected_bytes) << "h2d " << r.traffic.back().h2d << " vs "
+                                                      << r.expected_bytes.h2d << ", d2h " << r.traffic.back().d2h
                                                       << " vs " << r.expected_bytes.d2h << ", nvme read "
-                                                      << r.stats.back().bytes.nvme_read << " vs "
+                                                      << r.traffic.back().nvme_read << " vs "
                                                       << r.expected_bytes.nvme_read << ", nvme write "
-                                                      << r.stats.back().bytes.nvme_write << " vs "
+                                                      << r.traffic.back().nvme_write << " vs "
                                                       << r.expected_bytes.nvme_write;
   }
 }
@@ -231,8 +239,8 @@ TEST_F(Placement, GradientAccumulationIsBitIdenticalAcrossPlacements) {
   EXPECT_EQ(a.losses, b.losses);
   for (const auto& [name, v] : a.master) EXPECT_TRUE(bits_equal(b.master.at(name), v)) << name;
   EXPECT_LT(a.losses.back(), 0.8 * a.losses.front());
-  EXPECT_EQ(a.stats.back().bytes, a.expected_bytes);
-  EXPECT_EQ(b.stats.back().bytes, b.expected_bytes);
+  EXPECT_EQ(a.traffic.back(), a.expected_bytes);
+  EXPECT_EQ(b.traffic.back(), b.expected_bytes);
 }
 
 TEST_F(Placement, FrozenBaseTrainsOnlyTheTrainablePart) {
@@ -251,7 +259,7 @@ TEST_F(Placement, FrozenBaseTrainsOnlyTheTrainablePart) {
       ASSERT_EQ(r.compute.at(t.name)[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(init[i]))) << t.name << " " << i;
     }
   }
-  EXPECT_EQ(r.stats.back().bytes, r.expected_bytes);
+  EXPECT_EQ(r.traffic.back(), r.expected_bytes);
 }
 
 TEST_F(Placement, Bf16NonFiniteGradientsSkipTheStepAndCount) {
@@ -369,9 +377,9 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
       clipped += !seq.stats[s].skipped && seq.stats[s].grad_norm > c.gradient_clipping;
       skipped += seq.stats[s].skipped;
       if (seq.stats[s].skipped || (s > 0 && seq.stats[s - 1].skipped)) continue;  // no optimizer traffic
-      EXPECT_EQ(seq.stats[s].bytes, seq.expected_bytes) << "sequential, step " << s;
+      EXPECT_EQ(seq.traffic[s], seq.expected_bytes) << "sequential, step " << s;
       if (s > 0) {
-        EXPECT_EQ(ovl.stats[s].bytes, ovl.expected_bytes) << "overlapped, step " << s;
+        EXPECT_EQ(ovl.traffic[s], ovl.expected_bytes) << "overlapped, step " << s;
       }
     }
     EXPECT_GE(clipped, kSteps * 3 / 10) << "clipping should fire in at least 30% of the steps";
@@ -380,6 +388,48 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
     for (const auto& [name, v] : seq.compute) EXPECT_TRUE(bits_equal(ovl.compute.at(name), v)) << name;
     for (const auto& [name, v] : seq.exp_avg) EXPECT_TRUE(bits_equal(ovl.exp_avg.at(name), v)) << name;
     for (const auto& [name, v] : seq.exp_avg_sq) EXPECT_TRUE(bits_equal(ovl.exp_avg_sq.at(name), v)) << name;
+  }
+}
+
+// Released copies stay on the device while they are current: within
+// stage3_max_live_parameters, the one used again farthest ahead goes first
+// (Belady on the learned sequence). With room for both groups, the backward
+// takes both from the device; with room for l1 only, the forward's end
+// keeps l2 (used next, by the backward) and lets l1 go; groups under
+// stage3_param_persistence_threshold stay whatever the room. Same bits and,
+// with what the resident copies did not move, the memory model's traffic.
+TEST_F(Placement, ReleasedCopiesStayResidentBeladyPicksWhatGoes) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.zero.stage3_param_persistence_threshold = 0;
+  const RunResult all = train(c, false, nullptr, -1, 6);
+  std::int64_t l1_elems = 0, l2_elems = 0;
+  {
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    l1_elems = e->layout().find_group("l1")->compute_elems;
+    l2_elems = e->layout().find_group("l2")->compute_elems;
+  }
+  ASSERT_GT(l1_elems, l2_elems);
+  c.zero.stage3_max_live_parameters = l1_elems;
+  c.zero.stage3_prefetch_bucket_size = l1_elems;
+  const RunResult one = train(c, false, nullptr, -1, 6);
+  c.zero.stage3_max_live_parameters = 0;
+  c.zero.stage3_prefetch_bucket_size = 0;
+  c.zero.stage3_param_persistence_threshold = l2_elems;
+  const RunResult persistent = train(c, false, nullptr, -1, 6);
+  for (int s = 1; s < 6; ++s) {
+    EXPECT_EQ(all.stats[s].resident, 2) << s;
+    EXPECT_EQ(one.stats[s].resident, 1) << s;
+    EXPECT_EQ(persistent.stats[s].resident, 1) << s;  // l2, in the backward
+    EXPECT_EQ(one.stats[s].resident_bytes, static_cast<std::uint64_t>(l2_elems) * 2) << s;
+    EXPECT_EQ(all.traffic[s], all.expected_bytes) << s;
+    EXPECT_EQ(one.traffic[s], one.expected_bytes) << s;
+  }
+  for (const RunResult* r : {&one, &persistent}) {
+    EXPECT_EQ(r->losses, all.losses);
+    for (const auto& [name, v] : all.master) EXPECT_TRUE(bits_equal(r->master.at(name), v)) << name;
   }
 }
 
@@ -424,10 +474,10 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
 
 // Traced prefetch: the first step teaches the engine the fetch sequence
 // (l1, l2 forward; l2, l1 backward); from the second step on the copies of
-// the groups that come next are started ahead and fetch takes them (three of
-// the four fetches: the backward's l2 follows its own release at once).
-// Evaluation passes between steps (two before step 3) are served too and do
-// not unlearn it; with overlap "none" nothing is prefetched.
+// the groups that come next are started ahead and fetch takes them, and the
+// backward finds the forward's copies still resident. Evaluation passes
+// between steps (two before step 3) are served too and do not unlearn it;
+// with overlap "none" nothing is prefetched or kept.
 TEST_F(Placement, TracedPrefetchServesTheFetchesThatComeNext) {
   Config c = base();
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
@@ -450,8 +500,12 @@ TEST_F(Placement, TracedPrefetchServesTheFetchesThatComeNext) {
       }
       auto st = run_step(*e, f, s);
       ASSERT_TRUE(st.ok()) << st.status();
-      const std::int64_t want = mode == OverlapMode::kNone || s == 0 ? 0 : s == 3 ? 7 : 3;
-      EXPECT_EQ(st->prefetched, want) << "step " << s << (mode == OverlapMode::kNone ? " (none)" : " (exact)");
+      // The forward's copies are prefetched (from the second step on); the
+      // backward's stay resident since the forward released them (also in
+      // the first step), as do the evaluation passes' after their first.
+      const bool none = mode == OverlapMode::kNone;
+      EXPECT_EQ(st->prefetched, none || s == 0 ? 0 : 2) << "step " << s << (none ? " (none)" : " (exact)");
+      EXPECT_EQ(st->resident, none ? 0 : s == 3 ? 6 : 2) << "step " << s << (none ? " (none)" : " (exact)");
       EXPECT_EQ(e->fetch_sequence(), (std::vector<std::string>{"l1", "l2", "l2", "l1"})) << "step " << s;
     }
   }
@@ -560,7 +614,7 @@ TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   const RunResult r = train(c);
   ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
   EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
-  EXPECT_EQ(r.stats.back().bytes, r.expected_bytes);
+  EXPECT_EQ(r.traffic.back(), r.expected_bytes);
 
   // The same budgets with the optimizer state in pinned memory: refused at
   // finalize with the numbers and the key to change.

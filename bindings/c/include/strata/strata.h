@@ -337,9 +337,11 @@ typedef struct strata_step_stats {
   int64_t prefetched;        /* fetches served by a prefetched copy since the previous step_end */
   int64_t speculative_discarded; /* strata.overlap "speculative": elements whose speculative update was
                                     thrown away (skipped or clipped steps), by jobs ended since the previous step_end */
+  int64_t resident;          /* fetches served by a copy kept on the device since its release */
+  uint64_t resident_bytes;   /* the compute copies those fetches did not move (not in bytes_*) */
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT \
-  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0}
+  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
