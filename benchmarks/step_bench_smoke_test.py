@@ -43,10 +43,14 @@ def main():
     scenarios = {s["scenario"]: s for s in doc["scenarios"]}
     check(set(scenarios) == {"cpu_clip", "nvme_fp16"}, f"scenarios {sorted(scenarios)}")
     for name, sc in scenarios.items():
-        for key in ["placement", "precision", "params", "timing_model", "calibration", "schedules"]:
+        for key in ["placement", "precision", "params", "timing_model", "calibration", "schedules", "overlap",
+                    "balance_target"]:
             check(key in sc, f"{name}: no '{key}'")
         schedules = {s["schedule"]: s for s in sc["schedules"]}
-        check(set(schedules) == {"overlapped", "sequential"}, f"{name}: schedules {sorted(schedules)}")
+        # The overlapped schedule is the scenario's own: speculative for the nvme ones.
+        overlapped = "speculative" if sc["overlap"] == "speculative" else "overlapped"
+        check(sc["overlap"] == ("speculative" if name == "nvme_fp16" else "exact"), f"{name}: overlap {sc['overlap']}")
+        check(set(schedules) == {overlapped, "sequential"}, f"{name}: schedules {sorted(schedules)}")
         for sname, s in schedules.items():
             for key in SCHEDULE_FIELDS:
                 check(key in s, f"{name}/{sname}: no '{key}'")
@@ -57,6 +61,7 @@ def main():
             check(s["steps_timed"] == 3, f"{name}/{sname}: {s['steps_timed']} timed steps, expected 3")
             check(s["step_s"] > 0 and s["bound_s"] > 0, f"{name}/{sname}: step or bound not positive")
             check(s["busiest"] != s["second"], f"{name}/{sname}: busiest == second")
+            check("resident" in s["engine_stage_s"], f"{name}/{sname}: no engine_stage_s.resident")
     # The gradient plans are deterministic: clipping fires on timed steps 0 and
     # 2 of 3; the fp16 scenario overflows (and skips) on timed step 2.
     for s in scenarios["cpu_clip"]["schedules"]:
