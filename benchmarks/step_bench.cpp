@@ -331,9 +331,8 @@ class Driver {
       STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan grad, engine_->grad_buffer(name));
       STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, 2.0 * fwd, "backward"));
       STRATA_RETURN_IF_ERROR(dev.copy_d2d(stream_, grad, g == model_.layers - 1 ? bad : good));
-      // grads_ready takes no stream: the gradients must be written when it is called.
-      STRATA_RETURN_IF_ERROR(dev.synchronize(stream_));
-      STRATA_RETURN_IF_ERROR(engine_->grads_ready(name));
+      // The engine's copy waits for the framework's stream; the host goes on.
+      STRATA_RETURN_IF_ERROR(engine_->grads_ready(name, &stream_));
       STRATA_RETURN_IF_ERROR(engine_->release(name));
     }
     STRATA_ASSIGN_OR_RETURN(eng::StepStats stats, engine_->step_end());

@@ -556,7 +556,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
   return gs.grad.span();
 }
 
-core::Status Engine::grads_ready(std::string_view group) {
+core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on) {
   STRATA_ENGINE_ENTRY("grads_ready");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
   const StageTimer timer(times_.grads_s);
@@ -568,8 +568,16 @@ core::Status Engine::grads_ready(std::string_view group) {
   // The host gradients of this group are the last step optimizer's input.
   STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grads_ready"));
   const int micro_step = micro_step_;
+  // The framework's writes, as an event its stream records now.
+  std::shared_ptr<gpu::Event> written;
+  if (written_on != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, device_->create_event());
+    STRATA_RETURN_IF_ERROR(device_->record(ev, *written_on));
+    written = std::make_shared<gpu::Event>(std::move(ev));
+  }
   gs.grads_micro_step = micro_step;
   if (grads_queue_ == nullptr) {
+    if (written != nullptr) STRATA_RETURN_IF_ERROR(device_->synchronize(*written));
     gpu::DeviceBuffer grad = std::move(gs.grad);
     gs.grad = {};
     Status s = gradient_pass(g, grad, micro_step, {});
@@ -587,9 +595,10 @@ core::Status Engine::grads_ready(std::string_view group) {
   // The copy down and the pass run on the gradient thread; the device buffer
   // goes with them (the next grad_buffer gets a new one).
   auto grad = std::make_shared<gpu::DeviceBuffer>(std::move(gs.grad));
-  grads_queue_->post([this, g, grad, micro_step, spec] {
+  grads_queue_->post([this, g, grad, micro_step, spec, written] {
     const core::Stopwatch clock;
-    Status s = gradient_pass(g, *grad, micro_step, {&grads_stream_, &grads_bytes_});
+    Status s = written != nullptr ? device_->wait(grads_stream_, *written) : Status();
+    if (s.ok()) s = gradient_pass(g, *grad, micro_step, {&grads_stream_, &grads_bytes_});
     device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
     if (s.ok() && spec != 0) note_grads_in(g, spec);

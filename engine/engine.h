@@ -131,7 +131,10 @@ class Engine {
   // copies (frozen parameters' slots are ignored); valid until grads_ready.
   core::Result<gpu::DeviceSpan> grad_buffer(std::string_view group);
   // The framework has written the group's gradients (scaled by loss_scale()).
-  core::Status grads_ready(std::string_view group);
+  // `written_on`: the stream the framework wrote them on; the engine's copy
+  // waits for that stream's work so far (an event: the host does not block).
+  // Null: the writes are complete when this is called.
+  core::Status grads_ready(std::string_view group, gpu::Stream* written_on = nullptr);
   core::Status micro_step_end();
   // Ends the step: loss scaling, clipping, the optimizer, new compute copies.
   // kFailedPrecondition while a group is still fetched (the optimizer

@@ -150,17 +150,6 @@ core::Status check_size(const engine::Engine& e, const engine::GroupPlace& g, st
   return core::Status();
 }
 
-// Waits for the framework's stream; NULL: nothing to wait for.
-core::Status wait_native(engine::Engine& e, void* stream, const char* fn) {
-  if (stream == nullptr) return core::Status();
-  if (e.device().kind() != gpu::DeviceKind::kCuda) {
-    return core::Status::invalid_argument(core::str_cat(fn, ": stream must be NULL on the host device"));
-  }
-  auto wrapped = e.device().wrap_native_stream(stream, "framework");
-  if (!wrapped.ok()) return std::move(wrapped).status().annotate(fn);
-  return e.device().synchronize(*wrapped);
-}
-
 core::Result<gpu::Stream*> copy_stream(strata_engine& h) {
   if (h.copies.empty()) {
     STRATA_ASSIGN_OR_RETURN(h.copies, h.engine->device().create_stream("c_api host copies"));
@@ -447,8 +436,14 @@ strata_status strata_group_grads_ready(strata_engine* engine, const char* group,
     constexpr const char* fn = "strata_group_grads_ready";
     STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, group);
-    STRATA_RETURN_IF_ERROR(c_api::wait_native(*engine->engine, stream, fn));
-    return engine->engine->grads_ready(group);
+    if (stream == nullptr) return engine->engine->grads_ready(group);
+    if (engine->engine->device().kind() != gpu::DeviceKind::kCuda) {
+      return core::Status::invalid_argument(str_cat(fn, ": stream must be NULL on the host device"));
+    }
+    // The engine's copy waits for the stream (an event), the host does not.
+    auto wrapped = engine->engine->device().wrap_native_stream(stream, "framework");
+    if (!wrapped.ok()) return std::move(wrapped).status().annotate(fn);
+    return engine->engine->grads_ready(group, &*wrapped);
   });
 }
 

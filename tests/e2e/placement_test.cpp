@@ -433,6 +433,38 @@ TEST_F(Placement, ReleasedCopiesStayResidentBeladyPicksWhatGoes) {
   }
 }
 
+// grads_ready with the stream the gradients were written on: the engine's copy
+// waits for that stream (an event), the host does not. The framework queues
+// 20 ms of backward and then the gradient writes, and calls grads_ready at
+// once: the same bits as writing, synchronizing and calling it without a
+// stream under the sequential schedule (a copy that did not wait would read
+// the buffer before the writes).
+TEST_F(Placement, GradsReadyWaitsForTheStreamTheGradientsWereWrittenOn) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.strata.host_device.tflops = 1.0;
+  std::map<bool, std::vector<double>> losses;
+  std::map<bool, std::map<std::string, std::vector<float>>> masters;
+  for (const bool async : {false, true}) {
+    c.strata.overlap = async ? OverlapMode::kExact : OverlapMode::kNone;
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    f.async_grads_flops = async ? 2e10 : 0.0;
+    for (int s = 0; s < 4; ++s) {
+      double loss = 0.0;
+      auto st = run_step(*e, f, s, &loss);
+      ASSERT_TRUE(st.ok()) << st.status();
+      losses[async].push_back(loss);
+      f.in_flight.clear();  // step_end waited for every gradient copy
+    }
+    masters[async] = read_masters(*e);
+  }
+  EXPECT_EQ(losses[false], losses[true]);
+  for (const auto& [name, v] : masters[false]) EXPECT_TRUE(bits_equal(masters[true].at(name), v)) << name;
+}
+
 // The disk pipeline's staging ring stays inside strata.budgets.staging: two
 // slots for a dozen nvme chunks still train to the same bits, under "exact"
 // and "speculative" (derived: four and six slots); a budget below one chunk

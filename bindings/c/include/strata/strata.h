@@ -298,9 +298,10 @@ STRATA_API strata_status strata_group_grad_buffer(strata_engine* engine, const c
 
 /* The framework has written the group's gradients into the buffer of
  * strata_group_grad_buffer. stream: the stream they were written on (see
- * convention 9); strata waits for it before reading (this version blocks the
- * host). With NULL the caller guarantees the writes are complete. Errors:
- * FAILED_PRECONDITION without a gradient buffer, NOT_FOUND. */
+ * convention 9); strata's copy waits for that stream's work so far (an
+ * event: the host does not block). With NULL the caller guarantees the
+ * writes are complete. Errors: FAILED_PRECONDITION without a gradient
+ * buffer, NOT_FOUND. */
 STRATA_API strata_status strata_group_grads_ready(strata_engine* engine, const char* group,
                                                   void* stream) STRATA_NOEXCEPT;
 
