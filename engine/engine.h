@@ -1,7 +1,10 @@
 // Engine: the orchestrator of DESIGN.md section 3, in C++ (the C API wraps
-// it). This is the straightforward, correct-first schedule: every transfer
-// waits for the one before it. Results are bit-identical for every placement
-// (DESIGN.md section 6); engine/README.md describes the step.
+// it). strata.overlap picks the schedule: "exact" (the default: gradient
+// passes, the optimizer and prefetches on their own threads and streams),
+// "speculative" (also nvme optimizer state updated during the backward) or
+// "none" (every call does its work before it returns). Results are
+// bit-identical for every schedule and placement (DESIGN.md section 6);
+// engine/README.md describes the step.
 //
 // Call order (anything else is kFailedPrecondition, never a hang):
 //   create -> add_optimizer_group* -> register_param+ -> finalize ->
