@@ -323,7 +323,7 @@ class Driver {
       const std::string name = model_.group(g);
       STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());
       STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, fwd, "forward"));
-      STRATA_RETURN_IF_ERROR(engine_->release(name));
+      STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));  // its buffer is reused after this work
     }
     for (int g = model_.layers - 1; g >= 0; --g) {
       const std::string name = model_.group(g);
@@ -333,7 +333,7 @@ class Driver {
       STRATA_RETURN_IF_ERROR(dev.copy_d2d(stream_, grad, g == model_.layers - 1 ? bad : good));
       // The engine's copy waits for the framework's stream; the host goes on.
       STRATA_RETURN_IF_ERROR(engine_->grads_ready(name, &stream_));
-      STRATA_RETURN_IF_ERROR(engine_->release(name));
+      STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));
     }
     STRATA_ASSIGN_OR_RETURN(eng::StepStats stats, engine_->step_end());
     StepRecord r;

@@ -95,14 +95,14 @@ Engine::~Engine() {
   grads_queue_.reset();     // drains the gradient passes
   prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
   prefetched_.clear();
-  resident_.clear();
+  drop_resident(Drop::kAll);  // into the cache, whose clear waits for their fences
   stop_optimizer_thread();
   for (GroupState& gs : groups_) {  // nothing goes back into the caches below
     gs.working.reset();
     gs.grad.reset();
   }
-  if (device_cache_ != nullptr) device_cache_->clear();
-  if (pinned_cache_ != nullptr) pinned_cache_->clear();
+  if (device_cache_ != nullptr) device_cache_->clear().ignore_error();  // errors were reported where they arose
+  if (pinned_cache_ != nullptr) pinned_cache_->clear().ignore_error();
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
@@ -157,7 +157,8 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   STRATA_ASSIGN_OR_RETURN(e->stream_, e->device_->create_stream("engine"));
   gpu::Device* d = e->device_.get();
   e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
-      [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); });
+      [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); },
+      [d](gpu::Event& fence) { return d->synchronize(fence); });
   e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); });
   return e;
@@ -494,7 +495,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
     return gs.device_home.span();
   }
   if (auto it = resident_.find(g); it != resident_.end()) {  // still on the device since its release
-    gs.working = std::move(it->second);
+    gs.working = std::move(it->second.buffer);  // read again: its fence does not matter
     resident_.erase(it);
     ++resident_fetches_;
     resident_bytes_ += gs.working.size_bytes();
@@ -520,15 +521,23 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   return gs.working.span();
 }
 
-core::Status Engine::release(std::string_view group) {
+core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
   STRATA_ENGINE_ENTRY("release");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "release"));
   GroupState& gs = groups_[g];
   if (!gs.fetched) return Status::failed_precondition(str_cat("release('", group, "'): the group is not fetched"));
+  // The framework's work on the view so far: the buffer is written again
+  // only once it has passed.
+  std::shared_ptr<gpu::Event> fence;
+  if (used_on != nullptr && !gs.working.empty()) {
+    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, device_->create_event());
+    STRATA_RETURN_IF_ERROR(device_->record(ev, *used_on));
+    fence = std::make_shared<gpu::Event>(std::move(ev));
+  }
   if (prefetch_queue_ != nullptr && layout_.groups[g].compute_tier != Tier::kDevice) {
-    keep_resident(g, std::move(gs.working));  // the overlapped schedules keep it while it is current
+    keep_resident(g, std::move(gs.working), std::move(fence));  // the overlapped schedules keep it while current
   } else {
-    device_cache_->put(std::move(gs.working));
+    device_cache_->put(std::move(gs.working), std::move(fence));
   }
   gs.working = {};
   gs.fetched = false;

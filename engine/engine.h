@@ -129,7 +129,10 @@ class Engine {
   // offsets), valid until release(group). Blocking: when it returns the
   // copy is complete.
   core::Result<gpu::DeviceSpan> fetch(std::string_view group);
-  core::Status release(std::string_view group);
+  // `used_on`: the stream the framework's work on the view was queued on;
+  // the engine writes the buffer again only after that work (an event).
+  // Null: that work is done when this is called.
+  core::Status release(std::string_view group, gpu::Stream* used_on = nullptr);
   // A device buffer for the group's gradients, laid out like its compute
   // copies (frozen parameters' slots are ignored); valid until grads_ready.
   core::Result<gpu::DeviceSpan> grad_buffer(std::string_view group);
@@ -300,7 +303,7 @@ class Engine {
   // share stage3_max_live_parameters with fetched and prefetched groups, and
   // when room is needed the one used again farthest ahead in the learned
   // sequence goes first (Belady). Dropped like prefetches (the same Drop).
-  void keep_resident(std::size_t g, gpu::DeviceBuffer buffer);
+  void keep_resident(std::size_t g, gpu::DeviceBuffer buffer, std::shared_ptr<gpu::Event> fence);
   bool persistent(std::size_t g) const;
   // Evicts non-persistent resident copies, farthest next use first, until
   // `live + bytes` fits within stage3_max_live_parameters or none is left
@@ -417,7 +420,11 @@ class Engine {
   std::size_t trace_cursor_ = 0;
   std::int64_t prefetched_fetches_ = 0;  // since the last step_end
   std::map<std::size_t, std::unique_ptr<Prefetch>> prefetched_;
-  std::map<std::size_t, gpu::DeviceBuffer> resident_;  // released copies kept (see keep_resident)
+  struct Resident {
+    gpu::DeviceBuffer buffer;
+    std::shared_ptr<gpu::Event> fence;  // release's: the framework's last work on it
+  };
+  std::map<std::size_t, Resident> resident_;  // released copies kept (see keep_resident)
   std::int64_t resident_fetches_ = 0;                  // fetches served by one, since the last step_end
   std::uint64_t resident_bytes_ = 0;                   // and their bytes
   // Step bookkeeping.

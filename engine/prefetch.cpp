@@ -106,8 +106,8 @@ std::uint64_t Engine::live_bytes() const {
   std::uint64_t live = 0;
   for (const auto& [g, p] : prefetched_) live += p->buffer.size_bytes();
   for (const GroupState& gs : groups_) live += gs.working.size_bytes();
-  for (const auto& [g, b] : resident_) {
-    if (!persistent(g)) live += b.size_bytes();
+  for (const auto& [g, r] : resident_) {
+    if (!persistent(g)) live += r.buffer.size_bytes();
   }
   return live;
 }
@@ -136,15 +136,15 @@ std::uint64_t Engine::make_room(std::uint64_t bytes, std::size_t before) {
     }
     // Keep a copy used again before the one that wants the room.
     if (victim == resident_.end() || (before != SIZE_MAX && victim_use <= before)) break;
-    live -= victim->second.size_bytes();
-    device_cache_->put(std::move(victim->second));
+    live -= victim->second.buffer.size_bytes();
+    device_cache_->put(std::move(victim->second.buffer), std::move(victim->second.fence));
     resident_.erase(victim);
   }
   return live;
 }
 
-void Engine::keep_resident(std::size_t g, gpu::DeviceBuffer buffer) {
-  resident_[g] = std::move(buffer);
+void Engine::keep_resident(std::size_t g, gpu::DeviceBuffer buffer, std::shared_ptr<gpu::Event> fence) {
+  resident_[g] = Resident{std::move(buffer), std::move(fence)};
   make_room(0, SIZE_MAX);
 }
 
@@ -154,7 +154,7 @@ void Engine::drop_resident(Drop which) {
       ++it;  // frozen: its copy stays what the compute copies hold
       continue;
     }
-    device_cache_->put(std::move(it->second));
+    device_cache_->put(std::move(it->second.buffer), std::move(it->second.fence));
     it = resident_.erase(it);
   }
 }

@@ -418,6 +418,26 @@ strata_status strata_group_release(strata_engine* engine, const char* group) noe
   });
 }
 
+strata_status strata_group_release_on(strata_engine* engine, const char* group, void* stream) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_release_on";
+    STRATA_C_ENTER(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    if (stream == nullptr) {
+      STRATA_RETURN_IF_ERROR(engine->engine->release(group));
+    } else {
+      if (engine->engine->device().kind() != gpu::DeviceKind::kCuda) {
+        return core::Status::invalid_argument(str_cat(fn, ": stream must be NULL on the host device"));
+      }
+      auto wrapped = engine->engine->device().wrap_native_stream(stream, "framework");
+      if (!wrapped.ok()) return std::move(wrapped).status().annotate(fn);
+      STRATA_RETURN_IF_ERROR(engine->engine->release(group, &*wrapped));
+    }
+    engine->fetched.erase(std::string(group));
+    return core::Status();
+  });
+}
+
 strata_status strata_group_grad_buffer(strata_engine* engine, const char* group, strata_group_view* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_grad_buffer";

@@ -3,17 +3,22 @@
 // size, so a step does not fault in fresh pages for every call. A cached
 // buffer stays charged to its budget; when an allocation is refused for
 // lack of budget, the cache gives everything back and tries once more, so
-// caching never makes a placement fail. Thread-safe. Private to engine/.
+// caching never makes a placement fail. A buffer may come back with a fence:
+// an event after which nothing else reads it (the framework's last kernels
+// on a released group); get() hands it out only once the fence has passed,
+// and clear() frees it only then. Thread-safe. Private to engine/.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "engine/core/mutex.h"
 #include "engine/core/result.h"
+#include "gpu/device.h"
 
 namespace strata::engine {
 
@@ -21,41 +26,73 @@ template <typename Buffer>
 class BufferCache {
  public:
   using Allocate = std::function<core::Result<Buffer>(std::uint64_t bytes, const std::string& what)>;
-  explicit BufferCache(Allocate allocate) : allocate_(std::move(allocate)) {}
+  // Blocks until the fence's work is done (the device's synchronize).
+  using Wait = std::function<core::Status(gpu::Event& fence)>;
+  explicit BufferCache(Allocate allocate, Wait wait = nullptr)
+      : allocate_(std::move(allocate)), wait_(std::move(wait)) {}
 
-  // A cached buffer of exactly `bytes`, or a new one.
+  // A cached buffer of exactly `bytes` (after its fence), or a new one.
   core::Result<Buffer> get(std::uint64_t bytes, const std::string& what) {
+    Entry e;
+    bool cached = false;
     {
       const core::MutexLock lock(mu_);
       auto it = free_.find(bytes);
       if (it != free_.end()) {
-        Buffer b = std::move(it->second);
+        e = std::move(it->second);
         free_.erase(it);
-        return b;
+        cached = true;
       }
+    }
+    if (cached) {
+      STRATA_RETURN_IF_ERROR(pass(e));
+      return std::move(e.buffer);
     }
     core::Result<Buffer> b = allocate_(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
-    clear();
+    STRATA_RETURN_IF_ERROR(clear());
     return allocate_(bytes, what);
   }
-  // Keeps `b` for a later get() of its size (an empty buffer is dropped).
-  void put(Buffer b) {
+  // Keeps `b` for a later get() of its size (an empty buffer is dropped);
+  // `fence`, when given, must pass before anyone else uses it.
+  void put(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) {
     if (b.empty()) return;
     const std::uint64_t bytes = b.size_bytes();
     const core::MutexLock lock(mu_);
-    free_.emplace(bytes, std::move(b));
+    free_.emplace(bytes, Entry{std::move(b), std::move(fence)});
   }
-  void clear() {
-    std::multimap<std::uint64_t, Buffer> drop;
-    const core::MutexLock lock(mu_);
-    drop.swap(free_);
+  // Frees every cached buffer, each once its fence has passed; the first
+  // error of those waits.
+  core::Status clear() {
+    std::multimap<std::uint64_t, Entry> drop;
+    {
+      const core::MutexLock lock(mu_);
+      drop.swap(free_);
+    }
+    core::Status first;
+    for (auto& [bytes, e] : drop) {
+      core::Status s = pass(e);
+      if (first.ok() && !s.ok()) first = std::move(s);
+    }
+    return first;
   }
 
  private:
+  struct Entry {
+    Buffer buffer;
+    std::shared_ptr<gpu::Event> fence;
+  };
+  core::Status pass(Entry& e) {
+    if (e.fence == nullptr || wait_ == nullptr) return core::Status();
+    core::Status s = wait_(*e.fence);
+    e.fence.reset();
+    return s;
+  }
+
   Allocate allocate_;
+  Wait wait_;
   core::Mutex mu_;
-  std::multimap<std::uint64_t, Buffer> free_;
+  std::multimap<std::uint64_t, Entry> free_;
 };
 
 }  // namespace strata::engine

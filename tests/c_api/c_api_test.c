@@ -220,6 +220,11 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   CHECK_STATUS(strata_group_wait(e, "weight"), STRATA_STATUS_FAILED_PRECONDITION, "not fetched");
   int not_a_stream = 0;
   CHECK_STATUS(strata_group_fetch(e, "bias", &not_a_stream, &view), STRATA_STATUS_INVALID_ARGUMENT, "stream");
+  /* release_on: a stream is refused on the host device (the group stays fetched); NULL releases. */
+  CHECK_OK(strata_group_fetch(e, "weight", NULL, &view));
+  CHECK_STATUS(strata_group_release_on(e, "weight", &not_a_stream), STRATA_STATUS_INVALID_ARGUMENT, "stream");
+  CHECK_OK(strata_group_release_on(e, "weight", NULL));
+  CHECK_STATUS(strata_group_release_on(e, "weight", NULL), STRATA_STATUS_FAILED_PRECONDITION, "not fetched");
 
   uint16_t* wbuf = malloc(wi.size_bytes);
   uint16_t* bbuf = malloc(bi.size_bytes);

@@ -465,6 +465,50 @@ TEST_F(Placement, GradsReadyWaitsForTheStreamTheGradientsWereWrittenOn) {
   for (const auto& [name, v] : masters[false]) EXPECT_TRUE(bits_equal(masters[true].at(name), v)) << name;
 }
 
+// release(group, stream): the framework's work on the view is still queued
+// (20 ms of compute, then a copy that reads the view); the next fetch reuses
+// the same device buffer for another group of the same size, and writes it
+// only after that work: the copy reads group a's values, not b's. Without
+// the stream (the caller's promise that its work is done) the fetch would
+// overwrite the buffer at once.
+TEST_F(Placement, ReleaseWithAStreamFencesTheBuffersReuse) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.strata.overlap = OverlapMode::kNone;  // a released buffer goes straight back to the cache
+  c.strata.host_device.tflops = 1.0;
+  constexpr std::int64_t kElems = 65536;
+  auto created = Engine::create(c);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  for (const auto& [name, value] : {std::pair<std::string, float>{"a", 1.5f}, {"b", -2.25f}}) {
+    ASSERT_TRUE(e.register_param({name + ".w", {kElems}, name}, [value](std::span<float> out) {
+                   std::fill(out.begin(), out.end(), value);
+                   return core::Status();
+                 }).ok());
+  }
+  ASSERT_TRUE(e.finalize().ok());
+  gpu::Device& dev = e.device();
+  auto fs = dev.create_stream("framework");
+  ASSERT_TRUE(fs.ok());
+  auto snapshot = dev.allocate(kElems * 2, "snapshot");
+  ASSERT_TRUE(snapshot.ok());
+  auto a = e.fetch("a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(dev.declare_compute(*fs, 2e10, "forward").ok());
+  ASSERT_TRUE(dev.copy_d2d(*fs, snapshot->span(), *a).ok());
+  ASSERT_TRUE(e.release("a", &*fs).ok());
+  auto b = e.fetch("b");
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->buffer_id(), a->buffer_id()) << "the test needs b in a's old buffer";
+  std::vector<std::uint16_t> got(kElems);
+  ASSERT_TRUE(dev.copy_d2h(*fs, std::as_writable_bytes(std::span(got)), snapshot->span()).ok());
+  ASSERT_TRUE(dev.synchronize(*fs).ok());
+  EXPECT_EQ(got.front(), nx::fp32_to_bf16_bits(1.5f));
+  EXPECT_EQ(got.back(), nx::fp32_to_bf16_bits(1.5f));
+  ASSERT_TRUE(e.release("b").ok());
+}
+
 // The disk pipeline's staging ring stays inside strata.budgets.staging: two
 // slots for a dozen nvme chunks still train to the same bits, under "exact"
 // and "speculative" (derived: four and six slots); a budget below one chunk

@@ -286,6 +286,13 @@ STRATA_API strata_status strata_group_fetch_host(strata_engine* engine, const ch
  * when the group is not fetched. */
 STRATA_API strata_status strata_group_release(strata_engine* engine, const char* group) STRATA_NOEXCEPT;
 
+/* As strata_group_release, for a framework whose work on the view is still
+ * queued on `stream` (see convention 9): strata writes the group's buffer
+ * again only after that work (an event; the host does not block). With NULL
+ * it is strata_group_release: the caller's work on the view is done. */
+STRATA_API strata_status strata_group_release_on(strata_engine* engine, const char* group,
+                                                 void* stream) STRATA_NOEXCEPT;
+
 /* A device buffer for a trainable group's gradients of the current
  * micro-batch, laid out like its compute copies (the slots of frozen
  * parameters are ignored), scaled by strata_loss_scale. Valid until
