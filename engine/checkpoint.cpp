@@ -115,7 +115,7 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
 core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
   STRATA_ENGINE_ENTRY("save_checkpoint");
   STRATA_RETURN_IF_ERROR(wait_optimizer("save_checkpoint"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the state saved here
+  STRATA_RETURN_IF_ERROR(abandon_speculation("save_checkpoint"));  // it may be reading the state saved here
   STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition(
@@ -246,7 +246,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   }
   drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
   drop_resident(Drop::kAll);
-  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it read state the load replaces
+  STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {
     STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> p, read_file(root + "/latest"));
@@ -355,7 +355,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
   STRATA_ENGINE_ENTRY("export_safetensors");
   STRATA_RETURN_IF_ERROR(wait_optimizer("export_safetensors"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the state exported here
+  STRATA_RETURN_IF_ERROR(abandon_speculation("export_safetensors"));  // it may be reading the state exported here
   STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
   std::error_code ec;
   fs::create_directories(dir, ec);

@@ -85,7 +85,8 @@ constexpr EnumName<OverlapMode> kOverlapNames[] = {{"exact", OverlapMode::kExact
 constexpr EnumName<DeviceKind> kDeviceNames[] = {
     {"auto", DeviceKind::kAuto}, {"cuda", DeviceKind::kCuda}, {"host", DeviceKind::kHost}};
 constexpr EnumName<NonfinitePolicy> kNonfiniteNames[] = {{"skip", NonfinitePolicy::kSkip},
-                                                         {"error", NonfinitePolicy::kError}};
+                                                         {"error", NonfinitePolicy::kError},
+                                                         {"apply", NonfinitePolicy::kApply}};
 
 template <typename E>
 std::string_view name_of(std::span<const EnumName<E>> names, E value) {

@@ -22,7 +22,11 @@ enum class IoBackend { kAuto, kIoUring, kLibaio, kPsync };  // "auto", "io_uring
 enum class CpuAdamIsa { kAuto, kAvx512Bf16, kAvx512, kAvx2, kScalar };
 enum class OverlapMode { kExact, kDelayed, kNone, kSpeculative };  // "exact", "delayed", "none", "speculative"
 enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
-enum class NonfinitePolicy { kSkip, kError };         // "skip" (skip the step, count it), "error"
+// bf16/fp32 non-finite gradients: "skip" (skip the step, count it), "error",
+// or "apply" (no check, as DeepSpeed's bf16 without check_grad_overflow: the
+// step is applied whatever the gradients hold, so that nothing found at
+// step_end can change it and "exact" may update during the backward).
+enum class NonfinitePolicy { kSkip, kError, kApply };
 
 // Slots of the disk pipeline's staging ring when strata.budgets.staging is
 // derived (the planner counts the same): four, or six with "speculative",

@@ -486,6 +486,12 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   if (gs.fetched) {
     return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
   }
+  if (spec_applying_ && gs.grads_micro_step == micro_step_) {
+    return Status::failed_precondition(str_cat(
+        "fetch('", group, "'): its gradients of the step's last micro-batch are in, and the optimizer is updating it "
+        "in place (strata.overlap \"", to_string(config_.strata.overlap),
+        "\" with no clipping, no loss scaler and strata.nonfinite \"apply\"); fetch it again after step_end"));
+  }
   // The last step's optimizer may still be writing this group's copies.
   STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "fetch"));
   note_fetch(g);
@@ -593,13 +599,14 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
     device_cache_->put(std::move(grad));
     return s;
   }
-  // overlap "speculative": the step's optimizer job (started by the last
-  // step_end, or here for the first step) updates each group as its
-  // gradients of the last micro-batch are in.
+  // overlap "speculative", or "exact" with certain steps: the step's
+  // optimizer job (started by the last step_end, or here for the first step)
+  // updates each group as its gradients of the last micro-batch are in.
   std::int64_t spec = 0;
-  if (speculative() && micro_step + 1 == config_.gradient_accumulation_steps) {
+  if (early_jobs() && micro_step + 1 == config_.gradient_accumulation_steps) {
     if (spec_job_ == 0) STRATA_RETURN_IF_ERROR(start_speculative_job());
     spec = spec_job_;
+    spec_applying_ = certain_steps();
   }
   // The copy down and the pass run on the gradient thread; the device buffer
   // goes with them (the next grad_buffer gets a new one).
@@ -683,6 +690,11 @@ core::Status Engine::micro_step_end() {
 core::Status Engine::set_lr(double lr) {
   STRATA_ENGINE_ENTRY("set_lr");
   if (!(lr >= 0.0) || !std::isfinite(lr)) return Status::invalid_argument(str_cat("set_lr(", lr, "): expected >= 0"));
+  if (lr == lr_override_) return Status();
+  // The step's job started early holds the constants of the old rate: it
+  // stops (the next grads_ready starts another), unless it has begun to
+  // update in place.
+  STRATA_RETURN_IF_ERROR(abandon_speculation("set_lr"));
   lr_override_ = lr;
   return Status();
 }
@@ -726,9 +738,29 @@ core::Result<StepStats> Engine::step_end() {
       return Status::failed_precondition(str_cat("non-finite gradients at step ", applied_steps_ + 1,
                                                  " (strata.nonfinite is \"error\"); the step was not applied"));
     }
-    skip = true;
+    if (config_.strata.nonfinite == NonfinitePolicy::kApply) {
+      STRATA_LOG(kWarn) << "non-finite gradients at step " << applied_steps_ + 1
+                        << "; applied (strata.nonfinite is \"apply\")";
+    } else {
+      skip = true;
+    }
   }
   stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
+  // The optimizer's traffic and time since the last step_end: with overlap
+  // "exact" that is the previous step's job, which ran during this step's
+  // forward (and finished: wait_optimizer above). Taken before this step's
+  // job gets its verdict, so that a job which finishes right after it is
+  // counted by the next step, always.
+  auto take_optimizer_stats = [&] {
+    const core::MutexLock lock(opt_mu_);
+    stats.bytes += opt_bytes_;
+    stats.optimizer_s += opt_seconds_;
+    stats.speculative_discarded += opt_discarded_;
+    opt_bytes_ = {};
+    opt_seconds_ = 0.0;
+    opt_discarded_ = 0;
+  };
+  take_optimizer_stats();
   learn_fetch_trace();
   std::unique_ptr<OptimizerJob> job;
   bool applied = false;
@@ -740,6 +772,11 @@ core::Result<StepStats> Engine::step_end() {
     const bool speculated =
         spec_job_ != 0 && constants.size() == spec_constants_.size() &&
         std::memcmp(constants.data(), spec_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
+    // A certain job under way has updated in place already: it cannot but
+    // agree (set_lr is refused while it applies).
+    if (spec_applying_ && !speculated) {
+      return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
+    }
     if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, speculated));
     if (!speculated) job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
     const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
@@ -747,6 +784,7 @@ core::Result<StepStats> Engine::step_end() {
       // The sequential schedule: the optimizer runs here, to the end.
       TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
       STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
+      take_optimizer_stats();
     }
     applied = true;
     ++applied_steps_;
@@ -757,23 +795,13 @@ core::Result<StepStats> Engine::step_end() {
     ++skipped_steps_;
   }
   spec_job_ = 0;
+  spec_applying_ = false;
   stats.step = applied_steps_;
   stats.skipped = skip;
   stats.skipped_total = skipped_steps_;
   stats.loss_scale = scaler_.scale();
-  // This step's own traffic, and the optimizer's since the last step_end:
-  // with overlap "exact" that is the previous step's optimizer, which ran
-  // during this step's forward.
-  stats.bytes = bytes_;
-  {
-    const core::MutexLock lock(opt_mu_);
-    stats.bytes += opt_bytes_;
-    stats.optimizer_s = opt_seconds_;
-    stats.speculative_discarded = opt_discarded_;
-    opt_bytes_ = {};
-    opt_seconds_ = 0.0;
-    opt_discarded_ = 0;
-  }
+  // This step's own traffic (the optimizer's is in already).
+  stats.bytes += bytes_;
   stats.bytes += grads_bytes_;
   stats.fetch_s = times_.fetch_s;
   stats.grads_s = times_.grads_s + grads_seconds_;
@@ -798,17 +826,19 @@ core::Result<StepStats> Engine::step_end() {
     drop_resident(Drop::kUpdated);
   }
   if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
-  // overlap "speculative": the next step's job starts now, so that it reads
-  // the first chunks the backward will need while the forward runs.
-  if (speculative()) STRATA_RETURN_IF_ERROR(start_speculative_job());
+  // The next step's job starts now (overlap "speculative", or "exact" with
+  // certain steps), so that it reads the first chunks the backward will need
+  // while the forward runs.
+  if (early_jobs()) STRATA_RETURN_IF_ERROR(start_speculative_job());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }
 
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_state");
+  STRATA_RETURN_IF_ERROR(refuse_while_applying("read_state"));
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_state"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation());  // it may be reading the same blocks
+  STRATA_RETURN_IF_ERROR(abandon_speculation("read_state"));  // it may be reading the same blocks
   return read_state_locked(param, which, out);
 }
 
@@ -849,6 +879,7 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
+  STRATA_RETURN_IF_ERROR(refuse_while_applying("read_compute"));
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_compute"));
   return read_compute_locked(param, out);
 }

@@ -2,7 +2,12 @@
 // it). strata.overlap picks the schedule: "exact" (the default: gradient
 // passes, the optimizer and prefetches on their own threads and streams),
 // "speculative" (also nvme optimizer state updated during the backward) or
-// "none" (every call does its work before it returns). Results are
+// "none" (every call does its work before it returns). Without clipping, a
+// loss scaler or a non-finite check (strata.nonfinite "apply"), "exact" and
+// "speculative" update every group in place as its gradients arrive, during
+// the backward; until step_end, calls that would see the step half applied
+// (fetch of such a group, read_state, read_compute, set_lr, checkpoints)
+// are kFailedPrecondition. Results are
 // bit-identical for every schedule and placement (DESIGN.md section 6);
 // engine/README.md describes the step.
 //
@@ -149,6 +154,8 @@ class Engine {
 
   double loss_scale() const;
   // Overrides the schedule's learning rate from the next step on.
+  // kFailedPrecondition (nothing changed) while a certain step updates in
+  // place (see the top of this file): call it between steps.
   core::Status set_lr(double lr);
 
   // --- checkpoints (engine/checkpoint.cpp; format in docs/checkpoints.md) ---
@@ -208,6 +215,14 @@ class Engine {
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   bool speculative() const { return config_.strata.overlap == OverlapMode::kSpeculative; }
+  // Nothing the gradients hold can change a step's constants or skip it: no
+  // clipping, no fp16 loss scaler, strata.nonfinite "apply". Then the step's
+  // job (overlap "exact" or "speculative") updates every chunk in place as
+  // its group's gradients arrive: its work is final, never thrown away.
+  bool certain_steps() const;
+  // The step's optimizer job starts before step_end (and the next one at
+  // step_end): "speculative", or "exact" with certain steps.
+  bool early_jobs() const;
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const;
@@ -264,7 +279,13 @@ class Engine {
   // before a call reads the optimizer state it may be reading (read_state,
   // checkpoints, export): the next grads_ready starts another. (It reads a
   // group's compute copies only once that group's gradients are in.)
-  core::Status abandon_speculation();
+  // `op` names the caller in the error when the job cannot be stopped: it
+  // is certain and has been handed gradients (its updates are in place).
+  core::Status abandon_speculation(const char* op);
+  // kFailedPrecondition naming `op` while the step's certain job updates in
+  // place (from the first gradients of the step's last micro-batch to
+  // step_end): the state and compute copies are part new, part old.
+  core::Status refuse_while_applying(const char* op) const;
   // The optimizer thread's gate before a speculative job updates group g:
   // waits until g's gradients are in (when `undoable`) or the verdict came.
   enum class Gate { kGo, kGoDecided, kStop };
@@ -394,6 +415,7 @@ class Engine {
   core::Status opt_error_;                      // opt_mu_
   // overlap "speculative" (engine/optimizer.cpp).
   std::int64_t spec_job_ = 0;                   // mu_: the step's speculative job (0: none yet)
+  bool spec_applying_ = false;                  // mu_: it is certain and has gradients (see certain_steps)
   std::vector<core::numerics::AdamStepConstants> spec_constants_;  // mu_: its constants
   std::vector<std::int64_t> grads_in_job_;      // opt_mu_: per group, the speculative job whose gradients are in
   std::int64_t verdict_job_ = 0;                // opt_mu_: the speculative job with a verdict, and the verdict

@@ -177,11 +177,21 @@ std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficien
   return constants;
 }
 
+bool Engine::certain_steps() const {
+  return config_.gradient_clipping <= 0.0 && config_.precision != Precision::kFp16 &&
+         config_.strata.nonfinite == NonfinitePolicy::kApply;
+}
+
+bool Engine::early_jobs() const {
+  return speculative() || (config_.strata.overlap == OverlapMode::kExact && certain_steps());
+}
+
 core::Status Engine::start_speculative_job() {
   // The constants of a step that is applied and not clipped.
   spec_constants_ = step_constants(1.0);
   std::unique_ptr<OptimizerJob> job = make_optimizer_job(spec_constants_, applied_steps_ + 1);
   job->speculative = true;
+  job->certain = certain_steps();
   // Update in the order the backward hands gradients over (the groups by
   // their last place in the learned sequence; backwards by index before one
   // is learned); after the verdict, in the next forward's order.
@@ -204,8 +214,21 @@ void Engine::note_grads_in(std::size_t g, std::int64_t job) {
   opt_cv_.notify_all();
 }
 
-core::Status Engine::abandon_speculation() {
+core::Status Engine::refuse_while_applying(const char* op) const {
+  if (!spec_applying_) return Status();
+  return Status::failed_precondition(str_cat(
+      op, ": the optimizer is applying this step during the backward (strata.overlap \"",
+      to_string(config_.strata.overlap),
+      "\" with no clipping, no loss scaler and strata.nonfinite \"apply\" updates each group as its gradients "
+      "arrive); call it before the step's first grads_ready or after step_end"));
+}
+
+core::Status Engine::abandon_speculation(const char* op) {
   if (spec_job_ == 0) return Status();
+  STRATA_RETURN_IF_ERROR(refuse_while_applying(op));
+  // The verdict has one slot: the job before this one must have had its
+  // verdict acted on (it may still be waiting for it at its end).
+  STRATA_RETURN_IF_ERROR(wait_optimizer(op));
   const std::int64_t job = std::exchange(spec_job_, 0);
   return settle_speculation(job, false, /*reads_too=*/true);
 }
@@ -344,7 +367,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     Open o;
     o.left = gp.chunk_count;
     o.begin_ns = core::monotonic_ns();
-    if (job.speculative && gp.compute_tier == Tier::kPinned) {
+    if (job.speculative && !job.certain && gp.compute_tier == Tier::kPinned) {
       const std::span<std::byte> home = groups_[g].pinned_home.bytes();
       STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_->get(home.size(), "speculative compute copies"));
       std::memcpy(o.buffer.data(), home.data(), home.size());
@@ -361,12 +384,12 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   auto commit_group = [&](std::size_t g) -> Status {
     const GroupPlace& gp = layout_.groups[g];
     Open& o = open.at(g);
-    if (job.speculative) {
+    if (job.speculative && !job.certain) {
       for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
         if (state_->tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(state_->commit_next(c));
       }
     }
-    if (job.speculative && gp.compute_tier == Tier::kPinned) {
+    if (job.speculative && !job.certain && gp.compute_tier == Tier::kPinned) {
       std::swap(groups_[g].pinned_home, o.buffer);  // the shadow is the new home
     } else {
       STRATA_RETURN_IF_ERROR(commit_compute(g, o.compute, lane));
@@ -428,9 +451,10 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     STRATA_RETURN_IF_ERROR(issue_reads(i));
 
     // A speculative update waits for the group's gradients (an nvme chunk,
-    // whose current state stays intact) or for the verdict (anything else).
+    // whose current state stays intact, or any chunk of a certain job) or for
+    // the verdict (anything else).
     if (!decided) {
-      const Gate gate = speculation_gate(job, g, cp.state_tier == Tier::kNvme);
+      const Gate gate = speculation_gate(job, g, job.certain || cp.state_tier == Tier::kNvme);
       if (gate == Gate::kStop) return stop();
       if (gate == Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
     }
@@ -467,7 +491,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
       {
         const core::MutexLock cpu(cpu_adam_mu_);
         TraceScope tc(trace_, TraceTrack::kCpuAdam,
-                      str_cat(decided ? "adam chunk " : "adam (speculative) chunk ", c),
+                      str_cat(decided || job.certain ? "adam chunk " : "adam (speculative) chunk ", c),
                       static_cast<std::uint64_t>(cp.elems));
         for (const Layout::Piece& p : pieces) {
           const auto off = static_cast<std::size_t>(p.lo - cp.begin);
@@ -484,7 +508,8 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
         }
       }
       if (cp.state_tier == Tier::kNvme) {
-        const auto version = job.speculative ? StateStore::Version::kNext : StateStore::Version::kCurrent;
+        const auto version =
+            job.speculative && !job.certain ? StateStore::Version::kNext : StateStore::Version::kCurrent;
         STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_store(c, ring_[slot].bytes(), version));
         job.bytes.nvme_write += state_->staging_bytes(c);
         writes.push_back({i, slot, std::move(io), core::monotonic_ns()});
@@ -523,9 +548,11 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
 
     if (!decided) updated_elems += cp.elems;
     // The group's last chunk: its new compute copies go home (once the
-    // verdict says so), and the next step may fetch it.
+    // verdict says so, or at once for a certain job unless they live on the
+    // device, where the framework may still be reading them), and the next
+    // step may fetch it.
     if (--open.at(g).left == 0) {
-      if (decided) {
+      if (decided || (job.certain && layout_.groups[g].compute_tier != Tier::kDevice)) {
         STRATA_RETURN_IF_ERROR(commit_group(g));
       } else {
         waiting.push_back(g);

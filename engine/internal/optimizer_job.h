@@ -26,6 +26,11 @@ struct Engine::OptimizerJob {
   // before step_end's verdict (Engine::settle_speculation).
   bool speculative = false;
   std::vector<std::size_t> rank;
+  // Certain (Engine::certain_steps): the verdict can only be to apply, so
+  // every chunk is updated in place as soon as its group's gradients are in,
+  // and the group's compute copies go home at once (those on the device,
+  // which the framework may still be reading, at the verdict).
+  bool certain = false;
   // Written by the job, read after it finished (finish_optimizer_job).
   StepBytes bytes;
   double seconds = 0.0;

@@ -391,6 +391,138 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
   }
 }
 
+// Without clipping, a loss scaler or a non-finite check (strata.nonfinite
+// "apply"), nothing step_end learns can change a step: "exact" and
+// "speculative" update each group in place as its gradients of the last
+// micro-batch arrive, during the backward. The same bits as the sequential
+// schedule in every placement (compute copies on the device, whose commit
+// waits for step_end, in pinned memory and on nvme; state pinned, on nvme and
+// on the device), nothing thrown away, and the memory model's traffic. An
+// infinite gradient in the last step is applied, not skipped, the same way in
+// every schedule.
+TEST_F(Placement, CertainStepsUpdateDuringTheBackwardWithTheSequentialBits) {
+  struct Case {
+    const char* name;
+    OffloadDevice optimizer, param;
+    double ratio = 1.0;
+  };
+  const std::vector<Case> cases = {
+      {"optimizer pinned, params on the device", OffloadDevice::kCpu, OffloadDevice::kNone},
+      {"optimizer and params pinned", OffloadDevice::kCpu, OffloadDevice::kCpu},
+      {"optimizer on nvme, params pinned", OffloadDevice::kNvme, OffloadDevice::kCpu},
+      {"everything on nvme", OffloadDevice::kNvme, OffloadDevice::kNvme},
+      {"half the optimizer on the device, params pinned", OffloadDevice::kCpu, OffloadDevice::kCpu, 0.5},
+  };
+  const auto inf_in_last_step = [](int step, std::map<std::string, std::vector<float>>& g) {
+    if (step == kSteps - 1) g["l2.w"][7] = std::numeric_limits<float>::infinity();
+  };
+  for (const Case& k : cases) {
+    SCOPED_TRACE(k.name);
+    Config c = base();
+    c.gradient_clipping = 0.0;
+    c.strata.nonfinite = NonfinitePolicy::kApply;
+    c.zero.offload_optimizer.device = k.optimizer;
+    c.zero.offload_param.device = k.param;
+    c.zero.offload_optimizer.ratio = k.ratio;
+    RunResult runs[3];
+    const OverlapMode modes[3] = {OverlapMode::kNone, OverlapMode::kExact, OverlapMode::kSpeculative};
+    for (int m = 0; m < 3; ++m) {
+      c.strata.overlap = modes[m];
+      runs[m] = train(c, false, inf_in_last_step);
+      ASSERT_EQ(runs[m].stats.size(), static_cast<std::size_t>(kSteps)) << to_string(modes[m]);
+    }
+    const RunResult& seq = runs[0];
+    EXPECT_LT(seq.losses.back(), 0.5 * seq.losses.front());
+    EXPECT_FALSE(seq.stats.back().skipped) << "\"apply\" applies a step with an infinite gradient";
+    EXPECT_EQ(seq.stats.back().step, kSteps);
+    EXPECT_FALSE(std::isfinite(seq.stats.back().grad_norm));
+    EXPECT_TRUE(std::isnan(seq.master.at("l2.w")[7])) << "the infinite gradient reached its weight";
+    EXPECT_TRUE(std::isfinite(seq.master.at("l2.w")[6]));
+    for (int m = 1; m < 3; ++m) {
+      SCOPED_TRACE(to_string(modes[m]));
+      const RunResult& r = runs[m];
+      EXPECT_EQ(r.losses, seq.losses);
+      std::int64_t discarded = 0;
+      for (int s = 0; s < kSteps; ++s) {
+        EXPECT_FALSE(r.stats[s].skipped) << s;
+        EXPECT_EQ(r.stats[s].step, seq.stats[s].step) << s;
+        discarded += r.stats[s].speculative_discarded;
+        // The sequential schedule counts a step's optimizer in that step;
+        // the overlapped ones in the next step (the job ends after the
+        // verdict), so every step after the first matches the model.
+        EXPECT_EQ(seq.traffic[s], seq.expected_bytes) << "sequential, step " << s;
+        if (s > 0) {
+          EXPECT_EQ(r.traffic[s], r.expected_bytes) << "step " << s;
+        }
+      }
+      EXPECT_EQ(discarded, 0) << "a certain step's work is never thrown away";
+      for (const auto& [name, v] : seq.master) EXPECT_TRUE(bits_equal(r.master.at(name), v)) << name;
+      for (const auto& [name, v] : seq.compute) EXPECT_TRUE(bits_equal(r.compute.at(name), v)) << name;
+      for (const auto& [name, v] : seq.exp_avg) EXPECT_TRUE(bits_equal(r.exp_avg.at(name), v)) << name;
+      for (const auto& [name, v] : seq.exp_avg_sq) EXPECT_TRUE(bits_equal(r.exp_avg_sq.at(name), v)) << name;
+    }
+  }
+}
+
+// While a certain step updates in place (from its last micro-batch's first
+// grads_ready to step_end), what would read half-updated state is refused
+// with a clear error and changes nothing: fetching a group whose gradients
+// are in, read_state, read_compute, set_lr, save_checkpoint. The rest of the
+// step goes on, and set_lr between steps restarts the job the last step_end
+// began: the run gives the sequential schedule's bits.
+TEST_F(Placement, CallsThatWouldSeeAStepHalfAppliedAreRefused) {
+  Config c = base();
+  c.gradient_clipping = 0.0;
+  c.strata.nonfinite = NonfinitePolicy::kApply;
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  auto run = [&](OverlapMode mode, bool probe) {
+    c.strata.overlap = mode;
+    std::unique_ptr<Engine> e = make_mlp_engine(c);
+    EXPECT_NE(e, nullptr);
+    if (e == nullptr) return std::map<std::string, std::vector<float>>{};
+    Framework f;
+    f.cb = e->layout().compute_bytes;
+    f.precision = c.precision;
+    train_one_step(*e, f, 0);
+    // Step 2, up to the first group's gradients.
+    f.batch(16);
+    f.load(*e, "l1");
+    f.load(*e, "l2");
+    f.forward();
+    const auto g = f.backward(1.0f);
+    f.load(*e, "l2");
+    f.give_grads(*e, "l2", g);
+    if (probe) {
+      auto expect_refused = [](const core::Status& s, const char* op) {
+        EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << op << ": " << s;
+        EXPECT_NE(s.message().find(op), std::string::npos) << s;
+        EXPECT_NE(s.message().find("strata.nonfinite"), std::string::npos) << s;
+      };
+      expect_refused(e->fetch("l2").status(), "fetch('l2')");
+      std::vector<float> v(static_cast<std::size_t>(kOut * kHidden));
+      expect_refused(e->read_state("l2.w", 0, v), "read_state");
+      expect_refused(e->read_compute("l2.w", v), "read_compute");
+      expect_refused(e->set_lr(1e-3), "set_lr");
+      expect_refused(e->save_checkpoint((dir_ / "ckpt").string(), {}), "save_checkpoint");
+    }
+    f.load(*e, "l1");  // its gradients are not in yet: fetched as usual
+    f.give_grads(*e, "l1", g);
+    EXPECT_TRUE(e->step_end().ok());
+    EXPECT_TRUE(e->set_lr(1e-3).ok());
+    train_one_step(*e, f, 2);
+    train_one_step(*e, f, 3);
+    return read_masters(*e);
+  };
+  const auto seq = run(OverlapMode::kNone, false);
+  const auto exact = run(OverlapMode::kExact, true);
+  const auto spec = run(OverlapMode::kSpeculative, true);
+  for (const auto& [name, v] : seq) {
+    EXPECT_TRUE(bits_equal(exact.at(name), v)) << "exact " << name;
+    EXPECT_TRUE(bits_equal(spec.at(name), v)) << "speculative " << name;
+  }
+}
+
 // Released copies stay on the device while they are current: within
 // stage3_max_live_parameters, the one used again farthest ahead goes first
 // (Belady on the learned sequence). With room for both groups, the backward

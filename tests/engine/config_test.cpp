@@ -907,7 +907,7 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
   expect_error(doc(R"("strata": {"device": "gpu"})"),
                {"strata.device: \"gpu\" is not one of auto, cuda, host"});
   expect_error(doc(R"("strata": {"nonfinite": "ignore"})"),
-               {"strata.nonfinite: \"ignore\" is not one of skip, error"});
+               {"strata.nonfinite: \"ignore\" is not one of skip, error, apply"});
   expect_error(doc(R"("strata": {"seed": -1})"), {"strata.seed: -1 must be >= 0"});
   expect_error(doc(R"("strata": {"trace": 5})"), {"strata.trace: expected a string, got 5"});
 }
@@ -1266,6 +1266,7 @@ TEST(Config, ToStringGivesTheConfigSpelling) {
   EXPECT_EQ(to_string(OverlapMode::kDelayed), "delayed");
   EXPECT_EQ(to_string(DeviceKind::kHost), "host");
   EXPECT_EQ(to_string(NonfinitePolicy::kSkip), "skip");
+  EXPECT_EQ(to_string(NonfinitePolicy::kApply), "apply");
 }
 
 }  // namespace
