@@ -106,6 +106,10 @@ struct Scenario {
   // the balance the calibration aims for (0: --balance).
   eng::OverlapMode overlap = eng::OverlapMode::kExact;
   double balance = 0.0;
+  // strata.nonfinite: "apply" (no overflow check) in the bf16 scenarios
+  // without clipping, so that nothing step_end learns can change a step and
+  // "exact" updates each group during the backward (docs/config.md).
+  eng::NonfinitePolicy nonfinite = eng::NonfinitePolicy::kSkip;
 };
 
 // Every scenario keeps the compute copies in pinned CPU memory
@@ -120,24 +124,26 @@ const Scenario kScenarios[] = {
      "step is skipped and the speculative updates thrown away)",
      eng::OverlapMode::kSpeculative},
     {"cpu_cpu", Placement::kCpu, eng::Precision::kBf16, kCpu, kDevice, 0.0, GradPlan::kSteady, 12,
-     "optimizer state in pinned CPU memory: the CPU busiest, device compute second (exact: Adam only in "
-     "the next forward, see docs/benchmarks.md)"},
+     "optimizer state in pinned CPU memory: the CPU busiest, device compute second (no clipping, "
+     "nonfinite \"apply\": Adam on each group during the backward)",
+     eng::OverlapMode::kExact, 0.0, eng::NonfinitePolicy::kApply},
     {"cpu_clip", Placement::kCpu, eng::Precision::kBf16, kCpu, kDevice, 1.0, GradPlan::kAlternateNorm, 12,
      "as cpu_cpu with gradient_clipping 1.0; the gradient norm alternates 2.0 / 0.5, so clipping fires on "
      "half the steps"},
     {"device_h2d", Placement::kCpu, eng::Precision::kBf16, kDevice, kH2d, 0.0, GradPlan::kSteady, 12,
      "optimizer on the CPU: device compute busiest, the host->device link second",
-     eng::OverlapMode::kExact, 0.8},
+     eng::OverlapMode::kExact, 0.8, eng::NonfinitePolicy::kApply},
     {"device_clip", Placement::kCpu, eng::Precision::kBf16, kDevice, kH2d, 1.0, GradPlan::kAlternateNorm, 12,
      "as device_h2d with gradient_clipping 1.0; the gradient norm alternates 2.0 / 0.5, so clipping fires "
      "on half the steps",
      eng::OverlapMode::kExact, 0.8},
     {"h2d_device", Placement::kCpu, eng::Precision::kBf16, kH2d, kDevice, 0.0, GradPlan::kSteady, 12,
      "optimizer on the CPU: the host->device link busiest, device compute second",
-     eng::OverlapMode::kExact, 0.8},
+     eng::OverlapMode::kExact, 0.8, eng::NonfinitePolicy::kApply},
     {"d2h_device", Placement::kCpu, eng::Precision::kBf16, kD2h, kDevice, 0.0, GradPlan::kSteady, 12,
      "optimizer on the CPU: the device->host link busiest, device compute second (its traffic is the "
-     "backward's, which step_end waits for: see docs/benchmarks.md)"},
+     "backward's, which step_end waits for: see docs/benchmarks.md)",
+     eng::OverlapMode::kExact, 0.0, eng::NonfinitePolicy::kApply},
 };
 
 struct Options {
@@ -419,7 +425,8 @@ std::string config_json(const Scenario& sc, const Model& m, eng::OverlapMode ove
                "    \"stage3_prefetch_bucket_size\": ", m.layer_elems, ",\n",
                "    \"stage3_max_live_parameters\": ", 3 * m.layer_elems, "},\n");
   j += "  \"strata\": {\"device\": \"host\", ";
-  j += str_cat("\"overlap\": \"", eng::to_string(overlap), "\",\n");
+  j += str_cat("\"overlap\": \"", eng::to_string(overlap), "\", \"nonfinite\": \"", eng::to_string(sc.nonfinite),
+               "\",\n");
   if (sc.placement == Placement::kNvme) j += str_cat("    \"io\": {\"paths\": [\"", swap_dir, "\"]},\n");
   if (!trace.empty()) j += str_cat("    \"trace\": \"", trace, "\",\n");
   j += str_cat("    \"host_device\": {\"h2d_gbps\": ", t.h2d_gbps, ", \"d2h_gbps\": ", t.d2h_gbps,
@@ -1354,6 +1361,7 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
     j.begin_object();
     j.str("scenario", sc.name).str("about", sc.about).str("placement", placement_name(sc.placement));
     j.str("precision", eng::to_string(sc.precision)).num("gradient_clipping", sc.clipping);
+    j.str("nonfinite", eng::to_string(sc.nonfinite));
     j.str("intended_busiest", kResName[sc.busiest]).str("intended_second", kResName[sc.second]);
     j.num("balance_target", balance_of(sc, opt)).str("overlap", eng::to_string(sr.schedules.back().overlap));
     j.integer("layers", m.layers).integer("layer_elems", m.layer_elems).integer("params", m.params());

@@ -10,6 +10,7 @@
 #include "engine/core/numerics.h"
 #include "engine/core/str.h"
 #include "engine/internal/buffer_cache.h"
+#include "engine/internal/cpu_turns.h"
 #include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/group_state.h"
@@ -88,11 +89,13 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
                       config.strata.budgets.staging_bytes != 0 ? config.strata.budgets.staging_bytes : kUnlimited,
                       "strata.budgets.staging"),
       trace_(config.strata.trace) {
+  cpu_turns_ = std::make_unique<CpuTurns>();
   optimizer_groups_.push_back({"default", config.optimizer.weight_decay, 1.0});
 }
 
 Engine::~Engine() {
-  grads_queue_.reset();     // drains the gradient passes
+  grads_queue_.reset();     // drains the gradient copies (which post passes)
+  pass_queue_.reset();      // and the gradient passes
   prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
   prefetched_.clear();
   drop_resident(Drop::kAll);  // into the cache, whose clear waits for their fences
@@ -373,6 +376,7 @@ core::Status Engine::finalize() {
   if (config_.strata.overlap != OverlapMode::kNone) {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
     grads_queue_ = std::make_unique<SerialQueue>();
+    pass_queue_ = std::make_unique<SerialQueue>();
     STRATA_ASSIGN_OR_RETURN(prefetch_stream_, device_->create_stream("prefetch"));
     prefetch_queue_ = std::make_unique<SerialQueue>();
     opt_thread_ = std::thread([this] { optimizer_thread_main(); });
@@ -608,30 +612,47 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
     spec = spec_job_;
     spec_applying_ = certain_steps();
   }
-  // The copy down and the pass run on the gradient thread; the device buffer
-  // goes with them (the next grad_buffer gets a new one).
+  // The copy down runs on the gradient thread, the device buffer with it
+  // (the next grad_buffer gets a new one); the pass on the pass thread, so
+  // that the next group's copy overlaps this group's pass.
   auto grad = std::make_shared<gpu::DeviceBuffer>(std::move(gs.grad));
   grads_queue_->post([this, g, grad, micro_step, spec, written] {
     const core::Stopwatch clock;
     Status s = written != nullptr ? device_->wait(grads_stream_, *written) : Status();
-    if (s.ok()) s = gradient_pass(g, *grad, micro_step, {&grads_stream_, &grads_bytes_});
+    core::Result<gpu::PinnedBuffer> wire = s.ok() ? gradient_copy(*grad, {&grads_stream_, &grads_bytes_})
+                                                  : core::Result<gpu::PinnedBuffer>(s);
     device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
-    if (s.ok() && spec != 0) note_grads_in(g, spec);
-    return s;
+    if (!wire.ok()) return wire.status();
+    auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
+    pass_queue_->post([this, g, host, micro_step, spec] {
+      const core::Stopwatch pass_clock;
+      Status ps = gradient_pass_host(g, std::move(*host), micro_step);
+      pass_seconds_ += pass_clock.elapsed_s();
+      if (ps.ok() && spec != 0) note_grads_in(g, spec);
+      return ps;
+    });
+    return Status();
   });
   return Status();
 }
 
 core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, Lane lane) {
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, gradient_copy(grad, lane));
+  return gradient_pass_host(g, std::move(wire), micro_step);
+}
+
+core::Result<gpu::PinnedBuffer> Engine::gradient_copy(const gpu::DeviceBuffer& grad, Lane lane) {
+  // Device -> host, in the compute dtype and the compute layout.
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, pinned_cache_->get(grad.size_bytes(), "gradient staging"));
+  STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), grad.span(), lane));
+  return wire;
+}
+
+core::Status Engine::gradient_pass_host(std::size_t g, gpu::PinnedBuffer wire, int micro_step) {
+  // Into the trainable layout, then the gradient pass into the host gradients.
   const GroupPlace& gp = layout_.groups[g];
   const int cb = layout_.compute_bytes;
-  const std::uint64_t bytes = grad.size_bytes();
-  // Device -> host (compute dtype, the compute layout), then into the
-  // trainable layout, then the gradient pass into the host gradients.
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, pinned_cache_->get(bytes, "gradient staging"));
-  STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), grad.span(), lane));
-
   const std::uint64_t tbytes = static_cast<std::uint64_t>(gp.trainable_elems) * static_cast<std::uint64_t>(cb);
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, pinned_cache_->get(tbytes, "gradient staging"));
   std::memset(packed.data(), 0, tbytes);
@@ -649,7 +670,7 @@ core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad,
   a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
                                                                static_cast<std::size_t>(gp.trainable_elems / kBlock));
   core::Result<adam::GradPassResult> pass = [&] {
-    const core::MutexLock cpu(cpu_adam_mu_);
+    const CpuTurns::Turn turn(*cpu_turns_, CpuTurns::kUrgent);
     TraceScope tp(trace_, TraceTrack::kCpuAdam, str_cat("gradient pass ", gp.name), tbytes);
     return cpu_adam_->grad_pass(a);
   }();
@@ -662,7 +683,9 @@ core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad,
 
 core::Status Engine::wait_gradients(const char* op) {
   if (grads_queue_ == nullptr) return Status();
-  Status s = grads_queue_->drain();
+  Status s = grads_queue_->drain();  // the copies first: they post the passes
+  if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient copy failed; the engine cannot go on"));
+  s = pass_queue_->drain();
   if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient pass failed; the engine cannot go on"));
   return Status();
 }
@@ -804,7 +827,7 @@ core::Result<StepStats> Engine::step_end() {
   stats.bytes += bytes_;
   stats.bytes += grads_bytes_;
   stats.fetch_s = times_.fetch_s;
-  stats.grads_s = times_.grads_s + grads_seconds_;
+  stats.grads_s = times_.grads_s + grads_seconds_ + pass_seconds_;
   stats.prefetched = prefetched_fetches_;
   prefetched_fetches_ = 0;
   stats.resident = resident_fetches_;
@@ -814,6 +837,7 @@ core::Result<StepStats> Engine::step_end() {
   bytes_ = {};
   grads_bytes_ = {};
   grads_seconds_ = 0.0;
+  pass_seconds_ = 0.0;
   times_ = {};
   micro_step_ = 0;
   nonfinite_ = false;

@@ -61,6 +61,7 @@ namespace strata::engine {
 class StateStore;
 struct ChunkState;
 class SerialQueue;
+class CpuTurns;
 template <typename Buffer>
 class BufferCache;
 
@@ -240,6 +241,9 @@ class Engine {
   // gradients (norm partials, the inf/NaN flag). On the gradient thread
   // (overlap "exact") or in grads_ready itself ("none").
   core::Status gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, Lane lane);
+  // Its two halves: the copy down into a pinned buffer, and the host pass.
+  core::Result<gpu::PinnedBuffer> gradient_copy(const gpu::DeviceBuffer& grad, Lane lane);
+  core::Status gradient_pass_host(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   // Waits for the gradient passes posted so far; their first error.
   core::Status wait_gradients(const char* op);
   // finalize's last part: every parameter's initial values, group by group.
@@ -404,7 +408,9 @@ class Engine {
   StepBytes opt_bytes_;                // opt_mu_: finished jobs' traffic since the last step_end
   double opt_seconds_ = 0.0;           // opt_mu_: likewise, their time
   std::int64_t opt_discarded_ = 0;     // opt_mu_: likewise, their discarded speculative elements
-  core::Mutex cpu_adam_mu_;  // cpu_adam is one call at a time: gradient passes and Adam
+  // cpu_adam is one call at a time: gradient passes first, Adam in slices
+  // between them (engine/internal/cpu_turns.h).
+  std::unique_ptr<CpuTurns> cpu_turns_;
   core::Mutex opt_mu_;
   core::CondVar opt_cv_;
   std::deque<std::unique_ptr<OptimizerJob>> pending_jobs_;  // opt_mu_
@@ -425,11 +431,15 @@ class Engine {
   bool opt_stop_ = false;                       // opt_mu_
   std::thread opt_thread_;
   // The gradient path (overlap "exact"): grads_ready posts the group's
-  // gradient pass here and returns; micro_step_end and step_end wait.
+  // copy down to grads_queue_ and returns; the copy posts the group's pass to
+  // pass_queue_ (so that the next copy overlaps it); micro_step_end and
+  // step_end wait for both.
   std::unique_ptr<SerialQueue> grads_queue_;
+  std::unique_ptr<SerialQueue> pass_queue_;
   gpu::Stream grads_stream_;
-  StepBytes grads_bytes_;       // its traffic since the last step_end (after wait_gradients)
-  double grads_seconds_ = 0.0;  // likewise, its time
+  StepBytes grads_bytes_;       // the copies' traffic since the last step_end (after wait_gradients)
+  double grads_seconds_ = 0.0;  // likewise, their time (grads_queue_'s thread)
+  double pass_seconds_ = 0.0;   // and the passes' time (pass_queue_'s thread)
   // Traced prefetch: the fetch sequence of the last training step, the
   // position in it, this step's sequence so far, and the copies in flight or
   // landed (device buffers not yet handed out by fetch).

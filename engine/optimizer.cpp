@@ -27,6 +27,7 @@
 #include "engine/core/str.h"
 #include "engine/engine.h"
 #include "engine/internal/buffer_cache.h"
+#include "engine/internal/cpu_turns.h"
 #include "engine/internal/elem_types.h"
 #include "engine/internal/group_state.h"
 #include "engine/internal/optimizer_job.h"
@@ -41,6 +42,9 @@ namespace nx = core::numerics;
 
 namespace {
 
+// The elements of one Adam call: about a millisecond of cpu_adam on two
+// cores, the longest a gradient pass waits for the optimizer.
+constexpr std::int64_t kAdamSliceElems = std::int64_t{1} << 21;
 
 }  // namespace
 
@@ -204,6 +208,23 @@ core::Status Engine::start_speculative_job() {
     if (last[a] != last[b]) return last[a] < last[b];
     return a > b;
   });
+  // A certain job balances the CPU between the two phases: the groups the
+  // next forward needs in its second half (those whose gradients come first)
+  // wait for step_end and are updated during the forward, ahead of their
+  // fetches; the rest as their gradients arrive. A group with state on nvme
+  // never waits: the disk works through both phases anyway.
+  job->deferred.assign(n, false);
+  if (job->certain && !fetch_trace_.empty()) {
+    for (std::size_t g = 0; g < n; ++g) {
+      const GroupPlace& gp = layout_.groups[g];
+      bool nvme = false;
+      for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+        nvme = nvme || state_->tier(c) == Tier::kNvme;
+      }
+      job->deferred[g] = !nvme && job->rank[g] >= (n + 1) / 2;
+    }
+    std::stable_partition(job->order.begin(), job->order.end(), [&](std::size_t g) { return !job->deferred[g]; });
+  }
   STRATA_ASSIGN_OR_RETURN(spec_job_, submit_optimizer_job(std::move(job)));
   return Status();
 }
@@ -451,10 +472,11 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     STRATA_RETURN_IF_ERROR(issue_reads(i));
 
     // A speculative update waits for the group's gradients (an nvme chunk,
-    // whose current state stays intact, or any chunk of a certain job) or for
-    // the verdict (anything else).
+    // whose current state stays intact, or a chunk of a certain job that is
+    // not deferred) or for the verdict (anything else).
     if (!decided) {
-      const Gate gate = speculation_gate(job, g, job.certain || cp.state_tier == Tier::kNvme);
+      const bool go_early = job.certain ? !job.deferred[g] : cp.state_tier == Tier::kNvme;
+      const Gate gate = speculation_gate(job, g, go_early);
       if (gate == Gate::kStop) return stop();
       if (gate == Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
     }
@@ -488,23 +510,28 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
       } else {
         STRATA_ASSIGN_OR_RETURN(st, state_->load(c, {}));
       }
-      {
-        const core::MutexLock cpu(cpu_adam_mu_);
-        TraceScope tc(trace_, TraceTrack::kCpuAdam,
-                      str_cat(decided || job.certain ? "adam chunk " : "adam (speculative) chunk ", c),
-                      static_cast<std::uint64_t>(cp.elems));
-        for (const Layout::Piece& p : pieces) {
-          const auto off = static_cast<std::size_t>(p.lo - cp.begin);
-          const auto n = static_cast<std::size_t>(p.hi - p.lo);
+      // In slices, each a turn of its own: a gradient pass waiting (the
+      // backward's critical path) goes first. Adam is elementwise, so the
+      // slicing changes no bit.
+      const std::string label =
+          str_cat(decided || job.certain ? "adam chunk " : "adam (speculative) chunk ", c);
+      for (const Layout::Piece& p : pieces) {
+        for (std::int64_t lo = p.lo; lo < p.hi; lo += kAdamSliceElems) {
+          const std::int64_t hi = std::min(p.hi, lo + kAdamSliceElems);
+          const auto off = static_cast<std::size_t>(lo - cp.begin);
+          const auto n = static_cast<std::size_t>(hi - lo);
+          std::byte* out = compute_at(p) + (lo - p.lo) * cb;
+          const CpuTurns::Turn turn(*cpu_turns_, CpuTurns::kBackground);
+          TraceScope tc(trace_, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
           adam::AdamStepArgs a;
           a.constants = job.constants[static_cast<std::size_t>(layout_.params[p.param].optimizer_group)];
           a.master = st.master.subspan(off, n);
           a.exp_avg = st.exp_avg.subspan(off, n);
           a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
-          a.grad = {grads_.data() + p.lo * gb, grad_type, static_cast<std::int64_t>(n)};
-          if (cb == 2) a.copy_out = {compute_at(p), compute_type, static_cast<std::int64_t>(n)};
+          a.grad = {grads_.data() + lo * gb, grad_type, static_cast<std::int64_t>(n)};
+          if (cb == 2) a.copy_out = {out, compute_type, static_cast<std::int64_t>(n)};
           STRATA_RETURN_IF_ERROR(cpu_adam_->step(a));
-          if (cb == 4) std::memcpy(compute_at(p), a.master.data(), n * 4);
+          if (cb == 4) std::memcpy(out, a.master.data(), n * 4);
         }
       }
       if (cp.state_tier == Tier::kNvme) {
