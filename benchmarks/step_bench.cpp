@@ -9,7 +9,7 @@
 // the busiest of them; ratio_to_bound = step time / bound.
 //
 //   step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N]
-//              [--reps R] [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative]
+//              [--reps R] [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative|delayed]
 //              [--dir DIR]
 //              [--json FILE] [--trace-dir DIR] [--list]
 //
@@ -166,6 +166,7 @@ struct Options {
 
 const char* schedule_name(eng::OverlapMode m) {
   if (m == eng::OverlapMode::kSpeculative) return "speculative";
+  if (m == eng::OverlapMode::kDelayed) return "delayed";
   return m == eng::OverlapMode::kNone ? "sequential" : "overlapped";
 }
 const char* placement_name(Placement p) { return p == Placement::kNvme ? "nvme" : "cpu"; }
@@ -1430,7 +1431,7 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
 void usage() {
   std::fprintf(stderr,
                "usage: step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N] [--reps R]\n"
-               "                  [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative] [--dir DIR] [--json FILE] "
+               "                  [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative|delayed] [--dir DIR] [--json FILE] "
                "[--trace-dir DIR]\n"
                "                  [--list]\n");
 }
@@ -1486,8 +1487,10 @@ int run(int argc, char** argv) {
         opt.overlap = eng::OverlapMode::kExact;
       } else if (v == "speculative") {
         opt.overlap = eng::OverlapMode::kSpeculative;
+      } else if (v == "delayed") {
+        opt.overlap = eng::OverlapMode::kDelayed;
       } else {
-        std::fprintf(stderr, "step_bench: --overlap is exact or speculative\n");
+        std::fprintf(stderr, "step_bench: --overlap is exact, speculative or delayed\n");
         return 2;
       }
     } else if (arg == "--dir") {

@@ -25,7 +25,9 @@
 #include "engine/core/str.h"
 #include "engine/engine.h"
 #include "engine/file_io.h"
+#include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_entry.h"
+#include "engine/internal/group_state.h"
 #include "engine/io_options.h"
 #include "engine/safetensors.h"
 #include "engine/state_store.h"
@@ -121,6 +123,9 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     return Status::failed_precondition(
         "save_checkpoint in the middle of a step (groups fetched or gradients pending): call it after step_end");
   }
+  // overlap "delayed": the checkpoint holds the latest update, and this run
+  // goes on from it as a run resumed from it will.
+  STRATA_RETURN_IF_ERROR(flush_delayed("save_checkpoint"));
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
@@ -246,6 +251,11 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   }
   drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
   drop_resident(Drop::kAll);
+  for (GroupState& gs : groups_) {  // overlap "delayed": so does the last step's pending update
+    pinned_cache_->put(std::move(gs.pending));
+    gs.pending = {};
+    gs.pending_bytes = 0;
+  }
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {

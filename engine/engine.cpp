@@ -122,10 +122,6 @@ Engine::~Engine() {
 }
 
 core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
-  if (config.strata.overlap == OverlapMode::kDelayed) {
-    return Status::unimplemented("strata.overlap \"delayed\" (the one-step delayed update) is not implemented yet; "
-                                 "use \"exact\" (the default) or \"none\"");
-  }
   if (config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion) {
     return Status::unimplemented(str_cat("optimizer.type ", to_string(config.optimizer.type),
                                          " is not implemented yet; use Adam or AdamW"));
@@ -280,6 +276,16 @@ core::Status Engine::finalize() {
       }
     }
   }
+  // The one-step delayed update keeps each trainable group's new compute
+  // copies in pinned memory from its update to the next step_end.
+  std::uint64_t delayed_pinned = 0;
+  if (delayed()) {
+    for (const GroupPlace& gp : layout_.groups) {
+      if (gp.chunk_count == 0) continue;
+      delayed_pinned += static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+    }
+    need.pinned += delayed_pinned;
+  }
   if (need.device > device_budget_.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
                                               " of state on the device; strata.budgets.device allows ",
@@ -291,7 +297,9 @@ core::Status Engine::finalize() {
                                               " of state in pinned memory",
                                               speculative() ? " (with the new compute copies that strata.overlap "
                                                               "\"speculative\" holds until step_end)"
-                                                            : "",
+                                              : delayed() ? " (with the new compute copies that strata.overlap "
+                                                            "\"delayed\" holds until the next step_end)"
+                                                          : "",
                                               "; strata.budgets.pinned allows ",
                                               core::format_bytes(pinned_budget_.limit_bytes()),
                                               ". Put the optimizer state on nvme or raise the budget"));
@@ -496,8 +504,13 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
         "in place (strata.overlap \"", to_string(config_.strata.overlap),
         "\" with no clipping, no loss scaler and strata.nonfinite \"apply\"); fetch it again after step_end"));
   }
-  // The last step's optimizer may still be writing this group's copies.
-  STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "fetch"));
+  // The last step's optimizer may still be writing this group's copies
+  // (under "delayed" it writes them elsewhere, and the step uses the old).
+  if (waits_for_optimizer(g)) {
+    STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "fetch"));
+  } else {
+    STRATA_RETURN_IF_ERROR(wait_optimizer_until("fetch", [] { return true; }));  // its error, if any
+  }
   note_fetch(g);
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
@@ -746,6 +759,9 @@ core::Result<StepStats> Engine::step_end() {
     return Status::failed_precondition(str_cat("step_end after ", micro_step_ + 1, " micro-batches; ",
                                                "gradient_accumulation_steps is ", config_.gradient_accumulation_steps));
   }
+  // overlap "delayed": the update of the step before this one becomes what
+  // the next step computes with.
+  STRATA_RETURN_IF_ERROR(commit_pending("step_end"));
   StepStats stats;
   const double loss_scale = scaler_.scale();
   const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
@@ -842,7 +858,7 @@ core::Result<StepStats> Engine::step_end() {
   micro_step_ = 0;
   nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
-  if (applied) {
+  if (applied && !delayed()) {
     // A copy prefetched during this step (an evaluation pass's, or one the
     // trace ran ahead to), or kept since a release, holds compute copies the
     // step's job replaces.
@@ -856,6 +872,38 @@ core::Result<StepStats> Engine::step_end() {
   if (early_jobs()) STRATA_RETURN_IF_ERROR(start_speculative_job());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
+}
+
+core::Status Engine::commit_pending(const char* op) {
+  bool committed = false;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    GroupState& gs = groups_[g];
+    if (gs.pending.empty()) continue;
+    Status s;
+    if (layout_.groups[g].compute_tier == Tier::kPinned && gs.pending.size_bytes() == gs.pinned_home.size_bytes()) {
+      std::swap(gs.pinned_home, gs.pending);
+    } else {
+      s = commit_compute(g, gs.pending.bytes().first(gs.pending_bytes));
+    }
+    pinned_cache_->put(std::move(gs.pending));
+    gs.pending = {};
+    gs.pending_bytes = 0;
+    if (!s.ok()) return std::move(s).annotate(str_cat(op, ": the last step's new compute copies of group '",
+                                                       layout_.groups[g].name, "'"));
+    committed = true;
+  }
+  if (committed) {
+    // Copies on the device since a release or a prefetch hold the old ones.
+    drop_prefetches(Drop::kUpdated);
+    drop_resident(Drop::kUpdated);
+  }
+  return Status();
+}
+
+core::Status Engine::flush_delayed(const char* op) {
+  if (!delayed()) return Status();
+  STRATA_RETURN_IF_ERROR(wait_optimizer(op));
+  return commit_pending(op);
 }
 
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
@@ -905,6 +953,9 @@ core::Status Engine::read_compute(std::string_view param, std::span<float> out) 
   STRATA_ENGINE_ENTRY("read_compute");
   STRATA_RETURN_IF_ERROR(refuse_while_applying("read_compute"));
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_compute"));
+  // Between steps, the latest update (which "delayed" would show only at the
+  // next step_end) becomes visible; within a step, the copies it computes with.
+  if (finalized_ && between_steps()) STRATA_RETURN_IF_ERROR(flush_delayed("read_compute"));
   return read_compute_locked(param, out);
 }
 

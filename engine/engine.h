@@ -1,8 +1,11 @@
 // Engine: the orchestrator of DESIGN.md section 3, in C++ (the C API wraps
 // it). strata.overlap picks the schedule: "exact" (the default: gradient
 // passes, the optimizer and prefetches on their own threads and streams),
-// "speculative" (also nvme optimizer state updated during the backward) or
-// "none" (every call does its work before it returns). Without clipping, a
+// "speculative" (also nvme optimizer state updated during the backward),
+// "delayed" (the one-step delayed update: step N's optimizer runs during
+// step N+1, which computes with the weights from before it; a different
+// trajectory, by design) or "none" (every call does its work before it
+// returns). Without clipping, a
 // loss scaler or a non-finite check (strata.nonfinite "apply"), "exact" and
 // "speculative" update every group in place as its gradients arrive, during
 // the backward; until step_end, calls that would see the step half applied
@@ -216,6 +219,21 @@ class Engine {
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   bool speculative() const { return config_.strata.overlap == OverlapMode::kSpeculative; }
+  bool delayed() const { return config_.strata.overlap == OverlapMode::kDelayed; }
+  // Whether fetch (and prefetch) of group g waits for the last step's job
+  // on it: always, except under "delayed" (which writes the new copies
+  // elsewhere) when the copies are not on nvme (whose block the job reads,
+  // and one block takes one I/O at a time).
+  bool waits_for_optimizer(std::size_t g) const {
+    return !delayed() || layout_.groups[g].compute_tier == Tier::kNvme;
+  }
+  // overlap "delayed": the new compute copies the last step's job left go
+  // home (after it finished), and device copies of the old ones are dropped.
+  core::Status commit_pending(const char* op);
+  // Between steps, for calls that read or replace the compute copies
+  // (read_compute, checkpoints, export): the last step's update becomes
+  // visible at once instead of at the next step_end.
+  core::Status flush_delayed(const char* op);
   // Nothing the gradients hold can change a step's constants or skip it: no
   // clipping, no fp16 loss scaler, strata.nonfinite "apply". Then the step's
   // job (overlap "exact" or "speculative") updates every chunk in place as

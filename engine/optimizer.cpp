@@ -100,6 +100,22 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     if (!placed[g]) job->order.push_back(g);
   }
+  job->delayed = delayed();
+  bool nvme_compute = false;
+  for (const GroupPlace& gp : layout_.groups) nvme_compute = nvme_compute || gp.compute_tier == Tier::kNvme;
+  if (delayed() && !nvme_compute) {
+    // The next forward reads the old compute copies and waits for nothing:
+    // the job has until each group's next grad_buffer, so it goes in the
+    // backward's order (the groups by their last place in the sequence).
+    // (Compute copies on nvme: the forward's fetches wait for the job, which
+    // keeps the forward's order.)
+    std::vector<std::size_t> last(layout_.groups.size(), SIZE_MAX);
+    for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i;
+    std::stable_sort(job->order.begin(), job->order.end(), [&](std::size_t a, std::size_t b) {
+      if (last[a] != last[b]) return last[a] != SIZE_MAX && (last[b] == SIZE_MAX || last[a] > last[b]);
+      return false;
+    });
+  }
   const bool overlap = config_.strata.overlap != OverlapMode::kNone;
   job->read_ahead = overlap && !ring_.empty() ? ring_.size() - 1 : 0;
   job->write_behind = overlap;
@@ -388,9 +404,10 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     Open o;
     o.left = gp.chunk_count;
     o.begin_ns = core::monotonic_ns();
-    if (job.speculative && !job.certain && gp.compute_tier == Tier::kPinned) {
+    if (((job.speculative && !job.certain) || job.delayed) && gp.compute_tier == Tier::kPinned) {
       const std::span<std::byte> home = groups_[g].pinned_home.bytes();
-      STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_->get(home.size(), "speculative compute copies"));
+      STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_->get(home.size(), job.delayed ? "delayed compute copies"
+                                                                                       : "speculative compute copies"));
       std::memcpy(o.buffer.data(), home.data(), home.size());
       o.compute = o.buffer.bytes();
     } else {
@@ -410,7 +427,14 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
         if (state_->tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(state_->commit_next(c));
       }
     }
-    if (job.speculative && !job.certain && gp.compute_tier == Tier::kPinned) {
+    if (job.delayed) {
+      // Home at the next step_end (commit_pending): the next step computes
+      // with the old copies.
+      GroupState& gs = groups_[g];
+      gs.pending_bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
+      gs.pending = std::move(o.buffer);
+      o.buffer = {};
+    } else if (job.speculative && !job.certain && gp.compute_tier == Tier::kPinned) {
       std::swap(groups_[g].pinned_home, o.buffer);  // the shadow is the new home
     } else {
       STRATA_RETURN_IF_ERROR(commit_compute(g, o.compute, lane));

@@ -362,6 +362,10 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
           count_times(t_nvme, c, "new compute copies awaiting step_end (strata.overlap speculative)"));
     }
   }
+  if (cfg.strata.overlap == OverlapMode::kDelayed && T > 0) {
+    add("delayed_compute_copies", Tier::kCpu, sat_mul(u64(T), c),
+        count_times(T, c, "new compute copies awaiting the next step_end (strata.overlap delayed)"));
+  }
   if (m.activations) {
     const ActivationEstimate& a = *m.activations;
     add("activations", Tier::kGpu, a.layers_bytes,
@@ -561,6 +565,7 @@ std::string_view item_label(std::string_view name) {
   if (name == "param_staging") return "param staging";
   if (name == "speculative_state") return "speculative state";
   if (name == "speculative_compute_copies") return "speculative compute copies";
+  if (name == "delayed_compute_copies") return "delayed compute copies";
   if (name == "activations") return "activations";
   if (name == "logits") return "logits";
   if (name == "checkpoint") return "checkpoint";

@@ -164,6 +164,7 @@ struct PlanItem {
   // Stable key: compute_copies, persistent_params, fetch_window, gradients
   // (GPU-updated share), device_gradient_buffers, host_gradients,
   // master_weights, optimizer_moments, optimizer_staging, param_staging,
+  // speculative_state, speculative_compute_copies, delayed_compute_copies,
   // activations, logits, checkpoint.
   std::string name;
   Tier tier = Tier::kGpu;

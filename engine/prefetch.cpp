@@ -185,7 +185,7 @@ void Engine::issue_prefetches() {
     prefetched_[g] = std::move(p);
     ahead += bytes;
     prefetch_queue_->post([this, g, dst, raw] {
-      Status s = wait_optimizer_group(g, "prefetch");
+      Status s = waits_for_optimizer(g) ? wait_optimizer_group(g, "prefetch") : Status();
       if (s.ok()) {
         TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name), dst.size_bytes());
         const Lane lane{&prefetch_stream_, &raw->bytes};

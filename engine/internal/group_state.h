@@ -1,6 +1,7 @@
 // The engine's per-group state (engine.cpp, prefetch.cpp). Private to engine/.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "engine/engine.h"
@@ -17,6 +18,10 @@ struct Engine::GroupState {
   bool fetched = false;
   gpu::DeviceBuffer grad;         // gradients, between grad_buffer and grads_ready
   int grads_micro_step = -1;      // the micro-batch whose gradients arrived
+  // overlap "delayed": the new compute copies the last step's optimizer
+  // wrote (its first `pending_bytes`), home at the next step_end.
+  gpu::PinnedBuffer pending;
+  std::uint64_t pending_bytes = 0;
 };
 
 }  // namespace strata::engine

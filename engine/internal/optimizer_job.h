@@ -31,6 +31,9 @@ struct Engine::OptimizerJob {
   // and the group's compute copies go home at once (those on the device,
   // which the framework may still be reading, at the verdict).
   bool certain = false;
+  // overlap "delayed": the new compute copies go to GroupState::pending,
+  // not home (Engine::commit_pending).
+  bool delayed = false;
   // Per group, for a certain job: wait for the verdict all the same (see
   // Engine::start_speculative_job).
   std::vector<bool> deferred;

@@ -391,6 +391,22 @@ TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
   EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "speculative_compute_copies"), 2'000'000'000u);
 }
 
+// strata.overlap "delayed" keeps the new compute copies of every trainable
+// parameter in pinned memory until the next step_end: counted.
+TEST(Planner, DelayedUpdatesCountTheirPendingComputeCopies) {
+  Config config = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  core::Result<Plan> plan =
+      make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "delayed_compute_copies"), 0u);
+  const std::uint64_t without = plan->configured.tier(Tier::kCpu).needed_bytes;
+  config.strata.overlap = OverlapMode::kDelayed;
+  plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "delayed_compute_copies"), 4'000'000'000u);  // bf16
+  EXPECT_EQ(plan->configured.tier(Tier::kCpu).needed_bytes, without + 4'000'000'000u);
+}
+
 // Two fresh directories under /tmp, removed at the end of the test.
 class TempDirs {
  public:
