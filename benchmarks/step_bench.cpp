@@ -1089,7 +1089,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   m.precision = sc.precision;
   const std::string dir = str_cat(root, "/", sc.name);
   STRATA_RETURN_IF_ERROR(make_dir(dir));
-  for (const char* sub : {"calibration", "sequential", "overlapped", "speculative", "isolated"}) {
+  for (const char* sub : {"calibration", "sequential", "overlapped", "speculative", "delayed", "isolated"}) {
     STRATA_RETURN_IF_ERROR(make_dir(str_cat(dir, "/", sub)));
   }
   std::printf("\n== %s: %s\n   %d layers x %lld parameters = %.1fM parameters, optimizer state %s on %s\n",
@@ -1568,7 +1568,7 @@ int run(int argc, char** argv) {
   // files stay (a store never removes its lock file) and go here.
   for (const ScenarioResult& sr : results) {
     const std::string dir = str_cat(root, "/", sr.sc->name);
-    for (const char* sub : {"calibration", "sequential", "overlapped", "speculative", "isolated"}) {
+    for (const char* sub : {"calibration", "sequential", "overlapped", "speculative", "delayed", "isolated"}) {
       ::unlink(str_cat(dir, "/", sub, "/", nvme::SwapStore::kLockFileName).c_str());
       ::rmdir(str_cat(dir, "/", sub).c_str());
     }
