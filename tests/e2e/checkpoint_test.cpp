@@ -116,6 +116,29 @@ TEST_F(Checkpoint, ResumesBitIdenticallyUnderAnotherPlacement) {
   resume_and_compare(config_for(swap(), OffloadDevice::kNone, OffloadDevice::kNvme), losses, masters);
 }
 
+// strata.overlap "delayed": a save between steps commits the pending update
+// first (the saving run then computes with it too), so a run resumed from
+// the checkpoint, under "delayed" in another placement, goes on bit for bit
+// as the run that saved it.
+TEST_F(Checkpoint, DelayedRunResumesAsTheRunThatSaved) {
+  Config delayed = config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu);
+  delayed.strata.overlap = OverlapMode::kDelayed;
+  std::vector<double> losses(kSteps);
+  std::map<std::string, std::vector<float>> masters;
+  {
+    auto e = make_mlp_engine(delayed);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < kSaveAt; ++s) losses[s] = train_one_step(*e, f, s);
+    ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("data loader at batch 10")).ok());
+    for (int s = kSaveAt; s < kSteps; ++s) losses[s] = train_one_step(*e, f, s);
+    masters = read_masters(*e);
+  }
+  Config other = config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kNvme);
+  other.strata.overlap = OverlapMode::kDelayed;
+  resume_and_compare(other, losses, masters);
+}
+
 // The child process: trains to kSaveAt, saves, trains two more steps and
 // saves again with STRATA_CHECKPOINT_CRASH_AT set, which ends it there. It is
 // registered only inside the child (STRATA_TEST_CHILD_ROOT set), so ordinary
