@@ -42,6 +42,22 @@ struct RunResult {
   core::Status error;        // of the step that was expected to fail
 };
 
+// Every array of `got` bit for bit as in `want` (masters, compute copies,
+// both moments); a failure names the array and the parameter.
+void expect_same_state(const RunResult& got, const RunResult& want) {
+  using Arrays = std::map<std::string, std::vector<float>> RunResult::*;
+  const std::pair<const char*, Arrays> arrays[] = {{"master", &RunResult::master},
+                                                   {"compute", &RunResult::compute},
+                                                   {"exp_avg", &RunResult::exp_avg},
+                                                   {"exp_avg_sq", &RunResult::exp_avg_sq}};
+  for (const auto& [label, array] : arrays) {
+    for (const auto& [name, v] : want.*array) {
+      const auto it = (got.*array).find(name);
+      EXPECT_TRUE(it != (got.*array).end() && bits_equal(it->second, v)) << label << " " << name;
+    }
+  }
+}
+
 // One step's traffic, from the layout (every group fetched twice per micro-batch,
 // gradients for every trainable group): compute copies cross the link on each
 // fetch unless they live on the device, gradients come down once (2 B), the
@@ -209,10 +225,7 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
       EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the loss should halve in " << kSteps << " steps";
     } else {
       EXPECT_EQ(r.losses, reference.losses);
-      for (const auto& [name, v] : reference.master) EXPECT_TRUE(bits_equal(r.master[name], v)) << name;
-      for (const auto& [name, v] : reference.compute) EXPECT_TRUE(bits_equal(r.compute[name], v)) << name;
-      for (const auto& [name, v] : reference.exp_avg) EXPECT_TRUE(bits_equal(r.exp_avg[name], v)) << name;
-      for (const auto& [name, v] : reference.exp_avg_sq) EXPECT_TRUE(bits_equal(r.exp_avg_sq[name], v)) << name;
+      expect_same_state(r, reference);
     }
     EXPECT_EQ(r.traffic.back(), r.expected_bytes) << "h2d " << r.traffic.back().h2d << " vs "
                                                       << r.expected_bytes.h2d << ", d2h " << r.traffic.back().d2h
@@ -363,11 +376,9 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
     } else {
       EXPECT_EQ(discarded, 0) << "only nvme chunks are updated speculatively";
     }
-    for (const auto& [name, v] : seq.master) EXPECT_TRUE(bits_equal(spec.master.at(name), v)) << "speculative " << name;
-    for (const auto& [name, v] : seq.compute) EXPECT_TRUE(bits_equal(spec.compute.at(name), v)) << "speculative " << name;
-    for (const auto& [name, v] : seq.exp_avg) EXPECT_TRUE(bits_equal(spec.exp_avg.at(name), v)) << "speculative " << name;
-    for (const auto& [name, v] : seq.exp_avg_sq) {
-      EXPECT_TRUE(bits_equal(spec.exp_avg_sq.at(name), v)) << "speculative " << name;
+    {
+      SCOPED_TRACE("speculative");
+      expect_same_state(spec, seq);
     }
     int clipped = 0, skipped = 0;
     for (int s = 0; s < kSteps; ++s) {
@@ -384,10 +395,7 @@ TEST_F(Placement, OverlappedScheduleGivesTheSequentialBits) {
     }
     EXPECT_GE(clipped, kSteps * 3 / 10) << "clipping should fire in at least 30% of the steps";
     EXPECT_EQ(skipped, k.precision == Precision::kFp16 ? 3 : 0);
-    for (const auto& [name, v] : seq.master) EXPECT_TRUE(bits_equal(ovl.master.at(name), v)) << name;
-    for (const auto& [name, v] : seq.compute) EXPECT_TRUE(bits_equal(ovl.compute.at(name), v)) << name;
-    for (const auto& [name, v] : seq.exp_avg) EXPECT_TRUE(bits_equal(ovl.exp_avg.at(name), v)) << name;
-    for (const auto& [name, v] : seq.exp_avg_sq) EXPECT_TRUE(bits_equal(ovl.exp_avg_sq.at(name), v)) << name;
+    expect_same_state(ovl, seq);
   }
 }
 
@@ -456,10 +464,7 @@ TEST_F(Placement, CertainStepsUpdateDuringTheBackwardWithTheSequentialBits) {
         }
       }
       EXPECT_EQ(discarded, 0) << "a certain step's work is never thrown away";
-      for (const auto& [name, v] : seq.master) EXPECT_TRUE(bits_equal(r.master.at(name), v)) << name;
-      for (const auto& [name, v] : seq.compute) EXPECT_TRUE(bits_equal(r.compute.at(name), v)) << name;
-      for (const auto& [name, v] : seq.exp_avg) EXPECT_TRUE(bits_equal(r.exp_avg.at(name), v)) << name;
-      for (const auto& [name, v] : seq.exp_avg_sq) EXPECT_TRUE(bits_equal(r.exp_avg_sq.at(name), v)) << name;
+      expect_same_state(r, seq);
     }
   }
 }
@@ -610,10 +615,7 @@ TEST_F(Placement, DelayedUpdateComputesWithTheWeightsFromBeforeTheLastStep) {
       continue;
     }
     EXPECT_EQ(r.losses, reference.losses);
-    for (const auto& [name, v] : reference.master) EXPECT_TRUE(bits_equal(r.master.at(name), v)) << name;
-    for (const auto& [name, v] : reference.compute) EXPECT_TRUE(bits_equal(r.compute.at(name), v)) << name;
-    for (const auto& [name, v] : reference.exp_avg) EXPECT_TRUE(bits_equal(r.exp_avg.at(name), v)) << name;
-    for (const auto& [name, v] : reference.exp_avg_sq) EXPECT_TRUE(bits_equal(r.exp_avg_sq.at(name), v)) << name;
+    expect_same_state(r, reference);
   }
 }
 
