@@ -239,6 +239,8 @@ class Engine {
   // job (overlap "exact" or "speculative") updates every chunk in place as
   // its group's gradients arrive: its work is final, never thrown away.
   bool certain_steps() const;
+  // Sorts groups into the order the backward hands their gradients over.
+  void sort_in_backward_order(std::vector<std::size_t>& groups) const;
   // The step's optimizer job starts before step_end (and the next one at
   // step_end): "speculative", or "exact" with certain steps.
   bool early_jobs() const;

@@ -106,15 +106,9 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   if (delayed() && !nvme_compute) {
     // The next forward reads the old compute copies and waits for nothing:
     // the job has until each group's next grad_buffer, so it goes in the
-    // backward's order (the groups by their last place in the sequence).
-    // (Compute copies on nvme: the forward's fetches wait for the job, which
-    // keeps the forward's order.)
-    std::vector<std::size_t> last(layout_.groups.size(), SIZE_MAX);
-    for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i;
-    std::stable_sort(job->order.begin(), job->order.end(), [&](std::size_t a, std::size_t b) {
-      if (last[a] != last[b]) return last[a] != SIZE_MAX && (last[b] == SIZE_MAX || last[a] > last[b]);
-      return false;
-    });
+    // backward's order. (Compute copies on nvme: the forward's fetches wait
+    // for the job, which keeps the forward's order.)
+    sort_in_backward_order(job->order);
   }
   const bool overlap = config_.strata.overlap != OverlapMode::kNone;
   job->read_ahead = overlap && !ring_.empty() ? ring_.size() - 1 : 0;
@@ -197,6 +191,17 @@ std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficien
   return constants;
 }
 
+void Engine::sort_in_backward_order(std::vector<std::size_t>& groups) const {
+  // By their last place in the learned sequence (never fetched: last);
+  // backwards by index before one is learned.
+  std::vector<std::size_t> last(layout_.groups.size(), SIZE_MAX);
+  for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i;
+  std::sort(groups.begin(), groups.end(), [&](std::size_t a, std::size_t b) {
+    if (last[a] != last[b]) return last[a] < last[b];
+    return a > b;
+  });
+}
+
 bool Engine::certain_steps() const {
   return config_.gradient_clipping <= 0.0 && config_.precision != Precision::kFp16 &&
          config_.strata.nonfinite == NonfinitePolicy::kApply;
@@ -212,18 +217,12 @@ core::Status Engine::start_speculative_job() {
   std::unique_ptr<OptimizerJob> job = make_optimizer_job(spec_constants_, applied_steps_ + 1);
   job->speculative = true;
   job->certain = certain_steps();
-  // Update in the order the backward hands gradients over (the groups by
-  // their last place in the learned sequence; backwards by index before one
-  // is learned); after the verdict, in the next forward's order.
+  // Update in the order the backward hands gradients over; after the
+  // verdict, in the next forward's order.
   const std::size_t n = layout_.groups.size();
   job->rank.assign(n, n);
   for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
-  std::vector<std::size_t> last(n, SIZE_MAX);  // never fetched: last
-  for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i;
-  std::sort(job->order.begin(), job->order.end(), [&](std::size_t a, std::size_t b) {
-    if (last[a] != last[b]) return last[a] < last[b];
-    return a > b;
-  });
+  sort_in_backward_order(job->order);
   // A certain job balances the CPU between the two phases: the groups the
   // next forward needs in its second half (those whose gradients come first)
   // wait for step_end and are updated during the forward, ahead of their
