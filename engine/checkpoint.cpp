@@ -251,11 +251,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   }
   drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
   drop_resident(Drop::kAll);
-  for (GroupState& gs : groups_) {  // overlap "delayed": so does the last step's pending update
-    pinned_cache_->put(std::move(gs.pending));
-    gs.pending = {};
-    gs.pending_bytes = 0;
-  }
+  for (GroupState& gs : groups_) drop_pending(gs);  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {

@@ -278,13 +278,11 @@ core::Status Engine::finalize() {
   }
   // The one-step delayed update keeps each trainable group's new compute
   // copies in pinned memory from its update to the next step_end.
-  std::uint64_t delayed_pinned = 0;
   if (delayed()) {
     for (const GroupPlace& gp : layout_.groups) {
       if (gp.chunk_count == 0) continue;
-      delayed_pinned += static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+      need.pinned += static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
     }
-    need.pinned += delayed_pinned;
   }
   if (need.device > device_budget_.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
@@ -885,9 +883,7 @@ core::Status Engine::commit_pending(const char* op) {
     } else {
       s = commit_compute(g, gs.pending.bytes().first(gs.pending_bytes));
     }
-    pinned_cache_->put(std::move(gs.pending));
-    gs.pending = {};
-    gs.pending_bytes = 0;
+    drop_pending(gs);
     if (!s.ok()) return std::move(s).annotate(str_cat(op, ": the last step's new compute copies of group '",
                                                        layout_.groups[g].name, "'"));
     committed = true;
@@ -900,6 +896,12 @@ core::Status Engine::commit_pending(const char* op) {
   return Status();
 }
 
+void Engine::drop_pending(GroupState& gs) {
+  pinned_cache_->put(std::move(gs.pending));
+  gs.pending = {};
+  gs.pending_bytes = 0;
+}
+
 core::Status Engine::flush_delayed(const char* op) {
   if (!delayed()) return Status();
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
@@ -908,7 +910,6 @@ core::Status Engine::flush_delayed(const char* op) {
 
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_state");
-  STRATA_RETURN_IF_ERROR(refuse_while_applying("read_state"));
   STRATA_RETURN_IF_ERROR(wait_optimizer("read_state"));
   STRATA_RETURN_IF_ERROR(abandon_speculation("read_state"));  // it may be reading the same blocks
   return read_state_locked(param, which, out);

@@ -3,16 +3,15 @@
 // passes, the optimizer and prefetches on their own threads and streams),
 // "speculative" (also nvme optimizer state updated during the backward),
 // "delayed" (the one-step delayed update: step N's optimizer runs during
-// step N+1, which computes with the weights from before it; a different
-// trajectory, by design) or "none" (every call does its work before it
-// returns). Without clipping, a
-// loss scaler or a non-finite check (strata.nonfinite "apply"), "exact" and
+// step N+1, which computes with the weights from before it) or "none"
+// (every call does its work before it returns). Without clipping, a loss
+// scaler or a non-finite check (strata.nonfinite "apply"), "exact" and
 // "speculative" update every group in place as its gradients arrive, during
 // the backward; until step_end, calls that would see the step half applied
 // (fetch of such a group, read_state, read_compute, set_lr, checkpoints)
-// are kFailedPrecondition. Results are
-// bit-identical for every schedule and placement (DESIGN.md section 6);
-// engine/README.md describes the step.
+// are kFailedPrecondition. Results are bit-identical for every placement
+// and for every schedule but "delayed", whose trajectory differs by design
+// (DESIGN.md section 6); engine/README.md describes the step.
 //
 // Call order (anything else is kFailedPrecondition, never a hang):
 //   create -> add_optimizer_group* -> register_param+ -> finalize ->
@@ -230,9 +229,11 @@ class Engine {
   // overlap "delayed": the new compute copies the last step's job left go
   // home (after it finished), and device copies of the old ones are dropped.
   core::Status commit_pending(const char* op);
-  // Between steps, for calls that read or replace the compute copies
-  // (read_compute, checkpoints, export): the last step's update becomes
-  // visible at once instead of at the next step_end.
+  // Gives a group's pending copies back to the cache (committed or void).
+  void drop_pending(GroupState& gs);
+  // Between steps, for calls that read the compute copies (read_compute,
+  // save_checkpoint): the last step's update becomes visible at once instead
+  // of at the next step_end.
   core::Status flush_delayed(const char* op);
   // Nothing the gradients hold can change a step's constants or skip it: no
   // clipping, no fp16 loss scaler, strata.nonfinite "apply". Then the step's

@@ -101,9 +101,8 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
     if (!placed[g]) job->order.push_back(g);
   }
   job->delayed = delayed();
-  bool nvme_compute = false;
-  for (const GroupPlace& gp : layout_.groups) nvme_compute = nvme_compute || gp.compute_tier == Tier::kNvme;
-  if (delayed() && !nvme_compute) {
+  if (job->delayed && std::none_of(layout_.groups.begin(), layout_.groups.end(),
+                                   [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; })) {
     // The next forward reads the old compute copies and waits for nothing:
     // the job has until each group's next grad_buffer, so it goes in the
     // backward's order. (Compute copies on nvme: the forward's fetches wait
