@@ -941,6 +941,25 @@ TEST_F(Placement, SpeculativeUpdatesNeedRoomForTheSecondVersion) {
   EXPECT_NE(s.message().find("strata.budgets.disk"), std::string::npos) << s;
 }
 
+// strata.overlap "delayed" keeps the new compute copies in pinned memory
+// until the next step_end: a pinned budget with room for the placement but
+// not for them fails finalize under "delayed", saying why.
+TEST_F(Placement, DelayedUpdatesNeedPinnedRoomForTheNextCopies) {
+  Config c = base();
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  auto e = make_mlp_engine(c);
+  ASSERT_NE(e, nullptr);
+  const std::uint64_t placement = e->layout().bytes().pinned;
+  e.reset();
+  c.strata.overlap = OverlapMode::kDelayed;
+  c.strata.budgets.pinned_bytes = placement + 4096;
+  const core::Status s = finalize_status(c);
+  EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("\"delayed\" holds until the next step_end"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("strata.budgets.pinned"), std::string::npos) << s;
+}
+
 TEST_F(Placement, FineTunesFromASafetensorsFile) {
   // A "pretrained" model: train, export.
   Config c = base();
