@@ -350,6 +350,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     STRATA_RETURN_IF_ERROR(scaler_.restore(state));
     applied_steps_ = m.at("step").get<std::int64_t>();
     skipped_steps_ = m.at("skipped_steps").get<std::int64_t>();
+    last_verdict_ = {};
     lr_override_ = m.at("lr_override").get<double>();
     bytes_ = {};
     return blob;

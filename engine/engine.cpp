@@ -634,13 +634,17 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
                                                   : core::Result<gpu::PinnedBuffer>(s);
     device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
-    if (!wire.ok()) return wire.status();
+    if (!wire.ok()) {
+      note_gradient_failure(wire.status());  // a job waiting for these gradients fails with it
+      return wire.status();
+    }
     auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
     pass_queue_->post([this, g, host, micro_step, spec] {
       const core::Stopwatch pass_clock;
       Status ps = gradient_pass_host(g, std::move(*host), micro_step);
       pass_seconds_ += pass_clock.elapsed_s();
       if (ps.ok() && spec != 0) note_grads_in(g, spec);
+      if (!ps.ok()) note_gradient_failure(ps);
       return ps;
     });
     return Status();
@@ -739,7 +743,10 @@ core::Result<StepStats> Engine::step_end() {
   // The previous step's optimizer is done by now in a well-ordered step
   // (every group was fetched); this also collects its traffic and errors.
   STRATA_RETURN_IF_ERROR(wait_optimizer("step_end"));
-  STRATA_RETURN_IF_ERROR(wait_gradients("step_end"));
+  // With deferred verdicts the step's job waits for its last gradients, not
+  // step_end (which only checks that every grads_ready was called).
+  const bool defer = deferred_verdicts();
+  if (!defer) STRATA_RETURN_IF_ERROR(wait_gradients("step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
@@ -761,87 +768,116 @@ core::Result<StepStats> Engine::step_end() {
   // the next step computes with.
   STRATA_RETURN_IF_ERROR(commit_pending("step_end"));
   StepStats stats;
-  const double loss_scale = scaler_.scale();
-  const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
-                                                          static_cast<std::int64_t>(norm_partials_.size())));
-  const auto gas = config_.gradient_accumulation_steps;
-  const bool overflow = nonfinite_ || !std::isfinite(raw_norm);
-  bool skip = false;
-  if (config_.precision == Precision::kFp16) {
-    STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler_.update(overflow));
-    skip = o == LossScaler::Outcome::kSkip;
-  } else if (overflow) {
-    if (config_.strata.nonfinite == NonfinitePolicy::kError) {
-      return Status::failed_precondition(str_cat("non-finite gradients at step ", applied_steps_ + 1,
-                                                 " (strata.nonfinite is \"error\"); the step was not applied"));
-    }
-    if (config_.strata.nonfinite == NonfinitePolicy::kApply) {
-      STRATA_LOG(kWarn) << "non-finite gradients at step " << applied_steps_ + 1
-                        << "; applied (strata.nonfinite is \"apply\")";
-    } else {
-      skip = true;
-    }
-  }
-  stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
   // The optimizer's traffic and time since the last step_end: with overlap
   // "exact" that is the previous step's job, which ran during this step's
-  // forward (and finished: wait_optimizer above). Taken before this step's
-  // job gets its verdict, so that a job which finishes right after it is
-  // counted by the next step, always.
+  // forward (and finished: wait_optimizer above); with deferred verdicts
+  // also the last step's gradient path. Taken before this step's job gets
+  // its verdict, so that a job which finishes right after it is counted by
+  // the next step, always.
   auto take_optimizer_stats = [&] {
     const core::MutexLock lock(opt_mu_);
     stats.bytes += opt_bytes_;
     stats.optimizer_s += opt_seconds_;
     stats.speculative_discarded += opt_discarded_;
+    stats.bytes += late_grads_bytes_;
+    stats.grads_s += late_grads_seconds_;
     opt_bytes_ = {};
     opt_seconds_ = 0.0;
     opt_discarded_ = 0;
+    late_grads_bytes_ = {};
+    late_grads_seconds_ = 0.0;
   };
-  take_optimizer_stats();
-  learn_fetch_trace();
   std::unique_ptr<OptimizerJob> job;
   bool applied = false;
-  if (!skip) {
-    const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
-    std::vector<nx::AdamStepConstants> constants = step_constants(clip);
-    // overlap "speculative": the job under way applies these very constants
-    // (no clipping, same learning rate): it commits what it did and goes on.
-    const bool speculated =
-        spec_job_ != 0 && constants.size() == spec_constants_.size() &&
-        std::memcmp(constants.data(), spec_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
-    // A certain job under way has updated in place already: it cannot but
-    // agree (set_lr is refused while it applies).
-    if (spec_applying_ && !speculated) {
-      return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
-    }
-    if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, speculated));
-    if (!speculated) job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
-    const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
-    if (job != nullptr && config_.strata.overlap == OverlapMode::kNone) {
-      // The sequential schedule: the optimizer runs here, to the end.
-      TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
-      STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
-      take_optimizer_stats();
-    }
-    applied = true;
-    ++applied_steps_;
-    stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
+  if (defer) {
+    // The job takes this step's verdict; the stats report the last one taken.
+    take_optimizer_stats();
+    learn_fetch_trace();
+    job = make_optimizer_job({}, applied_steps_ + 1);
+    job->deferred_verdict = true;
+    job->marker = ++grads_marker_seq_;
+    job->norm_step = applied_steps_ + skipped_steps_ + 1;
+    job->hyper = step_hyperparams();
+    post_gradients_marker(job->marker);
+    stats.grad_norm = last_verdict_.grad_norm;
+    stats.lr = last_verdict_.lr;
+    stats.skipped = last_verdict_.skipped;
+    stats.norm_step = last_verdict_.norm_step;
   } else {
-    // A speculative job under way stops; nothing it did is committed.
-    if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, false));
-    ++skipped_steps_;
+    const double loss_scale = scaler_.scale();
+    const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
+                                                            static_cast<std::int64_t>(norm_partials_.size())));
+    const auto gas = config_.gradient_accumulation_steps;
+    const bool overflow = nonfinite_ || !std::isfinite(raw_norm);
+    bool skip = false;
+    if (config_.precision == Precision::kFp16) {
+      STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler_.update(overflow));
+      skip = o == LossScaler::Outcome::kSkip;
+    } else if (overflow) {
+      if (config_.strata.nonfinite == NonfinitePolicy::kError) {
+        return Status::failed_precondition(str_cat("non-finite gradients at step ", applied_steps_ + 1,
+                                                   " (strata.nonfinite is \"error\"); the step was not applied"));
+      }
+      if (config_.strata.nonfinite == NonfinitePolicy::kApply) {
+        STRATA_LOG(kWarn) << "non-finite gradients at step " << applied_steps_ + 1
+                          << "; applied (strata.nonfinite is \"apply\")";
+      } else {
+        skip = true;
+      }
+    }
+    stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
+    take_optimizer_stats();
+    learn_fetch_trace();
+    if (!skip) {
+      const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
+      std::vector<nx::AdamStepConstants> constants = step_constants(clip);
+      // overlap "speculative": the job under way applies these very constants
+      // (no clipping, same learning rate): it commits what it did and goes on.
+      const bool speculated =
+          spec_job_ != 0 && constants.size() == spec_constants_.size() &&
+          std::memcmp(constants.data(), spec_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
+      // A certain job under way has updated in place already: it cannot but
+      // agree (set_lr is refused while it applies).
+      if (spec_applying_ && !speculated) {
+        return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
+      }
+      if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, speculated));
+      if (!speculated) job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
+      const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
+      if (job != nullptr && config_.strata.overlap == OverlapMode::kNone) {
+        // The sequential schedule: the optimizer runs here, to the end.
+        TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
+        STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
+        take_optimizer_stats();
+      }
+      applied = true;
+      ++applied_steps_;
+      stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
+    } else {
+      // A speculative job under way stops; nothing it did is committed.
+      if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, false));
+      ++skipped_steps_;
+    }
+    stats.skipped = skip;
+    stats.norm_step = applied_steps_ + skipped_steps_;
   }
   spec_job_ = 0;
   spec_applying_ = false;
   stats.step = applied_steps_;
-  stats.skipped = skip;
   stats.skipped_total = skipped_steps_;
   stats.loss_scale = scaler_.scale();
   // This step's own traffic (the optimizer's is in already).
   stats.bytes += bytes_;
-  stats.bytes += grads_bytes_;
   stats.fetch_s = times_.fetch_s;
-  stats.grads_s = times_.grads_s + grads_seconds_ + pass_seconds_;
+  stats.grads_s += times_.grads_s;
+  if (!defer) {  // (else the gradient path's own, behind the marker)
+    stats.bytes += grads_bytes_;
+    stats.grads_s += grads_seconds_ + pass_seconds_;
+    grads_bytes_ = {};
+    grads_seconds_ = 0.0;
+    pass_seconds_ = 0.0;
+    nonfinite_ = false;
+  }
   stats.prefetched = prefetched_fetches_;
   prefetched_fetches_ = 0;
   stats.resident = resident_fetches_;
@@ -849,12 +885,8 @@ core::Result<StepStats> Engine::step_end() {
   resident_fetches_ = 0;
   resident_bytes_ = 0;
   bytes_ = {};
-  grads_bytes_ = {};
-  grads_seconds_ = 0.0;
-  pass_seconds_ = 0.0;
   times_ = {};
   micro_step_ = 0;
-  nonfinite_ = false;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
   if (applied && !delayed()) {
     // A copy prefetched during this step (an evaluation pass's, or one the

@@ -108,6 +108,13 @@ struct StepStats {
   // (the step was skipped, or clipping fired and they were updated again),
   // counted when the job that did the work ends.
   std::int64_t speculative_discarded = 0;
+  // The step whose gradients grad_norm, skipped and lr describe, counting
+  // every step_end (applied or skipped) from 1: this one, except under
+  // overlap "delayed" without fp16 and without strata.nonfinite "error",
+  // where a step's verdict is taken by its own optimizer job once its last
+  // gradients are in, after step_end returned: there it is the step before
+  // (0 for the first), and `step` and `skipped_total` count verdicts taken.
+  std::int64_t norm_step = 0;
 };
 
 // Where the engine's device copies go and whose bytes they count (null:
@@ -235,6 +242,16 @@ class Engine {
   // save_checkpoint): the last step's update becomes visible at once instead
   // of at the next step_end.
   core::Status flush_delayed(const char* op);
+  // overlap "delayed" without fp16 and without strata.nonfinite "error":
+  // step_end does not wait for the step's last gradients. It posts a marker
+  // behind them on the gradient path (Engine::post_gradients_marker), which
+  // takes the norm and the inf/NaN flag once they are in; the step's job
+  // waits for it, then takes the verdict (skip, clip) and computes its
+  // constants. The verdicts come back through wait_optimizer (fold_verdicts).
+  bool deferred_verdicts() const;
+  void post_gradients_marker(std::int64_t seq);
+  void note_gradient_failure(const core::Status& s);
+  void fold_verdicts();
   // Nothing the gradients hold can change a step's constants or skip it: no
   // clipping, no fp16 loss scaler, strata.nonfinite "apply". Then the step's
   // job (overlap "exact" or "speculative") updates every chunk in place as
@@ -286,6 +303,10 @@ class Engine {
   // behind, in the staging ring), device chunks by the device's AdamW; each
   // group's new compute copies go home and the group is marked done.
   core::Status run_optimizer_job(OptimizerJob& job);
+  // A job with a deferred verdict: waits for its gradient marker, then
+  // decides as step_end would have (false: the step is skipped) and fills
+  // in its constants.
+  core::Result<bool> take_verdict(OptimizerJob& job);
   // Starts the job on the optimizer thread (overlap "exact") or runs it here
   // (overlap "none"); returns its id. A speculative job's id is not waited for
   // (fetch and the rest wait for the last decided job) until its verdict.
@@ -297,6 +318,9 @@ class Engine {
   // in the next forward's order), else the job stops (step_end waits until it
   // no longer touches the gradients) and nothing it did is committed.
   std::vector<core::numerics::AdamStepConstants> step_constants(double clip_coefficient) const;
+  // Per optimizer group, the next step's hyperparameters (its learning rate,
+  // from the schedule or set_lr, times the group's lr_scale).
+  std::vector<core::numerics::AdamHyperparams> step_hyperparams() const;
   core::Status start_speculative_job();
   void note_grads_in(std::size_t g, std::int64_t job);
   core::Status settle_speculation(std::int64_t job, bool apply, bool reads_too = false);
@@ -450,6 +474,26 @@ class Engine {
   std::int64_t quiet_job_ = 0;                  // opt_mu_: the last speculative job that stopped updating
   std::int64_t reads_done_job_ = 0;             // opt_mu_: ... and whose reads of the current state ended
   bool opt_stop_ = false;                       // opt_mu_
+  // Deferred verdicts (see deferred_verdicts): the last gradient marker
+  // passed, with the norm and the inf/NaN flag of its step; the first error
+  // of the gradient path; the verdicts of finished jobs not yet folded into
+  // the step counts; the gradient path's traffic and time behind a marker,
+  // counted by the next step_end.
+  struct Verdict {
+    std::int64_t norm_step = 0;  // see StepStats::norm_step
+    double grad_norm = 0.0;
+    double lr = 0.0;
+    bool skipped = false;
+  };
+  std::int64_t grads_marker_seq_ = 0;           // mu_: markers posted
+  std::int64_t grads_marker_done_ = 0;          // opt_mu_
+  double grads_marker_raw_norm_ = 0.0;          // opt_mu_
+  bool grads_marker_nonfinite_ = false;         // opt_mu_
+  core::Status grads_error_;                    // opt_mu_
+  std::deque<Verdict> job_verdicts_;            // opt_mu_
+  Verdict last_verdict_;                        // mu_: the latest folded
+  StepBytes late_grads_bytes_;                  // opt_mu_
+  double late_grads_seconds_ = 0.0;             // opt_mu_
   std::thread opt_thread_;
   // The gradient path (overlap "exact"): grads_ready posts the group's
   // copy down to grads_queue_ and returns; the copy posts the group's pass to

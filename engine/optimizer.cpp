@@ -15,6 +15,7 @@
 // ring's K slots, K - 1 reads and writes are in flight around the chunk in
 // Adam (read i+2, Adam i+1, write i for K = 3).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <deque>
@@ -31,6 +32,7 @@
 #include "engine/internal/elem_types.h"
 #include "engine/internal/group_state.h"
 #include "engine/internal/optimizer_job.h"
+#include "engine/internal/serial_queue.h"
 #include "engine/state_store.h"
 #include "nvme/swap_store.h"
 
@@ -144,6 +146,7 @@ void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {
     quiet_job_ = std::max(quiet_job_, job.id);
     reads_done_job_ = std::max(reads_done_job_, job.id);
   }
+  if (s.ok() && job.deferred_verdict) job_verdicts_.push_back(job.verdict);
   if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job.step));
   opt_cv_.notify_all();
 }
@@ -172,22 +175,80 @@ void Engine::stop_optimizer_thread() {
   opt_thread_.join();
 }
 
+std::vector<nx::AdamHyperparams> Engine::step_hyperparams() const {
+  const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
+  std::vector<nx::AdamHyperparams> hyper;
+  for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
+    hyper.push_back({.lr = lr * og.lr_scale,
+                     .beta1 = config_.optimizer.beta1,
+                     .beta2 = config_.optimizer.beta2,
+                     .eps = config_.optimizer.eps,
+                     .weight_decay = og.weight_decay,
+                     .adamw_mode = config_.optimizer.adam_w_mode,
+                     .bias_correction = config_.optimizer.bias_correction});
+  }
+  return hyper;
+}
+
 std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficient) const {
   const double grad_scale =
       nx::combined_grad_scale(scaler_.scale(), clip_coefficient, config_.gradient_accumulation_steps);
-  const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
   std::vector<nx::AdamStepConstants> constants;
-  for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
-    const nx::AdamHyperparams h{.lr = lr * og.lr_scale,
-                                .beta1 = config_.optimizer.beta1,
-                                .beta2 = config_.optimizer.beta2,
-                                .eps = config_.optimizer.eps,
-                                .weight_decay = og.weight_decay,
-                                .adamw_mode = config_.optimizer.adam_w_mode,
-                                .bias_correction = config_.optimizer.bias_correction};
+  for (const nx::AdamHyperparams& h : step_hyperparams()) {
     constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
   }
   return constants;
+}
+
+bool Engine::deferred_verdicts() const {
+  return delayed() && config_.precision != Precision::kFp16 && config_.strata.nonfinite != NonfinitePolicy::kError &&
+         grads_queue_ != nullptr;
+}
+
+void Engine::post_gradients_marker(std::int64_t seq) {
+  // Behind every copy posted so far on the gradient thread, then behind
+  // their passes on the pass thread (each posts the next: the order holds).
+  grads_queue_->post([this, seq] {
+    const StepBytes bytes = std::exchange(grads_bytes_, {});
+    const double copy_s = std::exchange(grads_seconds_, 0.0);
+    pass_queue_->post([this, seq, bytes, copy_s] {
+      const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
+                                                              static_cast<std::int64_t>(norm_partials_.size())));
+      const bool nonfinite = std::exchange(nonfinite_, false);
+      const double pass_s = std::exchange(pass_seconds_, 0.0);
+      const core::MutexLock lock(opt_mu_);
+      grads_marker_done_ = seq;
+      grads_marker_raw_norm_ = raw_norm;
+      grads_marker_nonfinite_ = nonfinite;
+      late_grads_bytes_ += bytes;
+      late_grads_seconds_ += copy_s + pass_s;
+      opt_cv_.notify_all();
+      return Status();
+    });
+    return Status();
+  });
+}
+
+void Engine::note_gradient_failure(const Status& s) {
+  const core::MutexLock lock(opt_mu_);
+  if (grads_error_.ok()) grads_error_ = s;
+  opt_cv_.notify_all();
+}
+
+void Engine::fold_verdicts() {
+  std::deque<Verdict> verdicts;
+  {
+    const core::MutexLock lock(opt_mu_);
+    verdicts.swap(job_verdicts_);
+  }
+  for (const Verdict& v : verdicts) {
+    if (v.skipped) {
+      ++skipped_steps_;
+    } else {
+      ++applied_steps_;
+    }
+    last_verdict_ = v;
+  }
 }
 
 void Engine::sort_in_backward_order(std::vector<std::size_t>& groups) const {
@@ -307,7 +368,9 @@ core::Status Engine::wait_optimizer_group(std::size_t g, const char* op) {
 }
 
 core::Status Engine::wait_optimizer(const char* op) {
-  return wait_optimizer_until(op, [] { return false; });
+  STRATA_RETURN_IF_ERROR(wait_optimizer_until(op, [] { return false; }));
+  fold_verdicts();
+  return Status();
 }
 
 core::Status Engine::wait_optimizer_until(const char* op, const std::function<bool()>& done) {
@@ -319,12 +382,57 @@ core::Status Engine::wait_optimizer_until(const char* op, const std::function<bo
   return Status();
 }
 
+core::Result<bool> Engine::take_verdict(OptimizerJob& job) {
+  double raw_norm = 0.0;
+  bool nonfinite = false;
+  {
+    const core::MutexLock lock(opt_mu_);
+    opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
+      return grads_marker_done_ >= job.marker || !grads_error_.ok() || opt_stop_;
+    });
+    if (grads_marker_done_ < job.marker) {
+      if (!grads_error_.ok()) {
+        return Status(grads_error_).annotate(str_cat("the gradients of step ", job.norm_step));
+      }
+      return Status::cancelled(str_cat("the engine closed before the gradients of step ", job.norm_step,
+                                       " were in"));
+    }
+    raw_norm = grads_marker_raw_norm_;
+    nonfinite = grads_marker_nonfinite_;
+  }
+  // As step_end takes it (bf16/fp32: no loss scale).
+  const auto gas = config_.gradient_accumulation_steps;
+  job.verdict.norm_step = job.norm_step;
+  job.verdict.grad_norm = raw_norm / static_cast<double>(gas);
+  if (nonfinite || !std::isfinite(raw_norm)) {
+    if (config_.strata.nonfinite != NonfinitePolicy::kApply) {
+      job.verdict.skipped = true;
+      return false;
+    }
+    STRATA_LOG(kWarn) << "non-finite gradients at step " << job.step << "; applied (strata.nonfinite is \"apply\")";
+  }
+  const double clip = nx::clip_coefficient(job.verdict.grad_norm, config_.gradient_clipping);
+  const double grad_scale = nx::combined_grad_scale(1.0, clip, gas);
+  job.constants.clear();
+  for (const nx::AdamHyperparams& h : job.hyper) job.constants.push_back(nx::make_adam_constants(h, job.step, grad_scale));
+  job.verdict.lr = job.hyper.front().lr;
+  return true;
+}
+
 core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   const core::Stopwatch clock;
   const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
   const adam::ElemType grad_type = adam_type(gb, config_.precision);
   const adam::ElemType compute_type = adam_type(cb, config_.precision);
   const Lane lane{&opt_stream_, &job.bytes};
+  if (job.deferred_verdict) {
+    STRATA_ASSIGN_OR_RETURN(const bool apply, take_verdict(job));
+    if (!apply) {
+      for (std::size_t g : job.order) mark_group_done(g, job.id);
+      job.seconds += clock.elapsed_s();
+      return Status();
+    }
+  }
 
   struct Item {
     std::size_t group, chunk;

@@ -518,6 +518,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.prefetched = st.prefetched;
     r.speculative_discarded = st.speculative_discarded;
     r.resident = st.resident;
+    r.norm_step = st.norm_step;
     r.resident_bytes = st.resident_bytes;
     engine->last = r;
     if (out != nullptr) c_api::write_struct(out, r);

@@ -37,6 +37,15 @@ struct Engine::OptimizerJob {
   // Per group, for a certain job: wait for the verdict all the same (see
   // Engine::start_speculative_job).
   std::vector<bool> deferred;
+  // Deferred verdict (Engine::deferred_verdicts): the job waits for the
+  // gradient marker `marker`, then decides skip and clipping from the norm
+  // and the inf/NaN flag as step_end would have, and computes `constants`
+  // from `hyper` (per optimizer group). Its verdict goes to `verdict`.
+  bool deferred_verdict = false;
+  std::int64_t marker = 0;
+  std::int64_t norm_step = 0;
+  std::vector<core::numerics::AdamHyperparams> hyper;
+  Engine::Verdict verdict;
   // Written by the job, read after it finished (finish_optimizer_job).
   StepBytes bytes;
   double seconds = 0.0;

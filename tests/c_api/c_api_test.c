@@ -303,7 +303,7 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
     strata_step_stats st = STRATA_STEP_STATS_INIT;
     CHECK_OK(strata_step_end(e, &st));
     CHECK(st.struct_size == sizeof st);
-    CHECK(st.step == step + 1 && st.skipped == 0 && st.skipped_total == 0);
+    CHECK(st.step == step + 1 && st.skipped == 0 && st.skipped_total == 0 && st.norm_step == step + 1);
     CHECK(st.grad_norm > 0.0 && isfinite(st.grad_norm));
     CHECK(st.lr == 0.05 && st.loss_scale == 1.0);
     /* Compute copies live on the device: gradients come down, the optimizer

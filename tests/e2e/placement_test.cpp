@@ -174,6 +174,39 @@ class Placement : public MlpTest {
     return r;
   }
 
+  // The delayed update emulated: the sequential schedule `seq`, with a
+  // framework that computes each step's gradients at the weights it had one
+  // step before (the initial ones for the first two steps).
+  RunResult train_stale(const Config& seq, const Tamper& tamper = nullptr) {
+    RunResult stale;
+    std::unique_ptr<Engine> e = make_mlp_engine(seq);
+    EXPECT_NE(e, nullptr);
+    if (e == nullptr) return stale;
+    Framework f;
+    f.bind(*e);
+    std::vector<std::map<std::string, std::vector<float>>> seen;
+    for (int step = 0; step < kSteps; ++step) {
+      f.batch(step * 16);
+      f.load(*e, "l1");
+      f.load(*e, "l2");
+      seen.push_back(f.w);
+      f.w = seen[static_cast<std::size_t>(std::max(0, step - 1))];
+      stale.losses.push_back(f.forward());
+      auto g = f.backward(1.0f);
+      if (tamper) tamper(step, g);
+      f.load(*e, "l2");
+      f.give_grads(*e, "l2", g);
+      f.load(*e, "l1");
+      f.give_grads(*e, "l1", g);
+      auto st = e->step_end();
+      EXPECT_TRUE(st.ok()) << st.status();
+      if (!st.ok()) return stale;
+      stale.stats.push_back(*st);
+    }
+    stale.master = read_masters(*e);
+    return stale;
+  }
+
   // finalize's status for the MLP's parameters under `c`.
   core::Status finalize_status(const Config& c) {
     auto e = Engine::create(c);
@@ -552,32 +585,7 @@ TEST_F(Placement, DelayedUpdateComputesWithTheWeightsFromBeforeTheLastStep) {
   seq.strata.overlap = OverlapMode::kNone;
   const RunResult w0 = train(seq, false, nullptr, -1, 0), w1 = train(seq, false, nullptr, -1, 1);
   const RunResult sequential = train(seq);
-  // The delayed update emulated: the sequential schedule, with a framework
-  // that computes each step's gradients at the weights it had one step
-  // before (the initial ones for the first two steps).
-  RunResult stale;
-  {
-    std::unique_ptr<Engine> e = make_mlp_engine(seq);
-    ASSERT_NE(e, nullptr);
-    Framework f;
-    f.bind(*e);
-    std::vector<std::map<std::string, std::vector<float>>> seen;
-    for (int step = 0; step < kSteps; ++step) {
-      f.batch(step * 16);
-      f.load(*e, "l1");
-      f.load(*e, "l2");
-      seen.push_back(f.w);
-      f.w = seen[static_cast<std::size_t>(std::max(0, step - 1))];
-      stale.losses.push_back(f.forward());
-      const auto g = f.backward(1.0f);
-      f.load(*e, "l2");
-      f.give_grads(*e, "l2", g);
-      f.load(*e, "l1");
-      f.give_grads(*e, "l1", g);
-      ASSERT_TRUE(e->step_end().ok());
-    }
-    stale.master = read_masters(*e);
-  }
+  const RunResult stale = train_stale(seq);
   auto loss_of = [](const std::map<std::string, std::vector<float>>& weights, int step) {
     Framework f;
     f.w = weights;
@@ -616,6 +624,56 @@ TEST_F(Placement, DelayedUpdateComputesWithTheWeightsFromBeforeTheLastStep) {
     }
     EXPECT_EQ(r.losses, reference.losses);
     expect_same_state(r, reference);
+  }
+}
+
+// Under "delayed" (bf16 or fp32, strata.nonfinite not "error") step_end
+// does not wait for the step's last gradients: the step's own optimizer job
+// takes its verdict once they are in (skip on inf/NaN, the clipping
+// coefficient from the norm) and StepStats report each verdict at the next
+// step_end (norm_step says whose). With clipping firing and two steps
+// skipped, the trajectory is the emulated delayed update's bit for bit, and
+// each step_end reports what the sequential schedule reported one step
+// before; the first reports no verdict yet.
+TEST_F(Placement, DelayedVerdictsAreTakenByTheJobAndReportedAStepLate) {
+  Config seq = base();
+  seq.strata.overlap = OverlapMode::kNone;
+  seq.gradient_clipping = 0.5;
+  const auto inf_at = [](int step, std::map<std::string, std::vector<float>>& g) {
+    if (step == 3 || step == 11) g["l2.w"][7] = std::numeric_limits<float>::infinity();
+  };
+  const RunResult stale = train_stale(seq, inf_at);
+  ASSERT_EQ(stale.stats.size(), static_cast<std::size_t>(kSteps));
+  int skipped = 0, clipped = 0;
+  for (int s = 0; s < kSteps; ++s) {
+    EXPECT_EQ(stale.stats[s].norm_step, s + 1);
+    skipped += stale.stats[s].skipped;
+    clipped += !stale.stats[s].skipped && stale.stats[s].grad_norm > seq.gradient_clipping;
+  }
+  EXPECT_EQ(skipped, 2);
+  EXPECT_GE(clipped, kSteps * 3 / 10) << "clipping should fire in at least 30% of the steps";
+  for (const OffloadDevice optimizer : {OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(optimizer == OffloadDevice::kCpu ? "optimizer pinned" : "optimizer on nvme");
+    Config c = seq;
+    c.strata.overlap = OverlapMode::kDelayed;
+    c.zero.offload_optimizer.device = optimizer;
+    c.zero.offload_param.device = OffloadDevice::kCpu;
+    const RunResult r = train(c, false, inf_at);
+    ASSERT_EQ(r.stats.size(), static_cast<std::size_t>(kSteps));
+    EXPECT_EQ(r.losses, stale.losses);
+    for (const auto& [name, v] : stale.master) EXPECT_TRUE(bits_equal(r.master.at(name), v)) << name;
+    EXPECT_EQ(r.stats[0].norm_step, 0) << "no verdict before the first step's job";
+    EXPECT_EQ(r.stats[0].step, 0);
+    for (int s = 1; s < kSteps; ++s) {
+      const StepStats& got = r.stats[s];
+      const StepStats& want = stale.stats[s - 1];
+      EXPECT_EQ(got.norm_step, s) << s;
+      EXPECT_EQ(got.grad_norm, want.grad_norm) << s;
+      EXPECT_EQ(got.skipped, want.skipped) << s;
+      EXPECT_EQ(got.lr, want.lr) << s;
+      EXPECT_EQ(got.step, want.step) << s;
+      EXPECT_EQ(got.skipped_total, want.skipped_total) << s;
+    }
   }
 }
 

@@ -347,9 +347,14 @@ typedef struct strata_step_stats {
                                     thrown away (skipped or clipped steps), by jobs ended since the previous step_end */
   int64_t resident;          /* fetches served by a copy kept on the device since its release */
   uint64_t resident_bytes;   /* the compute copies those fetches did not move (not in bytes_*) */
+  int64_t norm_step;         /* the step (counting every step_end from 1) whose gradients grad_norm, skipped
+                                and lr describe: this one, except under strata.overlap "delayed" in bf16/fp32
+                                (strata.nonfinite not "error"), whose step_end does not wait for the step's
+                                last gradients: there, the step before (0: none yet), and step and
+                                skipped_total count the verdicts taken */
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT \
-  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0}
+  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
