@@ -1100,15 +1100,17 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
   std::fflush(stdout);
 
   // 1. Bytes per parameter and step, from a small engine of the same shape
-  //    (same layer count, small layers; every count is linear in the size).
+  //    (same layer count, small layers; every count is linear in the size)
+  //    under the overlapped schedule, so that the balance holds for the
+  //    traffic of the schedule judged (resident copies move fewer bytes).
   {
     Model small = m;
     small.layer_elems = 4 * nx::kNormBlockElems;
-    STRATA_ASSIGN_OR_RETURN(eng::Config cc,
-                            make_config(sc, small, eng::OverlapMode::kNone, {}, dir + "/calibration", ""));
+    const eng::OverlapMode overlapped = opt.overlap_given ? opt.overlap : sc.overlap;
+    STRATA_ASSIGN_OR_RETURN(eng::Config cc, make_config(sc, small, overlapped, {}, dir + "/calibration", ""));
     STRATA_ASSIGN_OR_RETURN(auto d, Driver::create(cc, small, GradPlan::kSteady));
     StepRecord last;
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < 3; ++i) {
       STRATA_ASSIGN_OR_RETURN(last, d->step(StepKind::kWarmUp));
     }
     const double scale = static_cast<double>(m.params()) / static_cast<double>(small.params());

@@ -157,7 +157,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   gpu::Device* d = e->device_.get();
   e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); },
-      [d](gpu::Event& fence) { return d->synchronize(fence); });
+      [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
   e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); });
   return e;
@@ -740,6 +740,7 @@ core::Status Engine::set_lr(double lr) {
 core::Result<StepStats> Engine::step_end() {
   STRATA_ENGINE_ENTRY("step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("step_end"));
+  TraceScope t(trace_, TraceTrack::kStep, "step_end");
   // The previous step's optimizer is done by now in a well-ordered step
   // (every group was fetched); this also collects its traffic and errors.
   STRATA_RETURN_IF_ERROR(wait_optimizer("step_end"));

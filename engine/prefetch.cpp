@@ -176,16 +176,21 @@ void Engine::issue_prefetches() {
     if (ahead + bytes > bucket) break;
     // Room on the device: resident copies used again later than this one go.
     if (make_room(bytes, i) + bytes > max_live) break;
-    core::Result<gpu::DeviceBuffer> buffer = device_cache_->get(bytes, str_cat("prefetch of group '", gp.name, "'"));
+    // A buffer the framework may still be reading (its release's fence):
+    // the copy waits for that on the prefetch stream, not the caller here.
+    core::Result<BufferCache<gpu::DeviceBuffer>::Fenced> buffer =
+        device_cache_->get_fenced(bytes, str_cat("prefetch of group '", gp.name, "'"));
     if (!buffer.ok()) break;  // the device budget is short: fetch will copy it in line
     auto p = std::make_unique<Prefetch>();
-    p->buffer = std::move(buffer).value();
+    p->buffer = std::move(buffer->buffer);
+    std::shared_ptr<gpu::Event> fence = std::move(buffer->fence);
     Prefetch* raw = p.get();
     const gpu::DeviceSpan dst = raw->buffer.span();
     prefetched_[g] = std::move(p);
     ahead += bytes;
-    prefetch_queue_->post([this, g, dst, raw] {
+    prefetch_queue_->post([this, g, dst, raw, fence] {
       Status s = waits_for_optimizer(g) ? wait_optimizer_group(g, "prefetch") : Status();
+      if (s.ok() && fence != nullptr) s = device_->wait(prefetch_stream_, *fence);
       if (s.ok()) {
         TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name), dst.size_bytes());
         const Lane lane{&prefetch_stream_, &raw->bytes};

@@ -6,7 +6,10 @@
 // caching never makes a placement fail. A buffer may come back with a fence:
 // an event after which nothing else reads it (the framework's last kernels
 // on a released group); get() hands it out only once the fence has passed,
-// and clear() frees it only then. Thread-safe. Private to engine/.
+// and clear() frees it only then; get_fenced() hands it out at once, with
+// its fence, for a caller that orders its own writes after it on a stream
+// (and prefers a buffer whose fence has passed). Thread-safe. Private to
+// engine/.
 #pragma once
 
 #include <cstdint>
@@ -28,8 +31,44 @@ class BufferCache {
   using Allocate = std::function<core::Result<Buffer>(std::uint64_t bytes, const std::string& what)>;
   // Blocks until the fence's work is done (the device's synchronize).
   using Wait = std::function<core::Status(gpu::Event& fence)>;
-  explicit BufferCache(Allocate allocate, Wait wait = nullptr)
-      : allocate_(std::move(allocate)), wait_(std::move(wait)) {}
+  // Whether the fence's work is done, without waiting (the device's query).
+  using Query = std::function<core::Result<bool>(gpu::Event& fence)>;
+  explicit BufferCache(Allocate allocate, Wait wait = nullptr, Query query = nullptr)
+      : allocate_(std::move(allocate)), wait_(std::move(wait)), query_(std::move(query)) {}
+
+  struct Fenced {
+    Buffer buffer;
+    std::shared_ptr<gpu::Event> fence;  // null: free to write now
+  };
+  // A cached buffer of exactly `bytes` without waiting for its fence (one
+  // whose fence has passed first), or a new one.
+  core::Result<Fenced> get_fenced(std::uint64_t bytes, const std::string& what) {
+    {
+      const core::MutexLock lock(mu_);
+      auto [lo, hi] = free_.equal_range(bytes);
+      auto pick = hi;
+      for (auto it = lo; it != hi; ++it) {
+        if (it->second.fence == nullptr || query_ == nullptr) {
+          pick = it;
+          break;
+        }
+        core::Result<bool> done = query_(*it->second.fence);
+        if (done.ok() && *done) {
+          it->second.fence.reset();
+          pick = it;
+          break;
+        }
+        if (pick == hi) pick = it;  // the oldest, if none has passed
+      }
+      if (pick != hi) {
+        Fenced f{std::move(pick->second.buffer), std::move(pick->second.fence)};
+        free_.erase(pick);
+        return f;
+      }
+    }
+    STRATA_ASSIGN_OR_RETURN(Buffer b, get(bytes, what));
+    return Fenced{std::move(b), nullptr};
+  }
 
   // A cached buffer of exactly `bytes` (after its fence), or a new one.
   core::Result<Buffer> get(std::uint64_t bytes, const std::string& what) {
@@ -91,6 +130,7 @@ class BufferCache {
 
   Allocate allocate_;
   Wait wait_;
+  Query query_;
   core::Mutex mu_;
   std::multimap<std::uint64_t, Entry> free_;
 };
