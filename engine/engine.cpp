@@ -378,6 +378,7 @@ core::Status Engine::finalize() {
   // Last, so that a derived ring takes what pinned memory has left.
   STRATA_RETURN_IF_ERROR(create_staging_ring());
   group_done_job_.assign(layout_.groups.size(), 0);
+  grad_copies_done_.assign(layout_.groups.size(), 0);
   grads_in_job_.assign(layout_.groups.size(), 0);
   if (config_.strata.overlap != OverlapMode::kNone) {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
@@ -577,7 +578,20 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
     return Status::failed_precondition(
         str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
   }
-  STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
+  // (Under "delayed" the gradient pass waits instead: see grads_ready.)
+  if (!delayed()) STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
+  // The group's last gradients are down (they may still be on their way
+  // when step_end did not wait for them): so the framework runs at most a
+  // step ahead of the copies, with one gradient buffer per group.
+  {
+    const core::MutexLock lock(opt_mu_);
+    opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
+      return grad_copies_done_[g] >= gs.grad_copies_posted || !grads_error_.ok();
+    });
+    if (!grads_error_.ok()) {
+      return Status(grads_error_).annotate(str_cat("grad_buffer('", group, "'): the gradient path failed"));
+    }
+  }
   note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
@@ -595,8 +609,18 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   if (gs.grad.empty()) {
     return Status::failed_precondition(str_cat("grads_ready('", group, "') without grad_buffer('", group, "')"));
   }
-  // The host gradients of this group are the last step optimizer's input.
-  STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grads_ready"));
+  // The host gradients of this group are the last step optimizer's input:
+  // the pass that writes them waits for its update. Here, except under
+  // "delayed", where the framework goes on (nothing it reads changes) and
+  // the pass thread waits for the job submitted by now (the next step_end
+  // may submit another before the pass runs).
+  std::int64_t pass_after_job = 0;
+  if (delayed() && grads_queue_ != nullptr) {
+    const core::MutexLock lock(opt_mu_);
+    pass_after_job = submitted_job_;
+  } else {
+    STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grads_ready"));
+  }
   const int micro_step = micro_step_;
   // The framework's writes, as an event its stream records now.
   std::shared_ptr<gpu::Event> written;
@@ -627,21 +651,30 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   // (the next grad_buffer gets a new one); the pass on the pass thread, so
   // that the next group's copy overlaps this group's pass.
   auto grad = std::make_shared<gpu::DeviceBuffer>(std::move(gs.grad));
-  grads_queue_->post([this, g, grad, micro_step, spec, written] {
+  ++gs.grad_copies_posted;
+  grads_queue_->post([this, g, grad, micro_step, spec, written, pass_after_job] {
     const core::Stopwatch clock;
     Status s = written != nullptr ? device_->wait(grads_stream_, *written) : Status();
     core::Result<gpu::PinnedBuffer> wire = s.ok() ? gradient_copy(*grad, {&grads_stream_, &grads_bytes_})
                                                   : core::Result<gpu::PinnedBuffer>(s);
     device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
+    {
+      const core::MutexLock lock(opt_mu_);
+      ++grad_copies_done_[g];
+      opt_cv_.notify_all();
+    }
     if (!wire.ok()) {
       note_gradient_failure(wire.status());  // a job waiting for these gradients fails with it
       return wire.status();
     }
     auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
-    pass_queue_->post([this, g, host, micro_step, spec] {
+    pass_queue_->post([this, g, host, micro_step, spec, pass_after_job] {
+      Status ps = wait_optimizer_until("the gradient pass", [&]() STRATA_REQUIRES(opt_mu_) {
+        return group_done_job_[g] >= pass_after_job;
+      });
       const core::Stopwatch pass_clock;
-      Status ps = gradient_pass_host(g, std::move(*host), micro_step);
+      if (ps.ok()) ps = gradient_pass_host(g, std::move(*host), micro_step);
       pass_seconds_ += pass_clock.elapsed_s();
       if (ps.ok() && spec != 0) note_grads_in(g, spec);
       if (!ps.ok()) note_gradient_failure(ps);

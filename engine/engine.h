@@ -490,6 +490,7 @@ class Engine {
   double grads_marker_raw_norm_ = 0.0;          // opt_mu_
   bool grads_marker_nonfinite_ = false;         // opt_mu_
   core::Status grads_error_;                    // opt_mu_
+  std::vector<std::int64_t> grad_copies_done_;  // opt_mu_: per group, copies down done (or given up)
   std::deque<Verdict> job_verdicts_;            // opt_mu_
   Verdict last_verdict_;                        // mu_: the latest folded
   StepBytes late_grads_bytes_;                  // opt_mu_
