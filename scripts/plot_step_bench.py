@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
-"""Plots step_bench results: per scenario, the step time of the overlapped and
-the sequential schedule beside the bound (top, seconds, log scale), and
-ratio_to_bound with the issue's 1.10 target (bottom).
+"""Plots step_bench results: per scenario, the step time of the overlapped
+schedule (the scenario's own: exact or speculative), of "delayed" and of the
+sequential one beside the bound (top, seconds, log scale), and ratio_to_bound
+with the issue's 1.10 target (bottom).
 
     /usr/bin/python3 scripts/plot_step_bench.py OUT.png RESULT.json [RESULT.json ...]
 
 Several JSON files (one step_bench run each) are drawn as one figure, in the
-order given. Needs matplotlib (Debian: python3-matplotlib); the benchmark
+order given; a scenario that appears in several (a run with --overlap delayed
+beside the default one) is one group of bars, its sequential schedule from
+the first file. Needs matplotlib (Debian: python3-matplotlib); the benchmark
 itself does not.
 """
 import json
@@ -17,21 +20,27 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-SCHEDULES = [("overlapped", "#1f77b4"), ("sequential", "#ff7f0e")]
+SCHEDULES = [("overlapped", "#1f77b4"), ("delayed", "#2ca02c"), ("sequential", "#ff7f0e")]
 TARGET = 1.10
 
 
 def load(paths):
     rows = []
+    index = {}
     for path in paths:
         with open(path) as f:
             doc = json.load(f)
         for sc in doc["scenarios"]:
             by = {s["schedule"]: s for s in sc["schedules"]}
             name = sc["scenario"]
-            if "speculative" in by and "overlapped" not in by:  # step_bench --overlap speculative
+            if "speculative" in by and "overlapped" not in by:  # the nvme scenarios' own schedule
                 by["overlapped"] = by.pop("speculative")
-                name += " (speculative)"
+            if name in index:  # the same scenario again: add its other schedules
+                known = rows[index[name]][2]
+                for k, v in by.items():
+                    known.setdefault(k, v)
+                continue
+            index[name] = len(rows)
             rows.append((name, sc, by))
     return rows
 
@@ -46,29 +55,31 @@ def main(argv):
         print("plot_step_bench: no scenarios in the input", file=sys.stderr)
         return 1
     n = len(rows)
-    width = 0.38
+    present = [k for k in SCHEDULES if any(k[0] in by for _, _, by in rows)]
+    width = 0.8 / len(present)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(max(7.0, 1.5 * n + 2), 7.5), sharex=True,
                                       gridspec_kw={"height_ratios": [3, 2]})
     xs = list(range(n))
-    for k, (name, color) in enumerate(SCHEDULES):
-        offset = (k - 0.5) * width
+    for k, (name, color) in enumerate(present):
+        offset = (k - (len(present) - 1) / 2) * width
         steps, ratios = [], []
         for _, _, by in rows:
             s = by.get(name)
             steps.append(s["step_s"] if s else 0.0)
             ratios.append(s["ratio_to_bound"] if s else 0.0)
         pos = [x + offset for x in xs]
-        top.bar(pos, steps, width, color=color, label=f"{name} step time")
-        bars = bottom.bar(pos, ratios, width, color=color, label=name)
+        label = "exact / speculative" if name == "overlapped" else name
+        top.bar(pos, steps, width, color=color, label=f"{label} step time")
+        bars = bottom.bar(pos, ratios, width, color=color, label=label)
         for b, r in zip(bars, ratios):
             bottom.annotate(f"{r:.2f}", (b.get_x() + b.get_width() / 2, r), ha="center", va="bottom", fontsize=8)
     # The bound of each schedule, as a black tick over its bar.
     for x, (_, _, by) in zip(xs, rows):
-        for k, (name, _) in enumerate(SCHEDULES):
+        for k, (name, _) in enumerate(present):
             s = by.get(name)
             if not s:
                 continue
-            left = x + (k - 1) * width
+            left = x + (k - len(present) / 2) * width
             top.hlines(s["bound_s"], left, left + width, colors="black", linewidth=2.5,
                        label="bound (busiest resource, isolated)" if x == 0 and k == 0 else None)
     top.set_yscale("log")
