@@ -21,6 +21,7 @@
 #include <deque>
 #include <map>
 #include <utility>
+#include <vector>
 
 #include "cpu_adam/cpu_adam.h"
 #include "engine/core/clock.h"
@@ -47,6 +48,14 @@ namespace {
 // The elements of one Adam call: about a millisecond of cpu_adam on two
 // cores, the longest a gradient pass waits for the optimizer.
 constexpr std::int64_t kAdamSliceElems = std::int64_t{1} << 21;
+
+// A step's constants per optimizer group, from its hyperparameters.
+std::vector<nx::AdamStepConstants> adam_constants(const std::vector<nx::AdamHyperparams>& hyper, std::int64_t step,
+                                                  double grad_scale) {
+  std::vector<nx::AdamStepConstants> constants;
+  for (const nx::AdamHyperparams& h : hyper) constants.push_back(nx::make_adam_constants(h, step, grad_scale));
+  return constants;
+}
 
 }  // namespace
 
@@ -193,11 +202,7 @@ std::vector<nx::AdamHyperparams> Engine::step_hyperparams() const {
 std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficient) const {
   const double grad_scale =
       nx::combined_grad_scale(scaler_.scale(), clip_coefficient, config_.gradient_accumulation_steps);
-  std::vector<nx::AdamStepConstants> constants;
-  for (const nx::AdamHyperparams& h : step_hyperparams()) {
-    constants.push_back(nx::make_adam_constants(h, applied_steps_ + 1, grad_scale));
-  }
-  return constants;
+  return adam_constants(step_hyperparams(), applied_steps_ + 1, grad_scale);
 }
 
 bool Engine::deferred_verdicts() const {
@@ -412,9 +417,7 @@ core::Result<bool> Engine::take_verdict(OptimizerJob& job) {
     STRATA_LOG(kWarn) << "non-finite gradients at step " << job.step << "; applied (strata.nonfinite is \"apply\")";
   }
   const double clip = nx::clip_coefficient(job.verdict.grad_norm, config_.gradient_clipping);
-  const double grad_scale = nx::combined_grad_scale(1.0, clip, gas);
-  job.constants.clear();
-  for (const nx::AdamHyperparams& h : job.hyper) job.constants.push_back(nx::make_adam_constants(h, job.step, grad_scale));
+  job.constants = adam_constants(job.hyper, job.step, nx::combined_grad_scale(1.0, clip, gas));
   job.verdict.lr = job.hyper.front().lr;
   return true;
 }
