@@ -17,6 +17,7 @@
 #include "engine/internal/optimizer_job.h"
 #include "engine/internal/prefetch.h"
 #include "engine/internal/serial_queue.h"
+#include "engine/internal/view_holds.h"
 #include "engine/io_options.h"
 #include "engine/state_store.h"
 #include "gpu/cuda_device.h"
@@ -77,14 +78,15 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
     : config_(config),
       scaler_(std::move(scaler)),
       schedule_(std::move(schedule)),
-      device_budget_("device memory",
-                     config.strata.budgets.device_bytes != 0 ? config.strata.budgets.device_bytes
-                     : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
-                                                                 : kUnlimited,
-                     "strata.budgets.device"),
-      pinned_budget_("pinned host memory",
-                     config.strata.budgets.pinned_bytes != 0 ? config.strata.budgets.pinned_bytes : kUnlimited,
-                     "strata.budgets.pinned"),
+      shared_device_(std::make_shared<SharedDevice>(
+          config.strata.budgets.device_bytes != 0                ? config.strata.budgets.device_bytes
+          : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
+                                                      : kUnlimited,
+          config.strata.budgets.pinned_bytes != 0 ? config.strata.budgets.pinned_bytes : kUnlimited)),
+      device_budget_(shared_device_->device_budget),
+      pinned_budget_(shared_device_->pinned_budget),
+      device_(shared_device_->device),
+      holds_(std::make_shared<ViewHolds>(shared_device_)),
       staging_budget_("the disk pipeline's staging memory",
                       config.strata.budgets.staging_bytes != 0 ? config.strata.budgets.staging_bytes : kUnlimited,
                       "strata.budgets.staging"),
@@ -94,13 +96,21 @@ Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
 }
 
 Engine::~Engine() {
+  // Lent views outlive the engine: from here on a buffer whose last lease
+  // ends is freed, not cached, and every lent buffer the engine lets go of
+  // below stays parked in holds_ until then.
+  holds_->set_home(nullptr);
   grads_queue_.reset();     // drains the gradient copies (which post passes)
   pass_queue_.reset();      // and the gradient passes
   prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
   prefetched_.clear();
   drop_resident(Drop::kAll);  // into the cache, whose clear waits for their fences
   stop_optimizer_thread();
-  for (GroupState& gs : groups_) {  // nothing goes back into the caches below
+  for (GroupState& gs : groups_) {  // into the cache (or holds_, when lent); nothing goes back after its clear
+    if (device_cache_ != nullptr) {
+      device_cache_->put(std::move(gs.working));
+      device_cache_->put(std::move(gs.grad));
+    }
     gs.working.reset();
     gs.grad.reset();
   }
@@ -109,6 +119,10 @@ Engine::~Engine() {
   if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
+  }
+  for (GroupState& gs : groups_) {  // a lent compute home stays until its lease ends
+    std::shared_ptr<gpu::Event> no_fence;
+    holds_->park(gs.device_home, no_fence);
   }
   groups_.clear();
   grads_.reset();
@@ -155,9 +169,13 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   }
   STRATA_ASSIGN_OR_RETURN(e->stream_, e->device_->create_stream("engine"));
   gpu::Device* d = e->device_.get();
+  ViewHolds* holds = e->holds_.get();
   e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); },
-      [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
+      [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); },
+      // A lent buffer is parked, never reused, until its last lease ends.
+      [holds](gpu::DeviceBuffer& b, std::shared_ptr<gpu::Event>& fence) { return holds->park(b, fence); });
+  e->holds_->set_home(e->device_cache_.get());
   e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); });
   return e;
@@ -569,7 +587,12 @@ core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
 core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
   STRATA_ENGINE_ENTRY("grad_buffer");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grad_buffer"));
+  return grad_buffer_locked(g);
+}
+
+core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   const GroupPlace& gp = layout_.groups[g];
+  const std::string& group = gp.name;
   GroupState& gs = groups_[g];
   if (gp.trainable_elems == 0) {
     return Status::failed_precondition(str_cat("grad_buffer('", group, "'): the group has no trainable parameters"));
@@ -598,6 +621,31 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
     STRATA_ASSIGN_OR_RETURN(gs.grad, allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
   }
   return gs.grad.span();
+}
+
+ViewLease::ViewLease(std::shared_ptr<ViewHolds> holds, std::uint64_t buffer_id)
+    : holds_(std::move(holds)), buffer_id_(buffer_id) {
+  holds_->hold(buffer_id_);
+}
+
+ViewLease::~ViewLease() { holds_->end(buffer_id_); }
+
+core::Result<LentView> Engine::lend_view(std::string_view group, ViewKind kind) {
+  STRATA_ENGINE_ENTRY("lend_view");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "lend_view"));
+  GroupState& gs = groups_[g];
+  const gpu::DeviceBuffer* lent = &gs.grad;
+  if (kind == ViewKind::kCompute) {
+    if (!gs.fetched) {
+      return Status::failed_precondition(
+          str_cat("lend_view('", group, "'): the group is not fetched; its compute copies are lent while fetched"));
+    }
+    lent = layout_.groups[g].compute_tier == Tier::kDevice ? &gs.device_home : &gs.working;
+  } else {
+    STRATA_RETURN_IF_ERROR(grad_buffer_locked(g).status());
+  }
+  STRATA_CHECK(!lent->empty()) << "lend_view('" << group << "'): no buffer";
+  return LentView{lent->span(), std::unique_ptr<ViewLease>(new ViewLease(holds_, lent->id()))};
 }
 
 core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on) {
@@ -650,7 +698,13 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   // The copy down runs on the gradient thread, the device buffer with it
   // (the next grad_buffer gets a new one); the pass on the pass thread, so
   // that the next group's copy overlaps this group's pass.
-  auto grad = std::make_shared<gpu::DeviceBuffer>(std::move(gs.grad));
+  // Whatever becomes of the job (a failed copy skips the ones after it),
+  // the buffer goes back through the cache, which keeps a lent one aside.
+  BufferCache<gpu::DeviceBuffer>* cache = device_cache_.get();
+  std::shared_ptr<gpu::DeviceBuffer> grad(new gpu::DeviceBuffer(std::move(gs.grad)), [cache](gpu::DeviceBuffer* b) {
+    cache->put(std::move(*b));
+    delete b;
+  });
   ++gs.grad_copies_posted;
   grads_queue_->post([this, g, grad, micro_step, spec, written, pass_after_job] {
     const core::Stopwatch clock;

@@ -62,6 +62,8 @@ namespace strata::engine {
 
 class StateStore;
 struct ChunkState;
+struct SharedDevice;
+class ViewHolds;
 class SerialQueue;
 class CpuTurns;
 template <typename Buffer>
@@ -71,6 +73,38 @@ class BufferCache;
 // per parameter at finalize, group by group, on the thread calling finalize,
 // without the engine's lock held (calls into the engine fail meanwhile).
 using InitFn = std::function<core::Status(std::span<float> out)>;
+
+// A lease on device memory lent to the framework (Engine::lend_view; the C
+// API's DLPack tensors). While it lives, the engine neither frees that
+// memory nor hands it to anything else: not after release or grads_ready,
+// not after the engine is destroyed (the lease then keeps the device and
+// the memory alive, and frees it when it ends, after the framework's work
+// queued on it by release(group, used_on)). It does not keep the contents:
+// a compute copy whose home is the device is that home, which the
+// optimizer and load_checkpoint rewrite in place. Destroy it on any thread,
+// at any time. Thread-safe.
+class ViewLease {
+ public:
+  ~ViewLease();
+  ViewLease(const ViewLease&) = delete;
+  ViewLease& operator=(const ViewLease&) = delete;
+
+ private:
+  friend class Engine;
+  ViewLease(std::shared_ptr<ViewHolds> holds, std::uint64_t buffer_id);
+  std::shared_ptr<ViewHolds> holds_;
+  std::uint64_t buffer_id_;
+};
+
+// What lend_view lends: which of a group's buffers.
+enum class ViewKind {
+  kCompute,  // the fetched compute copies (fetch's view)
+  kGrads,    // the gradient buffer (grad_buffer's)
+};
+struct LentView {
+  gpu::DeviceSpan span;              // as fetch / grad_buffer return it
+  std::unique_ptr<ViewLease> lease;  // keeps span's memory (see ViewLease)
+};
 
 // Bytes moved in one step, per tier and direction.
 struct StepBytes {
@@ -156,6 +190,12 @@ class Engine {
   // waits for that stream's work so far (an event: the host does not block).
   // Null: the writes are complete when this is called.
   core::Status grads_ready(std::string_view group, gpu::Stream* written_on = nullptr);
+  // The group's compute copies (kCompute: the group must be fetched; the
+  // view fetch returned) or its gradient buffer (kGrads: what grad_buffer
+  // does, with its errors), lent with a lease (see ViewLease). Errors:
+  // kFailedPrecondition naming the group when it is not fetched (kCompute);
+  // grad_buffer's (kGrads); kNotFound.
+  core::Result<LentView> lend_view(std::string_view group, ViewKind kind);
   core::Status micro_step_end();
   // Ends the step: loss scaling, clipping, the optimizer, new compute copies.
   // kFailedPrecondition while a group is still fetched (the optimizer
@@ -224,6 +264,8 @@ class Engine {
   core::Status read_compute_locked(std::string_view param, std::span<float> out);
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
+  // grad_buffer's body, for group g (mu_ held).
+  core::Result<gpu::DeviceSpan> grad_buffer_locked(std::size_t g);
   bool speculative() const { return config_.strata.overlap == OverlapMode::kSpeculative; }
   bool delayed() const { return config_.strata.overlap == OverlapMode::kDelayed; }
   // Whether fetch (and prefetch) of group g waits for the last step's job
@@ -426,10 +468,15 @@ class Engine {
   bool finalizing_ = false;
 
   // Destruction order: everything holding device memory or swap blocks
-  // before the device, the swap store and the budgets.
-  core::MemoryBudget device_budget_;
-  core::MemoryBudget pinned_budget_;
-  std::unique_ptr<gpu::Device> device_;
+  // before the device, the swap store and the budgets. The device and its
+  // two budgets live in shared_device_, shared with the leases of lent views
+  // (holds_), which may outlive the engine: the three references below name
+  // its members.
+  std::shared_ptr<SharedDevice> shared_device_;
+  core::MemoryBudget& device_budget_;
+  core::MemoryBudget& pinned_budget_;
+  std::unique_ptr<gpu::Device>& device_;
+  std::shared_ptr<ViewHolds> holds_;  // leases of lent views (engine/internal/view_holds.h)
   std::unique_ptr<nvme::SwapStore> swap_;
   std::unique_ptr<adam::CpuAdam> cpu_adam_;
   gpu::Stream stream_;

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   g++ meson ninja-build pkg-config python3
   liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
-  libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev
+  libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev libdlpack-dev
 )
 if [[ "${1:-}" == "--with-tools" ]]; then
   packages+=(fio clang hwloc-nox)

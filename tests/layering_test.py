@@ -53,6 +53,8 @@ VENDOR = [
       "benchmarks/*_avx512*.cpp", "benchmarks/*_avx2*.cpp"]),
     # OpenBLAS: the example model's host matrix products.
     (re.compile(r"^(cblas|openblas_config|f77blas)\.h$"), ["examples/model/*"]),
+    # DLPack: the C API's implementation and its C tests (strata.h stays free of it).
+    (re.compile(r"^dlpack/"), ["bindings/c/*.cpp", "tests/c_api/*"]),
     # JSON formats: the config, and the safetensors header.
     (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*",
                                     "engine/checkpoint*"]),

@@ -19,6 +19,10 @@
 #include "engine/engine.h"
 #include "strata/strata.h"
 
+#if STRATA_HAVE_DLPACK
+#include <dlpack/dlpack.h>
+#endif
+
 // The handle behind strata_engine*. Members are destroyed in reverse order:
 // the copy stream before the engine that owns its device. `mu` serializes
 // the calls that take the handle (STRATA_C_ENTER); the engine locks itself
@@ -164,6 +168,33 @@ core::Result<gpu::DeviceSpan> fetch(strata_engine& h, const char* group) {
   return span;
 }
 
+#if STRATA_HAVE_DLPACK
+// A DLPack tensor strata_group_dlpack made: the DLManagedTensor handed out,
+// its shape and strides, and the lease that keeps its memory.
+struct DlpackTensor {
+  DLManagedTensor managed{};
+  std::int64_t shape[1] = {0};
+  std::int64_t strides[1] = {1};
+  std::unique_ptr<engine::ViewLease> lease;
+};
+
+extern "C" {
+// The tensor's deleter: ends the lease (any thread, also after the engine).
+static void delete_dlpack_tensor(DLManagedTensor* self) noexcept {
+  if (self != nullptr) delete static_cast<DlpackTensor*>(self->manager_ctx);
+}
+}  // extern "C"
+
+DLDataType dl_dtype(strata_dtype d) {
+  switch (d) {
+    case STRATA_DTYPE_F32: return DLDataType{kDLFloat, 32, 1};
+    case STRATA_DTYPE_BF16: return DLDataType{kDLBfloat, 16, 1};
+    case STRATA_DTYPE_F16: break;
+  }
+  return DLDataType{kDLFloat, 16, 1};
+}
+#endif
+
 }  // namespace
 }  // namespace strata::c_api
 
@@ -176,7 +207,11 @@ using core::str_cat;
 
 extern "C" {
 
-const char* strata_version(void) noexcept { return "0.1.0"; }
+#define STRATA_C_STR2(x) #x
+#define STRATA_C_STR(x) STRATA_C_STR2(x)
+const char* strata_version(void) noexcept {
+  return STRATA_C_STR(STRATA_VERSION_MAJOR) "." STRATA_C_STR(STRATA_VERSION_MINOR) "." STRATA_C_STR(STRATA_VERSION_PATCH);
+}
 
 int strata_abi_compatible(int major, int minor) noexcept {
   if (major != STRATA_VERSION_MAJOR || minor < 0) return 0;
@@ -483,6 +518,50 @@ strata_status strata_group_grads_host(strata_engine* engine, const char* group, 
     STRATA_RETURN_IF_ERROR(e.device().copy_h2d(*s, span, src));
     STRATA_RETURN_IF_ERROR(e.device().synchronize(*s));
     return e.grads_ready(group);
+  });
+}
+
+strata_status strata_group_dlpack(strata_engine* engine, const char* group, strata_view_kind kind,
+                                  void** managed_out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_dlpack";
+    STRATA_C_ENTER(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    STRATA_C_NOT_NULL(fn, managed_out);
+    int raw = 0;  // a C caller may pass any int: read its bytes, not an out-of-range enum
+    static_assert(sizeof raw == sizeof kind);
+    std::memcpy(&raw, &kind, sizeof raw);
+    if (raw != STRATA_VIEW_COMPUTE && raw != STRATA_VIEW_GRADS) {
+      return core::Status::invalid_argument(str_cat(fn, "('", group, "'): kind ", raw,
+                                                    " is not a strata_view_kind (STRATA_VIEW_COMPUTE or "
+                                                    "STRATA_VIEW_GRADS)"));
+    }
+    const char* kind_name = raw == STRATA_VIEW_COMPUTE ? "STRATA_VIEW_COMPUTE" : "STRATA_VIEW_GRADS";
+#if STRATA_HAVE_DLPACK
+    se::Engine& e = *engine->engine;
+    auto lent = e.lend_view(group, raw == STRATA_VIEW_COMPUTE ? se::ViewKind::kCompute : se::ViewKind::kGrads);
+    if (!lent.ok()) return std::move(lent).status().annotate(str_cat(fn, "('", group, "', ", kind_name, ")"));
+    const strata_dtype dtype = c_api::dtype_of(e);
+    auto t = std::make_unique<c_api::DlpackTensor>();
+    t->shape[0] = static_cast<std::int64_t>(lent->span.size_bytes() / static_cast<std::uint64_t>(e.layout().compute_bytes));
+    t->lease = std::move(lent->lease);
+    DLTensor& d = t->managed.dl_tensor;
+    d.data = lent->span.data();
+    d.device = c_api::device_of(e) == STRATA_DEVICE_CUDA ? DLDevice{kDLCUDA, 0} : DLDevice{kDLCPU, 0};
+    d.ndim = 1;
+    d.dtype = c_api::dl_dtype(dtype);
+    d.shape = t->shape;
+    d.strides = t->strides;
+    d.byte_offset = 0;
+    t->managed.manager_ctx = t.get();
+    t->managed.deleter = c_api::delete_dlpack_tensor;
+    *managed_out = &t.release()->managed;
+    return core::Status();
+#else
+    return core::Status::unimplemented(str_cat(fn, "('", group, "', ", kind_name,
+                                               "): this libstrata was built without <dlpack/dlpack.h> "
+                                               "(Debian: libdlpack-dev)"));
+#endif
   });
 }
 

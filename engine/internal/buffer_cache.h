@@ -8,8 +8,10 @@
 // on a released group); get() hands it out only once the fence has passed,
 // and clear() frees it only then; get_fenced() hands it out at once, with
 // its fence, for a caller that orders its own writes after it on a stream
-// (and prefers a buffer whose fence has passed). Thread-safe. Private to
-// engine/.
+// (and prefers a buffer whose fence has passed). An optional divert takes
+// buffers put() is given before the cache keeps them (the device memory of
+// views lent to the framework: engine/internal/view_holds.h), and hands
+// them back later through put_returned(). Thread-safe. Private to engine/.
 #pragma once
 
 #include <cstdint>
@@ -33,8 +35,12 @@ class BufferCache {
   using Wait = std::function<core::Status(gpu::Event& fence)>;
   // Whether the fence's work is done, without waiting (the device's query).
   using Query = std::function<core::Result<bool>(gpu::Event& fence)>;
-  explicit BufferCache(Allocate allocate, Wait wait = nullptr, Query query = nullptr)
-      : allocate_(std::move(allocate)), wait_(std::move(wait)), query_(std::move(query)) {}
+  // Takes a buffer put() is given, with its fence, instead of the cache
+  // (returns true; it then owns both), or leaves both as they are (false).
+  // Called without the cache's lock.
+  using Divert = std::function<bool(Buffer& b, std::shared_ptr<gpu::Event>& fence)>;
+  explicit BufferCache(Allocate allocate, Wait wait = nullptr, Query query = nullptr, Divert divert = nullptr)
+      : allocate_(std::move(allocate)), wait_(std::move(wait)), query_(std::move(query)), divert_(std::move(divert)) {}
 
   struct Fenced {
     Buffer buffer;
@@ -92,9 +98,16 @@ class BufferCache {
     STRATA_RETURN_IF_ERROR(clear());
     return allocate_(bytes, what);
   }
-  // Keeps `b` for a later get() of its size (an empty buffer is dropped);
-  // `fence`, when given, must pass before anyone else uses it.
+  // Keeps `b` for a later get() of its size (an empty buffer is dropped),
+  // unless the divert takes it; `fence`, when given, must pass before anyone
+  // else uses it.
   void put(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) {
+    if (b.empty()) return;
+    if (divert_ != nullptr && divert_(b, fence)) return;
+    put_returned(std::move(b), std::move(fence));
+  }
+  // As put(), past the divert: for the buffers it hands back.
+  void put_returned(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) {
     if (b.empty()) return;
     const std::uint64_t bytes = b.size_bytes();
     const core::MutexLock lock(mu_);
@@ -131,6 +144,7 @@ class BufferCache {
   Allocate allocate_;
   Wait wait_;
   Query query_;
+  Divert divert_;
   core::Mutex mu_;
   std::multimap<std::uint64_t, Entry> free_;
 };

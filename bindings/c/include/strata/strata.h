@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 1
+#define STRATA_VERSION_MINOR 2
 #define STRATA_VERSION_PATCH 0
 
 /* Status codes. Stable: values are never renumbered. */
@@ -320,6 +320,48 @@ STRATA_API strata_status strata_group_grads_ready(strata_engine* engine, const c
  * not the group's. */
 STRATA_API strata_status strata_group_grads_host(strata_engine* engine, const char* group, const void* host_src,
                                                  size_t size) STRATA_NOEXCEPT;
+
+/* --- DLPack views (since 0.2) --------------------------------------------- */
+
+/* Which of a group's buffers strata_group_dlpack exports. */
+typedef enum strata_view_kind {
+  STRATA_VIEW_COMPUTE = 0, /* the fetched compute copies (strata_group_fetch's view) */
+  STRATA_VIEW_GRADS = 1    /* the gradient buffer (strata_group_grad_buffer's) */
+} strata_view_kind;
+
+/* Exports a view of a group's buffer as a DLPack tensor: *managed_out is a
+ * DLManagedTensor* (DLPack 0.6 ABI, the unversioned struct of
+ * <dlpack/dlpack.h>, which this header does not include). The tensor is 1-D,
+ * contiguous (strides {1}), of the group's dtype (kDLFloat 32, kDLBfloat 16,
+ * kDLFloat 16) with strata_group_info.size_bytes / element size elements
+ * (padding included; strata_param_offset places each parameter), on kDLCUDA
+ * (the engine's device, ordinal 0 in this version) or, on the host device,
+ * kDLCPU (the emulated device's memory is host memory; the rules of
+ * convention 8 still hold for it).
+ *  - STRATA_VIEW_COMPUTE: the group must be fetched; the tensor views the
+ *    compute copies strata_group_fetch returned, to be read only.
+ *  - STRATA_VIEW_GRADS: does what strata_group_grad_buffer does (same
+ *    preconditions and errors) and views that buffer; write the gradients
+ *    into it, then call strata_group_grads_ready.
+ * Ownership: the caller owns the tensor and ends it by calling its deleter
+ * exactly once (a framework's from_dlpack takes it over), on any thread, at
+ * any time, also after strata_engine_destroy. Until then strata neither
+ * frees the memory nor hands it to anything else: after strata_group_release
+ * or strata_group_grads_ready the buffer is set aside instead of reused, and
+ * strata_engine_destroy leaves it (with the device, which on CUDA includes
+ * the engine's device-memory arena) to the deleter, which frees it once the
+ * work queued on it by strata_group_release_on has passed. A live tensor's
+ * memory stays charged to strata.budgets.device. What the memory holds is
+ * defined only while the view is: using the tensor after strata_group_release
+ * (COMPUTE) or strata_group_grads_ready (GRADS) is the framework's bug, and
+ * for a group whose compute copies live on the device the view is their home,
+ * which the optimizer rewrites in place. Errors: INVALID_ARGUMENT (a NULL
+ * argument, kind not a strata_view_kind), FAILED_PRECONDITION (before
+ * finalize; COMPUTE: the group is not fetched, naming it; GRADS: as
+ * strata_group_grad_buffer), NOT_FOUND, UNIMPLEMENTED when the library was
+ * built without <dlpack/dlpack.h>. group is borrowed. */
+STRATA_API strata_status strata_group_dlpack(strata_engine* engine, const char* group, strata_view_kind kind,
+                                             void** managed_out) STRATA_NOEXCEPT;
 
 /* Ends a micro-batch that is not the step's last. Errors: FAILED_PRECONDITION
  * naming a trainable group without gradients, or after the last micro-batch
