@@ -19,9 +19,11 @@
 #include "engine/internal/serial_queue.h"
 #include "engine/internal/view_holds.h"
 #include "engine/io_options.h"
+#include "engine/pretrained.h"
 #include "engine/state_store.h"
 #include "gpu/cuda_device.h"
 #include "gpu/host_device.h"
+#include "nvme/io_backend.h"
 #include "nvme/swap_store.h"
 
 namespace strata::engine {
@@ -195,9 +197,24 @@ core::Result<int> Engine::add_optimizer_group(const OptimizerGroupDesc& group) {
 core::Status Engine::register_param(const ParamDesc& desc, InitFn init) {
   STRATA_ENGINE_ENTRY("register_param");
   if (finalized_) return Status::failed_precondition(str_cat("register_param('", desc.name, "') after finalize"));
-  if (!init) return Status::invalid_argument(str_cat("parameter '", desc.name, "' has no initializer"));
+  if (!init && pretrained_ != nullptr) STRATA_RETURN_IF_ERROR(pretrained_->check_param(desc));
   params_.push_back(desc);
   inits_.push_back(std::move(init));
+  return Status();
+}
+
+core::Status Engine::init_from_safetensors(const std::string& path, const std::string& name_prefix) {
+  STRATA_ENGINE_ENTRY("init_from_safetensors");
+  if (finalized_) return Status::failed_precondition(str_cat("init_from_safetensors('", path, "') after finalize"));
+  if (pretrained_ != nullptr) {
+    return Status::failed_precondition(str_cat("init_from_safetensors('", path, "'): initial values come from ",
+                                               pretrained_->describe(), " already"));
+  }
+  STRATA_ASSIGN_OR_RETURN(PretrainedWeights w, PretrainedWeights::open(path, name_prefix));
+  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+    if (!inits_[pi]) STRATA_RETURN_IF_ERROR(w.check_param(params_[pi]));
+  }
+  pretrained_ = std::make_unique<PretrainedWeights>(std::move(w));
   return Status();
 }
 
@@ -279,6 +296,17 @@ core::Status Engine::finalize() {
   STRATA_ENGINE_ENTRY("finalize");
   if (finalized_) return Status::failed_precondition("finalize called twice");
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(params_, optimizer_groups_, config_));
+  // Where initial values come from, before anything is allocated.
+  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
+    if (inits_[pi]) continue;
+    if (pretrained_ == nullptr) {
+      return Status::failed_precondition(str_cat("parameter '", params_[pi].name,
+                                                 "' has no init callback and there are no safetensors files to take "
+                                                 "its initial values from (strata_init_from_safetensors)"));
+    }
+    STRATA_RETURN_IF_ERROR(pretrained_->check_param(params_[pi]));
+  }
+  if (pretrained_ != nullptr) STRATA_RETURN_IF_ERROR(pretrained_->check_extra(params_));
 
   // Budgets up front, with the numbers (the allocations below enforce them too).
   TierBytes need = layout_.bytes();
@@ -411,19 +439,42 @@ core::Status Engine::finalize() {
 
 core::Status Engine::write_initial_values() {
   const int cb = layout_.compute_bytes;
+  // Safetensors files come in through the nvme engine, as checkpoints do;
+  // each is open from the first group that reads it to the last.
+  // Destruction order: the stream (it owns the files) before the backend.
+  std::unique_ptr<nvme::IoBackend> backend;
+  std::unique_ptr<PretrainedWeights::Stream> pretrained;
+  if (pretrained_ != nullptr) {
+    auto created = nvme::IoBackend::create(io_backend_options(config_.strata.io));
+    if (!created.ok()) return std::move(created).status().annotate("reading initial values");
+    backend = std::move(created).value();
+    pretrained = std::make_unique<PretrainedWeights::Stream>(*pretrained_, *backend,
+                                                             direct_file_options(config_.strata.io));
+    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+      for (std::size_t pi : layout_.groups[g].params) {
+        if (!inits_[pi]) pretrained->plan(g, layout_.params[pi].name);
+      }
+    }
+  }
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
     std::map<std::size_t, std::vector<float>> values;  // by parameter index
     for (std::size_t pi : gp.params) {
       std::vector<float>& v = values[pi];
       v.assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
-      // The callback runs without the lock (calls into the engine meanwhile
-      // see finalizing_ and fail).
-      mu_.unlock();
-      Status s = inits_[pi](v);
-      mu_.lock();
+      Status s;
+      if (inits_[pi]) {
+        // The callback runs without the lock (calls into the engine meanwhile
+        // see finalizing_ and fail).
+        mu_.unlock();
+        s = inits_[pi](v);
+        mu_.lock();
+      } else {
+        s = pretrained->read(layout_.params[pi], v);
+      }
       if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
     }
+    if (pretrained != nullptr) pretrained->end_group(g);
     gpu::PinnedBuffer staging;
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
     std::span<std::byte> host;

@@ -64,6 +64,7 @@ class StateStore;
 struct ChunkState;
 struct SharedDevice;
 class ViewHolds;
+class PretrainedWeights;
 class SerialQueue;
 class CpuTurns;
 template <typename Buffer>
@@ -169,9 +170,33 @@ class Engine {
   // Optimizer groups (per-group weight decay and lr scale); group 0 exists
   // already with the optimizer's weight decay. Returns the new group's index.
   core::Result<int> add_optimizer_group(const OptimizerGroupDesc& group);
+  // `init` may be empty: the parameter then takes its initial values from
+  // the safetensors files of init_from_safetensors (given before or after).
+  // Once they are given, such a parameter is checked here: kNotFound when
+  // they hold no tensor for it, kInvalidArgument when its shape differs
+  // (nothing is registered then). kFailedPrecondition after finalize.
   core::Status register_param(const ParamDesc& desc, InitFn init);
+  // Initial values from safetensors files, before finalize (pretrained
+  // weights: the fine-tuning case): every parameter registered without an
+  // InitFn takes them from the tensor named `name_prefix` + its name (F32,
+  // BF16 or F16, converted exactly to fp32; parameters with an InitFn keep
+  // it). `path`: a directory holding model.safetensors.index.json (shards)
+  // or model.safetensors, or one safetensors file. Reads the headers now and
+  // checks the parameters registered so far (as register_param does);
+  // finalize checks that every tensor is some registered parameter's before
+  // it allocates anything, then streams the values in group by group through
+  // the nvme engine (direct reads; a file is open only while groups still
+  // need it). Errors: kFailedPrecondition after finalize or when a source
+  // was given already; the files' (kNotFound, kDataLoss, kUnimplemented for
+  // another dtype, naming the file); a registered parameter's (nothing
+  // changes then).
+  core::Status init_from_safetensors(const std::string& path, const std::string& name_prefix);
   // Lays out every state, allocates it in its home tier under the budgets,
   // and writes the initial values (master weights and compute copies).
+  // Before anything is allocated: kFailedPrecondition naming a parameter
+  // without InitFn when there are no safetensors files; with them,
+  // kInvalidArgument naming a tensor that is no parameter's (extra) and its
+  // file, and each parameter's check.
   core::Status finalize();
 
   // The group's compute copies on the device (compute dtype, the layout's
@@ -457,7 +482,8 @@ class Engine {
   LrSchedule schedule_;
   double lr_override_ = -1.0;
   std::vector<ParamDesc> params_;
-  std::vector<InitFn> inits_;
+  std::vector<InitFn> inits_;  // empty: from pretrained_
+  std::unique_ptr<PretrainedWeights> pretrained_;  // init_from_safetensors' files (null: none)
   std::vector<OptimizerGroupDesc> optimizer_groups_;
   Layout layout_;
   std::atomic<bool> finalized_{false};

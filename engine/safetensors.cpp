@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "engine/core/aligned_buffer.h"
@@ -400,6 +401,64 @@ core::Result<std::uint64_t> SafetensorsWriter::crc64() const {
     return Status::failed_precondition(str_cat(path_, ": the CRC64 is known only after finish() of a sequential writer"));
   }
   return direct_->crc64();
+}
+
+// --- finding a model's files ---------------------------------------------------
+
+std::string SafetensorsFiles::describe() const {
+  if (index.empty()) return files.empty() ? std::string("no files") : files.front();
+  std::string names;
+  for (const std::string& f : files) {
+    if (!names.empty()) names += ", ";
+    names += f.substr(f.find_last_of('/') + 1);
+  }
+  return str_cat(index, " (", names, ")");
+}
+
+core::Result<SafetensorsFiles> find_safetensors(const std::string& path) {
+  SafetensorsFiles out;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("safetensors path ", path));
+  if (!S_ISDIR(st.st_mode)) {
+    out.files.push_back(path);
+    return out;
+  }
+  const std::string dir = path.ends_with('/') ? path.substr(0, path.size() - 1) : path;
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (::stat(index.c_str(), &st) != 0) {
+    const std::string single = dir + "/model.safetensors";
+    if (::stat(single.c_str(), &st) == 0) {
+      out.files.push_back(single);
+      return out;
+    }
+    return Status::not_found(
+        str_cat(dir, ": no model.safetensors.index.json and no model.safetensors (a safetensors model directory "
+                     "holds one of them)"));
+  }
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes, read_file(index));
+  const nlohmann::json doc = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
+                                                   reinterpret_cast<const char*>(bytes.data()) + bytes.size(), nullptr,
+                                                   /*allow_exceptions=*/false);
+  auto corrupt = [&](const std::string& what) {
+    return Status::data_loss(str_cat(index, ": not a safetensors index: ", what));
+  };
+  if (doc.is_discarded() || !doc.is_object()) return corrupt("not a JSON object");
+  const auto wm = doc.find("weight_map");
+  if (wm == doc.end() || !wm->is_object()) return corrupt("no \"weight_map\" object");
+  std::set<std::string> names;
+  for (const auto& [tensor, file] : wm->items()) {
+    if (!file.is_string()) return corrupt(str_cat("the file of tensor '", tensor, "' is not a string"));
+    const std::string name = file.get<std::string>();
+    if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+      return corrupt(str_cat("tensor '", tensor, "' maps to '", name, "', not a file name in ", dir));
+    }
+    out.weight_map[tensor] = dir + "/" + name;
+    names.insert(name);
+  }
+  if (names.empty()) return corrupt("\"weight_map\" is empty");
+  out.index = index;
+  for (const std::string& n : names) out.files.push_back(dir + "/" + n);
+  return out;
 }
 
 // --- sharded export ------------------------------------------------------------

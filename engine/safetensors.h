@@ -142,6 +142,21 @@ class SafetensorsWriter {
   bool finished_ = false;
 };
 
+// The files of a model in safetensors, as Hugging Face lays them out.
+struct SafetensorsFiles {
+  std::string index;               // "<dir>/model.safetensors.index.json" when sharded, else ""
+  std::vector<std::string> files;  // the shards the index names (sorted), or the one file
+  std::map<std::string, std::string> weight_map;  // sharded: tensor -> its file (a path in `files`)
+  // For messages: the file, or the index and its shards' names.
+  std::string describe() const;
+};
+// `path` is a directory holding model.safetensors.index.json (sharded; it
+// wins) or model.safetensors, or a safetensors file itself. Reads only the
+// index. Errors: kNotFound for a path that does not exist or a directory
+// with neither file (naming both); kDataLoss for an index that is not
+// {"weight_map": {tensor: file}} with plain file names, naming it.
+core::Result<SafetensorsFiles> find_safetensors(const std::string& path);
+
 // Plans a sharded export: tensors in the given order, a new shard whenever
 // the next tensor would push a shard past `max_shard_bytes` (a tensor larger
 // than that gets a shard of its own). Returns, per shard, the indices into

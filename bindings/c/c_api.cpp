@@ -314,7 +314,6 @@ strata_status strata_param_register(strata_engine* engine, const strata_param_de
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_param_register";
     STRATA_C_ENTER(fn, engine);
-    STRATA_C_NOT_NULL(fn, init);
     STRATA_ASSIGN_OR_RETURN(const strata_param_desc d, c_api::read_struct(desc, fn, "desc"));
     if (d.name == nullptr) return core::Status::invalid_argument(str_cat(fn, ": desc->name is NULL"));
     if (d.ndim < 0) {
@@ -330,6 +329,11 @@ strata_status strata_param_register(strata_engine* engine, const strata_param_de
     p.group = d.group != nullptr ? d.group : d.name;
     p.trainable = d.frozen == 0;
     p.optimizer_group = d.optimizer_group;
+    // No callback: the values come from strata_init_from_safetensors' files.
+    if (init == nullptr) {
+      auto s = engine->engine->register_param(p, nullptr);
+      return s.ok() ? s : std::move(s).annotate(str_cat(fn, "('", d.name, "')"));
+    }
     // The callback runs during finalize, on its caller's thread, with no lock held
     // (calls into the engine meanwhile fail with FAILED_PRECONDITION).
     se::InitFn fill = [init, user_data, name = p.name](std::span<float> out) -> core::Status {
@@ -340,6 +344,15 @@ strata_status strata_param_register(strata_engine* engine, const strata_param_de
       return core::Status(code, str_cat("the init callback returned ", strata_status_name(s)));
     };
     return engine->engine->register_param(p, std::move(fill));
+  });
+}
+
+strata_status strata_init_from_safetensors(strata_engine* engine, const char* path, const char* name_prefix) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_init_from_safetensors";
+    STRATA_C_ENTER(fn, engine);
+    STRATA_C_NOT_NULL(fn, path);
+    return engine->engine->init_from_safetensors(path, name_prefix != nullptr ? name_prefix : "");
   });
 }
 

@@ -9,8 +9,12 @@
 //
 //   strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]
 //                [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]
-//                [--export DIR] [--dump-masters FILE] [--model-device host|cuda|auto]
-//                [--quiet]
+//                [--export DIR] [--init-from DIR] [--dump-masters FILE]
+//                [--model-device host|cuda|auto] [--quiet]
+//
+// --init-from DIR fine-tunes from a previous run's --export DIR: every
+// parameter takes its initial values from DIR's safetensors files
+// (strata_init_from_safetensors) instead of the model's initializer.
 //
 // Where the model computes (--model-device, default auto):
 //  - host: on the CPU (OpenBLAS). It reads its weights with
@@ -63,6 +67,7 @@ struct Options {
   int save_every = 0;
   bool resume = false;
   std::string export_dir;
+  std::string init_from;
   std::string dump_masters;
   ModelDevice model_device = ModelDevice::kAuto;
   bool quiet = false;
@@ -164,9 +169,15 @@ int run(const Options& o) {
     d.group = model.groups()[static_cast<std::size_t>(p.group_index)].name.c_str();
     d.frozen = frozen_group(p.group_index) ? 1 : 0;
     d.optimizer_group = p.no_decay ? no_decay_index : 0;
-    CHECK_STRATA(strata_param_register(engine, &d, init_param, &ctx), "register a parameter");
+    // With --init-from, no callback: the values come from the files.
+    CHECK_STRATA(strata_param_register(engine, &d, o.init_from.empty() ? init_param : nullptr, &ctx),
+                 "register a parameter");
     all_params += p.num_elems;
     if (!d.frozen) trainable_params += p.num_elems;
+  }
+  if (!o.init_from.empty()) {
+    CHECK_STRATA(strata_init_from_safetensors(engine, o.init_from.c_str(), nullptr), "read the initial values");
+    std::printf("strata-train: initial values from %s\n", o.init_from.c_str());
   }
   const auto t_finalize = std::chrono::steady_clock::now();
   CHECK_STRATA(strata_engine_finalize(engine), "finalize");
@@ -463,6 +474,7 @@ int main(int argc, char** argv) {
     else if (a == "--save-every") o.save_every = static_cast<int>(positive("--save-every"));
     else if (a == "--resume") o.resume = true;
     else if (a == "--export") o.export_dir = value("--export");
+    else if (a == "--init-from") o.init_from = value("--init-from");
     else if (a == "--dump-masters") o.dump_masters = value("--dump-masters");
     else if (a == "--model-device") {
       const std::string d = value("--model-device");
@@ -479,8 +491,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]\n"
                    "                    [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]\n"
-                   "                    [--export DIR] [--dump-masters FILE] [--model-device host|cuda|auto]\n"
-                   "                    [--quiet]\n");
+                   "                    [--export DIR] [--init-from DIR] [--dump-masters FILE]\n"
+                   "                    [--model-device host|cuda|auto] [--quiet]\n");
       return 2;
     }
   }

@@ -365,7 +365,6 @@ static void engine_checks(void) {
     d.name = "p";
     CHECK_STATUS(strata_param_register(e, &d, init_param, NULL), STRATA_STATUS_INVALID_ARGUMENT, "struct_size");
     d.struct_size = sizeof d;
-    CHECK_STATUS(strata_param_register(e, &d, NULL, NULL), STRATA_STATUS_INVALID_ARGUMENT, "init");
     d.ndim = 1;
     CHECK_STATUS(strata_param_register(e, &d, init_param, NULL), STRATA_STATUS_INVALID_ARGUMENT, "shape");
     /* An init callback's failure is finalize's, naming the parameter. */

@@ -206,18 +206,51 @@ typedef strata_status (*strata_init_fn)(const char* name, float* out, int64_t nu
 
 /* Registers a parameter before finalize. desc and the strings and shape it
  * points to are borrowed (copied); init and user_data must stay valid until
- * strata_engine_finalize returns. Errors: INVALID_ARGUMENT (a NULL argument,
- * struct_size 0, ndim < 0, shape NULL with ndim > 0), FAILED_PRECONDITION
- * after finalize. Names, dimensions and optimizer groups are checked at
- * finalize (INVALID_ARGUMENT naming the parameter). */
+ * strata_engine_finalize returns. init may be NULL (since 0.2): the initial
+ * values then come from the files of strata_init_from_safetensors, called
+ * before or after; once those are given, such a parameter is checked here
+ * (NOT_FOUND when they hold no tensor for it, INVALID_ARGUMENT when its shape
+ * differs; nothing is registered then), and without them finalize fails
+ * (FAILED_PRECONDITION naming the parameter). Errors: INVALID_ARGUMENT (a
+ * NULL engine or desc, struct_size 0, ndim < 0, shape NULL with ndim > 0),
+ * FAILED_PRECONDITION after finalize. Names, dimensions and optimizer groups
+ * are checked at finalize (INVALID_ARGUMENT naming the parameter). */
 STRATA_API strata_status strata_param_register(strata_engine* engine, const strata_param_desc* desc,
                                                strata_init_fn init, void* user_data) STRATA_NOEXCEPT;
 
+/* Initial values from safetensors files (since 0.2), before finalize: every
+ * parameter registered with a NULL init takes them from the tensor named
+ * name_prefix + its name (F32, BF16 or F16, converted exactly to the fp32
+ * master weights, then rounded to the compute copies as an init callback's
+ * values are); parameters with an init callback keep it. path: a directory
+ * holding model.safetensors.index.json (Hugging Face's sharded layout) or
+ * model.safetensors, or one .safetensors file. name_prefix may be NULL or ""
+ * (no prefix). This call reads the files' headers and checks the parameters
+ * registered so far; finalize checks that every tensor in the files is some
+ * registered parameter's (after the prefix), before it allocates anything,
+ * then streams the values in group by group with the nvme engine's direct
+ * reads (strata.io), opening each file only while groups still read it: the
+ * host never holds more than a group. Errors (the message names the
+ * parameter, the tensor, the file, and both shapes on a mismatch):
+ * NOT_FOUND (path, or a parameter's tensor is missing), INVALID_ARGUMENT
+ * (NULL engine or path; a shape differs), DATA_LOSS (a file or the index is
+ * corrupt, or they disagree), UNIMPLEMENTED (a tensor of another dtype),
+ * FAILED_PRECONDITION (after finalize; called twice). On error nothing
+ * changes. Finalize then reports, before it allocates anything, an extra
+ * tensor (INVALID_ARGUMENT naming it and its file) and the checks above for
+ * every parameter, and I/O errors while streaming. path and name_prefix are
+ * borrowed. */
+STRATA_API strata_status strata_init_from_safetensors(strata_engine* engine, const char* path,
+                                                      const char* name_prefix) STRATA_NOEXCEPT;
+
 /* Lays out every state, places it in its home tier under the budgets, and
- * writes the initial values (calling each parameter's init). Errors:
- * RESOURCE_EXHAUSTED naming the budget (strata.budgets.*) and the bytes
- * needed; INVALID_ARGUMENT for a bad registration; an init callback's
- * failure; FAILED_PRECONDITION when called twice. */
+ * writes the initial values (calling each parameter's init, or reading the
+ * files of strata_init_from_safetensors). Errors: RESOURCE_EXHAUSTED naming
+ * the budget (strata.budgets.*) and the bytes needed; INVALID_ARGUMENT for a
+ * bad registration; an init callback's failure; the safetensors checks and
+ * reads (see strata_init_from_safetensors); FAILED_PRECONDITION naming a
+ * parameter with a NULL init when no safetensors files were given, and when
+ * called twice. */
 STRATA_API strata_status strata_engine_finalize(strata_engine* engine) STRATA_NOEXCEPT;
 
 /* A fetch group's layout, without fetching it. */
