@@ -1,0 +1,396 @@
+"""The `strata` engine from Python: a thin, complete wrapper of the C API.
+
+Memory crosses as an address and a size: pass any object with the buffer
+protocol (bytearray, memoryview, array, numpy), a torch tensor (contiguous,
+on the CPU for the *_host calls), or an `(address, nbytes)` pair.
+"""
+import ctypes
+import dataclasses
+import json
+import os
+import threading
+
+from . import _capi
+from . import errors
+
+_lib = _capi.lib
+_DTYPE_NAMES = {_capi.DTYPE_F32: "f32", _capi.DTYPE_BF16: "bf16", _capi.DTYPE_F16: "f16"}
+_DTYPE_CODES = {"f32": _capi.DTYPE_F32, "fp32": _capi.DTYPE_F32, "float32": _capi.DTYPE_F32,
+                "bf16": _capi.DTYPE_BF16, "bfloat16": _capi.DTYPE_BF16,
+                "f16": _capi.DTYPE_F16, "fp16": _capi.DTYPE_F16, "float16": _capi.DTYPE_F16}
+_DEVICE_NAMES = {_capi.DEVICE_HOST: "host", _capi.DEVICE_CUDA: "cuda"}
+DTYPE_SIZE = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def version():
+    """The library's version, "MAJOR.MINOR.PATCH"."""
+    return _capi.LIBRARY_VERSION
+
+
+def library_path():
+    """The libstrata.so this package loaded."""
+    return _capi.path
+
+
+def _raise(status, what=None):
+    name = _lib.strata_status_name(status).decode()
+    message = _lib.strata_last_error().decode(errors="replace")
+    if what:
+        message = f"{what}: {message}"
+    cls = errors.BY_CODE.get(status, errors.Error)
+    raise cls(message, status=name, code=status)
+
+
+def check(status, what=None):
+    """Raises the strata.Error subclass of a non-OK C status."""
+    if status != 0:
+        _raise(status, what)
+
+
+def _b(s):
+    return None if s is None else s.encode()
+
+
+def _config_text(config):
+    """A config given as a dict, a JSON string or a path to a JSON file."""
+    if isinstance(config, dict):
+        return json.dumps(config)
+    if isinstance(config, (str, os.PathLike)):
+        text = os.fspath(config)
+        if text.lstrip().startswith("{"):
+            return text
+        with open(text) as f:
+            return f.read()
+    raise TypeError(f"strata: config must be a dict, a JSON string or a path, not {type(config).__name__}")
+
+
+def config_check(config):
+    """Checks a config without creating an engine; returns its warning count.
+    Raises InvalidArgument naming the key path."""
+    warnings = ctypes.c_uint32(0)
+    check(_lib.strata_config_check(_config_text(config).encode(), ctypes.byref(warnings)))
+    return warnings.value
+
+
+def config_resolve(config):
+    """The resolved config (every key, defaults filled in) as a dict."""
+    out = ctypes.c_void_p()
+    check(_lib.strata_config_resolve(_config_text(config).encode(), ctypes.byref(out)))
+    try:
+        return json.loads(ctypes.string_at(out.value).decode())
+    finally:
+        _lib.strata_string_free(out)
+
+
+def _address(buf, writable):
+    """(address, nbytes, keepalive) of a buffer-like object."""
+    if isinstance(buf, tuple) and len(buf) == 2:
+        return int(buf[0]), int(buf[1]), None
+    if hasattr(buf, "data_ptr") and hasattr(buf, "element_size"):  # a torch tensor
+        if not buf.is_contiguous():
+            raise errors.InvalidArgument("strata: the tensor must be contiguous", status="INVALID_ARGUMENT")
+        return buf.data_ptr(), buf.numel() * buf.element_size(), buf
+    mv = memoryview(buf)
+    if writable and mv.readonly:
+        raise errors.InvalidArgument("strata: the buffer is read-only", status="INVALID_ARGUMENT")
+    if not mv.c_contiguous:
+        raise errors.InvalidArgument("strata: the buffer must be C-contiguous", status="INVALID_ARGUMENT")
+    if mv.readonly:
+        arr = (ctypes.c_char * mv.nbytes).from_buffer_copy(mv)  # read-only: a copy
+    else:
+        arr = (ctypes.c_char * mv.nbytes).from_buffer(mv.cast("B"))
+    return ctypes.addressof(arr), mv.nbytes, (arr, mv)
+
+
+@dataclasses.dataclass
+class GroupInfo:
+    size_bytes: int
+    dtype: str          # "f32", "bf16", "f16"
+    device: str         # "host", "cuda"
+    param_count: int
+    trainable: bool
+
+    @property
+    def numel(self):
+        return self.size_bytes // DTYPE_SIZE[self.dtype]
+
+
+@dataclasses.dataclass
+class View:
+    """Device memory handed out by the engine: valid until release (compute
+    copies) or grads_ready (gradient buffer)."""
+    data: int
+    size_bytes: int
+    dtype: str
+    device: str
+
+
+@dataclasses.dataclass
+class StepStats:
+    skipped: bool = False
+    step: int = 0
+    skipped_total: int = 0
+    grad_norm: float = 0.0
+    lr: float = 0.0
+    loss_scale: float = 1.0
+    bytes_h2d: int = 0
+    bytes_d2h: int = 0
+    bytes_nvme_read: int = 0
+    bytes_nvme_write: int = 0
+    fetch_seconds: float = 0.0
+    grads_seconds: float = 0.0
+    optimizer_seconds: float = 0.0
+    prefetched: int = 0
+    speculative_discarded: int = 0
+    resident: int = 0
+    resident_bytes: int = 0
+    norm_step: int = 0
+    adapter_seconds: float = 0.0  # strata.torch: its own time in the step (hooks, copies); not from the C API
+
+    @classmethod
+    def _from_c(cls, s):
+        c_fields = {name for name, _ in s._fields_}
+        values = {f.name: getattr(s, f.name) for f in dataclasses.fields(cls) if f.name in c_fields}
+        values["skipped"] = bool(values["skipped"])
+        return cls(**values)
+
+
+class Engine:
+    """One strata engine (strata_engine*). Call order as the C API's:
+    add_optimizer_group* -> register+ -> [init_from_safetensors] -> finalize ->
+    per micro-batch fetch/release, grads, micro_step_end -> step_end. Every
+    failure raises a strata.Error subclass with the C status name and message.
+    Use as a context manager, or call close()."""
+
+    def __init__(self, config):
+        handle = ctypes.c_void_p()
+        check(_lib.strata_engine_create(_config_text(config).encode(), ctypes.byref(handle)))
+        self._h = handle
+        self._inits = []          # (INIT_FN, callable) kept alive until finalize returns
+        self._init_error = None   # the first exception an init callable raised
+        self._lock = threading.Lock()
+
+    # --- life ---------------------------------------------------------------------------------
+    @property
+    def handle(self):
+        if not self._h:
+            raise errors.FailedPrecondition("strata: the engine is closed", status="FAILED_PRECONDITION")
+        return self._h
+
+    def close(self):
+        """Destroys the engine (its swap files too, unless strata.io.keep_files)."""
+        h, self._h = getattr(self, "_h", None), None
+        if h:
+            _lib.strata_engine_destroy(h)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # --- set-up -------------------------------------------------------------------------------
+    def add_optimizer_group(self, name="", weight_decay=0.0, lr_scale=1.0):
+        """An optimizer group with its own weight decay and lr scale; returns its index."""
+        d = _capi.new(_capi.OptimizerGroupDesc)
+        d.name, d.weight_decay, d.lr_scale = _b(name), float(weight_decay), float(lr_scale)
+        index = ctypes.c_int32()
+        check(_lib.strata_optimizer_group_add(self.handle, ctypes.byref(d), ctypes.byref(index)))
+        return index.value
+
+    def register(self, name, shape, group=None, frozen=False, optimizer_group=0, init=None):
+        """Registers a parameter. `init(name, out)` fills `out`, a ctypes float
+        array of numel elements, with the initial fp32 values (called during
+        finalize); None takes them from init_from_safetensors."""
+        d = _capi.new(_capi.ParamDesc)
+        dims = (ctypes.c_int64 * max(1, len(shape)))(*[int(x) for x in shape])
+        d.name, d.group = _b(name), _b(group)
+        d.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)) if len(shape) else None
+        d.ndim = len(shape)
+        d.frozen = 1 if frozen else 0
+        d.optimizer_group = int(optimizer_group)
+        if init is None:
+            fn = _capi.INIT_FN()
+        else:
+            fn = _capi.INIT_FN(self._init_trampoline(init))
+            self._inits.append(fn)
+        check(_lib.strata_param_register(self.handle, ctypes.byref(d), fn, None))
+
+    def _init_trampoline(self, init):
+        def call(name, out, numel, user_data):
+            try:
+                init(name.decode(), ctypes.cast(out, ctypes.POINTER(ctypes.c_float * numel)).contents)
+                return 0
+            except BaseException as e:  # noqa: BLE001 - carried to finalize
+                if self._init_error is None:
+                    self._init_error = e
+                return errors.Internal.code
+        return call
+
+    def init_from_safetensors(self, path, name_prefix=""):
+        """Initial values of the parameters registered without `init` come from
+        safetensors files: a directory (model.safetensors, or shards with
+        model.safetensors.index.json) or one file. Tensor name = prefix + name."""
+        check(_lib.strata_init_from_safetensors(self.handle, os.fspath(path).encode(), _b(name_prefix)))
+
+    def finalize(self):
+        """Lays out and places every state and writes the initial values."""
+        self._init_error = None
+        try:
+            status = _lib.strata_engine_finalize(self.handle)
+            if status != 0 and self._init_error is not None:
+                err = self._init_error
+                raise errors.BY_CODE.get(status, errors.Error)(
+                    f"{_lib.strata_last_error().decode()} (the init function raised {type(err).__name__}: {err})",
+                    status=_lib.strata_status_name(status).decode(), code=status) from err
+            check(status)
+        finally:
+            self._inits.clear()
+
+    # --- layout ---------------------------------------------------------------------------------
+    def group_info(self, group):
+        out = _capi.new(_capi.GroupInfo)
+        check(_lib.strata_group_info_get(self.handle, group.encode(), ctypes.byref(out)))
+        return GroupInfo(out.size_bytes, _DTYPE_NAMES[out.dtype], _DEVICE_NAMES[out.device], out.param_count,
+                         bool(out.trainable))
+
+    def param_offset(self, name):
+        """(offset in elements of the group's dtype, group name) of a parameter."""
+        off = ctypes.c_int64()
+        group = ctypes.c_char_p()
+        check(_lib.strata_param_offset(self.handle, name.encode(), ctypes.byref(off), ctypes.byref(group)))
+        return off.value, group.value.decode()
+
+    # --- the step -------------------------------------------------------------------------------
+    def fetch(self, group, stream=None):
+        """The group's compute copies on the device (a View valid until release)."""
+        v = _capi.new(_capi.GroupView)
+        check(_lib.strata_group_fetch(self.handle, group.encode(), stream, ctypes.byref(v)))
+        return View(v.data, v.size_bytes, _DTYPE_NAMES[v.dtype], _DEVICE_NAMES[v.device])
+
+    def wait(self, group):
+        check(_lib.strata_group_wait(self.handle, group.encode()))
+
+    def fetch_host(self, group, dst):
+        """Fetches a group and copies its compute copies into dst (exactly the
+        group's size_bytes); the group stays fetched until release."""
+        addr, nbytes, _keep = _address(dst, writable=True)
+        check(_lib.strata_group_fetch_host(self.handle, group.encode(), addr, nbytes))
+
+    def release(self, group, stream=None):
+        if stream is None:
+            check(_lib.strata_group_release(self.handle, group.encode()))
+        else:
+            check(_lib.strata_group_release_on(self.handle, group.encode(), stream))
+
+    def grad_buffer(self, group):
+        v = _capi.new(_capi.GroupView)
+        check(_lib.strata_group_grad_buffer(self.handle, group.encode(), ctypes.byref(v)))
+        return View(v.data, v.size_bytes, _DTYPE_NAMES[v.dtype], _DEVICE_NAMES[v.device])
+
+    def grads_ready(self, group, stream=None):
+        check(_lib.strata_group_grads_ready(self.handle, group.encode(), stream))
+
+    def grads_host(self, group, src):
+        """Copies a group's gradients (its layout and dtype, times loss_scale) in
+        and hands them over."""
+        addr, nbytes, _keep = _address(src, writable=False)
+        check(_lib.strata_group_grads_host(self.handle, group.encode(), addr, nbytes))
+
+    def dlpack(self, group, kind="compute"):
+        """A DLPack capsule ("dltensor") over the fetched group's compute copies
+        (kind "compute") or its gradient buffer (kind "grads", as grad_buffer):
+        1-D, the group's dtype, zero-copy. The memory stays the tensor's while
+        it lives."""
+        code = {"compute": _capi.VIEW_COMPUTE, "grads": _capi.VIEW_GRADS}.get(kind)
+        if code is None:
+            raise ValueError(f"strata: dlpack kind must be 'compute' or 'grads', not {kind!r}")
+        managed = ctypes.c_void_p()
+        check(_lib.strata_group_dlpack(self.handle, group.encode(), code, ctypes.byref(managed)))
+        return _dlpack_capsule(managed.value)
+
+    def micro_step_end(self):
+        check(_lib.strata_micro_step_end(self.handle))
+
+    def step_end(self):
+        s = _capi.new(_capi.StepStatsC)
+        check(_lib.strata_step_end(self.handle, ctypes.byref(s)))
+        return StepStats._from_c(s)
+
+    def stats(self):
+        s = _capi.new(_capi.StepStatsC)
+        check(_lib.strata_stats(self.handle, ctypes.byref(s)))
+        return StepStats._from_c(s)
+
+    @property
+    def loss_scale(self):
+        out = ctypes.c_double()
+        check(_lib.strata_loss_scale(self.handle, ctypes.byref(out)))
+        return out.value
+
+    def set_lr(self, lr):
+        check(_lib.strata_lr_set(self.handle, float(lr)))
+
+    def read_master(self, name, out):
+        """Copies a trainable parameter's fp32 master weights into out (a
+        writable buffer of numel floats)."""
+        addr, nbytes, _keep = _address(out, writable=True)
+        check(_lib.strata_param_read_master(self.handle, name.encode(),
+                                            ctypes.cast(addr, ctypes.POINTER(ctypes.c_float)), nbytes // 4))
+
+    # --- checkpoints and export -------------------------------------------------------------------
+    def save_checkpoint(self, root, blob=b""):
+        blob = bytes(blob)
+        check(_lib.strata_checkpoint_save(self.handle, os.fspath(root).encode(), blob or None, len(blob)))
+
+    def load_checkpoint(self, root):
+        """Loads a checkpoint; returns the framework blob saved with it."""
+        check(_lib.strata_checkpoint_load(self.handle, os.fspath(root).encode()))
+        data, size = ctypes.c_void_p(), ctypes.c_size_t()
+        check(_lib.strata_checkpoint_blob(self.handle, ctypes.byref(data), ctypes.byref(size)))
+        return ctypes.string_at(data.value, size.value) if size.value else b""
+
+    def export_safetensors(self, directory, dtype="bf16", max_shard_bytes=0):
+        code = _DTYPE_CODES.get(str(dtype).lower())
+        if code is None:
+            raise ValueError(f"strata: export dtype must be f32, bf16 or f16, not {dtype!r}")
+        check(_lib.strata_export_safetensors(self.handle, os.fspath(directory).encode(), code,
+                                             int(max_shard_bytes)))
+
+
+# --- DLPack capsules ------------------------------------------------------------------------------
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+# The destructor gets the dying capsule as a raw pointer: call the C functions on it
+# without making a Python reference to it.
+_IsValidRaw = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)(("PyCapsule_IsValid", ctypes.pythonapi))
+_GetPointerRaw = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+# DLManagedTensor: {DLTensor dl_tensor; void* manager_ctx; void (*deleter)(DLManagedTensor*)}
+# DLTensor: data, device{int32 type, int32 id}, int32 ndim, DLDataType{u8,u8,u16}, shape*, strides*, u64 offset
+_DLTENSOR_BYTES = 8 + 8 + 4 + 4 + 8 + 8 + 8
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+def _capsule_destructor(capsule_ptr):
+    # A capsule never consumed (renamed "used_dltensor" by the consumer) still
+    # owns its tensor: call the tensor's deleter.
+    if _IsValidRaw(capsule_ptr, b"dltensor"):
+        managed = _GetPointerRaw(capsule_ptr, b"dltensor")
+        if managed:
+            deleter = ctypes.c_void_p.from_address(managed + _DLTENSOR_BYTES + 8).value
+            if deleter:
+                _DELETER(deleter)(managed)
+
+
+def _dlpack_capsule(managed):
+    return _PyCapsule_New(managed, b"dltensor", ctypes.cast(_capsule_destructor, ctypes.c_void_p))

@@ -1,0 +1,820 @@
+"""The PyTorch adapter (DESIGN.md section 9).
+
+How it works, in one place:
+- Every parameter of the module is registered with the engine under its name
+  in `named_parameters()`; the Parameter objects stay (only `.data` changes):
+  a view of the fetched group while it is fetched, else a placeholder of the
+  right shape, dtype and device that holds no memory and raises NotFetched
+  (naming the parameter and its group) when an operation reads it.
+- Fetch groups: one per repeated block (the children of every ModuleList, or
+  the `blocks` given), the other parameters grouped by the module that owns
+  them. A "unit" is a module whose forward needs some groups: each block, and
+  each module outside the blocks that owns parameters (a tied parameter makes
+  its user fetch the owner's group too).
+- Forward: a unit's pre-hook acquires its groups (fetch on the first
+  acquire: fetches are counted), its post-hook releases them. With grad
+  enabled the unit's outputs pass through _PreBackward (its backward acquires
+  the groups again before the unit's backward runs) and its inputs through
+  _PostBackward (its backward fires after the unit's backward: release).
+- Gradients: a post-hook on each trainable parameter's AccumulateGrad node
+  moves `p.grad` into the group's gradient buffer (adding when it arrives
+  twice in a micro-step) and clears it. A group's gradients are handed to the
+  engine when every grad-enabled forward call of the units using it has had
+  its backward; what is left is handed over when `backward` ends (groups
+  whose inputs did not need gradients, groups that got none: zeros).
+- The engine owns accumulation, clipping, loss scaling and the optimizer:
+  `backward` scales the loss (fp16), `step` is `step_end` once every
+  micro-batch of the step is in.
+"""
+import contextlib
+import ctypes
+import io
+import os
+import random
+import threading
+import time
+import weakref
+
+import torch
+import torch.utils.dlpack
+
+from .. import engine as _engine
+from .. import errors
+
+_TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+_tls = threading.local()
+
+
+def _internal():
+    return getattr(_tls, "internal", 0) > 0
+
+
+@contextlib.contextmanager
+def _as_internal():
+    _tls.internal = getattr(_tls, "internal", 0) + 1
+    try:
+        yield
+    finally:
+        _tls.internal -= 1
+
+
+# --- parameters that are not fetched ------------------------------------------------------------
+# Attributes that read no values: always allowed on a parameter that is not fetched.
+_ALLOWED_ATTRS = frozenset({
+    "data", "shape", "dtype", "device", "grad", "requires_grad", "is_leaf", "grad_fn", "ndim", "layout",
+    "is_cuda", "is_sparse", "is_quantized", "is_meta", "names", "_version", "_base", "is_mkldnn", "is_nested",
+    "output_nr", "_backward_hooks", "_grad", "_grad_fn", "_cdata", "__dict__", "__class__", "itemsize", "nbytes",
+})
+_ALLOWED_METHODS = frozenset({
+    "size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex", "get_device",
+    "ndimension", "is_contiguous", "__hash__", "register_hook", "_is_view", "__len__",
+})
+_guard_classes = {}
+_owner_of_param = {}  # id(Parameter) -> (param name, group name), for the messages
+
+
+def _guard_class(cls):
+    """A subclass of `cls` whose operations raise NotFetched."""
+    guarded = _guard_classes.get(cls)
+    if guarded is None:
+        def __torch_function__(kind, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            name = getattr(func, "__name__", "")
+            attr = getattr(getattr(func, "__self__", None), "__name__", None)
+            allowed = _internal() or name in _ALLOWED_METHODS or (
+                name in ("__get__", "__set__", "__delete__") and attr in _ALLOWED_ATTRS)
+            if not allowed:
+                for a in list(args) + list(kwargs.values()):
+                    for t in (a if isinstance(a, (list, tuple)) else (a,)):
+                        if isinstance(t, torch.Tensor) and type(t) in _guard_classes.values():
+                            owner = _owner_of_param.get(id(t), ("?", "?"))
+                            what = attr if name in ("__get__", "__set__") else name
+                            raise errors.NotFetched(
+                                f"strata: parameter '{owner[0]}' is used ({what}) while its fetch group "
+                                f"'{owner[1]}' is not fetched: use it inside the forward of a module that owns "
+                                f"it, or inside `with engine.resident():`", status="FAILED_PRECONDITION")
+            with torch._C.DisableTorchFunction():
+                return func(*args, **kwargs)
+
+        guarded = type(f"Unfetched{cls.__name__}", (cls,),
+                       {"__torch_function__": classmethod(__torch_function__), "__module__": __name__})
+        _guard_classes[cls] = guarded
+    return guarded
+
+
+class _Param:
+    __slots__ = ("name", "p", "cls", "group", "offset", "numel", "shape", "trainable", "acc", "aliases")
+
+    def __init__(self, name, p):
+        self.name, self.p, self.cls = name, p, type(p)
+        self.shape = tuple(p.shape)
+        self.numel = p.numel()
+        self.trainable = bool(p.requires_grad)
+        self.group = None
+        self.offset = 0
+        self.acc = None
+        self.aliases = [name]
+
+
+class _Group:
+    __slots__ = ("name", "params", "info", "refs", "flat", "grads", "got", "sent", "outstanding", "backward_refs",
+                 "trainable", "numel")
+
+    def __init__(self, name):
+        self.name = name
+        self.params = []
+        self.info = None
+        self.refs = 0              # acquisitions (fetches are counted)
+        self.flat = None           # the fetched compute copies (a flat tensor)
+        self.grads = None          # this micro-batch's gradient buffer (flat), or None
+        self.got = None            # ids of the _Params whose gradient is in it
+        self.sent = False          # this micro-batch's gradients handed to the engine
+        self.outstanding = 0       # grad-enabled forward calls whose backward has not ended
+        self.backward_refs = 0     # acquisitions made by _PreBackward, not yet released
+        self.trainable = False
+        self.numel = 0
+
+
+class _Unit:
+    """A module whose forward needs some groups."""
+    __slots__ = ("module", "name", "groups", "engine", "__weakref__")
+
+    def __init__(self, module, name, engine):
+        self.module, self.name, self.groups, self.engine = module, name, [], engine
+
+
+class _PreBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, unit, *tensors):
+        ctx.unit = unit
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.unit.engine._pre_backward(ctx.unit)
+        return (None,) + grads
+
+
+class _PostBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, unit, *tensors):
+        ctx.unit = unit
+        return tuple(t.detach() for t in tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.unit.engine._post_backward(ctx.unit)
+        return (None,) + grads
+
+
+def _map_tensors(obj, fn):
+    """Applies fn to the list of tensors that require grad inside obj (tuples,
+    lists, dicts, and objects with __dict__-free mapping like ModelOutput) and
+    rebuilds obj with the results."""
+    found = []
+
+    def collect(o):
+        if isinstance(o, torch.Tensor):
+            if o.requires_grad:
+                found.append(o)
+        elif isinstance(o, (list, tuple)):
+            for x in o:
+                collect(x)
+        elif isinstance(o, dict):
+            for x in o.values():
+                collect(x)
+
+    collect(obj)
+    if not found:
+        return obj
+    replaced = fn(found)
+    mapping = {id(a): b for a, b in zip(found, replaced)}
+
+    def rebuild(o):
+        if isinstance(o, torch.Tensor):
+            return mapping.get(id(o), o)
+        if isinstance(o, tuple) and hasattr(o, "_fields"):  # namedtuple
+            return type(o)(*[rebuild(x) for x in o])
+        if isinstance(o, (list, tuple)):
+            return type(o)(rebuild(x) for x in o)
+        if isinstance(o, dict):
+            new = {k: rebuild(v) for k, v in o.items()}
+            try:
+                out = type(o)(**new) if type(o) is not dict else new
+            except TypeError:
+                out = type(o)(new)
+            return out
+        return o
+
+    return rebuild(obj)
+
+
+def _default_blocks(model):
+    """(name, module) of every child of every outermost ModuleList that owns parameters."""
+    blocks = []
+
+    def visit(module, prefix):
+        for name, child in module.named_children():
+            full = prefix + name
+            if isinstance(child, torch.nn.ModuleList):
+                for i, b in enumerate(child):
+                    if any(True for _ in b.parameters()):
+                        blocks.append((f"{full}.{i}", b))
+            else:
+                visit(child, full + ".")
+
+    visit(model, "")
+    return blocks
+
+
+class Engine:
+    """A PyTorch module trained through strata. Made by initialize()."""
+
+    def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
+                 name_prefix="", copy_views=False):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"strata.torch: model must be a torch.nn.Module, not {type(model).__name__}")
+        self.module = model
+        self.config = _engine.config_resolve(config)
+        self._engine = _engine.Engine(config)
+        self._closed = False
+        self._hooks = []
+        self._units = []
+        self._resident_depth = 0
+        # DLPack views of the engine's buffers (zero-copy); False: the *_host copies.
+        self._zero_copy = not copy_views
+        self._in_backward = False
+        self._micro = 0
+        self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see _timed)
+        self.gradient_accumulation_steps = int(self.config.get("gradient_accumulation_steps", 1))
+        try:
+            self._setup(model, blocks, param_groups, weights, weights_prefix, name_prefix)
+        except BaseException:
+            self.close()
+            raise
+
+    # --- set-up ---------------------------------------------------------------------------------
+    def _setup(self, model, blocks, param_groups, weights, weights_prefix, name_prefix):
+        e = self._engine
+        names = {id(m): n for n, m in model.named_modules()}
+        if blocks is None:
+            block_list = _default_blocks(model)
+        else:
+            block_list = []
+            for b in blocks:
+                if id(b) not in names:
+                    raise ValueError("strata.torch: a module in `blocks` is not part of the model")
+                block_list.append((names[id(b)], b))
+        block_names = {n for n, _ in block_list}
+
+        def block_of(module_name):
+            parts = module_name.split(".") if module_name else []
+            for i in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                if prefix in block_names:
+                    return prefix
+            return None
+
+        # Parameters, in named_parameters() order (the first name of a tied parameter).
+        self._params = {}        # id(p) -> _Param
+        order = []
+        for n, p in model.named_parameters(remove_duplicate=False) if _has_remove_duplicate() else \
+                _named_parameters_all(model):
+            if id(p) in self._params:
+                self._params[id(p)].aliases.append(n)
+                continue
+            rec = _Param(n, p)
+            self._params[id(p)] = rec
+            order.append(rec)
+        if not order:
+            raise ValueError("strata.torch: the model has no parameters")
+        for n, b in model.named_buffers():
+            if b.device.type == "meta":
+                raise ValueError(f"strata.torch: buffer '{n}' is on the meta device; build buffers on a real "
+                                 f"device (strata.torch.meta_init() puts only parameters on meta)")
+
+        # Groups: owner module of each parameter (first in named_modules order).
+        self._groups = {}
+        units = {}               # id(module) -> _Unit
+        for mname, module in model.named_modules():
+            b = block_of(mname)
+            for pname, p in module._parameters.items():
+                if p is None:
+                    continue
+                rec = self._params[id(p)]
+                if rec.group is None:
+                    gname = b if b is not None else (mname or "<root>")
+                    g = self._groups.setdefault(gname, _Group(gname))
+                    rec.group = g
+                    g.params.append(rec)
+                unit_module = dict(block_list)[b] if b is not None else module
+                unit_name = b if b is not None else (mname or "<root>")
+                unit = units.get(id(unit_module))
+                if unit is None:
+                    unit = units[id(unit_module)] = _Unit(unit_module, unit_name, self)
+                if rec.group not in unit.groups:
+                    unit.groups.append(rec.group)
+        self._units = list(units.values())
+        self._group_list = list(self._groups.values())
+
+        # Optimizer groups (torch-style parameter groups).
+        opt_of = {}
+        base_lr = float(self.config.get("optimizer", {}).get("params", {}).get("lr", 0.0) or 0.0)
+        for i, pg in enumerate(param_groups or []):
+            if "params" not in pg:
+                raise ValueError(f"strata.torch: param_groups[{i}] has no 'params'")
+            lr_scale = pg.get("lr_scale")
+            if lr_scale is None and "lr" in pg:
+                if base_lr <= 0:
+                    raise ValueError(f"strata.torch: param_groups[{i}] sets 'lr' but the config's optimizer lr is "
+                                     f"{base_lr}; give 'lr_scale' instead")
+                lr_scale = float(pg["lr"]) / base_lr
+            wd = pg.get("weight_decay",
+                        float(self.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)))
+            index = e.add_optimizer_group(pg.get("name", f"param_groups[{i}]"), wd, lr_scale or 1.0)
+            for p in pg["params"]:
+                if id(p) not in self._params:
+                    raise ValueError(f"strata.torch: param_groups[{i}] holds a tensor that is not a parameter "
+                                     f"of the model")
+                opt_of[id(p)] = index
+
+        # Registration and initial values.
+        on_meta = any(rec.p.device.type == "meta" for rec in order)
+        if on_meta and weights is None:
+            raise ValueError("strata.torch: the model's parameters are on the meta device; pass weights=DIR "
+                             "(safetensors) to take their values from files")
+        self._name_prefix = name_prefix
+        sources = {}
+        for rec in order:
+            init = None
+            if weights is None:
+                sources[rec.name] = rec.p
+                init = self._init_from_tensor
+            e.register(name_prefix + rec.name, rec.shape, group=rec.group.name, frozen=not rec.trainable,
+                       optimizer_group=opt_of.get(id(rec.p), 0), init=init)
+        self._sources = sources
+        if weights is not None:
+            e.init_from_safetensors(weights, weights_prefix)
+        e.finalize()
+        self._sources = None
+
+        # Layout, placeholders, hooks.
+        for g in self._group_list:
+            g.info = e.group_info(g.name)
+            g.numel = g.info.numel
+            g.trainable = g.info.trainable
+        self.device = self._group_list[0].info.device
+        self.dtype = _TORCH_DTYPES[self._group_list[0].info.dtype]
+        if self.device == "cuda":
+            self.torch_device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.torch_device = torch.device("cpu")
+        self._placeholder_base = torch.zeros(1, dtype=self.dtype, device=self.torch_device)
+        # Buffers go where the compute is (rotary tables and the like); parameters are the engine's.
+        for module in model.modules():
+            for k, b in list(module._buffers.items()):
+                if b is not None and b.device != self.torch_device:
+                    module._buffers[k] = b.to(self.torch_device)
+        for rec in order:
+            rec.offset, _ = e.param_offset(name_prefix + rec.name)
+            if rec.p.device.type == "meta":
+                self._replace_meta(model, rec)
+            with _as_internal():
+                rec.p.data = self._placeholder(rec)
+            _owner_of_param[id(rec.p)] = (rec.name, rec.group.name)
+            rec.p.__class__ = _guard_class(rec.cls)
+            if rec.trainable:
+                with _as_internal(), torch.enable_grad():
+                    rec.acc = rec.p.expand_as(rec.p).grad_fn.next_functions[0][0]
+                rec.acc.register_hook(self._make_grad_hook(rec))
+        self._order = order
+        for unit in self._units:
+            ref = weakref.ref(unit)
+            self._hooks.append(unit.module.register_forward_pre_hook(
+                lambda m, inputs, ref=ref: ref().engine._forward_pre(ref(), inputs)))
+            self._hooks.append(unit.module.register_forward_hook(
+                lambda m, inputs, output, ref=ref: ref().engine._forward_post(ref(), output)))
+
+    def _init_from_tensor(self, name, out):
+        name = name[len(self._name_prefix):]
+        rec = self._params_by_name()[name]
+        src = self._sources.pop(name)
+        with _as_internal(), torch.no_grad():
+            t = src.detach().to(device="cpu", dtype=torch.float32).contiguous()
+        ctypes.memmove(out, t.data_ptr(), t.numel() * 4)
+
+    def _params_by_name(self):
+        cache = getattr(self, "_by_name", None)
+        if cache is None:
+            cache = self._by_name = {rec.name: rec for rec in self._params.values()}
+        return cache
+
+    def _replace_meta(self, model, rec):
+        """A meta parameter cannot take real data (set_data refuses): put a new
+        Parameter in its place, in every module that holds it."""
+        new = torch.nn.Parameter(self._placeholder(rec), requires_grad=rec.trainable)
+        old = rec.p
+        for module in model.modules():
+            for k, v in list(module._parameters.items()):
+                if v is old:
+                    module._parameters[k] = new
+        del self._params[id(old)]
+        rec.p, rec.cls = new, type(new)
+        self._params[id(new)] = rec
+
+    def _placeholder(self, rec):
+        return self._placeholder_base.expand(rec.shape) if rec.shape else self._placeholder_base[0]
+
+    # --- fetch and release ------------------------------------------------------------------------
+    def _stream(self):
+        return ctypes.c_void_p(torch.cuda.current_stream(self.torch_device).cuda_stream) \
+            if self.device == "cuda" else None
+
+    def _acquire(self, g):
+        g.refs += 1
+        if g.refs > 1 or g.flat is not None:
+            return
+        e = self._engine
+        if self._zero_copy:
+            e.fetch(g.name, self._stream())
+            try:
+                flat = torch.utils.dlpack.from_dlpack(e.dlpack(g.name, "compute"))
+            except errors.Unimplemented:  # a library built without DLPack: copy (host device only)
+                if self.device == "cuda":
+                    raise
+                self._zero_copy = False
+                flat = torch.empty(g.numel, dtype=self.dtype)
+                e.release(g.name)
+                e.fetch_host(g.name, flat)
+        else:
+            flat = torch.empty(g.numel, dtype=self.dtype)
+            e.fetch_host(g.name, flat)
+        g.flat = flat
+        with _as_internal():
+            for rec in g.params:
+                rec.p.data = flat[rec.offset:rec.offset + rec.numel].view(rec.shape)
+                rec.p.__class__ = rec.cls
+
+    def _release(self, g):
+        if g.refs <= 0:
+            raise errors.Internal(f"strata.torch: group '{g.name}' released more often than fetched",
+                                  status="INTERNAL")
+        g.refs -= 1
+        if g.refs > 0 or self._resident_depth > 0:
+            return
+        self._drop(g)
+
+    def _drop(self, g):
+        with _as_internal():
+            for rec in g.params:
+                rec.p.data = self._placeholder(rec)
+                rec.p.__class__ = _guard_class(rec.cls)
+        g.flat = None
+        self._engine.release(g.name, self._stream())
+
+    # --- hooks ------------------------------------------------------------------------------------
+    def _timed(fn):
+        """Adds the method's wall time to self.adapter_seconds (the adapter's own
+        work in the step: hooks, fetches and copies, gradient moves)."""
+        def wrapper(self, *args):
+            t0 = time.perf_counter()
+            try:
+                return fn(self, *args)
+            finally:
+                self.adapter_seconds += time.perf_counter() - t0
+        wrapper.__name__ = fn.__name__
+        return wrapper
+
+    @_timed
+    def _forward_pre(self, unit, inputs):
+        if self._closed:
+            return None
+        for g in unit.groups:
+            self._acquire(g)
+        if torch.is_grad_enabled() and any(g.trainable for g in unit.groups):
+            for g in unit.groups:
+                g.outstanding += 1
+            return _map_tensors(inputs, lambda ts: _PostBackward.apply(unit, *ts))
+        return None
+
+    @_timed
+    def _forward_post(self, unit, output):
+        if self._closed:
+            return None
+        if torch.is_grad_enabled():
+            output = _map_tensors(output, lambda ts: _PreBackward.apply(unit, *ts))
+        for g in unit.groups:
+            self._release(g)
+        return output
+
+    @_timed
+    def _pre_backward(self, unit):
+        for g in unit.groups:
+            self._acquire(g)
+            g.backward_refs += 1
+
+    @_timed
+    def _post_backward(self, unit):
+        for g in unit.groups:
+            if g.backward_refs > 0:
+                g.backward_refs -= 1
+                self._release(g)
+            g.outstanding -= 1
+            if g.outstanding == 0 and g.trainable and not g.sent:
+                self._send(g)
+
+    def _make_grad_hook(self, rec):
+        def hook(grad_inputs, grad_outputs):
+            p = rec.p
+            with _as_internal():
+                grad = p.grad
+                p.grad = None
+            if grad is None:
+                return
+            self._add_grad(rec, grad)
+        return hook
+
+    @_timed
+    def _add_grad(self, rec, grad):
+        g = rec.group
+        if g.sent:
+            raise errors.FailedPrecondition(
+                f"strata.torch: a gradient of '{rec.name}' arrived after the gradients of its group '{g.name}' "
+                f"were handed to the engine (is it used outside the modules of its group?)",
+                status="FAILED_PRECONDITION")
+        if g.grads is None:
+            g.grads = self._grad_buffer(g)
+            g.got = set()
+        slot = g.grads[rec.offset:rec.offset + rec.numel].view(rec.shape)
+        with torch.no_grad():
+            if id(rec) in g.got:
+                slot.add_(grad.to(self.dtype))
+            else:
+                slot.copy_(grad)
+                g.got.add(id(rec))
+
+    def _grad_buffer(self, g):
+        if self._zero_copy:
+            return torch.utils.dlpack.from_dlpack(self._engine.dlpack(g.name, "grads"))
+        return torch.empty(g.numel, dtype=self.dtype)
+
+    def _send(self, g):
+        if g.grads is None:
+            g.grads = self._grad_buffer(g)
+            g.got = set()
+        with torch.no_grad():
+            for rec in g.params:  # trainable parameters without a gradient this micro-batch: zeros
+                if rec.trainable and id(rec) not in g.got:
+                    g.grads[rec.offset:rec.offset + rec.numel].zero_()
+        if self._zero_copy:
+            self._engine.grads_ready(g.name, self._stream())
+        else:
+            self._engine.grads_host(g.name, g.grads)
+        g.grads = None
+        g.got = None
+        g.sent = True
+
+    # --- the step -----------------------------------------------------------------------------------
+    def backward(self, loss, retain_graph=False):
+        """Back-propagates loss (times the loss scale under fp16) and hands every
+        trainable group's gradients to the engine. Call step() after it."""
+        if self._micro >= self.gradient_accumulation_steps:
+            raise errors.FailedPrecondition(
+                f"strata.torch: backward called {self._micro + 1} times before step(); the config's "
+                f"gradient_accumulation_steps is {self.gradient_accumulation_steps}", status="FAILED_PRECONDITION")
+        scale = self._engine.loss_scale
+        if scale != 1.0:
+            loss = loss * scale
+        self._in_backward = True
+        try:
+            loss.backward(retain_graph=retain_graph)
+        finally:
+            self._in_backward = False
+            self._end_backward()
+        self._micro += 1
+        if self._micro < self.gradient_accumulation_steps:
+            self._engine.micro_step_end()
+
+    @_timed
+    def _end_backward(self):
+        for g in self._group_list:
+            while g.backward_refs > 0:
+                g.backward_refs -= 1
+                self._release(g)
+        for g in self._group_list:
+            if g.trainable and not g.sent:
+                self._send(g)
+        for g in self._group_list:
+            g.sent = False
+            g.outstanding = 0
+
+    def step(self):
+        """Ends the step once gradient_accumulation_steps backward passes are in
+        (strata_step_end) and returns its StepStats; before that returns None
+        (call it after every backward, as with DeepSpeed, or once per step)."""
+        if self._micro < self.gradient_accumulation_steps:
+            return None
+        self._micro = 0
+        stats = self._engine.step_end()
+        stats.adapter_seconds, self.adapter_seconds = self.adapter_seconds, 0.0
+        return stats
+
+    def zero_grad(self, set_to_none=True):
+        """Nothing to do: the engine owns the gradients (kept for loops that call it)."""
+
+    @property
+    def loss_scale(self):
+        return self._engine.loss_scale
+
+    def set_lr(self, lr):
+        self._engine.set_lr(lr)
+
+    def stats(self):
+        return self._engine.stats()
+
+    @property
+    def engine(self):
+        """The underlying strata.Engine (the C API)."""
+        return self._engine
+
+    @property
+    def groups(self):
+        """The fetch groups' names, in registration order."""
+        return [g.name for g in self._group_list]
+
+    def group_of(self, param):
+        """The fetch group's name of a parameter (the object, or its name)."""
+        rec = self._params_by_name().get(param) if isinstance(param, str) else self._params.get(id(param))
+        if rec is None:
+            raise KeyError(f"strata.torch: {param!r} is not a parameter of the model")
+        return rec.group.name
+
+    # --- weights --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def resident(self):
+        """Groups fetched inside stay fetched until the context ends (evaluation,
+        generation: no fetch per call). Every group, with `all=True` semantics,
+        through gather()."""
+        self._resident_depth += 1
+        try:
+            yield self
+        finally:
+            self._resident_depth -= 1
+            if self._resident_depth == 0:
+                for g in self._group_list:
+                    if g.refs == 0 and g.flat is not None:
+                        self._drop(g)
+
+    @contextlib.contextmanager
+    def gathered(self):
+        """Every parameter holds its full compute copy inside (all groups fetched
+        and resident)."""
+        with self.resident():
+            for g in self._group_list:
+                self._acquire(g)
+            try:
+                yield self
+            finally:
+                for g in self._group_list:
+                    self._release(g)
+
+    def state_dict(self, dtype=torch.float32):
+        """The model's weights under its own names (every alias of a tied weight,
+        and buffers, as module.state_dict()): the fp32 masters of trainable
+        parameters, the compute copies of frozen ones, in `dtype` on the CPU."""
+        out = {}
+        by_group = {}
+        for rec in self._order:
+            by_group.setdefault(rec.group.name, []).append(rec)
+        for g in self._group_list:
+            flat = None
+            for rec in by_group.get(g.name, []):
+                if rec.trainable:
+                    t = torch.empty(rec.shape, dtype=torch.float32)
+                    self._engine.read_master(self._name_prefix + rec.name, t)
+                else:
+                    if flat is None:
+                        flat = self._host_copy(g)
+                    t = flat[rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
+                for alias in rec.aliases:
+                    out[alias] = t.to(dtype)
+        for name, b in self.module.named_buffers():
+            out[name] = b.detach().to("cpu")
+        order = self.module.state_dict(keep_vars=True).keys()
+        return {k: out[k] for k in order if k in out}
+
+    def _host_copy(self, g):
+        if g.flat is not None:
+            return g.flat.detach().to("cpu")
+        if self.device == "cuda":
+            self._acquire(g)
+            try:
+                return g.flat.detach().to("cpu")
+            finally:
+                self._release(g)
+        flat = torch.empty(g.numel, dtype=self.dtype)
+        self._engine.fetch_host(g.name, flat)
+        self._engine.release(g.name)
+        return flat
+
+    def export(self, directory, dtype="bf16", max_shard_bytes=0):
+        """Writes the weights as safetensors under the model's parameter names
+        (Hugging Face layout: model.safetensors, or shards of at most
+        max_shard_bytes with model.safetensors.index.json)."""
+        os.makedirs(directory, exist_ok=True)
+        self._engine.export_safetensors(directory, dtype, max_shard_bytes)
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+    def save_checkpoint(self, root, client_state=None, save_rng=True):
+        """Saves the whole training state between steps under root (atomically:
+        docs/checkpoints.md), with `client_state` (anything torch.save takes:
+        the data position, ...) and, by default, torch's and Python's RNG
+        states, restored by load_checkpoint."""
+        if self._micro != 0:
+            raise errors.FailedPrecondition(
+                f"strata.torch: save_checkpoint in the middle of a step ({self._micro} of "
+                f"{self.gradient_accumulation_steps} micro-batches in); call it after step()",
+                status="FAILED_PRECONDITION")
+        blob = {"client_state": client_state, "format": 1}
+        if save_rng:
+            blob["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                blob["rng"]["cuda"] = torch.cuda.get_rng_state_all()
+        buf = io.BytesIO()
+        torch.save(blob, buf)
+        self._engine.save_checkpoint(root, buf.getvalue())
+
+    def load_checkpoint(self, root, load_rng=True):
+        """Loads a checkpoint (from any placement) and returns its client_state."""
+        raw = self._engine.load_checkpoint(root)
+        self._micro = 0
+        if not raw:
+            return None
+        blob = torch.load(io.BytesIO(raw))
+        rng = blob.get("rng")
+        if load_rng and rng:
+            torch.set_rng_state(rng["torch"])
+            random.setstate(rng["python"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        return blob.get("client_state")
+
+    # --- life -----------------------------------------------------------------------------------------
+    def close(self):
+        """Removes the hooks, frees the engine (its swap files too). The model's
+        parameters keep their placeholders: gather what you need first."""
+        if self._closed:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for rec in getattr(self, "_order", []):
+            _owner_of_param.pop(id(rec.p), None)
+        self._engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _has_remove_duplicate():
+    import inspect
+    try:
+        return "remove_duplicate" in inspect.signature(torch.nn.Module.named_parameters).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _named_parameters_all(model):
+    """named_parameters() with every alias of a shared parameter (torch < 2.0)."""
+    for mname, module in model.named_modules(remove_duplicate=False):
+        for pname, p in module._parameters.items():
+            if p is not None:
+                yield (f"{mname}.{pname}" if mname else pname), p
+
+
+def initialize(model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="", name_prefix="",
+               copy_views=False):
+    """Hands `model`'s parameters, gradients and optimizer to strata.
+
+    model: an nn.Module (its parameters on the CPU, the GPU, or the meta device
+        with `weights`).
+    config: a dict, a JSON string or a path (DeepSpeed's keys and strata's;
+        docs/config.md). Errors name the key path.
+    blocks: the repeated blocks, one fetch group each (default: the children of
+        every ModuleList).
+    param_groups: torch-style groups, [{"params": [...], "weight_decay": x,
+        "lr": y or "lr_scale": s}, ...]; the rest use the config's optimizer.
+    weights: a directory (or file) of safetensors to take the initial weights
+        from, streamed group by group (tensor name = weights_prefix + name).
+    name_prefix: prepended to every parameter name in the engine (checkpoints,
+        export).
+    copy_views: on the host device, copy compute copies and gradients through
+        the *_host calls instead of DLPack views of the engine's memory.
+    Returns a strata.torch.Engine: engine.backward(loss), engine.step().
+    """
+    return Engine(model, config, blocks=blocks, param_groups=param_groups, weights=weights,
+                  weights_prefix=weights_prefix, name_prefix=name_prefix, copy_views=copy_views)
