@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Sums test results from meson testlog.json files into one closing line:
-"N passed, N failed, N skipped". gtest binaries count per test case (parsed
-from the run's own output, so a stale report cannot leak in); other tests count
+"N passed, N failed, N skipped". gtest binaries and the pytest suite count per
+test case (parsed from the run's own output, so a stale report cannot leak in); other tests count
 once. A test that failed without a gtest failure count (crash, timeout) counts
 as one failure. Exit status 1 when anything failed."""
 import argparse
@@ -13,6 +13,7 @@ import sys
 PASSED = re.compile(r"^\[  PASSED  \] (\d+) tests?\.", re.M)
 SKIPPED = re.compile(r"^\[  SKIPPED \] (\d+) tests?,", re.M)
 FAILED = re.compile(r"^\[  FAILED  \] (\d+) tests?,", re.M)
+PYTEST = re.compile(r"^pytest-summary: (\d+) passed, (\d+) failed, (\d+) skipped", re.M)
 
 
 def count(path):
@@ -24,7 +25,14 @@ def count(path):
             t = json.loads(line)
             out = t.get("stdout") or ""
             result = t.get("result")
-            if "[==========]" in out:
+            py = PYTEST.findall(out)
+            if py:
+                p, fl, s = (int(x) for x in py[-1])
+                if result not in ("OK", "SKIP", "EXPECTEDFAIL") and fl == 0:
+                    fl = 1
+                    print(f"  {t['name']}: {result} without a pytest failure (crash or timeout)")
+                passed, skipped, failed = passed + p, skipped + s, failed + fl
+            elif "[==========]" in out:
                 p = sum(int(x) for x in PASSED.findall(out))
                 s = sum(int(x) for x in SKIPPED.findall(out))
                 fl = sum(int(x) for x in FAILED.findall(out))

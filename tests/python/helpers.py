@@ -1,0 +1,98 @@
+"""Configs, models and data shared by the Python tests."""
+import copy
+
+import torch
+
+import llama
+
+# Where each state lives: (offload_optimizer.device, offload_param.device).
+PLACEMENTS = {
+    "optimizer_device": ("none", "none"),
+    "optimizer_cpu": ("cpu", "none"),
+    "optimizer_nvme": ("nvme", "none"),
+    "params_cpu": ("cpu", "cpu"),
+    "params_nvme": ("nvme", "nvme"),
+}
+
+
+def config(swap_dir, placement="optimizer_cpu", precision="fp32", gas=1, clip=0.0, lr=1e-3, weight_decay=0.01,
+           micro=4, betas=(0.9, 0.999), eps=1e-8, scheduler=None, **strata_keys):
+    opt_dev, param_dev = PLACEMENTS[placement]
+    zero = {"stage": 3}
+    if opt_dev != "none":
+        zero["offload_optimizer"] = {"device": opt_dev}
+    if param_dev != "none":
+        zero["offload_param"] = {"device": param_dev}
+    c = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": list(betas), "eps": eps,
+                                                   "weight_decay": weight_decay}},
+        "zero_optimization": zero,
+        "strata": {"device": "host", "seed": 1, "chunk_bytes": 262144,
+                   "io": {"backend": "auto", "paths": [swap_dir]}},
+    }
+    if precision == "bf16":
+        c["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        c["fp16"] = {"enabled": True}
+    if scheduler:
+        c["scheduler"] = scheduler
+    c["strata"].update(strata_keys)
+    return c
+
+
+def tiny_llama(seed=0, tie=False, layers=2, **kw):
+    torch.manual_seed(seed)
+    cfg = llama.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                            num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tie, **kw)
+    return llama.LlamaForCausalLM(cfg)
+
+
+def batches(count, micro=4, seq=12, vocab=64, seed=123):
+    """Learnable sequences: each row counts up from a random start by a random
+    stride (mod vocab), so the loss falls within a few steps."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    pos = torch.arange(seq)
+    for _ in range(count):
+        start = torch.randint(0, vocab, (micro, 1), generator=g)
+        stride = torch.randint(1, 4, (micro, 1), generator=g)
+        out.append((start + stride * pos) % vocab)
+    return out
+
+
+def clone_model(model):
+    return copy.deepcopy(model)
+
+
+def weights(engine):
+    """{name: fp32 master or compute copy} of an adapter engine."""
+    return engine.state_dict()
+
+
+def train_strata(engine, model, data, steps, gas=1, on_step=None):
+    """Runs `steps` steps of `gas` micro-batches from `data`; returns the mean
+    loss of each step."""
+    losses = []
+    it = iter(data)
+    for s in range(steps):
+        total = 0.0
+        for _ in range(gas):
+            b = next(it)
+            loss, _ = model(b, labels=b)
+            engine.backward(loss)
+            total += loss.item()
+        stats = engine.step()
+        assert stats is not None
+        losses.append(total / gas)
+        if on_step:
+            on_step(s, stats)
+    return losses
+
+
+def assert_same_bits(a, b, what=""):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{what}: {k} differs (max |diff| {(a[k] - b[k]).abs().max().item()})"

@@ -1,0 +1,367 @@
+"""The adapter's contract (DESIGN.md section 9) and the pitfalls of ZeRO-3
+style offload: tied weights, a module called twice, activation checkpointing,
+a frozen base, evaluation and generation between steps, checkpoints, export
+and import, a parameter used outside its group, bad configs."""
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import helpers
+import llama
+import strata
+import strata.torch
+
+STEPS, GAS = 6, 2
+
+
+def torch_run(model, data, steps, gas, lr=1e-3, wd=0.01, clip=0.0, params=None):
+    opt = torch.optim.AdamW(params if params is not None else [p for p in model.parameters() if p.requires_grad],
+                            lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
+    losses = []
+    it = iter(data)
+    for _ in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for _ in range(gas):
+            b = next(it)
+            loss, _ = model(b, labels=b)
+            (loss / gas).backward()
+            total += loss.item()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        opt.step()
+        losses.append(total / gas)
+    return losses
+
+
+def close_losses(got, want):
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a == pytest.approx(b, rel=1e-5), f"step {i + 1}: {a} vs {b}"
+
+
+def test_parameters_keep_their_identity_and_names(swap_dir):
+    model = helpers.tiny_llama(tie=True)
+    before = {n: p for n, p in model.named_parameters()}
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    after = {n: p for n, p in model.named_parameters()}
+    assert before.keys() == after.keys()
+    assert all(before[n] is after[n] for n in before)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    # Shape, dtype and device stay readable while not fetched; no memory is held.
+    w = model.model.layers[0].mlp.up_proj.weight
+    assert tuple(w.shape) == (64, 32) and w.dtype == torch.float32 and w.device.type == "cpu"
+    assert w.data.storage().size() == 1
+    assert engine.groups == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
+    assert engine.group_of(model.lm_head.weight) == "model.embed_tokens"
+    engine.close()
+
+
+def test_tied_embedding_and_output_weights_match_torch(swap_dir):
+    data = helpers.batches(STEPS * GAS)
+    ref = helpers.tiny_llama(tie=True)
+    want = torch_run(ref, data, STEPS, GAS)
+    model = helpers.tiny_llama(tie=True)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, gas=GAS))
+    got = helpers.train_strata(engine, model, data, STEPS, GAS)
+    close_losses(got, want)
+    w = engine.state_dict()
+    assert torch.equal(w["lm_head.weight"], w["model.embed_tokens.weight"])
+    torch.testing.assert_close(w["model.embed_tokens.weight"], ref.model.embed_tokens.weight.detach(),
+                               rtol=1e-4, atol=2e-6)
+    engine.close()
+
+
+class TwiceModel(nn.Module):
+    """A block called twice in one forward (weight sharing across depth)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(32, 32), nn.GELU()), nn.Linear(32, 32)])
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, x, labels=None):
+        h = self.embed(x)
+        h = h + self.blocks[0](h)
+        h = h + self.blocks[1](h)
+        h = h + self.blocks[0](h)  # again
+        logits = self.head(h)
+        loss = nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1))
+        return loss, logits
+
+
+def test_module_called_twice_in_one_forward(swap_dir):
+    data = helpers.batches(STEPS * GAS)
+    ref = TwiceModel()
+    want = torch_run(ref, data, STEPS, GAS)
+    model = TwiceModel()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, gas=GAS))
+    got = helpers.train_strata(engine, model, data, STEPS, GAS)
+    close_losses(got, want)
+    w = engine.state_dict()
+    torch.testing.assert_close(w["blocks.0.0.weight"], ref.blocks[0][0].weight.detach(), rtol=1e-4, atol=2e-6)
+    engine.close()
+
+
+@pytest.mark.parametrize("placement", ["optimizer_cpu", "params_nvme"])
+def test_activation_checkpointing_is_bit_identical(placement, tmp_path):
+    runs = []
+    for ckpt in (False, True):
+        swap = tmp_path / f"swap{ckpt}"
+        swap.mkdir()
+        model = helpers.tiny_llama()
+        if ckpt:
+            model.gradient_checkpointing_enable()
+        engine = strata.torch.initialize(model, helpers.config(str(swap), placement, gas=GAS))
+        losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS)
+        runs.append((losses, engine.state_dict()))
+        engine.close()
+    assert runs[0][0] == runs[1][0]
+    helpers.assert_same_bits(runs[0][1], runs[1][1], "checkpointing")
+
+
+def test_frozen_base_with_some_layers_trained(swap_dir):
+    data = helpers.batches(STEPS * GAS)
+
+    def frozen(seed=0):
+        m = helpers.tiny_llama(seed=seed, layers=3)
+        for n, p in m.named_parameters():
+            p.requires_grad = n.startswith("model.layers.2.") or n.startswith("lm_head")
+        return m
+
+    ref = frozen()
+    start = {n: p.detach().clone() for n, p in ref.named_parameters()}
+    want = torch_run(ref, data, STEPS, GAS)
+    model = frozen()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, gas=GAS))
+    got = helpers.train_strata(engine, model, data, STEPS, GAS)
+    close_losses(got, want)
+    w = engine.state_dict()
+    for n, p in ref.named_parameters():
+        if p.requires_grad:
+            assert not torch.equal(w[n], start[n]), f"{n} should have trained"
+            torch.testing.assert_close(w[n], p.detach(), rtol=1e-4, atol=2e-6)
+        else:
+            assert torch.equal(w[n], start[n]), f"{n} is frozen and must not change"
+    engine.close()
+
+
+def test_evaluation_between_steps_leaves_the_trajectory_bit_identical(tmp_path):
+    runs = []
+    for with_eval in (False, True):
+        swap = tmp_path / f"s{with_eval}"
+        swap.mkdir()
+        model = helpers.tiny_llama()
+        engine = strata.torch.initialize(model, helpers.config(str(swap), "params_nvme", "bf16", gas=GAS))
+        evals = []
+
+        def on_step(s, stats):
+            if with_eval:
+                model.eval()
+                with torch.no_grad():
+                    b = helpers.batches(1, seed=9)[0]
+                    evals.append(model(b, labels=b)[0].item())
+                model.train()
+        losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS, on_step=on_step)
+        runs.append((losses, engine.state_dict()))
+        if with_eval:
+            assert len(evals) == STEPS and evals[-1] < evals[0]
+        engine.close()
+    assert runs[0][0] == runs[1][0]
+    helpers.assert_same_bits(runs[0][1], runs[1][1], "eval between steps")
+
+
+def test_generation_in_the_resident_context(swap_dir):
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, lr=3e-3))
+    helpers.train_strata(engine, model, helpers.batches(4), 4)
+    plain = helpers.tiny_llama()
+    plain.load_state_dict(engine.state_dict())
+    prompt = torch.tensor([[1, 2, 3]])
+    with engine.resident():
+        got = model.generate(prompt, 8)
+        fetched = engine.stats()  # resident: no new fetch per token (checked below through the groups)
+        assert all(g.flat is not None for g in engine._group_list)
+    assert fetched is not None
+    assert all(g.flat is None for g in engine._group_list), "groups are released when the context ends"
+    assert torch.equal(got, plain.generate(prompt, 8))
+    engine.close()
+
+
+def test_save_and_resume_continue_bit_identically(tmp_path):
+    data = helpers.batches(10)
+    # The uninterrupted run.
+    (tmp_path / "a").mkdir()
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(str(tmp_path / "a"), "optimizer_nvme", "bf16"))
+    full = helpers.train_strata(engine, model, data, 10)
+    want = engine.state_dict()
+    engine.close()
+    # Five steps, save (with client state), then a new engine in another placement resumes.
+    (tmp_path / "b").mkdir()
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(str(tmp_path / "b"), "optimizer_nvme", "bf16"))
+    first = helpers.train_strata(engine, model, data[:5], 5)
+    torch.manual_seed(77)
+    engine.save_checkpoint(str(tmp_path / "ckpt"), client_state={"position": 5, "note": "x"})
+    expected_rng = torch.rand(3)
+    engine.close()
+    (tmp_path / "c").mkdir()
+    model = helpers.tiny_llama(seed=5)  # other initial values: the checkpoint overrides them
+    engine = strata.torch.initialize(model, helpers.config(str(tmp_path / "c"), "params_nvme", "bf16"))
+    torch.manual_seed(0)
+    state = engine.load_checkpoint(str(tmp_path / "ckpt"))
+    assert state == {"position": 5, "note": "x"}
+    assert torch.equal(torch.rand(3), expected_rng), "the RNG state is restored"
+    rest = helpers.train_strata(engine, model, data[state["position"]:], 5)
+    assert first + rest == full
+    helpers.assert_same_bits(engine.state_dict(), want, "resumed")
+    engine.close()
+
+
+def test_export_round_trips_through_load_state_dict(swap_dir, tmp_path):
+    model = helpers.tiny_llama(tie=True)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    helpers.train_strata(engine, model, helpers.batches(3), 3)
+    out = tmp_path / "export"
+    engine.export(str(out), dtype="f32", max_shard_bytes=40000)
+    assert os.path.exists(out / "model.safetensors.index.json")
+    loaded = strata.torch.load_dir(str(out))
+    # Hugging Face's layout: a tied weight is stored once, under its first name.
+    assert "lm_head.weight" not in loaded
+    plain = helpers.tiny_llama(tie=True, seed=9)
+    missing, unexpected = plain.load_state_dict(loaded, strict=False)
+    assert missing == ["lm_head.weight"] and unexpected == []
+    helpers.assert_same_bits({n: p.detach() for n, p in plain.named_parameters()},
+                             {n: v for n, v in engine.state_dict().items() if n != "lm_head.weight"}, "export")
+    # bf16 export: the weights rounded to bf16.
+    engine.export(str(tmp_path / "bf16"), dtype="bf16")
+    b = strata.torch.load_file(str(tmp_path / "bf16" / "model.safetensors"))
+    assert b["model.norm.weight"].dtype == torch.bfloat16
+    assert torch.equal(b["model.norm.weight"], engine.state_dict()["model.norm.weight"].to(torch.bfloat16))
+    engine.close()
+
+
+def test_meta_device_model_streams_its_weights_from_safetensors(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(str(tmp_path / "a")))
+    helpers.train_strata(engine, model, helpers.batches(2), 2)
+    engine.export(str(tmp_path / "w"), dtype="f32", max_shard_bytes=30000)
+    want = engine.state_dict()
+    engine.close()
+    with strata.torch.meta_init():
+        meta = llama.LlamaForCausalLM(helpers.tiny_llama().config)
+    assert all(p.device.type == "meta" for p in meta.parameters())
+    engine = strata.torch.initialize(meta, helpers.config(str(tmp_path / "b")), weights=str(tmp_path / "w"))
+    assert all(p.device.type == "cpu" for p in meta.parameters())
+    helpers.assert_same_bits(engine.state_dict(), want, "imported")
+    # It trains from there.
+    losses = helpers.train_strata(engine, meta, helpers.batches(3), 3)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    engine.close()
+
+
+def test_meta_device_model_without_weights_is_an_error(swap_dir):
+    with strata.torch.meta_init():
+        meta = llama.LlamaForCausalLM(helpers.tiny_llama().config)
+    with pytest.raises(ValueError, match="meta device"):
+        strata.torch.initialize(meta, helpers.config(swap_dir))
+
+
+def test_parameter_used_outside_its_group_is_a_named_error(swap_dir):
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight'.*'model.layers.1'"):
+        model.model.layers[1].mlp.up_proj.weight.sum()
+    with pytest.raises(strata.NotFetched, match="lm_head.weight"):
+        torch.nn.functional.linear(torch.ones(1, 32), model.lm_head.weight)
+    # Inside the module's forward, or in the resident context, it works.
+    with engine.resident():
+        with engine.gathered():
+            assert torch.isfinite(model.model.layers[1].mlp.up_proj.weight.sum())
+    engine.close()
+
+
+def test_bad_config_key_names_the_key_path(swap_dir):
+    cfg = helpers.config(swap_dir)
+    cfg["optimizer"]["params"]["lr"] = "fast"
+    with pytest.raises(strata.InvalidArgument, match=r"optimizer\.params\.lr") as info:
+        strata.torch.initialize(helpers.tiny_llama(), cfg)
+    assert info.value.status == "INVALID_ARGUMENT"
+    cfg = helpers.config(swap_dir, strict=True)
+    cfg["zero_optimization"]["offload_optimizer"]["devcie"] = "cpu"
+    with pytest.raises(strata.InvalidArgument, match=r"zero_optimization\.offload_optimizer\.devcie"):
+        strata.torch.initialize(helpers.tiny_llama(), cfg)
+
+
+def test_param_groups_map_to_optimizer_groups(swap_dir):
+    data = helpers.batches(STEPS)
+    ref = helpers.tiny_llama()
+    norms = [p for n, p in ref.named_parameters() if p.ndim < 2]
+    rest = [p for n, p in ref.named_parameters() if p.ndim >= 2]
+    want = torch_run(ref, data, STEPS, 1, wd=0.1,
+                     params=[{"params": rest}, {"params": norms, "weight_decay": 0.0, "lr": 5e-4}])
+    model = helpers.tiny_llama()
+    groups = [{"params": [p for p in model.parameters() if p.ndim < 2], "weight_decay": 0.0, "lr": 5e-4}]
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, weight_decay=0.1), param_groups=groups)
+    got = helpers.train_strata(engine, model, data, STEPS)
+    close_losses(got, want)
+    w = engine.state_dict()
+    for n, p in ref.named_parameters():
+        torch.testing.assert_close(w[n], p.detach(), rtol=1e-4, atol=2e-6, msg=lambda m: f"{n}: {m}")
+    engine.close()
+
+
+class Fp32Linear(nn.Linear):
+    """fp16 parameters, fp32 products (torch 1.13 has no fp16 matmul on the CPU)."""
+
+    def forward(self, x):
+        return nn.functional.linear(x.float(), self.weight.float(), self.bias.float())
+
+
+class Fp32Compute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.embed = nn.Embedding(64, 32)
+        self.layers = nn.ModuleList([Fp32Linear(32, 32) for _ in range(2)])
+        self.head = Fp32Linear(32, 64)
+
+    def forward(self, x, labels=None):
+        h = self.embed(x).float()
+        for layer in self.layers:
+            h = h + torch.tanh(layer(h))
+        logits = self.head(h)
+        return nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1)), logits
+
+
+def test_fp16_scales_the_loss(swap_dir):
+    model = Fp32Compute()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, precision="fp16", lr=1e-2))
+    assert engine.loss_scale == 2.0 ** 16
+    assert model.layers[0].weight.dtype == torch.float16
+    norms = []
+    losses = helpers.train_strata(engine, model, helpers.batches(12), 12,
+                                  on_step=lambda s, st: norms.append((st.grad_norm, st.skipped)))
+    assert losses[-1] < losses[0]
+    # The engine unscales: the norms it reports are those of the loss's own
+    # gradients (order 1), not of the scaled ones (order 2^16).
+    applied = [n for n, skipped in norms if not skipped]
+    assert applied and max(applied) < 100
+    engine.close()
+
+
+def test_backward_more_often_than_the_accumulation_steps_is_an_error(swap_dir):
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, gas=1))
+    b = helpers.batches(1)[0]
+    engine.backward(model(b, labels=b)[0])
+    with pytest.raises(strata.FailedPrecondition, match="gradient_accumulation_steps is 1"):
+        engine.backward(model(b, labels=b)[0])
+    assert engine.step() is not None
+    engine.close()

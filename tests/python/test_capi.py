@@ -1,0 +1,135 @@
+"""The `strata` package: the C API from Python (ctypes), its errors and the
+library lookup."""
+import array
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import helpers
+import strata
+
+
+def test_version_and_library():
+    assert strata.version().startswith("0.")
+    assert os.path.exists(strata.library_path())
+
+
+def test_config_check_and_resolve(swap_dir):
+    assert strata.config_check(helpers.config(swap_dir)) == 0
+    cfg = helpers.config(swap_dir)
+    cfg["strata"]["no_such_key"] = 1
+    assert strata.config_check(cfg) == 1  # an unknown key is a warning
+    resolved = strata.config_resolve(helpers.config(swap_dir))
+    assert resolved["strata"]["device"] == "host"
+    assert resolved["optimizer"]["params"]["betas"] == [0.9, 0.999]
+    with pytest.raises(strata.InvalidArgument, match=r"gradient_clipping") as info:
+        strata.config_check({"train_batch_size": 1, "gradient_clipping": "high"})
+    assert info.value.status == "INVALID_ARGUMENT" and info.value.code == 1
+    assert isinstance(info.value, ValueError)
+
+
+def test_library_lookup_names_what_it_tried(tmp_path):
+    missing = str(tmp_path / "nope" / "libstrata.so")
+    env = dict(os.environ, STRATA_LIBRARY=missing)
+    r = subprocess.run([sys.executable, "-c", "import strata"], env=env, capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(strata.__file__))))
+    assert r.returncode != 0
+    assert "libstrata.so not found" in r.stderr and missing in r.stderr
+
+
+def linear_engine(swap_dir, placement="optimizer_cpu"):
+    e = strata.Engine(helpers.config(swap_dir, placement, lr=0.1, weight_decay=0.0))
+    g1 = e.add_optimizer_group("no_decay", weight_decay=0.0, lr_scale=0.5)
+    assert g1 == 1
+
+    def init(name, out):
+        for i in range(len(out)):
+            out[i] = 0.01 * (i % 7) + (0.5 if name == "b" else 0.0)
+
+    e.register("w", (4, 8), group="layer", init=init)
+    e.register("b", (4,), group="layer", optimizer_group=g1, init=init)
+    e.register("frozen", (3,), group="other", frozen=True, init=init)
+    e.finalize()
+    return e
+
+
+def test_the_step_through_the_host_calls(swap_dir):
+    with linear_engine(swap_dir) as e:
+        info = e.group_info("layer")
+        assert info.dtype == "f32" and info.device == "host" and info.param_count == 2 and info.trainable
+        assert not e.group_info("other").trainable
+        off_w, group = e.param_offset("w")
+        off_b, _ = e.param_offset("b")
+        assert group == "layer" and off_w != off_b
+        weights = torch.empty(info.numel)
+        e.fetch_host("layer", weights)
+        assert weights[off_w + 1].item() == pytest.approx(0.01)
+        grads = torch.zeros(info.numel)
+        grads[off_w:off_w + 32] = 1.0
+        e.grads_host("layer", grads)
+        e.release("layer")
+        stats = e.step_end()
+        assert stats.step == 1 and not stats.skipped
+        assert stats.grad_norm == pytest.approx(32 ** 0.5)
+        master = torch.empty(32)
+        e.read_master("w", master)
+        assert master[0].item() == pytest.approx(-0.1, rel=1e-4)  # Adam's first step moves by lr
+        b = array.array("f", [0.0] * 4)
+        e.read_master("b", b)
+        assert list(b) == pytest.approx([0.5, 0.51, 0.52, 0.53])  # no gradient, no decay: unchanged
+        assert e.stats().step == 1
+
+
+def test_errors_carry_the_status_and_message(swap_dir):
+    with linear_engine(swap_dir) as e:
+        with pytest.raises(strata.FailedPrecondition, match="layer") as info:
+            e.release("layer")
+        assert info.value.status == "FAILED_PRECONDITION"
+        with pytest.raises(strata.NotFound):
+            e.group_info("nope")
+        with pytest.raises(strata.InvalidArgument, match="size"):
+            e.fetch_host("layer", torch.empty(3))
+        with pytest.raises(strata.FailedPrecondition):
+            e.step_end()  # the trainable group's gradients are missing
+        with pytest.raises(strata.FailedPrecondition, match="frozen"):
+            e.read_master("frozen", torch.empty(3))
+
+
+def test_an_init_function_that_raises_fails_finalize(swap_dir):
+    e = strata.Engine(helpers.config(swap_dir))
+
+    def bad(name, out):
+        raise KeyError("no values for " + name)
+
+    e.register("w", (2, 2), init=bad)
+    with pytest.raises(strata.Error, match="no values for w") as info:
+        e.finalize()
+    assert isinstance(info.value.__cause__, KeyError)
+    e.close()
+
+
+def test_dlpack_views_on_the_host_device(swap_dir):
+    with linear_engine(swap_dir) as e:
+        with pytest.raises(strata.FailedPrecondition, match="layer"):
+            e.dlpack("layer", "compute")  # not fetched
+        e.fetch("layer")
+        view = torch.utils.dlpack.from_dlpack(e.dlpack("layer", "compute"))
+        copy = torch.empty(e.group_info("layer").numel)
+        assert view.dtype == torch.float32 and view.numel() == copy.numel()
+        grads = torch.utils.dlpack.from_dlpack(e.dlpack("layer", "grads"))
+        grads.zero_()
+        e.grads_ready("layer")
+        e.release("layer")
+        e.fetch_host("layer", copy)
+        e.release("layer")
+        e.step_end()
+        # An unconsumed capsule frees its tensor when collected.
+        e.fetch("layer")
+        capsule = e.dlpack("layer", "compute")
+        del capsule
+        e.release("layer")
+        with pytest.raises(ValueError, match="compute"):
+            e.dlpack("layer", "weights")
