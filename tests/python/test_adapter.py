@@ -365,3 +365,24 @@ def test_backward_more_often_than_the_accumulation_steps_is_an_error(swap_dir):
         engine.backward(model(b, labels=b)[0])
     assert engine.step() is not None
     engine.close()
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_the_backward_holds_few_groups_at_once(freeze, swap_dir):
+    """Each block is released as soon as its backward is done (frozen blocks
+    too), so the device holds a few groups, not the model."""
+    model = helpers.tiny_llama(layers=6)
+    if freeze:  # frozen blocks between trained ones: the backward runs through them
+        for n, p in model.named_parameters():
+            p.requires_grad = not n.startswith("model.layers.") or n.startswith("model.layers.5.")
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    peak = []
+    acquire = engine._acquire
+
+    def counting(g):
+        acquire(g)
+        peak.append(sum(x.flat is not None for x in engine._group_list))
+    engine._acquire = counting
+    helpers.train_strata(engine, model, helpers.batches(2), 2)
+    assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
+    engine.close()

@@ -491,9 +491,12 @@ class Engine:
             return None
         for g in unit.groups:
             self._acquire(g)
-        if torch.is_grad_enabled() and any(g.trainable for g in unit.groups):
+        if torch.is_grad_enabled():
+            # Frozen groups too: their backward (gradients of the inputs) fetches
+            # them, and _PostBackward releases them as soon as it is done.
             for g in unit.groups:
-                g.outstanding += 1
+                if g.trainable:
+                    g.outstanding += 1
             return _map_tensors(inputs, lambda ts: _PostBackward.apply(unit, *ts))
         return None
 
@@ -519,8 +522,10 @@ class Engine:
             if g.backward_refs > 0:
                 g.backward_refs -= 1
                 self._release(g)
+            if not g.trainable:
+                continue
             g.outstanding -= 1
-            if g.outstanding == 0 and g.trainable and not g.sent:
+            if g.outstanding == 0 and not g.sent:
                 self._send(g)
 
     def _make_grad_hook(self, rec):
