@@ -5,9 +5,11 @@
 # repository root when present (prepared elsewhere by ../shared/tools/device-debs)
 # and are unpacked into /opt/debs.
 #
-# Usage: scripts/gpu-test.sh [--no-bench] [--allow-skip]
+# Usage: scripts/gpu-test.sh [--no-bench] [--allow-skip] [--no-python] [--llama-size SIZE]
 #   --no-bench    skip benchmarks/gpu_bench
 #   --allow-skip  do not fail when the CUDA cases skip (no usable GPU)
+#   --no-python   skip the PyTorch adapter's tests and the Llama fine-tune
+#   --llama-size  the example Llama's size preset for the fine-tune (default 1b)
 # Writes build-gpu/, and copies logs and gpu_bench.json to $OUT when it is set.
 # Exit status: 0 when every test passed and (unless --allow-skip) the CUDA
 # cases ran; non-zero otherwise.
@@ -16,12 +18,17 @@ cd "$(dirname "$0")/.."
 
 bench=1
 allow_skip=0
-for arg in "$@"; do
-  case "$arg" in
+python=1
+llama_size=1b
+while [[ $# -gt 0 ]]; do
+  case "$1" in
     --no-bench) bench=0 ;;
     --allow-skip) allow_skip=1 ;;
-    *) echo "usage: $0 [--no-bench] [--allow-skip]" >&2; exit 2 ;;
+    --no-python) python=0 ;;
+    --llama-size) llama_size=$2; shift ;;
+    *) echo "usage: $0 [--no-bench] [--allow-skip] [--no-python] [--llama-size SIZE]" >&2; exit 2 ;;
   esac
+  shift
 done
 
 out=${OUT:-}
@@ -64,7 +71,7 @@ if [[ $rc -ne 0 ]]; then
 fi
 log "build"
 ninja -C build-gpu -j"$jobs" tests/gpu/gpu_device_conformance_test tests/gpu/gpu_host_timing_test \
-  benchmarks/gpu_bench || { echo "gpu-test: build failed" >&2; exit 1; }
+  benchmarks/gpu_bench bindings/c/libstrata.so || { echo "gpu-test: build failed" >&2; exit 1; }
 
 # --- tests -------------------------------------------------------------------
 log "meson test --suite gpu"
@@ -98,14 +105,31 @@ if [[ $bench -eq 1 ]]; then
   bench_rc=$?
 fi
 
+# --- the PyTorch adapter: its tests on CUDA, the Hugging Face Llama fine-tune --------
+py_rc=0
+if [[ $python -eq 1 ]]; then
+  export STRATA_LIBRARY=$PWD/build-gpu/bindings/c/libstrata.so
+  log "pytest (tests/python; the CUDA and transformers cases run here)"
+  python3 tests/python/run_pytest.py -rs >build-gpu/pytest.log 2>&1
+  py_rc=$?
+  tail -25 build-gpu/pytest.log
+  log "Llama fine-tune: transformers.LlamaForCausalLM ($llama_size), optimizer state on the CPU"
+  mkdir -p strata_swap
+  python3 examples/python/train_llama.py --hf --size "$llama_size" --seq-len 1024 --steps 12 --eval-every 0 \
+    --no-progress --sample 0 --config examples/configs/llama_cuda.json >build-gpu/llama_hf.log 2>&1
+  [[ $? -eq 0 ]] || py_rc=1
+  tail -8 build-gpu/llama_hf.log
+fi
+
 if [[ -n "$out" ]]; then
   mkdir -p "$out"
+  cp -f build-gpu/pytest.log build-gpu/llama_hf.log "$out/" 2>/dev/null
   cp -f build-gpu/meson-logs/testlog.txt "$out/" 2>/dev/null
   cp -f "$cuda_log" build-gpu/gpu_bench.json "$out/" 2>/dev/null
 fi
 
-if [[ $test_rc -ne 0 || $cuda_rc -ne 0 || $bench_rc -ne 0 ]]; then
-  echo "gpu-test: FAILED (tests $test_rc, cuda cases $cuda_rc, bench $bench_rc)"
+if [[ $test_rc -ne 0 || $cuda_rc -ne 0 || $bench_rc -ne 0 || $py_rc -ne 0 ]]; then
+  echo "gpu-test: FAILED (tests $test_rc, cuda cases $cuda_rc, bench $bench_rc, python $py_rc)"
   exit 1
 fi
 echo "gpu-test: OK"

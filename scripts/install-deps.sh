@@ -8,6 +8,9 @@ packages=(
   g++ meson ninja-build pkg-config python3
   liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev libdlpack-dev
+  # The Python side: strata.torch, its tests, the Llama example and its text
+  # (the fortunes collection: English quotations and literature, never committed).
+  python3-torch python3-numpy python3-pytest python3-tqdm fortunes-min fortunes
 )
 if [[ "${1:-}" == "--with-tools" ]]; then
   packages+=(fio clang hwloc-nox)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds strata (release), and trains
-# the example model (examples/model, a residual MLP on a teacher-student task)
-# through the C API on the embedded default configuration
-# (examples/configs/strata_default.json: the emulated host device, compute
-# copies in pinned memory, optimizer state on NVMe under ./strata_swap).
-# It prints each step (loss, samples/s, bytes per tier) and a summary.
+# The main job: installs what is missing, builds strata (release), and trains a
+# Llama-architecture model from PyTorch through strata.torch
+# (examples/python/train_llama.py: English text from the Debian fortunes
+# collection, a byte-level tokenizer) on the embedded default configuration
+# (examples/configs/llama_default.json: the emulated host device, compute
+# copies in pinned memory, optimizer state on NVMe under ./strata_swap), with a
+# progress bar (loss, tokens/s, bytes per tier), held-out loss and a summary.
 #
-# Usage: scripts/run.sh [strata-train flags...]   (e.g. --steps 100 --config examples/configs/placement_cpu_all.json)
+# Usage: scripts/run.sh [train_llama.py flags...]  (e.g. --steps 300 --size base, --export out, --init-from out)
+#        scripts/run.sh --native [strata-train flags...]  (the C API example: a residual MLP, examples/train)
 #        scripts/run.sh plan [strata plan flags...] (the memory planner, e.g. --params 40e9 --layers 48)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,9 +28,14 @@ if [[ "${1:-}" == "plan" ]]; then
   fi
   exec build-release/bindings/cli/strata plan --config examples/configs/strata_default.json "$@"
 fi
-if [[ ! -x build-release/examples/train/strata-train ]]; then
-  echo "run.sh: build-release/examples/train/strata-train was not built (OpenBLAS missing?)" >&2
-  exit 1
+mkdir -p strata_swap  # the default configs' swap directory (swap files are removed at exit)
+if [[ "${1:-}" == "--native" ]]; then
+  shift
+  if [[ ! -x build-release/examples/train/strata-train ]]; then
+    echo "run.sh: build-release/examples/train/strata-train was not built (OpenBLAS missing?)" >&2
+    exit 1
+  fi
+  exec build-release/examples/train/strata-train --config examples/configs/strata_default.json "$@"
 fi
-mkdir -p strata_swap  # the default config's swap directory (swap files are removed at exit)
-exec build-release/examples/train/strata-train --config examples/configs/strata_default.json "$@"
+export STRATA_LIBRARY=$PWD/build-release/bindings/c/libstrata.so
+exec /usr/bin/python3 examples/python/train_llama.py "$@"

@@ -1,0 +1,214 @@
+#!/usr/bin/python3
+"""Pre-train or fine-tune a Llama-architecture model through strata.
+
+The PyTorch loop is an ordinary one; the lines that hand the model to strata
+are marked "strata:". By default it pre-trains a small model (examples/python/
+llama.py) on English text (the Debian `fortunes` collection) with a byte-level
+tokenizer, on the embedded default config (the emulated host device, compute
+copies in pinned memory, optimizer state on NVMe under ./strata_swap).
+
+    scripts/run.sh                                   # the README's main job
+    examples/python/train_llama.py --steps 300 --size base
+    examples/python/train_llama.py --export out      # then fine-tune from it:
+    examples/python/train_llama.py --init-from out --steps 50
+    examples/python/train_llama.py --checkpoint ckpt --save-every 50 [--resume]
+    examples/python/train_llama.py --hf              # transformers.LlamaForCausalLM, same adapter
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+
+import data  # noqa: E402
+import llama  # noqa: E402
+import strata  # noqa: E402
+import strata.torch  # noqa: E402
+
+try:
+    from tqdm import tqdm
+except ImportError:  # the script runs without a progress bar
+    tqdm = None
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=os.path.join(ROOT, "examples", "configs", "llama_default.json"),
+                    help="strata config (JSON; DeepSpeed's keys accepted)")
+    ap.add_argument("--size", default="small", choices=sorted(llama.SIZES), help="model size preset")
+    ap.add_argument("--layers", type=int, help="override the preset's layer count")
+    ap.add_argument("--seq-len", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--eval-every", type=int, default=40, help="held-out loss every N steps (0: only at the end)")
+    ap.add_argument("--eval-batches", type=int, default=4)
+    ap.add_argument("--checkpoint", help="checkpoint directory")
+    ap.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps")
+    ap.add_argument("--resume", action="store_true", help="resume from --checkpoint")
+    ap.add_argument("--export", help="write the final weights (safetensors, Hugging Face names) here")
+    ap.add_argument("--init-from", help="fine-tune: take the initial weights from this safetensors directory "
+                                        "(built on the meta device: the host never holds the whole model)")
+    ap.add_argument("--hf", action="store_true", help="train transformers.LlamaForCausalLM built from a config")
+    ap.add_argument("--tie", action="store_true", help="tie the output projection to the embedding")
+    ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
+    ap.add_argument("--corpus", help="a directory of text files (default: the fortunes collection)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sample", type=int, default=120, help="bytes to generate at the end (0: none)")
+    ap.add_argument("--no-progress", action="store_true", help="one line per eval instead of a progress bar")
+    return ap.parse_args(argv)
+
+
+def build_model(args, cfg):
+    if args.hf:
+        import transformers  # only where installed (the GPU machine)
+        hf_cfg = transformers.LlamaConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+            num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads, max_position_embeddings=cfg.max_position_embeddings,
+            rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings,
+            bos_token_id=data.BOS, eos_token_id=data.EOS, pad_token_id=data.PAD)
+        if args.init_from:
+            with strata.torch.meta_init():
+                return transformers.LlamaForCausalLM(hf_cfg)
+        return transformers.LlamaForCausalLM(hf_cfg)
+    if args.init_from:
+        with strata.torch.meta_init():
+            return llama.LlamaForCausalLM(cfg)
+    return llama.LlamaForCausalLM(cfg)
+
+
+def loss_of(model, batch, hf):
+    if hf:
+        return model(input_ids=batch, labels=batch).loss
+    return model(batch, labels=batch)[0]
+
+
+def no_decay_groups(model):
+    """Torch-style parameter groups: no weight decay on norms (1-D weights)."""
+    flat = [p for n, p in model.named_parameters() if p.ndim < 2]
+    return [{"params": flat, "weight_decay": 0.0, "name": "norms"}] if flat else []
+
+
+def fmt_bytes(n):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def evaluate(model, batches, hf, engine):
+    model.eval()
+    total = 0.0
+    with torch.no_grad(), engine.resident():
+        for b in batches:
+            total += loss_of(model, b.to(engine.torch_device), hf).item()
+    model.train()
+    return total / len(batches)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    with open(args.config) as f:
+        config = json.load(f)
+    micro = int(config.get("train_micro_batch_size_per_gpu", 8))
+    cfg = llama.config_for(args.size, vocab_size=data.VOCAB_SIZE, tie_word_embeddings=args.tie,
+                           max_position_embeddings=max(2048, args.seq_len))
+    if args.layers:
+        cfg.num_hidden_layers = args.layers
+    text = data.load_corpus(args.corpus)
+    stream = data.TokenStream(text, args.seq_len, seed=args.seed)
+
+    model = build_model(args, cfg)
+    if args.checkpointing:
+        model.gradient_checkpointing_enable()
+    # strata: hand the model to the engine (parameters, gradients, optimizer).
+    engine = strata.torch.initialize(model, config, param_groups=no_decay_groups(model), weights=args.init_from)
+    gas = engine.gradient_accumulation_steps
+    held_out = stream.held_out_batches(micro, args.eval_batches)
+    first_step = 0
+    if args.resume:
+        if not args.checkpoint:
+            sys.exit("train_llama: --resume needs --checkpoint")
+        state = engine.load_checkpoint(args.checkpoint)  # strata: the whole state, any placement
+        stream.restore(state["data"])
+        first_step = state["step"]
+        print(f"resumed from {args.checkpoint} at step {first_step}")
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {cfg.num_hidden_layers} "
+          f"layers, hidden {cfg.hidden_size}; {len(engine.groups)} fetch groups on the {engine.device} device "
+          f"({str(engine.dtype).replace('torch.', '')}); batch {micro} x {gas} x {args.seq_len} tokens; "
+          f"corpus {len(text) / 1e6:.1f} MB")
+
+    tokens_per_step = micro * gas * args.seq_len
+    flops_per_step = cfg.flops_per_token(args.seq_len) * tokens_per_step
+    first_loss = last_loss = None
+    val = None
+    bar = None
+    if tqdm is not None and not args.no_progress:
+        bar = tqdm(total=args.steps, initial=first_step, unit="step", dynamic_ncols=True)
+    t_start = time.perf_counter()
+    steps_run = 0
+    for step in range(first_step, args.steps):
+        t0 = time.perf_counter()
+        loss_sum = 0.0
+        for _ in range(gas):
+            batch = stream.batch(micro).to(engine.torch_device)
+            loss = loss_of(model, batch, args.hf)
+            engine.backward(loss)       # strata: instead of loss.backward()
+            loss_sum += loss.item()
+        stats = engine.step()           # strata: instead of optimizer.step()
+        if engine.torch_device.type == "cuda":
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        steps_run += 1
+        last_loss = loss_sum / gas
+        first_loss = last_loss if first_loss is None else first_loss
+        if not math.isfinite(last_loss):
+            sys.exit(f"train_llama: the loss is {last_loss} at step {step + 1}")
+        if args.eval_every and (step + 1) % args.eval_every == 0:
+            val = evaluate(model, held_out, args.hf, engine)
+        info = {"loss": f"{last_loss:.3f}", "tok/s": f"{tokens_per_step / dt:.0f}",
+                "h2d": fmt_bytes(stats.bytes_h2d), "d2h": fmt_bytes(stats.bytes_d2h),
+                "nvme": f"{fmt_bytes(stats.bytes_nvme_read)}/{fmt_bytes(stats.bytes_nvme_write)}"}
+        if val is not None:
+            info["val"] = f"{val:.3f}"
+        if bar is not None:
+            bar.set_postfix(info, refresh=False)
+            bar.update(1)
+        elif (step + 1) % max(1, args.eval_every or 10) == 0 or step == first_step:
+            print(f"step {step + 1:5d}  " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
+        if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
+            engine.save_checkpoint(args.checkpoint, client_state={"data": stream.state(), "step": step + 1})
+    if bar is not None:
+        bar.close()
+    elapsed = time.perf_counter() - t_start
+    val = evaluate(model, held_out, args.hf, engine)
+    if steps_run:
+        tps = steps_run * tokens_per_step / elapsed
+        print(f"summary: {steps_run} steps in {elapsed:.1f} s, {tps:.0f} tokens/s, "
+              f"{flops_per_step * steps_run / elapsed / 1e12:.3f} model TFLOPS; "
+              f"loss {first_loss:.3f} -> {last_loss:.3f}; held-out loss {val:.3f}")
+    if args.sample and not args.hf:
+        prompt = torch.tensor([data.encode("The ")], device=engine.torch_device)
+        with engine.resident():  # strata: groups stay fetched through the generation
+            out = model.generate(prompt, args.sample, temperature=0.8,
+                                 generator=torch.Generator(device=engine.torch_device).manual_seed(args.seed))
+        print("sample: " + repr(data.decode(out[0].tolist())))
+    if args.checkpoint and args.save_every:
+        engine.save_checkpoint(args.checkpoint, client_state={"data": stream.state(), "step": args.steps})
+    if args.export:
+        engine.export(args.export, dtype="bf16" if engine.dtype == torch.bfloat16 else "f32")
+        print(f"exported to {args.export}")
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
