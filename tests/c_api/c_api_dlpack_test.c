@@ -33,28 +33,7 @@
 #define DEVICE_TOUCH_END(p, n) ((void)(p), (void)(n))
 #endif
 
-static int failures = 0;
-#define CHECK(cond)                                                            \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                              \
-    }                                                                          \
-  } while (0)
-#define CHECK_STATUS(call, want, needle)                                                      \
-  do {                                                                                        \
-    strata_status got_ = (call);                                                              \
-    if (got_ != (want)) {                                                                     \
-      fprintf(stderr, "%s:%d: %s returned %s, expected %s (%s)\n", __FILE__, __LINE__, #call, \
-              strata_status_name(got_), strata_status_name(want), strata_last_error());       \
-      ++failures;                                                                             \
-    } else if ((want) != STRATA_STATUS_OK && strstr(strata_last_error(), (needle)) == NULL) { \
-      fprintf(stderr, "%s:%d: %s: message \"%s\" lacks \"%s\"\n", __FILE__, __LINE__, #call, \
-              strata_last_error(), (needle));                                                 \
-      ++failures;                                                                             \
-    }                                                                                         \
-  } while (0)
-#define CHECK_OK(call) CHECK_STATUS(call, STRATA_STATUS_OK, "")
+#include "c_api_check.h"
 
 /* --- the model: y = A x + B x, A in group "a", B in "b" (same size), and a
  * frozen scale vector s in group "frozen" (unused by the math) ------------ */

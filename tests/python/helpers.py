@@ -1,6 +1,4 @@
 """Configs, models and data shared by the Python tests."""
-import copy
-
 import torch
 
 import llama
@@ -63,13 +61,30 @@ def batches(count, micro=4, seq=12, vocab=64, seed=123):
     return out
 
 
-def clone_model(model):
-    return copy.deepcopy(model)
-
-
-def weights(engine):
-    """{name: fp32 master or compute copy} of an adapter engine."""
-    return engine.state_dict()
+def train_torch(model, data, steps, gas=1, lr=1e-3, weight_decay=0.01, clip=0.0, betas=(0.9, 0.999), eps=1e-8,
+                params=None):
+    """The oracle: plain PyTorch with torch.optim.AdamW (and clip_grad_norm_
+    when clip > 0), `steps` steps of `gas` micro-batches from `data`. Returns
+    the mean loss of each step and how many steps clipping fired."""
+    if params is None:
+        params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+    losses, clipped = [], 0
+    it = iter(data)
+    for _ in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        for _ in range(gas):
+            b = next(it)
+            loss, _ = model(b, labels=b)
+            (loss / gas).backward()
+            total += loss.item()
+        if clip:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+            clipped += int(norm.item() > clip)
+        opt.step()
+        losses.append(total / gas)
+    return losses, clipped
 
 
 def train_strata(engine, model, data, steps, gas=1, on_step=None):

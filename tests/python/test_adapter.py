@@ -16,24 +16,8 @@ import strata.torch
 STEPS, GAS = 6, 2
 
 
-def torch_run(model, data, steps, gas, lr=1e-3, wd=0.01, clip=0.0, params=None):
-    opt = torch.optim.AdamW(params if params is not None else [p for p in model.parameters() if p.requires_grad],
-                            lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=wd)
-    losses = []
-    it = iter(data)
-    for _ in range(steps):
-        opt.zero_grad()
-        total = 0.0
-        for _ in range(gas):
-            b = next(it)
-            loss, _ = model(b, labels=b)
-            (loss / gas).backward()
-            total += loss.item()
-        if clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-        opt.step()
-        losses.append(total / gas)
-    return losses
+def torch_run(model, data, steps, gas, lr=1e-3, wd=0.01, params=None):
+    return helpers.train_torch(model, data, steps, gas, lr=lr, weight_decay=wd, params=params)[0]
 
 
 def close_losses(got, want):

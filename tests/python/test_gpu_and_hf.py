@@ -30,20 +30,7 @@ def test_cuda_fp32_matches_torch_adamw(placement, swap_dir):
     steps, gas, clip, lr = 10, 2, 0.5, 3e-3
     data = [b.cuda() for b in helpers.batches(steps * gas)]
     ref = helpers.tiny_llama().cuda()
-    opt = torch.optim.AdamW(ref.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
-    want = []
-    it = iter(data)
-    for _ in range(steps):
-        opt.zero_grad()
-        total = 0.0
-        for _ in range(gas):
-            b = next(it)
-            loss, _ = ref(b, labels=b)
-            (loss / gas).backward()
-            total += loss.item()
-        torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
-        opt.step()
-        want.append(total / gas)
+    want, _ = helpers.train_torch(ref, data, steps, gas, lr=lr, clip=clip)
     model = helpers.tiny_llama()
     engine = strata.torch.initialize(model, cuda_config(swap_dir, placement, "fp32", gas=gas, clip=clip, lr=lr))
     assert engine.device == "cuda" and model.lm_head.weight.device.type == "cuda"

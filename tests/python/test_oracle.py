@@ -16,22 +16,8 @@ BETAS, EPS = (0.9, 0.999), 1e-8
 def oracle():
     """Losses per step, clipping events and final weights of plain PyTorch."""
     model = helpers.tiny_llama(seed=0)
-    data = helpers.batches(STEPS * GAS)
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    losses, clipped = [], 0
-    it = iter(data)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        total = 0.0
-        for _ in range(GAS):
-            b = next(it)
-            loss, _ = model(b, labels=b)
-            (loss / GAS).backward()
-            total += loss.item()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-        clipped += int(norm.item() > CLIP)
-        opt.step()
-        losses.append(total / GAS)
+    losses, clipped = helpers.train_torch(model, helpers.batches(STEPS * GAS), STEPS, GAS, lr=LR, weight_decay=WD,
+                                          clip=CLIP, betas=BETAS, eps=EPS)
     return losses, clipped, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 

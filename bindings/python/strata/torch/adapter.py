@@ -143,28 +143,25 @@ class _Unit:
         self.module, self.name, self.groups, self.engine = module, name, [], engine
 
 
-class _PreBackward(torch.autograd.Function):
-    @staticmethod
+def _backward_marker(name, doc, event):
+    """An identity autograd Function whose backward calls
+    `unit.engine.<event>(unit)`: on a unit's outputs it fires before the
+    unit's backward (_PreBackward), on its inputs after it (_PostBackward)."""
+
     def forward(ctx, unit, *tensors):
         ctx.unit = unit
         return tuple(t.detach() for t in tensors)
 
-    @staticmethod
     def backward(ctx, *grads):
-        ctx.unit.engine._pre_backward(ctx.unit)
+        getattr(ctx.unit.engine, event)(ctx.unit)
         return (None,) + grads
 
+    return type(name, (torch.autograd.Function,),
+                {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
 
-class _PostBackward(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, unit, *tensors):
-        ctx.unit = unit
-        return tuple(t.detach() for t in tensors)
 
-    @staticmethod
-    def backward(ctx, *grads):
-        ctx.unit.engine._post_backward(ctx.unit)
-        return (None,) + grads
+_PreBackward = _backward_marker("_PreBackward", "Fetches a unit's groups before its backward.", "_pre_backward")
+_PostBackward = _backward_marker("_PostBackward", "Releases a unit's groups after its backward.", "_post_backward")
 
 
 def _map_tensors(obj, fn):
