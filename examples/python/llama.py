@@ -158,13 +158,14 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.gradient_checkpointing = False
+        self.checkpoint_reentrant = True
 
     def forward(self, input_ids):
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_tables(input_ids.shape[1], self.cfg.head_dim, self.cfg.rope_theta, x.device, x.dtype)
         for layer in self.layers:
             if self.gradient_checkpointing and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin)
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, use_reentrant=self.checkpoint_reentrant)
             else:
                 x = layer(x, cos, sin)
         return self.norm(x)
@@ -189,8 +190,9 @@ class LlamaForCausalLM(nn.Module):
             if module.weight.device.type != "meta":
                 nn.init.normal_(module.weight, mean=0.0, std=std)
 
-    def gradient_checkpointing_enable(self):
+    def gradient_checkpointing_enable(self, use_reentrant=True):
         self.model.gradient_checkpointing = True
+        self.model.checkpoint_reentrant = use_reentrant
 
     def forward(self, input_ids, labels=None):
         """Logits [batch, seq, vocab]; with labels, (loss, logits): the mean

@@ -27,10 +27,10 @@ def main():
     args = ["-q", "-rfEs", "-p", "no:cacheprovider", here] + sys.argv[1:]
     rc = pytest.main(args, plugins=[Count()])
     print(f"pytest-summary: {counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped")
-    if rc not in (0, 5) and counts["failed"] == 0:
-        print(f"pytest-summary: pytest exited {rc} without a failed test (collection error?)")
+    if rc != 0 and counts["failed"] == 0:
+        print(f"pytest-summary: pytest exited {rc} without a failed test (a collection error, or no tests)")
         return 1
-    return 0 if rc in (0, 5) and counts["failed"] == 0 else 1
+    return 0 if rc == 0 and counts["failed"] == 0 else 1
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 style offload: tied weights, a module called twice, activation checkpointing,
 a frozen base, evaluation and generation between steps, checkpoints, export
 and import, a parameter used outside its group, bad configs."""
+import dataclasses
 import os
 
 import pytest
@@ -90,15 +91,16 @@ def test_module_called_twice_in_one_forward(swap_dir):
     engine.close()
 
 
-@pytest.mark.parametrize("placement", ["optimizer_cpu", "params_nvme"])
-def test_activation_checkpointing_is_bit_identical(placement, tmp_path):
+@pytest.mark.parametrize("placement,reentrant", [("optimizer_cpu", True), ("params_nvme", True),
+                                                  ("optimizer_cpu", False), ("params_nvme", False)])
+def test_activation_checkpointing_is_bit_identical(placement, reentrant, tmp_path):
     runs = []
     for ckpt in (False, True):
         swap = tmp_path / f"swap{ckpt}"
         swap.mkdir()
         model = helpers.tiny_llama()
         if ckpt:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(use_reentrant=reentrant)
         engine = strata.torch.initialize(model, helpers.config(str(swap), placement, gas=GAS))
         losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS)
         runs.append((losses, engine.state_dict()))
@@ -165,12 +167,17 @@ def test_generation_in_the_resident_context(swap_dir):
     plain = helpers.tiny_llama()
     plain.load_state_dict(engine.state_dict())
     prompt = torch.tensor([[1, 2, 3]])
+    fetches = []
+    fetch = engine.engine.fetch
+    engine.engine.fetch = lambda group, stream=None: fetches.append(group) or fetch(group, stream)
     with engine.resident():
         got = model.generate(prompt, 8)
-        fetched = engine.stats()  # resident: no new fetch per token (checked below through the groups)
         assert all(g.flat is not None for g in engine._group_list)
-    assert fetched is not None
+    assert sorted(fetches) == sorted(engine.groups), "each group fetched once for the 8 tokens"
     assert all(g.flat is None for g in engine._group_list), "groups are released when the context ends"
+    fetches.clear()
+    model.generate(prompt, 2)
+    assert len(fetches) == 2 * len(engine.groups), "outside the context: fetched per call"
     assert torch.equal(got, plain.generate(prompt, 8))
     engine.close()
 
@@ -369,4 +376,147 @@ def test_the_backward_holds_few_groups_at_once(freeze, swap_dir):
     engine._acquire = counting
     helpers.train_strata(engine, model, helpers.batches(2), 2)
     assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
+    engine.close()
+
+
+def test_the_forward_releases_its_buffers_at_once(tmp_path):
+    """Saved tensors that view a group's buffer (Linear saves weight.t()) do not
+    keep it: the device holds a few layers in the forward, not all of them."""
+    model = helpers.tiny_llama(layers=8)
+    cfg = helpers.config(str(tmp_path), "params_cpu")
+    cfg["strata"]["budgets"] = {"device": 260 * 1024}  # less than the 8 layers' fp32 buffers (37 KiB each)
+    engine = strata.torch.initialize(model, cfg)
+    losses = helpers.train_strata(engine, model, helpers.batches(4), 4)
+    assert losses[-1] < losses[0]
+    engine.close()
+
+
+@dataclasses.dataclass
+class BlockOut:
+    hidden: torch.Tensor
+    aux: int = 0
+
+
+class DataclassBlocks(nn.Module):
+    def __init__(self, wrap=BlockOut):
+        super().__init__()
+        torch.manual_seed(5)
+        self.wrap = wrap
+        self.embed = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList([DataclassBlock(wrap) for _ in range(2)])
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, x, labels=None):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(h).hidden
+        logits = self.head(h)
+        return nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1)), logits
+
+
+class DataclassBlock(nn.Module):
+    def __init__(self, wrap):
+        super().__init__()
+        self.wrap = wrap
+        self.norm = nn.LayerNorm(32)  # saves its weight itself: wrong without a fetch in the backward
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, h):
+        return self.wrap(h + self.lin(self.norm(h)))
+
+
+def test_blocks_returning_dataclasses_match_torch(swap_dir):
+    data = helpers.batches(STEPS)
+    ref = DataclassBlocks()
+    want = torch_run(ref, data, STEPS, 1)
+    model = DataclassBlocks()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    close_losses(helpers.train_strata(engine, model, data, STEPS), want)
+    engine.close()
+
+
+class Opaque:
+    def __init__(self, hidden):
+        self.hidden = hidden
+
+
+def test_an_output_the_adapter_cannot_see_is_an_error(swap_dir):
+    model = DataclassBlocks(wrap=Opaque)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    b = helpers.batches(1)[0]
+    with pytest.raises(strata.Unimplemented, match=r"'blocks.0' returned Opaque"):
+        model(b, labels=b)
+    engine.close()
+
+
+def test_loss_backward_instead_of_engine_backward_is_a_named_error(swap_dir):
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    b = helpers.batches(1)[0]
+    with pytest.raises(strata.FailedPrecondition, match=r"engine.backward\(loss\) instead of loss.backward"):
+        model(b, labels=b)[0].backward()
+    engine.close()
+
+
+def test_a_parameter_group_without_a_learning_rate_is_refused(swap_dir):
+    model = helpers.tiny_llama()
+    with pytest.raises(ValueError, match="must be > 0"):
+        strata.torch.initialize(model, helpers.config(swap_dir), param_groups=[{"params": [model.lm_head.weight],
+                                                                                "lr": 0.0}])
+    model = helpers.tiny_llama()
+    with pytest.raises(ValueError, match="in two of param_groups"):
+        strata.torch.initialize(model, helpers.config(swap_dir),
+                                param_groups=[{"params": [model.lm_head.weight]}, {"params": [model.lm_head.weight]}])
+
+
+def test_an_unfetched_parameter_reads_as_nan(swap_dir):
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    assert torch.isnan(model.lm_head.weight.data).all()
+    engine.close()
+
+
+class Boom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        raise RuntimeError("boom in the backward")
+
+
+def test_a_backward_that_fails_part_way_skips_the_step(swap_dir):
+    model = helpers.tiny_llama(layers=3)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, lr=3e-3))
+    data = helpers.batches(6)
+    helpers.train_strata(engine, model, data[:2], 2)
+    before = engine.state_dict()
+    hook = model.model.layers[1].register_forward_hook(lambda m, args, out: Boom.apply(out))
+    b = data[2]
+    with pytest.raises(RuntimeError, match="boom in the backward"):
+        engine.backward(model(b, labels=b)[0])  # layer 2 and the head sent their gradients already
+    hook.remove()
+    stats = engine.step()
+    assert stats.skipped, "the partial gradients must not be applied"
+    helpers.assert_same_bits(engine.state_dict(), before, "after the skipped step")
+    losses = helpers.train_strata(engine, model, data[3:], 3)
+    assert all(torch.isfinite(torch.tensor(losses)))
+    assert not engine.stats().skipped
+    engine.close()
+
+
+def test_a_forward_that_fails_leaves_nothing_fetched(swap_dir):
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+
+    def fail(m, args, out):
+        raise KeyError("boom in the forward")
+    hook = model.model.layers[1].mlp.register_forward_hook(fail)
+    b = helpers.batches(1)[0]
+    with pytest.raises(KeyError):
+        model(b, labels=b)
+    hook.remove()
+    losses = helpers.train_strata(engine, model, helpers.batches(2), 2)
+    assert all(torch.isfinite(torch.tensor(losses)))
     engine.close()

@@ -89,6 +89,9 @@ def _address(buf, writable):
     if hasattr(buf, "data_ptr") and hasattr(buf, "element_size"):  # a torch tensor
         if not buf.is_contiguous():
             raise errors.InvalidArgument("strata: the tensor must be contiguous", status="INVALID_ARGUMENT")
+        if buf.device.type != "cpu":
+            raise errors.InvalidArgument(f"strata: the tensor must be in host memory, not on {buf.device}",
+                                         status="INVALID_ARGUMENT")
         return buf.data_ptr(), buf.numel() * buf.element_size(), buf
     mv = memoryview(buf)
     if writable and mv.readonly:
@@ -340,6 +343,9 @@ class Engine:
     def read_master(self, name, out):
         """Copies a trainable parameter's fp32 master weights into out (a
         writable buffer of numel floats)."""
+        if hasattr(out, "dtype") and str(out.dtype) not in ("torch.float32", "float32"):
+            raise errors.InvalidArgument(f"strata: read_master writes float32, not {out.dtype}",
+                                         status="INVALID_ARGUMENT")
         addr, nbytes, _keep = _address(out, writable=True)
         check(_lib.strata_param_read_master(self.handle, name.encode(),
                                             ctypes.cast(addr, ctypes.POINTER(ctypes.c_float)), nbytes // 4))

@@ -28,6 +28,7 @@ How it works, in one place:
 """
 import contextlib
 import ctypes
+import dataclasses
 import io
 import os
 import random
@@ -137,10 +138,45 @@ class _Group:
 
 class _Unit:
     """A module whose forward needs some groups."""
-    __slots__ = ("module", "name", "groups", "engine", "__weakref__")
+    __slots__ = ("module", "name", "groups", "engine", "saving", "__weakref__")
 
     def __init__(self, module, name, engine):
         self.module, self.name, self.groups, self.engine = module, name, [], engine
+        self.saving = False
+
+
+class _SavedView:
+    """A saved tensor that lived in a group's buffer (see Engine._pack)."""
+    __slots__ = ("group", "offset", "size", "stride")
+
+    def __init__(self, group, offset, size, stride):
+        self.group, self.offset, self.size, self.stride = group, offset, size, stride
+
+
+def _storage_address(t):
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
+def _has_kwargs_hooks():
+    import inspect
+    try:
+        return "with_kwargs" in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _call(unit_ref, method, *args):
+    """A hook's call into its engine; nothing once the engine is gone."""
+    unit = unit_ref()
+    if unit is None:
+        return None
+    return getattr(unit.engine, method)(unit, *args)
+
+
+def _call_engine(engine_ref, method):
+    engine = engine_ref()
+    if engine is not None:
+        getattr(engine, method)()
 
 
 def _backward_marker(name, doc, event):
@@ -180,6 +216,9 @@ def _map_tensors(obj, fn):
         elif isinstance(o, dict):
             for x in o.values():
                 collect(x)
+        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
+            for f in dataclasses.fields(o):
+                collect(getattr(o, f.name))
 
     collect(obj)
     if not found:
@@ -201,6 +240,9 @@ def _map_tensors(obj, fn):
             except TypeError:
                 out = type(o)(new)
             return out
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return dataclasses.replace(o, **{f.name: rebuild(getattr(o, f.name)) for f in dataclasses.fields(o)
+                                             if f.init})
         return o
 
     return rebuild(obj)
@@ -240,6 +282,11 @@ class Engine:
         self._resident_depth = 0
         # DLPack views of the engine's buffers (zero-copy); False: the *_host copies.
         self._zero_copy = not copy_views
+        self._copy_views = copy_views
+        self._saving = None          # the saved-tensor hooks context while a forward runs (see _pack)
+        self._by_storage = {}        # storage address of a fetched group's buffer -> the group
+        self._recomputing = []       # units whose forward runs inside the backward (recomputation)
+        self._failed = None          # why a backward failed part-way (the step cannot be completed)
         self._in_backward = False
         self._micro = 0
         self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see _timed)
@@ -285,6 +332,11 @@ class Engine:
             order.append(rec)
         if not order:
             raise ValueError("strata.torch: the model has no parameters")
+        for rec in order:
+            if id(rec.p) in _owner_of_param or type(rec.p) in _guard_classes.values():
+                raise ValueError(f"strata.torch: parameter '{rec.name}' belongs to another strata engine already "
+                                 f"(its values are the engine's); build a new model, or take the weights with "
+                                 f"engine.state_dict() before closing it")
         for n, b in model.named_buffers():
             if b.device.type == "meta":
                 raise ValueError(f"strata.torch: buffer '{n}' is on the meta device; build buffers on a real "
@@ -328,11 +380,17 @@ class Engine:
                 lr_scale = float(pg["lr"]) / base_lr
             wd = pg.get("weight_decay",
                         float(self.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)))
+            if lr_scale is not None and not lr_scale > 0:
+                raise ValueError(f"strata.torch: param_groups[{i}] has a learning rate of {lr_scale} times the "
+                                 f"config's; it must be > 0 (freeze parameters with requires_grad=False instead)")
             index = e.add_optimizer_group(pg.get("name", f"param_groups[{i}]"), wd, lr_scale or 1.0)
             for p in pg["params"]:
                 if id(p) not in self._params:
                     raise ValueError(f"strata.torch: param_groups[{i}] holds a tensor that is not a parameter "
                                      f"of the model")
+                if id(p) in opt_of:
+                    raise ValueError(f"strata.torch: parameter '{self._params[id(p)].name}' is in two of "
+                                     f"param_groups")
                 opt_of[id(p)] = index
 
         # Registration and initial values.
@@ -363,10 +421,18 @@ class Engine:
         self.device = self._group_list[0].info.device
         self.dtype = _TORCH_DTYPES[self._group_list[0].info.dtype]
         if self.device == "cuda":
-            self.torch_device = torch.device("cuda", torch.cuda.current_device())
+            if self._copy_views:
+                raise ValueError("strata.torch: copy_views is for the host device; on CUDA the adapter uses "
+                                 "DLPack views of the engine's device memory")
+            if torch.cuda.current_device() != 0:
+                raise ValueError(f"strata.torch: the engine runs on CUDA device 0, but torch's current device is "
+                                 f"{torch.cuda.current_device()}; call torch.cuda.set_device(0) (or set "
+                                 f"CUDA_VISIBLE_DEVICES) before initialize")
+            self.torch_device = torch.device("cuda", 0)
         else:
             self.torch_device = torch.device("cpu")
-        self._placeholder_base = torch.zeros(1, dtype=self.dtype, device=self.torch_device)
+        # NaN, not zero: a value read from a parameter that is not fetched is loud.
+        self._placeholder_base = torch.full((1,), float("nan"), dtype=self.dtype, device=self.torch_device)
         # Buffers go where the compute is (rotary tables and the like); parameters are the engine's.
         for module in model.modules():
             for k, b in list(module._buffers.items()):
@@ -385,12 +451,20 @@ class Engine:
                     rec.acc = rec.p.expand_as(rec.p).grad_fn.next_functions[0][0]
                 rec.acc.register_hook(self._make_grad_hook(rec))
         self._order = order
+        kwargs_hooks = _has_kwargs_hooks()
         for unit in self._units:
             ref = weakref.ref(unit)
-            self._hooks.append(unit.module.register_forward_pre_hook(
-                lambda m, inputs, ref=ref: ref().engine._forward_pre(ref(), inputs)))
+            if kwargs_hooks:
+                self._hooks.append(unit.module.register_forward_pre_hook(
+                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs), with_kwargs=True))
+            else:
+                self._hooks.append(unit.module.register_forward_pre_hook(
+                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args)))
             self._hooks.append(unit.module.register_forward_hook(
-                lambda m, inputs, output, ref=ref: ref().engine._forward_post(ref(), output)))
+                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output)))
+        me = weakref.ref(self)
+        self._hooks.append(model.register_forward_pre_hook(lambda m, args: _call_engine(me, "_root_pre")))
+        self._hooks.append(model.register_forward_hook(lambda m, args, out: _call_engine(me, "_root_post")))
 
     def _init_from_tensor(self, name, out):
         name = name[len(self._name_prefix):]
@@ -424,12 +498,17 @@ class Engine:
 
     # --- fetch and release ------------------------------------------------------------------------
     def _stream(self):
-        return ctypes.c_void_p(torch.cuda.current_stream(self.torch_device).cuda_stream) \
-            if self.device == "cuda" else None
+        """The framework's stream for the C API: torch's current one. Its default
+        stream is handle 0, which strata would read as "no stream, the work is
+        done": pass cudaStreamLegacy (1) instead, which orders after it."""
+        if self.device != "cuda":
+            return None
+        handle = torch.cuda.current_stream(self.torch_device).cuda_stream
+        return ctypes.c_void_p(handle if handle else 1)
 
     def _acquire(self, g):
-        g.refs += 1
-        if g.refs > 1 or g.flat is not None:
+        if g.refs > 0 or g.flat is not None:
+            g.refs += 1
             return
         e = self._engine
         if self._zero_copy:
@@ -447,6 +526,8 @@ class Engine:
             flat = torch.empty(g.numel, dtype=self.dtype)
             e.fetch_host(g.name, flat)
         g.flat = flat
+        g.refs += 1
+        self._by_storage[_storage_address(flat)] = g
         with _as_internal():
             for rec in g.params:
                 rec.p.data = flat[rec.offset:rec.offset + rec.numel].view(rec.shape)
@@ -466,6 +547,7 @@ class Engine:
             for rec in g.params:
                 rec.p.data = self._placeholder(rec)
                 rec.p.__class__ = _guard_class(rec.cls)
+        self._by_storage.pop(_storage_address(g.flat), None)
         g.flat = None
         self._engine.release(g.name, self._stream())
 
@@ -473,39 +555,121 @@ class Engine:
     def _timed(fn):
         """Adds the method's wall time to self.adapter_seconds (the adapter's own
         work in the step: hooks, fetches and copies, gradient moves)."""
-        def wrapper(self, *args):
+        def wrapper(self, *args, **kwargs):
             t0 = time.perf_counter()
             try:
-                return fn(self, *args)
+                return fn(self, *args, **kwargs)
             finally:
                 self.adapter_seconds += time.perf_counter() - t0
         wrapper.__name__ = fn.__name__
         return wrapper
 
+    def _pack(self, t):
+        """Saved-tensor pack hook: a tensor saved for the backward that lives in
+        a fetched group's buffer (a parameter, or a view of one such as
+        Linear's weight.t()) is saved as (group, offset, size, stride), so the
+        forward's buffer is released at once; the backward rebuilds it from the
+        buffer its own fetch brings."""
+        if not self._by_storage:
+            return t
+        g = self._by_storage.get(_storage_address(t))
+        if g is None or g.flat is None:
+            return t
+        return _SavedView(g, t.storage_offset() - g.flat.storage_offset(), tuple(t.size()), tuple(t.stride()))
+
+    def _unpack(self, x):
+        if not isinstance(x, _SavedView):
+            return x
+        g = x.group
+        if g.flat is None:
+            # Its unit's _PreBackward did not fetch it (it was not reached):
+            # fetch now; the unit's _PostBackward or the end of the backward releases it.
+            self._acquire(g)
+            g.backward_refs += 1
+        return g.flat.as_strided(x.size, x.stride, g.flat.storage_offset() + x.offset)
+
+    def _begin_saving(self):
+        if self._saving is None and torch.is_grad_enabled() and not self._in_backward:
+            self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+            self._saving.__enter__()
+            return True
+        return False
+
+    def _end_saving(self):
+        if self._saving is not None:
+            saving, self._saving = self._saving, None
+            saving.__exit__(None, None, None)
+
+    def _root_pre(self):
+        if self._closed:
+            return
+        if not self._in_backward and self._resident_depth == 0:
+            self._recover_from_failed_forward()
+        self._root_saving = self._begin_saving()
+
+    def _recover_from_failed_forward(self):
+        """A forward that raised left its groups fetched (its post-hooks never
+        ran): release them before the next forward of the model."""
+        self._end_saving()
+        for g in self._group_list:
+            if g.refs > 0 and g.backward_refs == 0:
+                g.refs = 0
+                self._drop(g)
+
+    def _root_post(self):
+        if not self._closed and getattr(self, "_root_saving", False):
+            self._root_saving = False
+            self._end_saving()
+
     @_timed
-    def _forward_pre(self, unit, inputs):
+    def _forward_pre(self, unit, args, kwargs=None):
         if self._closed:
             return None
         for g in unit.groups:
             self._acquire(g)
-        if torch.is_grad_enabled():
-            # Frozen groups too: their backward (gradients of the inputs) fetches
-            # them, and _PostBackward releases them as soon as it is done.
-            for g in unit.groups:
-                if g.trainable:
-                    g.outstanding += 1
-            return _map_tensors(inputs, lambda ts: _PostBackward.apply(unit, *ts))
-        return None
+        unit.saving = self._begin_saving()  # the unit is called outside the model's forward
+        if not torch.is_grad_enabled():
+            return None
+        if self._in_backward:
+            # A recomputation (activation checkpointing): balanced by its
+            # _forward_post, or at the end of the backward when torch stops it early.
+            self._recomputing.append(unit)
+        # Frozen groups too: their backward (gradients of the inputs) fetches
+        # them, and _PostBackward releases them as soon as it is done.
+        for g in unit.groups:
+            if g.trainable:
+                g.outstanding += 1
+        if kwargs is None:
+            return _map_tensors(args, lambda ts: _PostBackward.apply(unit, *ts))
+        found = []
+        args, kwargs = _map_tensors((args, kwargs), lambda ts: found.extend(ts) or _PostBackward.apply(unit, *ts))
+        return args, kwargs
 
     @_timed
     def _forward_post(self, unit, output):
         if self._closed:
             return None
+        if getattr(unit, "saving", False):
+            unit.saving = False
+            self._end_saving()
         if torch.is_grad_enabled():
-            output = _map_tensors(output, lambda ts: _PreBackward.apply(unit, *ts))
+            marked = []
+            output = _map_tensors(output, lambda ts: marked.extend(ts) or _PreBackward.apply(unit, *ts))
+            if not marked and self._needs_marks(unit):
+                raise errors.Unimplemented(
+                    f"strata.torch: module '{unit.name}' returned {type(output).__name__}, in which the adapter "
+                    f"finds no tensor that requires grad; return tensors, or tuples, lists, dicts or dataclasses "
+                    f"of them, so that its backward can fetch its parameters", status="UNIMPLEMENTED")
+        if self._in_backward and unit in self._recomputing:
+            self._recomputing.reverse()
+            self._recomputing.remove(unit)
+            self._recomputing.reverse()
         for g in unit.groups:
             self._release(g)
         return output
+
+    def _needs_marks(self, unit):
+        return any(rec.trainable for g in unit.groups for rec in g.params)
 
     @_timed
     def _pre_backward(self, unit):
@@ -539,6 +703,11 @@ class Engine:
     @_timed
     def _add_grad(self, rec, grad):
         g = rec.group
+        if not self._in_backward:
+            raise errors.FailedPrecondition(
+                f"strata.torch: a gradient of '{rec.name}' arrived outside engine.backward(): call "
+                f"engine.backward(loss) instead of loss.backward() (the engine scales the loss and hands the "
+                f"gradients over)", status="FAILED_PRECONDITION")
         if g.sent:
             raise errors.FailedPrecondition(
                 f"strata.torch: a gradient of '{rec.name}' arrived after the gradients of its group '{g.name}' "
@@ -569,42 +738,87 @@ class Engine:
                 if rec.trainable and id(rec) not in g.got:
                     g.grads[rec.offset:rec.offset + rec.numel].zero_()
         if self._zero_copy:
+            # End the view first: a view still alive at grads_ready makes the
+            # engine set the buffer aside (and take a new one for the next group).
+            g.grads = g.got = None
             self._engine.grads_ready(g.name, self._stream())
         else:
             self._engine.grads_host(g.name, g.grads)
-        g.grads = None
-        g.got = None
+        g.grads = g.got = None
         g.sent = True
 
     # --- the step -----------------------------------------------------------------------------------
     def backward(self, loss, retain_graph=False):
         """Back-propagates loss (times the loss scale under fp16) and hands every
         trainable group's gradients to the engine. Call step() after it."""
+        if self._failed:
+            raise errors.FailedPrecondition(
+                f"strata.torch: an earlier backward failed part-way ({self._failed}); some of that micro-batch's "
+                f"gradients reached the engine and cannot be taken back, and strata.nonfinite is not \"skip\" "
+                f"(which would have skipped the step): this step cannot be completed; start a new engine from "
+                f"the last checkpoint", status="FAILED_PRECONDITION")
         if self._micro >= self.gradient_accumulation_steps:
             raise errors.FailedPrecondition(
                 f"strata.torch: backward called {self._micro + 1} times before step(); the config's "
                 f"gradient_accumulation_steps is {self.gradient_accumulation_steps}", status="FAILED_PRECONDITION")
+        self._end_saving()  # a forward that raised may have left the hooks on
         scale = self._engine.loss_scale
         if scale != 1.0:
             loss = loss * scale
         self._in_backward = True
         try:
             loss.backward(retain_graph=retain_graph)
-        finally:
+        except BaseException as e:
             self._in_backward = False
-            self._end_backward()
+            if self._nonfinite_skips():
+                # Complete the micro-batch with NaN gradients: the engine skips
+                # the step (strata.nonfinite "skip", or the fp16 scaler), so no
+                # weight or moment takes the partial gradients.
+                self._end_backward(poison=True)
+                self._micro += 1
+                if self._micro < self.gradient_accumulation_steps:
+                    self._engine.micro_step_end()
+            else:
+                self._abandon_backward()
+                self._failed = f"{type(e).__name__}: {e}"
+            raise
+        self._in_backward = False
+        self._end_backward()
         self._micro += 1
         if self._micro < self.gradient_accumulation_steps:
             self._engine.micro_step_end()
 
-    @_timed
-    def _end_backward(self):
+    def _release_backward_fetches(self):
+        for unit in self._recomputing:  # recomputations torch stopped early
+            for g in unit.groups:
+                self._release(g)
+        self._recomputing = []
         for g in self._group_list:
             while g.backward_refs > 0:
                 g.backward_refs -= 1
                 self._release(g)
+
+    def _abandon_backward(self):
+        self._release_backward_fetches()
+        for g in self._group_list:
+            g.grads = g.got = None
+            g.sent = False
+            g.outstanding = 0
+
+    def _nonfinite_skips(self):
+        return bool(self.config.get("fp16", {}).get("enabled")) or \
+            self.config.get("strata", {}).get("nonfinite", "skip") == "skip"
+
+    @_timed
+    def _end_backward(self, poison=False):
+        self._release_backward_fetches()
         for g in self._group_list:
             if g.trainable and not g.sent:
+                if poison:
+                    if g.grads is None:
+                        g.grads = self._grad_buffer(g)
+                    g.grads.fill_(float("nan"))
+                    g.got = {id(rec) for rec in g.params}
                 self._send(g)
         for g in self._group_list:
             g.sent = False
@@ -750,9 +964,14 @@ class Engine:
         """Loads a checkpoint (from any placement) and returns its client_state."""
         raw = self._engine.load_checkpoint(root)
         self._micro = 0
+        self._failed = None
         if not raw:
             return None
-        blob = torch.load(io.BytesIO(raw))
+        # The blob is this engine's own (torch.save above): trusted like the checkpoint itself.
+        try:
+            blob = torch.load(io.BytesIO(raw), weights_only=False)
+        except TypeError:  # torch < 1.13 has no weights_only
+            blob = torch.load(io.BytesIO(raw))
         rng = blob.get("rng")
         if load_rng and rng:
             torch.set_rng_state(rng["torch"])
