@@ -270,9 +270,16 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
-  if (grads_queue_ == nullptr) return b;
-  // Gradient passes in flight hold device buffers: let them finish, then try again.
-  STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
+  if (grads_queue_ != nullptr) {
+    // Gradient passes in flight hold device buffers: let them finish, then try again.
+    STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
+    b = device_cache_->get(bytes, what);
+    if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+  }
+  if (prefetched_.empty()) return b;
+  // Prefetched copies only save a later copy: they give their memory back
+  // last, to what is needed now (a fetch, a gradient buffer).
+  drop_prefetches(Drop::kAll);
   return device_cache_->get(bytes, what);
 }
 

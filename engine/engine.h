@@ -354,8 +354,9 @@ class Engine {
   // finalize's last part: every parameter's initial values, group by group.
   core::Status write_initial_values();
   // A fetch's or gradients' device buffer; when the device budget is short,
-  // waits for the gradient passes in flight (which hold such buffers) and
-  // tries once more.
+  // drops resident copies, waits for the gradient passes in flight (which
+  // hold such buffers) and, last, drops the prefetched copies, trying again
+  // after each.
   core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
   TraceTrack track_of(Lane lane) const;  // the trace track of a lane's stream
   gpu::Stream& stream_of(Lane lane) { return lane.stream != nullptr ? *lane.stream : stream_; }

@@ -46,8 +46,11 @@ def _load():
     tried = []
     for path in _candidates():
         tried.append(path)
-        if os.path.exists(path):
-            return ctypes.CDLL(path), path
+        if os.path.exists(path) or (path == os.environ.get("STRATA_LIBRARY") and os.sep not in path):
+            try:  # a path, or a bare soname the dynamic linker finds (STRATA_LIBRARY=libstrata.so.0)
+                return ctypes.CDLL(path), path
+            except OSError as e:
+                raise LibraryNotFound(f"strata: cannot load {path}: {e}") from e
     raise LibraryNotFound(
         "strata: libstrata.so not found; build strata (scripts/run.sh or meson) or set STRATA_LIBRARY. "
         "Looked in: " + ", ".join(tried))
@@ -164,6 +167,8 @@ def _bind(lib):
 
 
 lib, path = _load()
+if not hasattr(lib, "strata_abi_compatible") or not hasattr(lib, "strata_version"):
+    raise VersionMismatch(f"strata: {path} is not a strata library (no strata_version / strata_abi_compatible)")
 _bind_missing = _bind(lib)
 LIBRARY_VERSION = lib.strata_version().decode()
 if not lib.strata_abi_compatible(HEADER_MAJOR, HEADER_MINOR):

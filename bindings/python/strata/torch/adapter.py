@@ -951,7 +951,12 @@ class Engine:
                 f"strata.torch: save_checkpoint in the middle of a step ({self._micro} of "
                 f"{self.gradient_accumulation_steps} micro-batches in); call it after step()",
                 status="FAILED_PRECONDITION")
-        blob = {"client_state": client_state, "format": 1}
+        # Persistent buffers (running statistics and the like) are the model's
+        # state too: the blob carries them (the engine holds the parameters).
+        persistent = {k for k, v in self.module.state_dict(keep_vars=True).items()
+                      if not isinstance(v, torch.nn.Parameter)}
+        buffers = {n: b.detach().to("cpu").clone() for n, b in self.module.named_buffers() if n in persistent}
+        blob = {"client_state": client_state, "format": 1, "buffers": buffers}
         if save_rng:
             blob["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -972,6 +977,16 @@ class Engine:
             blob = torch.load(io.BytesIO(raw), weights_only=False)
         except TypeError:  # torch < 1.13 has no weights_only
             blob = torch.load(io.BytesIO(raw))
+        if blob.get("buffers"):
+            current = dict(self.module.named_buffers())
+            missing = sorted(set(blob["buffers"]) - set(current))
+            if missing:
+                raise errors.FailedPrecondition(
+                    f"strata.torch: the checkpoint has buffers the model lacks: {', '.join(missing)}",
+                    status="FAILED_PRECONDITION")
+            with torch.no_grad():
+                for n, b in blob["buffers"].items():
+                    current[n].copy_(b)
         rng = blob.get("rng")
         if load_rng and rng:
             torch.set_rng_state(rng["torch"])
