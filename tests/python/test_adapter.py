@@ -102,11 +102,17 @@ def test_activation_checkpointing_is_bit_identical(placement, reentrant, tmp_pat
         if ckpt:
             model.gradient_checkpointing_enable(use_reentrant=reentrant)
         engine = strata.torch.initialize(model, helpers.config(str(swap), placement, gas=GAS))
+        fetches = []
+        fetch = engine.engine.fetch
+        engine.engine.fetch = lambda group, stream=None: fetches.append(group) or fetch(group, stream)
         losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS)
-        runs.append((losses, engine.state_dict()))
+        runs.append((losses, engine.state_dict(), sorted(fetches)))
+        assert all(g.refs == 0 and g.flat is None for g in engine._group_list), "nothing left fetched"
         engine.close()
     assert runs[0][0] == runs[1][0]
     helpers.assert_same_bits(runs[0][1], runs[1][1], "checkpointing")
+    # The recomputation's fetch serves its backward: no block is fetched twice.
+    assert runs[1][2] == runs[0][2]
 
 
 def test_frozen_base_with_some_layers_trained(swap_dir):
@@ -549,3 +555,48 @@ def test_checkpoints_carry_persistent_buffers(swap_dir, tmp_path):
     engine.load_checkpoint(str(tmp_path / "ck"))
     assert torch.equal(model.norm.running_mean, saved)
     engine.close()
+
+
+class KeywordBlocks(nn.Module):
+    """Blocks called with keyword inputs (as `layer(hidden_states=h)`)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(8)
+        self.embed = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList([KeywordBlock() for _ in range(6)])
+        self.head = nn.Linear(32, 64)
+
+    def forward(self, x, labels=None):
+        h = self.embed(x)
+        for b in self.blocks:
+            h = b(hidden=h, scale=0.5)
+        logits = self.head(h)
+        return nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1)), logits
+
+
+class KeywordBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, hidden, scale=1.0):
+        return hidden + scale * torch.tanh(self.lin(hidden))
+
+
+def test_keyword_inputs_are_marked(swap_dir):
+    data = helpers.batches(STEPS)
+    want = torch_run(KeywordBlocks(), data, STEPS, 1)
+    model = KeywordBlocks()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    peak = []
+    acquire = engine._acquire
+
+    def counting(g):
+        acquire(g)
+        peak.append(sum(x.flat is not None for x in engine._group_list))
+    engine._acquire = counting
+    close_losses(helpers.train_strata(engine, model, data, STEPS), want)
+    assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
+    engine.close()
+    assert "forward" not in model.blocks[0].__dict__, "close() restores the modules' own forward"

@@ -119,7 +119,7 @@ class _Param:
 
 class _Group:
     __slots__ = ("name", "params", "info", "refs", "flat", "grads", "got", "sent", "outstanding", "backward_refs",
-                 "trainable", "numel")
+                 "handover", "trainable", "numel")
 
     def __init__(self, name):
         self.name = name
@@ -132,17 +132,46 @@ class _Group:
         self.sent = False          # this micro-batch's gradients handed to the engine
         self.outstanding = 0       # grad-enabled forward calls whose backward has not ended
         self.backward_refs = 0     # acquisitions made by _PreBackward, not yet released
+        self.handover = 0          # fetches of a recomputation that its backward's _PreBackward takes over
         self.trainable = False
         self.numel = 0
 
 
 class _Unit:
     """A module whose forward needs some groups."""
-    __slots__ = ("module", "name", "groups", "engine", "saving", "__weakref__")
+    __slots__ = ("module", "name", "groups", "engine", "saving", "mark_inputs", "__weakref__")
 
     def __init__(self, module, name, engine):
         self.module, self.name, self.groups, self.engine = module, name, [], engine
         self.saving = False
+        self.mark_inputs = False
+
+
+_MARK_IN_FORWARD = object()  # _forward_pre's kwargs when _ForwardWrapper marks the inputs
+
+
+class _ForwardWrapper:
+    """Wraps a unit's forward (torch < 2.0, whose pre-hooks see no keyword
+    inputs) to put the _PostBackward marker on positional and keyword inputs
+    alike. remove() restores the module's own forward."""
+
+    def __init__(self, unit):
+        module = unit.module
+        self.module = module
+        inner = module.forward
+        ref = weakref.ref(unit)
+
+        def forward(*args, **kwargs):
+            u = ref()
+            if u is not None and getattr(u, "mark_inputs", False):
+                u.mark_inputs = False
+                args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
+            return inner(*args, **kwargs)
+
+        module.forward = forward
+
+    def remove(self):
+        self.module.__dict__.pop("forward", None)
 
 
 class _SavedView:
@@ -458,8 +487,11 @@ class Engine:
                 self._hooks.append(unit.module.register_forward_pre_hook(
                     lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs), with_kwargs=True))
             else:
+                # torch < 2.0: the pre-hook sees no keyword inputs; the marker goes
+                # on in a wrapper of the module's forward, over args and kwargs.
                 self._hooks.append(unit.module.register_forward_pre_hook(
-                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args)))
+                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD)))
+                self._hooks.append(_ForwardWrapper(unit))
             self._hooks.append(unit.module.register_forward_hook(
                 lambda m, args, output, ref=ref: _call(ref, "_forward_post", output)))
         me = weakref.ref(self)
@@ -639,6 +671,9 @@ class Engine:
         for g in unit.groups:
             if g.trainable:
                 g.outstanding += 1
+        if kwargs is _MARK_IN_FORWARD:
+            unit.mark_inputs = True  # _ForwardWrapper marks them
+            return None
         if kwargs is None:
             return _map_tensors(args, lambda ts: _PostBackward.apply(unit, *ts))
         found = []
@@ -664,6 +699,15 @@ class Engine:
             self._recomputing.reverse()
             self._recomputing.remove(unit)
             self._recomputing.reverse()
+            for g in unit.groups:
+                if g.backward_refs == 0:
+                    # Reentrant checkpointing: the recomputed graph's backward
+                    # comes next and its _PreBackward takes this fetch over
+                    # (rather than fetching the group a second time).
+                    g.handover += 1
+                else:  # recomputed inside the group's own backward (non-reentrant): it stays fetched anyway
+                    self._release(g)
+            return output
         for g in unit.groups:
             self._release(g)
         return output
@@ -674,7 +718,10 @@ class Engine:
     @_timed
     def _pre_backward(self, unit):
         for g in unit.groups:
-            self._acquire(g)
+            if g.handover > 0:
+                g.handover -= 1  # the fetch of its recomputation
+            else:
+                self._acquire(g)
             g.backward_refs += 1
 
     @_timed
@@ -794,6 +841,9 @@ class Engine:
                 self._release(g)
         self._recomputing = []
         for g in self._group_list:
+            while g.handover > 0:
+                g.handover -= 1
+                self._release(g)
             while g.backward_refs > 0:
                 g.backward_refs -= 1
                 self._release(g)
