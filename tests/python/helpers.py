@@ -111,3 +111,23 @@ def assert_same_bits(a, b, what=""):
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{what}: {k} differs (max |diff| {(a[k] - b[k]).abs().max().item()})"
+
+
+def watch_fetches(engine):
+    """The names of the groups an adapter engine fetches from now on, in order."""
+    fetches = []
+    fetch = engine.engine.fetch
+    engine.engine.fetch = lambda group, stream=None: fetches.append(group) or fetch(group, stream)
+    return fetches
+
+
+def watch_fetched_at_once(engine):
+    """After each acquisition from now on, how many groups are fetched."""
+    counts = []
+    acquire = engine._acquire
+
+    def counting(g):
+        acquire(g)
+        counts.append(sum(x.flat is not None for x in engine._group_list))
+    engine._acquire = counting
+    return counts

@@ -102,9 +102,7 @@ def test_activation_checkpointing_is_bit_identical(placement, reentrant, tmp_pat
         if ckpt:
             model.gradient_checkpointing_enable(use_reentrant=reentrant)
         engine = strata.torch.initialize(model, helpers.config(str(swap), placement, gas=GAS))
-        fetches = []
-        fetch = engine.engine.fetch
-        engine.engine.fetch = lambda group, stream=None: fetches.append(group) or fetch(group, stream)
+        fetches = helpers.watch_fetches(engine)
         losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS)
         runs.append((losses, engine.state_dict(), sorted(fetches)))
         assert all(g.refs == 0 and g.flat is None for g in engine._group_list), "nothing left fetched"
@@ -173,9 +171,7 @@ def test_generation_in_the_resident_context(swap_dir):
     plain = helpers.tiny_llama()
     plain.load_state_dict(engine.state_dict())
     prompt = torch.tensor([[1, 2, 3]])
-    fetches = []
-    fetch = engine.engine.fetch
-    engine.engine.fetch = lambda group, stream=None: fetches.append(group) or fetch(group, stream)
+    fetches = helpers.watch_fetches(engine)
     with engine.resident():
         got = model.generate(prompt, 8)
         assert all(g.flat is not None for g in engine._group_list)
@@ -373,13 +369,7 @@ def test_the_backward_holds_few_groups_at_once(freeze, swap_dir):
         for n, p in model.named_parameters():
             p.requires_grad = not n.startswith("model.layers.") or n.startswith("model.layers.5.")
     engine = strata.torch.initialize(model, helpers.config(swap_dir))
-    peak = []
-    acquire = engine._acquire
-
-    def counting(g):
-        acquire(g)
-        peak.append(sum(x.flat is not None for x in engine._group_list))
-    engine._acquire = counting
+    peak = helpers.watch_fetched_at_once(engine)
     helpers.train_strata(engine, model, helpers.batches(2), 2)
     assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
     engine.close()
@@ -589,13 +579,7 @@ def test_keyword_inputs_are_marked(swap_dir):
     want = torch_run(KeywordBlocks(), data, STEPS, 1)
     model = KeywordBlocks()
     engine = strata.torch.initialize(model, helpers.config(swap_dir))
-    peak = []
-    acquire = engine._acquire
-
-    def counting(g):
-        acquire(g)
-        peak.append(sum(x.flat is not None for x in engine._group_list))
-    engine._acquire = counting
+    peak = helpers.watch_fetched_at_once(engine)
     close_losses(helpers.train_strata(engine, model, data, STEPS), want)
     assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
     engine.close()
