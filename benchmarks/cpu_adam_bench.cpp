@@ -22,9 +22,9 @@
 
 #include "benchmarks/roofline.h"
 #include "cpu_adam/cpu_adam.h"
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/clock.h"
-#include "engine/core/numerics.h"
+#include "core/aligned_buffer.h"
+#include "core/clock.h"
+#include "core/numerics.h"
 
 namespace strata::bench {
 namespace {

@@ -21,8 +21,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/memory_budget.h"
-#include "engine/core/str.h"
+#include "core/memory_budget.h"
+#include "core/str.h"
 #include "gpu/cuda_device.h"
 #include "gpu/device.h"
 #include "gpu/host_device.h"

@@ -28,9 +28,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/clock.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/str.h"
+#include "core/clock.h"
+#include "core/memory_budget.h"
+#include "core/str.h"
 #include "nvme/buffer_pool.h"
 #include "nvme/crc64.h"
 #include "nvme/swap_store.h"

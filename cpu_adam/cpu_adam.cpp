@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "cpu_adam/kernels/kernels.h"
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/aligned_buffer.h"
+#include "core/logging.h"
+#include "core/str.h"
 
 namespace strata::adam {
 namespace {

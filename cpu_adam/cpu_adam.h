@@ -1,7 +1,7 @@
 // The CPU optimizer: a fused Adam/AdamW step and the gradient pass, one pass
 // over memory per tile, with AVX-512, AVX2+FMA and scalar kernels chosen at run
 // time and oneTBB threads over fixed tiles. Every kernel, thread count and tile
-// size gives bit-identical results (engine/core/numerics.h is the contract).
+// size gives bit-identical results (core/numerics.h is the contract).
 //
 // CpuAdam is thread-compatible: one call at a time per object (each call uses
 // the object's threads). Buffers are borrowed for the duration of a call.
@@ -16,8 +16,8 @@
 #include <span>
 #include <string_view>
 
-#include "engine/core/numerics.h"
-#include "engine/core/result.h"
+#include "core/numerics.h"
+#include "core/result.h"
 
 namespace strata::adam {
 

@@ -22,7 +22,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "engine/engine.h"
 #include "engine/file_io.h"
 #include "engine/internal/buffer_cache.h"

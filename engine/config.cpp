@@ -23,10 +23,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/core/logging.h"
-#include "engine/core/status.h"
-#include "engine/core/str.h"
-#include "engine/core/unique_fd.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "core/str.h"
+#include "core/unique_fd.h"
 
 namespace strata::engine {
 namespace {

@@ -5,10 +5,10 @@
 #include <cstring>
 
 #include "cpu_adam/cpu_adam.h"
-#include "engine/core/clock.h"
-#include "engine/core/logging.h"
-#include "engine/core/numerics.h"
-#include "engine/core/str.h"
+#include "core/clock.h"
+#include "core/logging.h"
+#include "core/numerics.h"
+#include "core/str.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/cpu_turns.h"
 #include "engine/internal/elem_types.h"

@@ -41,10 +41,10 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/mutex.h"
-#include "engine/core/numerics.h"
-#include "engine/core/result.h"
+#include "core/memory_budget.h"
+#include "core/mutex.h"
+#include "core/numerics.h"
+#include "core/result.h"
 #include "engine/layout.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"

@@ -6,8 +6,8 @@
 
 #include <cerrno>
 
-#include "engine/core/str.h"
-#include "engine/core/unique_fd.h"
+#include "core/str.h"
+#include "core/unique_fd.h"
 
 namespace strata::engine {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 
 namespace strata::engine {
 

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "engine/config.h"
-#include "engine/core/aligned_buffer.h"
+#include "core/aligned_buffer.h"
 #include "nvme/direct_file.h"
 #include "nvme/io_backend.h"
 

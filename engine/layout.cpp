@@ -6,9 +6,9 @@
 #include <map>
 #include <set>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/numerics.h"
-#include "engine/core/str.h"
+#include "core/aligned_buffer.h"
+#include "core/numerics.h"
+#include "core/str.h"
 
 namespace strata::engine {
 namespace {

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/core/result.h"
+#include "core/result.h"
 
 namespace strata::engine {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::engine {
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numbers>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::engine {
 namespace {

@@ -12,7 +12,7 @@
 #include <cstdint>
 
 #include "engine/config.h"
-#include "engine/core/result.h"
+#include "core/result.h"
 
 namespace strata::engine {
 

@@ -12,7 +12,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "gpu/device_query.h"
 
 namespace strata::engine {

@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "cpu_adam/cpu_adam.h"
-#include "engine/core/clock.h"
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/clock.h"
+#include "core/logging.h"
+#include "core/str.h"
 #include "engine/engine.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/cpu_turns.h"

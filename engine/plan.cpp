@@ -10,7 +10,7 @@
 #include <limits>
 #include <string>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "engine/internal/plan_internal.h"
 
 namespace strata::engine {

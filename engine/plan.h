@@ -59,7 +59,7 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/core/result.h"
+#include "core/result.h"
 #include "engine/machine.h"
 
 namespace strata::engine {

@@ -6,7 +6,7 @@
 #include <set>
 #include <string>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::engine {
 namespace {

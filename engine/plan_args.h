@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 #include "engine/machine.h"
 #include "engine/plan.h"
 

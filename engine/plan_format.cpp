@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "engine/internal/plan_internal.h"
 #include "engine/plan.h"
 

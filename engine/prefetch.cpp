@@ -12,8 +12,8 @@
 #include <algorithm>
 #include <memory>
 
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/logging.h"
+#include "core/str.h"
 #include "engine/engine.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/group_state.h"

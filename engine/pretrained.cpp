@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::engine {
 

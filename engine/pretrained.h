@@ -13,7 +13,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 #include "engine/layout.h"
 #include "engine/safetensors.h"
 #include "nvme/direct_file.h"

@@ -14,10 +14,10 @@
 #include <set>
 #include <nlohmann/json.hpp>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/check.h"
-#include "engine/core/numerics.h"
-#include "engine/core/str.h"
+#include "core/aligned_buffer.h"
+#include "core/check.h"
+#include "core/numerics.h"
+#include "core/str.h"
 #include "engine/file_io.h"
 
 namespace strata::engine {

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/result.h"
-#include "engine/core/unique_fd.h"
+#include "core/result.h"
+#include "core/unique_fd.h"
 #include "nvme/direct_file.h"
 #include "nvme/io_backend.h"
 

@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/str.h"
+#include "core/aligned_buffer.h"
+#include "core/str.h"
 
 namespace strata::engine {
 

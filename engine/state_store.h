@@ -16,7 +16,7 @@
 #include <span>
 #include <vector>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 #include "engine/layout.h"
 #include "gpu/device.h"
 #include "nvme/swap_store.h"

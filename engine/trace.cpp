@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <cstdio>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::engine {
 

@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/clock.h"
-#include "engine/core/mutex.h"
-#include "engine/core/status.h"
+#include "core/clock.h"
+#include "core/mutex.h"
+#include "core/status.h"
 
 namespace strata::engine {
 

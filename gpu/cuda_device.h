@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 #include "gpu/device.h"
 
 namespace strata::gpu {

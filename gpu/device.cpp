@@ -7,8 +7,8 @@
 #include <cmath>
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/str.h"
 
 namespace strata::gpu {
 

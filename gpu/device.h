@@ -28,10 +28,10 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "engine/core/host_allocator.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/mutex.h"
-#include "engine/core/result.h"
+#include "core/host_allocator.h"
+#include "core/memory_budget.h"
+#include "core/mutex.h"
+#include "core/result.h"
 #include "gpu/device_span.h"
 
 namespace strata::gpu {
@@ -248,7 +248,7 @@ class Device {
   core::Status copy_d2h(Stream& stream, std::span<std::byte> dst, DeviceSpan src);
   core::Status copy_d2d(Stream& stream, DeviceSpan dst, DeviceSpan src);
 
-  // --- kernels (async; formulas in engine/core/numerics.h, bit-identical to
+  // --- kernels (async; formulas in core/numerics.h, bit-identical to
   // it on every backend for finite values; NaN in gives NaN out) ----------------
   // Besides the copy errors: kInvalidArgument for sizes that differ, a byte size
   // that is not a whole number of elements, a misaligned view, or wrong types.

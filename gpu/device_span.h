@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 
 namespace strata::gpu {
 
@@ -83,7 +83,7 @@ struct DeviceTypedSpan {
 
 inline DeviceTypedSpan typed(DeviceSpan bytes, ElemType type) { return {bytes, type}; }
 
-// --- kernel arguments (formulas in engine/core/numerics.h) -------------------
+// --- kernel arguments (formulas in core/numerics.h) -------------------
 
 // One fused AdamW/Adam step on the device, element by element with
 // numerics::adam_step: master, exp_avg and exp_avg_sq (fp32, n elements each)

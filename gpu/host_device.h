@@ -16,7 +16,7 @@
 #include <memory>
 #include <string>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 #include "gpu/device.h"
 
 namespace strata::gpu {

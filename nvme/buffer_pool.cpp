@@ -9,9 +9,9 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/logging.h"
+#include "core/str.h"
 
 namespace strata::nvme {
 

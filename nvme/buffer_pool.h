@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/host_allocator.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/mutex.h"
-#include "engine/core/result.h"
+#include "core/aligned_buffer.h"
+#include "core/host_allocator.h"
+#include "core/memory_budget.h"
+#include "core/mutex.h"
+#include "core/result.h"
 
 namespace strata::nvme {
 

@@ -11,9 +11,9 @@
 #include <cstring>
 #include <utility>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/aligned_buffer.h"
+#include "core/check.h"
+#include "core/str.h"
 #include "nvme/crc64.h"
 
 namespace strata::nvme {

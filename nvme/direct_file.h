@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/host_allocator.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/result.h"
-#include "engine/core/unique_fd.h"
+#include "core/host_allocator.h"
+#include "core/memory_budget.h"
+#include "core/result.h"
+#include "core/unique_fd.h"
 #include "nvme/buffer_pool.h"
 #include "nvme/direct_io.h"
 #include "nvme/io_backend.h"

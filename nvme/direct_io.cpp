@@ -6,8 +6,8 @@
 
 #include <cerrno>
 
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/logging.h"
+#include "core/str.h"
 
 namespace strata::nvme {
 

@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
-#include "engine/core/result.h"
-#include "engine/core/unique_fd.h"
+#include "core/result.h"
+#include "core/unique_fd.h"
 
 namespace strata::nvme {
 

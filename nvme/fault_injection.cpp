@@ -8,8 +8,8 @@
 #include <unordered_map>
 #include <utility>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/str.h"
+#include "core/aligned_buffer.h"
+#include "core/str.h"
 #include "nvme/internal/io_driver.h"
 
 namespace strata::nvme {

@@ -10,7 +10,7 @@
 #include <optional>
 #include <vector>
 
-#include "engine/core/mutex.h"
+#include "core/mutex.h"
 #include "nvme/io_backend.h"
 
 namespace strata::nvme {

@@ -13,9 +13,9 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/mutex.h"
-#include "engine/core/result.h"
-#include "engine/core/status.h"
+#include "core/mutex.h"
+#include "core/result.h"
+#include "core/status.h"
 
 namespace strata::nvme {
 

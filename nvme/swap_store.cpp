@@ -15,9 +15,9 @@
 #include <set>
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/logging.h"
+#include "core/str.h"
 #include "nvme/crc64.h"
 #include "nvme/internal/swap_index.h"
 

@@ -14,10 +14,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/mutex.h"
-#include "engine/core/result.h"
-#include "engine/core/unique_fd.h"
+#include "core/aligned_buffer.h"
+#include "core/mutex.h"
+#include "core/result.h"
+#include "core/unique_fd.h"
 #include "nvme/buffer_pool.h"
 #include "nvme/direct_io.h"
 #include "nvme/io_backend.h"

@@ -12,31 +12,31 @@ SOURCE_EXT = (".h", ".hpp", ".c", ".cc", ".cpp", ".cu", ".cuh")
 
 # Module -> quoted include prefixes it may use (its own folder is always allowed).
 MODULES = {
-    "engine/core/": ["engine/core/"],
-    "gpu/": ["engine/core/", "gpu/"],
-    "nvme/": ["engine/core/", "nvme/"],
-    "cpu_adam/": ["engine/core/", "cpu_adam/"],
-    "partition/": ["engine/core/", "partition/"],
-    "engine/": ["engine/", "gpu/", "nvme/", "cpu_adam/", "partition/"],
-    "bindings/c/": ["bindings/c/", "engine/", "strata/"],
+    "core/": ["core/"],
+    "gpu/": ["core/", "gpu/"],
+    "nvme/": ["core/", "nvme/"],
+    "cpu_adam/": ["core/", "cpu_adam/"],
+    "partition/": ["core/", "partition/"],
+    "engine/": ["core/", "engine/", "gpu/", "nvme/", "cpu_adam/", "partition/"],
+    "bindings/c/": ["bindings/c/", "core/", "engine/", "strata/"],
     # The CLI sees the C API and, for the planner, the engine's config and plan
     # headers (and the core helpers they are written in).
     "bindings/cli/": ["bindings/cli/", "strata/", "engine/config.h", "engine/plan",
-                      "engine/machine.h", "engine/core/"],
+                      "engine/machine.h", "core/"],
     "bindings/python/": ["bindings/python/", "strata/"],
     # The example model uses numerics.h's conversions (and Status) from the core.
-    "examples/": ["examples/", "strata/", "engine/core/"],
+    "examples/": ["examples/", "strata/", "core/"],
     "tests/c_api/": ["strata/"],
-    "tests/core/": ["engine/core/"],
-    "tests/gpu/": ["engine/core/", "gpu/"],
-    "tests/nvme/": ["engine/core/", "nvme/"],
-    "tests/cpu_adam/": ["engine/core/", "cpu_adam/"],
+    "tests/core/": ["core/"],
+    "tests/gpu/": ["core/", "gpu/"],
+    "tests/nvme/": ["core/", "nvme/"],
+    "tests/cpu_adam/": ["core/", "cpu_adam/"],
     # Engine tests build the pieces the engine composes (a host device, a swap store).
-    "tests/engine/": ["engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
+    "tests/engine/": ["core/", "engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
     # The engine's C++ interface until the C API covers the step (issue #6).
-    "tests/e2e/": ["strata/", "engine/"],
-    "tests/examples/": ["examples/", "engine/core/"],
-    "benchmarks/": ["engine/core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
+    "tests/e2e/": ["strata/", "core/", "engine/"],
+    "tests/examples/": ["examples/", "core/"],
+    "benchmarks/": ["core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
                     "benchmarks/"],
 }
 

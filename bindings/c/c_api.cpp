@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/core/mutex.h"
-#include "engine/core/status.h"
-#include "engine/core/str.h"
+#include "core/mutex.h"
+#include "core/status.h"
+#include "core/str.h"
 #include "engine/engine.h"
 #include "strata/strata.h"
 

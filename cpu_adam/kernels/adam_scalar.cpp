@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 
 namespace strata::adam::kernels {
 namespace {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "cpu_adam/cpu_adam.h"
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 
 namespace strata::adam::kernels {
 

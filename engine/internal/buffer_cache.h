@@ -21,8 +21,8 @@
 #include <string>
 #include <string_view>
 
-#include "engine/core/mutex.h"
-#include "engine/core/result.h"
+#include "core/mutex.h"
+#include "core/result.h"
 #include "gpu/device.h"
 
 namespace strata::engine {

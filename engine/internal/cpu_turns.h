@@ -12,7 +12,7 @@
 // Thread-safe.
 #pragma once
 
-#include "engine/core/mutex.h"
+#include "core/mutex.h"
 
 namespace strata::engine {
 

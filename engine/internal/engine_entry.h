@@ -5,7 +5,7 @@
 // error, not a deadlock). Private to engine/.
 #pragma once
 
-#include "engine/core/mutex.h"
+#include "core/mutex.h"
 
 #define STRATA_ENGINE_ENTRY(op)                                   \
   const ::strata::core::MutexLock strata_engine_lock_(mu_);       \

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 #include "engine/engine.h"
 
 namespace strata::engine {

@@ -2,8 +2,8 @@
 // copy's outcome. Private to engine/.
 #pragma once
 
-#include "engine/core/mutex.h"
-#include "engine/core/status.h"
+#include "core/mutex.h"
+#include "core/status.h"
 #include "engine/engine.h"
 
 namespace strata::engine {

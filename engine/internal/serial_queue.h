@@ -10,8 +10,8 @@
 #include <thread>
 #include <utility>
 
-#include "engine/core/mutex.h"
-#include "engine/core/status.h"
+#include "core/mutex.h"
+#include "core/status.h"
 
 namespace strata::engine {
 

@@ -20,9 +20,9 @@
 #include <new>
 #include <string>
 
-#include "engine/core/check.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/mutex.h"
+#include "core/check.h"
+#include "core/memory_budget.h"
+#include "core/mutex.h"
 #include "engine/internal/buffer_cache.h"
 #include "gpu/device.h"
 

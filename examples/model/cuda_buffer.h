@@ -7,8 +7,8 @@
 #include <cstddef>
 #include <span>
 
-#include "engine/core/result.h"
-#include "engine/core/status.h"
+#include "core/result.h"
+#include "core/status.h"
 
 namespace strata::examples {
 

@@ -5,8 +5,8 @@
 
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/str.h"
 
 namespace strata::examples {
 

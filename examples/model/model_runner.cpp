@@ -9,8 +9,8 @@
 #include <mutex>
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/str.h"
 
 namespace strata::examples {
 namespace {

@@ -7,8 +7,8 @@
 #include <span>
 #include <vector>
 
-#include "engine/core/result.h"
-#include "engine/core/status.h"
+#include "core/result.h"
+#include "core/status.h"
 #include "examples/model/residual_mlp.h"
 
 namespace strata::examples {

@@ -1,9 +1,9 @@
 // bf16/fp16 <-> fp32 adapters for the example model.
 #include "examples/model/precision.h"
 
-#include "engine/core/numerics.h"
-#include "engine/core/result.h"
-#include "engine/core/str.h"
+#include "core/numerics.h"
+#include "core/result.h"
+#include "core/str.h"
 
 namespace strata::examples {
 namespace {

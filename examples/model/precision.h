@@ -8,7 +8,7 @@
 #include <span>
 #include <string_view>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace strata::examples {
 

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/str.h"
 #include "examples/model/prng.h"
 
 namespace strata::examples {

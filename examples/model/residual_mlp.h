@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/result.h"
-#include "engine/core/status.h"
+#include "core/result.h"
+#include "core/status.h"
 
 namespace strata::examples {
 

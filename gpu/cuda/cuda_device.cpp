@@ -10,9 +10,9 @@
 #include <memory>
 #include <utility>
 
-#include "engine/core/logging.h"
-#include "engine/core/mutex.h"
-#include "engine/core/str.h"
+#include "core/logging.h"
+#include "core/mutex.h"
+#include "core/str.h"
 #include "gpu/cuda/cuda_kernels.h"
 #include "gpu/cuda_device.h"
 

@@ -1,14 +1,14 @@
 // Launchers of the CUDA device's kernels (private to gpu/cuda/). Each enqueues
 // one kernel on `stream` and returns the launch's error (cudaGetLastError).
 // Arguments are validated by gpu::Device before they get here; n > 0.
-// Formulas: engine/core/numerics.h, bit for bit (built with --fmad=false).
+// Formulas: core/numerics.h, bit for bit (built with --fmad=false).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 #include "gpu/device_span.h"
 
 namespace strata::gpu::cuda {

@@ -1,7 +1,7 @@
 // device_query through the CUDA runtime: the first CUDA translation unit.
 #include <cuda_runtime.h>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "gpu/device_query.h"
 
 namespace strata::gpu {

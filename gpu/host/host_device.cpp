@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "engine/core/check.h"
-#include "engine/core/mutex.h"
-#include "engine/core/numerics.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/mutex.h"
+#include "core/numerics.h"
+#include "core/str.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define STRATA_HOST_DEVICE_POISON 1

@@ -7,7 +7,7 @@
 #include <cstring>
 #include <vector>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "nvme/internal/io_driver.h"
 
 namespace strata::nvme::internal {

@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/result.h"
-#include "engine/core/status.h"
+#include "core/result.h"
+#include "core/status.h"
 #include "nvme/io_backend.h"
 
 namespace strata::nvme::internal {

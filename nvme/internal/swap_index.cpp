@@ -6,7 +6,7 @@
 #include <cstring>
 #include <span>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "nvme/crc64.h"
 
 namespace strata::nvme::internal {

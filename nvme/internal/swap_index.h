@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 
 namespace strata::nvme::internal {
 

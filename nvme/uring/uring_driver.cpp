@@ -10,7 +10,7 @@
 #include <deque>
 #include <vector>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "nvme/internal/io_driver.h"
 
 namespace strata::nvme::internal {

@@ -1,5 +1,5 @@
 // MemoryBudget: hard limits, errors that name the budget, concurrent charges.
-#include "engine/core/memory_budget.h"
+#include "core/memory_budget.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // numerics.h against independent references: a nearest-value search in double
 // for bf16, the compiler's _Float16 for fp16, a float64 Adam, and hand-worked
 // edge cases (ties, subnormals, NaN, inf).
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Status, Result and the control-flow macros.
-#include "engine/core/result.h"
-#include "engine/core/status.h"
+#include "core/result.h"
+#include "core/status.h"
 
 #include <gtest/gtest.h>
 

@@ -7,12 +7,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/clock.h"
-#include "engine/core/host_allocator.h"
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
-#include "engine/core/unique_fd.h"
+#include "core/aligned_buffer.h"
+#include "core/clock.h"
+#include "core/host_allocator.h"
+#include "core/logging.h"
+#include "core/str.h"
+#include "core/unique_fd.h"
 
 namespace strata::core {
 namespace {

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/numerics.h"
+#include "core/aligned_buffer.h"
+#include "core/numerics.h"
 
 namespace strata::adam {
 namespace {

@@ -18,7 +18,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 #include "engine/engine.h"
 
 namespace strata::engine::e2e {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 #include "engine/engine.h"
 #include "engine/safetensors.h"
 #include "tests/e2e/mlp_harness.h"

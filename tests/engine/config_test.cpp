@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "engine/core/logging.h"
-#include "engine/core/result.h"
+#include "core/logging.h"
+#include "core/result.h"
 
 namespace strata::engine {
 namespace {

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 #include "engine/safetensors.h"
 #include "nvme/crc64.h"
 #include "nvme/direct_file.h"

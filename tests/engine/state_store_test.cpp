@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/aligned_buffer.h"
-#include "engine/core/memory_budget.h"
+#include "core/aligned_buffer.h"
+#include "core/memory_budget.h"
 #include "engine/layout.h"
 #include "engine/state_store.h"
 #include "gpu/host_device.h"

@@ -15,8 +15,8 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/core/check.h"
-#include "engine/core/status.h"
+#include "core/check.h"
+#include "core/status.h"
 #include "examples/model/cuda_buffer.h"
 #include "examples/model/model_runner.h"
 #include "examples/model/precision.h"

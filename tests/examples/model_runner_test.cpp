@@ -13,7 +13,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 #include "examples/model/precision.h"
 #include "examples/model/prng.h"
 #include "examples/model/residual_mlp.h"

@@ -7,7 +7,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 
 namespace strata::examples {
 namespace {

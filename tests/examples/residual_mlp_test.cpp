@@ -9,7 +9,7 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace strata::examples {
 namespace {

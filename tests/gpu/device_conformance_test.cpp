@@ -1,6 +1,6 @@
 // Device conformance: the same tests over every gpu::Device backend (host
 // always; CUDA when built, skipped with the reason when no GPU is visible).
-// Kernels are compared bit for bit with engine/core/numerics.h evaluated here
+// Kernels are compared bit for bit with core/numerics.h evaluated here
 // on the CPU.
 #include <gtest/gtest.h>
 
@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/host_allocator.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/numerics.h"
+#include "core/host_allocator.h"
+#include "core/memory_budget.h"
+#include "core/numerics.h"
 #include "gpu/cuda_device.h"
 #include "gpu/device.h"
 #include "gpu/host_device.h"

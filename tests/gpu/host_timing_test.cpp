@@ -10,7 +10,7 @@
 #include <memory>
 #include <vector>
 
-#include "engine/core/memory_budget.h"
+#include "core/memory_budget.h"
 #include "gpu/device.h"
 #include "gpu/host_device.h"
 

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/memory_budget.h"
+#include "core/memory_budget.h"
 #include "nvme/crc64.h"
 #include "nvme/fault_injection.h"
 #include "tests/nvme/test_util.h"

@@ -19,9 +19,9 @@
 #include <thread>
 #include <vector>
 
-#include "engine/core/logging.h"
-#include "engine/core/memory_budget.h"
-#include "engine/core/unique_fd.h"
+#include "core/logging.h"
+#include "core/memory_budget.h"
+#include "core/unique_fd.h"
 #include "nvme/buffer_pool.h"
 #include "nvme/crc64.h"
 #include "tests/nvme/test_util.h"

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/memory_budget.h"
+#include "core/memory_budget.h"
 #include "tests/nvme/test_util.h"
 
 extern char** environ;

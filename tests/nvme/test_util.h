@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/core/aligned_buffer.h"
+#include "core/aligned_buffer.h"
 #include "nvme/io_backend.h"
 
 namespace strata::nvme::testing_util {

@@ -5,7 +5,7 @@
 
 #include <utility>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 #include "examples/model/cuda/cuda_check.h"
 
 namespace strata::examples {

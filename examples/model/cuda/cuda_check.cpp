@@ -4,8 +4,8 @@
 #include <string>
 #include <utility>
 
-#include "engine/core/logging.h"
-#include "engine/core/str.h"
+#include "core/logging.h"
+#include "core/str.h"
 
 namespace strata::examples::cuda {
 

@@ -7,7 +7,7 @@
 
 #include <string_view>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace strata::examples::cuda {
 

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/str.h"
 #include "examples/model/cuda/cuda_check.h"
 #include "examples/model/cuda/model_kernels.h"
 

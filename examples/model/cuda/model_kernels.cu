@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "engine/core/numerics.h"
+#include "core/numerics.h"
 
 namespace strata::examples::cuda {
 namespace {

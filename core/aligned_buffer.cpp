@@ -1,10 +1,10 @@
 // AlignedBuffer: aligned_alloc with an owner.
-#include "engine/core/aligned_buffer.h"
+#include "core/aligned_buffer.h"
 
 #include <cstdlib>
 #include <utility>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::core {
 

@@ -7,8 +7,8 @@
 #include <utility>
 #include <variant>
 
-#include "engine/core/check.h"
-#include "engine/core/status.h"
+#include "core/check.h"
+#include "core/status.h"
 
 namespace strata::core {
 

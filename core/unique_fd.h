@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-#include "engine/core/status.h"
+#include "core/status.h"
 
 namespace strata::core {
 

@@ -1,5 +1,5 @@
 // Byte formatting and parsing.
-#include "engine/core/str.h"
+#include "core/str.h"
 
 #include <cctype>
 #include <cmath>

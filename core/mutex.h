@@ -6,7 +6,7 @@
 #include <condition_variable>
 #include <mutex>
 
-#include "engine/core/thread_annotations.h"
+#include "core/thread_annotations.h"
 
 namespace strata::core {
 

@@ -1,10 +1,10 @@
 // MemoryBudget: lock-free charge and release.
-#include "engine/core/memory_budget.h"
+#include "core/memory_budget.h"
 
 #include <utility>
 
-#include "engine/core/check.h"
-#include "engine/core/str.h"
+#include "core/check.h"
+#include "core/str.h"
 
 namespace strata::core {
 

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <string_view>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 
 namespace strata::core {
 

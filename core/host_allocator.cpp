@@ -1,10 +1,10 @@
-#include "engine/core/host_allocator.h"
+#include "core/host_allocator.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <utility>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::core {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <span>
 
-#include "engine/core/result.h"
+#include "core/result.h"
 
 namespace strata::core {
 

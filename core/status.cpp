@@ -1,12 +1,12 @@
 // Status implementation: factories, errno mapping, formatting.
-#include "engine/core/status.h"
+#include "core/status.h"
 
 #include <cerrno>
 #include <cstring>
 #include <ostream>
 #include <string>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::core {
 

@@ -1,10 +1,10 @@
 // UniqueFd.
-#include "engine/core/unique_fd.h"
+#include "core/unique_fd.h"
 
 #include <cerrno>
 #include <unistd.h>
 
-#include "engine/core/str.h"
+#include "core/str.h"
 
 namespace strata::core {
 

@@ -1,5 +1,5 @@
 // Logging: level, sink and the message object.
-#include "engine/core/logging.h"
+#include "core/logging.h"
 
 #include <atomic>
 #include <cctype>
@@ -9,7 +9,7 @@
 #include <mutex>
 #include <string>
 
-#include "engine/core/check.h"
+#include "core/check.h"
 
 namespace strata::core {
 namespace {
