@@ -303,8 +303,9 @@ class Engine:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"strata.torch: model must be a torch.nn.Module, not {type(model).__name__}")
         self.module = model
-        self.config = _engine.config_resolve(config)
-        self._engine = _engine.Engine(config)
+        text = _engine._config_text(config)  # a path is read once
+        self.config = _engine.config_resolve(text)
+        self._engine = _engine.Engine(text)
         self._closed = False
         self._hooks = []
         self._units = []
@@ -313,6 +314,7 @@ class Engine:
         self._zero_copy = not copy_views
         self._copy_views = copy_views
         self._saving = None          # the saved-tensor hooks context while a forward runs (see _pack)
+        self._root_saving = False    # the model's own forward turned it on
         self._by_storage = {}        # storage address of a fetched group's buffer -> the group
         self._recomputing = []       # units whose forward runs inside the backward (recomputation)
         self._failed = None          # why a backward failed part-way (the step cannot be completed)
@@ -338,13 +340,13 @@ class Engine:
                 if id(b) not in names:
                     raise ValueError("strata.torch: a module in `blocks` is not part of the model")
                 block_list.append((names[id(b)], b))
-        block_names = {n for n, _ in block_list}
+        block_modules = dict(block_list)
 
         def block_of(module_name):
             parts = module_name.split(".") if module_name else []
             for i in range(1, len(parts) + 1):
                 prefix = ".".join(parts[:i])
-                if prefix in block_names:
+                if prefix in block_modules:
                     return prefix
             return None
 
@@ -385,7 +387,7 @@ class Engine:
                     g = self._groups.setdefault(gname, _Group(gname))
                     rec.group = g
                     g.params.append(rec)
-                unit_module = dict(block_list)[b] if b is not None else module
+                unit_module = block_modules[b] if b is not None else module
                 unit_name = b if b is not None else (mname or "<root>")
                 unit = units.get(id(unit_module))
                 if unit is None:
@@ -499,9 +501,7 @@ class Engine:
         self._hooks.append(model.register_forward_hook(lambda m, args, out: _call_engine(me, "_root_post")))
 
     def _init_from_tensor(self, name, out):
-        name = name[len(self._name_prefix):]
-        rec = self._params_by_name()[name]
-        src = self._sources.pop(name)
+        src = self._sources.pop(name[len(self._name_prefix):])
         with _as_internal(), torch.no_grad():
             t = src.detach().to(device="cpu", dtype=torch.float32).contiguous()
         ctypes.memmove(out, t.data_ptr(), t.numel() * 4)
@@ -649,7 +649,7 @@ class Engine:
                 self._drop(g)
 
     def _root_post(self):
-        if not self._closed and getattr(self, "_root_saving", False):
+        if not self._closed and self._root_saving:
             self._root_saving = False
             self._end_saving()
 
@@ -676,29 +676,26 @@ class Engine:
             return None
         if kwargs is None:
             return _map_tensors(args, lambda ts: _PostBackward.apply(unit, *ts))
-        found = []
-        args, kwargs = _map_tensors((args, kwargs), lambda ts: found.extend(ts) or _PostBackward.apply(unit, *ts))
-        return args, kwargs
+        return _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(unit, *ts))
 
     @_timed
     def _forward_post(self, unit, output):
         if self._closed:
             return None
-        if getattr(unit, "saving", False):
+        if unit.saving:
             unit.saving = False
             self._end_saving()
         if torch.is_grad_enabled():
             marked = []
             output = _map_tensors(output, lambda ts: marked.extend(ts) or _PreBackward.apply(unit, *ts))
-            if not marked and self._needs_marks(unit):
+            if not marked and any(g.trainable for g in unit.groups):
                 raise errors.Unimplemented(
                     f"strata.torch: module '{unit.name}' returned {type(output).__name__}, in which the adapter "
                     f"finds no tensor that requires grad; return tensors, or tuples, lists, dicts or dataclasses "
                     f"of them, so that its backward can fetch its parameters", status="UNIMPLEMENTED")
         if self._in_backward and unit in self._recomputing:
-            self._recomputing.reverse()
-            self._recomputing.remove(unit)
-            self._recomputing.reverse()
+            last = len(self._recomputing) - 1 - self._recomputing[::-1].index(unit)
+            del self._recomputing[last]
             for g in unit.groups:
                 if g.backward_refs == 0:
                     # Reentrant checkpointing: the recomputed graph's backward
@@ -711,9 +708,6 @@ class Engine:
         for g in unit.groups:
             self._release(g)
         return output
-
-    def _needs_marks(self, unit):
-        return any(rec.trainable for g in unit.groups for rec in g.params)
 
     @_timed
     def _pre_backward(self, unit):
@@ -817,20 +811,21 @@ class Engine:
             loss.backward(retain_graph=retain_graph)
         except BaseException as e:
             self._in_backward = False
-            if self._nonfinite_skips():
-                # Complete the micro-batch with NaN gradients: the engine skips
-                # the step (strata.nonfinite "skip", or the fp16 scaler), so no
-                # weight or moment takes the partial gradients.
-                self._end_backward(poison=True)
-                self._micro += 1
-                if self._micro < self.gradient_accumulation_steps:
-                    self._engine.micro_step_end()
-            else:
+            if not self._nonfinite_skips():
                 self._abandon_backward()
                 self._failed = f"{type(e).__name__}: {e}"
+                raise
+            # Complete the micro-batch with NaN gradients: the engine skips the
+            # step (strata.nonfinite "skip", or the fp16 scaler), so no weight
+            # or moment takes the partial gradients.
+            self._end_backward(poison=True)
+            self._close_micro_batch()
             raise
         self._in_backward = False
         self._end_backward()
+        self._close_micro_batch()
+
+    def _close_micro_batch(self):
         self._micro += 1
         if self._micro < self.gradient_accumulation_steps:
             self._engine.micro_step_end()
@@ -919,8 +914,7 @@ class Engine:
     @contextlib.contextmanager
     def resident(self):
         """Groups fetched inside stay fetched until the context ends (evaluation,
-        generation: no fetch per call). Every group, with `all=True` semantics,
-        through gather()."""
+        generation: no fetch per call). gathered() fetches every group."""
         self._resident_depth += 1
         try:
             yield self
@@ -949,12 +943,9 @@ class Engine:
         and buffers, as module.state_dict()): the fp32 masters of trainable
         parameters, the compute copies of frozen ones, in `dtype` on the CPU."""
         out = {}
-        by_group = {}
-        for rec in self._order:
-            by_group.setdefault(rec.group.name, []).append(rec)
         for g in self._group_list:
             flat = None
-            for rec in by_group.get(g.name, []):
+            for rec in g.params:
                 if rec.trainable:
                     t = torch.empty(rec.shape, dtype=torch.float32)
                     self._engine.read_master(self._name_prefix + rec.name, t)
@@ -970,18 +961,13 @@ class Engine:
         return {k: out[k] for k in order if k in out}
 
     def _host_copy(self, g):
-        if g.flat is not None:
-            return g.flat.detach().to("cpu")
-        if self.device == "cuda":
-            self._acquire(g)
-            try:
-                return g.flat.detach().to("cpu")
-            finally:
-                self._release(g)
-        flat = torch.empty(g.numel, dtype=self.dtype)
-        self._engine.fetch_host(g.name, flat)
-        self._engine.release(g.name)
-        return flat
+        """A copy of the group's compute copies in host memory (fetched for it
+        when the group is not fetched)."""
+        self._acquire(g)
+        try:
+            return g.flat.detach().to("cpu", copy=True)
+        finally:
+            self._release(g)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
         """Writes the weights as safetensors under the model's parameter names
