@@ -96,6 +96,12 @@ def test_errors_carry_the_status_and_message(swap_dir):
             e.step_end()  # the trainable group's gradients are missing
         with pytest.raises(strata.FailedPrecondition, match="frozen"):
             e.read_master("frozen", torch.empty(3))
+        with pytest.raises(strata.InvalidArgument, match="float32, not torch.bfloat16"):
+            e.read_master("w", torch.empty(64, dtype=torch.bfloat16))
+        with pytest.raises(strata.InvalidArgument, match="contiguous"):
+            e.fetch_host("layer", torch.empty(2 * e.group_info("layer").numel)[::2])
+        with pytest.raises(strata.InvalidArgument, match="read-only"):
+            e.read_master("w", bytes(128))
 
 
 def test_an_init_function_that_raises_fails_finalize(swap_dir):
