@@ -60,6 +60,31 @@ void from_compute(const std::byte* src, std::span<float> dst, int bytes, Precisi
   }
 }
 
+// The bytes of one of a schedule's extra copies (Schedule::extra_memory) in
+// this layout.
+std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
+  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
+  std::uint64_t bytes = 0;
+  switch (basis) {
+    case ExtraBasis::kNvmeState: return StateStore::nvme_bytes(layout, false);
+    case ExtraBasis::kNvmeGroupCompute:
+      for (const GroupPlace& gp : layout.groups) {
+        for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+          if (layout.chunks[c].state_tier != Tier::kNvme) continue;
+          bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
+          break;
+        }
+      }
+      return bytes;
+    case ExtraBasis::kTrainableGroupCompute:
+      for (const GroupPlace& gp : layout.groups) {
+        if (gp.chunk_count > 0) bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
+      }
+      return bytes;
+  }
+  return bytes;
+}
+
 // Adds the seconds from construction to destruction to `total`.
 class StageTimer {
  public:
@@ -79,7 +104,9 @@ class StageTimer {
 Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
     : config_(config),
       scaler_(std::move(scaler)),
-      schedule_(std::move(schedule)),
+      lr_schedule_(std::move(schedule)),
+      schedule_(schedule_for(config.strata.overlap)),
+      rules_(StepRules::of(config)),
       shared_device_(std::make_shared<SharedDevice>(
           config.strata.budgets.device_bytes != 0                ? config.strata.budgets.device_bytes
           : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
@@ -270,7 +297,7 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
-  if (grads_queue_ != nullptr) {
+  if (schedule_.threaded()) {
     // Gradient passes in flight hold device buffers: let them finish, then try again.
     STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
     b = device_cache_->get(bytes, what);
@@ -317,24 +344,16 @@ core::Status Engine::finalize() {
 
   // Budgets up front, with the numbers (the allocations below enforce them too).
   TierBytes need = layout_.bytes();
-  // Speculative updates keep a second version of the state on nvme, and the
-  // new compute copies of those groups in pinned memory until step_end.
-  if (speculative()) {
-    need.nvme += StateStore::nvme_bytes(layout_, false);
-    for (const GroupPlace& gp : layout_.groups) {
-      for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-        if (layout_.chunks[c].state_tier != Tier::kNvme) continue;
-        need.pinned += static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
-        break;
-      }
-    }
-  }
-  // The one-step delayed update keeps each trainable group's new compute
-  // copies in pinned memory from its update to the next step_end.
-  if (delayed()) {
-    for (const GroupPlace& gp : layout_.groups) {
-      if (gp.chunk_count == 0) continue;
-      need.pinned += static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+  // What the schedule holds beyond the placement's state, and why.
+  std::string pinned_why, nvme_why;
+  for (const ScheduleExtra& x : schedule_.extra_memory()) {
+    const std::uint64_t bytes = extra_bytes(layout_, x.basis);
+    if (x.tier == Tier::kNvme) {
+      need.nvme += bytes;
+      nvme_why = str_cat(" (with ", x.why, ")");
+    } else {
+      need.pinned += bytes;
+      pinned_why = str_cat(" (with ", x.why, ")");
     }
   }
   if (need.device > device_budget_.limit_bytes()) {
@@ -345,12 +364,7 @@ core::Status Engine::finalize() {
   }
   if (need.pinned > pinned_budget_.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
-                                              " of state in pinned memory",
-                                              speculative() ? " (with the new compute copies that strata.overlap "
-                                                              "\"speculative\" holds until step_end)"
-                                              : delayed() ? " (with the new compute copies that strata.overlap "
-                                                            "\"delayed\" holds until the next step_end)"
-                                                          : "",
+                                              " of state in pinned memory", pinned_why,
                                               "; strata.budgets.pinned allows ",
                                               core::format_bytes(pinned_budget_.limit_bytes()),
                                               ". Put the optimizer state on nvme or raise the budget"));
@@ -361,7 +375,7 @@ core::Status Engine::finalize() {
     const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
     if (config_.strata.budgets.disk_bytes != 0 && config_.strata.budgets.disk_bytes < need.nvme) {
       return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.nvme),
-                                                " on nvme", speculative() ? " (two versions of the optimizer state: strata.overlap is \"speculative\")" : "",
+                                                " on nvme", nvme_why,
                                                 "; strata.budgets.disk allows ",
                                                 core::format_bytes(config_.strata.budgets.disk_bytes)));
     }
@@ -386,7 +400,7 @@ core::Status Engine::finalize() {
   ao.tile_elems = config_.strata.cpu_adam.tile_elems;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
 
-  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get(), speculative()));
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get(), schedule_.second_state_version()));
   STRATA_ASSIGN_OR_RETURN(opt_stream_, device_->create_stream("optimizer"));
   if (layout_.trainable_elems > 0) {
     const auto bytes = static_cast<std::size_t>(layout_.trainable_elems) * static_cast<std::size_t>(layout_.grad_bytes);
@@ -433,7 +447,7 @@ core::Status Engine::finalize() {
   group_done_job_.assign(layout_.groups.size(), 0);
   grad_copies_done_.assign(layout_.groups.size(), 0);
   grads_in_job_.assign(layout_.groups.size(), 0);
-  if (config_.strata.overlap != OverlapMode::kNone) {
+  if (schedule_.threaded()) {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
     grads_queue_ = std::make_unique<SerialQueue>();
     pass_queue_ = std::make_unique<SerialQueue>();
@@ -573,10 +587,10 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   if (gs.fetched) {
     return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
   }
-  if (spec_applying_ && gs.grads_micro_step == micro_step_) {
+  if (applying_in_place_ && gs.grads_micro_step == micro_step_) {
     return Status::failed_precondition(str_cat(
         "fetch('", group, "'): its gradients of the step's last micro-batch are in, and the optimizer is updating it "
-        "in place (strata.overlap \"", to_string(config_.strata.overlap),
+        "in place (strata.overlap \"", schedule_.name(),
         "\" with no clipping, no loss scaler and strata.nonfinite \"apply\"); fetch it again after step_end"));
   }
   // The last step's optimizer may still be writing this group's copies
@@ -632,7 +646,7 @@ core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
     STRATA_RETURN_IF_ERROR(device_->record(ev, *used_on));
     fence = std::make_shared<gpu::Event>(std::move(ev));
   }
-  if (prefetch_queue_ != nullptr && layout_.groups[g].compute_tier != Tier::kDevice) {
+  if (schedule_.threaded() && layout_.groups[g].compute_tier != Tier::kDevice) {
     keep_resident(g, std::move(gs.working), std::move(fence));  // the overlapped schedules keep it while current
   } else {
     device_cache_->put(std::move(gs.working), std::move(fence));
@@ -660,7 +674,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
         str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
   }
   // (Under "delayed" the gradient pass waits instead: see grads_ready.)
-  if (!delayed()) STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
+  if (schedule_.gradients_wait_for_optimizer()) STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
   // The group's last gradients are down (they may still be on their way
   // when step_end did not wait for them): so the framework runs at most a
   // step ahead of the copies, with one gradient buffer per group.
@@ -721,7 +735,7 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   // the pass thread waits for the job submitted by now (the next step_end
   // may submit another before the pass runs).
   std::int64_t pass_after_job = 0;
-  if (delayed() && grads_queue_ != nullptr) {
+  if (!schedule_.gradients_wait_for_optimizer()) {
     const core::MutexLock lock(opt_mu_);
     pass_after_job = submitted_job_;
   } else {
@@ -749,9 +763,9 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   // updates each group as its gradients of the last micro-batch are in.
   std::int64_t spec = 0;
   if (early_jobs() && micro_step + 1 == config_.gradient_accumulation_steps) {
-    if (spec_job_ == 0) STRATA_RETURN_IF_ERROR(start_speculative_job());
-    spec = spec_job_;
-    spec_applying_ = certain_steps();
+    if (early_job_ == 0) STRATA_RETURN_IF_ERROR(start_early_job());
+    spec = early_job_;
+    applying_in_place_ = certain_steps();
   }
   // The copy down runs on the gradient thread, the device buffer with it
   // (the next grad_buffer gets a new one); the pass on the pass thread, so
@@ -980,17 +994,17 @@ core::Result<StepStats> Engine::step_end() {
       // overlap "speculative": the job under way applies these very constants
       // (no clipping, same learning rate): it commits what it did and goes on.
       const bool speculated =
-          spec_job_ != 0 && constants.size() == spec_constants_.size() &&
-          std::memcmp(constants.data(), spec_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
+          early_job_ != 0 && constants.size() == early_constants_.size() &&
+          std::memcmp(constants.data(), early_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
       // A certain job under way has updated in place already: it cannot but
       // agree (set_lr is refused while it applies).
-      if (spec_applying_ && !speculated) {
+      if (applying_in_place_ && !speculated) {
         return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
       }
-      if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, speculated));
+      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(early_job_, speculated));
       if (!speculated) job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
-      const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
-      if (job != nullptr && config_.strata.overlap == OverlapMode::kNone) {
+      const double lr = lr_override_ >= 0.0 ? lr_override_ : lr_schedule_.lr_for_step(applied_steps_ + 1);
+      if (job != nullptr && !schedule_.threaded()) {
         // The sequential schedule: the optimizer runs here, to the end.
         TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
         STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
@@ -1001,14 +1015,14 @@ core::Result<StepStats> Engine::step_end() {
       stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
     } else {
       // A speculative job under way stops; nothing it did is committed.
-      if (spec_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(spec_job_, false));
+      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(early_job_, false));
       ++skipped_steps_;
     }
     stats.skipped = skip;
     stats.norm_step = applied_steps_ + skipped_steps_;
   }
-  spec_job_ = 0;
-  spec_applying_ = false;
+  early_job_ = 0;
+  applying_in_place_ = false;
   stats.step = applied_steps_;
   stats.skipped_total = skipped_steps_;
   stats.loss_scale = scaler_.scale();
@@ -1034,7 +1048,7 @@ core::Result<StepStats> Engine::step_end() {
   times_ = {};
   micro_step_ = 0;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
-  if (applied && !delayed()) {
+  if (applied && !schedule_.delays_update()) {
     // A copy prefetched during this step (an evaluation pass's, or one the
     // trace ran ahead to), or kept since a release, holds compute copies the
     // step's job replaces.
@@ -1045,7 +1059,7 @@ core::Result<StepStats> Engine::step_end() {
   // The next step's job starts now (overlap "speculative", or "exact" with
   // certain steps), so that it reads the first chunks the backward will need
   // while the forward runs.
-  if (early_jobs()) STRATA_RETURN_IF_ERROR(start_speculative_job());
+  if (early_jobs()) STRATA_RETURN_IF_ERROR(start_early_job());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }
@@ -1081,7 +1095,7 @@ void Engine::drop_pending(GroupState& gs) {
 }
 
 core::Status Engine::flush_delayed(const char* op) {
-  if (!delayed()) return Status();
+  if (!schedule_.delays_update()) return Status();
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
   return commit_pending(op);
 }

@@ -48,6 +48,7 @@
 #include "engine/layout.h"
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
+#include "engine/schedule/schedule.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
 
@@ -291,14 +292,10 @@ class Engine {
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   // grad_buffer's body, for group g (mu_ held).
   core::Result<gpu::DeviceSpan> grad_buffer_locked(std::size_t g);
-  bool speculative() const { return config_.strata.overlap == OverlapMode::kSpeculative; }
-  bool delayed() const { return config_.strata.overlap == OverlapMode::kDelayed; }
   // Whether fetch (and prefetch) of group g waits for the last step's job
-  // on it: always, except under "delayed" (which writes the new copies
-  // elsewhere) when the copies are not on nvme (whose block the job reads,
-  // and one block takes one I/O at a time).
+  // on it (Schedule::fetch_waits_for_optimizer).
   bool waits_for_optimizer(std::size_t g) const {
-    return !delayed() || layout_.groups[g].compute_tier == Tier::kNvme;
+    return schedule_.fetch_waits_for_optimizer(layout_.groups[g].compute_tier);
   }
   // overlap "delayed": the new compute copies the last step's job left go
   // home (after it finished), and device copies of the old ones are dropped.
@@ -309,26 +306,25 @@ class Engine {
   // save_checkpoint): the last step's update becomes visible at once instead
   // of at the next step_end.
   core::Status flush_delayed(const char* op);
-  // overlap "delayed" without fp16 and without strata.nonfinite "error":
-  // step_end does not wait for the step's last gradients. It posts a marker
-  // behind them on the gradient path (Engine::post_gradients_marker), which
-  // takes the norm and the inf/NaN flag once they are in; the step's job
-  // waits for it, then takes the verdict (skip, clip) and computes its
-  // constants. The verdicts come back through wait_optimizer (fold_verdicts).
-  bool deferred_verdicts() const;
+  // Schedule::defers_verdicts: step_end does not wait for the step's last
+  // gradients. It posts a marker behind them on the gradient path
+  // (Engine::post_gradients_marker), which takes the norm and the inf/NaN
+  // flag once they are in; the step's job waits for it, then takes the
+  // verdict (skip, clip) and computes its constants. The verdicts come back
+  // through wait_optimizer (fold_verdicts).
+  bool deferred_verdicts() const { return schedule_.defers_verdicts(rules_); }
   void post_gradients_marker(std::int64_t seq);
   void note_gradient_failure(const core::Status& s);
   void fold_verdicts();
-  // Nothing the gradients hold can change a step's constants or skip it: no
-  // clipping, no fp16 loss scaler, strata.nonfinite "apply". Then the step's
-  // job (overlap "exact" or "speculative") updates every chunk in place as
-  // its group's gradients arrive: its work is final, never thrown away.
-  bool certain_steps() const;
+  // StepRules::certain: the step's early job (Schedule::early_jobs) updates
+  // every chunk in place as its group's gradients arrive: its work is final,
+  // never thrown away.
+  bool certain_steps() const { return rules_.certain(); }
   // Sorts groups into the order the backward hands their gradients over.
   void sort_in_backward_order(std::vector<std::size_t>& groups) const;
   // The step's optimizer job starts before step_end (and the next one at
-  // step_end): "speculative", or "exact" with certain steps.
-  bool early_jobs() const;
+  // step_end): Schedule::early_jobs.
+  bool early_jobs() const { return schedule_.early_jobs(rules_); }
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const;
@@ -376,23 +372,24 @@ class Engine {
   // in its constants.
   core::Result<bool> take_verdict(OptimizerJob& job);
   // Starts the job on the optimizer thread (overlap "exact") or runs it here
-  // (overlap "none"); returns its id. A speculative job's id is not waited for
+  // (overlap "none"); returns its id. An early job's id is not waited for
   // (fetch and the rest wait for the last decided job) until its verdict.
   core::Result<std::int64_t> submit_optimizer_job(std::unique_ptr<OptimizerJob> job);
-  // overlap "speculative": the step's speculative job (grads_ready, the first
-  // of the step's last micro-batch), the gradient pass's note that a group's
-  // gradients are in, and step_end's verdict: `apply` when the step applies
-  // exactly the speculated constants (the job commits what it did and goes on
-  // in the next forward's order), else the job stops (step_end waits until it
-  // no longer touches the gradients) and nothing it did is committed.
   std::vector<core::numerics::AdamStepConstants> step_constants(double clip_coefficient) const;
   // Per optimizer group, the next step's hyperparameters (its learning rate,
   // from the schedule or set_lr, times the group's lr_scale).
   std::vector<core::numerics::AdamHyperparams> step_hyperparams() const;
-  core::Status start_speculative_job();
+  // Schedule::early_jobs: the step's early job (started by grads_ready, the
+  // first of the step's last micro-batch, or by the last step_end), the
+  // gradient pass's note that a group's gradients are in, and step_end's
+  // verdict: `apply` when the step applies exactly the constants the job
+  // assumed (the job commits what it did and goes on in the next forward's
+  // order), else the job stops (step_end waits until it no longer touches
+  // the gradients) and nothing it did is committed.
+  core::Status start_early_job();
   void note_grads_in(std::size_t g, std::int64_t job);
   core::Status settle_speculation(std::int64_t job, bool apply, bool reads_too = false);
-  // Stops the speculative job started ahead (at step_end, for the next step)
+  // Stops the early job started ahead (at step_end, for the next step)
   // before a call reads the optimizer state it may be reading (read_state,
   // checkpoints, export): the next grads_ready starts another. (It reads a
   // group's compute copies only once that group's gradients are in.)
@@ -403,7 +400,7 @@ class Engine {
   // place (from the first gradients of the step's last micro-batch to
   // step_end): the state and compute copies are part new, part old.
   core::Status refuse_while_applying(const char* op) const;
-  // The optimizer thread's gate before a speculative job updates group g:
+  // The optimizer thread's gate before an early job updates group g:
   // waits until g's gradients are in (when `undoable`) or the verdict came.
   enum class Gate { kGo, kGoDecided, kStop };
   Gate speculation_gate(const OptimizerJob& job, std::size_t g, bool undoable);
@@ -480,7 +477,11 @@ class Engine {
 
   Config config_;
   LossScaler scaler_;
-  LrSchedule schedule_;
+  LrSchedule lr_schedule_;
+  // strata.overlap: what the step does in its mode (engine/schedule/), and
+  // what decides whether its verdict can change anything.
+  const Schedule& schedule_;
+  const StepRules rules_;
   double lr_override_ = -1.0;
   std::vector<ParamDesc> params_;
   std::vector<InitFn> inits_;  // empty: from pretrained_
@@ -538,14 +539,14 @@ class Engine {
   std::int64_t finished_job_ = 0;               // opt_mu_
   std::vector<std::int64_t> group_done_job_;    // opt_mu_: per group, the last job done with it
   core::Status opt_error_;                      // opt_mu_
-  // overlap "speculative" (engine/optimizer.cpp).
-  std::int64_t spec_job_ = 0;                   // mu_: the step's speculative job (0: none yet)
-  bool spec_applying_ = false;                  // mu_: it is certain and has gradients (see certain_steps)
-  std::vector<core::numerics::AdamStepConstants> spec_constants_;  // mu_: its constants
-  std::vector<std::int64_t> grads_in_job_;      // opt_mu_: per group, the speculative job whose gradients are in
-  std::int64_t verdict_job_ = 0;                // opt_mu_: the speculative job with a verdict, and the verdict
+  // Early jobs (Schedule::early_jobs; engine/optimizer.cpp).
+  std::int64_t early_job_ = 0;                  // mu_: the step's early job (0: none yet)
+  bool applying_in_place_ = false;              // mu_: it is certain and has gradients (see certain_steps)
+  std::vector<core::numerics::AdamStepConstants> early_constants_;  // mu_: its constants
+  std::vector<std::int64_t> grads_in_job_;      // opt_mu_: per group, the early job whose gradients are in
+  std::int64_t verdict_job_ = 0;                // opt_mu_: the early job with a verdict, and the verdict
   bool verdict_apply_ = false;                  // opt_mu_
-  std::int64_t quiet_job_ = 0;                  // opt_mu_: the last speculative job that stopped updating
+  std::int64_t quiet_job_ = 0;                  // opt_mu_: the last early job that stopped updating
   std::int64_t reads_done_job_ = 0;             // opt_mu_: ... and whose reads of the current state ended
   bool opt_stop_ = false;                       // opt_mu_
   // Deferred verdicts (see deferred_verdicts): the last gradient marker

@@ -21,13 +21,11 @@
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
 #include "core/result.h"
+#include "engine/config.h"
+#include "engine/tier.h"
 
 namespace strata::engine {
-
-enum class Tier { kDevice, kPinned, kNvme };
-std::string_view to_string(Tier t);  // "device", "pinned", "nvme"
 
 inline constexpr std::int64_t kParamAlignElems = 64;
 

@@ -74,7 +74,7 @@ core::Status Engine::create_staging_ring() {
     // Derived: four slots (six when speculative: reads also run ahead of the
     // gradients), or fewer when pinned memory is tight (at most half of what
     // it has left, and at least one slot).
-    const auto depth = static_cast<std::uint64_t>(optimizer_ring_depth(config_.strata.overlap));
+    const auto depth = static_cast<std::uint64_t>(schedule_.ring_depth());
     slots = depth;
     if (pinned_budget_.limit_bytes() != core::MemoryBudget::kUnlimited) {
       slots = std::clamp<std::uint64_t>(pinned_budget_.available_bytes() / (2 * slot), 1, depth);
@@ -111,18 +111,13 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     if (!placed[g]) job->order.push_back(g);
   }
-  job->delayed = delayed();
-  if (job->delayed && std::none_of(layout_.groups.begin(), layout_.groups.end(),
-                                   [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; })) {
-    // The next forward reads the old compute copies and waits for nothing:
-    // the job has until each group's next grad_buffer, so it goes in the
-    // backward's order. (Compute copies on nvme: the forward's fetches wait
-    // for the job, which keeps the forward's order.)
-    sort_in_backward_order(job->order);
-  }
-  const bool overlap = config_.strata.overlap != OverlapMode::kNone;
-  job->read_ahead = overlap && !ring_.empty() ? ring_.size() - 1 : 0;
-  job->write_behind = overlap;
+  job->delayed = schedule_.delays_update();
+  const bool compute_on_nvme = std::any_of(layout_.groups.begin(), layout_.groups.end(),
+                                           [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
+  if (schedule_.updates_in_backward_order(compute_on_nvme)) sort_in_backward_order(job->order);
+  const bool threaded = schedule_.threaded();
+  job->read_ahead = threaded && !ring_.empty() ? ring_.size() - 1 : 0;
+  job->write_behind = threaded;
   return job;
 }
 
@@ -130,7 +125,7 @@ core::Result<std::int64_t> Engine::submit_optimizer_job(std::unique_ptr<Optimize
   {
     const core::MutexLock lock(opt_mu_);
     job->id = ++next_job_id_;
-    if (!job->speculative) submitted_job_ = job->id;
+    if (!job->early) submitted_job_ = job->id;
     if (opt_thread_.joinable()) {
       const std::int64_t id = job->id;
       pending_jobs_.push_back(std::move(job));
@@ -151,7 +146,7 @@ void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {
   opt_bytes_ += job.bytes;
   opt_seconds_ += job.seconds;
   opt_discarded_ += job.discarded_elems;
-  if (job.speculative) {
+  if (job.early) {
     quiet_job_ = std::max(quiet_job_, job.id);
     reads_done_job_ = std::max(reads_done_job_, job.id);
   }
@@ -185,7 +180,7 @@ void Engine::stop_optimizer_thread() {
 }
 
 std::vector<nx::AdamHyperparams> Engine::step_hyperparams() const {
-  const double lr = lr_override_ >= 0.0 ? lr_override_ : schedule_.lr_for_step(applied_steps_ + 1);
+  const double lr = lr_override_ >= 0.0 ? lr_override_ : lr_schedule_.lr_for_step(applied_steps_ + 1);
   std::vector<nx::AdamHyperparams> hyper;
   for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
     hyper.push_back({.lr = lr * og.lr_scale,
@@ -203,11 +198,6 @@ std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficien
   const double grad_scale =
       nx::combined_grad_scale(scaler_.scale(), clip_coefficient, config_.gradient_accumulation_steps);
   return adam_constants(step_hyperparams(), applied_steps_ + 1, grad_scale);
-}
-
-bool Engine::deferred_verdicts() const {
-  return delayed() && config_.precision != Precision::kFp16 && config_.strata.nonfinite != NonfinitePolicy::kError &&
-         grads_queue_ != nullptr;
 }
 
 void Engine::post_gradients_marker(std::int64_t seq) {
@@ -267,20 +257,11 @@ void Engine::sort_in_backward_order(std::vector<std::size_t>& groups) const {
   });
 }
 
-bool Engine::certain_steps() const {
-  return config_.gradient_clipping <= 0.0 && config_.precision != Precision::kFp16 &&
-         config_.strata.nonfinite == NonfinitePolicy::kApply;
-}
-
-bool Engine::early_jobs() const {
-  return speculative() || (config_.strata.overlap == OverlapMode::kExact && certain_steps());
-}
-
-core::Status Engine::start_speculative_job() {
+core::Status Engine::start_early_job() {
   // The constants of a step that is applied and not clipped.
-  spec_constants_ = step_constants(1.0);
-  std::unique_ptr<OptimizerJob> job = make_optimizer_job(spec_constants_, applied_steps_ + 1);
-  job->speculative = true;
+  early_constants_ = step_constants(1.0);
+  std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_constants_, applied_steps_ + 1);
+  job->early = true;
   job->certain = certain_steps();
   // Update in the order the backward hands gradients over; after the
   // verdict, in the next forward's order.
@@ -305,7 +286,7 @@ core::Status Engine::start_speculative_job() {
     }
     std::stable_partition(job->order.begin(), job->order.end(), [&](std::size_t g) { return !job->deferred[g]; });
   }
-  STRATA_ASSIGN_OR_RETURN(spec_job_, submit_optimizer_job(std::move(job)));
+  STRATA_ASSIGN_OR_RETURN(early_job_, submit_optimizer_job(std::move(job)));
   return Status();
 }
 
@@ -316,21 +297,20 @@ void Engine::note_grads_in(std::size_t g, std::int64_t job) {
 }
 
 core::Status Engine::refuse_while_applying(const char* op) const {
-  if (!spec_applying_) return Status();
+  if (!applying_in_place_) return Status();
   return Status::failed_precondition(str_cat(
-      op, ": the optimizer is applying this step during the backward (strata.overlap \"",
-      to_string(config_.strata.overlap),
+      op, ": the optimizer is applying this step during the backward (strata.overlap \"", schedule_.name(),
       "\" with no clipping, no loss scaler and strata.nonfinite \"apply\" updates each group as its gradients "
       "arrive); call it before the step's first grads_ready or after step_end"));
 }
 
 core::Status Engine::abandon_speculation(const char* op) {
-  if (spec_job_ == 0) return Status();
+  if (early_job_ == 0) return Status();
   STRATA_RETURN_IF_ERROR(refuse_while_applying(op));
   // The verdict has one slot: the job before this one must have had its
   // verdict acted on (it may still be waiting for it at its end).
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
-  const std::int64_t job = std::exchange(spec_job_, 0);
+  const std::int64_t job = std::exchange(early_job_, 0);
   return settle_speculation(job, false, /*reads_too=*/true);
 }
 
@@ -443,11 +423,11 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   std::vector<Item> items;
   for (std::size_t g : job.order) {
     const GroupPlace& gp = layout_.groups[g];
-    if (gp.chunk_count == 0 && !job.speculative) mark_group_done(g, job.id);  // frozen: nothing to update
+    if (gp.chunk_count == 0 && !job.early) mark_group_done(g, job.id);  // frozen: nothing to update
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
   }
   // A speculative job knows whether its work counts only from the verdict on.
-  bool decided = !job.speculative;
+  bool decided = !job.early;
 
   // The disk pipeline's state: free slots, reads ahead, writes behind.
   struct Flight {
@@ -513,7 +493,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     Open o;
     o.left = gp.chunk_count;
     o.begin_ns = core::monotonic_ns();
-    if (((job.speculative && !job.certain) || job.delayed) && gp.compute_tier == Tier::kPinned) {
+    if (((job.early && !job.certain) || job.delayed) && gp.compute_tier == Tier::kPinned) {
       const std::span<std::byte> home = groups_[g].pinned_home.bytes();
       STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_->get(home.size(), job.delayed ? "delayed compute copies"
                                                                                        : "speculative compute copies"));
@@ -531,7 +511,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   auto commit_group = [&](std::size_t g) -> Status {
     const GroupPlace& gp = layout_.groups[g];
     Open& o = open.at(g);
-    if (job.speculative && !job.certain) {
+    if (job.early && !job.certain) {
       for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
         if (state_->tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(state_->commit_next(c));
       }
@@ -543,7 +523,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
       gs.pending_bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
       gs.pending = std::move(o.buffer);
       o.buffer = {};
-    } else if (job.speculative && !job.certain && gp.compute_tier == Tier::kPinned) {
+    } else if (job.early && !job.certain && gp.compute_tier == Tier::kPinned) {
       std::swap(groups_[g].pinned_home, o.buffer);  // the shadow is the new home
     } else {
       STRATA_RETURN_IF_ERROR(commit_compute(g, o.compute, lane));
@@ -669,7 +649,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
       }
       if (cp.state_tier == Tier::kNvme) {
         const auto version =
-            job.speculative && !job.certain ? StateStore::Version::kNext : StateStore::Version::kCurrent;
+            job.early && !job.certain ? StateStore::Version::kNext : StateStore::Version::kCurrent;
         STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, state_->start_store(c, ring_[slot].bytes(), version));
         job.bytes.nvme_write += state_->staging_bytes(c);
         writes.push_back({i, slot, std::move(io), core::monotonic_ns()});

@@ -17,14 +17,15 @@ struct Engine::OptimizerJob {
   std::vector<std::size_t> order;                // groups, in the order the next forward needs them
   std::size_t read_ahead = 0;                    // nvme chunks read ahead of Adam
   bool write_behind = false;                     // false: each write is waited for at once
-  // Speculative (overlap "speculative"): started by the step's first
-  // grads_ready with the constants the step has unless clipping fires or it
-  // is skipped; `order` is then the backward's order and `rank` each group's
-  // place in the next forward (the order after the verdict). Nvme chunks are
-  // updated as their group's gradients arrive, into the next version of their
-  // state and a shadow of the group's compute copies; nothing is committed
-  // before step_end's verdict (Engine::settle_speculation).
-  bool speculative = false;
+  // Early (Schedule::early_jobs): started before step_end with the
+  // constants the step has unless clipping fires or it is skipped; `order` is
+  // then the backward's order and `rank` each group's place in the next
+  // forward (the order after the verdict). Unless certain (below), it is
+  // speculative: nvme chunks are updated as their group's gradients arrive,
+  // into the next version of their state and a shadow of the group's compute
+  // copies; nothing is committed before step_end's verdict
+  // (Engine::settle_speculation).
+  bool early = false;
   std::vector<std::size_t> rank;
   // Certain (Engine::certain_steps): the verdict can only be to apply, so
   // every chunk is updated in place as soon as its group's gradients are in,
@@ -35,7 +36,7 @@ struct Engine::OptimizerJob {
   // not home (Engine::commit_pending).
   bool delayed = false;
   // Per group, for a certain job: wait for the verdict all the same (see
-  // Engine::start_speculative_job).
+  // Engine::start_early_job).
   std::vector<bool> deferred;
   // Deferred verdict (Engine::deferred_verdicts): the job waits for the
   // gradient marker `marker`, then decides skip and clipping from the norm
