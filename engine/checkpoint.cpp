@@ -129,7 +129,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
-  const std::string name = str_cat("step-", applied_steps_);
+  const std::string name = str_cat("step-", verdict_.applied_steps());
   const std::string tmp = str_cat(root, "/.", name, ".tmp");
   const std::string final_dir = str_cat(root, "/", name);
   fs::remove_all(tmp, ec);
@@ -202,10 +202,10 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   nlohmann::ordered_json m;
   m["format"] = "strata-checkpoint";
   m["version"] = kFormatVersion;
-  m["step"] = applied_steps_;
-  m["skipped_steps"] = skipped_steps_;
-  m["lr_override"] = lr_override_;
-  const LossScaler::State& ls = scaler_.state();
+  m["step"] = verdict_.applied_steps();
+  m["skipped_steps"] = verdict_.skipped_steps();
+  m["lr_override"] = verdict_.lr_override();
+  const LossScaler::State& ls = verdict_.scaler_state();
   m["loss_scaler"] = {{"scale", ls.scale},
                       {"iteration", ls.iteration},
                       {"last_overflow_iteration", ls.last_overflow_iteration},
@@ -347,11 +347,9 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     state.iteration = ls.at("iteration").get<std::int64_t>();
     state.last_overflow_iteration = ls.at("last_overflow_iteration").get<std::int64_t>();
     state.hysteresis_left = ls.at("hysteresis_left").get<std::int64_t>();
-    STRATA_RETURN_IF_ERROR(scaler_.restore(state));
-    applied_steps_ = m.at("step").get<std::int64_t>();
-    skipped_steps_ = m.at("skipped_steps").get<std::int64_t>();
-    last_verdict_ = {};
-    lr_override_ = m.at("lr_override").get<double>();
+    STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.at("step").get<std::int64_t>(),
+                                            m.at("skipped_steps").get<std::int64_t>(),
+                                            m.at("lr_override").get<double>()));
     bytes_ = {};
     return blob;
   } catch (const nlohmann::json::exception& e) {

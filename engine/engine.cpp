@@ -103,10 +103,9 @@ class StageTimer {
 
 Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
     : config_(config),
-      scaler_(std::move(scaler)),
-      lr_schedule_(std::move(schedule)),
       schedule_(schedule_for(config.strata.overlap)),
       rules_(StepRules::of(config)),
+      verdict_(config_, std::move(scaler), std::move(schedule)),
       shared_device_(std::make_shared<SharedDevice>(
           config.strata.budgets.device_bytes != 0                ? config.strata.budgets.device_bytes
           : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
@@ -247,7 +246,7 @@ core::Status Engine::init_from_safetensors(const std::string& path, const std::s
 
 double Engine::loss_scale() const {
   const core::MutexLock lock(mu_);
-  return scaler_.scale();
+  return verdict_.loss_scale();
 }
 
 core::Status Engine::finalize_running(const char* op) {
@@ -887,12 +886,12 @@ core::Status Engine::micro_step_end() {
 core::Status Engine::set_lr(double lr) {
   STRATA_ENGINE_ENTRY("set_lr");
   if (!(lr >= 0.0) || !std::isfinite(lr)) return Status::invalid_argument(str_cat("set_lr(", lr, "): expected >= 0"));
-  if (lr == lr_override_) return Status();
+  if (lr == verdict_.lr_override()) return Status();
   // The step's job started early holds the constants of the old rate: it
   // stops (the next grads_ready starts another), unless it has begun to
   // update in place.
   STRATA_RETURN_IF_ERROR(abandon_speculation("set_lr"));
-  lr_override_ = lr;
+  verdict_.set_lr_override(lr);
   return Status();
 }
 
@@ -953,44 +952,26 @@ core::Result<StepStats> Engine::step_end() {
     // The job takes this step's verdict; the stats report the last one taken.
     take_optimizer_stats();
     learn_fetch_trace();
-    job = make_optimizer_job({}, applied_steps_ + 1);
+    job = make_optimizer_job({}, verdict_.applied_steps() + 1);
     job->deferred_verdict = true;
     job->marker = ++grads_marker_seq_;
-    job->norm_step = applied_steps_ + skipped_steps_ + 1;
-    job->hyper = step_hyperparams();
+    job->norm_step = verdict_.verdicts() + 1;
+    job->hyper = verdict_.hyperparams(layout_.optimizer_groups);
     post_gradients_marker(job->marker);
-    stats.grad_norm = last_verdict_.grad_norm;
-    stats.lr = last_verdict_.lr;
-    stats.skipped = last_verdict_.skipped;
-    stats.norm_step = last_verdict_.norm_step;
+    stats.grad_norm = verdict_.last().grad_norm;
+    stats.lr = verdict_.last().lr;
+    stats.skipped = verdict_.last().skipped;
+    stats.norm_step = verdict_.last().norm_step;
   } else {
-    const double loss_scale = scaler_.scale();
     const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
                                                             static_cast<std::int64_t>(norm_partials_.size())));
-    const auto gas = config_.gradient_accumulation_steps;
-    const bool overflow = nonfinite_ || !std::isfinite(raw_norm);
-    bool skip = false;
-    if (config_.precision == Precision::kFp16) {
-      STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler_.update(overflow));
-      skip = o == LossScaler::Outcome::kSkip;
-    } else if (overflow) {
-      if (config_.strata.nonfinite == NonfinitePolicy::kError) {
-        return Status::failed_precondition(str_cat("non-finite gradients at step ", applied_steps_ + 1,
-                                                   " (strata.nonfinite is \"error\"); the step was not applied"));
-      }
-      if (config_.strata.nonfinite == NonfinitePolicy::kApply) {
-        STRATA_LOG(kWarn) << "non-finite gradients at step " << applied_steps_ + 1
-                          << "; applied (strata.nonfinite is \"apply\")";
-      } else {
-        skip = true;
-      }
-    }
-    stats.grad_norm = raw_norm / loss_scale / static_cast<double>(gas);
+    STRATA_ASSIGN_OR_RETURN(const Verdict::Decision decision, verdict_.decide(raw_norm, nonfinite_));
+    const bool skip = decision.skip;
+    stats.grad_norm = decision.grad_norm;
     take_optimizer_stats();
     learn_fetch_trace();
     if (!skip) {
-      const double clip = nx::clip_coefficient(stats.grad_norm, config_.gradient_clipping);
-      std::vector<nx::AdamStepConstants> constants = step_constants(clip);
+      std::vector<nx::AdamStepConstants> constants = verdict_.constants(layout_.optimizer_groups, decision.clip);
       // overlap "speculative": the job under way applies these very constants
       // (no clipping, same learning rate): it commits what it did and goes on.
       const bool speculated =
@@ -1002,30 +983,30 @@ core::Result<StepStats> Engine::step_end() {
         return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
       }
       if (early_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(early_job_, speculated));
-      if (!speculated) job = make_optimizer_job(std::move(constants), applied_steps_ + 1);
-      const double lr = lr_override_ >= 0.0 ? lr_override_ : lr_schedule_.lr_for_step(applied_steps_ + 1);
+      if (!speculated) job = make_optimizer_job(std::move(constants), verdict_.applied_steps() + 1);
+      const double lr = verdict_.next_lr();
       if (job != nullptr && !schedule_.threaded()) {
         // The sequential schedule: the optimizer runs here, to the end.
-        TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", applied_steps_ + 1));
+        TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", verdict_.applied_steps() + 1));
         STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
         take_optimizer_stats();
       }
       applied = true;
-      ++applied_steps_;
+      verdict_.count(false);
       stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
     } else {
-      // A speculative job under way stops; nothing it did is committed.
+      // An early job under way stops; nothing it did is committed.
       if (early_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(early_job_, false));
-      ++skipped_steps_;
+      verdict_.count(true);
     }
     stats.skipped = skip;
-    stats.norm_step = applied_steps_ + skipped_steps_;
+    stats.norm_step = verdict_.verdicts();
   }
   early_job_ = 0;
   applying_in_place_ = false;
-  stats.step = applied_steps_;
-  stats.skipped_total = skipped_steps_;
-  stats.loss_scale = scaler_.scale();
+  stats.step = verdict_.applied_steps();
+  stats.skipped_total = verdict_.skipped_steps();
+  stats.loss_scale = verdict_.loss_scale();
   // This step's own traffic (the optimizer's is in already).
   stats.bytes += bytes_;
   stats.fetch_s = times_.fetch_s;

@@ -49,6 +49,7 @@
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/schedule/schedule.h"
+#include "engine/step/verdict.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
 
@@ -375,10 +376,6 @@ class Engine {
   // (overlap "none"); returns its id. An early job's id is not waited for
   // (fetch and the rest wait for the last decided job) until its verdict.
   core::Result<std::int64_t> submit_optimizer_job(std::unique_ptr<OptimizerJob> job);
-  std::vector<core::numerics::AdamStepConstants> step_constants(double clip_coefficient) const;
-  // Per optimizer group, the next step's hyperparameters (its learning rate,
-  // from the schedule or set_lr, times the group's lr_scale).
-  std::vector<core::numerics::AdamHyperparams> step_hyperparams() const;
   // Schedule::early_jobs: the step's early job (started by grads_ready, the
   // first of the step's last micro-batch, or by the last step_end), the
   // gradient pass's note that a group's gradients are in, and step_end's
@@ -476,13 +473,13 @@ class Engine {
                                  const std::function<core::Status(const ChunkPlace&, ChunkState&)>& fn);
 
   Config config_;
-  LossScaler scaler_;
-  LrSchedule lr_schedule_;
   // strata.overlap: what the step does in its mode (engine/schedule/), and
   // what decides whether its verdict can change anything.
   const Schedule& schedule_;
   const StepRules rules_;
-  double lr_override_ = -1.0;
+  // The step's decisions (skip, clip, loss scale, lr -> constants) and the
+  // step counts (engine/step/verdict.h). mu_.
+  Verdict verdict_;
   std::vector<ParamDesc> params_;
   std::vector<InitFn> inits_;  // empty: from pretrained_
   std::unique_ptr<PretrainedWeights> pretrained_;  // init_from_safetensors' files (null: none)
@@ -554,20 +551,13 @@ class Engine {
   // of the gradient path; the verdicts of finished jobs not yet folded into
   // the step counts; the gradient path's traffic and time behind a marker,
   // counted by the next step_end.
-  struct Verdict {
-    std::int64_t norm_step = 0;  // see StepStats::norm_step
-    double grad_norm = 0.0;
-    double lr = 0.0;
-    bool skipped = false;
-  };
   std::int64_t grads_marker_seq_ = 0;           // mu_: markers posted
   std::int64_t grads_marker_done_ = 0;          // opt_mu_
   double grads_marker_raw_norm_ = 0.0;          // opt_mu_
   bool grads_marker_nonfinite_ = false;         // opt_mu_
   core::Status grads_error_;                    // opt_mu_
   std::vector<std::int64_t> grad_copies_done_;  // opt_mu_: per group, copies down done (or given up)
-  std::deque<Verdict> job_verdicts_;            // opt_mu_
-  Verdict last_verdict_;                        // mu_: the latest folded
+  std::deque<VerdictRecord> job_verdicts_;      // opt_mu_
   StepBytes late_grads_bytes_;                  // opt_mu_
   double late_grads_seconds_ = 0.0;             // opt_mu_
   std::thread opt_thread_;
@@ -603,8 +593,6 @@ class Engine {
   // Step bookkeeping.
   int micro_step_ = 0;            // micro-batches ended in this step
   bool nonfinite_ = false;        // some gradient pass saw inf/NaN this step
-  std::int64_t applied_steps_ = 0;
-  std::int64_t skipped_steps_ = 0;
   StepBytes bytes_;
   StepStats times_;  // the stage seconds of the step under way
   Trace trace_;

@@ -49,14 +49,6 @@ namespace {
 // cores, the longest a gradient pass waits for the optimizer.
 constexpr std::int64_t kAdamSliceElems = std::int64_t{1} << 21;
 
-// A step's constants per optimizer group, from its hyperparameters.
-std::vector<nx::AdamStepConstants> adam_constants(const std::vector<nx::AdamHyperparams>& hyper, std::int64_t step,
-                                                  double grad_scale) {
-  std::vector<nx::AdamStepConstants> constants;
-  for (const nx::AdamHyperparams& h : hyper) constants.push_back(nx::make_adam_constants(h, step, grad_scale));
-  return constants;
-}
-
 }  // namespace
 
 core::Status Engine::create_staging_ring() {
@@ -179,27 +171,6 @@ void Engine::stop_optimizer_thread() {
   opt_thread_.join();
 }
 
-std::vector<nx::AdamHyperparams> Engine::step_hyperparams() const {
-  const double lr = lr_override_ >= 0.0 ? lr_override_ : lr_schedule_.lr_for_step(applied_steps_ + 1);
-  std::vector<nx::AdamHyperparams> hyper;
-  for (const OptimizerGroupDesc& og : layout_.optimizer_groups) {
-    hyper.push_back({.lr = lr * og.lr_scale,
-                     .beta1 = config_.optimizer.beta1,
-                     .beta2 = config_.optimizer.beta2,
-                     .eps = config_.optimizer.eps,
-                     .weight_decay = og.weight_decay,
-                     .adamw_mode = config_.optimizer.adam_w_mode,
-                     .bias_correction = config_.optimizer.bias_correction});
-  }
-  return hyper;
-}
-
-std::vector<nx::AdamStepConstants> Engine::step_constants(double clip_coefficient) const {
-  const double grad_scale =
-      nx::combined_grad_scale(scaler_.scale(), clip_coefficient, config_.gradient_accumulation_steps);
-  return adam_constants(step_hyperparams(), applied_steps_ + 1, grad_scale);
-}
-
 void Engine::post_gradients_marker(std::int64_t seq) {
   // Behind every copy posted so far on the gradient thread, then behind
   // their passes on the pass thread (each posts the next: the order holds).
@@ -231,19 +202,12 @@ void Engine::note_gradient_failure(const Status& s) {
 }
 
 void Engine::fold_verdicts() {
-  std::deque<Verdict> verdicts;
+  std::deque<VerdictRecord> verdicts;
   {
     const core::MutexLock lock(opt_mu_);
     verdicts.swap(job_verdicts_);
   }
-  for (const Verdict& v : verdicts) {
-    if (v.skipped) {
-      ++skipped_steps_;
-    } else {
-      ++applied_steps_;
-    }
-    last_verdict_ = v;
-  }
+  for (const VerdictRecord& v : verdicts) verdict_.fold(v);
 }
 
 void Engine::sort_in_backward_order(std::vector<std::size_t>& groups) const {
@@ -259,8 +223,8 @@ void Engine::sort_in_backward_order(std::vector<std::size_t>& groups) const {
 
 core::Status Engine::start_early_job() {
   // The constants of a step that is applied and not clipped.
-  early_constants_ = step_constants(1.0);
-  std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_constants_, applied_steps_ + 1);
+  early_constants_ = verdict_.constants(layout_.optimizer_groups, 1.0);
+  std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_constants_, verdict_.applied_steps() + 1);
   job->early = true;
   job->certain = certain_steps();
   // Update in the order the backward hands gradients over; after the
@@ -385,21 +349,10 @@ core::Result<bool> Engine::take_verdict(OptimizerJob& job) {
     raw_norm = grads_marker_raw_norm_;
     nonfinite = grads_marker_nonfinite_;
   }
-  // As step_end takes it (bf16/fp32: no loss scale).
-  const auto gas = config_.gradient_accumulation_steps;
-  job.verdict.norm_step = job.norm_step;
-  job.verdict.grad_norm = raw_norm / static_cast<double>(gas);
-  if (nonfinite || !std::isfinite(raw_norm)) {
-    if (config_.strata.nonfinite != NonfinitePolicy::kApply) {
-      job.verdict.skipped = true;
-      return false;
-    }
-    STRATA_LOG(kWarn) << "non-finite gradients at step " << job.step << "; applied (strata.nonfinite is \"apply\")";
-  }
-  const double clip = nx::clip_coefficient(job.verdict.grad_norm, config_.gradient_clipping);
-  job.constants = adam_constants(job.hyper, job.step, nx::combined_grad_scale(1.0, clip, gas));
-  job.verdict.lr = job.hyper.front().lr;
-  return true;
+  Verdict::Deferred d = Verdict::decide_deferred(config_, raw_norm, nonfinite, job.hyper, job.step, job.norm_step);
+  job.verdict = d.record;
+  job.constants = std::move(d.constants);
+  return !job.verdict.skipped;
 }
 
 core::Status Engine::run_optimizer_job(OptimizerJob& job) {

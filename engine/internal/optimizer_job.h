@@ -46,7 +46,7 @@ struct Engine::OptimizerJob {
   std::int64_t marker = 0;
   std::int64_t norm_step = 0;
   std::vector<core::numerics::AdamHyperparams> hyper;
-  Engine::Verdict verdict;
+  VerdictRecord verdict;
   // Written by the job, read after it finished (finish_optimizer_job).
   StepBytes bytes;
   double seconds = 0.0;

@@ -1,0 +1,118 @@
+#include "engine/step/verdict.h"
+
+#include <cmath>
+
+#include "core/logging.h"
+#include "core/str.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+namespace nx = core::numerics;
+
+namespace {
+
+// bf16/fp32 non-finite gradients under strata.nonfinite: true to skip the
+// step; "error" fails it; "apply" warns and applies. `step` names it.
+core::Result<bool> skip_nonfinite(NonfinitePolicy policy, std::int64_t step) {
+  switch (policy) {
+    case NonfinitePolicy::kError:
+      return Status::failed_precondition(
+          str_cat("non-finite gradients at step ", step, " (strata.nonfinite is \"error\"); the step was not applied"));
+    case NonfinitePolicy::kApply:
+      STRATA_LOG(kWarn) << "non-finite gradients at step " << step << "; applied (strata.nonfinite is \"apply\")";
+      return false;
+    case NonfinitePolicy::kSkip:
+      break;
+  }
+  return true;
+}
+
+std::vector<nx::AdamStepConstants> adam_constants(std::span<const nx::AdamHyperparams> hyper, std::int64_t step,
+                                                  double grad_scale) {
+  std::vector<nx::AdamStepConstants> constants;
+  constants.reserve(hyper.size());
+  for (const nx::AdamHyperparams& h : hyper) constants.push_back(nx::make_adam_constants(h, step, grad_scale));
+  return constants;
+}
+
+}  // namespace
+
+Verdict::Verdict(const Config& config, LossScaler scaler, LrSchedule lr_schedule)
+    : config_(config), scaler_(std::move(scaler)), lr_schedule_(std::move(lr_schedule)) {}
+
+core::Result<Verdict::Decision> Verdict::decide(double raw_norm, bool nonfinite) {
+  const double loss_scale = scaler_.scale();
+  const bool overflow = nonfinite || !std::isfinite(raw_norm);
+  Decision d;
+  if (config_.precision == Precision::kFp16) {
+    STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler_.update(overflow));
+    d.skip = o == LossScaler::Outcome::kSkip;
+  } else if (overflow) {
+    STRATA_ASSIGN_OR_RETURN(d.skip, skip_nonfinite(config_.strata.nonfinite, applied_ + 1));
+  }
+  d.grad_norm = raw_norm / loss_scale / static_cast<double>(config_.gradient_accumulation_steps);
+  if (!d.skip) d.clip = nx::clip_coefficient(d.grad_norm, config_.gradient_clipping);
+  return d;
+}
+
+Verdict::Deferred Verdict::decide_deferred(const Config& config, double raw_norm, bool nonfinite,
+                                           std::span<const nx::AdamHyperparams> hyper, std::int64_t step,
+                                           std::int64_t norm_step) {
+  // As decide() without a loss scaler (scale 1); "error" is never deferred.
+  const auto gas = config.gradient_accumulation_steps;
+  Deferred out;
+  out.record.norm_step = norm_step;
+  out.record.grad_norm = raw_norm / static_cast<double>(gas);
+  if (nonfinite || !std::isfinite(raw_norm)) {
+    core::Result<bool> skip = skip_nonfinite(config.strata.nonfinite, step);
+    if (!skip.ok() || *skip) {
+      out.record.skipped = true;
+      return out;
+    }
+  }
+  const double clip = nx::clip_coefficient(out.record.grad_norm, config.gradient_clipping);
+  out.constants = adam_constants(hyper, step, nx::combined_grad_scale(1.0, clip, gas));
+  out.record.lr = hyper.front().lr;
+  return out;
+}
+
+double Verdict::next_lr() const {
+  return lr_override_ >= 0.0 ? lr_override_ : lr_schedule_.lr_for_step(applied_ + 1);
+}
+
+std::vector<nx::AdamHyperparams> Verdict::hyperparams(std::span<const OptimizerGroupDesc> groups) const {
+  const double lr = next_lr();
+  std::vector<nx::AdamHyperparams> hyper;
+  hyper.reserve(groups.size());
+  for (const OptimizerGroupDesc& og : groups) {
+    hyper.push_back({.lr = lr * og.lr_scale,
+                     .beta1 = config_.optimizer.beta1,
+                     .beta2 = config_.optimizer.beta2,
+                     .eps = config_.optimizer.eps,
+                     .weight_decay = og.weight_decay,
+                     .adamw_mode = config_.optimizer.adam_w_mode,
+                     .bias_correction = config_.optimizer.bias_correction});
+  }
+  return hyper;
+}
+
+std::vector<nx::AdamStepConstants> Verdict::constants(std::span<const OptimizerGroupDesc> groups, double clip) const {
+  // The loss scale after this step's scaler update, as DeepSpeed's fp16
+  // optimizers unscale (docs/training.md).
+  const double grad_scale = nx::combined_grad_scale(scaler_.scale(), clip, config_.gradient_accumulation_steps);
+  return adam_constants(hyperparams(groups), applied_ + 1, grad_scale);
+}
+
+core::Status Verdict::restore(const LossScaler::State& scaler, std::int64_t applied, std::int64_t skipped,
+                              double lr_override) {
+  STRATA_RETURN_IF_ERROR(scaler_.restore(scaler));
+  applied_ = applied;
+  skipped_ = skipped;
+  last_ = {};
+  lr_override_ = lr_override;
+  return Status();
+}
+
+}  // namespace strata::engine
