@@ -249,8 +249,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
   }
-  drop_prefetches(Drop::kAll);  // they hold compute copies the load replaces
-  drop_resident(Drop::kAll);
+  drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
   for (GroupState& gs : groups_) drop_pending(gs);  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   std::string dir = root;

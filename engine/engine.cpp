@@ -15,7 +15,6 @@
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/group_state.h"
 #include "engine/internal/optimizer_job.h"
-#include "engine/internal/prefetch.h"
 #include "engine/internal/serial_queue.h"
 #include "engine/internal/view_holds.h"
 #include "engine/io_options.h"
@@ -130,9 +129,8 @@ Engine::~Engine() {
   holds_->set_home(nullptr);
   grads_queue_.reset();     // drains the gradient copies (which post passes)
   pass_queue_.reset();      // and the gradient passes
-  prefetch_queue_.reset();  // and the prefetches (which may wait for the optimizer)
-  prefetched_.clear();
-  drop_resident(Drop::kAll);  // into the cache, whose clear waits for their fences
+  prefetcher_.reset();      // and the prefetches (which may wait for the optimizer)
+  resident_.reset();        // into the cache, whose clear waits for their fences
   stop_optimizer_thread();
   for (GroupState& gs : groups_) {  // into the cache (or holds_, when lent); nothing goes back after its clear
     if (device_cache_ != nullptr) {
@@ -159,7 +157,6 @@ Engine::~Engine() {
   state_.reset();
   opt_stream_.reset();
   grads_stream_.reset();
-  prefetch_stream_.reset();
   stream_.reset();
 }
 
@@ -291,8 +288,8 @@ TraceTrack Engine::track_of(Lane lane) const {
 core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, const std::string& what) {
   core::Result<gpu::DeviceBuffer> b = device_cache_->get(bytes, what);
   if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
-  if (!resident_.empty()) {  // resident copies give their memory back first
-    drop_resident(Drop::kAll);
+  if (!resident_->empty()) {  // resident copies give their memory back first
+    resident_->drop(DropCopies::kAll);
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
@@ -302,10 +299,10 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
-  if (prefetched_.empty()) return b;
+  if (prefetcher_ == nullptr || prefetcher_->empty()) return b;
   // Prefetched copies only save a later copy: they give their memory back
   // last, to what is needed now (a fetch, a gradient buffer).
-  drop_prefetches(Drop::kAll);
+  prefetcher_->drop(DropCopies::kAll);
   return device_cache_->get(bytes, what);
 }
 
@@ -432,6 +429,10 @@ core::Status Engine::finalize() {
         break;
     }
   }
+  const auto cb_live = static_cast<std::uint64_t>(layout_.compute_bytes);
+  resident_ = std::make_unique<ResidentSet>(layout_, config_.zero.stage3_param_persistence_threshold,
+                                            static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb_live,
+                                            *device_cache_);
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
   const Status init = write_initial_values();
@@ -450,8 +451,23 @@ core::Status Engine::finalize() {
     STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
     grads_queue_ = std::make_unique<SerialQueue>();
     pass_queue_ = std::make_unique<SerialQueue>();
-    STRATA_ASSIGN_OR_RETURN(prefetch_stream_, device_->create_stream("prefetch"));
-    prefetch_queue_ = std::make_unique<SerialQueue>();
+    const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
+    STRATA_ASSIGN_OR_RETURN(
+        prefetcher_,
+        Prefetcher::create(*device_, layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
+                           *device_cache_, [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence, Lane lane) {
+                             // A prefetch never copies a stale compute copy.
+                             Status s = waits_for_optimizer(g) ? wait_optimizer_group(g, "prefetch") : Status();
+                             if (s.ok() && fence != nullptr) s = device_->wait(*lane.stream, *fence);
+                             if (!s.ok()) return s;
+                             TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
+                                          dst.size_bytes());
+                             gpu::PinnedBuffer staging;
+                             core::Result<std::span<std::byte>> host = load_compute(g, staging, lane);
+                             s = host.ok() ? copy_h2d(dst, *host, lane) : host.status();
+                             pinned_cache_->put(std::move(staging));
+                             return s;
+                           }));
     opt_thread_ = std::thread([this] { optimizer_thread_main(); });
   }
   return Status();
@@ -599,23 +615,26 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   } else {
     STRATA_RETURN_IF_ERROR(wait_optimizer_until("fetch", [] { return true; }));  // its error, if any
   }
-  note_fetch(g);
+  fetch_trace_.note_fetch(g);
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
     gs.fetched = true;
     return gs.device_home.span();
   }
-  if (auto it = resident_.find(g); it != resident_.end()) {  // still on the device since its release
-    gs.working = std::move(it->second.buffer);  // read again: its fence does not matter
-    resident_.erase(it);
+  if (std::optional<gpu::DeviceBuffer> kept = resident_->take(g)) {  // still on the device since its release
+    gs.working = std::move(*kept);  // read again: its fence does not matter
     ++resident_fetches_;
     resident_bytes_ += gs.working.size_bytes();
     gs.fetched = true;
     issue_prefetches();
     return gs.working.span();
   }
-  STRATA_ASSIGN_OR_RETURN(const bool prefetched, take_prefetch(g));
+  std::optional<gpu::DeviceBuffer> prefetched;
+  if (prefetcher_ != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(prefetched, prefetcher_->take(g, bytes_));
+  }
   if (prefetched) {
+    gs.working = std::move(*prefetched);
     ++prefetched_fetches_;
     gs.fetched = true;
     issue_prefetches();
@@ -646,7 +665,10 @@ core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
     fence = std::make_shared<gpu::Event>(std::move(ev));
   }
   if (schedule_.threaded() && layout_.groups[g].compute_tier != Tier::kDevice) {
-    keep_resident(g, std::move(gs.working), std::move(fence));  // the overlapped schedules keep it while current
+    // The threaded schedules keep it while current, within the room.
+    resident_->keep(g, std::move(gs.working), std::move(fence));
+    gs.working = {};
+    resident_->make_room(live_bytes(), 0, SIZE_MAX, fetch_trace_);
   } else {
     device_cache_->put(std::move(gs.working), std::move(fence));
   }
@@ -686,7 +708,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
       return Status(grads_error_).annotate(str_cat("grad_buffer('", group, "'): the gradient path failed"));
     }
   }
-  note_backward(g);
+  fetch_trace_.note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(gs.grad, allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
@@ -1033,8 +1055,7 @@ core::Result<StepStats> Engine::step_end() {
     // A copy prefetched during this step (an evaluation pass's, or one the
     // trace ran ahead to), or kept since a release, holds compute copies the
     // step's job replaces.
-    drop_prefetches(Drop::kUpdated);
-    drop_resident(Drop::kUpdated);
+    drop_device_copies(DropCopies::kUpdated);
   }
   if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
   // The next step's job starts now (overlap "speculative", or "exact" with
@@ -1043,6 +1064,41 @@ core::Result<StepStats> Engine::step_end() {
   if (early_jobs()) STRATA_RETURN_IF_ERROR(start_early_job());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
+}
+
+void Engine::issue_prefetches() {
+  if (prefetcher_ == nullptr) return;
+  prefetcher_->issue(fetch_trace_, *resident_, fetched_bytes(), [this](std::size_t g) {
+    return groups_[g].fetched || layout_.groups[g].compute_tier == Tier::kDevice;
+  });
+}
+
+void Engine::drop_device_copies(DropCopies which) {
+  if (prefetcher_ != nullptr) prefetcher_->drop(which);
+  if (resident_ != nullptr) resident_->drop(which);
+}
+
+std::uint64_t Engine::fetched_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const GroupState& gs : groups_) bytes += gs.working.size_bytes();
+  return bytes;
+}
+
+std::uint64_t Engine::live_bytes() const {
+  return fetched_bytes() + (prefetcher_ != nullptr ? prefetcher_->bytes() : 0) + resident_->live_bytes();
+}
+
+void Engine::learn_fetch_trace() {
+  if (fetch_trace_.learn()) {
+    STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
+  }
+}
+
+std::vector<std::string> Engine::fetch_sequence() const {
+  const core::MutexLock lock(mu_);
+  std::vector<std::string> names;
+  for (std::size_t g : fetch_trace_.learned()) names.push_back(layout_.groups[g].name);
+  return names;
 }
 
 core::Status Engine::commit_pending(const char* op) {
@@ -1063,8 +1119,7 @@ core::Status Engine::commit_pending(const char* op) {
   }
   if (committed) {
     // Copies on the device since a release or a prefetch hold the old ones.
-    drop_prefetches(Drop::kUpdated);
-    drop_resident(Drop::kUpdated);
+    drop_device_copies(DropCopies::kUpdated);
   }
   return Status();
 }

@@ -41,6 +41,9 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/fetch/fetch_trace.h"
+#include "engine/fetch/prefetcher.h"
+#include "engine/fetch/resident_set.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
 #include "core/numerics.h"
@@ -50,6 +53,7 @@
 #include "engine/lr_schedule.h"
 #include "engine/schedule/schedule.h"
 #include "engine/step/verdict.h"
+#include "engine/step_stats.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
 
@@ -107,58 +111,6 @@ enum class ViewKind {
 struct LentView {
   gpu::DeviceSpan span;              // as fetch / grad_buffer return it
   std::unique_ptr<ViewLease> lease;  // keeps span's memory (see ViewLease)
-};
-
-// Bytes moved in one step, per tier and direction.
-struct StepBytes {
-  std::uint64_t h2d = 0;         // host -> device copies
-  std::uint64_t d2h = 0;         // device -> host copies
-  std::uint64_t nvme_read = 0;   // swap reads
-  std::uint64_t nvme_write = 0;  // swap writes
-  friend bool operator==(const StepBytes&, const StepBytes&) = default;
-  StepBytes& operator+=(const StepBytes& o) {
-    h2d += o.h2d;
-    d2h += o.d2h;
-    nvme_read += o.nvme_read;
-    nvme_write += o.nvme_write;
-    return *this;
-  }
-};
-
-struct StepStats {
-  std::int64_t step = 0;       // applied optimizer steps so far
-  bool skipped = false;        // overflow (fp16) or non-finite gradients (bf16/fp32)
-  std::int64_t skipped_total = 0;
-  double grad_norm = 0.0;      // of the unscaled, averaged gradient (before clipping)
-  double lr = 0.0;             // of optimizer group 0 for this step
-  double loss_scale = 1.0;     // for the next step
-  StepBytes bytes;             // since the previous step_end
-  // Seconds spent since the previous step_end, by stage.
-  double fetch_s = 0.0;        // fetch: compute copies to the device
-  double grads_s = 0.0;        // grads_ready: gradients down and the gradient pass
-  double optimizer_s = 0.0;    // the optimizer and new compute copies home (overlap "exact":
-                               // the previous step's, which ran during this one)
-  std::int64_t prefetched = 0; // fetches served by a prefetched copy (traced prefetch)
-  std::int64_t resident = 0;   // fetches served by a copy kept on the device since its release
-  std::uint64_t resident_bytes = 0;  // the compute copies they did not move (not in `bytes`)
-  // overlap "speculative": elements whose speculative update was thrown away
-  // (the step was skipped, or clipping fired and they were updated again),
-  // counted when the job that did the work ends.
-  std::int64_t speculative_discarded = 0;
-  // The step whose gradients grad_norm, skipped and lr describe, counting
-  // every step_end (applied or skipped) from 1: this one, except under
-  // overlap "delayed" without fp16 and without strata.nonfinite "error",
-  // where a step's verdict is taken by its own optimizer job once its last
-  // gradients are in, after step_end returned: there it is the step before
-  // (0 for the first), and `step` and `skipped_total` count verdicts taken.
-  std::int64_t norm_step = 0;
-};
-
-// Where the engine's device copies go and whose bytes they count (null:
-// the engine's own stream and step counters). Private to the engine.
-struct CopyLane {
-  gpu::Stream* stream = nullptr;
-  StepBytes* bytes = nullptr;
 };
 
 class Engine {
@@ -321,8 +273,6 @@ class Engine {
   // every chunk in place as its group's gradients arrive: its work is final,
   // never thrown away.
   bool certain_steps() const { return rules_.certain(); }
-  // Sorts groups into the order the backward hands their gradients over.
-  void sort_in_backward_order(std::vector<std::size_t>& groups) const;
   // The step's optimizer job starts before step_end (and the next one at
   // step_end): Schedule::early_jobs.
   bool early_jobs() const { return schedule_.early_jobs(rules_); }
@@ -413,55 +363,25 @@ class Engine {
   void finish_optimizer_job(const OptimizerJob& job, const core::Status& s);
   // Stops the optimizer thread (the destructor).
   void stop_optimizer_thread();
-  // --- traced prefetch (engine/prefetch.cpp) ---
-  struct Prefetch;
-  // After a fetch (and at step_end): starts copies of the groups the learned
-  // trace says come next, up to stage3_prefetch_bucket_size elements ahead
-  // and stage3_max_live_parameters elements on the device in all.
+  // --- device copies of compute copies (engine/fetch/) ---
+  // After a fetch (and at step_end): the prefetcher starts the copies the
+  // learned sequence says come next (engine/fetch/prefetcher.h).
   void issue_prefetches();
-  // The group's prefetched copy, waited for, when there is one (null
-  // otherwise); its traffic is counted now.
-  core::Result<bool> take_prefetch(std::size_t g);
-  // Drops prefetched copies (after their copies end): every one
-  // (load_checkpoint rewrites the compute copies), or those of the groups an
-  // optimizer job updates (step_end submits one: a copy taken before it
-  // would be stale).
-  enum class Drop { kAll, kUpdated };
-  void drop_prefetches(Drop which);
-  // Resident copies: release() keeps a group's device copy while it is still
-  // what the compute copies hold (until an optimizer updates them), and fetch
-  // takes it back without a copy. Groups of at most
-  // stage3_param_persistence_threshold elements stay (persistent); the others
-  // share stage3_max_live_parameters with fetched and prefetched groups, and
-  // when room is needed the one used again farthest ahead in the learned
-  // sequence goes first (Belady). Dropped like prefetches (the same Drop).
-  void keep_resident(std::size_t g, gpu::DeviceBuffer buffer, std::shared_ptr<gpu::Event> fence);
-  bool persistent(std::size_t g) const;
-  // Evicts non-persistent resident copies, farthest next use first, until
-  // `live + bytes` fits within stage3_max_live_parameters or none is left
-  // whose next use comes after `before` (a position in the trace; SIZE_MAX:
-  // any); returns the bytes on the device for groups (fetched, prefetched,
-  // resident) afterwards.
-  std::uint64_t make_room(std::uint64_t bytes, std::size_t before);
+  // Drops prefetched and resident copies: every one (load_checkpoint
+  // rewrites the compute copies), or those of the groups an optimizer job
+  // updates (a copy taken before it would be stale).
+  void drop_device_copies(DropCopies which);
+  // Device copies of compute copies now: fetched, prefetched, resident
+  // (non-persistent): what stage3_max_live_parameters bounds.
   std::uint64_t live_bytes() const;
-  // The position of group g's next use in the learned sequence from the
-  // cursor on (SIZE_MAX: not again in this step).
-  std::size_t next_use(std::size_t g) const;
-  void drop_resident(Drop which);
-  // Follows the trace with a fetch of group g: records it and moves the cursor.
-  void note_fetch(std::size_t g);
-  // grad_buffer(g): the step's backward began with g's last fetch (the first
-  // call of the step marks where; learn_fetch_trace drops evaluation passes
-  // before that point).
-  void note_backward(std::size_t g);
+  std::uint64_t fetched_bytes() const;
   // finalize: the staging ring, charged to strata.budgets.staging (default:
   // four slots of the largest nvme chunk's state).
   core::Status create_staging_ring();
   std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<core::numerics::AdamStepConstants> constants,
                                                    std::int64_t step);
-  // step_end: this step's fetch sequence, less the evaluation passes before
-  // its forward, becomes the learned one (when it differs): prefetch follows
-  // it, and the optimizer its first fetches.
+  // step_end: this step's fetch sequence becomes the learned one (when it
+  // differs): prefetch follows it, and the optimizer its first fetches.
   void learn_fetch_trace();
   // Host views of a pinned or nvme chunk's state; `stage` receives the staging
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
@@ -571,23 +491,12 @@ class Engine {
   StepBytes grads_bytes_;       // the copies' traffic since the last step_end (after wait_gradients)
   double grads_seconds_ = 0.0;  // likewise, their time (grads_queue_'s thread)
   double pass_seconds_ = 0.0;   // and the passes' time (pass_queue_'s thread)
-  // Traced prefetch: the fetch sequence of the last training step, the
-  // position in it, this step's sequence so far, and the copies in flight or
-  // landed (device buffers not yet handed out by fetch).
-  std::unique_ptr<SerialQueue> prefetch_queue_;
-  gpu::Stream prefetch_stream_;
-  std::vector<std::size_t> fetch_trace_;
-  std::vector<std::size_t> step_sequence_;
-  std::size_t backward_start_ = SIZE_MAX;  // index in step_sequence_ of the first backward fetch
-  std::size_t trace_backward_ = 0;  // index in fetch_trace_ of its first backward fetch
-  std::size_t trace_cursor_ = 0;
-  std::int64_t prefetched_fetches_ = 0;  // since the last step_end
-  std::map<std::size_t, std::unique_ptr<Prefetch>> prefetched_;
-  struct Resident {
-    gpu::DeviceBuffer buffer;
-    std::shared_ptr<gpu::Event> fence;  // release's: the framework's last work on it
-  };
-  std::map<std::size_t, Resident> resident_;  // released copies kept (see keep_resident)
+  // The learned fetch sequence, the copies kept since a release, and the
+  // prefetcher (threaded schedules only) (engine/fetch/).
+  FetchTrace fetch_trace_;
+  std::unique_ptr<ResidentSet> resident_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+  std::int64_t prefetched_fetches_ = 0;  // fetches served by a prefetched copy, since the last step_end
   std::int64_t resident_fetches_ = 0;                  // fetches served by one, since the last step_end
   std::uint64_t resident_bytes_ = 0;                   // and their bytes
   // Step bookkeeping.

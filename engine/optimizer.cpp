@@ -93,20 +93,12 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   auto job = std::make_unique<OptimizerJob>();
   job->step = step;
   job->constants = std::move(constants);
-  // The groups in the order of their first fetch in the learned sequence
-  // (the next forward's order), then any group it never fetched.
-  std::vector<bool> placed(layout_.groups.size(), false);
-  for (std::size_t g : fetch_trace_) {
-    if (!placed[g]) job->order.push_back(g);
-    placed[g] = true;
-  }
-  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    if (!placed[g]) job->order.push_back(g);
-  }
+  // The next forward's order (the learned sequence's first fetches).
+  job->order = fetch_trace_.forward_order(layout_.groups.size());
   job->delayed = schedule_.delays_update();
   const bool compute_on_nvme = std::any_of(layout_.groups.begin(), layout_.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
-  if (schedule_.updates_in_backward_order(compute_on_nvme)) sort_in_backward_order(job->order);
+  if (schedule_.updates_in_backward_order(compute_on_nvme)) fetch_trace_.sort_in_backward_order(job->order);
   const bool threaded = schedule_.threaded();
   job->read_ahead = threaded && !ring_.empty() ? ring_.size() - 1 : 0;
   job->write_behind = threaded;
@@ -210,17 +202,6 @@ void Engine::fold_verdicts() {
   for (const VerdictRecord& v : verdicts) verdict_.fold(v);
 }
 
-void Engine::sort_in_backward_order(std::vector<std::size_t>& groups) const {
-  // By their last place in the learned sequence (never fetched: last);
-  // backwards by index before one is learned.
-  std::vector<std::size_t> last(layout_.groups.size(), SIZE_MAX);
-  for (std::size_t i = 0; i < fetch_trace_.size(); ++i) last[fetch_trace_[i]] = i;
-  std::sort(groups.begin(), groups.end(), [&](std::size_t a, std::size_t b) {
-    if (last[a] != last[b]) return last[a] < last[b];
-    return a > b;
-  });
-}
-
 core::Status Engine::start_early_job() {
   // The constants of a step that is applied and not clipped.
   early_constants_ = verdict_.constants(layout_.optimizer_groups, 1.0);
@@ -232,7 +213,7 @@ core::Status Engine::start_early_job() {
   const std::size_t n = layout_.groups.size();
   job->rank.assign(n, n);
   for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
-  sort_in_backward_order(job->order);
+  fetch_trace_.sort_in_backward_order(job->order);
   // A certain job balances the CPU between the two phases: the groups the
   // next forward needs in its second half (those whose gradients come first)
   // wait for step_end and are updated during the forward, ahead of their

@@ -1,0 +1,64 @@
+// What a step reports (Engine::step_end's StepStats) and the bytes it moves,
+// and the copy lane that says where the engine's copies go and whose bytes
+// they count. Public through engine/engine.h.
+#pragma once
+
+#include <cstdint>
+
+#include "gpu/device.h"
+
+namespace strata::engine {
+
+// Bytes moved in one step, per tier and direction.
+struct StepBytes {
+  std::uint64_t h2d = 0;         // host -> device copies
+  std::uint64_t d2h = 0;         // device -> host copies
+  std::uint64_t nvme_read = 0;   // swap reads
+  std::uint64_t nvme_write = 0;  // swap writes
+  friend bool operator==(const StepBytes&, const StepBytes&) = default;
+  StepBytes& operator+=(const StepBytes& o) {
+    h2d += o.h2d;
+    d2h += o.d2h;
+    nvme_read += o.nvme_read;
+    nvme_write += o.nvme_write;
+    return *this;
+  }
+};
+
+struct StepStats {
+  std::int64_t step = 0;       // applied optimizer steps so far
+  bool skipped = false;        // overflow (fp16) or non-finite gradients (bf16/fp32)
+  std::int64_t skipped_total = 0;
+  double grad_norm = 0.0;      // of the unscaled, averaged gradient (before clipping)
+  double lr = 0.0;             // of optimizer group 0 for this step
+  double loss_scale = 1.0;     // for the next step
+  StepBytes bytes;             // since the previous step_end
+  // Seconds spent since the previous step_end, by stage.
+  double fetch_s = 0.0;        // fetch: compute copies to the device
+  double grads_s = 0.0;        // grads_ready: gradients down and the gradient pass
+  double optimizer_s = 0.0;    // the optimizer and new compute copies home (overlap "exact":
+                               // the previous step's, which ran during this one)
+  std::int64_t prefetched = 0; // fetches served by a prefetched copy (traced prefetch)
+  std::int64_t resident = 0;   // fetches served by a copy kept on the device since its release
+  std::uint64_t resident_bytes = 0;  // the compute copies they did not move (not in `bytes`)
+  // overlap "speculative": elements whose speculative update was thrown away
+  // (the step was skipped, or clipping fired and they were updated again),
+  // counted when the job that did the work ends.
+  std::int64_t speculative_discarded = 0;
+  // The step whose gradients grad_norm, skipped and lr describe, counting
+  // every step_end (applied or skipped) from 1: this one, except under
+  // overlap "delayed" without fp16 and without strata.nonfinite "error",
+  // where a step's verdict is taken by its own optimizer job once its last
+  // gradients are in, after step_end returned: there it is the step before
+  // (0 for the first), and `step` and `skipped_total` count verdicts taken.
+  std::int64_t norm_step = 0;
+};
+
+// Where the engine's device copies go and whose bytes they count (null:
+// the engine's own stream and step counters). Private to the engine.
+struct CopyLane {
+  gpu::Stream* stream = nullptr;
+  StepBytes* bytes = nullptr;
+};
+
+}  // namespace strata::engine
