@@ -23,7 +23,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/aligned_buffer.h"
 #include "core/logging.h"
+#include "core/numerics.h"
 #include "core/status.h"
 #include "core/str.h"
 #include "core/unique_fd.h"
@@ -37,11 +39,11 @@ using core::Status;
 using core::str_cat;
 
 constexpr std::int64_t kMaxI64 = std::numeric_limits<std::int64_t>::max();
-// The CPU Adam norm block: 65536 fp32 elements. Chunks and tiles are whole blocks.
-constexpr std::int64_t kNormBlockElems = 65536;
-constexpr std::uint64_t kNormBlockBytes = 4 * kNormBlockElems;
-// O_DIRECT alignment strata uses for every request (safe on real NVMe).
-constexpr std::uint64_t kIoAlignBytes = 4096;
+// The norm block (core/numerics.h), in fp32 bytes: chunks and tiles are whole blocks.
+using core::numerics::kNormBlockElems;
+constexpr std::uint64_t kNormBlockBytes = sizeof(float) * kNormBlockElems;
+// O_DIRECT alignment strata uses for every request (core/aligned_buffer.h).
+using core::kDirectIoAlignment;
 constexpr std::int64_t kMaxQueueDepth = 4096;
 constexpr std::string_view kDefaultNvmePath = "/local_nvme";
 
@@ -1306,17 +1308,17 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
   const bool backend_given = io.get_enum<IoBackend>("backend", kIoBackendNames, &s->io.backend);
   io.get_string_list("paths", &s->io.paths);
   if (io.get_bytes("stripe_bytes", 1, &s->io.stripe_bytes) &&
-      s->io.stripe_bytes % kIoAlignBytes != 0) {
+      s->io.stripe_bytes % kDirectIoAlignment != 0) {
     io.fail("stripe_bytes",
             str_cat(io.bytes_text("stripe_bytes", s->io.stripe_bytes), " is not a multiple of ",
-                    kIoAlignBytes, " bytes (the O_DIRECT alignment)"));
+                    kDirectIoAlignment, " bytes (the O_DIRECT alignment)"));
   }
   const bool queue_depth_given = io.get_int("queue_depth", 1, kMaxQueueDepth, &s->io.queue_depth);
   const bool block_given = io.get_bytes("block_bytes", 1, &s->io.block_bytes);
-  if (block_given && s->io.block_bytes % kIoAlignBytes != 0) {
+  if (block_given && s->io.block_bytes % kDirectIoAlignment != 0) {
     io.fail("block_bytes",
             str_cat(io.bytes_text("block_bytes", s->io.block_bytes), " is not a multiple of ",
-                    kIoAlignBytes, " bytes (the O_DIRECT alignment)"));
+                    kDirectIoAlignment, " bytes (the O_DIRECT alignment)"));
   }
   io.get_int("rings", 1, 64, &s->io.rings);
   io.get_bool("sqpoll", &s->io.sqpoll);
@@ -1334,9 +1336,9 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
     ctx.note("strata.io.queue_depth", str_cat(s->io.queue_depth, ", from aio.queue_depth"));
   }
   if (!block_given) {
-    if (static_cast<std::uint64_t>(aio.block_size) % kIoAlignBytes != 0) {
+    if (static_cast<std::uint64_t>(aio.block_size) % kDirectIoAlignment != 0) {
       return Status::invalid_argument(
-          str_cat("aio.block_size: ", aio.block_size, " is not a multiple of ", kIoAlignBytes,
+          str_cat("aio.block_size: ", aio.block_size, " is not a multiple of ", kDirectIoAlignment,
                   " bytes (strata uses it as strata.io.block_bytes, which is not set)"));
     }
     s->io.block_bytes = static_cast<std::uint64_t>(aio.block_size);
