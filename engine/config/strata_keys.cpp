@@ -29,6 +29,7 @@ using core::numerics::kNormBlockElems;
 constexpr std::uint64_t kNormBlockBytes = sizeof(float) * kNormBlockElems;
 // O_DIRECT alignment strata uses for every request (core/aligned_buffer.h).
 using core::kDirectIoAlignment;
+// strata.io.queue_depth's upper bound (nvme/io_backend.cpp checks the same range).
 constexpr std::int64_t kMaxQueueDepth = 4096;
 
 }  // namespace
