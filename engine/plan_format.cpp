@@ -14,8 +14,6 @@ namespace {
 using core::format_bytes;
 using core::str_cat;
 
-constexpr Tier kTiers[] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
-
 // --- text ---------------------------------------------------------------------
 
 enum class Align { kLeft, kRight };
@@ -69,7 +67,7 @@ std::string device_cell(OffloadDevice d) {
 void append_placement(const PlacementPlan& p, std::string* out) {
   TextTable items({Align::kLeft, Align::kLeft, Align::kRight, Align::kLeft});
   items.row({"tier", "state", "bytes", "how"});
-  for (Tier tier : kTiers) {
+  for (Tier tier : kAllTiers) {
     for (const PlanItem& item : p.items) {
       if (item.tier != tier) continue;
       items.row({std::string(tier_label(tier)), std::string(item_label(item.name)),
@@ -323,8 +321,8 @@ std::string format_plan_table(const Plan& plan) {
       opt += buf;
     }
     cand.row({device_cell(c.placement.param_device), opt,
-              format_bytes(c.tier(Tier::kGpu).needed_bytes),
-              format_bytes(c.tier(Tier::kCpu).needed_bytes),
+              format_bytes(c.tier(Tier::kDevice).needed_bytes),
+              format_bytes(c.tier(Tier::kPinned).needed_bytes),
               format_bytes(c.tier(Tier::kNvme).needed_bytes), format_bytes(c.traffic.total_bytes()),
               c.fits ? "yes" : "no"});
   }
@@ -351,8 +349,8 @@ std::string format_plan_table(const Plan& plan) {
     for (const ConfigChange& ch : plan.changes) {
       out += str_cat("  set ", ch.key_path, " = ", ch.to, " (now ", ch.from, ")\n");
     }
-    out += str_cat("  GPU ", format_bytes(r.tier(Tier::kGpu).needed_bytes), ", CPU RAM ",
-                   format_bytes(r.tier(Tier::kCpu).needed_bytes), ", NVMe/disk ",
+    out += str_cat("  GPU ", format_bytes(r.tier(Tier::kDevice).needed_bytes), ", CPU RAM ",
+                   format_bytes(r.tier(Tier::kPinned).needed_bytes), ", NVMe/disk ",
                    format_bytes(r.tier(Tier::kNvme).needed_bytes),
                    "; moved per step: ", traffic_line(r.traffic), "\n");
   } else if (plan.configured.fits) {
