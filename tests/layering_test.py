@@ -33,6 +33,8 @@ MODULES = {
     "tests/cpu_adam/": ["core/", "cpu_adam/"],
     # Engine tests build the pieces the engine composes (a host device, a swap store).
     "tests/engine/": ["core/", "engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
+    # The command's flag parser, and the planner types it fills.
+    "tests/cli/": ["bindings/cli/", "engine/plan", "engine/machine.h", "core/"],
     # The engine's C++ interface until the C API covers the step (issue #6).
     "tests/e2e/": ["strata/", "core/", "engine/"],
     "tests/examples/": ["examples/", "core/"],
