@@ -57,9 +57,11 @@ VENDOR = [
     (re.compile(r"^(cblas|openblas_config|f77blas)\.h$"), ["examples/model/*"]),
     # DLPack: the C API's implementation and its C tests (strata.h stays free of it).
     (re.compile(r"^dlpack/"), ["bindings/c/*.cpp", "tests/c_api/*"]),
-    # JSON formats: the config, and the safetensors header.
+    # JSON formats: the config, the safetensors header, the checkpoint manifest, and
+    # the JSON the engine writes (strata plan --json, the trace).
     (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*",
-                                    "engine/checkpoint*"]),
+                                    "engine/checkpoint*", "engine/plan_format.cpp",
+                                    "engine/trace.cpp"]),
 ]
 
 
