@@ -58,10 +58,10 @@ VENDOR = [
     # DLPack: the C API's implementation and its C tests (strata.h stays free of it).
     (re.compile(r"^dlpack/"), ["bindings/c/*.cpp", "tests/c_api/*"]),
     # JSON formats: the config, the safetensors header, the checkpoint manifest, and
-    # the JSON the engine writes (strata plan --json, the trace).
+    # the JSON the code writes (strata plan --json, the trace, the benchmarks' --json).
     (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*",
                                     "engine/checkpoint*", "engine/plan_format.cpp",
-                                    "engine/trace.cpp"]),
+                                    "engine/trace.cpp", "benchmarks/*"]),
 ]
 
 
