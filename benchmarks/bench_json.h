@@ -1,12 +1,15 @@
 // Small helpers for benchmark programs: medians and means of repetitions, and
-// a minimal JSON writer for their --json output (objects, arrays, numbers,
-// strings; non-finite numbers are written as null). Header-only.
+// a JSON writer for their --json output (objects, arrays, numbers, strings;
+// non-finite numbers are written as null) over nlohmann::ordered_json.
+// Header-only.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -28,40 +31,43 @@ inline double mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
-// Builds JSON text in memory. Thread-compatible. Keys are given for members
-// of an object and left empty for elements of an array; the caller keeps
+// A number for JSON output as `%.<digits>g` would show it (the figures are
+// rounded to what is worth reading); integral values are written as integers
+// and non-finite ones as null.
+inline nlohmann::ordered_json json_number(double v, int digits = 6) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  const double rounded = std::strtod(buf, nullptr);
+  if (rounded == std::trunc(rounded) && std::fabs(rounded) < 9e15) return static_cast<std::int64_t>(rounded);
+  return rounded;
+}
+
+// Builds a JSON document (nlohmann::ordered_json: members keep the order they
+// were written in). Thread-compatible. Keys are given for members of an
+// object and left empty for elements of an array; the caller keeps
 // begin/end balanced.
 class JsonWriter {
  public:
-  JsonWriter& begin_object(std::string_view key = {}) { return open(key, '{'); }
-  JsonWriter& end_object() { return close('}'); }
-  JsonWriter& begin_array(std::string_view key = {}) { return open(key, '['); }
-  JsonWriter& end_array() { return close(']'); }
+  JsonWriter& begin_object(std::string_view key = {}) { return open(key, nlohmann::ordered_json::object()); }
+  JsonWriter& end_object() { return close(); }
+  JsonWriter& begin_array(std::string_view key = {}) { return open(key, nlohmann::ordered_json::array()); }
+  JsonWriter& end_array() { return close(); }
 
   JsonWriter& num(std::string_view key, double v) {
-    prefix(key);
-    if (!std::isfinite(v)) {
-      out_ += "null";
-    } else {
-      char buf[32];
-      std::snprintf(buf, sizeof buf, "%.6g", v);
-      out_ += buf;
-    }
+    add(key, json_number(v));
     return *this;
   }
   JsonWriter& integer(std::string_view key, std::int64_t v) {
-    prefix(key);
-    out_ += std::to_string(v);
+    add(key, v);
     return *this;
   }
   JsonWriter& boolean(std::string_view key, bool v) {
-    prefix(key);
-    out_ += v ? "true" : "false";
+    add(key, v);
     return *this;
   }
   JsonWriter& str(std::string_view key, std::string_view v) {
-    prefix(key);
-    quote(v);
+    add(key, std::string(v));
     return *this;
   }
   JsonWriter& nums(std::string_view key, const std::vector<double>& v) {
@@ -70,64 +76,50 @@ class JsonWriter {
     return end_array();
   }
 
-  const std::string& text() const { return out_; }
+  // The document, indented by two spaces (invalid UTF-8 becomes U+FFFD).
+  std::string text() const {
+    return root_.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
+  }
 
   // Writes the text (and a final newline) to `path`; false when it cannot.
   bool write_file(const std::string& path) const {
+    const std::string out = text() + "\n";
     FILE* f = std::fopen(path.c_str(), "w");
     if (f == nullptr) return false;
-    const bool ok = std::fwrite(out_.data(), 1, out_.size(), f) == out_.size() && std::fputc('\n', f) != EOF;
+    const bool ok = std::fwrite(out.data(), 1, out.size(), f) == out.size();
     return std::fclose(f) == 0 && ok;
   }
 
  private:
-  JsonWriter& open(std::string_view key, char bracket) {
-    prefix(key);
-    out_ += bracket;
-    first_.push_back(true);
+  // Adds `v` to the innermost open container (or makes it the document) and
+  // returns where it now lives.
+  nlohmann::ordered_json* add(std::string_view key, nlohmann::ordered_json v) {
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
+    }
+    nlohmann::ordered_json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    nlohmann::ordered_json& member = parent[std::string(key)];
+    member = std::move(v);
+    return &member;
+  }
+  JsonWriter& open(std::string_view key, nlohmann::ordered_json container) {
+    open_.push_back(add(key, std::move(container)));
     return *this;
   }
-  JsonWriter& close(char bracket) {
-    const bool empty = first_.empty() || first_.back();
-    if (!first_.empty()) first_.pop_back();
-    if (!empty) newline();
-    out_ += bracket;
+  JsonWriter& close() {
+    if (!open_.empty()) open_.pop_back();
     return *this;
-  }
-  void prefix(std::string_view key) {
-    if (!first_.empty()) {
-      if (!first_.back()) out_ += ',';
-      first_.back() = false;
-      newline();
-    }
-    if (!key.empty()) {
-      quote(key);
-      out_ += ": ";
-    }
-  }
-  void newline() {
-    out_ += '\n';
-    out_.append(2 * first_.size(), ' ');
-  }
-  void quote(std::string_view s) {
-    out_ += '"';
-    for (char c : s) {
-      if (c == '"' || c == '\\') {
-        out_ += '\\';
-        out_ += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        char buf[8];
-        std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-        out_ += buf;
-      } else {
-        out_ += c;
-      }
-    }
-    out_ += '"';
   }
 
-  std::string out_;
-  std::vector<bool> first_;  // per open container: nothing written into it yet
+  nlohmann::ordered_json root_;
+  // The open containers, outermost first. Only the innermost one grows, so
+  // the pointers to its ancestors stay valid.
+  std::vector<nlohmann::ordered_json*> open_;
 };
 
 }  // namespace strata::bench

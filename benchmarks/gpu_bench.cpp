@@ -14,13 +14,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "benchmarks/bench_json.h"
 #include "core/memory_budget.h"
 #include "core/str.h"
 #include "gpu/cuda_device.h"
@@ -40,21 +40,6 @@ struct Options {
   double model_gbps = 25.0;
   std::string json_path;
 };
-
-std::string json_escape(std::string_view s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) >= 0x20) out += c;
-  }
-  return out;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n == 0 ? 0.0 : (n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]));
-}
 
 double cpu_seconds() {
   rusage u{};
@@ -120,7 +105,7 @@ Row measure(gpu::Device& device, gpu::Stream& s1, gpu::Stream& s2, std::string_v
   row.device = gpu::device_kind_name(device.kind());
   row.direction = std::string(direction);
   row.bytes = host.size();
-  row.median_s = median(times);
+  row.median_s = strata::bench::median(times);
   const double moved = direction == "bidir" ? 2.0 * static_cast<double>(host.size()) : static_cast<double>(host.size());
   row.gb_per_s = moved / row.median_s / 1e9;
   row.cpu_per_wall = wall > 0 ? cpu / wall : 0.0;
@@ -170,8 +155,8 @@ std::vector<Row> bench_device(gpu::Device& device, const Options& o, bool pageab
       cpu.push_back(r.cpu_per_wall);
     }
     Row row = a.reps.front();
-    row.median_s = median(t);
-    row.cpu_per_wall = median(cpu);
+    row.median_s = strata::bench::median(t);
+    row.cpu_per_wall = strata::bench::median(cpu);
     const double moved = row.direction == "bidir" ? 2.0 * static_cast<double>(row.bytes) : static_cast<double>(row.bytes);
     row.gb_per_s = moved / row.median_s / 1e9;
     if (model_gbps > 0) {
@@ -199,10 +184,10 @@ std::vector<Row> bench_device(gpu::Device& device, const Options& o, bool pageab
     row.device = gpu::device_kind_name(device.kind());
     row.direction = "declared";
     row.memory = "-";
-    row.median_s = median(t);
+    row.median_s = strata::bench::median(t);
     row.model_s = 0.1;
     row.model_ratio = row.median_s / row.model_s;
-    row.cpu_per_wall = median(cpu);
+    row.cpu_per_wall = strata::bench::median(cpu);
     rows.push_back(row);
   }
   return rows;
@@ -300,19 +285,23 @@ int main(int argc, char** argv) {
               "process used per wall second of the measurement (1.0 is one core busy).\n");
 
   if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    out << "{\n  \"benchmark\": \"gpu_bench\",\n  \"reps\": " << o.reps << ",\n  \"model_gbps\": " << o.model_gbps
-        << ",\n  \"cuda_note\": \"" << json_escape(cuda_note) << "\",\n  \"rows\": [\n";
-    for (std::size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      out << "    {\"device\": \"" << r.device << "\", \"direction\": \"" << r.direction << "\", \"memory\": \""
-          << r.memory << "\", \"bytes\": " << r.bytes << ", \"median_s\": " << r.median_s
-          << ", \"gb_per_s\": " << r.gb_per_s << ", \"model_s\": " << r.model_s
-          << ", \"model_ratio\": " << r.model_ratio << ", \"cpu_per_wall\": " << r.cpu_per_wall << "}"
-          << (i + 1 < rows.size() ? ",\n" : "\n");
+    strata::bench::JsonWriter j;
+    j.begin_object();
+    j.str("benchmark", "gpu_bench").integer("reps", o.reps).num("model_gbps", o.model_gbps);
+    j.str("cuda_note", cuda_note);
+    j.begin_array("rows");
+    for (const Row& r : rows) {
+      j.begin_object();
+      j.str("device", r.device).str("direction", r.direction).str("memory", r.memory);
+      j.integer("bytes", static_cast<std::int64_t>(r.bytes))
+          .num("median_s", r.median_s)
+          .num("gb_per_s", r.gb_per_s);
+      j.num("model_s", r.model_s).num("model_ratio", r.model_ratio).num("cpu_per_wall", r.cpu_per_wall);
+      j.end_object();
     }
-    out << "  ]\n}\n";
-    if (!out) {
+    j.end_array();
+    j.end_object();
+    if (!j.write_file(o.json_path)) {
       std::fprintf(stderr, "gpu_bench: cannot write %s\n", o.json_path.c_str());
       return 1;
     }

@@ -23,31 +23,7 @@ std::int64_t round_up(std::int64_t n, std::int64_t m) {
   return static_cast<std::int64_t>(core::align_up(static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m)));
 }
 
-Tier tier_of(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::kNone:
-      return Tier::kDevice;
-    case OffloadDevice::kCpu:
-      return Tier::kPinned;
-    case OffloadDevice::kNvme:
-      return Tier::kNvme;
-  }
-  return Tier::kDevice;
-}
-
 }  // namespace
-
-std::string_view to_string(Tier t) {
-  switch (t) {
-    case Tier::kDevice:
-      return "device";
-    case Tier::kPinned:
-      return "pinned";
-    case Tier::kNvme:
-      return "nvme";
-  }
-  return "?";
-}
 
 std::int64_t ParamDesc::numel() const {
   std::int64_t n = 1;
@@ -135,27 +111,13 @@ core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<Opti
     g.chunk_count = l.chunks.size() - g.first_chunk;
   }
 
-  // Homes of the optimizer state, in chunk order: the offloaded share first
-  // (offload_optimizer.ratio of the elements, DeepSpeed's meaning), of it the
-  // strata.optimizer_cpu_fraction share in pinned memory when the tier is
-  // nvme; the rest stays on the device.
-  const OffloadDevice od = config.zero.offload_optimizer.device;
-  const double total = static_cast<double>(l.trainable_elems);
-  const double offloaded = od == OffloadDevice::kNone ? 0.0 : config.zero.offload_optimizer.ratio * total;
-  const double pinned_share = od == OffloadDevice::kCpu    ? offloaded
-                              : od == OffloadDevice::kNvme ? config.strata.optimizer_cpu_fraction * offloaded
-                                                           : 0.0;
-  double before = 0.0;
-  for (ChunkPlace& c : l.chunks) {
-    if (before < pinned_share) {
-      c.state_tier = Tier::kPinned;
-    } else if (before < offloaded) {
-      c.state_tier = tier_of(od);
-    } else {
-      c.state_tier = Tier::kDevice;
-    }
-    before += static_cast<double>(c.elems);
-  }
+  // Homes of the optimizer state, in chunk order: each chunk goes where the
+  // placement rule puts its first element (the offloaded share first,
+  // pinned before nvme, then the device's).
+  const OptimizerSplit split =
+      split_optimizer_state(l.trainable_elems, config.zero.offload_optimizer.device,
+                            config.zero.offload_optimizer.ratio, config.strata.optimizer_cpu_fraction);
+  for (ChunkPlace& c : l.chunks) c.state_tier = split.tier_at(c.begin);
   l.params = std::move(params);
   l.optimizer_groups = std::move(optimizer_groups);
   return l;

@@ -12,7 +12,9 @@
 //   never by placement, chunking or timing (DESIGN.md section 6).
 // - The trainable space is cut into chunks of strata.chunk_bytes (fp32 master
 //   bytes, rounded down to whole norm blocks; at least one block) that never
-//   cross a group. Each chunk's optimizer state has one home tier.
+//   cross a group. Each chunk's optimizer state has one home tier: the tier
+//   split_optimizer_state() (tier.h) gives the chunk's first element, so the
+//   planner's shares and the layout's agree to within a chunk.
 // - Padding elements (alignment gaps) are zero everywhere and stay zero.
 #pragma once
 

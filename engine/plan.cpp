@@ -36,12 +36,6 @@ std::uint64_t sat_add(std::uint64_t a, std::uint64_t b) {
 
 std::uint64_t u64(std::int64_t v) { return v > 0 ? static_cast<std::uint64_t>(v) : 0; }
 
-// round(n x fraction), within [0, n].
-std::int64_t share(std::int64_t n, double fraction) {
-  const long long v = std::llround(static_cast<long double>(n) * fraction);
-  return std::clamp(static_cast<std::int64_t>(v), std::int64_t{0}, n);
-}
-
 std::uint64_t floor_fraction(std::uint64_t bytes, double fraction) {
   return static_cast<std::uint64_t>(std::floor(static_cast<double>(bytes) * fraction));
 }
@@ -115,7 +109,7 @@ core::Result<ModelSummary> resolve_model(const Config& config, const ModelSpec& 
                            spec.frozen_fraction));
   }
   m.frozen_fraction = spec.frozen_fraction;
-  m.num_frozen_params = share(m.num_params, spec.frozen_fraction);
+  m.num_frozen_params = share_of(m.num_params, spec.frozen_fraction);
   m.num_trainable_params = m.num_params - m.num_frozen_params;
   if (spec.seq_len <= 0) {
     return invalid(str_cat("seq_len (--seq) must be positive, got ", spec.seq_len));
@@ -239,10 +233,10 @@ core::Result<TierCapacities> tier_capacities(const Config& config, const Machine
   TierCapacities tiers;
   const std::uint64_t gpu_margin =
       machine.gpu_bytes ? floor_fraction(*machine.gpu_bytes, margins.gpu_fraction) : 0;
-  tiers[0] = tier_capacity(Tier::kGpu, machine.gpu_bytes, machine.gpu_source, b.device_bytes,
+  tiers[0] = tier_capacity(Tier::kDevice, machine.gpu_bytes, machine.gpu_source, b.device_bytes,
                            "strata.budgets.device", gpu_margin, notes);
   tiers[1] = tier_capacity(
-      Tier::kCpu, machine.ram_bytes, machine.ram_source, b.pinned_bytes, "strata.budgets.pinned",
+      Tier::kPinned, machine.ram_bytes, machine.ram_source, b.pinned_bytes, "strata.budgets.pinned",
       sat_add(floor_fraction(machine.ram_bytes, margins.ram_fraction), margins.ram_reserve_bytes),
       notes);
   tiers[2] = tier_capacity(Tier::kNvme, machine.disk_bytes, machine.disk_source, b.disk_bytes,
@@ -292,20 +286,20 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
   const std::uint64_t state = 4 + moments;
   const std::string prec = precision_label(cfg);
 
-  const std::int64_t t_off =
-      pl.optimizer_device == OffloadDevice::kNone ? 0 : share(T, pl.optimizer_ratio);
-  const std::int64_t t_gpu = T - t_off;
-  std::int64_t t_keep = 0;  // CPU-updated and resident in pinned memory
-  if (pl.optimizer_device == OffloadDevice::kCpu) t_keep = t_off;
-  if (pl.optimizer_device == OffloadDevice::kNvme) t_keep = share(t_off, pl.optimizer_cpu_fraction);
-  const std::int64_t t_nvme = t_off - t_keep;
+  // The trainable parameters' optimizer state, by the layout's rule (tier.h).
+  const OptimizerSplit split = split_optimizer_state(T, pl.optimizer_device, pl.optimizer_ratio,
+                                                     pl.optimizer_cpu_fraction);
+  const std::int64_t t_off = split.offloaded_elems();  // updated on the CPU
+  const std::int64_t t_gpu = split.device_elems;
+  const std::int64_t t_keep = split.pinned_elems;  // CPU-updated and resident in pinned memory
+  const std::int64_t t_nvme = split.nvme_elems;
 
   const bool params_offloaded = pl.param_device != OffloadDevice::kNone;
   const Tier param_tier = tier_of(pl.param_device);
 
   add("compute_copies", param_tier, sat_mul(u64(P), c), count_times(P, c, prec));
   if (params_offloaded) {
-    add("persistent_params", Tier::kGpu, sat_mul(u64(m.persistent_params), c),
+    add("persistent_params", Tier::kDevice, sat_mul(u64(m.persistent_params), c),
         count_times(m.persistent_params, c,
                     str_cat("tensors under stage3_param_persistence_threshold = ",
                             group_digits(u64(cfg.zero.stage3_param_persistence_threshold)))));
@@ -313,34 +307,34 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     const std::int64_t wanted = two + cfg.zero.stage3_prefetch_bucket_size;
     const std::int64_t window =
         std::min(P, std::max(two, std::min(wanted, cfg.zero.stage3_max_live_parameters)));
-    add("fetch_window", Tier::kGpu, sat_mul(u64(window), c),
+    add("fetch_window", Tier::kDevice, sat_mul(u64(window), c),
         count_times(window, c,
                     str_cat("2 fetch groups of ", group_digits(u64(m.group_params)),
                             " + stage3_prefetch_bucket_size within stage3_max_live_parameters")));
   }
   if (pl.param_device == OffloadDevice::kNvme) {
     const OffloadParamConfig& op = cfg.zero.offload_param;
-    add("param_staging", Tier::kCpu, sat_mul(sat_mul(u64(op.buffer_count), u64(op.buffer_size)), c),
+    add("param_staging", Tier::kPinned, sat_mul(sat_mul(u64(op.buffer_count), u64(op.buffer_size)), c),
         str_cat("offload_param.buffer_count ", op.buffer_count, " x buffer_size ",
                 group_digits(u64(op.buffer_size)), " x ", c, " B"));
   }
   if (t_gpu > 0) {
-    add("gradients", Tier::kGpu, sat_mul(u64(t_gpu), g),
+    add("gradients", Tier::kDevice, sat_mul(u64(t_gpu), g),
         count_times(t_gpu, g, accum == 1 ? prec : "fp32 accumulation"));
-    add("master_weights", Tier::kGpu, sat_mul(u64(t_gpu), 4), count_times(t_gpu, 4, "fp32"));
-    add("optimizer_moments", Tier::kGpu, sat_mul(u64(t_gpu), moments),
+    add("master_weights", Tier::kDevice, sat_mul(u64(t_gpu), 4), count_times(t_gpu, 4, "fp32"));
+    add("optimizer_moments", Tier::kDevice, sat_mul(u64(t_gpu), moments),
         count_times(t_gpu, moments, optimizer_label(cfg.optimizer.type)));
   }
   if (t_off > 0) {
-    add("host_gradients", Tier::kCpu, sat_mul(u64(t_off), g),
+    add("host_gradients", Tier::kPinned, sat_mul(u64(t_off), g),
         count_times(t_off, g, accum == 1 ? prec : "fp32 accumulation"));
     const std::int64_t buffered = std::min<std::int64_t>(2 * m.group_params, t_off);
-    add("device_gradient_buffers", Tier::kGpu, sat_mul(u64(buffered), c),
+    add("device_gradient_buffers", Tier::kDevice, sat_mul(u64(buffered), c),
         count_times(buffered, c, "2 fetch groups being copied out"));
   }
   if (t_keep > 0) {
-    add("master_weights", Tier::kCpu, sat_mul(u64(t_keep), 4), count_times(t_keep, 4, "fp32"));
-    add("optimizer_moments", Tier::kCpu, sat_mul(u64(t_keep), moments),
+    add("master_weights", Tier::kPinned, sat_mul(u64(t_keep), 4), count_times(t_keep, 4, "fp32"));
+    add("optimizer_moments", Tier::kPinned, sat_mul(u64(t_keep), moments),
         count_times(t_keep, moments, optimizer_label(cfg.optimizer.type)));
   }
   if (t_nvme > 0) {
@@ -350,7 +344,7 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     const std::uint64_t states = 1 + moments / 4;
     const std::uint64_t per_state = std::min(
         sat_mul(u64(optimizer_ring_depth(cfg.strata.overlap)), cfg.strata.chunk_bytes), sat_mul(u64(t_nvme), 4));
-    add("optimizer_staging", Tier::kCpu, sat_mul(per_state, states),
+    add("optimizer_staging", Tier::kPinned, sat_mul(per_state, states),
         str_cat(optimizer_ring_depth(cfg.strata.overlap), " chunks of strata.chunk_bytes ",
                 core::format_bytes(cfg.strata.chunk_bytes), " x ", states, " fp32 states"));
     if (cfg.strata.overlap == OverlapMode::kSpeculative) {
@@ -358,23 +352,23 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
       // version of the nvme state, and the new compute copies.
       add("speculative_state", Tier::kNvme, sat_mul(u64(t_nvme), state),
           count_times(t_nvme, state, "a second version (strata.overlap speculative)"));
-      add("speculative_compute_copies", Tier::kCpu, sat_mul(u64(t_nvme), c),
+      add("speculative_compute_copies", Tier::kPinned, sat_mul(u64(t_nvme), c),
           count_times(t_nvme, c, "new compute copies awaiting step_end (strata.overlap speculative)"));
     }
   }
   if (cfg.strata.overlap == OverlapMode::kDelayed && T > 0) {
-    add("delayed_compute_copies", Tier::kCpu, sat_mul(u64(T), c),
+    add("delayed_compute_copies", Tier::kPinned, sat_mul(u64(T), c),
         count_times(T, c, "new compute copies awaiting the next step_end (strata.overlap delayed)"));
   }
   if (m.activations) {
     const ActivationEstimate& a = *m.activations;
-    add("activations", Tier::kGpu, a.layers_bytes,
+    add("activations", Tier::kDevice, a.layers_bytes,
         m.activation_checkpointing
             ? str_cat(m.num_layers, " layer inputs of ", core::format_bytes(a.kept_layer_bytes),
                       " + 1 layer recomputed (", core::format_bytes(a.full_layer_bytes), ")")
             : str_cat(m.num_layers, " layers x ", core::format_bytes(a.full_layer_bytes),
                       " (no checkpointing)"));
-    add("logits", Tier::kGpu, a.logits_bytes,
+    add("logits", Tier::kDevice, a.logits_bytes,
         str_cat("4 B x seq ", m.seq_len, " x micro-batch ", m.micro_batch, " x vocab ",
                 group_digits(u64(m.vocab_size))));
   }
@@ -519,15 +513,6 @@ std::uint64_t optimizer_moment_bytes(OptimizerType t) {
   return 8;
 }
 
-Tier tier_of(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::kNone: return Tier::kGpu;
-    case OffloadDevice::kCpu: return Tier::kCpu;
-    case OffloadDevice::kNvme: return Tier::kNvme;
-  }
-  return Tier::kGpu;
-}
-
 std::string over_capacity_reason(const PlacementPlan& plan, const TierPlan& tier) {
   std::vector<const PlanItem*> items;
   for (const PlanItem& item : plan.items) {
@@ -587,24 +572,6 @@ std::string describe_placement(const Placement& p) {
     s += str_cat(" (cpu fraction ", fraction_text(p.optimizer_cpu_fraction), ")");
   }
   return s;
-}
-
-std::string_view tier_key(Tier tier) {
-  switch (tier) {
-    case Tier::kGpu: return "gpu";
-    case Tier::kCpu: return "cpu";
-    case Tier::kNvme: return "nvme";
-  }
-  return "?";
-}
-
-std::string_view tier_label(Tier tier) {
-  switch (tier) {
-    case Tier::kGpu: return "GPU";
-    case Tier::kCpu: return "CPU RAM";
-    case Tier::kNvme: return "NVMe/disk";
-  }
-  return "?";
 }
 
 std::uint64_t PlacementPlan::item_bytes(Tier t, std::string_view name) const {
@@ -802,8 +769,8 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
                 ": host gradients accumulate in fp32 (4 B) and the bytes per step "
                 "count every micro-batch's fetches and gradients"));
   }
-  const std::uint64_t staging = plan.configured.item_bytes(Tier::kCpu, "optimizer_staging") +
-                                plan.configured.item_bytes(Tier::kCpu, "param_staging");
+  const std::uint64_t staging = plan.configured.item_bytes(Tier::kPinned, "optimizer_staging") +
+                                plan.configured.item_bytes(Tier::kPinned, "param_staging");
   if (config.strata.budgets.staging_bytes > 0 && staging > config.strata.budgets.staging_bytes) {
     plan.notes.push_back(str_cat(
         "staging buffers need ", core::format_bytes(staging),

@@ -58,21 +58,12 @@
 #include <string_view>
 #include <vector>
 
-#include "engine/config.h"
 #include "core/result.h"
+#include "engine/config.h"
 #include "engine/machine.h"
+#include "engine/tier.h"
 
 namespace strata::engine {
-
-// Chunks in flight per fp32 optimizer state when that state is on NVMe:
-// one being read, one being updated, one being written, one spare.
-
-enum class Tier : int { kGpu = 0, kCpu = 1, kNvme = 2 };
-inline constexpr int kNumTiers = 3;
-// "gpu", "cpu", "nvme" (JSON keys).
-std::string_view tier_key(Tier tier);
-// "GPU", "CPU RAM", "NVMe/disk" (table labels).
-std::string_view tier_label(Tier tier);
 
 // The model to plan for: either num_params, or a decoder-only transformer
 // shape (hidden_size and vocab_size) whose parameter count is
@@ -167,13 +158,13 @@ struct PlanItem {
   // speculative_state, speculative_compute_copies, delayed_compute_copies,
   // activations, logits, checkpoint.
   std::string name;
-  Tier tier = Tier::kGpu;
+  Tier tier = Tier::kDevice;
   std::uint64_t size_bytes = 0;
   std::string detail;  // how it was computed: "40,000,000,000 x 2 B (bf16)"
 };
 
 struct TierPlan {
-  Tier tier = Tier::kGpu;
+  Tier tier = Tier::kDevice;
   std::uint64_t needed_bytes = 0;     // sum of the tier's items
   std::uint64_t capacity_bytes = 0;   // machine capacity, capped by the tier's budget
   std::uint64_t margin_bytes = 0;     // kept free (PlanMargins); 0 when a budget caps the tier

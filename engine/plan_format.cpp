@@ -1,6 +1,10 @@
-// The planner's output: an aligned text table and a JSON document (written by
-// a small escaping writer; nlohmann/json stays behind engine/config*).
+// The planner's output: an aligned text table and a JSON document (written
+// with nlohmann::ordered_json, members in the order below).
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,8 +17,6 @@ namespace {
 
 using core::format_bytes;
 using core::str_cat;
-
-constexpr Tier kTiers[] = {Tier::kGpu, Tier::kCpu, Tier::kNvme};
 
 // --- text ---------------------------------------------------------------------
 
@@ -69,7 +71,7 @@ std::string device_cell(OffloadDevice d) {
 void append_placement(const PlacementPlan& p, std::string* out) {
   TextTable items({Align::kLeft, Align::kLeft, Align::kRight, Align::kLeft});
   items.row({"tier", "state", "bytes", "how"});
-  for (Tier tier : kTiers) {
+  for (Tier tier : kAllTiers) {
     for (const PlanItem& item : p.items) {
       if (item.tier != tier) continue;
       items.row({std::string(tier_label(tier)), std::string(item_label(item.name)),
@@ -93,178 +95,125 @@ void append_placement(const PlacementPlan& p, std::string* out) {
 
 // --- JSON ---------------------------------------------------------------------
 
-// Writes indented JSON. Call key() before each member of an object.
-class JsonWriter {
- public:
-  void begin_object() { open('{'); }
-  void end_object() { close('}'); }
-  void begin_array() { open('['); }
-  void end_array() { close(']'); }
-  void key(std::string_view k) {
-    separate();
-    quote(k);
-    out_ += ": ";
-    after_key_ = true;
-  }
-  void str(std::string_view v) {
-    separate();
-    quote(v);
-  }
-  void u64(std::uint64_t v) {
-    separate();
-    out_ += std::to_string(v);
-  }
-  void i64(std::int64_t v) {
-    separate();
-    out_ += std::to_string(v);
-  }
-  void f64(double v) {
-    separate();
-    char buf[40];
-    std::snprintf(buf, sizeof buf, "%.10g", v);
-    out_ += buf;
-  }
-  void boolean(bool v) {
-    separate();
-    out_ += v ? "true" : "false";
-  }
-  void null() {
-    separate();
-    out_ += "null";
-  }
-  // A value that is already JSON text (the caller guarantees it).
-  void raw(std::string_view json) {
-    separate();
-    out_ += json;
-  }
-  std::string take() { return std::move(out_) + "\n"; }
+using Json = nlohmann::ordered_json;
 
- private:
-  void open(char c) {
-    separate();
-    out_ += c;
-    first_.push_back(true);
-  }
-  void close(char c) {
-    const bool empty = first_.back();
-    first_.pop_back();
-    if (!empty) newline();
-    out_ += c;
-  }
-  // Comma and newline before a value, unless it follows its key.
-  void separate() {
-    if (after_key_) {
-      after_key_ = false;
-      return;
-    }
-    if (first_.empty()) return;
-    if (!first_.back()) out_ += ',';
-    first_.back() = false;
-    newline();
-  }
-  void newline() {
-    out_ += '\n';
-    out_.append(2 * first_.size(), ' ');
-  }
-  void quote(std::string_view s) {
-    out_ += '"';
-    for (char ch : s) {
-      const auto u = static_cast<unsigned char>(ch);
-      switch (ch) {
-        case '"': out_ += "\\\""; break;
-        case '\\': out_ += "\\\\"; break;
-        case '\n': out_ += "\\n"; break;
-        case '\r': out_ += "\\r"; break;
-        case '\t': out_ += "\\t"; break;
-        case '\b': out_ += "\\b"; break;
-        case '\f': out_ += "\\f"; break;
-        default:
-          if (u < 0x20) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", u);
-            out_ += buf;
-          } else {
-            out_ += ch;  // UTF-8 passes through
-          }
-      }
-    }
-    out_ += '"';
-  }
-
-  std::string out_;
-  std::vector<bool> first_;  // per open container: no member written yet
-  bool after_key_ = false;
-};
-
-void write_traffic(const StepTraffic& t, JsonWriter* w) {
-  w->begin_object();
-  w->key("host_to_device_bytes");
-  w->u64(t.host_to_device_bytes);
-  w->key("device_to_host_bytes");
-  w->u64(t.device_to_host_bytes);
-  w->key("disk_read_bytes");
-  w->u64(t.disk_read_bytes);
-  w->key("disk_write_bytes");
-  w->u64(t.disk_write_bytes);
-  w->key("total_bytes");
-  w->u64(t.total_bytes());
-  w->end_object();
+// A fraction as the plan shows it: 10 significant digits; integral values as
+// integers (1, not 1.0).
+Json number(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  const double rounded = std::strtod(buf, nullptr);
+  if (rounded == std::trunc(rounded) && std::fabs(rounded) < 9e15) return static_cast<std::int64_t>(rounded);
+  return rounded;
 }
 
-void write_placement(const PlacementPlan& p, JsonWriter* w) {
-  w->begin_object();
-  w->key("param_device");
-  w->str(offload_device_key(p.placement.param_device));
-  w->key("optimizer_device");
-  w->str(offload_device_key(p.placement.optimizer_device));
-  w->key("optimizer_ratio");
-  w->f64(p.placement.optimizer_ratio);
-  w->key("optimizer_cpu_fraction");
-  w->f64(p.placement.optimizer_cpu_fraction);
-  w->key("fits");
-  w->boolean(p.fits);
-  w->key("items");
-  w->begin_array();
+// A ConfigChange value: JSON text by contract ("3", "\"nvme\"", "0.05"); kept
+// as a string should it not parse.
+Json json_value(const std::string& text) {
+  Json v = Json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (v.is_discarded()) return text;
+  return v;
+}
+
+template <typename T>
+Json optional_json(const std::optional<T>& v) {
+  return v ? Json(*v) : Json(nullptr);
+}
+
+Json traffic_json(const StepTraffic& t) {
+  return Json{{"host_to_device_bytes", t.host_to_device_bytes},
+              {"device_to_host_bytes", t.device_to_host_bytes},
+              {"disk_read_bytes", t.disk_read_bytes},
+              {"disk_write_bytes", t.disk_write_bytes},
+              {"total_bytes", t.total_bytes()}};
+}
+
+Json placement_json(const PlacementPlan& p) {
+  Json items = Json::array();
   for (const PlanItem& item : p.items) {
-    w->begin_object();
-    w->key("name");
-    w->str(item.name);
-    w->key("tier");
-    w->str(tier_key(item.tier));
-    w->key("bytes");
-    w->u64(item.size_bytes);
-    w->key("detail");
-    w->str(item.detail);
-    w->end_object();
+    items.push_back({{"name", item.name},
+                     {"tier", tier_key(item.tier)},
+                     {"bytes", item.size_bytes},
+                     {"detail", item.detail}});
   }
-  w->end_array();
-  w->key("tiers");
-  w->begin_object();
+  Json tiers = Json::object();
   for (const TierPlan& t : p.tiers) {
-    w->key(tier_key(t.tier));
-    w->begin_object();
-    w->key("needed_bytes");
-    w->u64(t.needed_bytes);
-    w->key("capacity_bytes");
-    w->u64(t.capacity_bytes);
-    w->key("margin_bytes");
-    w->u64(t.margin_bytes);
-    w->key("available_bytes");
-    w->u64(t.available_bytes);
-    w->key("fits");
-    w->boolean(t.fits);
-    w->key("capacity_source");
-    w->str(t.capacity_source);
-    w->end_object();
+    tiers[std::string(tier_key(t.tier))] = {{"needed_bytes", t.needed_bytes},
+                                            {"capacity_bytes", t.capacity_bytes},
+                                            {"margin_bytes", t.margin_bytes},
+                                            {"available_bytes", t.available_bytes},
+                                            {"fits", t.fits},
+                                            {"capacity_source", t.capacity_source}};
   }
-  w->end_object();
-  w->key("bytes_per_step");
-  write_traffic(p.traffic, w);
-  w->key("reasons");
-  w->begin_array();
-  for (const std::string& r : p.reasons) w->str(r);
-  w->end_array();
-  w->end_object();
+  Json out = Json::object();
+  out["param_device"] = offload_device_key(p.placement.param_device);
+  out["optimizer_device"] = offload_device_key(p.placement.optimizer_device);
+  out["optimizer_ratio"] = number(p.placement.optimizer_ratio);
+  out["optimizer_cpu_fraction"] = number(p.placement.optimizer_cpu_fraction);
+  out["fits"] = p.fits;
+  out["items"] = std::move(items);
+  out["tiers"] = std::move(tiers);
+  out["bytes_per_step"] = traffic_json(p.traffic);
+  out["reasons"] = p.reasons;
+  return out;
+}
+
+Json model_json(const ModelSummary& m) {
+  Json out = Json::object();
+  out["num_params"] = m.num_params;
+  out["num_trainable_params"] = m.num_trainable_params;
+  out["num_frozen_params"] = m.num_frozen_params;
+  out["num_layers"] = m.num_layers;
+  out["frozen_fraction"] = number(m.frozen_fraction);
+  out["group_params"] = m.group_params;
+  out["persistent_params"] = m.persistent_params;
+  out["seq_len"] = m.seq_len;
+  out["micro_batch"] = m.micro_batch;
+  out["activation_checkpointing"] = m.activation_checkpointing;
+  out["transformer"] = nullptr;
+  if (m.has_shape) {
+    out["transformer"] = {
+        {"hidden_size", m.hidden_size}, {"vocab_size", m.vocab_size}, {"num_heads", m.num_heads}};
+  }
+  out["activations"] = nullptr;
+  if (m.activations) {
+    const ActivationEstimate& a = *m.activations;
+    out["activations"] = {{"full_layer_bytes", a.full_layer_bytes},
+                          {"kept_layer_bytes", a.kept_layer_bytes},
+                          {"layers_bytes", a.layers_bytes},
+                          {"logits_bytes", a.logits_bytes},
+                          {"total_bytes", a.total_bytes}};
+  }
+  return out;
+}
+
+Json state_json(const StateSizes& s) {
+  return Json{{"precision", s.precision},
+              {"optimizer", s.optimizer},
+              {"compute_bytes", s.compute_bytes},
+              {"gradient_bytes", s.gradient_bytes},
+              {"master_bytes", s.master_bytes},
+              {"moment_bytes", s.moment_bytes},
+              {"gradient_accumulation_steps", s.gradient_accumulation_steps}};
+}
+
+Json machine_json(const MachineSpec& m) {
+  Json disks = Json::array();
+  for (const DiskSpace& d : m.disks) {
+    disks.push_back({{"path", d.path},
+                     {"measured_at", d.measured_at},
+                     {"free_bytes", d.free_bytes},
+                     {"counted", d.counted}});
+  }
+  return Json{{"gpu_bytes", optional_json(m.gpu_bytes)},
+              {"gpu_source", m.gpu_source},
+              {"gpu_probe", m.gpu_probe},
+              {"ram_bytes", m.ram_bytes},
+              {"ram_source", m.ram_source},
+              {"disk_bytes", m.disk_bytes},
+              {"disk_source", m.disk_source},
+              {"disks", std::move(disks)}};
 }
 
 }  // namespace
@@ -323,8 +272,8 @@ std::string format_plan_table(const Plan& plan) {
       opt += buf;
     }
     cand.row({device_cell(c.placement.param_device), opt,
-              format_bytes(c.tier(Tier::kGpu).needed_bytes),
-              format_bytes(c.tier(Tier::kCpu).needed_bytes),
+              format_bytes(c.tier(Tier::kDevice).needed_bytes),
+              format_bytes(c.tier(Tier::kPinned).needed_bytes),
               format_bytes(c.tier(Tier::kNvme).needed_bytes), format_bytes(c.traffic.total_bytes()),
               c.fits ? "yes" : "no"});
   }
@@ -351,8 +300,8 @@ std::string format_plan_table(const Plan& plan) {
     for (const ConfigChange& ch : plan.changes) {
       out += str_cat("  set ", ch.key_path, " = ", ch.to, " (now ", ch.from, ")\n");
     }
-    out += str_cat("  GPU ", format_bytes(r.tier(Tier::kGpu).needed_bytes), ", CPU RAM ",
-                   format_bytes(r.tier(Tier::kCpu).needed_bytes), ", NVMe/disk ",
+    out += str_cat("  GPU ", format_bytes(r.tier(Tier::kDevice).needed_bytes), ", CPU RAM ",
+                   format_bytes(r.tier(Tier::kPinned).needed_bytes), ", NVMe/disk ",
                    format_bytes(r.tier(Tier::kNvme).needed_bytes),
                    "; moved per step: ", traffic_line(r.traffic), "\n");
   } else if (plan.configured.fits) {
@@ -372,151 +321,25 @@ std::string format_plan_table(const Plan& plan) {
 }
 
 std::string plan_to_json(const Plan& plan) {
-  JsonWriter w;
-  const ModelSummary& m = plan.model;
-  w.begin_object();
-  w.key("fits");
-  w.boolean(plan.fits());
-  w.key("model");
-  w.begin_object();
-  w.key("num_params");
-  w.i64(m.num_params);
-  w.key("num_trainable_params");
-  w.i64(m.num_trainable_params);
-  w.key("num_frozen_params");
-  w.i64(m.num_frozen_params);
-  w.key("num_layers");
-  w.i64(m.num_layers);
-  w.key("frozen_fraction");
-  w.f64(m.frozen_fraction);
-  w.key("group_params");
-  w.i64(m.group_params);
-  w.key("persistent_params");
-  w.i64(m.persistent_params);
-  w.key("seq_len");
-  w.i64(m.seq_len);
-  w.key("micro_batch");
-  w.i64(m.micro_batch);
-  w.key("activation_checkpointing");
-  w.boolean(m.activation_checkpointing);
-  w.key("transformer");
-  if (m.has_shape) {
-    w.begin_object();
-    w.key("hidden_size");
-    w.i64(m.hidden_size);
-    w.key("vocab_size");
-    w.i64(m.vocab_size);
-    w.key("num_heads");
-    w.i64(m.num_heads);
-    w.end_object();
-  } else {
-    w.null();
-  }
-  w.key("activations");
-  if (m.activations) {
-    w.begin_object();
-    w.key("full_layer_bytes");
-    w.u64(m.activations->full_layer_bytes);
-    w.key("kept_layer_bytes");
-    w.u64(m.activations->kept_layer_bytes);
-    w.key("layers_bytes");
-    w.u64(m.activations->layers_bytes);
-    w.key("logits_bytes");
-    w.u64(m.activations->logits_bytes);
-    w.key("total_bytes");
-    w.u64(m.activations->total_bytes);
-    w.end_object();
-  } else {
-    w.null();
-  }
-  w.end_object();
-
-  w.key("state");
-  w.begin_object();
-  w.key("precision");
-  w.str(plan.state.precision);
-  w.key("optimizer");
-  w.str(plan.state.optimizer);
-  w.key("compute_bytes");
-  w.u64(plan.state.compute_bytes);
-  w.key("gradient_bytes");
-  w.u64(plan.state.gradient_bytes);
-  w.key("master_bytes");
-  w.u64(plan.state.master_bytes);
-  w.key("moment_bytes");
-  w.u64(plan.state.moment_bytes);
-  w.key("gradient_accumulation_steps");
-  w.i64(plan.state.gradient_accumulation_steps);
-  w.end_object();
-
-  w.key("machine");
-  w.begin_object();
-  w.key("gpu_bytes");
-  if (plan.machine.gpu_bytes) {
-    w.u64(*plan.machine.gpu_bytes);
-  } else {
-    w.null();
-  }
-  w.key("gpu_source");
-  w.str(plan.machine.gpu_source);
-  w.key("gpu_probe");
-  w.str(plan.machine.gpu_probe);
-  w.key("ram_bytes");
-  w.u64(plan.machine.ram_bytes);
-  w.key("ram_source");
-  w.str(plan.machine.ram_source);
-  w.key("disk_bytes");
-  w.u64(plan.machine.disk_bytes);
-  w.key("disk_source");
-  w.str(plan.machine.disk_source);
-  w.key("disks");
-  w.begin_array();
-  for (const DiskSpace& d : plan.machine.disks) {
-    w.begin_object();
-    w.key("path");
-    w.str(d.path);
-    w.key("measured_at");
-    w.str(d.measured_at);
-    w.key("free_bytes");
-    w.u64(d.free_bytes);
-    w.key("counted");
-    w.boolean(d.counted);
-    w.end_object();
-  }
-  w.end_array();
-  w.end_object();
-
-  w.key("configured");
-  write_placement(plan.configured, &w);
-  w.key("recommended");
-  if (plan.recommended) {
-    write_placement(*plan.recommended, &w);
-  } else {
-    w.null();
-  }
-  w.key("config_changes");
-  w.begin_array();
+  Json changes = Json::array();
   for (const ConfigChange& ch : plan.changes) {
-    w.begin_object();
-    w.key("key_path");
-    w.str(ch.key_path);
-    w.key("from");
-    w.raw(ch.from);
-    w.key("to");
-    w.raw(ch.to);
-    w.end_object();
+    changes.push_back({{"key_path", ch.key_path}, {"from", json_value(ch.from)}, {"to", json_value(ch.to)}});
   }
-  w.end_array();
-  w.key("candidates");
-  w.begin_array();
-  for (const PlacementPlan& c : plan.candidates) write_placement(c, &w);
-  w.end_array();
-  w.key("notes");
-  w.begin_array();
-  for (const std::string& n : plan.notes) w.str(n);
-  w.end_array();
-  w.end_object();
-  return w.take();
+  Json candidates = Json::array();
+  for (const PlacementPlan& c : plan.candidates) candidates.push_back(placement_json(c));
+  Json doc = Json::object();
+  doc["fits"] = plan.fits();
+  doc["model"] = model_json(plan.model);
+  doc["state"] = state_json(plan.state);
+  doc["machine"] = machine_json(plan.machine);
+  doc["configured"] = placement_json(plan.configured);
+  doc["recommended"] = plan.recommended ? placement_json(*plan.recommended) : Json(nullptr);
+  doc["config_changes"] = std::move(changes);
+  doc["candidates"] = std::move(candidates);
+  doc["notes"] = plan.notes;
+  // Paths and config text are passed through; bytes that are not UTF-8
+  // become U+FFFD rather than an exception.
+  return doc.dump(2, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";
 }
 
 }  // namespace strata::engine

@@ -1,7 +1,11 @@
+// The trace's spans, kept in memory and written as one Chrome trace-event JSON
+// document (nlohmann::ordered_json).
 #include "engine/trace.h"
 
 #include <cerrno>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/str.h"
 
@@ -45,44 +49,37 @@ std::size_t Trace::event_count() const {
   return events_.size();
 }
 
-namespace {
-// Names are engine-chosen identifiers and group names; escape what JSON needs.
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-}  // namespace
-
 core::Status Trace::write() const {
   if (!enabled()) return core::Status();
-  std::string text = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  using Json = nlohmann::ordered_json;
+  Json events = Json::array();
   for (TraceTrack t : kAllTraceTracks) {
-    text += core::str_cat("{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": 1, \"tid\": ", static_cast<int>(t),
-                          ", \"args\": {\"name\": ", json_string(to_string(t)), "}},\n");
+    events.push_back({{"ph", "M"},
+                      {"name", "thread_name"},
+                      {"pid", 1},
+                      {"tid", static_cast<int>(t)},
+                      {"args", {{"name", std::string(to_string(t))}}}});
   }
   {
     core::MutexLock lock(mu_);
     for (const Event& e : events_) {
-      char buf[160];
-      std::snprintf(buf, sizeof buf, ", \"pid\": 1, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"bytes\": %llu}},\n",
-                    static_cast<int>(e.track), static_cast<double>(e.begin_ns - origin_ns_) * 1e-3,
-                    static_cast<double>(e.end_ns - e.begin_ns) * 1e-3, static_cast<unsigned long long>(e.bytes));
-      text += "{\"ph\": \"X\", \"name\": " + json_string(e.name) + buf;
+      // Microseconds, exact to the nanosecond: n / 1e3 is the double nearest n/1000.
+      events.push_back({{"ph", "X"},
+                        {"name", e.name},
+                        {"pid", 1},
+                        {"tid", static_cast<int>(e.track)},
+                        {"ts", static_cast<double>(e.begin_ns - origin_ns_) / 1e3},
+                        {"dur", static_cast<double>(e.end_ns - e.begin_ns) / 1e3},
+                        {"args", {{"bytes", e.bytes}}}});
     }
   }
-  text += "{\"ph\": \"M\", \"name\": \"process_name\", \"pid\": 1, \"args\": {\"name\": \"strata\"}}\n]}\n";
+  events.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", 1}, {"args", {{"name", "strata"}}}});
+  Json doc = Json::object();
+  doc["displayTimeUnit"] = "ms";
+  doc["traceEvents"] = std::move(events);
+  // Names are engine-chosen identifiers and group names; bytes that are not
+  // UTF-8 become U+FFFD rather than an exception.
+  const std::string text = doc.dump(-1, ' ', /*ensure_ascii=*/false, Json::error_handler_t::replace) + "\n";
   const std::string tmp = path_ + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "w");
   if (f == nullptr) return core::Status::from_errno(errno, core::str_cat("create trace file ", tmp));

@@ -33,6 +33,8 @@ MODULES = {
     "tests/cpu_adam/": ["core/", "cpu_adam/"],
     # Engine tests build the pieces the engine composes (a host device, a swap store).
     "tests/engine/": ["core/", "engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
+    # The command's flag parser, and the planner types it fills.
+    "tests/cli/": ["bindings/cli/", "engine/plan", "engine/machine.h", "core/"],
     # The engine's C++ interface until the C API covers the step (issue #6).
     "tests/e2e/": ["strata/", "core/", "engine/"],
     "tests/examples/": ["examples/", "core/"],
@@ -55,9 +57,11 @@ VENDOR = [
     (re.compile(r"^(cblas|openblas_config|f77blas)\.h$"), ["examples/model/*"]),
     # DLPack: the C API's implementation and its C tests (strata.h stays free of it).
     (re.compile(r"^dlpack/"), ["bindings/c/*.cpp", "tests/c_api/*"]),
-    # JSON formats: the config, and the safetensors header.
+    # JSON formats: the config, the safetensors header, the checkpoint manifest, and
+    # the JSON the code writes (strata plan --json, the trace, the benchmarks' --json).
     (re.compile(r"^nlohmann/"), ["engine/config*", "tests/engine/config*", "engine/safetensors*",
-                                    "engine/checkpoint*"]),
+                                    "engine/checkpoint*", "engine/plan_format.cpp",
+                                    "engine/trace.cpp", "benchmarks/*"]),
 ]
 
 

@@ -7,14 +7,15 @@
 #include <string_view>
 #include <vector>
 
+#include "bindings/cli/plan_args.h"
 #include "engine/config.h"
 #include "engine/machine.h"
 #include "engine/plan.h"
-#include "engine/plan_args.h"
 #include "strata_build_config.h"
 
 namespace {
 
+namespace cli = strata::cli;
 namespace core = strata::core;
 namespace engine = strata::engine;
 
@@ -35,7 +36,7 @@ commands
 
 void print_usage(std::FILE* to) {
   std::fputs(std::string(kUsage).c_str(), to);
-  std::fputs(std::string(engine::plan_usage()).c_str(), to);
+  std::fputs(std::string(cli::plan_usage()).c_str(), to);
 }
 
 int fail(std::string_view command, const core::Status& status) {
@@ -44,10 +45,10 @@ int fail(std::string_view command, const core::Status& status) {
 }
 
 int run_plan(const std::vector<std::string_view>& args) {
-  core::Result<engine::PlanArgs> parsed = engine::parse_plan_args(args);
+  core::Result<cli::PlanArgs> parsed = cli::parse_plan_args(args);
   if (!parsed.ok()) return fail("plan", parsed.status());
   if (parsed->help) {
-    std::fputs(std::string(engine::plan_usage()).c_str(), stdout);
+    std::fputs(std::string(cli::plan_usage()).c_str(), stdout);
     return kExitOk;
   }
   engine::ParseOptions parse_options;

@@ -132,6 +132,38 @@ TEST(Layout, TierHomesFollowTheConfig) {
   EXPECT_EQ(half->chunks.back().state_tier, Tier::kDevice);
 }
 
+// The rule the layout and the planner share (tier.h): whole elements,
+// offloaded share first, pinned before nvme.
+TEST(Layout, OptimizerSplitRoundsToElementsAndAddsUp) {
+  const OptimizerSplit none = split_optimizer_state(1000, OffloadDevice::kNone, 0.5, 0.5);
+  EXPECT_EQ(none.device_elems, 1000);
+  EXPECT_EQ(none.offloaded_elems(), 0);
+  EXPECT_EQ(none.tier_at(0), Tier::kDevice);
+
+  const OptimizerSplit cpu = split_optimizer_state(1001, OffloadDevice::kCpu, 0.5, 0.25);
+  EXPECT_EQ(cpu.pinned_elems, 501);  // 500.5 rounds away from zero
+  EXPECT_EQ(cpu.nvme_elems, 0);
+  EXPECT_EQ(cpu.device_elems, 500);
+  EXPECT_EQ(cpu.tier_at(500), Tier::kPinned);
+  EXPECT_EQ(cpu.tier_at(501), Tier::kDevice);
+
+  const OptimizerSplit nvme = split_optimizer_state(1000, OffloadDevice::kNvme, 0.8, 0.3);
+  EXPECT_EQ(nvme.pinned_elems, 240);
+  EXPECT_EQ(nvme.nvme_elems, 560);
+  EXPECT_EQ(nvme.device_elems, 200);
+  EXPECT_EQ(nvme.tier_at(239), Tier::kPinned);
+  EXPECT_EQ(nvme.tier_at(240), Tier::kNvme);
+  EXPECT_EQ(nvme.tier_at(799), Tier::kNvme);
+  EXPECT_EQ(nvme.tier_at(800), Tier::kDevice);
+
+  EXPECT_EQ(tier_of(OffloadDevice::kNone), Tier::kDevice);
+  EXPECT_EQ(tier_of(OffloadDevice::kCpu), Tier::kPinned);
+  EXPECT_EQ(tier_of(OffloadDevice::kNvme), Tier::kNvme);
+  EXPECT_EQ(to_string(Tier::kPinned), "pinned");
+  EXPECT_EQ(tier_key(Tier::kPinned), "cpu");
+  EXPECT_EQ(tier_label(Tier::kPinned), "CPU RAM");
+}
+
 TEST(Layout, BytesPerTier) {
   Config c = config_with(OffloadDevice::kNvme, OffloadDevice::kCpu, 4 * kB);
   c.gradient_accumulation_steps = 4;  // fp32 gradient accumulators: 4 B

@@ -13,7 +13,6 @@
 
 #include "engine/config.h"
 #include "engine/machine.h"
-#include "engine/plan_args.h"
 
 namespace strata::engine {
 namespace {
@@ -98,15 +97,15 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
   const PlacementPlan& p = plan->configured;
 
   EXPECT_EQ(plan->model.group_params, 833'333'334);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "fetch_window"), 3'333'333'336u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "device_gradient_buffers"), 3'333'333'336u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "persistent_params"), 0u);
-  EXPECT_EQ(p.tier(Tier::kGpu).needed_bytes, 6'666'666'672u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "fetch_window"), 3'333'333'336u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), 3'333'333'336u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "persistent_params"), 0u);
+  EXPECT_EQ(p.tier(Tier::kDevice).needed_bytes, 6'666'666'672u);
 
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 80'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "param_staging"), 1'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_staging"), 805'306'368u);
-  EXPECT_EQ(p.tier(Tier::kCpu).needed_bytes, 81'805'306'368u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 80'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "param_staging"), 1'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_staging"), 805'306'368u);
+  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 81'805'306'368u);
 
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), 80'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "master_weights"), 160'000'000'000u);
@@ -114,12 +113,12 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), 560'000'000'000u);
   EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 1'120'000'000'000u);
 
-  EXPECT_EQ(p.tier(Tier::kGpu).available_bytes, 77'309'411'328u);
-  EXPECT_EQ(p.tier(Tier::kCpu).margin_bytes, 18'038'862'643u);
-  EXPECT_EQ(p.tier(Tier::kCpu).available_bytes, 119'400'090'829u);
+  EXPECT_EQ(p.tier(Tier::kDevice).available_bytes, 77'309'411'328u);
+  EXPECT_EQ(p.tier(Tier::kPinned).margin_bytes, 18'038'862'643u);
+  EXPECT_EQ(p.tier(Tier::kPinned).available_bytes, 119'400'090'829u);
   EXPECT_EQ(p.tier(Tier::kNvme).available_bytes, 1'900'000'000'000u);
-  EXPECT_TRUE(p.tier(Tier::kGpu).fits);
-  EXPECT_TRUE(p.tier(Tier::kCpu).fits);
+  EXPECT_TRUE(p.tier(Tier::kDevice).fits);
+  EXPECT_TRUE(p.tier(Tier::kPinned).fits);
   EXPECT_TRUE(p.tier(Tier::kNvme).fits);
   EXPECT_TRUE(plan->fits());
 
@@ -145,24 +144,24 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_FALSE(plan->fits());
-  EXPECT_EQ(plan->configured.tier(Tier::kCpu).needed_bytes,
+  EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes,
             80'000'000'000u + 80'000'000'000u + 480'000'000'000u);
-  EXPECT_FALSE(plan->configured.tier(Tier::kCpu).fits);
+  EXPECT_FALSE(plan->configured.tier(Tier::kPinned).fits);
   ASSERT_EQ(plan->configured.reasons.size(), 1u);
   EXPECT_TRUE(contains(plan->configured.reasons[0], "CPU RAM needs"))
       << plan->configured.reasons[0];
 
   const PlacementPlan& opt_cpu = candidate(*plan, OffloadDevice::kNvme, OffloadDevice::kCpu);
   EXPECT_FALSE(opt_cpu.fits);
-  EXPECT_EQ(opt_cpu.tier(Tier::kCpu).needed_bytes,
+  EXPECT_EQ(opt_cpu.tier(Tier::kPinned).needed_bytes,
             480'000'000'000u + 80'000'000'000u + 1'000'000'000u);
   const PlacementPlan& params_cpu = candidate(*plan, OffloadDevice::kCpu, OffloadDevice::kNvme);
   EXPECT_FALSE(params_cpu.fits);
   EXPECT_EQ(params_cpu.placement.optimizer_cpu_fraction, 0.0);
-  EXPECT_EQ(params_cpu.tier(Tier::kCpu).needed_bytes, 160'805'306'368u);
+  EXPECT_EQ(params_cpu.tier(Tier::kPinned).needed_bytes, 160'805'306'368u);
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
     const PlacementPlan& on_gpu = candidate(*plan, OffloadDevice::kNone, opt);
-    EXPECT_FALSE(on_gpu.tier(Tier::kGpu).fits);
+    EXPECT_FALSE(on_gpu.tier(Tier::kDevice).fits);
   }
   int fitting = 0;
   for (const PlacementPlan& c : plan->candidates) fitting += c.fits ? 1 : 0;
@@ -173,7 +172,7 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   EXPECT_EQ(r.placement.param_device, OffloadDevice::kNvme);
   EXPECT_EQ(r.placement.optimizer_device, OffloadDevice::kNvme);
   EXPECT_DOUBLE_EQ(r.placement.optimizer_cpu_fraction, 0.05);
-  EXPECT_EQ(r.tier(Tier::kCpu).needed_bytes, 105'805'306'368u);
+  EXPECT_EQ(r.tier(Tier::kPinned).needed_bytes, 105'805'306'368u);
   EXPECT_EQ(r.traffic.disk_read_bytes, 616'000'000'000u);
   EXPECT_EQ(r.traffic.disk_write_bytes, 536'000'000'000u);
   ASSERT_EQ(plan->changes.size(), 3u);
@@ -241,16 +240,16 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
   EXPECT_EQ(plan->model.num_heads, 32);
   EXPECT_EQ(plan->model.micro_batch, 4);
   const PlacementPlan& p = plan->configured;
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "compute_copies"), 13'150'470'144u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "device_gradient_buffers"), 805'519'360u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "activations"), 5'972'688'896u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "logits"), 1'048'576'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "fetch_window"), 0u);
-  EXPECT_EQ(p.tier(Tier::kGpu).needed_bytes, 20'977'254'400u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 26'300'940'288u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 26'300'940'288u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 52'601'880'576u);
-  EXPECT_EQ(p.tier(Tier::kCpu).needed_bytes, 105'203'761'152u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "compute_copies"), 13'150'470'144u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), 805'519'360u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "activations"), 5'972'688'896u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "logits"), 1'048'576'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "fetch_window"), 0u);
+  EXPECT_EQ(p.tier(Tier::kDevice).needed_bytes, 20'977'254'400u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 26'300'940'288u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 26'300'940'288u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 52'601'880'576u);
+  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 105'203'761'152u);
   EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 14u * P);  // the checkpoint only
   EXPECT_TRUE(plan->fits());
   EXPECT_EQ(p.traffic.host_to_device_bytes, 13'150'470'144u);
@@ -263,7 +262,7 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
   // 13 h per block (all below the 1e5 threshold) x 32 + final norm 2 h.
   const PlacementPlan& offloaded = candidate(*plan, OffloadDevice::kCpu, OffloadDevice::kCpu);
   EXPECT_EQ(plan->model.persistent_params, 32 * 13 * 4096 + 2 * 4096);
-  EXPECT_EQ(offloaded.item_bytes(Tier::kGpu, "persistent_params"),
+  EXPECT_EQ(offloaded.item_bytes(Tier::kDevice, "persistent_params"),
             2u * (32 * 13 * 4096 + 2 * 4096));
 }
 
@@ -279,10 +278,10 @@ TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
   EXPECT_EQ(plan->model.num_trainable_params, 2'500'000'000);
   EXPECT_EQ(plan->model.num_frozen_params, 7'500'000'000);
   const PlacementPlan& p = plan->configured;
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "compute_copies"), 20'000'000'000u);  // all 10e9 x 2
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 5'000'000'000u);   // 2.5e9 x 2
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 10'000'000'000u);  // 2.5e9 x 4
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 20'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "compute_copies"), 20'000'000'000u);  // all 10e9 x 2
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 5'000'000'000u);   // 2.5e9 x 2
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 10'000'000'000u);  // 2.5e9 x 4
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 20'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), 20'000'000'000u + 30'000'000'000u);
   // Fetching touches every parameter; gradients only the trainable ones.
   EXPECT_EQ(p.traffic.host_to_device_bytes, 40'000'000'000u);
@@ -291,7 +290,7 @@ TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
   model.frozen_fraction = 1.0;
   plan = make_plan(config, model, machine(80 * kGiB, 512 * kGiB, 4'000'000'000'000));
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "master_weights"), 0u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "master_weights"), 0u);
   EXPECT_EQ(plan->configured.traffic.device_to_host_bytes, 0u);
 }
 
@@ -306,7 +305,7 @@ TEST(Planner, GradientAccumulationUsesFp32HostGradients) {
                                       machine(80 * kGiB, 128 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const PlacementPlan& p = plan->configured;
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 4'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 4'000'000'000u);
   EXPECT_EQ(p.traffic.device_to_host_bytes, 8'000'000'000u);
   EXPECT_EQ(p.traffic.host_to_device_bytes, 2'000'000'000u);
 
@@ -314,15 +313,15 @@ TEST(Planner, GradientAccumulationUsesFp32HostGradients) {
   plan = make_plan(config, params_model(1'000'000'000, 10),
                    machine(80 * kGiB, 128 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "host_gradients"), 2'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "host_gradients"), 2'000'000'000u);
 
   // fp32 compute: copies and gradients are 4 B whatever the accumulation.
   config.precision = Precision::kFp32;
   plan = make_plan(config, params_model(1'000'000'000, 10),
                    machine(80 * kGiB, 128 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "compute_copies"), 4'000'000'000u);
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "host_gradients"), 4'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kDevice, "compute_copies"), 4'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "host_gradients"), 4'000'000'000u);
 }
 
 // offload_optimizer.ratio = 0.25: a quarter of the optimizer is updated on
@@ -335,15 +334,15 @@ TEST(Planner, RatioBelowOneKeepsPartOfTheOptimizerOnTheGpu) {
                                       machine(141 * kGiB, 128 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const PlacementPlan& p = plan->configured;
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 4'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 8'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "host_gradients"), 2'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "master_weights"), 12'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "optimizer_moments"), 24'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "gradients"), 6'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "compute_copies"), 8'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 4'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 8'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 2'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "master_weights"), 12'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "optimizer_moments"), 24'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "gradients"), 6'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "compute_copies"), 8'000'000'000u);
   // group = 4e9 / 32 = 125e6; 2 groups x 2 B.
-  EXPECT_EQ(p.item_bytes(Tier::kGpu, "device_gradient_buffers"), 500'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), 500'000'000u);
   EXPECT_EQ(p.traffic.device_to_host_bytes, 2'000'000'000u);
   EXPECT_EQ(p.traffic.host_to_device_bytes, 2'000'000'000u);
 }
@@ -359,11 +358,11 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
       make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const PlacementPlan& p = plan->configured;
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "master_weights"), 4'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_moments"), 8'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 4'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 8'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "master_weights"), 4'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "optimizer_moments"), 8'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kCpu, "optimizer_staging"), 4u * (16u << 20) * 3u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_staging"), 4u * (16u << 20) * 3u);
   EXPECT_EQ(p.traffic.disk_read_bytes, 12'000'000'000u);
   EXPECT_EQ(p.traffic.disk_write_bytes, 12'000'000'000u);
 
@@ -372,7 +371,7 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
   config.strata.optimizer_cpu_fraction = 0.0;
   plan = make_plan(config, params_model(1000, 2), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "optimizer_staging"), 3u * 4000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "optimizer_staging"), 3u * 4000u);
 }
 
 // strata.overlap "speculative" keeps a second version of the NVMe state and
@@ -388,7 +387,7 @@ TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
   plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "speculative_state"), 12'000'000'000u);
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "speculative_compute_copies"), 2'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 2'000'000'000u);
 }
 
 // strata.overlap "delayed" keeps the new compute copies of every trainable
@@ -398,13 +397,13 @@ TEST(Planner, DelayedUpdatesCountTheirPendingComputeCopies) {
   core::Result<Plan> plan =
       make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "delayed_compute_copies"), 0u);
-  const std::uint64_t without = plan->configured.tier(Tier::kCpu).needed_bytes;
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "delayed_compute_copies"), 0u);
+  const std::uint64_t without = plan->configured.tier(Tier::kPinned).needed_bytes;
   config.strata.overlap = OverlapMode::kDelayed;
   plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "delayed_compute_copies"), 4'000'000'000u);  // bf16
-  EXPECT_EQ(plan->configured.tier(Tier::kCpu).needed_bytes, without + 4'000'000'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "delayed_compute_copies"), 4'000'000'000u);  // bf16
+  EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes, without + 4'000'000'000u);
 }
 
 // Two fresh directories under /tmp, removed at the end of the test.
@@ -487,7 +486,7 @@ TEST(Planner, MachineIsProbedUnlessGiven) {
     config.strata.budgets.device_bytes = 8 * kGiB;
     plan = make_plan(config, params_model(1'000'000, 2), *probed);
     ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-    EXPECT_EQ(plan->configured.tier(Tier::kGpu).capacity_bytes, 8 * kGiB);
+    EXPECT_EQ(plan->configured.tier(Tier::kDevice).capacity_bytes, 8 * kGiB);
   }
 }
 
@@ -510,11 +509,11 @@ TEST(Planner, BudgetsCapTiersWithoutMargin) {
                                       machine(80 * kGiB, 128 * kGiB, 1'000'000'000'000));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const PlacementPlan& p = plan->configured;
-  EXPECT_EQ(p.tier(Tier::kGpu).capacity_bytes, 2 * kGiB);
-  EXPECT_EQ(p.tier(Tier::kGpu).margin_bytes, 0u);
-  EXPECT_EQ(p.tier(Tier::kGpu).available_bytes, 2 * kGiB);
-  EXPECT_EQ(p.tier(Tier::kGpu).capacity_source, "strata.budgets.device (budget)");
-  EXPECT_EQ(p.tier(Tier::kCpu).available_bytes, 8 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kDevice).capacity_bytes, 2 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kDevice).margin_bytes, 0u);
+  EXPECT_EQ(p.tier(Tier::kDevice).available_bytes, 2 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kDevice).capacity_source, "strata.budgets.device (budget)");
+  EXPECT_EQ(p.tier(Tier::kPinned).available_bytes, 8 * kGiB);
   EXPECT_EQ(p.tier(Tier::kNvme).available_bytes, 100'000'000'000u);
   EXPECT_TRUE(plan->fits());
 
@@ -523,7 +522,7 @@ TEST(Planner, BudgetsCapTiersWithoutMargin) {
   plan = make_plan(config, params_model(100'000'000, 10),
                    machine(80 * kGiB, 128 * kGiB, 1'000'000'000'000));
   ASSERT_TRUE(plan.ok());
-  EXPECT_FALSE(plan->configured.tier(Tier::kCpu).fits);
+  EXPECT_FALSE(plan->configured.tier(Tier::kPinned).fits);
   ASSERT_FALSE(plan->configured.reasons.empty());
   EXPECT_TRUE(contains(plan->configured.reasons[0], "strata.budgets.pinned"))
       << plan->configured.reasons[0];
@@ -533,8 +532,8 @@ TEST(Planner, BudgetsCapTiersWithoutMargin) {
   plan = make_plan(config, params_model(100'000'000, 10),
                    machine(80 * kGiB, 128 * kGiB, 1'000'000'000'000));
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->configured.tier(Tier::kGpu).capacity_bytes, 80 * kGiB);
-  EXPECT_EQ(plan->configured.tier(Tier::kGpu).margin_bytes, 8 * kGiB);
+  EXPECT_EQ(plan->configured.tier(Tier::kDevice).capacity_bytes, 80 * kGiB);
+  EXPECT_EQ(plan->configured.tier(Tier::kDevice).margin_bytes, 8 * kGiB);
   bool noted = false;
   for (const std::string& n : plan->notes) noted = noted || contains(n, "strata.budgets.device");
   EXPECT_TRUE(noted);
@@ -600,12 +599,12 @@ TEST(Planner, ActivationEstimateFollowsKorthikanti) {
   const Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
   core::Result<Plan> plan = make_plan(config, model, machine(8 * kGiB, 16 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "activations"), 5'111'808u);
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "logits"), 1'024'000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kDevice, "activations"), 5'111'808u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kDevice, "logits"), 1'024'000u);
   plan = make_plan(config, params_model(1'000'000, 2), machine(8 * kGiB, 16 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok());
   EXPECT_FALSE(plan->model.activations.has_value());
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kGpu, "activations"), 0u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kDevice, "activations"), 0u);
   ASSERT_FALSE(plan->notes.empty());
   EXPECT_TRUE(contains(plan->notes[0], "activations")) << plan->notes[0];
 }
@@ -619,7 +618,7 @@ TEST(Planner, OptimizerTypeSetsMomentBytes) {
     core::Result<Plan> plan =
         make_plan(config, params_model(1'000'000, 2), machine(8 * kGiB, 16 * kGiB, kGiB << 10));
     ASSERT_TRUE(plan.ok());
-    EXPECT_EQ(plan->configured.item_bytes(Tier::kCpu, "optimizer_moments"), bytes * 1'000'000u);
+    EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "optimizer_moments"), bytes * 1'000'000u);
   }
 }
 
@@ -793,88 +792,6 @@ TEST(Planner, CountParserAcceptsSuffixesAndExponents) {
   for (const char* bad :
        {"", "forty", "1.5", "40X", "40 B", "1e30", "--5", "e9", "nan", "inf", "0x10"}) {
     EXPECT_FALSE(parse_count(bad, &n)) << bad;
-  }
-}
-
-std::vector<std::string_view> argv_of(const std::vector<const char*>& args) {
-  return std::vector<std::string_view>(args.begin(), args.end());
-}
-
-TEST(Planner, FlagsParseIntoModelAndMachine) {
-  core::Result<PlanArgs> a = parse_plan_args(argv_of({"--config",
-                                                      "c.json",
-                                                      "--params",
-                                                      "40B",
-                                                      "--layers=48",
-                                                      "--seq",
-                                                      "4096",
-                                                      "--micro-batch",
-                                                      "2",
-                                                      "--checkpointing",
-                                                      "off",
-                                                      "--frozen-fraction",
-                                                      "0.25",
-                                                      "--gpu-memory",
-                                                      "80GiB",
-                                                      "--ram",
-                                                      "128GiB",
-                                                      "--disk",
-                                                      "2TB",
-                                                      "--json",
-                                                      "--no-checkpoint"}));
-  ASSERT_TRUE(a.ok()) << a.status().to_string();
-  EXPECT_EQ(a->config_path, "c.json");
-  EXPECT_EQ(a->model.num_params, 40'000'000'000);
-  EXPECT_EQ(a->model.num_layers, 48);
-  EXPECT_EQ(a->model.seq_len, 4096);
-  EXPECT_EQ(a->model.micro_batch, 2);
-  EXPECT_FALSE(a->model.activation_checkpointing);
-  EXPECT_DOUBLE_EQ(a->model.frozen_fraction, 0.25);
-  EXPECT_EQ(a->machine.gpu_bytes, 80 * kGiB);
-  EXPECT_EQ(a->machine.ram_bytes, 128 * kGiB);
-  EXPECT_EQ(a->machine.disk_bytes, 2'000'000'000'000u);
-  EXPECT_TRUE(a->json);
-  EXPECT_FALSE(a->options.include_checkpoint);
-
-  a = parse_plan_args(argv_of({"--config", "c.json", "--layers", "32", "--hidden", "4096",
-                               "--vocab", "32000", "--heads", "32"}));
-  ASSERT_TRUE(a.ok());
-  EXPECT_EQ(a->model.hidden_size, 4096);
-  EXPECT_EQ(a->model.vocab_size, 32000);
-  EXPECT_EQ(a->model.num_heads, 32);
-  EXPECT_FALSE(a->machine.gpu_bytes.has_value());
-
-  a = parse_plan_args(argv_of({"--help"}));
-  ASSERT_TRUE(a.ok());
-  EXPECT_TRUE(a->help);
-  EXPECT_TRUE(contains(std::string(plan_usage()), "--gpu-memory"));
-}
-
-TEST(Planner, BadFlagsAreErrorsNamingTheFlag) {
-  const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
-      {{"--config", "c.json", "--parms", "40B"}, "unknown flag --parms"},
-      {{"--config", "c.json", "--gpu-memory", "80XB"}, "--gpu-memory: cannot parse '80XB'"},
-      {{"--config", "c.json", "--ram", "lots"}, "--ram: cannot parse 'lots'"},
-      {{"--config", "c.json", "--disk", "0"}, "--disk: must be positive"},
-      {{"--config", "c.json", "--params", "forty"}, "--params: cannot parse 'forty'"},
-      {{"--config", "c.json", "--params", "0"}, "num_params (--params) must be positive"},
-      {{"--config", "c.json", "--layers", "1.5"}, "--layers: cannot parse '1.5'"},
-      {{"--config", "c.json", "--layers"}, "--layers needs a value"},
-      {{"--config", "c.json", "--checkpointing", "maybe"}, "--checkpointing: cannot parse 'maybe'"},
-      {{"--config", "c.json", "--frozen-fraction", "half"},
-       "--frozen-fraction: cannot parse 'half'"},
-      {{"--config", "c.json", "--micro-batch", "-2"},
-       "micro_batch (--micro-batch) must be positive"},
-      {{"--config", "c.json", "--seq", "1", "--seq", "2"}, "--seq is given twice"},
-      {{"--params", "40B", "--layers", "48"}, "--config FILE is required"},
-      {{"--config", "c.json", "extra"}, "unexpected argument 'extra'"},
-  };
-  for (const auto& [args, expected] : cases) {
-    core::Result<PlanArgs> a = parse_plan_args(argv_of(args));
-    ASSERT_FALSE(a.ok()) << expected;
-    EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_TRUE(contains(std::string(a.status().message()), expected))
-        << a.status().message() << " lacks " << expected;
   }
 }
 

@@ -1,5 +1,5 @@
 // `strata plan` flag parsing.
-#include "engine/plan_args.h"
+#include "bindings/cli/plan_args.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 
 #include "core/str.h"
 
-namespace strata::engine {
+namespace strata::cli {
 namespace {
 
 using core::Status;
@@ -21,7 +21,7 @@ Status bad_value(std::string_view flag, std::string_view value, std::string_view
 
 core::Result<std::int64_t> count_value(std::string_view flag, std::string_view value) {
   std::int64_t n = 0;
-  if (!parse_count(value, &n)) return bad_value(flag, value, "a count such as 40e9, 40B, 7M, 4096");
+  if (!engine::parse_count(value, &n)) return bad_value(flag, value, "a count such as 40e9, 40B, 7M, 4096");
   return n;
 }
 
@@ -184,4 +184,4 @@ what would), 2 bad input (the error is on stderr)
 )";
 }
 
-}  // namespace strata::engine
+}  // namespace strata::cli
