@@ -28,11 +28,6 @@ enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
 // step_end can change it and "exact" may update during the backward).
 enum class NonfinitePolicy { kSkip, kError, kApply };
 
-// Slots of the disk pipeline's staging ring when strata.budgets.staging is
-// derived (the planner counts the same): four, or six with "speculative",
-// whose reads also run ahead of the backward's gradients (measured:
-// docs/benchmarks.md, step).
-inline std::int64_t optimizer_ring_depth(OverlapMode overlap) { return overlap == OverlapMode::kSpeculative ? 6 : 4; }
 
 std::string_view to_string(OffloadDevice v);
 std::string_view to_string(OptimizerType v);

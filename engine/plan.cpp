@@ -12,6 +12,7 @@
 
 #include "core/str.h"
 #include "engine/internal/plan_internal.h"
+#include "engine/schedule/schedule.h"
 
 namespace strata::engine {
 namespace {
@@ -269,6 +270,7 @@ struct Inputs {
 
 PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
   const Config& cfg = in.config;
+  const Schedule& schedule = schedule_for(cfg.strata.overlap);
   const ModelSummary& m = in.model;
   PlacementPlan plan;
   plan.placement = pl;
@@ -342,23 +344,23 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     add("optimizer_moments", Tier::kNvme, sat_mul(u64(t_nvme), moments),
         count_times(t_nvme, moments, optimizer_label(cfg.optimizer.type)));
     const std::uint64_t states = 1 + moments / 4;
-    const std::uint64_t per_state = std::min(
-        sat_mul(u64(optimizer_ring_depth(cfg.strata.overlap)), cfg.strata.chunk_bytes), sat_mul(u64(t_nvme), 4));
+    const std::uint64_t per_state = std::min(sat_mul(u64(schedule.ring_depth()), cfg.strata.chunk_bytes),
+                                             sat_mul(u64(t_nvme), 4));
     add("optimizer_staging", Tier::kPinned, sat_mul(per_state, states),
-        str_cat(optimizer_ring_depth(cfg.strata.overlap), " chunks of strata.chunk_bytes ",
-                core::format_bytes(cfg.strata.chunk_bytes), " x ", states, " fp32 states"));
-    if (cfg.strata.overlap == OverlapMode::kSpeculative) {
-      // What a speculative update keeps until step_end's verdict: a second
-      // version of the nvme state, and the new compute copies.
-      add("speculative_state", Tier::kNvme, sat_mul(u64(t_nvme), state),
-          count_times(t_nvme, state, "a second version (strata.overlap speculative)"));
-      add("speculative_compute_copies", Tier::kPinned, sat_mul(u64(t_nvme), c),
-          count_times(t_nvme, c, "new compute copies awaiting step_end (strata.overlap speculative)"));
-    }
+        str_cat(schedule.ring_depth(), " chunks of strata.chunk_bytes ", core::format_bytes(cfg.strata.chunk_bytes),
+                " x ", states, " fp32 states"));
   }
-  if (cfg.strata.overlap == OverlapMode::kDelayed && T > 0) {
-    add("delayed_compute_copies", Tier::kPinned, sat_mul(u64(T), c),
-        count_times(T, c, "new compute copies awaiting the next step_end (strata.overlap delayed)"));
+  // What the overlap schedule holds beyond the placement's state, as the
+  // engine's finalize counts it (engine/schedule/).
+  for (const ScheduleExtra& x : schedule.extra_memory()) {
+    std::int64_t n = 0;          // elements
+    std::uint64_t per = c;       // bytes each
+    switch (x.basis) {
+      case ExtraBasis::kNvmeState: n = t_nvme, per = state; break;
+      case ExtraBasis::kNvmeGroupCompute: n = t_nvme; break;
+      case ExtraBasis::kTrainableGroupCompute: n = T; break;
+    }
+    if (n > 0) add(std::string(x.item), x.tier, sat_mul(u64(n), per), count_times(n, per, std::string(x.why)));
   }
   if (m.activations) {
     const ActivationEstimate& a = *m.activations;

@@ -26,7 +26,7 @@
 //    one layer: P / num_layers parameters, or with a transformer shape the
 //    larger of a block (12h^2 + 13h) and the embedding (V h).
 //  - pinned staging: with optimizer state on NVMe a ring of
-//    optimizer_ring_depth() chunks (strata.chunk_bytes of fp32 master each) per
+//    Schedule::ring_depth() chunks (strata.chunk_bytes of fp32 master each) per
 //    fp32 state (3 for Adam: master and two moments), no larger than the
 //    NVMe-resident state; with parameters on NVMe offload_param.buffer_count
 //    x buffer_size x c.

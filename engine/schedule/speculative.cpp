@@ -13,7 +13,7 @@ namespace {
 
 constexpr ScheduleExtra kExtra[] = {
     {"speculative_state", Tier::kNvme, ExtraBasis::kNvmeState,
-     "the second of two versions of the nvme optimizer state (strata.overlap \"speculative\")"},
+     "the second of the two versions of the nvme optimizer state that strata.overlap \"speculative\" keeps"},
     {"speculative_compute_copies", Tier::kPinned, ExtraBasis::kNvmeGroupCompute,
      "the new compute copies that strata.overlap \"speculative\" holds until step_end"},
 };

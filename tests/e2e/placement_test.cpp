@@ -22,6 +22,7 @@
 #include "engine/config.h"
 #include "core/numerics.h"
 #include "engine/engine.h"
+#include "engine/schedule/schedule.h"
 #include "engine/safetensors.h"
 #include "tests/e2e/mlp_harness.h"
 
@@ -812,7 +813,7 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
     {
       auto e = make_mlp_engine(c);
       ASSERT_NE(e, nullptr);
-      const auto depth = static_cast<std::size_t>(optimizer_ring_depth(mode));
+      const auto depth = static_cast<std::size_t>(schedule_for(mode).ring_depth());
       EXPECT_EQ(depth, mode == OverlapMode::kSpeculative ? 6u : 4u);
       EXPECT_EQ(e->staging_slots(), std::min(depth, e->layout().chunks.size()));
     }
