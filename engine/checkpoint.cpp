@@ -30,7 +30,8 @@
 #include "engine/internal/group_state.h"
 #include "engine/io_options.h"
 #include "engine/safetensors.h"
-#include "engine/state_store.h"
+#include "engine/state/compute_homes.h"
+#include "engine/state/state_store.h"
 #include "nvme/crc64.h"
 #include "nvme/direct_file.h"
 #include "nvme/io_backend.h"
@@ -171,7 +172,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     const GroupPlace& gp = layout_.groups[g];
     gpu::PinnedBuffer staging;
     const StepBytes saved = bytes_;
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
       const auto n = static_cast<std::size_t>(p.numel());
@@ -250,7 +251,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
   }
   drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
-  for (GroupState& gs : groups_) drop_pending(gs);  // overlap "delayed": so does the last step's update
+  homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {
@@ -320,7 +321,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
       const GroupPlace& gp = layout_.groups[g];
       gpu::PinnedBuffer staging;
-      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
+      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
       StateArrays arrays;
       for (std::size_t pi : gp.params) {
         const ParamDesc& p = layout_.params[pi];
@@ -334,7 +335,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
           STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
         }
       }
-      STRATA_RETURN_IF_ERROR(commit_compute(g, host));
+      STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
       STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
         exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
         return Status();

@@ -19,7 +19,8 @@
 #include "engine/internal/view_holds.h"
 #include "engine/io_options.h"
 #include "engine/pretrained.h"
-#include "engine/state_store.h"
+#include "engine/state/compute_homes.h"
+#include "engine/state/state_store.h"
 #include "gpu/cuda_device.h"
 #include "gpu/host_device.h"
 #include "nvme/io_backend.h"
@@ -146,10 +147,7 @@ Engine::~Engine() {
   if (const Status s = trace_.write(); !s.ok()) {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
   }
-  for (GroupState& gs : groups_) {  // a lent compute home stays until its lease ends
-    std::shared_ptr<gpu::Event> no_fence;
-    holds_->park(gs.device_home, no_fence);
-  }
+  if (homes_ != nullptr) homes_->park_device_homes(*holds_);  // a lent compute home stays until its lease ends
   groups_.clear();
   grads_.reset();
   ring_.clear();
@@ -280,11 +278,6 @@ core::Result<std::size_t> Engine::group_index(std::string_view name, const char*
   return Status::not_found(str_cat(op, ": no fetch group named '", name, "'"));
 }
 
-TraceTrack Engine::track_of(Lane lane) const {
-  if (lane.stream == nullptr) return TraceTrack::kDevice;
-  return lane.stream == &grads_stream_ ? TraceTrack::kGradDevice : TraceTrack::kOptDevice;
-}
-
 core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, const std::string& what) {
   core::Result<gpu::DeviceBuffer> b = device_cache_->get(bytes, what);
   if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
@@ -304,22 +297,6 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
   // last, to what is needed now (a fetch, a gradient buffer).
   prefetcher_->drop(DropCopies::kAll);
   return device_cache_->get(bytes, what);
-}
-
-core::Status Engine::copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane) {
-  gpu::Stream& stream = stream_of(lane);
-  TraceScope t(trace_, track_of(lane), "h2d", src.size());
-  STRATA_RETURN_IF_ERROR(device_->copy_h2d(stream, dst, src));
-  bytes_of(lane).h2d += src.size();
-  return device_->synchronize(stream);
-}
-
-core::Status Engine::copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane) {
-  gpu::Stream& stream = stream_of(lane);
-  TraceScope t(trace_, track_of(lane), "d2h", dst.size());
-  STRATA_RETURN_IF_ERROR(device_->copy_d2h(stream, dst, src));
-  bytes_of(lane).d2h += dst.size();
-  return device_->synchronize(stream);
 }
 
 core::Status Engine::finalize() {
@@ -408,27 +385,7 @@ core::Status Engine::finalize() {
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
   groups_.resize(layout_.groups.size());
-  const int cb = layout_.compute_bytes;
-  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    const GroupPlace& gp = layout_.groups[g];
-    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
-    const std::string what = str_cat("compute copies of group '", gp.name, "'");
-  GroupState& gs = groups_[g];
-    switch (gp.compute_tier) {
-      case Tier::kDevice: {
-        STRATA_ASSIGN_OR_RETURN(gs.device_home, device_->allocate(bytes, what));
-        break;
-      }
-      case Tier::kPinned: {
-        STRATA_ASSIGN_OR_RETURN(gs.pinned_home, device_->allocate_pinned(bytes, what));
-        break;
-      }
-      case Tier::kNvme:
-        gs.block_id = str_cat("compute/", g);
-        STRATA_RETURN_IF_ERROR(swap_->allocate(gs.block_id, bytes));
-        break;
-    }
-  }
+  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, *device_, swap_.get(), *pinned_cache_, trace_));
   const auto cb_live = static_cast<std::uint64_t>(layout_.compute_bytes);
   resident_ = std::make_unique<ResidentSet>(layout_, config_.zero.stage3_param_persistence_threshold,
                                             static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb_live,
@@ -463,7 +420,7 @@ core::Status Engine::finalize() {
                              TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
                                           dst.size_bytes());
                              gpu::PinnedBuffer staging;
-                             core::Result<std::span<std::byte>> host = load_compute(g, staging, lane);
+                             core::Result<std::span<std::byte>> host = homes_->load(g, staging, lane);
                              s = host.ok() ? copy_h2d(dst, *host, lane) : host.status();
                              pinned_cache_->put(std::move(staging));
                              return s;
@@ -515,7 +472,7 @@ core::Status Engine::write_initial_values() {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
     std::span<std::byte> host;
     if (gp.compute_tier == Tier::kPinned) {
-      host = groups_[g].pinned_home.bytes();
+      host = homes_->pinned_home(g).bytes();
     } else {
       STRATA_ASSIGN_OR_RETURN(staging, device_->allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
       host = staging.bytes().first(bytes);
@@ -524,7 +481,7 @@ core::Status Engine::write_initial_values() {
     for (const auto& [pi, v] : values) {
       to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
     }
-    STRATA_RETURN_IF_ERROR(commit_compute(g, host));
+    STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
     // Master weights, chunk by chunk (moments start at zero).
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
       const ChunkPlace& cp = layout_.chunks[c];
@@ -557,42 +514,6 @@ core::Status Engine::write_initial_values() {
   return Status();
 }
 
-core::Result<std::span<std::byte>> Engine::load_compute(std::size_t g, gpu::PinnedBuffer& staging, Lane lane) {
-  const GroupPlace& gp = layout_.groups[g];
-  GroupState& gs = groups_[g];
-  const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
-  if (gp.compute_tier == Tier::kPinned) return gs.pinned_home.bytes();
-  STRATA_ASSIGN_OR_RETURN(staging, pinned_cache_->get(core::align_up(bytes, 4096), "compute staging"));
-  const std::span<std::byte> host = staging.bytes().first(bytes);
-  if (gp.compute_tier == Tier::kDevice) {
-    STRATA_RETURN_IF_ERROR(copy_d2h(host, gs.device_home.span(), lane));
-  } else {
-    STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(gs.block_id, host));
-    STRATA_RETURN_IF_ERROR(io.wait());
-    bytes_of(lane).nvme_read += bytes;
-  }
-  return host;
-}
-
-core::Status Engine::commit_compute(std::size_t g, std::span<const std::byte> host, Lane lane) {
-  const GroupPlace& gp = layout_.groups[g];
-  GroupState& gs = groups_[g];
-  switch (gp.compute_tier) {
-    case Tier::kPinned:
-      if (host.data() != gs.pinned_home.data()) std::memcpy(gs.pinned_home.data(), host.data(), host.size());
-      return Status();
-    case Tier::kDevice:
-      return copy_h2d(gs.device_home.span(), host, lane);
-    case Tier::kNvme: {
-      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(gs.block_id, host));
-      STRATA_RETURN_IF_ERROR(io.wait());
-      bytes_of(lane).nvme_write += host.size();
-      return Status();
-    }
-  }
-  return Status();
-}
-
 core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   STRATA_ENGINE_ENTRY("fetch");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
@@ -619,7 +540,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
     gs.fetched = true;
-    return gs.device_home.span();
+    return homes_->device_home(g).span();
   }
   if (std::optional<gpu::DeviceBuffer> kept = resident_->take(g)) {  // still on the device since its release
     gs.working = std::move(*kept);  // read again: its fence does not matter
@@ -643,7 +564,7 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
   STRATA_ASSIGN_OR_RETURN(gs.working, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
   gpu::PinnedBuffer staging;
-  STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(g, staging));
+  STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
   STRATA_RETURN_IF_ERROR(copy_h2d(gs.working.span(), host));
   pinned_cache_->put(std::move(staging));
   gs.fetched = true;
@@ -733,7 +654,7 @@ core::Result<LentView> Engine::lend_view(std::string_view group, ViewKind kind) 
       return Status::failed_precondition(
           str_cat("lend_view('", group, "'): the group is not fetched; its compute copies are lent while fetched"));
     }
-    lent = layout_.groups[g].compute_tier == Tier::kDevice ? &gs.device_home : &gs.working;
+    lent = layout_.groups[g].compute_tier == Tier::kDevice ? &homes_->device_home(g) : &gs.working;
   } else {
     STRATA_RETURN_IF_ERROR(grad_buffer_locked(g).status());
   }
@@ -775,7 +696,7 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
     if (written != nullptr) STRATA_RETURN_IF_ERROR(device_->synchronize(*written));
     gpu::DeviceBuffer grad = std::move(gs.grad);
     gs.grad = {};
-    Status s = gradient_pass(g, grad, micro_step, {});
+    Status s = gradient_pass(g, grad, micro_step, step_lane());
     device_cache_->put(std::move(grad));
     return s;
   }
@@ -802,7 +723,7 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   grads_queue_->post([this, g, grad, micro_step, spec, written, pass_after_job] {
     const core::Stopwatch clock;
     Status s = written != nullptr ? device_->wait(grads_stream_, *written) : Status();
-    core::Result<gpu::PinnedBuffer> wire = s.ok() ? gradient_copy(*grad, {&grads_stream_, &grads_bytes_})
+    core::Result<gpu::PinnedBuffer> wire = s.ok() ? gradient_copy(*grad, {&grads_stream_, &grads_bytes_, TraceTrack::kGradDevice})
                                                   : core::Result<gpu::PinnedBuffer>(s);
     device_cache_->put(std::move(*grad));
     grads_seconds_ += clock.elapsed_s();
@@ -832,12 +753,12 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   return Status();
 }
 
-core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, Lane lane) {
+core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, const Lane& lane) {
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, gradient_copy(grad, lane));
   return gradient_pass_host(g, std::move(wire), micro_step);
 }
 
-core::Result<gpu::PinnedBuffer> Engine::gradient_copy(const gpu::DeviceBuffer& grad, Lane lane) {
+core::Result<gpu::PinnedBuffer> Engine::gradient_copy(const gpu::DeviceBuffer& grad, const Lane& lane) {
   // Device -> host, in the compute dtype and the compute layout.
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, pinned_cache_->get(grad.size_bytes(), "gradient staging"));
   STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), grad.span(), lane));
@@ -1102,32 +1023,11 @@ std::vector<std::string> Engine::fetch_sequence() const {
 }
 
 core::Status Engine::commit_pending(const char* op) {
-  bool committed = false;
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    GroupState& gs = groups_[g];
-    if (gs.pending.empty()) continue;
-    Status s;
-    if (layout_.groups[g].compute_tier == Tier::kPinned && gs.pending.size_bytes() == gs.pinned_home.size_bytes()) {
-      std::swap(gs.pinned_home, gs.pending);
-    } else {
-      s = commit_compute(g, gs.pending.bytes().first(gs.pending_bytes));
-    }
-    drop_pending(gs);
-    if (!s.ok()) return std::move(s).annotate(str_cat(op, ": the last step's new compute copies of group '",
-                                                       layout_.groups[g].name, "'"));
-    committed = true;
-  }
-  if (committed) {
-    // Copies on the device since a release or a prefetch hold the old ones.
-    drop_device_copies(DropCopies::kUpdated);
-  }
+  core::Result<bool> committed = homes_->commit_pending(step_lane());
+  if (!committed.ok()) return std::move(committed).status().annotate(op);
+  // Copies on the device since a release or a prefetch hold the old ones.
+  if (*committed) drop_device_copies(DropCopies::kUpdated);
   return Status();
-}
-
-void Engine::drop_pending(GroupState& gs) {
-  pinned_cache_->put(std::move(gs.pending));
-  gs.pending = {};
-  gs.pending_bytes = 0;
 }
 
 core::Status Engine::flush_delayed(const char* op) {
@@ -1199,7 +1099,7 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
     }
     gpu::PinnedBuffer staging;
     const StepBytes saved = bytes_;
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, load_compute(pl.group, staging));
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, step_lane()));
     bytes_ = saved;  // inspection is not step traffic
     from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);
     return Status();

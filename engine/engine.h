@@ -44,6 +44,7 @@
 #include "engine/fetch/fetch_trace.h"
 #include "engine/fetch/prefetcher.h"
 #include "engine/fetch/resident_set.h"
+#include "engine/state/copy_lane.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
 #include "core/numerics.h"
@@ -67,6 +68,7 @@ class SwapStore;
 namespace strata::engine {
 
 class StateStore;
+class ComputeHomes;
 struct ChunkState;
 struct SharedDevice;
 class ViewHolds;
@@ -253,8 +255,6 @@ class Engine {
   // overlap "delayed": the new compute copies the last step's job left go
   // home (after it finished), and device copies of the old ones are dropped.
   core::Status commit_pending(const char* op);
-  // Gives a group's pending copies back to the cache (committed or void).
-  void drop_pending(GroupState& gs);
   // Between steps, for calls that read the compute copies (read_compute,
   // save_checkpoint): the last step's update becomes visible at once instead
   // of at the next step_end.
@@ -283,18 +283,15 @@ class Engine {
   // use the default (stream_, bytes_), the optimizer its own stream and
   // opt_bytes_, so the two run side by side.
   using Lane = CopyLane;
-  // The group's compute copies in host memory (pinned home: its own memory;
-  // device or nvme home: a staging copy loaded here). commit() writes a
-  // staging copy back home.
-  core::Result<std::span<std::byte>> load_compute(std::size_t g, gpu::PinnedBuffer& staging, Lane lane = {});
-  core::Status commit_compute(std::size_t g, std::span<const std::byte> host, Lane lane = {});
+  // The framework's calls' lane: the engine's stream, the step's bytes.
+  Lane step_lane() { return {&stream_, &bytes_, TraceTrack::kDevice}; }
   // grads_ready's work: group g's gradients down (compute dtype), packed into
   // the trainable layout, and cpu_adam's gradient pass into the host
   // gradients (norm partials, the inf/NaN flag). On the gradient thread
   // (overlap "exact") or in grads_ready itself ("none").
-  core::Status gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, Lane lane);
+  core::Status gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, const Lane& lane);
   // Its two halves: the copy down into a pinned buffer, and the host pass.
-  core::Result<gpu::PinnedBuffer> gradient_copy(const gpu::DeviceBuffer& grad, Lane lane);
+  core::Result<gpu::PinnedBuffer> gradient_copy(const gpu::DeviceBuffer& grad, const Lane& lane);
   core::Status gradient_pass_host(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   // Waits for the gradient passes posted so far; their first error.
   core::Status wait_gradients(const char* op);
@@ -305,11 +302,15 @@ class Engine {
   // hold such buffers) and, last, drops the prefetched copies, trying again
   // after each.
   core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
-  TraceTrack track_of(Lane lane) const;  // the trace track of a lane's stream
-  gpu::Stream& stream_of(Lane lane) { return lane.stream != nullptr ? *lane.stream : stream_; }
-  StepBytes& bytes_of(Lane lane) { return lane.bytes != nullptr ? *lane.bytes : bytes_; }
-  core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, Lane lane = {});
-  core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, Lane lane = {});
+  // Blocking copies on a lane (the step's by default).
+  core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {
+    return lane_h2d(*device_, trace_, lane, dst, src);
+  }
+  core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, const Lane& lane) {
+    return lane_d2h(*device_, trace_, lane, dst, src);
+  }
+  core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
+  core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
   // --- the optimizer (engine/optimizer.cpp) ---
   struct OptimizerJob;
@@ -430,6 +431,7 @@ class Engine {
   std::unique_ptr<BufferCache<gpu::DeviceBuffer>> device_cache_;
   std::unique_ptr<BufferCache<gpu::PinnedBuffer>> pinned_cache_;
   std::unique_ptr<StateStore> state_;
+  std::unique_ptr<ComputeHomes> homes_;  // every group's compute copies (engine/state/)
   std::vector<GroupState> groups_;
   gpu::PinnedBuffer grads_;  // host gradients, trainable layout (grad_bytes per element)
   std::vector<double> norm_partials_;  // per norm block of the trainable space

@@ -34,7 +34,8 @@
 #include "engine/internal/group_state.h"
 #include "engine/internal/optimizer_job.h"
 #include "engine/internal/serial_queue.h"
-#include "engine/state_store.h"
+#include "engine/state/compute_homes.h"
+#include "engine/state/state_store.h"
 #include "nvme/swap_store.h"
 
 namespace strata::engine {
@@ -341,7 +342,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
   const adam::ElemType grad_type = adam_type(gb, config_.precision);
   const adam::ElemType compute_type = adam_type(cb, config_.precision);
-  const Lane lane{&opt_stream_, &job.bytes};
+  const Lane lane{&opt_stream_, &job.bytes, TraceTrack::kOptDevice};
   if (job.deferred_verdict) {
     STRATA_ASSIGN_OR_RETURN(const bool apply, take_verdict(job));
     if (!apply) {
@@ -428,13 +429,13 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     o.left = gp.chunk_count;
     o.begin_ns = core::monotonic_ns();
     if (((job.early && !job.certain) || job.delayed) && gp.compute_tier == Tier::kPinned) {
-      const std::span<std::byte> home = groups_[g].pinned_home.bytes();
+      const std::span<std::byte> home = homes_->pinned_home(g).bytes();
       STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_->get(home.size(), job.delayed ? "delayed compute copies"
                                                                                        : "speculative compute copies"));
       std::memcpy(o.buffer.data(), home.data(), home.size());
       o.compute = o.buffer.bytes();
     } else {
-      STRATA_ASSIGN_OR_RETURN(o.compute, load_compute(g, o.buffer, lane));
+      STRATA_ASSIGN_OR_RETURN(o.compute, homes_->load(g, o.buffer, lane));
     }
     open.emplace(g, std::move(o));
     return Status();
@@ -453,14 +454,12 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     if (job.delayed) {
       // Home at the next step_end (commit_pending): the next step computes
       // with the old copies.
-      GroupState& gs = groups_[g];
-      gs.pending_bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
-      gs.pending = std::move(o.buffer);
+      homes_->hold_pending(g, std::move(o.buffer), homes_->bytes(g));
       o.buffer = {};
     } else if (job.early && !job.certain && gp.compute_tier == Tier::kPinned) {
-      std::swap(groups_[g].pinned_home, o.buffer);  // the shadow is the new home
+      std::swap(homes_->pinned_home(g), o.buffer);  // the shadow is the new home
     } else {
-      STRATA_RETURN_IF_ERROR(commit_compute(g, o.compute, lane));
+      STRATA_RETURN_IF_ERROR(homes_->commit(g, o.compute, lane));
     }
     trace_.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), o.begin_ns,
                 core::monotonic_ns());

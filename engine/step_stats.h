@@ -1,11 +1,8 @@
-// What a step reports (Engine::step_end's StepStats) and the bytes it moves,
-// and the copy lane that says where the engine's copies go and whose bytes
-// they count. Public through engine/engine.h.
+// What a step reports (Engine::step_end's StepStats) and the bytes it moves.
+// Public through engine/engine.h.
 #pragma once
 
 #include <cstdint>
-
-#include "gpu/device.h"
 
 namespace strata::engine {
 
@@ -54,11 +51,5 @@ struct StepStats {
   std::int64_t norm_step = 0;
 };
 
-// Where the engine's device copies go and whose bytes they count (null:
-// the engine's own stream and step counters). Private to the engine.
-struct CopyLane {
-  gpu::Stream* stream = nullptr;
-  StepBytes* bytes = nullptr;
-};
 
 }  // namespace strata::engine

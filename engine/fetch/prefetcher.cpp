@@ -88,7 +88,8 @@ void Prefetcher::issue(const FetchTrace& trace, ResidentSet& resident, std::uint
     inflight_[g] = std::move(copy);
     ahead += size;
     queue_->post([this, g, dst, raw, fence] {
-      raw->finish(copy_in_(g, dst, fence.get(), CopyLane{&stream_, &raw->bytes}));
+      // (Its copies show on the optimizer's device track, as they always have.)
+      raw->finish(copy_in_(g, dst, fence.get(), CopyLane{&stream_, &raw->bytes, TraceTrack::kOptDevice}));
       return Status();  // a failed prefetch fails its fetch, not the queue
     });
   }

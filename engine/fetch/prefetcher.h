@@ -25,7 +25,7 @@
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/serial_queue.h"
 #include "engine/layout.h"
-#include "engine/step_stats.h"
+#include "engine/state/copy_lane.h"
 #include "gpu/device.h"
 
 namespace strata::engine {

@@ -13,7 +13,7 @@
 #include "core/aligned_buffer.h"
 #include "core/memory_budget.h"
 #include "engine/layout.h"
-#include "engine/state_store.h"
+#include "engine/state/state_store.h"
 #include "gpu/host_device.h"
 #include "nvme/swap_store.h"
 

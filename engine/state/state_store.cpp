@@ -1,4 +1,4 @@
-#include "engine/state_store.h"
+#include "engine/state/state_store.h"
 
 #include <cstring>
 

@@ -1,0 +1,127 @@
+#include "engine/state/compute_homes.h"
+
+#include <cstring>
+#include <utility>
+
+#include "core/aligned_buffer.h"
+#include "core/str.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+
+core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& layout, gpu::Device& device,
+                                                                 nvme::SwapStore* swap,
+                                                                 BufferCache<gpu::PinnedBuffer>& pinned_cache,
+                                                                 Trace& trace) {
+  std::unique_ptr<ComputeHomes> h(new ComputeHomes(layout, device, swap, pinned_cache, trace));
+  h->groups_.resize(layout.groups.size());
+  for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+    const GroupPlace& gp = layout.groups[g];
+    const std::uint64_t bytes = h->bytes(g);
+    const std::string what = str_cat("compute copies of group '", gp.name, "'");
+    Group& home = h->groups_[g];
+    switch (gp.compute_tier) {
+      case Tier::kDevice: {
+        STRATA_ASSIGN_OR_RETURN(home.device_home, device.allocate(bytes, what));
+        break;
+      }
+      case Tier::kPinned: {
+        STRATA_ASSIGN_OR_RETURN(home.pinned_home, device.allocate_pinned(bytes, what));
+        break;
+      }
+      case Tier::kNvme:
+        home.block_id = str_cat("compute/", g);
+        STRATA_RETURN_IF_ERROR(swap->allocate(home.block_id, bytes));
+        break;
+    }
+  }
+  return h;
+}
+
+std::uint64_t ComputeHomes::bytes(std::size_t g) const {
+  return static_cast<std::uint64_t>(layout_.groups[g].compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+}
+
+core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::PinnedBuffer& staging,
+                                                      const CopyLane& lane) {
+  const Tier tier = layout_.groups[g].compute_tier;
+  Group& home = groups_[g];
+  const std::uint64_t n = bytes(g);
+  if (tier == Tier::kPinned) return home.pinned_home.bytes();
+  STRATA_ASSIGN_OR_RETURN(staging, pinned_cache_.get(core::align_up(n, core::kDirectIoAlignment), "compute staging"));
+  const std::span<std::byte> host = staging.bytes().first(n);
+  if (tier == Tier::kDevice) {
+    STRATA_RETURN_IF_ERROR(lane_d2h(device_, trace_, lane, host, home.device_home.span()));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(home.block_id, host));
+    STRATA_RETURN_IF_ERROR(io.wait());
+    lane.bytes->nvme_read += n;
+  }
+  return host;
+}
+
+core::Status ComputeHomes::commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane) {
+  Group& home = groups_[g];
+  switch (layout_.groups[g].compute_tier) {
+    case Tier::kPinned:
+      if (host.data() != home.pinned_home.data()) std::memcpy(home.pinned_home.data(), host.data(), host.size());
+      return Status();
+    case Tier::kDevice:
+      return lane_h2d(device_, trace_, lane, home.device_home.span(), host);
+    case Tier::kNvme: {
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(home.block_id, host));
+      STRATA_RETURN_IF_ERROR(io.wait());
+      lane.bytes->nvme_write += host.size();
+      return Status();
+    }
+  }
+  return Status();
+}
+
+void ComputeHomes::hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::uint64_t bytes) {
+  Group& home = groups_[g];
+  pinned_cache_.put(std::move(home.pending));
+  home.pending = std::move(buffer);
+  home.pending_bytes = bytes;
+}
+
+core::Result<bool> ComputeHomes::commit_pending(const CopyLane& lane) {
+  bool committed = false;
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    Group& home = groups_[g];
+    if (home.pending.empty()) continue;
+    Status s;
+    if (layout_.groups[g].compute_tier == Tier::kPinned && home.pending.size_bytes() == home.pinned_home.size_bytes()) {
+      std::swap(home.pinned_home, home.pending);
+    } else {
+      s = commit(g, home.pending.bytes().first(home.pending_bytes), lane);
+    }
+    pinned_cache_.put(std::move(home.pending));
+    home.pending = {};
+    home.pending_bytes = 0;
+    if (!s.ok()) {
+      return std::move(s).annotate(str_cat("the last step's new compute copies of group '", layout_.groups[g].name, "'"));
+    }
+    committed = true;
+  }
+  return committed;
+}
+
+void ComputeHomes::drop_pending() {
+  for (Group& home : groups_) {
+    pinned_cache_.put(std::move(home.pending));
+    home.pending = {};
+    home.pending_bytes = 0;
+  }
+}
+
+void ComputeHomes::park_device_homes(ViewHolds& holds) {
+  for (Group& home : groups_) {
+    std::shared_ptr<gpu::Event> no_fence;
+    holds.park(home.device_home, no_fence);
+  }
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,84 @@
+// ComputeHomes: every fetch group's compute copies (bf16/fp16/fp32, the
+// layout's offsets) in their home tier: a device buffer, a pinned buffer, or
+// a swap block "compute/<g>". load() gives a host view (the pinned home
+// itself, or a staging copy), commit() writes a host view home. Under
+// overlap "delayed" a group's new copies wait as pending until the next
+// step_end commits them. Thread-compatible: the protocol keeps one user per
+// group at a time (the engine's calls, the optimizer's job on groups it has
+// not marked done, a prefetch after that mark). Private to engine/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/result.h"
+#include "engine/internal/buffer_cache.h"
+#include "engine/internal/view_holds.h"
+#include "engine/layout.h"
+#include "engine/state/copy_lane.h"
+#include "gpu/device.h"
+#include "nvme/swap_store.h"
+
+namespace strata::engine {
+
+class ComputeHomes {
+ public:
+  // Allocates each group's home (`swap` may be null when no home is on nvme).
+  static core::Result<std::unique_ptr<ComputeHomes>> create(const Layout& layout, gpu::Device& device,
+                                                            nvme::SwapStore* swap,
+                                                            BufferCache<gpu::PinnedBuffer>& pinned_cache,
+                                                            Trace& trace);
+  ComputeHomes(const ComputeHomes&) = delete;
+  ComputeHomes& operator=(const ComputeHomes&) = delete;
+
+  // Bytes of group g's compute copies.
+  std::uint64_t bytes(std::size_t g) const;
+  // The group's compute copies in host memory: the pinned home itself, or a
+  // staging copy (4096-aligned, from the pinned cache) read from the device
+  // or the swap file on `lane`.
+  core::Result<std::span<std::byte>> load(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane);
+  // Writes a host view of group g's compute copies home on `lane`.
+  core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
+
+  // The homes themselves (device: fetch's view; pinned: the optimizer's).
+  gpu::DeviceBuffer& device_home(std::size_t g) { return groups_[g].device_home; }
+  gpu::PinnedBuffer& pinned_home(std::size_t g) { return groups_[g].pinned_home; }
+
+  // overlap "delayed": group g's new compute copies (the first `bytes` of
+  // `buffer`), home at commit_pending.
+  void hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::uint64_t bytes);
+  // Sends every pending copy home (a pinned home of the same size is
+  // swapped with it); true when there was one. Errors name the group.
+  core::Result<bool> commit_pending(const CopyLane& lane);
+  // Gives every pending copy back to the cache (load_checkpoint replaces them).
+  void drop_pending();
+
+  // The engine's destructor: a device home lent to the framework stays
+  // with the lease (ViewHolds::park) until it ends.
+  void park_device_homes(ViewHolds& holds);
+
+ private:
+  struct Group {
+    gpu::DeviceBuffer device_home;
+    gpu::PinnedBuffer pinned_home;
+    std::string block_id;  // nvme
+    gpu::PinnedBuffer pending;
+    std::uint64_t pending_bytes = 0;
+  };
+  ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
+               BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace)
+      : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace) {}
+
+  const Layout& layout_;
+  gpu::Device& device_;
+  nvme::SwapStore* swap_;
+  BufferCache<gpu::PinnedBuffer>& pinned_cache_;
+  Trace& trace_;
+  std::vector<Group> groups_;
+};
+
+}  // namespace strata::engine
