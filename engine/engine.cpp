@@ -128,8 +128,7 @@ Engine::~Engine() {
   // ends is freed, not cached, and every lent buffer the engine lets go of
   // below stays parked in holds_ until then.
   holds_->set_home(nullptr);
-  grads_queue_.reset();     // drains the gradient copies (which post passes)
-  pass_queue_.reset();      // and the gradient passes
+  if (gradients_ != nullptr) gradients_->shutdown();  // drains the gradient copies and passes
   prefetcher_.reset();      // and the prefetches (which may wait for the optimizer)
   resident_.reset();        // into the cache, whose clear waits for their fences
   stop_optimizer_thread();
@@ -149,12 +148,11 @@ Engine::~Engine() {
   }
   if (homes_ != nullptr) homes_->park_device_homes(*holds_);  // a lent compute home stays until its lease ends
   groups_.clear();
-  grads_.reset();
+  gradients_.reset();  // after the optimizer, which reads the host gradients
   ring_.clear();
   ring_charge_.release();
   state_.reset();
   opt_stream_.reset();
-  grads_stream_.reset();
   stream_.reset();
 }
 
@@ -288,7 +286,7 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
   }
   if (schedule_.threaded()) {
     // Gradient passes in flight hold device buffers: let them finish, then try again.
-    STRATA_RETURN_IF_ERROR(wait_gradients(what.c_str()));
+    STRATA_RETURN_IF_ERROR(gradients_->wait(what.c_str()));
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
@@ -375,12 +373,16 @@ core::Status Engine::finalize() {
 
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get(), schedule_.second_state_version()));
   STRATA_ASSIGN_OR_RETURN(opt_stream_, device_->create_stream("optimizer"));
-  if (layout_.trainable_elems > 0) {
-    const auto bytes = static_cast<std::size_t>(layout_.trainable_elems) * static_cast<std::size_t>(layout_.grad_bytes);
-    STRATA_ASSIGN_OR_RETURN(grads_, device_->allocate_pinned(bytes, "host gradients"));
-    std::memset(grads_.data(), 0, bytes);
-  }
-  norm_partials_.assign(static_cast<std::size_t>(layout_.trainable_elems / kBlock), 0.0);
+  STRATA_ASSIGN_OR_RETURN(gradients_, GradientPath::create({.layout = layout_,
+                                                            .precision = config_.precision,
+                                                            .device = *device_,
+                                                            .cpu_adam = *cpu_adam_,
+                                                            .turns = *cpu_turns_,
+                                                            .device_cache = *device_cache_,
+                                                            .pinned_cache = *pinned_cache_,
+                                                            .trace = trace_,
+                                                            .inline_lane = step_lane()},
+                                                           schedule_.threaded()));
 
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
@@ -402,12 +404,8 @@ core::Status Engine::finalize() {
   // Last, so that a derived ring takes what pinned memory has left.
   STRATA_RETURN_IF_ERROR(create_staging_ring());
   group_done_job_.assign(layout_.groups.size(), 0);
-  grad_copies_done_.assign(layout_.groups.size(), 0);
   grads_in_job_.assign(layout_.groups.size(), 0);
   if (schedule_.threaded()) {
-    STRATA_ASSIGN_OR_RETURN(grads_stream_, device_->create_stream("gradients"));
-    grads_queue_ = std::make_unique<SerialQueue>();
-    pass_queue_ = std::make_unique<SerialQueue>();
     const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(
         prefetcher_,
@@ -620,15 +618,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   // The group's last gradients are down (they may still be on their way
   // when step_end did not wait for them): so the framework runs at most a
   // step ahead of the copies, with one gradient buffer per group.
-  {
-    const core::MutexLock lock(opt_mu_);
-    opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
-      return grad_copies_done_[g] >= gs.grad_copies_posted || !grads_error_.ok();
-    });
-    if (!grads_error_.ok()) {
-      return Status(grads_error_).annotate(str_cat("grad_buffer('", group, "'): the gradient path failed"));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(gradients_->wait_down(g, group));
   fetch_trace_.note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
@@ -692,125 +682,33 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
     written = std::make_shared<gpu::Event>(std::move(ev));
   }
   gs.grads_micro_step = micro_step;
-  if (grads_queue_ == nullptr) {
-    if (written != nullptr) STRATA_RETURN_IF_ERROR(device_->synchronize(*written));
-    gpu::DeviceBuffer grad = std::move(gs.grad);
-    gs.grad = {};
-    Status s = gradient_pass(g, grad, micro_step, step_lane());
-    device_cache_->put(std::move(grad));
-    return s;
-  }
   // overlap "speculative", or "exact" with certain steps: the step's
   // optimizer job (started by the last step_end, or here for the first step)
   // updates each group as its gradients of the last micro-batch are in.
-  std::int64_t spec = 0;
-  if (early_jobs() && micro_step + 1 == config_.gradient_accumulation_steps) {
+  std::int64_t early = 0;
+  if (gradients_->threaded() && early_jobs() && micro_step + 1 == config_.gradient_accumulation_steps) {
     if (early_job_ == 0) STRATA_RETURN_IF_ERROR(start_early_job());
-    spec = early_job_;
+    early = early_job_;
     applying_in_place_ = certain_steps();
   }
-  // The copy down runs on the gradient thread, the device buffer with it
-  // (the next grad_buffer gets a new one); the pass on the pass thread, so
-  // that the next group's copy overlaps this group's pass.
-  // Whatever becomes of the job (a failed copy skips the ones after it),
-  // the buffer goes back through the cache, which keeps a lent one aside.
-  BufferCache<gpu::DeviceBuffer>* cache = device_cache_.get();
-  std::shared_ptr<gpu::DeviceBuffer> grad(new gpu::DeviceBuffer(std::move(gs.grad)), [cache](gpu::DeviceBuffer* b) {
-    cache->put(std::move(*b));
-    delete b;
-  });
-  ++gs.grad_copies_posted;
-  grads_queue_->post([this, g, grad, micro_step, spec, written, pass_after_job] {
-    const core::Stopwatch clock;
-    Status s = written != nullptr ? device_->wait(grads_stream_, *written) : Status();
-    core::Result<gpu::PinnedBuffer> wire = s.ok() ? gradient_copy(*grad, {&grads_stream_, &grads_bytes_, TraceTrack::kGradDevice})
-                                                  : core::Result<gpu::PinnedBuffer>(s);
-    device_cache_->put(std::move(*grad));
-    grads_seconds_ += clock.elapsed_s();
-    {
-      const core::MutexLock lock(opt_mu_);
-      ++grad_copies_done_[g];
-      opt_cv_.notify_all();
-    }
-    if (!wire.ok()) {
-      note_gradient_failure(wire.status());  // a job waiting for these gradients fails with it
-      return wire.status();
-    }
-    auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
-    pass_queue_->post([this, g, host, micro_step, spec, pass_after_job] {
-      Status ps = wait_optimizer_until("the gradient pass", [&]() STRATA_REQUIRES(opt_mu_) {
-        return group_done_job_[g] >= pass_after_job;
-      });
-      const core::Stopwatch pass_clock;
-      if (ps.ok()) ps = gradient_pass_host(g, std::move(*host), micro_step);
-      pass_seconds_ += pass_clock.elapsed_s();
-      if (ps.ok() && spec != 0) note_grads_in(g, spec);
-      if (!ps.ok()) note_gradient_failure(ps);
-      return ps;
-    });
-    return Status();
-  });
-  return Status();
+  gpu::DeviceBuffer grad = std::move(gs.grad);
+  gs.grad = {};
+  // The pass writes the host gradients the last step's job reads (under
+  // "delayed" that job may still be running): it waits for the job's mark.
+  auto before = [this, g, pass_after_job] {
+    return wait_optimizer_until("the gradient pass",
+                                [&]() STRATA_REQUIRES(opt_mu_) { return group_done_job_[g] >= pass_after_job; });
+  };
+  auto after = [this, g, early] {
+    if (early != 0) note_grads_in(g, early);
+  };
+  return gradients_->submit(g, std::move(grad), std::move(written), micro_step, before, after);
 }
-
-core::Status Engine::gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, const Lane& lane) {
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, gradient_copy(grad, lane));
-  return gradient_pass_host(g, std::move(wire), micro_step);
-}
-
-core::Result<gpu::PinnedBuffer> Engine::gradient_copy(const gpu::DeviceBuffer& grad, const Lane& lane) {
-  // Device -> host, in the compute dtype and the compute layout.
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, pinned_cache_->get(grad.size_bytes(), "gradient staging"));
-  STRATA_RETURN_IF_ERROR(copy_d2h(wire.bytes(), grad.span(), lane));
-  return wire;
-}
-
-core::Status Engine::gradient_pass_host(std::size_t g, gpu::PinnedBuffer wire, int micro_step) {
-  // Into the trainable layout, then the gradient pass into the host gradients.
-  const GroupPlace& gp = layout_.groups[g];
-  const int cb = layout_.compute_bytes;
-  const std::uint64_t tbytes = static_cast<std::uint64_t>(gp.trainable_elems) * static_cast<std::uint64_t>(cb);
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, pinned_cache_->get(tbytes, "gradient staging"));
-  std::memset(packed.data(), 0, tbytes);
-  for (std::size_t pi : gp.params) {
-    const ParamPlace& pl = layout_.places[pi];
-    if (pl.trainable_offset < 0) continue;
-    std::memcpy(packed.data() + (pl.trainable_offset - gp.trainable_begin) * cb, wire.data() + pl.compute_offset * cb,
-                static_cast<std::size_t>(layout_.params[pi].numel()) * static_cast<std::size_t>(cb));
-  }
-  adam::GradPassArgs a;
-  a.src = {packed.data(), adam_type(cb, config_.precision), gp.trainable_elems};
-  a.dst = {grads_.data() + gp.trainable_begin * layout_.grad_bytes, adam_type(layout_.grad_bytes, config_.precision),
-           gp.trainable_elems};
-  a.accumulate = layout_.grad_bytes == 4 && micro_step > 0;  // fp32 accumulators add up the micro-batches
-  a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
-                                                               static_cast<std::size_t>(gp.trainable_elems / kBlock));
-  core::Result<adam::GradPassResult> pass = [&] {
-    const CpuTurns::Turn turn(*cpu_turns_, CpuTurns::kUrgent);
-    TraceScope tp(trace_, TraceTrack::kCpuAdam, str_cat("gradient pass ", gp.name), tbytes);
-    return cpu_adam_->grad_pass(a);
-  }();
-  STRATA_ASSIGN_OR_RETURN(adam::GradPassResult r, std::move(pass));
-  nonfinite_ = nonfinite_ || r.nonfinite;
-  pinned_cache_->put(std::move(wire));
-  pinned_cache_->put(std::move(packed));
-  return Status();
-}
-
-core::Status Engine::wait_gradients(const char* op) {
-  if (grads_queue_ == nullptr) return Status();
-  Status s = grads_queue_->drain();  // the copies first: they post the passes
-  if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient copy failed; the engine cannot go on"));
-  s = pass_queue_->drain();
-  if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient pass failed; the engine cannot go on"));
-  return Status();
-}
-
 
 core::Status Engine::micro_step_end() {
   STRATA_ENGINE_ENTRY("micro_step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
-  STRATA_RETURN_IF_ERROR(wait_gradients("micro_step_end"));
+  STRATA_RETURN_IF_ERROR(gradients_->wait("micro_step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
       return Status::failed_precondition(str_cat("micro_step_end: group '", layout_.groups[g].name,
@@ -848,7 +746,7 @@ core::Result<StepStats> Engine::step_end() {
   // With deferred verdicts the step's job waits for its last gradients, not
   // step_end (which only checks that every grads_ready was called).
   const bool defer = deferred_verdicts();
-  if (!defer) STRATA_RETURN_IF_ERROR(wait_gradients("step_end"));
+  if (!defer) STRATA_RETURN_IF_ERROR(gradients_->wait("step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
     if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
@@ -881,13 +779,12 @@ core::Result<StepStats> Engine::step_end() {
     stats.bytes += opt_bytes_;
     stats.optimizer_s += opt_seconds_;
     stats.speculative_discarded += opt_discarded_;
-    stats.bytes += late_grads_bytes_;
-    stats.grads_s += late_grads_seconds_;
+    const GradientPath::Totals late = gradients_->take_late_totals();
+    stats.bytes += late.bytes;
+    stats.grads_s += late.seconds;
     opt_bytes_ = {};
     opt_seconds_ = 0.0;
     opt_discarded_ = 0;
-    late_grads_bytes_ = {};
-    late_grads_seconds_ = 0.0;
   };
   std::unique_ptr<OptimizerJob> job;
   bool applied = false;
@@ -900,15 +797,14 @@ core::Result<StepStats> Engine::step_end() {
     job->marker = ++grads_marker_seq_;
     job->norm_step = verdict_.verdicts() + 1;
     job->hyper = verdict_.hyperparams(layout_.optimizer_groups);
-    post_gradients_marker(job->marker);
+    gradients_->post_marker(job->marker);
     stats.grad_norm = verdict_.last().grad_norm;
     stats.lr = verdict_.last().lr;
     stats.skipped = verdict_.last().skipped;
     stats.norm_step = verdict_.last().norm_step;
   } else {
-    const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
-                                                            static_cast<std::int64_t>(norm_partials_.size())));
-    STRATA_ASSIGN_OR_RETURN(const Verdict::Decision decision, verdict_.decide(raw_norm, nonfinite_));
+    STRATA_ASSIGN_OR_RETURN(const Verdict::Decision decision,
+                            verdict_.decide(gradients_->raw_norm(), gradients_->take_nonfinite()));
     const bool skip = decision.skip;
     stats.grad_norm = decision.grad_norm;
     take_optimizer_stats();
@@ -955,12 +851,9 @@ core::Result<StepStats> Engine::step_end() {
   stats.fetch_s = times_.fetch_s;
   stats.grads_s += times_.grads_s;
   if (!defer) {  // (else the gradient path's own, behind the marker)
-    stats.bytes += grads_bytes_;
-    stats.grads_s += grads_seconds_ + pass_seconds_;
-    grads_bytes_ = {};
-    grads_seconds_ = 0.0;
-    pass_seconds_ = 0.0;
-    nonfinite_ = false;
+    const GradientPath::Totals grads = gradients_->take_totals();
+    stats.bytes += grads.bytes;
+    stats.grads_s += grads.seconds;
   }
   stats.prefetched = prefetched_fetches_;
   prefetched_fetches_ = 0;

@@ -45,6 +45,7 @@
 #include "engine/fetch/prefetcher.h"
 #include "engine/fetch/resident_set.h"
 #include "engine/state/copy_lane.h"
+#include "engine/step/gradient_path.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
 #include "core/numerics.h"
@@ -266,8 +267,6 @@ class Engine {
   // verdict (skip, clip) and computes its constants. The verdicts come back
   // through wait_optimizer (fold_verdicts).
   bool deferred_verdicts() const { return schedule_.defers_verdicts(rules_); }
-  void post_gradients_marker(std::int64_t seq);
-  void note_gradient_failure(const core::Status& s);
   void fold_verdicts();
   // StepRules::certain: the step's early job (Schedule::early_jobs) updates
   // every chunk in place as its group's gradients arrive: its work is final,
@@ -285,16 +284,6 @@ class Engine {
   using Lane = CopyLane;
   // The framework's calls' lane: the engine's stream, the step's bytes.
   Lane step_lane() { return {&stream_, &bytes_, TraceTrack::kDevice}; }
-  // grads_ready's work: group g's gradients down (compute dtype), packed into
-  // the trainable layout, and cpu_adam's gradient pass into the host
-  // gradients (norm partials, the inf/NaN flag). On the gradient thread
-  // (overlap "exact") or in grads_ready itself ("none").
-  core::Status gradient_pass(std::size_t g, const gpu::DeviceBuffer& grad, int micro_step, const Lane& lane);
-  // Its two halves: the copy down into a pinned buffer, and the host pass.
-  core::Result<gpu::PinnedBuffer> gradient_copy(const gpu::DeviceBuffer& grad, const Lane& lane);
-  core::Status gradient_pass_host(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
-  // Waits for the gradient passes posted so far; their first error.
-  core::Status wait_gradients(const char* op);
   // finalize's last part: every parameter's initial values, group by group.
   core::Status write_initial_values();
   // A fetch's or gradients' device buffer; when the device budget is short,
@@ -433,8 +422,6 @@ class Engine {
   std::unique_ptr<StateStore> state_;
   std::unique_ptr<ComputeHomes> homes_;  // every group's compute copies (engine/state/)
   std::vector<GroupState> groups_;
-  gpu::PinnedBuffer grads_;  // host gradients, trainable layout (grad_bytes per element)
-  std::vector<double> norm_partials_;  // per norm block of the trainable space
 
   // The optimizer's side (engine/optimizer.cpp). The thread works without
   // mu_ on what the protocol leaves it: the chunks, the host gradients and
@@ -474,25 +461,11 @@ class Engine {
   // the step counts; the gradient path's traffic and time behind a marker,
   // counted by the next step_end.
   std::int64_t grads_marker_seq_ = 0;           // mu_: markers posted
-  std::int64_t grads_marker_done_ = 0;          // opt_mu_
-  double grads_marker_raw_norm_ = 0.0;          // opt_mu_
-  bool grads_marker_nonfinite_ = false;         // opt_mu_
-  core::Status grads_error_;                    // opt_mu_
-  std::vector<std::int64_t> grad_copies_done_;  // opt_mu_: per group, copies down done (or given up)
   std::deque<VerdictRecord> job_verdicts_;      // opt_mu_
-  StepBytes late_grads_bytes_;                  // opt_mu_
-  double late_grads_seconds_ = 0.0;             // opt_mu_
   std::thread opt_thread_;
-  // The gradient path (overlap "exact"): grads_ready posts the group's
-  // copy down to grads_queue_ and returns; the copy posts the group's pass to
-  // pass_queue_ (so that the next copy overlaps it); micro_step_end and
-  // step_end wait for both.
-  std::unique_ptr<SerialQueue> grads_queue_;
-  std::unique_ptr<SerialQueue> pass_queue_;
-  gpu::Stream grads_stream_;
-  StepBytes grads_bytes_;       // the copies' traffic since the last step_end (after wait_gradients)
-  double grads_seconds_ = 0.0;  // likewise, their time (grads_queue_'s thread)
-  double pass_seconds_ = 0.0;   // and the passes' time (pass_queue_'s thread)
+  // grads_ready's work: copies down, packing, gradient passes, the norm
+  // partials, the host gradients (engine/step/gradient_path.h).
+  std::unique_ptr<GradientPath> gradients_;
   // The learned fetch sequence, the copies kept since a release, and the
   // prefetcher (threaded schedules only) (engine/fetch/).
   FetchTrace fetch_trace_;
@@ -503,7 +476,6 @@ class Engine {
   std::uint64_t resident_bytes_ = 0;                   // and their bytes
   // Step bookkeeping.
   int micro_step_ = 0;            // micro-batches ended in this step
-  bool nonfinite_ = false;        // some gradient pass saw inf/NaN this step
   StepBytes bytes_;
   StepStats times_;  // the stage seconds of the step under way
   Trace trace_;

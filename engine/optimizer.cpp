@@ -164,36 +164,6 @@ void Engine::stop_optimizer_thread() {
   opt_thread_.join();
 }
 
-void Engine::post_gradients_marker(std::int64_t seq) {
-  // Behind every copy posted so far on the gradient thread, then behind
-  // their passes on the pass thread (each posts the next: the order holds).
-  grads_queue_->post([this, seq] {
-    const StepBytes bytes = std::exchange(grads_bytes_, {});
-    const double copy_s = std::exchange(grads_seconds_, 0.0);
-    pass_queue_->post([this, seq, bytes, copy_s] {
-      const double raw_norm = std::sqrt(nx::sum_norm_partials(norm_partials_.data(),
-                                                              static_cast<std::int64_t>(norm_partials_.size())));
-      const bool nonfinite = std::exchange(nonfinite_, false);
-      const double pass_s = std::exchange(pass_seconds_, 0.0);
-      const core::MutexLock lock(opt_mu_);
-      grads_marker_done_ = seq;
-      grads_marker_raw_norm_ = raw_norm;
-      grads_marker_nonfinite_ = nonfinite;
-      late_grads_bytes_ += bytes;
-      late_grads_seconds_ += copy_s + pass_s;
-      opt_cv_.notify_all();
-      return Status();
-    });
-    return Status();
-  });
-}
-
-void Engine::note_gradient_failure(const Status& s) {
-  const core::MutexLock lock(opt_mu_);
-  if (grads_error_.ok()) grads_error_ = s;
-  opt_cv_.notify_all();
-}
-
 void Engine::fold_verdicts() {
   std::deque<VerdictRecord> verdicts;
   {
@@ -314,23 +284,9 @@ core::Status Engine::wait_optimizer_until(const char* op, const std::function<bo
 }
 
 core::Result<bool> Engine::take_verdict(OptimizerJob& job) {
-  double raw_norm = 0.0;
-  bool nonfinite = false;
-  {
-    const core::MutexLock lock(opt_mu_);
-    opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
-      return grads_marker_done_ >= job.marker || !grads_error_.ok() || opt_stop_;
-    });
-    if (grads_marker_done_ < job.marker) {
-      if (!grads_error_.ok()) {
-        return Status(grads_error_).annotate(str_cat("the gradients of step ", job.norm_step));
-      }
-      return Status::cancelled(str_cat("the engine closed before the gradients of step ", job.norm_step,
-                                       " were in"));
-    }
-    raw_norm = grads_marker_raw_norm_;
-    nonfinite = grads_marker_nonfinite_;
-  }
+  STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, gradients_->wait_marker(job.marker, job.norm_step));
+  const double raw_norm = m.raw_norm;
+  const bool nonfinite = m.nonfinite;
   Verdict::Deferred d = Verdict::decide_deferred(config_, raw_norm, nonfinite, job.hyper, job.step, job.norm_step);
   job.verdict = d.record;
   job.constants = std::move(d.constants);
@@ -574,7 +530,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
           a.master = st.master.subspan(off, n);
           a.exp_avg = st.exp_avg.subspan(off, n);
           a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
-          a.grad = {grads_.data() + lo * gb, grad_type, static_cast<std::int64_t>(n)};
+          a.grad = {gradients_->host_grads() + lo * gb, grad_type, static_cast<std::int64_t>(n)};
           if (cb == 2) a.copy_out = {out, compute_type, static_cast<std::int64_t>(n)};
           STRATA_RETURN_IF_ERROR(cpu_adam_->step(a));
           if (cb == 4) std::memcpy(out, a.master.data(), n * 4);
@@ -594,7 +550,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, state_->device_state(c));
       const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_cache_->get(n_all * gb, "optimizer gradients"));
-      STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {grads_.data() + cp.begin * gb, n_all * gb}, lane));
+      STRATA_RETURN_IF_ERROR(copy_h2d(dgrad.span(), {gradients_->host_grads() + cp.begin * gb, n_all * gb}, lane));
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_cache_->get(n_all * cb, "optimizer compute copies"));
       for (const Layout::Piece& p : pieces) {
         const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);

@@ -15,7 +15,6 @@ struct Engine::GroupState {
   bool fetched = false;
   gpu::DeviceBuffer grad;         // gradients, between grad_buffer and grads_ready
   int grads_micro_step = -1;      // the micro-batch whose gradients arrived
-  std::int64_t grad_copies_posted = 0;  // copies down handed to the gradient thread (see grad_copies_done_)
 };
 
 }  // namespace strata::engine

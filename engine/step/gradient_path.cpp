@@ -1,0 +1,224 @@
+#include "engine/step/gradient_path.h"
+
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "core/clock.h"
+#include "core/numerics.h"
+#include "core/str.h"
+#include "engine/internal/elem_types.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+namespace nx = core::numerics;
+
+namespace {
+constexpr std::int64_t kBlock = nx::kNormBlockElems;
+}  // namespace
+
+core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& parts, bool threaded) {
+  gpu::PinnedBuffer grads;
+  const Layout& l = parts.layout;
+  if (l.trainable_elems > 0) {
+    const auto bytes = static_cast<std::size_t>(l.trainable_elems) * static_cast<std::size_t>(l.grad_bytes);
+    STRATA_ASSIGN_OR_RETURN(grads, parts.device.allocate_pinned(bytes, "host gradients"));
+    std::memset(grads.data(), 0, bytes);
+  }
+  std::unique_ptr<GradientPath> p(
+      new GradientPath(parts, std::move(grads), static_cast<std::size_t>(l.trainable_elems / kBlock)));
+  if (threaded) {
+    STRATA_ASSIGN_OR_RETURN(p->stream_, parts.device.create_stream("gradients"));
+    p->grads_queue_ = std::make_unique<SerialQueue>();
+    p->pass_queue_ = std::make_unique<SerialQueue>();
+  }
+  return p;
+}
+
+GradientPath::GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks)
+    : parts_(parts), grads_(std::move(grads)), norm_partials_(blocks, 0.0) {
+  const core::MutexLock lock(mu_);
+  posted_.assign(parts.layout.groups.size(), 0);
+  down_.assign(parts.layout.groups.size(), 0);
+}
+
+GradientPath::~GradientPath() { shutdown(); }
+
+void GradientPath::shutdown() {
+  grads_queue_.reset();  // drains the copies (which post passes)
+  pass_queue_.reset();   // and the passes
+  close();
+}
+
+core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::shared_ptr<gpu::Event> written,
+                                  int micro_step, BeforePass before, AfterPass after) {
+  if (!threaded()) {
+    if (written != nullptr) STRATA_RETURN_IF_ERROR(parts_.device.synchronize(*written));
+    core::Result<gpu::PinnedBuffer> wire = copy_down(grad, parts_.inline_lane);
+    parts_.device_cache.put(std::move(grad));
+    STRATA_RETURN_IF_ERROR(wire.status());
+    return pass(g, std::move(wire).value(), micro_step);
+  }
+  // The device buffer travels with the copy (the next grad_buffer gets a new
+  // one); whatever becomes of the copy (a failed one skips those after it),
+  // it goes back through the cache, which keeps a lent one aside.
+  BufferCache<gpu::DeviceBuffer>* cache = &parts_.device_cache;
+  std::shared_ptr<gpu::DeviceBuffer> buffer(new gpu::DeviceBuffer(std::move(grad)), [cache](gpu::DeviceBuffer* b) {
+    cache->put(std::move(*b));
+    delete b;
+  });
+  {
+    const core::MutexLock lock(mu_);
+    ++posted_[g];
+  }
+  grads_queue_->post([this, g, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
+    const core::Stopwatch clock;
+    Status s = written != nullptr ? parts_.device.wait(stream_, *written) : Status();
+    core::Result<gpu::PinnedBuffer> wire =
+        s.ok() ? copy_down(*buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}) : core::Result<gpu::PinnedBuffer>(s);
+    parts_.device_cache.put(std::move(*buffer));
+    copy_seconds_ += clock.elapsed_s();
+    {
+      const core::MutexLock lock(mu_);
+      ++down_[g];
+      cv_.notify_all();
+    }
+    if (!wire.ok()) {
+      fail(wire.status());  // a job waiting for these gradients fails with it
+      return wire.status();
+    }
+    auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
+    pass_queue_->post([this, g, host, micro_step, before, after] {
+      Status ps = before != nullptr ? before() : Status();
+      const core::Stopwatch pass_clock;
+      if (ps.ok()) ps = pass(g, std::move(*host), micro_step);
+      pass_seconds_ += pass_clock.elapsed_s();
+      if (ps.ok() && after != nullptr) after();
+      if (!ps.ok()) fail(ps);
+      return ps;
+    });
+    return Status();
+  });
+  return Status();
+}
+
+core::Result<gpu::PinnedBuffer> GradientPath::copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane) {
+  // Device -> host, in the compute dtype and the compute layout.
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, parts_.pinned_cache.get(grad.size_bytes(), "gradient staging"));
+  STRATA_RETURN_IF_ERROR(lane_d2h(parts_.device, parts_.trace, lane, wire.bytes(), grad.span()));
+  return wire;
+}
+
+core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step) {
+  // Into the trainable layout, then the gradient pass into the host gradients.
+  const Layout& layout = parts_.layout;
+  const GroupPlace& gp = layout.groups[g];
+  const int cb = layout.compute_bytes;
+  const std::uint64_t tbytes = static_cast<std::uint64_t>(gp.trainable_elems) * static_cast<std::uint64_t>(cb);
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer packed, parts_.pinned_cache.get(tbytes, "gradient staging"));
+  std::memset(packed.data(), 0, tbytes);
+  for (std::size_t pi : gp.params) {
+    const ParamPlace& pl = layout.places[pi];
+    if (pl.trainable_offset < 0) continue;
+    std::memcpy(packed.data() + (pl.trainable_offset - gp.trainable_begin) * cb, wire.data() + pl.compute_offset * cb,
+                static_cast<std::size_t>(layout.params[pi].numel()) * static_cast<std::size_t>(cb));
+  }
+  adam::GradPassArgs a;
+  a.src = {packed.data(), adam_type(cb, parts_.precision), gp.trainable_elems};
+  a.dst = {grads_.data() + gp.trainable_begin * layout.grad_bytes, adam_type(layout.grad_bytes, parts_.precision),
+           gp.trainable_elems};
+  a.accumulate = layout.grad_bytes == 4 && micro_step > 0;  // fp32 accumulators add up the micro-batches
+  a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
+                                                               static_cast<std::size_t>(gp.trainable_elems / kBlock));
+  core::Result<adam::GradPassResult> r = [&] {
+    const CpuTurns::Turn turn(parts_.turns, CpuTurns::kUrgent);
+    TraceScope tp(parts_.trace, TraceTrack::kCpuAdam, str_cat("gradient pass ", gp.name), tbytes);
+    return parts_.cpu_adam.grad_pass(a);
+  }();
+  STRATA_RETURN_IF_ERROR(r.status());
+  nonfinite_ = nonfinite_ || r->nonfinite;
+  parts_.pinned_cache.put(std::move(wire));
+  parts_.pinned_cache.put(std::move(packed));
+  return Status();
+}
+
+void GradientPath::fail(const Status& s) {
+  const core::MutexLock lock(mu_);
+  if (error_.ok()) error_ = s;
+  cv_.notify_all();
+}
+
+core::Status GradientPath::wait(const char* op) {
+  if (!threaded()) return Status();
+  Status s = grads_queue_->drain();  // the copies first: they post the passes
+  if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient copy failed; the engine cannot go on"));
+  s = pass_queue_->drain();
+  if (!s.ok()) return std::move(s).annotate(str_cat(op, ": a gradient pass failed; the engine cannot go on"));
+  return Status();
+}
+
+core::Status GradientPath::wait_down(std::size_t g, std::string_view group) {
+  const core::MutexLock lock(mu_);
+  cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return down_[g] >= posted_[g] || !error_.ok(); });
+  if (!error_.ok()) {
+    return Status(error_).annotate(str_cat("grad_buffer('", group, "'): the gradient path failed"));
+  }
+  return Status();
+}
+
+double GradientPath::raw_norm() const {
+  return std::sqrt(nx::sum_norm_partials(norm_partials_.data(), static_cast<std::int64_t>(norm_partials_.size())));
+}
+
+bool GradientPath::take_nonfinite() { return std::exchange(nonfinite_, false); }
+
+GradientPath::Totals GradientPath::take_totals() {
+  Totals t;
+  t.bytes = std::exchange(bytes_, {});
+  t.seconds = std::exchange(copy_seconds_, 0.0) + std::exchange(pass_seconds_, 0.0);
+  return t;
+}
+
+void GradientPath::post_marker(std::int64_t seq) {
+  // Behind every copy posted so far on the gradient thread, then behind
+  // their passes on the pass thread (each posts the next: the order holds).
+  grads_queue_->post([this, seq] {
+    const StepBytes bytes = std::exchange(bytes_, {});
+    const double copy_s = std::exchange(copy_seconds_, 0.0);
+    pass_queue_->post([this, seq, bytes, copy_s] {
+      const Marker m{raw_norm(), take_nonfinite()};
+      const double pass_s = std::exchange(pass_seconds_, 0.0);
+      const core::MutexLock lock(mu_);
+      marker_done_ = seq;
+      marker_ = m;
+      late_.bytes += bytes;
+      late_.seconds += copy_s + pass_s;
+      cv_.notify_all();
+      return Status();
+    });
+    return Status();
+  });
+}
+
+core::Result<GradientPath::Marker> GradientPath::wait_marker(std::int64_t seq, std::int64_t norm_step) {
+  const core::MutexLock lock(mu_);
+  cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return marker_done_ >= seq || !error_.ok() || closed_; });
+  if (marker_done_ >= seq) return marker_;
+  if (!error_.ok()) return Status(error_).annotate(str_cat("the gradients of step ", norm_step));
+  return Status::cancelled(str_cat("the engine closed before the gradients of step ", norm_step, " were in"));
+}
+
+GradientPath::Totals GradientPath::take_late_totals() {
+  const core::MutexLock lock(mu_);
+  return std::exchange(late_, {});
+}
+
+void GradientPath::close() {
+  const core::MutexLock lock(mu_);
+  closed_ = true;
+  cv_.notify_all();
+}
+
+}  // namespace strata::engine

@@ -1,0 +1,141 @@
+// GradientPath: a group's gradients from the device buffer the framework
+// wrote to the host gradients the optimizer reads. For each grads_ready:
+//   copy down  (device -> pinned staging, compute dtype, compute layout)
+//   packing    (into the trainable layout: frozen parameters' slots dropped)
+//   pass       (cpu_adam's gradient pass: into the host gradients, kept in
+//               the compute dtype with one micro-batch per step, accumulated
+//               in fp32 otherwise; each norm block's partial; the inf/NaN flag)
+// Threaded (every schedule but "none"), the copy runs on the gradient thread
+// and its own stream and posts the pass to the pass thread, so the next
+// group's copy overlaps this group's pass; submit() returns at once and
+// wait() waits for both. A pass takes cpu_adam as an urgent turn (CpuTurns):
+// the backward waits for it, the optimizer's Adam slices do not. The first
+// failure is sticky: later copies and passes are skipped, and every wait
+// reports it. Markers (deferred verdicts, overlap "delayed") ride behind the
+// passes submitted before them and take the norm and the flag when those
+// are done. Thread-safe. Private to engine/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "core/mutex.h"
+#include "core/result.h"
+#include "cpu_adam/cpu_adam.h"
+#include "engine/config.h"
+#include "engine/internal/buffer_cache.h"
+#include "engine/internal/cpu_turns.h"
+#include "engine/internal/serial_queue.h"
+#include "engine/layout.h"
+#include "engine/state/copy_lane.h"
+#include "gpu/device.h"
+
+namespace strata::engine {
+
+class GradientPath {
+ public:
+  // What the path works with (borrowed; they outlive it).
+  struct Parts {
+    const Layout& layout;
+    Precision precision;
+    gpu::Device& device;
+    adam::CpuAdam& cpu_adam;
+    CpuTurns& turns;
+    BufferCache<gpu::DeviceBuffer>& device_cache;  // gradient buffers go back here
+    BufferCache<gpu::PinnedBuffer>& pinned_cache;
+    Trace& trace;
+    CopyLane inline_lane;  // unthreaded: the copies' lane (the step's)
+  };
+  static core::Result<std::unique_ptr<GradientPath>> create(const Parts& parts, bool threaded);
+  ~GradientPath();  // waits for the copies and passes posted
+  GradientPath(const GradientPath&) = delete;
+  GradientPath& operator=(const GradientPath&) = delete;
+
+  bool threaded() const { return grads_queue_ != nullptr; }
+  // The host gradients: the trainable layout, layout.grad_bytes each.
+  std::byte* host_grads() { return grads_.data(); }
+
+  // Runs on the pass thread right before group g's pass (its error fails the
+  // pass: e.g. waiting for the optimizer's job that still reads g's host
+  // gradients), and right after a pass that succeeded.
+  using BeforePass = std::function<core::Status()>;
+  using AfterPass = std::function<void()>;
+  // grads_ready: group g's gradients in `grad`, written by the framework's
+  // work before `written` (null: done). Unthreaded, all of it here; threaded,
+  // posted (the buffer goes back to the device cache after its copy).
+  core::Status submit(std::size_t g, gpu::DeviceBuffer grad, std::shared_ptr<gpu::Event> written, int micro_step,
+                      BeforePass before, AfterPass after);
+  // Waits for every copy and pass submitted so far: their first error,
+  // annotated with `op`.
+  core::Status wait(const char* op);
+  // grad_buffer(g): waits until every copy of g's gradients submitted so far
+  // is down (so the framework runs at most one step ahead, with one gradient
+  // buffer per group); the path's error, naming `group`.
+  core::Status wait_down(std::size_t g, std::string_view group);
+
+  // After wait(): the step's raw norm (the square root of the block
+  // partials' sum, in block order) and its inf/NaN flag, which is cleared.
+  double raw_norm() const;
+  bool take_nonfinite();
+  // After wait(): the copies' traffic and the copies' and passes' seconds
+  // since the last take (not those collected by markers).
+  struct Totals {
+    StepBytes bytes;
+    double seconds = 0.0;
+  };
+  Totals take_totals();
+
+  // Deferred verdicts: marker `seq` (increasing) goes behind every copy and
+  // pass submitted so far; once they ran it takes the norm and the flag
+  // (clearing it) and collects their totals (take_late_totals).
+  void post_marker(std::int64_t seq);
+  struct Marker {
+    double raw_norm = 0.0;
+    bool nonfinite = false;
+  };
+  // Waits for marker `seq`: the path's error (naming `norm_step`), or
+  // kCancelled once the path is closed before it passed.
+  core::Result<Marker> wait_marker(std::int64_t seq, std::int64_t norm_step);
+  Totals take_late_totals();
+  // No marker will pass any more: wakes their waiters (the engine closing).
+  void close();
+  // Runs what was posted, stops both threads and closes: the engine's
+  // destructor, before the optimizer's jobs (which read the host gradients
+  // and may wait for markers) stop. Submitting afterwards is a bug.
+  void shutdown();
+
+ private:
+  GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
+  core::Result<gpu::PinnedBuffer> copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane);
+  core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
+  void fail(const core::Status& s);
+
+  Parts parts_;
+  gpu::PinnedBuffer grads_;            // host gradients (see host_grads)
+  std::vector<double> norm_partials_;  // per norm block of the trainable space
+  bool nonfinite_ = false;             // the passes' (pass thread, or after wait)
+  // Threaded: the two threads and the copies' stream; the copies' traffic
+  // and both threads' seconds, read after wait() or by a marker.
+  std::unique_ptr<SerialQueue> grads_queue_;
+  std::unique_ptr<SerialQueue> pass_queue_;
+  gpu::Stream stream_;
+  StepBytes bytes_;
+  double copy_seconds_ = 0.0;
+  double pass_seconds_ = 0.0;
+
+  core::Mutex mu_;
+  core::CondVar cv_;
+  std::vector<std::int64_t> posted_ STRATA_GUARDED_BY(mu_);  // per group: copies submitted
+  std::vector<std::int64_t> down_ STRATA_GUARDED_BY(mu_);    // per group: copies done (or given up)
+  core::Status error_ STRATA_GUARDED_BY(mu_);                // the first failure
+  std::int64_t marker_done_ STRATA_GUARDED_BY(mu_) = 0;
+  Marker marker_ STRATA_GUARDED_BY(mu_);
+  Totals late_ STRATA_GUARDED_BY(mu_);
+  bool closed_ STRATA_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace strata::engine
