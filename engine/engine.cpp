@@ -14,7 +14,7 @@
 #include "engine/internal/elem_types.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/group_state.h"
-#include "engine/internal/optimizer_job.h"
+#include "engine/step/optimizer_job.h"
 #include "engine/internal/serial_queue.h"
 #include "engine/internal/view_holds.h"
 #include "engine/io_options.h"
@@ -131,7 +131,7 @@ Engine::~Engine() {
   if (gradients_ != nullptr) gradients_->shutdown();  // drains the gradient copies and passes
   prefetcher_.reset();      // and the prefetches (which may wait for the optimizer)
   resident_.reset();        // into the cache, whose clear waits for their fences
-  stop_optimizer_thread();
+  if (runner_ != nullptr) runner_->stop();  // its queued jobs run first
   for (GroupState& gs : groups_) {  // into the cache (or holds_, when lent); nothing goes back after its clear
     if (device_cache_ != nullptr) {
       device_cache_->put(std::move(gs.working));
@@ -403,8 +403,8 @@ core::Status Engine::finalize() {
   bytes_ = {};  // initialisation is not a step's traffic
   // Last, so that a derived ring takes what pinned memory has left.
   STRATA_RETURN_IF_ERROR(create_staging_ring());
-  group_done_job_.assign(layout_.groups.size(), 0);
-  grads_in_job_.assign(layout_.groups.size(), 0);
+  runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
+                                              [this](OptimizerJob& job) { return run_optimizer_job(job); });
   if (schedule_.threaded()) {
     const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(
@@ -412,7 +412,7 @@ core::Status Engine::finalize() {
         Prefetcher::create(*device_, layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
                            *device_cache_, [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence, Lane lane) {
                              // A prefetch never copies a stale compute copy.
-                             Status s = waits_for_optimizer(g) ? wait_optimizer_group(g, "prefetch") : Status();
+                             Status s = waits_for_optimizer(g) ? runner_->wait_group(g, "prefetch") : Status();
                              if (s.ok() && fence != nullptr) s = device_->wait(*lane.stream, *fence);
                              if (!s.ok()) return s;
                              TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
@@ -423,7 +423,6 @@ core::Status Engine::finalize() {
                              pinned_cache_->put(std::move(staging));
                              return s;
                            }));
-    opt_thread_ = std::thread([this] { optimizer_thread_main(); });
   }
   return Status();
 }
@@ -530,9 +529,9 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   // The last step's optimizer may still be writing this group's copies
   // (under "delayed" it writes them elsewhere, and the step uses the old).
   if (waits_for_optimizer(g)) {
-    STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "fetch"));
+    STRATA_RETURN_IF_ERROR(runner_->wait_group(g, "fetch"));
   } else {
-    STRATA_RETURN_IF_ERROR(wait_optimizer_until("fetch", [] { return true; }));  // its error, if any
+    STRATA_RETURN_IF_ERROR(runner_->error("fetch"));  // its error, if any
   }
   fetch_trace_.note_fetch(g);
   const GroupPlace& gp = layout_.groups[g];
@@ -614,7 +613,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
         str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
   }
   // (Under "delayed" the gradient pass waits instead: see grads_ready.)
-  if (schedule_.gradients_wait_for_optimizer()) STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grad_buffer"));
+  if (schedule_.gradients_wait_for_optimizer()) STRATA_RETURN_IF_ERROR(runner_->wait_group(g, "grad_buffer"));
   // The group's last gradients are down (they may still be on their way
   // when step_end did not wait for them): so the framework runs at most a
   // step ahead of the copies, with one gradient buffer per group.
@@ -668,10 +667,9 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   // may submit another before the pass runs).
   std::int64_t pass_after_job = 0;
   if (!schedule_.gradients_wait_for_optimizer()) {
-    const core::MutexLock lock(opt_mu_);
-    pass_after_job = submitted_job_;
+    pass_after_job = runner_->decided();
   } else {
-    STRATA_RETURN_IF_ERROR(wait_optimizer_group(g, "grads_ready"));
+    STRATA_RETURN_IF_ERROR(runner_->wait_group(g, "grads_ready"));
   }
   const int micro_step = micro_step_;
   // The framework's writes, as an event its stream records now.
@@ -695,12 +693,10 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   gs.grad = {};
   // The pass writes the host gradients the last step's job reads (under
   // "delayed" that job may still be running): it waits for the job's mark.
-  auto before = [this, g, pass_after_job] {
-    return wait_optimizer_until("the gradient pass",
-                                [&]() STRATA_REQUIRES(opt_mu_) { return group_done_job_[g] >= pass_after_job; });
-  };
-  auto after = [this, g, early] {
-    if (early != 0) note_grads_in(g, early);
+  OptimizerRunner* runner = runner_.get();
+  auto before = [runner, g, pass_after_job] { return runner->wait_group_job(g, pass_after_job, "the gradient pass"); };
+  auto after = [runner, g, early] {
+    if (early != 0) runner->note_grads_in(g, early);
   };
   return gradients_->submit(g, std::move(grad), std::move(written), micro_step, before, after);
 }
@@ -775,16 +771,13 @@ core::Result<StepStats> Engine::step_end() {
   // its verdict, so that a job which finishes right after it is counted by
   // the next step, always.
   auto take_optimizer_stats = [&] {
-    const core::MutexLock lock(opt_mu_);
-    stats.bytes += opt_bytes_;
-    stats.optimizer_s += opt_seconds_;
-    stats.speculative_discarded += opt_discarded_;
+    const OptimizerRunner::Totals opt = runner_->take_totals();
+    stats.bytes += opt.bytes;
+    stats.optimizer_s += opt.seconds;
+    stats.speculative_discarded += opt.discarded_elems;
     const GradientPath::Totals late = gradients_->take_late_totals();
     stats.bytes += late.bytes;
     stats.grads_s += late.seconds;
-    opt_bytes_ = {};
-    opt_seconds_ = 0.0;
-    opt_discarded_ = 0;
   };
   std::unique_ptr<OptimizerJob> job;
   bool applied = false;
@@ -821,13 +814,13 @@ core::Result<StepStats> Engine::step_end() {
       if (applying_in_place_ && !speculated) {
         return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
       }
-      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(early_job_, speculated));
+      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_job_, speculated, false));
       if (!speculated) job = make_optimizer_job(std::move(constants), verdict_.applied_steps() + 1);
       const double lr = verdict_.next_lr();
       if (job != nullptr && !schedule_.threaded()) {
         // The sequential schedule: the optimizer runs here, to the end.
         TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", verdict_.applied_steps() + 1));
-        STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
+        STRATA_RETURN_IF_ERROR(runner_->submit(std::move(job)).status());
         take_optimizer_stats();
       }
       applied = true;
@@ -835,7 +828,7 @@ core::Result<StepStats> Engine::step_end() {
       stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
     } else {
       // An early job under way stops; nothing it did is committed.
-      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(settle_speculation(early_job_, false));
+      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_job_, false, false));
       verdict_.count(true);
     }
     stats.skipped = skip;
@@ -871,7 +864,7 @@ core::Result<StepStats> Engine::step_end() {
     // step's job replaces.
     drop_device_copies(DropCopies::kUpdated);
   }
-  if (job != nullptr) STRATA_RETURN_IF_ERROR(submit_optimizer_job(std::move(job)).status());
+  if (job != nullptr) STRATA_RETURN_IF_ERROR(runner_->submit(std::move(job)).status());
   // The next step's job starts now (overlap "speculative", or "exact" with
   // certain steps), so that it reads the first chunks the backward will need
   // while the forward runs.

@@ -46,6 +46,8 @@
 #include "engine/fetch/resident_set.h"
 #include "engine/state/copy_lane.h"
 #include "engine/step/gradient_path.h"
+#include "engine/step/optimizer_job.h"
+#include "engine/step/optimizer_runner.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
 #include "core/numerics.h"
@@ -301,31 +303,24 @@ class Engine {
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
-  // --- the optimizer (engine/optimizer.cpp) ---
-  struct OptimizerJob;
-  // Runs one step's optimizer over every group in job.order: host chunks by
-  // cpu_adam (nvme chunks through the disk pipeline: reads ahead, Adam, write
-  // behind, in the staging ring), device chunks by the device's AdamW; each
-  // group's new compute copies go home and the group is marked done.
+  // --- the optimizer (engine/optimizer.cpp; the runner: engine/step/) ---
+  // The job body the runner runs: one step's optimizer over every group in
+  // job.order: host chunks by cpu_adam (nvme chunks through the disk
+  // pipeline: reads ahead, Adam, write behind, in the staging ring), device
+  // chunks by the device's AdamW; each group's new compute copies go home and
+  // the group is marked done.
   core::Status run_optimizer_job(OptimizerJob& job);
   // A job with a deferred verdict: waits for its gradient marker, then
   // decides as step_end would have (false: the step is skipped) and fills
-  // in its constants.
+  // in its constants (Verdict::decide_deferred).
   core::Result<bool> take_verdict(OptimizerJob& job);
-  // Starts the job on the optimizer thread (overlap "exact") or runs it here
-  // (overlap "none"); returns its id. An early job's id is not waited for
-  // (fetch and the rest wait for the last decided job) until its verdict.
-  core::Result<std::int64_t> submit_optimizer_job(std::unique_ptr<OptimizerJob> job);
-  // Schedule::early_jobs: the step's early job (started by grads_ready, the
-  // first of the step's last micro-batch, or by the last step_end), the
-  // gradient pass's note that a group's gradients are in, and step_end's
-  // verdict: `apply` when the step applies exactly the constants the job
-  // assumed (the job commits what it did and goes on in the next forward's
-  // order), else the job stops (step_end waits until it no longer touches
-  // the gradients) and nothing it did is committed.
+  // Schedule::early_jobs: starts the step's early job (from grads_ready, the
+  // first of the step's last micro-batch, or from the last step_end), with
+  // the constants of a step that is applied and not clipped. step_end's
+  // verdict (OptimizerRunner::settle) applies it when the step's constants
+  // are exactly those (the job commits what it did and goes on in the next
+  // forward's order), else stops it and nothing it did is committed.
   core::Status start_early_job();
-  void note_grads_in(std::size_t g, std::int64_t job);
-  core::Status settle_speculation(std::int64_t job, bool apply, bool reads_too = false);
   // Stops the early job started ahead (at step_end, for the next step)
   // before a call reads the optimizer state it may be reading (read_state,
   // checkpoints, export): the next grads_ready starts another. (It reads a
@@ -337,22 +332,9 @@ class Engine {
   // place (from the first gradients of the step's last micro-batch to
   // step_end): the state and compute copies are part new, part old.
   core::Status refuse_while_applying(const char* op) const;
-  // The optimizer thread's gate before an early job updates group g:
-  // waits until g's gradients are in (when `undoable`) or the verdict came.
-  enum class Gate { kGo, kGoDecided, kStop };
-  Gate speculation_gate(const OptimizerJob& job, std::size_t g, bool undoable);
-  void optimizer_thread_main();
-  void mark_group_done(std::size_t g, std::int64_t job);
-  // Wait until the last submitted job is done with group g, or with every
-  // group; return its error (sticky: a failed job fails every later wait).
-  core::Status wait_optimizer_group(std::size_t g, const char* op);
+  // Waits until every decided job finished (none before finalize); folds the
+  // deferred verdicts they took into the step counts; the sticky error.
   core::Status wait_optimizer(const char* op);
-  // Both: waits with opt_mu_ held until the last job is finished or done().
-  core::Status wait_optimizer_until(const char* op, const std::function<bool()>& done);
-  // Records a job's end (and its error, sticky) and wakes the waiters.
-  void finish_optimizer_job(const OptimizerJob& job, const core::Status& s);
-  // Stops the optimizer thread (the destructor).
-  void stop_optimizer_thread();
   // --- device copies of compute copies (engine/fetch/) ---
   // After a fetch (and at step_end): the prefetcher starts the copies the
   // learned sequence says come next (engine/fetch/prefetcher.h).
@@ -431,38 +413,17 @@ class Engine {
   core::BudgetCharge ring_charge_;
   std::vector<gpu::PinnedBuffer> ring_;  // the disk pipeline's staging slots
   gpu::Stream opt_stream_;
-  StepBytes opt_bytes_;                // opt_mu_: finished jobs' traffic since the last step_end
-  double opt_seconds_ = 0.0;           // opt_mu_: likewise, their time
-  std::int64_t opt_discarded_ = 0;     // opt_mu_: likewise, their discarded speculative elements
   // cpu_adam is one call at a time: gradient passes first, Adam in slices
   // between them (engine/internal/cpu_turns.h).
   std::unique_ptr<CpuTurns> cpu_turns_;
-  core::Mutex opt_mu_;
-  core::CondVar opt_cv_;
-  std::deque<std::unique_ptr<OptimizerJob>> pending_jobs_;  // opt_mu_
-  std::int64_t next_job_id_ = 0;                // opt_mu_
-  std::int64_t submitted_job_ = 0;              // opt_mu_: the last decided job (what waits wait for)
-  std::int64_t finished_job_ = 0;               // opt_mu_
-  std::vector<std::int64_t> group_done_job_;    // opt_mu_: per group, the last job done with it
-  core::Status opt_error_;                      // opt_mu_
+  // The optimizer's jobs, their thread, marks and sticky error
+  // (engine/step/optimizer_runner.h).
+  std::unique_ptr<OptimizerRunner> runner_;
   // Early jobs (Schedule::early_jobs; engine/optimizer.cpp).
   std::int64_t early_job_ = 0;                  // mu_: the step's early job (0: none yet)
   bool applying_in_place_ = false;              // mu_: it is certain and has gradients (see certain_steps)
   std::vector<core::numerics::AdamStepConstants> early_constants_;  // mu_: its constants
-  std::vector<std::int64_t> grads_in_job_;      // opt_mu_: per group, the early job whose gradients are in
-  std::int64_t verdict_job_ = 0;                // opt_mu_: the early job with a verdict, and the verdict
-  bool verdict_apply_ = false;                  // opt_mu_
-  std::int64_t quiet_job_ = 0;                  // opt_mu_: the last early job that stopped updating
-  std::int64_t reads_done_job_ = 0;             // opt_mu_: ... and whose reads of the current state ended
-  bool opt_stop_ = false;                       // opt_mu_
-  // Deferred verdicts (see deferred_verdicts): the last gradient marker
-  // passed, with the norm and the inf/NaN flag of its step; the first error
-  // of the gradient path; the verdicts of finished jobs not yet folded into
-  // the step counts; the gradient path's traffic and time behind a marker,
-  // counted by the next step_end.
-  std::int64_t grads_marker_seq_ = 0;           // mu_: markers posted
-  std::deque<VerdictRecord> job_verdicts_;      // opt_mu_
-  std::thread opt_thread_;
+  std::int64_t grads_marker_seq_ = 0;  // mu_: deferred verdicts' gradient markers posted
   // grads_ready's work: copies down, packing, gradient passes, the norm
   // partials, the host gradients (engine/step/gradient_path.h).
   std::unique_ptr<GradientPath> gradients_;

@@ -32,7 +32,8 @@
 #include "engine/internal/cpu_turns.h"
 #include "engine/internal/elem_types.h"
 #include "engine/internal/group_state.h"
-#include "engine/internal/optimizer_job.h"
+#include "engine/step/optimizer_job.h"
+#include "engine/step/optimizer_runner.h"
 #include "engine/internal/serial_queue.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
@@ -89,7 +90,7 @@ core::Status Engine::create_staging_ring() {
   return Status();
 }
 
-std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,
+std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,
                                                                  std::int64_t step) {
   auto job = std::make_unique<OptimizerJob>();
   job->step = step;
@@ -106,71 +107,8 @@ std::unique_ptr<Engine::OptimizerJob> Engine::make_optimizer_job(std::vector<nx:
   return job;
 }
 
-core::Result<std::int64_t> Engine::submit_optimizer_job(std::unique_ptr<OptimizerJob> job) {
-  {
-    const core::MutexLock lock(opt_mu_);
-    job->id = ++next_job_id_;
-    if (!job->early) submitted_job_ = job->id;
-    if (opt_thread_.joinable()) {
-      const std::int64_t id = job->id;
-      pending_jobs_.push_back(std::move(job));
-      opt_cv_.notify_all();
-      return id;
-    }
-  }
-  // No optimizer thread (overlap "none"): run it here, to the end.
-  Status s = run_optimizer_job(*job);
-  finish_optimizer_job(*job, s);
-  if (!s.ok()) return std::move(s).annotate(str_cat("the optimizer of step ", job->step));
-  return job->id;
-}
-
-void Engine::finish_optimizer_job(const OptimizerJob& job, const Status& s) {
-  const core::MutexLock lock(opt_mu_);
-  finished_job_ = job.id;
-  opt_bytes_ += job.bytes;
-  opt_seconds_ += job.seconds;
-  opt_discarded_ += job.discarded_elems;
-  if (job.early) {
-    quiet_job_ = std::max(quiet_job_, job.id);
-    reads_done_job_ = std::max(reads_done_job_, job.id);
-  }
-  if (s.ok() && job.deferred_verdict) job_verdicts_.push_back(job.verdict);
-  if (!s.ok() && opt_error_.ok()) opt_error_ = Status(s).annotate(str_cat("the optimizer of step ", job.step));
-  opt_cv_.notify_all();
-}
-
-void Engine::optimizer_thread_main() {
-  for (;;) {
-    std::unique_ptr<OptimizerJob> job;
-    {
-      const core::MutexLock lock(opt_mu_);
-      opt_cv_.wait(opt_mu_, [this]() STRATA_REQUIRES(opt_mu_) { return opt_stop_ || !pending_jobs_.empty(); });
-      if (pending_jobs_.empty()) return;
-      job = std::move(pending_jobs_.front());
-      pending_jobs_.pop_front();
-    }
-    finish_optimizer_job(*job, run_optimizer_job(*job));
-  }
-}
-
-void Engine::stop_optimizer_thread() {
-  if (!opt_thread_.joinable()) return;
-  {
-    const core::MutexLock lock(opt_mu_);
-    opt_stop_ = true;  // pending jobs still run first (a speculative one without a verdict stops at once)
-    opt_cv_.notify_all();
-  }
-  opt_thread_.join();
-}
-
 void Engine::fold_verdicts() {
-  std::deque<VerdictRecord> verdicts;
-  {
-    const core::MutexLock lock(opt_mu_);
-    verdicts.swap(job_verdicts_);
-  }
-  for (const VerdictRecord& v : verdicts) verdict_.fold(v);
+  for (const VerdictRecord& v : runner_->take_verdicts()) verdict_.fold(v);
 }
 
 core::Status Engine::start_early_job() {
@@ -202,14 +140,8 @@ core::Status Engine::start_early_job() {
     }
     std::stable_partition(job->order.begin(), job->order.end(), [&](std::size_t g) { return !job->deferred[g]; });
   }
-  STRATA_ASSIGN_OR_RETURN(early_job_, submit_optimizer_job(std::move(job)));
+  STRATA_ASSIGN_OR_RETURN(early_job_, runner_->submit(std::move(job)));
   return Status();
-}
-
-void Engine::note_grads_in(std::size_t g, std::int64_t job) {
-  const core::MutexLock lock(opt_mu_);
-  grads_in_job_[g] = job;
-  opt_cv_.notify_all();
 }
 
 core::Status Engine::refuse_while_applying(const char* op) const {
@@ -227,59 +159,13 @@ core::Status Engine::abandon_speculation(const char* op) {
   // verdict acted on (it may still be waiting for it at its end).
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
   const std::int64_t job = std::exchange(early_job_, 0);
-  return settle_speculation(job, false, /*reads_too=*/true);
-}
-
-core::Status Engine::settle_speculation(std::int64_t job, bool apply, bool reads_too) {
-  const core::MutexLock lock(opt_mu_);
-  verdict_job_ = job;
-  verdict_apply_ = apply;
-  if (apply) submitted_job_ = job;  // from now on, fetch and the rest wait for its marks
-  opt_cv_.notify_all();
-  if (apply) return Status();
-  // It must stop reading the host gradients before the next step writes them
-  // (and, with reads_too, the current state before the caller reads it).
-  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
-    return quiet_job_ >= job && (!reads_too || reads_done_job_ >= job);
-  });
-  if (!opt_error_.ok()) {
-    return Status(opt_error_).annotate("step_end: the engine cannot go on after its optimizer failed");
-  }
-  return Status();
-}
-
-Engine::Gate Engine::speculation_gate(const OptimizerJob& job, std::size_t g, bool undoable) {
-  const core::MutexLock lock(opt_mu_);
-  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) {
-    return opt_stop_ || verdict_job_ == job.id || (undoable && grads_in_job_[g] == job.id);
-  });
-  if (verdict_job_ == job.id) return verdict_apply_ ? Gate::kGoDecided : Gate::kStop;
-  if (opt_stop_) return Gate::kStop;
-  return Gate::kGo;
-}
-
-void Engine::mark_group_done(std::size_t g, std::int64_t job) {
-  const core::MutexLock lock(opt_mu_);
-  group_done_job_[g] = job;
-  opt_cv_.notify_all();
-}
-
-core::Status Engine::wait_optimizer_group(std::size_t g, const char* op) {
-  return wait_optimizer_until(op, [&]() STRATA_REQUIRES(opt_mu_) { return group_done_job_[g] >= submitted_job_; });
+  return runner_->settle(job, false, /*reads_too=*/true);
 }
 
 core::Status Engine::wait_optimizer(const char* op) {
-  STRATA_RETURN_IF_ERROR(wait_optimizer_until(op, [] { return false; }));
+  if (runner_ == nullptr) return Status();  // before finalize: nothing ran
+  STRATA_RETURN_IF_ERROR(runner_->wait_all(op));
   fold_verdicts();
-  return Status();
-}
-
-core::Status Engine::wait_optimizer_until(const char* op, const std::function<bool()>& done) {
-  const core::MutexLock lock(opt_mu_);
-  opt_cv_.wait(opt_mu_, [&]() STRATA_REQUIRES(opt_mu_) { return finished_job_ >= submitted_job_ || done(); });
-  if (!opt_error_.ok()) {
-    return Status(opt_error_).annotate(str_cat(op, ": the engine cannot go on after its optimizer failed"));
-  }
   return Status();
 }
 
@@ -302,7 +188,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   if (job.deferred_verdict) {
     STRATA_ASSIGN_OR_RETURN(const bool apply, take_verdict(job));
     if (!apply) {
-      for (std::size_t g : job.order) mark_group_done(g, job.id);
+      for (std::size_t g : job.order) runner_->mark_done(g, job.id);
       job.seconds += clock.elapsed_s();
       return Status();
     }
@@ -314,7 +200,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   std::vector<Item> items;
   for (std::size_t g : job.order) {
     const GroupPlace& gp = layout_.groups[g];
-    if (gp.chunk_count == 0 && !job.early) mark_group_done(g, job.id);  // frozen: nothing to update
+    if (gp.chunk_count == 0 && !job.early) runner_->mark_done(g, job.id);  // frozen: nothing to update
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
   }
   // A speculative job knows whether its work counts only from the verdict on.
@@ -421,7 +307,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
                 core::monotonic_ns());
     pinned_cache_->put(std::move(o.buffer));
     open.erase(g);
-    mark_group_done(g, job.id);
+    runner_->mark_done(g, job.id);
     return Status();
   };
   // The verdict said apply: what was updated is committed in the next
@@ -432,7 +318,7 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     for (std::size_t g : waiting) STRATA_RETURN_IF_ERROR(commit_group(g));
     waiting.clear();
     for (std::size_t g : job.order) {
-      if (layout_.groups[g].chunk_count == 0) mark_group_done(g, job.id);
+      if (layout_.groups[g].chunk_count == 0) runner_->mark_done(g, job.id);
     }
     const auto from = static_cast<std::ptrdiff_t>(std::max(next_read, current + 1));
     std::stable_sort(items.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(items.size())),
@@ -444,22 +330,14 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     for (auto& [g, o] : open) pinned_cache_->put(std::move(o.buffer));
     open.clear();
     job.discarded_elems += updated_elems;
-    {
-      // step_end may go on: no gradient or compute copy is read any more.
-      const core::MutexLock lock(opt_mu_);
-      quiet_job_ = std::max(quiet_job_, job.id);
-      opt_cv_.notify_all();
-    }
+    // step_end may go on: no gradient or compute copy is read any more.
+    runner_->note_quiet(job.id);
     while (!reads.empty()) {  // the current versions it reads are the caller's again after this
       reads.front().io.wait().ignore_error();
       reads.pop_front();
     }
-    {
-      // Nor any current state (the writes left go to the next versions).
-      const core::MutexLock lock(opt_mu_);
-      reads_done_job_ = std::max(reads_done_job_, job.id);
-      opt_cv_.notify_all();
-    }
+    // Nor any current state (the writes left go to the next versions).
+    runner_->note_reads_done(job.id);
     Status s = drain_writes();
     job.seconds += clock.elapsed_s();
     return s;
@@ -478,9 +356,9 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
     // not deferred) or for the verdict (anything else).
     if (!decided) {
       const bool go_early = job.certain ? !job.deferred[g] : cp.state_tier == Tier::kNvme;
-      const Gate gate = speculation_gate(job, g, go_early);
-      if (gate == Gate::kStop) return stop();
-      if (gate == Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
+      const OptimizerRunner::Gate gate = runner_->gate(job.id, g, go_early);
+      if (gate == OptimizerRunner::Gate::kStop) return stop();
+      if (gate == OptimizerRunner::Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
     }
     // The group's compute copies are read only now: a speculative job may
     // have started before the forward that fetches them.
@@ -590,8 +468,8 @@ core::Status Engine::run_optimizer_job(OptimizerJob& job) {
   }
   // A speculative job that updated everything before its verdict waits for it here.
   if (!decided) {
-    const Gate gate = speculation_gate(job, SIZE_MAX, false);
-    if (gate == Gate::kStop) return stop();
+    const OptimizerRunner::Gate gate = runner_->gate(job.id, SIZE_MAX, false);
+    if (gate == OptimizerRunner::Gate::kStop) return stop();
     STRATA_RETURN_IF_ERROR(on_apply(items.size()));
   }
   STRATA_RETURN_IF_ERROR(drain_writes());

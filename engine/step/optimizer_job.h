@@ -1,17 +1,20 @@
-// One step's optimizer work, as step_end hands it to the optimizer
-// (engine/optimizer.cpp). Private to engine/.
+// OptimizerJob: one step's optimizer work, as step_end (or an early start)
+// hands it to the optimizer runner (engine/step/optimizer_runner.h), which
+// runs it through the engine's job body (engine/optimizer.cpp). Private to
+// engine/.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "core/numerics.h"
-#include "engine/engine.h"
+#include "engine/step/verdict.h"
+#include "engine/step_stats.h"
 
 namespace strata::engine {
 
-struct Engine::OptimizerJob {
-  std::int64_t id = 0;    // set by submit_optimizer_job
+struct OptimizerJob {
+  std::int64_t id = 0;    // set by OptimizerRunner::submit
   std::int64_t step = 0;  // the optimizer step it applies
   std::vector<core::numerics::AdamStepConstants> constants;  // per optimizer group
   std::vector<std::size_t> order;                // groups, in the order the next forward needs them
@@ -24,10 +27,10 @@ struct Engine::OptimizerJob {
   // speculative: nvme chunks are updated as their group's gradients arrive,
   // into the next version of their state and a shadow of the group's compute
   // copies; nothing is committed before step_end's verdict
-  // (Engine::settle_speculation).
+  // (OptimizerRunner::settle).
   bool early = false;
   std::vector<std::size_t> rank;
-  // Certain (Engine::certain_steps): the verdict can only be to apply, so
+  // Certain (StepRules::certain): the verdict can only be to apply, so
   // every chunk is updated in place as soon as its group's gradients are in,
   // and the group's compute copies go home at once (those on the device,
   // which the framework may still be reading, at the verdict).
@@ -38,7 +41,7 @@ struct Engine::OptimizerJob {
   // Per group, for a certain job: wait for the verdict all the same (see
   // Engine::start_early_job).
   std::vector<bool> deferred;
-  // Deferred verdict (Engine::deferred_verdicts): the job waits for the
+  // Deferred verdict (Schedule::defers_verdicts): the job waits for the
   // gradient marker `marker`, then decides skip and clipping from the norm
   // and the inf/NaN flag as step_end would have, and computes `constants`
   // from `hyper` (per optimizer group). Its verdict goes to `verdict`.
