@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <mutex>
 #include <string>
 
 #include "core/check.h"
+#include "core/mutex.h"
 
 namespace strata::core {
 namespace {
@@ -31,8 +31,8 @@ std::atomic<int>& level_storage() {
 }
 
 struct SinkState {
-  std::mutex mu;
-  LogSink sink;
+  Mutex mu;
+  LogSink sink STRATA_GUARDED_BY(mu);
 };
 SinkState& sink_state() {
   static SinkState* state = new SinkState();  // never destroyed: usable during exit
@@ -74,7 +74,7 @@ LogLevel log_level() { return static_cast<LogLevel>(level_storage().load(std::me
 
 void set_log_sink(LogSink sink) {
   SinkState& state = sink_state();
-  std::lock_guard<std::mutex> lock(state.mu);
+  MutexLock lock(state.mu);
   state.sink = std::move(sink);
 }
 
@@ -85,7 +85,7 @@ LogMessage::~LogMessage() {
   SinkState& state = sink_state();
   LogSink sink;
   {
-    std::lock_guard<std::mutex> lock(state.mu);
+    MutexLock lock(state.mu);
     sink = state.sink;
   }
   if (sink) {

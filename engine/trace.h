@@ -41,12 +41,12 @@ class Trace {
 
   // Records [begin_ns, end_ns) (core::monotonic_ns times) on `track`.
   void span(TraceTrack track, std::string_view name, std::int64_t begin_ns, std::int64_t end_ns,
-            std::uint64_t bytes = 0);
+            std::uint64_t bytes = 0) STRATA_EXCLUDES(mu_);
 
   // Writes every event so far to the path (write aside, rename). Errors name the file.
-  core::Status write() const;
+  core::Status write() const STRATA_EXCLUDES(mu_);
 
-  std::size_t event_count() const;
+  std::size_t event_count() const STRATA_EXCLUDES(mu_);
 
  private:
   struct Event {

@@ -193,31 +193,31 @@ class Device {
   // Errors: kInvalidArgument for 0 bytes; kResourceExhausted naming the device
   // budget when it would go over; kOutOfMemory when the backend has no room
   // (the CUDA arena is fragmented or full).
-  core::Result<DeviceBuffer> allocate(std::uint64_t size_bytes, std::string_view what);
+  core::Result<DeviceBuffer> allocate(std::uint64_t size_bytes, std::string_view what) STRATA_EXCLUDES(mu_);
 
   // Allocates pinned host memory (page-aligned), charged to the pinned budget.
   // Errors as allocate() (kResourceExhausted names the pinned budget).
-  core::Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what);
+  core::Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) STRATA_EXCLUDES(mu_);
 
   // Pins existing host memory (the caller keeps owning it and must keep it
   // alive until the returned buffer is destroyed). Charged to the pinned budget.
   // Errors: kInvalidArgument for an empty range; kAlreadyExists when part of it
   // is registered already; kResourceExhausted over budget.
-  core::Result<PinnedBuffer> register_host(std::span<std::byte> memory, std::string_view what);
+  core::Result<PinnedBuffer> register_host(std::span<std::byte> memory, std::string_view what) STRATA_EXCLUDES(mu_);
 
   // This device's pinned memory as a core::HostAllocator, to hand to modules
   // that must not see the GPU (nvme/'s buffer pool). Allocations through it
   // are not charged to a budget (the caller that owns the buffer charges).
   // Lives as long as the device.
-  core::HostAllocator& pinned_allocator();
+  core::HostAllocator& pinned_allocator() STRATA_EXCLUDES(mu_);
 
   // --- streams and events ----------------------------------------------------
   // Errors: the backend's (a CUDA call that failed).
-  core::Result<Stream> create_stream(std::string_view name);
+  core::Result<Stream> create_stream(std::string_view name) STRATA_EXCLUDES(mu_);
   // Wraps a stream the embedding framework owns (a cudaStream_t passed as void*);
   // the Stream does not destroy it. (optional) default: kUnimplemented.
-  core::Result<Stream> wrap_native_stream(void* native_stream, std::string_view name);
-  core::Result<Event> create_event();
+  core::Result<Stream> wrap_native_stream(void* native_stream, std::string_view name) STRATA_EXCLUDES(mu_);
+  core::Result<Event> create_event() STRATA_EXCLUDES(mu_);
 
   // Captures the work enqueued on `stream` so far into `event`.
   core::Status record(Event& event, Stream& stream);
@@ -324,20 +324,20 @@ class Device {
   friend class Event;
   class PinnedHostAllocator;
 
-  void release_buffer(DeviceBuffer& buffer) noexcept;
-  void release_pinned(PinnedBuffer& buffer) noexcept;
-  void release_stream(Stream& stream) noexcept;
-  void release_event(Event& event) noexcept;
+  void release_buffer(DeviceBuffer& buffer) noexcept STRATA_EXCLUDES(mu_);
+  void release_pinned(PinnedBuffer& buffer) noexcept STRATA_EXCLUDES(mu_);
+  void release_stream(Stream& stream) noexcept STRATA_EXCLUDES(mu_);
+  void release_event(Event& event) noexcept STRATA_EXCLUDES(mu_);
 
   // Checks a view against this device's live buffers; `role` names it in errors.
-  core::Status check_span(const DeviceSpan& span, std::string_view role) const;
-  core::Status check_typed(const DeviceTypedSpan& span, std::string_view role) const;
+  core::Status check_span(const DeviceSpan& span, std::string_view role) const STRATA_EXCLUDES(mu_);
+  core::Status check_typed(const DeviceTypedSpan& span, std::string_view role) const STRATA_EXCLUDES(mu_);
   core::Status check_stream(const Stream& stream) const;
   core::Status check_event(const Event& event) const;
 
   DeviceCaps caps_;
   const DeviceBudgets budgets_;
-  std::unique_ptr<PinnedHostAllocator> pinned_allocator_;
+  std::unique_ptr<PinnedHostAllocator> pinned_allocator_ STRATA_GUARDED_BY(mu_);  // made on first use
 
   mutable core::Mutex mu_;
   // Live DeviceBuffers: id -> size. Ids are unique per process, never reused.

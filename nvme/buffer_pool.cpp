@@ -156,7 +156,7 @@ Result<PoolBuffer> BufferPool::try_acquire() {
 
 PoolBuffer BufferPool::acquire() {
   core::MutexLock lock(mu_);
-  cv_.wait(mu_, [&] { return !free_.empty(); });
+  cv_.wait(mu_, [this]() STRATA_REQUIRES(mu_) { return !free_.empty(); });
   const std::size_t i = free_.back();
   free_.pop_back();
   return PoolBuffer(this, i, buffers_[i], buffer_bytes_);

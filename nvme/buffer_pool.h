@@ -79,22 +79,22 @@ class BufferPool {
   BufferPool& operator=(const BufferPool&) = delete;
 
   // A free buffer, or kResourceExhausted when all are out.
-  core::Result<PoolBuffer> try_acquire();
+  core::Result<PoolBuffer> try_acquire() STRATA_EXCLUDES(mu_);
   // A free buffer; blocks until one is returned.
-  PoolBuffer acquire();
+  PoolBuffer acquire() STRATA_EXCLUDES(mu_);
 
   // Every buffer (for IoBackend::register_buffers).
   std::vector<std::span<std::byte>> buffers() const;
   std::size_t buffer_bytes() const { return buffer_bytes_; }
   std::size_t buffer_count() const { return buffers_.size(); }
-  std::size_t free_count() const;
+  std::size_t free_count() const STRATA_EXCLUDES(mu_);
   const std::string& name() const { return name_; }
   const core::HostAllocator& allocator() const { return allocator_; }
 
  private:
   friend class PoolBuffer;
   BufferPool(std::string name, std::size_t buffer_bytes, core::HostAllocator& allocator, core::BudgetCharge charge);
-  void give_back(std::size_t index);
+  void give_back(std::size_t index) STRATA_EXCLUDES(mu_);
 
   const std::string name_;
   const std::size_t buffer_bytes_;
@@ -102,7 +102,7 @@ class BufferPool {
   // Destruction order: the slab goes back to the allocator, then the charge to the budget.
   core::BudgetCharge charge_;
   core::HostBlock slab_;              // every buffer, back to back
-  std::vector<std::byte*> buffers_;   // buffer i starts here
+  std::vector<std::byte*> buffers_;   // buffer i starts here; set by create(), then read-only
   mutable core::Mutex mu_;
   core::CondVar cv_;
   std::vector<std::size_t> free_ STRATA_GUARDED_BY(mu_);

@@ -45,17 +45,17 @@ struct FaultRule {
 class FaultInjector {
  public:
   // Adds a rule; returns its index (for hits()). The first rule that fires wins.
-  std::size_t add(const FaultRule& rule);
-  void clear();
+  std::size_t add(const FaultRule& rule) STRATA_EXCLUDES(mu_);
+  void clear() STRATA_EXCLUDES(mu_);
   // How often rule `index` fired.
-  std::uint64_t hits(std::size_t index) const;
-  std::uint64_t total_hits() const;
+  std::uint64_t hits(std::size_t index) const STRATA_EXCLUDES(mu_);
+  std::uint64_t total_hits() const STRATA_EXCLUDES(mu_);
   // Ops seen (all kinds) since construction or clear().
-  std::uint64_t ops_seen() const;
+  std::uint64_t ops_seen() const STRATA_EXCLUDES(mu_);
 
   // For the decorator: the rule that fires for an op of `op` kind and `length`
   // bytes, if any (its hit is counted).
-  std::optional<FaultRule> decide(IoOp op, std::uint64_t length);
+  std::optional<FaultRule> decide(IoOp op, std::uint64_t length) STRATA_EXCLUDES(mu_);
 
  private:
   struct Entry {

@@ -153,7 +153,7 @@ class IoEngine {
     }
   }
 
-  ~IoEngine() {
+  ~IoEngine() STRATA_EXCLUDES(mu_) {
     std::deque<Op*> cancelled;
     {
       core::MutexLock lock(mu_);
@@ -174,7 +174,7 @@ class IoEngine {
   const std::string& reason() const { return reason_; }
   unsigned queue_depth() const { return options_.queue_depth; }
 
-  Result<FileId> register_file(int fd, std::string path) {
+  Result<FileId> register_file(int fd, std::string path) STRATA_EXCLUDES(mu_) {
     if (fd < 0) return Status::invalid_argument(str_cat("register_file '", path, "': bad descriptor ", fd));
     core::MutexLock lock(mu_);
     int slot = -1;
@@ -200,7 +200,7 @@ class IoEngine {
     return FileId{slot};
   }
 
-  Status unregister_file(FileId file) {
+  Status unregister_file(FileId file) STRATA_EXCLUDES(mu_) {
     core::MutexLock lock(mu_);
     if (file.index < 0 || file.index >= static_cast<int>(kMaxRegisteredFiles) || files_[file.index].fd < 0) {
       return Status::invalid_argument(str_cat("unregister_file: file id ", file.index, " is not registered"));
@@ -214,7 +214,7 @@ class IoEngine {
     return first;
   }
 
-  Status register_buffers(std::span<const std::span<std::byte>> buffers) {
+  Status register_buffers(std::span<const std::span<std::byte>> buffers) STRATA_EXCLUDES(mu_) {
     core::MutexLock lock(mu_);
     regions_.clear();
     for (auto& d : drivers_) {
@@ -231,9 +231,9 @@ class IoEngine {
     return Status();
   }
 
-  Status unregister_buffers() { return register_buffers({}); }
+  Status unregister_buffers() STRATA_EXCLUDES(mu_) { return register_buffers({}); }
 
-  Status submit(IoBatch& batch) {
+  Status submit(IoBatch& batch) STRATA_EXCLUDES(mu_) {
     if (batch.submitted_) return Status::failed_precondition("IoBatch submitted twice");
     std::vector<Op*> ops;
     ops.reserve(batch.requests_.size());
@@ -359,7 +359,7 @@ class IoEngine {
   }
 
   // One I/O thread: owns `driver` and every op it pulled until it completes.
-  void run(internal::IoDriver& driver) {
+  void run(internal::IoDriver& driver) STRATA_EXCLUDES(mu_) {
     const unsigned capacity = driver.capacity();
     unsigned owned = 0;             // ops pulled and not yet finished
     std::vector<Op*> to_issue;      // pulled or to be retried, not yet prepared
@@ -368,7 +368,7 @@ class IoEngine {
     for (;;) {
       {
         core::MutexLock lock(mu_);
-        if (owned == 0) cv_.wait(mu_, [&] { return stop_ || !queue_.empty(); });
+        if (owned == 0) cv_.wait(mu_, [this]() STRATA_REQUIRES(mu_) { return stop_ || !queue_.empty(); });
         while (owned < capacity && !queue_.empty()) {
           to_issue.push_back(queue_.front());
           queue_.pop_front();

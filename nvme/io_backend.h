@@ -98,9 +98,9 @@ class IoBatch {
   // Blocks until every request completed. Returns OK, or the first failed
   // request's Status (lowest index) prefixed with "request i of n". OK for an
   // empty or never-submitted batch.
-  core::Status wait();
+  core::Status wait() STRATA_EXCLUDES(mu_);
   // Blocks until request `i` completed and returns its Status.
-  core::Status wait_request(std::size_t i);
+  core::Status wait_request(std::size_t i) STRATA_EXCLUDES(mu_);
   // True when every request completed (non-blocking).
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   // Request i's Status; only after wait() or a successful wait_request(i).
@@ -109,7 +109,7 @@ class IoBatch {
  private:
   friend class IoEngine;
   void prepare_for_submit();
-  void complete(std::size_t i, core::Status status);  // called by I/O threads
+  void complete(std::size_t i, core::Status status) STRATA_EXCLUDES(mu_);  // called by I/O threads
 
   std::vector<IoRequest> requests_;
   std::vector<core::Status> statuses_;

@@ -120,29 +120,29 @@ class SwapStore {
 
   // Reserves space for block `id` of `size_bytes` (> 0). Errors:
   // kAlreadyExists, kInvalidArgument, kResourceExhausted when no path has room.
-  core::Status allocate(std::string_view id, std::uint64_t size_bytes);
+  core::Status allocate(std::string_view id, std::uint64_t size_bytes) STRATA_EXCLUDES(mu_);
   // Frees the block's space. kNotFound; kFailedPrecondition while it has I/O in flight.
-  core::Status remove(std::string_view id);
-  bool contains(std::string_view id) const;
+  core::Status remove(std::string_view id) STRATA_EXCLUDES(mu_);
+  bool contains(std::string_view id) const STRATA_EXCLUDES(mu_);
   // The block's size, or kNotFound.
-  core::Result<std::uint64_t> block_size(std::string_view id) const;
+  core::Result<std::uint64_t> block_size(std::string_view id) const STRATA_EXCLUDES(mu_);
   // Where the block lives, in block order.
-  core::Result<std::vector<SwapExtent>> extents(std::string_view id) const;
+  core::Result<std::vector<SwapExtent>> extents(std::string_view id) const STRATA_EXCLUDES(mu_);
 
   // Starts writing `data` (exactly the block's size) to block `id`. `data` is
   // borrowed until wait() and must not change meanwhile. With O_DIRECT its
   // address must be 4096-aligned (BufferPool buffers are); any size works.
   // Until the write completes the block holds no valid data.
-  core::Result<SwapIo> start_write(std::string_view id, std::span<const std::byte> data);
+  core::Result<SwapIo> start_write(std::string_view id, std::span<const std::byte> data) STRATA_EXCLUDES(mu_);
   // Starts reading block `id` into `out` (exactly the block's size, same
   // alignment rule). wait() then returns kDataLoss naming the file and offset of
   // an extent whose CRC does not match, kFailedPrecondition when the block was
   // never written (or its last write failed), or the I/O error (path, offset,
   // length) of a failed request.
-  core::Result<SwapIo> start_read(std::string_view id, std::span<std::byte> out);
+  core::Result<SwapIo> start_read(std::string_view id, std::span<std::byte> out) STRATA_EXCLUDES(mu_);
   // start + wait.
-  core::Status write(std::string_view id, std::span<const std::byte> data);
-  core::Status read(std::string_view id, std::span<std::byte> out);
+  core::Status write(std::string_view id, std::span<const std::byte> data) STRATA_EXCLUDES(mu_);
+  core::Status read(std::string_view id, std::span<std::byte> out) STRATA_EXCLUDES(mu_);
 
   // Registers the pool's buffers with the backend (io_uring fixed buffers).
   // Call with no I/O in flight; the pool must outlive the store or the next call.
@@ -152,19 +152,19 @@ class SwapStore {
   core::Status sync();
   // Syncs the swap files, then writes the index to `path` atomically (write
   // aside, fsync, rename). Fails with kFailedPrecondition while I/O is in flight.
-  core::Status save_index(const std::string& path);
+  core::Status save_index(const std::string& path) STRATA_EXCLUDES(mu_);
 
   // Waits for nothing: fails with kFailedPrecondition while I/O is in flight.
   // Stops the backend, closes the files (reporting close errors), removes them
   // unless keep_files, and releases the path locks. Idempotent.
-  core::Status close();
+  core::Status close() STRATA_EXCLUDES(mu_);
 
   const std::vector<std::string>& paths() const { return paths_; }
   // The swap file under paths()[i].
   const std::string& file_path(std::size_t i) const { return files_[i].path; }
   std::uint64_t capacity_bytes() const;
-  std::uint64_t free_bytes() const;
-  std::size_t block_count() const;
+  std::uint64_t free_bytes() const STRATA_EXCLUDES(mu_);
+  std::size_t block_count() const STRATA_EXCLUDES(mu_);
   bool direct_io() const { return direct_; }
   IoBackend& backend() { return *backend_; }
   const SwapStoreOptions& options() const { return options_; }
@@ -204,12 +204,12 @@ class SwapStore {
                                                         const std::string* index_path);
   core::Status lock_paths();
   core::Status open_files(bool reopen, const std::vector<std::uint64_t>& sizes);
-  core::Status load_index(const std::string& index_path, std::vector<std::uint64_t>* sizes);
-  core::Status reserve_indexed_extents(const std::string& index_path);
+  core::Status load_index(const std::string& index_path, std::vector<std::uint64_t>* sizes) STRATA_EXCLUDES(mu_);
+  core::Status reserve_indexed_extents(const std::string& index_path) STRATA_EXCLUDES(mu_);
   core::Result<std::uint64_t> take(std::uint32_t path, std::uint64_t bytes) STRATA_REQUIRES(mu_);
   void give(std::uint32_t path, std::uint64_t offset, std::uint64_t bytes) STRATA_REQUIRES(mu_);
-  core::Result<SwapIo> start(IoOp op, std::string_view id, std::span<std::byte> data);
-  core::Status finish(SwapIo& io);
+  core::Result<SwapIo> start(IoOp op, std::string_view id, std::span<std::byte> data) STRATA_EXCLUDES(mu_);
+  core::Status finish(SwapIo& io) STRATA_EXCLUDES(mu_);
   std::string describe_extent(const Extent& e) const;
 
   SwapStoreOptions options_;

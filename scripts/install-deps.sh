@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages strata needs that are missing (apt, as root
 # or through sudo). Safe to run again: it installs nothing when all are there.
-# Usage: scripts/install-deps.sh [--with-tools]   (tools: fio, clang, hwloc-nox)
+# Usage: scripts/install-deps.sh [--with-tools]   (tools: fio, hwloc-nox)
 set -euo pipefail
 
 packages=(
   g++ meson ninja-build pkg-config python3
+  clang  # the test command's thread-safety analysis (scripts/thread_safety_check.py)
   liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev libdlpack-dev
   # The Python side: strata.torch, its tests, the Llama example and its text
@@ -13,7 +14,7 @@ packages=(
   python3-torch python3-numpy python3-pytest python3-tqdm fortunes-min fortunes
 )
 if [[ "${1:-}" == "--with-tools" ]]; then
-  packages+=(fio clang hwloc-nox)
+  packages+=(fio hwloc-nox)
 fi
 
 missing=()

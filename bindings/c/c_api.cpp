@@ -30,11 +30,13 @@
 struct strata_engine {
   strata::core::Mutex mu;
   std::unique_ptr<strata::engine::Engine> engine;
-  strata::gpu::Stream copies;          // the *_host calls' copies (created on first use)
-  std::set<std::string, std::less<>> fetched;  // groups fetched and not released
-  std::vector<std::byte> blob;                 // of the last checkpoint load
-  strata_step_stats last = STRATA_STEP_STATS_INIT;  // of the last strata_step_end
-  bool loaded = false;
+  // the *_host calls' copies (created on first use)
+  strata::gpu::Stream copies STRATA_GUARDED_BY(mu);
+  // groups fetched and not released
+  std::set<std::string, std::less<>> fetched STRATA_GUARDED_BY(mu);
+  std::vector<std::byte> blob STRATA_GUARDED_BY(mu);                 // of the last checkpoint load
+  strata_step_stats last STRATA_GUARDED_BY(mu) = STRATA_STEP_STATS_INIT;  // of the last strata_step_end
+  bool loaded STRATA_GUARDED_BY(mu) = false;
 };
 
 namespace strata::c_api {
@@ -154,7 +156,7 @@ core::Status check_size(const engine::Engine& e, const engine::GroupPlace& g, st
   return core::Status();
 }
 
-core::Result<gpu::Stream*> copy_stream(strata_engine& h) {
+core::Result<gpu::Stream*> copy_stream(strata_engine& h) STRATA_REQUIRES(h.mu) {
   if (h.copies.empty()) {
     STRATA_ASSIGN_OR_RETURN(h.copies, h.engine->device().create_stream("c_api host copies"));
   }
@@ -162,7 +164,7 @@ core::Result<gpu::Stream*> copy_stream(strata_engine& h) {
 }
 
 // Fetch, recording the group as fetched.
-core::Result<gpu::DeviceSpan> fetch(strata_engine& h, const char* group) {
+core::Result<gpu::DeviceSpan> fetch(strata_engine& h, const char* group) STRATA_REQUIRES(h.mu) {
   STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan span, h.engine->fetch(group));
   h.fetched.insert(group);
   return span;

@@ -34,6 +34,8 @@ class BufferCache {
   // Blocks until the fence's work is done (the device's synchronize).
   using Wait = std::function<core::Status(gpu::Event& fence)>;
   // Whether the fence's work is done, without waiting (the device's query).
+  // Called with the cache's lock held (get_fenced): it must not block, nor
+  // call back into this cache.
   using Query = std::function<core::Result<bool>(gpu::Event& fence)>;
   // Takes a buffer put() is given, with its fence, instead of the cache
   // (returns true; it then owns both), or leaves both as they are (false).
@@ -47,8 +49,11 @@ class BufferCache {
     std::shared_ptr<gpu::Event> fence;  // null: free to write now
   };
   // A cached buffer of exactly `bytes` without waiting for its fence (one
-  // whose fence has passed first), or a new one.
-  core::Result<Fenced> get_fenced(std::uint64_t bytes, const std::string& what) {
+  // whose fence has passed first), or a new one. Asks query_ about the
+  // cached fences of that size while holding the cache's lock (a
+  // non-blocking device call; the lock order is the cache's lock, then
+  // whatever the device's query takes).
+  core::Result<Fenced> get_fenced(std::uint64_t bytes, const std::string& what) STRATA_EXCLUDES(mu_) {
     {
       const core::MutexLock lock(mu_);
       auto [lo, hi] = free_.equal_range(bytes);
@@ -77,7 +82,7 @@ class BufferCache {
   }
 
   // A cached buffer of exactly `bytes` (after its fence), or a new one.
-  core::Result<Buffer> get(std::uint64_t bytes, const std::string& what) {
+  core::Result<Buffer> get(std::uint64_t bytes, const std::string& what) STRATA_EXCLUDES(mu_) {
     Entry e;
     bool cached = false;
     {
@@ -101,13 +106,13 @@ class BufferCache {
   // Keeps `b` for a later get() of its size (an empty buffer is dropped),
   // unless the divert takes it; `fence`, when given, must pass before anyone
   // else uses it.
-  void put(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) {
+  void put(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) STRATA_EXCLUDES(mu_) {
     if (b.empty()) return;
     if (divert_ != nullptr && divert_(b, fence)) return;
     put_returned(std::move(b), std::move(fence));
   }
   // As put(), past the divert: for the buffers it hands back.
-  void put_returned(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) {
+  void put_returned(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) STRATA_EXCLUDES(mu_) {
     if (b.empty()) return;
     const std::uint64_t bytes = b.size_bytes();
     const core::MutexLock lock(mu_);
@@ -115,7 +120,7 @@ class BufferCache {
   }
   // Frees every cached buffer, each once its fence has passed; the first
   // error of those waits.
-  core::Status clear() {
+  core::Status clear() STRATA_EXCLUDES(mu_) {
     std::multimap<std::uint64_t, Entry> drop;
     {
       const core::MutexLock lock(mu_);
@@ -134,7 +139,7 @@ class BufferCache {
     Buffer buffer;
     std::shared_ptr<gpu::Event> fence;
   };
-  core::Status pass(Entry& e) {
+  core::Status pass(Entry& e) STRATA_EXCLUDES(mu_) {
     if (e.fence == nullptr || wait_ == nullptr) return core::Status();
     core::Status s = wait_(*e.fence);
     e.fence.reset();
@@ -146,7 +151,7 @@ class BufferCache {
   Query query_;
   Divert divert_;
   core::Mutex mu_;
-  std::multimap<std::uint64_t, Entry> free_;
+  std::multimap<std::uint64_t, Entry> free_ STRATA_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::engine

@@ -32,14 +32,14 @@ class CpuTurns {
   };
 
  private:
-  void acquire(Priority p) {
+  void acquire(Priority p) STRATA_EXCLUDES(mu_) {
     const core::MutexLock lock(mu_);
     if (p == kUrgent) ++urgent_waiting_;
     cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return !busy_ && (p == kUrgent || urgent_waiting_ == 0); });
     if (p == kUrgent) --urgent_waiting_;
     busy_ = true;
   }
-  void release() {
+  void release() STRATA_EXCLUDES(mu_) {
     {
       const core::MutexLock lock(mu_);
       busy_ = false;
