@@ -249,7 +249,7 @@ class Engine {
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   // grad_buffer's body, for group g (mu_ held).
-  core::Result<gpu::DeviceSpan> grad_buffer_locked(std::size_t g);
+  core::Result<gpu::DeviceSpan> grad_buffer_locked(std::size_t g) STRATA_REQUIRES(mu_);
   // Whether fetch (and prefetch) of group g waits for the last step's job
   // on it (Schedule::fetch_waits_for_optimizer).
   bool waits_for_optimizer(std::size_t g) const {
@@ -261,7 +261,7 @@ class Engine {
   // Between steps, for calls that read the compute copies (read_compute,
   // save_checkpoint): the last step's update becomes visible at once instead
   // of at the next step_end.
-  core::Status flush_delayed(const char* op);
+  core::Status flush_delayed(const char* op) STRATA_REQUIRES(mu_);
   // Schedule::defers_verdicts: step_end does not wait for the step's last
   // gradients. It posts a marker behind them on the gradient path
   // (Engine::post_gradients_marker), which takes the norm and the inf/NaN
@@ -269,7 +269,7 @@ class Engine {
   // verdict (skip, clip) and computes its constants. The verdicts come back
   // through wait_optimizer (fold_verdicts).
   bool deferred_verdicts() const { return schedule_.defers_verdicts(rules_); }
-  void fold_verdicts();
+  void fold_verdicts() STRATA_REQUIRES(mu_);
   // StepRules::certain: the step's early job (Schedule::early_jobs) updates
   // every chunk in place as its group's gradients arrive: its work is final,
   // never thrown away.
@@ -279,7 +279,7 @@ class Engine {
   bool early_jobs() const { return schedule_.early_jobs(rules_); }
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
-  bool between_steps() const;
+  bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count: the framework's calls
   // use the default (stream_, bytes_), the optimizer its own stream and
   // opt_bytes_, so the two run side by side.
@@ -287,7 +287,7 @@ class Engine {
   // The framework's calls' lane: the engine's stream, the step's bytes.
   Lane step_lane() { return {&stream_, &bytes_, TraceTrack::kDevice}; }
   // finalize's last part: every parameter's initial values, group by group.
-  core::Status write_initial_values();
+  core::Status write_initial_values() STRATA_REQUIRES(mu_);
   // A fetch's or gradients' device buffer; when the device budget is short,
   // drops resident copies, waits for the gradient passes in flight (which
   // hold such buffers) and, last, drops the prefetched copies, trying again
@@ -320,21 +320,21 @@ class Engine {
   // verdict (OptimizerRunner::settle) applies it when the step's constants
   // are exactly those (the job commits what it did and goes on in the next
   // forward's order), else stops it and nothing it did is committed.
-  core::Status start_early_job();
+  core::Status start_early_job() STRATA_REQUIRES(mu_);
   // Stops the early job started ahead (at step_end, for the next step)
   // before a call reads the optimizer state it may be reading (read_state,
   // checkpoints, export): the next grads_ready starts another. (It reads a
   // group's compute copies only once that group's gradients are in.)
   // `op` names the caller in the error when the job cannot be stopped: it
   // is certain and has been handed gradients (its updates are in place).
-  core::Status abandon_speculation(const char* op);
+  core::Status abandon_speculation(const char* op) STRATA_REQUIRES(mu_);
   // kFailedPrecondition naming `op` while the step's certain job updates in
   // place (from the first gradients of the step's last micro-batch to
   // step_end): the state and compute copies are part new, part old.
-  core::Status refuse_while_applying(const char* op) const;
+  core::Status refuse_while_applying(const char* op) const STRATA_REQUIRES(mu_);
   // Waits until every decided job finished (none before finalize); folds the
   // deferred verdicts they took into the step counts; the sticky error.
-  core::Status wait_optimizer(const char* op);
+  core::Status wait_optimizer(const char* op) STRATA_REQUIRES(mu_);
   // --- device copies of compute copies (engine/fetch/) ---
   // After a fetch (and at step_end): the prefetcher starts the copies the
   // learned sequence says come next (engine/fetch/prefetcher.h).
@@ -371,7 +371,7 @@ class Engine {
   const StepRules rules_;
   // The step's decisions (skip, clip, loss scale, lr -> constants) and the
   // step counts (engine/step/verdict.h). mu_.
-  Verdict verdict_;
+  Verdict verdict_ STRATA_GUARDED_BY(mu_);
   std::vector<ParamDesc> params_;
   std::vector<InitFn> inits_;  // empty: from pretrained_
   std::unique_ptr<PretrainedWeights> pretrained_;  // init_from_safetensors' files (null: none)
@@ -382,7 +382,7 @@ class Engine {
   // Serializes every public call (see the thread-safety note at the top).
   // finalize lets go of it around each init callback, with finalizing_ set.
   mutable core::Mutex mu_;
-  bool finalizing_ = false;
+  bool finalizing_ STRATA_GUARDED_BY(mu_) = false;
 
   // Destruction order: everything holding device memory or swap blocks
   // before the device, the swap store and the budgets. The device and its
@@ -420,10 +420,10 @@ class Engine {
   // (engine/step/optimizer_runner.h).
   std::unique_ptr<OptimizerRunner> runner_;
   // Early jobs (Schedule::early_jobs; engine/optimizer.cpp).
-  std::int64_t early_job_ = 0;                  // mu_: the step's early job (0: none yet)
-  bool applying_in_place_ = false;              // mu_: it is certain and has gradients (see certain_steps)
-  std::vector<core::numerics::AdamStepConstants> early_constants_;  // mu_: its constants
-  std::int64_t grads_marker_seq_ = 0;  // mu_: deferred verdicts' gradient markers posted
+  std::int64_t early_job_ STRATA_GUARDED_BY(mu_) = 0;  // the step's early job (0: none yet)
+  bool applying_in_place_ STRATA_GUARDED_BY(mu_) = false;  // it is certain and has gradients (see certain_steps)
+  std::vector<core::numerics::AdamStepConstants> early_constants_ STRATA_GUARDED_BY(mu_);  // its constants
+  std::int64_t grads_marker_seq_ STRATA_GUARDED_BY(mu_) = 0;  // deferred verdicts' gradient markers posted
   // grads_ready's work: copies down, packing, gradient passes, the norm
   // partials, the host gradients (engine/step/gradient_path.h).
   std::unique_ptr<GradientPath> gradients_;
@@ -432,13 +432,13 @@ class Engine {
   FetchTrace fetch_trace_;
   std::unique_ptr<ResidentSet> resident_;
   std::unique_ptr<Prefetcher> prefetcher_;
-  std::int64_t prefetched_fetches_ = 0;  // fetches served by a prefetched copy, since the last step_end
-  std::int64_t resident_fetches_ = 0;                  // fetches served by one, since the last step_end
-  std::uint64_t resident_bytes_ = 0;                   // and their bytes
+  std::int64_t prefetched_fetches_ STRATA_GUARDED_BY(mu_) = 0;  // fetches served by a prefetched copy, since the last step_end
+  std::int64_t resident_fetches_ STRATA_GUARDED_BY(mu_) = 0;  // fetches served by one, since the last step_end
+  std::uint64_t resident_bytes_ STRATA_GUARDED_BY(mu_) = 0;  // and their bytes
   // Step bookkeeping.
-  int micro_step_ = 0;            // micro-batches ended in this step
+  int micro_step_ STRATA_GUARDED_BY(mu_) = 0;  // micro-batches ended in this step
   StepBytes bytes_;
-  StepStats times_;  // the stage seconds of the step under way
+  StepStats times_ STRATA_GUARDED_BY(mu_);  // the stage seconds of the step under way
   Trace trace_;
 };
 
