@@ -149,10 +149,8 @@ Engine::~Engine() {
   if (homes_ != nullptr) homes_->park_device_homes(*holds_);  // a lent compute home stays until its lease ends
   groups_.clear();
   gradients_.reset();  // after the optimizer, which reads the host gradients
-  ring_.clear();
-  ring_charge_.release();
+  optimizer_.reset();  // the staging ring, before the budgets it charges
   state_.reset();
-  opt_stream_.reset();
   stream_.reset();
 }
 
@@ -372,7 +370,6 @@ core::Status Engine::finalize() {
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
 
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get(), schedule_.second_state_version()));
-  STRATA_ASSIGN_OR_RETURN(opt_stream_, device_->create_stream("optimizer"));
   STRATA_ASSIGN_OR_RETURN(gradients_, GradientPath::create({.layout = layout_,
                                                             .precision = config_.precision,
                                                             .device = *device_,
@@ -402,9 +399,24 @@ core::Status Engine::finalize() {
   }
   bytes_ = {};  // initialisation is not a step's traffic
   // Last, so that a derived ring takes what pinned memory has left.
-  STRATA_RETURN_IF_ERROR(create_staging_ring());
+  STRATA_ASSIGN_OR_RETURN(optimizer_, Optimizer::create({.layout = layout_,
+                                                         .config = config_,
+                                                         .device = *device_,
+                                                         .cpu_adam = *cpu_adam_,
+                                                         .turns = *cpu_turns_,
+                                                         .state = *state_,
+                                                         .homes = *homes_,
+                                                         .gradients = *gradients_,
+                                                         .device_cache = *device_cache_,
+                                                         .pinned_cache = *pinned_cache_,
+                                                         .trace = trace_,
+                                                         .staging_budget = staging_budget_,
+                                                         .pinned_budget = pinned_budget_},
+                                                        schedule_.ring_depth()));
+  Optimizer* optimizer = optimizer_.get();
   runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
-                                              [this](OptimizerJob& job) { return run_optimizer_job(job); });
+                                              [optimizer](OptimizerJob& job) { return optimizer->run(job); });
+  optimizer_->set_runner(*runner_);
   if (schedule_.threaded()) {
     const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(

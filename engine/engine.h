@@ -47,6 +47,7 @@
 #include "engine/state/copy_lane.h"
 #include "engine/step/gradient_path.h"
 #include "engine/step/optimizer_job.h"
+#include "engine/step/optimizer.h"
 #include "engine/step/optimizer_runner.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
@@ -224,7 +225,7 @@ class Engine {
   const core::MemoryBudget& pinned_budget() const { return pinned_budget_; }
   const core::MemoryBudget& staging_budget() const { return staging_budget_; }
   // Slots in the disk pipeline's staging ring (0 when no state lives on nvme).
-  std::size_t staging_slots() const { return ring_.size(); }
+  std::size_t staging_slots() const { return optimizer_ != nullptr ? optimizer_->ring_slots() : 0; }
   // Writes the timeline so far to strata.trace (also done when the engine is destroyed).
   core::Status flush_trace() const { return trace_.write(); }
 
@@ -303,17 +304,8 @@ class Engine {
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
-  // --- the optimizer (engine/optimizer.cpp; the runner: engine/step/) ---
-  // The job body the runner runs: one step's optimizer over every group in
-  // job.order: host chunks by cpu_adam (nvme chunks through the disk
-  // pipeline: reads ahead, Adam, write behind, in the staging ring), device
-  // chunks by the device's AdamW; each group's new compute copies go home and
-  // the group is marked done.
-  core::Status run_optimizer_job(OptimizerJob& job);
-  // A job with a deferred verdict: waits for its gradient marker, then
-  // decides as step_end would have (false: the step is skipped) and fills
-  // in its constants (Verdict::decide_deferred).
-  core::Result<bool> take_verdict(OptimizerJob& job);
+  // --- optimizer jobs (engine/optimizer.cpp; the runner and the job body:
+  // engine/step/) ---
   // Schedule::early_jobs: starts the step's early job (from grads_ready, the
   // first of the step's last micro-batch, or from the last step_end), with
   // the constants of a step that is applied and not clipped. step_end's
@@ -347,9 +339,8 @@ class Engine {
   // (non-persistent): what stage3_max_live_parameters bounds.
   std::uint64_t live_bytes() const;
   std::uint64_t fetched_bytes() const;
-  // finalize: the staging ring, charged to strata.budgets.staging (default:
-  // four slots of the largest nvme chunk's state).
-  core::Status create_staging_ring();
+  // A step's job: the next forward's order (or the backward's, per the
+  // schedule), the disk pipeline's depth.
   std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<core::numerics::AdamStepConstants> constants,
                                                    std::int64_t step);
   // step_end: this step's fetch sequence becomes the learned one (when it
@@ -410,9 +401,8 @@ class Engine {
   // the compute homes of groups it has not marked done; fetch, grad_buffer
   // and grads_ready of a group wait for that mark.
   core::MemoryBudget staging_budget_;
-  core::BudgetCharge ring_charge_;
-  std::vector<gpu::PinnedBuffer> ring_;  // the disk pipeline's staging slots
-  gpu::Stream opt_stream_;
+  // The job body, its stream and the disk pipeline (engine/step/optimizer.h).
+  std::unique_ptr<Optimizer> optimizer_;
   // cpu_adam is one call at a time: gradient passes first, Adam in slices
   // between them (engine/internal/cpu_turns.h).
   std::unique_ptr<CpuTurns> cpu_turns_;

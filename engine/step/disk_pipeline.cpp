@@ -1,0 +1,145 @@
+#include "engine/step/disk_pipeline.h"
+
+#include <algorithm>
+
+#include "core/aligned_buffer.h"
+#include "core/clock.h"
+#include "core/str.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+
+core::Result<std::unique_ptr<DiskPipeline>> DiskPipeline::create(StateStore& state, gpu::Device& device,
+                                                                 core::MemoryBudget& staging,
+                                                                 const core::MemoryBudget& pinned,
+                                                                 std::int64_t ring_depth) {
+  std::unique_ptr<DiskPipeline> p(new DiskPipeline(state));
+  std::uint64_t slot = 0;
+  std::size_t nvme_chunks = 0;
+  for (std::size_t c = 0; c < state.chunk_count(); ++c) {
+    if (state.tier(c) != Tier::kNvme) continue;
+    slot = std::max(slot, core::align_up(state.staging_bytes(c), core::kDirectIoAlignment));
+    ++nvme_chunks;
+  }
+  if (nvme_chunks == 0) return p;
+  const std::uint64_t limit = staging.limit_bytes();
+  std::uint64_t slots = limit / slot;
+  if (limit == core::MemoryBudget::kUnlimited) {
+    // Derived: the schedule's depth, or fewer when pinned memory is tight
+    // (at most half of what it has left, and at least one slot).
+    const auto depth = static_cast<std::uint64_t>(ring_depth);
+    slots = depth;
+    if (pinned.limit_bytes() != core::MemoryBudget::kUnlimited) {
+      slots = std::clamp<std::uint64_t>(pinned.available_bytes() / (2 * slot), 1, depth);
+    }
+  }
+  if (slots == 0) {
+    return Status::resource_exhausted(str_cat(
+        "the disk pipeline needs at least one chunk's optimizer state in staging memory (",
+        core::format_bytes(slot), "); strata.budgets.staging allows ", core::format_bytes(limit),
+        ". Raise strata.budgets.staging (three chunks or more let reads, Adam and writes overlap) or lower "
+        "strata.chunk_bytes"));
+  }
+  slots = std::min<std::uint64_t>(slots, nvme_chunks);
+  STRATA_ASSIGN_OR_RETURN(p->charge_, staging.charge(slots * slot, "the disk pipeline's staging ring"));
+  for (std::uint64_t i = 0; i < slots; ++i) {
+    STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer b, device.allocate_pinned(slot, "the disk pipeline's staging ring"));
+    p->ring_.push_back(std::move(b));
+  }
+  return p;
+}
+
+DiskPipeline::Pass::Pass(DiskPipeline& pipeline, const std::vector<std::size_t>& chunks, std::size_t read_ahead,
+                         bool write_behind, StepBytes& bytes, Trace& trace)
+    : p_(pipeline), chunks_(chunks), read_ahead_(read_ahead), write_behind_(write_behind), bytes_(bytes),
+      trace_(trace) {
+  for (std::size_t i = 0; i < p_.ring_.size(); ++i) free_.push_back(i);
+}
+
+DiskPipeline::Pass::~Pass() {
+  abandon_reads();
+  drain_writes().ignore_error();  // the caller's drain_writes reported any error already
+}
+
+bool DiskPipeline::Pass::on_nvme(std::size_t i) const { return p_.state_.tier(chunks_[i]) == Tier::kNvme; }
+
+core::Status DiskPipeline::Pass::finish_write() {
+  Flight f = std::move(writes_.front());
+  writes_.pop_front();
+  const Status s = f.io.wait();
+  const std::size_t c = chunks_[f.item];
+  trace_.span(TraceTrack::kSwapWrite, str_cat("write chunk ", c), f.begin_ns, core::monotonic_ns(),
+              p_.state_.staging_bytes(c));
+  free_.push_back(f.slot);
+  return s;
+}
+
+core::Status DiskPipeline::Pass::advance(std::size_t i) {
+  while (!writes_.empty() && writes_.front().io.ready()) STRATA_RETURN_IF_ERROR(finish_write());
+  while (next_read_ < chunks_.size() && next_read_ <= i + read_ahead_) {
+    if (!on_nvme(next_read_)) {
+      ++next_read_;
+      continue;
+    }
+    if (free_.empty()) break;
+    const std::size_t slot = free_.front();
+    const std::size_t c = chunks_[next_read_];
+    STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, p_.state_.start_load(c, p_.ring_[slot].bytes()));
+    free_.pop_front();
+    bytes_.nvme_read += p_.state_.staging_bytes(c);
+    reads_.push_back({next_read_, slot, std::move(io), core::monotonic_ns()});
+    ++next_read_;
+  }
+  return Status();
+}
+
+core::Result<ChunkState> DiskPipeline::Pass::take(std::size_t i) {
+  const std::size_t c = chunks_[i];
+  // No slot was free for this chunk's read: wait for the oldest write.
+  while (reads_.empty() || reads_.front().item != i) {
+    if (writes_.empty()) return Status::internal(str_cat("disk pipeline: no read in flight for chunk ", c));
+    STRATA_RETURN_IF_ERROR(finish_write());
+    STRATA_RETURN_IF_ERROR(advance(i));
+  }
+  Flight f = std::move(reads_.front());
+  reads_.pop_front();
+  STRATA_RETURN_IF_ERROR(f.io.wait());
+  trace_.span(TraceTrack::kSwapRead, str_cat("read chunk ", c), f.begin_ns, core::monotonic_ns(),
+              p_.state_.staging_bytes(c));
+  staged_item_ = i;
+  staged_slot_ = f.slot;
+  return p_.state_.staged_views(c, p_.ring_[f.slot].bytes());
+}
+
+core::Status DiskPipeline::Pass::store(std::size_t i, StateStore::Version version) {
+  if (staged_item_ != i) return Status::internal(str_cat("disk pipeline: chunk ", chunks_[i], " was not taken"));
+  const std::size_t c = chunks_[i];
+  const std::size_t slot = std::exchange(staged_slot_, SIZE_MAX);
+  staged_item_ = SIZE_MAX;
+  STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, p_.state_.start_store(c, p_.ring_[slot].bytes(), version));
+  bytes_.nvme_write += p_.state_.staging_bytes(c);
+  writes_.push_back({i, slot, std::move(io), core::monotonic_ns()});
+  if (!write_behind_) STRATA_RETURN_IF_ERROR(finish_write());
+  return Status();
+}
+
+core::Status DiskPipeline::Pass::drain_writes() {
+  Status first;
+  while (!writes_.empty()) {
+    Status s = finish_write();
+    if (first.ok()) first = std::move(s);
+  }
+  return first;
+}
+
+void DiskPipeline::Pass::abandon_reads() {
+  while (!reads_.empty()) {
+    reads_.front().io.wait().ignore_error();  // dropped: the reader stopped
+    free_.push_back(reads_.front().slot);
+    reads_.pop_front();
+  }
+}
+
+}  // namespace strata::engine

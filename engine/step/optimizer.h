@@ -1,0 +1,107 @@
+// Optimizer: the body of one optimizer job (engine/step/optimizer_job.h), run
+// by the OptimizerRunner on its thread (or inside step_end under "none").
+// For each group in job.order, chunk by chunk: host chunks by cpu_adam in
+// slices of 2M elements, each a background turn (a waiting gradient pass goes
+// first), nvme chunks through the disk pipeline (reads ahead, writes behind);
+// device chunks by the device's AdamW on the optimizer's stream. Each group's
+// new compute copies are written into a host view of its compute copies and
+// go home (or, under "delayed", wait as pending) when its last chunk is done,
+// and the group is marked done. Early jobs pass the runner's gate before each
+// group and commit nothing before their verdict; deferred verdicts are taken
+// here once the step's gradients are in.
+//
+// Exactness: chunks are independent and every formula is core/numerics.h's,
+// so neither the order chunks are updated in nor what runs beside them
+// changes a bit. The job works without the engine's lock on what the step
+// protocol leaves it: the chunks, the host gradients and the compute homes of
+// the groups it has not marked done. Private to engine/.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "core/memory_budget.h"
+#include "core/result.h"
+#include "cpu_adam/cpu_adam.h"
+#include "engine/config.h"
+#include "engine/internal/buffer_cache.h"
+#include "engine/internal/cpu_turns.h"
+#include "engine/layout.h"
+#include "engine/state/compute_homes.h"
+#include "engine/state/state_store.h"
+#include "engine/step/disk_pipeline.h"
+#include "engine/step/gradient_path.h"
+#include "engine/step/optimizer_job.h"
+#include "engine/step/optimizer_runner.h"
+#include "engine/trace.h"
+#include "gpu/device.h"
+
+namespace strata::engine {
+
+class Optimizer {
+ public:
+  // What a job works with (borrowed; they outlive the optimizer).
+  struct Parts {
+    const Layout& layout;
+    const Config& config;
+    gpu::Device& device;
+    adam::CpuAdam& cpu_adam;
+    CpuTurns& turns;
+    StateStore& state;
+    ComputeHomes& homes;
+    GradientPath& gradients;  // the host gradients, and markers
+    BufferCache<gpu::DeviceBuffer>& device_cache;
+    BufferCache<gpu::PinnedBuffer>& pinned_cache;
+    Trace& trace;
+    core::MemoryBudget& staging_budget;  // the disk pipeline's ring
+    const core::MemoryBudget& pinned_budget;
+  };
+  // Its stream and the disk pipeline's ring (`ring_depth` slots unless
+  // strata.budgets.staging says otherwise).
+  static core::Result<std::unique_ptr<Optimizer>> create(const Parts& parts, std::int64_t ring_depth);
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // The runner whose marks, gates and verdicts the jobs use (set once,
+  // before the first job).
+  void set_runner(OptimizerRunner& runner) { runner_ = &runner; }
+  // Slots in the disk pipeline's staging ring (0 without nvme state).
+  std::size_t ring_slots() const { return pipeline_->slots(); }
+  // Runs one job to its end.
+  core::Status run(OptimizerJob& job);
+
+ private:
+  explicit Optimizer(const Parts& parts)
+      : layout_(parts.layout),
+        config_(parts.config),
+        device_(parts.device),
+        cpu_adam_(parts.cpu_adam),
+        turns_(parts.turns),
+        state_(parts.state),
+        homes_(parts.homes),
+        gradients_(parts.gradients),
+        device_cache_(parts.device_cache),
+        pinned_cache_(parts.pinned_cache),
+        trace_(parts.trace) {}
+  // A deferred verdict: waits for the job's gradient marker, decides as
+  // step_end would have (Verdict::decide_deferred) and fills in the job's
+  // constants; false when the step is skipped.
+  core::Result<bool> take_verdict(OptimizerJob& job);
+
+  const Layout& layout_;
+  const Config& config_;
+  gpu::Device& device_;
+  adam::CpuAdam& cpu_adam_;
+  CpuTurns& turns_;
+  StateStore& state_;
+  ComputeHomes& homes_;
+  GradientPath& gradients_;
+  BufferCache<gpu::DeviceBuffer>& device_cache_;
+  BufferCache<gpu::PinnedBuffer>& pinned_cache_;
+  Trace& trace_;
+  OptimizerRunner* runner_ = nullptr;
+  gpu::Stream stream_;
+  std::unique_ptr<DiskPipeline> pipeline_;
+};
+
+}  // namespace strata::engine
