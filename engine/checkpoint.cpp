@@ -97,14 +97,14 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
     const ChunkPlace& cp = layout_.chunks[c];
     const std::uint64_t bytes = static_cast<std::uint64_t>(cp.elems) * 12;
     if (cp.state_tier == Tier::kDevice) {
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan dev, state_->device_state(c));
-      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, device_->allocate_pinned(bytes, "state staging"));
-      STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), dev));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, dev().allocate_pinned(bytes, "state staging"));
+      STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), home));
       auto* f = reinterpret_cast<float*>(host.data());
       const auto n = static_cast<std::size_t>(cp.elems);
       ChunkState st{{f, n}, {f + n, n}, {f + 2 * n, n}};
       STRATA_RETURN_IF_ERROR(fn(cp, st));
-      if (write_back) STRATA_RETURN_IF_ERROR(copy_h2d(dev, host.bytes().first(bytes)));
+      if (write_back) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
       continue;
     }
     gpu::PinnedBuffer stage;
@@ -171,7 +171,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
     gpu::PinnedBuffer staging;
-    const StepBytes saved = bytes_;
+    const StepBytes saved = step_.bytes;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
@@ -188,7 +188,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
       exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/false);
       return Status();
     }));
-    bytes_ = saved;  // checkpoint traffic is not step traffic
+    step_.bytes = saved;  // checkpoint traffic is not step traffic
     for (auto& [pi, a] : arrays) {
       for (int k = 0; k < 3; ++k) {
         STRATA_RETURN_IF_ERROR(writer.write_f32(layout_.params[pi].name + "." + kStateNames[k], a[k]));
@@ -350,7 +350,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.at("step").get<std::int64_t>(),
                                             m.at("skipped_steps").get<std::int64_t>(),
                                             m.at("lr_override").get<double>()));
-    bytes_ = {};
+    step_.bytes = {};
     return blob;
   } catch (const nlohmann::json::exception& e) {
     return corrupt(str_cat("unexpected content: ", e.what()));
@@ -386,9 +386,9 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
     for (std::size_t pi : shards[s]) {
       const ParamDesc& p = layout_.params[pi];
       std::vector<float> v(static_cast<std::size_t>(p.numel()));
-      const StepBytes saved = bytes_;
+      const StepBytes saved = step_.bytes;
       STRATA_RETURN_IF_ERROR(p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v));
-      bytes_ = saved;
+      step_.bytes = saved;
       STRATA_RETURN_IF_ERROR(w.write_f32(p.name, v));
       weight_map[p.name] = file;
       total += sizes[pi];

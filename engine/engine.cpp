@@ -104,23 +104,19 @@ class StageTimer {
 Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
     : config_(config),
       schedule_(schedule_for(config.strata.overlap)),
-      rules_(StepRules::of(config)),
       verdict_(config_, std::move(scaler), std::move(schedule)),
       shared_device_(std::make_shared<SharedDevice>(
           config.strata.budgets.device_bytes != 0                ? config.strata.budgets.device_bytes
           : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
                                                       : kUnlimited,
           config.strata.budgets.pinned_bytes != 0 ? config.strata.budgets.pinned_bytes : kUnlimited)),
-      device_budget_(shared_device_->device_budget),
-      pinned_budget_(shared_device_->pinned_budget),
-      device_(shared_device_->device),
       holds_(std::make_shared<ViewHolds>(shared_device_)),
       staging_budget_("the disk pipeline's staging memory",
                       config.strata.budgets.staging_bytes != 0 ? config.strata.budgets.staging_bytes : kUnlimited,
                       "strata.budgets.staging"),
       trace_(config.strata.trace) {
   cpu_turns_ = std::make_unique<CpuTurns>();
-  optimizer_groups_.push_back({"default", config.optimizer.weight_decay, 1.0});
+  registry_.optimizer_groups.push_back({"default", config.optimizer.weight_decay, 1.0});
 }
 
 Engine::~Engine() {
@@ -129,8 +125,8 @@ Engine::~Engine() {
   // below stays parked in holds_ until then.
   holds_->set_home(nullptr);
   if (gradients_ != nullptr) gradients_->shutdown();  // drains the gradient copies and passes
-  prefetcher_.reset();      // and the prefetches (which may wait for the optimizer)
-  resident_.reset();        // into the cache, whose clear waits for their fences
+  copies_.prefetcher.reset();      // and the prefetches (which may wait for the optimizer)
+  copies_.resident.reset();        // into the cache, whose clear waits for their fences
   if (runner_ != nullptr) runner_->stop();  // its queued jobs run first
   for (GroupState& gs : groups_) {  // into the cache (or holds_, when lent); nothing goes back after its clear
     if (device_cache_ != nullptr) {
@@ -142,7 +138,7 @@ Engine::~Engine() {
   }
   if (device_cache_ != nullptr) device_cache_->clear().ignore_error();  // errors were reported where they arose
   if (pinned_cache_ != nullptr) pinned_cache_->clear().ignore_error();
-  if (device_ != nullptr) device_->synchronize().ignore_error();  // errors were reported where they arose
+  if (shared_device_->device != nullptr) dev().synchronize().ignore_error();  // errors were reported where they arose
   if (const Status s = trace_.write(); !s.ok()) {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
   }
@@ -163,7 +159,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
   STRATA_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::create(config.scheduler, config.optimizer.lr));
   std::unique_ptr<Engine> e(new Engine(config, std::move(scaler), std::move(schedule)));
-  const gpu::DeviceBudgets budgets{&e->device_budget_, &e->pinned_budget_};
+  const gpu::DeviceBudgets budgets{&e->shared_device_->device_budget, &e->shared_device_->pinned_budget};
   if (config.strata.device == DeviceKind::kHost) {
     gpu::HostDeviceOptions o;
     o.budgets = budgets;
@@ -171,11 +167,11 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
     o.timing.d2h_gb_per_s = config.strata.host_device.d2h_gbps;
     o.timing.device_memory_gb_per_s = config.strata.host_device.d2d_gbps;
     o.timing.compute_tflops = config.strata.host_device.tflops;
-    STRATA_ASSIGN_OR_RETURN(e->device_, gpu::make_host_device(o));
+    STRATA_ASSIGN_OR_RETURN(e->shared_device_->device, gpu::make_host_device(o));
   } else {
     auto cuda = gpu::make_cuda_device({budgets});
     if (cuda.ok()) {
-      e->device_ = std::move(cuda).value();
+      e->shared_device_->device = std::move(cuda).value();
     } else if (config.strata.device == DeviceKind::kCuda) {
       return Status(cuda.status()).annotate("strata.device is \"cuda\"");
     } else {
@@ -183,11 +179,11 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
                         << "); using the host device";
       gpu::HostDeviceOptions o;
       o.budgets = budgets;
-      STRATA_ASSIGN_OR_RETURN(e->device_, gpu::make_host_device(o));
+      STRATA_ASSIGN_OR_RETURN(e->shared_device_->device, gpu::make_host_device(o));
     }
   }
-  STRATA_ASSIGN_OR_RETURN(e->stream_, e->device_->create_stream("engine"));
-  gpu::Device* d = e->device_.get();
+  STRATA_ASSIGN_OR_RETURN(e->stream_, e->dev().create_stream("engine"));
+  gpu::Device* d = e->shared_device_->device.get();
   ViewHolds* holds = e->holds_.get();
   e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); },
@@ -207,31 +203,31 @@ core::Result<int> Engine::add_optimizer_group(const OptimizerGroupDesc& group) {
     return Status::invalid_argument(str_cat("optimizer group '", group.name, "': weight_decay ", group.weight_decay,
                                             " and lr_scale ", group.lr_scale, " must be >= 0"));
   }
-  optimizer_groups_.push_back(group);
-  return static_cast<int>(optimizer_groups_.size() - 1);
+  registry_.optimizer_groups.push_back(group);
+  return static_cast<int>(registry_.optimizer_groups.size() - 1);
 }
 
 core::Status Engine::register_param(const ParamDesc& desc, InitFn init) {
   STRATA_ENGINE_ENTRY("register_param");
   if (finalized_) return Status::failed_precondition(str_cat("register_param('", desc.name, "') after finalize"));
-  if (!init && pretrained_ != nullptr) STRATA_RETURN_IF_ERROR(pretrained_->check_param(desc));
-  params_.push_back(desc);
-  inits_.push_back(std::move(init));
+  if (!init && registry_.pretrained != nullptr) STRATA_RETURN_IF_ERROR(registry_.pretrained->check_param(desc));
+  registry_.params.push_back(desc);
+  registry_.inits.push_back(std::move(init));
   return Status();
 }
 
 core::Status Engine::init_from_safetensors(const std::string& path, const std::string& name_prefix) {
   STRATA_ENGINE_ENTRY("init_from_safetensors");
   if (finalized_) return Status::failed_precondition(str_cat("init_from_safetensors('", path, "') after finalize"));
-  if (pretrained_ != nullptr) {
+  if (registry_.pretrained != nullptr) {
     return Status::failed_precondition(str_cat("init_from_safetensors('", path, "'): initial values come from ",
-                                               pretrained_->describe(), " already"));
+                                               registry_.pretrained->describe(), " already"));
   }
   STRATA_ASSIGN_OR_RETURN(PretrainedWeights w, PretrainedWeights::open(path, name_prefix));
-  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-    if (!inits_[pi]) STRATA_RETURN_IF_ERROR(w.check_param(params_[pi]));
+  for (std::size_t pi = 0; pi < registry_.params.size(); ++pi) {
+    if (!registry_.inits[pi]) STRATA_RETURN_IF_ERROR(w.check_param(registry_.params[pi]));
   }
-  pretrained_ = std::make_unique<PretrainedWeights>(std::move(w));
+  registry_.pretrained = std::make_unique<PretrainedWeights>(std::move(w));
   return Status();
 }
 
@@ -259,7 +255,7 @@ core::Result<ChunkState> Engine::load_host_chunk(std::size_t c, gpu::PinnedBuffe
 }
 
 bool Engine::between_steps() const {
-  if (micro_step_ != 0) return false;
+  if (step_.micro_step != 0) return false;
   for (const GroupState& gs : groups_) {
     if (gs.grads_micro_step >= 0 || gs.fetched || !gs.grad.empty()) return false;
   }
@@ -277,8 +273,8 @@ core::Result<std::size_t> Engine::group_index(std::string_view name, const char*
 core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, const std::string& what) {
   core::Result<gpu::DeviceBuffer> b = device_cache_->get(bytes, what);
   if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
-  if (!resident_->empty()) {  // resident copies give their memory back first
-    resident_->drop(DropCopies::kAll);
+  if (!copies_.resident->empty()) {  // resident copies give their memory back first
+    copies_.resident->drop(DropCopies::kAll);
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
@@ -288,28 +284,28 @@ core::Result<gpu::DeviceBuffer> Engine::allocate_working(std::uint64_t bytes, co
     b = device_cache_->get(bytes, what);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
-  if (prefetcher_ == nullptr || prefetcher_->empty()) return b;
+  if (copies_.prefetcher == nullptr || copies_.prefetcher->empty()) return b;
   // Prefetched copies only save a later copy: they give their memory back
   // last, to what is needed now (a fetch, a gradient buffer).
-  prefetcher_->drop(DropCopies::kAll);
+  copies_.prefetcher->drop(DropCopies::kAll);
   return device_cache_->get(bytes, what);
 }
 
 core::Status Engine::finalize() {
   STRATA_ENGINE_ENTRY("finalize");
   if (finalized_) return Status::failed_precondition("finalize called twice");
-  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(params_, optimizer_groups_, config_));
+  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(registry_.params, registry_.optimizer_groups, config_));
   // Where initial values come from, before anything is allocated.
-  for (std::size_t pi = 0; pi < params_.size(); ++pi) {
-    if (inits_[pi]) continue;
-    if (pretrained_ == nullptr) {
-      return Status::failed_precondition(str_cat("parameter '", params_[pi].name,
+  for (std::size_t pi = 0; pi < registry_.params.size(); ++pi) {
+    if (registry_.inits[pi]) continue;
+    if (registry_.pretrained == nullptr) {
+      return Status::failed_precondition(str_cat("parameter '", registry_.params[pi].name,
                                                  "' has no init callback and there are no safetensors files to take "
                                                  "its initial values from (strata_init_from_safetensors)"));
     }
-    STRATA_RETURN_IF_ERROR(pretrained_->check_param(params_[pi]));
+    STRATA_RETURN_IF_ERROR(registry_.pretrained->check_param(registry_.params[pi]));
   }
-  if (pretrained_ != nullptr) STRATA_RETURN_IF_ERROR(pretrained_->check_extra(params_));
+  if (registry_.pretrained != nullptr) STRATA_RETURN_IF_ERROR(registry_.pretrained->check_extra(registry_.params));
 
   // Budgets up front, with the numbers (the allocations below enforce them too).
   TierBytes need = layout_.bytes();
@@ -325,17 +321,17 @@ core::Status Engine::finalize() {
       pinned_why = str_cat(" (with ", x.why, ")");
     }
   }
-  if (need.device > device_budget_.limit_bytes()) {
+  if (need.device > shared_device_->device_budget.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
                                               " of state on the device; strata.budgets.device allows ",
-                                              core::format_bytes(device_budget_.limit_bytes()),
+                                              core::format_bytes(shared_device_->device_budget.limit_bytes()),
                                               ". Offload more (zero_optimization.offload_*) or raise the budget"));
   }
-  if (need.pinned > pinned_budget_.limit_bytes()) {
+  if (need.pinned > shared_device_->pinned_budget.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
                                               " of state in pinned memory", pinned_why,
                                               "; strata.budgets.pinned allows ",
-                                              core::format_bytes(pinned_budget_.limit_bytes()),
+                                              core::format_bytes(shared_device_->pinned_budget.limit_bytes()),
                                               ". Put the optimizer state on nvme or raise the budget"));
   }
   if (need.nvme > 0) {
@@ -369,10 +365,10 @@ core::Status Engine::finalize() {
   ao.tile_elems = config_.strata.cpu_adam.tile_elems;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
 
-  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, *device_, swap_.get(), schedule_.second_state_version()));
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
   STRATA_ASSIGN_OR_RETURN(gradients_, GradientPath::create({.layout = layout_,
                                                             .precision = config_.precision,
-                                                            .device = *device_,
+                                                            .device = dev(),
                                                             .cpu_adam = *cpu_adam_,
                                                             .turns = *cpu_turns_,
                                                             .device_cache = *device_cache_,
@@ -384,9 +380,9 @@ core::Status Engine::finalize() {
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
   groups_.resize(layout_.groups.size());
-  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, *device_, swap_.get(), *pinned_cache_, trace_));
+  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
   const auto cb_live = static_cast<std::uint64_t>(layout_.compute_bytes);
-  resident_ = std::make_unique<ResidentSet>(layout_, config_.zero.stage3_param_persistence_threshold,
+  copies_.resident = std::make_unique<ResidentSet>(layout_, config_.zero.stage3_param_persistence_threshold,
                                             static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb_live,
                                             *device_cache_);
   finalized_ = true;  // the loaders below use the finalized paths
@@ -397,11 +393,11 @@ core::Status Engine::finalize() {
     finalized_ = false;
     return init;
   }
-  bytes_ = {};  // initialisation is not a step's traffic
+  step_.bytes = {};  // initialisation is not a step's traffic
   // Last, so that a derived ring takes what pinned memory has left.
   STRATA_ASSIGN_OR_RETURN(optimizer_, Optimizer::create({.layout = layout_,
                                                          .config = config_,
-                                                         .device = *device_,
+                                                         .device = dev(),
                                                          .cpu_adam = *cpu_adam_,
                                                          .turns = *cpu_turns_,
                                                          .state = *state_,
@@ -411,7 +407,7 @@ core::Status Engine::finalize() {
                                                          .pinned_cache = *pinned_cache_,
                                                          .trace = trace_,
                                                          .staging_budget = staging_budget_,
-                                                         .pinned_budget = pinned_budget_},
+                                                         .pinned_budget = shared_device_->pinned_budget},
                                                         schedule_.ring_depth()));
   Optimizer* optimizer = optimizer_.get();
   runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
@@ -420,12 +416,12 @@ core::Status Engine::finalize() {
   if (schedule_.threaded()) {
     const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(
-        prefetcher_,
-        Prefetcher::create(*device_, layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
+        copies_.prefetcher,
+        Prefetcher::create(dev(), layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
                            *device_cache_, [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence, Lane lane) {
                              // A prefetch never copies a stale compute copy.
                              Status s = waits_for_optimizer(g) ? runner_->wait_group(g, "prefetch") : Status();
-                             if (s.ok() && fence != nullptr) s = device_->wait(*lane.stream, *fence);
+                             if (s.ok() && fence != nullptr) s = dev().wait(*lane.stream, *fence);
                              if (!s.ok()) return s;
                              TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
                                           dst.size_bytes());
@@ -446,15 +442,15 @@ core::Status Engine::write_initial_values() {
   // Destruction order: the stream (it owns the files) before the backend.
   std::unique_ptr<nvme::IoBackend> backend;
   std::unique_ptr<PretrainedWeights::Stream> pretrained;
-  if (pretrained_ != nullptr) {
+  if (registry_.pretrained != nullptr) {
     auto created = nvme::IoBackend::create(io_backend_options(config_.strata.io));
     if (!created.ok()) return std::move(created).status().annotate("reading initial values");
     backend = std::move(created).value();
-    pretrained = std::make_unique<PretrainedWeights::Stream>(*pretrained_, *backend,
+    pretrained = std::make_unique<PretrainedWeights::Stream>(*registry_.pretrained, *backend,
                                                              direct_file_options(config_.strata.io));
     for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
       for (std::size_t pi : layout_.groups[g].params) {
-        if (!inits_[pi]) pretrained->plan(g, layout_.params[pi].name);
+        if (!registry_.inits[pi]) pretrained->plan(g, layout_.params[pi].name);
       }
     }
   }
@@ -465,11 +461,12 @@ core::Status Engine::write_initial_values() {
       std::vector<float>& v = values[pi];
       v.assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
       Status s;
-      if (inits_[pi]) {
+      if (registry_.inits[pi]) {
         // The callback runs without the lock (calls into the engine meanwhile
         // see finalizing_ and fail).
+        const InitFn& init = registry_.inits[pi];  // (registration is over: finalize refuses it)
         mu_.unlock();
-        s = inits_[pi](v);
+        s = init(v);
         mu_.lock();
       } else {
         s = pretrained->read(layout_.params[pi], v);
@@ -483,7 +480,7 @@ core::Status Engine::write_initial_values() {
     if (gp.compute_tier == Tier::kPinned) {
       host = homes_->pinned_home(g).bytes();
     } else {
-      STRATA_ASSIGN_OR_RETURN(staging, device_->allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
+      STRATA_ASSIGN_OR_RETURN(staging, dev().allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
       host = staging.bytes().first(bytes);
     }
     std::memset(host.data(), 0, host.size());
@@ -502,7 +499,7 @@ core::Status Engine::write_initial_values() {
         master = device_master;
       } else {
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
-        if (cp.state_tier == Tier::kNvme) bytes_.nvme_read += state_->staging_bytes(c);
+        if (cp.state_tier == Tier::kNvme) step_.bytes.nvme_read += state_->staging_bytes(c);
         master = st.master;
       }
       for (const Layout::Piece& p : layout_.pieces(cp)) {
@@ -511,12 +508,12 @@ core::Status Engine::write_initial_values() {
                     static_cast<std::size_t>(p.hi - p.lo) * 4);
       }
       if (cp.state_tier == Tier::kDevice) {
-        STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan dev, state_->device_state(c));
-        STRATA_RETURN_IF_ERROR(copy_h2d(dev.subspan(0, static_cast<std::uint64_t>(cp.elems) * 4),
+        STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
+        STRATA_RETURN_IF_ERROR(copy_h2d(home.subspan(0, static_cast<std::uint64_t>(cp.elems) * 4),
                                         std::as_bytes(master)));
       } else {
         STRATA_RETURN_IF_ERROR(state_->store(c, cstage.bytes()));
-        if (cp.state_tier == Tier::kNvme) bytes_.nvme_write += state_->staging_bytes(c);
+        if (cp.state_tier == Tier::kNvme) step_.bytes.nvme_write += state_->staging_bytes(c);
       }
     }
   }
@@ -526,13 +523,13 @@ core::Status Engine::write_initial_values() {
 core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   STRATA_ENGINE_ENTRY("fetch");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
-  const StageTimer timer(times_.fetch_s);
+  const StageTimer timer(step_.times.fetch_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("fetch ", group));
   GroupState& gs = groups_[g];
   if (gs.fetched) {
     return Status::failed_precondition(str_cat("fetch('", group, "'): already fetched; release it first"));
   }
-  if (applying_in_place_ && gs.grads_micro_step == micro_step_) {
+  if (early_.applying_in_place && gs.grads_micro_step == step_.micro_step) {
     return Status::failed_precondition(str_cat(
         "fetch('", group, "'): its gradients of the step's last micro-batch are in, and the optimizer is updating it "
         "in place (strata.overlap \"", schedule_.name(),
@@ -545,27 +542,27 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   } else {
     STRATA_RETURN_IF_ERROR(runner_->error("fetch"));  // its error, if any
   }
-  fetch_trace_.note_fetch(g);
+  copies_.trace.note_fetch(g);
   const GroupPlace& gp = layout_.groups[g];
   if (gp.compute_tier == Tier::kDevice) {
     gs.fetched = true;
     return homes_->device_home(g).span();
   }
-  if (std::optional<gpu::DeviceBuffer> kept = resident_->take(g)) {  // still on the device since its release
+  if (std::optional<gpu::DeviceBuffer> kept = copies_.resident->take(g)) {  // still on the device since its release
     gs.working = std::move(*kept);  // read again: its fence does not matter
-    ++resident_fetches_;
-    resident_bytes_ += gs.working.size_bytes();
+    ++step_.resident;
+    step_.resident_bytes += gs.working.size_bytes();
     gs.fetched = true;
     issue_prefetches();
     return gs.working.span();
   }
   std::optional<gpu::DeviceBuffer> prefetched;
-  if (prefetcher_ != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(prefetched, prefetcher_->take(g, bytes_));
+  if (copies_.prefetcher != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(prefetched, copies_.prefetcher->take(g, step_.bytes));
   }
   if (prefetched) {
     gs.working = std::move(*prefetched);
-    ++prefetched_fetches_;
+    ++step_.prefetched;
     gs.fetched = true;
     issue_prefetches();
     return gs.working.span();
@@ -590,15 +587,15 @@ core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
   // only once it has passed.
   std::shared_ptr<gpu::Event> fence;
   if (used_on != nullptr && !gs.working.empty()) {
-    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, device_->create_event());
-    STRATA_RETURN_IF_ERROR(device_->record(ev, *used_on));
+    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, dev().create_event());
+    STRATA_RETURN_IF_ERROR(dev().record(ev, *used_on));
     fence = std::make_shared<gpu::Event>(std::move(ev));
   }
   if (schedule_.threaded() && layout_.groups[g].compute_tier != Tier::kDevice) {
     // The threaded schedules keep it while current, within the room.
-    resident_->keep(g, std::move(gs.working), std::move(fence));
+    copies_.resident->keep(g, std::move(gs.working), std::move(fence));
     gs.working = {};
-    resident_->make_room(live_bytes(), 0, SIZE_MAX, fetch_trace_);
+    copies_.resident->make_room(live_bytes(), 0, SIZE_MAX, copies_.trace);
   } else {
     device_cache_->put(std::move(gs.working), std::move(fence));
   }
@@ -620,7 +617,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   if (gp.trainable_elems == 0) {
     return Status::failed_precondition(str_cat("grad_buffer('", group, "'): the group has no trainable parameters"));
   }
-  if (gs.grads_micro_step == micro_step_) {
+  if (gs.grads_micro_step == step_.micro_step) {
     return Status::failed_precondition(
         str_cat("grad_buffer('", group, "'): its gradients for this micro-batch have arrived already"));
   }
@@ -630,7 +627,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   // when step_end did not wait for them): so the framework runs at most a
   // step ahead of the copies, with one gradient buffer per group.
   STRATA_RETURN_IF_ERROR(gradients_->wait_down(g, group));
-  fetch_trace_.note_backward(g);
+  copies_.trace.note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(gs.grad, allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
@@ -666,7 +663,7 @@ core::Result<LentView> Engine::lend_view(std::string_view group, ViewKind kind) 
 core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on) {
   STRATA_ENGINE_ENTRY("grads_ready");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
-  const StageTimer timer(times_.grads_s);
+  const StageTimer timer(step_.times.grads_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("grads_ready ", group));
   GroupState& gs = groups_[g];
   if (gs.grad.empty()) {
@@ -683,12 +680,12 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   } else {
     STRATA_RETURN_IF_ERROR(runner_->wait_group(g, "grads_ready"));
   }
-  const int micro_step = micro_step_;
+  const int micro_step = step_.micro_step;
   // The framework's writes, as an event its stream records now.
   std::shared_ptr<gpu::Event> written;
   if (written_on != nullptr) {
-    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, device_->create_event());
-    STRATA_RETURN_IF_ERROR(device_->record(ev, *written_on));
+    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, dev().create_event());
+    STRATA_RETURN_IF_ERROR(dev().record(ev, *written_on));
     written = std::make_shared<gpu::Event>(std::move(ev));
   }
   gs.grads_micro_step = micro_step;
@@ -697,9 +694,9 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   // updates each group as its gradients of the last micro-batch are in.
   std::int64_t early = 0;
   if (gradients_->threaded() && early_jobs() && micro_step + 1 == config_.gradient_accumulation_steps) {
-    if (early_job_ == 0) STRATA_RETURN_IF_ERROR(start_early_job());
-    early = early_job_;
-    applying_in_place_ = certain_steps();
+    if (early_.job == 0) STRATA_RETURN_IF_ERROR(start_early_job());
+    early = early_.job;
+    early_.applying_in_place = certain_steps();
   }
   gpu::DeviceBuffer grad = std::move(gs.grad);
   gs.grad = {};
@@ -718,17 +715,17 @@ core::Status Engine::micro_step_end() {
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
   STRATA_RETURN_IF_ERROR(gradients_->wait("micro_step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
+    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != step_.micro_step) {
       return Status::failed_precondition(str_cat("micro_step_end: group '", layout_.groups[g].name,
-                                                 "' has no gradients for micro-batch ", micro_step_ + 1));
+                                                 "' has no gradients for micro-batch ", step_.micro_step + 1));
     }
   }
-  if (micro_step_ + 1 >= config_.gradient_accumulation_steps) {
-    return Status::failed_precondition(str_cat("micro_step_end after micro-batch ", micro_step_ + 1, " of ",
+  if (step_.micro_step + 1 >= config_.gradient_accumulation_steps) {
+    return Status::failed_precondition(str_cat("micro_step_end after micro-batch ", step_.micro_step + 1, " of ",
                                                config_.gradient_accumulation_steps,
                                                " (gradient_accumulation_steps): call step_end instead"));
   }
-  ++micro_step_;
+  ++step_.micro_step;
   return Status();
 }
 
@@ -756,9 +753,9 @@ core::Result<StepStats> Engine::step_end() {
   const bool defer = deferred_verdicts();
   if (!defer) STRATA_RETURN_IF_ERROR(gradients_->wait("step_end"));
   for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != micro_step_) {
+    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != step_.micro_step) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
-                                                 "' has no gradients for micro-batch ", micro_step_ + 1));
+                                                 "' has no gradients for micro-batch ", step_.micro_step + 1));
     }
   }
   for (std::size_t g = 0; g < groups_.size(); ++g) {
@@ -768,8 +765,8 @@ core::Result<StepStats> Engine::step_end() {
                                                  "' is still fetched; release it first"));
     }
   }
-  if (micro_step_ + 1 != config_.gradient_accumulation_steps) {
-    return Status::failed_precondition(str_cat("step_end after ", micro_step_ + 1, " micro-batches; ",
+  if (step_.micro_step + 1 != config_.gradient_accumulation_steps) {
+    return Status::failed_precondition(str_cat("step_end after ", step_.micro_step + 1, " micro-batches; ",
                                                "gradient_accumulation_steps is ", config_.gradient_accumulation_steps));
   }
   // overlap "delayed": the update of the step before this one becomes what
@@ -799,7 +796,7 @@ core::Result<StepStats> Engine::step_end() {
     learn_fetch_trace();
     job = make_optimizer_job({}, verdict_.applied_steps() + 1);
     job->deferred_verdict = true;
-    job->marker = ++grads_marker_seq_;
+    job->marker = ++step_.markers;
     job->norm_step = verdict_.verdicts() + 1;
     job->hyper = verdict_.hyperparams(layout_.optimizer_groups);
     gradients_->post_marker(job->marker);
@@ -819,14 +816,14 @@ core::Result<StepStats> Engine::step_end() {
       // overlap "speculative": the job under way applies these very constants
       // (no clipping, same learning rate): it commits what it did and goes on.
       const bool speculated =
-          early_job_ != 0 && constants.size() == early_constants_.size() &&
-          std::memcmp(constants.data(), early_constants_.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
+          early_.job != 0 && constants.size() == early_.constants.size() &&
+          std::memcmp(constants.data(), early_.constants.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
       // A certain job under way has updated in place already: it cannot but
       // agree (set_lr is refused while it applies).
-      if (applying_in_place_ && !speculated) {
+      if (early_.applying_in_place && !speculated) {
         return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
       }
-      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_job_, speculated, false));
+      if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, speculated, false));
       if (!speculated) job = make_optimizer_job(std::move(constants), verdict_.applied_steps() + 1);
       const double lr = verdict_.next_lr();
       if (job != nullptr && !schedule_.threaded()) {
@@ -840,35 +837,35 @@ core::Result<StepStats> Engine::step_end() {
       stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
     } else {
       // An early job under way stops; nothing it did is committed.
-      if (early_job_ != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_job_, false, false));
+      if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, false, false));
       verdict_.count(true);
     }
     stats.skipped = skip;
     stats.norm_step = verdict_.verdicts();
   }
-  early_job_ = 0;
-  applying_in_place_ = false;
+  early_.job = 0;
+  early_.applying_in_place = false;
   stats.step = verdict_.applied_steps();
   stats.skipped_total = verdict_.skipped_steps();
   stats.loss_scale = verdict_.loss_scale();
   // This step's own traffic (the optimizer's is in already).
-  stats.bytes += bytes_;
-  stats.fetch_s = times_.fetch_s;
-  stats.grads_s += times_.grads_s;
+  stats.bytes += step_.bytes;
+  stats.fetch_s = step_.times.fetch_s;
+  stats.grads_s += step_.times.grads_s;
   if (!defer) {  // (else the gradient path's own, behind the marker)
     const GradientPath::Totals grads = gradients_->take_totals();
     stats.bytes += grads.bytes;
     stats.grads_s += grads.seconds;
   }
-  stats.prefetched = prefetched_fetches_;
-  prefetched_fetches_ = 0;
-  stats.resident = resident_fetches_;
-  stats.resident_bytes = resident_bytes_;
-  resident_fetches_ = 0;
-  resident_bytes_ = 0;
-  bytes_ = {};
-  times_ = {};
-  micro_step_ = 0;
+  stats.prefetched = step_.prefetched;
+  step_.prefetched = 0;
+  stats.resident = step_.resident;
+  stats.resident_bytes = step_.resident_bytes;
+  step_.resident = 0;
+  step_.resident_bytes = 0;
+  step_.bytes = {};
+  step_.times = {};
+  step_.micro_step = 0;
   for (GroupState& gs : groups_) gs.grads_micro_step = -1;
   if (applied && !schedule_.delays_update()) {
     // A copy prefetched during this step (an evaluation pass's, or one the
@@ -886,15 +883,15 @@ core::Result<StepStats> Engine::step_end() {
 }
 
 void Engine::issue_prefetches() {
-  if (prefetcher_ == nullptr) return;
-  prefetcher_->issue(fetch_trace_, *resident_, fetched_bytes(), [this](std::size_t g) {
+  if (copies_.prefetcher == nullptr) return;
+  copies_.prefetcher->issue(copies_.trace, *copies_.resident, fetched_bytes(), [this](std::size_t g) {
     return groups_[g].fetched || layout_.groups[g].compute_tier == Tier::kDevice;
   });
 }
 
 void Engine::drop_device_copies(DropCopies which) {
-  if (prefetcher_ != nullptr) prefetcher_->drop(which);
-  if (resident_ != nullptr) resident_->drop(which);
+  if (copies_.prefetcher != nullptr) copies_.prefetcher->drop(which);
+  if (copies_.resident != nullptr) copies_.resident->drop(which);
 }
 
 std::uint64_t Engine::fetched_bytes() const {
@@ -904,11 +901,11 @@ std::uint64_t Engine::fetched_bytes() const {
 }
 
 std::uint64_t Engine::live_bytes() const {
-  return fetched_bytes() + (prefetcher_ != nullptr ? prefetcher_->bytes() : 0) + resident_->live_bytes();
+  return fetched_bytes() + (copies_.prefetcher != nullptr ? copies_.prefetcher->bytes() : 0) + copies_.resident->live_bytes();
 }
 
 void Engine::learn_fetch_trace() {
-  if (fetch_trace_.learn()) {
+  if (copies_.trace.learn()) {
     STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
   }
 }
@@ -916,7 +913,7 @@ void Engine::learn_fetch_trace() {
 std::vector<std::string> Engine::fetch_sequence() const {
   const core::MutexLock lock(mu_);
   std::vector<std::string> names;
-  for (std::size_t g : fetch_trace_.learned()) names.push_back(layout_.groups[g].name);
+  for (std::size_t g : copies_.trace.learned()) names.push_back(layout_.groups[g].name);
   return names;
 }
 
@@ -996,9 +993,9 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
                                               " elements, buffer of ", out.size()));
     }
     gpu::PinnedBuffer staging;
-    const StepBytes saved = bytes_;
+    const StepBytes saved = step_.bytes;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, step_lane()));
-    bytes_ = saved;  // inspection is not step traffic
+    step_.bytes = saved;  // inspection is not step traffic
     from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);
     return Status();
   }

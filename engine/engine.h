@@ -216,13 +216,13 @@ class Engine {
   // The layout, device and config never change after finalize (the layout
   // is empty before it): reading them needs no lock.
   const Layout& layout() const { return layout_; }
-  gpu::Device& device() { return *device_; }
+  gpu::Device& device() { return dev(); }
   const Config& config() const { return config_; }
   bool finalized() const { return finalized_.load(std::memory_order_acquire); }
   // The budgets this engine charges (use and peak, for reports and tests):
   // device memory, pinned memory, and the disk pipeline's staging ring.
-  const core::MemoryBudget& device_budget() const { return device_budget_; }
-  const core::MemoryBudget& pinned_budget() const { return pinned_budget_; }
+  const core::MemoryBudget& device_budget() const { return shared_device_->device_budget; }
+  const core::MemoryBudget& pinned_budget() const { return shared_device_->pinned_budget; }
   const core::MemoryBudget& staging_budget() const { return staging_budget_; }
   // Slots in the disk pipeline's staging ring (0 when no state lives on nvme).
   std::size_t staging_slots() const { return optimizer_ != nullptr ? optimizer_->ring_slots() : 0; }
@@ -246,11 +246,14 @@ class Engine {
   static core::Status finalize_running(const char* op);
   // The *_locked functions are the public ones' bodies, called with mu_ held.
   core::Status read_state_locked(std::string_view param, int which, std::span<float> out);
-  core::Status read_compute_locked(std::string_view param, std::span<float> out);
+  core::Status read_compute_locked(std::string_view param, std::span<float> out) STRATA_REQUIRES(mu_);
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   // grad_buffer's body, for group g (mu_ held).
   core::Result<gpu::DeviceSpan> grad_buffer_locked(std::size_t g) STRATA_REQUIRES(mu_);
+  // What decides whether a step's verdict can change anything (the config's).
+  StepRules rules() const { return StepRules::of(config_); }
+  gpu::Device& dev() const { return *shared_device_->device; }
   // Whether fetch (and prefetch) of group g waits for the last step's job
   // on it (Schedule::fetch_waits_for_optimizer).
   bool waits_for_optimizer(std::size_t g) const {
@@ -269,24 +272,24 @@ class Engine {
   // flag once they are in; the step's job waits for it, then takes the
   // verdict (skip, clip) and computes its constants. The verdicts come back
   // through wait_optimizer (fold_verdicts).
-  bool deferred_verdicts() const { return schedule_.defers_verdicts(rules_); }
+  bool deferred_verdicts() const { return schedule_.defers_verdicts(rules()); }
   void fold_verdicts() STRATA_REQUIRES(mu_);
   // StepRules::certain: the step's early job (Schedule::early_jobs) updates
   // every chunk in place as its group's gradients arrive: its work is final,
   // never thrown away.
-  bool certain_steps() const { return rules_.certain(); }
+  bool certain_steps() const { return rules().certain(); }
   // The step's optimizer job starts before step_end (and the next one at
   // step_end): Schedule::early_jobs.
-  bool early_jobs() const { return schedule_.early_jobs(rules_); }
+  bool early_jobs() const { return schedule_.early_jobs(rules()); }
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count: the framework's calls
-  // use the default (stream_, bytes_), the optimizer its own stream and
+  // use the default (stream_, step_.bytes), the optimizer its own stream and
   // opt_bytes_, so the two run side by side.
   using Lane = CopyLane;
   // The framework's calls' lane: the engine's stream, the step's bytes.
-  Lane step_lane() { return {&stream_, &bytes_, TraceTrack::kDevice}; }
+  Lane step_lane() { return {&stream_, &step_.bytes, TraceTrack::kDevice}; }
   // finalize's last part: every parameter's initial values, group by group.
   core::Status write_initial_values() STRATA_REQUIRES(mu_);
   // A fetch's or gradients' device buffer; when the device budget is short,
@@ -296,10 +299,10 @@ class Engine {
   core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {
-    return lane_h2d(*device_, trace_, lane, dst, src);
+    return lane_h2d(dev(), trace_, lane, dst, src);
   }
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src, const Lane& lane) {
-    return lane_d2h(*device_, trace_, lane, dst, src);
+    return lane_d2h(dev(), trace_, lane, dst, src);
   }
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
@@ -355,18 +358,18 @@ class Engine {
   core::Status visit_group_state(std::size_t g, bool write_back,
                                  const std::function<core::Status(const ChunkPlace&, ChunkState&)>& fn);
 
+  // What the engine is (never changes after finalize; read without the lock).
   Config config_;
-  // strata.overlap: what the step does in its mode (engine/schedule/), and
-  // what decides whether its verdict can change anything.
+  // strata.overlap: what the step does in its mode (engine/schedule/).
   const Schedule& schedule_;
-  const StepRules rules_;
-  // The step's decisions (skip, clip, loss scale, lr -> constants) and the
-  // step counts (engine/step/verdict.h). mu_.
-  Verdict verdict_ STRATA_GUARDED_BY(mu_);
-  std::vector<ParamDesc> params_;
-  std::vector<InitFn> inits_;  // empty: from pretrained_
-  std::unique_ptr<PretrainedWeights> pretrained_;  // init_from_safetensors' files (null: none)
-  std::vector<OptimizerGroupDesc> optimizer_groups_;
+  // What was registered before finalize.
+  struct Registry {
+    std::vector<ParamDesc> params;
+    std::vector<InitFn> inits;  // empty: from `pretrained`
+    std::unique_ptr<PretrainedWeights> pretrained;  // init_from_safetensors' files (null: none)
+    std::vector<OptimizerGroupDesc> optimizer_groups;
+  };
+  Registry registry_ STRATA_GUARDED_BY(mu_);
   Layout layout_;
   std::atomic<bool> finalized_{false};
 
@@ -374,61 +377,72 @@ class Engine {
   // finalize lets go of it around each init callback, with finalizing_ set.
   mutable core::Mutex mu_;
   bool finalizing_ STRATA_GUARDED_BY(mu_) = false;
+  // The step's decisions (skip, clip, loss scale, lr -> constants) and the
+  // step counts (engine/step/verdict.h).
+  Verdict verdict_ STRATA_GUARDED_BY(mu_);
+  // The step under way: micro-batches ended, deferred verdicts' gradient
+  // markers posted, and its statistics so far (traffic, stage seconds,
+  // fetches served by a prefetched or a resident copy).
+  struct StepState {
+    int micro_step = 0;
+    std::int64_t markers = 0;
+    StepBytes bytes;
+    StepStats times;
+    std::int64_t prefetched = 0;
+    std::int64_t resident = 0;
+    std::uint64_t resident_bytes = 0;
+  };
+  StepState step_ STRATA_GUARDED_BY(mu_);
+  // The step's early job (Schedule::early_jobs): its id (0: none yet),
+  // whether it is certain and has gradients (updates in place), its constants.
+  struct EarlyJob {
+    std::int64_t job = 0;
+    bool applying_in_place = false;
+    std::vector<core::numerics::AdamStepConstants> constants;
+  };
+  EarlyJob early_ STRATA_GUARDED_BY(mu_);
 
   // Destruction order: everything holding device memory or swap blocks
   // before the device, the swap store and the budgets. The device and its
   // two budgets live in shared_device_, shared with the leases of lent views
-  // (holds_), which may outlive the engine: the three references below name
-  // its members.
+  // (holds_), which may outlive the engine.
   std::shared_ptr<SharedDevice> shared_device_;
-  core::MemoryBudget& device_budget_;
-  core::MemoryBudget& pinned_budget_;
-  std::unique_ptr<gpu::Device>& device_;
   std::shared_ptr<ViewHolds> holds_;  // leases of lent views (engine/internal/view_holds.h)
   std::unique_ptr<nvme::SwapStore> swap_;
   std::unique_ptr<adam::CpuAdam> cpu_adam_;
-  gpu::Stream stream_;
+  // cpu_adam is one call at a time: gradient passes first, Adam in slices
+  // between them (engine/internal/cpu_turns.h).
+  std::unique_ptr<CpuTurns> cpu_turns_;
+  gpu::Stream stream_;  // the framework's calls' copies
   // Buffers the step asks for again and again, kept for reuse (their
   // budgets still count them; a refused allocation empties the caches).
   std::unique_ptr<BufferCache<gpu::DeviceBuffer>> device_cache_;
   std::unique_ptr<BufferCache<gpu::PinnedBuffer>> pinned_cache_;
+  // The state in its tiers (engine/state/): each chunk's master and
+  // moments, each group's compute copies; and each group's fetch state.
   std::unique_ptr<StateStore> state_;
-  std::unique_ptr<ComputeHomes> homes_;  // every group's compute copies (engine/state/)
+  std::unique_ptr<ComputeHomes> homes_;
   std::vector<GroupState> groups_;
-
-  // The optimizer's side (engine/optimizer.cpp). The thread works without
-  // mu_ on what the protocol leaves it: the chunks, the host gradients and
-  // the compute homes of groups it has not marked done; fetch, grad_buffer
-  // and grads_ready of a group wait for that mark.
-  core::MemoryBudget staging_budget_;
-  // The job body, its stream and the disk pipeline (engine/step/optimizer.h).
-  std::unique_ptr<Optimizer> optimizer_;
-  // cpu_adam is one call at a time: gradient passes first, Adam in slices
-  // between them (engine/internal/cpu_turns.h).
-  std::unique_ptr<CpuTurns> cpu_turns_;
-  // The optimizer's jobs, their thread, marks and sticky error
-  // (engine/step/optimizer_runner.h).
-  std::unique_ptr<OptimizerRunner> runner_;
-  // Early jobs (Schedule::early_jobs; engine/optimizer.cpp).
-  std::int64_t early_job_ STRATA_GUARDED_BY(mu_) = 0;  // the step's early job (0: none yet)
-  bool applying_in_place_ STRATA_GUARDED_BY(mu_) = false;  // it is certain and has gradients (see certain_steps)
-  std::vector<core::numerics::AdamStepConstants> early_constants_ STRATA_GUARDED_BY(mu_);  // its constants
-  std::int64_t grads_marker_seq_ STRATA_GUARDED_BY(mu_) = 0;  // deferred verdicts' gradient markers posted
-  // grads_ready's work: copies down, packing, gradient passes, the norm
-  // partials, the host gradients (engine/step/gradient_path.h).
+  // The step's rooms (engine/step/): grads_ready's gradient path, the
+  // optimizer's job body with the disk pipeline (its ring charged to
+  // staging_budget_), and the runner of its jobs (thread, marks, sticky
+  // error). The runner's thread works without mu_ on what the protocol
+  // leaves it: the chunks, the host gradients and the compute homes of
+  // groups it has not marked done; fetch, grad_buffer and grads_ready of a
+  // group wait for that mark.
   std::unique_ptr<GradientPath> gradients_;
-  // The learned fetch sequence, the copies kept since a release, and the
-  // prefetcher (threaded schedules only) (engine/fetch/).
-  FetchTrace fetch_trace_;
-  std::unique_ptr<ResidentSet> resident_;
-  std::unique_ptr<Prefetcher> prefetcher_;
-  std::int64_t prefetched_fetches_ STRATA_GUARDED_BY(mu_) = 0;  // fetches served by a prefetched copy, since the last step_end
-  std::int64_t resident_fetches_ STRATA_GUARDED_BY(mu_) = 0;  // fetches served by one, since the last step_end
-  std::uint64_t resident_bytes_ STRATA_GUARDED_BY(mu_) = 0;  // and their bytes
-  // Step bookkeeping.
-  int micro_step_ STRATA_GUARDED_BY(mu_) = 0;  // micro-batches ended in this step
-  StepBytes bytes_;
-  StepStats times_ STRATA_GUARDED_BY(mu_);  // the stage seconds of the step under way
+  core::MemoryBudget staging_budget_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<OptimizerRunner> runner_;
+  // Device copies of compute copies besides the fetched ones
+  // (engine/fetch/): the learned fetch sequence, the copies kept since a
+  // release, and the prefetcher (threaded schedules only).
+  struct DeviceCopies {
+    FetchTrace trace;
+    std::unique_ptr<ResidentSet> resident;
+    std::unique_ptr<Prefetcher> prefetcher;
+  };
+  DeviceCopies copies_;
   Trace trace_;
 };
 

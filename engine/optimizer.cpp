@@ -59,11 +59,11 @@ std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamSte
   job->step = step;
   job->constants = std::move(constants);
   // The next forward's order (the learned sequence's first fetches).
-  job->order = fetch_trace_.forward_order(layout_.groups.size());
+  job->order = copies_.trace.forward_order(layout_.groups.size());
   job->delayed = schedule_.delays_update();
   const bool compute_on_nvme = std::any_of(layout_.groups.begin(), layout_.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
-  if (schedule_.updates_in_backward_order(compute_on_nvme)) fetch_trace_.sort_in_backward_order(job->order);
+  if (schedule_.updates_in_backward_order(compute_on_nvme)) copies_.trace.sort_in_backward_order(job->order);
   const bool threaded = schedule_.threaded();
   job->read_ahead = threaded && optimizer_->ring_slots() > 0 ? optimizer_->ring_slots() - 1 : 0;
   job->write_behind = threaded;
@@ -76,8 +76,8 @@ void Engine::fold_verdicts() {
 
 core::Status Engine::start_early_job() {
   // The constants of a step that is applied and not clipped.
-  early_constants_ = verdict_.constants(layout_.optimizer_groups, 1.0);
-  std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_constants_, verdict_.applied_steps() + 1);
+  early_.constants = verdict_.constants(layout_.optimizer_groups, 1.0);
+  std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_.constants, verdict_.applied_steps() + 1);
   job->early = true;
   job->certain = certain_steps();
   // Update in the order the backward hands gradients over; after the
@@ -85,14 +85,14 @@ core::Status Engine::start_early_job() {
   const std::size_t n = layout_.groups.size();
   job->rank.assign(n, n);
   for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
-  fetch_trace_.sort_in_backward_order(job->order);
+  copies_.trace.sort_in_backward_order(job->order);
   // A certain job balances the CPU between the two phases: the groups the
   // next forward needs in its second half (those whose gradients come first)
   // wait for step_end and are updated during the forward, ahead of their
   // fetches; the rest as their gradients arrive. A group with state on nvme
   // never waits: the disk works through both phases anyway.
   job->deferred.assign(n, false);
-  if (job->certain && !fetch_trace_.empty()) {
+  if (job->certain && !copies_.trace.empty()) {
     for (std::size_t g = 0; g < n; ++g) {
       const GroupPlace& gp = layout_.groups[g];
       bool nvme = false;
@@ -103,12 +103,12 @@ core::Status Engine::start_early_job() {
     }
     std::stable_partition(job->order.begin(), job->order.end(), [&](std::size_t g) { return !job->deferred[g]; });
   }
-  STRATA_ASSIGN_OR_RETURN(early_job_, runner_->submit(std::move(job)));
+  STRATA_ASSIGN_OR_RETURN(early_.job, runner_->submit(std::move(job)));
   return Status();
 }
 
 core::Status Engine::refuse_while_applying(const char* op) const {
-  if (!applying_in_place_) return Status();
+  if (!early_.applying_in_place) return Status();
   return Status::failed_precondition(str_cat(
       op, ": the optimizer is applying this step during the backward (strata.overlap \"", schedule_.name(),
       "\" with no clipping, no loss scaler and strata.nonfinite \"apply\" updates each group as its gradients "
@@ -116,12 +116,12 @@ core::Status Engine::refuse_while_applying(const char* op) const {
 }
 
 core::Status Engine::abandon_speculation(const char* op) {
-  if (early_job_ == 0) return Status();
+  if (early_.job == 0) return Status();
   STRATA_RETURN_IF_ERROR(refuse_while_applying(op));
   // The verdict has one slot: the job before this one must have had its
   // verdict acted on (it may still be waiting for it at its end).
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
-  const std::int64_t job = std::exchange(early_job_, 0);
+  const std::int64_t job = std::exchange(early_.job, 0);
   return runner_->settle(job, false, /*reads_too=*/true);
 }
 
