@@ -223,7 +223,7 @@ class Engine {
   // device memory, pinned memory, and the disk pipeline's staging ring.
   const core::MemoryBudget& device_budget() const { return shared_device_->device_budget; }
   const core::MemoryBudget& pinned_budget() const { return shared_device_->pinned_budget; }
-  const core::MemoryBudget& staging_budget() const { return staging_budget_; }
+  const core::MemoryBudget& staging_budget() const { return shared_device_->staging_budget; }
   // Slots in the disk pipeline's staging ring (0 when no state lives on nvme).
   std::size_t staging_slots() const { return optimizer_ != nullptr ? optimizer_->ring_slots() : 0; }
   // Writes the timeline so far to strata.trace (also done when the engine is destroyed).
@@ -424,14 +424,13 @@ class Engine {
   std::unique_ptr<ComputeHomes> homes_;
   std::vector<GroupState> groups_;
   // The step's rooms (engine/step/): grads_ready's gradient path, the
-  // optimizer's job body with the disk pipeline (its ring charged to
-  // staging_budget_), and the runner of its jobs (thread, marks, sticky
+  // optimizer's job body with the disk pipeline (its ring charged to the
+  // staging budget), and the runner of its jobs (thread, marks, sticky
   // error). The runner's thread works without mu_ on what the protocol
   // leaves it: the chunks, the host gradients and the compute homes of
   // groups it has not marked done; fetch, grad_buffer and grads_ready of a
   // group wait for that mark.
   std::unique_ptr<GradientPath> gradients_;
-  core::MemoryBudget staging_budget_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<OptimizerRunner> runner_;
   // Device copies of compute copies besides the fetched ones

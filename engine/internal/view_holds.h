@@ -29,12 +29,16 @@
 namespace strata::engine {
 
 // Members are destroyed in reverse: the device before the budgets it charges.
+// (The staging budget is the engine's disk pipeline's; it lives here with the
+// other two.)
 struct SharedDevice {
-  SharedDevice(std::uint64_t device_limit_bytes, std::uint64_t pinned_limit_bytes)
+  SharedDevice(std::uint64_t device_limit_bytes, std::uint64_t pinned_limit_bytes, std::uint64_t staging_limit_bytes)
       : device_budget("device memory", device_limit_bytes, "strata.budgets.device"),
-        pinned_budget("pinned host memory", pinned_limit_bytes, "strata.budgets.pinned") {}
+        pinned_budget("pinned host memory", pinned_limit_bytes, "strata.budgets.pinned"),
+        staging_budget("the disk pipeline's staging memory", staging_limit_bytes, "strata.budgets.staging") {}
   core::MemoryBudget device_budget;
   core::MemoryBudget pinned_budget;
+  core::MemoryBudget staging_budget;
   std::unique_ptr<gpu::Device> device;  // set once by Engine::create
 };
 

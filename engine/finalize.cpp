@@ -1,0 +1,291 @@
+// Engine::finalize: the layout, the budgets checked up front (with each
+// schedule's extra memory), every state allocated in its home tier, the
+// initial values streamed in group by group, and the step's rooms created.
+#include <cstring>
+#include <map>
+
+#include "core/aligned_buffer.h"
+#include "core/str.h"
+#include "cpu_adam/cpu_adam.h"
+#include "engine/engine.h"
+#include "engine/internal/engine_entry.h"
+#include "engine/internal/engine_util.h"
+#include "engine/internal/group_state.h"
+#include "engine/io_options.h"
+#include "engine/pretrained.h"
+#include "engine/state/compute_homes.h"
+#include "engine/state/state_store.h"
+#include "nvme/io_backend.h"
+#include "nvme/swap_store.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+
+namespace {
+
+// The bytes of one of a schedule's extra copies (Schedule::extra_memory) in
+// this layout.
+std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
+  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
+  std::uint64_t bytes = 0;
+  switch (basis) {
+    case ExtraBasis::kNvmeState: return StateStore::nvme_bytes(layout, false);
+    case ExtraBasis::kNvmeGroupCompute:
+      for (const GroupPlace& gp : layout.groups) {
+        for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+          if (layout.chunks[c].state_tier != Tier::kNvme) continue;
+          bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
+          break;
+        }
+      }
+      return bytes;
+    case ExtraBasis::kTrainableGroupCompute:
+      for (const GroupPlace& gp : layout.groups) {
+        if (gp.chunk_count > 0) bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
+      }
+      return bytes;
+  }
+  return bytes;
+}
+
+}  // namespace
+
+core::Status Engine::finalize() {
+  STRATA_ENGINE_ENTRY("finalize");
+  if (finalized_) return Status::failed_precondition("finalize called twice");
+  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(registry_.params, registry_.optimizer_groups, config_));
+  // Where initial values come from, before anything is allocated.
+  for (std::size_t pi = 0; pi < registry_.params.size(); ++pi) {
+    if (registry_.inits[pi]) continue;
+    if (registry_.pretrained == nullptr) {
+      return Status::failed_precondition(str_cat("parameter '", registry_.params[pi].name,
+                                                 "' has no init callback and there are no safetensors files to take "
+                                                 "its initial values from (strata_init_from_safetensors)"));
+    }
+    STRATA_RETURN_IF_ERROR(registry_.pretrained->check_param(registry_.params[pi]));
+  }
+  if (registry_.pretrained != nullptr) STRATA_RETURN_IF_ERROR(registry_.pretrained->check_extra(registry_.params));
+
+  // Budgets up front, with the numbers (the allocations below enforce them too).
+  TierBytes need = layout_.bytes();
+  // What the schedule holds beyond the placement's state, and why.
+  std::string pinned_why, nvme_why;
+  for (const ScheduleExtra& x : schedule_.extra_memory()) {
+    const std::uint64_t bytes = extra_bytes(layout_, x.basis);
+    if (x.tier == Tier::kNvme) {
+      need.nvme += bytes;
+      nvme_why = str_cat(" (with ", x.why, ")");
+    } else {
+      need.pinned += bytes;
+      pinned_why = str_cat(" (with ", x.why, ")");
+    }
+  }
+  if (need.device > shared_device_->device_budget.limit_bytes()) {
+    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
+                                              " of state on the device; strata.budgets.device allows ",
+                                              core::format_bytes(shared_device_->device_budget.limit_bytes()),
+                                              ". Offload more (zero_optimization.offload_*) or raise the budget"));
+  }
+  if (need.pinned > shared_device_->pinned_budget.limit_bytes()) {
+    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
+                                              " of state in pinned memory", pinned_why,
+                                              "; strata.budgets.pinned allows ",
+                                              core::format_bytes(shared_device_->pinned_budget.limit_bytes()),
+                                              ". Put the optimizer state on nvme or raise the budget"));
+  }
+  if (need.nvme > 0) {
+    nvme::SwapStoreOptions o;
+    o.paths = config_.swap_paths();
+    const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
+    if (config_.strata.budgets.disk_bytes != 0 && config_.strata.budgets.disk_bytes < need.nvme) {
+      return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.nvme),
+                                                " on nvme", nvme_why,
+                                                "; strata.budgets.disk allows ",
+                                                core::format_bytes(config_.strata.budgets.disk_bytes)));
+    }
+    o.capacity_bytes = config_.strata.budgets.disk_bytes != 0 ? config_.strata.budgets.disk_bytes : wanted;
+    o.stripe_bytes = config_.strata.io.stripe_bytes;
+    o.request_bytes = config_.strata.io.block_bytes;
+    o.crc = config_.strata.crc;
+    o.keep_files = config_.strata.io.keep_files;
+    o.io = io_backend_options(config_.strata.io);
+    STRATA_ASSIGN_OR_RETURN(swap_, nvme::SwapStore::create(o));
+  }
+
+  adam::CpuAdamOptions ao;
+  switch (config_.strata.cpu_adam.isa) {
+    case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
+    case CpuAdamIsa::kAvx512Bf16: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512Bf16; break;
+    case CpuAdamIsa::kAvx512: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512; break;
+    case CpuAdamIsa::kAvx2: ao.auto_isa = false; ao.isa = adam::Isa::kAvx2; break;
+    case CpuAdamIsa::kScalar: ao.auto_isa = false; ao.isa = adam::Isa::kScalar; break;
+  }
+  ao.threads = config_.strata.cpu_adam.threads;
+  ao.tile_elems = config_.strata.cpu_adam.tile_elems;
+  STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
+
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
+  STRATA_ASSIGN_OR_RETURN(gradients_, GradientPath::create({.layout = layout_,
+                                                            .precision = config_.precision,
+                                                            .device = dev(),
+                                                            .cpu_adam = *cpu_adam_,
+                                                            .turns = *cpu_turns_,
+                                                            .device_cache = *device_cache_,
+                                                            .pinned_cache = *pinned_cache_,
+                                                            .trace = trace_,
+                                                            .inline_lane = step_lane()},
+                                                           schedule_.threaded()));
+
+  // Compute homes, then the initial values group by group (the host holds one
+  // group's fp32 values at a time).
+  groups_.resize(layout_.groups.size());
+  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
+  const auto cb_live = static_cast<std::uint64_t>(layout_.compute_bytes);
+  copies_.resident = std::make_unique<ResidentSet>(layout_, config_.zero.stage3_param_persistence_threshold,
+                                            static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb_live,
+                                            *device_cache_);
+  finalized_ = true;  // the loaders below use the finalized paths
+  finalizing_ = true;
+  const Status init = write_initial_values();
+  finalizing_ = false;
+  if (!init.ok()) {
+    finalized_ = false;
+    return init;
+  }
+  step_.bytes = {};  // initialisation is not a step's traffic
+  // Last, so that a derived ring takes what pinned memory has left.
+  STRATA_ASSIGN_OR_RETURN(optimizer_, Optimizer::create({.layout = layout_,
+                                                         .config = config_,
+                                                         .device = dev(),
+                                                         .cpu_adam = *cpu_adam_,
+                                                         .turns = *cpu_turns_,
+                                                         .state = *state_,
+                                                         .homes = *homes_,
+                                                         .gradients = *gradients_,
+                                                         .device_cache = *device_cache_,
+                                                         .pinned_cache = *pinned_cache_,
+                                                         .trace = trace_,
+                                                         .staging_budget = shared_device_->staging_budget,
+                                                         .pinned_budget = shared_device_->pinned_budget},
+                                                        schedule_.ring_depth()));
+  Optimizer* optimizer = optimizer_.get();
+  runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
+                                              [optimizer](OptimizerJob& job) { return optimizer->run(job); });
+  optimizer_->set_runner(*runner_);
+  if (schedule_.threaded()) {
+    const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
+    STRATA_ASSIGN_OR_RETURN(
+        copies_.prefetcher,
+        Prefetcher::create(dev(), layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
+                           *device_cache_, [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence, Lane lane) {
+                             // A prefetch never copies a stale compute copy.
+                             Status s = waits_for_optimizer(g) ? runner_->wait_group(g, "prefetch") : Status();
+                             if (s.ok() && fence != nullptr) s = dev().wait(*lane.stream, *fence);
+                             if (!s.ok()) return s;
+                             TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
+                                          dst.size_bytes());
+                             gpu::PinnedBuffer staging;
+                             core::Result<std::span<std::byte>> host = homes_->load(g, staging, lane);
+                             s = host.ok() ? copy_h2d(dst, *host, lane) : host.status();
+                             pinned_cache_->put(std::move(staging));
+                             return s;
+                           }));
+  }
+  return Status();
+}
+
+core::Status Engine::write_initial_values() {
+  const int cb = layout_.compute_bytes;
+  // Safetensors files come in through the nvme engine, as checkpoints do;
+  // each is open from the first group that reads it to the last.
+  // Destruction order: the stream (it owns the files) before the backend.
+  std::unique_ptr<nvme::IoBackend> backend;
+  std::unique_ptr<PretrainedWeights::Stream> pretrained;
+  if (registry_.pretrained != nullptr) {
+    auto created = nvme::IoBackend::create(io_backend_options(config_.strata.io));
+    if (!created.ok()) return std::move(created).status().annotate("reading initial values");
+    backend = std::move(created).value();
+    pretrained = std::make_unique<PretrainedWeights::Stream>(*registry_.pretrained, *backend,
+                                                             direct_file_options(config_.strata.io));
+    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+      for (std::size_t pi : layout_.groups[g].params) {
+        if (!registry_.inits[pi]) pretrained->plan(g, layout_.params[pi].name);
+      }
+    }
+  }
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    std::map<std::size_t, std::vector<float>> values;  // by parameter index
+    for (std::size_t pi : gp.params) {
+      std::vector<float>& v = values[pi];
+      v.assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
+      Status s;
+      if (registry_.inits[pi]) {
+        // The callback runs without the lock (calls into the engine meanwhile
+        // see finalizing_ and fail).
+        const InitFn& init = registry_.inits[pi];  // (registration is over: finalize refuses it)
+        mu_.unlock();
+        s = init(v);
+        mu_.lock();
+      } else {
+        s = pretrained->read(layout_.params[pi], v);
+      }
+      if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
+    }
+    if (pretrained != nullptr) pretrained->end_group(g);
+    gpu::PinnedBuffer staging;
+    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
+    std::span<std::byte> host;
+    if (gp.compute_tier == Tier::kPinned) {
+      host = homes_->pinned_home(g).bytes();
+    } else {
+      STRATA_ASSIGN_OR_RETURN(staging, dev().allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
+      host = staging.bytes().first(bytes);
+    }
+    std::memset(host.data(), 0, host.size());
+    for (const auto& [pi, v] : values) {
+      to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
+    }
+    STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
+    // Master weights, chunk by chunk (moments start at zero).
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      const ChunkPlace& cp = layout_.chunks[c];
+      gpu::PinnedBuffer cstage;
+      std::vector<float> device_master;
+      std::span<float> master;
+      if (cp.state_tier == Tier::kDevice) {
+        device_master.assign(static_cast<std::size_t>(cp.elems), 0.0f);
+        master = device_master;
+      } else {
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
+        if (cp.state_tier == Tier::kNvme) step_.bytes.nvme_read += state_->staging_bytes(c);
+        master = st.master;
+      }
+      for (const Layout::Piece& p : layout_.pieces(cp)) {
+        std::memcpy(master.data() + (p.lo - cp.begin),
+                    values.at(p.param).data() + (p.lo - layout_.places[p.param].trainable_offset),
+                    static_cast<std::size_t>(p.hi - p.lo) * 4);
+      }
+      if (cp.state_tier == Tier::kDevice) {
+        STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
+        STRATA_RETURN_IF_ERROR(copy_h2d(home.subspan(0, static_cast<std::uint64_t>(cp.elems) * 4),
+                                        std::as_bytes(master)));
+      } else {
+        STRATA_RETURN_IF_ERROR(state_->store(c, cstage.bytes()));
+        if (cp.state_tier == Tier::kNvme) step_.bytes.nvme_write += state_->staging_bytes(c);
+      }
+    }
+  }
+  return Status();
+}
+
+core::Result<ChunkState> Engine::load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage) {
+  if (state_->staging_bytes(c) > 0) {
+    STRATA_ASSIGN_OR_RETURN(stage, pinned_cache_->get(state_->staging_bytes(c), "state staging"));
+  }
+  return state_->load(c, stage.bytes());
+}
+
+}  // namespace strata::engine
