@@ -425,11 +425,6 @@ bool moves_less(const PlacementPlan& a, const PlacementPlan& b) {
 
 std::string quoted(std::string_view s) { return str_cat('"', s, '"'); }
 
-std::string fraction_text(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", f);
-  return buf;
-}
 
 std::vector<ConfigChange> changes_for(const Config& config, const Placement& to) {
   std::vector<ConfigChange> changes;
@@ -464,117 +459,6 @@ std::vector<ConfigChange> changes_for(const Config& config, const Placement& to)
 }
 
 }  // namespace
-
-std::string group_digits(std::uint64_t v) {
-  std::string digits = std::to_string(v);
-  std::string out;
-  const int n = static_cast<int>(digits.size());
-  for (int i = 0; i < n; ++i) {
-    if (i > 0 && (n - i) % 3 == 0) out += ',';
-    out += digits[static_cast<std::size_t>(i)];
-  }
-  return out;
-}
-
-std::string_view offload_device_key(OffloadDevice d) {
-  switch (d) {
-    case OffloadDevice::kNone: return "none";
-    case OffloadDevice::kCpu: return "cpu";
-    case OffloadDevice::kNvme: return "nvme";
-  }
-  return "?";
-}
-
-std::string_view optimizer_name(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::kAdam: return "Adam";
-    case OptimizerType::kAdamW: return "AdamW";
-    case OptimizerType::kAdagrad: return "Adagrad";
-    case OptimizerType::kLion: return "Lion";
-  }
-  return "?";
-}
-
-std::string_view optimizer_label(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::kAdam: return "Adam moments";
-    case OptimizerType::kAdamW: return "AdamW moments";
-    case OptimizerType::kAdagrad: return "Adagrad sum of squares";
-    case OptimizerType::kLion: return "Lion momentum";
-  }
-  return "?";
-}
-
-std::uint64_t optimizer_moment_bytes(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::kAdam:
-    case OptimizerType::kAdamW: return 8;
-    case OptimizerType::kAdagrad:
-    case OptimizerType::kLion: return 4;
-  }
-  return 8;
-}
-
-std::string over_capacity_reason(const PlacementPlan& plan, const TierPlan& tier) {
-  std::vector<const PlanItem*> items;
-  for (const PlanItem& item : plan.items) {
-    if (item.tier == tier.tier) items.push_back(&item);
-  }
-  std::stable_sort(items.begin(), items.end(), [](const PlanItem* a, const PlanItem* b) {
-    return a->size_bytes > b->size_bytes;
-  });
-  std::string parts;
-  constexpr std::size_t kShown = 4;
-  for (std::size_t i = 0; i < items.size() && i < kShown; ++i) {
-    if (i > 0) parts += ", ";
-    parts += str_cat(item_label(items[i]->name), " ", core::format_bytes(items[i]->size_bytes));
-  }
-  if (items.size() > kShown) parts += str_cat(", ", items.size() - kShown, " more");
-  std::string limit = tier.margin_bytes > 0
-                          ? str_cat(core::format_bytes(tier.capacity_bytes), " less the ",
-                                    core::format_bytes(tier.margin_bytes), " margin")
-                          : tier.capacity_source;
-  return str_cat(tier_label(tier.tier), " needs ", core::format_bytes(tier.needed_bytes), " (",
-                 parts, ") > ", core::format_bytes(tier.available_bytes), " available (", limit,
-                 ")");
-}
-
-std::string_view item_label(std::string_view name) {
-  if (name == "compute_copies") return "compute copies";
-  if (name == "persistent_params") return "persistent params";
-  if (name == "fetch_window") return "fetch window";
-  if (name == "gradients") return "gradients";
-  if (name == "device_gradient_buffers") return "device gradient buffers";
-  if (name == "host_gradients") return "host gradients";
-  if (name == "master_weights") return "fp32 master";
-  if (name == "optimizer_moments") return "optimizer moments";
-  if (name == "optimizer_staging") return "optimizer staging";
-  if (name == "param_staging") return "param staging";
-  if (name == "speculative_state") return "speculative state";
-  if (name == "speculative_compute_copies") return "speculative compute copies";
-  if (name == "delayed_compute_copies") return "delayed compute copies";
-  if (name == "activations") return "activations";
-  if (name == "logits") return "logits";
-  if (name == "checkpoint") return "checkpoint";
-  return name;
-}
-
-std::string describe_placement(const Placement& p) {
-  std::string s =
-      str_cat("params ",
-              p.param_device == OffloadDevice::kNone ? std::string_view("gpu")
-                                                     : offload_device_key(p.param_device),
-              ", optimizer ",
-              p.optimizer_device == OffloadDevice::kNone ? std::string_view("gpu")
-                                                         : offload_device_key(p.optimizer_device));
-  if (p.optimizer_device != OffloadDevice::kNone && p.optimizer_ratio < 1.0) {
-    s += str_cat(" (ratio ", fraction_text(p.optimizer_ratio), ": the rest on gpu)");
-  }
-  if (p.optimizer_device == OffloadDevice::kNvme) {
-    s += str_cat(" (cpu fraction ", fraction_text(p.optimizer_cpu_fraction), ")");
-  }
-  return s;
-}
 
 std::uint64_t PlacementPlan::item_bytes(Tier t, std::string_view name) const {
   std::uint64_t total = 0;

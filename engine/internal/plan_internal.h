@@ -11,6 +11,8 @@
 
 namespace strata::engine {
 
+// 0.5 -> "0.5": a fraction as the config writes it.
+std::string fraction_text(double f);
 // 40000000000 -> "40,000,000,000".
 std::string group_digits(std::uint64_t v);
 // "none", "cpu", "nvme": the config's spelling (config.cpp has its own
