@@ -268,7 +268,7 @@ class Engine {
   core::Status flush_delayed(const char* op) STRATA_REQUIRES(mu_);
   // Schedule::defers_verdicts: step_end does not wait for the step's last
   // gradients. It posts a marker behind them on the gradient path
-  // (Engine::post_gradients_marker), which takes the norm and the inf/NaN
+  // (GradientPath::post_marker), which takes the norm and the inf/NaN
   // flag once they are in; the step's job waits for it, then takes the
   // verdict (skip, clip) and computes its constants. The verdicts come back
   // through wait_optimizer (fold_verdicts).
@@ -307,8 +307,8 @@ class Engine {
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
-  // --- optimizer jobs (engine/optimizer.cpp; the runner and the job body:
-  // engine/step/) ---
+  // --- building optimizer jobs (engine/optimizer.cpp; the runner and the
+  // job body: engine/step/) ---
   // Schedule::early_jobs: starts the step's early job (from grads_ready, the
   // first of the step's last micro-batch, or from the last step_end), with
   // the constants of a step that is applied and not clipped. step_end's

@@ -1,4 +1,5 @@
-// The engine's per-group state (engine.cpp, prefetch.cpp). Private to engine/.
+// The engine's per-group fetch state: the fetched device copy and the
+// gradient buffer (fetch.cpp, step.cpp). Private to engine/.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +10,7 @@
 
 namespace strata::engine {
 
-// A fetch group's compute copies and its transient device buffers.
+// A fetch group's transient device buffers while a step uses them.
 struct Engine::GroupState {
   gpu::DeviceBuffer working;      // device copy while fetched (home elsewhere)
   bool fetched = false;

@@ -1,6 +1,6 @@
 // strata.overlap "delayed": the one-step delayed update. Step N's job runs
 // during step N+1 and writes each group's new compute copies into pinned
-// memory (GroupState::pending) instead of home; the next step_end sends them
+// memory (ComputeHomes::hold_pending) instead of home; the next step_end sends them
 // home, so step N+1 computes with the weights from before update N. Nothing
 // the framework calls waits for the job: fetch reads the old copies (unless
 // they live on nvme, whose block takes one I/O at a time), and the group's
@@ -10,7 +10,7 @@
 //
 // Deferred verdicts (bf16/fp32 without strata.nonfinite "error"): step_end
 // does not wait for the step's last gradients; the job takes the verdict
-// (skip, clipping) once they are in (Engine::take_verdict).
+// (skip, clipping) once they are in (Optimizer::take_verdict).
 #include "engine/schedule/modes.h"
 
 namespace strata::engine {

@@ -89,10 +89,10 @@ class Schedule {
   // grads_ready of the step's last micro-batch, and the next one at step_end.
   virtual bool early_jobs(const StepRules&) const { return false; }
   // New compute copies wait in pinned memory until the next step_end
-  // (GroupState::pending): the next step computes with the old ones.
+  // (ComputeHomes::hold_pending): the next step computes with the old ones.
   virtual bool delays_update() const { return false; }
   // step_end does not wait for the step's last gradients: the step's own job
-  // takes the verdict once they are in (Engine::take_verdict).
+  // takes the verdict once they are in (Optimizer::take_verdict).
   virtual bool defers_verdicts(const StepRules&) const { return false; }
   // fetch (and prefetch) of a group whose compute copies live in `compute`
   // waits for the last step's job on it.

@@ -68,7 +68,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
     if (gp.chunk_count == 0 && !job.early) runner_->mark_done(g, job.id);  // frozen: nothing to update
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
   }
-  // A speculative job knows whether its work counts only from the verdict on.
+  // An early job knows whether its work counts only from the verdict on.
   bool decided = !job.early;
 
   // The disk pipeline's walk through the items' chunks (kept in the items'
@@ -78,7 +78,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
   DiskPipeline::Pass disk(*pipeline_, chunks, job.read_ahead, job.write_behind, job.bytes, trace_);
 
   // The groups whose compute copies are open: a host view (the pinned home
-  // itself, or a staging copy; a speculative job's is always a shadow copy),
+  // itself, or a staging copy; an uncertain early job's is always a shadow copy),
   // the chunks still to update, and when the group was opened.
   struct Open {
     gpu::PinnedBuffer buffer;
@@ -181,7 +181,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
       if (gate == OptimizerRunner::Gate::kStop) return stop();
       if (gate == OptimizerRunner::Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
     }
-    // The group's compute copies are read only now: a speculative job may
+    // The group's compute copies are read only now: an early job may
     // have started before the forward that fetches them.
     if (!open.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
     const std::vector<Layout::Piece> pieces = layout_.pieces(cp);
@@ -272,7 +272,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
       }
     }
   }
-  // A speculative job that updated everything before its verdict waits for it here.
+  // An early job that updated everything before its verdict waits for it here.
   if (!decided) {
     const OptimizerRunner::Gate gate = runner_->gate(job.id, SIZE_MAX, false);
     if (gate == OptimizerRunner::Gate::kStop) return stop();

@@ -1,6 +1,6 @@
 // OptimizerJob: one step's optimizer work, as step_end (or an early start)
 // hands it to the optimizer runner (engine/step/optimizer_runner.h), which
-// runs it through the engine's job body (engine/optimizer.cpp). Private to
+// runs it through the job body (engine/step/optimizer.h). Private to
 // engine/.
 #pragma once
 
@@ -35,7 +35,7 @@ struct OptimizerJob {
   // and the group's compute copies go home at once (those on the device,
   // which the framework may still be reading, at the verdict).
   bool certain = false;
-  // overlap "delayed": the new compute copies go to GroupState::pending,
+  // overlap "delayed": the new compute copies go to ComputeHomes::hold_pending,
   // not home (Engine::commit_pending).
   bool delayed = false;
   // Per group, for a certain job: wait for the verdict all the same (see
