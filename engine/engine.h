@@ -284,9 +284,10 @@ class Engine {
   core::Status check_finalized(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
-  // Where device copies go and whose bytes they count: the framework's calls
-  // use the default (stream_, step_.bytes), the optimizer its own stream and
-  // opt_bytes_, so the two run side by side.
+  // Where device copies go and whose bytes they count (engine/state/copy_lane.h):
+  // the framework's calls use the step's lane (stream_, step_.bytes); the
+  // gradient path, the optimizer's jobs and the prefetcher have their own, so
+  // they run side by side.
   using Lane = CopyLane;
   // The framework's calls' lane: the engine's stream, the step's bytes.
   Lane step_lane() { return {&stream_, &step_.bytes, TraceTrack::kDevice}; }

@@ -241,7 +241,8 @@ core::Status Engine::write_initial_values() {
     if (gp.compute_tier == Tier::kPinned) {
       host = homes_->pinned_home(g).bytes();
     } else {
-      STRATA_ASSIGN_OR_RETURN(staging, dev().allocate_pinned(core::align_up(bytes, 4096), "compute staging"));
+      STRATA_ASSIGN_OR_RETURN(staging,
+                              dev().allocate_pinned(core::align_up(bytes, core::kDirectIoAlignment), "compute staging"));
       host = staging.bytes().first(bytes);
     }
     std::memset(host.data(), 0, host.size());

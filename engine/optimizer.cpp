@@ -1,6 +1,9 @@
-// The optimizer of a step (Engine members declared in engine/engine.h):
-// the job step_end hands over, the thread that runs it while the next
-// forward goes on (overlap "exact"), and the disk pipeline inside it.
+// Building the step's optimizer jobs (Engine members declared in
+// engine/engine.h): the job step_end hands over (the next forward's order, or
+// the backward's per the schedule), the early job that starts before the
+// verdict and the calls that stop it, and folding the deferred verdicts jobs
+// took into the step counts. The runner runs the jobs and the job body is
+// engine/step/optimizer.cpp.
 //
 // Exactness: a job applies the step's constants (norm, clipping, loss scale
 // and learning rate are all known when step_end builds it) to every chunk;
@@ -8,36 +11,17 @@
 // beside them, never changes a bit. The next step waits per group: fetch,
 // grad_buffer and grads_ready of group g return only after the job has
 // written g's new compute copies home and consumed g's gradients.
-//
-// The disk pipeline: nvme chunks are read into the staging ring up to
-// `read_ahead` chunks ahead of the one cpu_adam works on, and written back
-// behind it; a slot is free again when its write has completed. With the
-// ring's K slots, K - 1 reads and writes are in flight around the chunk in
-// Adam (read i+2, Adam i+1, write i for K = 3).
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <map>
 #include <utility>
 #include <vector>
 
-#include "cpu_adam/cpu_adam.h"
-#include "core/clock.h"
-#include "core/logging.h"
 #include "core/str.h"
 #include "engine/engine.h"
-#include "engine/internal/buffer_cache.h"
-#include "engine/internal/cpu_turns.h"
-#include "engine/internal/elem_types.h"
 #include "engine/internal/group_state.h"
+#include "engine/state/state_store.h"
 #include "engine/step/optimizer_job.h"
 #include "engine/step/optimizer_runner.h"
-#include "engine/internal/serial_queue.h"
-#include "engine/state/compute_homes.h"
-#include "engine/state/state_store.h"
-#include "nvme/swap_store.h"
 
 namespace strata::engine {
 
@@ -45,16 +29,8 @@ using core::Status;
 using core::str_cat;
 namespace nx = core::numerics;
 
-namespace {
-
-// The elements of one Adam call: about a millisecond of cpu_adam on two
-// cores, the longest a gradient pass waits for the optimizer.
-constexpr std::int64_t kAdamSliceElems = std::int64_t{1} << 21;
-
-}  // namespace
-
 std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,
-                                                                 std::int64_t step) {
+                                                         std::int64_t step) {
   auto job = std::make_unique<OptimizerJob>();
   job->step = step;
   job->constants = std::move(constants);

@@ -8,8 +8,9 @@
 // fence has passed first): the prefetch stream waits for it. A fetch whose
 // copy is in flight waits for that copy only; the copy's traffic counts when
 // the fetch takes it. The copy itself (waiting for the optimizer's mark on
-// the group first) is the engine's, handed in as CopyIn. Called under the
-// engine's lock; the copies run on the prefetch thread.
+// the group first) is the engine's, handed in as CopyIn. Thread-compatible:
+// its calls come under the engine's lock; the copies run on the prefetch
+// thread and touch only their own Copy until done.
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,8 @@
 // bytes it counts (a step's, a job's, a prefetch's), and which trace track
 // shows it. The framework's calls use the engine's lane, the gradient path,
 // the optimizer and the prefetcher their own, so their copies run side by
-// side. The copies block until done. Private to engine/.
+// side. The copies block until done. A lane is used by one thread at a time
+// (its stream's owner); the functions are thread-safe. Private to engine/.
 #pragma once
 
 #include <cstddef>

@@ -14,7 +14,8 @@
 // so neither the order chunks are updated in nor what runs beside them
 // changes a bit. The job works without the engine's lock on what the step
 // protocol leaves it: the chunks, the host gradients and the compute homes of
-// the groups it has not marked done. Private to engine/.
+// the groups it has not marked done. One job at a time (the runner's
+// thread, or step_end's under "none"): thread-compatible. Private to engine/.
 #pragma once
 
 #include <cstddef>

@@ -50,7 +50,7 @@ struct OptimizerJob {
   std::int64_t norm_step = 0;
   std::vector<core::numerics::AdamHyperparams> hyper;
   VerdictRecord verdict;
-  // Written by the job, read after it finished (finish_optimizer_job).
+  // Written by the job, read after it finished (OptimizerRunner::finish).
   StepBytes bytes;
   double seconds = 0.0;
   std::int64_t discarded_elems = 0;  // elements updated speculatively and thrown away

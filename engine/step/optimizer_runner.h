@@ -12,7 +12,8 @@
 //    and the gate the job passes before updating a group;
 //  - the finished jobs' traffic, seconds and deferred verdicts, taken by the
 //    next step_end.
-// The job body is the engine's (Run). Thread-safe.
+// The job body is handed in (Run: Optimizer::run, engine/step/optimizer.h).
+// Thread-safe.
 #pragma once
 
 #include <cstddef>
