@@ -34,12 +34,20 @@ std::string describe_int_bounds(std::int64_t x, std::int64_t lo, std::int64_t hi
 
 // DeepSpeed rejects duplicate keys; nlohmann keeps the last one. This parser
 // callback finds the first duplicate and its path.
+// Thrown by the parse callback when the document nests deeper than
+// kMaxJsonDepth: parsing stops there, before a deep document costs memory
+// or anything recurses over it (dump, comparisons).
+struct TooDeep {};
+
 class DuplicateKeyFinder {
  public:
   bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
     switch (event) {
-      case Json::parse_event_t::object_start: frames_.push_back(Frame{.is_object = true}); break;
-      case Json::parse_event_t::array_start: frames_.push_back(Frame{.is_object = false}); break;
+      case Json::parse_event_t::object_start:
+      case Json::parse_event_t::array_start:
+        if (frames_.size() >= kMaxJsonDepth) throw TooDeep{};
+        frames_.push_back(Frame{.is_object = event == Json::parse_event_t::object_start});
+        break;
       case Json::parse_event_t::object_end:
       case Json::parse_event_t::array_end:
         if (!frames_.empty()) frames_.pop_back();
@@ -429,6 +437,9 @@ Status parse_json(std::string_view text, Json* out) {
     // Callbacks are copied by nlohmann: pass a reference wrapper so the finder keeps state.
     *out = Json::parse(text.begin(), text.end(), std::ref(finder), /*allow_exceptions=*/true,
                        /*ignore_comments=*/true);
+  } catch (const TooDeep&) {
+    return Status::invalid_argument(str_cat("invalid JSON: nested deeper than ", kMaxJsonDepth,
+                                            " levels (a configuration needs a handful)"));
   } catch (const Json::parse_error& e) {
     std::string what = e.what();
     const std::size_t at = what.find("parse error");

@@ -255,10 +255,14 @@ class ObjectReader {
   std::vector<std::string> known_;
 };
 
+// Objects and arrays nested deeper than this are refused while parsing.
+inline constexpr std::size_t kMaxJsonDepth = 64;
 // Parses `text` (comments allowed) into `out`. Errors are kInvalidArgument:
-// invalid JSON names the byte offset; a key given twice in one object (which
-// nlohmann would take silently, keeping the last) names the first duplicate's
-// key path, as DeepSpeed rejects duplicates too.
+// invalid JSON names the byte offset; nesting deeper than kMaxJsonDepth is
+// refused as soon as it is seen (so no document costs more than a small
+// multiple of its size, and nothing recurses deeply over it); a key given
+// twice in one object (which nlohmann would take silently, keeping the last)
+// names the first duplicate's key path, as DeepSpeed rejects duplicates too.
 core::Status parse_json(std::string_view text, Json* out);
 
 }  // namespace strata::engine::config_internal

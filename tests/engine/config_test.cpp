@@ -1194,6 +1194,23 @@ TEST(Config, DuplicateKeysAreErrorsAsInDeepSpeed) {
                {"train_batch_size: duplicate key"});
 }
 
+// A document nested deeper than any configuration needs is refused while it
+// is parsed: 100,000 levels (which once crashed the error message's preview)
+// and a deep value under a known key, and nesting just within the limit parses.
+TEST(Config, DeepNestingIsRefusedWithAClearError) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expect_error(deep, {"invalid JSON", "nested deeper than 64 levels"});
+  expect_error(doc(R"("wandb": )" + std::string(70, '[') + std::string(70, ']')), {"nested deeper than 64"});
+  std::string objects;
+  for (int i = 0; i < 70; ++i) objects += "{\"a\": ";
+  objects += "1" + std::string(70, '}');
+  expect_error(doc(R"("wandb": )" + objects), {"nested deeper than 64"});
+  // 63 levels below the top-level object: within the limit (an unknown
+  // section's content is not checked).
+  const Config c = parse_ok(doc(R"("wandb": )" + std::string(63, '[') + std::string(63, ']')));
+  EXPECT_EQ(c.train_batch_size, 8);
+}
+
 TEST(Config, EqualKeysInSiblingObjectsAreNotDuplicates) {
   const Config c = parse_ok(doc(R"("wandb": {"runs": [{"name": "a"}, {"name": "b"}]},
       "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
