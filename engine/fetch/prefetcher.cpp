@@ -34,13 +34,12 @@ core::Result<std::unique_ptr<Prefetcher>> Prefetcher::create(gpu::Device& device
                                                              BufferCache<gpu::DeviceBuffer>& cache, CopyIn copy_in) {
   STRATA_ASSIGN_OR_RETURN(gpu::Stream stream, device.create_stream("prefetch"));
   return std::unique_ptr<Prefetcher>(
-      new Prefetcher(device, layout, bucket_bytes, cache, std::move(copy_in), std::move(stream)));
+      new Prefetcher(layout, bucket_bytes, cache, std::move(copy_in), std::move(stream)));
 }
 
-Prefetcher::Prefetcher(gpu::Device& device, const Layout& layout, std::uint64_t bucket_bytes,
+Prefetcher::Prefetcher(const Layout& layout, std::uint64_t bucket_bytes,
                        BufferCache<gpu::DeviceBuffer>& cache, CopyIn copy_in, gpu::Stream stream)
-    : device_(device),
-      layout_(layout),
+    : layout_(layout),
       bucket_(bucket_bytes),
       cache_(cache),
       copy_in_(std::move(copy_in)),

@@ -66,10 +66,9 @@ class Prefetcher {
 
  private:
   struct Copy;
-  Prefetcher(gpu::Device& device, const Layout& layout, std::uint64_t bucket_bytes,
+  Prefetcher(const Layout& layout, std::uint64_t bucket_bytes,
              BufferCache<gpu::DeviceBuffer>& cache, CopyIn copy_in, gpu::Stream stream);
 
-  gpu::Device& device_;
   const Layout& layout_;
   const std::uint64_t bucket_;
   BufferCache<gpu::DeviceBuffer>& cache_;

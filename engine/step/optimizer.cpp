@@ -35,10 +35,10 @@ core::Result<std::unique_ptr<Optimizer>> Optimizer::create(const Parts& parts, s
 }
 
 core::Result<bool> Optimizer::take_verdict(OptimizerJob& job) {
-  STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, gradients_.wait_marker(job.marker, job.norm_step));
+  STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, parts_.gradients.wait_marker(job.marker, job.norm_step));
   const double raw_norm = m.raw_norm;
   const bool nonfinite = m.nonfinite;
-  Verdict::Deferred d = Verdict::decide_deferred(config_, raw_norm, nonfinite, job.hyper, job.step, job.norm_step);
+  Verdict::Deferred d = Verdict::decide_deferred(parts_.config, raw_norm, nonfinite, job.hyper, job.step, job.norm_step);
   job.verdict = d.record;
   job.constants = std::move(d.constants);
   return !job.verdict.skipped;
@@ -46,9 +46,9 @@ core::Result<bool> Optimizer::take_verdict(OptimizerJob& job) {
 
 core::Status Optimizer::run(OptimizerJob& job) {
   const core::Stopwatch clock;
-  const int cb = layout_.compute_bytes, gb = layout_.grad_bytes;
-  const adam::ElemType grad_type = adam_type(gb, config_.precision);
-  const adam::ElemType compute_type = adam_type(cb, config_.precision);
+  const int cb = parts_.layout.compute_bytes, gb = parts_.layout.grad_bytes;
+  const adam::ElemType grad_type = adam_type(gb, parts_.config.precision);
+  const adam::ElemType compute_type = adam_type(cb, parts_.config.precision);
   const CopyLane lane{&stream_, &job.bytes, TraceTrack::kOptDevice};
   if (job.deferred_verdict) {
     STRATA_ASSIGN_OR_RETURN(const bool apply, take_verdict(job));
@@ -64,7 +64,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
   };
   std::vector<Item> items;
   for (std::size_t g : job.order) {
-    const GroupPlace& gp = layout_.groups[g];
+    const GroupPlace& gp = parts_.layout.groups[g];
     if (gp.chunk_count == 0 && !job.early) runner_->mark_done(g, job.id);  // frozen: nothing to update
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
   }
@@ -75,7 +75,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
   // order: on_apply reorders those not read yet).
   std::vector<std::size_t> chunks(items.size());
   for (std::size_t i = 0; i < items.size(); ++i) chunks[i] = items[i].chunk;
-  DiskPipeline::Pass disk(*pipeline_, chunks, job.read_ahead, job.write_behind, job.bytes, trace_);
+  DiskPipeline::Pass disk(*pipeline_, chunks, job.read_ahead, job.write_behind, job.bytes, parts_.trace);
 
   // The groups whose compute copies are open: a host view (the pinned home
   // itself, or a staging copy; an uncertain early job's is always a shadow copy),
@@ -90,18 +90,18 @@ core::Status Optimizer::run(OptimizerJob& job) {
   std::vector<std::size_t> waiting;  // speculative: updated groups awaiting the verdict
   std::int64_t updated_elems = 0;    // speculative: elements updated before the verdict
   auto open_group = [&](std::size_t g) -> Status {
-    const GroupPlace& gp = layout_.groups[g];
+    const GroupPlace& gp = parts_.layout.groups[g];
     Open o;
     o.left = gp.chunk_count;
     o.begin_ns = core::monotonic_ns();
     if (((job.early && !job.certain) || job.delayed) && gp.compute_tier == Tier::kPinned) {
-      const std::span<std::byte> home = homes_.pinned_home(g).bytes();
-      STRATA_ASSIGN_OR_RETURN(o.buffer, pinned_cache_.get(home.size(), job.delayed ? "delayed compute copies"
+      const std::span<std::byte> home = parts_.homes.pinned_home(g).bytes();
+      STRATA_ASSIGN_OR_RETURN(o.buffer, parts_.pinned_cache.get(home.size(), job.delayed ? "delayed compute copies"
                                                                                        : "speculative compute copies"));
       std::memcpy(o.buffer.data(), home.data(), home.size());
       o.compute = o.buffer.bytes();
     } else {
-      STRATA_ASSIGN_OR_RETURN(o.compute, homes_.load(g, o.buffer, lane));
+      STRATA_ASSIGN_OR_RETURN(o.compute, parts_.homes.load(g, o.buffer, lane));
     }
     open.emplace(g, std::move(o));
     return Status();
@@ -110,26 +110,26 @@ core::Status Optimizer::run(OptimizerJob& job) {
   // nvme chunks (speculative) and its compute copies; then the next step may
   // fetch it.
   auto commit_group = [&](std::size_t g) -> Status {
-    const GroupPlace& gp = layout_.groups[g];
+    const GroupPlace& gp = parts_.layout.groups[g];
     Open& o = open.at(g);
     if (job.early && !job.certain) {
       for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-        if (state_.tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(state_.commit_next(c));
+        if (parts_.state.tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(parts_.state.commit_next(c));
       }
     }
     if (job.delayed) {
       // Home at the next step_end (commit_pending): the next step computes
       // with the old copies.
-      homes_.hold_pending(g, std::move(o.buffer), homes_.bytes(g));
+      parts_.homes.hold_pending(g, std::move(o.buffer), parts_.homes.bytes(g));
       o.buffer = {};
     } else if (job.early && !job.certain && gp.compute_tier == Tier::kPinned) {
-      std::swap(homes_.pinned_home(g), o.buffer);  // the shadow is the new home
+      std::swap(parts_.homes.pinned_home(g), o.buffer);  // the shadow is the new home
     } else {
-      STRATA_RETURN_IF_ERROR(homes_.commit(g, o.compute, lane));
+      STRATA_RETURN_IF_ERROR(parts_.homes.commit(g, o.compute, lane));
     }
-    trace_.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), o.begin_ns,
+    parts_.trace.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), o.begin_ns,
                 core::monotonic_ns());
-    pinned_cache_.put(std::move(o.buffer));
+    parts_.pinned_cache.put(std::move(o.buffer));
     open.erase(g);
     runner_->mark_done(g, job.id);
     return Status();
@@ -142,7 +142,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
     for (std::size_t g : waiting) STRATA_RETURN_IF_ERROR(commit_group(g));
     waiting.clear();
     for (std::size_t g : job.order) {
-      if (layout_.groups[g].chunk_count == 0) runner_->mark_done(g, job.id);
+      if (parts_.layout.groups[g].chunk_count == 0) runner_->mark_done(g, job.id);
     }
     const auto from = static_cast<std::ptrdiff_t>(std::max(disk.next_read(), current + 1));
     std::stable_sort(items.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(items.size())),
@@ -152,7 +152,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
   };
   // The verdict said stop: nothing this job did counts.
   auto stop = [&]() -> Status {
-    for (auto& [g, o] : open) pinned_cache_.put(std::move(o.buffer));
+    for (auto& [g, o] : open) parts_.pinned_cache.put(std::move(o.buffer));
     open.clear();
     job.discarded_elems += updated_elems;
     // step_end may go on: no gradient or compute copy is read any more.
@@ -167,7 +167,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
 
   for (std::size_t i = 0; i < items.size(); ++i) {
     const std::size_t g = items[i].group, c = items[i].chunk;
-    const ChunkPlace& cp = layout_.chunks[c];
+    const ChunkPlace& cp = parts_.layout.chunks[c];
 
     // Writes that are done give their slots back; then the reads ahead.
     STRATA_RETURN_IF_ERROR(disk.advance(i));
@@ -184,10 +184,10 @@ core::Status Optimizer::run(OptimizerJob& job) {
     // The group's compute copies are read only now: an early job may
     // have started before the forward that fetches them.
     if (!open.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
-    const std::vector<Layout::Piece> pieces = layout_.pieces(cp);
+    const std::vector<Layout::Piece> pieces = parts_.layout.pieces(cp);
     std::span<std::byte> compute = open.at(g).compute;
     auto compute_at = [&](const Layout::Piece& p) {
-      const ParamPlace& pl = layout_.places[p.param];
+      const ParamPlace& pl = parts_.layout.places[p.param];
       return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
     };
 
@@ -196,7 +196,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
       if (cp.state_tier == Tier::kNvme) {
         STRATA_ASSIGN_OR_RETURN(st, disk.take(i));
       } else {
-        STRATA_ASSIGN_OR_RETURN(st, state_.load(c, {}));
+        STRATA_ASSIGN_OR_RETURN(st, parts_.state.load(c, {}));
       }
       // In slices, each a turn of its own: a gradient pass waiting (the
       // backward's critical path) goes first. Adam is elementwise, so the
@@ -209,16 +209,16 @@ core::Status Optimizer::run(OptimizerJob& job) {
           const auto off = static_cast<std::size_t>(lo - cp.begin);
           const auto n = static_cast<std::size_t>(hi - lo);
           std::byte* out = compute_at(p) + (lo - p.lo) * cb;
-          const CpuTurns::Turn turn(turns_, CpuTurns::kBackground);
-          TraceScope tc(trace_, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
+          const CpuTurns::Turn turn(parts_.turns, CpuTurns::kBackground);
+          TraceScope tc(parts_.trace, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
           adam::AdamStepArgs a;
-          a.constants = job.constants[static_cast<std::size_t>(layout_.params[p.param].optimizer_group)];
+          a.constants = job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
           a.master = st.master.subspan(off, n);
           a.exp_avg = st.exp_avg.subspan(off, n);
           a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
-          a.grad = {gradients_.host_grads() + lo * gb, grad_type, static_cast<std::int64_t>(n)};
+          a.grad = {parts_.gradients.host_grads() + lo * gb, grad_type, static_cast<std::int64_t>(n)};
           if (cb == 2) a.copy_out = {out, compute_type, static_cast<std::int64_t>(n)};
-          STRATA_RETURN_IF_ERROR(cpu_adam_.step(a));
+          STRATA_RETURN_IF_ERROR(parts_.cpu_adam.step(a));
           if (cb == 4) std::memcpy(out, a.master.data(), n * 4);
         }
       }
@@ -230,33 +230,33 @@ core::Status Optimizer::run(OptimizerJob& job) {
     } else {
       // State on the device: gradients go up, the device steps, the new
       // compute copies come back down into the group's host view.
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, state_.device_state(c));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, parts_.state.device_state(c));
       const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, device_cache_.get(n_all * gb, "optimizer gradients"));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, parts_.device_cache.get(n_all * gb, "optimizer gradients"));
       STRATA_RETURN_IF_ERROR(
-          lane_h2d(device_, trace_, lane, dgrad.span(), {gradients_.host_grads() + cp.begin * gb, n_all * gb}));
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, device_cache_.get(n_all * cb, "optimizer compute copies"));
+          lane_h2d(parts_.device, parts_.trace, lane, dgrad.span(), {parts_.gradients.host_grads() + cp.begin * gb, n_all * gb}));
+      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, parts_.device_cache.get(n_all * cb, "optimizer compute copies"));
       for (const Layout::Piece& p : pieces) {
         const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
         const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
         gpu::AdamStepArgs a;
-        a.constants = job.constants[static_cast<std::size_t>(layout_.params[p.param].optimizer_group)];
+        a.constants = job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
         a.master = state.subspan(off * 4, n * 4);
         a.exp_avg = state.subspan(n_all * 4 + off * 4, n * 4);
         a.exp_avg_sq = state.subspan(2 * n_all * 4 + off * 4, n * 4);
-        a.grad = gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, config_.precision));
-        if (cb == 2) a.copy_out = gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, config_.precision));
-        STRATA_RETURN_IF_ERROR(device_.adam_step(stream_, a));
-        if (cb == 4) STRATA_RETURN_IF_ERROR(device_.copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), a.master));
+        a.grad = gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, parts_.config.precision));
+        if (cb == 2) a.copy_out = gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, parts_.config.precision));
+        STRATA_RETURN_IF_ERROR(parts_.device.adam_step(stream_, a));
+        if (cb == 4) STRATA_RETURN_IF_ERROR(parts_.device.copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), a.master));
       }
-      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, pinned_cache_.get(n_all * cb, "optimizer compute copies"));
-      STRATA_RETURN_IF_ERROR(lane_d2h(device_, trace_, lane, back.bytes().first(n_all * cb), dcopy.span()));
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts_.pinned_cache.get(n_all * cb, "optimizer compute copies"));
+      STRATA_RETURN_IF_ERROR(lane_d2h(parts_.device, parts_.trace, lane, back.bytes().first(n_all * cb), dcopy.span()));
       for (const Layout::Piece& p : pieces) {
         std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
       }
-      device_cache_.put(std::move(dgrad));
-      device_cache_.put(std::move(dcopy));
-      pinned_cache_.put(std::move(back));
+      parts_.device_cache.put(std::move(dgrad));
+      parts_.device_cache.put(std::move(dcopy));
+      parts_.pinned_cache.put(std::move(back));
     }
 
     if (!decided) updated_elems += cp.elems;
@@ -265,7 +265,7 @@ core::Status Optimizer::run(OptimizerJob& job) {
     // device, where the framework may still be reading them), and the next
     // step may fetch it.
     if (--open.at(g).left == 0) {
-      if (decided || (job.certain && layout_.groups[g].compute_tier != Tier::kDevice)) {
+      if (decided || (job.certain && parts_.layout.groups[g].compute_tier != Tier::kDevice)) {
         STRATA_RETURN_IF_ERROR(commit_group(g));
       } else {
         waiting.push_back(g);

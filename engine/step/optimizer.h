@@ -72,34 +72,13 @@ class Optimizer {
   core::Status run(OptimizerJob& job);
 
  private:
-  explicit Optimizer(const Parts& parts)
-      : layout_(parts.layout),
-        config_(parts.config),
-        device_(parts.device),
-        cpu_adam_(parts.cpu_adam),
-        turns_(parts.turns),
-        state_(parts.state),
-        homes_(parts.homes),
-        gradients_(parts.gradients),
-        device_cache_(parts.device_cache),
-        pinned_cache_(parts.pinned_cache),
-        trace_(parts.trace) {}
+  explicit Optimizer(const Parts& parts) : parts_(parts) {}
   // A deferred verdict: waits for the job's gradient marker, decides as
   // step_end would have (Verdict::decide_deferred) and fills in the job's
   // constants; false when the step is skipped.
   core::Result<bool> take_verdict(OptimizerJob& job);
 
-  const Layout& layout_;
-  const Config& config_;
-  gpu::Device& device_;
-  adam::CpuAdam& cpu_adam_;
-  CpuTurns& turns_;
-  StateStore& state_;
-  ComputeHomes& homes_;
-  GradientPath& gradients_;
-  BufferCache<gpu::DeviceBuffer>& device_cache_;
-  BufferCache<gpu::PinnedBuffer>& pinned_cache_;
-  Trace& trace_;
+  const Parts parts_;
   OptimizerRunner* runner_ = nullptr;
   gpu::Stream stream_;
   std::unique_ptr<DiskPipeline> pipeline_;
