@@ -14,7 +14,15 @@ static_assert(std::atomic<int>::is_always_lock_free, "the handler needs a lock-f
 
 extern "C" void on_stop_signal(int sig) {
   int expected = 0;
-  if (!g_stop_signal.compare_exchange_strong(expected, sig)) {
+  if (g_stop_signal.compare_exchange_strong(expected, sig)) {
+    static const char kInt[] =
+        "\nstrata-train: SIGINT: stopping after the step in flight (again to exit at once)\n";
+    static const char kTerm[] =
+        "\nstrata-train: SIGTERM: stopping after the step in flight (again to exit at once)\n";
+    const ssize_t written = sig == SIGINT ? ::write(STDERR_FILENO, kInt, sizeof kInt - 1)
+                                          : ::write(STDERR_FILENO, kTerm, sizeof kTerm - 1);
+    (void)written;
+  } else {
     // The second signal: no clean-up, exit now (only async-signal-safe calls here).
     static const char kMessage[] =
         "\nstrata-train: second signal, exiting at once (the swap files stay until "
@@ -30,8 +38,9 @@ extern "C" void on_stop_signal(int sig) {
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
-  // Each handler runs with both signals blocked, so a second signal is handled
-  // after the first handler has recorded the first.
+  // Each handler runs with both signals blocked in its thread, so a second
+  // signal to that thread is handled after the first has been recorded. Any
+  // thread may run it (OpenBLAS starts its threads before main).
   sigemptyset(&sa.sa_mask);
   sigaddset(&sa.sa_mask, SIGINT);
   sigaddset(&sa.sa_mask, SIGTERM);

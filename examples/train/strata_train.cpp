@@ -326,6 +326,7 @@ int run(const Options& o) {
     std::printf("%5s %12s %10s %10s %10s %10s %10s %9s\n", "step", "loss", "samples/s", "h2d", "d2h", "nvme rd",
                 "nvme wr", "lr");
   }
+  std::fflush(stdout);
 
   std::vector<std::uint16_t> half;
   std::vector<float> weights, grads;

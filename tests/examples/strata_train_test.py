@@ -174,6 +174,7 @@ class Signals(unittest.TestCase):
             m = re.search(r"interrupted by (SIG\w+) at step (\d+)", out)
             self.assertIsNotNone(m, out + err)
             self.assertEqual(m.group(1), signal.Signals(sig).name)
+            self.assertIn(f"{signal.Signals(sig).name}: stopping after the step in flight", err)
             self.assertNotIn("exported", out)
             self.assertEqual(swap_files(tmp), [], "swap files left behind")
             if not checkpoint:
@@ -200,11 +201,24 @@ class Signals(unittest.TestCase):
 
     def test_second_signal_exits_at_once(self):
         with tempfile.TemporaryDirectory() as tmp:
-            proc = self.start(tmp)
-            self.wait_for_steps(proc, 1)
+            # The default model with 1024 samples per micro-batch: a step takes a second or more
+            # here. The first signal comes a third into the second step (timed by the first), the
+            # second as soon as the first has been taken, while that step is still running.
+            os.makedirs(os.path.join(tmp, "strata_swap"), exist_ok=True)
+            proc = subprocess.Popen([EXE, "--config", CONFIG, "--batch", "1024", "--steps", "100000"], cwd=tmp,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            first = self.wait_for_steps(proc, 1).splitlines()[-1].split()
+            samples_per_s = float(first[2])
+            time.sleep(1024 / samples_per_s / 3)
             proc.send_signal(signal.SIGINT)
+            err = ""
+            while "stopping after the step in flight" not in err:
+                line = proc.stderr.readline()
+                self.assertTrue(line, err)
+                err += line
             proc.send_signal(signal.SIGTERM)  # the second: _exit(128 + SIGTERM) in the handler
-            out, err = proc.communicate(timeout=120)
+            out, rest = proc.communicate(timeout=120)
+            err += rest
             self.assertEqual(proc.returncode, 128 + signal.SIGTERM, out + err)
             self.assertIn("second signal", err)
             self.assertNotIn("interrupted by", out)
