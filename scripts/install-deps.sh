@@ -9,6 +9,7 @@ packages=(
   clang  # the test command's thread-safety analysis (scripts/thread_safety_check.py)
   liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev libdlpack-dev
+  libcli11-dev  # the command lines of strata and strata-train
   # The Python side: strata.torch, its tests, the Llama example and its text
   # (the fortunes collection: English quotations and literature, never committed).
   python3-torch python3-numpy python3-pytest python3-tqdm fortunes-min fortunes

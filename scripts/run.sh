@@ -35,7 +35,8 @@ if [[ "${1:-}" == "--native" ]]; then
     echo "run.sh: build-release/examples/train/strata-train was not built (OpenBLAS missing?)" >&2
     exit 1
   fi
-  exec build-release/examples/train/strata-train --config examples/configs/strata_default.json "$@"
+  # strata-train takes examples/configs/strata_default.json unless the flags give --config.
+  exec build-release/examples/train/strata-train "$@"
 fi
 export STRATA_LIBRARY=$PWD/build-release/bindings/c/libstrata.so
 exec /usr/bin/python3 examples/python/train_llama.py "$@"

@@ -2,8 +2,10 @@
 """The strata command end to end: exit codes, the 40B answer, and errors that
 name what was wrong. Usage: cli_test.py STRATA_EXE SOURCE_ROOT"""
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import unittest
 
 EXE, ROOT = sys.argv[1], sys.argv[2]
@@ -69,7 +71,67 @@ class Cli(unittest.TestCase):
         r = strata("help")
         self.assertEqual(r.returncode, 0)
         self.assertIn("plan", r.stdout)
+        self.assertIn("config", r.stdout)
         self.assertEqual(strata("frobnicate").returncode, 2)
+        for cmd in (["--help"], ["plan", "--help"], ["config", "--help"]):
+            r = strata(*cmd)
+            self.assertEqual(r.returncode, 0, cmd)
+            self.assertIn("usage", r.stdout.lower(), cmd)
+        r = strata("version", "--colour")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--colour", r.stderr)
+
+    def test_plan_flag_given_twice_or_without_value_is_named(self):
+        r = strata("plan", "--config", NVME, *BIG, "--layers", "12")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--layers is given twice", r.stderr)
+        r = strata("plan", "--config", NVME, *BIG, "--seq")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--seq", r.stderr)
+
+    # strata config FILE: the resolved configuration and its warnings.
+    def test_config_prints_every_key_resolved(self):
+        r = strata("config", f"{ROOT}/examples/configs/strata_default.json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        cfg = json.loads(r.stdout)
+        # Defaults the file does not set are filled in.
+        self.assertIn("keep_files", cfg["strata"]["io"])
+        self.assertIn("train_batch_size", cfg)
+        self.assertEqual(cfg["optimizer"]["params"]["lr"], 0.001)
+        self.assertIn("0 warning(s)", r.stderr)
+
+    def test_config_prints_warnings(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "c.json")
+            with open(path, "w") as f:
+                f.write('{"train_micro_batch_size_per_gpu": 2, "colour": "red"}')
+            r = strata("config", path)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(json.loads(r.stdout)["train_micro_batch_size_per_gpu"], 2)
+            self.assertIn("warning: colour", r.stderr)
+            r = strata("config", path, "--strict")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("colour", r.stderr)
+
+    def test_config_errors_name_the_key_or_file(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "c.json")
+            with open(path, "w") as f:
+                f.write('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"offload_optimizer": {"device": "gpu"}}}')
+            r = strata("config", path)
+            self.assertEqual(r.returncode, 1)
+            self.assertEqual(r.stdout, "")
+            self.assertIn("zero_optimization.offload_optimizer.device", r.stderr)
+            r = strata("config", tmp)  # a directory
+            self.assertEqual(r.returncode, 1)
+            self.assertIn(tmp, r.stderr)
+            self.assertNotIn("invalid JSON", r.stderr)
+        r = strata("config", "/nonexistent/ds.json")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("/nonexistent/ds.json", r.stderr)
+        r = strata("config")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("FILE", r.stderr)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-// `strata plan` flag parsing.
+// `strata plan` flag parsing (CLI11 for the flags, the units parsed here).
 #include "bindings/cli/plan_args.h"
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdlib>
-#include <set>
+#include <map>
 #include <string>
 
 #include "core/str.h"
@@ -49,50 +50,40 @@ core::Result<double> fraction_value(std::string_view flag, std::string_view valu
 
 core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args) {
   PlanArgs out;
-  std::set<std::string, std::less<>> seen;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    std::string_view arg = args[i];
-    if (arg == "--help" || arg == "-h") {
-      out.help = true;
-      continue;
-    }
-    if (arg == "--json") {
-      out.json = true;
-      continue;
-    }
-    if (arg == "--no-checkpoint") {
-      out.options.include_checkpoint = false;
-      continue;
-    }
-    if (arg.substr(0, 2) != "--") {
-      return Status::invalid_argument(
-          str_cat("unexpected argument '", arg, "' (flags start with --; see strata plan --help)"));
-    }
-    std::string_view flag = arg;
-    std::string_view value;
-    bool has_value = false;
-    if (const std::size_t eq = arg.find('='); eq != std::string_view::npos) {
-      flag = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    static const std::set<std::string_view> kFlags = {
-        "--config",     "--params", "--layers",      "--hidden",        "--vocab",
-        "--heads",      "--seq",    "--micro-batch", "--checkpointing", "--frozen-fraction",
-        "--gpu-memory", "--ram",    "--disk"};
-    if (kFlags.count(flag) == 0) {
-      return Status::invalid_argument(str_cat("unknown flag ", flag, " (see strata plan --help)"));
-    }
-    if (!seen.insert(std::string(flag)).second) {
-      return Status::invalid_argument(str_cat(flag, " is given twice"));
-    }
-    if (!has_value) {
-      if (i + 1 >= args.size()) return Status::invalid_argument(str_cat(flag, " needs a value"));
-      value = args[++i];
-    }
+  // CLI11 takes the flags (unknown ones, a flag given twice, a missing value,
+  // '--flag=value', stray arguments); the values are parsed below so that
+  // sizes and counts keep their units (80GiB, 40e9).
+  CLI::App app("strata plan", "strata plan");
+  std::map<std::string, CLI::Option*, std::less<>> options;
+  for (const char* flag :
+       {"--config", "--params", "--layers", "--hidden", "--vocab", "--heads", "--seq", "--micro-batch",
+        "--checkpointing", "--frozen-fraction", "--gpu-memory", "--ram", "--disk"}) {
+    // Every occurrence is kept so that a repeated flag is refused by name below.
+    options[flag] = app.add_option(flag)->type_name("VALUE")->expected(1)->multi_option_policy(
+        CLI::MultiOptionPolicy::TakeAll);
+  }
+  app.add_flag("--json", out.json);
+  bool no_checkpoint = false;
+  app.add_flag("--no-checkpoint", no_checkpoint);
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    out.help = true;
+    return out;
+  } catch (const CLI::ParseError& e) {
+    return Status::invalid_argument(str_cat(e.what(), " (see strata plan --help)"));
+  }
+  out.options.include_checkpoint = !no_checkpoint;
+  for (const auto& [flag, option] : options) {
+    if (option->count() > 1) return Status::invalid_argument(str_cat(flag, " is given twice"));
+  }
+  for (const auto& [flag, option] : options) {
+    if (option->count() == 0) continue;
+    const std::string value = option->results().front();
     if (flag == "--config") {
       if (value.empty()) return Status::invalid_argument("--config needs a file name");
-      out.config_path = std::string(value);
+      out.config_path = value;
     } else if (flag == "--params") {
       STRATA_ASSIGN_OR_RETURN(out.model.num_params, count_value(flag, value));
       if (out.model.num_params == 0) {
@@ -144,7 +135,7 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
       STRATA_ASSIGN_OR_RETURN(out.machine.disk_bytes, size_value(flag, value));
     }
   }
-  if (!out.help && out.config_path.empty()) {
+  if (options["--config"]->count() == 0) {
     return Status::invalid_argument("--config FILE is required (the strata/DeepSpeed JSON config)");
   }
   return out;

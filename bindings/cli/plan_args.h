@@ -23,9 +23,10 @@ struct PlanArgs {
   bool help = false;                 // --help or -h: print plan_usage() and do nothing else
 };
 
-// Parses the arguments after `plan`. Flags take their value as the next
-// argument or after '=' (--seq=4096). Errors are kInvalidArgument and name the
-// flag: an unknown flag, a flag given twice, a missing value, a size that
+// Parses the arguments after `plan` (CLI11 for the flags, the units here).
+// Flags take their value as the next argument or after '=' (--seq=4096).
+// Errors are kInvalidArgument and name the flag (or the stray argument): an
+// unknown flag, a flag given twice, a missing value, a size that
 // core::parse_bytes rejects, a count that engine::parse_count rejects, a non-number
 // fraction, a checkpointing value other than on/off, a zero size, a missing
 // --config. Range checks of the model (positive, layers <= params, fraction

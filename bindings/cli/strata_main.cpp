@@ -1,6 +1,9 @@
-// The `strata` command: `strata plan` (the memory planner), `strata version`,
-// `strata help`. Exit status 0 on success (plan: the configured placement
-// fits), 1 when the plan does not fit, 2 on bad input.
+// The `strata` command: `strata plan` (the memory planner), `strata config`
+// (the resolved configuration), `strata version`, `strata help`. Exit status 0
+// on success (plan: the configured placement fits), 1 when the plan does not
+// fit or the config is bad (config), 2 on bad input. A command is a row of
+// kCommands: a name, a line for the usage, and a function of its arguments.
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -8,6 +11,7 @@
 #include <vector>
 
 #include "bindings/cli/plan_args.h"
+#include "core/logging.h"
 #include "engine/config.h"
 #include "engine/machine.h"
 #include "engine/plan.h"
@@ -23,21 +27,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitDoesNotFit = 1;
 constexpr int kExitBadInput = 2;
 
-constexpr std::string_view kUsage = R"(usage: strata <command> [flags]
-
-commands
-  plan       plan the memory of a training run per tier (GPU, CPU RAM, NVMe)
-             and the bytes moved per step; exit 0 if the configured placement
-             fits, 1 if not, 2 on bad input
-  version    print the version and the backends this build has
-  help       print this text (also: strata --help, strata plan --help)
-
-)";
-
-void print_usage(std::FILE* to) {
-  std::fputs(std::string(kUsage).c_str(), to);
-  std::fputs(std::string(cli::plan_usage()).c_str(), to);
-}
+void print_usage(std::FILE* to);
 
 int fail(std::string_view command, const core::Status& status) {
   std::cerr << "strata " << command << ": " << status.message() << "\n";
@@ -68,6 +58,100 @@ int run_plan(const std::vector<std::string_view>& args) {
   return plan->fits() ? kExitOk : kExitDoesNotFit;
 }
 
+// `strata config FILE`: the resolved configuration (every key, as checkpoints
+// store it) on stdout, its warnings on stderr; exit 0, or 1 with the config
+// check's error naming the key.
+int run_config(const std::vector<std::string_view>& args) {
+  CLI::App app(
+      "Prints the resolved configuration of a strata/DeepSpeed JSON config: every key with its value, "
+      "defaults filled in and old names mapped (the form checkpoints store), then its warnings on stderr. "
+      "Exit status: 0 valid, 1 the config check's error (naming the key), 2 bad flags.",
+      "strata config");
+  std::string path;
+  engine::ParseOptions options;
+  app.add_option("FILE", path, "the config (JSON; // and /* */ comments allowed)")->required();
+  app.add_option("--hidden", options.hidden_size,
+                 "the model's hidden size: resolves DeepSpeed's \"auto\" bucket sizes as the Hugging Face "
+                 "integration does")
+      ->type_name("H")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 40));
+  app.add_option("--total-steps", options.total_num_steps,
+                 "the run's optimizer steps: resolves scheduler.params.total_num_steps \"auto\"")
+      ->type_name("N")
+      ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 62));
+  app.add_flag("--strict", options.strict, "unknown keys are errors (as strata.strict: true)");
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "strata config: " << e.what() << " (see strata config --help)\n";
+    return kExitBadInput;
+  }
+  // The warnings are printed below from Config::warnings, once.
+  core::set_log_level(core::LogLevel::kError);
+  core::Result<engine::Config> config = engine::load_config_file(path, options);
+  if (!config.ok()) {
+    std::cerr << "strata config: " << config.status().message() << "\n";
+    return kExitDoesNotFit;
+  }
+  const std::string text = engine::to_json(*config);
+  std::fputs(text.c_str(), stdout);
+  if (!text.empty() && text.back() != '\n') std::fputc('\n', stdout);
+  for (const engine::ConfigWarning& w : config->warnings) {
+    std::cerr << "strata config: warning: " << w.key_path << ": " << w.message << "\n";
+  }
+  std::cerr << "strata config: " << path << " is valid, " << config->warnings.size() << " warning(s)\n";
+  return kExitOk;
+}
+
+int run_version(const std::vector<std::string_view>& args) {
+  if (!args.empty()) {
+    std::cerr << "strata version: takes no arguments, got '" << args.front() << "'\n";
+    return kExitBadInput;
+  }
+  std::printf("strata %s (CUDA backend %s)\n", STRATA_VERSION_STRING,
+              STRATA_HAVE_CUDA ? "built in" : "not built");
+  return kExitOk;
+}
+
+int run_help(const std::vector<std::string_view>& /*args*/) {
+  print_usage(stdout);
+  return kExitOk;
+}
+
+struct Command {
+  std::string_view name;
+  std::string_view summary;  // lines of the usage text, indented by 13 after the first
+  int (*run)(const std::vector<std::string_view>& args);  // the arguments after the name
+};
+
+// A new command is one row here (and its function).
+constexpr Command kCommands[] = {
+    {"plan",
+     "plan the memory of a training run per tier (GPU, CPU RAM, NVMe)\n"
+     "             and the bytes moved per step; exit 0 if the configured placement\n"
+     "             fits, 1 if not, 2 on bad input",
+     run_plan},
+    {"config",
+     "print a config resolved (every key, defaults filled in) and its\n"
+     "             warnings; exit 0 if valid, 1 with the key's error if not",
+     run_config},
+    {"version", "print the version and the backends this build has", run_version},
+    {"help", "print this text (also: strata --help, strata COMMAND --help)", run_help},
+};
+
+void print_usage(std::FILE* to) {
+  std::fputs("usage: strata <command> [flags]\n\ncommands\n", to);
+  for (const Command& c : kCommands) {
+    std::fprintf(to, "  %-10s %s\n", std::string(c.name).c_str(), std::string(c.summary).c_str());
+  }
+  std::fputs("\n", to);
+  std::fputs(std::string(cli::plan_usage()).c_str(), to);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,18 +160,13 @@ int main(int argc, char** argv) {
     print_usage(stderr);
     return kExitBadInput;
   }
-  const std::string_view command = args.front();
+  std::string_view command = args.front();
   const std::vector<std::string_view> rest(args.begin() + 1, args.end());
-  if (command == "help" || command == "--help" || command == "-h") {
-    print_usage(stdout);
-    return kExitOk;
+  if (command == "--help" || command == "-h") command = "help";
+  if (command == "--version") command = "version";
+  for (const Command& c : kCommands) {
+    if (c.name == command) return c.run(rest);
   }
-  if (command == "version" || command == "--version") {
-    std::printf("strata %s (CUDA backend %s)\n", STRATA_VERSION_STRING,
-                STRATA_HAVE_CUDA ? "built in" : "not built");
-    return kExitOk;
-  }
-  if (command == "plan") return run_plan(rest);
   std::cerr << "strata: unknown command '" << command << "'\n\n";
   print_usage(stderr);
   return kExitBadInput;

@@ -13,11 +13,20 @@ copies in pinned memory, optimizer state on NVMe under ./strata_swap).
     examples/python/train_llama.py --init-from out --steps 50
     examples/python/train_llama.py --checkpoint ckpt --save-every 50 [--resume]
     examples/python/train_llama.py --hf              # transformers.LlamaForCausalLM, same adapter
+
+SIGINT / SIGTERM (Ctrl-C, kill): the first one lets the step in flight finish,
+starts no checkpoint, closes the engine (its swap files removed unless
+strata.io.keep_files) and exits 130 / 143 after a line saying at which step; a
+checkpoint already being saved completes (saves become `latest` only by an
+atomic rename). A second signal ends the process at once (by that signal),
+leaving the swap files for the next run in that directory to reclaim. The strata library
+installs no signal handler: the program does.
 """
 import argparse
 import json
 import math
 import os
+import signal
 import sys
 import time
 
@@ -62,7 +71,39 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample", type=int, default=120, help="bytes to generate at the end (0: none)")
     ap.add_argument("--no-progress", action="store_true", help="one line per eval instead of a progress bar")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if (args.resume or args.save_every) and not args.checkpoint:
+        ap.error("--resume and --save-every need --checkpoint DIR")
+    return args
+
+
+class StopSignals:
+    """SIGINT / SIGTERM handlers for the training loop: the first signal is
+    recorded (`signum`) and the loop stops after the step in flight; the
+    handlers then go back to the default action, so a second signal ends the
+    process at once, even inside a long call into the library (it dies by that
+    signal: the shell shows 130 / 143). Restores the previous handlers on exit."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+        for s in self._previous:
+            signal.signal(s, signal.SIG_DFL)
+        print(f"\ntrain_llama: {signal.Signals(signum).name}: stopping after the step in flight "
+              "(a second signal exits at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+        return False
 
 
 def build_model(args, cfg):
@@ -115,6 +156,11 @@ def evaluate(model, batches, hf, engine):
 
 def main(argv=None):
     args = parse_args(argv)
+    with StopSignals() as stop:
+        return run(args, stop)
+
+
+def run(args, stop):
     torch.manual_seed(args.seed)
     with open(args.config) as f:
         config = json.load(f)
@@ -131,12 +177,17 @@ def main(argv=None):
         model.gradient_checkpointing_enable()
     # strata: hand the model to the engine (parameters, gradients, optimizer).
     engine = strata.torch.initialize(model, config, param_groups=no_decay_groups(model), weights=args.init_from)
+    try:
+        return train(args, cfg, text, stream, model, engine, micro, stop)
+    finally:
+        engine.close()  # strata: swap files removed (unless strata.io.keep_files)
+
+
+def train(args, cfg, text, stream, model, engine, micro, stop):
     gas = engine.gradient_accumulation_steps
     held_out = stream.held_out_batches(micro, args.eval_batches)
     first_step = 0
     if args.resume:
-        if not args.checkpoint:
-            sys.exit("train_llama: --resume needs --checkpoint")
         state = engine.load_checkpoint(args.checkpoint)  # strata: the whole state, any placement
         stream.restore(state["data"])
         first_step = state["step"]
@@ -155,7 +206,10 @@ def main(argv=None):
         bar = tqdm(total=args.steps, initial=first_step, unit="step", dynamic_ncols=True)
     t_start = time.perf_counter()
     steps_run = 0
+    done = first_step  # the last step completed
     for step in range(first_step, args.steps):
+        if stop.signum:
+            break
         t0 = time.perf_counter()
         loss_sum = 0.0
         for _ in range(gas):
@@ -168,6 +222,7 @@ def main(argv=None):
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         steps_run += 1
+        done = step + 1
         last_loss = loss_sum / gas
         first_loss = last_loss if first_loss is None else first_loss
         if not math.isfinite(last_loss):
@@ -184,10 +239,16 @@ def main(argv=None):
             bar.update(1)
         elif (step + 1) % max(1, args.eval_every or 10) == 0 or step == first_step:
             print(f"step {step + 1:5d}  " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
-        if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
+        # No checkpoint is started after a stop signal.
+        if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0 and not stop.signum:
             engine.save_checkpoint(args.checkpoint, client_state={"data": stream.state(), "step": step + 1})
     if bar is not None:
         bar.close()
+    if stop.signum:
+        print(f"train_llama: interrupted by {signal.Signals(stop.signum).name} at step {done}; "
+              + ("the checkpoint named by `latest` is the last complete one (--resume continues)"
+                 if args.save_every else "nothing saved"), flush=True)
+        return 128 + stop.signum
     elapsed = time.perf_counter() - t_start
     val = evaluate(model, held_out, args.hf, engine)
     if steps_run:
@@ -206,7 +267,6 @@ def main(argv=None):
     if args.export:
         engine.export(args.export, dtype="bf16" if engine.dtype == torch.bfloat16 else "f32")
         print(f"exported to {args.export}")
-    engine.close()
     return 0
 
 

@@ -12,6 +12,19 @@
 //                [--export DIR] [--init-from DIR] [--dump-masters FILE]
 //                [--model-device host|cuda|auto] [--quiet]
 //
+// The flags are parsed strictly (train_cli.h: CLI11; --help lists them); the
+// default config is found from any directory; --checkpoint (when saving) and
+// --export are created and checked for space before training. Exit status: 0
+// done, 1 a run-time error, 2 bad input, 128 + signal when stopped.
+//
+// Signals (stop_signal.h; the library installs no handler, this program
+// does): the first SIGINT or SIGTERM lets the step in flight finish, starts
+// no checkpoint (one being saved completes: it becomes `latest` only by an
+// atomic rename), skips the export, destroys the engine (swap files removed
+// unless strata.io.keep_files), prints "interrupted by SIGINT at step N" and
+// exits 130 / 143. A second signal exits at once (_exit(128 + signal)); the
+// next run in that swap directory reclaims the files left.
+//
 // --init-from DIR fine-tunes from a previous run's --export DIR: every
 // parameter takes its initial values from DIR's safetensors files
 // (strata_init_from_safetensors) instead of the model's initializer.
@@ -27,6 +40,9 @@
 //    build.
 //  - auto: cuda when the engine's device is CUDA and the CUDA runner is built
 //    (else host, saying why), host otherwise.
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -42,6 +58,8 @@
 #include "examples/model/model_runner.h"
 #include "examples/model/precision.h"
 #include "examples/model/residual_mlp.h"
+#include "examples/train/stop_signal.h"
+#include "examples/train/train_cli.h"
 #include "strata/strata.h"
 
 namespace {
@@ -56,22 +74,9 @@ using strata::examples::ModelRunner;
 using strata::examples::ModelSpec;
 using strata::examples::ResidualMlp;
 
-enum class ModelDevice { kHost, kCuda, kAuto };
-
-struct Options {
-  std::string config = "examples/configs/strata_default.json";
-  int steps = 30;
-  ModelSpec spec;
-  bool freeze_base = false;
-  std::string checkpoint;
-  int save_every = 0;
-  bool resume = false;
-  std::string export_dir;
-  std::string init_from;
-  std::string dump_masters;
-  ModelDevice model_device = ModelDevice::kAuto;
-  bool quiet = false;
-};
+using strata::examples::train::human_bytes;
+using strata::examples::train::ModelDevice;
+using strata::examples::train::Options;
 
 int fail(const char* what, strata_status s) {
   std::fprintf(stderr, "strata-train: %s: %s (%s)\n", what, strata_last_error(), strata_status_name(s));
@@ -115,23 +120,59 @@ strata_status init_param(const char* name, float* out, int64_t numel, void* user
   return STRATA_STATUS_NOT_FOUND;
 }
 
-std::string human_bytes(double b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (b >= 1024.0 && u < 4) b /= 1024.0, ++u;
-  char buf[32];
-  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", b, units[u]);
-  return buf;
+// Checks --checkpoint (when saving) and --export before any training: each
+// folder created if missing, writable, with room for one checkpoint (up to 4
+// bytes per parameter for the compute copy plus 12 per trainable one for the
+// fp32 master and Adam's two moments, docs/checkpoints.md) or one export (2
+// bytes per parameter, bf16). Returns 0 or the exit status.
+int check_outputs(const Options& o, std::int64_t all_params, std::int64_t trainable_params) {
+  struct Output {
+    const char* flag;
+    const std::string& dir;
+    std::uint64_t need_bytes;
+    std::string what;
+  };
+  const std::uint64_t checkpoint_bytes =
+      4 * static_cast<std::uint64_t>(all_params) + 12 * static_cast<std::uint64_t>(trainable_params);
+  const std::uint64_t export_bytes = 2 * static_cast<std::uint64_t>(all_params);
+  const Output outputs[] = {
+      {"--checkpoint", o.save_every > 0 ? o.checkpoint : std::string(), checkpoint_bytes,
+       "one checkpoint of " + std::to_string(all_params) + " parameters (" +
+           std::to_string(trainable_params) + " trainable; 4 bytes each, plus 12 per trainable one)"},
+      {"--export", o.export_dir, export_bytes,
+       "one export of " + std::to_string(all_params) + " parameters (2 bytes each, bf16)"},
+  };
+  for (const Output& out : outputs) {
+    if (out.dir.empty()) continue;
+    const std::string error =
+        strata::examples::train::check_output_dir(out.flag, out.dir, out.need_bytes, out.what);
+    if (!error.empty()) {
+      std::fprintf(stderr, "strata-train: %s\n", error.c_str());
+      return 2;
+    }
+  }
+  return 0;
 }
 
 int run(const Options& o) {
   std::ifstream in(o.config);
   if (!in) {
-    std::fprintf(stderr, "strata-train: cannot read config %s\n", o.config.c_str());
+    std::fprintf(stderr, "strata-train: --config %s: cannot read it: %s\n", o.config.c_str(),
+                 std::strerror(errno));
     return 2;
   }
   std::stringstream text;
   text << in.rdbuf();
+  if (o.config_is_default) {
+    // The default config swaps to ./strata_swap; made here as scripts/run.sh makes it.
+    std::printf("strata-train: config %s\n", o.config.c_str());
+    if (::mkdir("strata_swap", 0755) != 0 && errno != EEXIST) {
+      std::fprintf(stderr,
+                   "strata-train: cannot create the default config's swap directory ./strata_swap: %s\n",
+                   std::strerror(errno));
+      return 1;
+    }
+  }
   const std::string json = text.str();
   const long gas = resolved_int(json.c_str(), "gradient_accumulation_steps");
   const ModelSpec spec = o.spec;
@@ -142,6 +183,17 @@ int run(const Options& o) {
     return 2;
   }
   const ResidualMlp& model = *model_or;
+  // The base (embedding and the first half of the blocks) is frozen when fine-tuning.
+  const int groups = model.num_groups();
+  auto frozen_group = [&](int g) { return o.freeze_base && g <= groups / 2 - 1; };
+  {
+    std::int64_t all = 0, trainable = 0;
+    for (const auto& p : model.params()) {
+      all += p.num_elems;
+      if (!frozen_group(p.group_index)) trainable += p.num_elems;
+    }
+    if (const int rc = check_outputs(o, all, trainable); rc != 0) return rc;
+  }
 
   strata_engine* engine = nullptr;
   CHECK_STRATA(strata_engine_create(json.c_str(), &engine), "create the engine");
@@ -156,9 +208,6 @@ int run(const Options& o) {
   int32_t no_decay_index = 0;
   CHECK_STRATA(strata_optimizer_group_add(engine, &no_decay, &no_decay_index), "add an optimizer group");
 
-  // The base (embedding and the first half of the blocks) is frozen when fine-tuning.
-  const int groups = model.num_groups();
-  auto frozen_group = [&](int g) { return o.freeze_base && g <= groups / 2 - 1; };
   InitContext ctx{&model};
   std::int64_t trainable_params = 0, all_params = 0;
   for (const auto& p : model.params()) {
@@ -252,13 +301,21 @@ int run(const Options& o) {
   };
 
   int first_step = 0;
-  if (o.resume && !o.checkpoint.empty()) {
+  if (o.resume) {
     CHECK_STRATA(strata_checkpoint_load(engine, o.checkpoint.c_str()), "load the checkpoint");
     const void* blob = nullptr;
     size_t blob_size = 0;
     CHECK_STRATA(strata_checkpoint_blob(engine, &blob, &blob_size), "read the checkpoint's blob");
     first_step = std::atoi(std::string(static_cast<const char*>(blob), blob_size).c_str());
     std::printf("resumed from %s at step %d\n", o.checkpoint.c_str(), first_step);
+    if (o.steps < first_step) {
+      std::fprintf(
+          stderr,
+          "strata-train: --steps %d is below the checkpoint's step %d: --steps is the step the run ends "
+          "at, counted from its start; give --steps %d or more\n",
+          o.steps, first_step, first_step);
+      return 2;
+    }
   }
 
   std::printf("strata-train: %lld parameters (%lld trainable) in %d groups, %ld micro-batch(es) of %lld per step; "
@@ -269,6 +326,7 @@ int run(const Options& o) {
     std::printf("%5s %12s %10s %10s %10s %10s %10s %9s\n", "step", "loss", "samples/s", "h2d", "d2h", "nvme rd",
                 "nvme wr", "lr");
   }
+  std::fflush(stdout);
 
   std::vector<std::uint16_t> half;
   std::vector<float> weights, grads;
@@ -289,7 +347,8 @@ int run(const Options& o) {
   double first_loss = 0.0, last_loss = 0.0, samples_per_s_sum = 0.0;
   strata_step_stats last = STRATA_STEP_STATS_INIT;
   const auto t_train = std::chrono::steady_clock::now();
-  for (int step = first_step; step < o.steps; ++step) {
+  int done = first_step;  // the last step completed
+  for (int step = first_step; step < o.steps && strata::examples::train::stop_signal() == 0; ++step) {
     const auto t_step = std::chrono::steady_clock::now();
     double step_loss = 0.0;
     for (long micro = 0; micro < gas; ++micro) {
@@ -389,6 +448,7 @@ int run(const Options& o) {
     last_loss = step_loss;
     samples_per_s_sum += sps;
     last = stats;
+    done = step + 1;
     if (!o.quiet) {
       std::printf("%5d %12.6f %10.1f %10s %10s %10s %10s %9.2e%s\n", step + 1, step_loss, sps,
                   human_bytes(static_cast<double>(stats.bytes_h2d)).c_str(),
@@ -396,14 +456,17 @@ int run(const Options& o) {
                   human_bytes(static_cast<double>(stats.bytes_nvme_read)).c_str(),
                   human_bytes(static_cast<double>(stats.bytes_nvme_write)).c_str(), stats.lr,
                   stats.skipped ? "  (skipped)" : "");
+      std::fflush(stdout);  // a step's line as it ends, also through a pipe
     }
-    if (!o.checkpoint.empty() && o.save_every > 0 && (step + 1) % o.save_every == 0) {
+    // No checkpoint is started after a stop signal (one already started
+    // completes: a save becomes `latest` only by its last atomic rename).
+    if (o.save_every > 0 && (step + 1) % o.save_every == 0 && strata::examples::train::stop_signal() == 0) {
       const std::string blob = std::to_string(step + 1);
       CHECK_STRATA(strata_checkpoint_save(engine, o.checkpoint.c_str(), blob.data(), blob.size()), "save a checkpoint");
     }
   }
   const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
-  const int ran = o.steps - first_step;
+  const int ran = done - first_step;
   std::printf("\nsummary: %d steps in %.1f s, %.1f samples/s on average; loss %.6f -> %.6f (%.1f%% of the first)\n",
               ran, train_s, ran > 0 ? samples_per_s_sum / ran : 0.0, first_loss, last_loss,
               first_loss > 0 ? 100.0 * last_loss / first_loss : 0.0);
@@ -413,6 +476,16 @@ int run(const Options& o) {
               human_bytes(static_cast<double>(last.bytes_nvme_read)).c_str(),
               human_bytes(static_cast<double>(last.bytes_nvme_write)).c_str(),
               static_cast<long long>(last.skipped_total));
+  if (const int sig = strata::examples::train::stop_signal(); sig != 0) {
+    // Stopped: no export, no dump; the engine is destroyed on return (its
+    // swap files removed unless strata.io.keep_files).
+    std::printf(
+        "strata-train: interrupted by %s at step %d; %s\n", strata::examples::train::signal_name(sig), done,
+        o.save_every > 0 ? "the checkpoint named by `latest` is the last complete one (--resume continues)"
+                         : "nothing saved");
+    std::fflush(stdout);
+    return 128 + sig;
+  }
   if (!o.export_dir.empty()) {
     CHECK_STRATA(strata_export_safetensors(engine, o.export_dir.c_str(), STRATA_DTYPE_BF16, 0), "export");
     std::printf("exported the weights to %s/model.safetensors\n", o.export_dir.c_str());
@@ -438,63 +511,9 @@ int run(const Options& o) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options o;
-  o.spec.input_dim = 64;
-  o.spec.hidden_dim = 256;
-  o.spec.ffn_dim = 1024;
-  o.spec.output_dim = 16;
-  o.spec.depth = 8;
-  o.spec.teacher_hidden_dim = 64;
-  o.spec.batch = 64;
-  o.spec.seed = 1234;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](const char* name) -> const char* {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "strata-train: %s needs a value\n", name);
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    auto positive = [&](const char* name) {
-      const long v = std::strtol(value(name), nullptr, 10);
-      if (v <= 0) {
-        std::fprintf(stderr, "strata-train: %s must be a positive number\n", name);
-        std::exit(2);
-      }
-      return v;
-    };
-    if (a == "--config") o.config = value("--config");
-    else if (a == "--steps") o.steps = static_cast<int>(positive("--steps"));
-    else if (a == "--width") o.spec.hidden_dim = positive("--width"), o.spec.ffn_dim = 4 * o.spec.hidden_dim;
-    else if (a == "--depth") o.spec.depth = positive("--depth");
-    else if (a == "--batch") o.spec.batch = positive("--batch");
-    else if (a == "--freeze-base") o.freeze_base = true;
-    else if (a == "--checkpoint") o.checkpoint = value("--checkpoint");
-    else if (a == "--save-every") o.save_every = static_cast<int>(positive("--save-every"));
-    else if (a == "--resume") o.resume = true;
-    else if (a == "--export") o.export_dir = value("--export");
-    else if (a == "--init-from") o.init_from = value("--init-from");
-    else if (a == "--dump-masters") o.dump_masters = value("--dump-masters");
-    else if (a == "--model-device") {
-      const std::string d = value("--model-device");
-      if (d == "host") o.model_device = ModelDevice::kHost;
-      else if (d == "cuda") o.model_device = ModelDevice::kCuda;
-      else if (d == "auto") o.model_device = ModelDevice::kAuto;
-      else {
-        std::fprintf(stderr, "strata-train: --model-device is host, cuda or auto, not %s\n", d.c_str());
-        return 2;
-      }
-    }
-    else if (a == "--quiet") o.quiet = true;
-    else {
-      std::fprintf(stderr,
-                   "usage: strata-train [--config FILE] [--steps N] [--width H] [--depth L] [--batch B]\n"
-                   "                    [--freeze-base] [--checkpoint DIR] [--save-every K] [--resume]\n"
-                   "                    [--export DIR] [--init-from DIR] [--dump-masters FILE]\n"
-                   "                    [--model-device host|cuda|auto] [--quiet]\n");
-      return 2;
-    }
-  }
-  return run(o);
+  int exit_code = 0;
+  const std::optional<Options> options = strata::examples::train::parse_options(argc, argv, &exit_code);
+  if (!options) return exit_code;
+  strata::examples::train::install_stop_handlers();
+  return run(*options);
 }

@@ -76,14 +76,14 @@ TEST(PlanArgs, FlagsParseIntoModelAndMachine) {
 
 TEST(PlanArgs, BadFlagsAreErrorsNamingTheFlag) {
   const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
-      {{"--config", "c.json", "--parms", "40B"}, "unknown flag --parms"},
+      {{"--config", "c.json", "--parms", "40B"}, "not expected: 40B --parms"},
       {{"--config", "c.json", "--gpu-memory", "80XB"}, "--gpu-memory: cannot parse '80XB'"},
       {{"--config", "c.json", "--ram", "lots"}, "--ram: cannot parse 'lots'"},
       {{"--config", "c.json", "--disk", "0"}, "--disk: must be positive"},
       {{"--config", "c.json", "--params", "forty"}, "--params: cannot parse 'forty'"},
       {{"--config", "c.json", "--params", "0"}, "num_params (--params) must be positive"},
       {{"--config", "c.json", "--layers", "1.5"}, "--layers: cannot parse '1.5'"},
-      {{"--config", "c.json", "--layers"}, "--layers needs a value"},
+      {{"--config", "c.json", "--layers"}, "--layers: 1 required VALUE missing"},
       {{"--config", "c.json", "--checkpointing", "maybe"}, "--checkpointing: cannot parse 'maybe'"},
       {{"--config", "c.json", "--frozen-fraction", "half"},
        "--frozen-fraction: cannot parse 'half'"},
@@ -91,7 +91,8 @@ TEST(PlanArgs, BadFlagsAreErrorsNamingTheFlag) {
        "micro_batch (--micro-batch) must be positive"},
       {{"--config", "c.json", "--seq", "1", "--seq", "2"}, "--seq is given twice"},
       {{"--params", "40B", "--layers", "48"}, "--config FILE is required"},
-      {{"--config", "c.json", "extra"}, "unexpected argument 'extra'"},
+      {{"--config", "c.json", "extra"}, "not expected: extra"},
+      {{"--config"}, "--config: 1 required VALUE missing"},
   };
   for (const auto& [args, expected] : cases) {
     core::Result<PlanArgs> a = parse_plan_args(argv_of(args));
