@@ -43,6 +43,16 @@ def test_parameters_keep_their_identity_and_names(swap_dir):
     engine.close()
 
 
+def test_initialize_passes_total_num_steps_for_auto(swap_dir):
+    cfg = helpers.config(swap_dir)
+    cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": "auto"}}
+    with pytest.raises(strata.InvalidArgument, match=r"total_num_steps"):
+        strata.torch.initialize(helpers.tiny_llama(), cfg)
+    engine = strata.torch.initialize(helpers.tiny_llama(), cfg, total_num_steps=40)
+    assert engine.config["scheduler"]["params"]["total_num_steps"] == 40
+    engine.close()
+
+
 def test_tied_embedding_and_output_weights_match_torch(swap_dir):
     data = helpers.batches(STEPS * GAS)
     ref = helpers.tiny_llama(tie=True)
