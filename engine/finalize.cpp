@@ -12,6 +12,7 @@
 #include "engine/internal/engine_util.h"
 #include "engine/internal/group_state.h"
 #include "engine/io_options.h"
+#include "engine/machine.h"
 #include "engine/pretrained.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
@@ -46,6 +47,27 @@ std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
         if (gp.chunk_count > 0) bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
       }
       return bytes;
+  }
+  return bytes;
+}
+
+// The swap space this layout's blocks take as the swap store places them
+// (each block, a group's compute copies or a chunk's optimizer state in one or
+// two versions, rounded up to the direct-I/O alignment): the smallest
+// strata.budgets.disk that holds them on one swap path.
+std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
+  constexpr std::uint64_t kStateBytesPerElem = 12;  // fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them
+  const auto aligned = [](std::int64_t elems, std::uint64_t bytes_per_elem) {
+    return core::align_up(static_cast<std::uint64_t>(elems) * bytes_per_elem, core::kDirectIoAlignment);
+  };
+  std::uint64_t bytes = 0;
+  for (const GroupPlace& g : layout.groups) {
+    if (g.compute_tier == Tier::kNvme) {
+      bytes += aligned(g.compute_elems, static_cast<std::uint64_t>(layout.compute_bytes));
+    }
+  }
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier == Tier::kNvme) bytes += (two_versions ? 2 : 1) * aligned(c.elems, kStateBytesPerElem);
   }
   return bytes;
 }
@@ -99,19 +121,41 @@ core::Status Engine::finalize() {
     nvme::SwapStoreOptions o;
     o.paths = config_.swap_paths();
     const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
-    if (config_.strata.budgets.disk_bytes != 0 && config_.strata.budgets.disk_bytes < need.nvme) {
-      return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.nvme),
-                                                " on nvme", nvme_why,
-                                                "; strata.budgets.disk allows ",
-                                                core::format_bytes(config_.strata.budgets.disk_bytes)));
+    const std::uint64_t budget = config_.strata.budgets.disk_bytes;
+    // The smallest disk budget that holds this placement, said in every
+    // message about swap space.
+    const std::uint64_t footprint = swap_footprint(layout_, schedule_.second_state_version());
+    const std::string least = str_cat("this placement keeps ", core::format_bytes(need.nvme), " on nvme", nvme_why,
+                                      ": strata.budgets.disk >= ", footprint, " (", core::format_bytes(footprint),
+                                      ", its blocks aligned",
+                                      o.paths.size() > 1 ? "; more where several swap paths split it" : "",
+                                      ") fits it");
+    if (budget != 0 && budget < footprint) {
+      return Status::resource_exhausted(str_cat("strata.budgets.disk = ", budget, " (", core::format_bytes(budget),
+                                                ") is too small: ", least));
     }
-    o.capacity_bytes = config_.strata.budgets.disk_bytes != 0 ? config_.strata.budgets.disk_bytes : wanted;
+    o.capacity_bytes = budget != 0 ? budget : wanted;
     o.stripe_bytes = config_.strata.io.stripe_bytes;
     o.request_bytes = config_.strata.io.block_bytes;
     o.crc = config_.strata.crc;
     o.keep_files = config_.strata.io.keep_files;
     o.io = io_backend_options(config_.strata.io);
-    STRATA_ASSIGN_OR_RETURN(swap_, nvme::SwapStore::create(o));
+    core::Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::create(o);
+    if (!store.ok() && store.status().code() == core::StatusCode::kResourceExhausted) {
+      // Too little free space for the swap files: say how much is asked, why,
+      // and the smallest budget that would do.
+      std::string free_text;
+      core::Result<std::vector<DiskSpace>> disks = probe_disk_space(o.paths);
+      if (disks.ok()) free_text = str_cat(" (", core::format_bytes(counted_free_bytes(*disks)), " free)");
+      return Status::resource_exhausted(str_cat(
+          "the swap paths have too little free space", free_text, " for ", core::format_bytes(o.capacity_bytes),
+          " of swap files (",
+          budget != 0 ? "strata.budgets.disk"
+                      : str_cat("strata.budgets.disk unset: the placement's ", core::format_bytes(need.nvme),
+                                " + 1/16 + 64 MiB of room"),
+          "); ", least, ", or free some space"));
+    }
+    STRATA_ASSIGN_OR_RETURN(swap_, std::move(store));
   }
 
   adam::CpuAdamOptions ao;
