@@ -9,7 +9,8 @@
 #
 # Usage: scripts/run.sh [train_llama.py flags...]  (e.g. --steps 300 --size base, --export out, --init-from out)
 #        scripts/run.sh --native [strata-train flags...]  (the C API example: a residual MLP, examples/train)
-#        scripts/run.sh plan [strata plan flags...] (the memory planner, e.g. --params 40e9 --layers 48)
+#        scripts/run.sh plan [strata plan flags...] (the memory planner, e.g. --params 40e9 --layers 48;
+#                                                   without --config, the native example's config)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -26,6 +27,13 @@ if [[ "${1:-}" == "plan" ]]; then
   if [[ $# -eq 0 ]]; then
     set -- --layers 24 --hidden 2048 --vocab 50304 --seq 2048
   fi
+  # The user's --config, else the native example's (whose strata.budgets cap the plan's tiers:
+  # pass a config without budgets to plan for a whole machine given by --gpu-memory/--ram).
+  for arg in "$@"; do
+    if [[ "$arg" == --config || "$arg" == --config=* ]]; then
+      exec build-release/bindings/cli/strata plan "$@"
+    fi
+  done
   exec build-release/bindings/cli/strata plan --config examples/configs/strata_default.json "$@"
 fi
 mkdir -p strata_swap  # the default configs' swap directory (swap files are removed at exit)
