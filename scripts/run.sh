@@ -22,19 +22,21 @@ if ! ninja -C build-release > build-release/ninja.log 2>&1; then
   echo "run.sh: the build failed; the whole log is build-release/ninja.log" >&2
   exit 1
 fi
+# The native example's config unless the flags give one ("--config FILE" once, never twice).
+default_config=(--config examples/configs/strata_default.json)
+for arg in "$@"; do
+  if [[ "$arg" == --config || "$arg" == --config=* ]]; then
+    default_config=()
+  fi
+done
 if [[ "${1:-}" == "plan" ]]; then
   shift
   if [[ $# -eq 0 ]]; then
     set -- --layers 24 --hidden 2048 --vocab 50304 --seq 2048
   fi
-  # The user's --config, else the native example's (whose strata.budgets cap the plan's tiers:
-  # pass a config without budgets to plan for a whole machine given by --gpu-memory/--ram).
-  for arg in "$@"; do
-    if [[ "$arg" == --config || "$arg" == --config=* ]]; then
-      exec build-release/bindings/cli/strata plan "$@"
-    fi
-  done
-  exec build-release/bindings/cli/strata plan --config examples/configs/strata_default.json "$@"
+  # Without --config, strata_default.json's strata.budgets cap the plan's tiers: pass a config
+  # without budgets to plan for a whole machine given by --gpu-memory/--ram.
+  exec build-release/bindings/cli/strata plan "${default_config[@]}" "$@"
 fi
 mkdir -p strata_swap  # the default configs' swap directory (swap files are removed at exit)
 if [[ "${1:-}" == "--native" ]]; then
@@ -43,7 +45,7 @@ if [[ "${1:-}" == "--native" ]]; then
     echo "run.sh: build-release/examples/train/strata-train was not built (OpenBLAS missing?)" >&2
     exit 1
   fi
-  exec build-release/examples/train/strata-train --config examples/configs/strata_default.json "$@"
+  exec build-release/examples/train/strata-train "${default_config[@]}" "$@"
 fi
 export STRATA_LIBRARY=$PWD/build-release/bindings/c/libstrata.so
 exec /usr/bin/python3 examples/python/train_llama.py "$@"
