@@ -56,7 +56,8 @@ std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
 // two versions, rounded up to the direct-I/O alignment): the smallest
 // strata.budgets.disk that holds them on one swap path.
 std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
-  constexpr std::uint64_t kStateBytesPerElem = 12;  // fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them
+  // fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them.
+  constexpr std::uint64_t kStateBytesPerElem = 12;
   const auto aligned = [](std::int64_t elems, std::uint64_t bytes_per_elem) {
     return core::align_up(static_cast<std::uint64_t>(elems) * bytes_per_elem, core::kDirectIoAlignment);
   };
@@ -125,14 +126,13 @@ core::Status Engine::finalize() {
     // The smallest disk budget that holds this placement, said in every
     // message about swap space.
     const std::uint64_t footprint = swap_footprint(layout_, schedule_.second_state_version());
-    const std::string least = str_cat("this placement keeps ", core::format_bytes(need.nvme), " on nvme", nvme_why,
-                                      ": strata.budgets.disk >= ", footprint, " (", core::format_bytes(footprint),
-                                      ", its blocks aligned",
-                                      o.paths.size() > 1 ? "; more where several swap paths split it" : "",
-                                      ") fits it");
+    const std::string least = str_cat(
+        "this placement keeps ", core::format_bytes(need.nvme), " on nvme", nvme_why,
+        ": strata.budgets.disk >= ", footprint, " (", core::format_bytes(footprint), ", its blocks aligned",
+        o.paths.size() > 1 ? "; more where several swap paths split it" : "", ") fits it");
     if (budget != 0 && budget < footprint) {
-      return Status::resource_exhausted(str_cat("strata.budgets.disk = ", budget, " (", core::format_bytes(budget),
-                                                ") is too small: ", least));
+      return Status::resource_exhausted(str_cat("strata.budgets.disk = ", budget, " (",
+                                                core::format_bytes(budget), ") is too small: ", least));
     }
     o.capacity_bytes = budget != 0 ? budget : wanted;
     o.stripe_bytes = config_.strata.io.stripe_bytes;
@@ -147,13 +147,13 @@ core::Status Engine::finalize() {
       std::string free_text;
       core::Result<std::vector<DiskSpace>> disks = probe_disk_space(o.paths);
       if (disks.ok()) free_text = str_cat(" (", core::format_bytes(counted_free_bytes(*disks)), " free)");
-      return Status::resource_exhausted(str_cat(
-          "the swap paths have too little free space", free_text, " for ", core::format_bytes(o.capacity_bytes),
-          " of swap files (",
-          budget != 0 ? "strata.budgets.disk"
-                      : str_cat("strata.budgets.disk unset: the placement's ", core::format_bytes(need.nvme),
-                                " + 1/16 + 64 MiB of room"),
-          "); ", least, ", or free some space"));
+      return Status::resource_exhausted(
+          str_cat("the swap paths have too little free space", free_text, " for ",
+                  core::format_bytes(o.capacity_bytes), " of swap files (",
+                  budget != 0 ? "strata.budgets.disk"
+                              : str_cat("strata.budgets.disk unset: the placement's ",
+                                        core::format_bytes(need.nvme), " + 1/16 + 64 MiB of room"),
+                  "); ", least, ", or free some space"));
     }
     STRATA_ASSIGN_OR_RETURN(swap_, std::move(store));
   }

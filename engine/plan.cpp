@@ -326,7 +326,8 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     // buffer_size have no effect on it.
     const std::int64_t two = 2 * m.group_params;
     const std::int64_t wanted = two + cfg.zero.stage3_prefetch_bucket_size;
-    const std::int64_t window = std::min(P, std::max(two, std::min(wanted, cfg.zero.stage3_max_live_parameters)));
+    const std::int64_t window =
+        std::min(P, std::max(two, std::min(wanted, cfg.zero.stage3_max_live_parameters)));
     add("param_staging", Tier::kPinned, sat_mul(u64(window), c),
         count_times(window, c, "staging copies of the fetch window's groups, read from nvme"));
   }
@@ -668,11 +669,11 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   const std::uint64_t staging = plan.configured.item_bytes(Tier::kPinned, "optimizer_staging") +
                                 plan.configured.item_bytes(Tier::kPinned, "param_staging");
   if (config.strata.budgets.staging_bytes > 0 && staging > config.strata.budgets.staging_bytes) {
-    plan.notes.push_back(str_cat(
-        "staging buffers need ", core::format_bytes(staging),
-        " > strata.budgets.staging = ", core::format_bytes(config.strata.budgets.staging_bytes),
-        ": raise it, or lower strata.chunk_bytes (or, with parameters on nvme, the fetch window: "
-        "stage3_prefetch_bucket_size, stage3_max_live_parameters)"));
+    plan.notes.push_back(
+        str_cat("staging buffers need ", core::format_bytes(staging),
+                " > strata.budgets.staging = ", core::format_bytes(config.strata.budgets.staging_bytes),
+                ": raise it, or lower strata.chunk_bytes (or, with parameters on nvme, the fetch window: "
+                "stage3_prefetch_bucket_size, stage3_max_live_parameters)"));
   }
   if (plan.recommended && config.strata.io.paths.empty()) {
     const Placement& r = plan.recommended->placement;

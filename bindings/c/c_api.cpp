@@ -253,10 +253,9 @@ core::Result<engine::ParseOptions> parse_options(const strata_config_options* in
   if (in == nullptr) return engine::ParseOptions{};
   STRATA_ASSIGN_OR_RETURN(const strata_config_options o, read_struct(in, fn, "options"));
   if (o.total_num_steps < 0 || o.hidden_size < 0) {
-    return core::Status::invalid_argument(core::str_cat(fn, ": options->",
-                                                        o.total_num_steps < 0 ? "total_num_steps" : "hidden_size",
-                                                        " is ", o.total_num_steps < 0 ? o.total_num_steps : o.hidden_size,
-                                                        "; it must be >= 0 (0: not given)"));
+    return core::Status::invalid_argument(core::str_cat(
+        fn, ": options->", o.total_num_steps < 0 ? "total_num_steps" : "hidden_size", " is ",
+        o.total_num_steps < 0 ? o.total_num_steps : o.hidden_size, "; it must be >= 0 (0: not given)"));
   }
   return engine::ParseOptions{
       .hidden_size = o.hidden_size, .total_num_steps = o.total_num_steps, .strict = o.strict != 0};
@@ -287,7 +286,8 @@ core::Status config_resolve(const char* config_json, const strata_config_options
 }  // namespace strata::c_api
 
 strata_status strata_config_check(const char* config_json, uint32_t* warning_count_out) noexcept {
-  return guard([&] { return c_api::config_check(config_json, nullptr, warning_count_out, "strata_config_check"); });
+  return guard(
+      [&] { return c_api::config_check(config_json, nullptr, warning_count_out, "strata_config_check"); });
 }
 
 strata_status strata_config_check_ex(const char* config_json, const strata_config_options* options,
@@ -297,12 +297,14 @@ strata_status strata_config_check_ex(const char* config_json, const strata_confi
 }
 
 strata_status strata_config_resolve(const char* config_json, char** json_out) noexcept {
-  return guard([&] { return c_api::config_resolve(config_json, nullptr, json_out, "strata_config_resolve"); });
+  return guard(
+      [&] { return c_api::config_resolve(config_json, nullptr, json_out, "strata_config_resolve"); });
 }
 
 strata_status strata_config_resolve_ex(const char* config_json, const strata_config_options* options,
                                        char** json_out) noexcept {
-  return guard([&] { return c_api::config_resolve(config_json, options, json_out, "strata_config_resolve_ex"); });
+  return guard(
+      [&] { return c_api::config_resolve(config_json, options, json_out, "strata_config_resolve_ex"); });
 }
 
 void strata_string_free(char* s) noexcept { std::free(s); }
@@ -317,7 +319,8 @@ strata_status strata_engine_create_ex(const char* config_json, const strata_conf
                                       strata_engine** out) noexcept {
   return guard([&]() -> core::Status {
     STRATA_C_NOT_NULL("strata_engine_create", out);
-    STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po, c_api::parse_options(options, "strata_engine_create_ex"));
+    STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po,
+                            c_api::parse_options(options, "strata_engine_create_ex"));
     STRATA_ASSIGN_OR_RETURN(se::Config config, c_api::parse(config_json, po));
     auto h = std::make_unique<strata_engine>();
     STRATA_ASSIGN_OR_RETURN(h->engine, se::Engine::create(config));

@@ -472,7 +472,8 @@ static void engine_checks(void) {
  * defaults, an older caller's smaller struct_size leaves the rest unset. */
 static void options_checks(void) {
   const char* decay =
-      "{\"train_batch_size\": 4, \"strata\": {\"device\": \"host\"}, \"scheduler\": {\"type\": \"WarmupDecayLR\","
+      "{\"train_batch_size\": 4, \"strata\": {\"device\": \"host\"},"
+      " \"scheduler\": {\"type\": \"WarmupDecayLR\","
       " \"params\": {\"warmup_num_steps\": 10, \"total_num_steps\": \"auto\"}}}";
   strata_engine* e = NULL;
   CHECK_STATUS(strata_engine_create(decay, &e), STRATA_STATUS_INVALID_ARGUMENT,
@@ -510,7 +511,8 @@ static void options_checks(void) {
   o.strict = 0;
 
   /* The hidden size resolves the "auto" bucket sizes (h^2). */
-  const char* buckets = "{\"train_batch_size\": 4, \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\"}}";
+  const char* buckets =
+      "{\"train_batch_size\": 4, \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\"}}";
   o.hidden_size = 64;
   CHECK_OK(strata_config_resolve_ex(buckets, &o, &json));
   CHECK(json != NULL && strstr(json, "\"reduce_bucket_size\": 4096") != NULL);
@@ -532,7 +534,8 @@ static void options_checks(void) {
                "options->total_num_steps is -1");
   o.total_num_steps = 0;
   o.hidden_size = -5;
-  CHECK_STATUS(strata_config_check_ex(decay, &o, NULL), STRATA_STATUS_INVALID_ARGUMENT, "options->hidden_size is -5");
+  CHECK_STATUS(strata_config_check_ex(decay, &o, NULL), STRATA_STATUS_INVALID_ARGUMENT,
+               "options->hidden_size is -5");
   CHECK(e == NULL);
   CHECK_STATUS(strata_engine_create_ex(decay, NULL, NULL), STRATA_STATUS_INVALID_ARGUMENT, "out");
 }
