@@ -1,4 +1,4 @@
-"""The adapter's contract (DESIGN.md section 9) and the pitfalls of ZeRO-3
+"""The adapter's contract (docs/python.md) and the pitfalls of ZeRO-3
 style offload: tied weights, a module called twice, activation checkpointing,
 a frozen base, evaluation and generation between steps, checkpoints, export
 and import, a parameter used outside its group, bad configs."""

@@ -1,4 +1,4 @@
-"""The PyTorch adapter (DESIGN.md section 9).
+"""The PyTorch adapter (its contract: docs/python.md).
 
 How it works, in one place:
 - Every parameter of the module is registered with the engine under its name
