@@ -1,6 +1,7 @@
 // Engine::finalize: the layout, the budgets checked up front (with each
 // schedule's extra memory), every state allocated in its home tier, the
 // initial values streamed in group by group, and the step's rooms created.
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -73,6 +74,36 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
   return bytes;
 }
 
+// The most device memory the step needs at once beyond the state the
+// placement keeps there, for a framework that holds one buffer at a time (a
+// group's fetched compute copies, or its gradient buffer) and for one that
+// holds a group's compute copies with its gradient buffer (a backward on the
+// device); a device-resident chunk's optimizer step (its gradients and new
+// compute copies, at step_end) in both.
+struct DeviceWorking {
+  std::uint64_t one_buffer = 0;
+  std::uint64_t with_gradients = 0;
+};
+DeviceWorking device_working_bytes(const Layout& layout) {
+  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
+  const auto gb = static_cast<std::uint64_t>(layout.grad_bytes);
+  DeviceWorking w;
+  for (const GroupPlace& gp : layout.groups) {
+    const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
+    const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : elems * cb;
+    const std::uint64_t grads = gp.trainable_elems > 0 ? elems * cb : 0;
+    w.one_buffer = std::max({w.one_buffer, fetched, grads});
+    w.with_gradients = std::max(w.with_gradients, fetched + grads);
+  }
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier != Tier::kDevice) continue;
+    const std::uint64_t step = static_cast<std::uint64_t>(c.elems) * (gb + cb);
+    w.one_buffer = std::max(w.one_buffer, step);
+    w.with_gradients = std::max(w.with_gradients, step);
+  }
+  return w;
+}
+
 }  // namespace
 
 core::Status Engine::finalize() {
@@ -105,11 +136,18 @@ core::Status Engine::finalize() {
       pinned_why = str_cat(" (with ", x.why, ")");
     }
   }
-  if (need.device > shared_device_->device_budget.limit_bytes()) {
-    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
-                                              " of state on the device; strata.budgets.device allows ",
-                                              core::format_bytes(shared_device_->device_budget.limit_bytes()),
-                                              ". Offload more (zero_optimization.offload_*) or raise the budget"));
+  // The smallest device budgets that work: refused below the first.
+  const DeviceWorking working = device_working_bytes(layout_);
+  const std::uint64_t device_least = need.device + working.one_buffer;
+  if (device_least > shared_device_->device_budget.limit_bytes()) {
+    const std::uint64_t backward_least = need.device + working.with_gradients;
+    return Status::resource_exhausted(str_cat(
+        "this placement keeps ", core::format_bytes(need.device), " of state on the device, and the step needs up "
+        "to ", core::format_bytes(working.one_buffer), " more; strata.budgets.device allows ",
+        core::format_bytes(shared_device_->device_budget.limit_bytes()), ": strata.budgets.device >= ", device_least,
+        " (", core::format_bytes(device_least), ") works for a framework that holds one buffer at a time, >= ",
+        backward_least, " (", core::format_bytes(backward_least), ") for one that holds a group's compute copies "
+        "and gradients together (more groups at once, more). Or offload more (zero_optimization.offload_*)"));
   }
   if (need.pinned > shared_device_->pinned_budget.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),

@@ -1031,6 +1031,36 @@ TEST_F(Placement, TheSmallestDiskBudgetTheMessageNamesTrains) {
   }
 }
 
+// A device budget below what the step needs at once is refused at finalize
+// with the smallest that works for a framework holding one buffer at a time
+// (as this harness does: the state kept on the device plus the largest
+// group's buffer); that budget trains to the same bits, one byte less is
+// refused.
+TEST_F(Placement, TheSmallestDeviceBudgetTheMessageNamesTrains) {
+  for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+    Config c = base();
+    c.zero.offload_param.device = params;
+    c.zero.offload_optimizer.device = params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kCpu;
+    const RunResult unlimited = train(c);
+    c.strata.budgets.device_bytes = 4096;
+    core::Status s = finalize_status(c);
+    ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    const std::string message(s.message());
+    const std::size_t at = message.find("strata.budgets.device >= ");
+    ASSERT_NE(at, std::string::npos) << s;
+    const std::uint64_t least = std::stoull(message.substr(at + std::strlen("strata.budgets.device >= ")));
+    ASSERT_GT(least, 4096u);
+    c.strata.budgets.device_bytes = least;
+    const RunResult r = train(c);
+    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+    expect_same_state(r, unlimited);
+    c.strata.budgets.device_bytes = least - 1;
+    s = finalize_status(c);
+    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(core::str_cat("strata.budgets.device >= ", least)), std::string::npos) << s;
+  }
+}
+
 // strata.overlap "delayed" keeps the new compute copies in pinned memory
 // until the next step_end: a pinned budget with room for the placement but
 // not for them fails finalize under "delayed", saying why.
