@@ -1,6 +1,7 @@
 // Engine::finalize: the layout, the budgets checked up front (with each
 // schedule's extra memory), every state allocated in its home tier, the
 // initial values streamed in group by group, and the step's rooms created.
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -12,6 +13,7 @@
 #include "engine/internal/engine_util.h"
 #include "engine/internal/group_state.h"
 #include "engine/io_options.h"
+#include "engine/machine.h"
 #include "engine/pretrained.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
@@ -50,6 +52,58 @@ std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
   return bytes;
 }
 
+// The swap space this layout's blocks take as the swap store places them
+// (each block, a group's compute copies or a chunk's optimizer state in one or
+// two versions, rounded up to the direct-I/O alignment): the smallest
+// strata.budgets.disk that holds them on one swap path.
+std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
+  // fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them.
+  constexpr std::uint64_t kStateBytesPerElem = 12;
+  const auto aligned = [](std::int64_t elems, std::uint64_t bytes_per_elem) {
+    return core::align_up(static_cast<std::uint64_t>(elems) * bytes_per_elem, core::kDirectIoAlignment);
+  };
+  std::uint64_t bytes = 0;
+  for (const GroupPlace& g : layout.groups) {
+    if (g.compute_tier == Tier::kNvme) {
+      bytes += aligned(g.compute_elems, static_cast<std::uint64_t>(layout.compute_bytes));
+    }
+  }
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier == Tier::kNvme) bytes += (two_versions ? 2 : 1) * aligned(c.elems, kStateBytesPerElem);
+  }
+  return bytes;
+}
+
+// The most device memory the step needs at once beyond the state the
+// placement keeps there, for a framework that holds one buffer at a time (a
+// group's fetched compute copies, or its gradient buffer) and for one that
+// holds a group's compute copies with its gradient buffer (a backward on the
+// device); a device-resident chunk's optimizer step (its gradients and new
+// compute copies, at step_end) in both.
+struct DeviceWorking {
+  std::uint64_t one_buffer = 0;
+  std::uint64_t with_gradients = 0;
+};
+DeviceWorking device_working_bytes(const Layout& layout) {
+  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
+  const auto gb = static_cast<std::uint64_t>(layout.grad_bytes);
+  DeviceWorking w;
+  for (const GroupPlace& gp : layout.groups) {
+    const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
+    const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : elems * cb;
+    const std::uint64_t grads = gp.trainable_elems > 0 ? elems * cb : 0;
+    w.one_buffer = std::max({w.one_buffer, fetched, grads});
+    w.with_gradients = std::max(w.with_gradients, fetched + grads);
+  }
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier != Tier::kDevice) continue;
+    const std::uint64_t step = static_cast<std::uint64_t>(c.elems) * (gb + cb);
+    w.one_buffer = std::max(w.one_buffer, step);
+    w.with_gradients = std::max(w.with_gradients, step);
+  }
+  return w;
+}
+
 }  // namespace
 
 core::Status Engine::finalize() {
@@ -82,11 +136,18 @@ core::Status Engine::finalize() {
       pinned_why = str_cat(" (with ", x.why, ")");
     }
   }
-  if (need.device > shared_device_->device_budget.limit_bytes()) {
-    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.device),
-                                              " of state on the device; strata.budgets.device allows ",
-                                              core::format_bytes(shared_device_->device_budget.limit_bytes()),
-                                              ". Offload more (zero_optimization.offload_*) or raise the budget"));
+  // The smallest device budgets that work: refused below the first.
+  const DeviceWorking working = device_working_bytes(layout_);
+  const std::uint64_t device_least = need.device + working.one_buffer;
+  if (device_least > shared_device_->device_budget.limit_bytes()) {
+    const std::uint64_t backward_least = need.device + working.with_gradients;
+    return Status::resource_exhausted(str_cat(
+        "this placement keeps ", core::format_bytes(need.device), " of state on the device, and the step needs up "
+        "to ", core::format_bytes(working.one_buffer), " more; strata.budgets.device allows ",
+        core::format_bytes(shared_device_->device_budget.limit_bytes()), ": strata.budgets.device >= ", device_least,
+        " (", core::format_bytes(device_least), ") works for a framework that holds one buffer at a time, >= ",
+        backward_least, " (", core::format_bytes(backward_least), ") for one that holds a group's compute copies "
+        "and gradients together (more groups at once, more). Or offload more (zero_optimization.offload_*)"));
   }
   if (need.pinned > shared_device_->pinned_budget.limit_bytes()) {
     return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
@@ -99,19 +160,40 @@ core::Status Engine::finalize() {
     nvme::SwapStoreOptions o;
     o.paths = config_.swap_paths();
     const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
-    if (config_.strata.budgets.disk_bytes != 0 && config_.strata.budgets.disk_bytes < need.nvme) {
-      return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.nvme),
-                                                " on nvme", nvme_why,
-                                                "; strata.budgets.disk allows ",
-                                                core::format_bytes(config_.strata.budgets.disk_bytes)));
+    const std::uint64_t budget = config_.strata.budgets.disk_bytes;
+    // The smallest disk budget that holds this placement, said in every
+    // message about swap space.
+    const std::uint64_t footprint = swap_footprint(layout_, schedule_.second_state_version());
+    const std::string least = str_cat(
+        "this placement keeps ", core::format_bytes(need.nvme), " on nvme", nvme_why,
+        ": strata.budgets.disk >= ", footprint, " (", core::format_bytes(footprint), ", its blocks aligned",
+        o.paths.size() > 1 ? "; more where several swap paths split it" : "", ") fits it");
+    if (budget != 0 && budget < footprint) {
+      return Status::resource_exhausted(str_cat("strata.budgets.disk = ", budget, " (",
+                                                core::format_bytes(budget), ") is too small: ", least));
     }
-    o.capacity_bytes = config_.strata.budgets.disk_bytes != 0 ? config_.strata.budgets.disk_bytes : wanted;
+    o.capacity_bytes = budget != 0 ? budget : wanted;
     o.stripe_bytes = config_.strata.io.stripe_bytes;
     o.request_bytes = config_.strata.io.block_bytes;
     o.crc = config_.strata.crc;
     o.keep_files = config_.strata.io.keep_files;
     o.io = io_backend_options(config_.strata.io);
-    STRATA_ASSIGN_OR_RETURN(swap_, nvme::SwapStore::create(o));
+    core::Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::create(o);
+    if (!store.ok() && store.status().code() == core::StatusCode::kResourceExhausted) {
+      // Too little free space for the swap files: say how much is asked, why,
+      // and the smallest budget that would do.
+      std::string free_text;
+      core::Result<std::vector<DiskSpace>> disks = probe_disk_space(o.paths);
+      if (disks.ok()) free_text = str_cat(" (", core::format_bytes(counted_free_bytes(*disks)), " free)");
+      return Status::resource_exhausted(
+          str_cat("the swap paths have too little free space", free_text, " for ",
+                  core::format_bytes(o.capacity_bytes), " of swap files (",
+                  budget != 0 ? "strata.budgets.disk"
+                              : str_cat("strata.budgets.disk unset: the placement's ",
+                                        core::format_bytes(need.nvme), " + 1/16 + 64 MiB of room"),
+                  "); ", least, ", or free some space"));
+    }
+    STRATA_ASSIGN_OR_RETURN(swap_, std::move(store));
   }
 
   adam::CpuAdamOptions ao;

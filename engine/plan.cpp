@@ -200,7 +200,12 @@ TierPlan tier_capacity(Tier tier, std::optional<std::uint64_t> physical, const s
     t.capacity_bytes = budget;
     t.margin_bytes = 0;
     t.capacity_source = str_cat(budget_key, " (budget)");
-    if (physical && *physical - budget < margin_bytes) {
+    if (physical && budget < *physical && source.starts_with("given")) {
+      notes->push_back(str_cat(budget_key, " = ", core::format_bytes(budget), " caps this tier below the ",
+                               core::format_bytes(*physical), " ", source,
+                               ": the plan uses the budget (drop it from the config to plan for the whole ",
+                               tier_label(tier), ")"));
+    } else if (physical && *physical - budget < margin_bytes) {
       notes->push_back(str_cat(budget_key, " = ", core::format_bytes(budget),
                                " leaves less than the ", core::format_bytes(margin_bytes),
                                " margin the planner keeps on this ", core::format_bytes(*physical),
@@ -315,10 +320,16 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
                             " + stage3_prefetch_bucket_size within stage3_max_live_parameters")));
   }
   if (pl.param_device == OffloadDevice::kNvme) {
-    const OffloadParamConfig& op = cfg.zero.offload_param;
-    add("param_staging", Tier::kPinned, sat_mul(sat_mul(u64(op.buffer_count), u64(op.buffer_size)), c),
-        str_cat("offload_param.buffer_count ", op.buffer_count, " x buffer_size ",
-                group_digits(u64(op.buffer_size)), " x ", c, " B"));
+    // The engine reads an nvme-resident group's compute copies into a pinned
+    // staging copy on their way to the device (ComputeHomes::load): one per
+    // group of the fetch window. DeepSpeed's offload_param.buffer_count and
+    // buffer_size have no effect on it.
+    const std::int64_t two = 2 * m.group_params;
+    const std::int64_t wanted = two + cfg.zero.stage3_prefetch_bucket_size;
+    const std::int64_t window =
+        std::min(P, std::max(two, std::min(wanted, cfg.zero.stage3_max_live_parameters)));
+    add("param_staging", Tier::kPinned, sat_mul(u64(window), c),
+        count_times(window, c, "staging copies of the fetch window's groups, read from nvme"));
   }
   if (t_gpu > 0) {
     add("gradients", Tier::kDevice, sat_mul(u64(t_gpu), g),
@@ -658,11 +669,11 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   const std::uint64_t staging = plan.configured.item_bytes(Tier::kPinned, "optimizer_staging") +
                                 plan.configured.item_bytes(Tier::kPinned, "param_staging");
   if (config.strata.budgets.staging_bytes > 0 && staging > config.strata.budgets.staging_bytes) {
-    plan.notes.push_back(str_cat(
-        "staging buffers need ", core::format_bytes(staging),
-        " > strata.budgets.staging = ", core::format_bytes(config.strata.budgets.staging_bytes),
-        ": raise it, or lower strata.chunk_bytes or "
-        "offload_param.buffer_count / buffer_size"));
+    plan.notes.push_back(
+        str_cat("staging buffers need ", core::format_bytes(staging),
+                " > strata.budgets.staging = ", core::format_bytes(config.strata.budgets.staging_bytes),
+                ": raise it, or lower strata.chunk_bytes (or, with parameters on nvme, the fetch window: "
+                "stage3_prefetch_bucket_size, stage3_max_live_parameters)"));
   }
   if (plan.recommended && config.strata.io.paths.empty()) {
     const Placement& r = plan.recommended->placement;

@@ -28,8 +28,9 @@
 //  - pinned staging: with optimizer state on NVMe a ring of
 //    Schedule::ring_depth() chunks (strata.chunk_bytes of fp32 master each) per
 //    fp32 state (3 for Adam: master and two moments), no larger than the
-//    NVMe-resident state; with parameters on NVMe offload_param.buffer_count
-//    x buffer_size x c.
+//    NVMe-resident state; with parameters on NVMe a staging copy of each
+//    group of the fetch window (c B per parameter of it; DeepSpeed's
+//    offload_param.buffer_count / buffer_size have no effect).
 //  - with strata.overlap "speculative" and optimizer state on NVMe: a second
 //    version of that state on disk ((4 + moments) B per NVMe-resident
 //    parameter) and pinned room for its groups' new compute copies (c B per

@@ -9,7 +9,8 @@
 #
 # Usage: scripts/run.sh [train_llama.py flags...]  (e.g. --steps 300 --size base, --export out, --init-from out)
 #        scripts/run.sh --native [strata-train flags...]  (the C API example: a residual MLP, examples/train)
-#        scripts/run.sh plan [strata plan flags...] (the memory planner, e.g. --params 40e9 --layers 48)
+#        scripts/run.sh plan [strata plan flags...] (the memory planner, e.g. --params 40e9 --layers 48;
+#                                                   without --config, the native example's config)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -21,12 +22,21 @@ if ! ninja -C build-release > build-release/ninja.log 2>&1; then
   echo "run.sh: the build failed; the whole log is build-release/ninja.log" >&2
   exit 1
 fi
+# The native example's config unless the flags give one ("--config FILE" once, never twice).
+default_config=(--config examples/configs/strata_default.json)
+for arg in "$@"; do
+  if [[ "$arg" == --config || "$arg" == --config=* ]]; then
+    default_config=()
+  fi
+done
 if [[ "${1:-}" == "plan" ]]; then
   shift
   if [[ $# -eq 0 ]]; then
     set -- --layers 24 --hidden 2048 --vocab 50304 --seq 2048
   fi
-  exec build-release/bindings/cli/strata plan --config examples/configs/strata_default.json "$@"
+  # Without --config, strata_default.json's strata.budgets cap the plan's tiers: pass a config
+  # without budgets to plan for a whole machine given by --gpu-memory/--ram.
+  exec build-release/bindings/cli/strata plan "${default_config[@]}" "$@"
 fi
 mkdir -p strata_swap  # the default configs' swap directory (swap files are removed at exit)
 if [[ "${1:-}" == "--native" ]]; then

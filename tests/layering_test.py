@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Fails on any include edge that the layering of DESIGN.md section 2 and
+"""Fails on any include edge that the layering of docs/architecture.md and
 STYLE.md section 1 forbids: who may include whom, and which files may include
 vendor headers. Usage: layering_test.py SOURCE_ROOT"""
 import fnmatch

@@ -69,9 +69,9 @@ strata_status guard(Fn&& fn) noexcept {
   }
 }
 
-core::Result<engine::Config> parse(const char* json) {
+core::Result<engine::Config> parse(const char* json, const engine::ParseOptions& options = {}) {
   if (json == nullptr) return core::Status::invalid_argument("config_json is NULL");
-  return engine::parse_config(json);
+  return engine::parse_config(json, options);
 }
 
 core::Status null_argument(const char* fn, const char* arg) {
@@ -245,25 +245,66 @@ const char* strata_status_name(strata_status status) noexcept {
 
 const char* strata_last_error(void) noexcept { return strata::c_api::g_last_error.c_str(); }
 
+namespace strata::c_api {
+namespace {
+
+// A caller's strata_config_options (NULL: defaults) as the engine's ParseOptions.
+core::Result<engine::ParseOptions> parse_options(const strata_config_options* in, const char* fn) {
+  if (in == nullptr) return engine::ParseOptions{};
+  STRATA_ASSIGN_OR_RETURN(const strata_config_options o, read_struct(in, fn, "options"));
+  if (o.total_num_steps < 0 || o.hidden_size < 0) {
+    return core::Status::invalid_argument(core::str_cat(
+        fn, ": options->", o.total_num_steps < 0 ? "total_num_steps" : "hidden_size", " is ",
+        o.total_num_steps < 0 ? o.total_num_steps : o.hidden_size, "; it must be >= 0 (0: not given)"));
+  }
+  return engine::ParseOptions{
+      .hidden_size = o.hidden_size, .total_num_steps = o.total_num_steps, .strict = o.strict != 0};
+}
+
+core::Status config_check(const char* config_json, const strata_config_options* options,
+                          uint32_t* warning_count_out, const char* fn) {
+  STRATA_ASSIGN_OR_RETURN(const engine::ParseOptions po, parse_options(options, fn));
+  STRATA_ASSIGN_OR_RETURN(engine::Config c, parse(config_json, po));
+  if (warning_count_out != nullptr) *warning_count_out = static_cast<uint32_t>(c.warnings.size());
+  return core::Status();
+}
+
+core::Status config_resolve(const char* config_json, const strata_config_options* options, char** json_out,
+                            const char* fn) {
+  if (json_out == nullptr) return core::Status::invalid_argument("json_out is NULL");
+  STRATA_ASSIGN_OR_RETURN(const engine::ParseOptions po, parse_options(options, fn));
+  STRATA_ASSIGN_OR_RETURN(engine::Config c, parse(config_json, po));
+  const std::string text = engine::to_json(c);
+  char* out = static_cast<char*>(std::malloc(text.size() + 1));
+  if (out == nullptr) throw std::bad_alloc();
+  std::memcpy(out, text.c_str(), text.size() + 1);
+  *json_out = out;
+  return core::Status();
+}
+
+}  // namespace
+}  // namespace strata::c_api
+
 strata_status strata_config_check(const char* config_json, uint32_t* warning_count_out) noexcept {
-  return guard([&]() -> core::Status {
-    STRATA_ASSIGN_OR_RETURN(strata::engine::Config c, strata::c_api::parse(config_json));
-    if (warning_count_out != nullptr) *warning_count_out = static_cast<uint32_t>(c.warnings.size());
-    return core::Status();
-  });
+  return guard(
+      [&] { return c_api::config_check(config_json, nullptr, warning_count_out, "strata_config_check"); });
+}
+
+strata_status strata_config_check_ex(const char* config_json, const strata_config_options* options,
+                                     uint32_t* warning_count_out) noexcept {
+  return guard(
+      [&] { return c_api::config_check(config_json, options, warning_count_out, "strata_config_check_ex"); });
 }
 
 strata_status strata_config_resolve(const char* config_json, char** json_out) noexcept {
-  return guard([&]() -> core::Status {
-    if (json_out == nullptr) return core::Status::invalid_argument("json_out is NULL");
-    STRATA_ASSIGN_OR_RETURN(strata::engine::Config c, strata::c_api::parse(config_json));
-    const std::string text = strata::engine::to_json(c);
-    char* out = static_cast<char*>(std::malloc(text.size() + 1));
-    if (out == nullptr) throw std::bad_alloc();
-    std::memcpy(out, text.c_str(), text.size() + 1);
-    *json_out = out;
-    return core::Status();
-  });
+  return guard(
+      [&] { return c_api::config_resolve(config_json, nullptr, json_out, "strata_config_resolve"); });
+}
+
+strata_status strata_config_resolve_ex(const char* config_json, const strata_config_options* options,
+                                       char** json_out) noexcept {
+  return guard(
+      [&] { return c_api::config_resolve(config_json, options, json_out, "strata_config_resolve_ex"); });
 }
 
 void strata_string_free(char* s) noexcept { std::free(s); }
@@ -271,9 +312,16 @@ void strata_string_free(char* s) noexcept { std::free(s); }
 // --- the engine ---------------------------------------------------------------
 
 strata_status strata_engine_create(const char* config_json, strata_engine** out) noexcept {
+  return strata_engine_create_ex(config_json, nullptr, out);
+}
+
+strata_status strata_engine_create_ex(const char* config_json, const strata_config_options* options,
+                                      strata_engine** out) noexcept {
   return guard([&]() -> core::Status {
     STRATA_C_NOT_NULL("strata_engine_create", out);
-    STRATA_ASSIGN_OR_RETURN(se::Config config, c_api::parse(config_json));
+    STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po,
+                            c_api::parse_options(options, "strata_engine_create_ex"));
+    STRATA_ASSIGN_OR_RETURN(se::Config config, c_api::parse(config_json, po));
     auto h = std::make_unique<strata_engine>();
     STRATA_ASSIGN_OR_RETURN(h->engine, se::Engine::create(config));
     *out = h.release();

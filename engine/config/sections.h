@@ -45,7 +45,7 @@ void ignore_top_level(ObjectReader& r, Context& ctx);
 
 // --- deepspeed_optimizer.cpp ---
 
-// "optimizer": type and params (Adam, AdamW, Adagrad, Lion).
+// "optimizer": type and params (Adam, AdamW; Adagrad and Lion refused as not implemented).
 core::Status parse_optimizer(ObjectReader& root, Context& ctx, OptimizerConfig* o);
 // "scheduler": type and params; warmup_max_lr may come from `optimizer`.
 core::Status parse_scheduler(ObjectReader& root, Context& ctx, const OptimizerConfig& optimizer,

@@ -39,8 +39,8 @@ core::Result<std::unique_ptr<DiskPipeline>> DiskPipeline::create(StateStore& sta
     return Status::resource_exhausted(str_cat(
         "the disk pipeline needs at least one chunk's optimizer state in staging memory (",
         core::format_bytes(slot), "); strata.budgets.staging allows ", core::format_bytes(limit),
-        ". Raise strata.budgets.staging (three chunks or more let reads, Adam and writes overlap) or lower "
-        "strata.chunk_bytes"));
+        ". strata.budgets.staging >= ", slot, " (one chunk) works, three chunks or more (", 3 * slot,
+        ") let reads, Adam and writes overlap; or lower strata.chunk_bytes"));
   }
   slots = std::min<std::uint64_t>(slots, nvme_chunks);
   STRATA_ASSIGN_OR_RETURN(p->charge_, staging.charge(slots * slot, "the disk pipeline's staging ring"));

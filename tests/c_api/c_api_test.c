@@ -5,6 +5,7 @@
  * call orders refused. Exits 0 when every check holds; prints each failure. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,12 +66,20 @@ static strata_status init_fails(const char* name, float* out, int64_t numel, voi
   return STRATA_STATUS_IO_ERROR;
 }
 
-/* An init callback that calls into its engine (user_data): refused while
- * finalize runs, never a deadlock. Records the status it got. */
+/* An init callback that calls into its engine (user_data): a call that acts
+ * (a fetch, setting the lr) is refused while finalize runs, never a deadlock;
+ * the four reads of the fixed layout and of the scale answer. Records what it
+ * got. */
 struct reentry {
   strata_engine* engine;
   strata_status got;
   char message[256];
+  strata_status lr_set;
+  strata_status reads[4]; /* info_get, param_offset, loss_scale, stats */
+  strata_group_info info;
+  int64_t offset;
+  double scale;
+  strata_step_stats stats;
 };
 static strata_status init_reenters(const char* name, float* out, int64_t numel, void* user_data) {
   (void)name;
@@ -79,6 +88,14 @@ static strata_status init_reenters(const char* name, float* out, int64_t numel, 
   strata_group_view v = STRATA_GROUP_VIEW_INIT;
   r->got = strata_group_fetch(r->engine, "p", NULL, &v);
   snprintf(r->message, sizeof r->message, "%s", strata_last_error());
+  r->lr_set = strata_lr_set(r->engine, 0.5);
+  r->info.struct_size = sizeof r->info;
+  r->reads[0] = strata_group_info_get(r->engine, "p", &r->info);
+  r->reads[1] = strata_param_offset(r->engine, "p", &r->offset, NULL);
+  r->reads[2] = strata_loss_scale(r->engine, &r->scale);
+  r->stats.struct_size = sizeof r->stats;
+  r->stats.step = -7;
+  r->reads[3] = strata_stats(r->engine, &r->stats);
   return STRATA_STATUS_OK;
 }
 
@@ -353,7 +370,10 @@ static void engine_checks(void) {
   /* An init callback calling its engine gets FAILED_PRECONDITION. */
   CHECK_OK(strata_engine_create(config, &e));
   if (e != NULL) {
-    struct reentry r = {e, STRATA_STATUS_OK, ""};
+    struct reentry r;
+    memset(&r, 0, sizeof r);
+    r.engine = e;
+    r.offset = -1;
     const int64_t shape[1] = {4};
     strata_param_desc d = STRATA_PARAM_DESC_INIT;
     d.name = "p";
@@ -363,6 +383,15 @@ static void engine_checks(void) {
     CHECK_OK(strata_engine_finalize(e));
     CHECK(r.got == STRATA_STATUS_FAILED_PRECONDITION);
     CHECK(strstr(r.message, "while finalize runs") != NULL);
+    CHECK(r.lr_set == STRATA_STATUS_FAILED_PRECONDITION);
+    /* The reads answer from the callback, as they do after finalize. */
+    for (int i = 0; i < 4; ++i) CHECK(r.reads[i] == STRATA_STATUS_OK);
+    strata_group_info after = STRATA_GROUP_INFO_INIT;
+    CHECK_OK(strata_group_info_get(e, "p", &after));
+    CHECK(r.info.size_bytes == after.size_bytes && r.info.param_count == 1 && r.info.trainable == 1);
+    CHECK(r.offset == 0);
+    CHECK(r.scale == 1.0);
+    CHECK(r.stats.step == 0);
     strata_engine_destroy(e);
   }
 
@@ -438,6 +467,79 @@ static void engine_checks(void) {
   }
 }
 
+/* strata_config_options (0.3): the program passes the run's step count for
+ * "auto", strict parsing and the hidden size; NULL and the INIT are the
+ * defaults, an older caller's smaller struct_size leaves the rest unset. */
+static void options_checks(void) {
+  const char* decay =
+      "{\"train_batch_size\": 4, \"strata\": {\"device\": \"host\"},"
+      " \"scheduler\": {\"type\": \"WarmupDecayLR\","
+      " \"params\": {\"warmup_num_steps\": 10, \"total_num_steps\": \"auto\"}}}";
+  strata_engine* e = NULL;
+  CHECK_STATUS(strata_engine_create(decay, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "scheduler.params.total_num_steps: \"auto\" cannot be resolved");
+  CHECK_STATUS(strata_engine_create_ex(decay, NULL, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "strata_config_options.total_num_steps");
+  CHECK(e == NULL);
+  strata_config_options o = STRATA_CONFIG_OPTIONS_INIT;
+  CHECK_STATUS(strata_engine_create_ex(decay, &o, &e), STRATA_STATUS_INVALID_ARGUMENT, "total_num_steps");
+  o.total_num_steps = 250;
+  CHECK_OK(strata_engine_create_ex(decay, &o, &e));
+  CHECK(e != NULL);
+  strata_engine_destroy(e);
+  e = NULL;
+  char* json = NULL;
+  CHECK_OK(strata_config_resolve_ex(decay, &o, &json));
+  CHECK(json != NULL && strstr(json, "\"total_num_steps\": 250") != NULL);
+  if (json != NULL && strstr(json, "\"total_num_steps\": 250") == NULL) fprintf(stderr, "got: %s\n", json);
+  strata_string_free(json);
+  uint32_t warnings = 99;
+  CHECK_OK(strata_config_check_ex(decay, &o, &warnings));
+  CHECK(warnings == 0);
+
+  /* Strict: an unknown key is a warning, or an error when the program says so. */
+  const char* unknown = "{\"train_batch_size\": 4, \"strata\": {\"device\": \"host\"}, \"no_such_key\": 1}";
+  CHECK_OK(strata_config_check_ex(unknown, &o, &warnings));
+  CHECK(warnings == 1);
+  CHECK_OK(strata_engine_create_ex(unknown, &o, &e));
+  strata_engine_destroy(e);
+  e = NULL;
+  o.strict = 1;
+  CHECK_STATUS(strata_config_check_ex(unknown, &o, &warnings), STRATA_STATUS_INVALID_ARGUMENT, "no_such_key");
+  CHECK_STATUS(strata_engine_create_ex(unknown, &o, &e), STRATA_STATUS_INVALID_ARGUMENT, "no_such_key");
+  CHECK(e == NULL);
+  o.strict = 0;
+
+  /* The hidden size resolves the "auto" bucket sizes (h^2). */
+  const char* buckets =
+      "{\"train_batch_size\": 4, \"zero_optimization\": {\"stage\": 3, \"reduce_bucket_size\": \"auto\"}}";
+  o.hidden_size = 64;
+  CHECK_OK(strata_config_resolve_ex(buckets, &o, &json));
+  CHECK(json != NULL && strstr(json, "\"reduce_bucket_size\": 4096") != NULL);
+  strata_string_free(json);
+
+  /* A caller built against a struct that ends after total_num_steps: the
+   * hidden size it does not know stays unset (DeepSpeed's default). */
+  o.struct_size = (uint32_t)offsetof(strata_config_options, hidden_size);
+  CHECK_OK(strata_config_resolve_ex(buckets, &o, &json));
+  CHECK(json != NULL && strstr(json, "\"reduce_bucket_size\": 500000000") != NULL);
+  strata_string_free(json);
+
+  /* Bad options name what is wrong; nothing is written. */
+  o.struct_size = 0;
+  CHECK_STATUS(strata_engine_create_ex(decay, &o, &e), STRATA_STATUS_INVALID_ARGUMENT, "struct_size");
+  o.struct_size = sizeof o;
+  o.total_num_steps = -1;
+  CHECK_STATUS(strata_engine_create_ex(decay, &o, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "options->total_num_steps is -1");
+  o.total_num_steps = 0;
+  o.hidden_size = -5;
+  CHECK_STATUS(strata_config_check_ex(decay, &o, NULL), STRATA_STATUS_INVALID_ARGUMENT,
+               "options->hidden_size is -5");
+  CHECK(e == NULL);
+  CHECK_STATUS(strata_engine_create_ex(decay, NULL, NULL), STRATA_STATUS_INVALID_ARGUMENT, "out");
+}
+
 int main(void) {
   /* version */
   char expect[32];
@@ -480,6 +582,7 @@ int main(void) {
   CHECK(strata_config_resolve("{\"train_batch_size\": 8}", NULL) == STRATA_STATUS_INVALID_ARGUMENT);
   CHECK(strstr(strata_last_error(), "json_out") != NULL);
 
+  options_checks();
   engine_checks();
 
   if (failures == 0) printf("c_api_test: all checks passed\n");

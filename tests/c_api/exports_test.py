@@ -1,7 +1,9 @@
 #!/usr/bin/python3
 """libstrata.so exports exactly the symbols of strata.map (each under its
-version node) and nothing of the engine or the static libraries it links.
-Usage: exports_test.py NM LIBSTRATA_SO STRATA_MAP"""
+version node) and nothing of the engine or the static libraries it links; the
+newest node is the header's version (STRATA_VERSION_MAJOR.MINOR), so a release's
+new symbols get its own node.
+Usage: exports_test.py NM LIBSTRATA_SO STRATA_MAP [STRATA_H]"""
 import re
 import subprocess
 import sys
@@ -35,7 +37,16 @@ def main():
         print(f"in {map_path} but not exported: {name}")
     for name in extra:
         print(f"exported but not in {map_path}: {name}")
-    if bad or missing or extra:
+    version_bad = False
+    if len(sys.argv) > 4:
+        header = open(sys.argv[4]).read()
+        major = re.search(r"#define STRATA_VERSION_MAJOR (\d+)", header).group(1)
+        minor = re.search(r"#define STRATA_VERSION_MINOR (\d+)", header).group(1)
+        if not nodes or nodes[-1] != f"STRATA_{major}.{minor}":
+            print(f"the newest node of {map_path} is {nodes[-1] if nodes else 'none'}, but strata.h says "
+                  f"{major}.{minor}: give the release's symbols a node STRATA_{major}.{minor}")
+            version_bad = True
+    if bad or missing or extra or version_bad:
         return 1
     print(f"{len(got)} symbols, all strata_*, all in {', '.join(nodes)}")
     return 0

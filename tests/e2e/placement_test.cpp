@@ -21,6 +21,7 @@
 
 #include "engine/config.h"
 #include "core/numerics.h"
+#include "core/str.h"
 #include "engine/engine.h"
 #include "engine/schedule/schedule.h"
 #include "engine/safetensors.h"
@@ -998,6 +999,66 @@ TEST_F(Placement, SpeculativeUpdatesNeedRoomForTheSecondVersion) {
   EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("two versions"), std::string::npos) << s;
   EXPECT_NE(s.message().find("strata.budgets.disk"), std::string::npos) << s;
+}
+
+// A disk budget too small for the placement is refused at finalize with the
+// smallest one that holds it (strata.budgets.disk >= N); that budget trains,
+// to the same bits as an unlimited one, and one byte less is refused again.
+TEST_F(Placement, TheSmallestDiskBudgetTheMessageNamesTrains) {
+  for (const OverlapMode mode : {OverlapMode::kExact, OverlapMode::kSpeculative}) {
+    Config c = base();
+    c.strata.overlap = mode;
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.zero.offload_param.device = OffloadDevice::kNvme;
+    const RunResult unlimited = train(c);
+    c.strata.budgets.disk_bytes = 4096;
+    core::Status s = finalize_status(c);
+    ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    const std::string message(s.message());
+    EXPECT_NE(message.find("strata.budgets.disk = 4096 (4.00 KiB) is too small"), std::string::npos) << s;
+    const std::size_t at = message.find("strata.budgets.disk >= ");
+    ASSERT_NE(at, std::string::npos) << s;
+    const std::uint64_t least = std::stoull(message.substr(at + std::strlen("strata.budgets.disk >= ")));
+    ASSERT_GT(least, 4096u);
+    c.strata.budgets.disk_bytes = least;
+    const RunResult r = train(c);
+    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+    expect_same_state(r, unlimited);
+    c.strata.budgets.disk_bytes = least - 1;
+    s = finalize_status(c);
+    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(core::str_cat("strata.budgets.disk >= ", least)), std::string::npos) << s;
+  }
+}
+
+// A device budget below what the step needs at once is refused at finalize
+// with the smallest that works for a framework holding one buffer at a time
+// (as this harness does: the state kept on the device plus the largest
+// group's buffer); that budget trains to the same bits, one byte less is
+// refused.
+TEST_F(Placement, TheSmallestDeviceBudgetTheMessageNamesTrains) {
+  for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+    Config c = base();
+    c.zero.offload_param.device = params;
+    c.zero.offload_optimizer.device = params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kCpu;
+    const RunResult unlimited = train(c);
+    c.strata.budgets.device_bytes = 4096;
+    core::Status s = finalize_status(c);
+    ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    const std::string message(s.message());
+    const std::size_t at = message.find("strata.budgets.device >= ");
+    ASSERT_NE(at, std::string::npos) << s;
+    const std::uint64_t least = std::stoull(message.substr(at + std::strlen("strata.budgets.device >= ")));
+    ASSERT_GT(least, 4096u);
+    c.strata.budgets.device_bytes = least;
+    const RunResult r = train(c);
+    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+    expect_same_state(r, unlimited);
+    c.strata.budgets.device_bytes = least - 1;
+    s = finalize_status(c);
+    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(core::str_cat("strata.budgets.device >= ", least)), std::string::npos) << s;
+  }
 }
 
 // strata.overlap "delayed" keeps the new compute copies in pinned memory

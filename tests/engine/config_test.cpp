@@ -271,17 +271,14 @@ TEST(Config, WrongSectionTypesAreErrors) {
 TEST(Config, OptimizerTypeIsCaseInsensitiveLikeDeepSpeed) {
   EXPECT_EQ(parse_ok(doc(R"("optimizer": {"type": "adamw"})")).optimizer.type,
             OptimizerType::kAdamW);
-  EXPECT_EQ(parse_ok(doc(R"("optimizer": {"type": "LION"})")).optimizer.type, OptimizerType::kLion);
-  EXPECT_EQ(parse_ok(doc(R"("optimizer": {"type": "Adagrad"})")).optimizer.type,
-            OptimizerType::kAdagrad);
+  EXPECT_EQ(parse_ok(doc(R"("optimizer": {"type": "ADAM"})")).optimizer.type, OptimizerType::kAdam);
 }
 
 TEST(Config, UnsupportedOptimizersAreErrorsNamingTheSupportedOnes) {
   expect_error(doc(R"("optimizer": {"type": "OneBitAdam"})"),
                {"optimizer.type: \"OneBitAdam\" is a DeepSpeed optimizer strata does not support",
-                "Adam, AdamW, Adagrad, Lion"});
-  expect_error(doc(R"("optimizer": {"type": "SGD"})"),
-               {"optimizer.type: \"SGD\" is not one of Adam, AdamW, Adagrad, Lion"});
+                "supported: Adam, AdamW"});
+  expect_error(doc(R"("optimizer": {"type": "SGD"})"), {"optimizer.type: \"SGD\" is not one of Adam, AdamW"});
   expect_error(doc(R"("optimizer": {"params": {"lr": 0.1}})"), {"optimizer.type: missing"});
 }
 
@@ -341,22 +338,17 @@ TEST(Config, OptimizerParamErrorsNameKeyAndValue) {
                {"optimizer.params.amsgrad: true is not supported"});
   expect_error(doc(R"("optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}})"),
                {"optimizer.params.max_grad_norm: 1.0", "gradient_clipping"});
-  expect_error(
-      doc(R"("optimizer": {"type": "Lion", "params": {"eps": 1e-8}})"),
-      {"optimizer.params.eps: 1e-08 given, but Lion takes no eps", "lr, betas, weight_decay"});
-  expect_error(doc(R"("optimizer": {"type": "Adagrad", "params": {"betas": [0.9, 0.99]}})"),
-               {"optimizer.params.betas", "Adagrad takes no betas"});
 }
 
-TEST(Config, AdagradAndLionUseDeepSpeedDefaults) {
-  const Config a = parse_ok(doc(R"("optimizer": {"type": "Adagrad"})"));
-  EXPECT_EQ(a.optimizer.lr, 1e-2);
-  EXPECT_EQ(a.optimizer.eps, 1e-10);
-  const Config l =
-      parse_ok(doc(R"("optimizer": {"type": "Lion", "params": {"betas": [0.95, 0.98]}})"));
-  EXPECT_EQ(l.optimizer.lr, 1e-3);
-  EXPECT_EQ(l.optimizer.beta1, 0.95);
-  EXPECT_EQ(l.optimizer.beta2, 0.98);
+// DeepSpeed's CPU Adagrad and Lion are named in DeepSpeed configs, but the
+// engine implements only Adam(W): the config check refuses them (any
+// spelling), naming the supported ones, before an engine is created.
+TEST(Config, AdagradAndLionAreRefusedAsNotImplemented) {
+  expect_error(doc(R"("optimizer": {"type": "Adagrad"})"),
+               {"optimizer.type: \"Adagrad\" is not implemented in strata yet", "supported: Adam, AdamW"});
+  expect_error(doc(R"("optimizer": {"type": "LION", "params": {"betas": [0.95, 0.98]}})"),
+               {"optimizer.type: \"LION\" is not implemented in strata yet", "supported: Adam, AdamW"});
+  expect_error(doc(R"("optimizer": {})"), {"optimizer.type: missing; give one of Adam, AdamW"});
 }
 
 TEST(Config, TorchAdamTrueIsAcceptedWithAWarning) {
@@ -1064,7 +1056,7 @@ TEST(Config, AutoTotalNumStepsNeedsTheCallersStepCount) {
   const std::string json = doc(R"("scheduler": {"type": "WarmupDecayLR",
       "params": {"warmup_max_lr": 1e-3, "total_num_steps": "auto"}})");
   expect_error(json, {"scheduler.params.total_num_steps: \"auto\" cannot be resolved",
-                      "ParseOptions.total_num_steps"});
+                      "strata_config_options.total_num_steps in C, total_num_steps= in Python"});
   ParseOptions options;
   options.total_num_steps = 12345;
   EXPECT_EQ(parse_ok(json, options).scheduler.total_num_steps, 12345);

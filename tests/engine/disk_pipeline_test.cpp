@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/memory_budget.h"
+#include "core/str.h"
 #include "engine/layout.h"
 #include "gpu/host_device.h"
 #include "nvme/swap_store.h"
@@ -92,6 +93,13 @@ TEST_F(DiskPipelineTest, ABudgetBelowOneSlotNamesTheKeyAndTheSize) {
   EXPECT_EQ(p.status().code(), core::StatusCode::kResourceExhausted);
   EXPECT_NE(p.status().message().find("strata.budgets.staging"), std::string::npos) << p.status();
   EXPECT_NE(p.status().message().find("strata.chunk_bytes"), std::string::npos) << p.status();
+  // The smallest budget that works, and that it does.
+  const std::string want = core::str_cat("strata.budgets.staging >= ", slot_bytes(), " (one chunk) works");
+  EXPECT_NE(p.status().message().find(want), std::string::npos) << p.status();
+  core::MemoryBudget one_slot("staging", slot_bytes(), "strata.budgets.staging");
+  auto q = DiskPipeline::create(*state_, *device_, one_slot, pinned_budget_, 4);
+  ASSERT_TRUE(q.ok()) << q.status();
+  EXPECT_EQ((*q)->slots(), 1u);
 }
 
 // Every chunk read, changed and written back through rings of 1 to 4 slots,

@@ -72,9 +72,10 @@ bool contains(const std::string& text, const std::string& part) {
 //   total                                                      = 6,666,666,672 B
 // CPU RAM (pinned):
 //   host gradients    = 40e9 x 2 B                             = 80,000,000,000 B
-//   param staging     = buffer_count 5 x buffer_size 1e8 x 2 B =  1,000,000,000 B
+//   param staging     = the fetch window, 1,666,666,668 x 2 B  =  3,333,333,336 B
+//                       (offload_param.buffer_count / buffer_size: no effect)
 //   optimizer staging = 4 chunks x 64 MiB x 3 states           =    805,306,368 B
-//   total                                                      = 81,805,306,368 B
+//   total                                                      = 84,138,639,704 B
 // NVMe:
 //   compute copies 40e9 x 2 = 80e9, master 40e9 x 4 = 160e9, moments 40e9 x 8
 //   = 320e9, checkpoint 80e9 + 480e9 = 560e9; total 1,120e9 B.
@@ -103,9 +104,9 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
   EXPECT_EQ(p.tier(Tier::kDevice).needed_bytes, 6'666'666'672u);
 
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 80'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "param_staging"), 1'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "param_staging"), 3'333'333'336u);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_staging"), 805'306'368u);
-  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 81'805'306'368u);
+  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 84'138'639'704u);
 
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), 80'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "master_weights"), 160'000'000'000u);
@@ -136,7 +137,7 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
 //   params on the GPU: compute copies 80e9 > 77.3e9 alone
 // What fits: params and optimizer on nvme, and then the largest
 // optimizer_cpu_fraction in 0.05 steps: 0.05 keeps 2e9 params' state (24e9 B)
-// in RAM: 81.8e9 + 24e9 = 105.8e9 <= 119.4e9; 0.10 would need 129.8e9.
+// in RAM: 84.1e9 + 24e9 = 108.1e9 <= 119.4e9; 0.10 would need 132.1e9.
 // Its disk traffic: 12 B x 38e9 = 456e9 each way, plus 160e9 param reads and
 // 80e9 param writes: read 616e9, write 536e9.
 TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
@@ -154,7 +155,7 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   const PlacementPlan& opt_cpu = candidate(*plan, OffloadDevice::kNvme, OffloadDevice::kCpu);
   EXPECT_FALSE(opt_cpu.fits);
   EXPECT_EQ(opt_cpu.tier(Tier::kPinned).needed_bytes,
-            480'000'000'000u + 80'000'000'000u + 1'000'000'000u);
+            480'000'000'000u + 80'000'000'000u + 3'333'333'336u);
   const PlacementPlan& params_cpu = candidate(*plan, OffloadDevice::kCpu, OffloadDevice::kNvme);
   EXPECT_FALSE(params_cpu.fits);
   EXPECT_EQ(params_cpu.placement.optimizer_cpu_fraction, 0.0);
@@ -172,7 +173,7 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   EXPECT_EQ(r.placement.param_device, OffloadDevice::kNvme);
   EXPECT_EQ(r.placement.optimizer_device, OffloadDevice::kNvme);
   EXPECT_DOUBLE_EQ(r.placement.optimizer_cpu_fraction, 0.05);
-  EXPECT_EQ(r.tier(Tier::kPinned).needed_bytes, 105'805'306'368u);
+  EXPECT_EQ(r.tier(Tier::kPinned).needed_bytes, 108'138'639'704u);
   EXPECT_EQ(r.traffic.disk_read_bytes, 616'000'000'000u);
   EXPECT_EQ(r.traffic.disk_write_bytes, 536'000'000'000u);
   ASSERT_EQ(plan->changes.size(), 3u);
@@ -189,6 +190,21 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
       contains(table, "set zero_optimization.offload_param.device = \"nvme\" (now \"cpu\")"))
       << table;
   EXPECT_TRUE(contains(table, "80.00 GiB")) << table;
+}
+
+// The engine ignores offload_param.buffer_count / buffer_size (docs/config.md),
+// so the plan's staging does not follow them either.
+TEST(Planner, ParamStagingIgnoresDeepSpeedBufferKeys) {
+  Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  config.zero.offload_param.buffer_count = 50;
+  config.zero.offload_param.buffer_size = 1'000'000'000;
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "param_staging"), 3'333'333'336u);
+  config.strata.budgets.staging_bytes = 1;
+  plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  for (const std::string& n : plan->notes) EXPECT_FALSE(contains(n, "buffer_count")) << n;
 }
 
 TEST(Planner, FortyBillionOnNvmeRecommendsTheLargestCpuFractionThatFits) {
@@ -516,6 +532,15 @@ TEST(Planner, BudgetsCapTiersWithoutMargin) {
   EXPECT_EQ(p.tier(Tier::kPinned).available_bytes, 8 * kGiB);
   EXPECT_EQ(p.tier(Tier::kNvme).available_bytes, 100'000'000'000u);
   EXPECT_TRUE(plan->fits());
+  // Below a machine size the user gave (--gpu-memory): a note says the budget
+  // wins, and how to plan for the whole GPU.
+  bool capped = false;
+  for (const std::string& n : plan->notes) {
+    capped = capped || (contains(n, "strata.budgets.device = 2.00 GiB caps this tier below the 80.00 GiB given "
+                                    "(--gpu-memory)") &&
+                        contains(n, "drop it from the config"));
+  }
+  EXPECT_TRUE(capped);
 
   // A budget the tier cannot hold: the tier does not fit and says why.
   config.strata.budgets.pinned_bytes = 1 * kGiB;  // needs 0.2 + 0.2 + 1.2 GB
@@ -645,7 +670,7 @@ TEST(Planner, JsonHasTheNumbersAndEscapesStrings) {
   ASSERT_TRUE(plan.ok());
   const std::string json = plan_to_json(*plan);
   EXPECT_TRUE(contains(json, "\"fits\": true")) << json;
-  EXPECT_TRUE(contains(json, "\"needed_bytes\": 81805306368")) << json;
+  EXPECT_TRUE(contains(json, "\"needed_bytes\": 84138639704")) << json;
   EXPECT_TRUE(contains(json, "\"host_to_device_bytes\": 160000000000")) << json;
   EXPECT_TRUE(contains(json, "\"path\": \"/tmp/a \\\"quoted\\\"\\npath\"")) << json;
   EXPECT_TRUE(contains(json, "\"key_path\": \"strata.optimizer_cpu_fraction\"")) << json;

@@ -1,4 +1,4 @@
-"""The adapter's contract (DESIGN.md section 9) and the pitfalls of ZeRO-3
+"""The adapter's contract (docs/python.md) and the pitfalls of ZeRO-3
 style offload: tied weights, a module called twice, activation checkpointing,
 a frozen base, evaluation and generation between steps, checkpoints, export
 and import, a parameter used outside its group, bad configs."""
@@ -40,6 +40,16 @@ def test_parameters_keep_their_identity_and_names(swap_dir):
     assert w.data.storage().size() == 1
     assert engine.groups == ["model.embed_tokens", "model.layers.0", "model.layers.1", "model.norm"]
     assert engine.group_of(model.lm_head.weight) == "model.embed_tokens"
+    engine.close()
+
+
+def test_initialize_passes_total_num_steps_for_auto(swap_dir):
+    cfg = helpers.config(swap_dir)
+    cfg["scheduler"] = {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 2, "total_num_steps": "auto"}}
+    with pytest.raises(strata.InvalidArgument, match=r"total_num_steps"):
+        strata.torch.initialize(helpers.tiny_llama(), cfg)
+    engine = strata.torch.initialize(helpers.tiny_llama(), cfg, total_num_steps=40)
+    assert engine.config["scheduler"]["params"]["total_num_steps"] == 40
     engine.close()
 
 

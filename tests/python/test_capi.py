@@ -31,6 +31,33 @@ def test_config_check_and_resolve(swap_dir):
     assert isinstance(info.value, ValueError)
 
 
+def test_total_num_steps_and_strict_reach_the_config_when_passed(swap_dir):
+    cfg = helpers.config(swap_dir)
+    cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 5, "total_num_steps": "auto"}}
+    with pytest.raises(strata.InvalidArgument, match=r"total_num_steps: \"auto\" cannot be resolved"):
+        strata.Engine(cfg)
+    with pytest.raises(strata.InvalidArgument, match=r"total_num_steps="):
+        strata.config_check(cfg)
+    assert strata.config_resolve(cfg, total_num_steps=77)["scheduler"]["params"]["total_num_steps"] == 77
+    with strata.Engine(cfg, total_num_steps=77):
+        pass
+    unknown = helpers.config(swap_dir)
+    unknown["no_such_key"] = 1
+    assert strata.config_check(unknown) == 1
+    with strata.Engine(unknown):
+        pass
+    with pytest.raises(strata.InvalidArgument, match=r"no_such_key"):
+        strata.config_check(unknown, strict=True)
+    with pytest.raises(strata.InvalidArgument, match=r"no_such_key"):
+        strata.Engine(unknown, strict=True)
+    buckets = {"train_batch_size": 1, "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}
+    assert strata.config_resolve(buckets, hidden_size=8)["zero_optimization"]["reduce_bucket_size"] == 64
+    with pytest.raises(strata.InvalidArgument, match=r"options->total_num_steps is -3"):
+        strata.config_check(cfg, total_num_steps=-3)
+    with pytest.raises(TypeError, match=r"total_num_steps must be an int"):
+        strata.Engine(cfg, total_num_steps=7.5)
+
+
 def test_library_lookup_names_what_it_tried(tmp_path):
     missing = str(tmp_path / "nope" / "libstrata.so")
     env = dict(os.environ, STRATA_LIBRARY=missing)

@@ -13,7 +13,7 @@ import os
 
 # The C header's version this module was written against.
 HEADER_MAJOR = 0
-HEADER_MINOR = 2
+HEADER_MINOR = 3
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_NAMES = ("libstrata.so", "libstrata.so.0")
@@ -61,6 +61,11 @@ c_status = ctypes.c_int
 c_engine_p = ctypes.c_void_p
 INIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_float), ctypes.c_int64,
                            ctypes.c_void_p)
+
+
+class ConfigOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("strict", ctypes.c_int32), ("total_num_steps", ctypes.c_int64),
+                ("hidden_size", ctypes.c_int64)]
 
 
 class OptimizerGroupDesc(ctypes.Structure):
@@ -146,6 +151,10 @@ _PROTOTYPES = {
     # 0.2
     "strata_group_dlpack": (c_status, [c_engine_p, _s, ctypes.c_int, _P(ctypes.c_void_p)]),
     "strata_init_from_safetensors": (c_status, [c_engine_p, _s, _s]),
+    # 0.3
+    "strata_config_check_ex": (c_status, [_s, _P(ConfigOptions), _P(ctypes.c_uint32)]),
+    "strata_config_resolve_ex": (c_status, [_s, _P(ConfigOptions), _P(ctypes.c_void_p)]),
+    "strata_engine_create_ex": (c_status, [_s, _P(ConfigOptions), _P(c_engine_p)]),
 }
 
 

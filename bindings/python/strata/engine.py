@@ -64,18 +64,37 @@ def _config_text(config):
     raise TypeError(f"strata: config must be a dict, a JSON string or a path, not {type(config).__name__}")
 
 
-def config_check(config):
+def _options(total_num_steps, hidden_size, strict):
+    """strata_config_options: what the program knows that the config may leave
+    to it ("auto"). None or 0: not given."""
+    o = _capi.new(_capi.ConfigOptions)
+    for name, value in (("total_num_steps", total_num_steps), ("hidden_size", hidden_size)):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"strata: {name} must be an int, not {type(value).__name__}")
+        setattr(o, name, value)  # a negative value is the C API's INVALID_ARGUMENT
+    o.strict = 1 if strict else 0
+    return o
+
+
+def config_check(config, *, total_num_steps=None, hidden_size=None, strict=False):
     """Checks a config without creating an engine; returns its warning count.
-    Raises InvalidArgument naming the key path."""
+    total_num_steps resolves "auto" in scheduler.params.total_num_steps,
+    hidden_size the "auto" bucket sizes, and strict makes unknown keys errors
+    (docs/config.md, "auto"). Raises InvalidArgument naming the key path."""
     warnings = ctypes.c_uint32(0)
-    check(_lib.strata_config_check(_config_text(config).encode(), ctypes.byref(warnings)))
+    o = _options(total_num_steps, hidden_size, strict)
+    check(_lib.strata_config_check_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(warnings)))
     return warnings.value
 
 
-def config_resolve(config):
-    """The resolved config (every key, defaults filled in) as a dict."""
+def config_resolve(config, *, total_num_steps=None, hidden_size=None, strict=False):
+    """The resolved config (every key, defaults filled in) as a dict; the
+    keyword arguments as config_check's."""
     out = ctypes.c_void_p()
-    check(_lib.strata_config_resolve(_config_text(config).encode(), ctypes.byref(out)))
+    o = _options(total_num_steps, hidden_size, strict)
+    check(_lib.strata_config_resolve_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(out)))
     try:
         return json.loads(ctypes.string_at(out.value).decode())
     finally:
@@ -163,11 +182,13 @@ class Engine:
     add_optimizer_group* -> register+ -> [init_from_safetensors] -> finalize ->
     per micro-batch fetch/release, grads, micro_step_end -> step_end. Every
     failure raises a strata.Error subclass with the C status name and message.
-    Use as a context manager, or call close()."""
+    Use as a context manager, or call close(). total_num_steps, hidden_size
+    and strict as config_check's (strata_engine_create_ex)."""
 
-    def __init__(self, config):
+    def __init__(self, config, *, total_num_steps=None, hidden_size=None, strict=False):
         handle = ctypes.c_void_p()
-        check(_lib.strata_engine_create(_config_text(config).encode(), ctypes.byref(handle)))
+        o = _options(total_num_steps, hidden_size, strict)
+        check(_lib.strata_engine_create_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(handle)))
         self._h = handle
         self._inits = []          # (INIT_FN, callable) kept alive until finalize returns
         self._init_error = None   # the first exception an init callable raised

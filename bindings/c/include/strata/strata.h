@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 2
+#define STRATA_VERSION_MINOR 3
 #define STRATA_VERSION_PATCH 0
 
 /* Status codes. Stable: values are never renumbered. */
@@ -114,6 +114,33 @@ STRATA_API strata_status strata_config_resolve(const char* config_json, char** j
 /* Frees a string strata returned. NULL is a no-op. */
 STRATA_API void strata_string_free(char* s) STRATA_NOEXCEPT;
 
+/* What the embedding program knows that the JSON may leave to it (0.3). Every
+ * field's 0 means "not given", so STRATA_CONFIG_OPTIONS_INIT gives the same
+ * result as the calls without _ex. */
+typedef struct strata_config_options {
+  uint32_t struct_size;    /* STRATA_CONFIG_OPTIONS_INIT */
+  int32_t strict;          /* nonzero: unknown keys are errors, whatever "strata.strict" says;
+                              0: "strata.strict" decides (default false) */
+  int64_t total_num_steps; /* optimizer steps of the run, >= 0: resolves "auto" in
+                              scheduler.params.total_num_steps; 0: unknown ("auto" there is
+                              then INVALID_ARGUMENT) */
+  int64_t hidden_size;     /* the model's hidden size, >= 0: resolves "auto" in
+                              zero_optimization.reduce_bucket_size (h^2),
+                              stage3_prefetch_bucket_size (0.9 h^2) and
+                              stage3_param_persistence_threshold (10 h), as the Hugging Face
+                              integration does; 0: unknown (DeepSpeed's defaults apply) */
+} strata_config_options;
+#define STRATA_CONFIG_OPTIONS_INIT {(uint32_t)sizeof(strata_config_options), 0, 0, 0}
+
+/* strata_config_check and strata_config_resolve with options (0.3). options
+ * is borrowed; NULL means STRATA_CONFIG_OPTIONS_INIT. Errors as theirs, and
+ * INVALID_ARGUMENT for options->struct_size 0 or a negative total_num_steps
+ * or hidden_size. */
+STRATA_API strata_status strata_config_check_ex(const char* config_json, const strata_config_options* options,
+                                                uint32_t* warning_count_out) STRATA_NOEXCEPT;
+STRATA_API strata_status strata_config_resolve_ex(const char* config_json, const strata_config_options* options,
+                                                  char** json_out) STRATA_NOEXCEPT;
+
 /* --- the engine ---------------------------------------------------------- */
 
 /* Training state in device memory, pinned CPU memory or NVMe, driven by the
@@ -155,9 +182,16 @@ typedef enum strata_device_kind {
  * ("strata.device"), the budgets, the placement of every state. On success
  * *out is caller-owned: free it with strata_engine_destroy. Errors: the
  * config's (INVALID_ARGUMENT naming the key), the device's (UNAVAILABLE when
- * strata.device is "cuda" and there is none), UNIMPLEMENTED for an optimizer
- * not built yet. config_json is borrowed. */
+ * strata.device is "cuda" and there is none). config_json is borrowed. */
 STRATA_API strata_status strata_engine_create(const char* config_json, strata_engine** out) STRATA_NOEXCEPT;
+
+/* strata_engine_create with options (0.3): the run's total_num_steps for
+ * "auto" in the scheduler, strict parsing, the hidden size (see
+ * strata_config_options). options is borrowed; NULL means
+ * STRATA_CONFIG_OPTIONS_INIT. Errors as strata_engine_create's, and those of
+ * strata_config_check_ex. */
+STRATA_API strata_status strata_engine_create_ex(const char* config_json, const strata_config_options* options,
+                                                 strata_engine** out) STRATA_NOEXCEPT;
 
 /* Destroys an engine: waits for its device work, frees its memory and its
  * swap files (unless strata.io.keep_files). Every view it handed out becomes
@@ -199,9 +233,11 @@ typedef struct strata_param_desc {
  * valid for the call. Returns STRATA_STATUS_OK, or a failure that
  * strata_engine_finalize then returns (naming the parameter). Called once per
  * parameter on the thread that calls strata_engine_finalize, during that
- * call, group by group, never with a lock held. It must not call functions
- * taking this engine: until finalize returns they fail with
- * FAILED_PRECONDITION (from any thread). */
+ * call, group by group, never with a lock held. The layout is fixed before
+ * the first call, so strata_group_info_get, strata_param_offset,
+ * strata_loss_scale and strata_stats answer from it (as after finalize); every
+ * other function taking this engine fails with FAILED_PRECONDITION until
+ * finalize returns (from any thread). */
 typedef strata_status (*strata_init_fn)(const char* name, float* out, int64_t numel, void* user_data);
 
 /* Registers a parameter before finalize. desc and the strings and shape it

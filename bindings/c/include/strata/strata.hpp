@@ -20,8 +20,8 @@ struct string_deleter {
   void operator()(char* s) const noexcept { strata_string_free(s); }
 };
 
-using engine_ptr = std::unique_ptr<strata_engine, engine_deleter>;  // from strata_engine_create
-using string_ptr = std::unique_ptr<char, string_deleter>;           // from strata_config_resolve
+using engine_ptr = std::unique_ptr<strata_engine, engine_deleter>;  // from strata_engine_create[_ex]
+using string_ptr = std::unique_ptr<char, string_deleter>;           // from strata_config_resolve[_ex]
 
 }  // namespace strata
 

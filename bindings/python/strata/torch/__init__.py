@@ -8,8 +8,8 @@
 
 strata keeps the parameters' storage (fetched group by group around each
 module's forward and backward), the gradients, the optimizer state and the
-optimizer; the model, the data and the loop stay the user's. DESIGN.md
-section 9 is the contract; docs/python.md the guide.
+optimizer; the model, the data and the loop stay the user's. docs/python.md
+is the contract and the guide.
 """
 from .adapter import Engine, initialize
 from .meta import meta_init

@@ -1,4 +1,4 @@
-"""The PyTorch adapter (DESIGN.md section 9).
+"""The PyTorch adapter (its contract: docs/python.md).
 
 How it works, in one place:
 - Every parameter of the module is registered with the engine under its name
@@ -299,13 +299,14 @@ class Engine:
     """A PyTorch module trained through strata. Made by initialize()."""
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
-                 name_prefix="", copy_views=False):
+                 name_prefix="", copy_views=False, total_num_steps=None, hidden_size=None, strict=False):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"strata.torch: model must be a torch.nn.Module, not {type(model).__name__}")
         self.module = model
         text = _engine._config_text(config)  # a path is read once
-        self.config = _engine.config_resolve(text)
-        self._engine = _engine.Engine(text)
+        known = dict(total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict)
+        self.config = _engine.config_resolve(text, **known)
+        self._engine = _engine.Engine(text, **known)
         self._closed = False
         self._hooks = []
         self._units = []
@@ -1069,7 +1070,7 @@ def _named_parameters_all(model):
 
 
 def initialize(model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="", name_prefix="",
-               copy_views=False):
+               copy_views=False, total_num_steps=None, hidden_size=None, strict=False):
     """Hands `model`'s parameters, gradients and optimizer to strata.
 
     model: an nn.Module (its parameters on the CPU, the GPU, or the meta device
@@ -1086,7 +1087,12 @@ def initialize(model, config, *, blocks=None, param_groups=None, weights=None, w
         export).
     copy_views: on the host device, copy compute copies and gradients through
         the *_host calls instead of DLPack views of the engine's memory.
+    total_num_steps: the run's optimizer steps, for "auto" in
+        scheduler.params.total_num_steps; hidden_size: the model's hidden size,
+        for the "auto" bucket sizes; strict: unknown keys are errors
+        (docs/config.md, "auto").
     Returns a strata.torch.Engine: engine.backward(loss), engine.step().
     """
     return Engine(model, config, blocks=blocks, param_groups=param_groups, weights=weights,
-                  weights_prefix=weights_prefix, name_prefix=name_prefix, copy_views=copy_views)
+                  weights_prefix=weights_prefix, name_prefix=name_prefix, copy_views=copy_views,
+                  total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict)
