@@ -33,19 +33,15 @@ std::string describe_int_bounds(std::int64_t x, std::int64_t lo, std::int64_t hi
 }
 
 // DeepSpeed rejects duplicate keys; nlohmann keeps the last one. This parser
-// callback finds the first duplicate and its path.
-// Thrown by the parse callback when the document nests deeper than
-// kMaxJsonDepth: parsing stops there, before a deep document costs memory
-// or anything recurses over it (dump, comparisons).
-struct TooDeep {};
-
+// callback finds the first duplicate and its path, and stops a document that
+// nests deeper than kMaxJsonDepth (json_bounds::DepthLimit throws).
 class DuplicateKeyFinder {
  public:
   bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
+    depth_.on(event);
     switch (event) {
       case Json::parse_event_t::object_start:
       case Json::parse_event_t::array_start:
-        if (frames_.size() >= kMaxJsonDepth) throw TooDeep{};
         frames_.push_back(Frame{.is_object = event == Json::parse_event_t::object_start});
         break;
       case Json::parse_event_t::object_end:
@@ -85,6 +81,7 @@ class DuplicateKeyFinder {
     }
     return path + key;
   }
+  json_bounds::DepthLimit depth_;
   std::vector<Frame> frames_;
   std::string duplicate_;
 };
@@ -437,14 +434,15 @@ Status parse_json(std::string_view text, Json* out) {
     // Callbacks are copied by nlohmann: pass a reference wrapper so the finder keeps state.
     *out = Json::parse(text.begin(), text.end(), std::ref(finder), /*allow_exceptions=*/true,
                        /*ignore_comments=*/true);
-  } catch (const TooDeep&) {
+  } catch (const json_bounds::TooDeep&) {
     return Status::invalid_argument(str_cat("invalid JSON: nested deeper than ", kMaxJsonDepth,
                                             " levels (a configuration needs a handful)"));
   } catch (const Json::parse_error& e) {
     std::string what = e.what();
     const std::size_t at = what.find("parse error");
     if (at != std::string::npos) what = what.substr(at);
-    return Status::invalid_argument(str_cat("invalid JSON (byte ", e.byte, "): ", what));
+    return Status::invalid_argument(str_cat("invalid JSON (byte ", e.byte, "): ",
+                                            json_bounds::preview(what, json_bounds::kMaxParserMessageChars)));
   }
   if (!finder.duplicate().empty()) {
     return Status::invalid_argument(str_cat(finder.duplicate(),
