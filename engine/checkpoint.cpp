@@ -289,61 +289,59 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
                                                " in the checkpoint; this engine uses ", compute_dtype));
   }
-  {
-    // Integrity before anything changes: the state file's CRC64, read front
-    // to back with direct reads (read-ahead), then the blob's.
-    const std::string state_path = dir + "/state.safetensors";
-    // Destruction order: the reader (it owns the file) before the backend.
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "load_checkpoint"));
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> state_file,
-                            nvme::DirectFileReader::open(*backend, state_path, direct_file_options(config_.strata.io)));
-    STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, state_file->crc64());
-    if (state_crc != m.state_crc64) {
-      return Status::data_loss(str_cat(state_path, ": CRC64 mismatch: its bytes give ", crc64_hex(state_crc),
-                                       ", the manifest records ", crc64_hex(m.state_crc64),
-                                       " (the file is damaged or truncated)"));
-    }
-    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
-    if (const std::uint64_t crc = nvme::crc64(0, blob); crc != m.framework_crc64) {
-      return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch: its bytes give ", crc64_hex(crc),
-                                       ", the manifest records ", crc64_hex(m.framework_crc64),
-                                       " (the file is damaged or truncated)"));
-    }
-    // Tensors come in with direct reads of the aligned blocks around them.
-    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
-    const int cb = layout_.compute_bytes;
-    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-      const GroupPlace& gp = layout_.groups[g];
-      gpu::PinnedBuffer staging;
-      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
-      StateArrays arrays;
-      for (std::size_t pi : gp.params) {
-        const ParamDesc& p = layout_.params[pi];
-        const auto n = static_cast<std::size_t>(p.numel());
-        STRATA_RETURN_IF_ERROR(reader.read_raw(
-            p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
-        if (!p.trainable) continue;
-        auto& a = arrays[pi];
-        for (int k = 0; k < 3; ++k) {
-          a[k].resize(n);
-          STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
-        }
-      }
-      STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
-      STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
-        exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
-        return Status();
-      }));
-    }
-    LossScaler::State state;
-    state.scale = m.loss_scaler.scale;
-    state.iteration = m.loss_scaler.iteration;
-    state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
-    state.hysteresis_left = m.loss_scaler.hysteresis_left;
-    STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.step, m.skipped_steps, m.lr_override));
-    step_.bytes = {};
-    return blob;
+  // Integrity before anything changes: the state file's CRC64, read front
+  // to back with direct reads (read-ahead), then the blob's.
+  const std::string state_path = dir + "/state.safetensors";
+  // Destruction order: the reader (it owns the file) before the backend.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "load_checkpoint"));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> state_file,
+                          nvme::DirectFileReader::open(*backend, state_path, direct_file_options(config_.strata.io)));
+  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, state_file->crc64());
+  if (state_crc != m.state_crc64) {
+    return Status::data_loss(str_cat(state_path, ": CRC64 mismatch: its bytes give ", crc64_hex(state_crc),
+                                     ", the manifest records ", crc64_hex(m.state_crc64),
+                                     " (the file is damaged or truncated)"));
   }
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
+  if (const std::uint64_t crc = nvme::crc64(0, blob); crc != m.framework_crc64) {
+    return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch: its bytes give ", crc64_hex(crc),
+                                     ", the manifest records ", crc64_hex(m.framework_crc64),
+                                     " (the file is damaged or truncated)"));
+  }
+  // Tensors come in with direct reads of the aligned blocks around them.
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
+  const int cb = layout_.compute_bytes;
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    gpu::PinnedBuffer staging;
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
+    StateArrays arrays;
+    for (std::size_t pi : gp.params) {
+      const ParamDesc& p = layout_.params[pi];
+      const auto n = static_cast<std::size_t>(p.numel());
+      STRATA_RETURN_IF_ERROR(reader.read_raw(
+          p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
+      if (!p.trainable) continue;
+      auto& a = arrays[pi];
+      for (int k = 0; k < 3; ++k) {
+        a[k].resize(n);
+        STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
+    STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
+      exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
+      return Status();
+    }));
+  }
+  LossScaler::State state;
+  state.scale = m.loss_scaler.scale;
+  state.iteration = m.loss_scaler.iteration;
+  state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
+  state.hysteresis_left = m.loss_scaler.hysteresis_left;
+  STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.step, m.skipped_steps, m.lr_override));
+  step_.bytes = {};
+  return blob;
 }
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
