@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/result.h"
 #include "core/status.h"
 #include "core/str.h"
 
@@ -22,39 +23,6 @@ inline constexpr std::size_t kMaxJsonDepth = 64;
 // the parser's own messages (which quote the last token read) to kMaxParserMessageChars.
 inline constexpr std::size_t kMaxPreviewChars = 80;
 inline constexpr std::size_t kMaxParserMessageChars = 240;
-
-// Thrown by DepthLimit when a document nests deeper than its limit; parsing
-// stops there, before a deep document costs memory or anything recurses over
-// it (dump, comparisons, destruction).
-struct TooDeep {};
-
-// Counts nesting in a parser callback (nlohmann's parse_event_t is the same
-// type for every basic_json). Thread-compatible; one per parse.
-class DepthLimit {
- public:
-  explicit DepthLimit(std::size_t max_depth = kMaxJsonDepth) : max_depth_(max_depth) {}
-  // Throws TooDeep on an object or array that opens beyond the limit.
-  void on(nlohmann::json::parse_event_t event) {
-    switch (event) {
-      case nlohmann::json::parse_event_t::object_start:
-      case nlohmann::json::parse_event_t::array_start:
-        if (depth_ >= max_depth_) throw TooDeep{};
-        ++depth_;
-        break;
-      case nlohmann::json::parse_event_t::object_end:
-      case nlohmann::json::parse_event_t::array_end:
-        if (depth_ > 0) --depth_;
-        break;
-      default:
-        break;
-    }
-  }
-  std::size_t depth() const { return depth_; }
-
- private:
-  std::size_t max_depth_;
-  std::size_t depth_ = 0;
-};
 
 // `s` for a message: at most `max_chars` characters (longer ones cut to
 // max_chars - 3 and "..."), control characters and bytes outside ASCII shown
@@ -71,33 +39,109 @@ inline std::string preview(std::string_view s, std::size_t max_chars = kMaxPrevi
   return out;
 }
 
-// Parses `text` (strict JSON: no comments) into `out` with nesting bounded by
-// kMaxJsonDepth. Errors are kInvalidArgument, their message one of
-//   invalid JSON (byte N): <the parser's message, cut to a preview>
-//   invalid JSON: nested deeper than 64 levels
-// (the caller names the file and picks the status). Memory: the parsed
-// document, a small multiple of the text's size for any text.
-template <typename BasicJson>
-core::Status parse_bounded(std::string_view text, BasicJson* out) {
-  DepthLimit limit;
-  try {
-    *out = BasicJson::parse(
-        text.begin(), text.end(),
-        [&limit](int /*depth*/, typename BasicJson::parse_event_t event, BasicJson& /*parsed*/) {
-          limit.on(event);
-          return true;
-        },
-        /*allow_exceptions=*/true);
-  } catch (const TooDeep&) {
-    return core::Status::invalid_argument(
-        core::str_cat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
-  } catch (const nlohmann::json::parse_error& e) {
-    std::string what = e.what();
+// The first pass of a bounded parse: a SAX handler that checks the syntax and
+// the nesting and builds nothing (so it costs no memory and is linear in the
+// text; nlohmann's callback parser is not: its end_object scans the parent
+// container, quadratic in an array of objects). Subclasses add checks through
+// the hooks (the config's duplicate keys). Thread-compatible; one per pass.
+class CheckingSax : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  explicit CheckingSax(std::size_t max_depth = kMaxJsonDepth) : max_depth_(max_depth) {}
+
+  bool null() override { return true; }
+  bool boolean(bool /*val*/) override { return true; }
+  bool number_integer(number_integer_t /*val*/) override { return true; }
+  bool number_unsigned(number_unsigned_t /*val*/) override { return true; }
+  bool number_float(number_float_t /*val*/, const string_t& /*s*/) override { return true; }
+  bool string(string_t& /*val*/) override { return true; }
+  bool binary(binary_t& /*val*/) override { return true; }
+  bool start_object(std::size_t /*elements*/) override { return enter(/*is_object=*/true); }
+  bool key(string_t& val) override { return on_key(val); }
+  bool end_object() override { return leave(); }
+  bool start_array(std::size_t /*elements*/) override { return enter(/*is_object=*/false); }
+  bool end_array() override { return leave(); }
+  bool parse_error(std::size_t position, const std::string& /*last_token*/,
+                   const nlohmann::detail::exception& ex) override {
+    std::string what = ex.what();
     const std::size_t at = what.find("parse error");
     if (at != std::string::npos) what = what.substr(at);
+    error_byte_ = position;
+    error_ = preview(what, kMaxParserMessageChars);
+    return false;
+  }
+
+  bool too_deep() const { return too_deep_; }
+  // The parser's message (cut to a preview) and its byte; empty when none.
+  const std::string& error() const { return error_; }
+  std::size_t error_byte() const { return error_byte_; }
+
+ protected:
+  // (optional) default: nothing. Called for each object (is_object) or array
+  // opened within the depth limit, and each closed; return false to stop.
+  virtual bool on_enter(bool /*is_object*/) { return true; }
+  virtual void on_leave() {}
+  // (optional) default: accept. Each key of an object.
+  virtual bool on_key(const std::string& /*key*/) { return true; }
+
+ private:
+  bool enter(bool is_object) {
+    if (depth_ >= max_depth_) {
+      too_deep_ = true;
+      return false;
+    }
+    ++depth_;
+    return on_enter(is_object);
+  }
+  bool leave() {
+    if (depth_ > 0) --depth_;
+    on_leave();
+    return true;
+  }
+
+  std::size_t max_depth_;
+  std::size_t depth_ = 0;
+  bool too_deep_ = false;
+  std::string error_;
+  std::size_t error_byte_ = 0;
+};
+
+// Runs `sax` over `text` (comments allowed with `ignore_comments`). Errors are
+// kInvalidArgument, their message one of
+//   invalid JSON (byte N): <the parser's message, cut to a preview>
+//   invalid JSON: nested deeper than 64 levels
+// (the caller names the file and picks the status; sax->too_deep() tells which).
+inline core::Status check_json(std::string_view text, CheckingSax* sax, bool ignore_comments = false) {
+  try {
+    const bool ok =
+        nlohmann::json::sax_parse(text.begin(), text.end(), sax, nlohmann::json::input_format_t::json,
+                                  /*strict=*/true, ignore_comments);
+    if (ok) return core::Status();
+  } catch (const std::bad_alloc&) {
+    return core::Status::out_of_memory(core::str_cat("checking a JSON document of ", text.size(), " bytes"));
+  }
+  if (sax->too_deep()) {
     return core::Status::invalid_argument(
-        core::str_cat("invalid JSON (byte ", e.byte, "): ", preview(what, kMaxParserMessageChars)));
-  } catch (const nlohmann::json::exception& e) {
+        core::str_cat("invalid JSON: nested deeper than ", kMaxJsonDepth, " levels"));
+  }
+  if (!sax->error().empty()) {
+    return core::Status::invalid_argument(
+        core::str_cat("invalid JSON (byte ", sax->error_byte(), "): ", sax->error()));
+  }
+  return core::Status::invalid_argument("invalid JSON");  // a hook stopped the pass
+}
+
+// Parses `text` into `out` with nesting bounded by kMaxJsonDepth: check_json
+// first (nothing is built for a document it refuses), then nlohmann's plain
+// parser. Errors as check_json. Time linear in the text; memory the parsed
+// document (nlohmann's DOM: up to some tens of bytes per value, so a few tens
+// of times the text for a document of tiny values such as [{},{},...]).
+template <typename BasicJson>
+core::Status parse_bounded(std::string_view text, BasicJson* out, bool ignore_comments = false) {
+  CheckingSax sax;
+  STRATA_RETURN_IF_ERROR(check_json(text, &sax, ignore_comments));
+  try {
+    *out = BasicJson::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/true, ignore_comments);
+  } catch (const nlohmann::json::exception& e) {  // the check passed: not expected
     return core::Status::invalid_argument(
         core::str_cat("invalid JSON: ", preview(e.what(), kMaxParserMessageChars)));
   } catch (const std::bad_alloc&) {

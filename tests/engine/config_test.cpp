@@ -1201,6 +1201,22 @@ TEST(Config, DuplicateKeysAreErrorsAsInDeepSpeed) {
                {"train_batch_size: duplicate key"});
 }
 
+// Flat documents cost time linear in their size: 600,000 objects in an array
+// (nlohmann's callback parser scanned the parent at each object's end:
+// quadratic) and 200,000 keys in one object (the duplicate check compared
+// each key with the object's others: quadratic). Without the fixes this test
+// runs for hours.
+TEST(Config, LargeFlatDocumentsParseInLinearTime) {
+  std::string objects = "[";
+  for (int i = 0; i < 600000; ++i) objects += i == 0 ? "{}" : ",{}";
+  objects += "]";
+  EXPECT_TRUE(parse_config(doc(R"("wandb": )" + objects)).ok());
+  std::string keys = "{";
+  for (int i = 0; i < 200000; ++i) keys += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\": 0";
+  EXPECT_TRUE(parse_config(doc(R"("wandb": )" + keys + "}")).ok());
+  expect_error(doc(R"("wandb": )" + keys + R"(, "k7": 1})"), {"wandb.k7: duplicate key"});
+}
+
 // A document nested deeper than any configuration needs is refused while it
 // is parsed: 100,000 levels (which once crashed the error message's preview)
 // and a deep value under a known key, and nesting just within the limit parses.
