@@ -4,11 +4,14 @@
 //                      trainable, "<name>.master", ".exp_avg", ".exp_avg_sq" (F32)
 //   framework.bin      the framework's blob
 //   manifest.json      format version, step counters, loss scaler, lr override,
-//                      the parameter list, the config, CRC64 of the two files
-// Written into <root>/.step-<N>.tmp, fsynced, renamed; then <root>/latest is
-// replaced (write aside, fsync, rename). Loading follows latest. The state
-// file is written front to back and read through the nvme engine (O_DIRECT,
-// strata.io.backend), its CRC64 computed as it is written.
+//                      the parameter list, the config, CRC64 of the two files,
+//                      and its own CRC64 (engine/checkpoint_manifest.h)
+// Written into <root>/.step-<N>.tmp, fsynced, renamed; then <root>/latest
+// ("step-<N> <CRC64>") is replaced (write aside, fsync, rename), and the
+// retention policy (strata.checkpoint) removes old checkpoints. Loading
+// follows latest. The state file is written front to back and read through
+// the nvme engine (O_DIRECT, strata.io.backend), its CRC64 computed as it is
+// written.
 #include <unistd.h>
 
 #include <algorithm>
@@ -20,9 +23,11 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <nlohmann/json.hpp>
 
+#include "core/logging.h"
 #include "core/str.h"
+#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint_retention.h"
 #include "engine/engine.h"
 #include "engine/file_io.h"
 #include "engine/internal/buffer_cache.h"
@@ -43,8 +48,6 @@ using core::str_cat;
 namespace fs = std::filesystem;
 
 namespace {
-
-constexpr int kFormatVersion = 1;
 
 // Test hook: STRATA_CHECKPOINT_CRASH_AT=<point> ends the process at that point
 // of a save (tests/e2e kill a child there and load what is left).
@@ -130,6 +133,11 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
+  // What interrupted saves left behind goes first (each named at info level).
+  if (auto removed = remove_interrupted_saves(root); !removed.ok()) {
+    STRATA_LOG(kWarn) << "save_checkpoint: could not remove what an interrupted save left: "
+                      << removed.status();
+  }
   const std::string name = str_cat("step-", verdict_.applied_steps());
   const std::string tmp = str_cat(root, "/.", name, ".tmp");
   const std::string final_dir = str_cat(root, "/", name);
@@ -200,28 +208,27 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   crash_point("state_written");
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob));
 
-  nlohmann::ordered_json m;
-  m["format"] = "strata-checkpoint";
-  m["version"] = kFormatVersion;
-  m["step"] = verdict_.applied_steps();
-  m["skipped_steps"] = verdict_.skipped_steps();
-  m["lr_override"] = verdict_.lr_override();
+  CheckpointManifest m;
+  m.step = verdict_.applied_steps();
+  m.skipped_steps = verdict_.skipped_steps();
+  m.lr_override = verdict_.lr_override();
   const LossScaler::State& ls = verdict_.scaler_state();
-  m["loss_scaler"] = {{"scale", ls.scale},
-                      {"iteration", ls.iteration},
-                      {"last_overflow_iteration", ls.last_overflow_iteration},
-                      {"hysteresis_left", ls.hysteresis_left}};
-  m["compute_dtype"] = std::string(to_string(dtype_of(cb, config_.precision)));
-  nlohmann::ordered_json params = nlohmann::ordered_json::array();
+  m.loss_scaler = {.scale = ls.scale,
+                   .iteration = ls.iteration,
+                   .last_overflow_iteration = ls.last_overflow_iteration,
+                   .hysteresis_left = ls.hysteresis_left};
+  m.compute_dtype = std::string(to_string(dtype_of(cb, config_.precision)));
   for (const ParamDesc& p : layout_.params) {
-    params.push_back({{"name", p.name}, {"shape", p.shape}, {"group", p.group}, {"trainable", p.trainable},
-                      {"optimizer_group", p.optimizer_group}});
+    m.params.push_back({.name = p.name,
+                        .shape = p.shape,
+                        .group = p.group,
+                        .trainable = p.trainable,
+                        .optimizer_group = static_cast<std::int64_t>(p.optimizer_group)});
   }
-  m["params"] = std::move(params);
-  m["files"] = {{"state.safetensors", state_crc},
-                {"framework.bin", nvme::crc64(0, blob)}};
-  m["config"] = nlohmann::ordered_json::parse(to_json(config_), nullptr, false);
-  const std::string text = m.dump(2) + "\n";
+  m.state_crc64 = state_crc;
+  m.framework_crc64 = nvme::crc64(0, blob);
+  m.config_json = to_json(config_);
+  const std::string text = format_checkpoint_manifest(m);
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text))));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
   crash_point("manifest_written");
@@ -237,9 +244,16 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   }
   STRATA_RETURN_IF_ERROR(fsync_dir(root));
   crash_point("renamed");
-  const std::string pointer = name + "\n";
+  const std::string pointer = format_latest_pointer(name);
   STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer))));
   fs::remove_all(final_dir + ".old", ec);
+  // Retention, once the save is latest: a failure here loses nothing saved.
+  const RetentionPolicy policy{.keep_last = config_.strata.checkpoint.keep_last,
+                               .keep_every = config_.strata.checkpoint.keep_every};
+  if (auto removed = apply_retention(root, verdict_.applied_steps(), policy); !removed.ok()) {
+    STRATA_LOG(kWarn) << "save_checkpoint: " << name
+                      << " is saved, but removing older checkpoints failed: " << removed.status();
+  }
   return Status();
 }
 
@@ -253,108 +267,81 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
-  std::string dir = root;
-  if (fs::exists(root + "/latest")) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> p, read_file(root + "/latest"));
-    std::string name(reinterpret_cast<const char*>(p.data()), p.size());
-    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-    dir = root + "/" + name;
-  } else if (!fs::exists(root + "/manifest.json")) {
-    return Status::not_found(str_cat("no checkpoint at ", root, " (neither ", root, "/latest nor ", root,
-                                     "/manifest.json exists)"));
+  STRATA_ASSIGN_OR_RETURN(const CheckpointLocation loc, locate_checkpoint(root));
+  const std::string& dir = loc.dir;
+  const CheckpointManifest& m = loc.manifest;
+  // Same parameters, same shapes, same trainability (placement may differ).
+  if (m.params.size() != layout_.params.size()) {
+    return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", m.params.size(),
+                                               " parameters; this engine has ", layout_.params.size()));
   }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> mtext, read_file(dir + "/manifest.json"));
-  const nlohmann::json m = nlohmann::json::parse(reinterpret_cast<const char*>(mtext.data()),
-                                                 reinterpret_cast<const char*>(mtext.data()) + mtext.size(), nullptr,
-                                                 /*allow_exceptions=*/false);
-  auto corrupt = [&](const std::string& what) {
-    return Status::data_loss(str_cat(dir, "/manifest.json: ", what));
-  };
-  if (m.is_discarded() || !m.is_object() || m.value("format", "") != "strata-checkpoint") {
-    return corrupt("not a strata checkpoint manifest");
-  }
-  if (!m.contains("version") || !m["version"].is_number_integer()) return corrupt("no version");
-  if (m["version"].get<int>() != kFormatVersion) {
-    return Status::failed_precondition(str_cat(dir, ": checkpoint format version ", m["version"].get<int>(),
-                                               "; this build reads version ", kFormatVersion));
-  }
-  try {
-    // Same parameters, same shapes, same trainability (placement may differ).
-    const auto& params = m.at("params");
-    if (params.size() != layout_.params.size()) {
-      return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", params.size(),
-                                                 " parameters; this engine has ", layout_.params.size()));
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    const ParamDesc& p = layout_.params[i];
+    const CheckpointParam& cp = m.params[i];
+    if (cp.name != p.name || cp.shape != p.shape || cp.trainable != p.trainable) {
+      return Status::failed_precondition(str_cat(dir, ": parameter #", i, " is '", cp.name,
+                                                 "' in the checkpoint and '", p.name,
+                                                 "' here (or its shape or trainability differs)"));
     }
-    for (std::size_t i = 0; i < params.size(); ++i) {
-      const ParamDesc& p = layout_.params[i];
-      if (params[i].at("name").get<std::string>() != p.name ||
-          params[i].at("shape").get<std::vector<std::int64_t>>() != p.shape ||
-          params[i].at("trainable").get<bool>() != p.trainable) {
-        return Status::failed_precondition(str_cat(dir, ": parameter #", i, " is '",
-                                                   params[i].at("name").get<std::string>(), "' in the checkpoint and '",
-                                                   p.name, "' here (or its shape or trainability differs)"));
+  }
+  const std::string_view compute_dtype = to_string(dtype_of(layout_.compute_bytes, config_.precision));
+  if (m.compute_dtype != compute_dtype) {
+    return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
+                                               " in the checkpoint; this engine uses ", compute_dtype));
+  }
+  // Integrity before anything changes: the state file's CRC64, read front
+  // to back with direct reads (read-ahead), then the blob's.
+  const std::string state_path = dir + "/state.safetensors";
+  // Destruction order: the reader (it owns the file) before the backend.
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "load_checkpoint"));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> state_file,
+                          nvme::DirectFileReader::open(*backend, state_path, direct_file_options(config_.strata.io)));
+  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, state_file->crc64());
+  if (state_crc != m.state_crc64) {
+    return Status::data_loss(str_cat(state_path, ": CRC64 mismatch: its bytes give ", crc64_hex(state_crc),
+                                     ", the manifest records ", crc64_hex(m.state_crc64),
+                                     " (the file is damaged or truncated)"));
+  }
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
+  if (const std::uint64_t crc = nvme::crc64(0, blob); crc != m.framework_crc64) {
+    return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch: its bytes give ", crc64_hex(crc),
+                                     ", the manifest records ", crc64_hex(m.framework_crc64),
+                                     " (the file is damaged or truncated)"));
+  }
+  // Tensors come in with direct reads of the aligned blocks around them.
+  STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
+  const int cb = layout_.compute_bytes;
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    gpu::PinnedBuffer staging;
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
+    StateArrays arrays;
+    for (std::size_t pi : gp.params) {
+      const ParamDesc& p = layout_.params[pi];
+      const auto n = static_cast<std::size_t>(p.numel());
+      STRATA_RETURN_IF_ERROR(reader.read_raw(
+          p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
+      if (!p.trainable) continue;
+      auto& a = arrays[pi];
+      for (int k = 0; k < 3; ++k) {
+        a[k].resize(n);
+        STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
       }
     }
-    if (m.at("compute_dtype").get<std::string>() != to_string(dtype_of(layout_.compute_bytes, config_.precision))) {
-      return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.at("compute_dtype").get<std::string>(),
-                                                 " in the checkpoint; this engine uses ",
-                                                 to_string(dtype_of(layout_.compute_bytes, config_.precision))));
-    }
-    // Integrity before anything changes: the state file's CRC64, read front
-    // to back with direct reads (read-ahead), then the blob's.
-    const std::string state_path = dir + "/state.safetensors";
-    // Destruction order: the reader (it owns the file) before the backend.
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "load_checkpoint"));
-    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> state_file,
-                            nvme::DirectFileReader::open(*backend, state_path, direct_file_options(config_.strata.io)));
-    STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, state_file->crc64());
-    if (state_crc != m.at("files").at("state.safetensors").get<std::uint64_t>()) {
-      return Status::data_loss(str_cat(state_path, ": CRC64 mismatch (the file is corrupt or truncated)"));
-    }
-    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
-    if (nvme::crc64(0, blob) != m.at("files").at("framework.bin").get<std::uint64_t>()) {
-      return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch"));
-    }
-    // Tensors come in with direct reads of the aligned blocks around them.
-    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
-    const int cb = layout_.compute_bytes;
-    for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-      const GroupPlace& gp = layout_.groups[g];
-      gpu::PinnedBuffer staging;
-      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
-      StateArrays arrays;
-      for (std::size_t pi : gp.params) {
-        const ParamDesc& p = layout_.params[pi];
-        const auto n = static_cast<std::size_t>(p.numel());
-        STRATA_RETURN_IF_ERROR(reader.read_raw(
-            p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
-        if (!p.trainable) continue;
-        auto& a = arrays[pi];
-        for (int k = 0; k < 3; ++k) {
-          a[k].resize(n);
-          STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
-        }
-      }
-      STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
-      STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
-        exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
-        return Status();
-      }));
-    }
-    const auto& ls = m.at("loss_scaler");
-    LossScaler::State state;
-    state.scale = ls.at("scale").get<double>();
-    state.iteration = ls.at("iteration").get<std::int64_t>();
-    state.last_overflow_iteration = ls.at("last_overflow_iteration").get<std::int64_t>();
-    state.hysteresis_left = ls.at("hysteresis_left").get<std::int64_t>();
-    STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.at("step").get<std::int64_t>(),
-                                            m.at("skipped_steps").get<std::int64_t>(),
-                                            m.at("lr_override").get<double>()));
-    step_.bytes = {};
-    return blob;
-  } catch (const nlohmann::json::exception& e) {
-    return corrupt(str_cat("unexpected content: ", e.what()));
+    STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
+    STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
+      exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
+      return Status();
+    }));
   }
+  LossScaler::State state;
+  state.scale = m.loss_scaler.scale;
+  state.iteration = m.loss_scaler.iteration;
+  state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
+  state.hysteresis_left = m.loss_scaler.hysteresis_left;
+  STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.step, m.skipped_steps, m.lr_override));
+  step_.bytes = {};
+  return blob;
 }
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {

@@ -173,6 +173,15 @@ struct IoConfig {
   friend bool operator==(const IoConfig&, const IoConfig&) = default;
 };
 
+// "strata.checkpoint": retention, applied after each save has become `latest`
+// (docs/checkpoints.md).
+struct CheckpointConfig {
+  std::int64_t keep_last = 0;   // keep the newest K checkpoints (by step); 0: keep all
+  std::int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple of M; 0: none
+
+  friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
+};
+
 // "strata.cpu_adam".
 struct CpuAdamConfig {
   CpuAdamIsa isa = CpuAdamIsa::kAuto;
@@ -204,6 +213,7 @@ struct StrataConfig {
   // "strata.optimizer_cpu_fraction".
   double optimizer_cpu_fraction = 0.0;
   IoConfig io;
+  CheckpointConfig checkpoint;
   bool crc = true;
   CpuAdamConfig cpu_adam;
   OverlapMode overlap = OverlapMode::kExact;

@@ -196,16 +196,21 @@ class Engine {
   // --- checkpoints (engine/checkpoint.cpp; format in docs/checkpoints.md) ---
   // Saves the whole training state between steps into <root>/step-<N>/ and
   // then points <root>/latest at it; a save interrupted anywhere leaves the
-  // previous checkpoint loadable. `blob` is the framework's own state
-  // (data loader, RNG), returned by load_checkpoint. Placement-independent:
-  // values are stored per parameter, not per chunk or tier.
+  // previous checkpoint loadable. First removes the .step-<N>.tmp folders of
+  // interrupted saves; last applies strata.checkpoint's retention (logged at
+  // info level; a failure there is a warning, the save stands). `blob` is the
+  // framework's own state (data loader, RNG), returned by load_checkpoint.
+  // Placement-independent: values are stored per parameter, not per chunk or tier.
   // Errors: kFailedPrecondition mid-step; I/O errors naming the file.
   core::Status save_checkpoint(const std::string& root, std::span<const std::byte> blob);
   // Loads <root>/latest (or <root> itself when it is a step directory) into
   // this finalized engine, whatever its placement; returns the framework's
-  // blob. Errors: kNotFound; kDataLoss for a corrupt or truncated file (CRC);
-  // kFailedPrecondition for a format version this build cannot read or a
-  // parameter set that differs (naming the first difference).
+  // blob. Every file is checked before anything changes: `latest` and
+  // manifest.json carry their own CRC64, the manifest those of the other two.
+  // A version-1 checkpoint (no checksum on manifest and pointer) loads with a
+  // warning. Errors: kNotFound; kDataLoss naming the file for any flipped bit,
+  // truncation or damage in any of them; kFailedPrecondition for a newer
+  // format version or a parameter set that differs (naming the first difference).
   core::Result<std::vector<std::byte>> load_checkpoint(const std::string& root);
   // Writes the current weights (the fp32 masters of trainable parameters,
   // the compute copies of frozen ones) as safetensors in `dtype` into `dir`:

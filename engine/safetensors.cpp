@@ -11,13 +11,14 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "core/aligned_buffer.h"
 #include "core/check.h"
 #include "core/numerics.h"
 #include "core/str.h"
+#include "engine/config/json_bounds.h"
 #include "engine/file_io.h"
 
 namespace strata::engine {
@@ -27,8 +28,6 @@ using core::Status;
 using core::str_cat;
 namespace nx = core::numerics;
 
-// A header larger than this is not a weights file (the format's own readers cap it too).
-constexpr std::uint64_t kMaxHeaderBytes = 100ull << 20;
 // Data starts on an 8-byte boundary; the header is padded with spaces.
 constexpr std::uint64_t kDataAlignment = 8;
 
@@ -36,7 +35,7 @@ core::Result<TensorDtype> parse_dtype(const std::string& s, const std::string& p
   if (s == "F32") return TensorDtype::kF32;
   if (s == "BF16") return TensorDtype::kBf16;
   if (s == "F16") return TensorDtype::kF16;
-  return Status::unimplemented(str_cat(path, ": tensor '", name, "' has dtype ", s,
+  return Status::unimplemented(str_cat(path, ": tensor '", name, "' has dtype ", json_bounds::preview(s),
                                        "; strata reads F32, BF16 and F16 weights"));
 }
 
@@ -100,31 +99,54 @@ core::Status SafetensorsReader::read_at(std::uint64_t offset, std::span<std::byt
   return pread_all(fd_.get(), out.data(), out.size(), offset, path_);
 }
 
-core::Status SafetensorsReader::load_header(std::uint64_t file_size) {
-  const std::string& path = path_;
+core::Result<std::uint64_t> safetensors_header_length(std::span<const std::byte> prefix,
+                                                      std::uint64_t file_size, const std::string& path) {
   auto corrupt = [&](const std::string& what) {
     return Status::data_loss(str_cat(path, ": not a valid safetensors file: ", what));
   };
-  if (file_size < 8) return corrupt(str_cat("only ", file_size, " bytes"));
-  unsigned char len_bytes[8];
-  STRATA_RETURN_IF_ERROR(read_at(0, std::as_writable_bytes(std::span<unsigned char>(len_bytes))));
-  std::uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | len_bytes[i];
-  if (header_len > kMaxHeaderBytes || header_len > file_size - 8) {
-    return corrupt(str_cat("header length ", header_len, " does not fit in the file of ", file_size, " bytes"));
+  if (file_size < 8 || prefix.size() < 8) {
+    return corrupt(str_cat("only ", std::min<std::uint64_t>(file_size, prefix.size()), " bytes"));
   }
-  std::string header(header_len, '\0');
-  STRATA_RETURN_IF_ERROR(read_at(8, std::as_writable_bytes(std::span<char>(header))));
-  const nlohmann::json doc = nlohmann::json::parse(header, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded() || !doc.is_object()) return corrupt("the header is not a JSON object");
-  const std::uint64_t data_start = 8 + header_len;
-  const std::uint64_t data_size = file_size - data_start;
-  for (const auto& [name, entry] : doc.items()) {
-    if (name == "__metadata__") {
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | std::to_integer<std::uint64_t>(prefix[i]);
+  if (header_len > file_size - 8) {
+    return corrupt(str_cat("the header length field says ", header_len, " bytes; the file has ", file_size,
+                           " bytes (it is truncated, or the field is damaged)"));
+  }
+  if (header_len > kMaxSafetensorsHeaderBytes) {
+    return corrupt(str_cat("the header length field says ", header_len,
+                           " bytes; strata reads headers of at most ", kMaxSafetensorsHeaderBytes,
+                           " bytes (as the format's own readers do)"));
+  }
+  return header_len;
+}
+
+core::Result<SafetensorsHeader> parse_safetensors_header(std::span<const std::byte> head,
+                                                         std::uint64_t file_size, const std::string& path) {
+  auto corrupt = [&](const std::string& what) {
+    return Status::data_loss(str_cat(path, ": not a valid safetensors file: ", what));
+  };
+  STRATA_ASSIGN_OR_RETURN(const std::uint64_t header_len, safetensors_header_length(head, file_size, path));
+  if (head.size() - 8 < header_len) {
+    return Status::invalid_argument(str_cat(path, ": parse_safetensors_header was given ", head.size(),
+                                            " bytes; the header ends at byte ", 8 + header_len));
+  }
+  const std::string_view text(reinterpret_cast<const char*>(head.data()) + 8, header_len);
+  nlohmann::json doc;
+  const Status parsed = json_bounds::parse_bounded(text, &doc);
+  if (!parsed.ok()) return corrupt(str_cat("the header is ", parsed.message()));
+  if (!doc.is_object()) return corrupt("the header is not a JSON object");
+  SafetensorsHeader out;
+  out.data_start = 8 + header_len;
+  const std::uint64_t data_size = file_size - out.data_start;
+  for (const auto& [key, entry] : doc.items()) {
+    const std::string name = json_bounds::preview(key);  // for messages
+    if (key == "__metadata__") {
       if (!entry.is_object()) return corrupt("__metadata__ is not an object");
       for (const auto& [k, v] : entry.items()) {
-        if (!v.is_string()) return corrupt(str_cat("__metadata__.", k, " is not a string"));
-        metadata_[k] = v.get<std::string>();
+        if (!v.is_string())
+          return corrupt(str_cat("__metadata__.", json_bounds::preview(k), " is not a string"));
+        out.metadata[k] = v.get<std::string>();
       }
       continue;
     }
@@ -141,7 +163,7 @@ core::Status SafetensorsReader::load_header(std::uint64_t file_size) {
       return corrupt(str_cat("tensor '", name, "': data_offsets is not [begin, end]"));
     }
     TensorInfo t;
-    t.name = name;
+    t.name = key;
     STRATA_ASSIGN_OR_RETURN(t.dtype, parse_dtype(dt.get<std::string>(), path, name));
     for (const auto& d : shape) {
       if (!d.is_number_unsigned()) return corrupt(str_cat("tensor '", name, "': a dimension is not a count >= 0"));
@@ -154,24 +176,44 @@ core::Status SafetensorsReader::load_header(std::uint64_t file_size) {
     }
     bool overflow = false;
     const std::int64_t numel = checked_numel(t.shape, &overflow);
+    // (numel at most the data's size: its byte count cannot wrap around)
+    overflow = overflow || static_cast<std::uint64_t>(numel) > data_size;
     if (overflow || static_cast<std::uint64_t>(numel) * dtype_size(t.dtype) != end - begin) {
       return corrupt(str_cat("tensor '", name, "': ", end - begin, " bytes do not hold its shape of ",
                              overflow ? std::string("overflowing size") : str_cat(numel, " elements"), " of ",
                              to_string(t.dtype)));
     }
-    t.offset = data_start + begin;
+    t.offset = out.data_start + begin;
     t.nbytes = end - begin;
-    tensors_.push_back(std::move(t));
+    out.tensors.push_back(std::move(t));
   }
-  std::sort(tensors_.begin(), tensors_.end(),
+  std::sort(out.tensors.begin(), out.tensors.end(),
             [](const TensorInfo& a, const TensorInfo& b) { return a.offset < b.offset; });
-  for (std::size_t i = 1; i < tensors_.size(); ++i) {
-    const TensorInfo& a = tensors_[i - 1];
-    const TensorInfo& b = tensors_[i];
+  for (std::size_t i = 1; i < out.tensors.size(); ++i) {
+    const TensorInfo& a = out.tensors[i - 1];
+    const TensorInfo& b = out.tensors[i];
     if (a.offset + a.nbytes > b.offset) {
-      return corrupt(str_cat("tensors '", a.name, "' and '", b.name, "' overlap"));
+      return corrupt(str_cat("tensors '", json_bounds::preview(a.name), "' and '",
+                             json_bounds::preview(b.name), "' overlap"));
     }
   }
+  return out;
+}
+
+core::Status SafetensorsReader::load_header(std::uint64_t file_size) {
+  std::byte len_bytes[8] = {};
+  if (file_size >= 8) STRATA_RETURN_IF_ERROR(read_at(0, len_bytes));
+  STRATA_ASSIGN_OR_RETURN(
+      const std::uint64_t header_len,
+      safetensors_header_length(std::span<const std::byte>(len_bytes, file_size >= 8 ? 8 : 0), file_size,
+                                path_));
+  // Read only once the length is known to fit the file and the cap.
+  std::vector<std::byte> head(8 + header_len);
+  std::copy(std::begin(len_bytes), std::end(len_bytes), head.begin());
+  STRATA_RETURN_IF_ERROR(read_at(8, std::span<std::byte>(head).subspan(8)));
+  STRATA_ASSIGN_OR_RETURN(SafetensorsHeader header, parse_safetensors_header(head, file_size, path_));
+  tensors_ = std::move(header.tensors);
+  metadata_ = std::move(header.metadata);
   return Status();
 }
 
@@ -436,21 +478,25 @@ core::Result<SafetensorsFiles> find_safetensors(const std::string& path) {
                      "holds one of them)"));
   }
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes, read_file(index));
-  const nlohmann::json doc = nlohmann::json::parse(reinterpret_cast<const char*>(bytes.data()),
-                                                   reinterpret_cast<const char*>(bytes.data()) + bytes.size(), nullptr,
-                                                   /*allow_exceptions=*/false);
+  nlohmann::json doc;
+  const Status parsed = json_bounds::parse_bounded(
+      std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), &doc);
   auto corrupt = [&](const std::string& what) {
     return Status::data_loss(str_cat(index, ": not a safetensors index: ", what));
   };
-  if (doc.is_discarded() || !doc.is_object()) return corrupt("not a JSON object");
+  if (!parsed.ok()) return corrupt(std::string(parsed.message()));
+  if (!doc.is_object()) return corrupt("not a JSON object");
   const auto wm = doc.find("weight_map");
   if (wm == doc.end() || !wm->is_object()) return corrupt("no \"weight_map\" object");
   std::set<std::string> names;
   for (const auto& [tensor, file] : wm->items()) {
-    if (!file.is_string()) return corrupt(str_cat("the file of tensor '", tensor, "' is not a string"));
+    if (!file.is_string()) {
+      return corrupt(str_cat("the file of tensor '", json_bounds::preview(tensor), "' is not a string"));
+    }
     const std::string name = file.get<std::string>();
     if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
-      return corrupt(str_cat("tensor '", tensor, "' maps to '", name, "', not a file name in ", dir));
+      return corrupt(str_cat("tensor '", json_bounds::preview(tensor), "' maps to '",
+                             json_bounds::preview(name), "', not a file name in ", dir));
     }
     out.weight_map[tensor] = dir + "/" + name;
     names.insert(name);

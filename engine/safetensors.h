@@ -40,6 +40,35 @@ struct TensorInfo {
   std::int64_t numel() const;
 };
 
+// A header larger than this is refused (the format's own readers cap it at 100 MB too).
+inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100ull << 20;
+
+// A parsed header.
+struct SafetensorsHeader {
+  std::vector<TensorInfo> tensors;  // sorted by offset (file order)
+  std::map<std::string, std::string> metadata;
+  std::uint64_t data_start = 0;  // 8 + the header's length
+};
+
+// The header's length from the file's first 8 bytes (`prefix`; fewer when the
+// file is shorter). kDataLoss naming `path` for a file under 8 bytes, a length
+// beyond the file's `file_size` (truncated, or a damaged field), or one over
+// kMaxSafetensorsHeaderBytes. Pure; thread-safe.
+core::Result<std::uint64_t> safetensors_header_length(std::span<const std::byte> prefix,
+                                                      std::uint64_t file_size, const std::string& path);
+// Parses and checks the header of a safetensors file of `file_size` bytes
+// whose first bytes are `head` (at least the 8-byte length and the header it
+// announces; bytes after it are ignored, so a fuzzer may pass a whole file
+// with file_size = head.size()). Nesting is bounded (engine/config/json_bounds.h)
+// and names in messages are cut to a preview, so no input crashes, recurses
+// deeply or costs more than a small multiple of the header's size. Errors:
+// kDataLoss naming `path` (and the tensor) for a header that is malformed or
+// does not describe the file exactly; kUnimplemented for a dtype strata does
+// not read; kInvalidArgument when `head` is shorter than the header it announces.
+// Pure; thread-safe.
+core::Result<SafetensorsHeader> parse_safetensors_header(std::span<const std::byte> head,
+                                                         std::uint64_t file_size, const std::string& path);
+
 class SafetensorsReader {
  public:
   // Opens and validates the header. Errors: kNotFound/kPermissionDenied for

@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -32,48 +33,33 @@ std::string describe_int_bounds(std::int64_t x, std::int64_t lo, std::int64_t hi
   return str_cat("in [", lo, ", ", hi, "]");
 }
 
-// DeepSpeed rejects duplicate keys; nlohmann keeps the last one. This parser
-// callback finds the first duplicate and its path.
-// Thrown by the parse callback when the document nests deeper than
-// kMaxJsonDepth: parsing stops there, before a deep document costs memory
-// or anything recurses over it (dump, comparisons).
-struct TooDeep {};
-
-class DuplicateKeyFinder {
+// DeepSpeed rejects duplicate keys; nlohmann keeps the last one. The
+// checking pass before the parse (json_bounds::CheckingSax: syntax and
+// nesting, nothing built) finds the first duplicate and its path.
+class DuplicateKeyFinder : public json_bounds::CheckingSax {
  public:
-  bool operator()(int /*depth*/, Json::parse_event_t event, Json& parsed) {
-    switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
-        if (frames_.size() >= kMaxJsonDepth) throw TooDeep{};
-        frames_.push_back(Frame{.is_object = event == Json::parse_event_t::object_start});
-        break;
-      case Json::parse_event_t::object_end:
-      case Json::parse_event_t::array_end:
-        if (!frames_.empty()) frames_.pop_back();
-        break;
-      case Json::parse_event_t::key:
-        if (!frames_.empty() && parsed.is_string()) {
-          Frame& top = frames_.back();
-          const std::string& key = parsed.get_ref<const std::string&>();
-          if (std::find(top.keys.begin(), top.keys.end(), key) != top.keys.end() &&
-              duplicate_.empty()) {
-            duplicate_ = path_with(key);
-          }
-          top.keys.push_back(key);
-          top.last_key = key;
-        }
-        break;
-      case Json::parse_event_t::value: break;
-    }
+  const std::string& duplicate() const { return duplicate_; }
+
+ protected:
+  bool on_enter(bool is_object) override {
+    frames_.push_back(Frame{.is_object = is_object});
     return true;
   }
-  const std::string& duplicate() const { return duplicate_; }
+  void on_leave() override {
+    if (!frames_.empty()) frames_.pop_back();
+  }
+  bool on_key(const std::string& key) override {
+    if (frames_.empty()) return true;
+    Frame& top = frames_.back();
+    if (!top.keys.insert(key).second && duplicate_.empty()) duplicate_ = path_with(key);
+    top.last_key = key;
+    return true;
+  }
 
  private:
   struct Frame {
     bool is_object = true;
-    std::vector<std::string> keys = {};
+    std::unordered_set<std::string> keys = {};  // (a set: linear in a document of many keys)
     std::string last_key = {};
   };
   std::string path_with(const std::string& key) const {
@@ -433,23 +419,22 @@ bool ObjectReader::fail_false(std::string_view key, std::string_view message) {
 
 Status parse_json(std::string_view text, Json* out) {
   DuplicateKeyFinder finder;
-  try {
-    // Callbacks are copied by nlohmann: pass a reference wrapper so the finder keeps state.
-    *out = Json::parse(text.begin(), text.end(), std::ref(finder), /*allow_exceptions=*/true,
-                       /*ignore_comments=*/true);
-  } catch (const TooDeep&) {
-    return Status::invalid_argument(str_cat("invalid JSON: nested deeper than ", kMaxJsonDepth,
-                                            " levels (a configuration needs a handful)"));
-  } catch (const Json::parse_error& e) {
-    std::string what = e.what();
-    const std::size_t at = what.find("parse error");
-    if (at != std::string::npos) what = what.substr(at);
-    return Status::invalid_argument(str_cat("invalid JSON (byte ", e.byte, "): ", what));
+  const Status checked = json_bounds::check_json(text, &finder, /*ignore_comments=*/true);
+  if (!checked.ok()) {
+    if (!finder.too_deep()) return checked;
+    return Status::invalid_argument(str_cat(checked.message(), " (a configuration needs a handful)"));
   }
   if (!finder.duplicate().empty()) {
     return Status::invalid_argument(str_cat(finder.duplicate(),
                                             ": duplicate key (DeepSpeed "
                                             "rejects duplicate keys too)"));
+  }
+  // Checked: the plain parser (linear; nlohmann's callback parser is not).
+  try {
+    *out = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/true, /*ignore_comments=*/true);
+  } catch (const Json::exception& e) {  // the check passed: not expected
+    return Status::invalid_argument(
+        str_cat("invalid JSON: ", json_bounds::preview(e.what(), json_bounds::kMaxParserMessageChars)));
   }
   return Status();
 }

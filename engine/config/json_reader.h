@@ -19,6 +19,7 @@
 #include "core/status.h"
 #include "core/str.h"
 #include "engine/config.h"
+#include "engine/config/json_bounds.h"
 
 namespace strata::engine::config_internal {
 
@@ -255,8 +256,9 @@ class ObjectReader {
   std::vector<std::string> known_;
 };
 
-// Objects and arrays nested deeper than this are refused while parsing.
-inline constexpr std::size_t kMaxJsonDepth = 64;
+// Objects and arrays nested deeper than this are refused while parsing (the
+// bound every JSON reader shares: engine/config/json_bounds.h).
+using json_bounds::kMaxJsonDepth;
 // Parses `text` (comments allowed) into `out`. Errors are kInvalidArgument:
 // invalid JSON names the byte offset; nesting deeper than kMaxJsonDepth is
 // refused as soon as it is seen (so no document costs more than a small

@@ -54,7 +54,7 @@ core::Status parse_scheduler(ObjectReader& root, Context& ctx, const OptimizerCo
 // --- strata_keys.cpp ---
 
 // "strata": budgets, chunk_bytes, io (falling back on DeepSpeed's aio keys),
-// cpu_adam, overlap, device, host_device, nonfinite, trace, strict.
+// checkpoint, cpu_adam, overlap, device, host_device, nonfinite, trace, strict.
 // *cpu_fraction_given says whether strata.optimizer_cpu_fraction was given.
 core::Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
                           const AioGiven& aio_given, bool* cpu_fraction_given, StrataConfig* s);

@@ -1,5 +1,5 @@
 // strata's own keys, the "strata" object: budgets, chunk_bytes, io (and its
-// fallback on DeepSpeed's aio keys), cpu_adam, overlap, device, host_device,
+// fallback on DeepSpeed's aio keys), checkpoint, cpu_adam, overlap, device, host_device,
 // nonfinite, trace, strict; and strata.io.paths against DeepSpeed's nvme_paths.
 // Keys: docs/config.md.
 #include <algorithm>
@@ -101,6 +101,11 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
     s->io.backend = IoBackend::kPsync;
     ctx.note("strata.io.backend", "psync, from aio.io_backend \"posix\"");
   }
+
+  ObjectReader ck = r.child("checkpoint");
+  ck.get_int("keep_last", 0, kMaxI64, &s->checkpoint.keep_last);
+  ck.get_int("keep_every", 0, kMaxI64, &s->checkpoint.keep_every);
+  STRATA_RETURN_IF_ERROR(ck.finish());
 
   r.get_bool("crc", &s->crc);
   ObjectReader adam = r.child("cpu_adam");

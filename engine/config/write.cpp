@@ -124,6 +124,7 @@ OrderedJson to_ordered_json(const Config& c) {
   io["sqpoll"] = st.io.sqpoll;
   io["keep_files"] = st.io.keep_files;
   sj["io"] = io;
+  sj["checkpoint"] = {{"keep_last", st.checkpoint.keep_last}, {"keep_every", st.checkpoint.keep_every}};
   sj["crc"] = st.crc;
   sj["cpu_adam"] = {{"isa", std::string(to_string(st.cpu_adam.isa))},
                     {"threads", st.cpu_adam.threads},

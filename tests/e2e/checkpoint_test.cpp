@@ -1,19 +1,23 @@
 // Checkpoints end to end: resume bit-identically (also under another
 // placement), survive a crash at every point inside save (a child process
 // killed there), reject corrupt files, go through every I/O backend, and
-// export safetensors.
+// export safetensors; every flipped bit in any of a checkpoint's files is
+// DATA_LOSS naming the file; version-1 checkpoints load; retention.
 #include <gtest/gtest.h>
-
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "core/logging.h"
+#include "engine/checkpoint_inspect.h"
+#include "engine/checkpoint_manifest.h"
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/safetensors.h"
@@ -300,6 +304,237 @@ INSTANTIATE_TEST_SUITE_P(Backends, CheckpointIo,
                            }
                            return std::string("Unknown");
                          });
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+// The reproduction: "step": 3 -> 2 or lr_override -1.0 -> -0.0 in
+// manifest.json, and a flipped bit in latest, loaded silently. Each is now
+// DATA_LOSS naming the file, and the engine keeps its state. Then every byte
+// position of the saved manifest (one bit each, parse-only) and every bit of
+// latest (on disk, through the lookup load uses).
+TEST_F(Checkpoint, FlippedBitsInManifestOrLatestAreDataLossNamingTheFile) {
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < 3; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("b")).ok());
+  train_one_step(*e, f, 3);
+  const auto after_step = read_masters(*e);
+  const std::string manifest_path = ckpt() + "/step-3/manifest.json";
+  const std::string latest_path = ckpt() + "/latest";
+  const std::string manifest = read_text(manifest_path);
+  const std::string latest = read_text(latest_path);
+  auto expect_data_loss_naming = [&](const std::string& file) {
+    auto r = e->load_checkpoint(ckpt());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find(file), std::string::npos) << r.status();
+    const auto now = read_masters(*e);
+    for (const auto& [name, v] : after_step) EXPECT_TRUE(bits_equal(now.at(name), v)) << name;
+  };
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"step\": 3", "\"step\": 2"}, {"\"lr_override\": -1.0", "\"lr_override\": -0.0"}}) {
+    std::string edited = manifest;
+    const std::size_t at = edited.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    edited.replace(at, from.size(), to);
+    write_text(manifest_path, edited);
+    expect_data_loss_naming(manifest_path);
+  }
+  write_text(manifest_path, manifest);
+  std::string flipped = latest;
+  flipped[5] ^= 1;  // step-3 -> step-2
+  write_text(latest_path, flipped);
+  expect_data_loss_naming(latest_path);
+  write_text(latest_path, latest);
+  ASSERT_TRUE(e->load_checkpoint(ckpt()).ok());
+
+  flipped = manifest;
+  for (std::size_t i = 0; i < manifest.size(); ++i) {
+    flipped[i] = static_cast<char>(manifest[i] ^ (1 << (i % 8)));
+    auto r = parse_checkpoint_manifest(bytes_of(flipped), manifest_path);
+    ASSERT_EQ(r.status().code(), core::StatusCode::kDataLoss) << "byte " << i << ": " << r.status();
+    ASSERT_EQ(r.status().message().rfind(manifest_path + ": ", 0), 0u) << r.status();
+    flipped[i] = manifest[i];
+  }
+  for (std::size_t i = 0; i < latest.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      flipped = latest;
+      flipped[i] = static_cast<char>(flipped[i] ^ (1 << bit));
+      write_text(latest_path, flipped);
+      auto r = locate_checkpoint(ckpt());
+      ASSERT_EQ(r.status().code(), core::StatusCode::kDataLoss)
+          << "byte " << i << " bit " << bit << ": " << r.status();
+      ASSERT_EQ(r.status().message().rfind(latest_path + ": ", 0), 0u) << r.status();
+    }
+  }
+}
+
+// A flipped bit in framework.bin (every bit) or state.safetensors (every
+// byte of its header, then positions across its data) is DATA_LOSS naming
+// the file, through inspect_checkpoint's verification and through load.
+TEST_F(Checkpoint, FlippedBitsInStateOrFrameworkAreDataLossNamingTheFile) {
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < 2; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("data loader at batch 2")).ok());
+  ASSERT_TRUE(inspect_checkpoint(ckpt(), /*verify=*/true).ok());
+  auto flip_and_check = [&](const std::string& path, std::uint64_t offset, int bit) {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(static_cast<std::streamoff>(offset));
+    const int c = file.get();
+    file.seekp(static_cast<std::streamoff>(offset));
+    file.put(static_cast<char>(c ^ (1 << bit)));
+    file.flush();
+    auto r = inspect_checkpoint(ckpt(), /*verify=*/true);
+    EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << path << " byte " << offset << " bit " << bit;
+    EXPECT_EQ(r.status().message().rfind(path + ": ", 0), 0u) << r.status();
+    file.seekp(static_cast<std::streamoff>(offset));
+    file.put(static_cast<char>(c));
+  };
+  const std::string framework = ckpt() + "/step-2/framework.bin";
+  for (std::uint64_t i = 0; i < fs::file_size(framework); ++i) {
+    for (int bit = 0; bit < 8; ++bit) flip_and_check(framework, i, bit);
+  }
+  const std::string state = ckpt() + "/step-2/state.safetensors";
+  auto reader = SafetensorsReader::open(state);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const std::uint64_t data_start = reader->tensors().front().offset;
+  const std::uint64_t size = fs::file_size(state);
+  for (std::uint64_t i = 0; i < data_start; ++i) flip_and_check(state, i, static_cast<int>(i % 8));
+  for (std::uint64_t i = data_start; i < size; i += 4099) flip_and_check(state, i, static_cast<int>(i % 8));
+  flip_and_check(state, size - 1, 7);
+  ASSERT_FALSE(HasFailure());
+  // Through load: the framework file's last bit.
+  {
+    std::fstream file(framework, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(-1, std::ios::end);
+    file.put('3');  // "...batch 2" -> "...batch 3"
+  }
+  auto r = e->load_checkpoint(ckpt());
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find(framework), std::string::npos) << r.status();
+}
+
+// A checkpoint written by the previous format (version 1: no checksum in
+// manifest.json, "step-<N>\n" in latest) loads with a warning and resumes.
+TEST_F(Checkpoint, VersionOneCheckpointLoadsWithAWarning) {
+  std::map<std::string, std::vector<float>> saved;
+  {
+    auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < 3; ++s) train_one_step(*e, f, s);
+    ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("v1")).ok());
+    saved = read_all_state(*e);
+  }
+  const std::string manifest_path = ckpt() + "/step-3/manifest.json";
+  std::string m = read_text(manifest_path);
+  m = m.substr(0, m.rfind(",\n  \"manifest_crc64\"")) + "\n}\n";
+  m.replace(m.find("\"version\": 2"), 12, "\"version\": 1");
+  write_text(manifest_path, m);
+  write_text(ckpt() + "/latest", "step-3\n");
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  std::vector<std::string> warnings;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kWarn) warnings.emplace_back(message);
+  });
+  auto blob = e->load_checkpoint(ckpt());
+  core::set_log_sink({});
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, blob_of("v1"));
+  const auto got = read_all_state(*e);
+  for (const auto& [name, v] : saved) EXPECT_TRUE(bits_equal(got.at(name), v)) << name;
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("version-1 checkpoint"), std::string::npos) << warnings[0];
+  // The next save writes version 2 beside it.
+  Framework f;
+  train_one_step(*e, f, 3);
+  ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("v2")).ok());
+  auto loc = locate_checkpoint(ckpt());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->manifest.version, kCheckpointFormatVersion);
+}
+
+// strata.checkpoint.keep_last / keep_every after each save, and what an
+// interrupted save left (a .step-<N>.tmp folder) removed at the next save
+// with an info line naming it.
+TEST_F(Checkpoint, RetentionAndLeftoversOfInterruptedSaves) {
+  Config c = config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu);
+  c.strata.checkpoint.keep_last = 2;
+  c.strata.checkpoint.keep_every = 4;
+  auto e = make_mlp_engine(c);
+  ASSERT_NE(e, nullptr);
+  fs::create_directories(ckpt() + "/.step-100.tmp");
+  write_text(ckpt() + "/.step-100.tmp/state.safetensors.tmp", std::string(5000, 'x'));
+  std::vector<std::string> infos;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kInfo) infos.emplace_back(message);
+  });
+  Framework f;
+  for (int s = 0; s < 9; ++s) {
+    train_one_step(*e, f, s);
+    ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("r")).ok());
+  }
+  core::set_log_sink({});
+  std::vector<std::string> left;
+  for (const auto& entry : fs::directory_iterator(ckpt())) left.push_back(entry.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"latest", "step-4", "step-8", "step-9"}));
+  ASSERT_FALSE(infos.empty());
+  EXPECT_TRUE(std::any_of(infos.begin(), infos.end(), [&](const std::string& m) {
+    return m.find(ckpt() + "/.step-100.tmp") != std::string::npos &&
+           m.find("interrupted") != std::string::npos;
+  }));
+  EXPECT_TRUE(std::any_of(infos.begin(), infos.end(), [&](const std::string& m) {
+    return m.find("removed checkpoint " + ckpt() + "/step-7") != std::string::npos;
+  }));
+  ASSERT_TRUE(e->load_checkpoint(ckpt()).ok());
+}
+
+// inspect_checkpoint reads what the engine saved: counters, placement, tensors.
+TEST_F(Checkpoint, InspectReadsWhatTheEngineSaved) {
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < 2; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("inspect")).ok());
+  for (const std::string& where : {ckpt(), ckpt() + "/step-2"}) {
+    auto in = inspect_checkpoint(where, /*verify=*/true);
+    ASSERT_TRUE(in.ok()) << in.status();
+    EXPECT_EQ(in->dir, ckpt() + "/step-2");
+    EXPECT_EQ(in->latest_path, where == ckpt() ? ckpt() + "/latest" : "");
+    EXPECT_TRUE(in->verified);
+    EXPECT_EQ(in->manifest.step, 2);
+    EXPECT_EQ(in->manifest.compute_dtype, "BF16");
+    ASSERT_EQ(in->tensors.size(), 16u);
+    EXPECT_EQ(in->tensors[0].name, "l1.w.compute");
+    EXPECT_EQ(in->tensors[0].dtype, "BF16");
+    EXPECT_EQ(in->files[2].bytes, std::string("inspect").size());
+    const auto has = [&](const std::string& key, const std::string& value) {
+      return std::find(in->placement.begin(), in->placement.end(), std::make_pair(key, value)) !=
+             in->placement.end();
+    };
+    EXPECT_TRUE(has("zero_optimization.offload_optimizer.device", "\"nvme\"")) << in->placement.size();
+    EXPECT_TRUE(has("zero_optimization.stage", "3"));
+    const std::string json = format_inspection_json(*in);
+    EXPECT_NE(json.find("\"step\": 2"), std::string::npos) << json.substr(0, 400);
+    EXPECT_NE(json.find("\"l1.w.exp_avg_sq\""), std::string::npos);
+  }
+}
 
 TEST_F(Checkpoint, ExportsSafetensorsSingleAndSharded) {
   auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kNvme));

@@ -800,6 +800,7 @@ TEST(Config, StrataKeysParse) {
       "io": {"backend": "io_uring", "paths": ["/nvme0/swap", "/nvme1/swap"],
              "stripe_bytes": "4MiB", "queue_depth": 128, "block_bytes": 524288, "rings": 2,
              "sqpoll": true, "keep_files": true},
+      "checkpoint": {"keep_last": 3, "keep_every": 1000},
       "crc": false,
       "cpu_adam": {"isa": "avx512", "threads": 12, "tile_elems": 262144},
       "overlap": "delayed",
@@ -825,6 +826,8 @@ TEST(Config, StrataKeysParse) {
   EXPECT_EQ(s.io.rings, 2);
   EXPECT_TRUE(s.io.sqpoll);
   EXPECT_TRUE(s.io.keep_files);
+  EXPECT_EQ(s.checkpoint.keep_last, 3);
+  EXPECT_EQ(s.checkpoint.keep_every, 1000);
   EXPECT_FALSE(s.crc);
   EXPECT_EQ(s.cpu_adam.isa, CpuAdamIsa::kAvx512);
   EXPECT_EQ(s.cpu_adam.threads, 12);
@@ -846,6 +849,9 @@ TEST(Config, StrataKeysParse) {
 }
 
 TEST(Config, StrataErrorsNameKeyAndValue) {
+  expect_error(doc(R"("strata": {"checkpoint": {"keep_last": -1}})"),
+               {"strata.checkpoint.keep_last: -1 must be >= 0"});
+  expect_error(doc(R"("strata": {"checkpoint": {"keep_every": 2.5}})"), {"strata.checkpoint.keep_every"});
   expect_error(doc(R"("strata": {"chunk_bytes": 1000000})"),
                {"strata.chunk_bytes: 1000000 is not a multiple of 262144 bytes",
                 "the norm block: 65536 fp32 elements"});
@@ -1129,6 +1135,7 @@ TEST(Config, ToJsonRoundTripsFieldByField) {
                "io": {"backend": "libaio", "paths": ["/mnt/opt", "/mnt/two"],
                       "stripe_bytes": "16MiB", "block_bytes": "256KiB", "rings": 4,
                       "sqpoll": true, "keep_files": true},
+               "checkpoint": {"keep_last": 5, "keep_every": 250},
                "crc": false, "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072},
                "overlap": "none", "device": "cuda",
                "host_device": {"memory_bytes": "1GiB", "h2d_gbps": 12.5, "d2h_gbps": 11,
@@ -1162,7 +1169,7 @@ TEST(Config, ToJsonWritesCurrentNamesAndEveryKey) {
   for (const char* key :
        {"\"intra_op_parallelism\"", "\"stage3_gather_16bit_weights_on_model_save\"",
         "\"adam_w_mode\"", "\"overlap_comm\"", "\"strata\"", "\"block_bytes\"", "\"host_device\"",
-        "\"total_num_steps\"", "\"sub_group_size\""}) {
+        "\"total_num_steps\"", "\"sub_group_size\"", "\"keep_last\"", "\"keep_every\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << "\n" << json;
   }
   EXPECT_EQ(json.find("thread_count"), std::string::npos) << json;
@@ -1184,6 +1191,22 @@ TEST(Config, DuplicateKeysAreErrorsAsInDeepSpeed) {
                {"zero_optimization.stage: duplicate key"});
   expect_error(R"({"train_batch_size": 8, "train_batch_size": 8})",
                {"train_batch_size: duplicate key"});
+}
+
+// Flat documents cost time linear in their size: 600,000 objects in an array
+// (nlohmann's callback parser scanned the parent at each object's end:
+// quadratic) and 200,000 keys in one object (the duplicate check compared
+// each key with the object's others: quadratic). Without the fixes this test
+// runs for hours.
+TEST(Config, LargeFlatDocumentsParseInLinearTime) {
+  std::string objects = "[";
+  for (int i = 0; i < 600000; ++i) objects += i == 0 ? "{}" : ",{}";
+  objects += "]";
+  EXPECT_TRUE(parse_config(doc(R"("wandb": )" + objects)).ok());
+  std::string keys = "{";
+  for (int i = 0; i < 200000; ++i) keys += (i == 0 ? "\"k" : ",\"k") + std::to_string(i) + "\": 0";
+  EXPECT_TRUE(parse_config(doc(R"("wandb": )" + keys + "}")).ok());
+  expect_error(doc(R"("wandb": )" + keys + R"(, "k7": 1})"), {"wandb.k7: duplicate key"});
 }
 
 // A document nested deeper than any configuration needs is refused while it

@@ -131,8 +131,9 @@ TEST_F(Safetensors, CorruptHeadersAreDataLossNamingFileAndTensor) {
     core::StatusCode code = core::StatusCode::kDataLoss;
   };
   const std::vector<Case> cases = {
-      {R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 1 << 20, "header length 1048576"},
-      {R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]})", -1, "not a JSON object"},
+      {R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 1 << 20,
+       "the header length field says 1048576 bytes; the file has 79 bytes"},
+      {R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]})", -1, "the header is invalid JSON (byte"},
       {R"([1,2])", -1, "not a JSON object"},
       {R"({"a":{"dtype":"F32","shape":[4]}})", -1, "tensor 'a' lacks"},
       {R"({"a":{"dtype":"F32","shape":[5],"data_offsets":[0,20]}})", -1, "outside the 16 data bytes"},
@@ -159,6 +160,66 @@ TEST_F(Safetensors, CorruptHeadersAreDataLossNamingFileAndTensor) {
   }
   EXPECT_EQ(SafetensorsReader::open(path("tiny.safetensors")).status().code(), core::StatusCode::kDataLoss);
   EXPECT_EQ(SafetensorsReader::open(path("absent.safetensors")).status().code(), core::StatusCode::kNotFound);
+}
+
+// No header crashes, recurses deeply, or costs memory beyond a small
+// multiple of its size: nesting, the length field (against the file and an
+// absolute cap), truncation at every length, names in messages, and a shape
+// whose byte count would wrap around.
+TEST_F(Safetensors, HeaderParsingIsBounded) {
+  const std::string data = floats_as_bytes({1, 2, 3, 4});
+  // 100,000 nested arrays: refused at level 64 as soon as seen.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  std::string p = write_by_hand("deep.safetensors", R"({"a":{"dtype":"F32","shape":)" + deep + "}}", data);
+  auto r = SafetensorsReader::open(p);
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("nested deeper than 64 levels"), std::string::npos) << r.status();
+  // A length field of 2^62: beyond the file, nothing allocated.
+  p = write_by_hand("huge.safetensors", "{}", data, std::int64_t{1} << 62);
+  r = SafetensorsReader::open(p);
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("says 4611686018427387904 bytes; the file has 26 bytes"),
+            std::string::npos)
+      << r.status();
+  // Within a (sparse) file, but over the absolute cap.
+  p = write_by_hand("capped.safetensors", "{}", "",
+                    static_cast<std::int64_t>(kMaxSafetensorsHeaderBytes + 1));
+  fs::resize_file(p, kMaxSafetensorsHeaderBytes + 64);
+  r = SafetensorsReader::open(p);
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("strata reads headers of at most 104857600 bytes"), std::string::npos)
+      << r.status();
+  // A good file cut at every length: DATA_LOSS each time (parsed from bytes, and a few from disk).
+  const std::string header =
+      R"({"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})";
+  p = write_by_hand("good.safetensors", header, data);
+  std::ifstream in(p, std::ios::binary);
+  const std::string whole((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_TRUE(parse_safetensors_header(std::as_bytes(std::span<const char>(whole)), whole.size(), p).ok());
+  for (std::size_t n = 0; n < whole.size(); ++n) {
+    const auto head = std::as_bytes(std::span<const char>(whole.data(), n));
+    auto h = parse_safetensors_header(head, n, p);
+    ASSERT_EQ(h.status().code(), core::StatusCode::kDataLoss) << n << ": " << h.status();
+    if (n % 16 == 0) {
+      fs::resize_file(p, n);
+      EXPECT_EQ(SafetensorsReader::open(p).status().code(), core::StatusCode::kDataLoss) << n;
+    }
+  }
+  // A megabyte-long tensor name with a bad dtype: the message quotes a preview.
+  const std::string long_name(1 << 20, 'n');
+  p = write_by_hand("longname.safetensors",
+                    "{\"" + long_name + R"(":{"dtype":"I8","shape":[16],"data_offsets":[0,16]}})", data);
+  r = SafetensorsReader::open(p);
+  EXPECT_EQ(r.status().code(), core::StatusCode::kUnimplemented) << r.status().message().size();
+  EXPECT_LT(r.status().message().size(), 400u);
+  EXPECT_NE(r.status().message().find("nnn..."), std::string::npos);
+  // shape [2^62] of F32 in 0 bytes: 2^62 * 4 wraps to 0; refused.
+  p = write_by_hand("wrap.safetensors",
+                    R"({"a":{"dtype":"F32","shape":[4611686018427387904],"data_offsets":[0,0]}})", data);
+  r = SafetensorsReader::open(p);
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("overflowing size"), std::string::npos) << r.status();
 }
 
 TEST_F(Safetensors, AnUnfinishedWriterLeavesNothingBehind) {

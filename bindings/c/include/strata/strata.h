@@ -510,8 +510,9 @@ STRATA_API strata_status strata_checkpoint_save(strata_engine* engine, const cha
 
 /* Loads <root>/latest (or <root> itself when it is a step directory) into a
  * finalized engine with the same parameters, under any placement. Errors:
- * NOT_FOUND; DATA_LOSS for a corrupt or truncated file (checked before
- * anything changes); FAILED_PRECONDITION for another format version, another
+ * NOT_FOUND; DATA_LOSS naming the file for a damaged or truncated one (every
+ * file of a checkpoint, latest included, carries a CRC64, checked before
+ * anything changes); FAILED_PRECONDITION for a newer format version, another
  * parameter set (naming the first difference), or mid-step. */
 STRATA_API strata_status strata_checkpoint_load(strata_engine* engine, const char* root) STRATA_NOEXCEPT;
 

@@ -1,0 +1,396 @@
+// manifest.json and latest: checksummed writers, bounded parsers, and the
+// lookup of a checkpoint from its root or step folder. The manifest is JSON,
+// so this file is behind the nlohmann firewall (tests/layering_test.py).
+#include "engine/checkpoint_manifest.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "core/logging.h"
+#include "core/str.h"
+#include "engine/config/json_bounds.h"
+#include "engine/file_io.h"
+#include "nvme/crc64.h"
+
+namespace strata::engine {
+namespace {
+
+using core::Status;
+using core::str_cat;
+using json_bounds::preview;
+using Json = nlohmann::json;
+
+// The manifest's last member, whose value is the CRC64 of the bytes before kCrcHead.
+constexpr std::string_view kCrcHead = ",\n  \"manifest_crc64\": \"";
+constexpr std::string_view kCrcTail = "\"\n}\n";
+constexpr std::size_t kCrcTrailerBytes = kCrcHead.size() + 16 + kCrcTail.size();
+// A latest pointer is a line of a few dozen bytes.
+constexpr std::uint64_t kMaxLatestBytes = 4096;
+
+std::string_view as_text(std::span<const std::byte> bytes) {
+  return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+}
+
+std::uint64_t crc64_of(std::string_view text) {
+  return nvme::crc64(0, std::as_bytes(std::span<const char>(text.data(), text.size())));
+}
+
+// Exactly 16 lowercase hex digits (what crc64_hex writes).
+bool parse_hex16(std::string_view s, std::uint64_t* out) {
+  if (s.size() != 16) return false;
+  std::uint64_t v = 0;
+  for (char c : s) {
+    int d = 0;
+    if (c >= '0' && c <= '9') {
+      d = c - '0';
+    } else if (c >= 'a' && c <= 'f') {
+      d = c - 'a' + 10;
+    } else {
+      return false;
+    }
+    v = (v << 4) | static_cast<std::uint64_t>(d);
+  }
+  *out = v;
+  return true;
+}
+
+// Reads a small file whole, refusing one over `max_bytes` before reading it.
+core::Result<std::vector<std::byte>> read_small_file(const std::string& path, std::uint64_t max_bytes) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", path));
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    return Status::data_loss(str_cat(path, ": ", st.st_size, " bytes; this file is at most ", max_bytes,
+                                     " bytes in a checkpoint (it is damaged or not a checkpoint's)"));
+  }
+  return read_file(path);
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Reads manifest.json's members into a CheckpointManifest; errors are
+// returned through `fail` (the caller adds the path).
+class ManifestFields {
+ public:
+  explicit ManifestFields(std::string* error) : error_(error) {}
+
+  const Json* member(const Json& object, const char* key, const char* where) {
+    const auto it = object.find(key);
+    if (it == object.end()) return fail(str_cat(where, key, " is missing"));
+    return &*it;
+  }
+  bool integer(const Json& object, const char* key, const char* where, std::int64_t* out) {
+    const Json* v = member(object, key, where);
+    if (v == nullptr) return false;
+    if (!v->is_number_integer()) return fail(str_cat(where, key, " is not an integer")) != nullptr;
+    *out = v->get<std::int64_t>();
+    return true;
+  }
+  bool unsigned_integer(const Json& object, const char* key, const char* where, std::uint64_t* out) {
+    const Json* v = member(object, key, where);
+    if (v == nullptr) return false;
+    if (!v->is_number_unsigned()) return fail(str_cat(where, key, " is not an unsigned integer")) != nullptr;
+    *out = v->get<std::uint64_t>();
+    return true;
+  }
+  bool number(const Json& object, const char* key, const char* where, double* out) {
+    const Json* v = member(object, key, where);
+    if (v == nullptr) return false;
+    if (!v->is_number()) return fail(str_cat(where, key, " is not a number")) != nullptr;
+    *out = v->get<double>();
+    return true;
+  }
+  bool string(const Json& object, const char* key, const char* where, std::string* out) {
+    const Json* v = member(object, key, where);
+    if (v == nullptr) return false;
+    if (!v->is_string()) return fail(str_cat(where, key, " is not a string")) != nullptr;
+    *out = v->get<std::string>();
+    return true;
+  }
+  bool boolean(const Json& object, const char* key, const char* where, bool* out) {
+    const Json* v = member(object, key, where);
+    if (v == nullptr) return false;
+    if (!v->is_boolean()) return fail(str_cat(where, key, " is not true or false")) != nullptr;
+    *out = v->get<bool>();
+    return true;
+  }
+  const Json* object(const Json& parent, const char* key, const char* where) {
+    const Json* v = member(parent, key, where);
+    if (v != nullptr && !v->is_object()) return fail(str_cat(where, key, " is not an object"));
+    return v;
+  }
+
+ private:
+  const Json* fail(std::string message) {
+    if (error_->empty()) *error_ = std::move(message);
+    return nullptr;
+  }
+  std::string* error_;
+};
+
+bool read_params(const Json& doc, ManifestFields& f, std::string* error, std::vector<CheckpointParam>* out) {
+  const Json* params = f.member(doc, "params", "");
+  if (params == nullptr) return false;
+  if (!params->is_array()) {
+    *error = "params is not an array";
+    return false;
+  }
+  out->reserve(params->size());
+  for (std::size_t i = 0; i < params->size(); ++i) {
+    const Json& p = (*params)[i];
+    const std::string where = str_cat("params[", i, "].");
+    if (!p.is_object()) {
+      *error = str_cat("params[", i, "] is not an object");
+      return false;
+    }
+    CheckpointParam cp;
+    if (!f.string(p, "name", where.c_str(), &cp.name) || !f.string(p, "group", where.c_str(), &cp.group) ||
+        !f.boolean(p, "trainable", where.c_str(), &cp.trainable) ||
+        !f.integer(p, "optimizer_group", where.c_str(), &cp.optimizer_group)) {
+      return false;
+    }
+    const Json* shape = f.member(p, "shape", where.c_str());
+    if (shape == nullptr) return false;
+    if (!shape->is_array()) {
+      *error = str_cat(where, "shape is not an array");
+      return false;
+    }
+    for (const Json& d : *shape) {
+      if (!d.is_number_unsigned()) {
+        *error = str_cat(where, "shape holds something other than a count >= 0");
+        return false;
+      }
+      cp.shape.push_back(d.get<std::int64_t>());
+    }
+    out->push_back(std::move(cp));
+  }
+  return true;
+}
+
+}  // namespace
+
+bool parse_step_dir_name(std::string_view name, std::int64_t* step) {
+  constexpr std::string_view kPrefix = "step-";
+  if (!name.starts_with(kPrefix) || name.size() == kPrefix.size()) return false;
+  const std::string_view digits = name.substr(kPrefix.size());
+  for (char c : digits) {
+    if (c < '0' || c > '9') return false;
+  }
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return false;
+  if (step != nullptr) *step = v;
+  return true;
+}
+
+std::string crc64_hex(std::uint64_t crc) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(crc));
+  return buf;
+}
+
+std::string format_checkpoint_manifest(const CheckpointManifest& m) {
+  nlohmann::ordered_json j;
+  j["format"] = "strata-checkpoint";
+  j["version"] = kCheckpointFormatVersion;
+  j["step"] = m.step;
+  j["skipped_steps"] = m.skipped_steps;
+  j["lr_override"] = m.lr_override;
+  j["loss_scaler"] = {{"scale", m.loss_scaler.scale},
+                      {"iteration", m.loss_scaler.iteration},
+                      {"last_overflow_iteration", m.loss_scaler.last_overflow_iteration},
+                      {"hysteresis_left", m.loss_scaler.hysteresis_left}};
+  j["compute_dtype"] = m.compute_dtype;
+  nlohmann::ordered_json params = nlohmann::ordered_json::array();
+  for (const CheckpointParam& p : m.params) {
+    params.push_back({{"name", p.name},
+                      {"shape", p.shape},
+                      {"group", p.group},
+                      {"trainable", p.trainable},
+                      {"optimizer_group", p.optimizer_group}});
+  }
+  j["params"] = std::move(params);
+  j["files"] = {{"state.safetensors", m.state_crc64}, {"framework.bin", m.framework_crc64}};
+  nlohmann::ordered_json config;
+  if (!json_bounds::parse_bounded(m.config_json, &config).ok() || !config.is_object()) {
+    config = nlohmann::ordered_json::object();
+  }
+  j["config"] = std::move(config);
+  // Names that are not valid UTF-8 are written with U+FFFD (and then do not
+  // match at load, which names the parameter).
+  std::string text = j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+  // dump ends the object with "\n}"; the checksum member goes after the last one.
+  text.resize(text.size() - 2);
+  const std::uint64_t crc = crc64_of(text);
+  text += kCrcHead;
+  text += crc64_hex(crc);
+  text += kCrcTail;
+  return text;
+}
+
+core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::byte> bytes,
+                                                           const std::string& path) {
+  auto corrupt = [&](std::string_view what) { return Status::data_loss(str_cat(path, ": ", what)); };
+  if (bytes.size() > kMaxCheckpointManifestBytes) {
+    return corrupt(
+        str_cat(bytes.size(), " bytes; a manifest is at most ", kMaxCheckpointManifestBytes, " bytes"));
+  }
+  const std::string_view text = as_text(bytes);
+  // The checksum first, on the exact bytes: nothing of a damaged file is parsed.
+  bool checksummed = false;
+  if (text.size() >= kCrcTrailerBytes) {
+    const std::string_view trailer = text.substr(text.size() - kCrcTrailerBytes);
+    std::uint64_t want = 0;
+    if (trailer.starts_with(kCrcHead) && trailer.ends_with(kCrcTail) &&
+        parse_hex16(trailer.substr(kCrcHead.size(), 16), &want)) {
+      const std::uint64_t got = crc64_of(text.substr(0, text.size() - kCrcTrailerBytes));
+      if (got != want) {
+        return corrupt(str_cat("CRC64 mismatch: its bytes give ", crc64_hex(got),
+                               ", its manifest_crc64 says ", crc64_hex(want), " (the file is damaged)"));
+      }
+      checksummed = true;
+    }
+  }
+  Json doc;
+  const Status parsed = json_bounds::parse_bounded(text, &doc);
+  if (!parsed.ok()) {
+    return corrupt(str_cat("damaged or not a checkpoint manifest: ", parsed.message()));
+  }
+  if (!doc.is_object()) return corrupt("damaged or not a checkpoint manifest: not a JSON object");
+  const auto format = doc.find("format");
+  if (format == doc.end() || !format->is_string() ||
+      format->get_ref<const std::string&>() != "strata-checkpoint") {
+    return corrupt("damaged or not a checkpoint manifest (\"format\" is not \"strata-checkpoint\")");
+  }
+  const auto version = doc.find("version");
+  if (version == doc.end() || !version->is_number_integer()) {
+    return corrupt("damaged: \"version\" is missing or not an integer");
+  }
+  const std::int64_t v = version->get<std::int64_t>();
+  if (v > kCheckpointFormatVersion) {
+    return Status::failed_precondition(str_cat(path, ": checkpoint format version ", v,
+                                               "; this build reads versions 1 to ", kCheckpointFormatVersion,
+                                               " (a newer strata wrote it)"));
+  }
+  if (v < 1) return corrupt(str_cat("damaged: version ", v));
+  if (v >= 2 && !checksummed) {
+    return corrupt(str_cat("damaged: a version-", v,
+                           " manifest ends with its checksum (\"manifest_crc64\": \"<16 hex "
+                           "digits>\" as the last member, then \"}\" and a newline), and this one does not"));
+  }
+  if (v == 1 && checksummed) return corrupt("damaged: a version-1 manifest with a version-2 checksum");
+
+  CheckpointManifest m;
+  m.version = static_cast<int>(v);
+  std::string error;
+  ManifestFields f(&error);
+  bool ok = f.integer(doc, "step", "", &m.step) && f.integer(doc, "skipped_steps", "", &m.skipped_steps) &&
+            f.number(doc, "lr_override", "", &m.lr_override) &&
+            f.string(doc, "compute_dtype", "", &m.compute_dtype);
+  if (ok) {
+    const Json* ls = f.object(doc, "loss_scaler", "");
+    ok = ls != nullptr && f.number(*ls, "scale", "loss_scaler.", &m.loss_scaler.scale) &&
+         f.integer(*ls, "iteration", "loss_scaler.", &m.loss_scaler.iteration) &&
+         f.integer(*ls, "last_overflow_iteration", "loss_scaler.", &m.loss_scaler.last_overflow_iteration) &&
+         f.integer(*ls, "hysteresis_left", "loss_scaler.", &m.loss_scaler.hysteresis_left);
+  }
+  if (ok) {
+    const Json* files = f.object(doc, "files", "");
+    ok = files != nullptr && f.unsigned_integer(*files, "state.safetensors", "files.", &m.state_crc64) &&
+         f.unsigned_integer(*files, "framework.bin", "files.", &m.framework_crc64);
+  }
+  ok = ok && read_params(doc, f, &error, &m.params);
+  if (ok) {
+    const Json* config = f.object(doc, "config", "");
+    ok = config != nullptr;
+    if (ok) m.config_json = config->dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
+  if (!ok) return corrupt(str_cat("damaged: ", preview(error, json_bounds::kMaxParserMessageChars)));
+  if (m.compute_dtype != "F32" && m.compute_dtype != "BF16" && m.compute_dtype != "F16") {
+    return corrupt(
+        str_cat("damaged: compute_dtype \"", preview(m.compute_dtype), "\" is not F32, BF16 or F16"));
+  }
+  return m;
+}
+
+std::string format_latest_pointer(std::string_view step_dir_name) {
+  return str_cat(step_dir_name, " ", crc64_hex(crc64_of(step_dir_name)), "\n");
+}
+
+core::Result<LatestPointer> parse_latest_pointer(std::span<const std::byte> bytes, const std::string& path) {
+  const std::string_view text = as_text(bytes);
+  auto corrupt = [&](std::string_view what) {
+    return Status::data_loss(str_cat(path, ": damaged: ", what, " (it holds \"", preview(text), "\")"));
+  };
+  if (text.empty() || text.back() != '\n')
+    return corrupt("a checkpoint pointer is one line \"step-<N> <CRC64>\"");
+  const std::string_view line = text.substr(0, text.size() - 1);
+  const std::size_t space = line.find(' ');
+  if (space == std::string_view::npos) {
+    // Version 1: "step-<N>\n", no checksum.
+    if (!parse_step_dir_name(line, nullptr))
+      return corrupt("a checkpoint pointer is one line \"step-<N> <CRC64>\"");
+    return LatestPointer{.step_dir_name = std::string(line), .checksummed = false};
+  }
+  const std::string_view name = line.substr(0, space);
+  std::uint64_t want = 0;
+  if (!parse_step_dir_name(name, nullptr) || !parse_hex16(line.substr(space + 1), &want)) {
+    return corrupt("a checkpoint pointer is one line \"step-<N> <CRC64 as 16 hex digits>\"");
+  }
+  if (crc64_of(name) != want)
+    return corrupt(str_cat("CRC64 mismatch: \"", name, "\" gives ", crc64_hex(crc64_of(name))));
+  return LatestPointer{.step_dir_name = std::string(name), .checksummed = true};
+}
+
+core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_dir) {
+  std::string root = root_or_dir;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  CheckpointLocation loc;
+  const std::string latest = root + "/latest";
+  LatestPointer pointer;
+  if (exists(latest)) {
+    STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> p, read_small_file(latest, kMaxLatestBytes));
+    STRATA_ASSIGN_OR_RETURN(pointer, parse_latest_pointer(p, latest));
+    loc.latest_path = latest;
+    loc.dir = root + "/" + pointer.step_dir_name;
+    if (!exists(loc.dir + "/manifest.json")) {
+      return Status::data_loss(
+          str_cat(latest, ": names ", pointer.step_dir_name, ", but ", loc.dir,
+                  "/manifest.json does not exist (the checkpoint it points to is gone, or the "
+                  "pointer is damaged)"));
+    }
+  } else if (exists(root + "/manifest.json")) {
+    loc.dir = root;
+  } else {
+    return Status::not_found(str_cat("no checkpoint at ", root_or_dir, " (neither ", latest, " nor ", root,
+                                     "/manifest.json exists)"));
+  }
+  const std::string manifest = loc.dir + "/manifest.json";
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,
+                          read_small_file(manifest, kMaxCheckpointManifestBytes));
+  STRATA_ASSIGN_OR_RETURN(loc.manifest, parse_checkpoint_manifest(bytes, manifest));
+  if (!loc.latest_path.empty() && !pointer.checksummed && loc.manifest.version >= 2) {
+    return Status::data_loss(
+        str_cat(latest, ": damaged: it has no checksum (the version-1 form) but names a version-",
+                loc.manifest.version, " checkpoint, whose pointer carries one"));
+  }
+  if (loc.manifest.version == 1) {
+    STRATA_LOG(kWarn)
+        << loc.dir
+        << ": a version-1 checkpoint: its manifest.json and latest carry no checksum of their own, so "
+           "they are read unverified (the state and framework files are still checked); the next save "
+           "writes version "
+        << kCheckpointFormatVersion;
+  }
+  return loc;
+}
+
+}  // namespace strata::engine

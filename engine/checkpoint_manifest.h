@@ -1,0 +1,117 @@
+// A checkpoint's small files (docs/checkpoints.md): <root>/latest and
+// <step dir>/manifest.json, each carrying a CRC64 of its own exact bytes, so
+// that any flipped bit in them is kDataLoss naming the file; their writers
+// and pure parsers (for the engine, `strata inspect` and fuzzers), and the
+// lookup of a checkpoint's directory from a root or a step folder.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/result.h"
+
+namespace strata::engine {
+
+// The format this build writes. Version 1 (no checksum on manifest.json and
+// latest) is still read, with a warning; newer versions are refused.
+inline constexpr int kCheckpointFormatVersion = 2;
+// manifest.json and latest files larger than this are refused before they are read whole.
+inline constexpr std::uint64_t kMaxCheckpointManifestBytes = 64ull << 20;
+
+// One parameter as the checkpoint records it.
+struct CheckpointParam {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::string group;  // fetch group
+  bool trainable = true;
+  std::int64_t optimizer_group = 0;
+
+  friend bool operator==(const CheckpointParam&, const CheckpointParam&) = default;
+};
+
+// The fp16 loss scaler's state (engine/loss_scaler.h: LossScaler::State).
+struct CheckpointScaler {
+  double scale = 1.0;
+  std::int64_t iteration = 0;
+  std::int64_t last_overflow_iteration = -1;
+  std::int64_t hysteresis_left = 0;
+
+  friend bool operator==(const CheckpointScaler&, const CheckpointScaler&) = default;
+};
+
+// manifest.json's content.
+struct CheckpointManifest {
+  int version = kCheckpointFormatVersion;  // of the file parsed (format_... writes the current one)
+  std::int64_t step = 0;                   // applied optimizer steps
+  std::int64_t skipped_steps = 0;
+  double lr_override = -1.0;  // set_lr's rate; < 0: none
+  CheckpointScaler loss_scaler;
+  std::string compute_dtype;  // "F32", "BF16", "F16"
+  std::vector<CheckpointParam> params;
+  std::uint64_t state_crc64 = 0;      // CRC64 (nvme/crc64.h) of state.safetensors
+  std::uint64_t framework_crc64 = 0;  // of framework.bin
+  // The resolved config (engine/config.h: to_json), compact JSON; "{}" when unknown.
+  std::string config_json = "{}";
+
+  friend bool operator==(const CheckpointManifest&, const CheckpointManifest&) = default;
+};
+
+// manifest.json's bytes (version kCheckpointFormatVersion): indented JSON whose
+// last member is "manifest_crc64": the CRC64 of every byte of the file before
+// the comma that precedes it, as 16 lowercase hex digits. The file ends with
+// exactly ",\n  \"manifest_crc64\": \"<16 hex>\"\n}\n". `m.config_json` must be
+// a JSON object (else it is written as {}).
+std::string format_checkpoint_manifest(const CheckpointManifest& m);
+
+// Parses manifest.json's bytes; `path` names the file in messages. The
+// checksum is checked on the exact bytes before anything is parsed, nesting is
+// bounded (engine/config/json_bounds.h) and names in messages are cut to a
+// preview. Errors, each naming `path`: kDataLoss for a checksum mismatch, a
+// damaged or missing checksum line (in a version-2 file), invalid JSON, or
+// content of the wrong shape; kFailedPrecondition for a version newer than
+// this build reads (both versions named). A version-1 manifest (no checksum)
+// parses with version == 1. Pure; thread-safe; no input crashes, hangs or
+// costs more than a small multiple of its size.
+core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::byte> bytes,
+                                                           const std::string& path);
+
+// <root>/latest's bytes: "step-<N> <16 hex>\n", the hex digits the CRC64 of "step-<N>".
+std::string format_latest_pointer(std::string_view step_dir_name);
+
+// What <root>/latest names.
+struct LatestPointer {
+  std::string step_dir_name;  // "step-<N>"
+  bool checksummed = true;    // false: a version-1 pointer ("step-<N>\n")
+};
+// Parses <root>/latest's bytes (`path` names it in messages): exactly
+// "step-<N> <16 hex>\n" with a matching CRC64, or a version-1 "step-<N>\n".
+// Anything else is kDataLoss naming `path`. Pure; thread-safe.
+core::Result<LatestPointer> parse_latest_pointer(std::span<const std::byte> bytes, const std::string& path);
+
+// A checkpoint found on disk.
+struct CheckpointLocation {
+  std::string dir;          // the step folder
+  std::string latest_path;  // "<root>/latest" when found through it, else ""
+  CheckpointManifest manifest;
+};
+// `root_or_dir` is a checkpoint root (holding `latest`, which is followed) or
+// a step folder (holding manifest.json). Reads and checks `latest` and the
+// manifest; a version-1 checkpoint is logged at warn level (its manifest and
+// pointer carry no checksum). Errors: kNotFound when `root_or_dir` holds
+// neither file (both named); kDataLoss naming `latest` when it is damaged, names
+// a folder without a manifest, or is a version-1 pointer to a version-2
+// checkpoint; the manifest's errors (parse_checkpoint_manifest); I/O errors
+// naming the file.
+core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_dir);
+
+// True when `name` is "step-<N>" with N a decimal int64 (stored in *step unless null).
+bool parse_step_dir_name(std::string_view name, std::int64_t* step);
+
+// "0123456789abcdef": a CRC64 as 16 lowercase hex digits.
+std::string crc64_hex(std::uint64_t crc);
+
+}  // namespace strata::engine

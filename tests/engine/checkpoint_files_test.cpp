@@ -1,0 +1,321 @@
+// A checkpoint's small files without an engine: manifest.json and latest
+// checksummed so that every flipped bit is DATA_LOSS naming the file, their
+// bounded parsing (nesting, size), version-1 files, the lookup from a root
+// or a step folder, retention and the removal of interrupted saves.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/logging.h"
+#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint_retention.h"
+#include "engine/config.h"
+#include "nvme/crc64.h"
+
+namespace strata::engine {
+namespace {
+
+namespace fs = std::filesystem;
+using core::StatusCode;
+
+std::span<const std::byte> bytes_of(const std::string& s) {
+  return std::as_bytes(std::span<const char>(s.data(), s.size()));
+}
+
+// A manifest as a small run saves it (the resolved default config included).
+CheckpointManifest sample_manifest() {
+  CheckpointManifest m;
+  m.step = 8;
+  m.skipped_steps = 1;
+  m.lr_override = -1.0;
+  m.loss_scaler = {.scale = 1.0, .iteration = 9, .last_overflow_iteration = 3, .hysteresis_left = 2};
+  m.compute_dtype = "BF16";
+  m.params = {{.name = "l1.w", .shape = {64, 32}, .group = "l1", .trainable = true, .optimizer_group = 0},
+              {.name = "l1.b", .shape = {64}, .group = "l1", .trainable = false, .optimizer_group = 1}};
+  m.state_crc64 = 0x0123456789abcdefull;
+  m.framework_crc64 = 42;
+  m.config_json = to_json(Config{});
+  return m;
+}
+
+// `text` with its checksum line recomputed (a manifest edited on purpose).
+std::string rechecksum(std::string text) {
+  const std::size_t at = text.rfind(",\n  \"manifest_crc64\": \"");
+  EXPECT_NE(at, std::string::npos);
+  const std::uint64_t crc = nvme::crc64(0, bytes_of(text.substr(0, at)));
+  text.replace(at + 23, 16, crc64_hex(crc));
+  return text;
+}
+
+std::string replace_once(std::string text, const std::string& from, const std::string& to) {
+  const std::size_t at = text.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  return text;
+}
+
+TEST(CheckpointManifest, RoundTripsAndEndsWithItsChecksum) {
+  const CheckpointManifest m = sample_manifest();
+  const std::string text = format_checkpoint_manifest(m);
+  EXPECT_TRUE(text.ends_with("\"\n}\n")) << text;
+  EXPECT_NE(text.find("\"version\": 2"), std::string::npos);
+  auto parsed = parse_checkpoint_manifest(bytes_of(text), "/x/manifest.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  CheckpointManifest want = m;
+  want.config_json = parsed->config_json;  // compact, as parsed
+  EXPECT_EQ(*parsed, want);
+  EXPECT_NE(parsed->config_json.find("\"zero_optimization\""), std::string::npos);
+}
+
+// The issue's report: "step": 8 -> 9 and lr_override -1.0 -> -0.0 loaded
+// silently. Every bit of the file, flipped alone, is DATA_LOSS naming it.
+TEST(CheckpointManifest, EveryFlippedBitIsDataLossNamingTheFile) {
+  const std::string text = format_checkpoint_manifest(sample_manifest());
+  const std::string path = "/ckpt/step-8/manifest.json";
+  const std::string step9 = replace_once(text, "\"step\": 8", "\"step\": 9");
+  const std::string neg_zero = replace_once(text, "\"lr_override\": -1.0", "\"lr_override\": -0.0");
+  for (const std::string* edited : {&step9, &neg_zero}) {
+    auto r = parse_checkpoint_manifest(bytes_of(*edited), path);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    EXPECT_NE(r.status().message().find("CRC64 mismatch"), std::string::npos) << r.status();
+  }
+  std::string flipped = text;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      flipped[i] = static_cast<char>(text[i] ^ (1 << bit));
+      auto r = parse_checkpoint_manifest(bytes_of(flipped), path);
+      ASSERT_FALSE(r.ok()) << "byte " << i << " bit " << bit;
+      ASSERT_EQ(r.status().code(), StatusCode::kDataLoss)
+          << "byte " << i << " bit " << bit << ": " << r.status();
+      ASSERT_EQ(r.status().message().rfind(path + ": ", 0), 0u) << r.status();
+    }
+    flipped[i] = text[i];
+  }
+  // Cut anywhere: also DATA_LOSS.
+  for (std::size_t n = 0; n < text.size(); n += 7) {
+    auto r = parse_checkpoint_manifest(bytes_of(text.substr(0, n)), path);
+    ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << n;
+  }
+}
+
+TEST(CheckpointManifest, VersionsOneAndNewer) {
+  // Version 1: no checksum line; parsed as version 1.
+  std::string v1 = format_checkpoint_manifest(sample_manifest());
+  v1 = v1.substr(0, v1.rfind(",\n  \"manifest_crc64\"")) + "\n}\n";
+  v1 = replace_once(v1, "\"version\": 2", "\"version\": 1");
+  auto r = parse_checkpoint_manifest(bytes_of(v1), "m.json");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->version, 1);
+  EXPECT_EQ(r->step, 8);
+  // Version 2 without its checksum line: damaged.
+  const std::string v2_bare = replace_once(v1, "\"version\": 1", "\"version\": 2");
+  r = parse_checkpoint_manifest(bytes_of(v2_bare), "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("manifest_crc64"), std::string::npos) << r.status();
+  // A newer version is refused, both versions named.
+  const std::string v3 = rechecksum(
+      replace_once(format_checkpoint_manifest(sample_manifest()), "\"version\": 2", "\"version\": 3"));
+  r = parse_checkpoint_manifest(bytes_of(v3), "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("version 3; this build reads versions 1 to 2"), std::string::npos)
+      << r.status();
+}
+
+TEST(CheckpointManifest, ParsingIsBounded) {
+  const std::string text = format_checkpoint_manifest(sample_manifest());
+  // Nested 100,000 levels deep (checksum valid): refused at level 64, no recursion.
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  auto r = parse_checkpoint_manifest(
+      bytes_of(rechecksum(replace_once(text, "\"skipped_steps\": 1", "\"skipped_steps\": " + deep))),
+      "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("nested deeper than 64"), std::string::npos) << r.status();
+  // The same without a checksum (as a version-1 file would be).
+  r = parse_checkpoint_manifest(bytes_of("{\"format\": " + deep + "}"), "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("nested deeper than 64"), std::string::npos) << r.status();
+  // A huge string in a field of the wrong type: the message stays short.
+  const std::string big(1 << 20, 'x');
+  r = parse_checkpoint_manifest(bytes_of(rechecksum(replace_once(text, "\"compute_dtype\": \"BF16\"",
+                                                                 "\"compute_dtype\": \"" + big + "\""))),
+                                "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_LT(r.status().message().size(), 400u);
+  // 1,000,000 objects in an array (checksum valid): parsed in linear time
+  // (nlohmann's callback parser is quadratic there), then refused for its shape.
+  std::string objects = "[";
+  for (int i = 0; i < 1000000; ++i) objects += i == 0 ? "{}" : ",{}";
+  objects += "]";
+  r = parse_checkpoint_manifest(
+      bytes_of(rechecksum(replace_once(text, "\"skipped_steps\": 1", "\"skipped_steps\": " + objects))), "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("skipped_steps is not an integer"), std::string::npos) << r.status();
+  // An unterminated huge string: the parser's message is cut too.
+  r = parse_checkpoint_manifest(bytes_of("{\"format\": \"" + big), "m.json");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_LT(r.status().message().size(), 400u);
+}
+
+TEST(LatestPointer, EveryFlippedBitIsDataLossNamingTheFile) {
+  const std::string text = format_latest_pointer("step-12");
+  EXPECT_EQ(text.size(), std::string("step-12 ").size() + 16 + 1);
+  auto p = parse_latest_pointer(bytes_of(text), "/r/latest");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->step_dir_name, "step-12");
+  EXPECT_TRUE(p->checksummed);
+  std::string flipped = text;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      flipped[i] = static_cast<char>(text[i] ^ (1 << bit));
+      auto r = parse_latest_pointer(bytes_of(flipped), "/r/latest");
+      // A flip that leaves the version-1 form ("step-<N>\n") is caught by
+      // locate_checkpoint (CheckpointLocate below); none does here.
+      ASSERT_FALSE(r.ok()) << "byte " << i << " bit " << bit << ": " << flipped;
+      ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+      ASSERT_EQ(r.status().message().rfind("/r/latest: ", 0), 0u) << r.status();
+    }
+    flipped[i] = text[i];
+  }
+  // Version 1.
+  p = parse_latest_pointer(bytes_of(std::string("step-7\n")), "/r/latest");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_FALSE(p->checksummed);
+  for (const char* bad : {"", "step-7", "../step-7\n", "step-\n", "step-7 \n", "step-x\n"}) {
+    EXPECT_EQ(parse_latest_pointer(bytes_of(std::string(bad)), "/r/latest").status().code(),
+              StatusCode::kDataLoss)
+        << bad;
+  }
+}
+
+class CheckpointLocate : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("strata_ckfiles_" + std::to_string(::getpid()) + "_" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  void write(const fs::path& p, const std::string& text) {
+    fs::create_directories(p.parent_path());
+    std::ofstream(p, std::ios::binary) << text;
+  }
+  std::string root() const { return root_.string(); }
+  fs::path root_;
+};
+
+TEST_F(CheckpointLocate, FollowsLatestOrReadsAStepFolder) {
+  const std::string manifest = format_checkpoint_manifest(sample_manifest());
+  write(root_ / "step-8" / "manifest.json", manifest);
+  write(root_ / "latest", format_latest_pointer("step-8"));
+  auto loc = locate_checkpoint(root() + "/");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-8");
+  EXPECT_EQ(loc->latest_path, root() + "/latest");
+  EXPECT_EQ(loc->manifest.step, 8);
+  loc = locate_checkpoint(root() + "/step-8");
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->latest_path, "");
+  EXPECT_EQ(locate_checkpoint(root() + "/nothing").status().code(), StatusCode::kNotFound);
+
+  // Every bit of latest flipped on disk: DATA_LOSS naming latest.
+  const std::string latest = format_latest_pointer("step-8");
+  for (std::size_t i = 0; i < latest.size(); ++i) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string flipped = latest;
+      flipped[i] = static_cast<char>(flipped[i] ^ (1 << bit));
+      write(root_ / "latest", flipped);
+      auto r = locate_checkpoint(root());
+      ASSERT_FALSE(r.ok()) << flipped;
+      ASSERT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+      ASSERT_EQ(r.status().message().rfind(root() + "/latest: ", 0), 0u) << r.status();
+    }
+  }
+  // A version-1 pointer to a version-2 checkpoint: damaged. To a missing folder: damaged.
+  write(root_ / "latest", "step-8\n");
+  EXPECT_EQ(locate_checkpoint(root()).status().code(), StatusCode::kDataLoss);
+  write(root_ / "latest", format_latest_pointer("step-9"));
+  auto r = locate_checkpoint(root());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(r.status().message().find("step-9/manifest.json does not exist"), std::string::npos)
+      << r.status();
+}
+
+TEST_F(CheckpointLocate, VersionOneLoadsWithAWarning) {
+  std::string v1 = format_checkpoint_manifest(sample_manifest());
+  v1 = v1.substr(0, v1.rfind(",\n  \"manifest_crc64\"")) + "\n}\n";
+  v1.replace(v1.find("\"version\": 2"), 12, "\"version\": 1");
+  write(root_ / "step-8" / "manifest.json", v1);
+  write(root_ / "latest", "step-8\n");
+  std::vector<std::string> warnings;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kWarn) warnings.emplace_back(message);
+  });
+  auto loc = locate_checkpoint(root());
+  core::set_log_sink({});
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->manifest.version, 1);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("version-1 checkpoint"), std::string::npos) << warnings[0];
+}
+
+TEST_F(CheckpointLocate, OversizedFilesAreRefusedBeforeTheyAreRead) {
+  fs::create_directories(root_ / "step-1");
+  { std::ofstream(root_ / "step-1" / "manifest.json") << "{"; }
+  fs::resize_file(root_ / "step-1" / "manifest.json", kMaxCheckpointManifestBytes + 1);  // sparse
+  auto r = locate_checkpoint(root() + "/step-1");
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("manifest.json"), std::string::npos) << r.status();
+  write(root_ / "latest", std::string(100000, 's'));
+  r = locate_checkpoint(root());
+  EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("latest"), std::string::npos) << r.status();
+}
+
+TEST(Retention, KeepsTheNewestAndEveryMthAndLatest) {
+  const std::vector<std::int64_t> steps = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  EXPECT_EQ(checkpoints_to_remove(steps, 9, {.keep_last = 0, .keep_every = 4}), std::vector<std::int64_t>{});
+  EXPECT_EQ(checkpoints_to_remove(steps, 9, {.keep_last = 2}),
+            (std::vector<std::int64_t>{1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(checkpoints_to_remove(steps, 9, {.keep_last = 2, .keep_every = 4}),
+            (std::vector<std::int64_t>{1, 2, 3, 5, 6, 7}));
+  // A run resumed from step 5 saved step 6 (latest) while 8 and 9 exist: 6 stays.
+  EXPECT_EQ(checkpoints_to_remove(std::vector<std::int64_t>{4, 5, 6, 8, 9}, 6, {.keep_last = 1}),
+            (std::vector<std::int64_t>{4, 5, 8}));
+  EXPECT_EQ(checkpoints_to_remove(steps, 9, {.keep_last = 20}), std::vector<std::int64_t>{});
+}
+
+TEST_F(CheckpointLocate, RetentionAndInterruptedSavesOnDisk) {
+  for (int s : {2, 4, 6, 8, 10}) write(root_ / ("step-" + std::to_string(s)) / "manifest.json", "x");
+  write(root_ / ".step-12.tmp" / "state.safetensors", std::string(1000, 'x'));
+  write(root_ / ".step-x.tmp" / "f", "not ours");
+  write(root_ / "notes.txt", "not ours");
+  std::vector<std::string> infos;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kInfo) infos.emplace_back(message);
+  });
+  auto tmp = remove_interrupted_saves(root());
+  auto kept = apply_retention(root(), 10, {.keep_last = 2, .keep_every = 4});
+  core::set_log_sink({});
+  ASSERT_TRUE(tmp.ok()) << tmp.status();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(*tmp, std::vector<std::string>{root() + "/.step-12.tmp"});
+  EXPECT_EQ(*kept, (std::vector<std::string>{root() + "/step-2", root() + "/step-6"}));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(root_)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{".step-x.tmp", "notes.txt", "step-10", "step-4", "step-8"}));
+  ASSERT_EQ(infos.size(), 3u);
+  EXPECT_NE(infos[0].find(".step-12.tmp"), std::string::npos) << infos[0];
+  EXPECT_NE(infos[0].find("interrupted"), std::string::npos) << infos[0];
+  EXPECT_NE(infos[1].find("step-2"), std::string::npos) << infos[1];
+}
+
+}  // namespace
+}  // namespace strata::engine
