@@ -133,6 +133,25 @@ class Cli(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("FILE", r.stderr)
 
+    def test_inspect_names_what_is_wrong(self):
+        r = strata("inspect", "--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--verify", r.stdout)
+        with tempfile.TemporaryDirectory() as tmp:
+            r = strata("inspect", tmp)  # no checkpoint there
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(tmp, r.stderr)
+            step = os.path.join(tmp, "step-3")
+            os.mkdir(step)
+            with open(os.path.join(step, "manifest.json"), "w") as f:
+                f.write('{"format": "strata-checkpoint", "version": 2, "step": 3}')  # no checksum of its own
+            r = strata("inspect", step)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn("manifest.json", r.stderr)
+        r = strata("inspect")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("CKPT", r.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"])

@@ -1,7 +1,9 @@
 // The `strata` command: `strata plan` (the memory planner), `strata config`
-// (the resolved configuration), `strata version`, `strata help`. Exit status 0
-// on success (plan: the configured placement fits), 1 when the plan does not
-// fit or the config is bad (config), 2 on bad input. A command is a row of
+// (the resolved configuration), `strata inspect` (a checkpoint's content and
+// its verification), `strata version`, `strata help`. Exit status 0 on
+// success (plan: the configured placement fits), 1 when the plan does not
+// fit, the config is bad (config) or a checkpoint file is damaged (inspect),
+// 2 on bad input. A command is a row of
 // kCommands: a name, a line for the usage, and a function of its arguments.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "bindings/cli/inspect.h"
 #include "bindings/cli/plan_args.h"
 #include "core/logging.h"
 #include "engine/config.h"
@@ -107,6 +110,32 @@ int run_config(const std::vector<std::string_view>& args) {
   return kExitOk;
 }
 
+// `strata inspect CKPT [--verify] [--json]` (bindings/cli/inspect.h).
+int run_inspect(const std::vector<std::string_view>& args) {
+  CLI::App app(
+      "Prints what a checkpoint holds: step, counters, placement, config and tensors. Exit status: 0 it reads "
+      "(and verifies), 1 a file is damaged (DATA_LOSS, the file named on stderr), 2 no checkpoint there or bad "
+      "flags.",
+      "strata inspect");
+  std::string dir;
+  bool verify = false;
+  bool json = false;
+  app.add_option("CKPT", dir, "a checkpoint root (its latest is followed) or a step-<N> folder")->required();
+  app.add_flag("--verify", verify, "check every file's CRC64 (reads the whole state file)");
+  app.add_flag("--json", json, "print JSON instead of a table");
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "strata inspect: " << e.what() << " (see strata inspect --help)\n";
+    return kExitBadInput;
+  }
+  return cli::inspect_command(dir, verify, json);
+}
+
 int run_version(const std::vector<std::string_view>& args) {
   if (!args.empty()) {
     std::cerr << "strata version: takes no arguments, got '" << args.front() << "'\n";
@@ -139,6 +168,11 @@ constexpr Command kCommands[] = {
      "print a config resolved (every key, defaults filled in) and its\n"
      "             warnings; exit 0 if valid, 1 with the key's error if not",
      run_config},
+    {"inspect",
+     "print a checkpoint's step, counters, placement, config and tensors;\n"
+     "             --verify checks every file's CRC64; exit 0, 1 if a file is\n"
+     "             damaged, 2 if there is no checkpoint there",
+     run_inspect},
     {"version", "print the version and the backends this build has", run_version},
     {"help", "print this text (also: strata --help, strata COMMAND --help)", run_help},
 };
