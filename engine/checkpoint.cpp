@@ -238,6 +238,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     const std::string old = final_dir + ".old";
     fs::remove_all(old, ec);
     if (::rename(final_dir.c_str(), old.c_str()) != 0) return Status::from_errno(errno, str_cat("rename ", final_dir));
+    crash_point("moved_aside");  // latest names final_dir, which is missing until the next rename
   }
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return Status::from_errno(errno, str_cat("rename ", tmp, " to ", final_dir));

@@ -361,6 +361,16 @@ core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_di
     STRATA_ASSIGN_OR_RETURN(pointer, parse_latest_pointer(p, latest));
     loc.latest_path = latest;
     loc.dir = root + "/" + pointer.step_dir_name;
+    // A save of a step that already had a folder moves the old one aside
+    // (step-<N>.old) before renaming the new one in: a crash between the two
+    // renames leaves latest naming a folder that is not there yet, and the
+    // same step's previous copy beside it.
+    const std::string aside = loc.dir + ".old";
+    if (!exists(loc.dir) && exists(aside + "/manifest.json")) {
+      STRATA_LOG(kWarn) << latest << ": names " << pointer.step_dir_name << ", which is missing: a save of that "
+                        << "step was interrupted after moving the previous copy aside; loading it from " << aside;
+      loc.dir = aside;
+    }
     if (!exists(loc.dir + "/manifest.json")) {
       return Status::data_loss(
           str_cat(latest, ": names ", pointer.step_dir_name, ", but ", loc.dir,

@@ -11,6 +11,7 @@ test stands in for it):
   bash scripts/run.sh plan ARGS      -> strata plan [--config examples/configs/strata_default.json] ARGS
   bash scripts/run.sh --native ARGS  -> strata-train [--config examples/configs/strata_default.json] ARGS
   bash scripts/run.sh ARGS           -> python3 examples/python/train_llama.py ARGS (needs torch)
+  strata COMMAND ARGS                -> this build's strata COMMAND ARGS (config paths made absolute)
 Shortening rule for training runs: --steps is capped at STEPS_CAP and
 --save-every at the (capped) step count, so a saving run still saves. The
 commands of one file run in order in one scratch directory (holding
@@ -110,6 +111,8 @@ def rewrite(cmd, root, strata, strata_train, have_torch):
             args += ["--steps", str(STEPS_CAP)]
         return [sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--no-progress",
                 "--sample", "0", "--eval-every", "0"] + args, None
+    if argv[:1] == ["strata"]:
+        return [strata] + absolute_configs(argv[1:], root), None
     return None, None
 
 

@@ -180,7 +180,7 @@ class Signals(unittest.TestCase):
             if not checkpoint:
                 return
             with open(os.path.join(ck, "latest")) as f:
-                latest = f.read().strip()
+                latest = f.read().split()[0]  # "step-<N> <crc64>"
             self.assertTrue(os.path.isfile(os.path.join(ck, latest, "manifest.json")), latest)
             step = int(latest.split("-")[1])
             self.assertLessEqual(step, int(m.group(2)))
