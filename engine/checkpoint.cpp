@@ -198,7 +198,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   STRATA_RETURN_IF_ERROR(writer.finish());
   STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, writer.crc64());
   crash_point("state_written");
-  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob));
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
 
   nlohmann::ordered_json m;
   m["format"] = "strata-checkpoint";
@@ -222,7 +222,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
                 {"framework.bin", nvme::crc64(0, blob)}};
   m["config"] = nlohmann::ordered_json::parse(to_json(config_), nullptr, false);
   const std::string text = m.dump(2) + "\n";
-  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text))));
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)), config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
   crash_point("manifest_written");
 
@@ -238,7 +238,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   STRATA_RETURN_IF_ERROR(fsync_dir(root));
   crash_point("renamed");
   const std::string pointer = name + "\n";
-  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer))));
+  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer)), config_.strata.io));
   fs::remove_all(final_dir + ".old", ec);
   return Status();
 }
@@ -255,7 +255,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   std::string dir = root;
   if (fs::exists(root + "/latest")) {
-    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> p, read_file(root + "/latest"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> p, read_file(root + "/latest", config_.strata.io));
     std::string name(reinterpret_cast<const char*>(p.data()), p.size());
     while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
     dir = root + "/" + name;
@@ -263,7 +263,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     return Status::not_found(str_cat("no checkpoint at ", root, " (neither ", root, "/latest nor ", root,
                                      "/manifest.json exists)"));
   }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> mtext, read_file(dir + "/manifest.json"));
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> mtext, read_file(dir + "/manifest.json", config_.strata.io));
   const nlohmann::json m = nlohmann::json::parse(reinterpret_cast<const char*>(mtext.data()),
                                                  reinterpret_cast<const char*>(mtext.data()) + mtext.size(), nullptr,
                                                  /*allow_exceptions=*/false);
@@ -311,7 +311,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     if (state_crc != m.at("files").at("state.safetensors").get<std::uint64_t>()) {
       return Status::data_loss(str_cat(state_path, ": CRC64 mismatch (the file is corrupt or truncated)"));
     }
-    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin", config_.strata.io));
     if (nvme::crc64(0, blob) != m.at("files").at("framework.bin").get<std::uint64_t>()) {
       return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch"));
     }
@@ -395,7 +395,7 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
     }
     STRATA_RETURN_IF_ERROR(w.finish());
   }
-  if (shards.size() > 1) STRATA_RETURN_IF_ERROR(write_shard_index(dir, total, weight_map));
+  if (shards.size() > 1) STRATA_RETURN_IF_ERROR(write_shard_index(dir, total, weight_map, config_.strata.io));
   return Status();
 }
 
