@@ -8,6 +8,7 @@
 // docs/reliability.md has the table these tests fill.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -55,7 +56,10 @@ const char* fault_name(Fault f) {
 }
 
 // The rule that plays `f` on the `skip`-th op of `ops` kind from now on.
-FaultRule rule_for(Fault f, FaultOps ops, std::uint64_t skip) {
+// `small_file`: the op is a file_io transfer (page cache, often under 4096
+// bytes), whose short transfers move one byte at a time; others move half
+// the op rounded down to 4096 (as O_DIRECT would).
+FaultRule rule_for(Fault f, FaultOps ops, std::uint64_t skip, bool small_file = false) {
   FaultRule r;
   r.ops = ops;
   r.skip = skip;
@@ -63,7 +67,8 @@ FaultRule rule_for(Fault f, FaultOps ops, std::uint64_t skip) {
     case Fault::kEio: r.kind = FaultKind::kEio; break;
     case Fault::kEnospc: r.kind = FaultKind::kEnospc; break;
     case Fault::kShort:
-      r.kind = FaultKind::kShortTransfer;  // the op and the rest of it, halved down to 4096 bytes
+      r.kind = FaultKind::kShortTransfer;  // the op and the rest of it, eight times
+      r.short_bytes = small_file ? 1 : 0;
       r.times = 8;
       break;
     case Fault::kEintr:
@@ -399,7 +404,8 @@ TEST_P(SaveFault, FailsNamingTheFileAndTheLastGoodCheckpointResumes) {
       count_ops(inj, FaultOps::kWrites, [&] { ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("at 2")).ok()); });
   ASSERT_GE(writes, 4u);
   train(*e, kSaveAt, kSaveAt + 1, nullptr);
-  const std::size_t rule = inj.add(rule_for(fault, FaultOps::kWrites, first_op_of(file, writes, true)));
+  const std::size_t rule =
+      inj.add(rule_for(fault, FaultOps::kWrites, first_op_of(file, writes, true), file != CkptFile::kState));
   const Status saved = e->save_checkpoint(ckpt(), blob_of("at 3"));
   EXPECT_GT(inj.hits(rule), 0u) << "the fault never fired";
   inj.clear();
@@ -424,16 +430,15 @@ TEST_P(SaveFault, FailsNamingTheFileAndTheLastGoodCheckpointResumes) {
   if (!transparent(fault) && fault != Fault::kFlipBit) resume_and_compare(ckpt(), want);  // `latest` names it
 }
 
-// Short transfers need an op above 4096 bytes: only the state file has them.
 INSTANTIATE_TEST_SUITE_P(Faults, SaveFault,
-                         ::testing::Combine(::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kEintr,
-                                                              Fault::kEagain),
+                         ::testing::Combine(::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kShort,
+                                                              Fault::kEintr, Fault::kEagain),
                                             ::testing::Values(CkptFile::kState, CkptFile::kFramework,
                                                               CkptFile::kManifest, CkptFile::kLatest)),
                          ckpt_name);
-INSTANTIATE_TEST_SUITE_P(StateFile, SaveFault,
-                         ::testing::Combine(::testing::Values(Fault::kShort, Fault::kFlipBit),
-                                            ::testing::Values(CkptFile::kState)),
+// A flipped bit in the manifest or `latest` is the manifest checksum's to
+// catch (checkpoint integrity); in the state file the CRC64 catches it.
+INSTANTIATE_TEST_SUITE_P(StateFile, SaveFault, ::testing::Values(CkptParam{Fault::kFlipBit, CkptFile::kState}),
                          ckpt_name);
 
 class LoadFault : public CheckpointFault {};
@@ -453,7 +458,8 @@ TEST_P(LoadFault, FailsNamingTheFileAndTheSameEngineThenLoadsIt) {
   std::unique_ptr<Engine> e = std::move(created).value();
   const std::uint64_t reads = count_ops(inj, FaultOps::kReads, [&] { ASSERT_TRUE(e->load_checkpoint(ckpt()).ok()); });
   ASSERT_GE(reads, 5u);
-  const std::size_t rule = inj.add(rule_for(fault, FaultOps::kReads, first_op_of(file, reads, false)));
+  const std::size_t rule =
+      inj.add(rule_for(fault, FaultOps::kReads, first_op_of(file, reads, false), file != CkptFile::kState));
   auto loaded = e->load_checkpoint(ckpt());
   EXPECT_GT(inj.hits(rule), 0u) << "the fault never fired";
   inj.clear();
@@ -473,14 +479,12 @@ TEST_P(LoadFault, FailsNamingTheFileAndTheSameEngineThenLoadsIt) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Faults, LoadFault,
-                         ::testing::Combine(::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kEintr,
-                                                              Fault::kEagain),
+                         ::testing::Combine(::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kShort,
+                                                              Fault::kEintr, Fault::kEagain),
                                             ::testing::Values(CkptFile::kLatest, CkptFile::kManifest,
                                                               CkptFile::kState)),
                          ckpt_name);
-INSTANTIATE_TEST_SUITE_P(StateFile, LoadFault,
-                         ::testing::Combine(::testing::Values(Fault::kShort, Fault::kFlipBit),
-                                            ::testing::Values(CkptFile::kState)),
+INSTANTIATE_TEST_SUITE_P(StateFile, LoadFault, ::testing::Values(CkptParam{Fault::kFlipBit, CkptFile::kState}),
                          ckpt_name);
 
 // --- safetensors import -------------------------------------------------------
@@ -517,7 +521,8 @@ TEST_P(ImportFault, FailsNamingTheFileOrImportsTheSameBits) {
   });
   ASSERT_GE(header_reads, 2u);
   const std::size_t rule =
-      inj.add(rule_for(fault, FaultOps::kReads, site == ImportSite::kHeader ? 0 : header_reads));
+      inj.add(rule_for(fault, FaultOps::kReads, site == ImportSite::kHeader ? 0 : header_reads,
+                       site == ImportSite::kHeader));
   auto e = try_engine(host_config(&inj), model);
   EXPECT_GT(inj.hits(rule), 0u) << "the fault never fired";
   inj.clear();
@@ -536,18 +541,64 @@ std::string import_name(const ::testing::TestParamInfo<ImportParam>& info) {
   return std::string(fault_name(fault)) + (site == ImportSite::kHeader ? "Header" : "Tensors");
 }
 
-// The header is one small read (no short transfer); a flipped bit in a
-// tensor's data cannot be seen (safetensors carries no checksum), so flips go
-// to the header only.
 INSTANTIATE_TEST_SUITE_P(Faults, ImportFault,
-                         ::testing::Combine(::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kEintr,
-                                                              Fault::kEagain),
+                         ::testing::Combine(::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kShort,
+                                                              Fault::kEintr, Fault::kEagain),
                                             ::testing::Values(ImportSite::kHeader, ImportSite::kTensors)),
                          import_name);
-INSTANTIATE_TEST_SUITE_P(OneSite, ImportFault,
-                         ::testing::Values(ImportParam{Fault::kShort, ImportSite::kTensors},
-                                           ImportParam{Fault::kFlipBit, ImportSite::kHeader}),
+// A flipped bit in a tensor's data cannot be seen (safetensors carries no
+// checksum), so flips go to the header only.
+INSTANTIATE_TEST_SUITE_P(OneSite, ImportFault, ::testing::Values(ImportParam{Fault::kFlipBit, ImportSite::kHeader}),
                          import_name);
+
+// --- safetensors export -------------------------------------------------------
+
+class ExportFault : public FaultTest, public ::testing::WithParamInterface<Fault> {};
+
+// An export that fails names the file and leaves none behind (the writer
+// removes its temporary file), and the engine goes on: the next export works.
+// A transparent fault gives the bytes of a clean export.
+TEST_P(ExportFault, FailsNamingTheFileOrWritesTheSameBytes) {
+  const Fault fault = GetParam();
+  FaultInjector inj;
+  auto created = try_engine(host_config(&inj));
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Engine> e = std::move(created).value();
+  train(*e, 0, 1, nullptr);
+  const std::string clean = (dir_ / "clean").string(), faulty = (dir_ / "faulty").string();
+  ASSERT_TRUE(e->export_safetensors(clean, Precision::kFp32, 0).ok());
+  const std::size_t rule = inj.add(rule_for(fault, FaultOps::kWrites, 0));
+  const Status s = e->export_safetensors(faulty, Precision::kFp32, 0);
+  EXPECT_GT(inj.hits(rule), 0u) << "the fault never fired";
+  inj.clear();
+  const std::string file = faulty + "/model.safetensors";
+  auto bytes = [](const std::string& path) {
+    std::vector<char> b(fs::file_size(path));
+    std::FILE* f = std::fopen(path.c_str(), "rb");
+    EXPECT_NE(f, nullptr) << path;
+    if (f != nullptr) {
+      EXPECT_EQ(std::fread(b.data(), 1, b.size(), f), b.size());
+      std::fclose(f);
+    }
+    return b;
+  };
+  if (transparent(fault)) {
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_TRUE(bytes(file) == bytes(clean + "/model.safetensors"));
+  } else {
+    expect_names(s, expected_code(fault), file);
+    EXPECT_FALSE(fs::exists(file));
+    for (const auto& entry : fs::directory_iterator(faulty)) ADD_FAILURE() << "left behind: " << entry.path();
+    ASSERT_TRUE(e->export_safetensors(faulty, Precision::kFp32, 0).ok());
+    EXPECT_TRUE(bytes(file) == bytes(clean + "/model.safetensors"));
+  }
+}
+
+// A flipped bit in an exported file cannot be seen (safetensors carries no
+// checksum; the table says so).
+INSTANTIATE_TEST_SUITE_P(Faults, ExportFault,
+                         ::testing::Values(Fault::kEio, Fault::kEnospc, Fault::kShort, Fault::kEintr, Fault::kEagain),
+                         [](const ::testing::TestParamInfo<Fault>& info) { return fault_name(info.param); });
 
 }  // namespace
 }  // namespace strata::engine
