@@ -182,14 +182,14 @@ Result<std::unique_ptr<SwapStore>> SwapStore::build(const SwapStoreOptions& opti
   }
   STRATA_RETURN_IF_ERROR(store->lock_paths());
   if (index_path == nullptr) {
-    // Swap files left by a run that did not close its store (killed): ours
-    // now that we hold the lock; open_files truncates them.
+    // Swap files left by an earlier store (its process killed, or kept with
+    // keep_files): ours now that we hold the lock; open_files truncates them.
     for (const File& f : store->files_) {
       struct stat old;
       if (::stat(f.path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) {
         STRATA_LOG(kInfo) << "nvme: reclaiming stale swap file '" << f.path << "' ("
                           << core::format_bytes(static_cast<std::uint64_t>(old.st_size))
-                          << ") left by a run that did not close it (killed?)";
+                          << ") left by an earlier run (killed, or kept by strata.io.keep_files)";
       }
     }
     // Free space, once per file system: paths on the same one share it.
@@ -274,7 +274,10 @@ Result<core::UniqueFd> SwapStore::lock_path_file(const std::string& dir, const s
       return Status::from_errno(err, str_cat("flock '", lock_path, "'"));
     }
     struct stat locked {}, named {};
-    if (::fstat(fd.get(), &locked) != 0) return Status::from_errno(errno, str_cat("fstat '", lock_path, "'"));
+    if (::fstat(fd.get(), &locked) != 0) {
+      const int err = errno;
+      return Status::from_errno(err, str_cat("fstat '", lock_path, "'"));
+    }
     if (::stat(lock_path.c_str(), &named) != 0 || named.st_ino != locked.st_ino || named.st_dev != locked.st_dev) {
       // Its holder removed it as we locked it (a clean close): lock the new one.
       if (attempt >= 100) {

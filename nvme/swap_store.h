@@ -103,8 +103,9 @@ class SwapStore {
   // another store or process (kAlreadyExists), too little free space
   // (kResourceExhausted, with bytes needed and free). Then preallocates
   // (fallocate) capacity_bytes / paths.size() per path. A swap file left in a
-  // path by a store that never closed (its process was killed) is reclaimed:
-  // its space counts as free, and an info line names it and its size.
+  // path by a store that never closed (its process was killed) or kept
+  // (keep_files) is reclaimed: its space counts as free, and an info line
+  // names it and its size.
   static core::Result<std::unique_ptr<SwapStore>> create(const SwapStoreOptions& options);
 
   // Reopens swap files kept by an earlier store from its saved index
