@@ -1,4 +1,4 @@
-// Faults injected under the engine (IoConfig::fault_injector): EIO, ENOSPC,
+// Faults injected under the engine (IoConfig::fault_injector, engine/io_faults.h): EIO, ENOSPC,
 // short transfers, EINTR, EAGAIN and a flipped bit in the disk pipeline of a
 // step (read and write side, every schedule), a checkpoint save, a checkpoint
 // load and a safetensors import. Each ends in its named status naming the file
@@ -19,7 +19,7 @@
 
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "nvme/fault_injection.h"
+#include "engine/io_faults.h"
 #include "tests/e2e/mlp_harness.h"
 
 namespace strata::engine {
@@ -29,10 +29,6 @@ using namespace e2e;  // NOLINT: the harness is this test's vocabulary
 namespace fs = std::filesystem;
 using core::Status;
 using core::StatusCode;
-using nvme::FaultInjector;
-using nvme::FaultKind;
-using nvme::FaultOps;
-using nvme::FaultRule;
 
 // Few steps, so that the file stays fast (also under ASan).
 constexpr int kFaultSteps = 5;  // steps of a run under faults
