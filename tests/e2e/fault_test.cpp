@@ -1,7 +1,7 @@
 // Faults injected under the engine (IoConfig::fault_injector, engine/io_faults.h): EIO, ENOSPC,
 // short transfers, EINTR, EAGAIN and a flipped bit in the disk pipeline of a
 // step (read and write side, every schedule), a checkpoint save, a checkpoint
-// load and a safetensors import. Each ends in its named status naming the file
+// load, a safetensors import and an export. Each ends in its named status naming the file
 // or in a transparent retry with the bits of a clean run; the engine is then
 // destroyed (no hang; ASan checks leaks); after a failed save or load the last
 // good checkpoint loads and the run resumed from it continues bit for bit.
