@@ -206,7 +206,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   STRATA_RETURN_IF_ERROR(writer.finish());
   STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, writer.crc64());
   crash_point("state_written");
-  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob));
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
 
   CheckpointManifest m;
   m.step = verdict_.applied_steps();
@@ -229,7 +229,8 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   m.framework_crc64 = nvme::crc64(0, blob);
   m.config_json = to_json(config_);
   const std::string text = format_checkpoint_manifest(m);
-  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text))));
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
+                                           config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
   crash_point("manifest_written");
 
@@ -246,7 +247,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   STRATA_RETURN_IF_ERROR(fsync_dir(root));
   crash_point("renamed");
   const std::string pointer = format_latest_pointer(name);
-  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer))));
+  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer)), config_.strata.io));
   fs::remove_all(final_dir + ".old", ec);
   // Retention, once the save is latest: a failure here loses nothing saved.
   const RetentionPolicy policy{.keep_last = config_.strata.checkpoint.keep_last,
@@ -268,7 +269,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
-  STRATA_ASSIGN_OR_RETURN(const CheckpointLocation loc, locate_checkpoint(root));
+  STRATA_ASSIGN_OR_RETURN(const CheckpointLocation loc, locate_checkpoint(root, config_.strata.io));
   const std::string& dir = loc.dir;
   const CheckpointManifest& m = loc.manifest;
   // Same parameters, same shapes, same trainability (placement may differ).
@@ -303,7 +304,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
                                      ", the manifest records ", crc64_hex(m.state_crc64),
                                      " (the file is damaged or truncated)"));
   }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin"));
+  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin", config_.strata.io));
   if (const std::uint64_t crc = nvme::crc64(0, blob); crc != m.framework_crc64) {
     return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch: its bytes give ", crc64_hex(crc),
                                      ", the manifest records ", crc64_hex(m.framework_crc64),
@@ -383,7 +384,7 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
     }
     STRATA_RETURN_IF_ERROR(w.finish());
   }
-  if (shards.size() > 1) STRATA_RETURN_IF_ERROR(write_shard_index(dir, total, weight_map));
+  if (shards.size() > 1) STRATA_RETURN_IF_ERROR(write_shard_index(dir, total, weight_map, config_.strata.io));
   return Status();
 }
 

@@ -61,14 +61,15 @@ bool parse_hex16(std::string_view s, std::uint64_t* out) {
 }
 
 // Reads a small file whole, refusing one over `max_bytes` before reading it.
-core::Result<std::vector<std::byte>> read_small_file(const std::string& path, std::uint64_t max_bytes) {
+core::Result<std::vector<std::byte>> read_small_file(const std::string& path, std::uint64_t max_bytes,
+                                                     const IoConfig& io) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("stat ", path));
   if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
     return Status::data_loss(str_cat(path, ": ", st.st_size, " bytes; this file is at most ", max_bytes,
                                      " bytes in a checkpoint (it is damaged or not a checkpoint's)"));
   }
-  return read_file(path);
+  return read_file(path, io);
 }
 
 bool exists(const std::string& path) {
@@ -350,14 +351,14 @@ core::Result<LatestPointer> parse_latest_pointer(std::span<const std::byte> byte
   return LatestPointer{.step_dir_name = std::string(name), .checksummed = true};
 }
 
-core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_dir) {
+core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_dir, const IoConfig& io) {
   std::string root = root_or_dir;
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   CheckpointLocation loc;
   const std::string latest = root + "/latest";
   LatestPointer pointer;
   if (exists(latest)) {
-    STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> p, read_small_file(latest, kMaxLatestBytes));
+    STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> p, read_small_file(latest, kMaxLatestBytes, io));
     STRATA_ASSIGN_OR_RETURN(pointer, parse_latest_pointer(p, latest));
     loc.latest_path = latest;
     loc.dir = root + "/" + pointer.step_dir_name;
@@ -385,7 +386,7 @@ core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_di
   }
   const std::string manifest = loc.dir + "/manifest.json";
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,
-                          read_small_file(manifest, kMaxCheckpointManifestBytes));
+                          read_small_file(manifest, kMaxCheckpointManifestBytes, io));
   STRATA_ASSIGN_OR_RETURN(loc.manifest, parse_checkpoint_manifest(bytes, manifest));
   if (!loc.latest_path.empty() && !pointer.checksummed && loc.manifest.version >= 2) {
     return Status::data_loss(

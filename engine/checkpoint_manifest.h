@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/result.h"
+#include "engine/config.h"
 
 namespace strata::engine {
 
@@ -106,7 +107,7 @@ struct CheckpointLocation {
 // a folder without a manifest, or is a version-1 pointer to a version-2
 // checkpoint; the manifest's errors (parse_checkpoint_manifest); I/O errors
 // naming the file.
-core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_dir);
+core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_dir, const IoConfig& io = IoConfig{});
 
 // True when `name` is "step-<N>" with N a decimal int64 (stored in *step unless null).
 bool parse_step_dir_name(std::string_view name, std::int64_t* step);

@@ -11,6 +11,10 @@
 
 #include "core/result.h"
 
+namespace strata::nvme {
+class FaultInjector;
+}
+
 namespace strata::engine {
 
 enum class OffloadDevice { kNone, kCpu, kNvme };  // "none" (stays on the GPU), "cpu", "nvme"
@@ -169,6 +173,11 @@ struct IoConfig {
   int rings = 1;                            // io_uring rings (one per I/O thread)
   bool sqpoll = false;
   bool keep_files = false;                  // keep swap files after close
+  // Test hook, C++ only (no config key; the JSON parser never sets it): when
+  // set, every file the engine reads or writes (swap, checkpoints, export,
+  // safetensors import, manifests, `latest`) goes through this injector
+  // (nvme/fault_injection.h). Borrowed: it must outlive the engine. Default none.
+  nvme::FaultInjector* fault_injector = nullptr;
 
   friend bool operator==(const IoConfig&, const IoConfig&) = default;
 };

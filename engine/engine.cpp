@@ -149,7 +149,7 @@ core::Status Engine::init_from_safetensors(const std::string& path, const std::s
     return Status::failed_precondition(str_cat("init_from_safetensors('", path, "'): initial values come from ",
                                                registry_.pretrained->describe(), " already"));
   }
-  STRATA_ASSIGN_OR_RETURN(PretrainedWeights w, PretrainedWeights::open(path, name_prefix));
+  STRATA_ASSIGN_OR_RETURN(PretrainedWeights w, PretrainedWeights::open(path, name_prefix, config_.strata.io));
   for (std::size_t pi = 0; pi < registry_.params.size(); ++pi) {
     if (!registry_.inits[pi]) STRATA_RETURN_IF_ERROR(w.check_param(registry_.params[pi]));
   }

@@ -122,6 +122,10 @@ struct LentView {
 class Engine {
  public:
   // Errors: the device's or the config's (a budget that cannot be met).
+  // Test hook: config.strata.io.fault_injector (C++ only, no config key)
+  // sends every I/O of the engine (swap, checkpoints, export, safetensors
+  // import, manifests and `latest`) through that fault injector
+  // (nvme/fault_injection.h; tests/e2e/fault_test.cpp).
   static core::Result<std::unique_ptr<Engine>> create(const Config& config);
   ~Engine();
   Engine(const Engine&) = delete;

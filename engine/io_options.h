@@ -27,13 +27,15 @@ inline nvme::BackendKind backend_kind_of(IoBackend b) {
   return nvme::BackendKind::kAuto;
 }
 
-// strata.io.backend, queue_depth, rings and sqpoll.
+// strata.io.backend, queue_depth, rings and sqpoll (and the test hook
+// IoConfig::fault_injector).
 inline nvme::IoBackendOptions io_backend_options(const IoConfig& io) {
   nvme::IoBackendOptions o;
   o.kind = backend_kind_of(io.backend);
   o.queue_depth = static_cast<unsigned>(io.queue_depth);
   o.rings = static_cast<unsigned>(io.rings);
   o.sqpoll = io.sqpoll;
+  o.fault_injector = io.fault_injector;
   return o;
 }
 

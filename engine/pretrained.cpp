@@ -18,15 +18,16 @@ std::string shape_string(std::span<const std::int64_t> shape) {
   return s + "]";
 }
 
-core::Result<PretrainedWeights> PretrainedWeights::open(const std::string& path, std::string name_prefix) {
+core::Result<PretrainedWeights> PretrainedWeights::open(const std::string& path, std::string name_prefix,
+                                                        const IoConfig& io) {
   PretrainedWeights w;
-  STRATA_ASSIGN_OR_RETURN(w.files_, find_safetensors(path));
+  STRATA_ASSIGN_OR_RETURN(w.files_, find_safetensors(path, io));
   w.prefix_ = std::move(name_prefix);
   w.where_ = w.files_.describe();
   for (std::size_t f = 0; f < w.files_.files.size(); ++f) {
     const std::string& file = w.files_.files[f];
     // Only the header is read here; finalize reads the data.
-    STRATA_ASSIGN_OR_RETURN(const SafetensorsReader r, SafetensorsReader::open(file));
+    STRATA_ASSIGN_OR_RETURN(const SafetensorsReader r, SafetensorsReader::open(file, io));
     for (const TensorInfo& t : r.tensors()) {
       if (const auto it = w.tensors_.find(t.name); it != w.tensors_.end()) {
         return Status::data_loss(str_cat("tensor '", t.name, "' is in both ", w.files_.files[it->second.file],

@@ -29,8 +29,10 @@ class PretrainedWeights {
   // page cache. Errors: find_safetensors'; a header's (kNotFound,
   // kDataLoss, kUnimplemented for a dtype other than F32, BF16, F16);
   // kDataLoss when the index and the shards' headers disagree or a tensor
-  // is in two files, naming both.
-  static core::Result<PretrainedWeights> open(const std::string& path, std::string name_prefix);
+  // is in two files, naming both; read errors (through `io`'s fault injector,
+  // engine/file_io.h).
+  static core::Result<PretrainedWeights> open(const std::string& path, std::string name_prefix,
+                                              const IoConfig& io = IoConfig{});
 
   // A parameter that takes its values from here: kNotFound naming the
   // parameter, the tensor looked for and the files when there is none;

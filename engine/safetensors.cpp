@@ -73,9 +73,10 @@ std::int64_t TensorInfo::numel() const {
 
 // --- reading -------------------------------------------------------------------
 
-core::Result<SafetensorsReader> SafetensorsReader::open(const std::string& path) {
+core::Result<SafetensorsReader> SafetensorsReader::open(const std::string& path, const IoConfig& io) {
   SafetensorsReader r;
   r.path_ = path;
+  r.io_ = io;
   r.fd_.reset(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!r.fd_.valid()) return Status::from_errno(errno, str_cat("open safetensors file ", path));
   struct stat st {};
@@ -96,7 +97,7 @@ core::Result<SafetensorsReader> SafetensorsReader::open(std::unique_ptr<nvme::Di
 
 core::Status SafetensorsReader::read_at(std::uint64_t offset, std::span<std::byte> out) const {
   if (direct_ != nullptr) return direct_->read(offset, out);
-  return pread_all(fd_.get(), out.data(), out.size(), offset, path_);
+  return pread_all(fd_.get(), out.data(), out.size(), offset, path_, io_);
 }
 
 core::Result<std::uint64_t> safetensors_header_length(std::span<const std::byte> prefix,
@@ -457,7 +458,7 @@ std::string SafetensorsFiles::describe() const {
   return str_cat(index, " (", names, ")");
 }
 
-core::Result<SafetensorsFiles> find_safetensors(const std::string& path) {
+core::Result<SafetensorsFiles> find_safetensors(const std::string& path, const IoConfig& io) {
   SafetensorsFiles out;
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return Status::from_errno(errno, str_cat("safetensors path ", path));
@@ -477,7 +478,7 @@ core::Result<SafetensorsFiles> find_safetensors(const std::string& path) {
         str_cat(dir, ": no model.safetensors.index.json and no model.safetensors (a safetensors model directory "
                      "holds one of them)"));
   }
-  STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes, read_file(index));
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes, read_file(index, io));
   nlohmann::json doc;
   const Status parsed = json_bounds::parse_bounded(
       std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), &doc);
@@ -531,13 +532,13 @@ std::string shard_file_name(std::size_t index, std::size_t count) {
 }
 
 core::Status write_shard_index(const std::string& dir, std::uint64_t total_size,
-                               const std::map<std::string, std::string>& weight_map) {
+                               const std::map<std::string, std::string>& weight_map, const IoConfig& io) {
   nlohmann::ordered_json doc;
   doc["metadata"] = {{"total_size", total_size}};
   doc["weight_map"] = nlohmann::ordered_json::object();
   for (const auto& [name, file] : weight_map) doc["weight_map"][name] = file;
   const std::string text = doc.dump(2) + "\n";
-  return replace_file(dir + "/model.safetensors.index.json", std::as_bytes(std::span<const char>(text)));
+  return replace_file(dir + "/model.safetensors.index.json", std::as_bytes(std::span<const char>(text)), io);
 }
 
 }  // namespace strata::engine

@@ -22,6 +22,7 @@
 
 #include "core/result.h"
 #include "core/unique_fd.h"
+#include "engine/config.h"
 #include "nvme/direct_file.h"
 #include "nvme/io_backend.h"
 
@@ -73,8 +74,9 @@ class SafetensorsReader {
  public:
   // Opens and validates the header. Errors: kNotFound/kPermissionDenied for
   // the file, kDataLoss for a header that is malformed or inconsistent with
-  // the file, kUnimplemented for a dtype strata does not read.
-  static core::Result<SafetensorsReader> open(const std::string& path);
+  // the file, kUnimplemented for a dtype strata does not read; the file's
+  // read errors (engine/file_io.h; `io`'s fault injector sees them).
+  static core::Result<SafetensorsReader> open(const std::string& path, const IoConfig& io = IoConfig{});
   // The same over a file opened with the nvme engine (owned from here on):
   // the header and every tensor are read with direct reads of the aligned
   // blocks around them. Its backend must outlive the reader. Errors as above
@@ -99,6 +101,7 @@ class SafetensorsReader {
   core::Status read_at(std::uint64_t offset, std::span<std::byte> out) const;
 
   std::string path_;
+  IoConfig io_;                                   // for pread: its fault injector
   core::UniqueFd fd_;                             // pread, or
   std::unique_ptr<nvme::DirectFileReader> direct_;  // the nvme engine
   std::vector<TensorInfo> tensors_;
@@ -184,7 +187,7 @@ struct SafetensorsFiles {
 // index. Errors: kNotFound for a path that does not exist or a directory
 // with neither file (naming both); kDataLoss for an index that is not
 // {"weight_map": {tensor: file}} with plain file names, naming it.
-core::Result<SafetensorsFiles> find_safetensors(const std::string& path);
+core::Result<SafetensorsFiles> find_safetensors(const std::string& path, const IoConfig& io = IoConfig{});
 
 // Plans a sharded export: tensors in the given order, a new shard whenever
 // the next tensor would push a shard past `max_shard_bytes` (a tensor larger
@@ -197,6 +200,6 @@ std::string shard_file_name(std::size_t index, std::size_t count);
 // Writes "<dir>/model.safetensors.index.json" atomically: {"metadata":
 // {"total_size": N}, "weight_map": {tensor: file}}.
 core::Status write_shard_index(const std::string& dir, std::uint64_t total_size,
-                               const std::map<std::string, std::string>& weight_map);
+                               const std::map<std::string, std::string>& weight_map, const IoConfig& io = IoConfig{});
 
 }  // namespace strata::engine

@@ -234,18 +234,27 @@ DirectFileReader::~DirectFileReader() {
 
 Status DirectFileReader::read_tail(std::uint64_t tail_offset, std::byte* dest) {
   const std::uint64_t want = size_bytes_ - tail_offset;  // 1 to 4095 bytes
-  for (;;) {
-    // A whole aligned block (O_DIRECT needs it); the kernel stops at the end of the file.
-    const ssize_t r = ::pread(fd_.get(), dest, kAlign, static_cast<off_t>(tail_offset));
-    const int err = r < 0 ? errno : 0;
-    if (r < 0 && err == EINTR) continue;
-    if (r < 0) return Status::io_error(err, "pread", path_, tail_offset, want, r);
-    if (static_cast<std::uint64_t>(r) < want) {
-      return Status::data_loss(str_cat("pread '", path_, "' at offset ", tail_offset, ": wanted ", want,
-                                       " bytes, got ", r, " (the file is shorter than when it was opened)"));
+  // Exactly the bytes left, through the backend like every other read (its
+  // retries; a test's faults). O_DIRECT cannot read a partial block, so a
+  // direct file's tail is read through a page-cache descriptor of its own.
+  core::UniqueFd buffered;
+  FileId file = file_;
+  if (direct_) {
+    buffered.reset(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!buffered.valid()) {
+      const int err = errno;
+      return Status::from_errno(err, str_cat("open '", path_, "' (its last partial block)"));
     }
-    return Status();
+    STRATA_ASSIGN_OR_RETURN(file, backend_.register_file(buffered.get(), path_));
   }
+  Status s;
+  {
+    IoBatch batch({IoRequest{IoOp::kRead, file, tail_offset, std::span<std::byte>(dest, want)}});
+    s = backend_.execute(batch);
+  }
+  if (direct_) backend_.unregister_file(file).ignore_error();  // read-only: nothing to lose
+  if (s.code() == core::StatusCode::kDataLoss) s = std::move(s).annotate("the file is shorter than when it was opened");
+  return s;
 }
 
 Status DirectFileReader::explain_shrink(Status s) const {

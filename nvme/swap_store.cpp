@@ -182,6 +182,16 @@ Result<std::unique_ptr<SwapStore>> SwapStore::build(const SwapStoreOptions& opti
   }
   STRATA_RETURN_IF_ERROR(store->lock_paths());
   if (index_path == nullptr) {
+    // Swap files left by an earlier store (its process killed, or kept with
+    // keep_files): ours now that we hold the lock; open_files truncates them.
+    for (const File& f : store->files_) {
+      struct stat old;
+      if (::stat(f.path.c_str(), &old) == 0 && S_ISREG(old.st_mode)) {
+        STRATA_LOG(kInfo) << "nvme: reclaiming stale swap file '" << f.path << "' ("
+                          << core::format_bytes(static_cast<std::uint64_t>(old.st_size))
+                          << ") left by an earlier run (killed, or kept by strata.io.keep_files)";
+      }
+    }
     // Free space, once per file system: paths on the same one share it.
     std::vector<bool> counted(store->paths_.size(), false);
     for (std::size_t i = 0; i < store->paths_.size(); ++i) {
@@ -231,11 +241,23 @@ Status SwapStore::lock_paths() {
   files_.resize(paths_.size());
   for (std::size_t i = 0; i < paths_.size(); ++i) {
     const std::string lock_path = join_path(paths_[i], kLockFileName);
+    STRATA_ASSIGN_OR_RETURN(files_[i].lock_fd, lock_path_file(paths_[i], lock_path));
+    files_[i].lock_path = lock_path;
+    files_[i].path = join_path(paths_[i], kSwapFileName);
+  }
+  return Status();
+}
+
+// The lock file is removed at close while its flock is held, so a locker that
+// opened it before must check, once it holds the lock, that the path still
+// names the file it locked; if not, it tries again with the new file.
+Result<core::UniqueFd> SwapStore::lock_path_file(const std::string& dir, const std::string& lock_path) {
+  for (int attempt = 0;; ++attempt) {
     core::UniqueFd fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
     if (!fd.valid()) {
       const int err = errno;
       if (err == EACCES || err == EPERM || err == EROFS) {
-        return Status::permission_denied(str_cat("swap path '", paths_[i], "' is not writable (cannot create '",
+        return Status::permission_denied(str_cat("swap path '", dir, "' is not writable (cannot create '",
                                                  lock_path, "': ", Status::from_errno(err, "open").message(), ")"));
       }
       return Status::from_errno(err, str_cat("open lock file '", lock_path, "'"));
@@ -246,20 +268,31 @@ Status SwapStore::lock_paths() {
         char pid[32] = {0};
         const ssize_t n = ::pread(fd.get(), pid, sizeof pid - 1, 0);
         const std::string holder = n > 0 ? str_cat(" (held by pid ", std::string(pid, static_cast<std::size_t>(n)), ")") : "";
-        return Status::already_exists(str_cat("swap path '", paths_[i], "' is in use by another swap store: '",
+        return Status::already_exists(str_cat("swap path '", dir, "' is in use by another swap store: '",
                                               lock_path, "' is locked", holder));
       }
       return Status::from_errno(err, str_cat("flock '", lock_path, "'"));
+    }
+    struct stat locked {}, named {};
+    if (::fstat(fd.get(), &locked) != 0) {
+      const int err = errno;
+      return Status::from_errno(err, str_cat("fstat '", lock_path, "'"));
+    }
+    if (::stat(lock_path.c_str(), &named) != 0 || named.st_ino != locked.st_ino || named.st_dev != locked.st_dev) {
+      // Its holder removed it as we locked it (a clean close): lock the new one.
+      if (attempt >= 100) {
+        return Status::unavailable(str_cat("swap path '", dir, "': '", lock_path,
+                                           "' was replaced 100 times while being locked"));
+      }
+      continue;
     }
     const std::string me = std::to_string(::getpid());
     if (::ftruncate(fd.get(), 0) == 0) {
       Status s = write_all(fd.get(), lock_path, me);
       s.ignore_error();  // the pid is a courtesy for the next process's message
     }
-    files_[i].lock_fd = std::move(fd);
-    files_[i].path = join_path(paths_[i], kSwapFileName);
+    return fd;
   }
-  return Status();
 }
 
 Status SwapStore::open_files(bool reopen, const std::vector<std::uint64_t>& sizes) {
@@ -795,7 +828,14 @@ Status SwapStore::close() {
         if (err != ENOENT) keep_first(Status::from_errno(err, str_cat("remove swap file '", f.path, "'")));
       }
     }
-    f.lock_fd.reset();  // releases the flock; the lock file stays (removing it would race a new locker)
+    // Removed while still locked (a locker that opened it meanwhile sees the
+    // path gone once it holds the lock and tries again: lock_path_file), then
+    // the flock goes with the descriptor.
+    if (f.lock_fd.valid() && ::unlink(f.lock_path.c_str()) != 0) {
+      const int err = errno;
+      if (err != ENOENT) keep_first(Status::from_errno(err, str_cat("remove lock file '", f.lock_path, "'")));
+    }
+    f.lock_fd.reset();
   }
   return first;
 }

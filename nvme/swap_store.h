@@ -102,7 +102,10 @@ class SwapStore {
   // (kInvalidArgument), an unwritable one (kPermissionDenied), one locked by
   // another store or process (kAlreadyExists), too little free space
   // (kResourceExhausted, with bytes needed and free). Then preallocates
-  // (fallocate) capacity_bytes / paths.size() per path.
+  // (fallocate) capacity_bytes / paths.size() per path. A swap file left in a
+  // path by a store that never closed (its process was killed) or kept
+  // (keep_files) is reclaimed: its space counts as free, and an info line
+  // names it and its size.
   static core::Result<std::unique_ptr<SwapStore>> create(const SwapStoreOptions& options);
 
   // Reopens swap files kept by an earlier store from its saved index
@@ -156,7 +159,8 @@ class SwapStore {
 
   // Waits for nothing: fails with kFailedPrecondition while I/O is in flight.
   // Stops the backend, closes the files (reporting close errors), removes them
-  // unless keep_files, and releases the path locks. Idempotent.
+  // unless keep_files, and removes the lock files (also with keep_files),
+  // releasing the path locks. Idempotent.
   core::Status close() STRATA_EXCLUDES(mu_);
 
   const std::vector<std::string>& paths() const { return paths_; }
@@ -192,6 +196,7 @@ class SwapStore {
     std::string path;         // the swap file
     core::UniqueFd fd;
     core::UniqueFd lock_fd;   // holds the flock on the directory's lock file
+    std::string lock_path;    // that file (removed at close)
     FileId id;
     bool registered = false;
     bool created = false;     // we made this file (remove it on failure/close)
@@ -203,6 +208,7 @@ class SwapStore {
   static core::Result<std::unique_ptr<SwapStore>> build(const SwapStoreOptions& options,
                                                         const std::string* index_path);
   core::Status lock_paths();
+  static core::Result<core::UniqueFd> lock_path_file(const std::string& dir, const std::string& lock_path);
   core::Status open_files(bool reopen, const std::vector<std::uint64_t>& sizes);
   core::Status load_index(const std::string& index_path, std::vector<std::uint64_t>* sizes) STRATA_EXCLUDES(mu_);
   core::Status reserve_indexed_extents(const std::string& index_path) STRATA_EXCLUDES(mu_);

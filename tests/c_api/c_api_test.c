@@ -448,12 +448,9 @@ static void engine_checks(void) {
   char cmd[1200];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", ckpt);
-  /* The swap files go with the engine; the directory's lock file stays. */
-  char lock[1100];
-  snprintf(lock, sizeof lock, "%s/strata-swap.lock", dir);
-  unlink(lock);
+  /* The swap files and the directory's lock file go with the engine. */
   if (rmdir(dir) != 0) {
-    fprintf(stderr, "%s: swap files left after the engine was destroyed\n", dir);
+    fprintf(stderr, "%s: swap or lock files left after the engine was destroyed\n", dir);
     ++failures;
   }
 

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -212,6 +213,27 @@ TEST_P(DirectFileTest, FailedReadIsAnErrorNamingTheFileAndTheReaderStaysUsable) 
   auto again = (*r)->crc64();
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, crc64(0, data));
+}
+
+// The file's partial last block goes through the backend like the rest (so
+// its retries and a test's faults reach it).
+TEST_P(DirectFileTest, PartialLastBlockIsReadThroughTheBackend) {
+  const std::string path = dir_.path() + "/tail";
+  const auto data = random_bytes(300000, 6);  // 73 blocks and 976 bytes
+  ASSERT_TRUE(write_file(path, data, small_ring()).ok());
+  auto r = DirectFileReader::open(*backend_, path, small_ring());
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::byte> out(500);
+  const std::size_t eio = faults_.add({.kind = FaultKind::kEio, .ops = FaultOps::kReads});
+  const Status s = (*r)->read(299500, out);
+  EXPECT_EQ(s.code(), StatusCode::kIoError) << s;
+  EXPECT_NE(s.message().find(path), std::string_view::npos) << s;
+  EXPECT_EQ(faults_.hits(eio), 1u);
+  faults_.clear();
+  faults_.add({.kind = FaultKind::kEintr, .ops = FaultOps::kReads, .times = 3});
+  ASSERT_TRUE((*r)->read(299500, out).ok());
+  EXPECT_EQ(std::memcmp(out.data(), data.data() + 299500, out.size()), 0);
+  EXPECT_EQ(faults_.total_hits(), 3u);
 }
 
 TEST_P(DirectFileTest, FileThatShrankAfterOpenIsDataLoss) {

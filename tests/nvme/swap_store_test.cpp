@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/logging.h"
 #include "core/memory_budget.h"
 #include "tests/nvme/test_util.h"
 
@@ -362,6 +363,93 @@ TEST(SwapStoreCreate, FilesAreRemovedAtCloseUnlessKept) {
     ASSERT_TRUE(s.ok());
   }
   EXPECT_TRUE(std::filesystem::exists(file));
+}
+
+TEST(SwapStoreCreate, CloseRemovesTheLockFileKeptOrNot) {
+  TempDir dir;
+  const std::string lock = dir.path() + "/" + std::string(SwapStore::kLockFileName);
+  for (const bool keep : {false, true}) {
+    auto o = psync_options({dir.path()});
+    o.keep_files = keep;
+    auto s = SwapStore::create(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_TRUE(std::filesystem::exists(lock));
+    ASSERT_TRUE((*s)->close().ok());
+    EXPECT_FALSE(std::filesystem::exists(lock)) << "keep_files " << keep;
+  }
+  // A store whose creation failed after locking removes its lock file too.
+  auto full = SwapStore::create(psync_options({dir.path()}, 1ull << 62));
+  EXPECT_EQ(full.status().code(), StatusCode::kResourceExhausted) << full.status();
+  EXPECT_FALSE(std::filesystem::exists(lock));
+}
+
+// A process that opened the lock file before its holder removed it (at close)
+// must not lock the removed inode: it locks the file the path names now.
+TEST(SwapStoreCreate, LockFileRemovedUnderAWaitingLockerIsNotShared) {
+  TempDir dir;
+  const std::string lock = dir.path() + "/" + std::string(SwapStore::kLockFileName);
+  auto first = SwapStore::create(psync_options({dir.path()}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  const int stale = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);  // a locker that opened it already
+  ASSERT_GE(stale, 0);
+  ASSERT_TRUE((*first)->close().ok());
+  auto second = SwapStore::create(psync_options({dir.path()}));
+  ASSERT_TRUE(second.ok()) << second.status();
+  struct stat old_inode {}, now {};
+  ASSERT_EQ(::fstat(stale, &old_inode), 0);
+  ASSERT_EQ(::stat(lock.c_str(), &now), 0);
+  EXPECT_NE(old_inode.st_ino, now.st_ino) << "the second store locked the removed lock file";
+  // The path is locked: a third store is refused.
+  EXPECT_EQ(SwapStore::create(psync_options({dir.path()})).status().code(), StatusCode::kAlreadyExists);
+  ::close(stale);
+}
+
+// A run killed while its store was open (no close: the child _exits) leaves
+// its swap file; the next store in that path reclaims it with an info line
+// naming it and its size.
+TEST(SwapStoreCreate, StaleSwapFileOfAKilledRunIsReclaimedWithAnInfoLine) {
+  TempDir dir;
+  const std::string file = dir.path() + "/" + std::string(SwapStore::kSwapFileName);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    auto s = SwapStore::create(psync_options({dir.path()}, 3 << 20));
+    if (!s.ok()) ::_exit(2);
+    std::move(s).value().release();  // never closed, as under kill -9
+    ::_exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_TRUE(std::filesystem::exists(file));
+  std::vector<std::string> infos;
+  core::set_log_sink([&](core::LogLevel level, std::string_view m) {
+    if (level == core::LogLevel::kInfo) infos.emplace_back(m);
+  });
+  const core::LogLevel was = core::log_level();
+  core::set_log_level(core::LogLevel::kInfo);
+  auto s = SwapStore::create(psync_options({dir.path()}));
+  core::set_log_level(was);
+  core::set_log_sink({});
+  ASSERT_TRUE(s.ok()) << s.status();
+  bool named = false;
+  for (const std::string& m : infos) {
+    if (m.find(file) != std::string::npos && m.find("3.00 MiB") != std::string::npos) named = true;
+  }
+  EXPECT_TRUE(named) << "no info line names " << file << " and its 3.00 MiB (" << infos.size() << " info lines)";
+  ASSERT_TRUE((*s)->close().ok());
+  EXPECT_FALSE(std::filesystem::exists(file));
+  // A clean close leaves nothing to reclaim.
+  infos.clear();
+  core::set_log_sink([&](core::LogLevel level, std::string_view m) {
+    if (level == core::LogLevel::kInfo) infos.emplace_back(m);
+  });
+  core::set_log_level(core::LogLevel::kInfo);
+  auto again = SwapStore::create(psync_options({dir.path()}));
+  core::set_log_level(was);
+  core::set_log_sink({});
+  ASSERT_TRUE(again.ok()) << again.status();
+  for (const std::string& m : infos) EXPECT_EQ(m.find("stale"), std::string::npos) << m;
 }
 
 TEST(SwapStoreIndex, CorruptOrForeignIndexIsRefused) {
