@@ -95,6 +95,7 @@ tsan_slow=(
   Placement.EvaluationPassesBetweenStepsChangeNothing
   Placement.FineTunesFromASafetensorsFile
   Checkpoint.ResumesBitIdenticallyUnderAnotherPlacement
+  Checkpoint.CrashInsideSaveLeavesThePreviousOneLoadable
 )
 tsan_filter="-$(IFS=:; echo "${tsan_slow[*]}")"
 tsan_targets=(tests/nvme/nvme_lock_probe)
