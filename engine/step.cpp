@@ -259,10 +259,13 @@ core::Result<StepStats> Engine::step_end() {
 }
 
 core::Status Engine::commit_pending(const char* op) {
+  if (!homes_->has_pending()) return Status();
+  // Copies on the device since a release or a prefetch hold the old ones. They
+  // go first: a prefetch still in flight reads the pinned homes that
+  // commit_pending swaps.
+  drop_device_copies(DropCopies::kUpdated);
   core::Result<bool> committed = homes_->commit_pending(step_lane());
   if (!committed.ok()) return std::move(committed).status().annotate(op);
-  // Copies on the device since a release or a prefetch hold the old ones.
-  if (*committed) drop_device_copies(DropCopies::kUpdated);
   return Status();
 }
 

@@ -7,6 +7,9 @@ set -euo pipefail
 packages=(
   g++ meson ninja-build pkg-config python3
   clang  # the test command's thread-safety analysis (scripts/thread_safety_check.py)
+  # libFuzzer and clang's sanitizer runtimes for fuzz/ (only recommended by clang, so
+  # --no-install-recommends would leave them out).
+  libclang-rt-14-dev
   liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev libdlpack-dev
   libcli11-dev  # the command lines of strata and strata-train

@@ -2,7 +2,8 @@
 # The test command: installs what is missing, builds strata twice (normal with
 # CUDA compiled when nvcc exists; AddressSanitizer + UndefinedBehaviorSanitizer
 # without CUDA), runs every test except the `slow` suite in both, runs clang's
-# thread-safety analysis, prints the time of each stage and ends with one line:
+# thread-safety analysis, a ThreadSanitizer build of the threaded tests and the
+# libFuzzer targets, prints the time of each stage and ends with one line:
 # "N passed, N failed, N skipped".
 # The thread-safety stage (scripts/thread_safety_check.py) configures build-tsa/
 # with clang++ but builds nothing: it runs `clang++ -fsyntax-only -Wthread-safety
@@ -10,7 +11,16 @@
 # nvme/, cpu_adam/, engine/, bindings/c/ and their unit tests that include
 # core/mutex.h or core/thread_annotations.h (CUDA sources are not in it), minus
 # the script's EXCLUDED list. It counts as one test case (skipped without clang++).
-# Usage: scripts/test.sh        (from anywhere; builds under build/, build-asan/, build-tsa/)
+# The tsan stages configure build-tsan/ (GCC, -Db_sanitize=thread, no CUDA), build
+# only the tests listed in tsan_tests below (engine e2e, gpu host device, nvme, the
+# engine's threaded units) and run them with halt_on_error and scripts/tsan.supp;
+# their gtest cases count like the others (tests/README.md).
+# The fuzz stages configure build-fuzz/ (clang, -Dfuzz=enabled, ASan + UBSan,
+# libFuzzer coverage), build every fuzz/*_fuzzer.cpp and run each for fuzz_seconds
+# on its seed corpus (fuzz/run_fuzzers.py); each target counts as one test
+# (skipped without clang++). Longer runs: fuzz/README.md.
+# Usage: scripts/test.sh        (from anywhere; builds under build/, build-asan/,
+#                                build-tsa/, build-tsan/, build-fuzz/)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -60,6 +70,63 @@ rm -f build-asan/meson-logs/testlog.json
 run_stage "test (asan+ubsan)" meson test -C build-asan --no-suite slow --print-errorlogs \
   --num-processes "$jobs" --timeout-multiplier 3
 
+# ThreadSanitizer (GCC, no CUDA): only the threaded tests, listed in tsan_tests
+# as "folder/test name" (the executable is tests/<folder>/<name>_test).
+tsan_tests=(
+  e2e/e2e_threads e2e/e2e_placement e2e/e2e_checkpoint
+  gpu/gpu_device_conformance gpu/gpu_host_timing
+  nvme/nvme_io_backend nvme/nvme_swap_store nvme/nvme_fault_injection nvme/nvme_direct_file
+  engine/engine_gradient_path engine/engine_optimizer_runner engine/engine_disk_pipeline
+  engine/engine_serial_queue engine/engine_cpu_turns engine/engine_buffer_cache
+  engine/engine_state_store engine/engine_fetch
+)
+# The engine's longest end-to-end cases run 10 to 50 times slower under TSan;
+# they are left out (tests/README.md says which and why): every schedule,
+# placement and precision is still driven by the cases that stay.
+tsan_slow=(
+  Placement.EveryPlacementGivesTheSameBitsAndItsOwnTraffic
+  Placement.GradientAccumulationIsBitIdenticalAcrossPlacements
+  Placement.FrozenBaseTrainsOnlyTheTrainablePart
+  Placement.Bf16NonFiniteGradientsSkipTheStepAndCount
+  Placement.Fp16OverflowSkipsAndHalvesTheScaleAsDeepSpeedDoes
+  Placement.OverlappedScheduleGivesTheSequentialBits
+  Placement.CertainStepsUpdateDuringTheBackwardWithTheSequentialBits
+  Placement.DelayedUpdateComputesWithTheWeightsFromBeforeTheLastStep
+  Placement.EvaluationPassesBetweenStepsChangeNothing
+  Placement.FineTunesFromASafetensorsFile
+  Checkpoint.ResumesBitIdenticallyUnderAnotherPlacement
+  Checkpoint.CrashInsideSaveLeavesThePreviousOneLoadable
+)
+tsan_filter="-$(IFS=:; echo "${tsan_slow[*]}")"
+tsan_targets=(tests/nvme/nvme_lock_probe)
+tsan_names=()
+for t in "${tsan_tests[@]}"; do
+  tsan_targets+=("tests/${t%%/*}/${t#*/}_test")
+  tsan_names+=("${t#*/}")
+done
+run_stage "configure (tsan)" meson_setup build-tsan -Dcuda=disabled -Dbenchmarks=disabled \
+  -Db_sanitize=thread -Db_lundef=false
+run_stage "build (tsan)" ninja -C build-tsan -j"$jobs" "${tsan_targets[@]}"
+rm -f build-tsan/meson-logs/testlog.json
+run_stage "test (tsan)" env TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$root/scripts/tsan.supp" \
+  meson test -C build-tsan --no-rebuild --print-errorlogs --num-processes "$jobs" \
+  --timeout-multiplier 3 --test-args="--gtest_filter=$tsan_filter" "${tsan_names[@]}"
+
+# libFuzzer (clang, ASan + UBSan): each target of fuzz/ for fuzz_seconds on its seed corpus.
+fuzz_seconds=25
+fuzz_configure() {
+  CC=clang CXX=clang++ meson_setup build-fuzz -Dfuzz=enabled -Dcuda=disabled -Dtests=disabled \
+    -Dbenchmarks=disabled -Dopenblas=disabled -Db_sanitize=address,undefined -Db_lundef=false \
+    -Dcpp_args=-fsanitize=fuzzer-no-link
+}
+if command -v clang++ >/dev/null; then
+  run_stage "configure (fuzz)" fuzz_configure
+  run_stage "build (fuzz)" ninja -C build-fuzz -j"$jobs" \
+    $(for f in fuzz/*_fuzzer.cpp; do n=${f#fuzz/}; echo "fuzz/${n%.cpp}"; done)
+fi
+run_stage "fuzz (libFuzzer)" /usr/bin/python3 fuzz/run_fuzzers.py --build-dir build-fuzz \
+  --seconds "$fuzz_seconds" --log build-fuzz/fuzz-log.json
+
 echo
 echo "stage times:"
 for i in "${!stage_names[@]}"; do
@@ -68,11 +135,15 @@ done
 printf '  %-26s %5d s\n' "total" "$SECONDS"
 [[ -n "$failed_stage" ]] && echo "first failing stage: $failed_stage"
 
-# Counts every gtest case (and every non-gtest test) of both builds, and the
-# thread-safety check as one; a build or check that left no log counts as one failure.
+# Counts every gtest case (and every non-gtest test) of the normal, asan+ubsan
+# and tsan builds, the thread-safety check as one and each fuzz target as one; a
+# build or check that left no log counts as one failure.
 extra_failed=0
 [[ -f build/meson-logs/testlog.json ]] || extra_failed=$((extra_failed + 1))
 [[ -f build-asan/meson-logs/testlog.json ]] || extra_failed=$((extra_failed + 1))
 [[ -f build-tsa/thread-safety-log.json ]] || extra_failed=$((extra_failed + 1))
+[[ -f build-tsan/meson-logs/testlog.json ]] || extra_failed=$((extra_failed + 1))
+[[ -f build-fuzz/fuzz-log.json ]] || extra_failed=$((extra_failed + 1))
 /usr/bin/python3 scripts/test_summary.py --extra-failed "$extra_failed" \
-  build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-tsa/thread-safety-log.json
+  build/meson-logs/testlog.json build-asan/meson-logs/testlog.json build-tsa/thread-safety-log.json \
+  build-tsan/meson-logs/testlog.json build-fuzz/fuzz-log.json

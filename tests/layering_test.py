@@ -44,6 +44,8 @@ MODULES = {
     "tests/examples/": ["examples/", "core/"],
     "benchmarks/": ["core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
                     "benchmarks/"],
+    # The fuzz targets: the parsers they feed, in the libraries they link.
+    "fuzz/": ["core/", "engine/config.h", "engine/safetensors.h", "nvme/"],
 }
 
 # Vendor header -> file patterns allowed to include it (the firewall).

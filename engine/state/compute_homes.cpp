@@ -87,6 +87,13 @@ void ComputeHomes::hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::ui
   home.pending_bytes = bytes;
 }
 
+bool ComputeHomes::has_pending() const {
+  for (const Group& home : groups_) {
+    if (!home.pending.empty()) return true;
+  }
+  return false;
+}
+
 core::Result<bool> ComputeHomes::commit_pending(const CopyLane& lane) {
   bool committed = false;
   for (std::size_t g = 0; g < groups_.size(); ++g) {

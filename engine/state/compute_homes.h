@@ -51,6 +51,8 @@ class ComputeHomes {
   // overlap "delayed": group g's new compute copies (the first `bytes` of
   // `buffer`), home at commit_pending.
   void hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::uint64_t bytes);
+  // True when some group holds a pending copy.
+  bool has_pending() const;
   // Sends every pending copy home (a pinned home of the same size is
   // swapped with it); true when there was one. Errors name the group.
   core::Result<bool> commit_pending(const CopyLane& lane);

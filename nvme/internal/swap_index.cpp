@@ -6,6 +6,7 @@
 #include <cstring>
 #include <span>
 
+#include "core/aligned_buffer.h"
 #include "core/str.h"
 #include "nvme/crc64.h"
 
@@ -21,6 +22,7 @@ std::string hex(std::uint64_t v) {
   return buf;
 }
 
+constexpr std::uint64_t kAlign = core::kDirectIoAlignment;
 constexpr char kMagic[8] = {'S', 'T', 'R', 'A', 'T', 'A', 'S', 'W'};
 
 class Writer {
@@ -143,6 +145,10 @@ core::Result<SwapIndex> decode_index(std::string_view bytes, std::string_view na
   SwapIndex index;
   std::uint32_t path_count = 0;
   if (!b.u32(&flags) || !b.u64(&index.stripe_bytes) || !b.u32(&path_count)) return b.truncated();
+  if (index.stripe_bytes == 0 || index.stripe_bytes % kAlign != 0) {
+    return Status::data_loss(str_cat("swap index '", name, "': stripe size ", index.stripe_bytes,
+                                     " is not a positive multiple of ", kAlign));
+  }
   for (std::uint32_t i = 0; i < path_count; ++i) {
     std::string p;
     std::uint64_t size = 0;
@@ -152,6 +158,11 @@ core::Result<SwapIndex> decode_index(std::string_view bytes, std::string_view na
   }
   std::uint64_t block_count = 0;
   if (!b.u64(&block_count)) return b.truncated();
+  // A block's extents hold exactly its bytes (reads and writes fill the caller's buffer from them).
+  auto extents_mismatch = [&](const IndexBlock& blk, const std::string& how) {
+    return Status::data_loss(str_cat("swap index '", name, "': the extents of block '", blk.id, "' hold ",
+                                     how, " its ", blk.size, " bytes"));
+  };
   for (std::uint64_t i = 0; i < block_count; ++i) {
     IndexBlock blk;
     std::uint8_t written = 0, crc_valid = 0;
@@ -161,6 +172,7 @@ core::Result<SwapIndex> decode_index(std::string_view bytes, std::string_view na
     }
     blk.written = written != 0;
     blk.crc_valid = crc_valid != 0;
+    std::uint64_t extent_bytes = 0;
     for (std::uint32_t k = 0; k < extent_count; ++k) {
       IndexExtent e;
       if (!b.u32(&e.path) || !b.u64(&e.file_offset) || !b.u64(&e.length) || !b.u64(&e.crc)) return b.truncated();
@@ -168,7 +180,20 @@ core::Result<SwapIndex> decode_index(std::string_view bytes, std::string_view na
         return Status::data_loss(str_cat("swap index '", name, "': block '", blk.id, "' names path ", e.path,
                                          " of ", path_count));
       }
+      // Where a store puts extents: aligned, non-empty, inside their file.
+      const std::uint64_t file_bytes = index.file_bytes[e.path];
+      if (e.length == 0 || e.file_offset % kAlign != 0 || e.file_offset > file_bytes ||
+          e.length > file_bytes - e.file_offset) {
+        return Status::data_loss(str_cat("swap index '", name, "': block '", blk.id, "' extent of ", e.length,
+                                         " bytes at offset ", e.file_offset,
+                                         " does not fit in its swap file of ", file_bytes, " bytes"));
+      }
+      if (e.length > blk.size - extent_bytes) return extents_mismatch(blk, "more than");
+      extent_bytes += e.length;
       blk.extents.push_back(e);
+    }
+    if (blk.size == 0 || extent_bytes != blk.size) {
+      return extents_mismatch(blk, str_cat(extent_bytes, " bytes, not"));
     }
     index.blocks.push_back(std::move(blk));
   }

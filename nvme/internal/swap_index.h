@@ -42,7 +42,10 @@ struct SwapIndex {
 
 std::string encode_index(const SwapIndex& index);
 // Errors: kInvalidArgument when `bytes` is not a swap index; kFailedPrecondition
-// for another version (both named); kDataLoss for a truncated or corrupt one.
+// for another version (both named); kDataLoss for a truncated or corrupt one, and
+// for one no store writes: a stripe that is not a positive multiple of 4096, an
+// extent that is empty, unaligned or past its file's end, or a block whose extents
+// do not hold exactly its size.
 // `name` (the file) is used in messages.
 core::Result<SwapIndex> decode_index(std::string_view bytes, std::string_view name);
 

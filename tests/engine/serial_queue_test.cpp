@@ -157,7 +157,12 @@ TEST(SerialQueue, ErrorIsReportedByDrainsFromOtherThreads) {
 TEST(SerialQueue, JobMayPostAnotherJobThatRunsAfterIt) {
   SerialQueue q;
   std::vector<int> ran;  // worker only
+  // The first job waits until the second is posted, so that its follow-up
+  // queues behind the second whatever the threads' timing.
+  std::promise<void> second_posted;
+  std::future<void> go = second_posted.get_future();
   q.post([&] {
+    go.wait();
     ran.push_back(1);
     q.post([&] {
       ran.push_back(3);
@@ -169,6 +174,7 @@ TEST(SerialQueue, JobMayPostAnotherJobThatRunsAfterIt) {
     ran.push_back(2);
     return Status();
   });
+  second_posted.set_value();
   // The follow-up was posted while drain() was waiting, by a job it waits
   // for: drain() covers it (the engine relies on this between its queues).
   ASSERT_TRUE(q.drain().ok());

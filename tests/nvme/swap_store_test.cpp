@@ -14,12 +14,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "core/logging.h"
 #include "core/memory_budget.h"
+#include "nvme/internal/swap_index.h"
 #include "tests/nvme/test_util.h"
 
 extern char** environ;
@@ -498,6 +502,78 @@ TEST(SwapStoreIndex, CorruptOrForeignIndexIsRefused) {
   // The good one opens.
   auto ok = SwapStore::open(psync_options({}), index);
   EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// Saves the index of a kept store holding block "x" (10 bytes) and "y" (3 stripes of 8 KiB),
+// changes it with `edit` (re-encoded with a right checksum, as a bug or a tool could write it),
+// and reopens the store from it.
+Status reopen_edited_index(const std::function<void(internal::SwapIndex&)>& edit) {
+  TempDir dir;
+  const std::string index = dir.path() + "/i";
+  {
+    auto o = psync_options({dir.sub("d")});
+    o.keep_files = true;
+    o.stripe_bytes = 8192;
+    auto s = SwapStore::create(o);
+    if (!s.ok()) return s.status();
+    if (Status st = (*s)->allocate("x", 10); !st.ok()) return st;
+    if (Status st = (*s)->allocate("y", 3 * 8192); !st.ok()) return st;
+    if (Status st = (*s)->save_index(index); !st.ok()) return st;
+  }
+  std::string bytes;
+  {
+    std::ifstream in(index, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto decoded = internal::decode_index(bytes, index);
+  if (!decoded.ok()) return decoded.status();
+  edit(*decoded);
+  {
+    std::ofstream out(index, std::ios::binary | std::ios::trunc);
+    out << internal::encode_index(*decoded);
+  }
+  auto reopened = SwapStore::open(psync_options({}), index);
+  return reopened.ok() ? Status() : reopened.status();
+}
+
+TEST(SwapStoreIndex, UneditedIndexReopens) {
+  Status s = reopen_edited_index([](internal::SwapIndex&) {});
+  EXPECT_TRUE(s.ok()) << s;
+}
+
+TEST(SwapStoreIndex, ZeroOrUnalignedStripeIsDataLoss) {
+  // A stripe of 0 divided by zero in the next allocate.
+  for (std::uint64_t stripe : {std::uint64_t{0}, std::uint64_t{5000}}) {
+    Status s = reopen_edited_index([&](internal::SwapIndex& i) { i.stripe_bytes = stripe; });
+    EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("stripe size " + std::to_string(stripe)), std::string_view::npos) << s;
+  }
+}
+
+TEST(SwapStoreIndex, ExtentsThatDoNotHoldTheBlockAreDataLoss) {
+  auto block = [](internal::SwapIndex& i, const std::string& id) -> internal::IndexBlock& {
+    for (auto& b : i.blocks) {
+      if (b.id == id) return b;
+    }
+    ADD_FAILURE() << "no block " << id;
+    return i.blocks.front();
+  };
+  // An extent longer than its block made a read write past the caller's buffer.
+  Status s = reopen_edited_index([&](internal::SwapIndex& i) { block(i, "x").extents[0].length = 11264; });
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("block 'x'"), std::string_view::npos) << s;
+  s = reopen_edited_index([&](internal::SwapIndex& i) { block(i, "y").extents.back().length -= 8192; });
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("hold 16384 bytes, not its 24576 bytes"), std::string_view::npos) << s;
+  s = reopen_edited_index([&](internal::SwapIndex& i) { block(i, "y").size = 3 * 8192 + 1; });
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  // Past the end of its swap file, or not aligned.
+  s = reopen_edited_index(
+      [&](internal::SwapIndex& i) { block(i, "x").extents[0].file_offset = i.file_bytes[0]; });
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("does not fit in its swap file"), std::string_view::npos) << s;
+  s = reopen_edited_index([&](internal::SwapIndex& i) { block(i, "x").extents[0].file_offset += 512; });
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s;
 }
 
 }  // namespace
