@@ -45,7 +45,7 @@ MODULES = {
     "benchmarks/": ["core/", "cpu_adam/", "nvme/", "gpu/", "engine/", "strata/",
                     "benchmarks/"],
     # The fuzz targets: the parsers they feed, in the libraries they link.
-    "fuzz/": ["core/", "engine/config.h", "engine/safetensors.h", "nvme/"],
+    "fuzz/": ["core/", "engine/config.h", "engine/safetensors.h", "engine/checkpoint_manifest.h", "nvme/"],
 }
 
 # Vendor header -> file patterns allowed to include it (the firewall).
