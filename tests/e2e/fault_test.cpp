@@ -433,9 +433,13 @@ INSTANTIATE_TEST_SUITE_P(Faults, SaveFault,
                                             ::testing::Values(CkptFile::kState, CkptFile::kFramework,
                                                               CkptFile::kManifest, CkptFile::kLatest)),
                          ckpt_name);
-// A flipped bit in the manifest or `latest` is the manifest checksum's to
-// catch (checkpoint integrity); in the state file the CRC64 catches it.
-INSTANTIATE_TEST_SUITE_P(StateFile, SaveFault, ::testing::Values(CkptParam{Fault::kFlipBit, CkptFile::kState}),
+// A flipped bit in any file: each carries a CRC64 (manifest.json and latest
+// their own), so the load is DATA_LOSS naming it.
+INSTANTIATE_TEST_SUITE_P(Flip, SaveFault,
+                         ::testing::Values(CkptParam{Fault::kFlipBit, CkptFile::kState},
+                                           CkptParam{Fault::kFlipBit, CkptFile::kFramework},
+                                           CkptParam{Fault::kFlipBit, CkptFile::kManifest},
+                                           CkptParam{Fault::kFlipBit, CkptFile::kLatest}),
                          ckpt_name);
 
 class LoadFault : public CheckpointFault {};
@@ -481,7 +485,10 @@ INSTANTIATE_TEST_SUITE_P(Faults, LoadFault,
                                             ::testing::Values(CkptFile::kLatest, CkptFile::kManifest,
                                                               CkptFile::kState)),
                          ckpt_name);
-INSTANTIATE_TEST_SUITE_P(StateFile, LoadFault, ::testing::Values(CkptParam{Fault::kFlipBit, CkptFile::kState}),
+INSTANTIATE_TEST_SUITE_P(Flip, LoadFault,
+                         ::testing::Values(CkptParam{Fault::kFlipBit, CkptFile::kLatest},
+                                           CkptParam{Fault::kFlipBit, CkptFile::kManifest},
+                                           CkptParam{Fault::kFlipBit, CkptFile::kState}),
                          ckpt_name);
 
 // --- safetensors import -------------------------------------------------------
