@@ -1,6 +1,7 @@
 // MemoryBudget: lock-free charge and release.
 #include "core/memory_budget.h"
 
+#include <cstdint>
 #include <utility>
 
 #include "core/check.h"
@@ -40,10 +41,16 @@ Result<BudgetCharge> MemoryBudget::charge(std::uint64_t bytes, std::string_view 
   for (;;) {
     if (bytes > limit_bytes_ || used > limit_bytes_ - bytes) {
       std::string key = config_key_.empty() ? std::string() : str_cat(" (", config_key_, ")");
+      // What would get past this charge (later ones may need more): in use plus this one.
+      const std::uint64_t past = used > UINT64_MAX - bytes ? UINT64_MAX : used + bytes;
+      std::string hint = config_key_.empty()
+                             ? std::string()
+                             : str_cat("; ", config_key_, " >= ", past, " (", format_bytes(past),
+                                       ") gets past this allocation, later ones may need more");
       return Status::resource_exhausted(str_cat(
           "budget '", name_, "'", key, " exceeded: ", what, " needs ", format_bytes(bytes),
           " but ", format_bytes(used >= limit_bytes_ ? 0 : limit_bytes_ - used), " of ",
-          format_bytes(limit_bytes_), " is free (", format_bytes(used), " in use)"));
+          format_bytes(limit_bytes_), " is free (", format_bytes(used), " in use)", hint));
     }
     if (used_.compare_exchange_weak(used, used + bytes, std::memory_order_acq_rel)) break;
   }

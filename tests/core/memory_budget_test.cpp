@@ -34,7 +34,15 @@ TEST(MemoryBudget, RefusesBeyondTheLimitNamingBudgetKeyAndSizes) {
   EXPECT_NE(msg.find("strata.budgets.pinned"), std::string::npos) << msg;
   EXPECT_NE(msg.find("nvme staging buffer needs 100 B"), std::string::npos) << msg;
   EXPECT_NE(msg.find("1000 B in use"), std::string::npos) << msg;
+  // What would get past this charge: in use plus the request, under its key.
+  EXPECT_NE(msg.find("strata.budgets.pinned >= 1100 "), std::string::npos) << msg;
   EXPECT_EQ(budget.used_bytes(), 1000u);  // the failed charge took nothing
+  {
+    MemoryBudget bigger("pinned host memory", 1100, "strata.budgets.pinned");
+    Result<BudgetCharge> first = bigger.charge(1000, "gradients");
+    ASSERT_TRUE(first.ok());
+    EXPECT_TRUE(bigger.charge(100, "nvme staging buffer").ok()) << "the stated budget gets past it";
+  }
   EXPECT_TRUE(budget.charge(24, "exact fit").ok());
 }
 
