@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -35,6 +36,22 @@ void print_usage(std::FILE* to);
 int fail(std::string_view command, const core::Status& status) {
   std::cerr << "strata " << command << ": " << status.message() << "\n";
   return kExitBadInput;
+}
+
+// Parses a command's flags into `app`. Returns the exit status when the
+// command ends here (--help printed: 0; bad flags, named: 2), else nothing.
+std::optional<int> parse_flags(CLI::App& app, std::string_view command, const std::vector<std::string_view>& args) {
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+  try {
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::fputs(app.help().c_str(), stdout);
+    return kExitOk;
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "strata " << command << ": " << e.what() << " (see strata " << command << " --help)\n";
+    return kExitBadInput;
+  }
+  return std::nullopt;
 }
 
 int run_plan(const std::vector<std::string_view>& args) {
@@ -83,16 +100,7 @@ int run_config(const std::vector<std::string_view>& args) {
       ->type_name("N")
       ->check(CLI::Range(std::int64_t{1}, std::int64_t{1} << 62));
   app.add_flag("--strict", options.strict, "unknown keys are errors (as strata.strict: true)");
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "strata config: " << e.what() << " (see strata config --help)\n";
-    return kExitBadInput;
-  }
+  if (const std::optional<int> done = parse_flags(app, "config", args)) return *done;
   // The warnings are printed below from Config::warnings, once.
   core::set_log_level(core::LogLevel::kError);
   core::Result<engine::Config> config = engine::load_config_file(path, options);
@@ -123,16 +131,7 @@ int run_inspect(const std::vector<std::string_view>& args) {
   app.add_option("CKPT", dir, "a checkpoint root (its latest is followed) or a step-<N> folder")->required();
   app.add_flag("--verify", verify, "check every file's CRC64 (reads the whole state file)");
   app.add_flag("--json", json, "print JSON instead of a table");
-  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
-  try {
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
-    std::fputs(app.help().c_str(), stdout);
-    return kExitOk;
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "strata inspect: " << e.what() << " (see strata inspect --help)\n";
-    return kExitBadInput;
-  }
+  if (const std::optional<int> done = parse_flags(app, "inspect", args)) return *done;
   return cli::inspect_command(dir, verify, json);
 }
 
