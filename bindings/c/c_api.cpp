@@ -207,44 +207,6 @@ namespace se = strata::engine;
 namespace gpu = strata::gpu;
 using core::str_cat;
 
-extern "C" {
-
-#define STRATA_C_STR2(x) #x
-#define STRATA_C_STR(x) STRATA_C_STR2(x)
-const char* strata_version(void) noexcept {
-  return STRATA_C_STR(STRATA_VERSION_MAJOR) "." STRATA_C_STR(STRATA_VERSION_MINOR) "." STRATA_C_STR(STRATA_VERSION_PATCH);
-}
-
-int strata_abi_compatible(int major, int minor) noexcept {
-  if (major != STRATA_VERSION_MAJOR || minor < 0) return 0;
-  return STRATA_VERSION_MAJOR == 0 ? minor == STRATA_VERSION_MINOR : minor <= STRATA_VERSION_MINOR;
-}
-
-const char* strata_status_name(strata_status status) noexcept {
-  int raw = 0;  // a C caller may pass any int: read its bytes, not an out-of-range enum
-  std::memcpy(&raw, &status, sizeof raw);
-  switch (raw) {
-    case STRATA_STATUS_OK: return "OK";
-    case STRATA_STATUS_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
-    case STRATA_STATUS_NOT_FOUND: return "NOT_FOUND";
-    case STRATA_STATUS_ALREADY_EXISTS: return "ALREADY_EXISTS";
-    case STRATA_STATUS_PERMISSION_DENIED: return "PERMISSION_DENIED";
-    case STRATA_STATUS_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
-    case STRATA_STATUS_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
-    case STRATA_STATUS_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
-    case STRATA_STATUS_OUT_OF_RANGE: return "OUT_OF_RANGE";
-    case STRATA_STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
-    case STRATA_STATUS_UNAVAILABLE: return "UNAVAILABLE";
-    case STRATA_STATUS_IO_ERROR: return "IO_ERROR";
-    case STRATA_STATUS_DATA_LOSS: return "DATA_LOSS";
-    case STRATA_STATUS_CANCELLED: return "CANCELLED";
-    case STRATA_STATUS_INTERNAL: return "INTERNAL";
-  }
-  return "UNKNOWN";
-}
-
-const char* strata_last_error(void) noexcept { return strata::c_api::g_last_error.c_str(); }
-
 namespace strata::c_api {
 namespace {
 
@@ -284,6 +246,45 @@ core::Status config_resolve(const char* config_json, const strata_config_options
 
 }  // namespace
 }  // namespace strata::c_api
+
+extern "C" {
+
+#define STRATA_C_STR2(x) #x
+#define STRATA_C_STR(x) STRATA_C_STR2(x)
+const char* strata_version(void) noexcept {
+  return STRATA_C_STR(STRATA_VERSION_MAJOR) "." STRATA_C_STR(STRATA_VERSION_MINOR) "." STRATA_C_STR(STRATA_VERSION_PATCH);
+}
+
+int strata_abi_compatible(int major, int minor) noexcept {
+  if (major != STRATA_VERSION_MAJOR || minor < 0) return 0;
+  return STRATA_VERSION_MAJOR == 0 ? minor == STRATA_VERSION_MINOR : minor <= STRATA_VERSION_MINOR;
+}
+
+const char* strata_status_name(strata_status status) noexcept {
+  int raw = 0;  // a C caller may pass any int: read its bytes, not an out-of-range enum
+  std::memcpy(&raw, &status, sizeof raw);
+  switch (raw) {
+    case STRATA_STATUS_OK: return "OK";
+    case STRATA_STATUS_INVALID_ARGUMENT: return "INVALID_ARGUMENT";
+    case STRATA_STATUS_NOT_FOUND: return "NOT_FOUND";
+    case STRATA_STATUS_ALREADY_EXISTS: return "ALREADY_EXISTS";
+    case STRATA_STATUS_PERMISSION_DENIED: return "PERMISSION_DENIED";
+    case STRATA_STATUS_OUT_OF_MEMORY: return "OUT_OF_MEMORY";
+    case STRATA_STATUS_RESOURCE_EXHAUSTED: return "RESOURCE_EXHAUSTED";
+    case STRATA_STATUS_FAILED_PRECONDITION: return "FAILED_PRECONDITION";
+    case STRATA_STATUS_OUT_OF_RANGE: return "OUT_OF_RANGE";
+    case STRATA_STATUS_UNIMPLEMENTED: return "UNIMPLEMENTED";
+    case STRATA_STATUS_UNAVAILABLE: return "UNAVAILABLE";
+    case STRATA_STATUS_IO_ERROR: return "IO_ERROR";
+    case STRATA_STATUS_DATA_LOSS: return "DATA_LOSS";
+    case STRATA_STATUS_CANCELLED: return "CANCELLED";
+    case STRATA_STATUS_INTERNAL: return "INTERNAL";
+  }
+  return "UNKNOWN";
+}
+
+const char* strata_last_error(void) noexcept { return strata::c_api::g_last_error.c_str(); }
+
 
 strata_status strata_config_check(const char* config_json, uint32_t* warning_count_out) noexcept {
   return guard(
