@@ -18,7 +18,9 @@ commands of one file run in order in one scratch directory (holding
 ./strata_swap), so a later command finds what an earlier one wrote (an
 export, a checkpoint).
 
-Usage: docs_commands_test.py SOURCE_ROOT STRATA_EXE STRATA_TRAIN_EXE LIBSTRATA_SO"""
+Usage: docs_commands_test.py SOURCE_ROOT STRATA_EXE STRATA_TRAIN_EXE LIBSTRATA_SO [--no-python]
+(--no-python: a sanitizer build, whose libstrata.so the interpreter cannot load; the Python
+commands are skipped there and run in the normal build)"""
 import os
 import re
 import shlex
@@ -27,6 +29,7 @@ import sys
 import tempfile
 
 STEPS_CAP = 3
+NO_PYTHON = False  # set by --no-python
 DOCS = ["README.md", "docs/architecture.md", "docs/benchmarks.md", "docs/checkpoints.md", "docs/config.md",
         "docs/python.md", "docs/training.md"]
 # (regex on the command, reason): commands not run here.
@@ -106,6 +109,9 @@ def rewrite(cmd, root, strata, strata_train, have_torch):
             return [strata_train] + cap_steps(args), None
         if not have_torch:
             return None, "the PyTorch example needs torch (python3-torch), not installed"
+        if NO_PYTHON:
+            return None, ("a sanitizer build: the interpreter cannot load its instrumented libstrata.so "
+                          "(the normal build runs this command)")
         args = cap_steps(absolute_configs(rest, root))
         if "--init-from" in args and "--steps" not in args:
             args += ["--steps", str(STEPS_CAP)]
@@ -117,6 +123,8 @@ def rewrite(cmd, root, strata, strata_train, have_torch):
 
 
 def main():
+    global NO_PYTHON
+    NO_PYTHON = "--no-python" in sys.argv[5:]
     root, strata, strata_train, lib = (os.path.abspath(a) for a in sys.argv[1:5])
     try:
         import torch  # noqa: F401
