@@ -12,6 +12,7 @@
 
 #include "core/str.h"
 #include "core/unique_fd.h"
+#include "engine/checkpoint_json.h"
 #include "engine/config/json_bounds.h"
 #include "engine/file_io.h"
 #include "engine/safetensors.h"
@@ -86,10 +87,7 @@ std::string format_inspection_json(const CheckpointInspection& in) {
   j["step"] = m.step;
   j["skipped_steps"] = m.skipped_steps;
   j["lr_override"] = m.lr_override < 0 ? OJson(nullptr) : OJson(m.lr_override);
-  j["loss_scaler"] = {{"scale", m.loss_scaler.scale},
-                      {"iteration", m.loss_scaler.iteration},
-                      {"last_overflow_iteration", m.loss_scaler.last_overflow_iteration},
-                      {"hysteresis_left", m.loss_scaler.hysteresis_left}};
+  j["loss_scaler"] = checkpoint_scaler_json(m.loss_scaler);
   j["compute_dtype"] = m.compute_dtype;
   OJson placement = OJson::object();
   for (const auto& [key, value] : in.placement) {
@@ -97,15 +95,7 @@ std::string format_inspection_json(const CheckpointInspection& in) {
     placement[key] = json_bounds::parse_bounded(value, &v).ok() ? v : OJson(value);
   }
   j["placement"] = std::move(placement);
-  OJson params = OJson::array();
-  for (const CheckpointParam& p : m.params) {
-    params.push_back({{"name", p.name},
-                      {"shape", p.shape},
-                      {"group", p.group},
-                      {"trainable", p.trainable},
-                      {"optimizer_group", p.optimizer_group}});
-  }
-  j["params"] = std::move(params);
+  j["params"] = checkpoint_params_json(m.params);
   OJson files = OJson::array();
   for (const InspectedFile& f : in.files) {
     OJson e = {{"name", f.name}, {"bytes", f.bytes}};

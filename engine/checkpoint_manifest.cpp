@@ -14,6 +14,7 @@
 
 #include "core/logging.h"
 #include "core/str.h"
+#include "engine/checkpoint_json.h"
 #include "engine/config/json_bounds.h"
 #include "engine/file_io.h"
 #include "nvme/crc64.h"
@@ -205,20 +206,9 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m) {
   j["step"] = m.step;
   j["skipped_steps"] = m.skipped_steps;
   j["lr_override"] = m.lr_override;
-  j["loss_scaler"] = {{"scale", m.loss_scaler.scale},
-                      {"iteration", m.loss_scaler.iteration},
-                      {"last_overflow_iteration", m.loss_scaler.last_overflow_iteration},
-                      {"hysteresis_left", m.loss_scaler.hysteresis_left}};
+  j["loss_scaler"] = checkpoint_scaler_json(m.loss_scaler);
   j["compute_dtype"] = m.compute_dtype;
-  nlohmann::ordered_json params = nlohmann::ordered_json::array();
-  for (const CheckpointParam& p : m.params) {
-    params.push_back({{"name", p.name},
-                      {"shape", p.shape},
-                      {"group", p.group},
-                      {"trainable", p.trainable},
-                      {"optimizer_group", p.optimizer_group}});
-  }
-  j["params"] = std::move(params);
+  j["params"] = checkpoint_params_json(m.params);
   j["files"] = {{"state.safetensors", m.state_crc64}, {"framework.bin", m.framework_crc64}};
   nlohmann::ordered_json config;
   if (!json_bounds::parse_bounded(m.config_json, &config).ok() || !config.is_object()) {
