@@ -101,13 +101,16 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
     const std::uint64_t bytes = static_cast<std::uint64_t>(cp.elems) * 12;
     if (cp.state_tier == Tier::kDevice) {
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
-      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, dev().allocate_pinned(bytes, "state staging"));
+      // Through the cache: between steps it holds the step's staging, which
+      // it gives back when the budget is tight.
+      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, pinned_cache_->get(bytes, "state staging"));
       STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), home));
       auto* f = reinterpret_cast<float*>(host.data());
       const auto n = static_cast<std::size_t>(cp.elems);
       ChunkState st{{f, n}, {f + n, n}, {f + 2 * n, n}};
       STRATA_RETURN_IF_ERROR(fn(cp, st));
       if (write_back) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
+      pinned_cache_->put(std::move(host));
       continue;
     }
     gpu::PinnedBuffer stage;

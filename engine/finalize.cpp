@@ -17,6 +17,7 @@
 #include "engine/pretrained.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
+#include "engine/working_memory.h"
 #include "nvme/io_backend.h"
 #include "nvme/swap_store.h"
 
@@ -149,13 +150,39 @@ core::Status Engine::finalize() {
         backward_least, " (", core::format_bytes(backward_least), ") for one that holds a group's compute copies "
         "and gradients together (more groups at once, more). Or offload more (zero_optimization.offload_*)"));
   }
-  if (need.pinned > shared_device_->pinned_budget.limit_bytes()) {
-    return Status::resource_exhausted(str_cat("this placement keeps ", core::format_bytes(need.pinned),
-                                              " of state in pinned memory", pinned_why,
-                                              "; strata.budgets.pinned allows ",
-                                              core::format_bytes(shared_device_->pinned_budget.limit_bytes()),
-                                              ". Put the optimizer state on nvme or raise the budget"));
+  // The smallest pinned budget that works: the state, the step's working
+  // memory (reserved here, so a step never runs out of it) and one slot of
+  // the disk pipeline's ring (or the slots strata.budgets.staging asks for);
+  // a derived ring takes what is left, up to its depth.
+  const std::uint64_t pinned_limit = shared_device_->pinned_budget.limit_bytes();
+  const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), early_jobs());
+  const std::uint64_t slot = ring_slot_bytes(layout_);
+  std::uint64_t ring_least = slot;
+  if (slot > 0 && config_.strata.budgets.staging_bytes > 0) {
+    std::uint64_t nvme_chunks = 0;
+    for (const ChunkPlace& c : layout_.chunks) nvme_chunks += c.state_tier == Tier::kNvme ? 1 : 0;
+    ring_least = std::min(config_.strata.budgets.staging_bytes / slot, nvme_chunks) * slot;
   }
+  const std::uint64_t pinned_least = need.pinned + pinned_working.total() + ring_least;
+  if (pinned_least > pinned_limit) {
+    std::string ring_text;
+    if (ring_least > 0) {
+      ring_text = str_cat(", ", ring_least == slot ? "one slot" : "the slots strata.budgets.staging asks for",
+                          " of the disk pipeline's staging ring ", core::format_bytes(ring_least));
+    }
+    return Status::resource_exhausted(str_cat(
+        "this placement keeps ", core::format_bytes(need.pinned), " of state in pinned memory", pinned_why,
+        ", and the step works in ", core::format_bytes(pinned_working.total()), " more (gradient staging ",
+        core::format_bytes(pinned_working.gradient_staging), ", compute copies' staging ",
+        core::format_bytes(pinned_working.compute_staging + pinned_working.optimizer_copies),
+        ", between steps ", core::format_bytes(pinned_working.between_steps), ")", ring_text,
+        "; strata.budgets.pinned allows ", core::format_bytes(pinned_limit), ": strata.budgets.pinned >= ",
+        pinned_least, " (", core::format_bytes(pinned_least), ") works. Or put more on nvme "
+        "(zero_optimization.offload_optimizer / offload_param), or lower strata.chunk_bytes"));
+  }
+  const std::uint64_t ring_room = pinned_limit == core::MemoryBudget::kUnlimited
+                                      ? core::MemoryBudget::kUnlimited
+                                      : pinned_limit - need.pinned - pinned_working.total();
   if (need.nvme > 0) {
     nvme::SwapStoreOptions o;
     o.paths = config_.swap_paths();
@@ -237,7 +264,9 @@ core::Status Engine::finalize() {
     return init;
   }
   step_.bytes = {};  // initialisation is not a step's traffic
-  // Last, so that a derived ring takes what pinned memory has left.
+  // Last: the initial values' staging goes back first (the ring is
+  // allocated directly, past the cache).
+  STRATA_RETURN_IF_ERROR(pinned_cache_->clear());
   STRATA_ASSIGN_OR_RETURN(optimizer_, Optimizer::create({.layout = layout_,
                                                          .config = config_,
                                                          .device = dev(),
@@ -250,7 +279,7 @@ core::Status Engine::finalize() {
                                                          .pinned_cache = *pinned_cache_,
                                                          .trace = trace_,
                                                          .staging_budget = shared_device_->staging_budget,
-                                                         .pinned_budget = shared_device_->pinned_budget},
+                                                         .pinned_room = ring_room},
                                                         schedule_.ring_depth()));
   Optimizer* optimizer = optimizer_.get();
   runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),

@@ -2,8 +2,8 @@
 // (fetched groups, gradients, their host staging) kept for reuse by exact
 // size, so a step does not fault in fresh pages for every call. A cached
 // buffer stays charged to its budget; when an allocation is refused for
-// lack of budget, the cache gives everything back and tries once more, so
-// caching never makes a placement fail. A buffer may come back with a fence:
+// lack of budget, the cache gives everything back and tries again (while it
+// had anything to give), so caching never makes a placement fail. A buffer may come back with a fence:
 // an event after which nothing else reads it (the framework's last kernels
 // on a released group); get() hands it out only once the fence has passed,
 // and clear() frees it only then; get_fenced() hands it out at once, with
@@ -98,10 +98,20 @@ class BufferCache {
       STRATA_RETURN_IF_ERROR(pass(e));
       return std::move(e.buffer);
     }
-    core::Result<Buffer> b = allocate_(bytes, what);
-    if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
-    STRATA_RETURN_IF_ERROR(clear());
-    return allocate_(bytes, what);
+    // Refused for lack of budget: give back what is cached and try again,
+    // as long as there was something to give back (another thread may have
+    // put buffers back since the last clear; those were charged while in use).
+    for (;;) {
+      core::Result<Buffer> b = allocate_(bytes, what);
+      if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+      bool had_cached = false;
+      {
+        const core::MutexLock lock(mu_);
+        had_cached = !free_.empty();
+      }
+      if (!had_cached) return b;
+      STRATA_RETURN_IF_ERROR(clear());
+    }
   }
   // Keeps `b` for a later get() of its size (an empty buffer is dropped),
   // unless the divert takes it; `fence`, when given, must pass before anyone

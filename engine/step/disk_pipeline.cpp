@@ -13,7 +13,7 @@ using core::str_cat;
 
 core::Result<std::unique_ptr<DiskPipeline>> DiskPipeline::create(StateStore& state, gpu::Device& device,
                                                                  core::MemoryBudget& staging,
-                                                                 const core::MemoryBudget& pinned,
+                                                                 std::uint64_t pinned_room,
                                                                  std::int64_t ring_depth) {
   std::unique_ptr<DiskPipeline> p(new DiskPipeline(state));
   std::uint64_t slot = 0;
@@ -28,12 +28,10 @@ core::Result<std::unique_ptr<DiskPipeline>> DiskPipeline::create(StateStore& sta
   std::uint64_t slots = limit / slot;
   if (limit == core::MemoryBudget::kUnlimited) {
     // Derived: the schedule's depth, or fewer when pinned memory is tight
-    // (at most half of what it has left, and at least one slot).
+    // (what it has room for, and at least one slot).
     const auto depth = static_cast<std::uint64_t>(ring_depth);
     slots = depth;
-    if (pinned.limit_bytes() != core::MemoryBudget::kUnlimited) {
-      slots = std::clamp<std::uint64_t>(pinned.available_bytes() / (2 * slot), 1, depth);
-    }
+    if (pinned_room != core::MemoryBudget::kUnlimited) slots = std::clamp<std::uint64_t>(pinned_room / slot, 1, depth);
   }
   if (slots == 0) {
     return Status::resource_exhausted(str_cat(

@@ -28,11 +28,14 @@ namespace strata::engine {
 
 class DiskPipeline {
  public:
-  // The ring for `state`'s nvme chunks (none: no slots). Errors: the staging
-  // budget below one slot, naming the key to raise and the chunk size.
+  // The ring for `state`'s nvme chunks (none: no slots). Derived (staging
+  // unlimited): `ring_depth` slots, fewer when `pinned_room` (the pinned
+  // bytes left to it beyond the state and the step's working memory,
+  // engine/working_memory.h; kUnlimited: no limit) holds fewer, and at least
+  // one (finalize has checked that one fits). Errors: the staging budget
+  // below one slot, naming the key to raise and the chunk size.
   static core::Result<std::unique_ptr<DiskPipeline>> create(StateStore& state, gpu::Device& device,
-                                                            core::MemoryBudget& staging,
-                                                            const core::MemoryBudget& pinned,
+                                                            core::MemoryBudget& staging, std::uint64_t pinned_room,
                                                             std::int64_t ring_depth);
   std::size_t slots() const { return ring_.size(); }
 

@@ -8,6 +8,7 @@
 #include "core/numerics.h"
 #include "core/str.h"
 #include "engine/internal/elem_types.h"
+#include "engine/working_memory.h"
 
 namespace strata::engine {
 
@@ -74,6 +75,19 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     ++posted_[g];
   }
   grads_queue_->post([this, g, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
+    // At most kGradientCopiesInFlight copies down held at once (the pinned
+    // working memory finalize reserved: engine/working_memory.h); a slot
+    // comes back when its copy's pinned buffer is released, passed or not.
+    {
+      const core::MutexLock lock(mu_);
+      cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return copies_in_flight_ < kGradientCopiesInFlight; });
+      ++copies_in_flight_;
+    }
+    const auto release_slot = [this] {
+      const core::MutexLock lock(mu_);
+      --copies_in_flight_;
+      cv_.notify_all();
+    };
     const core::Stopwatch clock;
     Status s = written != nullptr ? parts_.device.wait(stream_, *written) : Status();
     core::Result<gpu::PinnedBuffer> wire =
@@ -86,10 +100,19 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
       cv_.notify_all();
     }
     if (!wire.ok()) {
+      release_slot();
       fail(wire.status());  // a job waiting for these gradients fails with it
       return wire.status();
     }
-    auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
+    // The pass moves the buffer out (and puts it back in the cache); a pass
+    // skipped after an earlier error leaves it here.
+    BufferCache<gpu::PinnedBuffer>* pinned = &parts_.pinned_cache;
+    std::shared_ptr<gpu::PinnedBuffer> host(new gpu::PinnedBuffer(std::move(wire).value()),
+                                            [pinned, release_slot](gpu::PinnedBuffer* b) {
+                                              pinned->put(std::move(*b));
+                                              delete b;
+                                              release_slot();
+                                            });
     pass_queue_->post([this, g, host, micro_step, before, after] {
       Status ps = before != nullptr ? before() : Status();
       const core::Stopwatch pass_clock;

@@ -131,6 +131,7 @@ class GradientPath {
   core::CondVar cv_;
   std::vector<std::int64_t> posted_ STRATA_GUARDED_BY(mu_);  // per group: copies submitted
   std::vector<std::int64_t> down_ STRATA_GUARDED_BY(mu_);    // per group: copies done (or given up)
+  int copies_in_flight_ STRATA_GUARDED_BY(mu_) = 0;          // copies down whose buffer is held
   core::Status error_ STRATA_GUARDED_BY(mu_);                // the first failure
   std::int64_t marker_done_ STRATA_GUARDED_BY(mu_) = 0;
   Marker marker_ STRATA_GUARDED_BY(mu_);

@@ -30,7 +30,7 @@ core::Result<std::unique_ptr<Optimizer>> Optimizer::create(const Parts& parts, s
   std::unique_ptr<Optimizer> o(new Optimizer(parts));
   STRATA_ASSIGN_OR_RETURN(o->stream_, parts.device.create_stream("optimizer"));
   STRATA_ASSIGN_OR_RETURN(o->pipeline_, DiskPipeline::create(parts.state, parts.device, parts.staging_budget,
-                                                             parts.pinned_budget, ring_depth));
+                                                             parts.pinned_room, ring_depth));
   return o;
 }
 

@@ -55,7 +55,7 @@ class Optimizer {
     BufferCache<gpu::PinnedBuffer>& pinned_cache;
     Trace& trace;
     core::MemoryBudget& staging_budget;  // the disk pipeline's ring
-    const core::MemoryBudget& pinned_budget;
+    std::uint64_t pinned_room;           // for a derived ring (DiskPipeline::create)
   };
   // Its stream and the disk pipeline's ring (`ring_depth` slots unless
   // strata.budgets.staging says otherwise).

@@ -12,19 +12,19 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <functional>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "engine/config.h"
 #include "core/numerics.h"
 #include "core/str.h"
+#include "engine/config.h"
 #include "engine/engine.h"
-#include "engine/schedule/schedule.h"
 #include "engine/safetensors.h"
+#include "engine/schedule/schedule.h"
 #include "tests/e2e/mlp_harness.h"
 
 namespace strata::engine {
@@ -68,7 +68,8 @@ void expect_same_state(const RunResult& got, const RunResult& want) {
 // chunks take their gradients up and send new compute copies down.
 StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   StepBytes b;
-  const std::uint64_t cb = static_cast<std::uint64_t>(l.compute_bytes), gb = static_cast<std::uint64_t>(l.grad_bytes);
+  const std::uint64_t cb = static_cast<std::uint64_t>(l.compute_bytes),
+                      gb = static_cast<std::uint64_t>(l.grad_bytes);
   for (const GroupPlace& g : l.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(g.compute_elems) * cb;
     const bool trainable = g.trainable_elems > 0;
@@ -100,6 +101,33 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
 
 class Placement : public MlpTest {
  protected:
+  // The budget tests below: a budget too small is refused at finalize with the
+  // smallest that works ("KEY >= N"); that budget trains, to the same bits as
+  // an unlimited one, and one byte less is refused again, naming the same N.
+  // `set` puts a budget into the config; `tiny` is far too small.
+  void expect_least_budget_trains(Config c, const std::string& key,
+                                  const std::function<void(Config&, std::uint64_t)>& set, std::uint64_t tiny,
+                                  int steps = kSteps) {
+    SCOPED_TRACE(core::str_cat(key, ", overlap ", static_cast<int>(c.strata.overlap)));
+    const RunResult unlimited = train(c, false, nullptr, -1, steps);
+    set(c, tiny);
+    core::Status s = finalize_status(c);
+    ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    const std::string message(s.message());
+    const std::string says = key + " >= ";
+    const std::size_t at = message.find(says);
+    ASSERT_NE(at, std::string::npos) << s;
+    const std::uint64_t least = std::stoull(message.substr(at + says.size()));
+    ASSERT_GT(least, tiny);
+    set(c, least);
+    const RunResult r = train(c, false, nullptr, -1, steps);
+    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(steps));
+    expect_same_state(r, unlimited);
+    set(c, least - 1);
+    s = finalize_status(c);
+    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(core::str_cat(says, least)), std::string::npos) << s;
+  }
 
   // `tamper(step, grads)` may change the gradients a step hands over.
   using Tamper = std::function<void(int step, std::map<std::string, std::vector<float>>& grads)>;
@@ -114,7 +142,8 @@ class Placement : public MlpTest {
     auto no_decay = e.add_optimizer_group({"no_decay", 0.0, 1.0});
     EXPECT_TRUE(no_decay.ok());
     for (const Tensor& t : kTensors) {
-      ParamDesc d{t.name, t.shape, t.group, !(freeze_l1 && t.group == "l1"), t.name.back() == 'b' ? *no_decay : 0};
+      ParamDesc d{t.name, t.shape, t.group, !(freeze_l1 && t.group == "l1"),
+                  t.name.back() == 'b' ? *no_decay : 0};
       EXPECT_TRUE(e.register_param(d, [t](std::span<float> out) {
                      init_values(t, out);
                      return core::Status();
@@ -161,9 +190,13 @@ class Placement : public MlpTest {
     }
     r.expected_bytes = memory_model(e.layout(), static_cast<std::uint64_t>(c.gradient_accumulation_steps));
     for (const Tensor& t : kTensors) {
-      std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
+      std::vector<float> v(
+          static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
       if (!(freeze_l1 && t.group == "l1")) {
-        { auto rs = e.read_master(t.name, v); EXPECT_TRUE(rs.ok()) << rs; }
+        {
+          auto rs = e.read_master(t.name, v);
+          EXPECT_TRUE(rs.ok()) << rs;
+        }
         r.master[t.name] = v;
         EXPECT_TRUE(e.read_state(t.name, 1, v).ok());
         r.exp_avg[t.name] = v;
@@ -223,7 +256,6 @@ class Placement : public MlpTest {
   }
 };
 
-
 TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
   struct Case {
     const char* name;
@@ -251,24 +283,24 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
     ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
     const StepBytes& got = r.stats.back().bytes;
     std::printf("%-42s loss %.6f -> %.6f  h2d %llu d2h %llu nvme r/w %llu/%llu\n", k.name, r.losses.front(),
-                r.losses.back(), static_cast<unsigned long long>(got.h2d), static_cast<unsigned long long>(got.d2h),
-                static_cast<unsigned long long>(got.nvme_read), static_cast<unsigned long long>(got.nvme_write));
+                r.losses.back(), static_cast<unsigned long long>(got.h2d),
+                static_cast<unsigned long long>(got.d2h), static_cast<unsigned long long>(got.nvme_read),
+                static_cast<unsigned long long>(got.nvme_write));
     if (reference.losses.empty()) {
       reference = r;
       const auto& m = r.exp_avg.at("l1.w");
-      EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0.0f; })) << "moments never moved";
+      EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0.0f; }))
+          << "moments never moved";
       EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the loss should halve in " << kSteps << " steps";
     } else {
       EXPECT_EQ(r.losses, reference.losses);
       expect_same_state(r, reference);
     }
-    EXPECT_EQ(r.traffic.back(), r.expected_bytes) << "h2d " << r.traffic.back().h2d << " vs "
-                                                      << r.expected_bytes.h2d << ", d2h " << r.traffic.back().d2h
-                                                      << " vs " << r.expected_bytes.d2h << ", nvme read "
-                                                      << r.traffic.back().nvme_read << " vs "
-                                                      << r.expected_bytes.nvme_read << ", nvme write "
-                                                      << r.traffic.back().nvme_write << " vs "
-                                                      << r.expected_bytes.nvme_write;
+    EXPECT_EQ(r.traffic.back(), r.expected_bytes)
+        << "h2d " << r.traffic.back().h2d << " vs " << r.expected_bytes.h2d << ", d2h "
+        << r.traffic.back().d2h << " vs " << r.expected_bytes.d2h << ", nvme read "
+        << r.traffic.back().nvme_read << " vs " << r.expected_bytes.nvme_read << ", nvme write "
+        << r.traffic.back().nvme_write << " vs " << r.expected_bytes.nvme_write;
   }
 }
 
@@ -282,7 +314,8 @@ TEST_F(Placement, GradientAccumulationIsBitIdenticalAcrossPlacements) {
   nvme.zero.offload_optimizer.device = OffloadDevice::kNvme;
   nvme.zero.offload_param.device = OffloadDevice::kNvme;
   constexpr int kAccumSteps = 8;
-  const RunResult a = train(pinned, false, nullptr, -1, kAccumSteps), b = train(nvme, false, nullptr, -1, kAccumSteps);
+  const RunResult a = train(pinned, false, nullptr, -1, kAccumSteps),
+                  b = train(nvme, false, nullptr, -1, kAccumSteps);
   ASSERT_EQ(a.losses.size(), static_cast<std::size_t>(kAccumSteps));
   EXPECT_EQ(a.losses, b.losses);
   for (const auto& [name, v] : a.master) EXPECT_TRUE(bits_equal(b.master.at(name), v)) << name;
@@ -304,7 +337,8 @@ TEST_F(Placement, FrozenBaseTrainsOnlyTheTrainablePart) {
     std::vector<float> init(r.compute.at(t.name).size());
     init_values(t, init);
     for (std::size_t i = 0; i < init.size(); ++i) {
-      ASSERT_EQ(r.compute.at(t.name)[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(init[i]))) << t.name << " " << i;
+      ASSERT_EQ(r.compute.at(t.name)[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(init[i])))
+          << t.name << " " << i;
     }
   }
   EXPECT_EQ(r.traffic.back(), r.expected_bytes);
@@ -943,7 +977,8 @@ TEST_F(Placement, AFailedOptimizerStopsTheEngineWithTheError) {
     for (const auto& entry : std::filesystem::recursive_directory_iterator(dir_)) {
       if (!entry.is_regular_file()) continue;
       std::fstream out(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
-      out.write(junk.data(), static_cast<std::streamsize>(std::min<std::uintmax_t>(junk.size(), entry.file_size())));
+      out.write(junk.data(),
+                static_cast<std::streamsize>(std::min<std::uintmax_t>(junk.size(), entry.file_size())));
     }
     auto st = run_step(*e, f, 1);
     core::Status failed;
@@ -966,8 +1001,8 @@ TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   Config c = base();
   c.zero.offload_param.device = OffloadDevice::kCpu;
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
-  c.strata.budgets.device_bytes = 280000;          // below the compute copies: only a working set fits
-  c.strata.budgets.pinned_bytes = 5ull << 19;      // 2.5 MiB: below the optimizer state
+  c.strata.budgets.device_bytes = 280000;      // below the compute copies: only a working set fits
+  c.strata.budgets.pinned_bytes = 5ull << 19;  // 2.5 MiB: below the optimizer state
   const RunResult r = train(c);
   ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
   EXPECT_LT(r.losses.back(), 0.5 * r.losses.front());
@@ -1001,63 +1036,57 @@ TEST_F(Placement, SpeculativeUpdatesNeedRoomForTheSecondVersion) {
   EXPECT_NE(s.message().find("strata.budgets.disk"), std::string::npos) << s;
 }
 
-// A disk budget too small for the placement is refused at finalize with the
-// smallest one that holds it (strata.budgets.disk >= N); that budget trains,
-// to the same bits as an unlimited one, and one byte less is refused again.
+// Disk: the placement's blocks, aligned (one version, two under "speculative").
 TEST_F(Placement, TheSmallestDiskBudgetTheMessageNamesTrains) {
   for (const OverlapMode mode : {OverlapMode::kExact, OverlapMode::kSpeculative}) {
     Config c = base();
     c.strata.overlap = mode;
     c.zero.offload_optimizer.device = OffloadDevice::kNvme;
     c.zero.offload_param.device = OffloadDevice::kNvme;
-    const RunResult unlimited = train(c);
-    c.strata.budgets.disk_bytes = 4096;
-    core::Status s = finalize_status(c);
-    ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
-    const std::string message(s.message());
-    EXPECT_NE(message.find("strata.budgets.disk = 4096 (4.00 KiB) is too small"), std::string::npos) << s;
-    const std::size_t at = message.find("strata.budgets.disk >= ");
-    ASSERT_NE(at, std::string::npos) << s;
-    const std::uint64_t least = std::stoull(message.substr(at + std::strlen("strata.budgets.disk >= ")));
-    ASSERT_GT(least, 4096u);
-    c.strata.budgets.disk_bytes = least;
-    const RunResult r = train(c);
-    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
-    expect_same_state(r, unlimited);
-    c.strata.budgets.disk_bytes = least - 1;
-    s = finalize_status(c);
-    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
-    EXPECT_NE(s.message().find(core::str_cat("strata.budgets.disk >= ", least)), std::string::npos) << s;
+    Config tiny = c;
+    tiny.strata.budgets.disk_bytes = 4096;
+    const core::Status s = finalize_status(tiny);
+    EXPECT_NE(s.message().find("strata.budgets.disk = 4096 (4.00 KiB) is too small"), std::string::npos) << s;
+    expect_least_budget_trains(
+        c, "strata.budgets.disk", [](Config& k, std::uint64_t b) { k.strata.budgets.disk_bytes = b; }, 4096);
   }
 }
 
-// A device budget below what the step needs at once is refused at finalize
-// with the smallest that works for a framework holding one buffer at a time
-// (as this harness does: the state kept on the device plus the largest
-// group's buffer); that budget trains to the same bits, one byte less is
-// refused.
+// Device: for a framework holding one buffer at a time (as this harness
+// does): the state kept on the device plus the largest group's buffer.
 TEST_F(Placement, TheSmallestDeviceBudgetTheMessageNamesTrains) {
   for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
     Config c = base();
     c.zero.offload_param.device = params;
-    c.zero.offload_optimizer.device = params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kCpu;
-    const RunResult unlimited = train(c);
-    c.strata.budgets.device_bytes = 4096;
-    core::Status s = finalize_status(c);
-    ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
-    const std::string message(s.message());
-    const std::size_t at = message.find("strata.budgets.device >= ");
-    ASSERT_NE(at, std::string::npos) << s;
-    const std::uint64_t least = std::stoull(message.substr(at + std::strlen("strata.budgets.device >= ")));
-    ASSERT_GT(least, 4096u);
-    c.strata.budgets.device_bytes = least;
-    const RunResult r = train(c);
-    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
-    expect_same_state(r, unlimited);
-    c.strata.budgets.device_bytes = least - 1;
-    s = finalize_status(c);
-    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
-    EXPECT_NE(s.message().find(core::str_cat("strata.budgets.device >= ", least)), std::string::npos) << s;
+    c.zero.offload_optimizer.device =
+        params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kCpu;
+    expect_least_budget_trains(
+        c, "strata.budgets.device", [](Config& k, std::uint64_t b) { k.strata.budgets.device_bytes = b; },
+        4096);
+  }
+}
+
+// Pinned: the state there, the step's working memory (gradient and compute
+// staging, reserved at finalize: engine/working_memory.h) and one slot of
+// the disk pipeline's ring, under every schedule and the placements that
+// use each part; at that budget the derived ring has one slot.
+TEST_F(Placement, TheSmallestPinnedBudgetTheMessageNamesTrains) {
+  const std::pair<OffloadDevice, OffloadDevice> placements[] = {
+      {OffloadDevice::kCpu, OffloadDevice::kNvme},   // compute copies pinned, optimizer state on nvme
+      {OffloadDevice::kNvme, OffloadDevice::kNvme},  // both on nvme: compute staging too
+      {OffloadDevice::kCpu, OffloadDevice::kCpu},    // everything pinned, no ring
+  };
+  for (const auto& [params, optimizer] : placements) {
+    for (const OverlapMode mode :
+         {OverlapMode::kNone, OverlapMode::kExact, OverlapMode::kSpeculative, OverlapMode::kDelayed}) {
+      Config c = base();
+      c.strata.overlap = mode;
+      c.zero.offload_param.device = params;
+      c.zero.offload_optimizer.device = optimizer;
+      expect_least_budget_trains(
+          c, "strata.budgets.pinned", [](Config& k, std::uint64_t b) { k.strata.budgets.pinned_bytes = b; },
+          4096, /*steps=*/4);
+    }
   }
 }
 
@@ -1101,9 +1130,10 @@ TEST_F(Placement, FineTunesFromASafetensorsFile) {
   Engine& e = **created;
   for (const Tensor& t : kTensors) {
     const SafetensorsReader* r = &*reader;
-    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, t.group != "l1"},
-                                 [r, name = t.name](std::span<float> out) { return r->read_f32(name, out); })
-                    .ok());
+    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, t.group != "l1"}, [r, name = t.name](
+                                                                                  std::span<float> out) {
+                   return r->read_f32(name, out);
+                 }).ok());
   }
   ASSERT_TRUE(e.finalize().ok());
   std::vector<float> w(kHidden * kIn), from_file(kHidden * kIn);

@@ -67,6 +67,7 @@ class DiskPipelineTest : public ::testing::Test {
   Layout layout_;
   core::MemoryBudget device_budget_{"device memory", 64ull << 20, "strata.budgets.device"};
   core::MemoryBudget pinned_budget_{"pinned host memory", core::MemoryBudget::kUnlimited, "strata.budgets.pinned"};
+  static constexpr std::uint64_t kRoom = core::MemoryBudget::kUnlimited;  // pinned room for a derived ring
   std::unique_ptr<gpu::Device> device_;
   std::unique_ptr<nvme::SwapStore> swap_;
   std::unique_ptr<StateStore> state_;
@@ -75,20 +76,35 @@ class DiskPipelineTest : public ::testing::Test {
 
 TEST_F(DiskPipelineTest, TheRingStaysWithinTheStagingBudget) {
   core::MemoryBudget staging("staging", 3 * slot_bytes() + 100, "strata.budgets.staging");
-  auto p = DiskPipeline::create(*state_, *device_, staging, pinned_budget_, /*ring_depth=*/4);
+  auto p = DiskPipeline::create(*state_, *device_, staging, kRoom, /*ring_depth=*/4);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->slots(), 3u);  // what the budget holds, not the depth
   EXPECT_LE(staging.used_bytes(), staging.limit_bytes());
   EXPECT_EQ(staging.used_bytes(), 3 * slot_bytes());
   core::MemoryBudget derived("staging", core::MemoryBudget::kUnlimited, "strata.budgets.staging");
-  auto q = DiskPipeline::create(*state_, *device_, derived, pinned_budget_, 4);
+  auto q = DiskPipeline::create(*state_, *device_, derived, kRoom, 4);
   ASSERT_TRUE(q.ok());
   EXPECT_EQ((*q)->slots(), 4u);  // derived: the schedule's depth
 }
 
+TEST_F(DiskPipelineTest, ADerivedRingTakesThePinnedRoomItIsGiven) {
+  core::MemoryBudget derived("staging", core::MemoryBudget::kUnlimited, "strata.budgets.staging");
+  auto two = DiskPipeline::create(*state_, *device_, derived, 2 * slot_bytes() + slot_bytes() / 2, 4);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ((*two)->slots(), 2u);  // whole slots within the room
+  core::MemoryBudget derived2("staging", core::MemoryBudget::kUnlimited, "strata.budgets.staging");
+  auto one = DiskPipeline::create(*state_, *device_, derived2, 0, 4);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ((*one)->slots(), 1u);  // never fewer than one (finalize checks that one fits)
+  core::MemoryBudget derived3("staging", core::MemoryBudget::kUnlimited, "strata.budgets.staging");
+  auto many = DiskPipeline::create(*state_, *device_, derived3, 100 * slot_bytes(), 3);
+  ASSERT_TRUE(many.ok()) << many.status();
+  EXPECT_EQ((*many)->slots(), 3u);  // never more than the depth
+}
+
 TEST_F(DiskPipelineTest, ABudgetBelowOneSlotNamesTheKeyAndTheSize) {
   core::MemoryBudget staging("staging", slot_bytes() - 1, "strata.budgets.staging");
-  auto p = DiskPipeline::create(*state_, *device_, staging, pinned_budget_, 4);
+  auto p = DiskPipeline::create(*state_, *device_, staging, kRoom, 4);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), core::StatusCode::kResourceExhausted);
   EXPECT_NE(p.status().message().find("strata.budgets.staging"), std::string::npos) << p.status();
@@ -97,7 +113,7 @@ TEST_F(DiskPipelineTest, ABudgetBelowOneSlotNamesTheKeyAndTheSize) {
   const std::string want = core::str_cat("strata.budgets.staging >= ", slot_bytes(), " (one chunk) works");
   EXPECT_NE(p.status().message().find(want), std::string::npos) << p.status();
   core::MemoryBudget one_slot("staging", slot_bytes(), "strata.budgets.staging");
-  auto q = DiskPipeline::create(*state_, *device_, one_slot, pinned_budget_, 4);
+  auto q = DiskPipeline::create(*state_, *device_, one_slot, kRoom, 4);
   ASSERT_TRUE(q.ok()) << q.status();
   EXPECT_EQ((*q)->slots(), 1u);
 }
@@ -109,7 +125,7 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
   for (std::size_t slots = 1; slots <= 4; ++slots) {
     for (bool behind : {false, true}) {
       core::MemoryBudget staging("staging", slots * slot_bytes(), "strata.budgets.staging");
-      auto p = DiskPipeline::create(*state_, *device_, staging, pinned_budget_, 4);
+      auto p = DiskPipeline::create(*state_, *device_, staging, kRoom, 4);
       ASSERT_TRUE(p.ok());
       ASSERT_EQ((*p)->slots(), slots);
       const std::vector<std::size_t> chunks = {5, 0, 3, 1, 4, 2};
@@ -133,7 +149,7 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
   }
   // 8 passes added 1 to each master's first element.
   core::MemoryBudget staging("staging", core::MemoryBudget::kUnlimited, "strata.budgets.staging");
-  auto p = DiskPipeline::create(*state_, *device_, staging, pinned_budget_, 6);  // a slot each: no store needed
+  auto p = DiskPipeline::create(*state_, *device_, staging, kRoom, 6);  // a slot each: no store needed
   ASSERT_TRUE(p.ok());
   const std::vector<std::size_t> chunks = {0, 1, 2, 3, 4, 5};
   StepBytes bytes;
@@ -149,7 +165,7 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
 
 TEST_F(DiskPipelineTest, StoringAChunkThatWasNotTakenIsAnError) {
   core::MemoryBudget staging("staging", core::MemoryBudget::kUnlimited, "strata.budgets.staging");
-  auto p = DiskPipeline::create(*state_, *device_, staging, pinned_budget_, 4);
+  auto p = DiskPipeline::create(*state_, *device_, staging, kRoom, 4);
   ASSERT_TRUE(p.ok());
   const std::vector<std::size_t> chunks = {0, 1};
   StepBytes bytes;

@@ -1,0 +1,57 @@
+#include "engine/working_memory.h"
+
+#include <algorithm>
+
+#include "core/aligned_buffer.h"
+
+namespace strata::engine {
+
+namespace {
+// fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them.
+constexpr std::uint64_t kStateBytesPerElem = 12;
+}  // namespace
+
+PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs) {
+  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
+  std::uint64_t wire = 0, packed = 0, nvme_compute = 0, unpinned_compute = 0, state = 0, device_chunk = 0;
+  for (const GroupPlace& gp : layout.groups) {
+    const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+    const std::uint64_t staged = core::align_up(compute, core::kDirectIoAlignment);  // ComputeHomes::load
+    if (gp.trainable_elems > 0) {
+      wire = std::max(wire, compute);
+      packed = std::max(packed, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
+    }
+    if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);
+    if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);
+  }
+  for (const ChunkPlace& c : layout.chunks) {
+    const std::uint64_t bytes = static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem;
+    if (c.state_tier != Tier::kPinned) state = std::max(state, bytes);
+    if (c.state_tier == Tier::kDevice)
+      device_chunk = std::max(device_chunk, static_cast<std::uint64_t>(c.elems) * cb);
+  }
+  PinnedWorking w;
+  // A copy down lands in a wire buffer; the pass packs it into the trainable
+  // layout. Threaded, the next copies land while one is passed.
+  w.gradient_staging = (threaded ? kGradientCopiesInFlight : 1) * wire + packed;
+  // A fetch (and, threaded, the prefetch thread) reads nvme homes through a
+  // staging copy; the optimizer opens one group's non-pinned compute copies
+  // at a time.
+  w.compute_staging = (threaded ? 2 : 1) * nvme_compute + unpinned_compute;
+  // An uncertain early job brings a device chunk's new compute copies back.
+  if (early_jobs) w.optimizer_copies = device_chunk;
+  w.between_steps = state + unpinned_compute;
+  return w;
+}
+
+std::uint64_t ring_slot_bytes(const Layout& layout) {
+  std::uint64_t slot = 0;
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier != Tier::kNvme) continue;
+    slot = std::max(slot, core::align_up(static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem,
+                                         core::kDirectIoAlignment));
+  }
+  return slot;
+}
+
+}  // namespace strata::engine
