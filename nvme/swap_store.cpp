@@ -89,6 +89,7 @@ SwapIo::SwapIo(SwapIo&& other) noexcept
       batch_(std::move(other.batch_)),
       parts_(std::move(other.parts_)),
       bounce_(std::move(other.bounce_)),
+      path_bytes_(std::move(other.path_bytes_)),
       pending_(std::exchange(other.pending_, false)) {}
 
 SwapIo& SwapIo::operator=(SwapIo&& other) noexcept {
@@ -101,6 +102,7 @@ SwapIo& SwapIo::operator=(SwapIo&& other) noexcept {
     batch_ = std::move(other.batch_);
     parts_ = std::move(other.parts_);
     bounce_ = std::move(other.bounce_);
+    path_bytes_ = std::move(other.path_bytes_);
     pending_ = std::exchange(other.pending_, false);
   }
   return *this;
@@ -630,6 +632,8 @@ Result<SwapIo> SwapStore::start(IoOp op, std::string_view id, std::span<std::byt
     }
     extents = b.extents;
   }
+  io.path_bytes_.assign(paths_.size(), 0);
+  for (const Extent& e : extents) io.path_bytes_[e.path] += e.length;
   std::uint64_t block_offset = 0;
   for (std::size_t x = 0; x < extents.size(); ++x) {
     const Extent& e = extents[x];

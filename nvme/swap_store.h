@@ -75,6 +75,9 @@ class SwapIo {
   // True when every request has completed, so wait() will not block on I/O
   // (it still checks the CRCs). False when nothing is pending.
   bool ready() const { return pending_ && batch_->done(); }
+  // How the block's bytes split over the store's paths (SwapStore::path_bytes),
+  // for the caller's accounting. Empty for a default-constructed SwapIo.
+  const std::vector<std::uint64_t>& path_bytes() const { return path_bytes_; }
 
  private:
   friend class SwapStore;
@@ -90,6 +93,7 @@ class SwapIo {
   std::unique_ptr<IoBatch> batch_;
   std::vector<Part> parts_;  // one per request of batch_
   core::AlignedBuffer bounce_;
+  std::vector<std::uint64_t> path_bytes_;
   bool pending_ = false;
 };
 

@@ -173,7 +173,10 @@ TEST_P(SwapStoreTest, TrafficCountsEachPathsBytesOnceAcrossRetries) {
     for (const SwapExtent& e : *ext) by_file[e.file == store->file_path(0) ? 0 : 1] += e.length;
     EXPECT_EQ(by_file, *split) << id;
     auto src = random_buffer(sizes[i], static_cast<std::uint32_t>(40 + i));
-    ASSERT_TRUE(store->write(id, std::span<const std::byte>(src.data(), sizes[i])).ok());
+    auto io = store->start_write(id, std::span<const std::byte>(src.data(), sizes[i]));
+    ASSERT_TRUE(io.ok()) << io.status();
+    EXPECT_EQ(io->path_bytes(), *split) << id;
+    ASSERT_TRUE(io->wait().ok());
     expect[0] += (*split)[0];
     expect[1] += (*split)[1];
     total += sizes[i];
