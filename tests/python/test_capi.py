@@ -147,9 +147,8 @@ def test_swap_stats_split_the_steps_nvme_bytes_over_the_paths(tmp_path):
             assert stats.bytes_nvme_read_total == sum(s.bytes_read_total for s in after)
             # Every write of the step happens in step_end (the fetch only reads): what
             # each path's swap file was written meanwhile is the step's share of it.
-            if step > 0:  # (the first step's bytes include finalize's initial values, written before `before`)
-                for b, a in zip(before, after):
-                    assert a.bytes_written_total - b.bytes_written_total == a.bytes_written
+            for b, a in zip(before, after):
+                assert a.bytes_written_total - b.bytes_written_total == a.bytes_written
         assert e.stats().bytes_nvme_write_total == stats.bytes_nvme_write_total
 
 
