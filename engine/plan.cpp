@@ -513,7 +513,8 @@ PlacementWear placement_wear(const Config& config, const MachineSpec& machine, c
   w.write_bytes_per_step = pp.traffic.disk_write_bytes;
   const std::vector<std::string> paths = placement_swap_paths(config, pp.placement);
   if (paths.empty()) return w;
-  std::vector<std::uint64_t> drive_ids;  // per drive: the file system's device id (0: not probed)
+  // Per drive: the file system's device id, as probed (nullopt: not probed, a drive of its own).
+  std::vector<std::optional<std::uint64_t>> drive_ids;
   const std::uint64_t n = paths.size();
   for (std::size_t i = 0; i < paths.size(); ++i) {
     std::optional<std::uint64_t> id;
@@ -521,15 +522,12 @@ PlacementWear placement_wear(const Config& config, const MachineSpec& machine, c
       if (d.path == paths[i]) id = d.device_id;
     }
     std::size_t drive = w.drives.size();
-    if (id) {
-      for (std::size_t k = 0; k < drive_ids.size(); ++k) {
-        if (drive_ids[k] == *id) drive = k;
-      }
+    for (std::size_t k = 0; id && k < drive_ids.size(); ++k) {
+      if (drive_ids[k] == id) drive = k;
     }
     if (drive == w.drives.size()) {
       w.drives.emplace_back();
-      drive_ids.push_back(id.value_or(0));
-      if (!id) drive_ids.back() = ~std::uint64_t{0} - i;  // unprobed: a drive of its own
+      drive_ids.push_back(id);
     }
     const std::uint64_t total = w.write_bytes_per_step;
     w.drives[drive].paths.push_back(paths[i]);
