@@ -272,4 +272,21 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
   return Status::not_found(str_cat("read_compute: no parameter named '", param, "'"));
 }
 
+std::vector<std::string> Engine::swap_paths() const {
+  const core::MutexLock lock(mu_);
+  return swap_ != nullptr ? swap_->paths() : std::vector<std::string>{};
+}
+
+std::vector<SwapPathBytes> Engine::swap_traffic() const {
+  const core::MutexLock lock(mu_);
+  return swap_traffic_now();
+}
+
+std::vector<SwapPathBytes> Engine::swap_traffic_now() const {
+  std::vector<SwapPathBytes> out;
+  if (swap_ == nullptr) return out;
+  for (const nvme::FileTraffic& t : swap_->traffic()) out.push_back({t.bytes_read, t.bytes_written});
+  return out;
+}
+
 }  // namespace strata::engine

@@ -246,6 +246,14 @@ class Engine {
   core::Status read_compute(std::string_view param, std::span<float> out);
   // The learned fetch sequence (group names; empty before the first step_end).
   std::vector<std::string> fetch_sequence() const;
+  // The swap directories (Config::swap_paths(); empty before finalize and when
+  // nothing lives on nvme): the order of StepBytes::nvme_paths and
+  // StepStats::nvme_total.
+  std::vector<std::string> swap_paths() const;
+  // Bytes moved to and from each swap path since the engine was created
+  // (what StepStats::nvme_total counts), now: I/O still in flight (an
+  // optimizer job running) adds to it. Empty without a swap store.
+  std::vector<SwapPathBytes> swap_traffic() const;
 
  private:
   struct GroupState;
@@ -291,6 +299,8 @@ class Engine {
   // step_end): Schedule::early_jobs.
   bool early_jobs() const { return schedule_.early_jobs(rules()); }
   core::Status check_finalized(const char* op) const;
+  // swap_traffic's body (the swap store is set once, by finalize).
+  std::vector<SwapPathBytes> swap_traffic_now() const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count (engine/state/copy_lane.h):

@@ -372,7 +372,7 @@ core::Status Engine::write_initial_values() {
         master = device_master;
       } else {
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
-        if (cp.state_tier == Tier::kNvme) step_.bytes.nvme_read += state_->staging_bytes(c);
+        step_.bytes.add_nvme_read(state_->path_bytes(c));
         master = st.master;
       }
       for (const Layout::Piece& p : layout_.pieces(cp)) {
@@ -386,7 +386,7 @@ core::Status Engine::write_initial_values() {
                                         std::as_bytes(master)));
       } else {
         STRATA_RETURN_IF_ERROR(state_->store(c, cstage.bytes()));
-        if (cp.state_tier == Tier::kNvme) step_.bytes.nvme_write += state_->staging_bytes(c);
+        step_.bytes.add_nvme_write(state_->path_bytes(c));
       }
     }
   }

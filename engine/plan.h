@@ -92,6 +92,25 @@ struct PlanMargins {
   double disk_fraction = 0.05;                   // of free disk space
 };
 
+// The swap drives' rated endurance, the same for each drive, for the SSD wear
+// estimate (strata plan --drive-tbw, or --drive-dwpd with --drive-capacity
+// and --warranty-years; --step-seconds).
+struct DriveEndurance {
+  // Rated terabytes written per drive (TBW, 1 TB = 1e12 B); > 0, or 0 to rate
+  // it by dwpd instead.
+  double tbw = 0.0;
+  // Drive writes per day over the warranty: TBW = dwpd x capacity_bytes x 365
+  // x warranty_years. Used when tbw is 0; all three > 0 then.
+  double dwpd = 0.0;
+  std::uint64_t capacity_bytes = 0;
+  double warranty_years = 5.0;
+  // Seconds per optimizer step, for days of training (the planner has no
+  // step time estimate); 0: unknown, steps only.
+  double step_seconds = 0.0;
+  // The rated bytes written per drive.
+  double rated_bytes() const;
+};
+
 struct PlanOptions {
   PlanMargins margins;
   // The search tries strata.optimizer_cpu_fraction = 0, step, 2 step, ...
@@ -99,6 +118,8 @@ struct PlanOptions {
   double cpu_fraction_step = 0.05;
   // Count checkpoint space (compute copies, master, moments) in the disk tier.
   bool include_checkpoint = true;
+  // When set, the plan estimates the swap drives' wear (Plan::wear).
+  std::optional<DriveEndurance> drive;
 };
 
 // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -238,6 +259,45 @@ struct StateSizes {
   std::int64_t gradient_accumulation_steps = 1;
 };
 
+// One swap drive's share of a placement's writes. The swap store stripes
+// blocks over the swap paths evenly, so each path takes 1/N of the bytes
+// written per step; paths on one file system (as probed) are one drive.
+struct DriveWear {
+  std::vector<std::string> paths;       // the swap paths on this drive
+  std::uint64_t write_bytes_per_step = 0;
+  std::optional<std::uint64_t> steps;   // whole steps until the rated bytes are written; nullopt: no writes
+  std::optional<double> days;           // steps x step_seconds / 86400; nullopt without a step time or writes
+};
+
+// What a placement writes to the swap drives per step and how long they last.
+struct PlacementWear {
+  Placement placement;
+  std::vector<ConfigChange> changes;  // from the configured placement (empty for the configured one)
+  bool fits = false;                  // the placement fits this machine (PlacementPlan::fits)
+  std::vector<std::string> reasons;   // why not, one per tier that does not fit
+  std::uint64_t write_bytes_per_step = 0;  // all drives (StepTraffic::disk_write_bytes)
+  std::vector<DriveWear> drives;      // empty when nothing lives on nvme
+  std::optional<std::uint64_t> steps; // the drive that wears first; nullopt: no writes
+  std::optional<double> days;
+};
+
+// The swap drives' wear (PlanOptions::drive): the configured placement's, and
+// the placement changes that write less per step, each evaluated by the
+// planner: strata.optimizer_cpu_fraction raised as far as pinned memory
+// allows, the optimizer state in pinned memory (offload_optimizer.device
+// cpu), the compute copies in pinned memory (offload_param.device cpu, with
+// the largest cpu fraction that still fits), and the placement of the search
+// that writes least while fitting.
+struct WearPlan {
+  DriveEndurance drive;
+  double rated_bytes_per_drive = 0.0;
+  std::string rating;  // "600 TBW", "1 DWPD x 3.84 TB x 5 years = 7008 TBW"
+  PlacementWear configured;
+  // Placements that write less than the configured one: those that fit first,
+  // fewest bytes written per step first; then those that do not fit.
+  std::vector<PlacementWear> alternatives;
+};
+
 struct Plan {
   ModelSummary model;
   StateSizes state;
@@ -253,6 +313,7 @@ struct Plan {
   std::optional<PlacementPlan> recommended;
   std::vector<ConfigChange> changes;  // config keys to set for `recommended`
   std::vector<std::string> notes;     // assumptions and warnings, one sentence each
+  std::optional<WearPlan> wear;       // with PlanOptions::drive
   bool fits() const { return configured.fits; }
 };
 
@@ -261,7 +322,8 @@ struct Plan {
 // size, num_layers > num_params, frozen_fraction outside [0, 1], both
 // num_params and a transformer shape, an optimizer ratio outside (0, 1], an
 // unknown GPU size with no strata.budgets.device (kFailedPrecondition: says
-// to pass --gpu-memory or set the budget).
+// to pass --gpu-memory or set the budget), a drive rating that is not
+// positive and finite (naming its flag).
 core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
                              const MachineSpec& machine, const PlanOptions& options = {});
 

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "core/str.h"
@@ -91,6 +92,79 @@ void append_placement(const PlacementPlan& p, std::string* out) {
   *out += tiers.render("  ");
   *out += str_cat("\n  moved per step: ", traffic_line(p.traffic), "\n");
   for (const std::string& r : p.reasons) *out += str_cat("  does not fit: ", r, "\n");
+}
+
+// "0.74", "12.3", "1071": days at a precision that reads.
+std::string days_text(double d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, d >= 100.0 ? "%.0f" : d >= 10.0 ? "%.1f" : "%.2f", d);
+  return buf;
+}
+
+std::string changes_text(const std::vector<ConfigChange>& changes) {
+  std::string s;
+  for (const ConfigChange& ch : changes) s += str_cat(s.empty() ? "" : "; ", ch.key_path, " = ", ch.to);
+  return s.empty() ? std::string("(no key changes)") : s;
+}
+
+std::string lasts_text(const PlacementWear& w, double step_seconds) {
+  if (!w.steps) return "no swap writes: the drives do not wear from training";
+  std::string s = str_cat(group_digits(*w.steps), " steps");
+  if (w.days) s += str_cat(", ", days_text(*w.days), " days at ", number_text(step_seconds), " s per step");
+  return s;
+}
+
+void append_wear(const WearPlan& w, std::string* out) {
+  const double step_s = w.drive.step_seconds;
+  *out += str_cat("\nSSD wear: ", w.rating,
+                  w.drive.tbw != 0.0 ? " (--drive-tbw)" : " (--drive-dwpd, --drive-capacity, --warranty-years)",
+                  step_s > 0.0 ? str_cat("; ", number_text(step_s), " s per step (--step-seconds)") : std::string(),
+                  "\n");
+  const PlacementWear& c = w.configured;
+  *out += str_cat("  configured placement (", describe_placement(c.placement), ") writes ",
+                  format_bytes(c.write_bytes_per_step), " per step to the swap drives",
+                  c.fits ? "" : " (it does not fit this machine)", "\n");
+  if (!c.drives.empty()) {
+    TextTable drives({Align::kLeft, Align::kLeft, Align::kRight, Align::kRight, Align::kRight});
+    drives.row({"drive", "swap paths", "written/step", "steps to rated", "days"});
+    for (std::size_t i = 0; i < c.drives.size(); ++i) {
+      const DriveWear& d = c.drives[i];
+      std::string paths;
+      for (const std::string& p : d.paths) paths += str_cat(paths.empty() ? "" : ", ", p);
+      drives.row({std::to_string(i + 1), paths, format_bytes(d.write_bytes_per_step),
+                  d.steps ? group_digits(*d.steps) : "-", d.days ? days_text(*d.days) : "-"});
+    }
+    *out += drives.render("    ");
+  }
+  *out += str_cat("  the drives last ", lasts_text(c, step_s), "\n");
+  if (step_s <= 0.0 && c.steps) {
+    *out += "  days: give --step-seconds S (the planner has no step time estimate)\n";
+  }
+  if (!c.steps) return;
+  if (w.alternatives.empty()) {
+    *out += "  no placement change writes less\n";
+    return;
+  }
+  *out += "  placement changes that write less (each evaluated by the planner; bytes per step over all drives):\n";
+  TextTable alts({Align::kLeft, Align::kLeft, Align::kRight, Align::kRight, Align::kRight});
+  alts.row({"change", "fits", "written/step", "steps to rated", "days"});
+  for (const PlacementWear& a : w.alternatives) {
+    alts.row({changes_text(a.changes), a.fits ? "yes" : "no", format_bytes(a.write_bytes_per_step),
+              a.steps ? group_digits(*a.steps) : "no writes", a.days ? days_text(*a.days) : "-"});
+  }
+  *out += alts.render("    ");
+  for (const PlacementWear& a : w.alternatives) {
+    if (a.fits) continue;
+    *out += str_cat("    ", changes_text(a.changes), " does not fit:\n");
+    for (const std::string& r : a.reasons) *out += str_cat("      ", r, "\n");
+  }
+  const PlacementWear& best = w.alternatives.front();
+  if (best.fits) {
+    *out += str_cat("  writes least while fitting: ", changes_text(best.changes), " (", describe_placement(best.placement),
+                    "): ", format_bytes(best.write_bytes_per_step), " per step, ", lasts_text(best, step_s), "\n");
+  } else {
+    *out += "  none of them fits this machine: the configured placement writes least of those that fit\n";
+  }
 }
 
 // --- JSON ---------------------------------------------------------------------
@@ -196,6 +270,61 @@ Json state_json(const StateSizes& s) {
               {"master_bytes", s.master_bytes},
               {"moment_bytes", s.moment_bytes},
               {"gradient_accumulation_steps", s.gradient_accumulation_steps}};
+}
+
+template <typename T>
+Json optional_number(const std::optional<T>& v) {
+  if (!v) return nullptr;
+  if constexpr (std::is_floating_point_v<T>) return number(*v);
+  return Json(*v);
+}
+
+Json changes_json(const std::vector<ConfigChange>& changes) {
+  Json out = Json::array();
+  for (const ConfigChange& ch : changes) {
+    out.push_back({{"key_path", ch.key_path}, {"from", json_value(ch.from)}, {"to", json_value(ch.to)}});
+  }
+  return out;
+}
+
+Json placement_wear_json(const PlacementWear& w) {
+  Json drives = Json::array();
+  for (const DriveWear& d : w.drives) {
+    drives.push_back({{"paths", d.paths},
+                      {"write_bytes_per_step", d.write_bytes_per_step},
+                      {"steps", optional_number(d.steps)},
+                      {"days", optional_number(d.days)}});
+  }
+  Json out = Json::object();
+  out["param_device"] = offload_device_key(w.placement.param_device);
+  out["optimizer_device"] = offload_device_key(w.placement.optimizer_device);
+  out["optimizer_ratio"] = number(w.placement.optimizer_ratio);
+  out["optimizer_cpu_fraction"] = number(w.placement.optimizer_cpu_fraction);
+  out["changes"] = changes_json(w.changes);
+  out["fits"] = w.fits;
+  out["reasons"] = w.reasons;
+  out["write_bytes_per_step"] = w.write_bytes_per_step;
+  out["steps"] = optional_number(w.steps);
+  out["days"] = optional_number(w.days);
+  out["drives"] = std::move(drives);
+  return out;
+}
+
+Json wear_json(const WearPlan& w) {
+  Json alternatives = Json::array();
+  for (const PlacementWear& a : w.alternatives) alternatives.push_back(placement_wear_json(a));
+  const DriveEndurance& d = w.drive;
+  Json out = Json::object();
+  out["rating"] = w.rating;
+  out["rated_bytes_per_drive"] = number(w.rated_bytes_per_drive);
+  out["drive_tbw"] = d.tbw != 0.0 ? number(d.tbw) : Json(nullptr);
+  out["drive_dwpd"] = d.tbw == 0.0 ? number(d.dwpd) : Json(nullptr);
+  out["drive_capacity_bytes"] = d.tbw == 0.0 ? Json(d.capacity_bytes) : Json(nullptr);
+  out["warranty_years"] = d.tbw == 0.0 ? number(d.warranty_years) : Json(nullptr);
+  out["step_seconds"] = d.step_seconds > 0.0 ? number(d.step_seconds) : Json(nullptr);
+  out["configured"] = placement_wear_json(w.configured);
+  out["alternatives"] = std::move(alternatives);
+  return out;
 }
 
 Json machine_json(const MachineSpec& m) {
@@ -313,6 +442,7 @@ std::string format_plan_table(const Plan& plan) {
         "recommended: nothing fits this machine; see the reasons above (a smaller model, more "
         "RAM or disk, or larger budgets)\n";
   }
+  if (plan.wear) append_wear(*plan.wear, &out);
   if (!plan.notes.empty()) {
     out += "\nnotes\n";
     for (const std::string& n : plan.notes) out += str_cat("  - ", n, "\n");
@@ -321,10 +451,7 @@ std::string format_plan_table(const Plan& plan) {
 }
 
 std::string plan_to_json(const Plan& plan) {
-  Json changes = Json::array();
-  for (const ConfigChange& ch : plan.changes) {
-    changes.push_back({{"key_path", ch.key_path}, {"from", json_value(ch.from)}, {"to", json_value(ch.to)}});
-  }
+  Json changes = changes_json(plan.changes);
   Json candidates = Json::array();
   for (const PlacementPlan& c : plan.candidates) candidates.push_back(placement_json(c));
   Json doc = Json::object();
@@ -336,6 +463,7 @@ std::string plan_to_json(const Plan& plan) {
   doc["recommended"] = plan.recommended ? placement_json(*plan.recommended) : Json(nullptr);
   doc["config_changes"] = std::move(changes);
   doc["candidates"] = std::move(candidates);
+  doc["wear"] = plan.wear ? wear_json(*plan.wear) : Json(nullptr);
   doc["notes"] = plan.notes;
   // Paths and config text are passed through; bytes that are not UTF-8
   // become U+FFFD rather than an exception.

@@ -19,6 +19,12 @@ std::string fraction_text(double f) {
   return buf;
 }
 
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
 std::string group_digits(std::uint64_t v) {
   std::string digits = std::to_string(v);
   std::string out;

@@ -233,6 +233,7 @@ core::Result<StepStats> Engine::step_end() {
     stats.bytes += grads.bytes;
     stats.grads_s += grads.seconds;
   }
+  stats.nvme_total = swap_traffic_now();
   stats.prefetched = step_.prefetched;
   step_.prefetched = 0;
   stats.resident = step_.resident;

@@ -3,8 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 namespace strata::engine {
+
+// Swap traffic of one swap path (Config::swap_paths()[i]: a strata.io.paths
+// entry, or the placement's nvme_path).
+struct SwapPathBytes {
+  std::uint64_t read = 0;
+  std::uint64_t written = 0;
+  friend bool operator==(const SwapPathBytes&, const SwapPathBytes&) = default;
+};
 
 // Bytes moved in one step, per tier and direction.
 struct StepBytes {
@@ -12,13 +22,37 @@ struct StepBytes {
   std::uint64_t d2h = 0;         // device -> host copies
   std::uint64_t nvme_read = 0;   // swap reads
   std::uint64_t nvme_write = 0;  // swap writes
+  // nvme_read and nvme_write by swap path (element i: Config::swap_paths()[i]),
+  // each block's bytes where its extents lie (nvme::SwapStore::path_bytes):
+  // the reads add up to nvme_read, the writes to nvme_write. Shorter than the
+  // path list (empty) while nothing moved on the later paths.
+  std::vector<SwapPathBytes> nvme_paths = {};
   friend bool operator==(const StepBytes&, const StepBytes&) = default;
   StepBytes& operator+=(const StepBytes& o) {
     h2d += o.h2d;
     d2h += o.d2h;
     nvme_read += o.nvme_read;
     nvme_write += o.nvme_write;
+    if (nvme_paths.size() < o.nvme_paths.size()) nvme_paths.resize(o.nvme_paths.size());
+    for (std::size_t i = 0; i < o.nvme_paths.size(); ++i) {
+      nvme_paths[i].read += o.nvme_paths[i].read;
+      nvme_paths[i].written += o.nvme_paths[i].written;
+    }
     return *this;
+  }
+  // A swap block read or written: per_path[i] of its bytes on path i.
+  void add_nvme_read(std::span<const std::uint64_t> per_path) { add_nvme(per_path, &SwapPathBytes::read, nvme_read); }
+  void add_nvme_write(std::span<const std::uint64_t> per_path) {
+    add_nvme(per_path, &SwapPathBytes::written, nvme_write);
+  }
+
+ private:
+  void add_nvme(std::span<const std::uint64_t> per_path, std::uint64_t SwapPathBytes::*field, std::uint64_t& total) {
+    if (nvme_paths.size() < per_path.size()) nvme_paths.resize(per_path.size());
+    for (std::size_t i = 0; i < per_path.size(); ++i) {
+      nvme_paths[i].*field += per_path[i];
+      total += per_path[i];
+    }
   }
 };
 
@@ -30,6 +64,17 @@ struct StepStats {
   double lr = 0.0;             // of optimizer group 0 for this step
   double loss_scale = 1.0;     // for the next step
   StepBytes bytes;             // since the previous step_end
+  // Bytes moved to and from each swap path (element i: Config::swap_paths()[i])
+  // since the engine was created, as the I/O layer counted its completions
+  // (nvme::SwapStore::traffic): every step's swap traffic, plus finalize's
+  // initialisation of the swap files (zeroed moments, initial values),
+  // checkpoint saves and loads, export and inspection (read_state). Whole
+  // sectors: with O_DIRECT a block's last partial 4 KiB sector moves whole.
+  // Taken at step_end: an optimizer job still running then (overlap "exact",
+  // "delayed") adds to it later (Engine::swap_traffic is the live figure).
+  // A resumed run starts again from zero: checkpoints do not carry it.
+  // Empty when the engine has no swap store.
+  std::vector<SwapPathBytes> nvme_total;
   // Seconds spent since the previous step_end, by stage.
   double fetch_s = 0.0;        // fetch: compute copies to the device
   double grads_s = 0.0;        // grads_ready: gradients down and the gradient pass

@@ -117,6 +117,13 @@ struct FileSlot {
   std::string path;
 };
 
+// A file slot's bytes moved (IoBackend::traffic), written by the I/O threads
+// as completions arrive, outside the engine's lock.
+struct SlotTraffic {
+  std::atomic<std::uint64_t> bytes_read{0};
+  std::atomic<std::uint64_t> bytes_written{0};
+};
+
 struct BufferRegion {
   const std::byte* begin;
   const std::byte* end;
@@ -197,7 +204,15 @@ class IoEngine {
     }
     files_[slot].fd = fd;
     files_[slot].path = std::move(path);
+    traffic_[slot].bytes_read.store(0, std::memory_order_relaxed);
+    traffic_[slot].bytes_written.store(0, std::memory_order_relaxed);
     return FileId{slot};
+  }
+
+  FileTraffic traffic(FileId file) const {
+    if (file.index < 0 || file.index >= static_cast<int>(kMaxRegisteredFiles)) return {};
+    const SlotTraffic& t = traffic_[file.index];
+    return {t.bytes_read.load(std::memory_order_relaxed), t.bytes_written.load(std::memory_order_relaxed)};
   }
 
   Status unregister_file(FileId file) STRATA_EXCLUDES(mu_) {
@@ -340,6 +355,8 @@ class IoEngine {
       return false;
     }
     op->done += got;
+    SlotTraffic& traffic = traffic_[op->file_index];
+    (op->op == IoOp::kRead ? traffic.bytes_read : traffic.bytes_written).fetch_add(got, std::memory_order_relaxed);
     if (op->done < op->length) return true;  // short transfer: issue the rest
     finish(op, Status(), owned);
     return false;
@@ -415,6 +432,7 @@ class IoEngine {
   std::deque<Op*> queue_ STRATA_GUARDED_BY(mu_);
   bool stop_ STRATA_GUARDED_BY(mu_) = false;
   FileSlot files_[kMaxRegisteredFiles] STRATA_GUARDED_BY(mu_);
+  SlotTraffic traffic_[kMaxRegisteredFiles];  // atomics: read and written without mu_
   std::vector<BufferRegion> regions_ STRATA_GUARDED_BY(mu_);
   std::vector<std::thread> threads_;
 };
@@ -497,6 +515,7 @@ Result<FileId> IoBackend::register_file(int fd, std::string path) {
   return engine_->register_file(fd, std::move(path));
 }
 Status IoBackend::unregister_file(FileId file) { return engine_->unregister_file(file); }
+FileTraffic IoBackend::traffic(FileId file) const { return engine_->traffic(file); }
 Status IoBackend::register_buffers(std::span<const std::span<std::byte>> buffers) {
   return engine_->register_buffers(buffers);
 }

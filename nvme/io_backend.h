@@ -40,6 +40,16 @@ struct FileId {
   friend bool operator==(FileId, FileId) = default;
 };
 
+// Bytes moved to and from one registered file since it was registered, as the
+// kernel reported them: a short transfer counts what it moved, an op that
+// failed what it moved before failing, and nothing is counted twice across
+// retries. With O_DIRECT that is whole sectors.
+struct FileTraffic {
+  std::uint64_t bytes_read = 0;
+  std::uint64_t bytes_written = 0;
+  friend bool operator==(const FileTraffic&, const FileTraffic&) = default;
+};
+
 // One read or write. `buffer` is borrowed: it must stay valid (and, for
 // writes, unchanged) until the request completes. For files opened with
 // O_DIRECT the offset, length and buffer address must be multiples of the
@@ -149,6 +159,10 @@ class IoBackend {
   core::Result<FileId> register_file(int fd, std::string path);
   // Only while no request on the file is in flight.
   core::Status unregister_file(FileId file);
+  // The file's traffic so far (FileTraffic), counted as completions arrive:
+  // a snapshot, exact once no request on the file is in flight. Zeros for an
+  // id that is not registered.
+  FileTraffic traffic(FileId file) const;
 
   // Registers memory that requests will use (io_uring: fixed buffers, pinned
   // once instead of per request). Optional: requests on other memory work too.

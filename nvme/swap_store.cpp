@@ -89,6 +89,7 @@ SwapIo::SwapIo(SwapIo&& other) noexcept
       batch_(std::move(other.batch_)),
       parts_(std::move(other.parts_)),
       bounce_(std::move(other.bounce_)),
+      path_bytes_(std::move(other.path_bytes_)),
       pending_(std::exchange(other.pending_, false)) {}
 
 SwapIo& SwapIo::operator=(SwapIo&& other) noexcept {
@@ -101,6 +102,7 @@ SwapIo& SwapIo::operator=(SwapIo&& other) noexcept {
     batch_ = std::move(other.batch_);
     parts_ = std::move(other.parts_);
     bounce_ = std::move(other.bounce_);
+    path_bytes_ = std::move(other.path_bytes_);
     pending_ = std::exchange(other.pending_, false);
   }
   return *this;
@@ -546,6 +548,26 @@ Result<std::vector<SwapExtent>> SwapStore::extents(std::string_view id) const {
   return out;
 }
 
+Result<std::vector<std::uint64_t>> SwapStore::path_bytes(std::string_view id) const {
+  core::MutexLock lock(mu_);
+  auto it = blocks_.find(std::string(id));
+  if (it == blocks_.end()) return Status::not_found(str_cat("swap block '", id, "' does not exist"));
+  std::vector<std::uint64_t> out(paths_.size(), 0);
+  for (const Extent& e : it->second.extents) out[e.path] += e.length;
+  return out;
+}
+
+std::vector<FileTraffic> SwapStore::traffic() const {
+  core::MutexLock lock(mu_);
+  if (closed_) return closed_traffic_;
+  // Open: the backend lives at least until close() has set closed_ (under mu_).
+  std::vector<FileTraffic> out(files_.size());
+  for (std::size_t i = 0; i < files_.size(); ++i) {
+    if (files_[i].registered) out[i] = backend_->traffic(files_[i].id);
+  }
+  return out;
+}
+
 std::uint64_t SwapStore::capacity_bytes() const {
   std::uint64_t n = 0;
   for (const File& f : files_) n += f.size_bytes;
@@ -610,6 +632,8 @@ Result<SwapIo> SwapStore::start(IoOp op, std::string_view id, std::span<std::byt
     }
     extents = b.extents;
   }
+  io.path_bytes_.assign(paths_.size(), 0);
+  for (const Extent& e : extents) io.path_bytes_[e.path] += e.length;
   std::uint64_t block_offset = 0;
   for (std::size_t x = 0; x < extents.size(); ++x) {
     const Extent& e = extents[x];
@@ -806,6 +830,10 @@ Status SwapStore::close() {
     if (closed_) return Status();
     if (busy_count_ != 0) {
       return Status::failed_precondition(str_cat("swap store close: ", busy_count_, " block(s) have I/O in flight"));
+    }
+    closed_traffic_.assign(files_.size(), FileTraffic{});
+    for (std::size_t i = 0; i < files_.size(); ++i) {
+      if (files_[i].registered && backend_) closed_traffic_[i] = backend_->traffic(files_[i].id);
     }
     closed_ = true;
   }

@@ -75,6 +75,9 @@ class SwapIo {
   // True when every request has completed, so wait() will not block on I/O
   // (it still checks the CRCs). False when nothing is pending.
   bool ready() const { return pending_ && batch_->done(); }
+  // How the block's bytes split over the store's paths (SwapStore::path_bytes),
+  // for the caller's accounting. Empty for a default-constructed SwapIo.
+  const std::vector<std::uint64_t>& path_bytes() const { return path_bytes_; }
 
  private:
   friend class SwapStore;
@@ -90,6 +93,7 @@ class SwapIo {
   std::unique_ptr<IoBatch> batch_;
   std::vector<Part> parts_;  // one per request of batch_
   core::AlignedBuffer bounce_;
+  std::vector<std::uint64_t> path_bytes_;
   bool pending_ = false;
 };
 
@@ -131,6 +135,10 @@ class SwapStore {
   core::Result<std::uint64_t> block_size(std::string_view id) const STRATA_EXCLUDES(mu_);
   // Where the block lives, in block order.
   core::Result<std::vector<SwapExtent>> extents(std::string_view id) const STRATA_EXCLUDES(mu_);
+  // How the block's bytes split over the paths: element i is the length of its
+  // extents under paths()[i]; the elements add up to the block's size. Fixed
+  // from allocate to remove. kNotFound.
+  core::Result<std::vector<std::uint64_t>> path_bytes(std::string_view id) const STRATA_EXCLUDES(mu_);
 
   // Starts writing `data` (exactly the block's size) to block `id`. `data` is
   // borrowed until wait() and must not change meanwhile. With O_DIRECT its
@@ -166,6 +174,12 @@ class SwapStore {
   const std::vector<std::string>& paths() const { return paths_; }
   // The swap file under paths()[i].
   const std::string& file_path(std::size_t i) const { return files_[i].path; }
+  // Bytes moved to and from each path's swap file since this store opened it
+  // (element i: paths()[i]), as the I/O backend counted its completions
+  // (IoBackend::traffic: with O_DIRECT a block's last partial sector moves
+  // whole). A snapshot, exact once no I/O is in flight; after close, the
+  // totals at close.
+  std::vector<FileTraffic> traffic() const STRATA_EXCLUDES(mu_);
   std::uint64_t capacity_bytes() const;
   std::uint64_t free_bytes() const STRATA_EXCLUDES(mu_);
   std::size_t block_count() const STRATA_EXCLUDES(mu_);
@@ -231,6 +245,7 @@ class SwapStore {
   std::unordered_map<std::string, Block> blocks_ STRATA_GUARDED_BY(mu_);
   std::uint32_t next_path_ STRATA_GUARDED_BY(mu_) = 0;
   std::size_t busy_count_ STRATA_GUARDED_BY(mu_) = 0;
+  std::vector<FileTraffic> closed_traffic_ STRATA_GUARDED_BY(mu_);  // traffic() at close
 };
 
 }  // namespace strata::nvme

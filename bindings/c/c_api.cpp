@@ -36,6 +36,10 @@ struct strata_engine {
   std::set<std::string, std::less<>> fetched STRATA_GUARDED_BY(mu);
   std::vector<std::byte> blob STRATA_GUARDED_BY(mu);                 // of the last checkpoint load
   strata_step_stats last STRATA_GUARDED_BY(mu) = STRATA_STEP_STATS_INIT;  // of the last strata_step_end
+  std::vector<strata::engine::SwapPathBytes> last_paths STRATA_GUARDED_BY(mu);  // its bytes per swap path
+  // The swap paths (strata_swap_stats.path points into them): taken once
+  // finalize made them, never changed after.
+  std::vector<std::string> swap_paths STRATA_GUARDED_BY(mu);
   bool loaded STRATA_GUARDED_BY(mu) = false;
 };
 
@@ -209,6 +213,13 @@ using core::str_cat;
 
 namespace strata::c_api {
 namespace {
+
+// The swap paths, taken from the engine the first time they exist (finalize
+// makes them; they never change after).
+const std::vector<std::string>& swap_paths(strata_engine& h) STRATA_REQUIRES(h.mu) {
+  if (h.swap_paths.empty()) h.swap_paths = h.engine->swap_paths();
+  return h.swap_paths;
+}
 
 // A caller's strata_config_options (NULL: defaults) as the engine's ParseOptions.
 core::Result<engine::ParseOptions> parse_options(const strata_config_options* in, const char* fn) {
@@ -663,7 +674,12 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.resident = st.resident;
     r.norm_step = st.norm_step;
     r.resident_bytes = st.resident_bytes;
+    for (const se::SwapPathBytes& p : st.nvme_total) {
+      r.bytes_nvme_read_total += p.read;
+      r.bytes_nvme_write_total += p.written;
+    }
     engine->last = r;
+    engine->last_paths = st.bytes.nvme_paths;
     if (out != nullptr) c_api::write_struct(out, r);
     return core::Status();
   });
@@ -676,6 +692,43 @@ strata_status strata_stats(strata_engine* engine, strata_step_stats* out) noexce
     STRATA_C_NOT_NULL(fn, out);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     c_api::write_struct(out, engine->last);
+    return core::Status();
+  });
+}
+
+strata_status strata_swap_path_count(strata_engine* engine, uint32_t* count_out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_swap_path_count";
+    STRATA_C_ENTER(fn, engine);
+    STRATA_C_NOT_NULL(fn, count_out);
+    *count_out = static_cast<uint32_t>(c_api::swap_paths(*engine).size());
+    return core::Status();
+  });
+}
+
+strata_status strata_swap_stats_get(strata_engine* engine, uint32_t index, strata_swap_stats* out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_swap_stats_get";
+    STRATA_C_ENTER(fn, engine);
+    STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
+    const std::vector<std::string>& paths = c_api::swap_paths(*engine);
+    if (index >= paths.size()) {
+      return core::Status::out_of_range(str_cat(fn, ": index ", index, ", but the engine has ", paths.size(),
+                                                " swap path(s)", paths.empty() ? " (none before finalize, or "
+                                                                                 "nothing on nvme)" : ""));
+    }
+    strata_swap_stats r = STRATA_SWAP_STATS_INIT;
+    r.path = paths[index].c_str();
+    if (index < engine->last_paths.size()) {
+      r.bytes_read = engine->last_paths[index].read;
+      r.bytes_written = engine->last_paths[index].written;
+    }
+    const std::vector<se::SwapPathBytes> totals = engine->engine->swap_traffic();
+    if (index < totals.size()) {
+      r.bytes_read_total = totals[index].read;
+      r.bytes_written_total = totals[index].written;
+    }
+    c_api::write_struct(out, r);
     return core::Status();
   });
 }

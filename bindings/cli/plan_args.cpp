@@ -36,6 +36,18 @@ core::Result<std::uint64_t> size_value(std::string_view flag, std::string_view v
   return n;
 }
 
+// A positive, finite number: --drive-tbw, --drive-dwpd, --warranty-years, --step-seconds.
+core::Result<double> positive_value(std::string_view flag, std::string_view value, std::string_view example) {
+  const std::string text(value);
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v)) {
+    return bad_value(flag, value, str_cat("a positive number such as ", example));
+  }
+  if (v <= 0.0) return Status::invalid_argument(str_cat(flag, ": must be positive, got '", value, "'"));
+  return v;
+}
+
 core::Result<double> fraction_value(std::string_view flag, std::string_view value) {
   const std::string text(value);
   char* end = nullptr;
@@ -57,7 +69,8 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
   std::map<std::string, CLI::Option*, std::less<>> options;
   for (const char* flag :
        {"--config", "--params", "--layers", "--hidden", "--vocab", "--heads", "--seq", "--micro-batch",
-        "--checkpointing", "--frozen-fraction", "--gpu-memory", "--ram", "--disk"}) {
+        "--checkpointing", "--frozen-fraction", "--gpu-memory", "--ram", "--disk", "--drive-tbw", "--drive-dwpd",
+        "--drive-capacity", "--warranty-years", "--step-seconds"}) {
     // Every occurrence is kept so that a repeated flag is refused by name below.
     options[flag] = app.add_option(flag)->type_name("VALUE")->expected(1)->multi_option_policy(
         CLI::MultiOptionPolicy::TakeAll);
@@ -78,6 +91,7 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
   for (const auto& [flag, option] : options) {
     if (option->count() > 1) return Status::invalid_argument(str_cat(flag, " is given twice"));
   }
+  engine::DriveEndurance drive;
   for (const auto& [flag, option] : options) {
     if (option->count() == 0) continue;
     const std::string value = option->results().front();
@@ -133,8 +147,40 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
       STRATA_ASSIGN_OR_RETURN(out.machine.ram_bytes, size_value(flag, value));
     } else if (flag == "--disk") {
       STRATA_ASSIGN_OR_RETURN(out.machine.disk_bytes, size_value(flag, value));
+    } else if (flag == "--drive-tbw") {
+      STRATA_ASSIGN_OR_RETURN(drive.tbw, positive_value(flag, value, "600 (TB written per drive, no unit)"));
+    } else if (flag == "--drive-dwpd") {
+      STRATA_ASSIGN_OR_RETURN(drive.dwpd, positive_value(flag, value, "1 or 0.3"));
+    } else if (flag == "--drive-capacity") {
+      STRATA_ASSIGN_OR_RETURN(drive.capacity_bytes, size_value(flag, value));
+    } else if (flag == "--warranty-years") {
+      STRATA_ASSIGN_OR_RETURN(drive.warranty_years, positive_value(flag, value, "5"));
+    } else if (flag == "--step-seconds") {
+      STRATA_ASSIGN_OR_RETURN(drive.step_seconds, positive_value(flag, value, "30 or 2.5"));
     }
   }
+  auto given = [&options](const char* flag) { return options[flag]->count() > 0; };
+  if (given("--drive-tbw") && given("--drive-dwpd")) {
+    return Status::invalid_argument(
+        "--drive-tbw and --drive-dwpd both rate the drives' endurance: give one (--drive-tbw TB, or --drive-dwpd D "
+        "--drive-capacity SIZE)");
+  }
+  if (given("--drive-dwpd") != given("--drive-capacity")) {
+    return Status::invalid_argument(given("--drive-dwpd")
+                                        ? "--drive-dwpd needs the drive's capacity: --drive-capacity SIZE (e.g. 3.84TB)"
+                                        : "--drive-capacity needs --drive-dwpd D (with --drive-tbw the capacity is "
+                                          "not used)");
+  }
+  if (given("--warranty-years") && !given("--drive-dwpd")) {
+    return Status::invalid_argument("--warranty-years goes with --drive-dwpd (TBW is rated over the warranty already)");
+  }
+  const bool rated = given("--drive-tbw") || given("--drive-dwpd");
+  if (given("--step-seconds") && !rated) {
+    return Status::invalid_argument(
+        "--step-seconds sets the SSD wear estimate's days: give the drives' rating too (--drive-tbw TB, or "
+        "--drive-dwpd D --drive-capacity SIZE)");
+  }
+  if (rated) out.options.drive = drive;
   if (options["--config"]->count() == 0) {
     return Status::invalid_argument("--config FILE is required (the strata/DeepSpeed JSON config)");
   }
@@ -166,6 +212,16 @@ machine (each replaces its probe; sizes like 80GiB, 128GiB, 2TB, 1.5e12)
   --disk SIZE            free swap space (default: statvfs under the swap paths)
   --no-checkpoint        do not count checkpoint space (compute copies, master,
                          moments) on the swap disk: checkpoints go elsewhere
+SSD wear (the same rating for each swap drive)
+  --drive-tbw TB         rated terabytes written per drive (1 TB = 1e12 B)
+  --drive-dwpd D         or: drive writes per day over the warranty, with
+  --drive-capacity SIZE    the drive's capacity (3.84TB, 7.68e12) and
+  --warranty-years Y       the warranty (default 5): TBW = D x SIZE x 365 x Y
+  --step-seconds S       seconds per step, for days of training (the planner
+                         has no step time estimate)
+                         The plan then prints the bytes written per step to
+                         each drive, the steps (and days) until the rating is
+                         used, and the placement changes that write less.
 output
   --json                 print the plan as JSON
   --help                 this text

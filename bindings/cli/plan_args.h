@@ -18,7 +18,7 @@ struct PlanArgs {
   std::string config_path;           // --config FILE; required unless help
   engine::ModelSpec model;           // --params/--layers/--hidden/--vocab/--heads/--seq/...
   engine::MachineOverrides machine;  // --gpu-memory, --ram, --disk
-  engine::PlanOptions options;       // --no-checkpoint clears include_checkpoint
+  engine::PlanOptions options;       // --no-checkpoint clears include_checkpoint; --drive-* set drive
   bool json = false;                 // --json: print JSON instead of the table
   bool help = false;                 // --help or -h: print plan_usage() and do nothing else
 };
@@ -29,7 +29,10 @@ struct PlanArgs {
 // unknown flag, a flag given twice, a missing value, a size that
 // core::parse_bytes rejects, a count that engine::parse_count rejects, a non-number
 // fraction, a checkpointing value other than on/off, a zero size, a missing
-// --config. Range checks of the model (positive, layers <= params, fraction
+// --config; for the wear estimate (options.drive): a rating that is not a
+// positive number, both --drive-tbw and --drive-dwpd, --drive-dwpd without
+// --drive-capacity (or the other way round), --warranty-years without
+// --drive-dwpd, --step-seconds without a rating. Range checks of the model (positive, layers <= params, fraction
 // in [0, 1]) are make_plan's, which names the same flags.
 core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args);
 

@@ -13,6 +13,8 @@ namespace strata::engine {
 
 // 0.5 -> "0.5": a fraction as the config writes it.
 std::string fraction_text(double f);
+// 600 -> "600", 3.84 -> "3.84", 7008.0001 -> "7008": six significant digits.
+std::string number_text(double v);
 // 40000000000 -> "40,000,000,000".
 std::string group_digits(std::uint64_t v);
 // "none", "cpu", "nvme": the config's spelling (config.cpp has its own

@@ -57,7 +57,7 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
   } else {
     STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(home.block_id, host));
     STRATA_RETURN_IF_ERROR(io.wait());
-    lane.bytes->nvme_read += n;
+    lane.bytes->add_nvme_read(io.path_bytes());
   }
   return host;
 }
@@ -73,7 +73,7 @@ core::Status ComputeHomes::commit(std::size_t g, std::span<const std::byte> host
     case Tier::kNvme: {
       STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(home.block_id, host));
       STRATA_RETURN_IF_ERROR(io.wait());
-      lane.bytes->nvme_write += host.size();
+      lane.bytes->add_nvme_write(io.path_bytes());
       return Status();
     }
   }

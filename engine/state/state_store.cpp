@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/aligned_buffer.h"
+#include "core/check.h"
 #include "core/str.h"
 
 namespace strata::engine {
@@ -22,6 +23,14 @@ ChunkState StateStore::views(std::byte* base, std::int64_t elems) {
 
 std::uint64_t StateStore::staging_bytes(std::size_t chunk) const {
   return tier(chunk) == Tier::kNvme ? static_cast<std::uint64_t>(elems(chunk)) * kStateBytesPerElem : 0;
+}
+
+std::vector<std::uint64_t> StateStore::path_bytes(std::size_t chunk) const {
+  if (tier(chunk) != Tier::kNvme) return {};
+  const Chunk& ch = chunks_[chunk];
+  core::Result<std::vector<std::uint64_t>> split = swap_->path_bytes(ch.block_id[ch.current]);
+  STRATA_CHECK(split.ok()) << split.status();  // the block lives as long as the store
+  return std::move(split).value();
 }
 
 std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {

@@ -47,6 +47,10 @@ class StateStore {
   std::int64_t elems(std::size_t chunk) const { return layout_.chunks[chunk].elems; }
   // Bytes of staging memory a chunk needs for load()/store() (0 unless nvme).
   std::uint64_t staging_bytes(std::size_t chunk) const;
+  // How an nvme chunk's current block splits over the swap paths
+  // (nvme::SwapStore::path_bytes; it adds up to staging_bytes): what load()
+  // reads and store() writes on each path. Empty for other tiers.
+  std::vector<std::uint64_t> path_bytes(std::size_t chunk) const;
 
   // Host views of a pinned or nvme chunk. Pinned: views of its own memory
   // (`staging` unused). Nvme: reads the block into `staging` (at least

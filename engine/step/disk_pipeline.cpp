@@ -86,7 +86,7 @@ core::Status DiskPipeline::Pass::advance(std::size_t i) {
     const std::size_t c = chunks_[next_read_];
     STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, p_.state_.start_load(c, p_.ring_[slot].bytes()));
     free_.pop_front();
-    bytes_.nvme_read += p_.state_.staging_bytes(c);
+    bytes_.add_nvme_read(io.path_bytes());
     reads_.push_back({next_read_, slot, std::move(io), core::monotonic_ns()});
     ++next_read_;
   }
@@ -117,7 +117,7 @@ core::Status DiskPipeline::Pass::store(std::size_t i, StateStore::Version versio
   const std::size_t slot = std::exchange(staged_slot_, SIZE_MAX);
   staged_item_ = SIZE_MAX;
   STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, p_.state_.start_store(c, p_.ring_[slot].bytes(), version));
-  bytes_.nvme_write += p_.state_.staging_bytes(c);
+  bytes_.add_nvme_write(io.path_bytes());
   writes_.push_back({i, slot, std::move(io), core::monotonic_ns()});
   if (!write_behind_) STRATA_RETURN_IF_ERROR(finish_write());
   return Status();

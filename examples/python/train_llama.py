@@ -144,6 +144,20 @@ def fmt_bytes(n):
         n /= 1024
 
 
+def print_swap_wear(swaps, step_bytes, nvme_written, steps):
+    """The SSD wear figures: bytes written to the swap paths since the engine
+    was created (the swap files' first contents included) and per step."""
+    if not swaps:
+        print("swap (SSD wear): nothing lives on nvme, no swap writes")
+        return
+    print(f"swap (SSD wear): wrote {fmt_bytes(sum(s.bytes_written_total for s in swaps))} to {len(swaps)} path(s) "
+          f"since the engine was created, {fmt_bytes(nvme_written / steps)} per step on average; "
+          f"read {fmt_bytes(sum(s.bytes_read_total for s in swaps))}")
+    for s in swaps:
+        print(f"  {s.path}: wrote {fmt_bytes(s.bytes_written_total)}, "
+              f"{fmt_bytes(step_bytes.get(s.path, 0) / steps)} per step; read {fmt_bytes(s.bytes_read_total)}")
+
+
 def evaluate(model, batches, hf, engine):
     model.eval()
     total = 0.0
@@ -207,6 +221,8 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
     t_start = time.perf_counter()
     steps_run = 0
     done = first_step  # the last step completed
+    swap_step_bytes = {}  # swap path -> bytes written by the steps run (the SSD wear figures)
+    nvme_written = 0
     for step in range(first_step, args.steps):
         if stop.signum:
             break
@@ -218,6 +234,9 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             engine.backward(loss)       # strata: instead of loss.backward()
             loss_sum += loss.item()
         stats = engine.step()           # strata: instead of optimizer.step()
+        nvme_written += stats.bytes_nvme_write
+        for s in engine.swap_stats():   # strata: the step's writes per swap path
+            swap_step_bytes[s.path] = swap_step_bytes.get(s.path, 0) + s.bytes_written
         if engine.torch_device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
@@ -256,6 +275,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         print(f"summary: {steps_run} steps in {elapsed:.1f} s, {tps:.0f} tokens/s, "
               f"{flops_per_step * steps_run / elapsed / 1e12:.3f} model TFLOPS; "
               f"loss {first_loss:.3f} -> {last_loss:.3f}; held-out loss {val:.3f}")
+        print_swap_wear(engine.swap_stats(), swap_step_bytes, nvme_written, steps_run)
     if args.sample and not args.hf:
         prompt = torch.tensor([data.encode("The ")], device=engine.torch_device)
         with engine.resident():  # strata: groups stay fetched through the generation

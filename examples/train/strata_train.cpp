@@ -346,6 +346,11 @@ int run(const Options& o) {
   std::vector<unsigned char> raw;
   double first_loss = 0.0, last_loss = 0.0, samples_per_s_sum = 0.0;
   strata_step_stats last = STRATA_STEP_STATS_INIT;
+  // The swap paths' writes and reads, summed over the steps run (the SSD wear figures).
+  uint32_t swap_path_count = 0;
+  CHECK_STRATA(strata_swap_path_count(engine, &swap_path_count), "count the swap paths");
+  std::vector<std::uint64_t> swap_written(swap_path_count, 0), swap_read(swap_path_count, 0);
+  std::uint64_t nvme_written = 0;
   const auto t_train = std::chrono::steady_clock::now();
   int done = first_step;  // the last step completed
   for (int step = first_step; step < o.steps && strata::examples::train::stop_signal() == 0; ++step) {
@@ -448,6 +453,13 @@ int run(const Options& o) {
     last_loss = step_loss;
     samples_per_s_sum += sps;
     last = stats;
+    nvme_written += stats.bytes_nvme_write;
+    for (uint32_t i = 0; i < swap_path_count; ++i) {
+      strata_swap_stats swap = STRATA_SWAP_STATS_INIT;
+      CHECK_STRATA(strata_swap_stats_get(engine, i, &swap), "read a swap path's traffic");
+      swap_written[i] += swap.bytes_written;
+      swap_read[i] += swap.bytes_read;
+    }
     done = step + 1;
     if (!o.quiet) {
       std::printf("%5d %12.6f %10.1f %10s %10s %10s %10s %9.2e%s\n", step + 1, step_loss, sps,
@@ -476,6 +488,33 @@ int run(const Options& o) {
               human_bytes(static_cast<double>(last.bytes_nvme_read)).c_str(),
               human_bytes(static_cast<double>(last.bytes_nvme_write)).c_str(),
               static_cast<long long>(last.skipped_total));
+  // What the swap drives were written: since the engine was created (the
+  // swap files' first contents included), and per step on average.
+  if (swap_path_count == 0) {
+    std::printf("         swap (SSD wear): nothing lives on nvme, no swap writes\n");
+  } else {
+    std::vector<strata_swap_stats> swaps(swap_path_count);
+    std::uint64_t written_total = 0, read_total = 0;
+    for (uint32_t i = 0; i < swap_path_count; ++i) {
+      swaps[i] = STRATA_SWAP_STATS_INIT;
+      CHECK_STRATA(strata_swap_stats_get(engine, i, &swaps[i]), "read a swap path's traffic");
+      written_total += swaps[i].bytes_written_total;
+      read_total += swaps[i].bytes_read_total;
+    }
+    auto per_step = [ran](std::uint64_t bytes) {
+      return human_bytes(ran > 0 ? static_cast<double>(bytes) / ran : 0.0);
+    };
+    std::printf("         swap (SSD wear): wrote %s to %u path(s) since the engine was created, %s per step on "
+                "average; read %s\n",
+                human_bytes(static_cast<double>(written_total)).c_str(), swap_path_count,
+                per_step(nvme_written).c_str(), human_bytes(static_cast<double>(read_total)).c_str());
+    for (uint32_t i = 0; i < swap_path_count; ++i) {
+      std::printf("           %s: wrote %s, %s per step; read %s\n", swaps[i].path,
+                  human_bytes(static_cast<double>(swaps[i].bytes_written_total)).c_str(),
+                  per_step(swap_written[i]).c_str(),
+                  human_bytes(static_cast<double>(swaps[i].bytes_read_total)).c_str());
+    }
+  }
   if (const int sig = strata::examples::train::stop_signal(); sig != 0) {
     // Stopped: no export, no dump; the engine is destroyed on return (its
     // swap files removed unless strata.io.keep_files).

@@ -175,9 +175,26 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   int64_t off = -1;
   CHECK_STATUS(strata_param_offset(e, "w", &off, NULL), STRATA_STATUS_FAILED_PRECONDITION, "before finalize");
   CHECK(log.calls == 0);
+  /* No swap paths before finalize. */
+  uint32_t swap_paths = 99;
+  strata_swap_stats swap = STRATA_SWAP_STATS_INIT;
+  CHECK_OK(strata_swap_path_count(e, &swap_paths));
+  CHECK(swap_paths == 0);
+  CHECK_STATUS(strata_swap_stats_get(e, 0, &swap), STRATA_STATUS_OUT_OF_RANGE, "0 swap path(s)");
 
   CHECK_OK(strata_engine_finalize(e));
   CHECK(log.calls == 2 && log.bad_name == 0);
+  /* One swap path with the optimizer state on nvme, written already (zeroed
+   * moments, initial masters); none without. */
+  CHECK_OK(strata_swap_path_count(e, &swap_paths));
+  CHECK(swap_paths == (on_nvme ? 1u : 0u));
+  CHECK_STATUS(strata_swap_path_count(e, NULL), STRATA_STATUS_INVALID_ARGUMENT, "count_out");
+  CHECK_STATUS(strata_swap_stats_get(e, swap_paths, &swap), STRATA_STATUS_OUT_OF_RANGE, "index");
+  if (on_nvme) {
+    CHECK_OK(strata_swap_stats_get(e, 0, &swap));
+    CHECK(swap.path != NULL && strstr(swap.path, "strata_c_api") != NULL);
+    CHECK(swap.bytes_written == 0 && swap.bytes_read == 0 && swap.bytes_written_total > 0);
+  }
   CHECK_STATUS(strata_engine_finalize(e), STRATA_STATUS_FAILED_PRECONDITION, "twice");
   strata_param_desc late = STRATA_PARAM_DESC_INIT;
   late.name = "late";
@@ -315,6 +332,17 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
         CHECK(st.bytes_nvme_read == 0 && st.bytes_nvme_write == 0);
       }
     }
+    /* The one swap path took all of the step's swap traffic; its totals,
+     * taken now, hold at least what step_end saw (the job behind step_end
+     * adds to them). */
+    if (on_nvme) {
+      CHECK_OK(strata_swap_stats_get(e, 0, &swap));
+      CHECK(swap.bytes_written == st.bytes_nvme_write && swap.bytes_read == st.bytes_nvme_read);
+      CHECK(st.bytes_nvme_write_total > 0 && swap.bytes_written_total >= st.bytes_nvme_write_total);
+      CHECK(swap.bytes_read_total >= st.bytes_nvme_read_total);
+    } else {
+      CHECK(st.bytes_nvme_write_total == 0 && st.bytes_nvme_read_total == 0);
+    }
     r->last = st;
   }
   CHECK(r->loss[kSteps - 1] < 0.5 * r->loss[0]);
@@ -326,6 +354,15 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   strata_step_stats again = STRATA_STEP_STATS_INIT;
   CHECK_OK(strata_stats(e, &again));
   CHECK(again.step == kSteps && again.bytes_d2h == r->last.bytes_d2h && again.grad_norm == r->last.grad_norm);
+  CHECK(again.bytes_nvme_write_total == r->last.bytes_nvme_write_total);
+  /* A caller built against 0.3 (no totals) gets the fields it has, and nothing past them. */
+  strata_step_stats old = STRATA_STEP_STATS_INIT;
+  old.struct_size = (uint32_t)offsetof(strata_step_stats, bytes_nvme_read_total);
+  old.bytes_nvme_read_total = 7;
+  old.bytes_nvme_write_total = 7;
+  CHECK_OK(strata_stats(e, &old));
+  CHECK(old.step == kSteps && old.norm_step == r->last.norm_step);
+  CHECK(old.bytes_nvme_read_total == 7 && old.bytes_nvme_write_total == 7);
   if (ckpt_root != NULL) {
     static const char kBlob[] = "data loader at epoch 3";
     CHECK_STATUS(strata_checkpoint_save(e, ckpt_root, NULL, 5), STRATA_STATUS_INVALID_ARGUMENT, "blob");

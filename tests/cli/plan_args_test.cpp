@@ -74,6 +74,35 @@ TEST(PlanArgs, FlagsParseIntoModelAndMachine) {
   EXPECT_TRUE(contains(std::string(plan_usage()), "--gpu-memory"));
 }
 
+TEST(PlanArgs, DriveRatingFlagsFillTheWearOptions) {
+  core::Result<PlanArgs> a = parse_plan_args(argv_of({"--config", "c.json", "--drive-tbw", "600", "--step-seconds",
+                                                      "2.5"}));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(a->options.drive.has_value());
+  EXPECT_DOUBLE_EQ(a->options.drive->tbw, 600.0);
+  EXPECT_DOUBLE_EQ(a->options.drive->step_seconds, 2.5);
+  EXPECT_DOUBLE_EQ(a->options.drive->rated_bytes(), 600e12);
+
+  a = parse_plan_args(argv_of({"--config", "c.json", "--drive-dwpd", "0.3", "--drive-capacity", "3.84TB",
+                               "--warranty-years=3"}));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  ASSERT_TRUE(a->options.drive.has_value());
+  EXPECT_DOUBLE_EQ(a->options.drive->tbw, 0.0);
+  EXPECT_DOUBLE_EQ(a->options.drive->dwpd, 0.3);
+  EXPECT_EQ(a->options.drive->capacity_bytes, 3'840'000'000'000u);
+  EXPECT_DOUBLE_EQ(a->options.drive->warranty_years, 3.0);
+  EXPECT_DOUBLE_EQ(a->options.drive->step_seconds, 0.0);
+  EXPECT_DOUBLE_EQ(a->options.drive->rated_bytes(), 0.3 * 3.84e12 * 365 * 3);
+
+  // The warranty defaults to 5 years; without a rating there is no wear estimate.
+  a = parse_plan_args(argv_of({"--config", "c.json", "--drive-dwpd", "1", "--drive-capacity", "1TB"}));
+  ASSERT_TRUE(a.ok());
+  EXPECT_DOUBLE_EQ(a->options.drive->warranty_years, 5.0);
+  a = parse_plan_args(argv_of({"--config", "c.json"}));
+  ASSERT_TRUE(a.ok());
+  EXPECT_FALSE(a->options.drive.has_value());
+}
+
 TEST(PlanArgs, BadFlagsAreErrorsNamingTheFlag) {
   const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
       {{"--config", "c.json", "--parms", "40B"}, "not expected: 40B --parms"},
@@ -93,6 +122,23 @@ TEST(PlanArgs, BadFlagsAreErrorsNamingTheFlag) {
       {{"--params", "40B", "--layers", "48"}, "--config FILE is required"},
       {{"--config", "c.json", "extra"}, "not expected: extra"},
       {{"--config"}, "--config: 1 required VALUE missing"},
+      {{"--config", "c.json", "--drive-tbw", "-600"}, "--drive-tbw: must be positive, got '-600'"},
+      {{"--config", "c.json", "--drive-tbw", "0"}, "--drive-tbw: must be positive, got '0'"},
+      {{"--config", "c.json", "--drive-tbw", "600TB"}, "--drive-tbw: cannot parse '600TB'"},
+      {{"--config", "c.json", "--drive-tbw", "nan"}, "--drive-tbw: cannot parse 'nan'"},
+      {{"--config", "c.json", "--drive-tbw", "1e999"}, "--drive-tbw: cannot parse '1e999'"},
+      {{"--config", "c.json", "--drive-dwpd", "x", "--drive-capacity", "1TB"}, "--drive-dwpd: cannot parse 'x'"},
+      {{"--config", "c.json", "--drive-dwpd", "1", "--drive-capacity", "0"}, "--drive-capacity: must be positive"},
+      {{"--config", "c.json", "--drive-dwpd", "1", "--drive-capacity", "big"}, "--drive-capacity: cannot parse"},
+      {{"--config", "c.json", "--drive-dwpd", "1", "--drive-capacity", "1TB", "--warranty-years", "0"},
+       "--warranty-years: must be positive"},
+      {{"--config", "c.json", "--drive-tbw", "600", "--step-seconds", "-1"}, "--step-seconds: must be positive"},
+      {{"--config", "c.json", "--drive-tbw", "600", "--drive-dwpd", "1", "--drive-capacity", "1TB"},
+       "--drive-tbw and --drive-dwpd both rate"},
+      {{"--config", "c.json", "--drive-dwpd", "1"}, "--drive-dwpd needs the drive's capacity"},
+      {{"--config", "c.json", "--drive-capacity", "1TB"}, "--drive-capacity needs --drive-dwpd"},
+      {{"--config", "c.json", "--drive-tbw", "600", "--warranty-years", "3"}, "--warranty-years goes with --drive-dwpd"},
+      {{"--config", "c.json", "--step-seconds", "10"}, "--step-seconds sets the SSD wear estimate's days"},
   };
   for (const auto& [args, expected] : cases) {
     core::Result<PlanArgs> a = parse_plan_args(argv_of(args));

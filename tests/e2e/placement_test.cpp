@@ -186,6 +186,7 @@ class Placement : public MlpTest {
       StepBytes t = st->bytes;
       t.h2d += st->resident_bytes;
       if (e.layout().groups[0].compute_tier == Tier::kNvme) t.nvme_read += st->resident_bytes;
+      t.nvme_paths.clear();  // the memory model counts tiers; swap_traffic_test.cpp checks the paths
       r.traffic.push_back(t);
     }
     r.expected_bytes = memory_model(e.layout(), static_cast<std::uint64_t>(c.gradient_accumulation_steps));

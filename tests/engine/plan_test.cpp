@@ -192,6 +192,120 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   EXPECT_TRUE(contains(table, "80.00 GiB")) << table;
 }
 
+// The SSD wear estimate for the 40B model on nvme (writes 560e9 B per step,
+// FortyBillionFitsWithParamsAndOptimizerOnNvme) over two swap paths on two
+// drives rated 600 TBW, 60 s per step. Hand calculation:
+//   per drive 280e9 B per step: 600e12 / 280e9 = 2142.86 -> 2142 steps, x 60 s = 1.4875 days
+//   cpu fraction raised to 0.05 (the most that fits, FortyBillionRecommends...):
+//     536e9 per step, 268e9 per drive: 2238.8 -> 2238 steps
+//   optimizer state in pinned memory (does not fit): the compute copies only, 80e9
+//   compute copies in pinned memory (does not fit, at any cpu fraction): 480e9
+TEST(Planner, WearCountsStepsUntilEachDrivesRating) {
+  Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  config.strata.io.paths = {"/nvme0/swap", "/nvme1/swap"};
+  MachineSpec m = forty_b_machine();
+  m.disks = {{"/nvme0/swap", "/nvme0", 1'000'000'000'000, 7, true},
+             {"/nvme1/swap", "/nvme1", 1'000'000'000'000, 8, true}};
+  PlanOptions options;
+  options.drive = DriveEndurance{.tbw = 600, .step_seconds = 60};
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), m, options);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  ASSERT_TRUE(plan->wear.has_value());
+  const WearPlan& w = *plan->wear;
+  EXPECT_DOUBLE_EQ(w.rated_bytes_per_drive, 600e12);
+  const PlacementWear& c = w.configured;
+  EXPECT_EQ(c.write_bytes_per_step, plan->configured.traffic.disk_write_bytes);
+  EXPECT_EQ(c.write_bytes_per_step, 560'000'000'000u);
+  ASSERT_EQ(c.drives.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(c.drives[i].paths, std::vector<std::string>{config.strata.io.paths[i]});
+    EXPECT_EQ(c.drives[i].write_bytes_per_step, 280'000'000'000u);
+    EXPECT_EQ(c.drives[i].steps, 2142u);
+  }
+  EXPECT_EQ(c.steps, 2142u);
+  ASSERT_TRUE(c.days.has_value());
+  EXPECT_DOUBLE_EQ(*c.days, 2142 * 60 / 86400.0);
+
+  ASSERT_EQ(w.alternatives.size(), 3u);
+  const PlacementWear& raised = w.alternatives[0];
+  EXPECT_TRUE(raised.fits);
+  EXPECT_DOUBLE_EQ(raised.placement.optimizer_cpu_fraction, 0.05);
+  ASSERT_TRUE(plan->recommended.has_value());  // the search's own figure for that placement
+  EXPECT_EQ(raised.write_bytes_per_step, plan->recommended->traffic.disk_write_bytes);
+  EXPECT_EQ(raised.write_bytes_per_step, 536'000'000'000u);
+  EXPECT_EQ(raised.steps, 2238u);
+  ASSERT_EQ(raised.changes.size(), 1u);
+  EXPECT_EQ(raised.changes[0].key_path, "strata.optimizer_cpu_fraction");
+  const PlacementWear& opt_cpu = w.alternatives[1];
+  EXPECT_FALSE(opt_cpu.fits);
+  EXPECT_EQ(opt_cpu.placement.optimizer_device, OffloadDevice::kCpu);
+  EXPECT_EQ(opt_cpu.write_bytes_per_step, 80'000'000'000u);
+  EXPECT_EQ(opt_cpu.write_bytes_per_step, candidate(*plan, OffloadDevice::kNvme, OffloadDevice::kCpu).traffic.disk_write_bytes);
+  EXPECT_FALSE(opt_cpu.reasons.empty());
+  const PlacementWear& params_cpu = w.alternatives[2];
+  EXPECT_FALSE(params_cpu.fits);
+  EXPECT_EQ(params_cpu.placement.param_device, OffloadDevice::kCpu);
+  EXPECT_EQ(params_cpu.write_bytes_per_step, 480'000'000'000u);
+
+  const std::string table = format_plan_table(*plan);
+  EXPECT_TRUE(contains(table, "SSD wear: 600 TBW per drive")) << table;
+  EXPECT_TRUE(contains(table, "the drives last 2,142 steps, 1.49 days at 60 s per step")) << table;
+  EXPECT_TRUE(contains(table, "writes least while fitting: strata.optimizer_cpu_fraction = 0.05")) << table;
+  const std::string json = plan_to_json(*plan);
+  EXPECT_TRUE(contains(json, "\"steps\": 2142")) << json;
+
+  // Two paths on one file system are one drive: it takes both halves.
+  m.disks[1].device_id = 7;
+  m.disks[1].counted = false;
+  plan = make_plan(config, params_model(40'000'000'000, 48), m, options);
+  ASSERT_TRUE(plan.ok());
+  ASSERT_EQ(plan->wear->configured.drives.size(), 1u);
+  EXPECT_EQ(plan->wear->configured.drives[0].paths, config.strata.io.paths);
+  EXPECT_EQ(plan->wear->configured.drives[0].write_bytes_per_step, 560'000'000'000u);
+  EXPECT_EQ(plan->wear->configured.steps, 1071u);  // 600e12 / 560e9 = 1071.4
+}
+
+TEST(Planner, WearByDwpdAndWithoutSwapWrites) {
+  const Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  PlanOptions options;
+  options.drive = DriveEndurance{.dwpd = 1, .capacity_bytes = 3'840'000'000'000};  // 5 years by default
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine(), options);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  // 1 x 3.84e12 x 365 x 5 = 7008e12 B per drive; one path (the nvme_path): 7008e12 / 560e9 = 12514.3
+  EXPECT_DOUBLE_EQ(plan->wear->rated_bytes_per_drive, 1.0 * 3.84e12 * 365.0 * 5.0);
+  EXPECT_EQ(plan->wear->configured.drives.size(), 1u);
+  EXPECT_EQ(plan->wear->configured.steps, 12514u);
+  EXPECT_FALSE(plan->wear->configured.days.has_value());  // no step time
+  EXPECT_TRUE(contains(format_plan_table(*plan), "give --step-seconds")) << format_plan_table(*plan);
+
+  // Nothing on nvme: no drives, no writes, nothing to change.
+  const Config gpu = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
+  plan = make_plan(gpu, params_model(1'000'000'000, 8), forty_b_machine(), options);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->wear->configured.write_bytes_per_step, 0u);
+  EXPECT_TRUE(plan->wear->configured.drives.empty());
+  EXPECT_FALSE(plan->wear->configured.steps.has_value());
+  EXPECT_TRUE(plan->wear->alternatives.empty());
+  EXPECT_TRUE(contains(format_plan_table(*plan), "no swap writes")) << format_plan_table(*plan);
+
+  // Bad ratings name the flag.
+  const std::vector<std::pair<DriveEndurance, std::string>> bad = {
+      {{.tbw = 600, .dwpd = 1, .capacity_bytes = 1}, "not both"},
+      {{.tbw = -1}, "--drive-tbw must be a positive number"},
+      {{.dwpd = -1, .capacity_bytes = 1}, "--drive-dwpd must be a positive number"},
+      {{.dwpd = 1}, "--drive-capacity"},
+      {{.dwpd = 1, .capacity_bytes = 1, .warranty_years = 0}, "--warranty-years"},
+      {{.tbw = 600, .step_seconds = -5}, "--step-seconds"},
+  };
+  for (const auto& [drive, needle] : bad) {
+    options.drive = drive;
+    plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine(), options);
+    ASSERT_FALSE(plan.ok()) << needle;
+    EXPECT_EQ(plan.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(contains(std::string(plan.status().message()), needle)) << plan.status().message();
+  }
+}
+
 // The engine ignores offload_param.buffer_count / buffer_size (docs/config.md),
 // so the plan's staging does not follow them either.
 TEST(Planner, ParamStagingIgnoresDeepSpeedBufferKeys) {

@@ -5,6 +5,7 @@ output folders checked before training, the default config found from any
 directory, and SIGINT / SIGTERM (exit 130 / 143, swap files removed, `latest`
 a complete checkpoint that resumes; a second signal exits at once).
 Usage: strata_train_test.py STRATA_TRAIN SOURCE_ROOT"""
+import json
 import os
 import re
 import signal
@@ -126,6 +127,68 @@ class Outputs(unittest.TestCase):
             r = train("--config", CONFIG, *SMALL, "--steps", "5", "--quiet", "--checkpoint", ck, "--resume", cwd=tmp)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             self.assertIn("summary: 1 steps", r.stdout)
+
+
+UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def size_of(text):
+    """A size as strata-train prints it ("3.1 MiB") and half its last digit: (bytes, rounding)."""
+    number, unit = text.split()
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    return float(number) * UNITS[unit], 0.5 * 10 ** -decimals * UNITS[unit]
+
+
+class SwapWear(unittest.TestCase):
+    """The summary's SSD wear figures: bytes written to each swap path, in all
+    and per step, checked against the step lines' nvme writes."""
+
+    def test_summary_shows_swap_writes_per_path(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with open(os.path.join(ROOT, "examples/configs/placement_nvme_all.json")) as f:
+                config = json.load(f)
+            paths = [os.path.join(tmp, "nvme0"), os.path.join(tmp, "nvme1")]
+            for p in paths:
+                os.makedirs(p)
+            config["strata"]["io"]["paths"] = paths
+            config["strata"]["io"]["stripe_bytes"] = 65536  # the blocks are striped over both
+            with open(os.path.join(tmp, "config.json"), "w") as f:
+                json.dump(config, f)
+            steps = 4
+            r = train("--config", os.path.join(tmp, "config.json"), *SMALL, "--steps", str(steps), cwd=tmp)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            size = r"(\d+(?:\.\d+)? (?:B|KiB|MiB|GiB|TiB))"
+            step_writes = [size_of(m.group(1)) for m in
+                           re.finditer(r"^\s+\d+\s+\S+\s+\S+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+" + size,
+                                       r.stdout, re.M)]
+            self.assertEqual(len(step_writes), steps, r.stdout)
+            m = re.search(r"swap \(SSD wear\): wrote " + size + r" to 2 path\(s\) since the engine was created, "
+                          + size + r" per step on average; read " + size, r.stdout)
+            self.assertIsNotNone(m, r.stdout)
+            (total, total_err), (per_step, per_step_err) = size_of(m.group(1)), size_of(m.group(2))
+            # The average is the step lines' writes over the steps (each figure rounded to its last digit).
+            self.assertAlmostEqual(per_step, sum(w for w, _ in step_writes) / steps,
+                                   delta=per_step_err + sum(e for _, e in step_writes) / steps)
+            # In all: every step's writes and the swap files' first contents at finalize.
+            self.assertGreater(total, sum(w for w, _ in step_writes))
+            per_path = []
+            for p in paths:
+                m = re.search(re.escape(p) + r": wrote " + size + ", " + size + " per step; read " + size, r.stdout)
+                self.assertIsNotNone(m, p + "\n" + r.stdout)
+                per_path.append((size_of(m.group(1)), size_of(m.group(2))))
+            self.assertAlmostEqual(sum(t for (t, _), _ in per_path), total,
+                                   delta=total_err + sum(e for (_, e), _ in per_path))
+            self.assertAlmostEqual(sum(s for _, (s, _) in per_path), per_step,
+                                   delta=per_step_err + sum(e for _, (_, e) in per_path))
+            for _, (s, _) in per_path:  # striped: both drives take a share
+                self.assertGreater(s, 0.25 * per_step)
+
+    def test_summary_says_when_nothing_is_on_nvme(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = train("--config", os.path.join(ROOT, "examples/configs/placement_cpu_all.json"), *SMALL,
+                      "--steps", "1", "--quiet", cwd=tmp)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("swap (SSD wear): nothing lives on nvme, no swap writes", r.stdout)
 
 
 class DefaultConfig(unittest.TestCase):

@@ -23,6 +23,7 @@
 
 #include "core/logging.h"
 #include "core/memory_budget.h"
+#include "nvme/fault_injection.h"
 #include "nvme/internal/swap_index.h"
 #include "tests/nvme/test_util.h"
 
@@ -138,6 +139,84 @@ TEST_P(SwapStoreTest, LargeBlocksAreStripedOverEveryPath) {
   std::set<std::string> small_files;
   for (int i = 0; i < 3; ++i) small_files.insert((*store->extents("s" + std::to_string(i)))[0].file);
   EXPECT_EQ(small_files.size(), 3u);
+}
+
+// traffic() counts each path's bytes as the backend completes them; the
+// blocks' path_bytes (from their extents) say where each block's bytes go.
+// Short transfers and EINTR retries (a fault injector under the backend) move
+// each byte once, and count it once.
+TEST_P(SwapStoreTest, TrafficCountsEachPathsBytesOnceAcrossRetries) {
+  FaultInjector faults;
+  faults.add({.kind = FaultKind::kShortTransfer, .ops = FaultOps::kAny, .skip = 1, .times = 6});
+  faults.add({.kind = FaultKind::kEintr, .ops = FaultOps::kAny, .skip = 2, .times = 4});
+  SwapStoreOptions o = options({dir_.sub("a"), dir_.sub("b")});
+  o.io.fault_injector = &faults;
+  auto store = make(o);
+  ASSERT_NE(store, nullptr);
+  for (const FileTraffic& t : store->traffic()) EXPECT_EQ(t, FileTraffic{});
+  // 4096-aligned blocks: one striped over both paths (3 stripe units and a
+  // sector), two small ones round robin.
+  const std::vector<std::uint64_t> sizes = {(256 << 10) * 3 + 4096, 8192, 12288};
+  std::vector<std::uint64_t> expect(2, 0);
+  std::uint64_t total = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    const std::string id = "t" + std::to_string(i);
+    ASSERT_TRUE(store->allocate(id, sizes[i]).ok());
+    auto split = store->path_bytes(id);
+    ASSERT_TRUE(split.ok()) << split.status();
+    ASSERT_EQ(split->size(), 2u);
+    EXPECT_EQ((*split)[0] + (*split)[1], sizes[i]);
+    // The split agrees with the extents' files.
+    auto ext = store->extents(id);
+    ASSERT_TRUE(ext.ok());
+    std::vector<std::uint64_t> by_file(2, 0);
+    for (const SwapExtent& e : *ext) by_file[e.file == store->file_path(0) ? 0 : 1] += e.length;
+    EXPECT_EQ(by_file, *split) << id;
+    auto src = random_buffer(sizes[i], static_cast<std::uint32_t>(40 + i));
+    auto io = store->start_write(id, std::span<const std::byte>(src.data(), sizes[i]));
+    ASSERT_TRUE(io.ok()) << io.status();
+    EXPECT_EQ(io->path_bytes(), *split) << id;
+    ASSERT_TRUE(io->wait().ok());
+    expect[0] += (*split)[0];
+    expect[1] += (*split)[1];
+    total += sizes[i];
+  }
+  EXPECT_GT(expect[0], 0u);
+  EXPECT_GT(expect[1], 0u);
+  std::vector<FileTraffic> t = store->traffic();
+  ASSERT_EQ(t.size(), 2u);
+  for (std::size_t p = 0; p < 2; ++p) {
+    EXPECT_EQ(t[p].bytes_written, expect[p]) << "path " << p;
+    EXPECT_EQ(t[p].bytes_read, 0u) << "path " << p;
+  }
+  // Read the striped block twice: reads count separately from writes.
+  auto dst = zero_buffer(sizes[0]);
+  for (int k = 0; k < 2; ++k) ASSERT_TRUE(store->read("t0", std::span<std::byte>(dst.data(), sizes[0])).ok());
+  const std::vector<std::uint64_t> split0 = *store->path_bytes("t0");
+  t = store->traffic();
+  for (std::size_t p = 0; p < 2; ++p) {
+    EXPECT_EQ(t[p].bytes_written, expect[p]) << "path " << p;
+    EXPECT_EQ(t[p].bytes_read, 2 * split0[p]) << "path " << p;
+  }
+  EXPECT_EQ(t[0].bytes_written + t[1].bytes_written, total);
+  EXPECT_GT(faults.total_hits(), 0u);
+  // The totals survive close.
+  ASSERT_TRUE(store->close().ok());
+  EXPECT_EQ(store->traffic(), t);
+  EXPECT_EQ(store->path_bytes("nope").status().code(), StatusCode::kNotFound);
+}
+
+// With O_DIRECT a block's last partial sector is written whole: the backend's
+// count is the bytes the drive took, at most one sector more per extent.
+TEST_P(SwapStoreTest, TrafficCountsWholeSectorsOfAnUnalignedBlock) {
+  auto store = make(options({dir_.path()}));
+  ASSERT_NE(store, nullptr);
+  constexpr std::uint64_t kSize = 10000;
+  ASSERT_TRUE(store->allocate("u", kSize).ok());
+  auto src = random_buffer(kSize, 9);
+  ASSERT_TRUE(store->write("u", std::span<const std::byte>(src.data(), kSize)).ok());
+  const std::uint64_t written = store->traffic()[0].bytes_written;
+  EXPECT_EQ(written, store->direct_io() ? 12288u : kSize);
 }
 
 TEST_P(SwapStoreTest, ReopenFromSavedIndexAndReadBack) {

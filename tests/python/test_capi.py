@@ -110,6 +110,48 @@ def test_the_step_through_the_host_calls(swap_dir):
         assert e.stats().step == 1
 
 
+def test_swap_stats_split_the_steps_nvme_bytes_over_the_paths(tmp_path):
+    paths = [str(tmp_path / "p0"), str(tmp_path / "p1")]
+    for p in paths:
+        os.mkdir(p)
+    cfg = helpers.config(paths[0], "params_nvme", lr=0.1, weight_decay=0.0)
+    cfg["strata"]["io"]["paths"] = paths
+    cfg["strata"]["io"]["stripe_bytes"] = 4096  # every block over 4 KiB is striped over both
+    cfg["strata"]["overlap"] = "none"  # step_end runs the step's optimizer to the end
+    e = strata.Engine(cfg)
+    with e:
+        assert e.swap_stats() == []  # before finalize
+        def init(name, out):
+            for i in range(len(out)):
+                out[i] = 0.001 * (i % 11)
+
+        e.register("w", (64, 256), group="layer", init=init)
+        e.finalize()
+        first = e.swap_stats()
+        assert [s.path for s in first] == paths
+        assert all(s.bytes_written_total > 0 and s.bytes_written == 0 for s in first)  # finalize's first contents
+        info = e.group_info("layer")
+        for step in range(2):
+            weights = torch.empty(info.numel)
+            e.fetch_host("layer", weights)
+            e.grads_host("layer", torch.full((info.numel,), 0.01))
+            e.release("layer")
+            before = e.swap_stats()
+            stats = e.step_end()
+            after = e.swap_stats()
+            assert stats.bytes_nvme_write > 0
+            assert sum(s.bytes_written for s in after) == stats.bytes_nvme_write
+            assert sum(s.bytes_read for s in after) == stats.bytes_nvme_read
+            assert all(s.bytes_written > 0 for s in after)
+            assert stats.bytes_nvme_write_total == sum(s.bytes_written_total for s in after)
+            assert stats.bytes_nvme_read_total == sum(s.bytes_read_total for s in after)
+            # Every write of the step happens in step_end (the fetch only reads): what
+            # each path's swap file was written meanwhile is the step's share of it.
+            for b, a in zip(before, after):
+                assert a.bytes_written_total - b.bytes_written_total == a.bytes_written
+        assert e.stats().bytes_nvme_write_total == stats.bytes_nvme_write_total
+
+
 def test_errors_carry_the_status_and_message(swap_dir):
     with linear_engine(swap_dir) as e:
         with pytest.raises(strata.FailedPrecondition, match="layer") as info:

@@ -16,12 +16,12 @@ from .errors import (AlreadyExists, Cancelled, DataLoss, Error, FailedPreconditi
                      NotFetched, NotFound, OutOfMemory, OutOfRange, PermissionDenied, ResourceExhausted, Unavailable,
                      Unimplemented)
 from .errors import IOError_ as IOError  # noqa: A001 - strata.IOError is the C status IO_ERROR
-from .engine import (Engine, GroupInfo, StepStats, View, check, config_check, config_resolve, library_path,
-                     version)
+from .engine import (Engine, GroupInfo, StepStats, SwapStats, View, check, config_check, config_resolve,
+                     library_path, version)
 
 __version__ = version()
 __all__ = [
-    "Engine", "GroupInfo", "StepStats", "View", "check", "config_check", "config_resolve", "library_path",
+    "Engine", "GroupInfo", "StepStats", "SwapStats", "View", "check", "config_check", "config_resolve", "library_path",
     "version", "Error", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "OutOfMemory",
     "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unimplemented", "Unavailable", "IOError", "DataLoss",
     "Cancelled", "Internal", "NotFetched",

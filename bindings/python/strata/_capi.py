@@ -13,7 +13,7 @@ import os
 
 # The C header's version this module was written against.
 HEADER_MAJOR = 0
-HEADER_MINOR = 3
+HEADER_MINOR = 4
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_NAMES = ("libstrata.so", "libstrata.so.0")
@@ -97,7 +97,14 @@ class StepStatsC(ctypes.Structure):
                 ("fetch_seconds", ctypes.c_double), ("grads_seconds", ctypes.c_double),
                 ("optimizer_seconds", ctypes.c_double), ("prefetched", ctypes.c_int64),
                 ("speculative_discarded", ctypes.c_int64), ("resident", ctypes.c_int64),
-                ("resident_bytes", ctypes.c_uint64), ("norm_step", ctypes.c_int64)]
+                ("resident_bytes", ctypes.c_uint64), ("norm_step", ctypes.c_int64),
+                ("bytes_nvme_read_total", ctypes.c_uint64), ("bytes_nvme_write_total", ctypes.c_uint64)]
+
+
+class SwapStatsC(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("path", ctypes.c_char_p), ("bytes_read", ctypes.c_uint64),
+                ("bytes_written", ctypes.c_uint64), ("bytes_read_total", ctypes.c_uint64),
+                ("bytes_written_total", ctypes.c_uint64)]
 
 
 def _sized(cls):
@@ -155,6 +162,9 @@ _PROTOTYPES = {
     "strata_config_check_ex": (c_status, [_s, _P(ConfigOptions), _P(ctypes.c_uint32)]),
     "strata_config_resolve_ex": (c_status, [_s, _P(ConfigOptions), _P(ctypes.c_void_p)]),
     "strata_engine_create_ex": (c_status, [_s, _P(ConfigOptions), _P(c_engine_p)]),
+    # 0.4
+    "strata_swap_path_count": (c_status, [c_engine_p, _P(ctypes.c_uint32)]),
+    "strata_swap_stats_get": (c_status, [c_engine_p, ctypes.c_uint32, _P(SwapStatsC)]),
 }
 
 

@@ -167,6 +167,8 @@ class StepStats:
     resident: int = 0
     resident_bytes: int = 0
     norm_step: int = 0
+    bytes_nvme_read_total: int = 0   # all swap paths, since the engine was created (as of this step_end)
+    bytes_nvme_write_total: int = 0
     adapter_seconds: float = 0.0  # strata.torch: its own time in the step (hooks, copies); not from the C API
 
     @classmethod
@@ -175,6 +177,19 @@ class StepStats:
         values = {f.name: getattr(s, f.name) for f in dataclasses.fields(cls) if f.name in c_fields}
         values["skipped"] = bool(values["skipped"])
         return cls(**values)
+
+
+@dataclasses.dataclass
+class SwapStats:
+    """One swap path's traffic (strata_swap_stats): the last step's bytes on it
+    (its share of StepStats.bytes_nvme_read / bytes_nvme_write) and the totals
+    since the engine was created, as the I/O layer counted them (every step's,
+    plus finalize's first contents, checkpoints, export and read_master)."""
+    path: str
+    bytes_read: int = 0
+    bytes_written: int = 0
+    bytes_read_total: int = 0
+    bytes_written_total: int = 0
 
 
 class Engine:
@@ -351,6 +366,22 @@ class Engine:
         s = _capi.new(_capi.StepStatsC)
         check(_lib.strata_stats(self.handle, ctypes.byref(s)))
         return StepStats._from_c(s)
+
+    def swap_stats(self):
+        """Each swap path's traffic (SwapStats), in the order of strata.io.paths
+        (else the placements' nvme_path); empty before finalize and when no
+        state lives on nvme. The totals are taken now: an optimizer job still
+        running adds to them."""
+        count = ctypes.c_uint32()
+        check(_lib.strata_swap_path_count(self.handle, ctypes.byref(count)))
+        out = []
+        for i in range(count.value):
+            s = _capi.new(_capi.SwapStatsC)
+            check(_lib.strata_swap_stats_get(self.handle, i, ctypes.byref(s)))
+            out.append(SwapStats(path=s.path.decode(errors="replace"), bytes_read=s.bytes_read,
+                                 bytes_written=s.bytes_written, bytes_read_total=s.bytes_read_total,
+                                 bytes_written_total=s.bytes_written_total))
+        return out
 
     @property
     def loss_scale(self):

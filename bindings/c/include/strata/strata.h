@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 3
+#define STRATA_VERSION_MINOR 4
 #define STRATA_VERSION_PATCH 0
 
 /* Status codes. Stable: values are never renumbered. */
@@ -463,9 +463,14 @@ typedef struct strata_step_stats {
                                 (strata.nonfinite not "error"), whose step_end does not wait for the step's
                                 last gradients: there, the step before (0: none yet), and step and
                                 skipped_total count the verdicts taken */
+  /* (0.4) Bytes read from and written to the swap paths, all of them, since the
+   * engine was created, as of this step_end: what strata_swap_stats_get gives
+   * per path (bytes_read_total, bytes_written_total). */
+  uint64_t bytes_nvme_read_total;
+  uint64_t bytes_nvme_write_total;
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT \
-  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0}
+  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
@@ -480,6 +485,37 @@ STRATA_API strata_status strata_step_end(strata_engine* engine, strata_step_stat
 /* The statistics of the last strata_step_end (zeros before the first) into
  * *out (the caller sets out->struct_size). */
 STRATA_API strata_status strata_stats(strata_engine* engine, strata_step_stats* out) STRATA_NOEXCEPT;
+
+/* One swap path's traffic (0.4): what an SSD under it is written, for its
+ * wear. The step figures split the last strata_step_end's bytes_nvme_read and
+ * bytes_nvme_write by path (each swap block's bytes on the path its extents
+ * lie on); the totals are the I/O layer's count for the path's swap file since
+ * the engine was created: every step's traffic plus the swap files'
+ * initialisation at finalize, checkpoint saves and loads, export and
+ * strata_param_read_master, with O_DIRECT's last partial 4 KiB sector of a
+ * block moved whole. A resumed run counts from zero again (checkpoints do
+ * not carry it). */
+typedef struct strata_swap_stats {
+  uint32_t struct_size;         /* STRATA_SWAP_STATS_INIT */
+  const char* path;             /* the swap directory (strata.io.paths or nvme_path); owned by the engine,
+                                   valid until strata_engine_destroy */
+  uint64_t bytes_read;          /* in the last strata_step_end's step (0 before the first) */
+  uint64_t bytes_written;
+  uint64_t bytes_read_total;    /* since the engine was created, up to now: I/O of an optimizer job still
+                                   running (strata.overlap "exact", "delayed") adds to them later */
+  uint64_t bytes_written_total;
+} strata_swap_stats;
+#define STRATA_SWAP_STATS_INIT {(uint32_t)sizeof(strata_swap_stats), NULL, 0, 0, 0, 0}
+
+/* The number of swap paths into *count_out (0 before finalize, and when no
+ * state lives on nvme), in the order of the config's strata.io.paths (else the
+ * placements' nvme_path). */
+STRATA_API strata_status strata_swap_path_count(strata_engine* engine, uint32_t* count_out) STRATA_NOEXCEPT;
+
+/* Swap path `index`'s traffic into *out (the caller sets out->struct_size).
+ * Errors: OUT_OF_RANGE when index >= strata_swap_path_count, naming both. */
+STRATA_API strata_status strata_swap_stats_get(strata_engine* engine, uint32_t index,
+                                               strata_swap_stats* out) STRATA_NOEXCEPT;
 
 /* The loss scale for the next backward pass (1 unless fp16): the framework
  * multiplies its loss by it. */

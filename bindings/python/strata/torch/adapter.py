@@ -894,6 +894,10 @@ class Engine:
     def stats(self):
         return self._engine.stats()
 
+    def swap_stats(self):
+        """Each swap path's traffic (strata.SwapStats): the last step's bytes and the totals."""
+        return self._engine.swap_stats()
+
     @property
     def engine(self):
         """The underlying strata.Engine (the C API)."""
