@@ -6,9 +6,9 @@
 #   gpu_bench    pinned and pageable host<->device bandwidth, 1 MiB to 1 GiB
 #   e2e          meson test --suite e2e with STRATA_TEST_DEVICE=cuda (the engine on the CUDA device)
 #   pytest       tests/python: the adapter, its CUDA and transformers cases
-#   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
 #   llama        examples/python/train_llama.py --hf: transformers' Llama at the largest size whose
 #                state fits the RAM (scripts/gpu_check.py llama-plan asks strata plan), a few steps
+#   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
 # and writes one summary (stages with pass/fail/skip and test counts, GB/s per link, TFLOP/s,
 # step_bench rows, tokens/s, loss, bytes per link) after every stage, so that a call cut short
 # still returns one. Each stage runs under its own limit inside a deadline for the whole run.
@@ -235,15 +235,6 @@ if [[ $built -eq 1 ]]; then
   run_stage pytest 150 env STRATA_LIBRARY="$(cd "$build" && pwd)/bindings/c/libstrata.so" "$py" \
     tests/python/run_pytest.py -rs
   summarize
-  # Swap files on the disk of the repository (a /tmp in memory would hide the disk).
-  swap=$build/step_bench_swap
-  mkdir -p "$swap"
-  for sc in ${step_scenarios//,/ }; do
-    run_stage "step_bench_$sc" 90 "$build/benchmarks/step_bench" --device cuda --scenarios "$sc" --layers 6 \
-      --reps 2 --steps 2 --dir "$swap" --json "$work/step_bench_$sc.json"
-    summarize
-  done
-  rm -rf "$swap"
 else
   for s in gpu gpu_bench e2e pytest; do record "$s" - 0 0 "" "not run: no build"; done
 fi
@@ -277,13 +268,28 @@ else
       ckpt=()
       [[ $llama_checkpointing -eq 1 ]] && ckpt=(--checkpointing)
       mkdir -p "$work/llama_run/strata_swap"
-      run_stage llama 600 env -C "$work/llama_run" "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
+      run_stage llama 240 env -C "$work/llama_run" "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
         --size "$llama_size" --layers "$llama_layers" --build-dtype bf16 --seq-len 1024 --steps "$llama_steps" \
         --eval-every 0 --eval-batches 1 --no-progress --log-every 1 --sample 0 --config "$llama_config" \
         --corpus "$corpus" "${ckpt[@]}"
       rm -rf "$work/llama_run"
     fi
   fi
+fi
+
+summarize
+
+# --- step_bench on the real device, one stage per scenario (last: each is cheap to lose) ---------
+if [[ $built -eq 1 ]]; then
+  # Swap files on the disk of the repository (a /tmp in memory would hide the disk).
+  swap=$build/step_bench_swap
+  mkdir -p "$swap"
+  for sc in ${step_scenarios//,/ }; do
+    run_stage "step_bench_$sc" 90 "$build/benchmarks/step_bench" --device cuda --scenarios "$sc" --layers 6 \
+      --reps 2 --steps 2 --dir "$swap" --json "$work/step_bench_$sc.json"
+    summarize
+  done
+  rm -rf "$swap"
 fi
 
 echo
