@@ -7,10 +7,13 @@
 // same run measures every resource of the step in isolation: device compute,
 // the host->device and device->host links, the disk, and the CPU. The bound is
 // the busiest of them; ratio_to_bound = step time / bound.
+// With --device cuda the engines and the isolated link copies run on the CUDA
+// device instead (a GPU machine: real links; the declared FLOPs take no time
+// there, and the timing model is not used).
 //
 //   step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N]
 //              [--reps R] [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative|delayed]
-//              [--dir DIR]
+//              [--device host|cuda] [--dir DIR]
 //              [--json FILE] [--trace-dir DIR] [--list]
 //
 // docs/benchmarks.md ("step") describes the scenarios, the calibration that
@@ -46,6 +49,7 @@
 #include "core/numerics.h"
 #include "core/str.h"
 #include "engine/engine.h"
+#include "gpu/cuda_device.h"
 #include "gpu/device.h"
 #include "gpu/host_device.h"
 #include "nvme/crc64.h"
@@ -158,6 +162,7 @@ struct Options {
   eng::OverlapMode overlap = eng::OverlapMode::kExact;  // the overlapped schedule's strata.overlap
   bool overlap_given = false;                           // --overlap: for every scenario
   bool balance_given = false;                           // --balance: for every scenario
+  eng::DeviceKind device = eng::DeviceKind::kHost;      // --device: the engines' and the isolated copies'
   std::string dir;               // root for the swap directories
   std::string json_path;
   std::string trace_dir;
@@ -175,6 +180,13 @@ const char* placement_name(Placement p) { return p == Placement::kNvme ? "nvme" 
 // scenario's own, else the default.
 double balance_of(const Scenario& sc, const Options& opt) {
   return opt.balance_given || sc.balance <= 0.0 ? opt.balance : sc.balance;
+}
+
+// The framework's declared compute: modeled time on the host device; nothing
+// on a CUDA device, which does not model it (--device cuda).
+Status declare(gpu::Device& dev, gpu::Stream& stream, double flops, std::string_view what) {
+  if (dev.kind() == gpu::DeviceKind::kCuda) return Status();
+  return dev.declare_compute(stream, flops, what);
 }
 
 [[noreturn]] void die(const Status& s, std::string_view what) {
@@ -329,14 +341,14 @@ class Driver {
     for (int g = 0; g < model_.layers; ++g) {
       const std::string name = model_.group(g);
       STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());
-      STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, fwd, "forward"));
+      STRATA_RETURN_IF_ERROR(declare(dev, stream_, fwd, "forward"));
       STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));  // its buffer is reused after this work
     }
     for (int g = model_.layers - 1; g >= 0; --g) {
       const std::string name = model_.group(g);
       STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());
       STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan grad, engine_->grad_buffer(name));
-      STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, 2.0 * fwd, "backward"));
+      STRATA_RETURN_IF_ERROR(declare(dev, stream_, 2.0 * fwd, "backward"));
       STRATA_RETURN_IF_ERROR(dev.copy_d2d(stream_, grad, g == model_.layers - 1 ? bad : good));
       // The engine's copy waits for the framework's stream; the host goes on.
       STRATA_RETURN_IF_ERROR(engine_->grads_ready(name, &stream_));
@@ -435,9 +447,19 @@ std::string config_json(const Scenario& sc, const Model& m, eng::OverlapMode ove
   return j;
 }
 
+// On `device` kCuda: strata.device "cuda", with the host device's default
+// memory as the device budget (the same room as on the host device, and
+// engines that share the GPU: the CUDA device would reserve all free memory
+// but 1 GiB); the timing model is then unused.
 Result<eng::Config> make_config(const Scenario& sc, const Model& m, eng::OverlapMode overlap,
-                                const TimingPlan& t, const std::string& swap_dir, const std::string& trace) {
-  return eng::parse_config(config_json(sc, m, overlap, t, swap_dir, trace));
+                                const TimingPlan& t, const std::string& swap_dir, const std::string& trace,
+                                eng::DeviceKind device) {
+  STRATA_ASSIGN_OR_RETURN(eng::Config c, eng::parse_config(config_json(sc, m, overlap, t, swap_dir, trace)));
+  if (device == eng::DeviceKind::kCuda) {
+    c.strata.device = eng::DeviceKind::kCuda;
+    c.strata.budgets.device_bytes = c.strata.host_device.memory_bytes;
+  }
+  return c;
 }
 
 nvme::BackendKind backend_of(eng::IoBackend b) {
@@ -503,7 +525,9 @@ class Isolated {
     if (device_ != nullptr) device_->synchronize().ignore_error();  // before the buffers go
   }
 
-  // (Re)creates the isolated device with this timing model.
+  // (Re)creates the isolated device with this timing model (on the engines'
+  // device kind: with strata.device "cuda", a CUDA device whose arena holds
+  // the three buffers below, and no timing model).
   Status set_timing(const TimingPlan& t) {
     hlink_.reset();
     dlink_.reset();
@@ -511,14 +535,21 @@ class Isolated {
     dpattern_.reset();
     stream_.reset();
     device_.reset();
-    gpu::HostDeviceOptions ho;
-    ho.budgets = {&device_budget_, &pinned_budget_};
-    ho.timing.compute_tflops = t.tflops;
-    ho.timing.h2d_gb_per_s = t.h2d_gbps;
-    ho.timing.d2h_gb_per_s = t.d2h_gbps;
-    STRATA_ASSIGN_OR_RETURN(device_, gpu::make_host_device(ho));
-    STRATA_ASSIGN_OR_RETURN(stream_, device_->create_stream("isolated"));
     const std::uint64_t gbytes = o_.model.group_bytes();
+    if (o_.config.strata.device == eng::DeviceKind::kCuda) {
+      gpu::CudaDeviceOptions co;
+      co.budgets = {&device_budget_, &pinned_budget_};
+      co.arena_bytes = 3 * core::align_up(gbytes, 1ull << 20);
+      STRATA_ASSIGN_OR_RETURN(device_, gpu::make_cuda_device(co));
+    } else {
+      gpu::HostDeviceOptions ho;
+      ho.budgets = {&device_budget_, &pinned_budget_};
+      ho.timing.compute_tflops = t.tflops;
+      ho.timing.h2d_gb_per_s = t.h2d_gbps;
+      ho.timing.d2h_gb_per_s = t.d2h_gbps;
+      STRATA_ASSIGN_OR_RETURN(device_, gpu::make_host_device(ho));
+    }
+    STRATA_ASSIGN_OR_RETURN(stream_, device_->create_stream("isolated"));
     STRATA_ASSIGN_OR_RETURN(dpattern_, device_->allocate(gbytes, "isolated gradient pattern"));
     STRATA_ASSIGN_OR_RETURN(dgrad_, device_->allocate(gbytes, "isolated gradient"));
     STRATA_ASSIGN_OR_RETURN(dlink_, device_->allocate(gbytes, "isolated link target"));
@@ -539,12 +570,12 @@ class Isolated {
     core::Stopwatch sw;
     if (with_compute) {
       for (int g = 0; g < m.layers; ++g) {
-        STRATA_RETURN_IF_ERROR(device_->declare_compute(stream_, m.forward_flops(), "forward"));
+        STRATA_RETURN_IF_ERROR(declare(*device_, stream_, m.forward_flops(), "forward"));
       }
     }
     for (int g = 0; g < m.layers; ++g) {
       if (with_compute)
-        STRATA_RETURN_IF_ERROR(device_->declare_compute(stream_, 2.0 * m.forward_flops(), "backward"));
+        STRATA_RETURN_IF_ERROR(declare(*device_, stream_, 2.0 * m.forward_flops(), "backward"));
       STRATA_RETURN_IF_ERROR(device_->copy_d2d(stream_, dgrad_.span(), dpattern_.span()));
     }
     STRATA_RETURN_IF_ERROR(device_->synchronize(stream_));
@@ -1107,7 +1138,8 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
     Model small = m;
     small.layer_elems = 4 * nx::kNormBlockElems;
     const eng::OverlapMode overlapped = opt.overlap_given ? opt.overlap : sc.overlap;
-    STRATA_ASSIGN_OR_RETURN(eng::Config cc, make_config(sc, small, overlapped, {}, dir + "/calibration", ""));
+    STRATA_ASSIGN_OR_RETURN(eng::Config cc,
+                            make_config(sc, small, overlapped, {}, dir + "/calibration", "", opt.device));
     STRATA_ASSIGN_OR_RETURN(auto d, Driver::create(cc, small, GradPlan::kSteady));
     StepRecord last;
     for (int i = 0; i < 3; ++i) {
@@ -1124,7 +1156,7 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
 
   // 2. The isolated resources at the predicted shape, without a timing model.
   STRATA_ASSIGN_OR_RETURN(eng::Config base,
-                          make_config(sc, m, eng::OverlapMode::kExact, {}, dir + "/sequential", ""));
+                          make_config(sc, m, eng::OverlapMode::kExact, {}, dir + "/sequential", "", opt.device));
   const std::uint64_t chunk_elems_cfg = base.strata.chunk_bytes / 4;
   res.chunk_elems = std::min<std::int64_t>(static_cast<std::int64_t>(chunk_elems_cfg), m.layer_elems);
   Isolated::Options io;
@@ -1196,7 +1228,8 @@ Result<ScenarioResult> run_scenario(const Scenario& sc, const Options& opt, adam
                                                     : str_cat(opt.trace_dir, "/", sc.name, "_",
                                                               schedule_name(modes[k]), ".trace.json");
     STRATA_ASSIGN_OR_RETURN(eng::Config c, make_config(sc, m, modes[k], cal.timing,
-                                                       str_cat(dir, "/", schedule_name(modes[k])), trace));
+                                                       str_cat(dir, "/", schedule_name(modes[k])), trace,
+                                                       opt.device));
     STRATA_ASSIGN_OR_RETURN(drivers[k], Driver::create(c, m, sc.grads));
   }
   for (int rep = 0; rep < opt.reps; ++rep) {
@@ -1354,7 +1387,7 @@ void json_sample(JsonWriter& j, std::string_view key, const IsoSample& s, std::i
 JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& results) {
   JsonWriter j;
   j.begin_object();
-  j.str("bench", "step_bench").str("command", opt.command);
+  j.str("bench", "step_bench").str("command", opt.command).str("device", eng::to_string(opt.device));
   j.integer("reps", opt.reps).integer("steps_per_block", opt.steps).num("balance_target", opt.balance);
   j.integer("hardware_threads", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
   j.begin_array("scenarios");
@@ -1433,8 +1466,8 @@ JsonWriter to_json(const Options& opt, const std::vector<ScenarioResult>& result
 void usage() {
   std::fprintf(stderr,
                "usage: step_bench [--scenarios LIST] [--small] [--layers L] [--layer-elems N] [--reps R]\n"
-               "                  [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative|delayed] [--dir DIR] [--json FILE] "
-               "[--trace-dir DIR]\n"
+               "                  [--steps S] [--balance B] [--disk-mixed] [--overlap exact|speculative|delayed] "
+               "[--device host|cuda] [--dir DIR] [--json FILE] [--trace-dir DIR]\n"
                "                  [--list]\n");
 }
 
@@ -1495,6 +1528,16 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, "step_bench: --overlap is exact, speculative or delayed\n");
         return 2;
       }
+    } else if (arg == "--device") {
+      const std::string v = value();
+      if (v == "host") {
+        opt.device = eng::DeviceKind::kHost;
+      } else if (v == "cuda") {
+        opt.device = eng::DeviceKind::kCuda;
+      } else {
+        std::fprintf(stderr, "step_bench: --device is host or cuda, not '%s'\n", v.c_str());
+        return 2;
+      }
     } else if (arg == "--dir") {
       opt.dir = value();
     } else if (arg == "--json") {
@@ -1553,6 +1596,11 @@ int run(int argc, char** argv) {
       "balance target %.2f; cpu_adam %s on %d threads; CRC64 %s; swap under %s\n",
       opt.scenarios.size(), opt.reps, opt.steps, opt.balance, std::string(adam::isa_name(cpu.isa())).c_str(),
       cpu.threads(), nvme::crc64_accelerated() ? "ISA-L" : "portable", root.c_str());
+  if (opt.device == eng::DeviceKind::kCuda) {
+    std::printf(
+        "device: cuda (the engines and the isolated link copies; the declared FLOPs take no time there, so\n"
+        "the device resource is the gradient writes, and the timing model below is not used)\n");
+  }
 
   std::vector<ScenarioResult> results;
   for (const Scenario* sc : opt.scenarios) {

@@ -40,6 +40,10 @@ def main():
         with open(out) as f:
             doc = json.load(f)
         check(os.listdir(tmp) == ["out.json"], f"swap directories left behind: {os.listdir(tmp)}")
+    check(doc.get("device") == "host", f"device {doc.get('device')!r}, expected 'host' (the default)")
+    bad = subprocess.run([bench, "--device", "gpu"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(bad.returncode == 2 and "--device is host or cuda" in bad.stdout,
+          f"--device gpu: exit {bad.returncode}, {bad.stdout!r}")
     scenarios = {s["scenario"]: s for s in doc["scenarios"]}
     check(set(scenarios) == {"cpu_clip", "nvme_fp16"}, f"scenarios {sorted(scenarios)}")
     for name, sc in scenarios.items():

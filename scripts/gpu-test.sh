@@ -1,135 +1,296 @@
 #!/usr/bin/env bash
-# Builds and runs the gpu conformance suite and the bandwidth benchmark on a
-# machine with an NVIDIA GPU (CUDA toolkit at /usr/local/cuda; meson and ninja
-# from pip; no apt). Debian libraries the build needs come from .debs/ in the
-# repository root when present (prepared elsewhere by ../shared/tools/device-debs)
-# and are unpacked into /opt/debs.
+# The whole check of a lent GPU machine in one command that fits one 10-minute call
+# of the device tool: builds build-gpu/ with CUDA (only what the stages run), then
+#   machine      the GPU, CPUs, RAM, nvcc, torch; torch's bf16 matmul TFLOP/s
+#   gpu          meson test --suite gpu (device conformance: host and CUDA cases, CUDA model runner)
+#   gpu_bench    pinned and pageable host<->device bandwidth, 1 MiB to 1 GiB
+#   e2e          meson test --suite e2e with STRATA_TEST_DEVICE=cuda (the engine on the CUDA device)
+#   pytest       tests/python: the adapter, its CUDA and transformers cases
+#   llama        examples/python/train_llama.py --hf: transformers' Llama at the largest size whose
+#                state fits the RAM (scripts/gpu_check.py llama-plan asks strata plan), a few steps
+#   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
+# and writes one summary (stages with pass/fail/skip and test counts, GB/s per link, TFLOP/s,
+# step_bench rows, tokens/s, loss, bytes per link) after every stage, so that a call cut short
+# still returns one. Each stage runs under its own limit inside a deadline for the whole run.
 #
-# Usage: scripts/gpu-test.sh [--no-bench] [--allow-skip] [--no-python] [--llama-size SIZE]
-#   --no-bench    skip benchmarks/gpu_bench
-#   --allow-skip  do not fail when the CUDA cases skip (no usable GPU)
-#   --no-python   skip the PyTorch adapter's tests and the Llama fine-tune
-#   --llama-size  the example Llama's size preset for the fine-tune (default 1b)
-# Writes build-gpu/, and copies logs and gpu_bench.json to $OUT when it is set.
-# Exit status: 0 when every test passed and (unless --allow-skip) the CUDA
-# cases ran; non-zero otherwise.
+# Where it runs: from the repository root of the GPU machine (CUDA at /usr/local/cuda; meson,
+# ninja, torch and transformers from its Python; no package registry). The Debian libraries come
+# from .debs/ in the repository root, prepared here with
+#   ../shared/tools/device-debs libcli11-dev libgfortran5 libquadmath0 libudev1 fortunes-min fortunes
+# and carried with the call; they are unpacked into /opt/debs (DEBS_ROOT). docs/benchmarks.md
+# ("GPU check") has the device tool's call. Without a GPU (--allow-skip) the same run builds with
+# CUDA when nvcc is there, runs what needs no GPU and marks the GPU stages skipped, saying why.
+#
+# Usage: scripts/gpu-test.sh [--allow-skip] [--skip STAGES] [--no-bench] [--no-python]
+#          [--llama-size SIZE] [--llama-layers N|auto] [--llama-steps N]
+#          [--step-bench-scenarios LIST] [--deadline SECONDS] [--build-dir DIR] [--jobs N]
+#   --allow-skip     a GPU stage skipped for want of a GPU does not fail the run (the local run)
+#   --skip STAGES    leave out these stages (comma separated names from the list above;
+#                    step_bench leaves out every step_bench_* stage)
+#   --no-bench       --skip gpu_bench,step_bench;  --no-python: --skip pytest,llama
+#   --llama-size     train_llama.py's preset (default 7b); --llama-layers: its layer count, or auto
+#                    (default: the most that fit the RAM); --llama-steps: steps (default 6)
+#   --step-bench-scenarios  default cpu_cpu,h2d_device,nvme_disk
+#   --deadline       seconds for the whole run, summary included (default 560)
+#   --build-dir      default build-gpu;  --jobs: build and test processes (default: nproc)
+# Output: $OUT/summary.md, $OUT/summary.json and $OUT/logs.tar.gz when OUT is set (the device
+# tool's folder), and always build-gpu/gpu-check/ (summary, logs, JSON). Environment: PYTHON (the
+# interpreter with torch; default the first of python3, /usr/bin/python3 that imports torch),
+# DEBS_ROOT (default /opt/debs).
+# Exit status: 0 when every stage run passed (a skip for want of a GPU passes only with
+# --allow-skip), 1 otherwise, 2 on a bad command line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
+start=$SECONDS
 
-bench=1
+usage() {
+  sed -n '/^# Usage:/,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//' >&2
+  exit 2
+}
+
 allow_skip=0
-python=1
-llama_size=1b
+skip_list=","
+llama_size=7b
+llama_layers=auto
+llama_steps=6
+step_scenarios=cpu_cpu,h2d_device,nvme_disk
+deadline=560
+build=build-gpu
+jobs=$(nproc)
+command_line="scripts/gpu-test.sh $*"
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --no-bench) bench=0 ;;
     --allow-skip) allow_skip=1 ;;
-    --no-python) python=0 ;;
-    --llama-size) llama_size=$2; shift ;;
-    *) echo "usage: $0 [--no-bench] [--allow-skip] [--no-python] [--llama-size SIZE]" >&2; exit 2 ;;
+    --skip) [[ $# -ge 2 ]] || usage; skip_list+="$2,"; shift ;;
+    --no-bench) skip_list+="gpu_bench,step_bench," ;;
+    --no-python) skip_list+="pytest,llama," ;;
+    --llama-size) [[ $# -ge 2 ]] || usage; llama_size=$2; shift ;;
+    --llama-layers) [[ $# -ge 2 && ( $2 == auto || $2 =~ ^[1-9][0-9]*$ ) ]] || usage; llama_layers=$2; shift ;;
+    --llama-steps) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; llama_steps=$2; shift ;;
+    --step-bench-scenarios) [[ $# -ge 2 ]] || usage; step_scenarios=$2; shift ;;
+    --deadline) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; deadline=$2; shift ;;
+    --build-dir) [[ $# -ge 2 ]] || usage; build=$2; shift ;;
+    --jobs) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; jobs=$2; shift ;;
+    -h|--help) usage ;;
+    *) echo "gpu-test: unknown argument '$1'" >&2; usage ;;
   esac
   shift
 done
 
 out=${OUT:-}
-log() { echo "=== $*"; }
+work=$build/gpu-check   # every stage's log and JSON, and the summary
+debs_root=${DEBS_ROOT:-/opt/debs}
+reserve=15              # seconds kept for the last summary
+export PYTHONUNBUFFERED=1
+rm -rf "$work"
+mkdir -p "$work" || exit 1
+: >"$work/stages.tsv"
 
-# --- toolchain and libraries -------------------------------------------------
-export PATH=/usr/local/cuda/bin:$PATH
-if compgen -G ".debs/*.deb" >/dev/null; then
-  log "unpacking $(ls .debs/*.deb | wc -l) packages from .debs/ into /opt/debs"
-  mkdir -p /opt/debs
-  for f in .debs/*.deb; do dpkg -x "$f" /opt/debs || exit 1; done
-  export PATH=/opt/debs/usr/bin:$PATH
-  export LD_LIBRARY_PATH=/opt/debs/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export PKG_CONFIG=/opt/debs/usr/bin/pkgconf PKG_CONFIG_SYSROOT_DIR=/opt/debs
-  export PKG_CONFIG_LIBDIR=/opt/debs/usr/lib/x86_64-linux-gnu/pkgconfig:/opt/debs/usr/share/pkgconfig
-  export CPATH=/opt/debs/usr/include LIBRARY_PATH=/opt/debs/usr/lib/x86_64-linux-gnu
-fi
-for tool in nvcc meson ninja; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "gpu-test: $tool not found on PATH (nvcc from /usr/local/cuda/bin; meson and ninja from pip)" >&2
-    exit 1
+# --- the stages' bookkeeping --------------------------------------------------------------------
+left_out() {  # NAME: true when --skip names it (or its family: step_bench for step_bench_cpu_cpu)
+  [[ $skip_list == *",$1,"* || ( $1 == step_bench_* && $skip_list == *",step_bench,"* ) ]]
+}
+# record NAME RC SECONDS LIMIT LOG NOTE: one line of stages.tsv (RC "-": left out; "skip": not run
+# for want of a GPU, NOTE says why; "timeout": stopped at its limit; "deadline": not run, no time left).
+record() {
+  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" "${6//$'\t'/ }" >>"$work/stages.tsv"
+}
+# The summary so far, into $work and $OUT (with the logs), so that a call cut short returns one.
+summarize() {
+  local final=${1:-}
+  "$py" scripts/gpu_check.py summary --work "$work" ${out:+--out "$out"} \
+    $([[ $allow_skip -eq 1 ]] && echo --allow-skip) --command "$command_line" \
+    --wall-s $((SECONDS - start)) ${final:+--print}
+  local rc=$?
+  if [[ -n "$out" ]]; then
+    tar -czf "$out/logs.tar.gz" -C "$build" gpu-check 2>/dev/null
   fi
-done
-log "nvcc: $(nvcc --version | tail -1)"
-command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  return $rc
+}
+# run_stage NAME LIMIT_S CMD...: CMD under `timeout` with the lesser of LIMIT_S and what the
+# deadline leaves; output into $work/NAME.log. Records the stage; does not summarize.
+run_stage() {
+  local name=$1 limit=$2
+  shift 2
+  local log=$work/$name.log
+  if left_out "$name"; then
+    record "$name" - 0 0 "" "left out (--skip)"
+    return 0
+  fi
+  local left=$((deadline - (SECONDS - start) - reserve))
+  if ((left < 10)); then
+    record "$name" deadline 0 0 "" "not run: the $deadline s deadline was reached"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
+  echo "=== $name (limit $limit s)"
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1
+  local rc=$? secs=$((SECONDS - t0))
+  if [[ $rc -eq 124 || ($rc -eq 137 && $secs -ge $limit) ]]; then rc=timeout; fi
+  tail -n 4 "$log" | cut -c1-200
+  echo "=== $name: exit $rc, $secs s"
+  record "$name" "$rc" "$secs" "$limit" "$log" ""
+  [[ $rc == 0 ]]
+}
 
-# --- build (only what the gpu suite and the benchmark need) -------------------
-jobs=$(nproc)
-setup_log=$(mktemp --suffix=.log /tmp/gpu-test-setup.XXXXXX)
-if [[ -f build-gpu/build.ninja ]]; then
-  meson setup --reconfigure build-gpu -Dcuda=enabled -Dtests=enabled -Dbenchmarks=enabled >"$setup_log" 2>&1
+# --- the Python with torch (the GPU machine's python3; Debian's /usr/bin/python3 here) ------------
+py=${PYTHON:-}
+if [[ -z "$py" ]]; then
+  for p in python3 /usr/bin/python3; do
+    if command -v "$p" >/dev/null && "$p" -c 'import torch' 2>/dev/null; then py=$p; break; fi
+  done
+  py=${py:-python3}
+fi
+
+# --- setup: the carried Debian libraries, the toolchain ------------------------------------------
+setup() {
+  export PATH=/usr/local/cuda/bin:$PATH
+  if compgen -G ".debs/*.deb" >/dev/null; then
+    echo "unpacking $(ls .debs/*.deb | wc -l) packages from .debs/ into $debs_root"
+    mkdir -p "$debs_root" || return 1
+    for f in .debs/*.deb; do dpkg -x "$f" "$debs_root" || return 1; done
+    local lib=$debs_root/usr/lib/x86_64-linux-gnu
+    export PATH=$debs_root/usr/bin:$PATH
+    export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PKG_CONFIG=$debs_root/usr/bin/pkgconf PKG_CONFIG_SYSROOT_DIR=$debs_root
+    # openblas.pc sits in its own folder (Debian's alternatives link it elsewhere; dpkg -x does not).
+    export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$debs_root/usr/share/pkgconfig:$lib/openblas-pthread/pkgconfig
+    # Headers as system headers (C_INCLUDE_PATH, CPLUS_INCLUDE_PATH: -isystem), as /usr/include is:
+    # with CPATH (-I) liburing's io_uring.h fails the build's -Wpedantic -Werror.
+    export C_INCLUDE_PATH=$debs_root/usr/include CPLUS_INCLUDE_PATH=$debs_root/usr/include
+    export LIBRARY_PATH=$lib:$lib/openblas-pthread
+    # The text corpus of the Llama example and of the docs' commands.
+    if [[ ! -e /usr/share/games/fortunes && -d $debs_root/usr/share/games/fortunes && -w /usr/share ]]; then
+      mkdir -p /usr/share/games && ln -s "$debs_root/usr/share/games/fortunes" /usr/share/games/fortunes
+    fi
+  else
+    echo "no .debs/: the Debian libraries must be installed (scripts/install-deps.sh)"
+  fi
+  local missing=0
+  for tool in nvcc meson ninja "$py"; do
+    if command -v "$tool" >/dev/null; then
+      echo "$tool: $(command -v "$tool")"
+    else
+      echo "$tool not found on PATH (nvcc from /usr/local/cuda/bin; meson, ninja and python3 from the machine's Python)"
+      missing=1
+    fi
+  done
+  return $missing
+}
+echo "=== setup"
+setup_t0=$SECONDS
+setup >"$work/setup.log" 2>&1
+setup_rc=$?
+cat "$work/setup.log"
+record setup $setup_rc $((SECONDS - setup_t0)) 0 "$work/setup.log" ""
+
+run_stage machine 90 "$py" scripts/gpu_check.py machine "$work/machine.json"
+gpu_bytes=$("$py" -c 'import json,sys; g=json.load(open(sys.argv[1])).get("gpu"); print(g["memory_bytes"] if g else 0)' \
+  "$work/machine.json" 2>/dev/null || echo 0)
+archs=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '. ')
+archs=${archs:-90}   # the lent machines are Hopper (sm_90); nvcc 13 needs sm_75 or newer
+summarize
+
+# --- configure and build (only the targets the stages run) ---------------------------------------
+configure() {
+  local opts=(-Dcuda=enabled -Dopenblas=enabled -Dtests=enabled -Dbenchmarks=enabled "-Dgpu_archs=$archs")
+  if [[ -f $build/build.ninja ]]; then
+    meson setup --reconfigure "$build" "${opts[@]}"
+  else
+    meson setup "$build" "${opts[@]}"
+  fi
+}
+export -f configure
+export build archs
+if [[ $setup_rc -ne 0 ]]; then
+  record configure - 0 0 "" "not run: setup failed"
+elif run_stage configure 120 bash -c configure; then
+  targets=$("$py" scripts/gpu_check.py targets "$build" gpu e2e)
+  echo "building $(echo "$targets" | wc -l) targets"
+  run_stage build 300 ninja -C "$build" -j"$jobs" $targets
+fi
+summarize
+built=0
+grep -q $'^build\t0\t' "$work/stages.tsv" && built=1
+
+# --- tests ---------------------------------------------------------------------------------------
+testlog() {  # STAGE: keeps meson's testlog.json of that stage's run
+  cp -f "$build/meson-logs/testlog.json" "$work/testlog-$1.json" 2>/dev/null
+  rm -f "$build/meson-logs/testlog.json"
+}
+if [[ $built -eq 1 ]]; then
+  rm -f "$build/meson-logs/testlog.json"
+  run_stage gpu 150 meson test -C "$build" --suite gpu --no-rebuild --print-errorlogs --num-processes "$jobs"
+  testlog gpu
+  summarize
+  run_stage gpu_bench 90 "$build/benchmarks/gpu_bench" --device cuda --sizes 1MiB,64MiB,1GiB --reps 5 \
+    --json "$work/gpu_bench.json"
+  summarize
+  run_stage e2e 240 env STRATA_TEST_DEVICE=cuda meson test -C "$build" --suite e2e --no-rebuild \
+    --print-errorlogs --num-processes "$jobs"
+  testlog e2e
+  summarize
+  run_stage pytest 150 env STRATA_LIBRARY="$(cd "$build" && pwd)/bindings/c/libstrata.so" "$py" \
+    tests/python/run_pytest.py -rs
+  summarize
 else
-  meson setup build-gpu -Dcuda=enabled -Dtests=enabled -Dbenchmarks=enabled >"$setup_log" 2>&1
+  for s in gpu gpu_bench e2e pytest; do record "$s" - 0 0 "" "not run: no build"; done
 fi
-rc=$?
-if [[ $rc -ne 0 ]]; then
-  tail -30 "$setup_log"
-  echo "gpu-test: meson setup failed ($setup_log)" >&2
-  exit 1
-fi
-log "build"
-ninja -C build-gpu -j"$jobs" tests/gpu/gpu_device_conformance_test tests/gpu/gpu_host_timing_test \
-  benchmarks/gpu_bench bindings/c/libstrata.so || { echo "gpu-test: build failed" >&2; exit 1; }
 
-# --- tests -------------------------------------------------------------------
-log "meson test --suite gpu"
-meson test -C build-gpu --suite gpu --no-rebuild --print-errorlogs
-test_rc=$?
-
-# The CUDA cases must have run, not skipped (unless asked otherwise).
-log "CUDA cases"
-cuda_log=build-gpu/gpu-cuda-cases.log
-build-gpu/tests/gpu/gpu_device_conformance_test --gtest_filter='*/cuda' >"$cuda_log" 2>&1
-cuda_rc=$?
-grep -E '^\[(==========|  PASSED  |  SKIPPED |  FAILED  )\] [0-9]+ test' "$cuda_log"
-# Cases that need a strict device skip on CUDA by design; count only the
-# skips for want of a GPU.
-skipped=$(grep -c 'no usable CUDA device' "$cuda_log" || true)
-if [[ $cuda_rc -ne 0 ]]; then
-  echo "gpu-test: CUDA cases failed (see $cuda_log)" >&2
-elif [[ $skipped -gt 0 ]]; then
-  grep -m1 'no usable CUDA device' "$cuda_log"
-  if [[ $allow_skip -eq 0 ]]; then
-    echo "gpu-test: $skipped CUDA cases skipped: no usable GPU here (pass --allow-skip to accept)" >&2
-    cuda_rc=1
+# --- the Llama fine-tune -------------------------------------------------------------------------
+llama_config=$root/examples/configs/llama_cuda.json
+corpus=/usr/share/games/fortunes
+[[ -d $corpus ]] || corpus=$debs_root/usr/share/games/fortunes
+if left_out llama; then
+  record llama - 0 0 "" "left out (--skip)"
+elif [[ $built -ne 1 ]]; then
+  record llama - 0 0 "" "not run: no build"
+else
+  echo "=== llama: plan"
+  plan_out=$("$py" scripts/gpu_check.py llama-plan --strata "$build/bindings/cli/strata" --config "$llama_config" \
+    --size "$llama_size" --layers "$llama_layers" --seq-len 1024 --gpu-bytes "${gpu_bytes:-0}" \
+    "$work/llama_plan.json" 2>"$work/llama_plan.err")
+  if [[ $? -ne 0 ]]; then
+    cat "$work/llama_plan.err"
+    record llama 1 0 0 "$work/llama_plan.err" "the size could not be planned"
+  else
+    eval "$plan_out"   # llama_fits, llama_layers (the count chosen), llama_checkpointing, llama_why
+    echo "$llama_why"
+    if ! "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+      record llama skip 0 0 "" "no CUDA device visible to torch ($py)"
+    elif [[ $llama_fits -ne 1 ]]; then
+      record llama 1 0 0 "" "does not fit: $llama_why"
+    else
+      hf=(--hf)
+      "$py" -c 'import transformers' 2>/dev/null || hf=()   # the example's own Llama then
+      ckpt=()
+      [[ $llama_checkpointing -eq 1 ]] && ckpt=(--checkpointing)
+      mkdir -p "$work/llama_run/strata_swap"
+      run_stage llama 240 env -C "$work/llama_run" "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
+        --size "$llama_size" --layers "$llama_layers" --build-dtype bf16 --seq-len 1024 --steps "$llama_steps" \
+        --eval-every 0 --eval-batches 1 --no-progress --log-every 1 --sample 0 --config "$llama_config" \
+        --corpus "$corpus" "${ckpt[@]}"
+      rm -rf "$work/llama_run"
+    fi
   fi
 fi
 
-# --- benchmark ---------------------------------------------------------------
-bench_rc=0
-if [[ $bench -eq 1 ]]; then
-  log "gpu_bench"
-  build-gpu/benchmarks/gpu_bench --sizes 1MiB,16MiB,256MiB,1GiB --reps 5 --json build-gpu/gpu_bench.json
-  bench_rc=$?
+summarize
+
+# --- step_bench on the real device, one stage per scenario (last: each is cheap to lose) ---------
+if [[ $built -eq 1 ]]; then
+  # Swap files on the disk of the repository (a /tmp in memory would hide the disk).
+  swap=$build/step_bench_swap
+  mkdir -p "$swap"
+  for sc in ${step_scenarios//,/ }; do
+    run_stage "step_bench_$sc" 90 "$build/benchmarks/step_bench" --device cuda --scenarios "$sc" --layers 6 \
+      --reps 2 --steps 2 --dir "$swap" --json "$work/step_bench_$sc.json"
+    summarize
+  done
+  rm -rf "$swap"
 fi
 
-# --- the PyTorch adapter: its tests on CUDA, the Hugging Face Llama fine-tune --------
-py_rc=0
-if [[ $python -eq 1 ]]; then
-  export STRATA_LIBRARY=$PWD/build-gpu/bindings/c/libstrata.so
-  log "pytest (tests/python; the CUDA and transformers cases run here)"
-  python3 tests/python/run_pytest.py -rs >build-gpu/pytest.log 2>&1
-  py_rc=$?
-  tail -25 build-gpu/pytest.log
-  log "Llama fine-tune: transformers.LlamaForCausalLM ($llama_size), optimizer state on the CPU"
-  mkdir -p strata_swap
-  python3 examples/python/train_llama.py --hf --size "$llama_size" --seq-len 1024 --steps 12 --eval-every 0 \
-    --no-progress --sample 0 --config examples/configs/llama_cuda.json >build-gpu/llama_hf.log 2>&1
-  [[ $? -eq 0 ]] || py_rc=1
-  tail -8 build-gpu/llama_hf.log
-fi
-
-if [[ -n "$out" ]]; then
-  mkdir -p "$out"
-  cp -f build-gpu/pytest.log build-gpu/llama_hf.log "$out/" 2>/dev/null
-  cp -f build-gpu/meson-logs/testlog.txt "$out/" 2>/dev/null
-  cp -f "$cuda_log" build-gpu/gpu_bench.json "$out/" 2>/dev/null
-fi
-
-if [[ $test_rc -ne 0 || $cuda_rc -ne 0 || $bench_rc -ne 0 || $py_rc -ne 0 ]]; then
-  echo "gpu-test: FAILED (tests $test_rc, cuda cases $cuda_rc, bench $bench_rc, python $py_rc)"
-  exit 1
-fi
-echo "gpu-test: OK"
+echo
+summarize final

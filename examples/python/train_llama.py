@@ -71,7 +71,15 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sample", type=int, default=120, help="bytes to generate at the end (0: none)")
     ap.add_argument("--no-progress", action="store_true", help="one line per eval instead of a progress bar")
+    ap.add_argument("--log-every", type=int, help="with --no-progress: a line every N steps (default: --eval-every, "
+                                                   "else 10; the first step always has one)")
+    ap.add_argument("--build-dtype", choices=("fp32", "bf16"), default="fp32",
+                    help="the dtype of the parameters the model is built with before strata takes them: bf16 "
+                         "halves the framework's initial copy in host memory, for the largest models (the "
+                         "engine's master weights start from those bf16 values)")
     args = ap.parse_args(argv)
+    if args.log_every is not None and args.log_every < 1:
+        ap.error(f"--log-every must be >= 1, not {args.log_every}")
     if (args.resume or args.save_every) and not args.checkpoint:
         ap.error("--resume and --save-every need --checkpoint DIR")
     return args
@@ -107,6 +115,24 @@ class StopSignals:
 
 
 def build_model(args, cfg):
+    if args.build_dtype == "fp32":
+        return _build_model(args, cfg)
+    # bf16: built so (the default dtype while the modules are made), and any
+    # parameter made otherwise converted after, each in turn.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = _build_model(args, cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.device.type != "meta" and p.dtype != torch.bfloat16:
+                p.data = p.data.to(torch.bfloat16)
+    return model
+
+
+def _build_model(args, cfg):
     if args.hf:
         import transformers  # only where installed (the GPU machine)
         hf_cfg = transformers.LlamaConfig(
@@ -256,7 +282,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         if bar is not None:
             bar.set_postfix(info, refresh=False)
             bar.update(1)
-        elif (step + 1) % max(1, args.eval_every or 10) == 0 or step == first_step:
+        elif (step + 1) % (args.log_every or args.eval_every or 10) == 0 or step == first_step:
             print(f"step {step + 1:5d}  " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
         # No checkpoint is started after a stop signal.
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0 and not stop.signum:

@@ -47,7 +47,7 @@ Config config_for(const std::string& swap_dir, OffloadDevice optimizer, OffloadD
   c.scheduler.type = SchedulerType::kWarmupLR;  // the schedule must resume too
   c.scheduler.warmup_num_steps = 5;
   c.scheduler.warmup_max_lr = 3e-3;
-  c.strata.device = DeviceKind::kHost;
+  put_on_device(c, test_device().kind);
   c.strata.chunk_bytes = 65536 * 4;
   c.strata.io.paths = {swap_dir};
   c.strata.io.backend = IoBackend::kPsync;
@@ -63,6 +63,9 @@ std::vector<std::byte> blob_of(const std::string& s) {
 class Checkpoint : public ::testing::Test {
  protected:
   void SetUp() override {
+    const DeviceVerdict v = test_device().verdict;
+    if (!v.error.empty()) FAIL() << v.error;
+    if (!v.skip.empty()) GTEST_SKIP() << v.skip;
     dir_ = fs::temp_directory_path() / ("strata_ckpt_" + std::to_string(::getpid()) + "_" +
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);

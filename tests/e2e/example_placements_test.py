@@ -4,6 +4,10 @@ every placement in examples/configs/: the fp32 master weights are bit-identical
 across placements, the loss halves, and each placement moves bytes where its
 name says (nvme traffic only when something lives on nvme, compute copies
 cross the link only when they live off the device).
+With STRATA_TEST_DEVICE=cuda (scripts/gpu-test.sh) each config runs with
+strata.device "cuda" and a 1 GiB device budget (the suites share the GPU), the
+model on the CUDA runner; without a usable CUDA device the test is skipped
+(exit 77), saying why.
 Usage: example_placements_test.py STRATA_TRAIN SOURCE_ROOT"""
 import hashlib
 import json
@@ -23,6 +27,34 @@ CONFIGS = [
     "placement_cpu_nvme_split.json",
 ]
 UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
+SKIP = 77  # meson: the test was skipped
+# strata-train's error when the engine cannot be made on CUDA for want of a GPU
+# (UNAVAILABLE) or of CUDA in the build (UNIMPLEMENTED).
+NO_CUDA = re.compile(r"create the engine: (UNAVAILABLE|UNIMPLEMENTED): .*")
+
+
+def test_device():
+    """The engine's device for these runs: STRATA_TEST_DEVICE, host when unset."""
+    device = os.environ.get("STRATA_TEST_DEVICE", "") or "host"
+    if device not in ("host", "cuda"):
+        sys.exit(f"STRATA_TEST_DEVICE is {device!r}; it takes host or cuda (unset: host)")
+    return device
+
+
+def config_on(root, name, device, tmp):
+    """The path of config `name`, rewritten for `device` into `tmp` when that
+    is not the host device."""
+    path = os.path.join(root, "examples/configs", name)
+    if device == "host":
+        return path
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["strata"]["device"] = device
+    cfg["strata"].setdefault("budgets", {})["device"] = "1GiB"
+    out = os.path.join(tmp, name)
+    with open(out, "w") as f:
+        json.dump(cfg, f)
+    return out
 
 
 def size(text):
@@ -32,14 +64,19 @@ def size(text):
 
 def main():
     exe, root = os.path.abspath(sys.argv[1]), os.path.abspath(sys.argv[2])
+    device = test_device()
     digests, failures = {}, []
     for name in CONFIGS:
         with tempfile.TemporaryDirectory(prefix="strata_example_") as tmp:
             os.mkdir(os.path.join(tmp, "strata_swap"))
             dump = os.path.join(tmp, "masters.bin")
-            cmd = [exe, "--config", os.path.join(root, "examples/configs", name), "--steps", str(STEPS),
+            cmd = [exe, "--config", config_on(root, name, device, tmp), "--steps", str(STEPS),
                    "--width", "128", "--depth", "4", "--quiet", "--dump-masters", dump]
             run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=600)
+            absent = NO_CUDA.search(run.stderr) if device == "cuda" and run.returncode != 0 else None
+            if absent:
+                print(f"SKIP: STRATA_TEST_DEVICE=cuda: no usable CUDA device: {absent.group(0)}")
+                return SKIP
             if run.returncode != 0:
                 failures.append(f"{name}: exit {run.returncode}\n{run.stdout}\n{run.stderr}")
                 continue
@@ -70,7 +107,7 @@ def main():
         failures.append("master weights differ between placements: " + json.dumps(digests, indent=1))
     for f in failures:
         print("FAIL:", f)
-    print(f"example placements: {len(CONFIGS)} configs, {len(failures)} failure(s)")
+    print(f"example placements on the {device} device: {len(CONFIGS)} configs, {len(failures)} failure(s)")
     return 1 if failures else 0
 
 

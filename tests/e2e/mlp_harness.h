@@ -8,12 +8,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -27,6 +29,116 @@ namespace nx = core::numerics;
 
 inline constexpr int kIn = 256, kHidden = 512, kOut = 32, kBatch = 32;
 inline constexpr int kSteps = 20;
+
+// --- The device the engine runs on -------------------------------------------
+// The host device, unless the environment says STRATA_TEST_DEVICE=cuda
+// (scripts/gpu-test.sh on a GPU machine): then every e2e case puts its engine
+// on the CUDA device and keeps every assertion, bit-identity included (the
+// numerics contract, DESIGN.md section 6: the same bits on either device), and
+// skips, saying why, where no CUDA device is usable. Any other value fails
+// every case, naming the variable.
+
+// The device budget an engine on CUDA gets when its config leaves it derived:
+// the CUDA device would otherwise reserve all free memory but 1 GiB at
+// creation, and the suites' processes share one GPU. The MLP needs a few MiB.
+inline constexpr std::uint64_t kCudaTestDeviceBytes = 1ull << 30;
+
+// Whether an engine can run on the CUDA device here, probed once per process
+// by creating one. Not usable and `absent`: a build without CUDA
+// (kUnimplemented) or no driver or device (kUnavailable), a reason to skip.
+// Not usable and not absent: a CUDA device that fails, an error.
+struct CudaProbe {
+  bool usable = false;
+  bool absent = false;
+  std::string status;  // Engine::create's error when not usable
+};
+inline const CudaProbe& probe_cuda() {
+  static const CudaProbe probe = [] {
+    CudaProbe p;
+    Config c;
+    c.strata.device = DeviceKind::kCuda;
+    c.strata.budgets.device_bytes = kCudaTestDeviceBytes;
+    auto e = Engine::create(c);
+    p.usable = e.ok();
+    if (!p.usable) {
+      p.absent = e.status().code() == core::StatusCode::kUnimplemented ||
+                 e.status().code() == core::StatusCode::kUnavailable;
+      p.status = e.status().to_string();
+    }
+    return p;
+  }();
+  return probe;
+}
+
+// Why a case that needs the CUDA device cannot run: `skip` (no usable CUDA
+// device) or `error` (it exists but fails); both empty when it can.
+struct DeviceVerdict {
+  std::string skip;
+  std::string error;
+};
+inline DeviceVerdict cuda_verdict(const std::string& who) {
+  const CudaProbe& p = probe_cuda();
+  DeviceVerdict v;
+  if (p.usable) return v;
+  const char* what = p.absent ? "no usable CUDA device: " : "cannot create an engine on the CUDA device: ";
+  (p.absent ? v.skip : v.error) = who + what + p.status;
+  return v;
+}
+
+// The device the cases run on (STRATA_TEST_DEVICE), and whether they can.
+struct TestDevice {
+  DeviceKind kind = DeviceKind::kHost;
+  DeviceVerdict verdict;
+};
+inline TestDevice test_device() {
+  TestDevice d;
+  const char* env = std::getenv("STRATA_TEST_DEVICE");
+  const std::string name = env != nullptr ? env : "";
+  if (name.empty() || name == "host") return d;
+  if (name != "cuda") {
+    d.verdict.error = "STRATA_TEST_DEVICE is \"" + name + "\"; it takes host or cuda (unset: host)";
+    return d;
+  }
+  d.kind = DeviceKind::kCuda;
+  d.verdict = cuda_verdict("STRATA_TEST_DEVICE=cuda: ");
+  return d;
+}
+
+// Puts `c` on `kind`: on CUDA with the bounded device budget when `c` leaves
+// it derived.
+inline void put_on_device(Config& c, DeviceKind kind) {
+  c.strata.device = kind;
+  if (kind == DeviceKind::kCuda && c.strata.budgets.device_bytes == 0) {
+    c.strata.budgets.device_bytes = kCudaTestDeviceBytes;
+  }
+}
+
+// Work that keeps `stream` busy, so that what is queued after it runs late:
+// `flops` of declared compute on the host device (its timing model; the tests
+// that use it set strata.host_device.tflops 1, so 2e10 is 20 ms). The CUDA
+// device has no declared compute: there, one copy of 64 MiB within device
+// memory per 5e7 FLOPs (400 for 2e10, about 20 ms on an H100), between the
+// two buffers of `scratch` (allocated on first use; they must outlive the
+// work).
+struct BusyScratch {
+  gpu::DeviceBuffer a, b;
+};
+inline core::Status queue_busy_work(gpu::Device& dev, gpu::Stream& stream, double flops, BusyScratch& scratch,
+                                    std::string_view what) {
+  if (dev.kind() != gpu::DeviceKind::kCuda) return dev.declare_compute(stream, flops, what);
+  constexpr std::uint64_t kCopyBytes = 64ull << 20;
+  for (gpu::DeviceBuffer* b : {&scratch.a, &scratch.b}) {
+    if (b->empty()) {
+      STRATA_ASSIGN_OR_RETURN(*b, dev.allocate(kCopyBytes, "busy work"));
+    }
+  }
+  const auto copies = static_cast<int>(std::ceil(flops / 5e7));
+  for (int i = 0; i < copies; ++i) {
+    STRATA_RETURN_IF_ERROR(i % 2 == 0 ? dev.copy_d2d(stream, scratch.b.span(), scratch.a.span())
+                                      : dev.copy_d2d(stream, scratch.a.span(), scratch.b.span()));
+  }
+  return core::Status();
+}
 
 // splitmix64: the same stream on every platform.
 struct Rng {
@@ -188,10 +300,15 @@ struct Framework {
     if (async_grads_flops > 0) {
       // As a GPU framework: the backward's work and the gradient writes are
       // queued on the framework's stream, and grads_ready gets that stream.
-      ASSERT_TRUE(e.device().declare_compute(stream(e), async_grads_flops, "backward").ok());
-      ASSERT_TRUE(e.device().copy_h2d(stream(e), *span, host).ok());
+      // The writes come from pinned memory, so that they are queued too (CUDA
+      // copies pageable memory only after the stream's earlier work).
+      auto pinned = e.device().allocate_pinned(host.size(), "framework gradients");
+      ASSERT_TRUE(pinned.ok()) << pinned.status();
+      std::memcpy(pinned->data(), host.data(), host.size());
+      ASSERT_TRUE(queue_busy_work(e.device(), stream(e), async_grads_flops, busy, "backward").ok());
+      ASSERT_TRUE(e.device().copy_h2d(stream(e), *span, pinned->bytes()).ok());
       ASSERT_TRUE(e.grads_ready(group, &stream(e)).ok());
-      in_flight.push_back(std::move(host));  // read by the queued copy
+      in_flight.push_back(std::move(pinned).value());  // read by the queued copy
       return;
     }
     ASSERT_TRUE(e.device().copy_h2d(stream(e), *span, host).ok());
@@ -201,7 +318,8 @@ struct Framework {
   // > 0: give_grads does not wait for its writes (see there), after this much
   // declared compute on the framework's stream.
   double async_grads_flops = 0.0;
-  std::vector<std::vector<std::byte>> in_flight;
+  BusyScratch busy;  // of queue_busy_work on the CUDA device
+  std::vector<gpu::PinnedBuffer> in_flight;
   gpu::Stream& stream(Engine& e) {
     if (s.empty()) s = std::move(e.device().create_stream("framework")).value();
     return s;
@@ -259,10 +377,14 @@ inline double train_one_step(Engine& e, Framework& f, int step) {
 
 // A test with a swap directory of its own, and the e2e tests' config: bf16,
 // clipping at 1, one norm block per chunk (several chunks per group), psync,
-// one cpu_adam thread, everything on the device until a test offloads it.
+// one cpu_adam thread, everything on the device until a test offloads it; the
+// engine on test_device() (a case skips where that device is not usable).
 class MlpTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    const DeviceVerdict v = test_device().verdict;
+    if (!v.error.empty()) FAIL() << v.error;
+    if (!v.skip.empty()) GTEST_SKIP() << v.skip;
     dir_ = std::filesystem::temp_directory_path() /
            ("strata_e2e_" + std::to_string(::getpid()) + "_" +
             ::testing::UnitTest::GetInstance()->current_test_info()->name());
@@ -280,7 +402,7 @@ class MlpTest : public ::testing::Test {
     c.optimizer.lr = 3e-3;
     c.optimizer.weight_decay = 0.01;
     c.gradient_clipping = 1.0;
-    c.strata.device = DeviceKind::kHost;
+    put_on_device(c, test_device().kind);
     c.strata.chunk_bytes = 65536 * 4;
     c.strata.io.paths = {dir_.string()};
     c.strata.io.backend = IoBackend::kPsync;

@@ -1,0 +1,120 @@
+#!/usr/bin/python3
+"""scripts/gpu_check.py summary reads what the tools really write: a short
+step_bench run's JSON and a tiny train_llama.py run's lines (on the host
+device), beside stages that were skipped for want of a GPU, timed out, or had
+no time left. Checks the figures it took against the tools' own output and
+each stage's verdict; --allow-skip turns only the skips into passes.
+
+Usage: gpu_check_test.py SOURCE_ROOT STEP_BENCH LIBSTRATA_SO"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what)
+
+
+def main():
+    root, step_bench, lib = (os.path.abspath(a) for a in sys.argv[1:4])
+    script = os.path.join(root, "scripts", "gpu_check.py")
+    with tempfile.TemporaryDirectory(prefix="gpu_check_test.") as work:
+        stages = []
+        # step_bench: a real run's JSON, as the GPU check names it.
+        sb_log = os.path.join(work, "step_bench_cpu_clip.log")
+        with open(sb_log, "w") as log:
+            rc = subprocess.run([step_bench, "--small", "--reps", "1", "--steps", "2", "--scenarios", "cpu_clip",
+                                 "--dir", work, "--json", os.path.join(work, "step_bench_cpu_clip.json")],
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+        check(rc == 0, f"step_bench exited {rc}")
+        stages.append(("step_bench_cpu_clip", "0", sb_log))
+        # train_llama.py: a tiny run's lines, when torch is here.
+        llama = None
+        try:
+            import torch  # noqa: F401
+            llama = os.path.join(work, "llama.log")
+            corpus = os.path.join(work, "corpus")
+            os.mkdir(corpus)
+            with open(os.path.join(corpus, "text"), "w") as f:
+                f.write("\n%\n".join(f"The quick brown fox {i} jumps over the lazy dog." for i in range(200)))
+            run = os.path.join(work, "run")
+            os.makedirs(os.path.join(run, "strata_swap"))
+            with open(llama, "w") as log:
+                rc = subprocess.run([sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--size",
+                                     "tiny", "--layers", "1", "--seq-len", "16", "--steps", "3", "--eval-every", "0",
+                                     "--eval-batches", "1", "--no-progress", "--log-every", "1", "--sample", "0",
+                                     "--build-dtype", "bf16", "--corpus", corpus], cwd=run, stdout=log,
+                                    stderr=subprocess.STDOUT, env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
+            check(rc == 0, f"train_llama.py exited {rc}")
+            stages.append(("llama", "0", llama))
+        except ImportError:
+            print("torch is not installed: the train_llama.py part is left out")
+        # A benchmark that refused the device, a stage stopped at its limit, one with no time left.
+        refused = os.path.join(work, "gpu_bench.log")
+        with open(refused, "w") as f:
+            f.write("CUDA device: not measured (UNAVAILABLE: cudaGetDeviceCount failed: no driver)\n")
+        stages += [("gpu_bench", "1", refused), ("pytest", "timeout", ""), ("e2e", "deadline", "")]
+        with open(os.path.join(work, "stages.tsv"), "w") as f:
+            for name, rc, log in stages:
+                f.write(f"{name}\t{rc}\t1\t60\t{log}\t\n")
+
+        out = subprocess.run([sys.executable, script, "summary", "--work", work], capture_output=True, text=True)
+        check(out.returncode == 1, f"summary exited {out.returncode} with a stage timed out: {out.stderr}")
+        with open(os.path.join(work, "summary.json")) as f:
+            doc = json.load(f)
+        with open(os.path.join(work, "summary.md")) as f:
+            md = f.read()
+        by = {s["stage"]: s for s in doc["stages"]}
+        check(by["gpu_bench"]["status"] == "skip" and "no driver" in by["gpu_bench"].get("why", ""),
+              f"gpu_bench: {by['gpu_bench']}")
+        check(by["pytest"]["status"] == "timeout", f"pytest: {by['pytest']['status']}")
+        check(by["e2e"]["status"] == "not run", f"e2e: {by['e2e']['status']}")
+        check(set(doc["failed_stages"]) == {"gpu_bench", "pytest", "e2e"}, f"failed: {doc['failed_stages']}")
+
+        with open(os.path.join(work, "step_bench_cpu_clip.json")) as f:
+            sb = json.load(f)
+        want = [(sc["scenario"], r["schedule"], r["ratio_to_bound"]) for sc in sb["scenarios"] for r in sc["schedules"]]
+        got = [(r["scenario"], r["schedule"], r["ratio_to_bound"]) for r in by["step_bench_cpu_clip"].get("rows", [])]
+        check(got == want and len(got) == 2, f"step_bench rows {got}, the JSON has {want}")
+        check(by["step_bench_cpu_clip"]["status"] == "pass", f"step_bench: {by['step_bench_cpu_clip']['status']}")
+        check("## step_bench --device host" in md, "no step_bench table in summary.md")
+
+        if llama:
+            with open(llama) as f:
+                text = f.read()
+            ll = by["llama"]
+            steps = re.findall(r"^step +\d+ +loss ([0-9.]+) +tok/s (\d+)", text, re.M)
+            summary = re.search(r"^summary: (\d+) steps in .* (\d+) tokens/s, .*loss ([0-9.]+) -> ([0-9.]+);", text,
+                                re.M)
+            check(len(steps) == 3 and summary is not None, f"train_llama.py printed {len(steps)} step lines:\n{text}")
+            check(len(ll.get("steps", [])) == 3, f"llama: {len(ll.get('steps', []))} steps read")
+            if summary:
+                check(ll.get("steps_run") == 3 and ll.get("tokens_per_s") == int(summary.group(2)),
+                      f"llama: {ll.get('steps_run')} steps, {ll.get('tokens_per_s')} tokens/s; the run said "
+                      f"{summary.group(0)}")
+                check(ll.get("loss_first") == float(summary.group(3)) and
+                      ll.get("loss_last") == float(summary.group(4)), f"llama: losses {ll.get('loss_first')} -> "
+                      f"{ll.get('loss_last')}")
+            check(ll.get("bytes_per_step", {}).get("h2d", 0) > 0, f"llama: bytes per step {ll.get('bytes_per_step')}")
+            check("tokens/s" in md and "## Llama fine-tune" in md, "no Llama section in summary.md")
+
+        # --allow-skip: the refusal passes; the timeout and the missing stage still fail.
+        out = subprocess.run([sys.executable, script, "summary", "--work", work, "--allow-skip"],
+                             capture_output=True, text=True)
+        with open(os.path.join(work, "summary.json")) as f:
+            doc = json.load(f)
+        check(out.returncode == 1 and set(doc["failed_stages"]) == {"pytest", "e2e"},
+              f"--allow-skip: exit {out.returncode}, failed {doc['failed_stages']}")
+    print(f"gpu_check_test: step_bench{', train_llama.py' if llama else ''} read back; {len(failures)} failure(s)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
