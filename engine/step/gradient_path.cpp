@@ -69,11 +69,14 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     cache->put(std::move(*b));
     delete b;
   });
+  const std::int64_t elems = parts_.layout.groups[g].compute_elems;
   {
     const core::MutexLock lock(mu_);
     ++posted_[g];
+    ++in_flight_;
+    in_flight_elems_ += elems;
   }
-  grads_queue_->post([this, g, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
+  grads_queue_->post([this, g, elems, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
     const core::Stopwatch clock;
     Status s = written != nullptr ? parts_.device.wait(stream_, *written) : Status();
     core::Result<gpu::PinnedBuffer> wire =
@@ -83,6 +86,8 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     {
       const core::MutexLock lock(mu_);
       ++down_[g];
+      --in_flight_;
+      in_flight_elems_ -= elems;
       cv_.notify_all();
     }
     if (!wire.ok()) {
@@ -159,9 +164,13 @@ core::Status GradientPath::wait(const char* op) {
   return Status();
 }
 
-core::Status GradientPath::wait_down(std::size_t g, std::string_view group) {
+core::Status GradientPath::wait_down(std::size_t g, std::string_view group, std::int64_t room_elems) {
+  const std::int64_t elems = parts_.layout.groups[g].compute_elems;
   const core::MutexLock lock(mu_);
-  cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return down_[g] >= posted_[g] || !error_.ok(); });
+  cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) {
+    const bool room = in_flight_ <= 1 || in_flight_elems_ <= room_elems - elems;
+    return (down_[g] >= posted_[g] && room) || !error_.ok();
+  });
   if (!error_.ok()) {
     return Status(error_).annotate(str_cat("grad_buffer('", group, "'): the gradient path failed"));
   }
