@@ -86,22 +86,23 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     {
       const core::MutexLock lock(mu_);
       ++down_[g];
-      --in_flight_;
-      in_flight_elems_ -= elems;
       cv_.notify_all();
     }
     if (!wire.ok()) {
       fail(wire.status());  // a job waiting for these gradients fails with it
+      passed(elems);
       return wire.status();
     }
     auto host = std::make_shared<gpu::PinnedBuffer>(std::move(wire).value());
-    pass_queue_->post([this, g, host, micro_step, before, after] {
+    pass_queue_->post([this, g, elems, host, micro_step, before, after] {
       Status ps = before != nullptr ? before() : Status();
       const core::Stopwatch pass_clock;
       if (ps.ok()) ps = pass(g, std::move(*host), micro_step);
       pass_seconds_ += pass_clock.elapsed_s();
       if (ps.ok() && after != nullptr) after();
       if (!ps.ok()) fail(ps);
+      host->reset();  // its staging is free (back in the cache after a pass)
+      passed(elems);
       return ps;
     });
     return Status();
@@ -147,6 +148,13 @@ core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro
   parts_.pinned_cache.put(std::move(wire));
   parts_.pinned_cache.put(std::move(packed));
   return Status();
+}
+
+void GradientPath::passed(std::int64_t elems) {
+  const core::MutexLock lock(mu_);
+  --in_flight_;
+  in_flight_elems_ -= elems;
+  cv_.notify_all();
 }
 
 void GradientPath::fail(const Status& s) {

@@ -75,11 +75,13 @@ class GradientPath {
   core::Status wait(const char* op);
   // grad_buffer(g): waits until every copy of g's gradients submitted so far
   // is down (so the framework runs at most one step ahead, with one gradient
-  // buffer per group), and until the gradients still on their way down from
-  // the device leave room for g's within `room_elems` elements of compute
-  // copies (zero_optimization.reduce_bucket_size; one other group's buffer
-  // always fits): the device then holds at most max(2, room_elems / group)
-  // gradient buffers of equal groups. The path's error, naming `group`.
+  // buffer per group), and until the gradients still on their way to the
+  // host gradients (submitted, their pass not done) leave room for g's
+  // within `room_elems` elements of compute copies
+  // (zero_optimization.reduce_bucket_size; one other group's always fits):
+  // with equal groups the device then holds at most max(2, room_elems /
+  // group) gradient buffers, and the host as many groups' staging besides
+  // the one packed for its pass. The path's error, naming `group`.
   core::Status wait_down(std::size_t g, std::string_view group,
                          std::int64_t room_elems = std::numeric_limits<std::int64_t>::max());
 
@@ -119,6 +121,8 @@ class GradientPath {
   core::Result<gpu::PinnedBuffer> copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   void fail(const core::Status& s);
+  // A submitted group's gradients are through their pass (or given up).
+  void passed(std::int64_t elems);
 
   Parts parts_;
   gpu::PinnedBuffer grads_;            // host gradients (see host_grads)
@@ -137,7 +141,7 @@ class GradientPath {
   core::CondVar cv_;
   std::vector<std::int64_t> posted_ STRATA_GUARDED_BY(mu_);  // per group: copies submitted
   std::vector<std::int64_t> down_ STRATA_GUARDED_BY(mu_);    // per group: copies done (or given up)
-  // Gradient buffers submitted and not down yet: how many, and their elements.
+  // Groups' gradients submitted whose pass is not done: how many, and their elements.
   std::int64_t in_flight_ STRATA_GUARDED_BY(mu_) = 0;
   std::int64_t in_flight_elems_ STRATA_GUARDED_BY(mu_) = 0;
   core::Status error_ STRATA_GUARDED_BY(mu_);                // the first failure
