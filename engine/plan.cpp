@@ -409,12 +409,27 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
                   : std::min(trainable_groups, std::max<std::int64_t>(2, cfg.zero.reduce_bucket_size / group));
     add("device_gradient_buffers", Tier::kDevice, sat_mul(group_bytes, u64(grad_buffers)),
         grads_detail(grad_buffers));
+    // The optimizer's host copy of the group it updates, unless the home is
+    // pinned; when a certain step's early job updates groups whose home is
+    // the GPU during the backward, it holds every trainable group's until
+    // step_end (the framework may still read the home: Optimizer::run).
+    const StepRules rules = StepRules::of(cfg);
+    const bool views_held =
+        pl.param_device == OffloadDevice::kNone && schedule.early_jobs(rules) && rules.certain();
     // A group's gradients in its pass, as copied down and packed into the
-    // trainable layout, and the next group's as they come down.
-    add("gradient_staging", Tier::kPinned, sat_mul(group_bytes, 3),
-        str_cat(groups_of(3), " x ", c, " B (gradients in their pass, copied down and packed, and the next "
-                "group's coming down)"));
-    if (pl.param_device != OffloadDevice::kCpu) {
+    // trainable layout, and the next group's as they come down; while the
+    // views pile up, two groups are still to pass when a third staging is
+    // in use, so the peak counts the last group's only.
+    const std::int64_t staged = views_held ? 1 : 3;
+    add("gradient_staging", Tier::kPinned, sat_mul(group_bytes, u64(staged)),
+        str_cat(groups_of(staged), " x ", c, " B (",
+                views_held ? "the last group's in its pass, when every view is held"
+                           : "gradients in their pass, copied down and packed, and the next group's coming down",
+                ")"));
+    if (views_held) {
+      add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(T), c),
+          count_times(T, c, "every trainable group's new compute copies, held until step_end"));
+    } else if (pl.param_device != OffloadDevice::kCpu) {
       add("optimizer_compute_view", Tier::kPinned, group_bytes,
           str_cat(groups_of(1), " x ", c, " B (the optimizer's host copy of the group it updates)"));
     }
