@@ -84,8 +84,8 @@ IsoSample IsoSample::scaled(double factor) const {
   s.shape.bytes = {grow(shape.bytes.h2d), grow(shape.bytes.d2h), grow(shape.bytes.nvme_read),
                    grow(shape.bytes.nvme_write)};
   s.shape.discarded = static_cast<std::int64_t>(std::llround(static_cast<double>(shape.discarded) * factor));
-  for (double* t : {&s.device_s, &s.h2d_s, &s.d2h_s, &s.read_s, &s.write_s, &s.mixed_s, &s.grad_pass_s, &s.adam_s,
-                    &s.crc_s, &s.copy_s, &s.host_h2d_s, &s.host_d2h_s, &s.host_kernel_s}) {
+  for (double* t : {&s.device_s, &s.h2d_s, &s.d2h_s, &s.read_s, &s.write_s, &s.mixed_s, &s.grad_pass_s,
+                    &s.adam_s, &s.crc_s, &s.copy_s, &s.host_h2d_s, &s.host_d2h_s, &s.host_kernel_s}) {
     *t *= factor;
   }
   return s;
@@ -160,7 +160,8 @@ Result<double> Isolated::device_time(Rig& rig, DeviceWork work) {
     }
   }
   for (int g = 0; g < m.layers; ++g) {
-    if (with_compute) STRATA_RETURN_IF_ERROR(dev.declare_compute(rig.stream, 2.0 * m.forward_flops(), "backward"));
+    if (with_compute)
+      STRATA_RETURN_IF_ERROR(dev.declare_compute(rig.stream, 2.0 * m.forward_flops(), "backward"));
     STRATA_RETURN_IF_ERROR(dev.copy_d2d(rig.stream, rig.dgrad.span(), rig.dpattern.span()));
   }
   STRATA_RETURN_IF_ERROR(dev.synchronize(rig.stream));
@@ -258,12 +259,14 @@ Result<double> Isolated::link_time(Rig& rig, Direction dir, std::uint64_t bytes)
 
 // Blocks of the engine's state-chunk size (the last one shorter) covering
 // `bytes`, over the state buffer in order (region `shift` blocks on).
-std::vector<Isolated::Block> Isolated::blocks(const char* prefix, std::uint64_t bytes, std::size_t shift) const {
+std::vector<Isolated::Block> Isolated::blocks(const char* prefix, std::uint64_t bytes,
+                                              std::size_t shift) const {
   const std::uint64_t bb = state_block_bytes();
   const std::size_t regions = std::max<std::size_t>(1, state_.size_bytes() / bb);
   std::vector<Block> out;
   for (std::uint64_t off = 0, j = 0; off < bytes; off += bb, ++j) {
-    out.push_back({str_cat(prefix, j), std::min(bb, bytes - off), state_.data() + ((j + shift) % regions) * bb});
+    out.push_back(
+        {str_cat(prefix, j), std::min(bb, bytes - off), state_.data() + ((j + shift) % regions) * bb});
   }
   return out;
 }
@@ -363,7 +366,8 @@ Status Isolated::cpu_times(const Shape& shape, IsoSample& s) {
   const int cb = m.compute_bytes();
   // Untimed: a short pass first, so that oneTBB's worker (shared with the
   // engines' arenas) has joined this arena before the clock starts.
-  const auto warm = std::min<std::int64_t>(4 * cpu_.tile_elems(), static_cast<std::int64_t>(src_.size_bytes()));
+  const auto warm =
+      std::min<std::int64_t>(4 * cpu_.tile_elems(), static_cast<std::int64_t>(src_.size_bytes()));
   cpu_.for_each_tile(warm, [&](std::int64_t begin, std::int64_t len) {
     std::memcpy(copyout_.data() + begin, src_.data() + begin, static_cast<std::size_t>(len));
   });
@@ -406,16 +410,18 @@ Status Isolated::cpu_times(const Shape& shape, IsoSample& s) {
   const std::span<const std::byte> crc_src(state_.data(), state_.size_bytes());
   std::atomic<std::uint64_t> sink{0};
   sw.restart();
-  cpu_.for_each_tile(static_cast<std::int64_t>(shape.disk_bytes()), [&](std::int64_t begin, std::int64_t len) {
-    std::uint64_t crc = 0;
-    for (std::uint64_t done = 0; done < static_cast<std::uint64_t>(len);) {
-      const std::uint64_t at = (static_cast<std::uint64_t>(begin) + done) % crc_src.size();
-      const std::uint64_t n = std::min<std::uint64_t>(static_cast<std::uint64_t>(len) - done, crc_src.size() - at);
-      crc = nvme::crc64(crc, crc_src.subspan(at, n));
-      done += n;
-    }
-    sink.fetch_xor(crc, std::memory_order_relaxed);
-  });
+  cpu_.for_each_tile(
+      static_cast<std::int64_t>(shape.disk_bytes()), [&](std::int64_t begin, std::int64_t len) {
+        std::uint64_t crc = 0;
+        for (std::uint64_t done = 0; done < static_cast<std::uint64_t>(len);) {
+          const std::uint64_t at = (static_cast<std::uint64_t>(begin) + done) % crc_src.size();
+          const std::uint64_t n =
+              std::min<std::uint64_t>(static_cast<std::uint64_t>(len) - done, crc_src.size() - at);
+          crc = nvme::crc64(crc, crc_src.subspan(at, n));
+          done += n;
+        }
+        sink.fetch_xor(crc, std::memory_order_relaxed);
+      });
   s.crc_s = shape.disk_bytes() > 0 ? sw.elapsed_s() : 0.0;
   // The host device's copies as memcpys on cpu_adam's threads (the figure
   // the bound used before it measured the host device's own copies).
@@ -479,8 +485,8 @@ IsoSample RateModel::at(const Shape& s) const {
   x.write_s = write * d(b.nvme_write);
   x.mixed_s = mixed * d(s.disk_bytes());
   x.grad_pass_s = grad_pass_s;
-  x.adam_s =
-      adam_s * ((s.applied ? 1.0 : 0.0) + (trainable > 0 ? static_cast<double>(s.discarded) / trainable : 0.0));
+  x.adam_s = adam_s *
+             ((s.applied ? 1.0 : 0.0) + (trainable > 0 ? static_cast<double>(s.discarded) / trainable : 0.0));
   x.crc_s = crc * d(s.disk_bytes());
   x.copy_s = copy * d(b.h2d + b.d2h + fixed_copy_bytes);
   x.host_h2d_s = host_h2d * d(b.h2d);
@@ -528,7 +534,8 @@ Shape typical_shape(const std::vector<Shape>& shapes) {
     if (!counts.empty()) break;
   }
   if (counts.empty()) return {};
-  return std::max_element(counts.begin(), counts.end(), [](const auto& x, const auto& y) { return x.second < y.second; })
+  return std::max_element(counts.begin(), counts.end(),
+                          [](const auto& x, const auto& y) { return x.second < y.second; })
       ->first;
 }
 
@@ -543,9 +550,10 @@ double gb_per_s(std::uint64_t bytes, double seconds) {
 
 std::string resources_row(const ResTimes& t, const IsoSample& m) {
   char row[200];
-  std::snprintf(row, sizeof row, "%8.3f %8.3f %8.3f %8.3f %8.3f %12.3f   %.3f + %.3f + %.3f + %.3f (%.3f + %.3f + %.3f)",
-                t[kDevice], t[kH2d], t[kD2h], t[kDisk], t[kCpu], m.cpu_tiled_s(), m.grad_pass_s, m.adam_s, m.crc_s,
-                m.cpu_copy_s(), m.host_h2d_s, m.host_d2h_s, m.host_kernel_s);
+  std::snprintf(row, sizeof row,
+                "%8.3f %8.3f %8.3f %8.3f %8.3f %12.3f   %.3f + %.3f + %.3f + %.3f (%.3f + %.3f + %.3f)",
+                t[kDevice], t[kH2d], t[kD2h], t[kDisk], t[kCpu], m.cpu_tiled_s(), m.grad_pass_s, m.adam_s,
+                m.crc_s, m.cpu_copy_s(), m.host_h2d_s, m.host_d2h_s, m.host_kernel_s);
   return row;
 }
 
@@ -607,7 +615,8 @@ void json_sample(JsonWriter& j, std::string_view key, const IsoSample& s, std::i
 }
 
 Status make_dir(const std::string& path) {
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Status::from_errno(errno, str_cat("mkdir ", path));
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    return Status::from_errno(errno, str_cat("mkdir ", path));
   return Status();
 }
 

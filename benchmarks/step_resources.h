@@ -52,7 +52,7 @@ struct Model {
   std::uint64_t group_bytes() const { return static_cast<std::uint64_t>(layer_elems * compute_bytes()); }
   double forward_flops() const { return 2.0 * static_cast<double>(layer_elems) * tokens; }  // per layer
   double step_flops() const { return 3.0 * forward_flops() * layers; }                      // fwd + bwd (2x)
-  std::string group(int g) const;                                                          // "layer<g>"
+  std::string group(int g) const;                                                           // "layer<g>"
 };
 
 // What step_bench's framework writes as gradients in one step.
