@@ -85,30 +85,14 @@ struct Options {
   std::string command;
 };
 
-const char* placement_name(Placement p) {
-  switch (p) {
-    case Placement::kNvme:
-      return "nvme";
-    case Placement::kCpu:
-      return "cpu";
-    case Placement::kDevice:
-      return "device";
-  }
-  return "?";
-}
-
-// offload_param.device and offload_optimizer.device of a placement.
-const char* offload_of(Placement p) {
-  switch (p) {
-    case Placement::kNvme:
-      return "nvme";
-    case Placement::kCpu:
-      return "cpu";
-    case Placement::kDevice:
-      return "none";
-  }
-  return "none";
-}
+// Each placement's name (--placement) and its offload_param.device and
+// offload_optimizer.device, indexed by Placement.
+struct PlacementKeys {
+  const char* name;
+  const char* offload;
+};
+constexpr PlacementKeys kPlacementKeys[] = {{"nvme", "nvme"}, {"cpu", "cpu"}, {"device", "none"}};
+const PlacementKeys& keys_of(Placement p) { return kPlacementKeys[static_cast<int>(p)]; }
 
 [[noreturn]] void die(const Status& s, std::string_view what) {
   std::fprintf(stderr, "scale_bench: %.*s: %s\n", static_cast<int>(what.size()), what.data(),
@@ -278,8 +262,8 @@ std::string config_json(const Options& o, const Model& m, const std::string& swa
   // The prefetch window holds a few layers, as in a model far larger than the
   // device, and no layer stays there for being small.
   j += str_cat("  \"zero_optimization\": {\"stage\": 3,\n    \"offload_optimizer\": {\"device\": \"",
-               offload_of(o.placement), "\", \"pin_memory\": true},\n",
-               "    \"offload_param\": {\"device\": \"", offload_of(o.placement),
+               keys_of(o.placement).offload, "\", \"pin_memory\": true},\n",
+               "    \"offload_param\": {\"device\": \"", keys_of(o.placement).offload,
                "\", \"pin_memory\": true},\n", "    \"stage3_prefetch_bucket_size\": ", m.layer_elems, ",\n",
                "    \"stage3_max_live_parameters\": ", 3 * m.layer_elems, ",\n",
                "    \"stage3_param_persistence_threshold\": 0,\n",
@@ -354,12 +338,7 @@ class Driver {
     const double fwd = model_.forward_flops();
     const Usage before = Usage::now();
     core::Stopwatch sw;
-    for (int g = 0; g < model_.layers; ++g) {
-      const std::string name = model_.group(g);
-      STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());
-      STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, fwd, "forward"));
-      STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));
-    }
+    STRATA_RETURN_IF_ERROR(run_forward(*engine_, stream_, model_));
     for (int g = model_.layers - 1; g >= 0; --g) {
       const std::string name = model_.group(g);
       STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan weights, engine_->fetch(name));
@@ -525,15 +504,10 @@ Options parse(int argc, char** argv) {
       o.layers = static_cast<int>(n);
     } else if (arg == "--placement") {
       const std::string v = value();
-      if (v == "nvme") {
-        o.placement = Placement::kNvme;
-      } else if (v == "cpu") {
-        o.placement = Placement::kCpu;
-      } else if (v == "device") {
-        o.placement = Placement::kDevice;
-      } else {
-        bad(arg, v, "nvme, cpu or device");
-      }
+      const auto* k = std::find_if(std::begin(kPlacementKeys), std::end(kPlacementKeys),
+                                   [&v](const PlacementKeys& p) { return v == p.name; });
+      if (k == std::end(kPlacementKeys)) bad(arg, v, "nvme, cpu or device");
+      o.placement = static_cast<Placement>(k - std::begin(kPlacementKeys));
     } else if (arg == "--steps") {
       std::int64_t n = 0;
       count(&n);
@@ -684,7 +658,7 @@ Result<RunResult> run(const Options& o) {
       "scale_bench: %d layers x %lld = %.4g parameters (%s of training state at 16 B each), placement %s, "
       "overlap %s; swap under %s\n",
       m.layers, static_cast<long long>(m.layer_elems), static_cast<double>(m.params()),
-      core::format_bytes(16ull * static_cast<std::uint64_t>(m.params())).c_str(), placement_name(o.placement),
+      core::format_bytes(16ull * static_cast<std::uint64_t>(m.params())).c_str(), keys_of(o.placement).name,
       std::string(eng::to_string(o.overlap)).c_str(), root.c_str());
   print_plan(r);
   if (!r.plan.configured.fits) {
@@ -872,7 +846,7 @@ JsonWriter to_json(const Options& o, const RunResult& r) {
   j.str("bench", "scale_bench").str("command", o.command);
   j.integer("hardware_threads", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
   j.integer("ram_bytes", static_cast<std::int64_t>(r.plan.machine.ram_bytes));
-  j.str("placement", placement_name(o.placement)).str("overlap", eng::to_string(o.overlap));
+  j.str("placement", keys_of(o.placement).name).str("overlap", eng::to_string(o.overlap));
   j.integer("layers", m.layers).integer("layer_elems", m.layer_elems).integer("params", m.params());
   j.integer("training_state_bytes", 16 * m.params());
   j.num("tokens_per_step", m.tokens).num("step_flops", m.step_flops());

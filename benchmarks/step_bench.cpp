@@ -254,12 +254,7 @@ class Driver {
     const double fwd = model_.forward_flops();
     const Usage before = Usage::now();
     core::Stopwatch sw;
-    for (int g = 0; g < model_.layers; ++g) {
-      const std::string name = model_.group(g);
-      STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());
-      STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, fwd, "forward"));
-      STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));  // its buffer is reused after this work
-    }
+    STRATA_RETURN_IF_ERROR(run_forward(*engine_, stream_, model_));
     for (int g = model_.layers - 1; g >= 0; --g) {
       const std::string name = model_.group(g);
       STRATA_RETURN_IF_ERROR(engine_->fetch(name).status());

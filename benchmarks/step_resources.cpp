@@ -46,6 +46,16 @@ nvme::BackendKind backend_of(eng::IoBackend b) {
 
 std::string Model::group(int g) const { return str_cat("layer", g); }
 
+Status run_forward(eng::Engine& engine, gpu::Stream& stream, const Model& m) {
+  for (int g = 0; g < m.layers; ++g) {
+    const std::string name = m.group(g);
+    STRATA_RETURN_IF_ERROR(engine.fetch(name).status());
+    STRATA_RETURN_IF_ERROR(engine.device().declare_compute(stream, m.forward_flops(), "forward"));
+    STRATA_RETURN_IF_ERROR(engine.release(name, &stream));  // its buffer is reused after this work
+  }
+  return Status();
+}
+
 std::vector<std::uint16_t> gradient_bits(const Model& m, const GradKind& kind, double loss_scale) {
   const float a = static_cast<float>(kind.norm / std::sqrt(static_cast<double>(m.params())) * loss_scale);
   const bool fp16 = m.precision == eng::Precision::kFp16;

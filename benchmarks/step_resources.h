@@ -22,6 +22,7 @@
 #include "core/result.h"
 #include "cpu_adam/cpu_adam.h"
 #include "engine/config.h"
+#include "engine/engine.h"
 #include "engine/step_stats.h"
 #include "gpu/device.h"
 #include "nvme/swap_store.h"
@@ -54,6 +55,12 @@ struct Model {
   double step_flops() const { return 3.0 * forward_flops() * layers; }                      // fwd + bwd (2x)
   std::string group(int g) const;                                                           // "layer<g>"
 };
+
+// The synthetic model's forward, as its framework runs it: for every layer,
+// fetch, the declared compute on `stream`, and release with that stream (the
+// engine reuses the buffer only after this work). The host does not wait for
+// the device.
+core::Status run_forward(engine::Engine& engine, gpu::Stream& stream, const Model& m);
 
 // What step_bench's framework writes as gradients in one step.
 struct GradKind {
