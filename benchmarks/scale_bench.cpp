@@ -719,6 +719,7 @@ Result<RunResult> run(const Options& o) {
     STRATA_RETURN_IF_ERROR(make_dir(dirs.isolated));
     io.swap_dir = dirs.isolated;
     io.config = config;
+    io.disk_mixed = true;  // the engine keeps reads and writes in flight together
     io.device_work = [sample, &pattern](gpu::Device& dev, gpu::Stream& s, DeviceWork work) {
       return task_device_time(dev, s, work, sample, pattern);
     };
