@@ -13,13 +13,15 @@ import tempfile
 
 SCHEDULE_FIELDS = [
     "schedule", "overlap", "step_s", "bound_s", "ratio_to_bound", "step_s_mean", "bound_s_mean",
-    "ratio_to_bound_mean", "busiest", "busiest_s", "second", "second_s", "second_to_busiest", "balanced",
+    "ratio_to_bound_mean", "bound_tiled_s", "ratio_to_bound_tiled", "busiest", "busiest_s", "second", "second_s",
+    "second_to_busiest", "balanced",
     "device_idle", "resources", "bytes", "steps_timed", "skipped_fraction", "clipped_fraction",
     "engine_stage_s", "step_s_all", "bound_s_all", "isolated", "isolated_reps",
 ]
 RESOURCES = ["device_s", "h2d_s", "d2h_s", "disk_s", "cpu_s"]
 ISOLATED_FIELDS = ["device_s", "h2d_s", "d2h_s", "disk_s", "disk_read_gbps", "disk_write_gbps", "cpu_s",
-                   "grad_pass_s", "adam_s", "crc_s", "copy_s", "adam_params_per_s", "adam_gbps"]
+                   "grad_pass_s", "adam_s", "crc_s", "cpu_copy_s", "host_h2d_s", "host_d2h_s", "host_kernel_s",
+                   "cpu_tiled_s", "copy_s", "adam_params_per_s", "adam_gbps", "host_h2d_gbps", "host_d2h_gbps"]
 
 
 def check(cond, what):
@@ -65,6 +67,15 @@ def main():
             check(s["steps_timed"] == 3, f"{name}/{sname}: {s['steps_timed']} timed steps, expected 3")
             check(s["step_s"] > 0 and s["bound_s"] > 0, f"{name}/{sname}: step or bound not positive")
             check(s["busiest"] != s["second"], f"{name}/{sname}: busiest == second")
+            # The bound's CPU is its work plus the host device's copies and kernels, each measured.
+            iso = s["isolated"]
+            check(iso["host_h2d_s"] > 0 and iso["host_d2h_s"] > 0 and iso["host_kernel_s"] > 0,
+                  f"{name}/{sname}: the host device's copies were not measured")
+            parts = iso["grad_pass_s"] + iso["adam_s"] + iso["crc_s"] + iso["cpu_copy_s"]
+            check(abs(iso["cpu_s"] - parts) <= 1e-5 * max(1.0, parts), f"{name}/{sname}: cpu_s {iso['cpu_s']} != {parts}")
+            check(abs(iso["cpu_copy_s"] - iso["host_h2d_s"] - iso["host_d2h_s"] - iso["host_kernel_s"]) <= 1e-5,
+                  f"{name}/{sname}: cpu_copy_s is not its parts")
+            check(s["bound_tiled_s"] > 0, f"{name}/{sname}: no bound with the CPU counted as before")
             check("resident" in s["engine_stage_s"], f"{name}/{sname}: no engine_stage_s.resident")
     # The gradient plans are deterministic: clipping fires on timed steps 0 and
     # 2 of 3; the fp16 scenario overflows (and skips) on timed step 2.

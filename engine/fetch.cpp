@@ -63,6 +63,10 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
     return gs.working.span();
   }
   const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+  // Room within stage3_max_live_parameters first, as a prefetch makes it:
+  // resident copies used again latest go back to the cache, whose buffer
+  // the allocation below then takes.
+  copies_.resident->make_room(live_bytes(), bytes, SIZE_MAX, copies_.trace);
   STRATA_ASSIGN_OR_RETURN(gs.working, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
   gpu::PinnedBuffer staging;
   STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));

@@ -3,51 +3,70 @@
 // the bytes moved per step (DESIGN.md section 1), whether that fits the
 // machine, and which placement fits while moving the fewest bytes.
 //
-// The estimates, per parameter (P parameters, T of them trainable, c = 2 B
-// for bf16/fp16 and 4 B for fp32 compute copies):
+// The estimates follow what the engine holds and moves (the scale benchmark
+// holds them to a measured run: docs/benchmarks.md, "scale"). P parameters,
+// T of them trainable, in L fetch groups (one layer each: P / L parameters,
+// or with a transformer shape the larger of a block, 12h^2 + 13h, and the
+// embedding, V h); c = 2 B for bf16/fp16 and 4 B for fp32 compute copies;
+// g = c B of host gradient per trainable parameter when
+// gradient_accumulation_steps = 1, else 4 (fp32 accumulation):
 //  - compute copies: c x P, in offload_param.device's tier (none: GPU).
 //  - optimizer state of the trainable parameters: fp32 master 4 B plus moments
 //    (Adam/AdamW 8 B, Adagrad 4 B, Lion 4 B). offload_optimizer.device none:
 //    all on the GPU; cpu/nvme: the share `ratio` is updated on the CPU, the
 //    rest stays on the GPU. With nvme, strata.optimizer_cpu_fraction of the
 //    CPU-updated share stays in pinned CPU memory, the rest lives on NVMe.
-//  - gradients live with the optimizer that reads them: for the CPU-updated
-//    share a pinned host buffer of g B per parameter (g = c when
-//    gradient_accumulation_steps = 1, else 4: fp32 accumulation; never on
-//    NVMe) plus device-side buffers for two fetch groups (c B each) that
-//    backward fills while the previous group is copied out; for the GPU
-//    share a full g B gradient buffer on the GPU.
-//  - GPU working set when parameters are not GPU-resident: the fetch window
-//    (two fetch groups, one computing and one arriving, plus
-//    stage3_prefetch_bucket_size more elements as long as the total stays
-//    within stage3_max_live_parameters; never more than P) and the persistent
-//    parameters (tensors below stage3_param_persistence_threshold elements
-//    stay on the GPU; known only with a transformer shape). A fetch group is
-//    one layer: P / num_layers parameters, or with a transformer shape the
-//    larger of a block (12h^2 + 13h) and the embedding (V h).
-//  - pinned staging: with optimizer state on NVMe a ring of
-//    Schedule::ring_depth() chunks (strata.chunk_bytes of fp32 master each) per
-//    fp32 state (3 for Adam: master and two moments), no larger than the
-//    NVMe-resident state; with parameters on NVMe a staging copy of each
-//    group of the fetch window (c B per parameter of it; DeepSpeed's
-//    offload_param.buffer_count / buffer_size have no effect).
+//  - gradients: every trainable group's come down to pinned host gradients
+//    (g x T; never on NVMe), whichever tier updates them: the gradient pass
+//    runs on the CPU. On the GPU, the buffers the framework writes them
+//    into while they are on their way down: reduce_bucket_size elements of
+//    groups, at least two, at most one per trainable group (one with
+//    strata.overlap "none"). In pinned memory, three groups' staging: one in
+//    its pass as copied down and as packed, the next one coming down.
+//  - GPU working set when parameters are not GPU-resident: the fetch window,
+//    the fetched, prefetched and kept (resident) copies, which share
+//    stage3_max_live_parameters (at least one group; all of them when a
+//    group is under stage3_param_persistence_threshold; one with overlap
+//    "none"), and the persistent parameters (tensors below that threshold;
+//    known only with a transformer shape).
+//  - the optimizer's view: once per step it opens each trainable group's
+//    compute copies on the host (a pinned copy of one group unless their
+//    home is pinned), writes the new ones there and sends them home. A
+//    chunk updated on the GPU takes its gradients up and its new compute
+//    copies down: one chunk's g + c B on the GPU and c B pinned.
+//  - pinned staging: with optimizer state on NVMe the disk pipeline's ring,
+//    slots of the largest NVMe chunk's fp32 states (chunks never cross a
+//    group: at most strata.chunk_bytes / 4 elements, at most a group's),
+//    Schedule::ring_depth() slots, or strata.budgets.staging's, or fewer when
+//    strata.budgets.pinned leaves less than two slots per slot, never more
+//    than the NVMe chunks; with parameters on NVMe a staging copy of one
+//    group on its way to the GPU (DeepSpeed's offload_param.buffer_count /
+//    buffer_size have no effect).
 //  - with strata.overlap "speculative" and optimizer state on NVMe: a second
 //    version of that state on disk ((4 + moments) B per NVMe-resident
 //    parameter) and pinned room for its groups' new compute copies (c B per
-//    NVMe-resident parameter) until step_end decides.
+//    NVMe-resident parameter) until step_end decides; with "delayed" the
+//    new compute copies of every trainable group (c B per trainable
+//    parameter) until the next step_end.
 //  - activations (GPU; only with a transformer shape): see
 //    estimate_activations().
+//  - the swap files: what lives on NVMe plus the room the engine reserves
+//    (1/16 + 64 MiB, rounded up to 1 MiB), or strata.budgets.disk when set.
 //  - checkpoint space on disk: c x P + (4 + moments) x T.
-// Per optimizer step (G = gradient_accumulation_steps micro-batches): the
-// host->device link carries 2 c B per parameter and micro-batch when
-// parameters are not GPU-resident (forward and backward fetches) plus c B per
-// CPU-updated parameter to send the new compute copies when parameters are
-// GPU-resident; device->host carries c B of gradients per CPU-updated
-// parameter and micro-batch, plus c B of new compute copies per GPU-updated
-// parameter when parameters live off the GPU; the disk reads and writes
-// (4 + moments) B per NVMe-resident optimizer parameter, reads 2 c B per
-// parameter and micro-batch and writes c B per trainable parameter when
-// parameters live on NVMe.
+// Per optimizer step (G = gradient_accumulation_steps micro-batches), with R
+// the groups a kept copy serves (stage3_max_live_parameters / group, at most
+// L; L when groups are persistent; none with overlap "none"):
+//  - host->device: fetches of offloaded compute copies, c B per parameter
+//    forward and backward in every micro-batch less R groups of the first
+//    backward and R of each later forward and backward; the new compute
+//    copies of GPU-resident parameters, c x T; gradients of GPU-updated
+//    chunks, g B each.
+//  - device->host: gradients, c x T per micro-batch; the optimizer's view of
+//    GPU-resident parameters, c x T; new compute copies of GPU-updated
+//    chunks, c B each.
+//  - disk: (4 + moments) B read and written per NVMe-resident optimizer
+//    parameter; with parameters on NVMe, the fetches above read and the
+//    optimizer's view read (c x T) and written back (c x T).
 //
 // Thread-compatible value types and pure functions (no I/O, no probing).
 #pragma once
@@ -174,11 +193,12 @@ struct Placement {
 
 // One line of the plan: a state or buffer in one tier.
 struct PlanItem {
-  // Stable key: compute_copies, persistent_params, fetch_window, gradients
-  // (GPU-updated share), device_gradient_buffers, host_gradients,
-  // master_weights, optimizer_moments, optimizer_staging, param_staging,
-  // speculative_state, speculative_compute_copies, delayed_compute_copies,
-  // activations, logits, checkpoint.
+  // Stable key: compute_copies, persistent_params, fetch_window,
+  // device_gradient_buffers, host_gradients, gradient_staging,
+  // optimizer_compute_view, master_weights, optimizer_moments,
+  // optimizer_device_buffers, optimizer_device_copies, optimizer_staging,
+  // param_staging, speculative_state, speculative_compute_copies,
+  // delayed_compute_copies, activations, logits, swap_reserve, checkpoint.
   std::string name;
   Tier tier = Tier::kDevice;
   std::uint64_t size_bytes = 0;

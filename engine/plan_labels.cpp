@@ -103,13 +103,17 @@ std::string_view item_label(std::string_view name) {
   if (name == "compute_copies") return "compute copies";
   if (name == "persistent_params") return "persistent params";
   if (name == "fetch_window") return "fetch window";
-  if (name == "gradients") return "gradients";
   if (name == "device_gradient_buffers") return "device gradient buffers";
   if (name == "host_gradients") return "host gradients";
   if (name == "master_weights") return "fp32 master";
   if (name == "optimizer_moments") return "optimizer moments";
   if (name == "optimizer_staging") return "optimizer staging";
   if (name == "param_staging") return "param staging";
+  if (name == "gradient_staging") return "gradient staging";
+  if (name == "optimizer_compute_view") return "optimizer's compute copies";
+  if (name == "optimizer_device_buffers") return "device optimizer buffers";
+  if (name == "optimizer_device_copies") return "device optimizer copies";
+  if (name == "swap_reserve") return "swap reserve";
   if (name == "speculative_state") return "speculative state";
   if (name == "speculative_compute_copies") return "speculative compute copies";
   if (name == "delayed_compute_copies") return "delayed compute copies";

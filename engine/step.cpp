@@ -38,8 +38,11 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   if (schedule_.gradients_wait_for_optimizer()) STRATA_RETURN_IF_ERROR(runner_->wait_group(g, "grad_buffer"));
   // The group's last gradients are down (they may still be on their way
   // when step_end did not wait for them): so the framework runs at most a
-  // step ahead of the copies, with one gradient buffer per group.
-  STRATA_RETURN_IF_ERROR(gradients_->wait_down(g, group));
+  // step ahead of the copies, with one gradient buffer per group; and the
+  // gradients on their way down stay within reduce_bucket_size elements
+  // (two groups' buffers at least), so a framework that runs ahead of the
+  // device does not fill it with gradient buffers.
+  STRATA_RETURN_IF_ERROR(gradients_->wait_down(g, group, config_.zero.reduce_bucket_size));
   copies_.trace.note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);

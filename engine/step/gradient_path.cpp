@@ -70,11 +70,14 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     cache->put(std::move(*b));
     delete b;
   });
+  const std::int64_t elems = parts_.layout.groups[g].compute_elems;
   {
     const core::MutexLock lock(mu_);
     ++posted_[g];
+    ++in_flight_;
+    in_flight_elems_ += elems;
   }
-  grads_queue_->post([this, g, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
+  grads_queue_->post([this, g, elems, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
     // At most kGradientCopiesInFlight copies down held at once (the pinned
     // working memory finalize reserved: engine/working_memory.h); a slot
     // comes back when its copy's pinned buffer is released, passed or not.
@@ -102,6 +105,7 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     if (!wire.ok()) {
       release_slot();
       fail(wire.status());  // a job waiting for these gradients fails with it
+      passed(elems);
       return wire.status();
     }
     // The pass moves the buffer out (and puts it back in the cache); a pass
@@ -113,13 +117,15 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
                                               delete b;
                                               release_slot();
                                             });
-    pass_queue_->post([this, g, host, micro_step, before, after] {
+    pass_queue_->post([this, g, elems, host, micro_step, before, after] {
       Status ps = before != nullptr ? before() : Status();
       const core::Stopwatch pass_clock;
       if (ps.ok()) ps = pass(g, std::move(*host), micro_step);
       pass_seconds_ += pass_clock.elapsed_s();
       if (ps.ok() && after != nullptr) after();
       if (!ps.ok()) fail(ps);
+      host->reset();  // its staging is free (back in the cache after a pass)
+      passed(elems);
       return ps;
     });
     return Status();
@@ -167,6 +173,13 @@ core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro
   return Status();
 }
 
+void GradientPath::passed(std::int64_t elems) {
+  const core::MutexLock lock(mu_);
+  --in_flight_;
+  in_flight_elems_ -= elems;
+  cv_.notify_all();
+}
+
 void GradientPath::fail(const Status& s) {
   const core::MutexLock lock(mu_);
   if (error_.ok()) error_ = s;
@@ -182,9 +195,13 @@ core::Status GradientPath::wait(const char* op) {
   return Status();
 }
 
-core::Status GradientPath::wait_down(std::size_t g, std::string_view group) {
+core::Status GradientPath::wait_down(std::size_t g, std::string_view group, std::int64_t room_elems) {
+  const std::int64_t elems = parts_.layout.groups[g].compute_elems;
   const core::MutexLock lock(mu_);
-  cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return down_[g] >= posted_[g] || !error_.ok(); });
+  cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) {
+    const bool room = in_flight_ <= 1 || in_flight_elems_ <= room_elems - elems;
+    return (down_[g] >= posted_[g] && room) || !error_.ok();
+  });
   if (!error_.ok()) {
     return Status(error_).annotate(str_cat("grad_buffer('", group, "'): the gradient path failed"));
   }

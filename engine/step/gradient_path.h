@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string_view>
 #include <vector>
@@ -74,8 +75,15 @@ class GradientPath {
   core::Status wait(const char* op);
   // grad_buffer(g): waits until every copy of g's gradients submitted so far
   // is down (so the framework runs at most one step ahead, with one gradient
-  // buffer per group); the path's error, naming `group`.
-  core::Status wait_down(std::size_t g, std::string_view group);
+  // buffer per group), and until the gradients still on their way to the
+  // host gradients (submitted, their pass not done) leave room for g's
+  // within `room_elems` elements of compute copies
+  // (zero_optimization.reduce_bucket_size; one other group's always fits):
+  // with equal groups the device then holds at most max(2, room_elems /
+  // group) gradient buffers, and the host as many groups' staging besides
+  // the one packed for its pass. The path's error, naming `group`.
+  core::Status wait_down(std::size_t g, std::string_view group,
+                         std::int64_t room_elems = std::numeric_limits<std::int64_t>::max());
 
   // After wait(): the step's raw norm (the square root of the block
   // partials' sum, in block order) and its inf/NaN flag, which is cleared.
@@ -113,6 +121,8 @@ class GradientPath {
   core::Result<gpu::PinnedBuffer> copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   void fail(const core::Status& s);
+  // A submitted group's gradients are through their pass (or given up).
+  void passed(std::int64_t elems);
 
   Parts parts_;
   gpu::PinnedBuffer grads_;            // host gradients (see host_grads)
@@ -131,6 +141,9 @@ class GradientPath {
   core::CondVar cv_;
   std::vector<std::int64_t> posted_ STRATA_GUARDED_BY(mu_);  // per group: copies submitted
   std::vector<std::int64_t> down_ STRATA_GUARDED_BY(mu_);    // per group: copies done (or given up)
+  // Groups' gradients submitted whose pass is not done: how many, and their elements.
+  std::int64_t in_flight_ STRATA_GUARDED_BY(mu_) = 0;
+  std::int64_t in_flight_elems_ STRATA_GUARDED_BY(mu_) = 0;
   int copies_in_flight_ STRATA_GUARDED_BY(mu_) = 0;          // copies down whose buffer is held
   core::Status error_ STRATA_GUARDED_BY(mu_);                // the first failure
   std::int64_t marker_done_ STRATA_GUARDED_BY(mu_) = 0;

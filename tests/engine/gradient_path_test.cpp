@@ -2,13 +2,16 @@
 // host gradients and the norm do not depend on the order groups arrive in or
 // on the threads; a group's gradients of two micro-batches add up; the first
 // failure is sticky and reaches every waiter; markers take the norm behind
-// the passes submitted before them.
+// the passes submitted before them; grad_buffer's wait keeps the gradients on
+// their way down within reduce_bucket_size.
 #include "engine/step/gradient_path.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <memory>
 #include <vector>
@@ -216,6 +219,43 @@ TEST_F(GradientPathTest, MarkersTakeTheNormAndFlagBehindThePassesBeforeThem) {
   auto never = p->wait_marker(3, 3);
   ASSERT_FALSE(never.ok());
   EXPECT_EQ(never.status().code(), core::StatusCode::kCancelled);
+}
+
+// Copies held back by the framework's stream (a callback that waits for a
+// gate, then the event the gradients were "written" before): with two
+// groups on their way down, a third waits for room within `room_elems`
+// unless it fits there; one other group always fits.
+TEST_F(GradientPathTest, GradientsOnTheirWayDownStayWithinTheRoom) {
+  build(1);
+  auto p = make(true);
+  auto framework = device_->create_stream("framework");
+  ASSERT_TRUE(framework.ok());
+  std::promise<void> gate;
+  std::shared_future<void> opened = gate.get_future().share();
+  ASSERT_TRUE(device_->host_callback(*framework, [opened] { opened.wait(); }).ok());
+  auto ev = device_->create_event();
+  ASSERT_TRUE(ev.ok());
+  ASSERT_TRUE(device_->record(*ev, *framework).ok());
+  auto written = std::make_shared<gpu::Event>(std::move(ev).value());
+  const std::int64_t e0 = layout_.groups[0].compute_elems, e1 = layout_.groups[1].compute_elems;
+  const std::int64_t e2 = layout_.groups[2].compute_elems;
+  auto g0 = grads_of(0, 0);
+  ASSERT_TRUE(p->submit(0, std::move(g0), written, 0, nullptr, nullptr).ok());
+  // One group on its way: another always fits, whatever the room.
+  EXPECT_TRUE(p->wait_down(2, "g2", 0).ok());
+  auto g1 = grads_of(1, 0);
+  ASSERT_TRUE(p->submit(1, std::move(g1), written, 0, nullptr, nullptr).ok());
+  // Two on their way: room for all three, or no limit, does not wait.
+  EXPECT_TRUE(p->wait_down(2, "g2", e0 + e1 + e2).ok());
+  EXPECT_TRUE(p->wait_down(2, "g2").ok());
+  // One element short: waits until the copies are down.
+  auto waiting = std::async(std::launch::async, [&] { return p->wait_down(2, "g2", e0 + e1 + e2 - 1); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  gate.set_value();
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+  EXPECT_TRUE(waiting.get().ok());
+  EXPECT_TRUE(p->wait("step_end").ok());
+  EXPECT_TRUE(device_->synchronize(*framework).ok());
 }
 
 }  // namespace

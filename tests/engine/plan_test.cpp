@@ -66,26 +66,34 @@ bool contains(const std::string& text, const std::string& part) {
 //
 // GPU (params not resident):
 //   fetch group       = ceil(40e9 / 48)                       =   833,333,334 params
-//   fetch window      = max(2 groups, min(2 groups + 5e7 prefetch, 1e9 max live))
-//                     = 1,666,666,668 params x 2 B             = 3,333,333,336 B
-//   device grad bufs  = 2 groups x 2 B                         = 3,333,333,336 B
-//   total                                                      = 6,666,666,672 B
+//   fetch window      = 1e9 max live / 1 group = 1 group x 2 B = 1,666,666,668 B
+//   device grad bufs  = max(2, 5e8 reduce bucket / 1 group) = 2 groups x 2 B
+//                                                              = 3,333,333,336 B
+//   total                                                      = 5,000,000,004 B
 // CPU RAM (pinned):
 //   host gradients    = 40e9 x 2 B                             = 80,000,000,000 B
-//   param staging     = the fetch window, 1,666,666,668 x 2 B  =  3,333,333,336 B
+//   param staging     = 1 group x 2 B                          =  1,666,666,668 B
 //                       (offload_param.buffer_count / buffer_size: no effect)
-//   optimizer staging = 4 chunks x 64 MiB x 3 states           =    805,306,368 B
-//   total                                                      = 84,138,639,704 B
+//   gradient staging  = 3 groups x 2 B                         =  5,000,000,004 B
+//   optimizer's view  = 1 group x 2 B                          =  1,666,666,668 B
+//   optimizer staging = 4 slots x (64 MiB / 4 B x 12 B), a chunk
+//                       being within a group (833,355,776 after norm blocks)
+//                                                              =    805,306,368 B
+//   total                                                      = 89,138,639,708 B
 // NVMe:
 //   compute copies 40e9 x 2 = 80e9, master 40e9 x 4 = 160e9, moments 40e9 x 8
-//   = 320e9, checkpoint 80e9 + 480e9 = 560e9; total 1,120e9 B.
+//   = 320e9; the swap files' reserve: 560e9 / 16 + 64 MiB, rounded up to a
+//   MiB: 595,067,928,576 - 560e9 = 35,067,928,576; checkpoint 80e9 + 480e9 =
+//   560e9; total 1,155,067,928,576 B.
 // Capacities:
 //   GPU  80 GiB  = 85,899,345,920 - 10%           (8,589,934,592) = 77,309,411,328
 //   RAM 128 GiB = 137,438,953,472 - 10% - 4 GiB (18,038,862,643) = 119,400,090,829
 //   NVMe 2 TB   = 2e12 - 5% (1e11)                                = 1.9e12
-// Per step: host->device 2 x 2 B x 40e9 = 160e9 (forward + backward fetch),
-// device->host 2 B x 40e9 = 80e9, disk read 12 x 40e9 + 160e9 = 640e9, disk
-// write 12 x 40e9 + 2 x 40e9 = 560e9.
+// Per step: host->device 2 x 2 B x 40e9 less the backward's first group,
+// kept since the forward (2 x 833,333,333, P / L): 158,333,333,334;
+// device->host 2 B x 40e9 = 80e9 (gradients); disk read 12 x 40e9 + the
+// fetches 158,333,333,334 + the optimizer's view 2 x 40e9 = 718,333,333,334,
+// disk write 12 x 40e9 + 2 x 40e9 = 560e9.
 Config forty_b_config(OffloadDevice params, OffloadDevice optimizer) {
   return bf16_config(params, optimizer);
 }
@@ -98,21 +106,24 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
   const PlacementPlan& p = plan->configured;
 
   EXPECT_EQ(plan->model.group_params, 833'333'334);
-  EXPECT_EQ(p.item_bytes(Tier::kDevice, "fetch_window"), 3'333'333'336u);
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "fetch_window"), 1'666'666'668u);
   EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), 3'333'333'336u);
   EXPECT_EQ(p.item_bytes(Tier::kDevice, "persistent_params"), 0u);
-  EXPECT_EQ(p.tier(Tier::kDevice).needed_bytes, 6'666'666'672u);
+  EXPECT_EQ(p.tier(Tier::kDevice).needed_bytes, 5'000'000'004u);
 
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 80'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "param_staging"), 3'333'333'336u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "param_staging"), 1'666'666'668u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 5'000'000'004u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_compute_view"), 1'666'666'668u);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_staging"), 805'306'368u);
-  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 84'138'639'704u);
+  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 89'138'639'708u);
 
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), 80'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "master_weights"), 160'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "optimizer_moments"), 320'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "swap_reserve"), 35'067'928'576u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), 560'000'000'000u);
-  EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 1'120'000'000'000u);
+  EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 1'155'067'928'576u);
 
   EXPECT_EQ(p.tier(Tier::kDevice).available_bytes, 77'309'411'328u);
   EXPECT_EQ(p.tier(Tier::kPinned).margin_bytes, 18'038'862'643u);
@@ -123,30 +134,33 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
   EXPECT_TRUE(p.tier(Tier::kNvme).fits);
   EXPECT_TRUE(plan->fits());
 
-  EXPECT_EQ(p.traffic.host_to_device_bytes, 160'000'000'000u);
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 158'333'333'334u);
   EXPECT_EQ(p.traffic.device_to_host_bytes, 80'000'000'000u);
-  EXPECT_EQ(p.traffic.disk_read_bytes, 640'000'000'000u);
+  EXPECT_EQ(p.traffic.disk_read_bytes, 718'333'333'334u);
   EXPECT_EQ(p.traffic.disk_write_bytes, 560'000'000'000u);
 }
 
 // The same model, configured ZeRO-Offload style (params and optimizer in CPU
-// memory). Hand calculation of why the other placements fail:
-//   optimizer on cpu: RAM needs master + moments 480e9 + host grads 80e9 > 119.4e9
+// memory). Hand calculation of why the other placements fail (a group is
+// 833,333,334 params, 1,666,666,668 B):
+//   optimizer on cpu: RAM needs master + moments 480e9 + host grads 80e9
+//     + gradient staging (3 groups) > 119.4e9
 //   params on cpu, optimizer on nvme: compute copies 80e9 + host grads 80e9
-//     + optimizer staging 0.8e9 = 160.8e9 > 119.4e9
+//     + gradient staging 5.0e9 + optimizer staging 0.8e9 = 165.8e9 > 119.4e9
 //   params on the GPU: compute copies 80e9 > 77.3e9 alone
 // What fits: params and optimizer on nvme, and then the largest
 // optimizer_cpu_fraction in 0.05 steps: 0.05 keeps 2e9 params' state (24e9 B)
-// in RAM: 84.1e9 + 24e9 = 108.1e9 <= 119.4e9; 0.10 would need 132.1e9.
-// Its disk traffic: 12 B x 38e9 = 456e9 each way, plus 160e9 param reads and
-// 80e9 param writes: read 616e9, write 536e9.
+// in RAM: 89.1e9 + 24e9 = 113.1e9 <= 119.4e9; 0.10 would need 137.1e9.
+// Its disk traffic: 12 B x 38e9 = 456e9 each way, plus 158.3e9 of fetches
+// and 80e9 of the optimizer's view read, 80e9 of new compute copies
+// written: read 694,333,333,334, write 536e9.
 TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   const Config config = forty_b_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
   core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_FALSE(plan->fits());
   EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes,
-            80'000'000'000u + 80'000'000'000u + 480'000'000'000u);
+            80'000'000'000u + 80'000'000'000u + 480'000'000'000u + 5'000'000'004u);
   EXPECT_FALSE(plan->configured.tier(Tier::kPinned).fits);
   ASSERT_EQ(plan->configured.reasons.size(), 1u);
   EXPECT_TRUE(contains(plan->configured.reasons[0], "CPU RAM needs"))
@@ -155,11 +169,11 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   const PlacementPlan& opt_cpu = candidate(*plan, OffloadDevice::kNvme, OffloadDevice::kCpu);
   EXPECT_FALSE(opt_cpu.fits);
   EXPECT_EQ(opt_cpu.tier(Tier::kPinned).needed_bytes,
-            480'000'000'000u + 80'000'000'000u + 3'333'333'336u);
+            480'000'000'000u + 80'000'000'000u + 1'666'666'668u + 5'000'000'004u + 1'666'666'668u);
   const PlacementPlan& params_cpu = candidate(*plan, OffloadDevice::kCpu, OffloadDevice::kNvme);
   EXPECT_FALSE(params_cpu.fits);
   EXPECT_EQ(params_cpu.placement.optimizer_cpu_fraction, 0.0);
-  EXPECT_EQ(params_cpu.tier(Tier::kPinned).needed_bytes, 160'805'306'368u);
+  EXPECT_EQ(params_cpu.tier(Tier::kPinned).needed_bytes, 165'805'306'372u);
   for (OffloadDevice opt : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
     const PlacementPlan& on_gpu = candidate(*plan, OffloadDevice::kNone, opt);
     EXPECT_FALSE(on_gpu.tier(Tier::kDevice).fits);
@@ -173,8 +187,8 @@ TEST(Planner, FortyBillionRecommendsNvmeWhenCpuPlacementDoesNotFit) {
   EXPECT_EQ(r.placement.param_device, OffloadDevice::kNvme);
   EXPECT_EQ(r.placement.optimizer_device, OffloadDevice::kNvme);
   EXPECT_DOUBLE_EQ(r.placement.optimizer_cpu_fraction, 0.05);
-  EXPECT_EQ(r.tier(Tier::kPinned).needed_bytes, 108'138'639'704u);
-  EXPECT_EQ(r.traffic.disk_read_bytes, 616'000'000'000u);
+  EXPECT_EQ(r.tier(Tier::kPinned).needed_bytes, 113'138'639'708u);
+  EXPECT_EQ(r.traffic.disk_read_bytes, 694'333'333'334u);
   EXPECT_EQ(r.traffic.disk_write_bytes, 536'000'000'000u);
   ASSERT_EQ(plan->changes.size(), 3u);
   EXPECT_EQ(plan->changes[0].key_path, "zero_optimization.offload_param.device");
@@ -314,7 +328,7 @@ TEST(Planner, ParamStagingIgnoresDeepSpeedBufferKeys) {
   config.zero.offload_param.buffer_size = 1'000'000'000;
   core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "param_staging"), 3'333'333'336u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "param_staging"), 1'666'666'668u);
   config.strata.budgets.staging_bytes = 1;
   plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
@@ -340,16 +354,19 @@ TEST(Planner, FortyBillionOnNvmeRecommendsTheLargestCpuFractionThatFits) {
 //     = 6,575,235,072
 // GPU: compute copies 2P = 13,150,470,144
 //      device grad buffers: group = max(12h^2 + 13h, V h) = 201,379,840;
-//        2 groups x 2 B = 805,519,360
+//        max(2, 5e8 reduce bucket / group) = 2 groups x 2 B = 805,519,360
 //      activations: one layer s b (34 h + 5 a s) = 8192 x 466,944 = 3,825,205,248;
 //        kept 2 s b h = 67,108,864 per layer; 32 x 67,108,864 + 3,825,205,248
 //        = 5,972,688,896
 //      logits 4 s b V = 1,048,576,000
 //      total 20,977,254,400
-// CPU:  host grads fp32 4P = 26,300,940,288, master 4P, moments 8P: total 16P
-//       = 105,203,761,152
+// CPU:  host grads fp32 4P = 26,300,940,288, master 4P, moments 8P: 16P
+//       = 105,203,761,152; gradient staging 3 groups x 2 B = 1,208,279,040
+//       and the optimizer's view of one group 402,759,680: total
+//       106,814,799,872
 // Per step: host->device 2P = 13,150,470,144 (new compute copies),
-// device->host 8 micro-batches x 2P = 105,203,761,152.
+// device->host 8 micro-batches x 2P of gradients + 2P read for the
+// optimizer's view = 118,354,231,296.
 TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
   Config config;
   config.precision = Precision::kFp16;
@@ -379,11 +396,13 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 26'300'940'288u);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 26'300'940'288u);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 52'601'880'576u);
-  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 105'203'761'152u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 1'208'279'040u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_compute_view"), 402'759'680u);
+  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 106'814'799'872u);
   EXPECT_EQ(p.tier(Tier::kNvme).needed_bytes, 14u * P);  // the checkpoint only
   EXPECT_TRUE(plan->fits());
   EXPECT_EQ(p.traffic.host_to_device_bytes, 13'150'470'144u);
-  EXPECT_EQ(p.traffic.device_to_host_bytes, 105'203'761'152u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 118'354'231'296u);
   EXPECT_EQ(p.traffic.disk_bytes(), 0u);
   // Nothing that fits moves fewer bytes: everything on the GPU needs 16P + act.
   EXPECT_FALSE(plan->recommended.has_value());
@@ -413,8 +432,10 @@ TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 10'000'000'000u);  // 2.5e9 x 4
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 20'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), 20'000'000'000u + 30'000'000'000u);
-  // Fetching touches every parameter; gradients only the trainable ones.
-  EXPECT_EQ(p.traffic.host_to_device_bytes, 40'000'000'000u);
+  // Fetching touches every parameter (twice, less the 1e9 max live / 250e6
+  // = 4 groups the backward finds kept since the forward: 2 x (20e9 - 1e9));
+  // gradients only the trainable ones.
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 38'000'000'000u);
   EXPECT_EQ(p.traffic.device_to_host_bytes, 5'000'000'000u);
 
   model.frozen_fraction = 1.0;
@@ -426,8 +447,9 @@ TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
 
 // gradient_accumulation_steps > 1: host gradients are fp32 (4 B), and each
 // micro-batch fetches and sends gradients again. 1e9 params, params on the
-// GPU, optimizer on cpu, 4 steps: host grads 4e9; d2h 4 x 2 B x 1e9 = 8e9;
-// h2d 2 B x 1e9 = 2e9 (the new copies, once per step).
+// GPU, optimizer on cpu, 4 steps: host grads 4e9; d2h 4 x 2 B x 1e9 = 8e9
+// of gradients and 2e9 for the optimizer's view (once per step); h2d 2 B x
+// 1e9 = 2e9 (the new copies, once per step).
 TEST(Planner, GradientAccumulationUsesFp32HostGradients) {
   Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
   config.gradient_accumulation_steps = 4;
@@ -436,7 +458,7 @@ TEST(Planner, GradientAccumulationUsesFp32HostGradients) {
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   const PlacementPlan& p = plan->configured;
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 4'000'000'000u);
-  EXPECT_EQ(p.traffic.device_to_host_bytes, 8'000'000'000u);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 10'000'000'000u);
   EXPECT_EQ(p.traffic.host_to_device_bytes, 2'000'000'000u);
 
   config.gradient_accumulation_steps = 1;
@@ -455,8 +477,12 @@ TEST(Planner, GradientAccumulationUsesFp32HostGradients) {
 }
 
 // offload_optimizer.ratio = 0.25: a quarter of the optimizer is updated on
-// the CPU, the rest (with its gradients) stays on the GPU. 4e9 params, bf16,
-// params on the GPU: CPU share 1e9, GPU share 3e9.
+// the CPU, the rest stays on the GPU. 4e9 params, bf16, params on the GPU:
+// CPU share 1e9, GPU share 3e9. Every gradient comes down to the host (the
+// gradient pass is the CPU's): host gradients 4e9 x 2 B; the GPU share's go
+// back up chunk by chunk (16,777,216 elements: 64 MiB of master) for the
+// device's Adam, whose new compute copies come down to the optimizer's view
+// of each group before it goes home.
 TEST(Planner, RatioBelowOneKeepsPartOfTheOptimizerOnTheGpu) {
   Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
   config.zero.offload_optimizer.ratio = 0.25;
@@ -466,15 +492,19 @@ TEST(Planner, RatioBelowOneKeepsPartOfTheOptimizerOnTheGpu) {
   const PlacementPlan& p = plan->configured;
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 4'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 8'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 2'000'000'000u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 8'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kDevice, "master_weights"), 12'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kDevice, "optimizer_moments"), 24'000'000'000u);
-  EXPECT_EQ(p.item_bytes(Tier::kDevice, "gradients"), 6'000'000'000u);
   EXPECT_EQ(p.item_bytes(Tier::kDevice, "compute_copies"), 8'000'000'000u);
-  // group = 4e9 / 32 = 125e6; 2 groups x 2 B.
-  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), 500'000'000u);
-  EXPECT_EQ(p.traffic.device_to_host_bytes, 2'000'000'000u);
-  EXPECT_EQ(p.traffic.host_to_device_bytes, 2'000'000'000u);
+  // group = 4e9 / 32 = 125e6; 5e8 reduce bucket / group = 4 groups x 2 B.
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), 1'000'000'000u);
+  // One chunk's gradients up and new compute copies down: 16,777,216 x (2 + 2) B.
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "optimizer_device_buffers"), 67'108'864u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_device_copies"), 33'554'432u);
+  // Down: gradients 8e9, the view 8e9, the GPU share's new copies 3e9 x 2 B;
+  // up: the new compute copies 8e9, the GPU share's gradients 3e9 x 2 B.
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 22'000'000'000u);
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 14'000'000'000u);
 }
 
 // strata.optimizer_cpu_fraction = 0.5 with the optimizer on nvme: half the
@@ -496,12 +526,13 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
   EXPECT_EQ(p.traffic.disk_read_bytes, 12'000'000'000u);
   EXPECT_EQ(p.traffic.disk_write_bytes, 12'000'000'000u);
 
-  // The staging ring is never larger than the NVMe-resident state: 1000
-  // params on NVMe are 4000 B of master per state.
+  // The staging ring holds no more slots than there are NVMe chunks, each
+  // the largest chunk: 1000 params in 2 groups are 2 chunks of one norm
+  // block (65,536 elements, 786,432 B of state) each.
   config.strata.optimizer_cpu_fraction = 0.0;
   plan = make_plan(config, params_model(1000, 2), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "optimizer_staging"), 3u * 4000u);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "optimizer_staging"), 2u * 786'432u);
 }
 
 // strata.overlap "speculative" keeps a second version of the NVMe state and
@@ -686,7 +717,7 @@ TEST(Planner, CheckpointSpaceCanBeLeftOut) {
       make_plan(config, params_model(40'000'000'000, 48), forty_b_machine(), options);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "checkpoint"), 0u);
-  EXPECT_EQ(plan->configured.tier(Tier::kNvme).needed_bytes, 560'000'000'000u);
+  EXPECT_EQ(plan->configured.tier(Tier::kNvme).needed_bytes, 595'067'928'576u);  // with the swap reserve
 }
 
 TEST(Planner, TransformerFormulaCountsParameters) {
@@ -784,8 +815,8 @@ TEST(Planner, JsonHasTheNumbersAndEscapesStrings) {
   ASSERT_TRUE(plan.ok());
   const std::string json = plan_to_json(*plan);
   EXPECT_TRUE(contains(json, "\"fits\": true")) << json;
-  EXPECT_TRUE(contains(json, "\"needed_bytes\": 84138639704")) << json;
-  EXPECT_TRUE(contains(json, "\"host_to_device_bytes\": 160000000000")) << json;
+  EXPECT_TRUE(contains(json, "\"needed_bytes\": 89138639708")) << json;
+  EXPECT_TRUE(contains(json, "\"host_to_device_bytes\": 158333333334")) << json;
   EXPECT_TRUE(contains(json, "\"path\": \"/tmp/a \\\"quoted\\\"\\npath\"")) << json;
   EXPECT_TRUE(contains(json, "\"key_path\": \"strata.optimizer_cpu_fraction\"")) << json;
   EXPECT_TRUE(contains(json, "\"to\": 0.05")) << json;

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""The planner held to a measured run, in CI: scale_bench trains a small model
+(4M parameters, 64 MiB of training state, 64 layers) for three steps under three
+placements (everything on nvme, the optimizer and the compute copies in pinned
+memory, everything in device memory), and this test reads its JSON: every
+tier's planned bytes within 5% of the measured peak, the planned bytes moved
+per step equal to those counted on every steady step, and the loss falling at
+every step. The numbers are recomputed here from the planned and measured
+bytes, not taken from the tool's verdict. Also: a run that would not fit the
+disk limit is refused with a message naming the limit, a bad flag names itself.
+Asserts no timings.
+
+    scale_bench_plan_test.py SCALE_BENCH
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+TOLERANCE = 0.05
+PLACEMENTS = ["nvme", "cpu", "device"]
+TIERS = ["device memory", "pinned memory", "staging (of pinned)", "disk (swap files)"]
+LINKS = ["moved host->device", "moved device->host", "moved disk read", "moved disk write"]
+
+
+def check(cond, what):
+    if not cond:
+        print(f"scale_bench_plan_test: FAILED: {what}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run(bench, tmp, placement):
+    out = os.path.join(tmp, f"{placement}.json")
+    # A slow declared device (0.2 TFLOP/s: 2.7 ms per layer's backward) keeps
+    # the framework ahead of it, as an asynchronous framework is (the
+    # gradient buffers fill their room), and the optimizer's updates behind
+    # the backward (with the compute copies on the device, every group's
+    # new copies wait for step_end).
+    cmd = [bench, "--params", "4M", "--layers", "64", "--steps", "3", "--placement", placement, "--tflops", "0.2",
+           "--dir", tmp, "--json", out]
+    if placement != "nvme":
+        cmd.append("--no-bound")  # the bound's measurements once (nvme) are enough
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(proc.stdout)
+    check(proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def main():
+    bench = sys.argv[1]
+    with tempfile.TemporaryDirectory(prefix="scale_bench_plan.") as tmp:
+        for placement in PLACEMENTS:
+            doc = run(bench, tmp, placement)
+            name = placement
+            check(doc["placement"] == placement, f"{name}: placement {doc['placement']}")
+            check(8 << 20 <= doc["training_state_bytes"] <= 64 << 20,
+                  f"{name}: training state {doc['training_state_bytes']} B is not 8-64 MiB")
+            checks = {c["what"]: c for c in doc["checks"]}
+            check(sorted(checks) == sorted(TIERS + LINKS), f"{name}: checks {sorted(checks)}")
+            for what in TIERS:
+                c = checks[what]
+                planned, measured = c["planned"], c["measured"]
+                ok = planned == measured if measured == 0 else abs(planned - measured) <= TOLERANCE * measured
+                check(ok, f"{name}: {what}: planned {planned} B, measured peak {measured} B (more than 5% apart)")
+            steps = doc["steps"]
+            check(len(steps) == 3, f"{name}: {len(steps)} steps")
+            for what, key in zip(LINKS, ["h2d", "d2h", "nvme_read", "nvme_write"]):
+                planned = checks[what]["planned"]
+                for k, s in enumerate(steps[1:], start=2):
+                    check(s["bytes"][key] == planned,
+                          f"{name}: step {k} moved {s['bytes'][key]} B {what[6:]}, the plan {planned} B")
+            # Something moves in every placement: the gradients come down.
+            check(checks["moved device->host"]["planned"] > 0, f"{name}: no gradients moved")
+            check((checks["disk (swap files)"]["measured"] > 0) == (placement == "nvme"),
+                  f"{name}: swap files {checks['disk (swap files)']['measured']} B")
+            losses = [s["loss"] for s in steps]
+            check(all(b < a for a, b in zip(losses, losses[1:])), f"{name}: loss does not fall: {losses}")
+            check(doc["loss_falls"], f"{name}: the tool says the loss does not fall")
+            if placement != "nvme":
+                check("no_bound" in doc, f"{name}: a bound with --no-bound")
+            else:
+                check(doc["bound"]["bound_s"] > 0 and doc["bound"]["step_s"] > 0, f"{name}: no bound")
+                iso = doc["bound"]["isolated"]
+                check(iso["cpu_copy_s"] > 0, f"{name}: the host device's copies are not in the CPU's time")
+        # A run over the disk limit is refused before anything is written.
+        proc = subprocess.run([bench, "--params", "4M", "--layers", "64", "--max-disk", "1MiB", "--dir", tmp],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        check(proc.returncode == 1, f"--max-disk 1MiB exited with {proc.returncode}")
+        check("--max-disk" in proc.stderr, f"the refusal does not name --max-disk: {proc.stderr}")
+        proc = subprocess.run([bench, "--placement", "gpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        check(proc.returncode == 2 and "--placement" in proc.stderr, f"a bad --placement: {proc.stderr}")
+        left = sorted(f for f in os.listdir(tmp) if not f.endswith(".json"))
+        check(left == [], f"left behind: {left}")
+    print("scale_bench_plan_test: OK")
+
+
+if __name__ == "__main__":
+    main()
