@@ -85,24 +85,42 @@ struct DeviceWorking {
   std::uint64_t one_buffer = 0;
   std::uint64_t with_gradients = 0;
 };
-DeviceWorking device_working_bytes(const Layout& layout) {
+DeviceWorking device_working_bytes(const Layout& layout, std::uint64_t align) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   const auto gb = static_cast<std::uint64_t>(layout.grad_bytes);
+  const auto buffer = [align](std::uint64_t bytes) { return core::align_up(bytes, align); };
   DeviceWorking w;
   for (const GroupPlace& gp : layout.groups) {
     const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
-    const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : elems * cb;
-    const std::uint64_t grads = gp.trainable_elems > 0 ? elems * cb : 0;
+    const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : buffer(elems * cb);
+    const std::uint64_t grads = gp.trainable_elems > 0 ? buffer(elems * cb) : 0;
     w.one_buffer = std::max({w.one_buffer, fetched, grads});
     w.with_gradients = std::max(w.with_gradients, fetched + grads);
   }
   for (const ChunkPlace& c : layout.chunks) {
     if (c.state_tier != Tier::kDevice) continue;
-    const std::uint64_t step = static_cast<std::uint64_t>(c.elems) * (gb + cb);
+    const auto elems = static_cast<std::uint64_t>(c.elems);
+    const std::uint64_t step = buffer(elems * gb) + buffer(elems * cb);
     w.one_buffer = std::max(w.one_buffer, step);
     w.with_gradients = std::max(w.with_gradients, step);
   }
   return w;
+}
+
+// The device memory the placement's state takes as the device allocates it:
+// each compute home and chunk one buffer, charged rounded up to `align`
+// (gpu::Device::allocate).
+std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
+  std::uint64_t bytes = 0;
+  for (const GroupPlace& gp : layout.groups) {
+    if (gp.compute_tier != Tier::kDevice) continue;
+    bytes += core::align_up(static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout.compute_bytes),
+                            align);
+  }
+  for (const ChunkPlace& c : layout.chunks) {
+    if (c.state_tier == Tier::kDevice) bytes += core::align_up(static_cast<std::uint64_t>(c.elems) * 12, align);
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -138,7 +156,9 @@ core::Status Engine::finalize() {
     }
   }
   // The smallest device budgets that work: refused below the first.
-  const DeviceWorking working = device_working_bytes(layout_);
+  const std::uint64_t device_align = dev().caps().allocation_alignment_bytes;
+  need.device = device_state_bytes(layout_, device_align);
+  const DeviceWorking working = device_working_bytes(layout_, device_align);
   const std::uint64_t device_least = need.device + working.one_buffer;
   if (device_least > shared_device_->device_budget.limit_bytes()) {
     const std::uint64_t backward_least = need.device + working.with_gradients;

@@ -189,7 +189,8 @@ class Device {
 
   // --- memory -----------------------------------------------------------------
   // Allocates `size_bytes` (> 0) of device memory for `what` ("layer 3 params"),
-  // aligned to caps().allocation_alignment_bytes; contents undefined.
+  // aligned to caps().allocation_alignment_bytes and charged to the device
+  // budget rounded up to it (what it takes); contents undefined.
   // Errors: kInvalidArgument for 0 bytes; kResourceExhausted naming the device
   // budget when it would go over; kOutOfMemory when the backend has no room
   // (the CUDA arena is fragmented or full).
