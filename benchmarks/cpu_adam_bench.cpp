@@ -2,7 +2,7 @@
 // roofline of its own access pattern, measured in the same process,
 // interleaved. Prints a table; --json FILE writes the rows.
 //
-//   cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N]
+//   cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N (5)]
 //                  [--kernels scalar,avx2,avx512,avx512_bf16,naive] [--headline] [--json FILE]
 //
 // --kernels and --headline (only the 28 B fp32-master / bf16-gradient / bf16
@@ -107,13 +107,45 @@ struct Row {
   bool copy = false;
   bool subnormal = false;
   std::vector<double> seconds;
+  // Per repetition: the fastest yardstick variant of this row's pattern in
+  // the runs right before and right after the row (drift stays out of the ratio).
+  std::vector<double> roof_seconds;
   double bytes_per_param() const { return 24.0 + (grad == ElemType::kF32 ? 4 : 2) + (copy ? 2 : 0); }
   std::string pattern() const { return std::string(grad == ElemType::kF32 ? "g32" : "g16") + (copy ? "+copy" : ""); }
 };
 
+// Every yardstick variant's seconds per repetition, by name ("ordinary/zmm", ...).
 struct Roofline {
-  std::vector<double> ordinary, nontemporal, mixed;
+  std::map<std::string, std::vector<double>> variants;
 };
+
+const char* store_name(StoreKind k) {
+  switch (k) {
+    case StoreKind::kOrdinary: return "ordinary";
+    case StoreKind::kNontemporal: return "nontemporal";
+    case StoreKind::kMixed: return "mixed";
+  }
+  return "?";
+}
+const char* shape_name(LoopShape s) {
+  switch (s) {
+    case LoopShape::kZmm: return "zmm";
+    case LoopShape::kZmmPrefetch: return "zmm+prefetch";
+    case LoopShape::kYmm: return "ymm";
+  }
+  return "?";
+}
+
+// "g1, g2, ..." GB/s of `bytes` moved in each of `seconds`.
+std::string gbps_list(double bytes, const std::vector<double>& seconds) {
+  std::string out;
+  for (double t : seconds) {
+    char item[32];
+    std::snprintf(item, sizeof item, "%s%.2f", out.empty() ? "" : ", ", bytes / t * 1e-9);
+    out += item;
+  }
+  return out;
+}
 
 int run(const Options& opt) {
   std::vector<Row> rows;
@@ -152,19 +184,60 @@ int run(const Options& opt) {
         for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
           for (bool copy : {false, true}) {
             if (opt.headline_only && (g != ElemType::kBf16 || !copy)) continue;
-            rows.push_back({std::string(adam::isa_name(isas[k])), threads, n, g, copy, false, {}});
+            rows.push_back({std::string(adam::isa_name(isas[k])), threads, n, g, copy, false, {}, {}});
           }
         }
       }
       if (!isas.empty()) {
-        rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}});
+        rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}, {}});
       }
-      if (threads == 1 && wanted("naive")) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}});
+      if (threads == 1 && wanted("naive")) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}, {}});
       const std::string rkey = std::to_string(n) + "/" + std::to_string(threads) + "/";
+      // The yardstick: every store kind and loop shape of a row's pattern,
+      // over the same arrays through the same threads and tiles; the fastest
+      // variant's seconds.
+      auto yardstick = [&](const Row& row) {
+        Roofline& rl = rooflines[rkey + row.pattern()];
+        double fastest = 0.0;
+        for (StoreKind kind : {StoreKind::kOrdinary, StoreKind::kNontemporal, StoreKind::kMixed}) {
+          if (kind == StoreKind::kMixed && !row.copy) continue;  // same as ordinary without a copy-out
+          for (LoopShape shape : {LoopShape::kZmm, LoopShape::kZmmPrefetch, LoopShape::kYmm}) {
+            core::Stopwatch ysw;
+            cpu.for_each_tile(n, [&](std::int64_t begin, std::int64_t len) {
+              PatternArrays pa{a.fp() + begin,
+                               a.fm() + begin,
+                               a.fv() + begin,
+                               row.grad == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin) : a.hg() + begin,
+                               row.grad == ElemType::kBf16,
+                               row.copy ? a.hout() + begin : nullptr,
+                               len};
+              stream_pattern_avx512(pa, kind, shape);
+            });
+            const double t = ysw.elapsed_s();
+            rl.variants[std::string(store_name(kind)) + "/" + shape_name(shape)].push_back(t);
+            fastest = fastest == 0.0 ? t : std::min(fastest, t);
+          }
+        }
+        return fastest;
+      };
+      // Rows of one pattern run back to back, each between two runs of the
+      // yardstick (the one after a row is the one before the next): a row's
+      // ceiling is the faster of the two, what the memory system delivered
+      // right around it.
+      std::vector<size_t> order;
+      for (size_t r = first_row; r < rows.size(); ++r) order.push_back(r);
+      std::stable_sort(order.begin(), order.end(),
+                       [&](size_t x, size_t y) { return rows[x].pattern() < rows[y].pattern(); });
       int step = 0;
       for (int rep = 0; rep < opt.reps; ++rep) {
-        for (size_t r = first_row; r < rows.size(); ++r) {
+        double before = 0.0;
+        std::string before_pattern;
+        for (size_t r : order) {
           Row& row = rows[r];
+          if (row.pattern() != before_pattern) {
+            before = yardstick(row);
+            before_pattern = row.pattern();
+          }
           if (row.subnormal) a.fill(true);
           ++step;
           core::Stopwatch sw;
@@ -191,34 +264,9 @@ int run(const Options& opt) {
           }
           row.seconds.push_back(sw.elapsed_s());
           if (row.subnormal) a.fill(false);
-        }
-        // The rooflines of the four patterns, both store kinds, interleaved with the rows.
-        for (ElemType g : {ElemType::kF32, ElemType::kBf16}) {
-          for (bool copy : {false, true}) {
-            const bool needed = std::any_of(rows.begin() + static_cast<std::ptrdiff_t>(first_row), rows.end(),
-                                            [&](const Row& r) { return r.grad == g && r.copy == copy; });
-            if (!needed) continue;
-            for (StoreKind kind : {StoreKind::kOrdinary, StoreKind::kNontemporal, StoreKind::kMixed}) {
-              if (kind == StoreKind::kMixed && !copy) continue;  // same as ordinary without a copy-out
-              core::Stopwatch sw;
-              cpu.for_each_tile(n, [&](std::int64_t begin, std::int64_t len) {
-                PatternArrays pa{a.fp() + begin,
-                                 a.fm() + begin,
-                                 a.fv() + begin,
-                                 g == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin) : a.hg() + begin,
-                                 g == ElemType::kBf16,
-                                 copy ? a.hout() + begin : nullptr,
-                                 len};
-                stream_pattern_avx512(pa, kind);
-              });
-              const double t = sw.elapsed_s();
-              Roofline& rl = rooflines[rkey + Row{"", 0, 0, g, copy, false, {}}.pattern()];
-              (kind == StoreKind::kOrdinary ? rl.ordinary
-               : kind == StoreKind::kNontemporal ? rl.nontemporal
-                                                 : rl.mixed)
-                  .push_back(t);
-            }
-          }
+          const double after = yardstick(row);
+          row.roof_seconds.push_back(std::min(before, after));
+          before = after;
         }
         {
           core::Stopwatch sw;
@@ -233,8 +281,8 @@ int run(const Options& opt) {
   }
 
   // Report.
-  std::printf("%-11s %3s %6s %-10s %-9s %12s %8s %8s %9s %8s %s\n", "kernel", "thr", "N", "pattern",
-              "moments", "params/s", "B/param", "GB/s", "roof GB/s", "fraction", "");
+  std::printf("%-11s %3s %6s %-10s %-9s %12s %8s %8s %9s %-24s %8s %13s %s\n", "kernel", "thr", "N", "pattern",
+              "moments", "params/s", "B/param", "GB/s", "roof GB/s", "roof by", "fraction", "min..max", "");
   FILE* json = opt.json_path.empty() ? nullptr : std::fopen(opt.json_path.c_str(), "w");
   if (!opt.json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "cpu_adam_bench: cannot write %s\n", opt.json_path.c_str());
@@ -242,34 +290,64 @@ int run(const Options& opt) {
   }
   if (json) std::fprintf(json, "{\n  \"rows\": [\n");
   bool first = true;
+  int suspects = 0;
   for (const Row& row : rows) {
     const std::string rkey = std::to_string(row.n) + "/" + std::to_string(row.threads) + "/";
     const Roofline& rl = rooflines[rkey + row.pattern()];
-    const double t = median(row.seconds);
     const double bytes = row.bytes_per_param() * static_cast<double>(row.n);
-    const double gbps = bytes / t * 1e-9;
-    const double roof_ord = bytes / median(rl.ordinary) * 1e-9;
-    const double roof_nt = bytes / median(rl.nontemporal) * 1e-9;
-    const double roof_mixed = rl.mixed.empty() ? 0.0 : bytes / median(rl.mixed) * 1e-9;
-    const double roof = std::max({roof_ord, roof_nt, roof_mixed});
-    const double fraction = gbps / roof;
+    const double gbps = bytes / median(row.seconds) * 1e-9;
+    const double roof = bytes / median(row.roof_seconds) * 1e-9;
+    // Each repetition's step against the yardstick runs right around it: the
+    // fraction is the median of those paired ratios (the available memory
+    // bandwidth of a shared machine drifts; a pair sees the same).
+    std::vector<double> ratios;
+    for (std::size_t i = 0; i < row.seconds.size(); ++i) ratios.push_back(row.roof_seconds[i] / row.seconds[i]);
+    const double fraction = median(ratios);
+    const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
+    // The variant that was fastest most often over this pattern's runs.
+    std::map<std::string, int> wins;
+    const std::size_t runs = rl.variants.empty() ? 0 : rl.variants.begin()->second.size();
+    for (std::size_t i = 0; i < runs; ++i) {
+      const std::string* best = nullptr;
+      double t_best = 0.0;
+      for (const auto& [name, secs] : rl.variants) {
+        if (best == nullptr || secs[i] < t_best) best = &name, t_best = secs[i];
+      }
+      ++wins[*best];
+    }
+    const auto roof_by = std::max_element(wins.begin(), wins.end(),
+                                          [](const auto& x, const auto& y) { return x.second < y.second; });
+    std::string variants_json;
+    for (const auto& [name, secs] : rl.variants) {
+      char item[96];
+      std::snprintf(item, sizeof item, "%s\"%s\": %.4f", variants_json.empty() ? "" : ", ", name.c_str(),
+                    bytes / median(secs) * 1e-9);
+      variants_json += item;
+    }
     const double triad = 12.0 * static_cast<double>(row.n) / median(triads[rkey]) * 1e-9;
     const bool suspect = fraction > 1.0;
-    std::printf("%-11s %3d %5lldM %-10s %-9s %12.3e %8.0f %8.2f %9.2f %8.3f %s\n", row.kernel.c_str(), row.threads,
-                static_cast<long long>(row.n >> 20), row.pattern().c_str(), row.subnormal ? "subnormal" : "normal",
-                static_cast<double>(row.n) / t, row.bytes_per_param(), gbps, roof, fraction,
+    suspects += suspect ? 1 : 0;
+    char range[32];
+    std::snprintf(range, sizeof range, "%.3f..%.3f", *lo, *hi);
+    std::printf("%-11s %3d %5lldM %-10s %-9s %12.3e %8.0f %8.2f %9.2f %-24s %8.3f %13s %s\n", row.kernel.c_str(),
+                row.threads, static_cast<long long>(row.n >> 20), row.pattern().c_str(),
+                row.subnormal ? "subnormal" : "normal", gbps * 1e9 / row.bytes_per_param(), row.bytes_per_param(),
+                gbps, roof, roof_by == wins.end() ? "-" : roof_by->first.c_str(), fraction, range,
                 suspect ? "SUSPECT: above the roofline" : "");
     if (json) {
       std::fprintf(json,
                    "%s    {\"kernel\": \"%s\", \"threads\": %d, \"n\": %lld, \"grad\": \"%s\", \"copy_out\": %s, "
                    "\"moments\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": %.0f, \"gbps\": %.4f, "
-                   "\"roofline_gbps\": %.4f, \"roofline_ordinary_gbps\": %.4f, \"roofline_nontemporal_gbps\": %.4f, "
-                   "\"roofline_mixed_gbps\": %.4f, "
-                   "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"suspect\": %s, \"reps\": %zu}",
+                   "\"roofline_gbps\": %.4f, \"roofline_variant\": \"%s\", \"roofline_variants_gbps\": {%s}, "
+                   "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"fraction_min\": %.4f, "
+                   "\"fraction_max\": %.4f, \"suspect\": %s, \"reps\": %zu, \"gbps_per_rep\": [%s], "
+                   "\"roofline_gbps_per_rep\": [%s]}",
                    first ? "" : ",\n", row.kernel.c_str(), row.threads, static_cast<long long>(row.n),
                    adam::elem_type_name(row.grad).data(), row.copy ? "true" : "false",
-                   row.subnormal ? "subnormal" : "normal", static_cast<double>(row.n) / t, row.bytes_per_param(),
-                   gbps, roof, roof_ord, roof_nt, roof_mixed, triad, fraction, suspect ? "true" : "false", row.seconds.size());
+                   row.subnormal ? "subnormal" : "normal", gbps * 1e9 / row.bytes_per_param(),
+                   row.bytes_per_param(), gbps, roof, roof_by == wins.end() ? "-" : roof_by->first.c_str(),
+                   variants_json.c_str(), triad, fraction, *lo, *hi, suspect ? "true" : "false", row.seconds.size(),
+                   gbps_list(bytes, row.seconds).c_str(), gbps_list(bytes, row.roof_seconds).c_str());
       first = false;
     }
   }
@@ -280,6 +358,8 @@ int run(const Options& opt) {
     std::printf("  N=%lldM threads=%d: %.2f GB/s\n", static_cast<long long>(n >> 20), threads,
                 12.0 * static_cast<double>(n) / median(secs) * 1e-9);
   }
+  std::printf("\n%d of %zu rows SUSPECT (the median paired ratio above 1)\n", suspects,
+              rows.size());
   if (json) {
     std::fprintf(json, "\n  ]\n}\n");
     std::fclose(json);

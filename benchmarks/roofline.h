@@ -25,9 +25,17 @@ enum class StoreKind {
                  // the write-only copy-out streaming (no read for ownership)
 };
 
+// How the streaming yardstick's loop is shaped. No one shape is the fastest
+// on every CPU (docs/benchmarks.md, cpu_adam): the yardstick runs them all.
+enum class LoopShape {
+  kZmm,          // 512-bit vectors, two per iteration (the fused step's shape)
+  kZmmPrefetch,  // the same, with software prefetches 1 KiB ahead on every read stream
+  kYmm,          // 256-bit vectors, two per iteration
+};
+
 // Reads grad, master, exp_avg, exp_avg_sq; writes master, exp_avg, exp_avg_sq
-// (and copy_out). AVX-512.
-void stream_pattern_avx512(const PatternArrays& a, StoreKind stores);
+// (and copy_out). AVX-512 (and AVX-512VL for kYmm).
+void stream_pattern_avx512(const PatternArrays& a, StoreKind stores, LoopShape shape = LoopShape::kZmm);
 
 // a[i] = b[i] + s * c[i] (STREAM triad, fp32). AVX-512.
 void stream_triad_avx512(float* a, const float* b, const float* c, float s, std::int64_t n);
