@@ -742,7 +742,9 @@ std::optional<Placement> raised_fraction(const Inputs& in, Placement p, double f
   return next;
 }
 
-core::Result<WearPlan> plan_wear(const Inputs& in, const Plan& plan, const DriveEndurance& drive, int steps) {
+// `fitting`: every placement of the search that fits (Plan's search below).
+core::Result<WearPlan> plan_wear(const Inputs& in, const Plan& plan, const DriveEndurance& drive, int steps,
+                                 const std::vector<PlacementPlan>& fitting) {
   const Config& config = in.config;
   auto positive = [](double v) { return std::isfinite(v) && v > 0.0; };
   if (drive.tbw != 0.0 && drive.dwpd != 0.0) {
@@ -795,24 +797,12 @@ core::Result<WearPlan> plan_wear(const Inputs& in, const Plan& plan, const Drive
   }
   // The search's placement that writes least while fitting (ties: fewer bytes
   // moved, then search order).
-  std::optional<PlacementPlan> least;
-  constexpr OffloadDevice kDevices[] = {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme};
-  for (OffloadDevice pd : kDevices) {
-    for (OffloadDevice od : kDevices) {
-      Placement p = c;
-      p.param_device = pd;
-      p.optimizer_device = od;
-      p.optimizer_cpu_fraction = 0.0;
-      for (int k = 0; k < (od == OffloadDevice::kNvme ? steps : 1); ++k) {
-        if (od == OffloadDevice::kNvme) p.optimizer_cpu_fraction = grid_fraction(k, step);
-        PlacementPlan e = evaluate(in, p);
-        if (!e.fits) continue;
-        const StepTraffic& t = e.traffic;
-        if (!least || t.disk_write_bytes < least->traffic.disk_write_bytes ||
-            (t.disk_write_bytes == least->traffic.disk_write_bytes && t.total_bytes() < least->traffic.total_bytes())) {
-          least = std::move(e);
-        }
-      }
+  const PlacementPlan* least = nullptr;
+  for (const PlacementPlan& e : fitting) {
+    const StepTraffic& t = e.traffic;
+    if (least == nullptr || t.disk_write_bytes < least->traffic.disk_write_bytes ||
+        (t.disk_write_bytes == least->traffic.disk_write_bytes && t.total_bytes() < least->traffic.total_bytes())) {
+      least = &e;
     }
   }
   if (least) tries.push_back(least->placement);
@@ -997,7 +987,7 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
       const int tries = od == OffloadDevice::kNvme ? steps : 1;
       for (int k = 0; k < tries; ++k) {
         if (od == OffloadDevice::kNvme) {
-          p.optimizer_cpu_fraction = std::round(k * options.cpu_fraction_step * 1e9) / 1e9;
+          p.optimizer_cpu_fraction = grid_fraction(k, options.cpu_fraction_step);
         }
         PlacementPlan candidate = evaluate(in, p);
         if (!shown || (candidate.fits && (!shown->fits || moves_less(candidate, *shown)))) {
@@ -1017,7 +1007,7 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   }
 
   if (options.drive) {
-    STRATA_ASSIGN_OR_RETURN(plan.wear, plan_wear(in, plan, *options.drive, steps));
+    STRATA_ASSIGN_OR_RETURN(plan.wear, plan_wear(in, plan, *options.drive, steps, fitting));
   }
 
   // Notes: what the estimate leaves out or assumes.
