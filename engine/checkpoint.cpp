@@ -133,6 +133,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   // overlap "delayed": the checkpoint holds the latest update, and this run
   // goes on from it as a run resumed from it will.
   STRATA_RETURN_IF_ERROR(flush_delayed("save_checkpoint"));
+  settle_prefetches();  // the compute copies' homes are read below
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));

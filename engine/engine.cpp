@@ -262,6 +262,7 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
       return Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
                                               " elements, buffer of ", out.size()));
     }
+    settle_prefetches();  // they may be reading this group's home
     gpu::PinnedBuffer staging;
     const StepBytes saved = step_.bytes;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, step_lane()));

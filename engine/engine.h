@@ -358,6 +358,12 @@ class Engine {
   // rewrites the compute copies), or those of the groups an optimizer job
   // updates (a copy taken before it would be stale).
   void drop_device_copies(DropCopies which);
+  // Waits for the prefetches in flight (their copies stay). A call that reads
+  // the compute copies' homes itself (read_compute, save_checkpoint) would
+  // otherwise find an nvme home's swap block busy with a prefetch's read, or
+  // make that prefetch (and the fetch it serves) fail; new prefetches are
+  // issued only under the engine's lock, which such a call holds.
+  void settle_prefetches();
   // Device copies of compute copies now: fetched, prefetched, resident
   // (non-persistent): what stage3_max_live_parameters bounds.
   std::uint64_t live_bytes() const;

@@ -156,6 +156,10 @@ void Engine::issue_prefetches() {
   });
 }
 
+void Engine::settle_prefetches() {
+  if (copies_.prefetcher != nullptr) copies_.prefetcher->drain();
+}
+
 void Engine::drop_device_copies(DropCopies which) {
   if (copies_.prefetcher != nullptr) copies_.prefetcher->drop(which);
   if (copies_.resident != nullptr) copies_.resident->drop(which);
