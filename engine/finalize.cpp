@@ -58,8 +58,6 @@ std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
 // two versions, rounded up to the direct-I/O alignment): the smallest
 // strata.budgets.disk that holds them on one swap path.
 std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
-  // fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them.
-  constexpr std::uint64_t kStateBytesPerElem = 12;
   const auto aligned = [](std::int64_t elems, std::uint64_t bytes_per_elem) {
     return core::align_up(static_cast<std::uint64_t>(elems) * bytes_per_elem, core::kDirectIoAlignment);
   };
@@ -118,7 +116,7 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
                             align);
   }
   for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kDevice) bytes += core::align_up(static_cast<std::uint64_t>(c.elems) * 12, align);
+    if (c.state_tier == Tier::kDevice) bytes += core::align_up(static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem, align);
   }
   return bytes;
 }
@@ -176,12 +174,11 @@ core::Status Engine::finalize() {
   // a derived ring takes what is left, up to its depth.
   const std::uint64_t pinned_limit = shared_device_->pinned_budget.limit_bytes();
   const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), early_jobs());
-  const std::uint64_t slot = ring_slot_bytes(layout_);
+  const RingShape ring = ring_shape(layout_);
+  const std::uint64_t slot = ring.slot_bytes;
   std::uint64_t ring_least = slot;
   if (slot > 0 && config_.strata.budgets.staging_bytes > 0) {
-    std::uint64_t nvme_chunks = 0;
-    for (const ChunkPlace& c : layout_.chunks) nvme_chunks += c.state_tier == Tier::kNvme ? 1 : 0;
-    ring_least = std::min(config_.strata.budgets.staging_bytes / slot, nvme_chunks) * slot;
+    ring_least = std::min<std::uint64_t>(config_.strata.budgets.staging_bytes / slot, ring.nvme_chunks) * slot;
   }
   const std::uint64_t pinned_least = need.pinned + pinned_working.total() + ring_least;
   if (pinned_least > pinned_limit) {

@@ -17,7 +17,6 @@ using core::Status;
 using core::str_cat;
 
 constexpr std::int64_t kBlock = core::numerics::kNormBlockElems;
-constexpr int kStateBytes = 12;  // fp32 master + exp_avg + exp_avg_sq
 
 std::int64_t round_up(std::int64_t n, std::int64_t m) {
   return static_cast<std::int64_t>(core::align_up(static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m)));
@@ -168,7 +167,7 @@ TierBytes Layout::bytes() const {
   for (const GroupPlace& g : groups) {
     add(g.compute_tier, static_cast<std::uint64_t>(g.compute_elems) * static_cast<std::uint64_t>(compute_bytes));
   }
-  for (const ChunkPlace& c : chunks) add(c.state_tier, static_cast<std::uint64_t>(c.elems) * kStateBytes);
+  for (const ChunkPlace& c : chunks) add(c.state_tier, static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem);
   b.pinned += static_cast<std::uint64_t>(trainable_elems) * static_cast<std::uint64_t>(grad_bytes);
   return b;
 }

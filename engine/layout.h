@@ -78,6 +78,10 @@ struct Segment {
   int optimizer_group = 0;
 };
 
+// Bytes of optimizer state per trainable element: fp32 master, exp_avg and
+// exp_avg_sq (a chunk's state, wherever it lives).
+inline constexpr std::uint64_t kStateBytesPerElem = 12;
+
 // Bytes the layout puts in each tier (state only: the pipelines' working
 // buffers are budgeted by the engine on top).
 struct TierBytes {

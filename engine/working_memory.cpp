@@ -6,11 +6,6 @@
 
 namespace strata::engine {
 
-namespace {
-// fp32 master + exp_avg + exp_avg_sq, as StateStore keeps them.
-constexpr std::uint64_t kStateBytesPerElem = 12;
-}  // namespace
-
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   std::uint64_t wire = 0, packed = 0, nvme_compute = 0, unpinned_compute = 0, state = 0, device_chunk = 0;
@@ -44,14 +39,16 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
   return w;
 }
 
-std::uint64_t ring_slot_bytes(const Layout& layout) {
-  std::uint64_t slot = 0;
+RingShape ring_shape(const Layout& layout) {
+  RingShape r;
   for (const ChunkPlace& c : layout.chunks) {
     if (c.state_tier != Tier::kNvme) continue;
-    slot = std::max(slot, core::align_up(static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem,
-                                         core::kDirectIoAlignment));
+    r.slot_bytes = std::max(
+        r.slot_bytes,
+        core::align_up(static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem, core::kDirectIoAlignment));
+    ++r.nvme_chunks;
   }
-  return slot;
+  return r;
 }
 
 }  // namespace strata::engine

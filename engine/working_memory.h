@@ -9,6 +9,7 @@
 // (GradientPath holds at most kGradientCopiesInFlight copies down at once).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "engine/layout.h"
@@ -33,8 +34,13 @@ struct PinnedWorking {
 // may be uncertain (speculative), holding shadow copies.
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs);
 
-// One slot of the disk pipeline's staging ring: the largest nvme chunk's
-// master and moments, 4096-aligned (0: no optimizer state on nvme).
-std::uint64_t ring_slot_bytes(const Layout& layout);
+// The disk pipeline's staging ring (DiskPipeline::create): one slot holds the
+// largest nvme chunk's master and moments, 4096-aligned; there is no ring
+// (0, 0) without optimizer state on nvme.
+struct RingShape {
+  std::uint64_t slot_bytes = 0;
+  std::size_t nvme_chunks = 0;
+};
+RingShape ring_shape(const Layout& layout);
 
 }  // namespace strata::engine

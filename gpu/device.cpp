@@ -7,6 +7,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/aligned_buffer.h"
 #include "core/check.h"
 #include "core/str.h"
 
@@ -224,9 +225,8 @@ Result<DeviceBuffer> Device::allocate(std::uint64_t size_bytes, std::string_view
   if (size_bytes == 0) return Status::invalid_argument(str_cat("device allocation of 0 bytes for ", what));
   // Charged as the memory it takes: rounded up to the allocation alignment
   // (the CUDA arena hands out whole 256-byte units).
-  const std::uint64_t align = caps_.allocation_alignment_bytes;
   STRATA_ASSIGN_OR_RETURN(core::BudgetCharge charge,
-                          budgets_.device->charge((size_bytes + align - 1) / align * align, what));
+                          budgets_.device->charge(core::align_up(size_bytes, caps_.allocation_alignment_bytes), what));
   const std::uint64_t id = g_next_buffer_id.fetch_add(1, std::memory_order_relaxed);
   Result<void*> p = do_allocate(id, size_bytes);
   if (!p.ok()) return std::move(p).status().annotate(str_cat("allocating ", what));

@@ -11,9 +11,6 @@ namespace strata::engine {
 using core::Status;
 using core::str_cat;
 
-namespace {
-constexpr std::uint64_t kStateBytesPerElem = 12;
-}  // namespace
 
 ChunkState StateStore::views(std::byte* base, std::int64_t elems) {
   auto* f = reinterpret_cast<float*>(base);

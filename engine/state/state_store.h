@@ -43,6 +43,7 @@ class StateStore {
   static std::uint64_t nvme_bytes(const Layout& layout, bool two_versions);
 
   std::size_t chunk_count() const { return chunks_.size(); }
+  const Layout& layout() const { return layout_; }
   Tier tier(std::size_t chunk) const { return layout_.chunks[chunk].state_tier; }
   std::int64_t elems(std::size_t chunk) const { return layout_.chunks[chunk].elems; }
   // Bytes of staging memory a chunk needs for load()/store() (0 unless nvme).

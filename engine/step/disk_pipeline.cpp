@@ -5,6 +5,7 @@
 #include "core/aligned_buffer.h"
 #include "core/clock.h"
 #include "core/str.h"
+#include "engine/working_memory.h"
 
 namespace strata::engine {
 
@@ -16,13 +17,9 @@ core::Result<std::unique_ptr<DiskPipeline>> DiskPipeline::create(StateStore& sta
                                                                  std::uint64_t pinned_room,
                                                                  std::int64_t ring_depth) {
   std::unique_ptr<DiskPipeline> p(new DiskPipeline(state));
-  std::uint64_t slot = 0;
-  std::size_t nvme_chunks = 0;
-  for (std::size_t c = 0; c < state.chunk_count(); ++c) {
-    if (state.tier(c) != Tier::kNvme) continue;
-    slot = std::max(slot, core::align_up(state.staging_bytes(c), core::kDirectIoAlignment));
-    ++nvme_chunks;
-  }
+  const RingShape shape = ring_shape(state.layout());  // as finalize sized the pinned budget
+  const std::uint64_t slot = shape.slot_bytes;
+  const std::size_t nvme_chunks = shape.nvme_chunks;
   if (nvme_chunks == 0) return p;
   const std::uint64_t limit = staging.limit_bytes();
   std::uint64_t slots = limit / slot;
