@@ -268,7 +268,8 @@ else
       ckpt=()
       [[ $llama_checkpointing -eq 1 ]] && ckpt=(--checkpointing)
       mkdir -p "$work/llama_run/strata_swap"
-      run_stage llama 240 env -C "$work/llama_run" "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
+      run_stage llama 240 env -C "$work/llama_run" STRATA_LIBRARY="$(cd "$build" && pwd)/bindings/c/libstrata.so" \
+        "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
         --size "$llama_size" --layers "$llama_layers" --build-dtype bf16 --seq-len 1024 --steps "$llama_steps" \
         --eval-every 0 --eval-batches 1 --no-progress --log-every 1 --sample 0 --config "$llama_config" \
         --corpus "$corpus" "${ckpt[@]}"

@@ -371,6 +371,10 @@ def llama_stage(st, work):
     m = re.search(r"^model: (.*)$", log, re.M)
     if m:
         st["model"] = m.group(1)
+    m = re.search(r"^setup: model built in ([0-9.]+) s \(drawn on (\w+)\), strata.torch.initialize ([0-9.]+) s$",
+                  log, re.M)
+    if m:
+        st["setup"] = {"build_s": float(m.group(1)), "drawn_on": m.group(2), "initialize_s": float(m.group(3))}
     steps = [{"step": int(a), "loss": float(b), "tokens_per_s": int(c), "h2d": size_bytes(d), "d2h": size_bytes(e),
               "nvme_read": size_bytes(f), "nvme_write": size_bytes(g)}
              for a, b, c, d, e, f, g in STEP_LINE.findall(log)]
@@ -484,6 +488,10 @@ def render(doc):
             lines.append(f"- size: {ll['plan']['why']}")
         if ll.get("model"):
             lines.append(f"- {ll['model']}")
+        if ll.get("setup"):
+            su = ll["setup"]
+            lines.append(f"- setup: the model built in {su['build_s']:.1f} s (its weights drawn on {su['drawn_on']}), "
+                         f"strata.torch.initialize {su['initialize_s']:.1f} s")
         if "tokens_per_s" in ll:
             lines.append(f"- {ll['steps_run']} steps in {ll['seconds_training']:.1f} s: {ll['tokens_per_s']} tokens/s "
                          f"({ll.get('tokens_per_s_median_after_first', '-')} per step after the first, median), "

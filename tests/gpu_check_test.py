@@ -103,6 +103,10 @@ def main():
                       ll.get("loss_last") == float(summary.group(4)), f"llama: losses {ll.get('loss_first')} -> "
                       f"{ll.get('loss_last')}")
             check(ll.get("bytes_per_step", {}).get("h2d", 0) > 0, f"llama: bytes per step {ll.get('bytes_per_step')}")
+            setup = re.search(r"^setup: model built in ([0-9.]+) s \(drawn on cpu\)", text, re.M)
+            check(setup is not None and ll.get("setup", {}).get("build_s") == float(setup.group(1)) and
+                  ll["setup"].get("drawn_on") == "cpu", f"llama: setup {ll.get('setup')}; the run said "
+                  f"{setup.group(0) if setup else None}")
             check("tokens/s" in md and "## Llama fine-tune" in md, "no Llama section in summary.md")
 
         # --allow-skip: the refusal passes; the timeout and the missing stage still fail.

@@ -5,11 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <unordered_map>
 #include <utility>
 
+#include "core/aligned_buffer.h"
 #include "core/logging.h"
 #include "core/mutex.h"
 #include "core/str.h"
@@ -190,15 +193,37 @@ class CudaDevice final : public Device {
                 size_bytes);
   }
 
+  // Pinned memory is page-aligned (Device::allocate_pinned's contract: the swap engine reads and
+  // writes it with O_DIRECT). cudaHostAlloc promises no more than 256 bytes: the driver hands small
+  // requests out of a shared pinned pool (on an H200 with CUDA 13, small blocks came back off page
+  // boundaries, and every O_DIRECT read into them failed).
+  // The size is rounded up to whole pages; an answer off a page boundary is given back and taken
+  // again one page larger, the block's start kept to free it.
   Result<void*> do_allocate_pinned(std::size_t size_bytes) override {
     STRATA_RETURN_IF_ERROR(activate());
+    const std::size_t rounded = core::align_up(size_bytes, kPinnedAlignment);
     void* p = nullptr;
-    STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc, (&p, size_bytes, cudaHostAllocPortable));
-    return p;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc, (&p, rounded, cudaHostAllocPortable));
+    if (reinterpret_cast<std::uintptr_t>(p) % kPinnedAlignment == 0) return p;
+    log_if_error(cudaFreeHost(p), "cudaFreeHost");
+    void* base = nullptr;
+    STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc, (&base, rounded + kPinnedAlignment, cudaHostAllocPortable));
+    void* aligned = reinterpret_cast<void*>(core::align_up(reinterpret_cast<std::uintptr_t>(base), kPinnedAlignment));
+    core::MutexLock lock(pinned_mu_);
+    offset_pinned_.emplace(aligned, base);
+    return aligned;
   }
 
   void do_free_pinned(void* p, std::size_t /*size_bytes*/) noexcept override {
-    log_if_error(cudaFreeHost(p), "cudaFreeHost");
+    void* base = p;
+    {
+      core::MutexLock lock(pinned_mu_);
+      if (auto it = offset_pinned_.find(p); it != offset_pinned_.end()) {
+        base = it->second;
+        offset_pinned_.erase(it);
+      }
+    }
+    log_if_error(cudaFreeHost(base), "cudaFreeHost");
   }
 
   Status do_register_host(void* p, std::size_t size_bytes) override {
@@ -350,9 +375,14 @@ class CudaDevice final : public Device {
   }
 
  private:
+  static constexpr std::size_t kPinnedAlignment = core::kDirectIoAlignment;
+
   const int ordinal_;
   void* const arena_base_;
   Arena arena_;
+  core::Mutex pinned_mu_;
+  // Pinned blocks taken one page larger to align them: the address handed out -> cudaHostAlloc's.
+  std::unordered_map<void*, void*> offset_pinned_ STRATA_GUARDED_BY(pinned_mu_);
 };
 
 }  // namespace
