@@ -44,8 +44,8 @@
 #include "core/str.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "engine/machine.h"
-#include "engine/plan.h"
+#include "engine/plan/machine.h"
+#include "engine/plan/plan.h"
 #include "nvme/swap_store.h"
 
 namespace strata::bench {

@@ -1,6 +1,6 @@
 // Engine: creation, registration, the learning rate, lookups and inspection
 // (read_state, read_compute). The rest of the facade's calls live beside it:
-// finalize.cpp, fetch.cpp, step.cpp, optimizer.cpp, checkpoint.cpp.
+// finalize.cpp, fetch.cpp, step.cpp, optimizer.cpp, save_load.cpp.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include "engine/internal/engine_util.h"
 #include "engine/internal/group_state.h"
 #include "engine/internal/view_holds.h"
-#include "engine/pretrained.h"
+#include "engine/checkpoint/pretrained.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "gpu/cuda_device.h"

@@ -197,7 +197,7 @@ class Engine {
   // place (see the top of this file): call it between steps.
   core::Status set_lr(double lr);
 
-  // --- checkpoints (engine/checkpoint.cpp; format in docs/checkpoints.md) ---
+  // --- checkpoints (engine/save_load.cpp; format in docs/checkpoints.md) ---
   // Saves the whole training state between steps into <root>/step-<N>/ and
   // then points <root>/latest at it; a save interrupted anywhere leaves the
   // previous checkpoint loadable. First removes the .step-<N>.tmp folders of

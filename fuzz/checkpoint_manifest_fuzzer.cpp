@@ -1,4 +1,4 @@
-// libFuzzer target: a checkpoint's small files (engine/checkpoint_manifest.h). Each input is
+// libFuzzer target: a checkpoint's small files (engine/checkpoint/manifest.h). Each input is
 // parsed as manifest.json as given, then with its checksum made right (the input taken as the
 // bytes before the checksum member, the member appended as a save writes it), so the mutator
 // reaches the JSON reader behind the checksum; and as a latest pointer. Any input must give a
@@ -12,7 +12,7 @@
 
 #include "core/check.h"
 #include "core/logging.h"
-#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint/manifest.h"
 #include "nvme/crc64.h"
 
 namespace {

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Writes the generated seeds of fuzz/corpus/ (safetensors files and swap indexes) in the
-formats engine/safetensors.h and nvme/internal/swap_index.h describe: small valid files and
+formats engine/checkpoint/safetensors.h and nvme/internal/swap_index.h describe: small valid files and
 edge cases. The config seeds are copies of examples/configs/*.json plus hand-written cases,
 and crash regressions are added by hand; none of those are touched here.
 Usage: fuzz/make_seeds.py   (from anywhere; rewrites only the files it names)"""

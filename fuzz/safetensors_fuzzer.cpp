@@ -13,7 +13,7 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "core/unique_fd.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
   strata::core::set_log_sink([](strata::core::LogLevel, std::string_view) {});

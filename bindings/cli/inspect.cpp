@@ -7,7 +7,7 @@
 #include <string>
 
 #include "core/str.h"
-#include "engine/checkpoint_inspect.h"
+#include "engine/checkpoint/inspect.h"
 
 namespace strata::cli {
 namespace {

@@ -1,6 +1,6 @@
 // `strata inspect CKPT [--verify] [--json]`: what a checkpoint holds (step,
 // counters, placement, config, tensors) and, with --verify, a full CRC64
-// check of every file (engine/checkpoint_inspect.h does the reading).
+// check of every file (engine/checkpoint/inspect.h does the reading).
 #pragma once
 
 #include <iosfwd>

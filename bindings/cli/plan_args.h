@@ -1,5 +1,5 @@
-// The flags of `strata plan`, parsed into the planner's inputs (engine/plan.h,
-// engine/machine.h). Part of the command, in a library of its own so that
+// The flags of `strata plan`, parsed into the planner's inputs (engine/plan/plan.h,
+// engine/plan/machine.h). Part of the command, in a library of its own so that
 // tests/cli/ checks its errors without the config parser. Pure functions;
 // thread-safe.
 #pragma once
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/result.h"
-#include "engine/machine.h"
-#include "engine/plan.h"
+#include "engine/plan/machine.h"
+#include "engine/plan/plan.h"
 
 namespace strata::cli {
 

@@ -17,8 +17,8 @@
 #include "bindings/cli/plan_args.h"
 #include "core/logging.h"
 #include "engine/config.h"
-#include "engine/machine.h"
-#include "engine/plan.h"
+#include "engine/plan/machine.h"
+#include "engine/plan/plan.h"
 #include "strata_build_config.h"
 
 namespace {

@@ -1,5 +1,5 @@
 // The first line of every public Engine member function (engine.cpp,
-// checkpoint.cpp): holds the engine's lock until the function returns, and
+// save_load.cpp): holds the engine's lock until the function returns, and
 // refuses any call while finalize runs (finalize lets go of the lock around
 // each init callback, so a callback that calls into the engine gets an
 // error, not a deadlock). Private to engine/.

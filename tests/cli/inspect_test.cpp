@@ -12,8 +12,8 @@
 #include <sstream>
 #include <string>
 
-#include "engine/checkpoint_manifest.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/manifest.h"
+#include "engine/checkpoint/safetensors.h"
 #include "nvme/crc64.h"
 
 namespace strata::cli {

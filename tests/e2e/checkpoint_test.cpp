@@ -16,11 +16,11 @@
 #include <vector>
 
 #include "core/logging.h"
-#include "engine/checkpoint_inspect.h"
-#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint/inspect.h"
+#include "engine/checkpoint/manifest.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 #include "tests/e2e/mlp_harness.h"
 
 extern char** environ;

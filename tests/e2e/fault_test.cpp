@@ -363,7 +363,7 @@ class CheckpointFault : public FaultTest, public ::testing::WithParamInterface<C
     expect_same(r, want, static_cast<std::size_t>(at));
   }
   // The op of a save or load (of `ops` kind) that touches `file` first; the
-  // ops come in the order of engine/checkpoint.cpp (state file, framework.bin,
+  // ops come in the order of engine/save_load.cpp (state file, framework.bin,
   // manifest, latest for a save; latest, manifest, then the state file for a
   // load of the root), one op for each of the small files.
   static std::uint64_t first_op_of(CkptFile file, std::uint64_t ops_in_all, bool save) {

@@ -24,7 +24,7 @@
 #include "core/str.h"
 #include "engine/config.h"
 #include "engine/engine.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/schedule/schedule.h"
 #include "tests/e2e/mlp_harness.h"
 

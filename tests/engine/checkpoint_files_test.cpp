@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "core/logging.h"
-#include "engine/checkpoint_manifest.h"
-#include "engine/checkpoint_retention.h"
+#include "engine/checkpoint/manifest.h"
+#include "engine/checkpoint/retention.h"
 #include "engine/config.h"
 #include "nvme/crc64.h"
 

@@ -1,6 +1,6 @@
 // The memory planner: byte counts per tier and per step against hand
 // calculations, the placement search, machine probing, and every input error.
-#include "engine/plan.h"
+#include "engine/plan/plan.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/machine.h"
+#include "engine/plan/machine.h"
 
 namespace strata::engine {
 namespace {

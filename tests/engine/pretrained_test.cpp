@@ -1,4 +1,4 @@
-// Pretrained weights (engine/pretrained.h) and finding a model's files
+// Pretrained weights (engine/checkpoint/pretrained.h) and finding a model's files
 // (find_safetensors): the layouts Hugging Face writes, indexes that disagree
 // with their shards, and the checks against registered parameters.
 #include <gtest/gtest.h>
@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "engine/pretrained.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/pretrained.h"
+#include "engine/checkpoint/safetensors.h"
 #include "nvme/io_backend.h"
 
 namespace strata::engine {

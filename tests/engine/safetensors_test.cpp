@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/numerics.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 #include "nvme/crc64.h"
 #include "nvme/direct_file.h"
 #include "nvme/io_backend.h"

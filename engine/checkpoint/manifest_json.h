@@ -1,12 +1,12 @@
 // The members manifest.json and `strata inspect --json` write alike: the loss
 // scaler and the parameter list. Header-only; behind the nlohmann firewall
-// (engine/checkpoint*: tests/layering_test.py).
+// (engine/checkpoint/: tests/layering_test.py).
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 namespace strata::engine {
 

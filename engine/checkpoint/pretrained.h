@@ -15,7 +15,7 @@
 
 #include "core/result.h"
 #include "engine/layout.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 #include "nvme/direct_file.h"
 #include "nvme/io_backend.h"
 
@@ -30,7 +30,7 @@ class PretrainedWeights {
   // kDataLoss, kUnimplemented for a dtype other than F32, BF16, F16);
   // kDataLoss when the index and the shards' headers disagree or a tensor
   // is in two files, naming both; read errors (through `io`'s fault injector,
-  // engine/file_io.h).
+  // engine/checkpoint/file_io.h).
   static core::Result<PretrainedWeights> open(const std::string& path, std::string name_prefix,
                                               const IoConfig& io = IoConfig{});
 

@@ -1,6 +1,6 @@
 // safetensors reading and writing. The header is JSON, so this file is behind
 // the nlohmann firewall with engine/config* (tests/layering_test.py).
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -19,7 +19,7 @@
 #include "core/numerics.h"
 #include "core/str.h"
 #include "engine/config/json_bounds.h"
-#include "engine/file_io.h"
+#include "engine/checkpoint/file_io.h"
 
 namespace strata::engine {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/result.h"
-#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 namespace strata::engine {
 

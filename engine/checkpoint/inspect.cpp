@@ -1,7 +1,7 @@
-// inspect_checkpoint (engine/checkpoint_inspect.h): the manifest, the saved
+// inspect_checkpoint (engine/checkpoint/inspect.h): the manifest, the saved
 // config's placement keys (JSON, so behind the nlohmann firewall), the state
 // file's header, and the files' CRC64s.
-#include "engine/checkpoint_inspect.h"
+#include "engine/checkpoint/inspect.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,10 +12,10 @@
 
 #include "core/str.h"
 #include "core/unique_fd.h"
-#include "engine/checkpoint_json.h"
+#include "engine/checkpoint/manifest_json.h"
 #include "engine/config/json_bounds.h"
-#include "engine/file_io.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/file_io.h"
+#include "engine/checkpoint/safetensors.h"
 #include "nvme/crc64.h"
 
 namespace strata::engine {

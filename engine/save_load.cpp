@@ -5,7 +5,7 @@
 //   framework.bin      the framework's blob
 //   manifest.json      format version, step counters, loss scaler, lr override,
 //                      the parameter list, the config, CRC64 of the two files,
-//                      and its own CRC64 (engine/checkpoint_manifest.h)
+//                      and its own CRC64 (engine/checkpoint/manifest.h)
 // Written into <root>/.step-<N>.tmp, fsynced, renamed; then <root>/latest
 // ("step-<N> <CRC64>") is replaced (write aside, fsync, rename), and the
 // retention policy (strata.checkpoint) removes old checkpoints. Loading
@@ -26,15 +26,15 @@
 
 #include "core/logging.h"
 #include "core/str.h"
-#include "engine/checkpoint_manifest.h"
-#include "engine/checkpoint_retention.h"
+#include "engine/checkpoint/manifest.h"
+#include "engine/checkpoint/retention.h"
 #include "engine/engine.h"
-#include "engine/file_io.h"
+#include "engine/checkpoint/file_io.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/group_state.h"
 #include "engine/io_options.h"
-#include "engine/safetensors.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "nvme/crc64.h"

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "core/str.h"
-#include "engine/internal/plan_internal.h"
-#include "engine/plan.h"
+#include "engine/plan/plan_internal.h"
+#include "engine/plan/plan.h"
 
 namespace strata::engine {
 namespace {

@@ -1,7 +1,7 @@
 // manifest.json and latest: checksummed writers, bounded parsers, and the
 // lookup of a checkpoint from its root or step folder. The manifest is JSON,
 // so this file is behind the nlohmann firewall (tests/layering_test.py).
-#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 #include <sys/stat.h>
 
@@ -14,9 +14,9 @@
 
 #include "core/logging.h"
 #include "core/str.h"
-#include "engine/checkpoint_json.h"
+#include "engine/checkpoint/manifest_json.h"
 #include "engine/config/json_bounds.h"
-#include "engine/file_io.h"
+#include "engine/checkpoint/file_io.h"
 #include "nvme/crc64.h"
 
 namespace strata::engine {

@@ -1,4 +1,4 @@
-#include "engine/file_io.h"
+#include "engine/checkpoint/file_io.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

@@ -1,6 +1,6 @@
 // Probing the machine for the planner: CUDA device memory, MemTotal, and
 // statvfs under each swap path.
-#include "engine/machine.h"
+#include "engine/plan/machine.h"
 
 #include <sys/stat.h>
 #include <sys/statvfs.h>

@@ -80,7 +80,7 @@
 
 #include "core/result.h"
 #include "engine/config.h"
-#include "engine/machine.h"
+#include "engine/plan/machine.h"
 #include "engine/tier.h"
 
 namespace strata::engine {

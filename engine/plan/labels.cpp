@@ -1,5 +1,5 @@
-// The planner's names and labels, shared by its arithmetic (plan.cpp) and its
-// output (plan_format.cpp): digit grouping, the config's spellings, item
+// The planner's names and labels, shared by its arithmetic (model.cpp ... wear.cpp) and
+// its output (format.cpp): digit grouping, the config's spellings, item
 // labels, placements described, and why a tier is over capacity.
 #include <algorithm>
 #include <cstdio>
@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/str.h"
-#include "engine/internal/plan_internal.h"
+#include "engine/plan/plan_internal.h"
 
 namespace strata::engine {
 

@@ -1,5 +1,5 @@
-// Initial values from safetensors files (engine/pretrained.h).
-#include "engine/pretrained.h"
+// Initial values from safetensors files (engine/checkpoint/pretrained.h).
+#include "engine/checkpoint/pretrained.h"
 
 #include <algorithm>
 #include <cstdint>

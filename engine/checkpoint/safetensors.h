@@ -75,7 +75,7 @@ class SafetensorsReader {
   // Opens and validates the header. Errors: kNotFound/kPermissionDenied for
   // the file, kDataLoss for a header that is malformed or inconsistent with
   // the file, kUnimplemented for a dtype strata does not read; the file's
-  // read errors (engine/file_io.h; `io`'s fault injector sees them).
+  // read errors (engine/checkpoint/file_io.h; `io`'s fault injector sees them).
   static core::Result<SafetensorsReader> open(const std::string& path, const IoConfig& io = IoConfig{});
   // The same over a file opened with the nvme engine (owned from here on):
   // the header and every tensor are read with direct reads of the aligned

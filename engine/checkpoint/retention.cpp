@@ -1,5 +1,5 @@
-// Retention and the removal of interrupted saves (engine/checkpoint_retention.h).
-#include "engine/checkpoint_retention.h"
+// Retention and the removal of interrupted saves (engine/checkpoint/retention.h).
+#include "engine/checkpoint/retention.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -8,7 +8,7 @@
 
 #include "core/logging.h"
 #include "core/str.h"
-#include "engine/checkpoint_manifest.h"
+#include "engine/checkpoint/manifest.h"
 
 namespace strata::engine {
 namespace {

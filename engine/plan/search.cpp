@@ -1,0 +1,200 @@
+// The plan: the configured placement evaluated, the search over placements (the
+// one that moves fewest bytes and fits), the config changes that reach it, and
+// the notes on what the estimate assumes (make_plan).
+#include "engine/plan/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/str.h"
+#include "engine/plan/plan_internal.h"
+
+namespace strata::engine {
+namespace {
+
+using core::Status;
+using core::str_cat;
+using plan_detail::changes_for;
+using plan_detail::evaluate;
+using plan_detail::grid_fraction;
+using plan_detail::Inputs;
+using plan_detail::plan_wear;
+using plan_detail::precision_label;
+using plan_detail::quoted;
+using plan_detail::resolve_model;
+using plan_detail::tier_capacities;
+using plan_detail::TierCapacities;
+using plan_detail::validate_config;
+
+// a better than b: fewer bytes per step, then fewer disk bytes.
+bool moves_less(const PlacementPlan& a, const PlacementPlan& b) {
+  if (a.traffic.total_bytes() != b.traffic.total_bytes()) {
+    return a.traffic.total_bytes() < b.traffic.total_bytes();
+  }
+  return a.traffic.disk_bytes() < b.traffic.disk_bytes();
+}
+
+}  // namespace
+
+namespace plan_detail {
+
+std::string quoted(std::string_view s) { return str_cat('"', s, '"'); }
+
+std::vector<ConfigChange> changes_for(const Config& config, const Placement& to) {
+  std::vector<ConfigChange> changes;
+  const int stage = config.zero.stage;
+  int stage_needed = stage;
+  if (to.param_device != OffloadDevice::kNone) {
+    stage_needed = 3;
+  } else if (to.optimizer_device != OffloadDevice::kNone && stage == 0) {
+    stage_needed = 2;
+  }
+  if (stage_needed != stage) {
+    changes.push_back(
+        {"zero_optimization.stage", std::to_string(stage), std::to_string(stage_needed)});
+  }
+  if (to.param_device != config.zero.offload_param.device) {
+    changes.push_back({"zero_optimization.offload_param.device",
+                       quoted(offload_device_key(config.zero.offload_param.device)),
+                       quoted(offload_device_key(to.param_device))});
+  }
+  if (to.optimizer_device != config.zero.offload_optimizer.device) {
+    changes.push_back({"zero_optimization.offload_optimizer.device",
+                       quoted(offload_device_key(config.zero.offload_optimizer.device)),
+                       quoted(offload_device_key(to.optimizer_device))});
+  }
+  if (to.optimizer_device == OffloadDevice::kNvme &&
+      to.optimizer_cpu_fraction != config.strata.optimizer_cpu_fraction) {
+    changes.push_back({"strata.optimizer_cpu_fraction",
+                       fraction_text(config.strata.optimizer_cpu_fraction),
+                       fraction_text(to.optimizer_cpu_fraction)});
+  }
+  return changes;
+}
+
+// The grid of strata.optimizer_cpu_fraction the search tries: k x step, k < steps.
+double grid_fraction(int k, double step) { return std::round(k * step * 1e9) / 1e9; }
+
+}  // namespace plan_detail
+
+std::vector<std::string> plan_swap_paths(const Config& config) {
+  if (!config.strata.io.paths.empty()) return config.strata.io.paths;
+  std::vector<std::string> paths{config.zero.offload_optimizer.nvme_path};
+  if (config.zero.offload_param.nvme_path != paths.front()) {
+    paths.push_back(config.zero.offload_param.nvme_path);
+  }
+  return paths;
+}
+
+core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
+                             const MachineSpec& machine, const PlanOptions& options) {
+  STRATA_RETURN_IF_ERROR(validate_config(config, options));
+  Plan plan;
+  STRATA_ASSIGN_OR_RETURN(plan.model, resolve_model(config, model));
+  plan.state.precision = precision_label(config);
+  plan.state.optimizer = std::string(optimizer_name(config.optimizer.type));
+  plan.state.compute_bytes = static_cast<std::uint64_t>(config.compute_bytes());
+  plan.state.gradient_accumulation_steps = config.gradient_accumulation_steps;
+  plan.state.gradient_bytes =
+      config.gradient_accumulation_steps == 1 ? plan.state.compute_bytes : 4;
+  plan.state.moment_bytes = optimizer_moment_bytes(config.optimizer.type);
+  plan.machine = machine;
+  STRATA_ASSIGN_OR_RETURN(TierCapacities capacities,
+                          tier_capacities(config, machine, options.margins, &plan.notes));
+  const Inputs in{config, plan.model, capacities, options};
+
+  Placement configured;
+  configured.param_device = config.zero.offload_param.device;
+  configured.optimizer_device = config.zero.offload_optimizer.device;
+  configured.optimizer_ratio = config.zero.offload_optimizer.ratio;
+  configured.optimizer_cpu_fraction = config.strata.optimizer_cpu_fraction;
+  plan.configured = evaluate(in, configured);
+
+  // The search. Fractions are k x step, computed from k so that they are exact
+  // decimals where the step is (0.05 x 3 == 0.15).
+  const int steps = std::max(1, static_cast<int>(std::lround(1.0 / options.cpu_fraction_step)));
+  const PlacementPlan* best = nullptr;
+  std::vector<PlacementPlan> fitting;
+  fitting.reserve(static_cast<std::size_t>(9 * steps));
+  constexpr OffloadDevice kDevices[] = {OffloadDevice::kNone, OffloadDevice::kCpu,
+                                        OffloadDevice::kNvme};
+  for (OffloadDevice pd : kDevices) {
+    for (OffloadDevice od : kDevices) {
+      Placement p = configured;
+      p.param_device = pd;
+      p.optimizer_device = od;
+      p.optimizer_cpu_fraction = 0.0;
+      std::optional<PlacementPlan> shown;
+      const int tries = od == OffloadDevice::kNvme ? steps : 1;
+      for (int k = 0; k < tries; ++k) {
+        if (od == OffloadDevice::kNvme) {
+          p.optimizer_cpu_fraction = grid_fraction(k, options.cpu_fraction_step);
+        }
+        PlacementPlan candidate = evaluate(in, p);
+        if (!shown || (candidate.fits && (!shown->fits || moves_less(candidate, *shown)))) {
+          shown = candidate;
+        }
+        if (candidate.fits) fitting.push_back(std::move(candidate));
+      }
+      plan.candidates.push_back(std::move(*shown));
+    }
+  }
+  for (const PlacementPlan& c : fitting) {
+    if (best == nullptr || moves_less(c, *best)) best = &c;
+  }
+  if (best != nullptr && (!plan.configured.fits || moves_less(*best, plan.configured))) {
+    plan.recommended = *best;
+    plan.changes = changes_for(config, best->placement);
+  }
+
+  if (options.drive) {
+    STRATA_ASSIGN_OR_RETURN(plan.wear, plan_wear(in, plan, *options.drive, steps, fitting));
+  }
+
+  // Notes: what the estimate leaves out or assumes.
+  if (!plan.model.has_shape) {
+    plan.notes.push_back(
+        "no transformer shape (--hidden, --vocab): activations and persistent parameters are not "
+        "estimated; the GPU needs room for them on top of the GPU total");
+  }
+  if (configured.param_device != OffloadDevice::kNone && config.zero.stage != 3) {
+    plan.notes.push_back(
+        str_cat("offload_param is used only with zero_optimization.stage 3 (stage is ",
+                config.zero.stage, ")"));
+  }
+  if (config.gradient_accumulation_steps > 1) {
+    plan.notes.push_back(
+        str_cat("gradient_accumulation_steps = ", config.gradient_accumulation_steps,
+                ": host gradients accumulate in fp32 (4 B) and the bytes per step "
+                "count every micro-batch's fetches and gradients"));
+  }
+  const std::uint64_t staging = plan.configured.item_bytes(Tier::kPinned, "optimizer_staging");
+  if (config.strata.budgets.staging_bytes > 0 && staging > config.strata.budgets.staging_bytes) {
+    plan.notes.push_back(
+        str_cat("the disk pipeline needs one chunk's optimizer state in staging memory, ", core::format_bytes(staging),
+                " > strata.budgets.staging = ", core::format_bytes(config.strata.budgets.staging_bytes),
+                ": raise it, or lower strata.chunk_bytes"));
+  }
+  if (plan.recommended && config.strata.io.paths.empty()) {
+    const Placement& r = plan.recommended->placement;
+    if (r.param_device == OffloadDevice::kNvme && configured.param_device != OffloadDevice::kNvme) {
+      plan.notes.push_back(
+          str_cat("parameter swap files go to zero_optimization.offload_param.nvme_path = ",
+                  quoted(config.zero.offload_param.nvme_path),
+                  " unless strata.io.paths is set: point it at an NVMe drive"));
+    }
+    if (r.optimizer_device == OffloadDevice::kNvme &&
+        configured.optimizer_device != OffloadDevice::kNvme) {
+      plan.notes.push_back(
+          str_cat("optimizer swap files go to zero_optimization.offload_optimizer.nvme_path = ",
+                  quoted(config.zero.offload_optimizer.nvme_path),
+                  " unless strata.io.paths is set: point it at an NVMe drive"));
+    }
+  }
+  return plan;
+}
+
+}  // namespace strata::engine
