@@ -1,6 +1,7 @@
 // The numerics contract (DESIGN.md section 6), written once so that C++ and
-// CUDA compile the same text: the scalar Adam/AdamW step, fp32 <-> bf16/fp16
-// conversion, and the fixed summation order of the gradient norm.
+// CUDA compile the same text: the scalar Adam/AdamW, Lion and Adagrad steps,
+// fp32 <-> bf16/fp16 conversion, and the fixed summation order of the
+// gradient norm.
 //
 // Every kernel (scalar, AVX2, AVX-512, the host device, CUDA) performs exactly
 // these operations in exactly this order, with fused multiply-adds where this
@@ -73,6 +74,23 @@ STRATA_HD float mul_f32(float a, float b) {
 #else
   return a * b;
 #endif
+}
+STRATA_HD float add_f32(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// +1 for x > 0, -1 for x < 0, +0 for either zero, x itself for a NaN (the
+// values of torch.sign; the sign and payload of the NaN are outside the
+// contract). Exact.
+STRATA_HD float sign_f32(float x) {
+  if (x > 0.0f) return 1.0f;
+  if (x < 0.0f) return -1.0f;
+  if (x == 0.0f) return 0.0f;
+  return x;
 }
 
 STRATA_HD bool is_finite_bits(std::uint32_t u) { return (u & 0x7f800000u) != 0x7f800000u; }
@@ -235,6 +253,120 @@ STRATA_HD void adam_step(const AdamStepConstants& c, float grad, float& p, float
 }
 
 // ---------------------------------------------------------------------------
+// Lion (Chen et al., "Symbolic Discovery of Optimization Algorithms", 2023,
+// Program 1; DeepSpeed's DeepSpeedCPULion). One fp32 state, exp_avg. Weight
+// decay is decoupled and shrinks the master before the signed update, as the
+// torch implementations do.
+//
+//   g  = grad * grad_scale                       (unscale, clip, 1/accumulation)
+//   c  = fma(beta1, m, one_minus_beta1 * g)      (the interpolation; not stored)
+//   s  = sign(c)                                 (sign_f32: +1, -1, +0 for a zero)
+//   p  = fma(neg_lr_decay, p, p)                 (decay only: p -= lr * wd * p)
+//   p  = fma(neg_lr, s, p)                       (p -= lr * s; the product is exact)
+//   m  = fma(beta2, m, one_minus_beta2 * g)
+//
+// Where this differs from DeepSpeed's CPU kernel: sign(0) is 0 (DeepSpeed
+// takes copysign(lr, c), so a zero c still moves p by lr), and the decay and
+// the update are rounded separately (DeepSpeed rounds p * (1 - lr * wd) + u
+// once, with 1 - lr * wd rounded to float first).
+// ---------------------------------------------------------------------------
+
+struct LionStepConstants {
+  float grad_scale = 1.0f;         // combined factor applied to the raw gradient
+  float beta1 = 0.9f;              // interpolation factor of the update direction
+  float beta2 = 0.999f;            // decay of exp_avg
+  float one_minus_beta1 = 0.1f;    // rounded from double 1 - beta1
+  float one_minus_beta2 = 0.001f;  // rounded from double 1 - beta2
+  float neg_lr = -1e-3f;           // -lr
+  float neg_lr_decay = 0.0f;       // -lr * weight_decay; 0 without decay
+};
+
+// DeepSpeedCPULion's defaults.
+struct LionHyperparams {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double weight_decay = 0.0;  // decoupled
+};
+
+// Lion has no bias correction, so the constants do not depend on the step.
+// `grad_scale` is the combined factor (see combined_grad_scale). Host only.
+inline LionStepConstants make_lion_constants(const LionHyperparams& h, double grad_scale) {
+  LionStepConstants c;
+  c.grad_scale = static_cast<float>(grad_scale);
+  c.beta1 = static_cast<float>(h.beta1);
+  c.beta2 = static_cast<float>(h.beta2);
+  c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
+  c.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
+  c.neg_lr = static_cast<float>(-h.lr);
+  c.neg_lr_decay = static_cast<float>(-h.lr * h.weight_decay);
+  return c;
+}
+
+// One element of the step; p and m are updated in place.
+STRATA_HD void lion_step(const LionStepConstants& c, float grad, float& p, float& m) {
+  const float g = mul_f32(grad, c.grad_scale);
+  const float s = sign_f32(fma_f32(c.beta1, m, mul_f32(c.one_minus_beta1, g)));
+  if (c.neg_lr_decay != 0.0f) p = fma_f32(c.neg_lr_decay, p, p);
+  p = fma_f32(c.neg_lr, s, p);
+  m = fma_f32(c.beta2, m, mul_f32(c.one_minus_beta2, g));
+}
+
+// ---------------------------------------------------------------------------
+// Adagrad (Duchi et al., 2011; torch.optim.Adagrad with lr_decay = 0 and
+// initial_accumulator_value = 0, DeepSpeed's DeepSpeedCPUAdagrad). One fp32
+// state, the sum of squared gradients (stored as exp_avg_sq). Weight decay is
+// L2: added to the gradient, which then feeds both the sum and the update.
+//
+//   g  = grad * grad_scale                       (unscale, clip, 1/accumulation)
+//   g  = fma(p, l2_decay, g)                     (decay only: g += wd * p)
+//   v  = fma(g, g, v)                            (v += g * g, rounded once)
+//   d  = sqrt(v) + eps
+//   u  = g / d
+//   p  = fma(neg_lr, u, p)                       (p -= lr * u)
+//
+// Where this differs from DeepSpeed's CPU kernel: with weight decay,
+// DeepSpeed divides the gradient as it was before the decay (u = grad / d)
+// while its sum takes the decayed one; torch and this step use the decayed
+// gradient in both places.
+// ---------------------------------------------------------------------------
+
+struct AdagradStepConstants {
+  float grad_scale = 1.0f;  // combined factor applied to the raw gradient
+  float eps = 1e-10f;       // added after the square root
+  float neg_lr = -1e-2f;    // -lr
+  float l2_decay = 0.0f;    // weight_decay; 0 without decay
+};
+
+// DeepSpeedCPUAdagrad's defaults.
+struct AdagradHyperparams {
+  double lr = 1e-2;
+  double eps = 1e-10;
+  double weight_decay = 0.0;  // L2
+};
+
+// Adagrad has no bias correction, so the constants do not depend on the step.
+// `grad_scale` is the combined factor (see combined_grad_scale). Host only.
+inline AdagradStepConstants make_adagrad_constants(const AdagradHyperparams& h, double grad_scale) {
+  AdagradStepConstants c;
+  c.grad_scale = static_cast<float>(grad_scale);
+  c.eps = static_cast<float>(h.eps);
+  c.neg_lr = static_cast<float>(-h.lr);
+  c.l2_decay = static_cast<float>(h.weight_decay);
+  return c;
+}
+
+// One element of the step; p and v (the sum) are updated in place.
+STRATA_HD void adagrad_step(const AdagradStepConstants& c, float grad, float& p, float& v) {
+  float g = mul_f32(grad, c.grad_scale);
+  if (c.l2_decay != 0.0f) g = fma_f32(p, c.l2_decay, g);
+  v = fma_f32(g, g, v);
+  const float d = add_f32(sqrt_f32(v), c.eps);
+  const float u = div_f32(g, d);
+  p = fma_f32(c.neg_lr, u, p);
+}
+
+// ---------------------------------------------------------------------------
 // Gradient scaling (host, double).
 // ---------------------------------------------------------------------------
 
@@ -248,7 +380,7 @@ inline double clip_coefficient(double norm, double max_norm) {
 
 // The one factor the raw (scaled, summed over micro-batches) gradient is
 // multiplied by: 1/loss_scale x clip coefficient x 1/gradient_accumulation_steps,
-// formed in double and rounded to float once (by make_adam_constants).
+// formed in double and rounded to float once (by the make_*_constants).
 inline double combined_grad_scale(double loss_scale, double clip_coef,
                                   std::int64_t gradient_accumulation_steps) {
   return (1.0 / loss_scale) * clip_coef / static_cast<double>(gradient_accumulation_steps);

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -106,6 +108,54 @@ Status check_aligned(const char* name, const void* p, int elem_bytes) {
         str_cat(name, " at ", p, " is not aligned to its element size (", elem_bytes, " bytes)"));
   }
   return Status();
+}
+
+// An optimizer state array and its name, for the step checks.
+struct NamedState {
+  const char* name;
+  std::span<const float> data;
+};
+
+// The checks every step makes before a thread starts: sizes, the copy type,
+// alignment, disjoint buffers. `what` begins each message ("adam step").
+Status check_step_buffers(std::string_view what, std::span<const float> master,
+                          std::initializer_list<NamedState> states, const ConstTypedSpan& grad,
+                          const TypedSpan& copy_out) {
+  const std::int64_t n = static_cast<std::int64_t>(master.size());
+  if (n == 0) return Status::invalid_argument(str_cat(what, ": zero elements"));
+  const bool copy = copy_out.data != nullptr;
+  bool sizes_match = grad.size == n && (!copy || copy_out.size == n);
+  std::string sizes = str_cat("master ", n);
+  for (const NamedState& s : states) {
+    sizes_match = sizes_match && static_cast<std::int64_t>(s.data.size()) == n;
+    sizes += str_cat(", ", s.name, " ", s.data.size());
+  }
+  if (!sizes_match) {
+    return Status::invalid_argument(str_cat(what, ": sizes differ: ", sizes, ", grad ", grad.size,
+                                            copy ? str_cat(", copy_out ", copy_out.size) : std::string()));
+  }
+  if (copy && copy_out.type == ElemType::kF32) {
+    return Status::invalid_argument(
+        str_cat(what, ": copy_out must be bf16 or fp16 (the master is the fp32 copy)"));
+  }
+  STRATA_RETURN_IF_ERROR(check_aligned("master", master.data(), 4));
+  for (const NamedState& s : states) STRATA_RETURN_IF_ERROR(check_aligned(s.name, s.data.data(), 4));
+  STRATA_RETURN_IF_ERROR(check_aligned("grad", grad.data, elem_size_bytes(grad.type)));
+  if (copy) STRATA_RETURN_IF_ERROR(check_aligned("copy_out", copy_out.data, 2));
+  std::vector<ByteRange> ranges = {range_of("master", master.data(), n, 4)};
+  for (const NamedState& s : states) ranges.push_back(range_of(s.name, s.data.data(), n, 4));
+  ranges.push_back(range_of("grad", grad.data, n, elem_size_bytes(grad.type)));
+  if (copy) ranges.push_back(range_of("copy_out", copy_out.data, n, 2));
+  return check_disjoint(ranges);
+}
+
+// Where a tile starting at element `begin` finds its gradient and its copy.
+const void* grad_at(const ConstTypedSpan& grad, std::int64_t begin) {
+  return static_cast<const std::byte*>(grad.data) + begin * elem_size_bytes(grad.type);
+}
+void* copy_at(const TypedSpan& copy_out, std::int64_t begin) {
+  if (copy_out.data == nullptr) return nullptr;
+  return static_cast<std::byte*>(copy_out.data) + begin * elem_size_bytes(copy_out.type);
 }
 
 // Pins each worker thread that enters the arena to one core, round robin.
@@ -220,6 +270,40 @@ Status validate_adam_constants(const nx::AdamStepConstants& c) {
   return Status();
 }
 
+Status validate_lion_constants(const nx::LionStepConstants& c) {
+  auto bad = [](const char* field, float value, const char* expected) {
+    return Status::invalid_argument(str_cat("lion constants: ", field, " = ", value, " ", expected));
+  };
+  const float all[] = {c.grad_scale,      c.beta1,  c.beta2,       c.one_minus_beta1,
+                       c.one_minus_beta2, c.neg_lr, c.neg_lr_decay};
+  for (float x : all) {
+    if (!std::isfinite(x)) return bad("a constant", x, "is not finite");
+  }
+  if (!(c.beta1 >= 0.0f && c.beta1 < 1.0f)) return bad("beta1", c.beta1, "is outside [0, 1)");
+  if (!(c.beta2 >= 0.0f && c.beta2 < 1.0f)) return bad("beta2", c.beta2, "is outside [0, 1)");
+  if (!(c.grad_scale > 0.0f)) return bad("grad_scale", c.grad_scale, "must be > 0");
+  if (c.neg_lr > 0.0f) return bad("neg_lr", c.neg_lr, "must be <= 0 (it is -lr)");
+  if (c.neg_lr_decay > 0.0f) {
+    return bad("neg_lr_decay", c.neg_lr_decay, "must be <= 0 (it is -lr * weight_decay)");
+  }
+  return Status();
+}
+
+Status validate_adagrad_constants(const nx::AdagradStepConstants& c) {
+  auto bad = [](const char* field, float value, const char* expected) {
+    return Status::invalid_argument(str_cat("adagrad constants: ", field, " = ", value, " ", expected));
+  };
+  const float all[] = {c.grad_scale, c.eps, c.neg_lr, c.l2_decay};
+  for (float x : all) {
+    if (!std::isfinite(x)) return bad("a constant", x, "is not finite");
+  }
+  if (!(c.eps > 0.0f)) return bad("eps", c.eps, "must be > 0");
+  if (!(c.grad_scale > 0.0f)) return bad("grad_scale", c.grad_scale, "must be > 0");
+  if (c.neg_lr > 0.0f) return bad("neg_lr", c.neg_lr, "must be <= 0 (it is -lr)");
+  if (c.l2_decay < 0.0f) return bad("l2_decay", c.l2_decay, "must be >= 0 (it is weight_decay)");
+  return Status();
+}
+
 struct CpuAdam::Impl {
   const kernels::KernelTable* table = nullptr;
   // Destruction order: the pinner stops observing before the arena goes, and
@@ -306,48 +390,63 @@ void CpuAdam::for_each_tile(std::int64_t n, const std::function<void(std::int64_
 }
 
 Status CpuAdam::step(const AdamStepArgs& args) {
-  const std::int64_t n = static_cast<std::int64_t>(args.master.size());
-  if (n == 0) return Status::invalid_argument("adam step: zero elements");
-  if (static_cast<std::int64_t>(args.exp_avg.size()) != n ||
-      static_cast<std::int64_t>(args.exp_avg_sq.size()) != n || args.grad.size != n ||
-      (args.copy_out.data != nullptr && args.copy_out.size != n)) {
-    return Status::invalid_argument(
-        str_cat("adam step: sizes differ: master ", n, ", exp_avg ", args.exp_avg.size(), ", exp_avg_sq ",
-                args.exp_avg_sq.size(), ", grad ", args.grad.size,
-                args.copy_out.data != nullptr ? str_cat(", copy_out ", args.copy_out.size) : std::string()));
-  }
-  const bool copy = args.copy_out.data != nullptr;
-  if (copy && args.copy_out.type == ElemType::kF32) {
-    return Status::invalid_argument("adam step: copy_out must be bf16 or fp16 (the master is the fp32 copy)");
-  }
-  STRATA_RETURN_IF_ERROR(check_aligned("master", args.master.data(), 4));
-  STRATA_RETURN_IF_ERROR(check_aligned("exp_avg", args.exp_avg.data(), 4));
-  STRATA_RETURN_IF_ERROR(check_aligned("exp_avg_sq", args.exp_avg_sq.data(), 4));
-  STRATA_RETURN_IF_ERROR(check_aligned("grad", args.grad.data, elem_size_bytes(args.grad.type)));
-  if (copy) STRATA_RETURN_IF_ERROR(check_aligned("copy_out", args.copy_out.data, 2));
-  std::vector<ByteRange> ranges = {range_of("master", args.master.data(), n, 4),
-                                   range_of("exp_avg", args.exp_avg.data(), n, 4),
-                                   range_of("exp_avg_sq", args.exp_avg_sq.data(), n, 4),
-                                   range_of("grad", args.grad.data, n, elem_size_bytes(args.grad.type))};
-  if (copy) ranges.push_back(range_of("copy_out", args.copy_out.data, n, 2));
-  STRATA_RETURN_IF_ERROR(check_disjoint(ranges));
+  STRATA_RETURN_IF_ERROR(check_step_buffers(
+      "adam step", args.master, {{"exp_avg", args.exp_avg}, {"exp_avg_sq", args.exp_avg_sq}}, args.grad,
+      args.copy_out));
   STRATA_RETURN_IF_ERROR(validate_adam_constants(args.constants));
 
   const kernels::KernelTable& table = *impl_->table;
-  const int grad_bytes = elem_size_bytes(args.grad.type);
-  const int copy_bytes = copy ? elem_size_bytes(args.copy_out.type) : 0;
-  for_each_tile(n, [&](std::int64_t begin, std::int64_t length) {
-    kernels::AdamKernelArgs k{
-        &args.constants,
-        args.master.data() + begin,
-        args.exp_avg.data() + begin,
-        args.exp_avg_sq.data() + begin,
-        static_cast<const std::byte*>(args.grad.data) + begin * grad_bytes,
-        args.grad.type,
-        copy ? static_cast<std::byte*>(args.copy_out.data) + begin * copy_bytes : nullptr,
-        args.copy_out.type,
-        length};
+  for_each_tile(static_cast<std::int64_t>(args.master.size()), [&](std::int64_t begin, std::int64_t length) {
+    kernels::AdamKernelArgs k{&args.constants,
+                              args.master.data() + begin,
+                              args.exp_avg.data() + begin,
+                              args.exp_avg_sq.data() + begin,
+                              grad_at(args.grad, begin),
+                              args.grad.type,
+                              copy_at(args.copy_out, begin),
+                              args.copy_out.type,
+                              length};
     table.adam(k);
+  });
+  return Status();
+}
+
+Status CpuAdam::lion_step(const LionStepArgs& args) {
+  STRATA_RETURN_IF_ERROR(
+      check_step_buffers("lion step", args.master, {{"exp_avg", args.exp_avg}}, args.grad, args.copy_out));
+  STRATA_RETURN_IF_ERROR(validate_lion_constants(args.constants));
+
+  const kernels::KernelTable& table = *impl_->table;
+  for_each_tile(static_cast<std::int64_t>(args.master.size()), [&](std::int64_t begin, std::int64_t length) {
+    kernels::LionKernelArgs k{&args.constants,
+                              args.master.data() + begin,
+                              args.exp_avg.data() + begin,
+                              grad_at(args.grad, begin),
+                              args.grad.type,
+                              copy_at(args.copy_out, begin),
+                              args.copy_out.type,
+                              length};
+    table.lion(k);
+  });
+  return Status();
+}
+
+Status CpuAdam::adagrad_step(const AdagradStepArgs& args) {
+  STRATA_RETURN_IF_ERROR(check_step_buffers("adagrad step", args.master, {{"exp_avg_sq", args.exp_avg_sq}},
+                                            args.grad, args.copy_out));
+  STRATA_RETURN_IF_ERROR(validate_adagrad_constants(args.constants));
+
+  const kernels::KernelTable& table = *impl_->table;
+  for_each_tile(static_cast<std::int64_t>(args.master.size()), [&](std::int64_t begin, std::int64_t length) {
+    kernels::AdagradKernelArgs k{&args.constants,
+                                 args.master.data() + begin,
+                                 args.exp_avg_sq.data() + begin,
+                                 grad_at(args.grad, begin),
+                                 args.grad.type,
+                                 copy_at(args.copy_out, begin),
+                                 args.copy_out.type,
+                                 length};
+    table.adagrad(k);
   });
   return Status();
 }

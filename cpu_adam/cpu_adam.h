@@ -1,7 +1,8 @@
-// The CPU optimizer: a fused Adam/AdamW step and the gradient pass, one pass
-// over memory per tile, with AVX-512, AVX2+FMA and scalar kernels chosen at run
-// time and oneTBB threads over fixed tiles. Every kernel, thread count and tile
-// size gives bit-identical results (core/numerics.h is the contract).
+// The CPU optimizer: fused Adam/AdamW, Lion and Adagrad steps and the gradient
+// pass, one pass over memory per tile, with AVX-512, AVX2+FMA and scalar
+// kernels chosen at run time and oneTBB threads over fixed tiles. Every kernel,
+// thread count and tile size gives bit-identical results (core/numerics.h is
+// the contract).
 //
 // CpuAdam is thread-compatible: one call at a time per object (each call uses
 // the object's threads). Buffers are borrowed for the duration of a call.
@@ -61,6 +62,30 @@ struct AdamStepArgs {
   TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
 };
 
+// One fused Lion step over n elements: read the gradient, scale it by
+// constants.grad_scale, update master and exp_avg in place with
+// numerics::lion_step, and write the updated master as bf16 or fp16 to
+// copy_out when copy_out.data is set.
+struct LionStepArgs {
+  core::numerics::LionStepConstants constants;
+  std::span<float> master;
+  std::span<float> exp_avg;
+  ConstTypedSpan grad;
+  TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
+};
+
+// One fused Adagrad step over n elements: read the gradient, scale it by
+// constants.grad_scale, update master and the sum of squared gradients in
+// place with numerics::adagrad_step, and write the updated master as bf16 or
+// fp16 to copy_out when copy_out.data is set.
+struct AdagradStepArgs {
+  core::numerics::AdagradStepConstants constants;
+  std::span<float> master;
+  std::span<float> exp_avg_sq;  // the sum of squared gradients (torch's "sum")
+  ConstTypedSpan grad;
+  TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
+};
+
 // The gradient pass: dst = src (assign) or dst = dst + src (accumulate, fp32
 // only), converting bf16/fp16 to fp32 when dst is fp32, or keeping bf16/fp16
 // when dst has the same type (no accumulation then; src may equal dst). The
@@ -89,6 +114,12 @@ struct CpuAdamOptions {
 // Checks the constants a step would use: betas in [0, 1), eps > 0, every value
 // finite, grad_scale > 0. Errors name the field and the value.
 core::Status validate_adam_constants(const core::numerics::AdamStepConstants& c);
+// Lion: betas in [0, 1), every value finite, grad_scale > 0, neg_lr <= 0 and
+// neg_lr_decay <= 0 (lr and weight decay >= 0). Errors name the field and the value.
+core::Status validate_lion_constants(const core::numerics::LionStepConstants& c);
+// Adagrad: eps > 0, every value finite, grad_scale > 0, neg_lr <= 0 and
+// l2_decay >= 0 (lr and weight decay >= 0). Errors name the field and the value.
+core::Status validate_adagrad_constants(const core::numerics::AdagradStepConstants& c);
 
 class CpuAdam {
  public:
@@ -106,10 +137,14 @@ class CpuAdam {
   int threads() const { return threads_; }
   std::int64_t tile_elems() const { return tile_elems_; }
 
-  // Errors (nothing is written): kInvalidArgument for zero length, sizes that
-  // differ, a copy type other than bf16/fp16, misaligned or overlapping
-  // buffers, or bad constants.
+  // The Adam/AdamW step. Errors (nothing is written): kInvalidArgument for
+  // zero length, sizes that differ, a copy type other than bf16/fp16,
+  // misaligned or overlapping buffers, or bad constants.
   core::Status step(const AdamStepArgs& args);
+  // The Lion and Adagrad steps: the same threads, tiles and errors, their own
+  // constants and one state array each.
+  core::Status lion_step(const LionStepArgs& args);
+  core::Status adagrad_step(const AdagradStepArgs& args);
 
   // Errors (nothing is written): kInvalidArgument for zero length, sizes or
   // types that do not combine, overlapping buffers (other than src == dst),

@@ -1,5 +1,6 @@
-// Scalar kernels: numerics.h applied element by element. The reference every
-// vector kernel must match bit for bit (finite inputs).
+// Scalar kernels (Adam, Lion, Adagrad, the gradient pass): numerics.h applied
+// element by element. The reference every vector kernel must match bit for
+// bit (finite inputs).
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
@@ -32,6 +33,22 @@ void adam_scalar(const AdamKernelArgs& a) {
   for (std::int64_t i = 0; i < a.n; ++i) {
     nx::adam_step(c, load_elem(a.grad, a.grad_type, i), a.master[i], a.exp_avg[i],
                   a.exp_avg_sq[i]);
+    if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
+  }
+}
+
+void lion_scalar(const LionKernelArgs& a) {
+  const nx::LionStepConstants& c = *a.constants;
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    nx::lion_step(c, load_elem(a.grad, a.grad_type, i), a.master[i], a.exp_avg[i]);
+    if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
+  }
+}
+
+void adagrad_scalar(const AdagradKernelArgs& a) {
+  const nx::AdagradStepConstants& c = *a.constants;
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    nx::adagrad_step(c, load_elem(a.grad, a.grad_type, i), a.master[i], a.exp_avg_sq[i]);
     if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
   }
 }
@@ -78,7 +95,8 @@ void grad_tail_scalar(const GradKernelArgs& args, double* lanes, std::int64_t fi
 double fold_lanes_scalar(double* lanes) { return nx::fold_norm_lanes(lanes); }
 
 const KernelTable& scalar_kernels() {
-  static constexpr KernelTable kTable{Isa::kScalar, adam_scalar, grad_pass_scalar};
+  static constexpr KernelTable kTable{Isa::kScalar, adam_scalar, grad_pass_scalar, lion_scalar,
+                                      adagrad_scalar};
   return kTable;
 }
 

@@ -21,6 +21,28 @@ struct AdamKernelArgs {
   std::int64_t n;
 };
 
+struct LionKernelArgs {
+  const core::numerics::LionStepConstants* constants;
+  float* master;
+  float* exp_avg;
+  const void* grad;
+  ElemType grad_type;
+  void* copy_out;         // nullptr: none
+  ElemType copy_type;     // kBf16 or kF16 when copy_out is set
+  std::int64_t n;
+};
+
+struct AdagradKernelArgs {
+  const core::numerics::AdagradStepConstants* constants;
+  float* master;
+  float* exp_avg_sq;      // the sum of squared gradients
+  const void* grad;
+  ElemType grad_type;
+  void* copy_out;         // nullptr: none
+  ElemType copy_type;     // kBf16 or kF16 when copy_out is set
+  std::int64_t n;
+};
+
 // Gradient pass over n elements starting on a norm-block boundary; writes
 // norm_block_count(n) partials.
 struct GradKernelArgs {
@@ -37,6 +59,8 @@ struct KernelTable {
   Isa isa;
   void (*adam)(const AdamKernelArgs& args);
   void (*grad_pass)(const GradKernelArgs& args);
+  void (*lion)(const LionKernelArgs& args);
+  void (*adagrad)(const AdagradKernelArgs& args);
 };
 
 const KernelTable& scalar_kernels();
@@ -53,6 +77,17 @@ double fold_lanes_scalar(double* lanes);
 // may keep one out-of-line copy for the whole program, and a copy compiled
 // with AVX-512 flags would then run on the scalar path. Their tails call the
 // scalar table instead.
+
+// Lion and Adagrad live in their own translation units (lion_adagrad_avx2.cpp,
+// lion_adagrad_avx512.cpp), so that adding them does not change how the
+// compiler inlines the Adam loops; avx2_kernels() and the avx512 tables list them.
+// Same preconditions as the tables they belong to.
+void lion_avx2(const LionKernelArgs& args);
+void adagrad_avx2(const AdagradKernelArgs& args);
+void lion_avx512(const LionKernelArgs& args);
+void adagrad_avx512(const AdagradKernelArgs& args);
+void lion_avx512_bf16(const LionKernelArgs& args);
+void adagrad_avx512_bf16(const AdagradKernelArgs& args);
 
 const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
 const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)
