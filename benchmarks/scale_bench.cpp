@@ -15,7 +15,7 @@
 //
 //   scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]
 //               [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]
-//               [--overlap exact|delayed|none] [--tflops T] [--link-gbps G] [--lr LR]
+//               [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]
 //               [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]
 //               [--json FILE] [--save-config FILE]
 //
@@ -72,6 +72,7 @@ struct Options {
   std::uint64_t device_budget = 8ull << 30;   // strata.budgets.device (the host device's memory)
   std::uint64_t max_disk = 65'000'000'000;    // refuse a run whose swap would be larger
   eng::OverlapMode overlap = eng::OverlapMode::kExact;
+  std::string optimizer = "AdamW";  // optimizer.type: AdamW, Lion or Adagrad
   double tflops = 100.0;   // declared compute
   double link_gbps = 6.0;  // each link direction (below the host's memcpy: docs/benchmarks.md, gpu)
   double lr = 2e-3;
@@ -257,8 +258,16 @@ std::string config_json(const Options& o, const Model& m, const std::string& swa
   std::string j = "{\n";
   j += "  \"train_micro_batch_size_per_gpu\": 1,\n  \"gradient_accumulation_steps\": 1,\n";
   j += "  \"gradient_clipping\": 0,\n  \"bf16\": {\"enabled\": true},\n";
-  j += str_cat("  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": ", o.lr,
-               ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0}},\n");
+  if (o.optimizer == "Lion") {
+    j += str_cat("  \"optimizer\": {\"type\": \"Lion\", \"params\": {\"lr\": ", o.lr / 10,
+                 ", \"betas\": [0.9, 0.99], \"weight_decay\": 0}},\n");
+  } else if (o.optimizer == "Adagrad") {
+    j += str_cat("  \"optimizer\": {\"type\": \"Adagrad\", \"params\": {\"lr\": ", o.lr,
+                 ", \"eps\": 1e-10, \"weight_decay\": 0}},\n");
+  } else {
+    j += str_cat("  \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": ", o.lr,
+                 ", \"betas\": [0.9, 0.999], \"eps\": 1e-8, \"weight_decay\": 0}},\n");
+  }
   // The prefetch window holds a few layers, as in a model far larger than the
   // device, and no layer stays there for being small.
   j += str_cat("  \"zero_optimization\": {\"stage\": 3,\n    \"offload_optimizer\": {\"device\": \"",
@@ -535,6 +544,11 @@ Options parse(int argc, char** argv) {
       } else {
         bad(arg, v, "exact, delayed or none (speculative keeps a second copy of the state on disk)");
       }
+    } else if (arg == "--optimizer") {
+      o.optimizer = value();
+      if (o.optimizer != "AdamW" && o.optimizer != "Lion" && o.optimizer != "Adagrad") {
+        bad(arg, o.optimizer, "AdamW, Lion or Adagrad");
+      }
     } else if (arg == "--tflops") {
       number(&o.tflops);
     } else if (arg == "--link-gbps") {
@@ -558,7 +572,7 @@ Options parse(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]\n"
           "                   [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]\n"
-          "                   [--overlap exact|delayed|none] [--tflops T] [--link-gbps G] [--lr LR]\n"
+          "                   [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]\n"
           "                   [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]\n"
           "                   [--json FILE] [--save-config FILE]\n");
       std::exit(2);
@@ -847,7 +861,7 @@ JsonWriter to_json(const Options& o, const RunResult& r) {
   j.str("bench", "scale_bench").str("command", o.command);
   j.integer("hardware_threads", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
   j.integer("ram_bytes", static_cast<std::int64_t>(r.plan.machine.ram_bytes));
-  j.str("placement", keys_of(o.placement).name).str("overlap", eng::to_string(o.overlap));
+  j.str("placement", keys_of(o.placement).name).str("overlap", eng::to_string(o.overlap)).str("optimizer", o.optimizer);
   j.integer("layers", m.layers).integer("layer_elems", m.layer_elems).integer("params", m.params());
   j.integer("training_state_bytes", 16 * m.params());
   j.num("tokens_per_step", m.tokens).num("step_flops", m.step_flops());

@@ -2,7 +2,8 @@
 """The planner held to a measured run, in CI: scale_bench trains a small model
 (4M parameters, 64 MiB of training state, 64 layers) for three steps under three
 placements (everything on nvme, the optimizer and the compute copies in pinned
-memory, everything in device memory), and this test reads its JSON: every
+memory, everything in device memory) with AdamW, and with Lion (nvme) and
+Adagrad (pinned), and this test reads its JSON: every
 tier's planned bytes within 5% of the measured peak, the planned bytes moved
 per step equal to those counted on every steady step, and the loss falling at
 every step. The numbers are recomputed here from the planned and measured
@@ -19,7 +20,10 @@ import sys
 import tempfile
 
 TOLERANCE = 0.05
-PLACEMENTS = ["nvme", "cpu", "device"]
+# (placement, optimizer): AdamW in the three placements; Lion and Adagrad keep
+# two fp32 arrays where AdamW keeps three (on nvme and in pinned memory: they
+# update on the CPU only).
+RUNS = [("nvme", "AdamW"), ("cpu", "AdamW"), ("device", "AdamW"), ("nvme", "Lion"), ("cpu", "Adagrad")]
 TIERS = ["device memory", "pinned memory", "staging (of pinned)", "disk (swap files)"]
 LINKS = ["moved host->device", "moved device->host", "moved disk read", "moved disk write"]
 
@@ -30,16 +34,16 @@ def check(cond, what):
         sys.exit(1)
 
 
-def run(bench, tmp, placement):
-    out = os.path.join(tmp, f"{placement}.json")
+def run(bench, tmp, placement, optimizer):
+    out = os.path.join(tmp, f"{placement}_{optimizer}.json")
     # A slow declared device (0.2 TFLOP/s: 2.7 ms per layer's backward) keeps
     # the framework ahead of it, as an asynchronous framework is (the
     # gradient buffers fill their room), and the optimizer's updates behind
     # the backward (with the compute copies on the device, every group's
     # new copies wait for step_end).
     cmd = [bench, "--params", "4M", "--layers", "64", "--steps", "3", "--placement", placement, "--tflops", "0.2",
-           "--dir", tmp, "--json", out]
-    if placement != "nvme":
+           "--dir", tmp, "--json", out, "--optimizer", optimizer]
+    if placement != "nvme" or optimizer != "AdamW":
         cmd.append("--no-bound")  # the bound's measurements once (nvme) are enough
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(proc.stdout)
@@ -51,10 +55,11 @@ def run(bench, tmp, placement):
 def main():
     bench = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="scale_bench_plan.") as tmp:
-        for placement in PLACEMENTS:
-            doc = run(bench, tmp, placement)
-            name = placement
+        for placement, optimizer in RUNS:
+            doc = run(bench, tmp, placement, optimizer)
+            name = f"{placement} ({optimizer})"
             check(doc["placement"] == placement, f"{name}: placement {doc['placement']}")
+            check(doc["optimizer"] == optimizer, f"{name}: optimizer {doc['optimizer']}")
             check(8 << 20 <= doc["training_state_bytes"] <= 64 << 20,
                   f"{name}: training state {doc['training_state_bytes']} B is not 8-64 MiB")
             checks = {c["what"]: c for c in doc["checks"]}
@@ -78,7 +83,7 @@ def main():
             losses = [s["loss"] for s in steps]
             check(all(b < a for a, b in zip(losses, losses[1:])), f"{name}: loss does not fall: {losses}")
             check(doc["loss_falls"], f"{name}: the tool says the loss does not fall")
-            if placement != "nvme":
+            if placement != "nvme" or optimizer != "AdamW":
                 check("no_bound" in doc, f"{name}: a bound with --no-bound")
             else:
                 check(doc["bound"]["bound_s"] > 0 and doc["bound"]["step_s"] > 0, f"{name}: no bound")

@@ -56,7 +56,7 @@ Engine::~Engine() {
   if (runner_ != nullptr) runner_->stop();  // its queued jobs run first
   for (GroupState& gs : groups_) {  // into the cache (or holds_, when lent); nothing goes back after its clear
     if (device_cache_ != nullptr) {
-      device_cache_->put(std::move(gs.working));
+      device_cache_->put(std::move(gs.working), gs.landed);  // a fetch's copy may still be writing it
       device_cache_->put(std::move(gs.grad));
     }
     gs.working.reset();
@@ -77,9 +77,14 @@ Engine::~Engine() {
 }
 
 core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
-  if (config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion) {
-    return Status::unimplemented(str_cat("optimizer.type ", to_string(config.optimizer.type),
-                                         " is not implemented yet; use Adam or AdamW"));
+  // Lion and Adagrad run on the CPU (cpu_adam); the device has Adam's kernel only.
+  const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
+  if ((config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion) &&
+      (oo.device == OffloadDevice::kNone || oo.ratio < 1.0)) {
+    return Status::unimplemented(str_cat(
+        "optimizer.type ", to_string(config.optimizer.type), " updates its state on the CPU only in this version: set "
+        "zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\" (and offload_optimizer.ratio to 1), "
+        "or use Adam or AdamW"));
   }
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
@@ -117,8 +122,10 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
       // A lent buffer is parked, never reused, until its last lease ends.
       [holds](gpu::DeviceBuffer& b, std::shared_ptr<gpu::Event>& fence) { return holds->park(b, fence); });
   e->holds_->set_home(e->device_cache_.get());
+  // Pinned staging put back with a fence: a queued copy still reads it (fetch's copies).
   e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
-      [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); });
+      [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); },
+      [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
   return e;
 }
 
@@ -210,7 +217,11 @@ core::Status Engine::read_state(std::string_view param, int which, std::span<flo
 
 core::Status Engine::read_state_locked(std::string_view param, int which, std::span<float> out) {
   STRATA_RETURN_IF_ERROR(check_finalized("read_master"));
-  if (which < 0 || which > 2) return Status::invalid_argument(str_cat("read_state: array ", which, " (0, 1 or 2)"));
+  if (which < 0 || which >= layout_.optimizer.arrays) {
+    return Status::invalid_argument(str_cat("read_state: array ", which, " (", to_string(layout_.optimizer.type),
+                                            " keeps ", layout_.optimizer.arrays, ": 0 to ",
+                                            layout_.optimizer.arrays - 1, ")"));
+  }
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (layout_.params[pi].name != param) continue;
     const ParamPlace& pl = layout_.places[pi];
@@ -234,8 +245,8 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
       } else {
         gpu::PinnedBuffer stage;
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
-        const std::span<float> arrays[3] = {st.master, st.exp_avg, st.exp_avg_sq};
-        std::memcpy(dst, arrays[which].data() + (lo - cp.begin), static_cast<std::size_t>(hi - lo) * 4);
+        std::memcpy(dst, st.arrays[static_cast<std::size_t>(which)].data() + (lo - cp.begin),
+                    static_cast<std::size_t>(hi - lo) * 4);
       }
     }
     return Status();

@@ -164,9 +164,16 @@ class Engine {
   core::Status finalize();
 
   // The group's compute copies on the device (compute dtype, the layout's
-  // offsets), valid until release(group). Blocking: when it returns the
-  // copy is complete.
-  core::Result<gpu::DeviceSpan> fetch(std::string_view group);
+  // offsets), valid until release(group). `stream`: the framework's stream
+  // that will read them; the copy is queued and the stream waits for it (an
+  // event), the host does not (it still waits for the optimizer's last job on
+  // the group, and reads compute copies whose home is nvme). Null: blocking,
+  // the copy is complete when fetch returns.
+  core::Result<gpu::DeviceSpan> fetch(std::string_view group, gpu::Stream* stream = nullptr);
+  // Blocks until the fetched group's copy is complete (after a fetch with a
+  // stream, for a reader on the host). kFailedPrecondition when the group is
+  // not fetched.
+  core::Status wait_fetched(std::string_view group);
   // `used_on`: the stream the framework's work on the view was queued on;
   // the engine writes the buffer again only after that work (an event).
   // Null: that work is done when this is called.
@@ -241,7 +248,9 @@ class Engine {
   // Test and checkpoint access: the fp32 master weights of a trainable
   // parameter, and its compute copy (as fp32), wherever they live.
   core::Status read_master(std::string_view param, std::span<float> out) { return read_state(param, 0, out); }
-  // One of a trainable parameter's optimizer arrays: 0 master, 1 exp_avg, 2 exp_avg_sq.
+  // One of a trainable parameter's optimizer arrays: 0 master, then the
+  // optimizer's in OptimizerSpec's order (AdamW: 1 exp_avg, 2 exp_avg_sq;
+  // Lion: 1 exp_avg; Adagrad: 1 exp_avg_sq).
   core::Status read_state(std::string_view param, int which, std::span<float> out);
   core::Status read_compute(std::string_view param, std::span<float> out);
   // The learned fetch sequence (group names; empty before the first step_end).
@@ -278,7 +287,7 @@ class Engine {
   }
   // overlap "delayed": the new compute copies the last step's job left go
   // home (after it finished), and device copies of the old ones are dropped.
-  core::Status commit_pending(const char* op);
+  core::Status commit_pending(const char* op) STRATA_REQUIRES(mu_);
   // Between steps, for calls that read the compute copies (read_compute,
   // save_checkpoint): the last step's update becomes visible at once instead
   // of at the next step_end.
@@ -325,6 +334,19 @@ class Engine {
     return lane_d2h(dev(), trace_, lane, dst, src);
   }
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
+  // fetch's copy of group g's compute copies into `dst`, queued on `lane`
+  // (a staging buffer, when the home is not pinned, goes back to the cache
+  // fenced by the copy); the event after it. Used by fetch and the prefetcher.
+  core::Result<std::shared_ptr<gpu::Event>> queue_fetch_copy(std::size_t g, gpu::DeviceSpan dst, const Lane& lane);
+  // After fetch's copy (`landed`; null: complete): the framework's `stream`
+  // waits for it, noted in `gs` and among the copies step_end settles; with
+  // no stream the host waits.
+  core::Status order_after_copy(GroupState& gs, std::shared_ptr<gpu::Event> landed, gpu::Stream* stream)
+      STRATA_REQUIRES(mu_);
+  // Waits for every copy fetch queued for a stream since the last call
+  // (step_end, and the calls that write compute copies' homes between steps:
+  // nothing may still read them).
+  core::Status settle_fetch_copies() STRATA_REQUIRES(mu_);
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
   // --- building optimizer jobs (engine/optimizer.cpp; the runner and the
@@ -370,7 +392,7 @@ class Engine {
   std::uint64_t fetched_bytes() const;
   // A step's job: the next forward's order (or the backward's, per the
   // schedule), the disk pipeline's depth.
-  std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<core::numerics::AdamStepConstants> constants,
+  std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<UpdateConstants> constants,
                                                    std::int64_t step);
   // step_end: this step's fetch sequence becomes the learned one (when it
   // differs): prefetch follows it, and the optimizer its first fetches.
@@ -424,7 +446,7 @@ class Engine {
   struct EarlyJob {
     std::int64_t job = 0;
     bool applying_in_place = false;
-    std::vector<core::numerics::AdamStepConstants> constants;
+    std::vector<UpdateConstants> constants;
   };
   EarlyJob early_ STRATA_GUARDED_BY(mu_);
 
@@ -449,6 +471,9 @@ class Engine {
   std::unique_ptr<StateStore> state_;
   std::unique_ptr<ComputeHomes> homes_;
   std::vector<GroupState> groups_;
+  // fetch's copies queued for a framework's stream that step_end has not yet
+  // waited for (settle_fetch_copies).
+  std::vector<std::shared_ptr<gpu::Event>> unsettled_copies_ STRATA_GUARDED_BY(mu_);
   // The step's rooms (engine/step/): grads_ready's gradient path, the
   // optimizer's job body with the disk pipeline (its ring charged to the
   // staging budget), and the runner of its jobs (thread, marks, sticky

@@ -9,13 +9,14 @@
 #include "engine/internal/group_state.h"
 #include "engine/internal/view_holds.h"
 #include "engine/state/compute_homes.h"
+#include "engine/state/copy_lane.h"
 
 namespace strata::engine {
 
 using core::Status;
 using core::str_cat;
 
-core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
+core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group, gpu::Stream* stream) {
   STRATA_ENGINE_ENTRY("fetch");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
   const StageTimer timer(step_.times.fetch_s);
@@ -44,20 +45,21 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
     return homes_->device_home(g).span();
   }
   if (std::optional<gpu::DeviceBuffer> kept = copies_.resident->take(g)) {  // still on the device since its release
-    gs.working = std::move(*kept);  // read again: its fence does not matter
+    gs.working = std::move(*kept);  // read again: its fence does not matter (its copy ended before the release)
     ++step_.resident;
     step_.resident_bytes += gs.working.size_bytes();
     gs.fetched = true;
     issue_prefetches();
     return gs.working.span();
   }
-  std::optional<gpu::DeviceBuffer> prefetched;
+  std::optional<Prefetcher::Taken> prefetched;
   if (copies_.prefetcher != nullptr) {
     STRATA_ASSIGN_OR_RETURN(prefetched, copies_.prefetcher->take(g, step_.bytes));
   }
   if (prefetched) {
-    gs.working = std::move(*prefetched);
+    gs.working = std::move(prefetched->buffer);
     ++step_.prefetched;
+    STRATA_RETURN_IF_ERROR(order_after_copy(gs, std::move(prefetched->landed), stream));
     gs.fetched = true;
     issue_prefetches();
     return gs.working.span();
@@ -68,13 +70,66 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group) {
   // the allocation below then takes.
   copies_.resident->make_room(live_bytes(), bytes, SIZE_MAX, copies_.trace);
   STRATA_ASSIGN_OR_RETURN(gs.working, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
-  gpu::PinnedBuffer staging;
-  STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
-  STRATA_RETURN_IF_ERROR(copy_h2d(gs.working.span(), host));
-  pinned_cache_->put(std::move(staging));
+  core::Result<std::shared_ptr<gpu::Event>> landed = queue_fetch_copy(g, gs.working.span(), step_lane());
+  if (!landed.ok()) {
+    device_cache_->put(std::move(gs.working));
+    gs.working = {};
+    return std::move(landed).status();
+  }
+  STRATA_RETURN_IF_ERROR(order_after_copy(gs, std::move(*landed), stream));
   gs.fetched = true;
   issue_prefetches();
   return gs.working.span();
+}
+
+core::Result<std::shared_ptr<gpu::Event>> Engine::queue_fetch_copy(std::size_t g, gpu::DeviceSpan dst,
+                                                                   const Lane& lane) {
+  gpu::PinnedBuffer staging;  // compute copies whose home is not pinned pass through it
+  core::Result<std::span<std::byte>> host = homes_->load(g, staging, lane);
+  if (!host.ok()) {
+    pinned_cache_->put(std::move(staging));
+    return std::move(host).status();
+  }
+  core::Result<std::shared_ptr<gpu::Event>> landed = lane_h2d_queued(dev(), trace_, lane, dst, *host);
+  if (!landed.ok()) {
+    dev().synchronize(*lane.stream).ignore_error();  // nothing may still read the staging
+    pinned_cache_->put(std::move(staging));
+    return landed;
+  }
+  pinned_cache_->put(std::move(staging), *landed);  // reused once the copy has read it
+  return landed;
+}
+
+core::Status Engine::order_after_copy(GroupState& gs, std::shared_ptr<gpu::Event> landed, gpu::Stream* stream) {
+  if (landed == nullptr) return Status();
+  if (stream == nullptr) return dev().synchronize(*landed);  // the blocking fetch
+  STRATA_RETURN_IF_ERROR(dev().wait(*stream, *landed));
+  gs.landed = landed;
+  unsettled_copies_.push_back(std::move(landed));
+  return Status();
+}
+
+core::Status Engine::wait_fetched(std::string_view group) {
+  STRATA_ENGINE_ENTRY("wait_fetched");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "wait_fetched"));
+  GroupState& gs = groups_[g];
+  if (!gs.fetched) {
+    return Status::failed_precondition(str_cat("wait_fetched('", group, "'): the group is not fetched"));
+  }
+  if (gs.landed == nullptr) return Status();
+  STRATA_RETURN_IF_ERROR(dev().synchronize(*gs.landed));
+  gs.landed.reset();
+  return Status();
+}
+
+core::Status Engine::settle_fetch_copies() {
+  Status first;
+  for (const std::shared_ptr<gpu::Event>& e : unsettled_copies_) {
+    Status s = dev().synchronize(*e);
+    if (first.ok()) first = std::move(s);
+  }
+  unsettled_copies_.clear();
+  return first;
 }
 
 core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
@@ -89,7 +144,12 @@ core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
     STRATA_ASSIGN_OR_RETURN(gpu::Event ev, dev().create_event());
     STRATA_RETURN_IF_ERROR(dev().record(ev, *used_on));
     fence = std::make_shared<gpu::Event>(std::move(ev));
+  } else if (gs.landed != nullptr) {
+    // No stream: the framework's work is done, and so must the copy be that it
+    // waited for (a resident copy is read again without a wait).
+    STRATA_RETURN_IF_ERROR(dev().synchronize(*gs.landed));
   }
+  gs.landed.reset();
   if (schedule_.threaded() && layout_.groups[g].compute_tier != Tier::kDevice) {
     // The threaded schedules keep it while current, within the room.
     copies_.resident->keep(g, std::move(gs.working), std::move(fence));

@@ -68,7 +68,7 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
     }
   }
   for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kNvme) bytes += (two_versions ? 2 : 1) * aligned(c.elems, kStateBytesPerElem);
+    if (c.state_tier == Tier::kNvme) bytes += (two_versions ? 2 : 1) * aligned(c.elems, layout.optimizer.bytes_per_elem());
   }
   return bytes;
 }
@@ -116,7 +116,7 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
                             align);
   }
   for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kDevice) bytes += core::align_up(static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem, align);
+    if (c.state_tier == Tier::kDevice) bytes += core::align_up(layout.state_bytes(c), align);
   }
   return bytes;
 }
@@ -307,18 +307,16 @@ core::Status Engine::finalize() {
     STRATA_ASSIGN_OR_RETURN(
         copies_.prefetcher,
         Prefetcher::create(dev(), layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
-                           *device_cache_, [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence, Lane lane) {
+                           *device_cache_,
+                           [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence,
+                                  Lane lane) -> core::Result<std::shared_ptr<gpu::Event>> {
                              // A prefetch never copies a stale compute copy.
                              Status s = waits_for_optimizer(g) ? runner_->wait_group(g, "prefetch") : Status();
                              if (s.ok() && fence != nullptr) s = dev().wait(*lane.stream, *fence);
                              if (!s.ok()) return s;
                              TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
                                           dst.size_bytes());
-                             gpu::PinnedBuffer staging;
-                             core::Result<std::span<std::byte>> host = homes_->load(g, staging, lane);
-                             s = host.ok() ? copy_h2d(dst, *host, lane) : host.status();
-                             pinned_cache_->put(std::move(staging));
-                             return s;
+                             return queue_fetch_copy(g, dst, lane);
                            }));
   }
   return Status();
@@ -390,7 +388,7 @@ core::Status Engine::write_initial_values() {
       } else {
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
         step_.bytes.add_nvme_read(state_->path_bytes(c));
-        master = st.master;
+        master = st.master();
       }
       for (const Layout::Piece& p : layout_.pieces(cp)) {
         std::memcpy(master.data() + (p.lo - cp.begin),

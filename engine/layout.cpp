@@ -37,6 +37,7 @@ core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<Opti
   Layout l;
   l.compute_bytes = config.compute_bytes();
   l.grad_bytes = config.precision != Precision::kFp32 && config.gradient_accumulation_steps == 1 ? 2 : 4;
+  l.optimizer = optimizer_spec(config.optimizer.type);
 
   // Validate, and group by fetch group in first-registration order.
   std::set<std::string_view> names;
@@ -167,7 +168,7 @@ TierBytes Layout::bytes() const {
   for (const GroupPlace& g : groups) {
     add(g.compute_tier, static_cast<std::uint64_t>(g.compute_elems) * static_cast<std::uint64_t>(compute_bytes));
   }
-  for (const ChunkPlace& c : chunks) add(c.state_tier, static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem);
+  for (const ChunkPlace& c : chunks) add(c.state_tier, state_bytes(c));
   b.pinned += static_cast<std::uint64_t>(trainable_elems) * static_cast<std::uint64_t>(grad_bytes);
   return b;
 }

@@ -25,6 +25,7 @@
 
 #include "core/result.h"
 #include "engine/config.h"
+#include "engine/optimizer_spec.h"
 #include "engine/tier.h"
 
 namespace strata::engine {
@@ -68,7 +69,7 @@ struct ChunkPlace {
   std::size_t group = 0;
   std::int64_t begin = 0;  // in the trainable space, norm-block aligned
   std::int64_t elems = 0;
-  Tier state_tier = Tier::kDevice;  // master and both moments
+  Tier state_tier = Tier::kDevice;  // the master and the optimizer's arrays
 };
 
 // A run of a chunk whose elements share an optimizer group.
@@ -78,9 +79,6 @@ struct Segment {
   int optimizer_group = 0;
 };
 
-// Bytes of optimizer state per trainable element: fp32 master, exp_avg and
-// exp_avg_sq (a chunk's state, wherever it lives).
-inline constexpr std::uint64_t kStateBytesPerElem = 12;
 
 // Bytes the layout puts in each tier (state only: the pipelines' working
 // buffers are budgeted by the engine on top).
@@ -98,6 +96,12 @@ struct Layout {
   std::int64_t trainable_elems = 0;  // the whole trainable space, padding included
   int compute_bytes = 2;             // per compute-copy element (config precision)
   int grad_bytes = 2;                // per host gradient element (DESIGN.md section 1)
+  OptimizerSpec optimizer;           // the state per trainable element (engine/optimizer_spec.h)
+
+  // Bytes of a chunk's state (the master and the optimizer's arrays), wherever it lives.
+  std::uint64_t state_bytes(const ChunkPlace& c) const {
+    return static_cast<std::uint64_t>(c.elems) * optimizer.bytes_per_elem();
+  }
 
   // The chunk's runs by optimizer group, in order; padding after a parameter
   // belongs to that parameter's run.

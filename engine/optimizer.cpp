@@ -29,7 +29,7 @@ using core::Status;
 using core::str_cat;
 namespace nx = core::numerics;
 
-std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<nx::AdamStepConstants> constants,
+std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<UpdateConstants> constants,
                                                          std::int64_t step) {
   auto job = std::make_unique<OptimizerJob>();
   job->step = step;

@@ -1,7 +1,9 @@
 // Checkpoints and weight export (Engine methods declared in engine/engine.h).
 // Layout of <root>/step-<N>/ (docs/checkpoints.md):
 //   state.safetensors  per parameter: "<name>.compute" (compute dtype) and, when
-//                      trainable, "<name>.master", ".exp_avg", ".exp_avg_sq" (F32)
+//                      trainable, "<name>.master" and the optimizer's arrays
+//                      (engine/optimizer_spec.h: AdamW ".exp_avg", ".exp_avg_sq";
+//                      Lion ".exp_avg"; Adagrad ".exp_avg_sq"), F32
 //   framework.bin      the framework's blob
 //   manifest.json      format version, step counters, loss scaler, lr override,
 //                      the parameter list, the config, CRC64 of the two files,
@@ -68,24 +70,27 @@ TensorDtype dtype_of(int bytes, Precision p) {
   return p == Precision::kFp16 ? TensorDtype::kF16 : TensorDtype::kBf16;
 }
 
-const char* const kStateNames[3] = {"master", "exp_avg", "exp_avg_sq"};
-
-// Whole parameters' optimizer arrays (master, exp_avg, exp_avg_sq), by parameter index.
+// Whole parameters' optimizer arrays (the master, then the optimizer's), by
+// parameter index; the layout's optimizer.arrays of them are used.
 using StateArrays = std::map<std::size_t, std::array<std::vector<float>, 3>>;
+
+// "<param>.<array name>" in a checkpoint's state file.
+std::string state_tensor(const Layout& layout, std::size_t param, int array) {
+  return layout.params[param].name + "." + std::string(layout.optimizer.names[static_cast<std::size_t>(array)]);
+}
 
 // Copies a chunk's share of each parameter in `arrays` between the chunk's
 // views and the whole arrays: out of the chunk, or into it with `into_chunk`.
 void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkState& st, StateArrays& arrays,
                            bool into_chunk) {
-  const std::span<float> chunk[3] = {st.master, st.exp_avg, st.exp_avg_sq};
   for (const Layout::Piece& p : layout.pieces(cp)) {
     const auto it = arrays.find(p.param);
     if (it == arrays.end()) continue;
     const std::int64_t off = layout.places[p.param].trainable_offset;
     const auto bytes = static_cast<std::size_t>(p.hi - p.lo) * 4;
-    for (int k = 0; k < 3; ++k) {
+    for (std::size_t k = 0; k < static_cast<std::size_t>(st.count); ++k) {
       float* whole = it->second[k].data() + (p.lo - off);
-      float* part = chunk[k].data() + (p.lo - cp.begin);
+      float* part = st.arrays[k].data() + (p.lo - cp.begin);
       std::memcpy(into_chunk ? part : whole, into_chunk ? whole : part, bytes);
     }
   }
@@ -98,16 +103,14 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
   const GroupPlace& gp = layout_.groups[g];
   for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
     const ChunkPlace& cp = layout_.chunks[c];
-    const std::uint64_t bytes = static_cast<std::uint64_t>(cp.elems) * 12;
+    const std::uint64_t bytes = layout_.state_bytes(cp);
     if (cp.state_tier == Tier::kDevice) {
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
       // Through the cache: between steps it holds the step's staging, which
       // it gives back when the budget is tight.
       STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, pinned_cache_->get(bytes, "state staging"));
       STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), home));
-      auto* f = reinterpret_cast<float*>(host.data());
-      const auto n = static_cast<std::size_t>(cp.elems);
-      ChunkState st{{f, n}, {f + n, n}, {f + 2 * n, n}};
+      ChunkState st = state_->staged_views(c, host.bytes());
       STRATA_RETURN_IF_ERROR(fn(cp, st));
       if (write_back) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
       pinned_cache_->put(std::move(host));
@@ -170,7 +173,9 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }
     for (std::size_t pi : trainable_in(gp)) {
       const ParamDesc& p = layout_.params[pi];
-      for (const char* s : kStateNames) declared.push_back({p.name + "." + s, TensorDtype::kF32, p.shape});
+      for (int k = 0; k < layout_.optimizer.arrays; ++k) {
+        declared.push_back({state_tensor(layout_, pi, k), TensorDtype::kF32, p.shape});
+      }
     }
   }
   const std::string state_path = tmp + "/state.safetensors";
@@ -191,10 +196,12 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
       STRATA_RETURN_IF_ERROR(writer.write_raw(
           p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
     }
-    // Gather each trainable parameter's three arrays from the chunks.
+    // Gather each trainable parameter's arrays from the chunks.
     StateArrays arrays;
     for (std::size_t pi : trainable_in(gp)) {
-      for (auto& a : arrays[pi]) a.resize(static_cast<std::size_t>(layout_.params[pi].numel()));
+      for (int k = 0; k < layout_.optimizer.arrays; ++k) {
+        arrays[pi][static_cast<std::size_t>(k)].resize(static_cast<std::size_t>(layout_.params[pi].numel()));
+      }
     }
     STRATA_RETURN_IF_ERROR(visit_group_state(g, false, [&](const ChunkPlace& cp, ChunkState& st) {
       exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/false);
@@ -202,8 +209,8 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }));
     step_.bytes = saved;  // checkpoint traffic is not step traffic
     for (auto& [pi, a] : arrays) {
-      for (int k = 0; k < 3; ++k) {
-        STRATA_RETURN_IF_ERROR(writer.write_f32(layout_.params[pi].name + "." + kStateNames[k], a[k]));
+      for (int k = 0; k < layout_.optimizer.arrays; ++k) {
+        STRATA_RETURN_IF_ERROR(writer.write_f32(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
       }
     }
   }
@@ -271,6 +278,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
   }
   drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
+  STRATA_RETURN_IF_ERROR(settle_fetch_copies());  // nothing may still read the homes it writes
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   STRATA_ASSIGN_OR_RETURN(const CheckpointLocation loc, locate_checkpoint(root, config_.strata.io));
@@ -316,6 +324,20 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   }
   // Tensors come in with direct reads of the aligned blocks around them.
   STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
+  // The optimizer's arrays, and no other optimizer's, before anything changes.
+  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
+    if (!layout_.params[pi].trainable) continue;
+    for (std::string_view array : {"exp_avg", "exp_avg_sq"}) {
+      const std::string name = layout_.params[pi].name + "." + std::string(array);
+      const bool kept = layout_.optimizer.index_of(array) > 0;
+      if ((reader.find(name) != nullptr) != kept) {
+        return Status::failed_precondition(str_cat(
+            state_path, ": ", kept ? "has no " : "has ", name, ", which optimizer.type ",
+            to_string(layout_.optimizer.type), kept ? " keeps" : " does not keep",
+            ": the checkpoint was saved with another optimizer (a checkpoint resumes only with its own)"));
+      }
+    }
+  }
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
@@ -329,9 +351,9 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
           p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
       if (!p.trainable) continue;
       auto& a = arrays[pi];
-      for (int k = 0; k < 3; ++k) {
-        a[k].resize(n);
-        STRATA_RETURN_IF_ERROR(reader.read_f32(p.name + "." + kStateNames[k], a[k]));
+      for (int k = 0; k < layout_.optimizer.arrays; ++k) {
+        a[static_cast<std::size_t>(k)].resize(n);
+        STRATA_RETURN_IF_ERROR(reader.read_f32(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
       }
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));

@@ -148,6 +148,10 @@ core::Result<StepStats> Engine::step_end() {
     return Status::failed_precondition(str_cat("step_end after ", step_.micro_step + 1, " micro-batches; ",
                                                "gradient_accumulation_steps is ", config_.gradient_accumulation_steps));
   }
+  // The step's job writes compute copies home: no copy fetch queued for a
+  // framework's stream may still read them (in a well-ordered step they all
+  // ended long ago, before the gradients that followed them).
+  STRATA_RETURN_IF_ERROR(settle_fetch_copies());
   // overlap "delayed": the update of the step before this one becomes what
   // the next step computes with.
   STRATA_RETURN_IF_ERROR(commit_pending("step_end"));
@@ -191,12 +195,12 @@ core::Result<StepStats> Engine::step_end() {
     take_optimizer_stats();
     learn_fetch_trace();
     if (!skip) {
-      std::vector<nx::AdamStepConstants> constants = verdict_.constants(layout_.optimizer_groups, decision.clip);
+      std::vector<UpdateConstants> constants = verdict_.constants(layout_.optimizer_groups, decision.clip);
       // overlap "speculative": the job under way applies these very constants
       // (no clipping, same learning rate): it commits what it did and goes on.
       const bool speculated =
           early_.job != 0 && constants.size() == early_.constants.size() &&
-          std::memcmp(constants.data(), early_.constants.data(), constants.size() * sizeof(nx::AdamStepConstants)) == 0;
+          std::memcmp(constants.data(), early_.constants.data(), constants.size() * sizeof(UpdateConstants)) == 0;
       // A certain job under way has updated in place already: it cannot but
       // agree (set_lr is refused while it applies).
       if (early_.applying_in_place && !speculated) {
@@ -264,6 +268,7 @@ core::Result<StepStats> Engine::step_end() {
 
 core::Status Engine::commit_pending(const char* op) {
   if (!homes_->has_pending()) return Status();
+  STRATA_RETURN_IF_ERROR(settle_fetch_copies());  // an evaluation pass's copies may still read the homes
   // Copies on the device since a release or a prefetch hold the old ones. They
   // go first: a prefetch still in flight reads the pinned homes that
   // commit_pending swaps.

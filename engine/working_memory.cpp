@@ -20,7 +20,7 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);
   }
   for (const ChunkPlace& c : layout.chunks) {
-    const std::uint64_t bytes = static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem;
+    const std::uint64_t bytes = layout.state_bytes(c);
     if (c.state_tier != Tier::kPinned) state = std::max(state, bytes);
     if (c.state_tier == Tier::kDevice)
       device_chunk = std::max(device_chunk, static_cast<std::uint64_t>(c.elems) * cb);
@@ -45,7 +45,7 @@ RingShape ring_shape(const Layout& layout) {
     if (c.state_tier != Tier::kNvme) continue;
     r.slot_bytes = std::max(
         r.slot_bytes,
-        core::align_up(static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem, core::kDirectIoAlignment));
+        core::align_up(layout.state_bytes(c), core::kDirectIoAlignment));
     ++r.nvme_chunks;
   }
   return r;

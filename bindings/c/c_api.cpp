@@ -167,9 +167,11 @@ core::Result<gpu::Stream*> copy_stream(strata_engine& h) STRATA_REQUIRES(h.mu) {
   return &h.copies;
 }
 
-// Fetch, recording the group as fetched.
-core::Result<gpu::DeviceSpan> fetch(strata_engine& h, const char* group) STRATA_REQUIRES(h.mu) {
-  STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan span, h.engine->fetch(group));
+// Fetch, recording the group as fetched; `stream`: the framework's (null:
+// a blocking fetch).
+core::Result<gpu::DeviceSpan> fetch(strata_engine& h, const char* group, gpu::Stream* stream = nullptr)
+    STRATA_REQUIRES(h.mu) {
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan span, h.engine->fetch(group, stream));
   h.fetched.insert(group);
   return span;
 }
@@ -472,12 +474,18 @@ strata_status strata_group_fetch(strata_engine* engine, const char* group, void*
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     se::Engine& e = *engine->engine;
-    // The fetch blocks, so the framework's stream may read the view at once;
-    // the stream is only checked.
-    if (stream != nullptr && e.device().kind() != gpu::DeviceKind::kCuda) {
+    if (stream == nullptr) {  // blocking: the copies are complete on return
+      STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, c_api::fetch(*engine, group));
+      c_api::write_struct(out, c_api::view_of(e, span));
+      return core::Status();
+    }
+    if (e.device().kind() != gpu::DeviceKind::kCuda) {
       return core::Status::invalid_argument(str_cat(fn, ": stream must be NULL on the host device"));
     }
-    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, c_api::fetch(*engine, group));
+    // The copies are queued; the framework's stream waits for them, the host does not.
+    auto wrapped = e.device().wrap_native_stream(stream, "framework");
+    if (!wrapped.ok()) return std::move(wrapped).status().annotate(fn);
+    STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, c_api::fetch(*engine, group, &*wrapped));
     c_api::write_struct(out, c_api::view_of(e, span));
     return core::Status();
   });
@@ -492,7 +500,7 @@ strata_status strata_group_wait(strata_engine* engine, const char* group) noexce
     if (!engine->fetched.contains(std::string_view(group))) {
       return core::Status::failed_precondition(str_cat(fn, "('", group, "'): the group is not fetched"));
     }
-    return core::Status();  // fetches are blocking in this version
+    return engine->engine->wait_fetched(group);
   });
 }
 

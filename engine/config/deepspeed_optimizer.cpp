@@ -139,22 +139,18 @@ Status parse_optimizer(ObjectReader& root, Context& ctx, OptimizerConfig* o) {
         return ctx.error();
       }
     }
-    // DeepSpeed's CPU Adagrad and Lion: not implemented by strata's CPU
-    // optimizer yet, so refused here rather than at Engine::create.
-    for (const auto& [name, value] : kOptimizerNames) {
-      bool supported = false;
-      for (const auto& s : kSupportedOptimizerNames) supported = supported || s.value == value;
-      if (supported || t != lower(name)) continue;
-      r.fail("type", str_cat(show(*type), " is not implemented in strata yet (DeepSpeed has it); supported: ",
-                             join_names<OptimizerType>(kSupportedOptimizerNames)));
-      return ctx.error();
-    }
   }
   // DeepSpeed compares optimizer names case-insensitively.
   if (!r.get_enum<OptimizerType>("type", kSupportedOptimizerNames, &o->type, /*ignore_case=*/true)) {
     return ctx.error();
   }
   const std::string_view type_name = name_of<OptimizerType>(kOptimizerNames, o->type);
+  // DeepSpeed's defaults where they differ from Adam's (DeepSpeedCPUAdagrad:
+  // lr 1e-2, eps 1e-10; DeepSpeedCPULion: Adam's lr and betas, no eps).
+  if (o->type == OptimizerType::kAdagrad) {
+    o->lr = 1e-2;
+    o->eps = 1e-10;
+  }
 
   ObjectReader p = r.child("params");
   if (const Json* v = p.take("max_grad_norm")) {

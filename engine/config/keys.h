@@ -20,9 +20,11 @@ inline constexpr EnumName<OptimizerType> kOptimizerNames[] = {{"Adam", Optimizer
                                                               {"Adagrad", OptimizerType::kAdagrad},
                                                               {"Lion", OptimizerType::kLion}};
 // The optimizers the engine implements: the only ones the config check accepts
-// (Adagrad and Lion are named, and sized by the planner, but refused).
+// (today every one named above; Lion and Adagrad with the state on the CPU).
 inline constexpr EnumName<OptimizerType> kSupportedOptimizerNames[] = {{"Adam", OptimizerType::kAdam},
-                                                                       {"AdamW", OptimizerType::kAdamW}};
+                                                                       {"AdamW", OptimizerType::kAdamW},
+                                                                       {"Adagrad", OptimizerType::kAdagrad},
+                                                                       {"Lion", OptimizerType::kLion}};
 // The first entry is for to_string only: "scheduler.type" has no "none".
 inline constexpr EnumName<SchedulerType> kSchedulerNames[] = {
     {"none", SchedulerType::kNone},

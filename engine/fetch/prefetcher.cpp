@@ -15,10 +15,15 @@ struct Prefetcher::Copy {
   core::CondVar cv;
   bool done STRATA_GUARDED_BY(mu) = false;
   core::Status status STRATA_GUARDED_BY(mu);
-  StepBytes bytes;  // written by the copy, read after done
-  void finish(core::Status s) {
+  StepBytes bytes;                      // written by the copy, read after done
+  std::shared_ptr<gpu::Event> landed;   // after the queued copy; written by the copy, read after done
+  void finish(core::Result<std::shared_ptr<gpu::Event>> r) {
     const core::MutexLock lock(mu);
-    status = std::move(s);
+    if (r.ok()) {
+      landed = std::move(*r);
+    } else {
+      status = std::move(r).status();
+    }
     done = true;
     cv.notify_all();
   }
@@ -34,12 +39,13 @@ core::Result<std::unique_ptr<Prefetcher>> Prefetcher::create(gpu::Device& device
                                                              BufferCache<gpu::DeviceBuffer>& cache, CopyIn copy_in) {
   STRATA_ASSIGN_OR_RETURN(gpu::Stream stream, device.create_stream("prefetch"));
   return std::unique_ptr<Prefetcher>(
-      new Prefetcher(layout, bucket_bytes, cache, std::move(copy_in), std::move(stream)));
+      new Prefetcher(device, layout, bucket_bytes, cache, std::move(copy_in), std::move(stream)));
 }
 
-Prefetcher::Prefetcher(const Layout& layout, std::uint64_t bucket_bytes,
+Prefetcher::Prefetcher(gpu::Device& device, const Layout& layout, std::uint64_t bucket_bytes,
                        BufferCache<gpu::DeviceBuffer>& cache, CopyIn copy_in, gpu::Stream stream)
-    : layout_(layout),
+    : device_(device),
+      layout_(layout),
       bucket_(bucket_bytes),
       cache_(cache),
       copy_in_(std::move(copy_in)),
@@ -94,15 +100,15 @@ void Prefetcher::issue(const FetchTrace& trace, ResidentSet& resident, std::uint
   }
 }
 
-core::Result<std::optional<gpu::DeviceBuffer>> Prefetcher::take(std::size_t g, StepBytes& bytes) {
+core::Result<std::optional<Prefetcher::Taken>> Prefetcher::take(std::size_t g, StepBytes& bytes) {
   auto it = inflight_.find(g);
-  if (it == inflight_.end()) return std::optional<gpu::DeviceBuffer>();
+  if (it == inflight_.end()) return std::optional<Taken>();
   std::unique_ptr<Copy> c = std::move(it->second);
   inflight_.erase(it);
   Status s = c->wait();
   if (!s.ok()) return std::move(s).annotate(str_cat("prefetch of group '", layout_.groups[g].name, "'"));
   bytes += c->bytes;
-  return std::optional<gpu::DeviceBuffer>(std::move(c->buffer));
+  return std::optional<Taken>(Taken{std::move(c->buffer), std::move(c->landed)});
 }
 
 void Prefetcher::drop(DropCopies which) {
@@ -111,7 +117,8 @@ void Prefetcher::drop(DropCopies which) {
       ++it;  // frozen: no optimizer writes its copies
       continue;
     }
-    it->second->wait().ignore_error();  // the copy must end before its buffer goes
+    it->second->wait().ignore_error();  // the copy must be queued, then end, before its buffer goes
+    if (it->second->landed) device_.synchronize(*it->second->landed).ignore_error();
     cache_.put(std::move(it->second->buffer));
     it = inflight_.erase(it);
   }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "engine/engine.h"
@@ -14,6 +15,7 @@ namespace strata::engine {
 struct Engine::GroupState {
   gpu::DeviceBuffer working;      // device copy while fetched (home elsewhere)
   bool fetched = false;
+  std::shared_ptr<gpu::Event> landed;  // after fetch's queued copy into `working` (null: complete)
   gpu::DeviceBuffer grad;         // gradients, between grad_buffer and grads_ready
   int grads_micro_step = -1;      // the micro-batch whose gradients arrived
 };

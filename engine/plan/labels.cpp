@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/str.h"
+#include "engine/optimizer_spec.h"
 #include "engine/plan/plan_internal.h"
 
 namespace strata::engine {
@@ -66,13 +67,7 @@ std::string_view optimizer_label(OptimizerType t) {
 }
 
 std::uint64_t optimizer_moment_bytes(OptimizerType t) {
-  switch (t) {
-    case OptimizerType::kAdam:
-    case OptimizerType::kAdamW: return 8;
-    case OptimizerType::kAdagrad:
-    case OptimizerType::kLion: return 4;
-  }
-  return 8;
+  return optimizer_spec(t).bytes_per_elem() - 4;  // the engine's arrays less the master
 }
 
 std::string over_capacity_reason(const PlacementPlan& plan, const TierPlan& tier) {

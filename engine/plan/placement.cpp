@@ -330,6 +330,14 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
       plan.reasons.push_back(over_capacity_reason(plan, t));
     }
   }
+  // As Engine::create: Lion and Adagrad update their state on the CPU only.
+  const OptimizerType type = cfg.optimizer.type;
+  if ((type == OptimizerType::kLion || type == OptimizerType::kAdagrad) &&
+      (pl.optimizer_device == OffloadDevice::kNone || pl.optimizer_ratio < 1.0)) {
+    plan.fits = false;
+    plan.reasons.push_back(str_cat(optimizer_name(type), " updates its state on the CPU only in this version (the "
+                                   "device has Adam's kernel): the optimizer state must be offloaded whole"));
+  }
 
   // Bytes per optimizer step (G micro-batches). Fetches of offloaded
   // compute copies: every group forward and backward, less those a kept

@@ -12,14 +12,17 @@ using core::Status;
 using core::str_cat;
 
 
-ChunkState StateStore::views(std::byte* base, std::int64_t elems) {
+ChunkState StateStore::views(std::byte* base, std::int64_t elems) const {
   auto* f = reinterpret_cast<float*>(base);
   const auto n = static_cast<std::size_t>(elems);
-  return {{f, n}, {f + n, n}, {f + 2 * n, n}};
+  ChunkState st;
+  st.count = layout_.optimizer.arrays;
+  for (int a = 0; a < st.count; ++a) st.arrays[static_cast<std::size_t>(a)] = {f + static_cast<std::size_t>(a) * n, n};
+  return st;
 }
 
 std::uint64_t StateStore::staging_bytes(std::size_t chunk) const {
-  return tier(chunk) == Tier::kNvme ? static_cast<std::uint64_t>(elems(chunk)) * kStateBytesPerElem : 0;
+  return tier(chunk) == Tier::kNvme ? layout_.state_bytes(layout_.chunks[chunk]) : 0;
 }
 
 std::vector<std::uint64_t> StateStore::path_bytes(std::size_t chunk) const {
@@ -33,7 +36,7 @@ std::vector<std::uint64_t> StateStore::path_bytes(std::size_t chunk) const {
 std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
   std::uint64_t bytes = 0;
   for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kNvme) bytes += static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem;
+    if (c.state_tier == Tier::kNvme) bytes += layout.state_bytes(c);
   }
   return two_versions ? 2 * bytes : bytes;
 }
@@ -47,7 +50,7 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   std::uint64_t largest = 0;
   for (const ChunkPlace& c : layout.chunks) {
     if (c.state_tier != Tier::kPinned) {
-      largest = std::max<std::uint64_t>(largest, static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem);
+      largest = std::max<std::uint64_t>(largest, layout.state_bytes(c));
     }
   }
   if (largest > 0) {
@@ -57,7 +60,7 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   STRATA_ASSIGN_OR_RETURN(gpu::Stream stream, device.create_stream("state init"));
   for (std::size_t i = 0; i < layout.chunks.size(); ++i) {
     const ChunkPlace& c = layout.chunks[i];
-    const std::uint64_t bytes = static_cast<std::uint64_t>(c.elems) * kStateBytesPerElem;
+    const std::uint64_t bytes = layout.state_bytes(c);
     const std::string what = str_cat("optimizer state of chunk ", i, " (", layout.groups[c.group].name, ")");
     Chunk& chunk = s->chunks_[i];
     switch (c.state_tier) {

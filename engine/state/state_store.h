@@ -1,7 +1,9 @@
-// StateStore: every chunk's optimizer state (fp32 master weight, exp_avg,
-// exp_avg_sq) in its home tier (engine/layout.h), and the one way the
-// optimizer gets at it. A chunk's state is three arrays of `elems` floats,
-// kept together as [master | exp_avg | exp_avg_sq]:
+// StateStore: every chunk's optimizer state (the fp32 master weight and the
+// optimizer's arrays, engine/optimizer_spec.h) in its home tier
+// (engine/layout.h), and the one way the optimizer gets at it. A chunk's state
+// is the layout's `optimizer.arrays` arrays of `elems` floats, kept together as
+// [master | state 1 | state 2] (AdamW: exp_avg, exp_avg_sq; Lion: exp_avg;
+// Adagrad: exp_avg_sq):
 // - device: one DeviceBuffer per chunk; the device's AdamW updates it there;
 // - pinned: one PinnedBuffer per chunk; the CPU optimizer works in place;
 // - nvme: one SwapStore block per chunk ("state/<index>", CRC-checked); the
@@ -11,6 +13,7 @@
 // Thread-compatible: one thread at a time (the optimizer's, during a step).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -23,9 +26,12 @@
 
 namespace strata::engine {
 
-// Host views of one chunk's state.
+// Host views of one chunk's state: arrays[0] the master, then the optimizer's
+// arrays in OptimizerSpec's order; `count` of them are set.
 struct ChunkState {
-  std::span<float> master, exp_avg, exp_avg_sq;
+  std::array<std::span<float>, 3> arrays;
+  int count = 0;
+  std::span<float> master() const { return arrays[0]; }
 };
 
 class StateStore {
@@ -80,7 +86,7 @@ class StateStore {
     return views(staging.data(), elems(chunk));
   }
 
-  // The device views [master | exp_avg | exp_avg_sq] of a device chunk.
+  // The device state [master | state 1 | state 2] of a device chunk.
   core::Result<gpu::DeviceSpan> device_state(std::size_t chunk) const;
 
  private:
@@ -92,7 +98,7 @@ class StateStore {
   };
   StateStore(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap, bool two_versions)
       : layout_(layout), device_(device), swap_(swap), two_versions_(two_versions) {}
-  static ChunkState views(std::byte* base, std::int64_t elems);
+  ChunkState views(std::byte* base, std::int64_t elems) const;
   // An nvme chunk with enough staging for `what` ("read", "write").
   core::Status check_staged(std::size_t chunk, std::size_t staging_size, const char* what) const;
 

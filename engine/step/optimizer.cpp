@@ -34,6 +34,33 @@ core::Result<std::unique_ptr<Optimizer>> Optimizer::create(const Parts& parts, s
   return o;
 }
 
+core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState& st, std::size_t off, std::size_t n,
+                                      const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out) {
+  switch (parts_.layout.optimizer.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      return parts_.cpu_adam.step({.constants = k.adam,
+                                   .master = st.arrays[0].subspan(off, n),
+                                   .exp_avg = st.arrays[1].subspan(off, n),
+                                   .exp_avg_sq = st.arrays[2].subspan(off, n),
+                                   .grad = grad,
+                                   .copy_out = copy_out});
+    case OptimizerType::kLion:
+      return parts_.cpu_adam.lion_step({.constants = k.lion,
+                                        .master = st.arrays[0].subspan(off, n),
+                                        .exp_avg = st.arrays[1].subspan(off, n),
+                                        .grad = grad,
+                                        .copy_out = copy_out});
+    case OptimizerType::kAdagrad:
+      return parts_.cpu_adam.adagrad_step({.constants = k.adagrad,
+                                           .master = st.arrays[0].subspan(off, n),
+                                           .exp_avg_sq = st.arrays[1].subspan(off, n),
+                                           .grad = grad,
+                                           .copy_out = copy_out});
+  }
+  return Status::internal("unknown optimizer type");
+}
+
 core::Result<bool> Optimizer::take_verdict(OptimizerJob& job) {
   STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, parts_.gradients.wait_marker(job.marker, job.norm_step));
   const double raw_norm = m.raw_norm;
@@ -211,15 +238,14 @@ core::Status Optimizer::run(OptimizerJob& job) {
           std::byte* out = compute_at(p) + (lo - p.lo) * cb;
           const CpuTurns::Turn turn(parts_.turns, CpuTurns::kBackground);
           TraceScope tc(parts_.trace, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
-          adam::AdamStepArgs a;
-          a.constants = job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
-          a.master = st.master.subspan(off, n);
-          a.exp_avg = st.exp_avg.subspan(off, n);
-          a.exp_avg_sq = st.exp_avg_sq.subspan(off, n);
-          a.grad = {parts_.gradients.host_grads() + lo * gb, grad_type, static_cast<std::int64_t>(n)};
-          if (cb == 2) a.copy_out = {out, compute_type, static_cast<std::int64_t>(n)};
-          STRATA_RETURN_IF_ERROR(parts_.cpu_adam.step(a));
-          if (cb == 4) std::memcpy(out, a.master.data(), n * 4);
+          const UpdateConstants& k =
+              job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
+          const adam::ConstTypedSpan grad{parts_.gradients.host_grads() + lo * gb, grad_type,
+                                          static_cast<std::int64_t>(n)};
+          const adam::TypedSpan copy_out =
+              cb == 2 ? adam::TypedSpan{out, compute_type, static_cast<std::int64_t>(n)} : adam::TypedSpan{};
+          STRATA_RETURN_IF_ERROR(update_on_cpu(k, st, off, n, grad, copy_out));
+          if (cb == 4) std::memcpy(out, st.master().data() + off, n * 4);
         }
       }
       if (cp.state_tier == Tier::kNvme) {
@@ -239,8 +265,8 @@ core::Status Optimizer::run(OptimizerJob& job) {
       for (const Layout::Piece& p : pieces) {
         const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
         const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
-        gpu::AdamStepArgs a;
-        a.constants = job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
+        gpu::AdamStepArgs a;  // (Engine::create allows no other optimizer with state on the device)
+        a.constants = job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)].adam;
         a.master = state.subspan(off * 4, n * 4);
         a.exp_avg = state.subspan(n_all * 4 + off * 4, n * 4);
         a.exp_avg_sq = state.subspan(2 * n_all * 4 + off * 4, n * 4);

@@ -77,6 +77,10 @@ class Optimizer {
   // step_end would have (Verdict::decide_deferred) and fills in the job's
   // constants; false when the step is skipped.
   core::Result<bool> take_verdict(OptimizerJob& job);
+  // The layout's optimizer (OptimizerSpec) on elements [off, off + n) of a
+  // host chunk: cpu_adam's step, lion_step or adagrad_step.
+  core::Status update_on_cpu(const UpdateConstants& k, const ChunkState& st, std::size_t off, std::size_t n,
+                             const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out);
 
   const Parts parts_;
   OptimizerRunner* runner_ = nullptr;

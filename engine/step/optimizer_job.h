@@ -16,7 +16,7 @@ namespace strata::engine {
 struct OptimizerJob {
   std::int64_t id = 0;    // set by OptimizerRunner::submit
   std::int64_t step = 0;  // the optimizer step it applies
-  std::vector<core::numerics::AdamStepConstants> constants;  // per optimizer group
+  std::vector<UpdateConstants> constants;  // per optimizer group
   std::vector<std::size_t> order;                // groups, in the order the next forward needs them
   std::size_t read_ahead = 0;                    // nvme chunks read ahead of Adam
   bool write_behind = false;                     // false: each write is waited for at once

@@ -29,11 +29,28 @@ core::Result<bool> skip_nonfinite(NonfinitePolicy policy, std::int64_t step) {
   return true;
 }
 
-std::vector<nx::AdamStepConstants> adam_constants(std::span<const nx::AdamHyperparams> hyper, std::int64_t step,
-                                                  double grad_scale) {
-  std::vector<nx::AdamStepConstants> constants;
-  constants.reserve(hyper.size());
-  for (const nx::AdamHyperparams& h : hyper) constants.push_back(nx::make_adam_constants(h, step, grad_scale));
+// Per optimizer group, the constants of `config`'s optimizer (the Adam
+// hyperparameters carry every group's lr, betas, eps and weight decay).
+std::vector<UpdateConstants> update_constants(const Config& config, std::span<const nx::AdamHyperparams> hyper,
+                                              std::int64_t step, double grad_scale) {
+  std::vector<UpdateConstants> constants(hyper.size());
+  for (std::size_t i = 0; i < hyper.size(); ++i) {
+    const nx::AdamHyperparams& h = hyper[i];
+    switch (config.optimizer.type) {
+      case OptimizerType::kAdam:
+      case OptimizerType::kAdamW:
+        constants[i].adam = nx::make_adam_constants(h, step, grad_scale);
+        break;
+      case OptimizerType::kLion:
+        constants[i].lion = nx::make_lion_constants(
+            {.lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .weight_decay = h.weight_decay}, grad_scale);
+        break;
+      case OptimizerType::kAdagrad:
+        constants[i].adagrad =
+            nx::make_adagrad_constants({.lr = h.lr, .eps = h.eps, .weight_decay = h.weight_decay}, grad_scale);
+        break;
+    }
+  }
   return constants;
 }
 
@@ -73,7 +90,7 @@ Verdict::Deferred Verdict::decide_deferred(const Config& config, double raw_norm
     }
   }
   const double clip = nx::clip_coefficient(out.record.grad_norm, config.gradient_clipping);
-  out.constants = adam_constants(hyper, step, nx::combined_grad_scale(1.0, clip, gas));
+  out.constants = update_constants(config, hyper, step, nx::combined_grad_scale(1.0, clip, gas));
   out.record.lr = hyper.front().lr;
   return out;
 }
@@ -98,11 +115,11 @@ std::vector<nx::AdamHyperparams> Verdict::hyperparams(std::span<const OptimizerG
   return hyper;
 }
 
-std::vector<nx::AdamStepConstants> Verdict::constants(std::span<const OptimizerGroupDesc> groups, double clip) const {
+std::vector<UpdateConstants> Verdict::constants(std::span<const OptimizerGroupDesc> groups, double clip) const {
   // The loss scale after this step's scaler update, as DeepSpeed's fp16
   // optimizers unscale (docs/training.md).
   const double grad_scale = nx::combined_grad_scale(scaler_.scale(), clip, config_.gradient_accumulation_steps);
-  return adam_constants(hyperparams(groups), applied_ + 1, grad_scale);
+  return update_constants(config_, hyperparams(groups), applied_ + 1, grad_scale);
 }
 
 core::Status Verdict::restore(const LossScaler::State& scaler, std::int64_t applied, std::int64_t skipped,

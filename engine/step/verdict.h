@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "engine/optimizer_spec.h"
 #include "core/result.h"
 #include "engine/config.h"
 #include "engine/layout.h"
@@ -59,7 +60,7 @@ class Verdict {
   // the step is applied (empty when skipped).
   struct Deferred {
     VerdictRecord record;
-    std::vector<core::numerics::AdamStepConstants> constants;
+    std::vector<UpdateConstants> constants;
   };
   static Deferred decide_deferred(const Config& config, double raw_norm, bool nonfinite,
                                   std::span<const core::numerics::AdamHyperparams> hyper, std::int64_t step,
@@ -71,7 +72,7 @@ class Verdict {
   std::vector<core::numerics::AdamHyperparams> hyperparams(std::span<const OptimizerGroupDesc> groups) const;
   // Per optimizer group, the next step's constants with the current loss
   // scale and clipping coefficient `clip`.
-  std::vector<core::numerics::AdamStepConstants> constants(std::span<const OptimizerGroupDesc> groups,
+  std::vector<UpdateConstants> constants(std::span<const OptimizerGroupDesc> groups,
                                                            double clip) const;
 
   // The step counts: step_end counts its own verdict; deferred verdicts are

@@ -203,8 +203,10 @@ struct Framework {
       }
     }
   }
+  // As a GPU framework: fetch passes the framework's stream (the copy is
+  // queued, the stream waits for it), and the reads below are queued on it.
   void load(Engine& e, const std::string& group) {
-    auto span = e.fetch(group);
+    auto span = e.fetch(group, fetch_on_stream ? &stream(e) : nullptr);
     ASSERT_TRUE(span.ok()) << span.status();
     std::vector<std::byte> host(span->size_bytes());
     ASSERT_TRUE(e.device().copy_d2h(stream(e), host, *span).ok());
@@ -318,6 +320,8 @@ struct Framework {
   // > 0: give_grads does not wait for its writes (see there), after this much
   // declared compute on the framework's stream.
   double async_grads_flops = 0.0;
+  // load's fetch takes the framework's stream (false: the blocking fetch).
+  bool fetch_on_stream = true;
   BusyScratch busy;  // of queue_busy_work on the CUDA device
   std::vector<gpu::PinnedBuffer> in_flight;
   gpu::Stream& stream(Engine& e) {

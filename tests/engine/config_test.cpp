@@ -343,12 +343,27 @@ TEST(Config, OptimizerParamErrorsNameKeyAndValue) {
 // DeepSpeed's CPU Adagrad and Lion are named in DeepSpeed configs, but the
 // engine implements only Adam(W): the config check refuses them (any
 // spelling), naming the supported ones, before an engine is created.
-TEST(Config, AdagradAndLionAreRefusedAsNotImplemented) {
-  expect_error(doc(R"("optimizer": {"type": "Adagrad"})"),
-               {"optimizer.type: \"Adagrad\" is not implemented in strata yet", "supported: Adam, AdamW"});
-  expect_error(doc(R"("optimizer": {"type": "LION", "params": {"betas": [0.95, 0.98]}})"),
-               {"optimizer.type: \"LION\" is not implemented in strata yet", "supported: Adam, AdamW"});
-  expect_error(doc(R"("optimizer": {})"), {"optimizer.type: missing; give one of Adam, AdamW"});
+TEST(Config, AdagradAndLionParseWithDeepSpeedsKeysAndDefaults) {
+  const Config adagrad = parse_ok(doc(R"("optimizer": {"type": "Adagrad"})"));
+  EXPECT_EQ(adagrad.optimizer.type, OptimizerType::kAdagrad);
+  EXPECT_EQ(adagrad.optimizer.lr, 1e-2);   // DeepSpeedCPUAdagrad's defaults
+  EXPECT_EQ(adagrad.optimizer.eps, 1e-10);
+  const Config given = parse_ok(doc(R"("optimizer": {"type": "adagrad", "params": {"lr": 0.5, "eps": 1e-6,
+      "weight_decay": 0.1}})"));
+  EXPECT_EQ(given.optimizer.lr, 0.5);
+  EXPECT_EQ(given.optimizer.eps, 1e-6);
+  EXPECT_EQ(given.optimizer.weight_decay, 0.1);
+  const Config lion = parse_ok(doc(R"("optimizer": {"type": "LION", "params": {"betas": [0.95, 0.98]}})"));
+  EXPECT_EQ(lion.optimizer.type, OptimizerType::kLion);
+  EXPECT_EQ(lion.optimizer.lr, 1e-3);
+  EXPECT_EQ(lion.optimizer.beta1, 0.95);
+  EXPECT_EQ(lion.optimizer.beta2, 0.98);
+  // Each takes only its own parameters, as DeepSpeed does.
+  expect_error(doc(R"("optimizer": {"type": "Lion", "params": {"eps": 1e-8}})"),
+               {"optimizer.params.eps", "Lion takes no eps"});
+  expect_error(doc(R"("optimizer": {"type": "Adagrad", "params": {"betas": [0.9, 0.99]}})"),
+               {"optimizer.params.betas", "Adagrad takes no betas"});
+  expect_error(doc(R"("optimizer": {})"), {"optimizer.type: missing; give one of Adam, AdamW, Adagrad, Lion"});
 }
 
 TEST(Config, TorchAdamTrueIsAcceptedWithAWarning) {

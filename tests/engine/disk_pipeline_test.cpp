@@ -137,8 +137,8 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
           EXPECT_LE(pass.next_read(), i + slots);  // never further ahead than the ring allows
           auto st = pass.take(i);
           ASSERT_TRUE(st.ok()) << st.status();
-          st->master[0] += 1.0f;
-          st->exp_avg[7] = static_cast<float>(chunks[i]);
+          st->master()[0] += 1.0f;
+          st->arrays[1][7] = static_cast<float>(chunks[i]);
           ASSERT_TRUE(pass.store(i, StateStore::Version::kCurrent).ok());
         }
         ASSERT_TRUE(pass.drain_writes().ok());
@@ -158,8 +158,8 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
     ASSERT_TRUE(pass.advance(i).ok());
     auto st = pass.take(i);
     ASSERT_TRUE(st.ok());
-    EXPECT_EQ(st->master[0], 8.0f) << "chunk " << i;
-    EXPECT_EQ(st->exp_avg[7], static_cast<float>(i));
+    EXPECT_EQ(st->master()[0], 8.0f) << "chunk " << i;
+    EXPECT_EQ(st->arrays[1][7], static_cast<float>(i));
   }
 }
 

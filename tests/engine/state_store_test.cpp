@@ -87,10 +87,10 @@ TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
     auto st = (*store)->load(i, staging->bytes());
     ASSERT_TRUE(st.ok()) << st.status();
     for (std::int64_t k = 0; k < kB; ++k) {
-      ASSERT_EQ(st->master[k], 0.0f);  // zero-filled at creation
-      st->master[k] = static_cast<float>(i * 1000 + k);
-      st->exp_avg[k] = 1.0f;
-      st->exp_avg_sq[k] = -static_cast<float>(k);
+      ASSERT_EQ(st->master()[k], 0.0f);  // zero-filled at creation
+      st->master()[k] = static_cast<float>(i * 1000 + k);
+      st->arrays[1][k] = 1.0f;
+      st->arrays[2][k] = -static_cast<float>(k);
     }
     ASSERT_TRUE((*store)->store(i, staging->bytes()).ok());
   }
@@ -106,9 +106,9 @@ TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
     auto st = (*store)->load(i, staging->bytes());
     ASSERT_TRUE(st.ok()) << st.status();
     for (std::int64_t k = 0; k < kB; k += 997) {
-      EXPECT_EQ(st->master[k], static_cast<float>(i * 1000 + k)) << i << " " << k;
-      EXPECT_EQ(st->exp_avg[k], 1.0f);
-      EXPECT_EQ(st->exp_avg_sq[k], -static_cast<float>(k));
+      EXPECT_EQ(st->master()[k], static_cast<float>(i * 1000 + k)) << i << " " << k;
+      EXPECT_EQ(st->arrays[1][k], 1.0f);
+      EXPECT_EQ(st->arrays[2][k], -static_cast<float>(k));
     }
   }
   EXPECT_EQ((*store)->device_state(2).status().code(), core::StatusCode::kFailedPrecondition);

@@ -48,8 +48,8 @@ TEST(Verdict, FiniteGradientsApplyWithTheUnscaledAveragedNorm) {
   ASSERT_EQ(k.size(), 2u);
   const nx::AdamHyperparams h0{.lr = 1e-3, .weight_decay = 0.01};
   const nx::AdamHyperparams h1{.lr = 0.5e-3, .weight_decay = 0.0};
-  EXPECT_TRUE(same(k[0], nx::make_adam_constants(h0, 1, nx::combined_grad_scale(1.0, 1.0, 2))));
-  EXPECT_TRUE(same(k[1], nx::make_adam_constants(h1, 1, nx::combined_grad_scale(1.0, 1.0, 2))));
+  EXPECT_TRUE(same(k[0].adam, nx::make_adam_constants(h0, 1, nx::combined_grad_scale(1.0, 1.0, 2))));
+  EXPECT_TRUE(same(k[1].adam, nx::make_adam_constants(h1, 1, nx::combined_grad_scale(1.0, 1.0, 2))));
 }
 
 TEST(Verdict, ClippingFoldsIntoTheOneFactor) {
@@ -61,7 +61,7 @@ TEST(Verdict, ClippingFoldsIntoTheOneFactor) {
   EXPECT_DOUBLE_EQ(d->clip, nx::clip_coefficient(4.0, 1.0));
   EXPECT_LT(d->clip, 0.26);
   const auto k = v.constants(kGroups, d->clip);
-  EXPECT_FLOAT_EQ(k[0].grad_scale, static_cast<float>(nx::combined_grad_scale(1.0, d->clip, 2)));
+  EXPECT_FLOAT_EQ(k[0].adam.grad_scale, static_cast<float>(nx::combined_grad_scale(1.0, d->clip, 2)));
   auto small = v.decide(1.0, false);  // norm 0.5 < 1: no clip
   ASSERT_TRUE(small.ok());
   EXPECT_EQ(small->clip, 1.0);
@@ -111,7 +111,7 @@ TEST(Verdict, Fp16ScalerSkipsAndHalvesOnOverflowAndUnscalesByItsScale) {
   ASSERT_TRUE(d.ok());
   EXPECT_FALSE(d->skip);
   EXPECT_DOUBLE_EQ(d->grad_norm, 64.0 / 16.0 / 2.0);
-  EXPECT_FLOAT_EQ(v.constants(kGroups, 1.0)[0].grad_scale, static_cast<float>(1.0 / 16.0 / 2.0));
+  EXPECT_FLOAT_EQ(v.constants(kGroups, 1.0)[0].adam.grad_scale, static_cast<float>(1.0 / 16.0 / 2.0));
   v.count(false);
   auto o = v.decide(1.0, /*nonfinite=*/true);
   ASSERT_TRUE(o.ok());
@@ -170,7 +170,7 @@ TEST(Verdict, DeferredVerdictAgreesWithStepEndBitForBit) {
     EXPECT_EQ(d.record.lr, hyper[0].lr);
     EXPECT_EQ(d.record.norm_step, 1);
     ASSERT_EQ(d.constants.size(), k.size());
-    for (std::size_t i = 0; i < k.size(); ++i) EXPECT_TRUE(same(d.constants[i], k[i])) << raw;
+    for (std::size_t i = 0; i < k.size(); ++i) EXPECT_TRUE(same(d.constants[i].adam, k[i].adam)) << raw;
   }
   const Verdict::Deferred skipped =
       Verdict::decide_deferred(c, 1.0, /*nonfinite=*/true, make(c).hyperparams(kGroups), 4, 5);

@@ -328,16 +328,20 @@ typedef struct strata_group_view {
 /* Fetches a group's compute copies to the device and writes a view of them to
  * *out (the caller sets out->struct_size). The view is valid until
  * strata_group_release(group) and must only be read. stream: see convention
- * 9; this version blocks: when it returns the copies are complete, so work
- * the framework then enqueues on its stream may read them. Errors:
+ * 9. With a stream (CUDA only) the copies are queued and the stream waits for
+ * them (an event): work the framework then enqueues on that stream may read
+ * the view, and the host does not block on the copies (it still waits for the
+ * optimizer's last update of the group, and for reads of compute copies kept
+ * on NVMe). A reader on the host calls strata_group_wait first. NULL: the
+ * call blocks until the copies are complete. Errors:
  * INVALID_ARGUMENT, FAILED_PRECONDITION (before finalize, or the group is
  * fetched already), NOT_FOUND, RESOURCE_EXHAUSTED (device budget). */
 STRATA_API strata_status strata_group_fetch(strata_engine* engine, const char* group, void* stream,
                                             strata_group_view* out) STRATA_NOEXCEPT;
 
-/* Waits until a fetched group's copies are complete (for a framework that
- * computes on the CPU; with this version's blocking fetch it returns at once).
- * Errors: FAILED_PRECONDITION when the group is not fetched. */
+/* Waits until a fetched group's copies are complete (after a fetch with a
+ * stream, for a reader on the host; after a NULL-stream fetch it returns at
+ * once). Errors: FAILED_PRECONDITION when the group is not fetched. */
 STRATA_API strata_status strata_group_wait(strata_engine* engine, const char* group) STRATA_NOEXCEPT;
 
 /* For frameworks that compute on the CPU: fetches a group (as
