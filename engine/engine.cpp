@@ -77,15 +77,6 @@ Engine::~Engine() {
 }
 
 core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
-  // Lion and Adagrad run on the CPU (cpu_adam); the device has Adam's kernel only.
-  const OffloadOptimizerConfig& oo = config.zero.offload_optimizer;
-  if ((config.optimizer.type == OptimizerType::kAdagrad || config.optimizer.type == OptimizerType::kLion) &&
-      (oo.device == OffloadDevice::kNone || oo.ratio < 1.0)) {
-    return Status::unimplemented(str_cat(
-        "optimizer.type ", to_string(config.optimizer.type), " updates its state on the CPU only in this version: set "
-        "zero_optimization.offload_optimizer.device to \"cpu\" or \"nvme\" (and offload_optimizer.ratio to 1), "
-        "or use Adam or AdamW"));
-  }
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
   STRATA_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::create(config.scheduler, config.optimizer.lr));

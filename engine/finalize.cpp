@@ -203,7 +203,7 @@ core::Status Engine::finalize() {
   if (need.nvme > 0) {
     nvme::SwapStoreOptions o;
     o.paths = config_.swap_paths();
-    const std::uint64_t wanted = core::align_up(need.nvme + need.nvme / 16 + (64ull << 20), 1ull << 20);
+    const std::uint64_t wanted = swap_files_bytes(need.nvme);
     const std::uint64_t budget = config_.strata.budgets.disk_bytes;
     // The smallest disk budget that holds this placement, said in every
     // message about swap space.

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "core/aligned_buffer.h"
 #include "core/check.h"
@@ -571,6 +572,65 @@ Status Device::adam_step(Stream& stream, const AdamStepArgs& args) {
       "adam_step"));
   if (n == 0) return Status();
   return do_adam_step(*stream.impl_, args);
+}
+
+core::Result<std::int64_t> Device::check_step_views(
+    std::string_view op, std::initializer_list<std::pair<std::string_view, DeviceSpan>> arrays,
+    const DeviceTypedSpan& grad, const DeviceTypedSpan& copy_out) const {
+  for (const auto& [role, span] : arrays) {
+    STRATA_RETURN_IF_ERROR(check_typed(typed(span, ElemType::kF32), str_cat(op, " ", role)));
+  }
+  STRATA_RETURN_IF_ERROR(check_typed(grad, str_cat(op, " grad")));
+  const std::int64_t n = static_cast<std::int64_t>(arrays.begin()->second.size_bytes() / 4);
+  const bool has_copy = copy_out.bytes.buffer_id() != 0;
+  if (has_copy) {
+    STRATA_RETURN_IF_ERROR(check_typed(copy_out, str_cat(op, " copy_out")));
+    if (copy_out.type == ElemType::kF32) return Status::invalid_argument(str_cat(op, ": copy_out must be bf16 or fp16"));
+  }
+  std::string counts;
+  bool differ = grad.size() != n || (has_copy && copy_out.size() != n);
+  for (const auto& [role, span] : arrays) {
+    differ = differ || span.size_bytes() / 4 != static_cast<std::uint64_t>(n);
+    counts += str_cat(counts.empty() ? "" : ", ", role, " ", span.size_bytes() / 4);
+  }
+  if (differ) {
+    return Status::invalid_argument(str_cat(op, ": element counts differ: ", counts, ", grad ", grad.size(),
+                                            has_copy ? str_cat(", copy_out ", copy_out.size()) : ""));
+  }
+  std::vector<std::pair<std::string_view, DeviceSpan>> all(arrays);
+  all.emplace_back("grad", grad.bytes);
+  if (has_copy) all.emplace_back("copy_out", copy_out.bytes);
+  for (std::size_t a = 0; a < all.size(); ++a) {
+    for (std::size_t b = a + 1; b < all.size(); ++b) {
+      STRATA_RETURN_IF_ERROR(check_disjoint({range_of(all[a].first, all[a].second), range_of(all[b].first, all[b].second)}, op));
+    }
+  }
+  return n;
+}
+
+Status Device::lion_step(Stream& stream, const LionStepArgs& args) {
+  STRATA_RETURN_IF_ERROR(check_stream(stream));
+  const auto& c = args.constants;
+  for (const float v : {c.grad_scale, c.beta1, c.beta2, c.one_minus_beta1, c.one_minus_beta2, c.neg_lr, c.neg_lr_decay}) {
+    if (!std::isfinite(v)) return Status::invalid_argument(str_cat("lion_step: a constant is not finite (", v, ")"));
+  }
+  STRATA_ASSIGN_OR_RETURN(const std::int64_t n, check_step_views("lion_step", {{"master", args.master}, {"exp_avg", args.exp_avg}},
+                                                                 args.grad, args.copy_out));
+  if (n == 0) return Status();
+  return do_lion_step(*stream.impl_, args);
+}
+
+Status Device::adagrad_step(Stream& stream, const AdagradStepArgs& args) {
+  STRATA_RETURN_IF_ERROR(check_stream(stream));
+  const auto& c = args.constants;
+  for (const float v : {c.grad_scale, c.eps, c.neg_lr, c.l2_decay}) {
+    if (!std::isfinite(v)) return Status::invalid_argument(str_cat("adagrad_step: a constant is not finite (", v, ")"));
+  }
+  STRATA_ASSIGN_OR_RETURN(const std::int64_t n,
+                          check_step_views("adagrad_step", {{"master", args.master}, {"exp_avg_sq", args.exp_avg_sq}},
+                                           args.grad, args.copy_out));
+  if (n == 0) return Status();
+  return do_adagrad_step(*stream.impl_, args);
 }
 
 Status Device::declare_compute(Stream& stream, double flops, std::string_view what) {

@@ -22,11 +22,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include "core/host_allocator.h"
 #include "core/memory_budget.h"
@@ -269,6 +271,9 @@ class Device {
   // One AdamW/Adam step (see AdamStepArgs). Also kInvalidArgument for
   // constants that are not finite.
   core::Status adam_step(Stream& stream, const AdamStepArgs& args);
+  // One Lion / Adagrad step (LionStepArgs, AdagradStepArgs), checked as adam_step.
+  core::Status lion_step(Stream& stream, const LionStepArgs& args);
+  core::Status adagrad_step(Stream& stream, const AdagradStepArgs& args);
 
   // A compute operation of `flops` floating-point operations that does
   // nothing but take the time the timing model gives it, so a pipeline can be
@@ -316,6 +321,8 @@ class Device {
   virtual core::Status do_scale(StreamImpl& stream, const DeviceTypedSpan& x, float factor) = 0;
   virtual core::Status do_fill(StreamImpl& stream, const DeviceTypedSpan& x, float value) = 0;
   virtual core::Status do_adam_step(StreamImpl& stream, const AdamStepArgs& args) = 0;
+  virtual core::Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) = 0;
+  virtual core::Status do_adagrad_step(StreamImpl& stream, const AdagradStepArgs& args) = 0;
   virtual core::Status do_declare_compute(StreamImpl& stream, double flops);
 
  private:
@@ -333,6 +340,13 @@ class Device {
   // Checks a view against this device's live buffers; `role` names it in errors.
   core::Status check_span(const DeviceSpan& span, std::string_view role) const STRATA_EXCLUDES(mu_);
   core::Status check_typed(const DeviceTypedSpan& span, std::string_view role) const STRATA_EXCLUDES(mu_);
+  // The views of an optimizer step `op` other than Adam's: fp32 `arrays` of
+  // one element count, the gradient of that count, an optional bf16/fp16
+  // copy_out, no two overlapping. Returns the count.
+  core::Result<std::int64_t> check_step_views(std::string_view op,
+                                              std::initializer_list<std::pair<std::string_view, DeviceSpan>> arrays,
+                                              const DeviceTypedSpan& grad, const DeviceTypedSpan& copy_out) const
+      STRATA_EXCLUDES(mu_);
   core::Status check_stream(const Stream& stream) const;
   core::Status check_event(const Event& event) const;
 

@@ -99,6 +99,26 @@ struct AdamStepArgs {
   DeviceTypedSpan copy_out;                     // optional (empty bytes: none); bf16 or fp16
 };
 
+// One fused Lion step (numerics::lion_step): master and exp_avg updated in
+// place; the rest as AdamStepArgs.
+struct LionStepArgs {
+  core::numerics::LionStepConstants constants;  // from numerics::make_lion_constants
+  DeviceSpan master;                            // fp32
+  DeviceSpan exp_avg;                           // fp32
+  DeviceTypedSpan grad;                         // fp32, bf16 or fp16
+  DeviceTypedSpan copy_out;                     // optional (empty bytes: none); bf16 or fp16
+};
+
+// One fused Adagrad step (numerics::adagrad_step): master and the sum of
+// squared gradients (exp_avg_sq) updated in place; the rest as AdamStepArgs.
+struct AdagradStepArgs {
+  core::numerics::AdagradStepConstants constants;  // from numerics::make_adagrad_constants
+  DeviceSpan master;                               // fp32
+  DeviceSpan exp_avg_sq;                           // fp32
+  DeviceTypedSpan grad;                            // fp32, bf16 or fp16
+  DeviceTypedSpan copy_out;                        // optional (empty bytes: none); bf16 or fp16
+};
+
 // Norm partials of n values in the contract's order (numerics.h): the first
 // element starts norm block 0; partials receives numerics::norm_block_count(n)
 // doubles, block b's partial at index b. When nonfinite_flag has a buffer (4

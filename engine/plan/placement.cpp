@@ -275,7 +275,7 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     }
     const std::uint64_t budget = cfg.strata.budgets.disk_bytes;
     const std::uint64_t files =
-        swap == 0 ? 0 : budget > 0 ? budget : core::align_up(swap + swap / 16 + (64ull << 20), 1ull << 20);
+        swap == 0 ? 0 : budget > 0 ? budget : swap_files_bytes(swap);
     add("swap_reserve", Tier::kNvme, files > swap ? files - swap : 0,
         budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
   }
@@ -329,14 +329,6 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
       plan.fits = false;
       plan.reasons.push_back(over_capacity_reason(plan, t));
     }
-  }
-  // As Engine::create: Lion and Adagrad update their state on the CPU only.
-  const OptimizerType type = cfg.optimizer.type;
-  if ((type == OptimizerType::kLion || type == OptimizerType::kAdagrad) &&
-      (pl.optimizer_device == OffloadDevice::kNone || pl.optimizer_ratio < 1.0)) {
-    plan.fits = false;
-    plan.reasons.push_back(str_cat(optimizer_name(type), " updates its state on the CPU only in this version (the "
-                                   "device has Adam's kernel): the optimizer state must be offloaded whole"));
   }
 
   // Bytes per optimizer step (G micro-batches). Fetches of offloaded

@@ -61,6 +61,28 @@ core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState
   return Status::internal("unknown optimizer type");
 }
 
+core::Status Optimizer::update_on_device(const UpdateConstants& k, gpu::DeviceSpan master, gpu::DeviceSpan state1,
+                                         gpu::DeviceSpan state2, const gpu::DeviceTypedSpan& grad,
+                                         const gpu::DeviceTypedSpan& copy_out) {
+  switch (parts_.layout.optimizer.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      return parts_.device.adam_step(stream_, {.constants = k.adam,
+                                               .master = master,
+                                               .exp_avg = state1,
+                                               .exp_avg_sq = state2,
+                                               .grad = grad,
+                                               .copy_out = copy_out});
+    case OptimizerType::kLion:
+      return parts_.device.lion_step(
+          stream_, {.constants = k.lion, .master = master, .exp_avg = state1, .grad = grad, .copy_out = copy_out});
+    case OptimizerType::kAdagrad:
+      return parts_.device.adagrad_step(
+          stream_, {.constants = k.adagrad, .master = master, .exp_avg_sq = state1, .grad = grad, .copy_out = copy_out});
+  }
+  return Status::internal("unknown optimizer type");
+}
+
 core::Result<bool> Optimizer::take_verdict(OptimizerJob& job) {
   STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, parts_.gradients.wait_marker(job.marker, job.norm_step));
   const double raw_norm = m.raw_norm;
@@ -265,15 +287,17 @@ core::Status Optimizer::run(OptimizerJob& job) {
       for (const Layout::Piece& p : pieces) {
         const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
         const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
-        gpu::AdamStepArgs a;  // (Engine::create allows no other optimizer with state on the device)
-        a.constants = job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)].adam;
-        a.master = state.subspan(off * 4, n * 4);
-        a.exp_avg = state.subspan(n_all * 4 + off * 4, n * 4);
-        a.exp_avg_sq = state.subspan(2 * n_all * 4 + off * 4, n * 4);
-        a.grad = gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, parts_.config.precision));
-        if (cb == 2) a.copy_out = gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, parts_.config.precision));
-        STRATA_RETURN_IF_ERROR(parts_.device.adam_step(stream_, a));
-        if (cb == 4) STRATA_RETURN_IF_ERROR(parts_.device.copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), a.master));
+        // Array k of the chunk's state: [master | state 1 | state 2], n_all elements each.
+        auto array = [&](std::uint64_t k) { return state.subspan(k * n_all * 4 + off * 4, n * 4); };
+        const UpdateConstants& k =
+            job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
+        const gpu::DeviceTypedSpan grad =
+            gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, parts_.config.precision));
+        const gpu::DeviceTypedSpan copy_out =
+            cb == 2 ? gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, parts_.config.precision))
+                    : gpu::DeviceTypedSpan{};
+        STRATA_RETURN_IF_ERROR(update_on_device(k, array(0), array(1), array(2), grad, copy_out));
+        if (cb == 4) STRATA_RETURN_IF_ERROR(parts_.device.copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), array(0)));
       }
       STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts_.pinned_cache.get(n_all * cb, "optimizer compute copies"));
       STRATA_RETURN_IF_ERROR(lane_d2h(parts_.device, parts_.trace, lane, back.bytes().first(n_all * cb), dcopy.span()));

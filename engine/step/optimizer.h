@@ -81,6 +81,11 @@ class Optimizer {
   // host chunk: cpu_adam's step, lion_step or adagrad_step.
   core::Status update_on_cpu(const UpdateConstants& k, const ChunkState& st, std::size_t off, std::size_t n,
                              const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out);
+  // The same on a device chunk's views, on the optimizer's stream (Device's
+  // adam_step, lion_step or adagrad_step); `state2` is unused but by Adam.
+  core::Status update_on_device(const UpdateConstants& k, gpu::DeviceSpan master, gpu::DeviceSpan state1,
+                                gpu::DeviceSpan state2, const gpu::DeviceTypedSpan& grad,
+                                const gpu::DeviceTypedSpan& copy_out);
 
   const Parts parts_;
   OptimizerRunner* runner_ = nullptr;

@@ -374,6 +374,28 @@ class CudaDevice final : public Device {
     return Status();
   }
 
+  Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cuda::launch_lion_step,
+        (args.constants, static_cast<float*>(args.master.data()), static_cast<float*>(args.exp_avg.data()),
+         args.grad.bytes.data(), args.grad.type, has_copy ? args.copy_out.bytes.data() : nullptr, args.copy_out.type,
+         args.grad.size(), stream_of(stream)));
+    return Status();
+  }
+
+  Status do_adagrad_step(StreamImpl& stream, const AdagradStepArgs& args) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cuda::launch_adagrad_step,
+        (args.constants, static_cast<float*>(args.master.data()), static_cast<float*>(args.exp_avg_sq.data()),
+         args.grad.bytes.data(), args.grad.type, has_copy ? args.copy_out.bytes.data() : nullptr, args.copy_out.type,
+         args.grad.size(), stream_of(stream)));
+    return Status();
+  }
+
  private:
   static constexpr std::size_t kPinnedAlignment = core::kDirectIoAlignment;
 

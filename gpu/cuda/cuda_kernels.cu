@@ -111,6 +111,32 @@ __global__ void adam_kernel(nx::AdamStepConstants c, float* master, float* exp_a
   }
 }
 
+template <ElemType G, ElemType C, bool kCopy>
+__global__ void lion_kernel(nx::LionStepConstants c, float* master, float* exp_avg, const void* grad, void* copy_out,
+                            std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    float p = master[i];
+    float m = exp_avg[i];
+    nx::lion_step(c, load<G>(grad, i), p, m);
+    master[i] = p;
+    exp_avg[i] = m;
+    if constexpr (kCopy) store<C>(copy_out, i, p);
+  }
+}
+
+template <ElemType G, ElemType C, bool kCopy>
+__global__ void adagrad_kernel(nx::AdagradStepConstants c, float* master, float* sum, const void* grad,
+                               void* copy_out, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    float p = master[i];
+    float v = sum[i];
+    nx::adagrad_step(c, load<G>(grad, i), p, v);
+    master[i] = p;
+    sum[i] = v;
+    if constexpr (kCopy) store<C>(copy_out, i, p);
+  }
+}
+
 // Calls fn with an integral constant for `t`.
 template <typename Fn>
 void dispatch(ElemType t, Fn&& fn) {
@@ -170,6 +196,42 @@ cudaError_t launch_adam_step(const core::numerics::AdamStepConstants& constants,
     } else {
       adam_kernel<decltype(g)::value, ElemType::kF16, true><<<grid_for(n), kThreads, 0, stream>>>(
           constants, master, exp_avg, exp_avg_sq, grad, copy_out, n);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_lion_step(const core::numerics::LionStepConstants& constants, float* master, float* exp_avg,
+                             const void* grad, ElemType grad_type, void* copy_out, ElemType copy_type, std::int64_t n,
+                             cudaStream_t stream) {
+  dispatch(grad_type, [&](auto g) {
+    if (copy_out == nullptr) {
+      lion_kernel<decltype(g)::value, ElemType::kBf16, false><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, grad, nullptr, n);
+    } else if (copy_type == ElemType::kBf16) {
+      lion_kernel<decltype(g)::value, ElemType::kBf16, true><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, grad, copy_out, n);
+    } else {
+      lion_kernel<decltype(g)::value, ElemType::kF16, true><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, grad, copy_out, n);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adagrad_step(const core::numerics::AdagradStepConstants& constants, float* master, float* sum,
+                                const void* grad, ElemType grad_type, void* copy_out, ElemType copy_type,
+                                std::int64_t n, cudaStream_t stream) {
+  dispatch(grad_type, [&](auto g) {
+    if (copy_out == nullptr) {
+      adagrad_kernel<decltype(g)::value, ElemType::kBf16, false><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, sum, grad, nullptr, n);
+    } else if (copy_type == ElemType::kBf16) {
+      adagrad_kernel<decltype(g)::value, ElemType::kBf16, true><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, sum, grad, copy_out, n);
+    } else {
+      adagrad_kernel<decltype(g)::value, ElemType::kF16, true><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, sum, grad, copy_out, n);
     }
   });
   return cudaGetLastError();

@@ -29,5 +29,12 @@ cudaError_t launch_fill(void* x, ElemType t, std::int64_t n, float value, cudaSt
 cudaError_t launch_adam_step(const core::numerics::AdamStepConstants& constants, float* master, float* exp_avg,
                              float* exp_avg_sq, const void* grad, ElemType grad_type, void* copy_out,
                              ElemType copy_type, std::int64_t n, cudaStream_t stream);
+// numerics::lion_step / adagrad_step per element; copy_out (bf16/fp16) may be null.
+cudaError_t launch_lion_step(const core::numerics::LionStepConstants& constants, float* master, float* exp_avg,
+                             const void* grad, ElemType grad_type, void* copy_out, ElemType copy_type, std::int64_t n,
+                             cudaStream_t stream);
+cudaError_t launch_adagrad_step(const core::numerics::AdagradStepConstants& constants, float* master, float* sum,
+                                const void* grad, ElemType grad_type, void* copy_out, ElemType copy_type,
+                                std::int64_t n, cudaStream_t stream);
 
 }  // namespace strata::gpu::cuda

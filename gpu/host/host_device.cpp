@@ -559,6 +559,52 @@ class HostDevice final : public Device {
                    });
   }
 
+  Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) override {
+    const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
+    const nx::LionStepConstants c = args.constants;
+    const ElemType gt = args.grad.type;
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    const ElemType ct = args.copy_out.type;
+    const std::uint64_t bytes = 16 * static_cast<std::uint64_t>(n) + args.grad.bytes.size_bytes() +
+                                (has_copy ? args.copy_out.bytes.size_bytes() : 0);
+    std::vector<DeviceSpan> spans = {args.master, args.exp_avg, args.grad.bytes};
+    if (has_copy) spans.push_back(args.copy_out.bytes);
+    return enqueue(stream, Resource::kDevice, seconds(bytes, timing_.device_memory_gb_per_s), "lion_step",
+                   std::move(spans), [n, c, gt, has_copy, ct](std::byte* const* p) {
+                     for (std::int64_t i = 0; i < n; ++i) {
+                       float w = load(p[0], ElemType::kF32, i);
+                       float m = load(p[1], ElemType::kF32, i);
+                       nx::lion_step(c, load(p[2], gt, i), w, m);
+                       store(p[0], ElemType::kF32, i, w);
+                       store(p[1], ElemType::kF32, i, m);
+                       if (has_copy) store(p[3], ct, i, w);
+                     }
+                   });
+  }
+
+  Status do_adagrad_step(StreamImpl& stream, const AdagradStepArgs& args) override {
+    const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
+    const nx::AdagradStepConstants c = args.constants;
+    const ElemType gt = args.grad.type;
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    const ElemType ct = args.copy_out.type;
+    const std::uint64_t bytes = 16 * static_cast<std::uint64_t>(n) + args.grad.bytes.size_bytes() +
+                                (has_copy ? args.copy_out.bytes.size_bytes() : 0);
+    std::vector<DeviceSpan> spans = {args.master, args.exp_avg_sq, args.grad.bytes};
+    if (has_copy) spans.push_back(args.copy_out.bytes);
+    return enqueue(stream, Resource::kDevice, seconds(bytes, timing_.device_memory_gb_per_s), "adagrad_step",
+                   std::move(spans), [n, c, gt, has_copy, ct](std::byte* const* p) {
+                     for (std::int64_t i = 0; i < n; ++i) {
+                       float w = load(p[0], ElemType::kF32, i);
+                       float v = load(p[1], ElemType::kF32, i);
+                       nx::adagrad_step(c, load(p[2], gt, i), w, v);
+                       store(p[0], ElemType::kF32, i, w);
+                       store(p[1], ElemType::kF32, i, v);
+                       if (has_copy) store(p[3], ct, i, w);
+                     }
+                   });
+  }
+
   Status do_declare_compute(StreamImpl& stream, double flops) override {
     const double s = timing_.compute_tflops > 0 ? flops / (timing_.compute_tflops * 1e12) : 0.0;
     static_cast<HostStream&>(stream).enqueue(Resource::kDevice, s, [] { return Status(); });

@@ -854,6 +854,96 @@ TEST_P(DeviceTest, AdamStepMatchesNumerics) {
   }
 }
 
+// Lion and Adagrad: the device's step is numerics.h's, bit for bit, for every
+// gradient type, with and without the compute copy and the weight decay; bad
+// views and constants are refused before anything runs.
+TEST_P(DeviceTest, LionAndAdagradStepsMatchNumerics) {
+  const std::int64_t n = 70001;
+  auto finite = [](std::vector<float> v) {
+    for (float& x : v) x = std::fmod(x, 60000.0f);
+    return v;
+  };
+  const std::vector<float> p0 = finite(test_values(n, 15, /*specials=*/false));
+  const std::vector<float> m0 = finite(test_values(n, 16, /*specials=*/false));
+  std::vector<float> v0 = finite(test_values(n, 17, /*specials=*/false));
+  for (auto& x : v0) x = std::fabs(x);
+  const std::vector<float> g = finite(test_values(n, 18, /*specials=*/false));
+  struct Case {
+    ElemType grad;
+    int copy;  // 0 none, 1 bf16, 2 fp16
+    double weight_decay;
+  };
+  const Case cases[] = {{ElemType::kF32, 0, 0.01}, {ElemType::kBf16, 1, 0.0}, {ElemType::kF16, 2, 0.1}};
+  for (const Case& c : cases) {
+    const auto gb = encode(g, c.grad);
+    const ElemType copy_type = c.copy == 2 ? ElemType::kF16 : ElemType::kBf16;
+    auto check_copy = [&](const std::vector<std::byte>& cm, std::size_t i, float p) {
+      const std::uint16_t want = copy_type == ElemType::kBf16 ? nx::fp32_to_bf16_bits(p) : nx::fp32_to_fp16_bits(p);
+      return u16_at(cm, i) == want;
+    };
+    {  // Lion
+      const nx::LionStepConstants k =
+          nx::make_lion_constants({.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.99, .weight_decay = c.weight_decay}, 1.0 / 512);
+      DeviceBuffer master = upload(as_bytes(p0));
+      DeviceBuffer exp_avg = upload(as_bytes(m0));
+      DeviceBuffer grad = upload(gb);
+      DeviceBuffer copy = c.copy != 0 ? alloc(2 * n) : DeviceBuffer();
+      LionStepArgs args{k, master.span(), exp_avg.span(), typed(grad.span(), c.grad), {}};
+      if (c.copy != 0) args.copy_out = typed(copy.span(), copy_type);
+      ASSERT_TRUE(device_->lion_step(stream_, args).ok());
+      const auto pm = download(master.span());
+      const auto mm = download(exp_avg.span());
+      const auto cm = c.copy != 0 ? download(copy.span()) : std::vector<std::byte>();
+      for (std::size_t i = 0; i < p0.size(); ++i) {
+        float p = p0[i], m = m0[i];
+        nx::lion_step(k, decode_at(gb, c.grad, i), p, m);
+        ASSERT_EQ(bits(decode_at(pm, ElemType::kF32, i)), bits(p)) << "lion master " << i;
+        ASSERT_EQ(bits(decode_at(mm, ElemType::kF32, i)), bits(m)) << "lion exp_avg " << i;
+        if (c.copy != 0) {
+          ASSERT_TRUE(check_copy(cm, i, p)) << "lion copy_out " << i;
+        }
+      }
+    }
+    {  // Adagrad
+      const nx::AdagradStepConstants k =
+          nx::make_adagrad_constants({.lr = 1e-2, .eps = 1e-10, .weight_decay = c.weight_decay}, 1.0 / 512);
+      DeviceBuffer master = upload(as_bytes(p0));
+      DeviceBuffer sum = upload(as_bytes(v0));
+      DeviceBuffer grad = upload(gb);
+      DeviceBuffer copy = c.copy != 0 ? alloc(2 * n) : DeviceBuffer();
+      AdagradStepArgs args{k, master.span(), sum.span(), typed(grad.span(), c.grad), {}};
+      if (c.copy != 0) args.copy_out = typed(copy.span(), copy_type);
+      ASSERT_TRUE(device_->adagrad_step(stream_, args).ok());
+      const auto pm = download(master.span());
+      const auto vm = download(sum.span());
+      const auto cm = c.copy != 0 ? download(copy.span()) : std::vector<std::byte>();
+      for (std::size_t i = 0; i < p0.size(); ++i) {
+        float p = p0[i], v = v0[i];
+        nx::adagrad_step(k, decode_at(gb, c.grad, i), p, v);
+        ASSERT_EQ(bits(decode_at(pm, ElemType::kF32, i)), bits(p)) << "adagrad master " << i;
+        ASSERT_EQ(bits(decode_at(vm, ElemType::kF32, i)), bits(v)) << "adagrad sum " << i;
+        if (c.copy != 0) {
+          ASSERT_TRUE(check_copy(cm, i, p)) << "adagrad copy_out " << i;
+        }
+      }
+    }
+  }
+  // Refused: counts that differ, overlapping views, an fp32 copy_out, a constant that is not finite.
+  DeviceBuffer a = alloc(4 * 64), b = alloc(4 * 64), small = alloc(4 * 32), gr = alloc(4 * 64);
+  const nx::LionStepConstants lk = nx::make_lion_constants({}, 1.0);
+  EXPECT_EQ(device_->lion_step(stream_, {lk, a.span(), small.span(), typed(gr.span(), ElemType::kF32), {}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->lion_step(stream_, {lk, a.span(), a.span(), typed(gr.span(), ElemType::kF32), {}}).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(device_->lion_step(stream_, {lk, a.span(), b.span(), typed(gr.span(), ElemType::kF32),
+                                         typed(small.span(), ElemType::kF32)}).code(),
+            StatusCode::kInvalidArgument);
+  nx::AdagradStepConstants ak = nx::make_adagrad_constants({}, 1.0);
+  ak.neg_lr = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(device_->adagrad_step(stream_, {ak, a.span(), b.span(), typed(gr.span(), ElemType::kF32), {}}).code(),
+            StatusCode::kInvalidArgument);
+}
+
 TEST_P(DeviceTest, CapsDescribeTheBackend) {
   const DeviceCaps& caps = device_->caps();
   EXPECT_FALSE(caps.name.empty());
