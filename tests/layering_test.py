@@ -57,7 +57,8 @@ VENDOR = [
     (re.compile(r"^liburing\.h$"), ["nvme/uring/*"]),
     (re.compile(r"^libaio\.h$"), ["nvme/aio/*"]),
     (re.compile(r"^(immintrin|x86intrin)\.h$"),
-     ["cpu_adam/kernels/*_avx512*.cpp", "cpu_adam/kernels/*_avx2*.cpp",
+     ["cpu_adam/kernels/*_avx512*.cpp", "cpu_adam/kernels/*_avx2*.cpp", "cpu_adam/kernels/vec_avx512.h",
+      "cpu_adam/kernels/vec_avx2.h",
       "benchmarks/*_avx512*.cpp", "benchmarks/*_avx2*.cpp"]),
     # OpenBLAS: the example model's host matrix products.
     (re.compile(r"^(cblas|openblas_config|f77blas)\.h$"), ["examples/model/*"]),

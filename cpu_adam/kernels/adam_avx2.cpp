@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
+#include "cpu_adam/kernels/vec_avx2.h"
 
 namespace strata::adam::kernels {
 namespace {
@@ -16,64 +17,9 @@ constexpr std::int64_t kWidth = 8;
 constexpr std::int64_t kBlockElems = core::numerics::kNormBlockElems;
 constexpr int kLanes = core::numerics::kNormLanes;
 
-// --- loads: 8 elements of the given type, widened to fp32 (exact) ------------
-
-template <ElemType T>
-inline __m256 load8(const void* base, std::int64_t i) {
-  if constexpr (T == ElemType::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-  } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(base) + i));
-    if constexpr (T == ElemType::kBf16) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm256_cvtph_ps(h);  // exact, subnormals kept (DAZ is off)
-    }
-  }
-}
-
-// --- fp32 -> bf16 on the bit pattern (numerics::fp32_to_bf16_bits) -----------
-
-inline __m128i to_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  // abs < 2^31, so the signed compare is the unsigned one.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x0040));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
-  // Every value fits 16 bits, so unsigned saturation packs without change.
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
-
-// fp32 -> fp16: the F16C conversion rounds to nearest even and keeps
-// subnormals (FTZ is off), as numerics::fp32_to_fp16_bits does.
-inline __m128i to_f16(__m256 x) {
-  return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-}
-
-template <ElemType T>
-inline void store8(void* base, std::int64_t i, __m256 x) {
-  if constexpr (T == ElemType::kF32) {
-    _mm256_storeu_ps(static_cast<float*>(base) + i, x);
-  } else {
-    const __m128i h = T == ElemType::kBf16 ? to_bf16(x) : to_f16(x);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i), h);
-  }
-}
-
-// The compute copy is write-only here (it goes to the device next), so when
-// the destination is aligned it is written with non-temporal stores: no read
-// for ownership, no cache pollution. The bits are the same either way.
-template <ElemType T>
-inline void stream_copy(void* base, std::int64_t i, __m256 x) {
-  const __m128i h = T == ElemType::kBf16 ? to_bf16(x) : to_f16(x);
-  _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i), h);
-}
+using avx2::load8;
+using avx2::store8;
+using avx2::stream_copy;
 
 // --- Adam --------------------------------------------------------------------
 

@@ -5,54 +5,23 @@
 // called only after isa_supported(Isa::kAvx2).
 //
 // A file of its own, apart from adam_avx2.cpp, so that these loops do not
-// change how the compiler inlines Adam's. The loads and conversions below are
-// adam_avx2.cpp's (the vector files share no header: <immintrin.h> stays in
-// the kernel .cpp files); the tests hold both to numerics.h's bits.
+// change how the compiler inlines Adam's; the loads and conversions are both
+// files' (vec_avx2.h).
 #include <immintrin.h>
 
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
+#include "cpu_adam/kernels/vec_avx2.h"
 
 namespace strata::adam::kernels {
 namespace {
 
 constexpr std::int64_t kWidth = 8;
 
-// --- loads and the compute copy ---------------------------------------------------
-
-// 8 elements of the given type, widened to fp32 (exact; subnormals kept, DAZ is off).
-template <ElemType T>
-inline __m256 load8(const void* base, std::int64_t i) {
-  if constexpr (T == ElemType::kF32) {
-    return _mm256_loadu_ps(static_cast<const float*>(base) + i);
-  } else {
-    const __m128i h =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const std::uint16_t*>(base) + i));
-    if constexpr (T == ElemType::kBf16) {
-      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm256_cvtph_ps(h);
-    }
-  }
-}
-
-// numerics::fp32_to_bf16_bits on the bit pattern: round to nearest even by
-// adding 0x7fff plus the kept lsb; NaNs quieted with their payload's top bits.
-inline __m128i to_bf16(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  // abs < 2^31, so the signed compare is the unsigned one.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x0040));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
-  // Every value fits 16 bits, so unsigned saturation packs without change.
-  return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
-}
+using avx2::load8;
+using avx2::store8;
+using avx2::stream_copy;
 
 // Writes 8 elements of the compute copy (kCopy == kF32: no copy). Aligned
 // destinations take non-temporal stores (the copy is not read again here);
@@ -61,14 +30,10 @@ inline __m128i to_bf16(__m256 x) {
 template <ElemType kCopy, bool kStream>
 inline void copy8(void* __restrict copy_out, std::int64_t i, __m256 p) {
   if constexpr (kCopy != ElemType::kF32) {
-    const __m128i h = kCopy == ElemType::kBf16
-                          ? to_bf16(p)
-                          : _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    auto* dst = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(copy_out) + i);
     if constexpr (kStream) {
-      _mm_stream_si128(dst, h);
+      stream_copy<kCopy>(copy_out, i, p);
     } else {
-      _mm_storeu_si128(dst, h);
+      store8<kCopy>(copy_out, i, p);
     }
   }
 }

@@ -8,65 +8,24 @@
 // isa_supported(Isa::kAvx512).
 //
 // A file of its own, apart from adam_avx512.cpp, so that these loops do not
-// change how the compiler inlines Adam's. The loads and conversions below are
-// adam_avx512.cpp's (the vector files share no header: <immintrin.h> stays in
-// the kernel .cpp files); the tests hold both to numerics.h's bits.
+// change how the compiler inlines Adam's; the loads and conversions are both
+// files' (vec_avx512.h).
 #include <immintrin.h>
 
 #include <bit>
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
+#include "cpu_adam/kernels/vec_avx512.h"
 
 namespace strata::adam::kernels {
 namespace {
 
 constexpr std::int64_t kWidth = 16;
 
-// --- loads and the compute copy ---------------------------------------------------
-
-// 16 elements of the given type, widened to fp32 (exact; subnormals kept, DAZ is off).
-template <ElemType T>
-inline __m512 load16(const void* base, std::int64_t i) {
-  if constexpr (T == ElemType::kF32) {
-    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
-  } else {
-    const __m256i h =
-        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(base) + i));
-    if constexpr (T == ElemType::kBf16) {
-      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    } else {
-      return _mm512_cvtph_ps(h);
-    }
-  }
-}
-
-// numerics::fp32_to_bf16_bits on the bit pattern: round to nearest even by
-// adding 0x7fff plus the kept lsb; NaNs quieted with their payload's top bits.
-inline __m256i to_bf16_bits(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
-  const __m512i hi = _mm512_srli_epi32(u, 16);
-  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x0040));
-  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
-}
-
-// kNative: vcvtneps2bf16 gives numerics.h's bits except that it flushes
-// subnormal inputs, so a vector holding one (vfpclassps class 0x20) takes the
-// bit-pattern path.
-template <bool kNative>
-inline __m256i to_bf16(__m512 x) {
-  if constexpr (kNative) {
-    if (_mm512_fpclass_ps_mask(x, 0x20) != 0) [[unlikely]] return to_bf16_bits(x);
-    return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
-  } else {
-    return to_bf16_bits(x);
-  }
-}
+using avx512::load16;
+using avx512::stream_copy;
+using avx512::store16;
 
 // Writes 16 elements of the compute copy (kCopy == kF32: no copy). Aligned
 // destinations take non-temporal stores (the copy is not read again here);
@@ -75,14 +34,10 @@ inline __m256i to_bf16(__m512 x) {
 template <ElemType kCopy, bool kStream, bool kNativeBf16>
 inline void copy16(void* __restrict copy_out, std::int64_t i, __m512 p) {
   if constexpr (kCopy != ElemType::kF32) {
-    const __m256i h = kCopy == ElemType::kBf16
-                          ? to_bf16<kNativeBf16>(p)
-                          : _mm512_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    auto* dst = reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(copy_out) + i);
     if constexpr (kStream) {
-      _mm256_stream_si256(dst, h);
+      stream_copy<kCopy, kNativeBf16>(copy_out, i, p);
     } else {
-      _mm256_storeu_si256(dst, h);
+      store16<kCopy, kNativeBf16>(copy_out, i, p);
     }
   }
 }

@@ -1,0 +1,90 @@
+// The AVX-512 kernels' loads and stores (adam_avx512.cpp,
+// lion_adagrad_avx512.cpp): 16 elements of fp32, bf16 or fp16 widened to fp32
+// and back with numerics.h's bits. Included only by the AVX-512 kernel files,
+// which are compiled with AVX-512 flags (cpu_adam/meson.build); everything here
+// is inline, so each file's loops inline it as they did when it was theirs.
+#pragma once
+
+#include <immintrin.h>
+
+#include <bit>
+#include <cstdint>
+
+#include "cpu_adam/kernels/kernels.h"
+
+namespace strata::adam::kernels::avx512 {
+
+// --- loads: 16 elements of the given type, widened to fp32 (exact) -----------
+
+template <ElemType T>
+inline __m512 load16(const void* base, std::int64_t i) {
+  if constexpr (T == ElemType::kF32) {
+    return _mm512_loadu_ps(static_cast<const float*>(base) + i);
+  } else {
+    const __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(base) + i));
+    if constexpr (T == ElemType::kBf16) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    } else {
+      return _mm512_cvtph_ps(h);  // exact, subnormals kept (DAZ is off)
+    }
+  }
+}
+
+// --- fp32 -> bf16 (numerics::fp32_to_bf16_bits) ----------------------------------
+
+// On the bit pattern: round to nearest even by adding 0x7fff plus the kept
+// lsb, NaNs quieted with their payload's top bits kept.
+inline __m256i to_bf16_bits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __m512i hi = _mm512_srli_epi32(u, 16);
+  const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
+  const __m512i rounded =
+      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x0040));
+  return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
+}
+
+// kNative (AVX512_BF16, only when isa_supported(kAvx512Bf16)): vcvtneps2bf16
+// rounds to nearest even and quiets NaNs exactly as numerics.h does, but it
+// ignores MXCSR and flushes subnormal inputs to zero. A vector holding any
+// subnormal (vfpclassps, class 0x20) takes the bit-pattern path instead; normal
+// training values never do. Either way the bits are numerics.h's.
+template <bool kNative>
+inline __m256i to_bf16(__m512 x) {
+  if constexpr (kNative) {
+    if (_mm512_fpclass_ps_mask(x, 0x20) != 0) [[unlikely]] return to_bf16_bits(x);
+    return std::bit_cast<__m256i>(_mm512_cvtneps_pbh(x));
+  } else {
+    return to_bf16_bits(x);
+  }
+}
+
+// fp32 -> fp16: the F16C conversion rounds to nearest even and keeps
+// subnormals (FTZ is off), as numerics::fp32_to_fp16_bits does.
+inline __m256i to_f16(__m512 x) {
+  return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+
+template <ElemType T, bool kNativeBf16 = false>
+inline void store16(void* base, std::int64_t i, __m512 x) {
+  if constexpr (T == ElemType::kF32) {
+    _mm512_storeu_ps(static_cast<float*>(base) + i, x);
+  } else {
+    const __m256i h = T == ElemType::kBf16 ? to_bf16<kNativeBf16>(x) : to_f16(x);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i), h);
+  }
+}
+
+// The compute copy is write-only here (it goes to the device next), so when
+// the destination is aligned it is written with non-temporal stores: no read
+// for ownership, no cache pollution. The bits are the same either way.
+template <ElemType T, bool kNativeBf16>
+inline void stream_copy(void* base, std::int64_t i, __m512 x) {
+  const __m256i h = T == ElemType::kBf16 ? to_bf16<kNativeBf16>(x) : to_f16(x);
+  _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i), h);
+}
+
+}  // namespace strata::adam::kernels::avx512
