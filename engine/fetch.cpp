@@ -1,6 +1,8 @@
 // The engine's fetch calls: fetch, release and lend_view, the device
 // buffers they take (allocate_working), and the glue to the fetch rooms
 // (engine/fetch/: the learned sequence, resident copies, prefetches).
+#include <vector>
+
 #include "core/logging.h"
 #include "core/str.h"
 #include "engine/engine.h"
@@ -44,10 +46,13 @@ core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group, gpu::Stream*
     gs.fetched = true;
     return homes_->device_home(g).span();
   }
-  if (std::optional<gpu::DeviceBuffer> kept = copies_.resident->take(g)) {  // still on the device since its release
-    gs.working = std::move(*kept);  // read again: its fence does not matter (its copy ended before the release)
+  if (std::optional<ResidentSet::Taken> kept = copies_.resident->take(g)) {  // still on the device since its release
+    gs.working = std::move(kept->buffer);
     ++step_.resident;
     step_.resident_bytes += gs.working.size_bytes();
+    // Read again after the release's fence: the fetch's queued copy into it
+    // ended before the framework's work that the fence follows.
+    STRATA_RETURN_IF_ERROR(order_after_copy(gs, std::move(kept->fence), stream));
     gs.fetched = true;
     issue_prefetches();
     return gs.working.span();
@@ -102,9 +107,20 @@ core::Result<std::shared_ptr<gpu::Event>> Engine::queue_fetch_copy(std::size_t g
 
 core::Status Engine::order_after_copy(GroupState& gs, std::shared_ptr<gpu::Event> landed, gpu::Stream* stream) {
   if (landed == nullptr) return Status();
-  if (stream == nullptr) return dev().synchronize(*landed);  // the blocking fetch
-  STRATA_RETURN_IF_ERROR(dev().wait(*stream, *landed));
+  Status s = stream == nullptr ? dev().synchronize(*landed) : dev().wait(*stream, *landed);
+  if (!s.ok()) {
+    // Not fetched: the buffer goes back once the copy into it has ended.
+    device_cache_->put(std::move(gs.working), landed);
+    gs.working = {};
+    return s;
+  }
+  if (stream == nullptr) return Status();  // the blocking fetch
   gs.landed = landed;
+  // Copies that have ended need no settling (an evaluation loop never reaches step_end).
+  std::erase_if(unsettled_copies_, [this](const std::shared_ptr<gpu::Event>& e) {
+    const core::Result<bool> done = dev().query(*e);
+    return done.ok() && *done;
+  });
   unsettled_copies_.push_back(std::move(landed));
   return Status();
 }
@@ -142,6 +158,9 @@ core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
   std::shared_ptr<gpu::Event> fence;
   if (used_on != nullptr && !gs.working.empty()) {
     STRATA_ASSIGN_OR_RETURN(gpu::Event ev, dev().create_event());
+    // A stream other than the fetch's is ordered after the fetch's copy too,
+    // so the fence covers it (nothing to wait for on the same stream).
+    if (gs.landed != nullptr) STRATA_RETURN_IF_ERROR(dev().wait(*used_on, *gs.landed));
     STRATA_RETURN_IF_ERROR(dev().record(ev, *used_on));
     fence = std::make_shared<gpu::Event>(std::move(ev));
   } else if (gs.landed != nullptr) {

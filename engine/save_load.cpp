@@ -277,10 +277,6 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
   }
-  drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
-  STRATA_RETURN_IF_ERROR(settle_fetch_copies());  // nothing may still read the homes it writes
-  homes_->drop_pending();  // overlap "delayed": so does the last step's update
-  STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   STRATA_ASSIGN_OR_RETURN(const CheckpointLocation loc, locate_checkpoint(root, config_.strata.io));
   const std::string& dir = loc.dir;
   const CheckpointManifest& m = loc.manifest;
@@ -338,6 +334,11 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       }
     }
   }
+  // Every check passed: from here on the load replaces the engine's state.
+  drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
+  STRATA_RETURN_IF_ERROR(settle_fetch_copies());  // nothing may still read the homes it writes
+  homes_->drop_pending();  // overlap "delayed": so does the last step's update
+  STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];

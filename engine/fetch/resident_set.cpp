@@ -12,12 +12,12 @@ void ResidentSet::keep(std::size_t g, gpu::DeviceBuffer buffer, std::shared_ptr<
   kept_[g] = Kept{std::move(buffer), std::move(fence)};
 }
 
-std::optional<gpu::DeviceBuffer> ResidentSet::take(std::size_t g) {
+std::optional<ResidentSet::Taken> ResidentSet::take(std::size_t g) {
   auto it = kept_.find(g);
   if (it == kept_.end()) return std::nullopt;
-  gpu::DeviceBuffer b = std::move(it->second.buffer);
+  Taken t{std::move(it->second.buffer), std::move(it->second.fence)};
   kept_.erase(it);
-  return b;
+  return t;
 }
 
 std::uint64_t ResidentSet::live_bytes() const {

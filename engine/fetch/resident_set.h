@@ -41,8 +41,14 @@ class ResidentSet {
   bool persistent(std::size_t g) const;
   // Keeps group g's released copy (replacing one kept before).
   void keep(std::size_t g, gpu::DeviceBuffer buffer, std::shared_ptr<gpu::Event> fence);
-  // Group g's kept copy, handed back (its fence does not matter to a reader).
-  std::optional<gpu::DeviceBuffer> take(std::size_t g);
+  // Group g's kept copy, handed back with its release's fence (null: none),
+  // which a reader waits for: a fetch's queued copy into the buffer may end
+  // only with the framework's work the fence follows.
+  struct Taken {
+    gpu::DeviceBuffer buffer;
+    std::shared_ptr<gpu::Event> fence;
+  };
+  std::optional<Taken> take(std::size_t g);
   bool contains(std::size_t g) const { return kept_.contains(g); }
   bool empty() const { return kept_.empty(); }
   // Bytes of the non-persistent copies (those counted against the room).

@@ -81,14 +81,28 @@ class BufferCache {
     return Fenced{std::move(b), nullptr};
   }
 
-  // A cached buffer of exactly `bytes` (after its fence), or a new one.
+  // A cached buffer of exactly `bytes` (after its fence; one whose fence has
+  // passed first), or a new one.
   core::Result<Buffer> get(std::uint64_t bytes, const std::string& what) STRATA_EXCLUDES(mu_) {
     Entry e;
     bool cached = false;
     {
       const core::MutexLock lock(mu_);
-      auto it = free_.find(bytes);
-      if (it != free_.end()) {
+      auto [lo, hi] = free_.equal_range(bytes);
+      auto it = lo;
+      for (auto c = lo; query_ != nullptr && c != hi; ++c) {
+        if (c->second.fence == nullptr) {
+          it = c;
+          break;
+        }
+        const core::Result<bool> done = query_(*c->second.fence);
+        if (done.ok() && *done) {
+          c->second.fence.reset();  // passed: nothing to wait for
+          it = c;
+          break;
+        }
+      }
+      if (it != hi) {
         e = std::move(it->second);
         free_.erase(it);
         cached = true;

@@ -40,6 +40,7 @@ TEST_F(StreamFetchTest, AFetchWithAStreamReturnsBeforeItsCopyAndTheStreamReadsTh
   if (test_device().kind != DeviceKind::kHost) GTEST_SKIP() << "uses the host device's timing model";
   Config c = base();
   c.zero.offload_param.device = OffloadDevice::kCpu;  // compute copies in pinned memory: fetch copies them
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;  // (no slow initial copies of the state)
   c.strata.overlap = OverlapMode::kNone;              // no prefetch: the fetch copies in line
   c.strata.host_device.h2d_gbps = 0.0005;
   auto e = make_mlp_engine(c);
@@ -96,6 +97,43 @@ TEST_F(StreamFetchTest, WaitFetchedMakesTheCopyVisibleToAnyReader) {
   ASSERT_TRUE(e->wait_fetched("l2").ok());
   EXPECT_EQ(read_on(*e, *other, *queued), expected);
   ASSERT_TRUE(e->release("l2").ok());  // no stream: the framework's work is done
+}
+
+// A copy kept on the device after a release on the framework's stream (the
+// threaded schedules keep it) is handed to the next fetch only after its
+// queued copy: a blocking fetch right after the release returns the group's
+// compute copies, also to a reader on another stream.
+TEST_F(StreamFetchTest, AKeptCopyIsHandedOnOnlyAfterItsQueuedCopy) {
+  if (test_device().kind != DeviceKind::kHost) GTEST_SKIP() << "uses the host device's timing model";
+  Config c = base();
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  c.strata.overlap = OverlapMode::kExact;  // threaded: release keeps the copy
+  c.strata.host_device.h2d_gbps = 0.0005;  // l1's copy takes about half a second
+  std::vector<std::byte> expected;
+  {
+    auto e = make_mlp_engine(c);
+    ASSERT_NE(e, nullptr);
+    auto other = e->device().create_stream("another reader");
+    ASSERT_TRUE(other.ok());
+    auto span = e->fetch("l1");
+    ASSERT_TRUE(span.ok()) << span.status();
+    expected = read_on(*e, *other, *span);
+    ASSERT_TRUE(e->release("l1").ok());
+  }
+  auto e = make_mlp_engine(c);
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  auto other = e->device().create_stream("another reader");
+  ASSERT_TRUE(other.ok());
+  auto queued = e->fetch("l1", &f.stream(*e));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_TRUE(e->release("l1", &f.stream(*e)).ok());  // kept, its copy still in flight
+  auto again = e->fetch("l1");                         // blocking: the kept copy, once complete
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data(), queued->data()) << "the kept copy was not the one handed back";
+  EXPECT_EQ(read_on(*e, *other, *again), expected);
+  ASSERT_TRUE(e->release("l1").ok());
 }
 
 // Training with the framework's stream passed to every fetch gives the

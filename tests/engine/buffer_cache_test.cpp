@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -223,8 +224,20 @@ TEST_F(BufferCacheTest, GetWaitsForTheFenceOfACachedBuffer) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->id(), id);
   EXPECT_EQ(fences_.waited(), std::vector<const gpu::Event*>{fence.get()});
-  // get() blocks; it has no use for query().
-  EXPECT_TRUE(fences_.queried().empty());
+}
+
+// Of two cached buffers of one size, get() takes one whose fence has passed
+// (asking query(), which never blocks) before waiting for another's.
+TEST_F(BufferCacheTest, GetPrefersABufferWhoseFenceHasPassed) {
+  Cache cache(alloc_.fn(), fences_.wait_fn(), fences_.query_fn());
+  FakeBuffer busy = fresh(100), free = fresh(100);
+  const std::uint64_t free_id = free.id();
+  cache.put(std::move(busy), fences_.make(/*passed=*/false));
+  cache.put(std::move(free), fences_.make(/*passed=*/true));
+  core::Result<FakeBuffer> got = cache.get(100, "x");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->id(), free_id);
+  EXPECT_TRUE(fences_.waited().empty()) << "get() waited although a passed buffer was there";
 }
 
 TEST_F(BufferCacheTest, GetReturnsTheErrorOfTheWaitOnAFence) {
@@ -495,6 +508,8 @@ TEST(BufferCacheHostDevice, RetriesUnderTheDeviceBudgetAndWaitsForRecordedFences
   const std::uint64_t big_id = big->id();
   auto fence = d->create_event();
   ASSERT_TRUE(fence.ok()) << fence.status();
+  // Work still running when get() comes (a fence that has passed is not waited for).
+  ASSERT_TRUE(d->host_callback(*stream, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }).ok());
   ASSERT_TRUE(d->record(*fence, *stream).ok());
   cache.put(std::move(big).value(), std::make_shared<gpu::Event>(std::move(fence).value()));
 

@@ -161,9 +161,10 @@ TEST_F(ResidentSetTest, KeepsAndHandsBackACopy) {
   EXPECT_TRUE(r.contains(1));
   EXPECT_EQ(r.live_bytes(), 2048u);
   EXPECT_FALSE(r.take(0).has_value());
-  std::optional<gpu::DeviceBuffer> b = r.take(1);
+  std::optional<ResidentSet::Taken> b = r.take(1);
   ASSERT_TRUE(b.has_value());
-  EXPECT_EQ(b->size_bytes(), 2048u);
+  EXPECT_EQ(b->buffer.size_bytes(), 2048u);
+  EXPECT_EQ(b->fence, nullptr);
   EXPECT_TRUE(r.empty());
 }
 
