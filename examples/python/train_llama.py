@@ -88,6 +88,8 @@ def parse_args(argv=None):
         ap.error(f"--log-every must be >= 1, not {args.log_every}")
     if (args.resume or args.save_every) and not args.checkpoint:
         ap.error("--resume and --save-every need --checkpoint DIR")
+    if args.build_device == "cuda" and not torch.cuda.is_available():
+        ap.error("--build-device cuda: torch sees no CUDA device")
     return args
 
 
@@ -124,12 +126,9 @@ def build_device(args, cfg):
     """Where the model is built (--build-device): "cpu" or "cuda"."""
     if args.init_from or args.build_device == "cpu":
         return "cpu"  # --init-from builds on the meta device: nothing to draw
-    have_cuda = torch.cuda.is_available()
     if args.build_device == "cuda":
-        if not have_cuda:
-            sys.exit("train_llama: --build-device cuda: torch sees no CUDA device")
-        return "cuda"
-    if not have_cuda:
+        return "cuda"  # (parse_args refused it without a CUDA device)
+    if not torch.cuda.is_available():
         return "cpu"
     free, _ = torch.cuda.mem_get_info()
     bytes_built = cfg.param_count() * (2 if args.build_dtype == "bf16" else 4)

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "python", "train_llama.py")
 TINY = ["--size", "tiny", "--layers", "1", "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1",
@@ -62,3 +64,15 @@ def test_summary_shows_swap_writes_per_path(tmp_path):
     assert abs(sum(t for (t, _), _ in per_path) - total) <= total_err + sum(e for (_, e), _ in per_path)
     assert abs(sum(s for _, (s, _) in per_path) - per_step) <= per_step_err + sum(e for _, (_, e) in per_path)
     assert all(s > 0.25 * per_step for _, (s, _) in per_path), r.stdout  # striped: both drives take a share
+
+
+def test_build_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("the flag is valid where torch sees a GPU")
+    proc = subprocess.run([sys.executable, SCRIPT, *TINY, "--build-device", "cuda"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "--build-device cuda: torch sees no CUDA device" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
