@@ -1,6 +1,7 @@
-// Engine: creation, registration, the learning rate, lookups and inspection
-// (read_state, read_compute). The rest of the facade's calls live beside it:
-// finalize.cpp, fetch.cpp, step.cpp, optimizer.cpp, save_load.cpp.
+// Engine: creation, registration, the learning rate, the fetch calls
+// (delegated to engine/fetch/), lookups and inspection (read_state,
+// read_compute). The rest of the facade's calls live beside it: finalize.cpp,
+// step.cpp, optimizer.cpp, save_load.cpp.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include "engine/internal/group_state.h"
 #include "engine/internal/view_holds.h"
 #include "engine/checkpoint/pretrained.h"
+#include "engine/fetch/fetcher.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "gpu/cuda_device.h"
@@ -51,15 +53,12 @@ Engine::~Engine() {
   // below stays parked in holds_ until then.
   holds_->set_home(nullptr);
   if (gradients_ != nullptr) gradients_->shutdown();  // drains the gradient copies and passes
-  copies_.prefetcher.reset();      // and the prefetches (which may wait for the optimizer)
-  copies_.resident.reset();        // into the cache, whose clear waits for their fences
+  if (fetcher_ != nullptr) fetcher_->stop();  // the prefetches (which may wait for the optimizer) and resident copies
   if (runner_ != nullptr) runner_->stop();  // its queued jobs run first
-  for (GroupState& gs : groups_) {  // into the cache (or holds_, when lent); nothing goes back after its clear
-    if (device_cache_ != nullptr) {
-      device_cache_->put(std::move(gs.working), gs.landed);  // a fetch's copy may still be writing it
-      device_cache_->put(std::move(gs.grad));
-    }
-    gs.working.reset();
+  // Into the cache (or holds_, when lent); nothing goes back after its clear.
+  fetcher_.reset();
+  for (GroupGradients& gs : grads_) {
+    if (device_cache_ != nullptr) device_cache_->put(std::move(gs.grad));
     gs.grad.reset();
   }
   if (device_cache_ != nullptr) device_cache_->clear().ignore_error();  // errors were reported where they arose
@@ -69,7 +68,7 @@ Engine::~Engine() {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
   }
   if (homes_ != nullptr) homes_->park_device_homes(*holds_);  // a lent compute home stays until its lease ends
-  groups_.clear();
+  grads_.clear();
   gradients_.reset();  // after the optimizer, which reads the host gradients
   optimizer_.reset();  // the staging ring, before the budgets it charges
   state_.reset();
@@ -184,9 +183,9 @@ core::Status Engine::check_finalized(const char* op) const {
 }
 
 bool Engine::between_steps() const {
-  if (step_.micro_step != 0) return false;
-  for (const GroupState& gs : groups_) {
-    if (gs.grads_micro_step >= 0 || gs.fetched || !gs.grad.empty()) return false;
+  if (step_.micro_step != 0 || (fetcher_ != nullptr && fetcher_->any_fetched())) return false;
+  for (const GroupGradients& gs : grads_) {
+    if (gs.grads_micro_step >= 0 || !gs.grad.empty()) return false;
   }
   return true;
 }
@@ -264,7 +263,7 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
       return Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
                                               " elements, buffer of ", out.size()));
     }
-    settle_prefetches();  // they may be reading this group's home
+    fetcher_->settle_prefetches();  // they may be reading this group's home
     gpu::PinnedBuffer staging;
     const StepBytes saved = step_.bytes;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, step_lane()));
@@ -273,6 +272,58 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
     return Status();
   }
   return Status::not_found(str_cat("read_compute: no parameter named '", param, "'"));
+}
+
+core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group, gpu::Stream* stream) {
+  STRATA_ENGINE_ENTRY("fetch");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
+  if (early_.applying_in_place && grads_[g].grads_micro_step == step_.micro_step) {
+    return Status::failed_precondition(str_cat(
+        "fetch('", group, "'): its gradients of the step's last micro-batch are in, and the optimizer is updating it "
+        "in place (strata.overlap \"", schedule_.name(),
+        "\" with no clipping, no loss scaler and strata.nonfinite \"apply\"); fetch it again after step_end"));
+  }
+  return fetcher_->fetch(g, stream);
+}
+
+core::Status Engine::wait_fetched(std::string_view group) {
+  STRATA_ENGINE_ENTRY("wait_fetched");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "wait_fetched"));
+  return fetcher_->wait_fetched(g);
+}
+
+core::Status Engine::release(std::string_view group, gpu::Stream* used_on) {
+  STRATA_ENGINE_ENTRY("release");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "release"));
+  return fetcher_->release(g, used_on);
+}
+
+ViewLease::ViewLease(std::shared_ptr<ViewHolds> holds, std::uint64_t buffer_id)
+    : holds_(std::move(holds)), buffer_id_(buffer_id) {
+  holds_->hold(buffer_id_);
+}
+
+ViewLease::~ViewLease() { holds_->end(buffer_id_); }
+
+core::Result<LentView> Engine::lend_view(std::string_view group, ViewKind kind) {
+  STRATA_ENGINE_ENTRY("lend_view");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "lend_view"));
+  const gpu::DeviceBuffer* lent = &grads_[g].grad;
+  if (kind == ViewKind::kCompute) {
+    STRATA_ASSIGN_OR_RETURN(lent, fetcher_->fetched_buffer(g));
+  } else {
+    STRATA_RETURN_IF_ERROR(grad_buffer_locked(g).status());
+  }
+  STRATA_CHECK(!lent->empty()) << "lend_view('" << group << "'): no buffer";
+  return LentView{lent->span(), std::unique_ptr<ViewLease>(new ViewLease(holds_, lent->id()))};
+}
+
+std::vector<std::string> Engine::fetch_sequence() const {
+  const core::MutexLock lock(mu_);
+  std::vector<std::string> names;
+  if (fetcher_ == nullptr) return names;
+  for (std::size_t g : fetcher_->sequence().learned()) names.push_back(layout_.groups[g].name);
+  return names;
 }
 
 std::vector<std::string> Engine::swap_paths() const {

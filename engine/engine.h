@@ -41,9 +41,6 @@
 #include <vector>
 
 #include "engine/config.h"
-#include "engine/fetch/fetch_trace.h"
-#include "engine/fetch/prefetcher.h"
-#include "engine/fetch/resident_set.h"
 #include "engine/state/copy_lane.h"
 #include "engine/step/gradient_path.h"
 #include "engine/step/optimizer_job.h"
@@ -76,6 +73,8 @@ class ComputeHomes;
 struct ChunkState;
 struct SharedDevice;
 class ViewHolds;
+class Fetcher;
+struct GroupGradients;
 class PretrainedWeights;
 class SerialQueue;
 class CpuTurns;
@@ -265,7 +264,6 @@ class Engine {
   std::vector<SwapPathBytes> swap_traffic() const;
 
  private:
-  struct GroupState;
   Engine(const Config& config, LossScaler scaler, LrSchedule schedule);
 
   // The error for a call made while finalize runs.
@@ -280,11 +278,6 @@ class Engine {
   // What decides whether a step's verdict can change anything (the config's).
   StepRules rules() const { return StepRules::of(config_); }
   gpu::Device& dev() const { return *shared_device_->device; }
-  // Whether fetch (and prefetch) of group g waits for the last step's job
-  // on it (Schedule::fetch_waits_for_optimizer).
-  bool waits_for_optimizer(std::size_t g) const {
-    return schedule_.fetch_waits_for_optimizer(layout_.groups[g].compute_tier);
-  }
   // overlap "delayed": the new compute copies the last step's job left go
   // home (after it finished), and device copies of the old ones are dropped.
   core::Status commit_pending(const char* op) STRATA_REQUIRES(mu_);
@@ -321,11 +314,6 @@ class Engine {
   Lane step_lane() { return {&stream_, &step_.bytes, TraceTrack::kDevice}; }
   // finalize's last part: every parameter's initial values, group by group.
   core::Status write_initial_values() STRATA_REQUIRES(mu_);
-  // A fetch's or gradients' device buffer; when the device budget is short,
-  // drops resident copies, waits for the gradient passes in flight (which
-  // hold such buffers) and, last, drops the prefetched copies, trying again
-  // after each.
-  core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {
     return lane_h2d(dev(), trace_, lane, dst, src);
@@ -334,19 +322,6 @@ class Engine {
     return lane_d2h(dev(), trace_, lane, dst, src);
   }
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
-  // fetch's copy of group g's compute copies into `dst`, queued on `lane`
-  // (a staging buffer, when the home is not pinned, goes back to the cache
-  // fenced by the copy); the event after it. Used by fetch and the prefetcher.
-  core::Result<std::shared_ptr<gpu::Event>> queue_fetch_copy(std::size_t g, gpu::DeviceSpan dst, const Lane& lane);
-  // After fetch's copy (`landed`; null: complete): the framework's `stream`
-  // waits for it, noted in `gs` and among the copies step_end settles; with
-  // no stream the host waits.
-  core::Status order_after_copy(GroupState& gs, std::shared_ptr<gpu::Event> landed, gpu::Stream* stream)
-      STRATA_REQUIRES(mu_);
-  // Waits for every copy fetch queued for a stream since the last call
-  // (step_end, and the calls that write compute copies' homes between steps:
-  // nothing may still read them).
-  core::Status settle_fetch_copies() STRATA_REQUIRES(mu_);
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
   // --- building optimizer jobs (engine/optimizer.cpp; the runner and the
@@ -372,31 +347,10 @@ class Engine {
   // Waits until every decided job finished (none before finalize); folds the
   // deferred verdicts they took into the step counts; the sticky error.
   core::Status wait_optimizer(const char* op) STRATA_REQUIRES(mu_);
-  // --- device copies of compute copies (engine/fetch/) ---
-  // After a fetch (and at step_end): the prefetcher starts the copies the
-  // learned sequence says come next (engine/fetch/prefetcher.h).
-  void issue_prefetches();
-  // Drops prefetched and resident copies: every one (load_checkpoint
-  // rewrites the compute copies), or those of the groups an optimizer job
-  // updates (a copy taken before it would be stale).
-  void drop_device_copies(DropCopies which);
-  // Waits for the prefetches in flight (their copies stay). A call that reads
-  // the compute copies' homes itself (read_compute, save_checkpoint) would
-  // otherwise find an nvme home's swap block busy with a prefetch's read, or
-  // make that prefetch (and the fetch it serves) fail; new prefetches are
-  // issued only under the engine's lock, which such a call holds.
-  void settle_prefetches();
-  // Device copies of compute copies now: fetched, prefetched, resident
-  // (non-persistent): what stage3_max_live_parameters bounds.
-  std::uint64_t live_bytes() const;
-  std::uint64_t fetched_bytes() const;
   // A step's job: the next forward's order (or the backward's, per the
   // schedule), the disk pipeline's depth.
   std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<UpdateConstants> constants,
                                                    std::int64_t step);
-  // step_end: this step's fetch sequence becomes the learned one (when it
-  // differs): prefetch follows it, and the optimizer its first fetches.
-  void learn_fetch_trace();
   // Host views of a pinned or nvme chunk's state; `stage` receives the staging
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
   core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
@@ -429,16 +383,13 @@ class Engine {
   // step counts (engine/step/verdict.h).
   Verdict verdict_ STRATA_GUARDED_BY(mu_);
   // The step under way: micro-batches ended, deferred verdicts' gradient
-  // markers posted, and its statistics so far (traffic, stage seconds,
-  // fetches served by a prefetched or a resident copy).
+  // markers posted, and its statistics so far (traffic, stage seconds; the
+  // fetches' own are the fetcher's).
   struct StepState {
     int micro_step = 0;
     std::int64_t markers = 0;
     StepBytes bytes;
     StepStats times;
-    std::int64_t prefetched = 0;
-    std::int64_t resident = 0;
-    std::uint64_t resident_bytes = 0;
   };
   StepState step_ STRATA_GUARDED_BY(mu_);
   // The step's early job (Schedule::early_jobs): its id (0: none yet),
@@ -470,10 +421,9 @@ class Engine {
   // moments, each group's compute copies; and each group's fetch state.
   std::unique_ptr<StateStore> state_;
   std::unique_ptr<ComputeHomes> homes_;
-  std::vector<GroupState> groups_;
-  // fetch's copies queued for a framework's stream that step_end has not yet
-  // waited for (settle_fetch_copies).
-  std::vector<std::shared_ptr<gpu::Event>> unsettled_copies_ STRATA_GUARDED_BY(mu_);
+  // Each group's gradient buffer while the framework writes it, and the
+  // micro-batch whose gradients arrived (engine/internal/group_state.h).
+  std::vector<GroupGradients> grads_;
   // The step's rooms (engine/step/): grads_ready's gradient path, the
   // optimizer's job body with the disk pipeline (its ring charged to the
   // staging budget), and the runner of its jobs (thread, marks, sticky
@@ -484,15 +434,9 @@ class Engine {
   std::unique_ptr<GradientPath> gradients_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<OptimizerRunner> runner_;
-  // Device copies of compute copies besides the fetched ones
-  // (engine/fetch/): the learned fetch sequence, the copies kept since a
-  // release, and the prefetcher (threaded schedules only).
-  struct DeviceCopies {
-    FetchTrace trace;
-    std::unique_ptr<ResidentSet> resident;
-    std::unique_ptr<Prefetcher> prefetcher;
-  };
-  DeviceCopies copies_;
+  // fetch, release and the device copies of compute copies (engine/fetch/):
+  // the learned fetch sequence, resident and prefetched copies.
+  std::unique_ptr<Fetcher> fetcher_;
   Trace trace_;
 };
 

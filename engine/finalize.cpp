@@ -11,6 +11,7 @@
 #include "engine/engine.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
+#include "engine/fetch/fetcher.h"
 #include "engine/internal/group_state.h"
 #include "engine/io_options.h"
 #include "engine/plan/machine.h"
@@ -266,12 +267,8 @@ core::Status Engine::finalize() {
 
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
-  groups_.resize(layout_.groups.size());
+  grads_.resize(layout_.groups.size());
   STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
-  const auto cb_live = static_cast<std::uint64_t>(layout_.compute_bytes);
-  copies_.resident = std::make_unique<ResidentSet>(layout_, config_.zero.stage3_param_persistence_threshold,
-                                            static_cast<std::uint64_t>(config_.zero.stage3_max_live_parameters) * cb_live,
-                                            *device_cache_);
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
   const Status init = write_initial_values();
@@ -302,23 +299,17 @@ core::Status Engine::finalize() {
   runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
                                               [optimizer](OptimizerJob& job) { return optimizer->run(job); });
   optimizer_->set_runner(*runner_);
-  if (schedule_.threaded()) {
-    const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
-    STRATA_ASSIGN_OR_RETURN(
-        copies_.prefetcher,
-        Prefetcher::create(dev(), layout_, static_cast<std::uint64_t>(config_.zero.stage3_prefetch_bucket_size) * cb,
-                           *device_cache_,
-                           [this](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence,
-                                  Lane lane) -> core::Result<std::shared_ptr<gpu::Event>> {
-                             // A prefetch never copies a stale compute copy.
-                             Status s = waits_for_optimizer(g) ? runner_->wait_group(g, "prefetch") : Status();
-                             if (s.ok() && fence != nullptr) s = dev().wait(*lane.stream, *fence);
-                             if (!s.ok()) return s;
-                             TraceScope t(trace_, TraceTrack::kPrefetch, str_cat("prefetch ", layout_.groups[g].name),
-                                          dst.size_bytes());
-                             return queue_fetch_copy(g, dst, lane);
-                           }));
-  }
+  STRATA_ASSIGN_OR_RETURN(fetcher_, Fetcher::create({.layout = layout_,
+                                                       .config = config_,
+                                                       .schedule = schedule_,
+                                                       .device = dev(),
+                                                       .homes = *homes_,
+                                                       .runner = *runner_,
+                                                       .gradients = *gradients_,
+                                                       .device_cache = *device_cache_,
+                                                       .pinned_cache = *pinned_cache_,
+                                                       .trace = trace_,
+                                                       .stream = stream_}));
   return Status();
 }
 

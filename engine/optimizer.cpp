@@ -18,6 +18,7 @@
 
 #include "core/str.h"
 #include "engine/engine.h"
+#include "engine/fetch/fetcher.h"
 #include "engine/internal/group_state.h"
 #include "engine/state/state_store.h"
 #include "engine/step/optimizer_job.h"
@@ -35,11 +36,11 @@ std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<UpdateConst
   job->step = step;
   job->constants = std::move(constants);
   // The next forward's order (the learned sequence's first fetches).
-  job->order = copies_.trace.forward_order(layout_.groups.size());
+  job->order = fetcher_->sequence().forward_order(layout_.groups.size());
   job->delayed = schedule_.delays_update();
   const bool compute_on_nvme = std::any_of(layout_.groups.begin(), layout_.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
-  if (schedule_.updates_in_backward_order(compute_on_nvme)) copies_.trace.sort_in_backward_order(job->order);
+  if (schedule_.updates_in_backward_order(compute_on_nvme)) fetcher_->sequence().sort_in_backward_order(job->order);
   const bool threaded = schedule_.threaded();
   job->read_ahead = threaded && optimizer_->ring_slots() > 0 ? optimizer_->ring_slots() - 1 : 0;
   job->write_behind = threaded;
@@ -61,14 +62,14 @@ core::Status Engine::start_early_job() {
   const std::size_t n = layout_.groups.size();
   job->rank.assign(n, n);
   for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
-  copies_.trace.sort_in_backward_order(job->order);
+  fetcher_->sequence().sort_in_backward_order(job->order);
   // A certain job balances the CPU between the two phases: the groups the
   // next forward needs in its second half (those whose gradients come first)
   // wait for step_end and are updated during the forward, ahead of their
   // fetches; the rest as their gradients arrive. A group with state on nvme
   // never waits: the disk works through both phases anyway.
   job->deferred.assign(n, false);
-  if (job->certain && !copies_.trace.empty()) {
+  if (job->certain && !fetcher_->sequence().empty()) {
     for (std::size_t g = 0; g < n; ++g) {
       const GroupPlace& gp = layout_.groups[g];
       bool nvme = false;

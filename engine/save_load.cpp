@@ -31,6 +31,7 @@
 #include "engine/checkpoint/manifest.h"
 #include "engine/checkpoint/retention.h"
 #include "engine/engine.h"
+#include "engine/fetch/fetcher.h"
 #include "engine/checkpoint/file_io.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_entry.h"
@@ -136,7 +137,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   // overlap "delayed": the checkpoint holds the latest update, and this run
   // goes on from it as a run resumed from it will.
   STRATA_RETURN_IF_ERROR(flush_delayed("save_checkpoint"));
-  settle_prefetches();  // the compute copies' homes are read below
+  fetcher_->settle_prefetches();  // the compute copies' homes are read below
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
@@ -335,8 +336,8 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     }
   }
   // Every check passed: from here on the load replaces the engine's state.
-  drop_device_copies(DropCopies::kAll);  // they hold compute copies the load replaces
-  STRATA_RETURN_IF_ERROR(settle_fetch_copies());  // nothing may still read the homes it writes
+  fetcher_->drop_copies(DropCopies::kAll);  // they hold compute copies the load replaces
+  STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());  // nothing may still read the homes it writes
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
   const int cb = layout_.compute_bytes;

@@ -7,6 +7,7 @@
 #include "engine/engine.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
+#include "engine/fetch/fetcher.h"
 #include "engine/internal/group_state.h"
 #include "engine/state/compute_homes.h"
 
@@ -26,7 +27,7 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
 core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   const GroupPlace& gp = layout_.groups[g];
   const std::string& group = gp.name;
-  GroupState& gs = groups_[g];
+  GroupGradients& gs = grads_[g];
   if (gp.trainable_elems == 0) {
     return Status::failed_precondition(str_cat("grad_buffer('", group, "'): the group has no trainable parameters"));
   }
@@ -43,10 +44,10 @@ core::Result<gpu::DeviceSpan> Engine::grad_buffer_locked(std::size_t g) {
   // (two groups' buffers at least), so a framework that runs ahead of the
   // device does not fill it with gradient buffers.
   STRATA_RETURN_IF_ERROR(gradients_->wait_down(g, group, config_.zero.reduce_bucket_size));
-  copies_.trace.note_backward(g);
+  fetcher_->sequence().note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
-    STRATA_ASSIGN_OR_RETURN(gs.grad, allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
+    STRATA_ASSIGN_OR_RETURN(gs.grad, fetcher_->allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
   }
   return gs.grad.span();
 }
@@ -56,7 +57,7 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
   const StageTimer timer(step_.times.grads_s);
   TraceScope t(trace_, TraceTrack::kStep, str_cat("grads_ready ", group));
-  GroupState& gs = groups_[g];
+  GroupGradients& gs = grads_[g];
   if (gs.grad.empty()) {
     return Status::failed_precondition(str_cat("grads_ready('", group, "') without grad_buffer('", group, "')"));
   }
@@ -105,8 +106,8 @@ core::Status Engine::micro_step_end() {
   STRATA_ENGINE_ENTRY("micro_step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
   STRATA_RETURN_IF_ERROR(gradients_->wait("micro_step_end"));
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != step_.micro_step) {
+  for (std::size_t g = 0; g < grads_.size(); ++g) {
+    if (layout_.groups[g].trainable_elems > 0 && grads_[g].grads_micro_step != step_.micro_step) {
       return Status::failed_precondition(str_cat("micro_step_end: group '", layout_.groups[g].name,
                                                  "' has no gradients for micro-batch ", step_.micro_step + 1));
     }
@@ -131,15 +132,15 @@ core::Result<StepStats> Engine::step_end() {
   // step_end (which only checks that every grads_ready was called).
   const bool defer = deferred_verdicts();
   if (!defer) STRATA_RETURN_IF_ERROR(gradients_->wait("step_end"));
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
-    if (layout_.groups[g].trainable_elems > 0 && groups_[g].grads_micro_step != step_.micro_step) {
+  for (std::size_t g = 0; g < grads_.size(); ++g) {
+    if (layout_.groups[g].trainable_elems > 0 && grads_[g].grads_micro_step != step_.micro_step) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
                                                  "' has no gradients for micro-batch ", step_.micro_step + 1));
     }
   }
-  for (std::size_t g = 0; g < groups_.size(); ++g) {
+  for (std::size_t g = 0; g < grads_.size(); ++g) {
     // The optimizer writes new compute copies home: no view of them may be out.
-    if (groups_[g].fetched) {
+    if (fetcher_->fetched(g)) {
       return Status::failed_precondition(str_cat("step_end: group '", layout_.groups[g].name,
                                                  "' is still fetched; release it first"));
     }
@@ -151,7 +152,7 @@ core::Result<StepStats> Engine::step_end() {
   // The step's job writes compute copies home: no copy fetch queued for a
   // framework's stream may still read them (in a well-ordered step they all
   // ended long ago, before the gradients that followed them).
-  STRATA_RETURN_IF_ERROR(settle_fetch_copies());
+  STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());
   // overlap "delayed": the update of the step before this one becomes what
   // the next step computes with.
   STRATA_RETURN_IF_ERROR(commit_pending("step_end"));
@@ -176,7 +177,7 @@ core::Result<StepStats> Engine::step_end() {
   if (defer) {
     // The job takes this step's verdict; the stats report the last one taken.
     take_optimizer_stats();
-    learn_fetch_trace();
+    fetcher_->learn_sequence();
     job = make_optimizer_job({}, verdict_.applied_steps() + 1);
     job->deferred_verdict = true;
     job->marker = ++step_.markers;
@@ -193,7 +194,7 @@ core::Result<StepStats> Engine::step_end() {
     const bool skip = decision.skip;
     stats.grad_norm = decision.grad_norm;
     take_optimizer_stats();
-    learn_fetch_trace();
+    fetcher_->learn_sequence();
     if (!skip) {
       std::vector<UpdateConstants> constants = verdict_.constants(layout_.optimizer_groups, decision.clip);
       // overlap "speculative": the job under way applies these very constants
@@ -231,9 +232,11 @@ core::Result<StepStats> Engine::step_end() {
   stats.step = verdict_.applied_steps();
   stats.skipped_total = verdict_.skipped_steps();
   stats.loss_scale = verdict_.loss_scale();
-  // This step's own traffic (the optimizer's is in already).
+  // This step's own traffic (the optimizer's is in already), its fetches'.
+  const Fetcher::Totals fetches = fetcher_->take_totals();
   stats.bytes += step_.bytes;
-  stats.fetch_s = step_.times.fetch_s;
+  stats.bytes += fetches.bytes;
+  stats.fetch_s = fetches.fetch_s;
   stats.grads_s += step_.times.grads_s;
   if (!defer) {  // (else the gradient path's own, behind the marker)
     const GradientPath::Totals grads = gradients_->take_totals();
@@ -241,38 +244,35 @@ core::Result<StepStats> Engine::step_end() {
     stats.grads_s += grads.seconds;
   }
   stats.nvme_total = swap_traffic_now();
-  stats.prefetched = step_.prefetched;
-  step_.prefetched = 0;
-  stats.resident = step_.resident;
-  stats.resident_bytes = step_.resident_bytes;
-  step_.resident = 0;
-  step_.resident_bytes = 0;
+  stats.prefetched = fetches.prefetched;
+  stats.resident = fetches.resident;
+  stats.resident_bytes = fetches.resident_bytes;
   step_.bytes = {};
   step_.times = {};
   step_.micro_step = 0;
-  for (GroupState& gs : groups_) gs.grads_micro_step = -1;
+  for (GroupGradients& gs : grads_) gs.grads_micro_step = -1;
   if (applied && !schedule_.delays_update()) {
     // A copy prefetched during this step (an evaluation pass's, or one the
     // trace ran ahead to), or kept since a release, holds compute copies the
     // step's job replaces.
-    drop_device_copies(DropCopies::kUpdated);
+    fetcher_->drop_copies(DropCopies::kUpdated);
   }
   if (job != nullptr) STRATA_RETURN_IF_ERROR(runner_->submit(std::move(job)).status());
   // The next step's job starts now (overlap "speculative", or "exact" with
   // certain steps), so that it reads the first chunks the backward will need
   // while the forward runs.
   if (early_jobs()) STRATA_RETURN_IF_ERROR(start_early_job());
-  issue_prefetches();  // the next step's first groups, as the optimizer finishes them
+  fetcher_->issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
 }
 
 core::Status Engine::commit_pending(const char* op) {
   if (!homes_->has_pending()) return Status();
-  STRATA_RETURN_IF_ERROR(settle_fetch_copies());  // an evaluation pass's copies may still read the homes
+  STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());  // an evaluation pass's copies may still read the homes
   // Copies on the device since a release or a prefetch hold the old ones. They
   // go first: a prefetch still in flight reads the pinned homes that
   // commit_pending swaps.
-  drop_device_copies(DropCopies::kUpdated);
+  fetcher_->drop_copies(DropCopies::kUpdated);
   core::Result<bool> committed = homes_->commit_pending(step_lane());
   if (!committed.ok()) return std::move(committed).status().annotate(op);
   return Status();

@@ -1,0 +1,294 @@
+// Fetcher: fetch, wait_fetched, release, the working buffers they take, and
+// the device copies besides the fetched ones (engine/fetch/fetcher.h).
+#include "engine/fetch/fetcher.h"
+
+#include <cstdint>
+#include <utility>
+
+#include "core/logging.h"
+#include "core/str.h"
+#include "engine/internal/buffer_cache.h"
+#include "engine/internal/engine_util.h"
+#include "engine/state/compute_homes.h"
+#include "engine/step/gradient_path.h"
+#include "engine/step/optimizer_runner.h"
+
+namespace strata::engine {
+
+using core::Status;
+using core::str_cat;
+
+core::Result<std::unique_ptr<Fetcher>> Fetcher::create(const Parts& parts) {
+  std::unique_ptr<Fetcher> f(new Fetcher(parts));
+  if (!parts.schedule.threaded()) return f;
+  const auto cb = static_cast<std::uint64_t>(parts.layout.compute_bytes);
+  Fetcher* self = f.get();
+  STRATA_ASSIGN_OR_RETURN(
+      f->prefetcher_,
+      Prefetcher::create(parts.device, parts.layout,
+                         static_cast<std::uint64_t>(parts.config.zero.stage3_prefetch_bucket_size) * cb,
+                         parts.device_cache,
+                         [self](std::size_t g, gpu::DeviceSpan dst, gpu::Event* fence,
+                                CopyLane lane) -> core::Result<std::shared_ptr<gpu::Event>> {
+                           const Parts& p = self->parts_;
+                           // A prefetch never copies a stale compute copy.
+                           Status s = self->waits_for_optimizer(g) ? p.runner.wait_group(g, "prefetch") : Status();
+                           if (s.ok() && fence != nullptr) s = p.device.wait(*lane.stream, *fence);
+                           if (!s.ok()) return s;
+                           TraceScope t(p.trace, TraceTrack::kPrefetch, str_cat("prefetch ", p.layout.groups[g].name),
+                                        dst.size_bytes());
+                           return self->queue_copy(g, dst, lane);
+                         }));
+  return f;
+}
+
+Fetcher::Fetcher(const Parts& parts) : parts_(parts), groups_(parts.layout.groups.size()) {
+  const auto cb = static_cast<std::uint64_t>(parts.layout.compute_bytes);
+  resident_ = std::make_unique<ResidentSet>(parts.layout, parts.config.zero.stage3_param_persistence_threshold,
+                                            static_cast<std::uint64_t>(parts.config.zero.stage3_max_live_parameters) * cb,
+                                            parts.device_cache);
+}
+
+Fetcher::~Fetcher() {
+  stop();
+  for (Fetched& f : groups_) {  // a fetch's copy may still be writing it
+    parts_.device_cache.put(std::move(f.working), f.landed);
+    f.working.reset();
+  }
+}
+
+void Fetcher::stop() {
+  prefetcher_.reset();
+  resident_.reset();
+}
+
+bool Fetcher::waits_for_optimizer(std::size_t g) const {
+  return parts_.schedule.fetch_waits_for_optimizer(parts_.layout.groups[g].compute_tier);
+}
+
+core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream) {
+  const StageTimer timer(totals_.fetch_s);
+  const GroupPlace& gp = parts_.layout.groups[g];
+  TraceScope t(parts_.trace, TraceTrack::kStep, str_cat("fetch ", gp.name));
+  if (groups_[g].fetched) {
+    return Status::failed_precondition(str_cat("fetch('", gp.name, "'): already fetched; release it first"));
+  }
+  // The last step's optimizer may still be writing this group's copies
+  // (under "delayed" it writes them elsewhere, and the step uses the old).
+  if (waits_for_optimizer(g)) {
+    STRATA_RETURN_IF_ERROR(parts_.runner.wait_group(g, "fetch"));
+  } else {
+    STRATA_RETURN_IF_ERROR(parts_.runner.error("fetch"));  // its error, if any
+  }
+  sequence_.note_fetch(g);
+  if (gp.compute_tier == Tier::kDevice) {
+    groups_[g].fetched = true;
+    return parts_.homes.device_home(g).span();
+  }
+  if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {  // still on the device since its release
+    ++totals_.resident;
+    totals_.resident_bytes += kept->buffer.size_bytes();
+    // Read again after the release's fence: the fetch's queued copy into it
+    // ended before the framework's work that the fence follows.
+    return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
+  }
+  std::optional<Prefetcher::Taken> prefetched;
+  if (prefetcher_ != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(prefetched, prefetcher_->take(g, totals_.bytes));
+  }
+  if (prefetched) {
+    ++totals_.prefetched;
+    return hand_over(g, std::move(prefetched->buffer), std::move(prefetched->landed), stream);
+  }
+  const std::uint64_t bytes =
+      static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
+  // Room within stage3_max_live_parameters first, as a prefetch makes it:
+  // resident copies used again latest go back to the cache, whose buffer
+  // the allocation below then takes.
+  resident_->make_room(live_bytes(), bytes, SIZE_MAX, sequence_);
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer buffer, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
+  core::Result<std::shared_ptr<gpu::Event>> landed = queue_copy(g, buffer.span(), lane());
+  if (!landed.ok()) {
+    parts_.device_cache.put(std::move(buffer));
+    return std::move(landed).status();
+  }
+  return hand_over(g, std::move(buffer), std::move(*landed), stream);
+}
+
+core::Result<gpu::DeviceSpan> Fetcher::hand_over(std::size_t g, gpu::DeviceBuffer buffer,
+                                                 std::shared_ptr<gpu::Event> landed, gpu::Stream* stream) {
+  Fetched& f = groups_[g];
+  f.working = std::move(buffer);
+  STRATA_RETURN_IF_ERROR(order_after_copy(f, std::move(landed), stream));
+  f.fetched = true;
+  issue_prefetches();
+  return f.working.span();
+}
+
+core::Result<std::shared_ptr<gpu::Event>> Fetcher::queue_copy(std::size_t g, gpu::DeviceSpan dst,
+                                                              const CopyLane& lane) {
+  gpu::PinnedBuffer staging;  // compute copies whose home is not pinned pass through it
+  core::Result<std::span<std::byte>> host = parts_.homes.load(g, staging, lane);
+  if (!host.ok()) {
+    parts_.pinned_cache.put(std::move(staging));
+    return std::move(host).status();
+  }
+  core::Result<std::shared_ptr<gpu::Event>> landed = lane_h2d_queued(parts_.device, parts_.trace, lane, dst, *host);
+  if (!landed.ok()) {
+    parts_.device.synchronize(*lane.stream).ignore_error();  // nothing may still read the staging
+    parts_.pinned_cache.put(std::move(staging));
+    return landed;
+  }
+  parts_.pinned_cache.put(std::move(staging), *landed);  // reused once the copy has read it
+  return landed;
+}
+
+core::Status Fetcher::order_after_copy(Fetched& f, std::shared_ptr<gpu::Event> landed, gpu::Stream* stream) {
+  if (landed == nullptr) return Status();
+  gpu::Device& dev = parts_.device;
+  Status s = stream == nullptr ? dev.synchronize(*landed) : dev.wait(*stream, *landed);
+  if (!s.ok()) {
+    // Not fetched: the buffer goes back once the copy into it has ended.
+    parts_.device_cache.put(std::move(f.working), landed);
+    f.working = {};
+    return s;
+  }
+  if (stream == nullptr) return Status();  // the blocking fetch
+  f.landed = landed;
+  // Copies that have ended need no settling (an evaluation loop never reaches step_end).
+  std::erase_if(unsettled_, [&dev](const std::shared_ptr<gpu::Event>& e) {
+    const core::Result<bool> done = dev.query(*e);
+    return done.ok() && *done;
+  });
+  unsettled_.push_back(std::move(landed));
+  return Status();
+}
+
+core::Status Fetcher::wait_fetched(std::size_t g) {
+  Fetched& f = groups_[g];
+  if (!f.fetched) {
+    return Status::failed_precondition(
+        str_cat("wait_fetched('", parts_.layout.groups[g].name, "'): the group is not fetched"));
+  }
+  if (f.landed == nullptr) return Status();
+  STRATA_RETURN_IF_ERROR(parts_.device.synchronize(*f.landed));
+  f.landed.reset();
+  return Status();
+}
+
+core::Status Fetcher::settle_copies() {
+  Status first;
+  for (const std::shared_ptr<gpu::Event>& e : unsettled_) {
+    Status s = parts_.device.synchronize(*e);
+    if (first.ok()) first = std::move(s);
+  }
+  unsettled_.clear();
+  return first;
+}
+
+core::Status Fetcher::release(std::size_t g, gpu::Stream* used_on) {
+  Fetched& f = groups_[g];
+  if (!f.fetched) {
+    return Status::failed_precondition(str_cat("release('", parts_.layout.groups[g].name, "'): the group is not fetched"));
+  }
+  gpu::Device& dev = parts_.device;
+  // The framework's work on the view so far: the buffer is written again
+  // only once it has passed.
+  std::shared_ptr<gpu::Event> fence;
+  if (used_on != nullptr && !f.working.empty()) {
+    STRATA_ASSIGN_OR_RETURN(gpu::Event ev, dev.create_event());
+    // A stream other than the fetch's is ordered after the fetch's copy too,
+    // so the fence covers it (nothing to wait for on the same stream).
+    if (f.landed != nullptr) STRATA_RETURN_IF_ERROR(dev.wait(*used_on, *f.landed));
+    STRATA_RETURN_IF_ERROR(dev.record(ev, *used_on));
+    fence = std::make_shared<gpu::Event>(std::move(ev));
+  } else if (f.landed != nullptr) {
+    // No stream: the framework's work is done, and so must the copy be that it
+    // waited for (a resident copy is read again without a wait).
+    STRATA_RETURN_IF_ERROR(dev.synchronize(*f.landed));
+  }
+  f.landed.reset();
+  if (parts_.schedule.threaded() && parts_.layout.groups[g].compute_tier != Tier::kDevice) {
+    // The threaded schedules keep it while current, within the room.
+    resident_->keep(g, std::move(f.working), std::move(fence));
+    f.working = {};
+    resident_->make_room(live_bytes(), 0, SIZE_MAX, sequence_);
+  } else {
+    parts_.device_cache.put(std::move(f.working), std::move(fence));
+  }
+  f.working = {};
+  f.fetched = false;
+  return Status();
+}
+
+bool Fetcher::any_fetched() const {
+  for (const Fetched& f : groups_) {
+    if (f.fetched) return true;
+  }
+  return false;
+}
+
+core::Result<const gpu::DeviceBuffer*> Fetcher::fetched_buffer(std::size_t g) const {
+  const GroupPlace& gp = parts_.layout.groups[g];
+  if (!groups_[g].fetched) {
+    return Status::failed_precondition(
+        str_cat("lend_view('", gp.name, "'): the group is not fetched; its compute copies are lent while fetched"));
+  }
+  return gp.compute_tier == Tier::kDevice ? &parts_.homes.device_home(g) : &groups_[g].working;
+}
+
+core::Result<gpu::DeviceBuffer> Fetcher::allocate_working(std::uint64_t bytes, const std::string& what) {
+  BufferCache<gpu::DeviceBuffer>& cache = parts_.device_cache;
+  core::Result<gpu::DeviceBuffer> b = cache.get(bytes, what);
+  if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+  if (!resident_->empty()) {  // resident copies give their memory back first
+    resident_->drop(DropCopies::kAll);
+    b = cache.get(bytes, what);
+    if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+  }
+  if (parts_.schedule.threaded()) {
+    // Gradient passes in flight hold device buffers: let them finish, then try again.
+    STRATA_RETURN_IF_ERROR(parts_.gradients.wait(what.c_str()));
+    b = cache.get(bytes, what);
+    if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
+  }
+  if (prefetcher_ == nullptr || prefetcher_->empty()) return b;
+  // Prefetched copies only save a later copy: they give their memory back
+  // last, to what is needed now (a fetch, a gradient buffer).
+  prefetcher_->drop(DropCopies::kAll);
+  return cache.get(bytes, what);
+}
+
+void Fetcher::issue_prefetches() {
+  if (prefetcher_ == nullptr) return;
+  prefetcher_->issue(sequence_, *resident_, fetched_bytes(), [this](std::size_t g) {
+    return groups_[g].fetched || parts_.layout.groups[g].compute_tier == Tier::kDevice;
+  });
+}
+
+void Fetcher::settle_prefetches() {
+  if (prefetcher_ != nullptr) prefetcher_->drain();
+}
+
+void Fetcher::drop_copies(DropCopies which) {
+  if (prefetcher_ != nullptr) prefetcher_->drop(which);
+  if (resident_ != nullptr) resident_->drop(which);
+}
+
+std::uint64_t Fetcher::fetched_bytes() const {
+  std::uint64_t bytes = 0;
+  for (const Fetched& f : groups_) bytes += f.working.size_bytes();
+  return bytes;
+}
+
+std::uint64_t Fetcher::live_bytes() const {
+  return fetched_bytes() + (prefetcher_ != nullptr ? prefetcher_->bytes() : 0) + resident_->live_bytes();
+}
+
+void Fetcher::learn_sequence() {
+  if (sequence_.learn()) {
+    STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
+  }
+}
+
+}  // namespace strata::engine
