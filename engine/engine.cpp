@@ -1,7 +1,7 @@
-// Engine: creation, registration, the learning rate, the fetch calls
-// (delegated to engine/fetch/), lookups and inspection (read_state,
-// read_compute). The rest of the facade's calls live beside it: finalize.cpp,
-// step.cpp, optimizer.cpp, save_load.cpp.
+// Engine: creation, registration, the learning rate, the fetch and step
+// calls (their order checked, then delegated to engine/fetch/ and
+// engine/step/), lookups and inspection (read_state, read_compute). The rest
+// of the facade lives beside it: finalize.cpp, save_load.cpp.
 #include "engine/engine.h"
 
 #include <algorithm>
@@ -12,10 +12,10 @@
 #include "core/str.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
-#include "engine/internal/group_state.h"
 #include "engine/internal/view_holds.h"
 #include "engine/checkpoint/pretrained.h"
 #include "engine/fetch/fetcher.h"
+#include "engine/step/step.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "gpu/cuda_device.h"
@@ -31,10 +31,9 @@ namespace {
 constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
 }  // namespace
 
-Engine::Engine(const Config& config, LossScaler scaler, LrSchedule schedule)
+Engine::Engine(const Config& config)
     : config_(config),
       schedule_(schedule_for(config.strata.overlap)),
-      verdict_(config_, std::move(scaler), std::move(schedule)),
       shared_device_(std::make_shared<SharedDevice>(
           config.strata.budgets.device_bytes != 0                ? config.strata.budgets.device_bytes
           : config.strata.device == DeviceKind::kHost ? config.strata.host_device.memory_bytes
@@ -52,15 +51,12 @@ Engine::~Engine() {
   // ends is freed, not cached, and every lent buffer the engine lets go of
   // below stays parked in holds_ until then.
   holds_->set_home(nullptr);
-  if (gradients_ != nullptr) gradients_->shutdown();  // drains the gradient copies and passes
+  if (step_ != nullptr) step_->shutdown_gradients();  // drains the gradient copies and passes
   if (fetcher_ != nullptr) fetcher_->stop();  // the prefetches (which may wait for the optimizer) and resident copies
-  if (runner_ != nullptr) runner_->stop();  // its queued jobs run first
+  if (step_ != nullptr) step_->stop_runner();  // its queued jobs run first
   // Into the cache (or holds_, when lent); nothing goes back after its clear.
   fetcher_.reset();
-  for (GroupGradients& gs : grads_) {
-    if (device_cache_ != nullptr) device_cache_->put(std::move(gs.grad));
-    gs.grad.reset();
-  }
+  if (step_ != nullptr && device_cache_ != nullptr) step_->put_back_buffers(*device_cache_);
   if (device_cache_ != nullptr) device_cache_->clear().ignore_error();  // errors were reported where they arose
   if (pinned_cache_ != nullptr) pinned_cache_->clear().ignore_error();
   if (shared_device_->device != nullptr) dev().synchronize().ignore_error();  // errors were reported where they arose
@@ -68,9 +64,7 @@ Engine::~Engine() {
     STRATA_LOG(kWarn) << "strata.trace: " << s;
   }
   if (homes_ != nullptr) homes_->park_device_homes(*holds_);  // a lent compute home stays until its lease ends
-  grads_.clear();
-  gradients_.reset();  // after the optimizer, which reads the host gradients
-  optimizer_.reset();  // the staging ring, before the budgets it charges
+  step_.reset();  // the gradient path, the optimizer and its staging ring, before the budgets they charge
   state_.reset();
   stream_.reset();
 }
@@ -79,7 +73,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
   STRATA_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::create(config.scheduler, config.optimizer.lr));
-  std::unique_ptr<Engine> e(new Engine(config, std::move(scaler), std::move(schedule)));
+  std::unique_ptr<Engine> e(new Engine(config));
   const gpu::DeviceBudgets budgets{&e->shared_device_->device_budget, &e->shared_device_->pinned_budget};
   if (config.strata.device == DeviceKind::kHost) {
     gpu::HostDeviceOptions o;
@@ -104,6 +98,13 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
     }
   }
   STRATA_ASSIGN_OR_RETURN(e->stream_, e->dev().create_stream("engine"));
+  e->step_ = std::make_unique<Step>(Step::Parts{.layout = e->layout_,
+                                                .config = e->config_,
+                                                .schedule = e->schedule_,
+                                                .device = e->dev(),
+                                                .trace = e->trace_,
+                                                .stream = e->stream_},
+                                    Verdict(e->config_, std::move(scaler), std::move(schedule)));
   gpu::Device* d = e->shared_device_->device.get();
   ViewHolds* holds = e->holds_.get();
   e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
@@ -156,18 +157,18 @@ core::Status Engine::init_from_safetensors(const std::string& path, const std::s
 
 double Engine::loss_scale() const {
   const core::MutexLock lock(mu_);
-  return verdict_.loss_scale();
+  return step_->verdict().loss_scale();
 }
 
 core::Status Engine::set_lr(double lr) {
   STRATA_ENGINE_ENTRY("set_lr");
   if (!(lr >= 0.0) || !std::isfinite(lr)) return Status::invalid_argument(str_cat("set_lr(", lr, "): expected >= 0"));
-  if (lr == verdict_.lr_override()) return Status();
+  if (lr == step_->verdict().lr_override()) return Status();
   // The step's job started early holds the constants of the old rate: it
   // stops (the next grads_ready starts another), unless it has begun to
   // update in place.
-  STRATA_RETURN_IF_ERROR(abandon_speculation("set_lr"));
-  verdict_.set_lr_override(lr);
+  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("set_lr"));
+  step_->verdict().set_lr_override(lr);
   return Status();
 }
 
@@ -183,11 +184,7 @@ core::Status Engine::check_finalized(const char* op) const {
 }
 
 bool Engine::between_steps() const {
-  if (step_.micro_step != 0 || (fetcher_ != nullptr && fetcher_->any_fetched())) return false;
-  for (const GroupGradients& gs : grads_) {
-    if (gs.grads_micro_step >= 0 || !gs.grad.empty()) return false;
-  }
-  return true;
+  return step_->between_steps() && (fetcher_ == nullptr || !fetcher_->any_fetched());
 }
 
 core::Result<std::size_t> Engine::group_index(std::string_view name, const char* op) const {
@@ -200,8 +197,8 @@ core::Result<std::size_t> Engine::group_index(std::string_view name, const char*
 
 core::Status Engine::read_state(std::string_view param, int which, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_state");
-  STRATA_RETURN_IF_ERROR(wait_optimizer("read_state"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation("read_state"));  // it may be reading the same blocks
+  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("read_state"));
+  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("read_state"));  // it may be reading the same blocks
   return read_state_locked(param, which, out);
 }
 
@@ -246,11 +243,11 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
-  STRATA_RETURN_IF_ERROR(refuse_while_applying("read_compute"));
-  STRATA_RETURN_IF_ERROR(wait_optimizer("read_compute"));
+  STRATA_RETURN_IF_ERROR(step_->refuse_while_applying("read_compute"));
+  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("read_compute"));
   // Between steps, the latest update (which "delayed" would show only at the
   // next step_end) becomes visible; within a step, the copies it computes with.
-  if (finalized_ && between_steps()) STRATA_RETURN_IF_ERROR(flush_delayed("read_compute"));
+  if (finalized_ && between_steps()) STRATA_RETURN_IF_ERROR(step_->flush_delayed("read_compute"));
   return read_compute_locked(param, out);
 }
 
@@ -265,9 +262,8 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
     }
     fetcher_->settle_prefetches();  // they may be reading this group's home
     gpu::PinnedBuffer staging;
-    const StepBytes saved = step_.bytes;
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, step_lane()));
-    step_.bytes = saved;  // inspection is not step traffic
+    StepBytes inspection;  // not step traffic
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, side_lane(inspection)));
     from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);
     return Status();
   }
@@ -277,12 +273,7 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
 core::Result<gpu::DeviceSpan> Engine::fetch(std::string_view group, gpu::Stream* stream) {
   STRATA_ENGINE_ENTRY("fetch");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "fetch"));
-  if (early_.applying_in_place && grads_[g].grads_micro_step == step_.micro_step) {
-    return Status::failed_precondition(str_cat(
-        "fetch('", group, "'): its gradients of the step's last micro-batch are in, and the optimizer is updating it "
-        "in place (strata.overlap \"", schedule_.name(),
-        "\" with no clipping, no loss scaler and strata.nonfinite \"apply\"); fetch it again after step_end"));
-  }
+  STRATA_RETURN_IF_ERROR(step_->may_fetch(g));
   return fetcher_->fetch(g, stream);
 }
 
@@ -308,11 +299,11 @@ ViewLease::~ViewLease() { holds_->end(buffer_id_); }
 core::Result<LentView> Engine::lend_view(std::string_view group, ViewKind kind) {
   STRATA_ENGINE_ENTRY("lend_view");
   STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "lend_view"));
-  const gpu::DeviceBuffer* lent = &grads_[g].grad;
+  const gpu::DeviceBuffer* lent = &step_->gradient_buffer(g);
   if (kind == ViewKind::kCompute) {
     STRATA_ASSIGN_OR_RETURN(lent, fetcher_->fetched_buffer(g));
   } else {
-    STRATA_RETURN_IF_ERROR(grad_buffer_locked(g).status());
+    STRATA_RETURN_IF_ERROR(step_->grad_buffer(g).status());
   }
   STRATA_CHECK(!lent->empty()) << "lend_view('" << group << "'): no buffer";
   return LentView{lent->span(), std::unique_ptr<ViewLease>(new ViewLease(holds_, lent->id()))};
@@ -333,14 +324,35 @@ std::vector<std::string> Engine::swap_paths() const {
 
 std::vector<SwapPathBytes> Engine::swap_traffic() const {
   const core::MutexLock lock(mu_);
-  return swap_traffic_now();
+  return swap_traffic_of(swap_.get());
 }
 
-std::vector<SwapPathBytes> Engine::swap_traffic_now() const {
-  std::vector<SwapPathBytes> out;
-  if (swap_ == nullptr) return out;
-  for (const nvme::FileTraffic& t : swap_->traffic()) out.push_back({t.bytes_read, t.bytes_written});
-  return out;
+CopyLane Engine::step_lane() { return step_->lane(); }
+
+std::size_t Engine::staging_slots() const { return step_->ring_slots(); }  // set once, by finalize
+
+core::Result<gpu::DeviceSpan> Engine::grad_buffer(std::string_view group) {
+  STRATA_ENGINE_ENTRY("grad_buffer");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grad_buffer"));
+  return step_->grad_buffer(g);
+}
+
+core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on) {
+  STRATA_ENGINE_ENTRY("grads_ready");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "grads_ready"));
+  return step_->grads_ready(g, written_on);
+}
+
+core::Status Engine::micro_step_end() {
+  STRATA_ENGINE_ENTRY("micro_step_end");
+  STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
+  return step_->micro_step_end();
+}
+
+core::Result<StepStats> Engine::step_end() {
+  STRATA_ENGINE_ENTRY("step_end");
+  STRATA_RETURN_IF_ERROR(check_finalized("step_end"));
+  return step_->step_end();
 }
 
 }  // namespace strata::engine

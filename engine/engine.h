@@ -41,11 +41,8 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/internal/view_holds.h"
 #include "engine/state/copy_lane.h"
-#include "engine/step/gradient_path.h"
-#include "engine/step/optimizer_job.h"
-#include "engine/step/optimizer.h"
-#include "engine/step/optimizer_runner.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
 #include "core/numerics.h"
@@ -54,7 +51,6 @@
 #include "engine/loss_scaler.h"
 #include "engine/lr_schedule.h"
 #include "engine/schedule/schedule.h"
-#include "engine/step/verdict.h"
 #include "engine/step_stats.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
@@ -74,7 +70,8 @@ struct ChunkState;
 struct SharedDevice;
 class ViewHolds;
 class Fetcher;
-struct GroupGradients;
+class GradientPath;
+class Step;
 class PretrainedWeights;
 class SerialQueue;
 class CpuTurns;
@@ -240,7 +237,7 @@ class Engine {
   const core::MemoryBudget& pinned_budget() const { return shared_device_->pinned_budget; }
   const core::MemoryBudget& staging_budget() const { return shared_device_->staging_budget; }
   // Slots in the disk pipeline's staging ring (0 when no state lives on nvme).
-  std::size_t staging_slots() const { return optimizer_ != nullptr ? optimizer_->ring_slots() : 0; }
+  std::size_t staging_slots() const;
   // Writes the timeline so far to strata.trace (also done when the engine is destroyed).
   core::Status flush_trace() const { return trace_.write(); }
 
@@ -264,7 +261,7 @@ class Engine {
   std::vector<SwapPathBytes> swap_traffic() const;
 
  private:
-  Engine(const Config& config, LossScaler scaler, LrSchedule schedule);
+  explicit Engine(const Config& config);
 
   // The error for a call made while finalize runs.
   static core::Status finalize_running(const char* op);
@@ -273,47 +270,26 @@ class Engine {
   core::Status read_compute_locked(std::string_view param, std::span<float> out) STRATA_REQUIRES(mu_);
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
-  // grad_buffer's body, for group g (mu_ held).
-  core::Result<gpu::DeviceSpan> grad_buffer_locked(std::size_t g) STRATA_REQUIRES(mu_);
-  // What decides whether a step's verdict can change anything (the config's).
-  StepRules rules() const { return StepRules::of(config_); }
   gpu::Device& dev() const { return *shared_device_->device; }
-  // overlap "delayed": the new compute copies the last step's job left go
-  // home (after it finished), and device copies of the old ones are dropped.
-  core::Status commit_pending(const char* op) STRATA_REQUIRES(mu_);
-  // Between steps, for calls that read the compute copies (read_compute,
-  // save_checkpoint): the last step's update becomes visible at once instead
-  // of at the next step_end.
-  core::Status flush_delayed(const char* op) STRATA_REQUIRES(mu_);
-  // Schedule::defers_verdicts: step_end does not wait for the step's last
-  // gradients. It posts a marker behind them on the gradient path
-  // (GradientPath::post_marker), which takes the norm and the inf/NaN
-  // flag once they are in; the step's job waits for it, then takes the
-  // verdict (skip, clip) and computes its constants. The verdicts come back
-  // through wait_optimizer (fold_verdicts).
-  bool deferred_verdicts() const { return schedule_.defers_verdicts(rules()); }
-  void fold_verdicts() STRATA_REQUIRES(mu_);
-  // StepRules::certain: the step's early job (Schedule::early_jobs) updates
-  // every chunk in place as its group's gradients arrive: its work is final,
-  // never thrown away.
-  bool certain_steps() const { return rules().certain(); }
-  // The step's optimizer job starts before step_end (and the next one at
-  // step_end): Schedule::early_jobs.
-  bool early_jobs() const { return schedule_.early_jobs(rules()); }
   core::Status check_finalized(const char* op) const;
-  // swap_traffic's body (the swap store is set once, by finalize).
-  std::vector<SwapPathBytes> swap_traffic_now() const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count (engine/state/copy_lane.h):
-  // the framework's calls use the step's lane (stream_, step_.bytes); the
-  // gradient path, the optimizer's jobs and the prefetcher have their own, so
-  // they run side by side.
+  // the framework's calls use the step's lane (stream_, the step's bytes);
+  // the gradient path, the optimizer's jobs and the prefetcher have their
+  // own, so they run side by side.
   using Lane = CopyLane;
   // The framework's calls' lane: the engine's stream, the step's bytes.
-  Lane step_lane() { return {&stream_, &step_.bytes, TraceTrack::kDevice}; }
-  // finalize's last part: every parameter's initial values, group by group.
+  Lane step_lane();
+  // A lane on the engine's stream whose traffic is not the step's
+  // (inspection, checkpoints): its bytes go to `sink`.
+  Lane side_lane(StepBytes& sink) { return {&stream_, &sink, TraceTrack::kDevice}; }
+  // finalize's parts: every parameter's initial values, group by group; last,
+  // the step's rooms (the optimizer with the disk pipeline, its runner) and
+  // the fetcher, handed to the step (`ring_room`: the pinned memory the
+  // staging ring may take).
   core::Status write_initial_values() STRATA_REQUIRES(mu_);
+  core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {
     return lane_h2d(dev(), trace_, lane, dst, src);
@@ -324,33 +300,6 @@ class Engine {
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src) { return copy_h2d(dst, src, step_lane()); }
   core::Status copy_d2h(std::span<std::byte> dst, gpu::DeviceSpan src) { return copy_d2h(dst, src, step_lane()); }
 
-  // --- building optimizer jobs (engine/optimizer.cpp; the runner and the
-  // job body: engine/step/) ---
-  // Schedule::early_jobs: starts the step's early job (from grads_ready, the
-  // first of the step's last micro-batch, or from the last step_end), with
-  // the constants of a step that is applied and not clipped. step_end's
-  // verdict (OptimizerRunner::settle) applies it when the step's constants
-  // are exactly those (the job commits what it did and goes on in the next
-  // forward's order), else stops it and nothing it did is committed.
-  core::Status start_early_job() STRATA_REQUIRES(mu_);
-  // Stops the early job started ahead (at step_end, for the next step)
-  // before a call reads the optimizer state it may be reading (read_state,
-  // checkpoints, export): the next grads_ready starts another. (It reads a
-  // group's compute copies only once that group's gradients are in.)
-  // `op` names the caller in the error when the job cannot be stopped: it
-  // is certain and has been handed gradients (its updates are in place).
-  core::Status abandon_speculation(const char* op) STRATA_REQUIRES(mu_);
-  // kFailedPrecondition naming `op` while the step's certain job updates in
-  // place (from the first gradients of the step's last micro-batch to
-  // step_end): the state and compute copies are part new, part old.
-  core::Status refuse_while_applying(const char* op) const STRATA_REQUIRES(mu_);
-  // Waits until every decided job finished (none before finalize); folds the
-  // deferred verdicts they took into the step counts; the sticky error.
-  core::Status wait_optimizer(const char* op) STRATA_REQUIRES(mu_);
-  // A step's job: the next forward's order (or the backward's, per the
-  // schedule), the disk pipeline's depth.
-  std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<UpdateConstants> constants,
-                                                   std::int64_t step);
   // Host views of a pinned or nvme chunk's state; `stage` receives the staging
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
   core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
@@ -379,28 +328,6 @@ class Engine {
   // finalize lets go of it around each init callback, with finalizing_ set.
   mutable core::Mutex mu_;
   bool finalizing_ STRATA_GUARDED_BY(mu_) = false;
-  // The step's decisions (skip, clip, loss scale, lr -> constants) and the
-  // step counts (engine/step/verdict.h).
-  Verdict verdict_ STRATA_GUARDED_BY(mu_);
-  // The step under way: micro-batches ended, deferred verdicts' gradient
-  // markers posted, and its statistics so far (traffic, stage seconds; the
-  // fetches' own are the fetcher's).
-  struct StepState {
-    int micro_step = 0;
-    std::int64_t markers = 0;
-    StepBytes bytes;
-    StepStats times;
-  };
-  StepState step_ STRATA_GUARDED_BY(mu_);
-  // The step's early job (Schedule::early_jobs): its id (0: none yet),
-  // whether it is certain and has gradients (updates in place), its constants.
-  struct EarlyJob {
-    std::int64_t job = 0;
-    bool applying_in_place = false;
-    std::vector<UpdateConstants> constants;
-  };
-  EarlyJob early_ STRATA_GUARDED_BY(mu_);
-
   // Destruction order: everything holding device memory or swap blocks
   // before the device, the swap store and the budgets. The device and its
   // two budgets live in shared_device_, shared with the leases of lent views
@@ -418,22 +345,14 @@ class Engine {
   std::unique_ptr<BufferCache<gpu::DeviceBuffer>> device_cache_;
   std::unique_ptr<BufferCache<gpu::PinnedBuffer>> pinned_cache_;
   // The state in its tiers (engine/state/): each chunk's master and
-  // moments, each group's compute copies; and each group's fetch state.
+  // moments, each group's compute copies.
   std::unique_ptr<StateStore> state_;
   std::unique_ptr<ComputeHomes> homes_;
-  // Each group's gradient buffer while the framework writes it, and the
-  // micro-batch whose gradients arrived (engine/internal/group_state.h).
-  std::vector<GroupGradients> grads_;
-  // The step's rooms (engine/step/): grads_ready's gradient path, the
-  // optimizer's job body with the disk pipeline (its ring charged to the
-  // staging budget), and the runner of its jobs (thread, marks, sticky
-  // error). The runner's thread works without mu_ on what the protocol
-  // leaves it: the chunks, the host gradients and the compute homes of
-  // groups it has not marked done; fetch, grad_buffer and grads_ready of a
-  // group wait for that mark.
-  std::unique_ptr<GradientPath> gradients_;
-  std::unique_ptr<Optimizer> optimizer_;
-  std::unique_ptr<OptimizerRunner> runner_;
+  // The training step (engine/step/step.h): the verdict, the step under
+  // way, the early job, each group's gradient buffer, and the step's rooms
+  // (the gradient path, the optimizer with the disk pipeline, its runner).
+  // Created with the engine; finalize hands it the rooms.
+  std::unique_ptr<Step> step_;
   // fetch, release and the device copies of compute copies (engine/fetch/):
   // the learned fetch sequence, resident and prefetched copies.
   std::unique_ptr<Fetcher> fetcher_;

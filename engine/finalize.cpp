@@ -12,7 +12,7 @@
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
 #include "engine/fetch/fetcher.h"
-#include "engine/internal/group_state.h"
+#include "engine/step/step.h"
 #include "engine/io_options.h"
 #include "engine/plan/machine.h"
 #include "engine/checkpoint/pretrained.h"
@@ -174,7 +174,7 @@ core::Status Engine::finalize() {
   // the disk pipeline's ring (or the slots strata.budgets.staging asks for);
   // a derived ring takes what is left, up to its depth.
   const std::uint64_t pinned_limit = shared_device_->pinned_budget.limit_bytes();
-  const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), early_jobs());
+  const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), schedule_.early_jobs(StepRules::of(config_)));
   const RingShape ring = ring_shape(layout_);
   const std::uint64_t slot = ring.slot_bytes;
   std::uint64_t ring_least = slot;
@@ -254,62 +254,72 @@ core::Status Engine::finalize() {
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
 
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
-  STRATA_ASSIGN_OR_RETURN(gradients_, GradientPath::create({.layout = layout_,
-                                                            .precision = config_.precision,
-                                                            .device = dev(),
-                                                            .cpu_adam = *cpu_adam_,
-                                                            .turns = *cpu_turns_,
-                                                            .device_cache = *device_cache_,
-                                                            .pinned_cache = *pinned_cache_,
-                                                            .trace = trace_,
-                                                            .inline_lane = step_lane()},
-                                                           schedule_.threaded()));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GradientPath> gradients,
+                          GradientPath::create({.layout = layout_,
+                                                .precision = config_.precision,
+                                                .device = dev(),
+                                                .cpu_adam = *cpu_adam_,
+                                                .turns = *cpu_turns_,
+                                                .device_cache = *device_cache_,
+                                                .pinned_cache = *pinned_cache_,
+                                                .trace = trace_,
+                                                .inline_lane = step_lane()},
+                                               schedule_.threaded()));
 
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
-  grads_.resize(layout_.groups.size());
   STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
-  const Status init = write_initial_values();
+  Status s = write_initial_values();
   finalizing_ = false;
-  if (!init.ok()) {
-    finalized_ = false;
-    return init;
-  }
-  step_.bytes = {};  // initialisation is not a step's traffic
+  step_->forget_traffic();  // initialisation is not a step's traffic
   // Last: the initial values' staging goes back first (the ring is
   // allocated directly, past the cache).
-  STRATA_RETURN_IF_ERROR(pinned_cache_->clear());
-  STRATA_ASSIGN_OR_RETURN(optimizer_, Optimizer::create({.layout = layout_,
-                                                         .config = config_,
-                                                         .device = dev(),
-                                                         .cpu_adam = *cpu_adam_,
-                                                         .turns = *cpu_turns_,
-                                                         .state = *state_,
-                                                         .homes = *homes_,
-                                                         .gradients = *gradients_,
-                                                         .device_cache = *device_cache_,
-                                                         .pinned_cache = *pinned_cache_,
-                                                         .trace = trace_,
-                                                         .staging_budget = shared_device_->staging_budget,
-                                                         .pinned_room = ring_room},
-                                                        schedule_.ring_depth()));
-  Optimizer* optimizer = optimizer_.get();
-  runner_ = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
-                                              [optimizer](OptimizerJob& job) { return optimizer->run(job); });
-  optimizer_->set_runner(*runner_);
+  if (s.ok()) s = pinned_cache_->clear();
+  if (s.ok()) s = start_step(std::move(gradients), ring_room);
+  if (!s.ok()) finalized_ = false;  // every call but the destructor refuses it
+  return s;
+}
+
+core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) {
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+                          Optimizer::create({.layout = layout_,
+                                             .config = config_,
+                                             .device = dev(),
+                                             .cpu_adam = *cpu_adam_,
+                                             .turns = *cpu_turns_,
+                                             .state = *state_,
+                                             .homes = *homes_,
+                                             .gradients = *gradients,
+                                             .device_cache = *device_cache_,
+                                             .pinned_cache = *pinned_cache_,
+                                             .trace = trace_,
+                                             .staging_budget = shared_device_->staging_budget,
+                                             .pinned_room = ring_room},
+                                            schedule_.ring_depth()));
+  Optimizer* body = optimizer.get();
+  auto runner = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
+                                                  [body](OptimizerJob& job) { return body->run(job); });
+  optimizer->set_runner(*runner);
   STRATA_ASSIGN_OR_RETURN(fetcher_, Fetcher::create({.layout = layout_,
                                                        .config = config_,
                                                        .schedule = schedule_,
                                                        .device = dev(),
                                                        .homes = *homes_,
-                                                       .runner = *runner_,
-                                                       .gradients = *gradients_,
+                                                       .runner = *runner,
+                                                       .gradients = *gradients,
                                                        .device_cache = *device_cache_,
                                                        .pinned_cache = *pinned_cache_,
                                                        .trace = trace_,
                                                        .stream = stream_}));
+  step_->start({.gradients = std::move(gradients),
+                .optimizer = std::move(optimizer),
+                .runner = std::move(runner),
+                .fetcher = *fetcher_,
+                .homes = *homes_,
+                .state = *state_,
+                .swap = swap_.get()});
   return Status();
 }
 
@@ -378,7 +388,7 @@ core::Status Engine::write_initial_values() {
         master = device_master;
       } else {
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
-        step_.bytes.add_nvme_read(state_->path_bytes(c));
+        step_lane().bytes->add_nvme_read(state_->path_bytes(c));
         master = st.master();
       }
       for (const Layout::Piece& p : layout_.pieces(cp)) {
@@ -392,7 +402,7 @@ core::Status Engine::write_initial_values() {
                                         std::as_bytes(master)));
       } else {
         STRATA_RETURN_IF_ERROR(state_->store(c, cstage.bytes()));
-        step_.bytes.add_nvme_write(state_->path_bytes(c));
+        step_lane().bytes->add_nvme_write(state_->path_bytes(c));
       }
     }
   }

@@ -32,10 +32,10 @@
 #include "engine/checkpoint/retention.h"
 #include "engine/engine.h"
 #include "engine/fetch/fetcher.h"
+#include "engine/step/step.h"
 #include "engine/checkpoint/file_io.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_entry.h"
-#include "engine/internal/group_state.h"
 #include "engine/io_options.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/state/compute_homes.h"
@@ -127,8 +127,8 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
 
 core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
   STRATA_ENGINE_ENTRY("save_checkpoint");
-  STRATA_RETURN_IF_ERROR(wait_optimizer("save_checkpoint"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation("save_checkpoint"));  // it may be reading the state saved here
+  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("save_checkpoint"));
+  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("save_checkpoint"));  // it may be reading the state saved here
   STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition(
@@ -136,7 +136,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   }
   // overlap "delayed": the checkpoint holds the latest update, and this run
   // goes on from it as a run resumed from it will.
-  STRATA_RETURN_IF_ERROR(flush_delayed("save_checkpoint"));
+  STRATA_RETURN_IF_ERROR(step_->flush_delayed("save_checkpoint"));
   fetcher_->settle_prefetches();  // the compute copies' homes are read below
   std::error_code ec;
   fs::create_directories(root, ec);
@@ -146,7 +146,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     STRATA_LOG(kWarn) << "save_checkpoint: could not remove what an interrupted save left: "
                       << removed.status();
   }
-  const std::string name = str_cat("step-", verdict_.applied_steps());
+  const std::string name = str_cat("step-", step_->verdict().applied_steps());
   const std::string tmp = str_cat(root, "/.", name, ".tmp");
   const std::string final_dir = str_cat(root, "/", name);
   fs::remove_all(tmp, ec);
@@ -188,8 +188,8 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
                                                                direct_file_options(config_.strata.io)));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
+    const Step::TrafficPause pause(*step_);  // checkpoint traffic is not step traffic
     gpu::PinnedBuffer staging;
-    const StepBytes saved = step_.bytes;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
@@ -208,7 +208,6 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
       exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/false);
       return Status();
     }));
-    step_.bytes = saved;  // checkpoint traffic is not step traffic
     for (auto& [pi, a] : arrays) {
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
         STRATA_RETURN_IF_ERROR(writer.write_f32(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
@@ -221,10 +220,10 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
 
   CheckpointManifest m;
-  m.step = verdict_.applied_steps();
-  m.skipped_steps = verdict_.skipped_steps();
-  m.lr_override = verdict_.lr_override();
-  const LossScaler::State& ls = verdict_.scaler_state();
+  m.step = step_->verdict().applied_steps();
+  m.skipped_steps = step_->verdict().skipped_steps();
+  m.lr_override = step_->verdict().lr_override();
+  const LossScaler::State& ls = step_->verdict().scaler_state();
   m.loss_scaler = {.scale = ls.scale,
                    .iteration = ls.iteration,
                    .last_overflow_iteration = ls.last_overflow_iteration,
@@ -264,7 +263,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   // Retention, once the save is latest: a failure here loses nothing saved.
   const RetentionPolicy policy{.keep_last = config_.strata.checkpoint.keep_last,
                                .keep_every = config_.strata.checkpoint.keep_every};
-  if (auto removed = apply_retention(root, verdict_.applied_steps(), policy); !removed.ok()) {
+  if (auto removed = apply_retention(root, step_->verdict().applied_steps(), policy); !removed.ok()) {
     STRATA_LOG(kWarn) << "save_checkpoint: " << name
                       << " is saved, but removing older checkpoints failed: " << removed.status();
   }
@@ -273,7 +272,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
 
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("load_checkpoint");
-  STRATA_RETURN_IF_ERROR(wait_optimizer("load_checkpoint"));
+  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("load_checkpoint"));
   STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
   if (!between_steps()) {
     return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
@@ -339,7 +338,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   fetcher_->drop_copies(DropCopies::kAll);  // they hold compute copies the load replaces
   STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());  // nothing may still read the homes it writes
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
-  STRATA_RETURN_IF_ERROR(abandon_speculation("load_checkpoint"));  // it read state the load replaces
+  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("load_checkpoint"));  // it read state the load replaces
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
@@ -369,15 +368,15 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   state.iteration = m.loss_scaler.iteration;
   state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
   state.hysteresis_left = m.loss_scaler.hysteresis_left;
-  STRATA_RETURN_IF_ERROR(verdict_.restore(state, m.step, m.skipped_steps, m.lr_override));
-  step_.bytes = {};
+  STRATA_RETURN_IF_ERROR(step_->verdict().restore(state, m.step, m.skipped_steps, m.lr_override));
+  step_->forget_traffic();  // the load's traffic is not a step's
   return blob;
 }
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
   STRATA_ENGINE_ENTRY("export_safetensors");
-  STRATA_RETURN_IF_ERROR(wait_optimizer("export_safetensors"));
-  STRATA_RETURN_IF_ERROR(abandon_speculation("export_safetensors"));  // it may be reading the state exported here
+  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("export_safetensors"));
+  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("export_safetensors"));  // it may be reading the state exported here
   STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -403,9 +402,10 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
     for (std::size_t pi : shards[s]) {
       const ParamDesc& p = layout_.params[pi];
       std::vector<float> v(static_cast<std::size_t>(p.numel()));
-      const StepBytes saved = step_.bytes;
-      STRATA_RETURN_IF_ERROR(p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v));
-      step_.bytes = saved;
+      {
+        const Step::TrafficPause pause(*step_);  // export traffic is not step traffic
+        STRATA_RETURN_IF_ERROR(p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v));
+      }
       STRATA_RETURN_IF_ERROR(w.write_f32(p.name, v));
       weight_map[p.name] = file;
       total += sizes[pi];

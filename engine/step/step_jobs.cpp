@@ -1,9 +1,8 @@
-// Building the step's optimizer jobs (Engine members declared in
-// engine/engine.h): the job step_end hands over (the next forward's order, or
-// the backward's per the schedule), the early job that starts before the
-// verdict and the calls that stop it, and folding the deferred verdicts jobs
-// took into the step counts. The runner runs the jobs and the job body is
-// engine/step/optimizer.cpp.
+// Step: building the step's optimizer jobs (engine/step/step.h): the job
+// step_end hands over (the next forward's order, or the backward's per the
+// schedule), the early job that starts before the verdict and the calls that
+// stop it, and folding the deferred verdicts jobs took into the step counts.
+// The runner runs the jobs and the job body is engine/step/optimizer.cpp.
 //
 // Exactness: a job applies the step's constants (norm, clipping, loss scale
 // and learning rate are all known when step_end builds it) to every chunk;
@@ -17,12 +16,9 @@
 #include <vector>
 
 #include "core/str.h"
-#include "engine/engine.h"
 #include "engine/fetch/fetcher.h"
-#include "engine/internal/group_state.h"
 #include "engine/state/state_store.h"
-#include "engine/step/optimizer_job.h"
-#include "engine/step/optimizer_runner.h"
+#include "engine/step/step.h"
 
 namespace strata::engine {
 
@@ -30,36 +26,31 @@ using core::Status;
 using core::str_cat;
 namespace nx = core::numerics;
 
-std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<UpdateConstants> constants,
-                                                         std::int64_t step) {
+std::unique_ptr<OptimizerJob> Step::make_job(std::vector<UpdateConstants> constants, std::int64_t step) const {
   auto job = std::make_unique<OptimizerJob>();
   job->step = step;
   job->constants = std::move(constants);
   // The next forward's order (the learned sequence's first fetches).
-  job->order = fetcher_->sequence().forward_order(layout_.groups.size());
-  job->delayed = schedule_.delays_update();
-  const bool compute_on_nvme = std::any_of(layout_.groups.begin(), layout_.groups.end(),
+  job->order = fetcher_->sequence().forward_order(parts_.layout.groups.size());
+  job->delayed = parts_.schedule.delays_update();
+  const bool compute_on_nvme = std::any_of(parts_.layout.groups.begin(), parts_.layout.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
-  if (schedule_.updates_in_backward_order(compute_on_nvme)) fetcher_->sequence().sort_in_backward_order(job->order);
-  const bool threaded = schedule_.threaded();
+  if (parts_.schedule.updates_in_backward_order(compute_on_nvme)) fetcher_->sequence().sort_in_backward_order(job->order);
+  const bool threaded = parts_.schedule.threaded();
   job->read_ahead = threaded && optimizer_->ring_slots() > 0 ? optimizer_->ring_slots() - 1 : 0;
   job->write_behind = threaded;
   return job;
 }
 
-void Engine::fold_verdicts() {
-  for (const VerdictRecord& v : runner_->take_verdicts()) verdict_.fold(v);
-}
-
-core::Status Engine::start_early_job() {
+core::Status Step::start_early_job() {
   // The constants of a step that is applied and not clipped.
-  early_.constants = verdict_.constants(layout_.optimizer_groups, 1.0);
-  std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_.constants, verdict_.applied_steps() + 1);
+  early_.constants = verdict_.constants(parts_.layout.optimizer_groups, 1.0);
+  std::unique_ptr<OptimizerJob> job = make_job(early_.constants, verdict_.applied_steps() + 1);
   job->early = true;
-  job->certain = certain_steps();
+  job->certain = rules().certain();
   // Update in the order the backward hands gradients over; after the
   // verdict, in the next forward's order.
-  const std::size_t n = layout_.groups.size();
+  const std::size_t n = parts_.layout.groups.size();
   job->rank.assign(n, n);
   for (std::size_t i = 0; i < job->order.size(); ++i) job->rank[job->order[i]] = i;
   fetcher_->sequence().sort_in_backward_order(job->order);
@@ -71,10 +62,10 @@ core::Status Engine::start_early_job() {
   job->deferred.assign(n, false);
   if (job->certain && !fetcher_->sequence().empty()) {
     for (std::size_t g = 0; g < n; ++g) {
-      const GroupPlace& gp = layout_.groups[g];
+      const GroupPlace& gp = parts_.layout.groups[g];
       bool nvme = false;
       for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-        nvme = nvme || state_->tier(c) == Tier::kNvme;
+        nvme = nvme || chunks_->tier(c) == Tier::kNvme;
       }
       job->deferred[g] = !nvme && job->rank[g] >= (n + 1) / 2;
     }
@@ -84,15 +75,15 @@ core::Status Engine::start_early_job() {
   return Status();
 }
 
-core::Status Engine::refuse_while_applying(const char* op) const {
+core::Status Step::refuse_while_applying(const char* op) const {
   if (!early_.applying_in_place) return Status();
   return Status::failed_precondition(str_cat(
-      op, ": the optimizer is applying this step during the backward (strata.overlap \"", schedule_.name(),
+      op, ": the optimizer is applying this step during the backward (strata.overlap \"", parts_.schedule.name(),
       "\" with no clipping, no loss scaler and strata.nonfinite \"apply\" updates each group as its gradients "
       "arrive); call it before the step's first grads_ready or after step_end"));
 }
 
-core::Status Engine::abandon_speculation(const char* op) {
+core::Status Step::abandon_speculation(const char* op) {
   if (early_.job == 0) return Status();
   STRATA_RETURN_IF_ERROR(refuse_while_applying(op));
   // The verdict has one slot: the job before this one must have had its
@@ -102,10 +93,11 @@ core::Status Engine::abandon_speculation(const char* op) {
   return runner_->settle(job, false, /*reads_too=*/true);
 }
 
-core::Status Engine::wait_optimizer(const char* op) {
+core::Status Step::wait_optimizer(const char* op) {
   if (runner_ == nullptr) return Status();  // before finalize: nothing ran
   STRATA_RETURN_IF_ERROR(runner_->wait_all(op));
-  fold_verdicts();
+  // The verdicts deferred to the jobs, into the step counts.
+  for (const VerdictRecord& v : runner_->take_verdicts()) verdict_.fold(v);
   return Status();
 }
 
