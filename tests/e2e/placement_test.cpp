@@ -926,6 +926,21 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
   const core::Status s = finalize_status(c);
   EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
   EXPECT_NE(s.message().find("strata.budgets.staging"), std::string::npos) << s;
+  // The ring is the last thing finalize builds, after the initial values: an
+  // engine whose finalize failed there is not finalized, and refuses the
+  // step's calls instead of running them without an optimizer.
+  auto e = Engine::create(c);
+  ASSERT_TRUE(e.ok()) << e.status();
+  for (const Tensor& t : kTensors) {
+    ASSERT_TRUE((*e)->register_param({t.name, t.shape, t.group}, [t](std::span<float> out) {
+                      init_values(t, out);
+                      return core::Status();
+                    }).ok());
+  }
+  EXPECT_EQ((*e)->finalize().code(), core::StatusCode::kResourceExhausted);
+  EXPECT_FALSE((*e)->finalized());
+  EXPECT_EQ((*e)->fetch(kTensors[0].group).status().code(), core::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*e)->step_end().status().code(), core::StatusCode::kFailedPrecondition);
 }
 
 // Traced prefetch: the first step teaches the engine the fetch sequence
