@@ -8,6 +8,7 @@
 #include "core/aligned_buffer.h"
 #include "core/numerics.h"
 #include "core/str.h"
+#include "engine/memory_model.h"
 #include "engine/plan/plan_internal.h"
 #include "engine/schedule/schedule.h"
 
@@ -22,6 +23,15 @@ using plan_detail::round_up_to;
 using plan_detail::sat_add;
 using plan_detail::sat_mul;
 using plan_detail::u64;
+
+// The planner's derived ring takes 1 / kRingShareOfPinnedLeft of what
+// a pinned budget leaves beyond the host gradients, the pinned compute copies
+// and the pinned state. Half is the engine's rule from before finalize
+// reserved the step's working memory itself; finalize now gives the ring all
+// that the budget leaves beyond the state, the schedule's extra memory and
+// that working memory (PinnedWorking), so under a pinned budget the two can
+// count different slots. Kept so the plan's bytes do not change here.
+constexpr std::uint64_t kRingShareOfPinnedLeft = 2;
 
 std::string count_times(std::int64_t n, std::uint64_t bytes, std::string_view what = {}) {
   std::string s = str_cat(group_digits(u64(n)), " x ", bytes, " B");
@@ -219,25 +229,31 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
     add("master_weights", Tier::kNvme, sat_mul(u64(t_nvme), 4), count_times(t_nvme, 4, "fp32"));
     add("optimizer_moments", Tier::kNvme, sat_mul(u64(t_nvme), moments),
         count_times(t_nvme, moments, optimizer_label(cfg.optimizer.type)));
-    // The disk pipeline's ring (DiskPipeline::create): a slot holds the
-    // largest nvme chunk's master and moments; strata.budgets.staging sets
-    // the slots, else the schedule's depth, fewer when a pinned budget
-    // leaves less than two slots' room per slot; never more than the chunks.
+    // The disk pipeline's ring, by the engine's rule (memory_model.h's
+    // ring_slots): a slot holds the largest chunk's master and moments;
+    // strata.budgets.staging sets the slots, else the schedule's depth,
+    // fewer when a pinned budget leaves less room; never more than the
+    // chunks. The room differs from finalize's (kRingShareOfPinnedLeft).
     const std::uint64_t states = 1 + moments / 4;
-    const std::uint64_t slot =
-        core::align_up(sat_mul(u64(std::max<std::int64_t>(shape.chunk, 1)), 4 * states), core::kDirectIoAlignment);
+    const RingShape nvme_ring{.slot_bytes = ring_slot_bytes(std::max<std::int64_t>(shape.chunk, 1), state),
+                              .nvme_chunks = static_cast<std::size_t>(shape.nvme_chunks)};
     const BudgetsConfig& b = cfg.strata.budgets;
-    std::uint64_t slots = u64(schedule.ring_depth());
-    if (b.staging_bytes > 0) {
-      slots = std::max<std::uint64_t>(1, b.staging_bytes / slot);
-    } else if (b.pinned_bytes > 0) {
+    std::uint64_t ring_room = kNoRoomLimit;
+    if (b.staging_bytes == 0 && b.pinned_bytes > 0) {
       std::uint64_t held = sat_mul(u64(T), g);
       if (pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(P), c));
       held = sat_add(held, sat_mul(u64(t_keep), state));
       const std::uint64_t left = b.pinned_bytes > held ? b.pinned_bytes - held : 0;
-      slots = std::clamp<std::uint64_t>(left / (2 * slot), 1, slots);
+      ring_room = left / kRingShareOfPinnedLeft;
     }
-    slots = std::min(slots, u64(shape.nvme_chunks));
+    const RingSlots ring = ring_slots({.shape = nvme_ring,
+                                       .staging_bytes = b.staging_bytes,
+                                       .pinned_room_bytes = ring_room,
+                                       .depth = u64(schedule.ring_depth())});
+    const std::uint64_t slot = ring.slot_bytes;
+    // A staging budget below one slot: the one slot the engine needs
+    // (make_plan's note says the budget is short).
+    const std::uint64_t slots = ring.staging_below_slot ? 1 : ring.slots;
     add("optimizer_staging", Tier::kPinned, sat_mul(slot, slots),
         str_cat(slots, " slots of ", core::format_bytes(slot), " (the largest nvme chunk's ", states,
                 " fp32 states)"));
