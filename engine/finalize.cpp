@@ -177,10 +177,12 @@ core::Status Engine::finalize() {
   const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), schedule_.early_jobs(StepRules::of(config_)));
   const RingShape ring = ring_shape(layout_);
   const std::uint64_t slot = ring.slot_bytes;
-  std::uint64_t ring_least = slot;
-  if (slot > 0 && config_.strata.budgets.staging_bytes > 0) {
-    ring_least = std::min<std::uint64_t>(config_.strata.budgets.staging_bytes / slot, ring.nvme_chunks) * slot;
-  }
+  // The least ring (memory_model.h's ring_slots with no pinned room left).
+  const std::uint64_t ring_least = ring_slots({.shape = ring,
+                                               .staging_bytes = config_.strata.budgets.staging_bytes,
+                                               .pinned_room_bytes = 0,
+                                               .depth = static_cast<std::uint64_t>(schedule_.ring_depth())})
+                                       .bytes();
   const std::uint64_t pinned_least = need.pinned + pinned_working.total() + ring_least;
   if (pinned_least > pinned_limit) {
     std::string ring_text;

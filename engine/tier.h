@@ -56,13 +56,4 @@ OptimizerSplit split_optimizer_state(std::int64_t elems, OffloadDevice device, d
 // round(n x fraction), within [0, n]: the rounding split_optimizer_state uses.
 std::int64_t share_of(std::int64_t n, double fraction);
 
-// The swap files' size for `blocks` bytes of swap blocks (nvme state and
-// compute homes): the blocks, 1/16 of them and 64 MiB of room for the
-// allocator, rounded up to 1 MiB. Engine::finalize asks the swap store for
-// it (unless strata.budgets.disk is set) and `strata plan` counts it.
-inline std::uint64_t swap_files_bytes(std::uint64_t blocks) {
-  constexpr std::uint64_t kMiB = 1ull << 20;
-  return (blocks + blocks / 16 + 64 * kMiB + kMiB - 1) / kMiB * kMiB;
-}
-
 }  // namespace strata::engine

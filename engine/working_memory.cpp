@@ -43,9 +43,7 @@ RingShape ring_shape(const Layout& layout) {
   RingShape r;
   for (const ChunkPlace& c : layout.chunks) {
     if (c.state_tier != Tier::kNvme) continue;
-    r.slot_bytes = std::max(
-        r.slot_bytes,
-        core::align_up(layout.state_bytes(c), core::kDirectIoAlignment));
+    r.slot_bytes = std::max(r.slot_bytes, ring_slot_bytes(c.elems, layout.optimizer.bytes_per_elem()));
     ++r.nvme_chunks;
   }
   return r;

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "engine/layout.h"
+#include "engine/memory_model.h"
 
 namespace strata::engine {
 
@@ -34,13 +35,9 @@ struct PinnedWorking {
 // may be uncertain (speculative), holding shadow copies.
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs);
 
-// The disk pipeline's staging ring (DiskPipeline::create): one slot holds the
-// largest nvme chunk's master and moments, 4096-aligned; there is no ring
-// (0, 0) without optimizer state on nvme.
-struct RingShape {
-  std::uint64_t slot_bytes = 0;
-  std::size_t nvme_chunks = 0;
-};
+// The disk pipeline's staging ring's shape for this layout (RingShape,
+// memory_model.h: one slot holds the largest nvme chunk's master and
+// moments, ring_slot_bytes); its slots are memory_model.h's ring_slots.
 RingShape ring_shape(const Layout& layout);
 
 }  // namespace strata::engine

@@ -244,17 +244,11 @@ Status parse_precision(ObjectReader& root, Context& ctx, Config* c) {
   return ctx.error();
 }
 
-Status parse_zero(ObjectReader& root, Context& ctx, ZeroConfig* zc, NvmePathsGiven* paths) {
-  if (const Json* v = root.peek("zero_optimization"); v != nullptr && v->is_boolean()) {
-    root.take("zero_optimization");
-    root.fail("zero_optimization",
-              str_cat("expected an object, got ", show(*v),
-                      " (DeepSpeed's deprecated boolean form); write {\"stage\": 1}"));
-    return ctx.error();
-  }
-  ObjectReader z = root.child("zero_optimization");
-  z.get_int("stage", 0, 3, &zc->stage);
+namespace {
 
+// zero_optimization's offload sections, and the old boolean forms DeepSpeed
+// maps to them.
+Status parse_zero_offload(ObjectReader& z, ZeroConfig* zc, NvmePathsGiven* paths) {
   bool optimizer_given = false;
   bool param_given = false;
   STRATA_RETURN_IF_ERROR(
@@ -295,7 +289,12 @@ Status parse_zero(ObjectReader& root, Context& ctx, ZeroConfig* zc, NvmePathsGiv
            "old key; no effect: strata always pins its host "
            "buffers");
   }
+  return Status();
+}
 
+// zero_optimization's sizes (defaults from hidden_size where DeepSpeed's
+// depend on it) and flags.
+void read_zero_sizes(ObjectReader& z, Context& ctx, ZeroConfig* zc) {
   const std::int64_t h = ctx.options().hidden_size;
   const bool know_h = h > 0;
   const std::string h_text = str_cat("hidden_size ", h);
@@ -325,6 +324,10 @@ Status parse_zero(ObjectReader& root, Context& ctx, ZeroConfig* zc, NvmePathsGiv
                      {"gather_16bit_weights_on_model_save"},
                      {"stage3_gather_fp16_weights_on_model_save", /*old=*/true}}),
              &zc->stage3_gather_16bit_weights_on_model_save);
+}
+
+// zero_optimization's keys strata reads and ignores (a warning each).
+void ignore_zero_keys(ObjectReader& z) {
   z.ignore({"reduce_scatter",
             "use_multi_rank_bucket_allreduce",
             "allgather_partitions",
@@ -359,31 +362,53 @@ Status parse_zero(ObjectReader& root, Context& ctx, ZeroConfig* zc, NvmePathsGiv
             "stage3_partition_stream_chunk_size",
             "partition_stream_chunk_size"},
            "multi-GPU partitioning, communication or PyTorch module handling");
-  STRATA_RETURN_IF_ERROR(z.finish());
+}
 
-  // DeepSpeed's placement rules.
+// DeepSpeed's placement rules: which offloads each stage allows.
+Status check_zero_placement(const ZeroConfig& zc) {
   const std::string where = "zero_optimization";
-  if (zc->offload_param.device != OffloadDevice::kNone && zc->stage != 3) {
+  if (zc.offload_param.device != OffloadDevice::kNone && zc.stage != 3) {
     return Status::invalid_argument(str_cat(
-        where, ".offload_param.device: \"", to_string(zc->offload_param.device),
+        where, ".offload_param.device: \"", to_string(zc.offload_param.device),
         "\" needs zero_optimization.stage 3 (DeepSpeed offloads parameters only at stage 3); "
         "stage is ",
-        zc->stage));
+        zc.stage));
   }
-  if (zc->offload_optimizer.device != OffloadDevice::kNone && zc->stage == 0) {
+  if (zc.offload_optimizer.device != OffloadDevice::kNone && zc.stage == 0) {
     return Status::invalid_argument(str_cat(where, ".offload_optimizer.device: \"",
-                                            to_string(zc->offload_optimizer.device),
+                                            to_string(zc.offload_optimizer.device),
                                             "\" needs zero_optimization.stage 1, 2 or 3 (DeepSpeed "
                                             "offloads the optimizer only through ZeRO); "
                                             "stage is 0"));
   }
-  if (zc->offload_optimizer.ratio < 1.0 && zc->stage != 3) {
+  if (zc.offload_optimizer.ratio < 1.0 && zc.stage != 3) {
     return Status::invalid_argument(str_cat(
-        where, ".offload_optimizer.ratio: ", show_double(zc->offload_optimizer.ratio),
+        where, ".offload_optimizer.ratio: ", show_double(zc.offload_optimizer.ratio),
         " < 1 needs zero_optimization.stage 3 (DeepSpeed offloads part of the optimizer only at "
         "stage 3); stage is ",
-        zc->stage));
+        zc.stage));
   }
+  return Status();
+}
+
+}  // namespace
+
+Status parse_zero(ObjectReader& root, Context& ctx, ZeroConfig* zc, NvmePathsGiven* paths) {
+  if (const Json* v = root.peek("zero_optimization"); v != nullptr && v->is_boolean()) {
+    root.take("zero_optimization");
+    root.fail("zero_optimization",
+              str_cat("expected an object, got ", show(*v),
+                      " (DeepSpeed's deprecated boolean form); write {\"stage\": 1}"));
+    return ctx.error();
+  }
+  ObjectReader z = root.child("zero_optimization");
+  z.get_int("stage", 0, 3, &zc->stage);
+
+  STRATA_RETURN_IF_ERROR(parse_zero_offload(z, zc, paths));
+  read_zero_sizes(z, ctx, zc);
+  ignore_zero_keys(z);
+  STRATA_RETURN_IF_ERROR(z.finish());
+  STRATA_RETURN_IF_ERROR(check_zero_placement(*zc));
   return ctx.error();
 }
 

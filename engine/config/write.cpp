@@ -19,14 +19,8 @@ namespace ci = config_internal;
 using config_internal::kDefaultNvmePath;
 using OrderedJson = nlohmann::ordered_json;
 
-OrderedJson to_ordered_json(const Config& c) {
-  OrderedJson j;
-  j["train_batch_size"] = c.train_batch_size;
-  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
-  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
-  j["gradient_clipping"] = c.gradient_clipping;
-
-  const OptimizerConfig& o = c.optimizer;
+// "optimizer": its type and the params its type reads.
+OrderedJson optimizer_json(const OptimizerConfig& o) {
   OrderedJson op;
   op["lr"] = o.lr;
   if (o.type != OptimizerType::kAdagrad) op["betas"] = {o.beta1, o.beta2};
@@ -36,9 +30,11 @@ OrderedJson to_ordered_json(const Config& c) {
     op["adam_w_mode"] = o.adam_w_mode;
     op["bias_correction"] = o.bias_correction;
   }
-  j["optimizer"] = {{"type", std::string(to_string(o.type))}, {"params", op}};
+  return {{"type", std::string(to_string(o.type))}, {"params", op}};
+}
 
-  const SchedulerConfig& s = c.scheduler;
+// "scheduler", when there is one.
+void put_scheduler(const SchedulerConfig& s, OrderedJson& j) {
   if (s.type != SchedulerType::kNone) {
     OrderedJson sp;
     if (s.type == SchedulerType::kWarmupCosineLR) {
@@ -53,17 +49,10 @@ OrderedJson to_ordered_json(const Config& c) {
     if (s.type != SchedulerType::kWarmupLR) sp["total_num_steps"] = s.total_num_steps;
     j["scheduler"] = {{"type", std::string(to_string(s.type))}, {"params", sp}};
   }
+}
 
-  j["fp16"] = {{"enabled", c.precision == Precision::kFp16},
-               {"loss_scale", c.fp16.loss_scale},
-               {"initial_scale_power", c.fp16.initial_scale_power},
-               {"loss_scale_window", c.fp16.loss_scale_window},
-               {"hysteresis", c.fp16.hysteresis},
-               {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
-               {"min_loss_scale", c.fp16.min_loss_scale}};
-  j["bf16"] = {{"enabled", c.precision == Precision::kBf16}};
-
-  const ZeroConfig& z = c.zero;
+// "zero_optimization", its offload sections included.
+OrderedJson zero_json(const ZeroConfig& z) {
   OrderedJson oo;
   oo["device"] = std::string(to_string(z.offload_optimizer.device));
   if (z.offload_optimizer.nvme_path != kDefaultNvmePath) {
@@ -94,16 +83,12 @@ OrderedJson to_ordered_json(const Config& c) {
   zj["overlap_comm"] = z.overlap_comm;
   zj["contiguous_gradients"] = z.contiguous_gradients;
   zj["stage3_gather_16bit_weights_on_model_save"] = z.stage3_gather_16bit_weights_on_model_save;
-  j["zero_optimization"] = zj;
+  return zj;
+}
 
-  j["aio"] = {{"block_size", c.aio.block_size},
-              {"queue_depth", c.aio.queue_depth},
-              {"intra_op_parallelism", c.aio.intra_op_parallelism},
-              {"single_submit", c.aio.single_submit},
-              {"overlap_events", c.aio.overlap_events},
-              {"use_gds", c.aio.use_gds}};
-
-  const StrataConfig& st = c.strata;
+// "strata": strata's own keys (`z`: optimizer_cpu_fraction is written only
+// with the optimizer on nvme).
+OrderedJson strata_json(const StrataConfig& st, const ZeroConfig& z) {
   OrderedJson sj;
   sj["seed"] = st.seed;
   sj["budgets"] = {{"device", st.budgets.device_bytes},
@@ -139,7 +124,36 @@ OrderedJson to_ordered_json(const Config& c) {
   sj["nonfinite"] = std::string(to_string(st.nonfinite));
   sj["trace"] = st.trace;
   sj["strict"] = st.strict;
-  j["strata"] = sj;
+  return sj;
+}
+
+OrderedJson to_ordered_json(const Config& c) {
+  OrderedJson j;
+  j["train_batch_size"] = c.train_batch_size;
+  j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
+  j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
+  j["gradient_clipping"] = c.gradient_clipping;
+
+  j["optimizer"] = optimizer_json(c.optimizer);
+  put_scheduler(c.scheduler, j);
+  j["fp16"] = {{"enabled", c.precision == Precision::kFp16},
+               {"loss_scale", c.fp16.loss_scale},
+               {"initial_scale_power", c.fp16.initial_scale_power},
+               {"loss_scale_window", c.fp16.loss_scale_window},
+               {"hysteresis", c.fp16.hysteresis},
+               {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
+               {"min_loss_scale", c.fp16.min_loss_scale}};
+  j["bf16"] = {{"enabled", c.precision == Precision::kBf16}};
+
+  j["zero_optimization"] = zero_json(c.zero);
+  j["aio"] = {{"block_size", c.aio.block_size},
+              {"queue_depth", c.aio.queue_depth},
+              {"intra_op_parallelism", c.aio.intra_op_parallelism},
+              {"single_submit", c.aio.single_submit},
+              {"overlap_events", c.aio.overlap_events},
+              {"use_gds", c.aio.use_gds}};
+
+  j["strata"] = strata_json(c.strata, c.zero);
   return j;
 }
 

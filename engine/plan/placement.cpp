@@ -1,5 +1,7 @@
 // One placement's bytes: what each tier holds and each link moves per step for
-// a placement of the parameters and the optimizer state (evaluate).
+// a placement of the parameters and the optimizer state (evaluate), one part
+// per family of items; the formulas it shares with the engine's finalize are
+// engine/memory_model.h's.
 #include "engine/plan/plan.h"
 
 #include <algorithm>
@@ -8,6 +10,7 @@
 #include "core/aligned_buffer.h"
 #include "core/numerics.h"
 #include "core/str.h"
+#include "engine/memory_model.h"
 #include "engine/plan/plan_internal.h"
 #include "engine/schedule/schedule.h"
 
@@ -18,10 +21,20 @@ using core::Status;
 using core::str_cat;
 using plan_detail::ceil_div;
 using plan_detail::Inputs;
+using plan_detail::TierCapacities;
 using plan_detail::round_up_to;
 using plan_detail::sat_add;
 using plan_detail::sat_mul;
 using plan_detail::u64;
+
+// planned_ring_room: a derived ring takes 1 / kRingShareOfPinnedLeft of what
+// a pinned budget leaves beyond the host gradients, the pinned compute copies
+// and the pinned state. Half is the engine's rule from before finalize
+// reserved the step's working memory itself; finalize now gives the ring all
+// that the budget leaves beyond the state, the schedule's extra memory and
+// that working memory (PinnedWorking), so under a pinned budget the two can
+// count different slots. Kept so the plan's bytes do not change here.
+constexpr std::uint64_t kRingShareOfPinnedLeft = 2;
 
 std::string count_times(std::int64_t n, std::uint64_t bytes, std::string_view what = {}) {
   std::string s = str_cat(group_digits(u64(n)), " x ", bytes, " B");
@@ -66,6 +79,381 @@ LayoutShape layout_shape(std::int64_t trainable, std::int64_t groups, std::uint6
   return s;
 }
 
+// What evaluate's parts share: the inputs, the counts they derive from them,
+// the choices one part makes and a later one reads (the window, the gradient
+// buffers), and the plan they fill in.
+struct Evaluation {
+  Evaluation(const Inputs& inputs, const Placement& placement);
+
+  // Adds an item, unless it holds nothing.
+  void add(std::string name, Tier tier, std::uint64_t bytes, std::string detail) {
+    if (bytes == 0) return;
+    plan.items.push_back(PlanItem{std::move(name), tier, bytes, std::move(detail)});
+  }
+  // "3 fetch groups of 1,000,000"
+  std::string groups_of(std::int64_t n) const {
+    return str_cat(n, n == 1 ? " fetch group of " : " fetch groups of ", group_digits(u64(group)));
+  }
+  std::string window_detail(std::int64_t n) const {
+    return str_cat(groups_of(n), " x ", c, " B (",
+                   !threaded           ? "the fetched one: strata.overlap \"none\" keeps none"
+                   : persistent_groups ? "all: each under stage3_param_persistence_threshold"
+                                       : "fetched, prefetched and kept, within stage3_max_live_parameters",
+                   n < window_groups ? " and the device budget" : "", ")");
+  }
+  std::string grads_detail(std::int64_t n) const {
+    return str_cat(groups_of(n), " x ", c, " B (",
+                   threaded ? "on their way down, within reduce_bucket_size" : "one at a time",
+                   n < grad_buffers ? " and the device budget" : "", ")");
+  }
+
+  const Inputs& in;
+  const Config& cfg;
+  const Schedule& schedule;
+  const ModelSummary& m;
+  const Placement& pl;
+  PlacementPlan plan;
+
+  std::int64_t P = 0;            // parameters
+  std::int64_t T = 0;            // trainable parameters
+  std::int64_t L = 0;            // layers (fetch groups)
+  std::uint64_t c = 0;           // bytes of a compute copy's element
+  std::uint64_t accum = 0;       // gradient_accumulation_steps
+  std::uint64_t g = 0;           // bytes of a host gradient's element (fp32 when accumulating)
+  std::uint64_t moments = 0;     // bytes of optimizer moments per trainable element
+  std::uint64_t state = 0;       // bytes of optimizer state (master and moments) per trainable element
+  std::string prec;              // "bf16", "fp16", "fp32"
+  bool threaded = false;         // Schedule::threaded
+  // The trainable parameters' optimizer state, by the layout's rule (tier.h).
+  std::int64_t t_gpu = 0;
+  std::int64_t t_keep = 0;  // CPU-updated and resident in pinned memory
+  std::int64_t t_nvme = 0;
+  bool params_offloaded = false;
+  Tier param_tier = Tier::kDevice;
+  // A fetch group (the largest), and the groups with something to train.
+  std::int64_t group = 0;
+  std::uint64_t group_bytes = 0;
+  std::int64_t trainable_groups = 0;
+  bool persistent_groups = false;  // every group under stage3_param_persistence_threshold
+  LayoutShape shape;
+  // Chosen by add_compute_copies and add_gradients, fitted to the device by
+  // fit_device_budget.
+  std::int64_t window_groups = 0, resident_groups = 0, grad_buffers = 0;
+};
+
+Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
+    : in(inputs), cfg(inputs.config), schedule(schedule_for(inputs.config.strata.overlap)), m(inputs.model),
+      pl(placement) {
+  plan.placement = pl;
+  P = m.num_params;
+  T = m.num_trainable_params;
+  L = m.num_layers;
+  c = static_cast<std::uint64_t>(cfg.compute_bytes());
+  accum = u64(cfg.gradient_accumulation_steps);
+  g = accum == 1 ? c : 4;
+  moments = optimizer_moment_bytes(cfg.optimizer.type);
+  state = 4 + moments;
+  prec = plan_detail::precision_label(cfg);
+  threaded = schedule.threaded();
+  const OptimizerSplit split = split_optimizer_state(T, pl.optimizer_device, pl.optimizer_ratio,
+                                                     pl.optimizer_cpu_fraction);
+  t_gpu = split.device_elems;
+  t_keep = split.pinned_elems;
+  t_nvme = split.nvme_elems;
+  params_offloaded = pl.param_device != OffloadDevice::kNone;
+  param_tier = tier_of(pl.param_device);
+  group = m.group_params;
+  group_bytes = sat_mul(u64(group), c);
+  trainable_groups = T > 0 ? std::clamp<std::int64_t>(ceil_div(T, group), 1, L) : 0;
+  persistent_groups = !m.has_shape && group <= cfg.zero.stage3_param_persistence_threshold;
+  shape = layout_shape(T, L, cfg.strata.chunk_bytes, pl, schedule.ring_depth());
+}
+
+// The compute copies in their home, and their copies on the device and in
+// pinned staging when the home is elsewhere.
+void add_compute_copies(Evaluation& e) {
+  const std::int64_t P = e.P, L = e.L, group = e.group;
+  const std::uint64_t c = e.c;
+  e.add("compute_copies", e.param_tier, sat_mul(u64(P), c), count_times(P, c, e.prec));
+  // Device copies of offloaded compute copies (the threaded schedules: the
+  // fetched, prefetched and resident ones, which share
+  // stage3_max_live_parameters; groups of at most
+  // stage3_param_persistence_threshold elements all stay), and how many of
+  // the backward's fetches a copy kept since the forward serves. Both the
+  // window and the gradient buffers below give way to a device budget
+  // (fitted at the end).
+  const std::int64_t live_groups = std::min<std::int64_t>(L, e.cfg.zero.stage3_max_live_parameters / group);
+  if (e.params_offloaded) {
+    e.window_groups = !e.threaded ? 1 : e.persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
+    e.resident_groups = !e.threaded ? 0 : e.persistent_groups ? L : live_groups;
+    e.add("persistent_params", Tier::kDevice, sat_mul(u64(e.m.persistent_params), c),
+          count_times(e.m.persistent_params, c,
+                      str_cat("tensors under stage3_param_persistence_threshold = ",
+                              group_digits(u64(e.cfg.zero.stage3_param_persistence_threshold)))));
+    e.add("fetch_window", Tier::kDevice, sat_mul(e.group_bytes, u64(e.window_groups)),
+          e.window_detail(e.window_groups));
+  }
+  if (e.pl.param_device == OffloadDevice::kNvme) {
+    // A group read from nvme passes through a pinned staging copy on its way
+    // to the device (ComputeHomes::load), one group at a time (the prefetch
+    // thread's, or a fetch's). DeepSpeed's offload_param.buffer_count and
+    // buffer_size have no effect on it.
+    e.add("param_staging", Tier::kPinned, e.group_bytes,
+          str_cat(e.groups_of(1), " x ", c, " B (staging copy of a group read from nvme)"));
+  }
+}
+
+// The gradients: on the host, in the device's buffers, in pinned staging, and
+// the optimizer's host view of the compute copies it writes.
+void add_gradients(Evaluation& e) {
+  const std::int64_t T = e.T, group = e.group;
+  const std::uint64_t c = e.c, g = e.g;
+  if (T == 0) return;
+  // Every trainable group's gradients come down to the host, whatever the
+  // optimizer's tier: the gradient pass runs on the CPU.
+  e.add("host_gradients", Tier::kPinned, sat_mul(u64(T), g),
+        count_times(T, g, e.accum == 1 ? e.prec : "fp32 accumulation"));
+  // The framework writes each group's gradients into a device buffer; the
+  // threaded schedules hold those on their way down within
+  // reduce_bucket_size elements (two groups at least).
+  e.grad_buffers =
+      !e.threaded ? 1
+                  : std::min(e.trainable_groups, std::max<std::int64_t>(2, e.cfg.zero.reduce_bucket_size / group));
+  e.add("device_gradient_buffers", Tier::kDevice, sat_mul(e.group_bytes, u64(e.grad_buffers)),
+        e.grads_detail(e.grad_buffers));
+  // The optimizer's host copy of the group it updates, unless the home is
+  // pinned; when a certain step's early job updates groups whose home is
+  // the GPU during the backward, it holds every trainable group's until
+  // step_end (the framework may still read the home: Optimizer::run).
+  const StepRules rules = StepRules::of(e.cfg);
+  const bool views_held =
+      e.pl.param_device == OffloadDevice::kNone && e.schedule.early_jobs(rules) && rules.certain();
+  // A group's gradients in its pass, as copied down and packed into the
+  // trainable layout, and the next group's as they come down; while the
+  // views pile up, two groups are still to pass when a third staging is
+  // in use, so the peak counts the last group's only.
+  const std::int64_t staged = views_held ? 1 : 3;
+  e.add("gradient_staging", Tier::kPinned, sat_mul(e.group_bytes, u64(staged)),
+        str_cat(e.groups_of(staged), " x ", c, " B (",
+                views_held ? "the last group's in its pass, when every view is held"
+                           : "gradients in their pass, copied down and packed, and the next group's coming down",
+                ")"));
+  if (views_held) {
+    e.add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(T), c),
+          count_times(T, c, "every trainable group's new compute copies, held until step_end"));
+  } else if (e.pl.param_device != OffloadDevice::kCpu) {
+    e.add("optimizer_compute_view", Tier::kPinned, e.group_bytes,
+          str_cat(e.groups_of(1), " x ", c, " B (the optimizer's host copy of the group it updates)"));
+  }
+}
+
+// The optimizer state kept on the device (with the buffers of a chunk's
+// update there) and in pinned memory.
+void add_resident_state(Evaluation& e) {
+  const std::int64_t t_gpu = e.t_gpu, t_keep = e.t_keep, chunk = e.shape.chunk;
+  const std::uint64_t c = e.c, g = e.g, moments = e.moments;
+  if (t_gpu > 0) {
+    e.add("master_weights", Tier::kDevice, sat_mul(u64(t_gpu), 4), count_times(t_gpu, 4, "fp32"));
+    e.add("optimizer_moments", Tier::kDevice, sat_mul(u64(t_gpu), moments),
+          count_times(t_gpu, moments, optimizer_label(e.cfg.optimizer.type)));
+    // A chunk updated on the device: its gradients go up, its new compute
+    // copies come down through a pinned buffer.
+    e.add("optimizer_device_buffers", Tier::kDevice, sat_mul(u64(chunk), g + c),
+          count_times(chunk, g + c, "one chunk's gradients and new compute copies"));
+    e.add("optimizer_device_copies", Tier::kPinned, sat_mul(u64(chunk), c),
+          count_times(chunk, c, "one chunk's new compute copies on their way down"));
+  }
+  if (t_keep > 0) {
+    e.add("master_weights", Tier::kPinned, sat_mul(u64(t_keep), 4), count_times(t_keep, 4, "fp32"));
+    e.add("optimizer_moments", Tier::kPinned, sat_mul(u64(t_keep), moments),
+          count_times(t_keep, moments, optimizer_label(e.cfg.optimizer.type)));
+  }
+}
+
+// The pinned bytes a derived ring may take in the planner (the
+// RingInputs::pinned_room_bytes it passes): kNoRoomLimit without a pinned
+// budget (or with a staging budget, which sets the slots itself). It differs
+// from finalize's room: the planner takes the pinned budget less the host
+// gradients, the pinned compute copies and the pinned state (not the step's
+// working memory nor the schedule's extra memory) and gives the ring
+// 1 / kRingShareOfPinnedLeft of it.
+std::uint64_t planned_ring_room(const Evaluation& e) {
+  const BudgetsConfig& b = e.cfg.strata.budgets;
+  if (b.staging_bytes > 0 || b.pinned_bytes == 0) return kNoRoomLimit;
+  std::uint64_t held = sat_mul(u64(e.T), e.g);
+  if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(e.P), e.c));
+  held = sat_add(held, sat_mul(u64(e.t_keep), e.state));
+  const std::uint64_t left = b.pinned_bytes > held ? b.pinned_bytes - held : 0;
+  return left / kRingShareOfPinnedLeft;
+}
+
+// The optimizer state on nvme, and the disk pipeline's staging ring.
+void add_nvme_state(Evaluation& e) {
+  const std::int64_t t_nvme = e.t_nvme;
+  const std::uint64_t moments = e.moments;
+  if (t_nvme == 0) return;
+  e.add("master_weights", Tier::kNvme, sat_mul(u64(t_nvme), 4), count_times(t_nvme, 4, "fp32"));
+  e.add("optimizer_moments", Tier::kNvme, sat_mul(u64(t_nvme), moments),
+        count_times(t_nvme, moments, optimizer_label(e.cfg.optimizer.type)));
+  // The disk pipeline's ring, by the engine's rule (memory_model.h's
+  // ring_slots): a slot holds the largest chunk's master and moments;
+  // strata.budgets.staging sets the slots, else the schedule's depth,
+  // fewer when a pinned budget leaves less room (planned_ring_room); never
+  // more than the chunks.
+  const std::uint64_t states = 1 + moments / 4;
+  const RingShape nvme_ring{.slot_bytes = ring_slot_bytes(std::max<std::int64_t>(e.shape.chunk, 1), e.state),
+                            .nvme_chunks = static_cast<std::size_t>(e.shape.nvme_chunks)};
+  const RingSlots ring = ring_slots({.shape = nvme_ring,
+                                     .staging_bytes = e.cfg.strata.budgets.staging_bytes,
+                                     .pinned_room_bytes = planned_ring_room(e),
+                                     .depth = u64(e.schedule.ring_depth())});
+  const std::uint64_t slot = ring.slot_bytes;
+  // A staging budget below one slot: the one slot the engine needs
+  // (make_plan's note says the budget is short).
+  const std::uint64_t slots = ring.staging_below_slot ? 1 : ring.slots;
+  e.add("optimizer_staging", Tier::kPinned, sat_mul(slot, slots),
+        str_cat(slots, " slots of ", core::format_bytes(slot), " (the largest nvme chunk's ", states,
+                " fp32 states)"));
+}
+
+// What the overlap schedule holds beyond the placement's state, as the
+// engine's finalize counts it (engine/schedule/).
+void add_schedule_extra(Evaluation& e) {
+  for (const ScheduleExtra& x : e.schedule.extra_memory()) {
+    std::int64_t n = 0;          // elements
+    std::uint64_t per = e.c;     // bytes each
+    switch (x.basis) {
+      case ExtraBasis::kNvmeState: n = e.t_nvme, per = e.state; break;
+      case ExtraBasis::kNvmeGroupCompute: n = e.t_nvme; break;
+      case ExtraBasis::kTrainableGroupCompute: n = e.T; break;
+    }
+    if (n > 0) e.add(std::string(x.item), x.tier, sat_mul(u64(n), per), count_times(n, per, std::string(x.why)));
+  }
+}
+
+// The activations and the logits, from a transformer shape.
+void add_activations(Evaluation& e) {
+  const ModelSummary& m = e.m;
+  if (!m.activations) return;
+  const ActivationEstimate& a = *m.activations;
+  e.add("activations", Tier::kDevice, a.layers_bytes,
+        m.activation_checkpointing
+            ? str_cat(m.num_layers, " layer inputs of ", core::format_bytes(a.kept_layer_bytes),
+                      " + 1 layer recomputed (", core::format_bytes(a.full_layer_bytes), ")")
+            : str_cat(m.num_layers, " layers x ", core::format_bytes(a.full_layer_bytes),
+                      " (no checkpointing)"));
+  e.add("logits", Tier::kDevice, a.logits_bytes,
+        str_cat("4 B x seq ", m.seq_len, " x micro-batch ", m.micro_batch, " x vocab ",
+                group_digits(u64(m.vocab_size))));
+}
+
+// The disk beyond the blocks: the swap files' reserve and a checkpoint.
+void add_disk_reserves(Evaluation& e) {
+  const std::int64_t P = e.P, T = e.T;
+  // The swap files: the engine reserves 1/16 + 64 MiB beyond its blocks
+  // (finalize), or strata.budgets.disk when set.
+  std::uint64_t swap = 0;
+  for (const PlanItem& item : e.plan.items) {
+    if (item.tier == Tier::kNvme) swap = sat_add(swap, item.size_bytes);
+  }
+  const std::uint64_t budget = e.cfg.strata.budgets.disk_bytes;
+  const std::uint64_t files =
+      swap == 0 ? 0 : budget > 0 ? budget : swap_files_bytes(swap);
+  e.add("swap_reserve", Tier::kNvme, files > swap ? files - swap : 0,
+        budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
+  if (e.in.options.include_checkpoint) {
+    e.add("checkpoint", Tier::kNvme, sat_add(sat_mul(u64(P), e.c), sat_mul(u64(T), e.state)),
+          str_cat(group_digits(u64(P)), " x ", e.c, " B + ", group_digits(u64(T)), " x ", e.state,
+                  " B (compute copies, master, moments)"));
+  }
+}
+
+// A device budget (or the GPU) too small for the whole window and every
+// gradient buffer: the engine gives resident copies back first, then
+// waits for gradients to go down (Engine::allocate_working), down to one
+// group of each. What is left of the room is what it holds.
+void fit_device_budget(Evaluation& e) {
+  const std::uint64_t group_bytes = e.group_bytes;
+  std::uint64_t device = 0;
+  for (const PlanItem& item : e.plan.items) {
+    if (item.tier == Tier::kDevice) device = sat_add(device, item.size_bytes);
+  }
+  const std::uint64_t room = e.in.capacities[static_cast<int>(Tier::kDevice)].available_bytes;
+  std::int64_t window = e.window_groups, grads = e.grad_buffers;
+  while (device > room && group_bytes > 0 && (window > 1 || grads > 1)) {
+    if (window > 1) {
+      --window;
+    } else {
+      --grads;
+    }
+    device -= group_bytes;
+  }
+  for (PlanItem& item : e.plan.items) {
+    if (item.name == "fetch_window" && window < e.window_groups) {
+      item.size_bytes = sat_mul(group_bytes, u64(window));
+      item.detail = e.window_detail(window);
+    } else if (item.name == "device_gradient_buffers" && grads < e.grad_buffers) {
+      item.size_bytes = sat_mul(group_bytes, u64(grads));
+      item.detail = e.grads_detail(grads);
+    }
+  }
+  e.resident_groups = std::min(e.resident_groups, window);
+}
+
+// Each tier's bytes against its capacity, and why a tier is over.
+void tally_tiers(const TierCapacities& capacities, PlacementPlan& plan) {
+  plan.tiers = capacities;
+  for (TierPlan& t : plan.tiers) t.needed_bytes = 0;
+  for (const PlanItem& item : plan.items) {
+    TierPlan& t = plan.tiers[static_cast<int>(item.tier)];
+    t.needed_bytes = sat_add(t.needed_bytes, item.size_bytes);
+  }
+  plan.fits = true;
+  for (TierPlan& t : plan.tiers) {
+    t.fits = t.needed_bytes <= t.available_bytes;
+    if (!t.fits) {
+      plan.fits = false;
+      plan.reasons.push_back(over_capacity_reason(plan, t));
+    }
+  }
+}
+
+// Bytes per optimizer step (G micro-batches). Fetches of offloaded
+// compute copies: every group forward and backward, less those a kept
+// copy serves: the backward's first `resident_groups`, and as many of each
+// later micro-batch's forward (the backward kept its last groups, which
+// the forward wants first).
+StepTraffic step_traffic(const Evaluation& e) {
+  const std::int64_t P = e.P, T = e.T, L = e.L;
+  const std::uint64_t c = e.c, g = e.g, accum = e.accum, state = e.state;
+  StepTraffic tr;
+  const std::uint64_t passes = 2 * accum;
+  const std::uint64_t kept = u64(e.resident_groups) * (2 * accum - 1);
+  const std::uint64_t fetch =
+      e.params_offloaded
+          ? sat_mul(c, sat_mul(u64(P), passes) - std::min(sat_mul(u64(P), passes), u64(P) / u64(L) * kept))
+          : 0;
+  const std::uint64_t gradients_down = sat_mul(sat_mul(c, u64(T)), accum);
+  // Once per step the optimizer opens each trainable group's compute copies
+  // on the host (a copy of them unless their home is pinned), writes the
+  // new ones there and sends them home; a chunk updated on the device takes
+  // its gradients up and its new compute copies down.
+  const std::uint64_t view = sat_mul(c, u64(T));
+  const bool home_device = e.pl.param_device == OffloadDevice::kNone;
+  const bool home_nvme = e.pl.param_device == OffloadDevice::kNvme;
+  tr.host_to_device_bytes =
+      sat_add(sat_add(fetch, home_device ? view : 0), sat_mul(g, u64(e.t_gpu)));
+  tr.device_to_host_bytes =
+      sat_add(sat_add(gradients_down, home_device ? view : 0), sat_mul(c, u64(e.t_gpu)));
+  tr.disk_read_bytes = sat_mul(state, u64(e.t_nvme));
+  tr.disk_write_bytes = sat_mul(state, u64(e.t_nvme));
+  if (home_nvme) {
+    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, sat_add(fetch, view));
+    tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);
+  }
+  return tr;
+}
+
 }  // namespace
 
 namespace plan_detail {
@@ -80,287 +468,19 @@ std::string precision_label(const Config& config) {
 }
 
 PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
-  const Config& cfg = in.config;
-  const Schedule& schedule = schedule_for(cfg.strata.overlap);
-  const ModelSummary& m = in.model;
-  PlacementPlan plan;
-  plan.placement = pl;
-  auto add = [&plan](std::string name, Tier tier, std::uint64_t bytes, std::string detail) {
-    if (bytes == 0) return;
-    plan.items.push_back(PlanItem{std::move(name), tier, bytes, std::move(detail)});
-  };
-
-  const std::int64_t P = m.num_params;
-  const std::int64_t T = m.num_trainable_params;
-  const std::int64_t L = m.num_layers;
-  const std::uint64_t c = static_cast<std::uint64_t>(cfg.compute_bytes());
-  const std::uint64_t accum = u64(cfg.gradient_accumulation_steps);
-  const std::uint64_t g = accum == 1 ? c : 4;
-  const std::uint64_t moments = optimizer_moment_bytes(cfg.optimizer.type);
-  const std::uint64_t state = 4 + moments;
-  const std::string prec = precision_label(cfg);
-  const bool threaded = schedule.threaded();
-
-  // The trainable parameters' optimizer state, by the layout's rule (tier.h).
-  const OptimizerSplit split = split_optimizer_state(T, pl.optimizer_device, pl.optimizer_ratio,
-                                                     pl.optimizer_cpu_fraction);
-  const std::int64_t t_gpu = split.device_elems;
-  const std::int64_t t_keep = split.pinned_elems;  // CPU-updated and resident in pinned memory
-  const std::int64_t t_nvme = split.nvme_elems;
-
-  const bool params_offloaded = pl.param_device != OffloadDevice::kNone;
-  const Tier param_tier = tier_of(pl.param_device);
-  // A fetch group (the largest), and the groups with something to train.
-  const std::int64_t group = m.group_params;
-  const std::uint64_t group_bytes = sat_mul(u64(group), c);
-  const std::int64_t trainable_groups = T > 0 ? std::clamp<std::int64_t>(ceil_div(T, group), 1, L) : 0;
-  // "3 fetch groups of 1,000,000"
-  const auto groups_of = [group](std::int64_t n) {
-    return str_cat(n, n == 1 ? " fetch group of " : " fetch groups of ", group_digits(u64(group)));
-  };
-
-  add("compute_copies", param_tier, sat_mul(u64(P), c), count_times(P, c, prec));
-  // Device copies of offloaded compute copies (the threaded schedules: the
-  // fetched, prefetched and resident ones, which share
-  // stage3_max_live_parameters; groups of at most
-  // stage3_param_persistence_threshold elements all stay), and how many of
-  // the backward's fetches a copy kept since the forward serves. Both the
-  // window and the gradient buffers below give way to a device budget
-  // (fitted at the end).
-  const bool persistent_groups = !m.has_shape && group <= cfg.zero.stage3_param_persistence_threshold;
-  const std::int64_t live_groups = std::min<std::int64_t>(L, cfg.zero.stage3_max_live_parameters / group);
-  std::int64_t window_groups = 0, resident_groups = 0;
-  const auto window_detail = [&](std::int64_t n) {
-    return str_cat(groups_of(n), " x ", c, " B (",
-                   !threaded           ? "the fetched one: strata.overlap \"none\" keeps none"
-                   : persistent_groups ? "all: each under stage3_param_persistence_threshold"
-                                       : "fetched, prefetched and kept, within stage3_max_live_parameters",
-                   n < window_groups ? " and the device budget" : "", ")");
-  };
-  if (params_offloaded) {
-    window_groups = !threaded ? 1 : persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
-    resident_groups = !threaded ? 0 : persistent_groups ? L : live_groups;
-    add("persistent_params", Tier::kDevice, sat_mul(u64(m.persistent_params), c),
-        count_times(m.persistent_params, c,
-                    str_cat("tensors under stage3_param_persistence_threshold = ",
-                            group_digits(u64(cfg.zero.stage3_param_persistence_threshold)))));
-    add("fetch_window", Tier::kDevice, sat_mul(group_bytes, u64(window_groups)), window_detail(window_groups));
-  }
-  if (pl.param_device == OffloadDevice::kNvme) {
-    // A group read from nvme passes through a pinned staging copy on its way
-    // to the device (ComputeHomes::load), one group at a time (the prefetch
-    // thread's, or a fetch's). DeepSpeed's offload_param.buffer_count and
-    // buffer_size have no effect on it.
-    add("param_staging", Tier::kPinned, group_bytes,
-        str_cat(groups_of(1), " x ", c, " B (staging copy of a group read from nvme)"));
-  }
-  std::int64_t grad_buffers = 0;
-  const auto grads_detail = [&](std::int64_t n) {
-    return str_cat(groups_of(n), " x ", c, " B (",
-                   threaded ? "on their way down, within reduce_bucket_size" : "one at a time",
-                   n < grad_buffers ? " and the device budget" : "", ")");
-  };
-  if (T > 0) {
-    // Every trainable group's gradients come down to the host, whatever the
-    // optimizer's tier: the gradient pass runs on the CPU.
-    add("host_gradients", Tier::kPinned, sat_mul(u64(T), g),
-        count_times(T, g, accum == 1 ? prec : "fp32 accumulation"));
-    // The framework writes each group's gradients into a device buffer; the
-    // threaded schedules hold those on their way down within
-    // reduce_bucket_size elements (two groups at least).
-    grad_buffers =
-        !threaded ? 1
-                  : std::min(trainable_groups, std::max<std::int64_t>(2, cfg.zero.reduce_bucket_size / group));
-    add("device_gradient_buffers", Tier::kDevice, sat_mul(group_bytes, u64(grad_buffers)),
-        grads_detail(grad_buffers));
-    // The optimizer's host copy of the group it updates, unless the home is
-    // pinned; when a certain step's early job updates groups whose home is
-    // the GPU during the backward, it holds every trainable group's until
-    // step_end (the framework may still read the home: Optimizer::run).
-    const StepRules rules = StepRules::of(cfg);
-    const bool views_held =
-        pl.param_device == OffloadDevice::kNone && schedule.early_jobs(rules) && rules.certain();
-    // A group's gradients in its pass, as copied down and packed into the
-    // trainable layout, and the next group's as they come down; while the
-    // views pile up, two groups are still to pass when a third staging is
-    // in use, so the peak counts the last group's only.
-    const std::int64_t staged = views_held ? 1 : 3;
-    add("gradient_staging", Tier::kPinned, sat_mul(group_bytes, u64(staged)),
-        str_cat(groups_of(staged), " x ", c, " B (",
-                views_held ? "the last group's in its pass, when every view is held"
-                           : "gradients in their pass, copied down and packed, and the next group's coming down",
-                ")"));
-    if (views_held) {
-      add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(T), c),
-          count_times(T, c, "every trainable group's new compute copies, held until step_end"));
-    } else if (pl.param_device != OffloadDevice::kCpu) {
-      add("optimizer_compute_view", Tier::kPinned, group_bytes,
-          str_cat(groups_of(1), " x ", c, " B (the optimizer's host copy of the group it updates)"));
-    }
-  }
-  const LayoutShape shape = layout_shape(T, L, cfg.strata.chunk_bytes, pl, schedule.ring_depth());
-  if (t_gpu > 0) {
-    add("master_weights", Tier::kDevice, sat_mul(u64(t_gpu), 4), count_times(t_gpu, 4, "fp32"));
-    add("optimizer_moments", Tier::kDevice, sat_mul(u64(t_gpu), moments),
-        count_times(t_gpu, moments, optimizer_label(cfg.optimizer.type)));
-    // A chunk updated on the device: its gradients go up, its new compute
-    // copies come down through a pinned buffer.
-    add("optimizer_device_buffers", Tier::kDevice, sat_mul(u64(shape.chunk), g + c),
-        count_times(shape.chunk, g + c, "one chunk's gradients and new compute copies"));
-    add("optimizer_device_copies", Tier::kPinned, sat_mul(u64(shape.chunk), c),
-        count_times(shape.chunk, c, "one chunk's new compute copies on their way down"));
-  }
-  if (t_keep > 0) {
-    add("master_weights", Tier::kPinned, sat_mul(u64(t_keep), 4), count_times(t_keep, 4, "fp32"));
-    add("optimizer_moments", Tier::kPinned, sat_mul(u64(t_keep), moments),
-        count_times(t_keep, moments, optimizer_label(cfg.optimizer.type)));
-  }
-  if (t_nvme > 0) {
-    add("master_weights", Tier::kNvme, sat_mul(u64(t_nvme), 4), count_times(t_nvme, 4, "fp32"));
-    add("optimizer_moments", Tier::kNvme, sat_mul(u64(t_nvme), moments),
-        count_times(t_nvme, moments, optimizer_label(cfg.optimizer.type)));
-    // The disk pipeline's ring (DiskPipeline::create): a slot holds the
-    // largest nvme chunk's master and moments; strata.budgets.staging sets
-    // the slots, else the schedule's depth, fewer when a pinned budget
-    // leaves less than two slots' room per slot; never more than the chunks.
-    const std::uint64_t states = 1 + moments / 4;
-    const std::uint64_t slot =
-        core::align_up(sat_mul(u64(std::max<std::int64_t>(shape.chunk, 1)), 4 * states), core::kDirectIoAlignment);
-    const BudgetsConfig& b = cfg.strata.budgets;
-    std::uint64_t slots = u64(schedule.ring_depth());
-    if (b.staging_bytes > 0) {
-      slots = std::max<std::uint64_t>(1, b.staging_bytes / slot);
-    } else if (b.pinned_bytes > 0) {
-      std::uint64_t held = sat_mul(u64(T), g);
-      if (pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(P), c));
-      held = sat_add(held, sat_mul(u64(t_keep), state));
-      const std::uint64_t left = b.pinned_bytes > held ? b.pinned_bytes - held : 0;
-      slots = std::clamp<std::uint64_t>(left / (2 * slot), 1, slots);
-    }
-    slots = std::min(slots, u64(shape.nvme_chunks));
-    add("optimizer_staging", Tier::kPinned, sat_mul(slot, slots),
-        str_cat(slots, " slots of ", core::format_bytes(slot), " (the largest nvme chunk's ", states,
-                " fp32 states)"));
-  }
-  // What the overlap schedule holds beyond the placement's state, as the
-  // engine's finalize counts it (engine/schedule/).
-  for (const ScheduleExtra& x : schedule.extra_memory()) {
-    std::int64_t n = 0;          // elements
-    std::uint64_t per = c;       // bytes each
-    switch (x.basis) {
-      case ExtraBasis::kNvmeState: n = t_nvme, per = state; break;
-      case ExtraBasis::kNvmeGroupCompute: n = t_nvme; break;
-      case ExtraBasis::kTrainableGroupCompute: n = T; break;
-    }
-    if (n > 0) add(std::string(x.item), x.tier, sat_mul(u64(n), per), count_times(n, per, std::string(x.why)));
-  }
-  if (m.activations) {
-    const ActivationEstimate& a = *m.activations;
-    add("activations", Tier::kDevice, a.layers_bytes,
-        m.activation_checkpointing
-            ? str_cat(m.num_layers, " layer inputs of ", core::format_bytes(a.kept_layer_bytes),
-                      " + 1 layer recomputed (", core::format_bytes(a.full_layer_bytes), ")")
-            : str_cat(m.num_layers, " layers x ", core::format_bytes(a.full_layer_bytes),
-                      " (no checkpointing)"));
-    add("logits", Tier::kDevice, a.logits_bytes,
-        str_cat("4 B x seq ", m.seq_len, " x micro-batch ", m.micro_batch, " x vocab ",
-                group_digits(u64(m.vocab_size))));
-  }
-  // The swap files: the engine reserves 1/16 + 64 MiB beyond its blocks
-  // (finalize), or strata.budgets.disk when set.
-  {
-    std::uint64_t swap = 0;
-    for (const PlanItem& item : plan.items) {
-      if (item.tier == Tier::kNvme) swap = sat_add(swap, item.size_bytes);
-    }
-    const std::uint64_t budget = cfg.strata.budgets.disk_bytes;
-    const std::uint64_t files =
-        swap == 0 ? 0 : budget > 0 ? budget : swap_files_bytes(swap);
-    add("swap_reserve", Tier::kNvme, files > swap ? files - swap : 0,
-        budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
-  }
-  if (in.options.include_checkpoint) {
-    add("checkpoint", Tier::kNvme, sat_add(sat_mul(u64(P), c), sat_mul(u64(T), state)),
-        str_cat(group_digits(u64(P)), " x ", c, " B + ", group_digits(u64(T)), " x ", state,
-                " B (compute copies, master, moments)"));
-  }
-
-  // A device budget (or the GPU) too small for the whole window and every
-  // gradient buffer: the engine gives resident copies back first, then
-  // waits for gradients to go down (Engine::allocate_working), down to one
-  // group of each. What is left of the room is what it holds.
-  {
-    std::uint64_t device = 0;
-    for (const PlanItem& item : plan.items) {
-      if (item.tier == Tier::kDevice) device = sat_add(device, item.size_bytes);
-    }
-    const std::uint64_t room = in.capacities[static_cast<int>(Tier::kDevice)].available_bytes;
-    std::int64_t window = window_groups, grads = grad_buffers;
-    while (device > room && group_bytes > 0 && (window > 1 || grads > 1)) {
-      if (window > 1) {
-        --window;
-      } else {
-        --grads;
-      }
-      device -= group_bytes;
-    }
-    for (PlanItem& item : plan.items) {
-      if (item.name == "fetch_window" && window < window_groups) {
-        item.size_bytes = sat_mul(group_bytes, u64(window));
-        item.detail = window_detail(window);
-      } else if (item.name == "device_gradient_buffers" && grads < grad_buffers) {
-        item.size_bytes = sat_mul(group_bytes, u64(grads));
-        item.detail = grads_detail(grads);
-      }
-    }
-    resident_groups = std::min(resident_groups, window);
-  }
-
-  plan.tiers = in.capacities;
-  for (TierPlan& t : plan.tiers) t.needed_bytes = 0;
-  for (const PlanItem& item : plan.items) {
-    TierPlan& t = plan.tiers[static_cast<int>(item.tier)];
-    t.needed_bytes = sat_add(t.needed_bytes, item.size_bytes);
-  }
-  plan.fits = true;
-  for (TierPlan& t : plan.tiers) {
-    t.fits = t.needed_bytes <= t.available_bytes;
-    if (!t.fits) {
-      plan.fits = false;
-      plan.reasons.push_back(over_capacity_reason(plan, t));
-    }
-  }
-
-  // Bytes per optimizer step (G micro-batches). Fetches of offloaded
-  // compute copies: every group forward and backward, less those a kept
-  // copy serves: the backward's first `resident_groups`, and as many of each
-  // later micro-batch's forward (the backward kept its last groups, which
-  // the forward wants first).
-  StepTraffic& tr = plan.traffic;
-  const std::uint64_t passes = 2 * accum;
-  const std::uint64_t kept = u64(resident_groups) * (2 * accum - 1);
-  const std::uint64_t fetch =
-      params_offloaded ? sat_mul(c, sat_mul(u64(P), passes) - std::min(sat_mul(u64(P), passes), u64(P) / u64(L) * kept))
-                       : 0;
-  const std::uint64_t gradients_down = sat_mul(sat_mul(c, u64(T)), accum);
-  // Once per step the optimizer opens each trainable group's compute copies
-  // on the host (a copy of them unless their home is pinned), writes the
-  // new ones there and sends them home; a chunk updated on the device takes
-  // its gradients up and its new compute copies down.
-  const std::uint64_t view = sat_mul(c, u64(T));
-  const bool home_device = pl.param_device == OffloadDevice::kNone;
-  const bool home_nvme = pl.param_device == OffloadDevice::kNvme;
-  tr.host_to_device_bytes =
-      sat_add(sat_add(fetch, home_device ? view : 0), sat_mul(g, u64(t_gpu)));
-  tr.device_to_host_bytes =
-      sat_add(sat_add(gradients_down, home_device ? view : 0), sat_mul(c, u64(t_gpu)));
-  tr.disk_read_bytes = sat_mul(state, u64(t_nvme));
-  tr.disk_write_bytes = sat_mul(state, u64(t_nvme));
-  if (home_nvme) {
-    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, sat_add(fetch, view));
-    tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);
-  }
-  return plan;
+  Evaluation e(in, pl);
+  // The items in the order the output lists them.
+  add_compute_copies(e);
+  add_gradients(e);
+  add_resident_state(e);
+  add_nvme_state(e);
+  add_schedule_extra(e);
+  add_activations(e);
+  add_disk_reserves(e);  // after every other nvme item: the reserve is theirs
+  fit_device_budget(e);
+  tally_tiers(in.capacities, e.plan);
+  e.plan.traffic = step_traffic(e);
+  return std::move(e.plan);
 }
 
 }  // namespace plan_detail

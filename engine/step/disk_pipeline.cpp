@@ -17,27 +17,22 @@ core::Result<std::unique_ptr<DiskPipeline>> DiskPipeline::create(StateStore& sta
                                                                  std::uint64_t pinned_room,
                                                                  std::int64_t ring_depth) {
   std::unique_ptr<DiskPipeline> p(new DiskPipeline(state));
-  const RingShape shape = ring_shape(state.layout());  // as finalize sized the pinned budget
-  const std::uint64_t slot = shape.slot_bytes;
-  const std::size_t nvme_chunks = shape.nvme_chunks;
-  if (nvme_chunks == 0) return p;
+  // The slots as finalize counted them for the pinned budget (memory_model.h).
   const std::uint64_t limit = staging.limit_bytes();
-  std::uint64_t slots = limit / slot;
-  if (limit == core::MemoryBudget::kUnlimited) {
-    // Derived: the schedule's depth, or fewer when pinned memory is tight
-    // (what it has room for, and at least one slot).
-    const auto depth = static_cast<std::uint64_t>(ring_depth);
-    slots = depth;
-    if (pinned_room != core::MemoryBudget::kUnlimited) slots = std::clamp<std::uint64_t>(pinned_room / slot, 1, depth);
-  }
-  if (slots == 0) {
+  const RingSlots ring = ring_slots({.shape = ring_shape(state.layout()),
+                                     .staging_bytes = limit == core::MemoryBudget::kUnlimited ? 0 : limit,
+                                     .pinned_room_bytes = pinned_room,
+                                     .depth = static_cast<std::uint64_t>(ring_depth)});
+  const std::uint64_t slot = ring.slot_bytes;
+  const std::uint64_t slots = ring.slots;
+  if (ring.staging_below_slot) {
     return Status::resource_exhausted(str_cat(
         "the disk pipeline needs at least one chunk's optimizer state in staging memory (",
         core::format_bytes(slot), "); strata.budgets.staging allows ", core::format_bytes(limit),
         ". strata.budgets.staging >= ", slot, " (one chunk) works, three chunks or more (", 3 * slot,
         ") let reads, Adam and writes overlap; or lower strata.chunk_bytes"));
   }
-  slots = std::min<std::uint64_t>(slots, nvme_chunks);
+  if (slots == 0) return p;  // no optimizer state on nvme
   STRATA_ASSIGN_OR_RETURN(p->charge_, staging.charge(slots * slot, "the disk pipeline's staging ring"));
   for (std::uint64_t i = 0; i < slots; ++i) {
     STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer b, device.allocate_pinned(slot, "the disk pipeline's staging ring"));

@@ -28,7 +28,8 @@ namespace strata::engine {
 
 class DiskPipeline {
  public:
-  // The ring for `state`'s nvme chunks (none: no slots). Derived (staging
+  // The ring for `state`'s nvme chunks (none: no slots), sized by
+  // memory_model.h's ring_slots, as finalize counted it. Derived (staging
   // unlimited): `ring_depth` slots, fewer when `pinned_room` (the pinned
   // bytes left to it beyond the state and the step's working memory,
   // engine/working_memory.h; kUnlimited: no limit) holds fewer, and at least
