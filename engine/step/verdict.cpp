@@ -59,38 +59,44 @@ std::vector<UpdateConstants> update_constants(const Config& config, std::span<co
 Verdict::Verdict(const Config& config, LossScaler scaler, LrSchedule lr_schedule)
     : config_(config), scaler_(std::move(scaler)), lr_schedule_(std::move(lr_schedule)) {}
 
-core::Result<Verdict::Decision> Verdict::decide(double raw_norm, bool nonfinite) {
-  const double loss_scale = scaler_.scale();
+core::Result<Verdict::Decision> Verdict::judge(const Config& config, double raw_norm, bool nonfinite,
+                                               LossScaler* scaler, std::int64_t step) {
+  // The norm the device summed is of the scaled gradients (the loss scale
+  // before this step's update), accumulated over the micro-batches.
+  const double loss_scale = scaler != nullptr ? scaler->scale() : 1.0;
   const bool overflow = nonfinite || !std::isfinite(raw_norm);
   Decision d;
-  if (config_.precision == Precision::kFp16) {
-    STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler_.update(overflow));
+  if (scaler != nullptr) {
+    STRATA_ASSIGN_OR_RETURN(LossScaler::Outcome o, scaler->update(overflow));
     d.skip = o == LossScaler::Outcome::kSkip;
   } else if (overflow) {
-    STRATA_ASSIGN_OR_RETURN(d.skip, skip_nonfinite(config_.strata.nonfinite, applied_ + 1));
+    STRATA_ASSIGN_OR_RETURN(d.skip, skip_nonfinite(config.strata.nonfinite, step));
   }
-  d.grad_norm = raw_norm / loss_scale / static_cast<double>(config_.gradient_accumulation_steps);
-  if (!d.skip) d.clip = nx::clip_coefficient(d.grad_norm, config_.gradient_clipping);
+  d.grad_norm = raw_norm / loss_scale / static_cast<double>(config.gradient_accumulation_steps);
+  if (!d.skip) d.clip = nx::clip_coefficient(d.grad_norm, config.gradient_clipping);
   return d;
+}
+
+core::Result<Verdict::Decision> Verdict::decide(double raw_norm, bool nonfinite) {
+  return judge(config_, raw_norm, nonfinite, config_.precision == Precision::kFp16 ? &scaler_ : nullptr,
+               applied_ + 1);
 }
 
 Verdict::Deferred Verdict::decide_deferred(const Config& config, double raw_norm, bool nonfinite,
                                            std::span<const nx::AdamHyperparams> hyper, std::int64_t step,
                                            std::int64_t norm_step) {
-  // As decide() without a loss scaler (scale 1); "error" is never deferred.
-  const auto gas = config.gradient_accumulation_steps;
+  // The same judgement without a loss scaler (never deferred with one); nor
+  // is "error" (a failure here would be a skip).
+  const core::Result<Decision> d = judge(config, raw_norm, nonfinite, nullptr, step);
   Deferred out;
   out.record.norm_step = norm_step;
-  out.record.grad_norm = raw_norm / static_cast<double>(gas);
-  if (nonfinite || !std::isfinite(raw_norm)) {
-    core::Result<bool> skip = skip_nonfinite(config.strata.nonfinite, step);
-    if (!skip.ok() || *skip) {
-      out.record.skipped = true;
-      return out;
-    }
+  out.record.grad_norm = raw_norm / static_cast<double>(config.gradient_accumulation_steps);
+  if (!d.ok() || d->skip) {
+    out.record.skipped = true;
+    return out;
   }
-  const double clip = nx::clip_coefficient(out.record.grad_norm, config.gradient_clipping);
-  out.constants = update_constants(config, hyper, step, nx::combined_grad_scale(1.0, clip, gas));
+  out.constants =
+      update_constants(config, hyper, step, nx::combined_grad_scale(1.0, d->clip, config.gradient_accumulation_steps));
   out.record.lr = hyper.front().lr;
   return out;
 }

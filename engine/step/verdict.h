@@ -53,6 +53,11 @@ class Verdict {
     double clip = 1.0;       // the clipping coefficient (1: none)
   };
   core::Result<Decision> decide(double raw_norm, bool nonfinite);
+  // The one judgement both take (decide, and decide_deferred without a
+  // scaler): the loss scaler's update (fp16; `scaler` null otherwise) or
+  // strata.nonfinite for step `step`, the grad norm, the clipping coefficient.
+  static core::Result<Decision> judge(const Config& config, double raw_norm, bool nonfinite, LossScaler* scaler,
+                                      std::int64_t step);
 
   // A deferred verdict (Schedule::defers_verdicts: bf16/fp32, nonfinite not
   // "error"), taken once the step's gradients are in, with the
