@@ -394,6 +394,11 @@ class Engine {
   // schedule), the disk pipeline's depth.
   std::unique_ptr<OptimizerJob> make_optimizer_job(std::vector<UpdateConstants> constants,
                                                    std::int64_t step);
+  // step_end's parts (step.cpp): the optimizer's totals since the last
+  // step_end into `stats`, and the verdict taken at once (not deferred),
+  // which gives the job to submit (or none) and fills in the verdict's stats.
+  void take_optimizer_stats(StepStats& stats) STRATA_REQUIRES(mu_);
+  core::Result<std::unique_ptr<OptimizerJob>> decide_step(StepStats& stats) STRATA_REQUIRES(mu_);
   // step_end: this step's fetch sequence becomes the learned one (when it
   // differs): prefetch follows it, and the optimizer its first fetches.
   void learn_fetch_trace();

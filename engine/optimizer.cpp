@@ -36,7 +36,7 @@ std::unique_ptr<OptimizerJob> Engine::make_optimizer_job(std::vector<UpdateConst
   job->constants = std::move(constants);
   // The next forward's order (the learned sequence's first fetches).
   job->order = copies_.trace.forward_order(layout_.groups.size());
-  job->delayed = schedule_.delays_update();
+  job->kind = schedule_.step_job_kind();
   const bool compute_on_nvme = std::any_of(layout_.groups.begin(), layout_.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
   if (schedule_.updates_in_backward_order(compute_on_nvme)) copies_.trace.sort_in_backward_order(job->order);
@@ -54,8 +54,7 @@ core::Status Engine::start_early_job() {
   // The constants of a step that is applied and not clipped.
   early_.constants = verdict_.constants(layout_.optimizer_groups, 1.0);
   std::unique_ptr<OptimizerJob> job = make_optimizer_job(early_.constants, verdict_.applied_steps() + 1);
-  job->early = true;
-  job->certain = certain_steps();
+  job->kind = schedule_.early_job_kind(rules());
   // Update in the order the backward hands gradients over; after the
   // verdict, in the next forward's order.
   const std::size_t n = layout_.groups.size();
@@ -68,7 +67,7 @@ core::Status Engine::start_early_job() {
   // fetches; the rest as their gradients arrive. A group with state on nvme
   // never waits: the disk works through both phases anyway.
   job->deferred.assign(n, false);
-  if (job->certain && !copies_.trace.empty()) {
+  if (job->kind == JobKind::kCertainEarly && !copies_.trace.empty()) {
     for (std::size_t g = 0; g < n; ++g) {
       const GroupPlace& gp = layout_.groups[g];
       bool nvme = false;
@@ -98,7 +97,7 @@ core::Status Engine::abandon_speculation(const char* op) {
   // verdict acted on (it may still be waiting for it at its end).
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
   const std::int64_t job = std::exchange(early_.job, 0);
-  return runner_->settle(job, false, /*reads_too=*/true);
+  return runner_->settle(job, OptimizerRunner::Settle::kStopWithReads);
 }
 
 core::Status Engine::wait_optimizer(const char* op) {

@@ -156,76 +156,24 @@ core::Result<StepStats> Engine::step_end() {
   // the next step computes with.
   STRATA_RETURN_IF_ERROR(commit_pending("step_end"));
   StepStats stats;
-  // The optimizer's traffic and time since the last step_end: with overlap
-  // "exact" that is the previous step's job, which ran during this step's
-  // forward (and finished: wait_optimizer above); with deferred verdicts
-  // also the last step's gradient path. Taken before this step's job gets
-  // its verdict, so that a job which finishes right after it is counted by
-  // the next step, always.
-  auto take_optimizer_stats = [&] {
-    const OptimizerRunner::Totals opt = runner_->take_totals();
-    stats.bytes += opt.bytes;
-    stats.optimizer_s += opt.seconds;
-    stats.speculative_discarded += opt.discarded_elems;
-    const GradientPath::Totals late = gradients_->take_late_totals();
-    stats.bytes += late.bytes;
-    stats.grads_s += late.seconds;
-  };
   std::unique_ptr<OptimizerJob> job;
-  bool applied = false;
   if (defer) {
     // The job takes this step's verdict; the stats report the last one taken.
-    take_optimizer_stats();
+    take_optimizer_stats(stats);
     learn_fetch_trace();
     job = make_optimizer_job({}, verdict_.applied_steps() + 1);
-    job->deferred_verdict = true;
-    job->marker = ++step_.markers;
-    job->norm_step = verdict_.verdicts() + 1;
-    job->hyper = verdict_.hyperparams(layout_.optimizer_groups);
-    gradients_->post_marker(job->marker);
+    job->deferred_verdict = DeferredVerdict{.marker = ++step_.markers,
+                                            .norm_step = verdict_.verdicts() + 1,
+                                            .hyper = verdict_.hyperparams(layout_.optimizer_groups)};
+    gradients_->post_marker(job->deferred_verdict->marker);
     stats.grad_norm = verdict_.last().grad_norm;
     stats.lr = verdict_.last().lr;
     stats.skipped = verdict_.last().skipped;
     stats.norm_step = verdict_.last().norm_step;
   } else {
-    STRATA_ASSIGN_OR_RETURN(const Verdict::Decision decision,
-                            verdict_.decide(gradients_->raw_norm(), gradients_->take_nonfinite()));
-    const bool skip = decision.skip;
-    stats.grad_norm = decision.grad_norm;
-    take_optimizer_stats();
-    learn_fetch_trace();
-    if (!skip) {
-      std::vector<UpdateConstants> constants = verdict_.constants(layout_.optimizer_groups, decision.clip);
-      // overlap "speculative": the job under way applies these very constants
-      // (no clipping, same learning rate): it commits what it did and goes on.
-      const bool speculated =
-          early_.job != 0 && constants.size() == early_.constants.size() &&
-          std::memcmp(constants.data(), early_.constants.data(), constants.size() * sizeof(UpdateConstants)) == 0;
-      // A certain job under way has updated in place already: it cannot but
-      // agree (set_lr is refused while it applies).
-      if (early_.applying_in_place && !speculated) {
-        return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
-      }
-      if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, speculated, false));
-      if (!speculated) job = make_optimizer_job(std::move(constants), verdict_.applied_steps() + 1);
-      const double lr = verdict_.next_lr();
-      if (job != nullptr && !schedule_.threaded()) {
-        // The sequential schedule: the optimizer runs here, to the end.
-        TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", verdict_.applied_steps() + 1));
-        STRATA_RETURN_IF_ERROR(runner_->submit(std::move(job)).status());
-        take_optimizer_stats();
-      }
-      applied = true;
-      verdict_.count(false);
-      stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
-    } else {
-      // An early job under way stops; nothing it did is committed.
-      if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, false, false));
-      verdict_.count(true);
-    }
-    stats.skipped = skip;
-    stats.norm_step = verdict_.verdicts();
+    STRATA_ASSIGN_OR_RETURN(job, decide_step(stats));
   }
+  const bool applied = !defer && !stats.skipped;
   early_.job = 0;
   early_.applying_in_place = false;
   stats.step = verdict_.applied_steps();
@@ -264,6 +212,69 @@ core::Result<StepStats> Engine::step_end() {
   if (early_jobs()) STRATA_RETURN_IF_ERROR(start_early_job());
   issue_prefetches();  // the next step's first groups, as the optimizer finishes them
   return stats;
+}
+
+// The optimizer's traffic and time since the last step_end: with overlap
+// "exact" that is the previous step's job, which ran during this step's
+// forward (and finished: step_end's wait_optimizer); with deferred verdicts
+// also the last step's gradient path. Taken before this step's job gets its
+// verdict, so that a job which finishes right after it is counted by the
+// next step, always.
+void Engine::take_optimizer_stats(StepStats& stats) {
+  const OptimizerRunner::Totals opt = runner_->take_totals();
+  stats.bytes += opt.bytes;
+  stats.optimizer_s += opt.seconds;
+  stats.speculative_discarded += opt.discarded_elems;
+  const GradientPath::Totals late = gradients_->take_late_totals();
+  stats.bytes += late.bytes;
+  stats.grads_s += late.seconds;
+}
+
+// step_end's verdict, taken at once (not deferred): skip, clipping, and what
+// becomes of an early job under way. The job to submit: none when the step is
+// skipped, when the early job applies it, or under "none" (it ran here).
+core::Result<std::unique_ptr<OptimizerJob>> Engine::decide_step(StepStats& stats) {
+  std::unique_ptr<OptimizerJob> job;
+  STRATA_ASSIGN_OR_RETURN(const Verdict::Decision decision,
+                          verdict_.decide(gradients_->raw_norm(), gradients_->take_nonfinite()));
+  const bool skip = decision.skip;
+  stats.grad_norm = decision.grad_norm;
+  take_optimizer_stats(stats);
+  learn_fetch_trace();
+  if (!skip) {
+    std::vector<UpdateConstants> constants = verdict_.constants(layout_.optimizer_groups, decision.clip);
+    // overlap "speculative": the job under way applies these very constants
+    // (no clipping, same learning rate): it commits what it did and goes on.
+    const bool speculated =
+        early_.job != 0 && constants.size() == early_.constants.size() &&
+        std::memcmp(constants.data(), early_.constants.data(), constants.size() * sizeof(UpdateConstants)) == 0;
+    // A certain job under way has updated in place already: it cannot but
+    // agree (set_lr is refused while it applies).
+    if (early_.applying_in_place && !speculated) {
+      return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
+    }
+    if (early_.job != 0) {
+      STRATA_RETURN_IF_ERROR(runner_->settle(
+          early_.job, speculated ? OptimizerRunner::Settle::kApply : OptimizerRunner::Settle::kStop));
+    }
+    if (!speculated) job = make_optimizer_job(std::move(constants), verdict_.applied_steps() + 1);
+    const double lr = verdict_.next_lr();
+    if (job != nullptr && !schedule_.threaded()) {
+      // The sequential schedule: the optimizer runs here, to the end.
+      TraceScope t(trace_, TraceTrack::kStep, str_cat("optimizer, step ", verdict_.applied_steps() + 1));
+      STRATA_RETURN_IF_ERROR(runner_->submit(std::move(job)).status());
+      take_optimizer_stats(stats);
+    }
+    verdict_.count(Verdict::Outcome::kApplied);
+    stats.lr = lr * layout_.optimizer_groups[0].lr_scale;
+  } else {
+    // An early job under way stops; nothing it did is committed.
+    if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, OptimizerRunner::Settle::kStop));
+    verdict_.count(Verdict::Outcome::kSkipped);
+  }
+  stats.skipped = skip;
+  stats.norm_step = verdict_.verdicts();
+  return job;
 }
 
 core::Status Engine::commit_pending(const char* op) {
