@@ -304,9 +304,10 @@ class Engine {
   // copy an nvme chunk needs (pass it to StateStore::store to write back).
   core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
   // Runs fn over every chunk of group g with host views of its state (device
-  // chunks through a host copy); with `write_back`, the views are written
+  // chunks through a host copy); with WriteBack::kYes, the views are written
   // home afterwards.
-  core::Status visit_group_state(std::size_t g, bool write_back,
+  enum class WriteBack { kNo, kYes };
+  core::Status visit_group_state(std::size_t g, WriteBack write_back,
                                  const std::function<core::Status(const ChunkPlace&, ChunkState&)>& fn);
 
   // What the engine is (never changes after finalize; read without the lock).

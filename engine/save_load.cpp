@@ -80,10 +80,93 @@ std::string state_tensor(const Layout& layout, std::size_t param, int array) {
   return layout.params[param].name + "." + std::string(layout.optimizer.names[static_cast<std::size_t>(array)]);
 }
 
+// The parameters of group gp with optimizer state, in parameter order.
+std::vector<std::size_t> trainable_in(const Layout& layout, const GroupPlace& gp) {
+  std::vector<std::size_t> out;
+  for (std::size_t pi : gp.params) {
+    if (layout.places[pi].trainable_offset >= 0) out.push_back(pi);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// state.safetensors' tensors in the order save_checkpoint writes them: each
+// group's compute copies, then the optimizer arrays of its trainable
+// parameters, group after group.
+std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout, Precision precision) {
+  std::vector<SafetensorsWriter::Declared> declared;
+  for (const GroupPlace& gp : layout.groups) {
+    for (std::size_t pi : gp.params) {
+      const ParamDesc& p = layout.params[pi];
+      declared.push_back({p.name + ".compute", dtype_of(layout.compute_bytes, precision), p.shape});
+    }
+    for (std::size_t pi : trainable_in(layout, gp)) {
+      const ParamDesc& p = layout.params[pi];
+      for (int k = 0; k < layout.optimizer.arrays; ++k) {
+        declared.push_back({state_tensor(layout, pi, k), TensorDtype::kF32, p.shape});
+      }
+    }
+  }
+  return declared;
+}
+
+// A checkpoint's manifest: the step counts, the loss scaler, the parameters,
+// the CRCs of the state file (`state_crc`) and of the framework's `blob`,
+// and the config.
+CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& config, const Verdict& verdict,
+                                       std::uint64_t state_crc, std::span<const std::byte> blob) {
+  CheckpointManifest m;
+  m.step = verdict.applied_steps();
+  m.skipped_steps = verdict.skipped_steps();
+  m.lr_override = verdict.lr_override();
+  const LossScaler::State& ls = verdict.scaler_state();
+  m.loss_scaler = {.scale = ls.scale,
+                   .iteration = ls.iteration,
+                   .last_overflow_iteration = ls.last_overflow_iteration,
+                   .hysteresis_left = ls.hysteresis_left};
+  m.compute_dtype = std::string(to_string(dtype_of(layout.compute_bytes, config.precision)));
+  for (const ParamDesc& p : layout.params) {
+    m.params.push_back({.name = p.name,
+                        .shape = p.shape,
+                        .group = p.group,
+                        .trainable = p.trainable,
+                        .optimizer_group = static_cast<std::int64_t>(p.optimizer_group)});
+  }
+  m.state_crc64 = state_crc;
+  m.framework_crc64 = nvme::crc64(0, blob);
+  m.config_json = to_json(config);
+  return m;
+}
+
+// Publishes a saved checkpoint: its directory `tmp` becomes root/name (one
+// there before is moved aside, then removed), then root/latest names it.
+core::Status publish_checkpoint(const std::string& root, const std::string& name, const std::string& tmp,
+                                const IoConfig& io) {
+  const std::string final_dir = str_cat(root, "/", name);
+  std::error_code ec;
+  if (fs::exists(final_dir)) {
+    const std::string old = final_dir + ".old";
+    fs::remove_all(old, ec);
+    if (::rename(final_dir.c_str(), old.c_str()) != 0) return Status::from_errno(errno, str_cat("rename ", final_dir));
+    crash_point("moved_aside");  // latest names final_dir, which is missing until the next rename
+  }
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+    return Status::from_errno(errno, str_cat("rename ", tmp, " to ", final_dir));
+  }
+  STRATA_RETURN_IF_ERROR(fsync_dir(root));
+  crash_point("renamed");
+  const std::string pointer = format_latest_pointer(name);
+  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer)), io));
+  fs::remove_all(final_dir + ".old", ec);
+  return Status();
+}
+
 // Copies a chunk's share of each parameter in `arrays` between the chunk's
-// views and the whole arrays: out of the chunk, or into it with `into_chunk`.
+// views and the whole arrays, either way.
+enum class Exchange { kOutOfChunk, kIntoChunk };
 void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkState& st, StateArrays& arrays,
-                           bool into_chunk) {
+                           Exchange way) {
+  const bool into_chunk = way == Exchange::kIntoChunk;
   for (const Layout::Piece& p : layout.pieces(cp)) {
     const auto it = arrays.find(p.param);
     if (it == arrays.end()) continue;
@@ -99,7 +182,7 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
 
 }  // namespace
 
-core::Status Engine::visit_group_state(std::size_t g, bool write_back,
+core::Status Engine::visit_group_state(std::size_t g, WriteBack write_back,
                                        const std::function<Status(const ChunkPlace&, ChunkState&)>& fn) {
   const GroupPlace& gp = layout_.groups[g];
   for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
@@ -113,14 +196,14 @@ core::Status Engine::visit_group_state(std::size_t g, bool write_back,
       STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), home));
       ChunkState st = state_->staged_views(c, host.bytes());
       STRATA_RETURN_IF_ERROR(fn(cp, st));
-      if (write_back) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
+      if (write_back == WriteBack::kYes) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
       pinned_cache_->put(std::move(host));
       continue;
     }
     gpu::PinnedBuffer stage;
     STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
     STRATA_RETURN_IF_ERROR(fn(cp, st));
-    if (write_back) STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
+    if (write_back == WriteBack::kYes) STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
   }
   return Status();
 }
@@ -148,7 +231,6 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   }
   const std::string name = str_cat("step-", step_->verdict().applied_steps());
   const std::string tmp = str_cat(root, "/.", name, ".tmp");
-  const std::string final_dir = str_cat(root, "/", name);
   fs::remove_all(tmp, ec);
   fs::create_directories(tmp, ec);
   if (ec) return Status::from_errno(ec.value(), str_cat("create ", tmp));
@@ -158,27 +240,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   // order), group after group; tensors are declared in that order, so the
   // header and then the data go out front to back.
   const int cb = layout_.compute_bytes;
-  auto trainable_in = [&](const GroupPlace& gp) {
-    std::vector<std::size_t> out;
-    for (std::size_t pi : gp.params) {
-      if (layout_.places[pi].trainable_offset >= 0) out.push_back(pi);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  };
-  std::vector<SafetensorsWriter::Declared> declared;
-  for (const GroupPlace& gp : layout_.groups) {
-    for (std::size_t pi : gp.params) {
-      const ParamDesc& p = layout_.params[pi];
-      declared.push_back({p.name + ".compute", dtype_of(cb, config_.precision), p.shape});
-    }
-    for (std::size_t pi : trainable_in(gp)) {
-      const ParamDesc& p = layout_.params[pi];
-      for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        declared.push_back({state_tensor(layout_, pi, k), TensorDtype::kF32, p.shape});
-      }
-    }
-  }
+  std::vector<SafetensorsWriter::Declared> declared = checkpoint_tensors(layout_, config_.precision);
   const std::string state_path = tmp + "/state.safetensors";
   // Destruction order: the writer (which waits for its writes) before the backend.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
@@ -199,13 +261,13 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }
     // Gather each trainable parameter's arrays from the chunks.
     StateArrays arrays;
-    for (std::size_t pi : trainable_in(gp)) {
+    for (std::size_t pi : trainable_in(layout_, gp)) {
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
         arrays[pi][static_cast<std::size_t>(k)].resize(static_cast<std::size_t>(layout_.params[pi].numel()));
       }
     }
-    STRATA_RETURN_IF_ERROR(visit_group_state(g, false, [&](const ChunkPlace& cp, ChunkState& st) {
-      exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/false);
+    STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kNo, [&](const ChunkPlace& cp, ChunkState& st) {
+      exchange_chunk_arrays(layout_, cp, st, arrays, Exchange::kOutOfChunk);
       return Status();
     }));
     for (auto& [pi, a] : arrays) {
@@ -219,47 +281,13 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   crash_point("state_written");
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
 
-  CheckpointManifest m;
-  m.step = step_->verdict().applied_steps();
-  m.skipped_steps = step_->verdict().skipped_steps();
-  m.lr_override = step_->verdict().lr_override();
-  const LossScaler::State& ls = step_->verdict().scaler_state();
-  m.loss_scaler = {.scale = ls.scale,
-                   .iteration = ls.iteration,
-                   .last_overflow_iteration = ls.last_overflow_iteration,
-                   .hysteresis_left = ls.hysteresis_left};
-  m.compute_dtype = std::string(to_string(dtype_of(cb, config_.precision)));
-  for (const ParamDesc& p : layout_.params) {
-    m.params.push_back({.name = p.name,
-                        .shape = p.shape,
-                        .group = p.group,
-                        .trainable = p.trainable,
-                        .optimizer_group = static_cast<std::int64_t>(p.optimizer_group)});
-  }
-  m.state_crc64 = state_crc;
-  m.framework_crc64 = nvme::crc64(0, blob);
-  m.config_json = to_json(config_);
-  const std::string text = format_checkpoint_manifest(m);
+  const std::string text = format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), state_crc, blob));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
   crash_point("manifest_written");
 
-  // Publish: step directory, then the latest pointer.
-  if (fs::exists(final_dir)) {
-    const std::string old = final_dir + ".old";
-    fs::remove_all(old, ec);
-    if (::rename(final_dir.c_str(), old.c_str()) != 0) return Status::from_errno(errno, str_cat("rename ", final_dir));
-    crash_point("moved_aside");  // latest names final_dir, which is missing until the next rename
-  }
-  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-    return Status::from_errno(errno, str_cat("rename ", tmp, " to ", final_dir));
-  }
-  STRATA_RETURN_IF_ERROR(fsync_dir(root));
-  crash_point("renamed");
-  const std::string pointer = format_latest_pointer(name);
-  STRATA_RETURN_IF_ERROR(replace_file(root + "/latest", std::as_bytes(std::span<const char>(pointer)), config_.strata.io));
-  fs::remove_all(final_dir + ".old", ec);
+  STRATA_RETURN_IF_ERROR(publish_checkpoint(root, name, tmp, config_.strata.io));
   // Retention, once the save is latest: a failure here loses nothing saved.
   const RetentionPolicy policy{.keep_last = config_.strata.checkpoint.keep_last,
                                .keep_every = config_.strata.checkpoint.keep_every};
@@ -358,8 +386,8 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       }
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
-    STRATA_RETURN_IF_ERROR(visit_group_state(g, true, [&](const ChunkPlace& cp, ChunkState& st) {
-      exchange_chunk_arrays(layout_, cp, st, arrays, /*into_chunk=*/true);
+    STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kYes, [&](const ChunkPlace& cp, ChunkState& st) {
+      exchange_chunk_arrays(layout_, cp, st, arrays, Exchange::kIntoChunk);
       return Status();
     }));
   }

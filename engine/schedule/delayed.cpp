@@ -1,16 +1,17 @@
 // strata.overlap "delayed": the one-step delayed update. Step N's job runs
 // during step N+1 and writes each group's new compute copies into pinned
-// memory (ComputeHomes::hold_pending) instead of home; the next step_end sends them
-// home, so step N+1 computes with the weights from before update N. Nothing
-// the framework calls waits for the job: fetch reads the old copies (unless
-// they live on nvme, whose block takes one I/O at a time), and the group's
-// next gradient pass waits for its update on the pass thread. Without compute
-// copies on nvme the job has until each group's next grad_buffer, so it goes
-// in the backward's order.
+// memory (ComputeHomes::hold_pending; JobKind::kDelayed) instead of home; the
+// next step_end sends them home, so step N+1 computes with the weights from
+// before update N. Nothing the framework calls waits for the job: fetch
+// reads the old copies (unless they live on nvme, whose block takes one I/O
+// at a time), and the group's next gradient pass waits for its update on the
+// pass thread. Without compute copies on nvme the job has until each group's
+// next grad_buffer, so it goes in the backward's order.
 //
 // Deferred verdicts (bf16/fp32 without strata.nonfinite "error"): step_end
 // does not wait for the step's last gradients; the job takes the verdict
-// (skip, clipping) once they are in (Optimizer::take_verdict).
+// (skip, clipping) once they are in (Optimizer::take_verdict; the job's
+// DeferredVerdict).
 #include "engine/schedule/modes.h"
 
 namespace strata::engine {
@@ -27,6 +28,7 @@ class DelayedSchedule final : public Schedule {
   std::string_view name() const override { return "delayed"; }
   std::span<const ScheduleExtra> extra_memory() const override { return kExtra; }
   bool delays_update() const override { return true; }
+  JobKind step_job_kind() const override { return JobKind::kDelayed; }
   bool defers_verdicts(const StepRules& rules) const override {
     return !rules.loss_scaler && rules.nonfinite != NonfinitePolicy::kError;
   }

@@ -10,7 +10,7 @@
 // strata.nonfinite "apply"): nothing step_end learns can change the step,
 // so the job starts early (the first grads_ready of the last micro-batch, the
 // next one at step_end) and updates each group in place as its gradients
-// arrive (Engine::start_early_job).
+// arrive (Step::start_early_job, JobKind::kCertainEarly).
 #include "engine/schedule/modes.h"
 
 namespace strata::engine {
@@ -21,6 +21,8 @@ class ExactSchedule final : public Schedule {
   OverlapMode mode() const override { return OverlapMode::kExact; }
   std::string_view name() const override { return "exact"; }
   bool early_jobs(const StepRules& rules) const override { return rules.certain(); }
+  // Its early jobs come with certain steps only: nothing to undo.
+  JobKind early_job_kind(const StepRules&) const override { return JobKind::kCertainEarly; }
 };
 
 }  // namespace

@@ -29,6 +29,7 @@
 #include <string_view>
 
 #include "engine/config.h"
+#include "engine/step/job_kind.h"
 #include "engine/tier.h"
 
 namespace strata::engine {
@@ -88,6 +89,13 @@ class Schedule {
   // The step's optimizer job starts before step_end: at the first
   // grads_ready of the step's last micro-batch, and the next one at step_end.
   virtual bool early_jobs(const StepRules&) const { return false; }
+  // The kind of the job step_end builds once it knows the verdict
+  // (Step::make_job). (optional) default: kOrdinary.
+  virtual JobKind step_job_kind() const { return JobKind::kOrdinary; }
+  // The kind of an early job (asked only when early_jobs(rules)):
+  // kCertainEarly or kSpeculative (Step::start_early_job). (optional)
+  // default: kCertainEarly.
+  virtual JobKind early_job_kind(const StepRules&) const { return JobKind::kCertainEarly; }
   // New compute copies wait in pinned memory until the next step_end
   // (ComputeHomes::hold_pending): the next step computes with the old ones.
   virtual bool delays_update() const { return false; }

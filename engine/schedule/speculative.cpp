@@ -4,8 +4,9 @@
 // a second version of their state, and the group's new compute copies into a
 // pinned shadow; step_end's verdict keeps that work (the constants agree bit
 // for bit) or throws it away (skipped or clipped step: an ordinary job
-// follows). Pinned and device chunks wait for the verdict. Reads run ahead of
-// the backward too, so the staging ring is deeper.
+// follows). Pinned and device chunks wait for the verdict
+// (JobKind::kSpeculative; a certain step's job is exact's, kCertainEarly).
+// Reads run ahead of the backward too, so the staging ring is deeper.
 #include "engine/schedule/modes.h"
 
 namespace strata::engine {
@@ -26,6 +27,11 @@ class SpeculativeSchedule final : public Schedule {
   std::span<const ScheduleExtra> extra_memory() const override { return kExtra; }
   bool second_state_version() const override { return true; }
   bool early_jobs(const StepRules&) const override { return true; }
+  // A certain step's early job has nothing to undo (as under "exact"); any
+  // other is speculative.
+  JobKind early_job_kind(const StepRules& rules) const override {
+    return rules.certain() ? JobKind::kCertainEarly : JobKind::kSpeculative;
+  }
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/check.h"
 #include "core/clock.h"
 #include "core/str.h"
 #include "engine/internal/elem_types.h"
@@ -84,253 +85,338 @@ core::Status Optimizer::update_on_device(const UpdateConstants& k, gpu::DeviceSp
 }
 
 core::Result<bool> Optimizer::take_verdict(OptimizerJob& job) {
-  STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, parts_.gradients.wait_marker(job.marker, job.norm_step));
+  // Only the delayed update decides after step_end (Schedule::defers_verdicts).
+  STRATA_CHECK(job.kind == JobKind::kDelayed);
+  const DeferredVerdict& dv = *job.deferred_verdict;
+  STRATA_ASSIGN_OR_RETURN(const GradientPath::Marker m, parts_.gradients.wait_marker(dv.marker, dv.norm_step));
   const double raw_norm = m.raw_norm;
   const bool nonfinite = m.nonfinite;
-  Verdict::Deferred d = Verdict::decide_deferred(parts_.config, raw_norm, nonfinite, job.hyper, job.step, job.norm_step);
+  Verdict::Deferred d = Verdict::decide_deferred(parts_.config, raw_norm, nonfinite, dv.hyper, job.step, dv.norm_step);
   job.verdict = d.record;
   job.constants = std::move(d.constants);
   return !job.verdict.skipped;
 }
 
-core::Status Optimizer::run(OptimizerJob& job) {
-  const core::Stopwatch clock;
-  const int cb = parts_.layout.compute_bytes, gb = parts_.layout.grad_bytes;
-  const adam::ElemType grad_type = adam_type(gb, parts_.config.precision);
-  const adam::ElemType compute_type = adam_type(cb, parts_.config.precision);
-  const CopyLane lane{&stream_, &job.bytes, TraceTrack::kOptDevice};
-  if (job.deferred_verdict) {
-    STRATA_ASSIGN_OR_RETURN(const bool apply, take_verdict(job));
-    if (!apply) {
-      for (std::size_t g : job.order) runner_->mark_done(g, job.id);
-      job.seconds += clock.elapsed_s();
-      return Status();
-    }
-  }
+// One job's walk through its groups' chunks (Optimizer::run) and what its
+// steps share: the chunks in the order they are updated and the disk
+// pipeline's pass over them, the groups whose compute copies are open, and
+// for an early job whether its verdict came and what it updated before.
+class Optimizer::JobRun {
+ public:
+  JobRun(Optimizer& o, OptimizerJob& job, const core::Stopwatch& clock);
+  JobRun(const JobRun&) = delete;
+  JobRun& operator=(const JobRun&) = delete;
+  // Every chunk, then an early job's wait for its verdict, then the writes
+  // left behind.
+  core::Status run();
 
+ private:
   struct Item {
     std::size_t group, chunk;
   };
-  std::vector<Item> items;
-  for (std::size_t g : job.order) {
-    const GroupPlace& gp = parts_.layout.groups[g];
-    if (gp.chunk_count == 0 && !job.early) runner_->mark_done(g, job.id);  // frozen: nothing to update
-    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
-  }
-  // An early job knows whether its work counts only from the verdict on.
-  bool decided = !job.early;
-
-  // The disk pipeline's walk through the items' chunks (kept in the items'
-  // order: on_apply reorders those not read yet).
-  std::vector<std::size_t> chunks(items.size());
-  for (std::size_t i = 0; i < items.size(); ++i) chunks[i] = items[i].chunk;
-  DiskPipeline::Pass disk(*pipeline_, chunks, job.read_ahead, job.write_behind, job.bytes, parts_.trace);
-
-  // The groups whose compute copies are open: a host view (the pinned home
-  // itself, or a staging copy; an uncertain early job's is always a shadow copy),
-  // the chunks still to update, and when the group was opened.
+  // A group whose compute copies are open: a host view (the pinned home
+  // itself, or a staging copy; a speculative or delayed job's is always a
+  // copy, see OptimizerJob::shadows_pinned_compute), the chunks still to
+  // update, and when the group was opened.
   struct Open {
     gpu::PinnedBuffer buffer;
     std::span<std::byte> compute;
     std::size_t left = 0;
     std::int64_t begin_ns = 0;
   };
-  std::map<std::size_t, Open> open;
-  std::vector<std::size_t> waiting;  // speculative: updated groups awaiting the verdict
-  std::int64_t updated_elems = 0;    // speculative: elements updated before the verdict
-  auto open_group = [&](std::size_t g) -> Status {
-    const GroupPlace& gp = parts_.layout.groups[g];
-    Open o;
-    o.left = gp.chunk_count;
-    o.begin_ns = core::monotonic_ns();
-    if (((job.early && !job.certain) || job.delayed) && gp.compute_tier == Tier::kPinned) {
-      const std::span<std::byte> home = parts_.homes.pinned_home(g).bytes();
-      STRATA_ASSIGN_OR_RETURN(o.buffer, parts_.pinned_cache.get(home.size(), job.delayed ? "delayed compute copies"
-                                                                                       : "speculative compute copies"));
-      std::memcpy(o.buffer.data(), home.data(), home.size());
-      o.compute = o.buffer.bytes();
-    } else {
-      STRATA_ASSIGN_OR_RETURN(o.compute, parts_.homes.load(g, o.buffer, lane));
-    }
-    open.emplace(g, std::move(o));
-    return Status();
-  };
-  // The group's new state becomes the current one: the next versions of its
-  // nvme chunks (speculative) and its compute copies; then the next step may
-  // fetch it.
-  auto commit_group = [&](std::size_t g) -> Status {
-    const GroupPlace& gp = parts_.layout.groups[g];
-    Open& o = open.at(g);
-    if (job.early && !job.certain) {
-      for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-        if (parts_.state.tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(parts_.state.commit_next(c));
-      }
-    }
-    if (job.delayed) {
-      // Home at the next step_end (commit_pending): the next step computes
-      // with the old copies.
-      parts_.homes.hold_pending(g, std::move(o.buffer), parts_.homes.bytes(g));
-      o.buffer = {};
-    } else if (job.early && !job.certain && gp.compute_tier == Tier::kPinned) {
-      std::swap(parts_.homes.pinned_home(g), o.buffer);  // the shadow is the new home
-    } else {
-      STRATA_RETURN_IF_ERROR(parts_.homes.commit(g, o.compute, lane));
-    }
-    parts_.trace.span(TraceTrack::kOptimizer, str_cat("step ", job.step, " group ", gp.name), o.begin_ns,
-                core::monotonic_ns());
-    parts_.pinned_cache.put(std::move(o.buffer));
-    open.erase(g);
-    runner_->mark_done(g, job.id);
-    return Status();
-  };
-  // The verdict said apply: what was updated is committed in the next
-  // forward's order, and the rest follows that order.
-  auto on_apply = [&](std::size_t current) -> Status {
-    decided = true;
-    std::sort(waiting.begin(), waiting.end(), [&](std::size_t a, std::size_t b) { return job.rank[a] < job.rank[b]; });
-    for (std::size_t g : waiting) STRATA_RETURN_IF_ERROR(commit_group(g));
-    waiting.clear();
-    for (std::size_t g : job.order) {
-      if (parts_.layout.groups[g].chunk_count == 0) runner_->mark_done(g, job.id);
-    }
-    const auto from = static_cast<std::ptrdiff_t>(std::max(disk.next_read(), current + 1));
-    std::stable_sort(items.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(items.size())),
-                     items.end(), [&](const Item& a, const Item& b) { return job.rank[a.group] < job.rank[b.group]; });
-    for (std::size_t i = 0; i < items.size(); ++i) chunks[i] = items[i].chunk;
-    return Status();
-  };
-  // The verdict said stop: nothing this job did counts.
-  auto stop = [&]() -> Status {
-    for (auto& [g, o] : open) parts_.pinned_cache.put(std::move(o.buffer));
-    open.clear();
-    job.discarded_elems += updated_elems;
-    // step_end may go on: no gradient or compute copy is read any more.
-    runner_->note_quiet(job.id);
-    disk.abandon_reads();  // the current versions it reads are the caller's again after this
-    // Nor any current state (the writes left go to the next versions).
-    runner_->note_reads_done(job.id);
-    Status s = disk.drain_writes();
-    job.seconds += clock.elapsed_s();
-    return s;
-  };
 
-  for (std::size_t i = 0; i < items.size(); ++i) {
-    const std::size_t g = items[i].group, c = items[i].chunk;
-    const ChunkPlace& cp = parts_.layout.chunks[c];
+  const Layout& layout() const { return o_.parts_.layout; }
+  OptimizerRunner& runner() const { return *o_.runner_; }
+  static std::vector<Item> items_of(const Layout& layout, const std::vector<std::size_t>& order);
+  // Chunk i's update with its state on the host (pinned or nvme) / on the
+  // device, its new compute copies into the group's host view.
+  core::Status update_host_chunk(std::size_t i);
+  core::Status update_device_chunk(std::size_t i);
+  // Where piece p's compute copies sit in the host view `compute`.
+  std::byte* compute_at(std::span<std::byte> compute, const Layout::Piece& p) const;
+  core::Status open_group(std::size_t g);
+  // Group g's last chunk is done.
+  core::Status group_updated(std::size_t g);
+  core::Status commit_group(std::size_t g);
+  // An early job's verdict: apply (what it updated counts from now on) or
+  // stop (nothing it did counts).
+  core::Status on_apply(std::size_t current);
+  core::Status stop();
+
+  Optimizer& o_;
+  OptimizerJob& job_;
+  const core::Stopwatch& clock_;
+  const int cb_, gb_;  // bytes per compute copy and per gradient element
+  const adam::ElemType grad_type_, compute_type_;
+  const CopyLane lane_;
+  std::vector<Item> items_;
+  // An early job knows whether its work counts only from the verdict on.
+  bool decided_;
+  // The disk pipeline's walk through the items' chunks (kept in the items'
+  // order: on_apply reorders those not read yet).
+  std::vector<std::size_t> chunks_;
+  DiskPipeline::Pass disk_;
+  std::map<std::size_t, Open> open_;
+  std::vector<std::size_t> waiting_;  // speculative: updated groups awaiting the verdict
+  std::int64_t updated_elems_ = 0;    // speculative: elements updated before the verdict
+};
+
+std::vector<Optimizer::JobRun::Item> Optimizer::JobRun::items_of(const Layout& layout,
+                                                                 const std::vector<std::size_t>& order) {
+  std::vector<Item> items;
+  for (std::size_t g : order) {
+    const GroupPlace& gp = layout.groups[g];
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) items.push_back({g, c});
+  }
+  return items;
+}
+
+Optimizer::JobRun::JobRun(Optimizer& o, OptimizerJob& job, const core::Stopwatch& clock)
+    : o_(o),
+      job_(job),
+      clock_(clock),
+      cb_(o.parts_.layout.compute_bytes),
+      gb_(o.parts_.layout.grad_bytes),
+      grad_type_(adam_type(gb_, o.parts_.config.precision)),
+      compute_type_(adam_type(cb_, o.parts_.config.precision)),
+      lane_{&o.stream_, &job.bytes, TraceTrack::kOptDevice},
+      items_(items_of(o.parts_.layout, job.order)),
+      decided_(!job.early()),
+      chunks_(items_.size()),
+      disk_(*o.pipeline_, chunks_, job.read_ahead, job.write_behind, job.bytes, o.parts_.trace) {
+  for (std::size_t i = 0; i < items_.size(); ++i) chunks_[i] = items_[i].chunk;
+}
+
+core::Status Optimizer::JobRun::run() {
+  if (decided_) {
+    for (std::size_t g : job_.order) {
+      if (layout().groups[g].chunk_count == 0) runner().mark_done(g, job_.id);  // frozen: nothing to update
+    }
+  }
+  for (std::size_t i = 0; i < items_.size(); ++i) {
+    const std::size_t g = items_[i].group;
+    const ChunkPlace& cp = layout().chunks[items_[i].chunk];
 
     // Writes that are done give their slots back; then the reads ahead.
-    STRATA_RETURN_IF_ERROR(disk.advance(i));
+    STRATA_RETURN_IF_ERROR(disk_.advance(i));
 
-    // A speculative update waits for the group's gradients (an nvme chunk,
-    // whose current state stays intact, or a chunk of a certain job that is
-    // not deferred) or for the verdict (anything else).
-    if (!decided) {
-      const bool go_early = job.certain ? !job.deferred[g] : cp.state_tier == Tier::kNvme;
-      const OptimizerRunner::Gate gate = runner_->gate(job.id, g, go_early);
+    // Before the verdict an update waits for the group's gradients or for
+    // the verdict (OptimizerJob::updates_before_verdict).
+    if (!decided_) {
+      const auto until = job_.updates_before_verdict(g, cp.state_tier) ? OptimizerRunner::Until::kGradientsIn
+                                                                        : OptimizerRunner::Until::kVerdict;
+      const OptimizerRunner::Gate gate = runner().gate(job_.id, g, until);
       if (gate == OptimizerRunner::Gate::kStop) return stop();
       if (gate == OptimizerRunner::Gate::kGoDecided) STRATA_RETURN_IF_ERROR(on_apply(i));
     }
     // The group's compute copies are read only now: an early job may
     // have started before the forward that fetches them.
-    if (!open.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
-    const std::vector<Layout::Piece> pieces = parts_.layout.pieces(cp);
-    std::span<std::byte> compute = open.at(g).compute;
-    auto compute_at = [&](const Layout::Piece& p) {
-      const ParamPlace& pl = parts_.layout.places[p.param];
-      return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb;
-    };
-
+    if (!open_.contains(g)) STRATA_RETURN_IF_ERROR(open_group(g));
     if (cp.state_tier != Tier::kDevice) {
-      ChunkState st;
-      if (cp.state_tier == Tier::kNvme) {
-        STRATA_ASSIGN_OR_RETURN(st, disk.take(i));
-      } else {
-        STRATA_ASSIGN_OR_RETURN(st, parts_.state.load(c, {}));
-      }
-      // In slices, each a turn of its own: a gradient pass waiting (the
-      // backward's critical path) goes first. Adam is elementwise, so the
-      // slicing changes no bit.
-      const std::string label =
-          str_cat(decided || job.certain ? "adam chunk " : "adam (speculative) chunk ", c);
-      for (const Layout::Piece& p : pieces) {
-        for (std::int64_t lo = p.lo; lo < p.hi; lo += kAdamSliceElems) {
-          const std::int64_t hi = std::min(p.hi, lo + kAdamSliceElems);
-          const auto off = static_cast<std::size_t>(lo - cp.begin);
-          const auto n = static_cast<std::size_t>(hi - lo);
-          std::byte* out = compute_at(p) + (lo - p.lo) * cb;
-          const CpuTurns::Turn turn(parts_.turns, CpuTurns::kBackground);
-          TraceScope tc(parts_.trace, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
-          const UpdateConstants& k =
-              job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
-          const adam::ConstTypedSpan grad{parts_.gradients.host_grads() + lo * gb, grad_type,
-                                          static_cast<std::int64_t>(n)};
-          const adam::TypedSpan copy_out =
-              cb == 2 ? adam::TypedSpan{out, compute_type, static_cast<std::int64_t>(n)} : adam::TypedSpan{};
-          STRATA_RETURN_IF_ERROR(update_on_cpu(k, st, off, n, grad, copy_out));
-          if (cb == 4) std::memcpy(out, st.master().data() + off, n * 4);
-        }
-      }
-      if (cp.state_tier == Tier::kNvme) {
-        const auto version =
-            job.early && !job.certain ? StateStore::Version::kNext : StateStore::Version::kCurrent;
-        STRATA_RETURN_IF_ERROR(disk.store(i, version));
-      }
+      STRATA_RETURN_IF_ERROR(update_host_chunk(i));
     } else {
-      // State on the device: gradients go up, the device steps, the new
-      // compute copies come back down into the group's host view.
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, parts_.state.device_state(c));
-      const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, parts_.device_cache.get(n_all * gb, "optimizer gradients"));
-      STRATA_RETURN_IF_ERROR(
-          lane_h2d(parts_.device, parts_.trace, lane, dgrad.span(), {parts_.gradients.host_grads() + cp.begin * gb, n_all * gb}));
-      STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, parts_.device_cache.get(n_all * cb, "optimizer compute copies"));
-      for (const Layout::Piece& p : pieces) {
-        const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
-        const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
-        // Array k of the chunk's state: [master | state 1 | state 2], n_all elements each.
-        auto array = [&](std::uint64_t k) { return state.subspan(k * n_all * 4 + off * 4, n * 4); };
-        const UpdateConstants& k =
-            job.constants[static_cast<std::size_t>(parts_.layout.params[p.param].optimizer_group)];
-        const gpu::DeviceTypedSpan grad =
-            gpu::typed(dgrad.subspan(off * gb, n * gb), gpu_type(gb, parts_.config.precision));
-        const gpu::DeviceTypedSpan copy_out =
-            cb == 2 ? gpu::typed(dcopy.subspan(off * cb, n * cb), gpu_type(cb, parts_.config.precision))
-                    : gpu::DeviceTypedSpan{};
-        STRATA_RETURN_IF_ERROR(update_on_device(k, array(0), array(1), array(2), grad, copy_out));
-        if (cb == 4) STRATA_RETURN_IF_ERROR(parts_.device.copy_d2d(stream_, dcopy.subspan(off * 4, n * 4), array(0)));
-      }
-      STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts_.pinned_cache.get(n_all * cb, "optimizer compute copies"));
-      STRATA_RETURN_IF_ERROR(lane_d2h(parts_.device, parts_.trace, lane, back.bytes().first(n_all * cb), dcopy.span()));
-      for (const Layout::Piece& p : pieces) {
-        std::memcpy(compute_at(p), back.data() + (p.lo - cp.begin) * cb, static_cast<std::size_t>(p.hi - p.lo) * cb);
-      }
-      parts_.device_cache.put(std::move(dgrad));
-      parts_.device_cache.put(std::move(dcopy));
-      parts_.pinned_cache.put(std::move(back));
+      STRATA_RETURN_IF_ERROR(update_device_chunk(i));
     }
-
-    if (!decided) updated_elems += cp.elems;
-    // The group's last chunk: its new compute copies go home (once the
-    // verdict says so, or at once for a certain job unless they live on the
-    // device, where the framework may still be reading them), and the next
-    // step may fetch it.
-    if (--open.at(g).left == 0) {
-      if (decided || (job.certain && parts_.layout.groups[g].compute_tier != Tier::kDevice)) {
-        STRATA_RETURN_IF_ERROR(commit_group(g));
-      } else {
-        waiting.push_back(g);
-      }
-    }
+    if (!decided_) updated_elems_ += cp.elems;
+    if (--open_.at(g).left == 0) STRATA_RETURN_IF_ERROR(group_updated(g));
   }
   // An early job that updated everything before its verdict waits for it here.
-  if (!decided) {
-    const OptimizerRunner::Gate gate = runner_->gate(job.id, SIZE_MAX, false);
+  if (!decided_) {
+    const OptimizerRunner::Gate gate = runner().gate(job_.id, SIZE_MAX, OptimizerRunner::Until::kVerdict);
     if (gate == OptimizerRunner::Gate::kStop) return stop();
-    STRATA_RETURN_IF_ERROR(on_apply(items.size()));
+    STRATA_RETURN_IF_ERROR(on_apply(items_.size()));
   }
-  STRATA_RETURN_IF_ERROR(disk.drain_writes());
-  job.seconds += clock.elapsed_s();
+  STRATA_RETURN_IF_ERROR(disk_.drain_writes());
+  job_.seconds += clock_.elapsed_s();
   return Status();
+}
+
+std::byte* Optimizer::JobRun::compute_at(std::span<std::byte> compute, const Layout::Piece& p) const {
+  const ParamPlace& pl = layout().places[p.param];
+  return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb_;
+}
+
+core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
+  const std::size_t g = items_[i].group, c = items_[i].chunk;
+  const ChunkPlace& cp = layout().chunks[c];
+  const std::span<std::byte> compute = open_.at(g).compute;
+  ChunkState st;
+  if (cp.state_tier == Tier::kNvme) {
+    STRATA_ASSIGN_OR_RETURN(st, disk_.take(i));
+  } else {
+    STRATA_ASSIGN_OR_RETURN(st, o_.parts_.state.load(c, {}));
+  }
+  // In slices, each a turn of its own: a gradient pass waiting (the
+  // backward's critical path) goes first. Adam is elementwise, so the
+  // slicing changes no bit.
+  const std::string label =
+      str_cat(!decided_ && job_.updates_into_next_version() ? "adam (speculative) chunk " : "adam chunk ", c);
+  for (const Layout::Piece& p : layout().pieces(cp)) {
+    const UpdateConstants& k = job_.constants[static_cast<std::size_t>(layout().params[p.param].optimizer_group)];
+    for (std::int64_t lo = p.lo; lo < p.hi; lo += kAdamSliceElems) {
+      const std::int64_t hi = std::min(p.hi, lo + kAdamSliceElems);
+      const auto off = static_cast<std::size_t>(lo - cp.begin);
+      const auto n = static_cast<std::size_t>(hi - lo);
+      std::byte* out = compute_at(compute, p) + (lo - p.lo) * cb_;
+      const CpuTurns::Turn turn(o_.parts_.turns, CpuTurns::kBackground);
+      TraceScope tc(o_.parts_.trace, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
+      const adam::ConstTypedSpan grad{o_.parts_.gradients.host_grads() + lo * gb_, grad_type_,
+                                      static_cast<std::int64_t>(n)};
+      const adam::TypedSpan copy_out =
+          cb_ == 2 ? adam::TypedSpan{out, compute_type_, static_cast<std::int64_t>(n)} : adam::TypedSpan{};
+      STRATA_RETURN_IF_ERROR(o_.update_on_cpu(k, st, off, n, grad, copy_out));
+      if (cb_ == 4) std::memcpy(out, st.master().data() + off, n * 4);
+    }
+  }
+  if (cp.state_tier != Tier::kNvme) return Status();
+  return disk_.store(i, job_.updates_into_next_version() ? StateStore::Version::kNext
+                                                         : StateStore::Version::kCurrent);
+}
+
+core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
+  // State on the device: gradients go up, the device steps, the new
+  // compute copies come back down into the group's host view.
+  const std::size_t g = items_[i].group, c = items_[i].chunk;
+  const ChunkPlace& cp = layout().chunks[c];
+  const Parts& parts = o_.parts_;
+  const std::vector<Layout::Piece> pieces = layout().pieces(cp);
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, parts.state.device_state(c));
+  const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, parts.device_cache.get(n_all * gb_, "optimizer gradients"));
+  STRATA_RETURN_IF_ERROR(lane_h2d(parts.device, parts.trace, lane_, dgrad.span(),
+                                  {parts.gradients.host_grads() + cp.begin * gb_, n_all * gb_}));
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, parts.device_cache.get(n_all * cb_, "optimizer compute copies"));
+  for (const Layout::Piece& p : pieces) {
+    const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
+    const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
+    // Array k of the chunk's state: [master | state 1 | state 2], n_all elements each.
+    auto array = [&](std::uint64_t k) { return state.subspan(k * n_all * 4 + off * 4, n * 4); };
+    const UpdateConstants& k = job_.constants[static_cast<std::size_t>(layout().params[p.param].optimizer_group)];
+    const gpu::DeviceTypedSpan grad =
+        gpu::typed(dgrad.subspan(off * gb_, n * gb_), gpu_type(gb_, parts.config.precision));
+    const gpu::DeviceTypedSpan copy_out =
+        cb_ == 2 ? gpu::typed(dcopy.subspan(off * cb_, n * cb_), gpu_type(cb_, parts.config.precision))
+                 : gpu::DeviceTypedSpan{};
+    STRATA_RETURN_IF_ERROR(o_.update_on_device(k, array(0), array(1), array(2), grad, copy_out));
+    if (cb_ == 4) STRATA_RETURN_IF_ERROR(parts.device.copy_d2d(o_.stream_, dcopy.subspan(off * 4, n * 4), array(0)));
+  }
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts.pinned_cache.get(n_all * cb_, "optimizer compute copies"));
+  STRATA_RETURN_IF_ERROR(lane_d2h(parts.device, parts.trace, lane_, back.bytes().first(n_all * cb_), dcopy.span()));
+  const std::span<std::byte> compute = open_.at(g).compute;
+  for (const Layout::Piece& p : pieces) {
+    std::memcpy(compute_at(compute, p), back.data() + (p.lo - cp.begin) * cb_,
+                static_cast<std::size_t>(p.hi - p.lo) * cb_);
+  }
+  parts.device_cache.put(std::move(dgrad));
+  parts.device_cache.put(std::move(dcopy));
+  parts.pinned_cache.put(std::move(back));
+  return Status();
+}
+
+core::Status Optimizer::JobRun::open_group(std::size_t g) {
+  const GroupPlace& gp = layout().groups[g];
+  ComputeHomes& homes = o_.parts_.homes;
+  Open o;
+  o.left = gp.chunk_count;
+  o.begin_ns = core::monotonic_ns();
+  if (job_.shadows_pinned_compute() && gp.compute_tier == Tier::kPinned) {
+    const std::span<std::byte> home = homes.pinned_home(g).bytes();
+    STRATA_ASSIGN_OR_RETURN(o.buffer, o_.parts_.pinned_cache.get(home.size(), job_.holds_compute_pending()
+                                                                               ? "delayed compute copies"
+                                                                               : "speculative compute copies"));
+    std::memcpy(o.buffer.data(), home.data(), home.size());
+    o.compute = o.buffer.bytes();
+  } else {
+    STRATA_ASSIGN_OR_RETURN(o.compute, homes.load(g, o.buffer, lane_));
+  }
+  open_.emplace(g, std::move(o));
+  return Status();
+}
+
+core::Status Optimizer::JobRun::group_updated(std::size_t g) {
+  // Its new compute copies go home once the verdict says so, or at once when
+  // the job may (OptimizerJob::commits_before_verdict); then the next step
+  // may fetch it.
+  if (decided_ || job_.commits_before_verdict(layout().groups[g].compute_tier)) return commit_group(g);
+  waiting_.push_back(g);
+  return Status();
+}
+
+// The group's new state becomes the current one: the next versions of its
+// nvme chunks (speculative) and its compute copies; then the next step may
+// fetch it.
+core::Status Optimizer::JobRun::commit_group(std::size_t g) {
+  const GroupPlace& gp = layout().groups[g];
+  ComputeHomes& homes = o_.parts_.homes;
+  Open& o = open_.at(g);
+  if (job_.updates_into_next_version()) {
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      if (o_.parts_.state.tier(c) == Tier::kNvme) STRATA_RETURN_IF_ERROR(o_.parts_.state.commit_next(c));
+    }
+  }
+  if (job_.holds_compute_pending()) {
+    // Home at the next step_end (commit_pending): the next step computes
+    // with the old copies.
+    homes.hold_pending(g, std::move(o.buffer), homes.bytes(g));
+    o.buffer = {};
+  } else if (job_.shadows_pinned_compute() && gp.compute_tier == Tier::kPinned) {
+    std::swap(homes.pinned_home(g), o.buffer);  // the shadow is the new home
+  } else {
+    STRATA_RETURN_IF_ERROR(homes.commit(g, o.compute, lane_));
+  }
+  o_.parts_.trace.span(TraceTrack::kOptimizer, str_cat("step ", job_.step, " group ", gp.name), o.begin_ns,
+                       core::monotonic_ns());
+  o_.parts_.pinned_cache.put(std::move(o.buffer));
+  open_.erase(g);
+  runner().mark_done(g, job_.id);
+  return Status();
+}
+
+// The verdict said apply: what was updated is committed in the next
+// forward's order, and the rest follows that order.
+core::Status Optimizer::JobRun::on_apply(std::size_t current) {
+  decided_ = true;
+  const std::vector<std::size_t>& rank = job_.rank;
+  std::sort(waiting_.begin(), waiting_.end(), [&](std::size_t a, std::size_t b) { return rank[a] < rank[b]; });
+  for (std::size_t g : waiting_) STRATA_RETURN_IF_ERROR(commit_group(g));
+  waiting_.clear();
+  for (std::size_t g : job_.order) {
+    if (layout().groups[g].chunk_count == 0) runner().mark_done(g, job_.id);
+  }
+  const auto from = static_cast<std::ptrdiff_t>(std::max(disk_.next_read(), current + 1));
+  std::stable_sort(items_.begin() + std::min<std::ptrdiff_t>(from, static_cast<std::ptrdiff_t>(items_.size())),
+                   items_.end(), [&](const Item& a, const Item& b) { return rank[a.group] < rank[b.group]; });
+  for (std::size_t i = 0; i < items_.size(); ++i) chunks_[i] = items_[i].chunk;
+  return Status();
+}
+
+// The verdict said stop: nothing this job did counts.
+core::Status Optimizer::JobRun::stop() {
+  for (auto& [g, o] : open_) o_.parts_.pinned_cache.put(std::move(o.buffer));
+  open_.clear();
+  job_.discarded_elems += updated_elems_;
+  // step_end may go on: no gradient or compute copy is read any more.
+  runner().note_quiet(job_.id);
+  disk_.abandon_reads();  // the current versions it reads are the caller's again after this
+  // Nor any current state (the writes left go to the next versions).
+  runner().note_reads_done(job_.id);
+  Status s = disk_.drain_writes();
+  job_.seconds += clock_.elapsed_s();
+  return s;
+}
+
+core::Status Optimizer::run(OptimizerJob& job) {
+  const core::Stopwatch clock;
+  if (job.deferred_verdict) {
+    STRATA_ASSIGN_OR_RETURN(const bool apply, take_verdict(job));
+    if (!apply) {  // a skipped step: every group is done as it is
+      for (std::size_t g : job.order) runner_->mark_done(g, job.id);
+      job.seconds += clock.elapsed_s();
+      return Status();
+    }
+  }
+  JobRun walk(*this, job, clock);
+  return walk.run();
 }
 
 }  // namespace strata::engine

@@ -6,9 +6,11 @@
 // device chunks by the device's AdamW on the optimizer's stream. Each group's
 // new compute copies are written into a host view of its compute copies and
 // go home (or, under "delayed", wait as pending) when its last chunk is done,
-// and the group is marked done. Early jobs pass the runner's gate before each
-// group and commit nothing before their verdict; deferred verdicts are taken
-// here once the step's gradients are in.
+// and the group is marked done. The job's kind (OptimizerJob::kind) changes
+// only that: early jobs pass the runner's gate before each group and commit
+// nothing undoable before their verdict; a delayed job holds its compute
+// copies pending and may take its verdict here once the step's gradients are
+// in.
 //
 // Exactness: chunks are independent and every formula is core/numerics.h's,
 // so neither the order chunks are updated in nor what runs beside them
@@ -72,10 +74,14 @@ class Optimizer {
   core::Status run(OptimizerJob& job);
 
  private:
+  // One job's walk through its chunks, and the state its steps share
+  // (optimizer.cpp).
+  class JobRun;
+
   explicit Optimizer(const Parts& parts) : parts_(parts) {}
-  // A deferred verdict: waits for the job's gradient marker, decides as
-  // step_end would have (Verdict::decide_deferred) and fills in the job's
-  // constants; false when the step is skipped.
+  // A deferred verdict (a delayed job's): waits for the job's gradient
+  // marker, decides as step_end would have (Verdict::decide_deferred) and
+  // fills in the job's constants; false when the step is skipped.
   core::Result<bool> take_verdict(OptimizerJob& job);
   // The layout's optimizer (OptimizerSpec) on elements [off, off + n) of a
   // host chunk: cpu_adam's step, lion_step or adagrad_step.

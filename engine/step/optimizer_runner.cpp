@@ -25,7 +25,7 @@ core::Result<std::int64_t> OptimizerRunner::submit(std::unique_ptr<OptimizerJob>
   {
     const core::MutexLock lock(mu_);
     job->id = ++next_id_;
-    if (!job->early) decided_ = job->id;
+    if (!job->early()) decided_ = job->id;
     if (thread_.joinable()) {
       const std::int64_t id = job->id;
       queue_.push_back(std::move(job));
@@ -70,7 +70,7 @@ void OptimizerRunner::finish(const OptimizerJob& job, const Status& s) {
   totals_.bytes += job.bytes;
   totals_.seconds += job.seconds;
   totals_.discarded_elems += job.discarded_elems;
-  if (job.early) {
+  if (job.early()) {
     quiet_ = std::max(quiet_, job.id);
     reads_done_ = std::max(reads_done_, job.id);
   }
@@ -85,10 +85,10 @@ void OptimizerRunner::mark_done(std::size_t g, std::int64_t job) {
   cv_.notify_all();
 }
 
-OptimizerRunner::Gate OptimizerRunner::gate(std::int64_t job, std::size_t g, bool undoable) {
+OptimizerRunner::Gate OptimizerRunner::gate(std::int64_t job, std::size_t g, Until until) {
   const core::MutexLock lock(mu_);
   cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) {
-    return stop_ || verdict_job_ == job || (undoable && grads_in_[g] == job);
+    return stop_ || verdict_job_ == job || (until == Until::kGradientsIn && grads_in_[g] == job);
   });
   if (verdict_job_ == job) return verdict_apply_ ? Gate::kGoDecided : Gate::kStop;
   if (stop_) return Gate::kStop;
@@ -141,7 +141,9 @@ void OptimizerRunner::note_grads_in(std::size_t g, std::int64_t job) {
   cv_.notify_all();
 }
 
-core::Status OptimizerRunner::settle(std::int64_t job, bool apply, bool reads_too) {
+core::Status OptimizerRunner::settle(std::int64_t job, Settle verdict) {
+  const bool apply = verdict == Settle::kApply;
+  const bool reads_too = verdict == Settle::kStopWithReads;
   const core::MutexLock lock(mu_);
   verdict_job_ = job;
   verdict_apply_ = apply;
@@ -149,7 +151,7 @@ core::Status OptimizerRunner::settle(std::int64_t job, bool apply, bool reads_to
   cv_.notify_all();
   if (apply) return Status();
   // It must stop reading the host gradients before the next step writes them
-  // (and, with reads_too, the current state before the caller reads it).
+  // (and, with kStopWithReads, the current state before the caller reads it).
   cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) { return quiet_ >= job && (!reads_too || reads_done_ >= job); });
   if (!error_.ok()) return Status(error_).annotate("step_end: the engine cannot go on after its optimizer failed");
   return Status();

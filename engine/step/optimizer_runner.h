@@ -40,8 +40,9 @@ class OptimizerRunner {
   OptimizerRunner& operator=(const OptimizerRunner&) = delete;
 
   // Gives the job its id and queues it (threaded) or runs it to the end
-  // here (its error, naming the step). A job that is not early becomes the
-  // decided one, which waits wait for; an early one only at its verdict.
+  // here (its error, naming the step). A job that is not early
+  // (OptimizerJob::early) becomes the decided one, which waits wait for; an
+  // early one only at its verdict.
   core::Result<std::int64_t> submit(std::unique_ptr<OptimizerJob> job);
   // The jobs queued run first; an early job still waiting for its verdict
   // stops. Then the thread ends.
@@ -51,14 +52,17 @@ class OptimizerRunner {
   // `job` is done with group g.
   void mark_done(std::size_t g, std::int64_t job);
   // An early job's gate before it updates group g (SIZE_MAX: the verdict
-  // only): waits until g's gradients are in (when `undoable`) or its
-  // verdict came.
+  // only): waits until what `until` names, or the verdict, came.
+  enum class Until {
+    kGradientsIn,  // g's gradients are in: an update before the verdict
+    kVerdict,      // the verdict only
+  };
   enum class Gate {
-    kGo,         // update g (undoable, before the verdict)
+    kGo,         // update g (before the verdict: kGradientsIn)
     kGoDecided,  // the verdict applies the job: from now on its work counts
     kStop,       // the verdict (or stop()) stops it
   };
-  Gate gate(std::int64_t job, std::size_t g, bool undoable);
+  Gate gate(std::int64_t job, std::size_t g, Until until);
   // A stopping early job no longer reads the host gradients or compute
   // copies (quiet), and no longer reads the current state (reads done).
   void note_quiet(std::int64_t job);
@@ -78,10 +82,13 @@ class OptimizerRunner {
   std::int64_t decided();
   // The gradient path: group g's gradients of early job `job` are in.
   void note_grads_in(std::size_t g, std::int64_t job);
-  // An early job's verdict. apply: it becomes the decided job. Else it stops,
-  // and this waits until it is quiet (and, with `reads_too`, its reads of the
-  // current state ended); the sticky error.
-  core::Status settle(std::int64_t job, bool apply, bool reads_too);
+  // An early job's verdict; the sticky error.
+  enum class Settle {
+    kApply,          // it becomes the decided job
+    kStop,           // it stops: waits until it is quiet (note_quiet)
+    kStopWithReads,  // as kStop, and until its reads of the current state ended (note_reads_done)
+  };
+  core::Status settle(std::int64_t job, Settle verdict);
 
   // What the jobs finished since the last take did.
   struct Totals {

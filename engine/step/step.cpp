@@ -248,11 +248,10 @@ std::unique_ptr<OptimizerJob> Step::deferred_job(StepStats& stats) {
   take_optimizer_stats(stats);
   fetcher_->learn_sequence();
   std::unique_ptr<OptimizerJob> job = make_job({}, verdict_.applied_steps() + 1);
-  job->deferred_verdict = true;
-  job->marker = ++state_.markers;
-  job->norm_step = verdict_.verdicts() + 1;
-  job->hyper = verdict_.hyperparams(parts_.layout.optimizer_groups);
-  gradients_->post_marker(job->marker);
+  job->deferred_verdict = DeferredVerdict{.marker = ++state_.markers,
+                                          .norm_step = verdict_.verdicts() + 1,
+                                          .hyper = verdict_.hyperparams(parts_.layout.optimizer_groups)};
+  gradients_->post_marker(job->deferred_verdict->marker);
   const VerdictRecord& last = verdict_.last();
   stats.grad_norm = last.grad_norm;
   stats.lr = last.lr;
@@ -270,8 +269,8 @@ core::Result<std::unique_ptr<OptimizerJob>> Step::decide(StepStats& stats, bool&
   std::unique_ptr<OptimizerJob> job;
   if (decision.skip) {
     // An early job under way stops; nothing it did is committed.
-    if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, false, false));
-    verdict_.count(true);
+    if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, OptimizerRunner::Settle::kStop));
+    verdict_.count(Verdict::Outcome::kSkipped);
   } else {
     std::vector<UpdateConstants> constants = verdict_.constants(parts_.layout.optimizer_groups, decision.clip);
     // overlap "speculative": the job under way applies these very constants
@@ -284,7 +283,10 @@ core::Result<std::unique_ptr<OptimizerJob>> Step::decide(StepStats& stats, bool&
     if (early_.applying_in_place && !speculated) {
       return Status::internal("step_end: the optimizer job updating in place disagrees with the step's constants");
     }
-    if (early_.job != 0) STRATA_RETURN_IF_ERROR(runner_->settle(early_.job, speculated, false));
+    if (early_.job != 0) {
+      STRATA_RETURN_IF_ERROR(runner_->settle(
+          early_.job, speculated ? OptimizerRunner::Settle::kApply : OptimizerRunner::Settle::kStop));
+    }
     if (!speculated) job = make_job(std::move(constants), verdict_.applied_steps() + 1);
     const double lr = verdict_.next_lr();
     if (job != nullptr && !parts_.schedule.threaded()) {
@@ -294,7 +296,7 @@ core::Result<std::unique_ptr<OptimizerJob>> Step::decide(StepStats& stats, bool&
       take_optimizer_stats(stats);
     }
     applied = true;
-    verdict_.count(false);
+    verdict_.count(Verdict::Outcome::kApplied);
     stats.lr = lr * parts_.layout.optimizer_groups[0].lr_scale;
   }
   stats.skipped = decision.skip;

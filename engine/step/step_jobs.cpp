@@ -32,7 +32,7 @@ std::unique_ptr<OptimizerJob> Step::make_job(std::vector<UpdateConstants> consta
   job->constants = std::move(constants);
   // The next forward's order (the learned sequence's first fetches).
   job->order = fetcher_->sequence().forward_order(parts_.layout.groups.size());
-  job->delayed = parts_.schedule.delays_update();
+  job->kind = parts_.schedule.step_job_kind();
   const bool compute_on_nvme = std::any_of(parts_.layout.groups.begin(), parts_.layout.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
   if (parts_.schedule.updates_in_backward_order(compute_on_nvme)) fetcher_->sequence().sort_in_backward_order(job->order);
@@ -46,8 +46,7 @@ core::Status Step::start_early_job() {
   // The constants of a step that is applied and not clipped.
   early_.constants = verdict_.constants(parts_.layout.optimizer_groups, 1.0);
   std::unique_ptr<OptimizerJob> job = make_job(early_.constants, verdict_.applied_steps() + 1);
-  job->early = true;
-  job->certain = rules().certain();
+  job->kind = parts_.schedule.early_job_kind(rules());
   // Update in the order the backward hands gradients over; after the
   // verdict, in the next forward's order.
   const std::size_t n = parts_.layout.groups.size();
@@ -60,7 +59,7 @@ core::Status Step::start_early_job() {
   // fetches; the rest as their gradients arrive. A group with state on nvme
   // never waits: the disk works through both phases anyway.
   job->deferred.assign(n, false);
-  if (job->certain && !fetcher_->sequence().empty()) {
+  if (job->kind == JobKind::kCertainEarly && !fetcher_->sequence().empty()) {
     for (std::size_t g = 0; g < n; ++g) {
       const GroupPlace& gp = parts_.layout.groups[g];
       bool nvme = false;
@@ -90,7 +89,7 @@ core::Status Step::abandon_speculation(const char* op) {
   // verdict acted on (it may still be waiting for it at its end).
   STRATA_RETURN_IF_ERROR(wait_optimizer(op));
   const std::int64_t job = std::exchange(early_.job, 0);
-  return runner_->settle(job, false, /*reads_too=*/true);
+  return runner_->settle(job, OptimizerRunner::Settle::kStopWithReads);
 }
 
 core::Status Step::wait_optimizer(const char* op) {

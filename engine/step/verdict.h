@@ -82,9 +82,10 @@ class Verdict {
 
   // The step counts: step_end counts its own verdict; deferred verdicts are
   // folded in when their jobs have finished (fold).
-  void count(bool skipped) { ++(skipped ? skipped_ : applied_); }
+  enum class Outcome { kApplied, kSkipped };
+  void count(Outcome o) { ++(o == Outcome::kSkipped ? skipped_ : applied_); }
   void fold(const VerdictRecord& r) {
-    count(r.skipped);
+    count(r.skipped ? Outcome::kSkipped : Outcome::kApplied);
     last_ = r;
   }
   std::int64_t applied_steps() const { return applied_; }

@@ -14,10 +14,10 @@
 namespace strata::engine {
 namespace {
 
-std::unique_ptr<OptimizerJob> job(std::int64_t step, bool early = false) {
+std::unique_ptr<OptimizerJob> job(std::int64_t step, JobKind kind = JobKind::kOrdinary) {
   auto j = std::make_unique<OptimizerJob>();
   j->step = step;
-  j->early = early;
+  j->kind = kind;
   return j;
 }
 
@@ -107,14 +107,14 @@ TEST(OptimizerRunner, AnEarlyJobGoesAsItsGradientsArriveAndCountsOnlyOnceApplied
   std::promise<std::vector<OptimizerRunner::Gate>> gates;
   OptimizerRunner* self = nullptr;
   OptimizerRunner r(2, true, [&](OptimizerJob& j) {
-    if (!j.early) {
+    if (!j.early()) {
       self->mark_done(0, j.id);
       self->mark_done(1, j.id);
       return core::Status();
     }
     std::vector<OptimizerRunner::Gate> seen;
-    seen.push_back(self->gate(j.id, 1, /*undoable=*/true));   // after group 1's gradients
-    seen.push_back(self->gate(j.id, 0, /*undoable=*/false));  // waits for the verdict
+    seen.push_back(self->gate(j.id, 1, OptimizerRunner::Until::kGradientsIn));  // after group 1's gradients
+    seen.push_back(self->gate(j.id, 0, OptimizerRunner::Until::kVerdict));  // waits for the verdict
     gates.set_value(seen);
     self->mark_done(0, j.id);
     self->mark_done(1, j.id);
@@ -123,13 +123,13 @@ TEST(OptimizerRunner, AnEarlyJobGoesAsItsGradientsArriveAndCountsOnlyOnceApplied
   self = &r;
   ASSERT_TRUE(r.submit(job(1)).ok());  // a decided job before it
   ASSERT_TRUE(r.wait_all("x").ok());
-  auto early = r.submit(job(2, /*early=*/true));
+  auto early = r.submit(job(2, JobKind::kSpeculative));
   ASSERT_TRUE(early.ok());
   EXPECT_EQ(r.decided(), 1);  // not what waits wait for before its verdict
   r.note_grads_in(1, *early);
   auto f = gates.get_future();
   EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
-  ASSERT_TRUE(r.settle(*early, /*apply=*/true, false).ok());
+  ASSERT_TRUE(r.settle(*early, OptimizerRunner::Settle::kApply).ok());
   EXPECT_EQ(r.decided(), *early);
   const auto seen = f.get();
   EXPECT_EQ(seen[0], OptimizerRunner::Gate::kGo);
@@ -141,7 +141,7 @@ TEST(OptimizerRunner, AStoppedEarlyJobIsWaitedForUntilItIsQuiet) {
   std::atomic<bool> quiet{false};
   OptimizerRunner* self = nullptr;
   OptimizerRunner r(1, true, [&](OptimizerJob& j) {
-    if (self->gate(j.id, SIZE_MAX, false) == OptimizerRunner::Gate::kStop) {
+    if (self->gate(j.id, SIZE_MAX, OptimizerRunner::Until::kVerdict) == OptimizerRunner::Gate::kStop) {
       quiet = true;
       self->note_quiet(j.id);
       self->note_reads_done(j.id);
@@ -150,9 +150,9 @@ TEST(OptimizerRunner, AStoppedEarlyJobIsWaitedForUntilItIsQuiet) {
     return core::Status();
   });
   self = &r;
-  auto early = r.submit(job(1, true));
+  auto early = r.submit(job(1, JobKind::kSpeculative));
   ASSERT_TRUE(early.ok());
-  ASSERT_TRUE(r.settle(*early, /*apply=*/false, /*reads_too=*/true).ok());
+  ASSERT_TRUE(r.settle(*early, OptimizerRunner::Settle::kStopWithReads).ok());
   EXPECT_TRUE(quiet);  // settle returned only after the job said so
   EXPECT_EQ(r.decided(), 0);
   ASSERT_TRUE(r.wait_all("x").ok());  // no decided job: nothing to wait for
@@ -166,14 +166,14 @@ TEST(OptimizerRunner, StopRunsQueuedJobsAndStopsAnEarlyJobWithoutAVerdict) {
   OptimizerRunner* self = nullptr;
   {
     OptimizerRunner r(1, true, [&](OptimizerJob& j) {
-      if (j.early) gate.push_back(self->gate(j.id, SIZE_MAX, false));
+      if (j.early()) gate.push_back(self->gate(j.id, SIZE_MAX, OptimizerRunner::Until::kVerdict));
       ran.push_back(j.step);
       return core::Status();
     });
     self = &r;
     ASSERT_TRUE(r.submit(job(1)).ok());
     ASSERT_TRUE(r.submit(job(2)).ok());
-    ASSERT_TRUE(r.submit(job(3, true)).ok());
+    ASSERT_TRUE(r.submit(job(3, JobKind::kSpeculative)).ok());
     r.stop();
   }
   EXPECT_EQ(ran, (std::vector<std::int64_t>{1, 2, 3}));
@@ -187,8 +187,8 @@ TEST(OptimizerRunner, DeferredVerdictsComeBackInOrder) {
     return core::Status();
   });
   for (std::int64_t s = 1; s <= 3; ++s) {
-    auto j = job(s);
-    j->deferred_verdict = true;
+    auto j = job(s, JobKind::kDelayed);
+    j->deferred_verdict = DeferredVerdict{};
     ASSERT_TRUE(r.submit(std::move(j)).ok());
   }
   ASSERT_TRUE(r.wait_all("x").ok());

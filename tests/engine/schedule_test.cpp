@@ -89,6 +89,17 @@ TEST(Schedule, EarlyJobsSpeculativeAlwaysExactOnlyWhenCertain) {
   }
 }
 
+TEST(Schedule, JobKindsOrdinaryButDelayedEarlyOnesSpeculativeUnlessCertain) {
+  const StepRules uncertain{true, false, NonfinitePolicy::kSkip};
+  EXPECT_EQ(schedule_for(OverlapMode::kDelayed).step_job_kind(), JobKind::kDelayed);
+  for (OverlapMode m : {OverlapMode::kNone, OverlapMode::kExact, OverlapMode::kSpeculative}) {
+    EXPECT_EQ(schedule_for(m).step_job_kind(), JobKind::kOrdinary) << to_string(m);
+  }
+  EXPECT_EQ(schedule_for(OverlapMode::kSpeculative).early_job_kind(uncertain), JobKind::kSpeculative);
+  EXPECT_EQ(schedule_for(OverlapMode::kSpeculative).early_job_kind(certain()), JobKind::kCertainEarly);
+  EXPECT_EQ(schedule_for(OverlapMode::kExact).early_job_kind(certain()), JobKind::kCertainEarly);
+}
+
 TEST(Schedule, OnlyDelayedLetsTheStepRunAheadOfTheOptimizer) {
   const Schedule& d = schedule_for(OverlapMode::kDelayed);
   EXPECT_TRUE(d.delays_update());

@@ -112,7 +112,7 @@ TEST(Verdict, Fp16ScalerSkipsAndHalvesOnOverflowAndUnscalesByItsScale) {
   EXPECT_FALSE(d->skip);
   EXPECT_DOUBLE_EQ(d->grad_norm, 64.0 / 16.0 / 2.0);
   EXPECT_FLOAT_EQ(v.constants(kGroups, 1.0)[0].adam.grad_scale, static_cast<float>(1.0 / 16.0 / 2.0));
-  v.count(false);
+  v.count(Verdict::Outcome::kApplied);
   auto o = v.decide(1.0, /*nonfinite=*/true);
   ASSERT_TRUE(o.ok());
   EXPECT_TRUE(o->skip);
@@ -136,10 +136,10 @@ TEST(Verdict, LearningRateFromTheScheduleOrTheOverride) {
   auto schedule = LrSchedule::create(c.scheduler, c.optimizer.lr);
   ASSERT_TRUE(schedule.ok());
   EXPECT_DOUBLE_EQ(v.next_lr(), schedule->lr_for_step(1));
-  v.count(false);
-  v.count(false);
+  v.count(Verdict::Outcome::kApplied);
+  v.count(Verdict::Outcome::kApplied);
   EXPECT_DOUBLE_EQ(v.next_lr(), schedule->lr_for_step(3));
-  v.count(true);  // a skipped step does not move the schedule
+  v.count(Verdict::Outcome::kSkipped);  // a skipped step does not move the schedule
   EXPECT_DOUBLE_EQ(v.next_lr(), schedule->lr_for_step(3));
   v.set_lr_override(0.25);
   EXPECT_EQ(v.next_lr(), 0.25);
