@@ -284,10 +284,22 @@ class Engine {
   // A lane on the engine's stream whose traffic is not the step's
   // (inspection, checkpoints): its bytes go to `sink`.
   Lane side_lane(StepBytes& sink) { return {&stream_, &sink, TraceTrack::kDevice}; }
-  // finalize's parts: every parameter's initial values, group by group; last,
+  // finalize's parts: every parameter without an init callback has a tensor
+  // in the safetensors files (and every tensor a parameter); the budgets
+  // checked against what the layout and the schedule need (the numbers in
+  // the errors); the swap store for what lives on nvme; every parameter's
+  // initial values, group by group; last,
   // the step's rooms (the optimizer with the disk pipeline, its runner) and
   // the fetcher, handed to the step (`ring_room`: the pinned memory the
   // staging ring may take).
+  struct Needs {
+    TierBytes tiers;            // state per tier, with the schedule's extra memory
+    std::string nvme_why;       // " (with ...)": the schedule's extra on nvme, for messages
+    std::uint64_t ring_room = 0;  // pinned memory left to the staging ring
+  };
+  core::Status check_initial_values() const STRATA_REQUIRES(mu_);
+  core::Result<Needs> check_budgets() const STRATA_REQUIRES(mu_);
+  core::Status open_swap_store(const Needs& needs) STRATA_REQUIRES(mu_);
   core::Status write_initial_values() STRATA_REQUIRES(mu_);
   core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).

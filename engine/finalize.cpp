@@ -122,12 +122,61 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
   return bytes;
 }
 
+// cpu_adam with strata.cpu_adam's ISA, threads and tile.
+core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& config) {
+  adam::CpuAdamOptions ao;
+  switch (config.strata.cpu_adam.isa) {
+    case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
+    case CpuAdamIsa::kAvx512Bf16: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512Bf16; break;
+    case CpuAdamIsa::kAvx512: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512; break;
+    case CpuAdamIsa::kAvx2: ao.auto_isa = false; ao.isa = adam::Isa::kAvx2; break;
+    case CpuAdamIsa::kScalar: ao.auto_isa = false; ao.isa = adam::Isa::kScalar; break;
+  }
+  ao.threads = config.strata.cpu_adam.threads;
+  ao.tile_elems = config.strata.cpu_adam.tile_elems;
+  return adam::CpuAdam::create(ao);
+}
+
 }  // namespace
 
 core::Status Engine::finalize() {
   STRATA_ENGINE_ENTRY("finalize");
   if (finalized_) return Status::failed_precondition("finalize called twice");
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(registry_.params, registry_.optimizer_groups, config_));
+  STRATA_RETURN_IF_ERROR(check_initial_values());
+  STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
+  if (needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(needs));
+  STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_));
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
+  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GradientPath> gradients,
+                          GradientPath::create({.layout = layout_,
+                                                .precision = config_.precision,
+                                                .device = dev(),
+                                                .cpu_adam = *cpu_adam_,
+                                                .turns = *cpu_turns_,
+                                                .device_cache = *device_cache_,
+                                                .pinned_cache = *pinned_cache_,
+                                                .trace = trace_,
+                                                .inline_lane = step_lane()},
+                                               schedule_.threaded()));
+
+  // Compute homes, then the initial values group by group (the host holds one
+  // group's fp32 values at a time).
+  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
+  finalized_ = true;  // the loaders below use the finalized paths
+  finalizing_ = true;
+  Status s = write_initial_values();
+  finalizing_ = false;
+  step_->forget_traffic();  // initialisation is not a step's traffic
+  // Last: the initial values' staging goes back first (the ring is
+  // allocated directly, past the cache).
+  if (s.ok()) s = pinned_cache_->clear();
+  if (s.ok()) s = start_step(std::move(gradients), needs.ring_room);
+  if (!s.ok()) finalized_ = false;  // every call but the destructor refuses it
+  return s;
+}
+
+core::Status Engine::check_initial_values() const {
   // Where initial values come from, before anything is allocated.
   for (std::size_t pi = 0; pi < registry_.params.size(); ++pi) {
     if (registry_.inits[pi]) continue;
@@ -139,11 +188,17 @@ core::Status Engine::finalize() {
     STRATA_RETURN_IF_ERROR(registry_.pretrained->check_param(registry_.params[pi]));
   }
   if (registry_.pretrained != nullptr) STRATA_RETURN_IF_ERROR(registry_.pretrained->check_extra(registry_.params));
+  return Status();
+}
 
+core::Result<Engine::Needs> Engine::check_budgets() const {
   // Budgets up front, with the numbers (the allocations below enforce them too).
-  TierBytes need = layout_.bytes();
+  Needs needs;
+  TierBytes& need = needs.tiers;
+  need = layout_.bytes();
   // What the schedule holds beyond the placement's state, and why.
-  std::string pinned_why, nvme_why;
+  std::string pinned_why;
+  std::string& nvme_why = needs.nvme_why;
   for (const ScheduleExtra& x : schedule_.extra_memory()) {
     const std::uint64_t bytes = extra_bytes(layout_, x.basis);
     if (x.tier == Tier::kNvme) {
@@ -200,88 +255,53 @@ core::Status Engine::finalize() {
         pinned_least, " (", core::format_bytes(pinned_least), ") works. Or put more on nvme "
         "(zero_optimization.offload_optimizer / offload_param), or lower strata.chunk_bytes"));
   }
-  const std::uint64_t ring_room = pinned_limit == core::MemoryBudget::kUnlimited
-                                      ? core::MemoryBudget::kUnlimited
-                                      : pinned_limit - need.pinned - pinned_working.total();
-  if (need.nvme > 0) {
-    nvme::SwapStoreOptions o;
-    o.paths = config_.swap_paths();
-    const std::uint64_t wanted = swap_files_bytes(need.nvme);
-    const std::uint64_t budget = config_.strata.budgets.disk_bytes;
-    // The smallest disk budget that holds this placement, said in every
-    // message about swap space.
-    const std::uint64_t footprint = swap_footprint(layout_, schedule_.second_state_version());
-    const std::string least = str_cat(
-        "this placement keeps ", core::format_bytes(need.nvme), " on nvme", nvme_why,
-        ": strata.budgets.disk >= ", footprint, " (", core::format_bytes(footprint), ", its blocks aligned",
-        o.paths.size() > 1 ? "; more where several swap paths split it" : "", ") fits it");
-    if (budget != 0 && budget < footprint) {
-      return Status::resource_exhausted(str_cat("strata.budgets.disk = ", budget, " (",
-                                                core::format_bytes(budget), ") is too small: ", least));
-    }
-    o.capacity_bytes = budget != 0 ? budget : wanted;
-    o.stripe_bytes = config_.strata.io.stripe_bytes;
-    o.request_bytes = config_.strata.io.block_bytes;
-    o.crc = config_.strata.crc;
-    o.keep_files = config_.strata.io.keep_files;
-    o.io = io_backend_options(config_.strata.io);
-    core::Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::create(o);
-    if (!store.ok() && store.status().code() == core::StatusCode::kResourceExhausted) {
-      // Too little free space for the swap files: say how much is asked, why,
-      // and the smallest budget that would do.
-      std::string free_text;
-      core::Result<std::vector<DiskSpace>> disks = probe_disk_space(o.paths);
-      if (disks.ok()) free_text = str_cat(" (", core::format_bytes(counted_free_bytes(*disks)), " free)");
-      return Status::resource_exhausted(
-          str_cat("the swap paths have too little free space", free_text, " for ",
-                  core::format_bytes(o.capacity_bytes), " of swap files (",
-                  budget != 0 ? "strata.budgets.disk"
-                              : str_cat("strata.budgets.disk unset: the placement's ",
-                                        core::format_bytes(need.nvme), " + 1/16 + 64 MiB of room"),
-                  "); ", least, ", or free some space"));
-    }
-    STRATA_ASSIGN_OR_RETURN(swap_, std::move(store));
+  needs.ring_room = pinned_limit == core::MemoryBudget::kUnlimited
+                       ? core::MemoryBudget::kUnlimited
+                       : pinned_limit - need.pinned - pinned_working.total();
+  return needs;
+}
+
+core::Status Engine::open_swap_store(const Needs& needs) {
+  const TierBytes& need = needs.tiers;
+  const std::string& nvme_why = needs.nvme_why;
+  nvme::SwapStoreOptions o;
+  o.paths = config_.swap_paths();
+  const std::uint64_t wanted = swap_files_bytes(need.nvme);
+  const std::uint64_t budget = config_.strata.budgets.disk_bytes;
+  // The smallest disk budget that holds this placement, said in every
+  // message about swap space.
+  const std::uint64_t footprint = swap_footprint(layout_, schedule_.second_state_version());
+  const std::string least = str_cat(
+      "this placement keeps ", core::format_bytes(need.nvme), " on nvme", nvme_why,
+      ": strata.budgets.disk >= ", footprint, " (", core::format_bytes(footprint), ", its blocks aligned",
+      o.paths.size() > 1 ? "; more where several swap paths split it" : "", ") fits it");
+  if (budget != 0 && budget < footprint) {
+    return Status::resource_exhausted(str_cat("strata.budgets.disk = ", budget, " (",
+                                              core::format_bytes(budget), ") is too small: ", least));
   }
-
-  adam::CpuAdamOptions ao;
-  switch (config_.strata.cpu_adam.isa) {
-    case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
-    case CpuAdamIsa::kAvx512Bf16: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512Bf16; break;
-    case CpuAdamIsa::kAvx512: ao.auto_isa = false; ao.isa = adam::Isa::kAvx512; break;
-    case CpuAdamIsa::kAvx2: ao.auto_isa = false; ao.isa = adam::Isa::kAvx2; break;
-    case CpuAdamIsa::kScalar: ao.auto_isa = false; ao.isa = adam::Isa::kScalar; break;
+  o.capacity_bytes = budget != 0 ? budget : wanted;
+  o.stripe_bytes = config_.strata.io.stripe_bytes;
+  o.request_bytes = config_.strata.io.block_bytes;
+  o.crc = config_.strata.crc;
+  o.keep_files = config_.strata.io.keep_files;
+  o.io = io_backend_options(config_.strata.io);
+  core::Result<std::unique_ptr<nvme::SwapStore>> store = nvme::SwapStore::create(o);
+  if (!store.ok() && store.status().code() == core::StatusCode::kResourceExhausted) {
+    // Too little free space for the swap files: say how much is asked, why,
+    // and the smallest budget that would do.
+    std::string free_text;
+    core::Result<std::vector<DiskSpace>> disks = probe_disk_space(o.paths);
+    if (disks.ok()) free_text = str_cat(" (", core::format_bytes(counted_free_bytes(*disks)), " free)");
+    return Status::resource_exhausted(
+        str_cat("the swap paths have too little free space", free_text, " for ",
+                core::format_bytes(o.capacity_bytes), " of swap files (",
+                budget != 0 ? "strata.budgets.disk"
+                            : str_cat("strata.budgets.disk unset: the placement's ",
+                                      core::format_bytes(need.nvme), " + 1/16 + 64 MiB of room"),
+                "); ", least, ", or free some space"));
   }
-  ao.threads = config_.strata.cpu_adam.threads;
-  ao.tile_elems = config_.strata.cpu_adam.tile_elems;
-  STRATA_ASSIGN_OR_RETURN(cpu_adam_, adam::CpuAdam::create(ao));
-
-  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GradientPath> gradients,
-                          GradientPath::create({.layout = layout_,
-                                                .precision = config_.precision,
-                                                .device = dev(),
-                                                .cpu_adam = *cpu_adam_,
-                                                .turns = *cpu_turns_,
-                                                .device_cache = *device_cache_,
-                                                .pinned_cache = *pinned_cache_,
-                                                .trace = trace_,
-                                                .inline_lane = step_lane()},
-                                               schedule_.threaded()));
-
-  // Compute homes, then the initial values group by group (the host holds one
-  // group's fp32 values at a time).
-  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
-  finalized_ = true;  // the loaders below use the finalized paths
-  finalizing_ = true;
-  Status s = write_initial_values();
-  finalizing_ = false;
-  step_->forget_traffic();  // initialisation is not a step's traffic
-  // Last: the initial values' staging goes back first (the ring is
-  // allocated directly, past the cache).
-  if (s.ok()) s = pinned_cache_->clear();
-  if (s.ok()) s = start_step(std::move(gradients), ring_room);
-  if (!s.ok()) finalized_ = false;  // every call but the destructor refuses it
-  return s;
+  STRATA_ASSIGN_OR_RETURN(swap_, std::move(store));
+  return Status();
 }
 
 core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) {
