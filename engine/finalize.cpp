@@ -232,13 +232,14 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), schedule_.early_jobs(StepRules::of(config_)));
   const RingShape ring = ring_shape(layout_);
   const std::uint64_t slot = ring.slot_bytes;
-  // The least ring (memory_model.h's ring_slots with no pinned room left).
-  const std::uint64_t ring_least = ring_slots({.shape = ring,
-                                               .staging_bytes = config_.strata.budgets.staging_bytes,
-                                               .pinned_room_bytes = 0,
-                                               .depth = static_cast<std::uint64_t>(schedule_.ring_depth())})
-                                       .bytes();
-  const std::uint64_t pinned_least = need.pinned + pinned_working.total() + ring_least;
+  // memory_model.h's pinned_least (the least ring: ring_slots with no pinned
+  // room left); need.pinned holds the schedule's extra pinned memory by now.
+  const PinnedLeast least = pinned_least(need.pinned, pinned_working,
+                                         {.shape = ring,
+                                          .staging_bytes = config_.strata.budgets.staging_bytes,
+                                          .depth = static_cast<std::uint64_t>(schedule_.ring_depth())});
+  const std::uint64_t ring_least = least.ring_bytes;
+  const std::uint64_t pinned_least = least.bytes;
   if (pinned_least > pinned_limit) {
     std::string ring_text;
     if (ring_least > 0) {
@@ -255,9 +256,7 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
         pinned_least, " (", core::format_bytes(pinned_least), ") works. Or put more on nvme "
         "(zero_optimization.offload_optimizer / offload_param), or lower strata.chunk_bytes"));
   }
-  needs.ring_room = pinned_limit == core::MemoryBudget::kUnlimited
-                       ? core::MemoryBudget::kUnlimited
-                       : pinned_limit - need.pinned - pinned_working.total();
+  needs.ring_room = ring_room_bytes(pinned_limit, need.pinned, pinned_working);
   return needs;
 }
 
