@@ -535,6 +535,40 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
   EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "optimizer_staging"), 2u * 786'432u);
 }
 
+// Under a pinned budget the ring takes what finalize leaves it (memory_model.h's
+// ring_room_bytes: the budget less the host gradients, the pinned state and
+// the step's working memory as finalize reserves it), and a budget below the
+// least finalize accepts (pinned_least) does not fit. The numbers are the
+// engine's, as scale_bench measures them (--params 4M --layers 64 --placement
+// nvme --pinned-budget B): 8 MiB of host gradients, 896 KiB of working
+// memory, slots of 768 KiB.
+TEST(Planner, PinnedBudgetGivesTheRingWhatFinalizeLeaves) {
+  Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  const MachineSpec m = machine(80 * kGiB, 64 * kGiB, kGiB << 10);
+  const auto staging = [&](std::uint64_t budget) {
+    config.strata.budgets.pinned_bytes = budget;
+    core::Result<Plan> plan = make_plan(config, params_model(64 * 65'536, 64), m);
+    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+    return plan.ok() ? plan->configured.item_bytes(Tier::kPinned, "optimizer_staging") : 0;
+  };
+  EXPECT_EQ(staging(12 * kGiB), 4u * 786'432u);     // the schedule's depth
+  EXPECT_EQ(staging(21u << 19), 2u * 786'432u);      // 10.5 MiB: 1.625 MiB of room
+  EXPECT_EQ(staging(10'092'544), 1u * 786'432u);     // the least: one slot
+
+  config.strata.budgets.pinned_bytes = 10'092'544;
+  core::Result<Plan> plan = make_plan(config, params_model(64 * 65'536, 64), m);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->configured.fits);
+  config.strata.budgets.pinned_bytes = 10'092'543;
+  plan = make_plan(config, params_model(64 * 65'536, 64), m);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_FALSE(plan->configured.fits);
+  EXPECT_FALSE(plan->configured.tier(Tier::kPinned).fits);
+  ASSERT_FALSE(plan->configured.reasons.empty());
+  EXPECT_TRUE(contains(plan->configured.reasons[0], "strata.budgets.pinned >= 10092544 works"))
+      << plan->configured.reasons[0];
+}
+
 // strata.overlap "speculative" keeps a second version of the NVMe state and
 // the new compute copies of its parameters until step_end: both are counted.
 TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
