@@ -29,29 +29,22 @@ using core::str_cat;
 
 namespace {
 
-// The bytes of one of a schedule's extra copies (Schedule::extra_memory) in
-// this layout.
-std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
+// What a schedule's extra copies (Schedule::extra_memory) measure in this
+// layout (ExtraShape: compute copies in whole groups).
+ExtraShape extra_shape(const Layout& layout) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
-  std::uint64_t bytes = 0;
-  switch (basis) {
-    case ExtraBasis::kNvmeState: return StateStore::nvme_bytes(layout, false);
-    case ExtraBasis::kNvmeGroupCompute:
-      for (const GroupPlace& gp : layout.groups) {
-        for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-          if (layout.chunks[c].state_tier != Tier::kNvme) continue;
-          bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
-          break;
-        }
-      }
-      return bytes;
-    case ExtraBasis::kTrainableGroupCompute:
-      for (const GroupPlace& gp : layout.groups) {
-        if (gp.chunk_count > 0) bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
-      }
-      return bytes;
+  ExtraShape shape;
+  shape.nvme_state_bytes = StateStore::nvme_bytes(layout, false);
+  for (const GroupPlace& gp : layout.groups) {
+    const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+    if (gp.chunk_count > 0) shape.trainable_group_compute_bytes += compute;
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      if (layout.chunks[c].state_tier != Tier::kNvme) continue;
+      shape.nvme_group_compute_bytes += compute;
+      break;
+    }
   }
-  return bytes;
+  return shape;
 }
 
 // The swap space this layout's blocks take as the swap store places them
@@ -199,8 +192,9 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   // What the schedule holds beyond the placement's state, and why.
   std::string pinned_why;
   std::string& nvme_why = needs.nvme_why;
+  const ExtraShape extra = extra_shape(layout_);
   for (const ScheduleExtra& x : schedule_.extra_memory()) {
-    const std::uint64_t bytes = extra_bytes(layout_, x.basis);
+    const std::uint64_t bytes = extra_bytes(x.basis, extra);
     if (x.tier == Tier::kNvme) {
       need.nvme += bytes;
       nvme_why = str_cat(" (with ", x.why, ")");

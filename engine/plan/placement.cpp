@@ -41,6 +41,7 @@ struct LayoutShape {
   std::int64_t group_trainable = 0;  // trainable elements of a group (norm-block aligned)
   std::int64_t chunk = 0;            // elements of the largest chunk
   std::int64_t nvme_chunks = 0;      // chunks whose state lives on NVMe, counted up to `count_limit`
+  std::int64_t nvme_groups = 0;      // groups with at least one chunk on NVMe (every one counted)
 };
 
 LayoutShape layout_shape(std::int64_t trainable, std::int64_t groups, std::uint64_t chunk_bytes,
@@ -62,6 +63,9 @@ LayoutShape layout_shape(std::int64_t trainable, std::int64_t groups, std::uint6
     const std::int64_t group_begin = lo / s.group_trainable * s.group_trainable;
     at = std::min(group_begin + round_up_to(lo - group_begin, chunk_elems), group_begin + s.group_trainable);
   }
+  // Every group from the first nvme chunk's to the one holding the last
+  // chunk start below `hi` begins with a chunk on nvme.
+  if (at < hi) s.nvme_groups = (hi - 1) / s.group_trainable - at / s.group_trainable + 1;
   while (at < hi && s.nvme_chunks < count_limit) {
     ++s.nvme_chunks;
     const std::int64_t group_end = (at / s.group_trainable + 1) * s.group_trainable;
@@ -261,23 +265,13 @@ void add_resident_state(Evaluation& e) {
   }
 }
 
-// One of the schedule's extra copies (Schedule::extra_memory): its elements
-// and their bytes each.
-struct ExtraCount {
-  std::int64_t elems = 0;
-  std::uint64_t bytes_per_elem = 0;
-  std::uint64_t bytes() const { return sat_mul(u64(elems), bytes_per_elem); }
-};
-ExtraCount schedule_extra_count(const Evaluation& e, ExtraBasis basis) {
-  switch (basis) {
-    case ExtraBasis::kNvmeState: return {e.t_nvme, e.state};
-    case ExtraBasis::kNvmeGroupCompute: return {e.t_nvme, e.c};
-    case ExtraBasis::kTrainableGroupCompute: return {e.T, e.c};
-  }
-  return {};
-}
-std::uint64_t schedule_extra_bytes(const Evaluation& e, ExtraBasis basis) {
-  return schedule_extra_count(e, basis).bytes();
+// What the schedule's extra copies measure (schedule.h's ExtraShape) in the
+// planner's estimate of the layout: the nvme state, and compute copies in
+// whole fetch groups, as the engine holds them.
+ExtraShape planned_extra_shape(const Evaluation& e) {
+  return {.nvme_state_bytes = sat_mul(u64(e.t_nvme), e.state),
+          .nvme_group_compute_bytes = sat_mul(e.group_bytes, u64(e.shape.nvme_groups)),
+          .trainable_group_compute_bytes = sat_mul(e.group_bytes, u64(e.trainable_groups))};
 }
 
 // The step's pinned working memory as Engine::finalize reserves it
@@ -307,8 +301,9 @@ std::uint64_t planned_pinned_held(const Evaluation& e) {
   std::uint64_t held = sat_mul(u64(e.T), e.g);
   if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(e.P), e.c));
   held = sat_add(held, sat_mul(u64(e.t_keep), e.state));
+  const ExtraShape extra = planned_extra_shape(e);
   for (const ScheduleExtra& x : e.schedule.extra_memory()) {
-    if (x.tier == Tier::kPinned) held = sat_add(held, schedule_extra_bytes(e, x.basis));
+    if (x.tier == Tier::kPinned) held = sat_add(held, extra_bytes(x.basis, extra));
   }
   return held;
 }
@@ -361,11 +356,23 @@ void add_nvme_state(Evaluation& e) {
 }
 
 // What the overlap schedule holds beyond the placement's state, as the
-// engine's finalize counts it (engine/schedule/).
+// engine's finalize counts it (engine/schedule/'s extra_bytes over
+// planned_extra_shape: compute copies in whole fetch groups).
 void add_schedule_extra(Evaluation& e) {
+  const ExtraShape extra = planned_extra_shape(e);
   for (const ScheduleExtra& x : e.schedule.extra_memory()) {
-    const ExtraCount n = schedule_extra_count(e, x.basis);
-    if (n.elems > 0) e.add(std::string(x.item), x.tier, n.bytes(), count_times(n.elems, n.bytes_per_elem, std::string(x.why)));
+    const std::string why(x.why);
+    std::string detail;
+    switch (x.basis) {
+      case ExtraBasis::kNvmeState: detail = count_times(e.t_nvme, e.state, why); break;
+      case ExtraBasis::kNvmeGroupCompute:
+        detail = str_cat(e.groups_of(e.shape.nvme_groups), " x ", e.c, " B (", why, ")");
+        break;
+      case ExtraBasis::kTrainableGroupCompute:
+        detail = str_cat(e.groups_of(e.trainable_groups), " x ", e.c, " B (", why, ")");
+        break;
+    }
+    e.add(std::string(x.item), x.tier, extra_bytes(x.basis, extra), std::move(detail));
   }
 }
 

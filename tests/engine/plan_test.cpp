@@ -582,7 +582,15 @@ TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
   plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "speculative_state"), 12'000'000'000u);
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 2'000'000'000u);
+  // The compute copies in whole fetch groups, as finalize counts them
+  // (ExtraBasis::kNvmeGroupCompute): the 12 groups with state on nvme, 83,333,334 x 2 B each.
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 2'000'000'016u);
+  // The nvme state starting inside group 7 (30% of 24 groups in pinned
+  // memory): that group's compute copies count whole, 17 groups.
+  config.strata.optimizer_cpu_fraction = 0.3;
+  plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 17u * 166'666'668u);
 }
 
 // strata.overlap "delayed" keeps the new compute copies of every trainable
@@ -597,8 +605,9 @@ TEST(Planner, DelayedUpdatesCountTheirPendingComputeCopies) {
   config.strata.overlap = OverlapMode::kDelayed;
   plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "delayed_compute_copies"), 4'000'000'000u);  // bf16
-  EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes, without + 4'000'000'000u);
+  // bf16, in whole fetch groups as finalize counts them (ExtraBasis::kTrainableGroupCompute): 24 x 83,333,334 x 2 B.
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "delayed_compute_copies"), 4'000'000'032u);
+  EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes, without + 4'000'000'032u);
 }
 
 // Two fresh directories under /tmp, removed at the end of the test.
