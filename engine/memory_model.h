@@ -3,9 +3,9 @@
 // disk pipeline's ring) and the planner count, so that the two compute them
 // once. The swap files' reserve (swap_files_bytes), the step's pinned working
 // memory (pinned_working), the disk pipeline's staging ring (ring_slot_bytes,
-// ring_slots) and the pinned room a derived ring takes (ring_room_bytes) live
-// here; the placement rule is tier.h's, each schedule's extra memory
-// schedule/'s. Inputs are plain sizes: the engine takes them from its Layout
+// ring_slots), the pinned room a derived ring takes (ring_room_bytes) and the
+// least pinned budget (pinned_least) live here; the placement rule is
+// tier.h's, each schedule's extra memory schedule/'s (extra_bytes). Inputs are plain sizes: the engine takes them from its Layout
 // (working_memory.h), the planner from its estimate of it. Pure functions;
 // thread-safe.
 #pragma once
