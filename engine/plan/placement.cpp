@@ -479,7 +479,7 @@ void check_pinned_least(const Evaluation& e, PlacementPlan& plan) {
   plan.fits = false;
   plan.reasons.push_back(str_cat(
       "strata.budgets.pinned = ", core::format_bytes(budget), " is below the ", core::format_bytes(least.bytes),
-      " the engine needs before a step (state and host gradients ", core::format_bytes(least.bytes - working.total() - least.ring_bytes),
+      " the engine needs before a step (held: state, host gradients, pinned compute copies and the schedule's extra copies ", core::format_bytes(least.bytes - working.total() - least.ring_bytes),
       ", the step's working memory ", core::format_bytes(working.total()),
       least.ring_bytes > 0 ? str_cat(", the least staging ring ", core::format_bytes(least.ring_bytes)) : std::string(),
       "): strata.budgets.pinned >= ", least.bytes, " works"));
