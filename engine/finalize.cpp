@@ -29,29 +29,22 @@ using core::str_cat;
 
 namespace {
 
-// The bytes of one of a schedule's extra copies (Schedule::extra_memory) in
-// this layout.
-std::uint64_t extra_bytes(const Layout& layout, ExtraBasis basis) {
+// What a schedule's extra copies (Schedule::extra_memory) measure in this
+// layout (ExtraShape: compute copies in whole groups).
+ExtraShape extra_shape(const Layout& layout) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
-  std::uint64_t bytes = 0;
-  switch (basis) {
-    case ExtraBasis::kNvmeState: return StateStore::nvme_bytes(layout, false);
-    case ExtraBasis::kNvmeGroupCompute:
-      for (const GroupPlace& gp : layout.groups) {
-        for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-          if (layout.chunks[c].state_tier != Tier::kNvme) continue;
-          bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
-          break;
-        }
-      }
-      return bytes;
-    case ExtraBasis::kTrainableGroupCompute:
-      for (const GroupPlace& gp : layout.groups) {
-        if (gp.chunk_count > 0) bytes += static_cast<std::uint64_t>(gp.compute_elems) * cb;
-      }
-      return bytes;
+  ExtraShape shape;
+  shape.nvme_state_bytes = StateStore::nvme_bytes(layout, false);
+  for (const GroupPlace& gp : layout.groups) {
+    const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+    if (gp.chunk_count > 0) shape.trainable_group_compute_bytes += compute;
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
+      if (layout.chunks[c].state_tier != Tier::kNvme) continue;
+      shape.nvme_group_compute_bytes += compute;
+      break;
+    }
   }
-  return bytes;
+  return shape;
 }
 
 // The swap space this layout's blocks take as the swap store places them
@@ -199,8 +192,9 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   // What the schedule holds beyond the placement's state, and why.
   std::string pinned_why;
   std::string& nvme_why = needs.nvme_why;
+  const ExtraShape extra = extra_shape(layout_);
   for (const ScheduleExtra& x : schedule_.extra_memory()) {
-    const std::uint64_t bytes = extra_bytes(layout_, x.basis);
+    const std::uint64_t bytes = extra_bytes(x.basis, extra);
     if (x.tier == Tier::kNvme) {
       need.nvme += bytes;
       nvme_why = str_cat(" (with ", x.why, ")");
@@ -232,13 +226,14 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), schedule_.early_jobs(StepRules::of(config_)));
   const RingShape ring = ring_shape(layout_);
   const std::uint64_t slot = ring.slot_bytes;
-  // The least ring (memory_model.h's ring_slots with no pinned room left).
-  const std::uint64_t ring_least = ring_slots({.shape = ring,
-                                               .staging_bytes = config_.strata.budgets.staging_bytes,
-                                               .pinned_room_bytes = 0,
-                                               .depth = static_cast<std::uint64_t>(schedule_.ring_depth())})
-                                       .bytes();
-  const std::uint64_t pinned_least = need.pinned + pinned_working.total() + ring_least;
+  // memory_model.h's pinned_least (the least ring: ring_slots with no pinned
+  // room left); need.pinned holds the schedule's extra pinned memory by now.
+  const PinnedLeast least = pinned_least(need.pinned, pinned_working,
+                                         {.shape = ring,
+                                          .staging_bytes = config_.strata.budgets.staging_bytes,
+                                          .depth = static_cast<std::uint64_t>(schedule_.ring_depth())});
+  const std::uint64_t ring_least = least.ring_bytes;
+  const std::uint64_t pinned_least = least.bytes;
   if (pinned_least > pinned_limit) {
     std::string ring_text;
     if (ring_least > 0) {
@@ -255,9 +250,7 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
         pinned_least, " (", core::format_bytes(pinned_least), ") works. Or put more on nvme "
         "(zero_optimization.offload_optimizer / offload_param), or lower strata.chunk_bytes"));
   }
-  needs.ring_room = pinned_limit == core::MemoryBudget::kUnlimited
-                       ? core::MemoryBudget::kUnlimited
-                       : pinned_limit - need.pinned - pinned_working.total();
+  needs.ring_room = ring_room_bytes(pinned_limit, need.pinned, pinned_working);
   return needs;
 }
 

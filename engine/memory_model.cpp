@@ -14,6 +14,28 @@ std::uint64_t ring_slot_bytes(std::int64_t chunk_elems, std::uint64_t state_byte
   return core::align_up(bytes, core::kDirectIoAlignment);
 }
 
+PinnedWorking pinned_working(const WorkingShape& shape, bool threaded, bool early_jobs) {
+  PinnedWorking w;
+  // A copy down lands in a wire buffer; the pass packs it into the trainable
+  // layout. Threaded, the next copies land while one is passed.
+  w.gradient_staging = (threaded ? kGradientCopiesInFlight : 1) * shape.wire_bytes + shape.packed_bytes;
+  // A fetch (and, threaded, the prefetch thread) reads nvme homes through a
+  // staging copy; the optimizer opens one group's non-pinned compute copies
+  // at a time.
+  w.compute_staging = (threaded ? 2 : 1) * shape.nvme_compute_bytes + shape.unpinned_compute_bytes;
+  // An uncertain early job brings a device chunk's new compute copies back.
+  if (early_jobs) w.optimizer_copies = shape.device_chunk_compute_bytes;
+  w.between_steps = shape.unpinned_state_bytes + shape.unpinned_compute_bytes;
+  return w;
+}
+
+std::uint64_t ring_room_bytes(std::uint64_t pinned_limit_bytes, std::uint64_t held_bytes,
+                              const PinnedWorking& working) {
+  if (pinned_limit_bytes == kNoRoomLimit) return kNoRoomLimit;
+  const std::uint64_t taken = held_bytes + working.total();
+  return pinned_limit_bytes > taken ? pinned_limit_bytes - taken : 0;
+}
+
 RingSlots ring_slots(const RingInputs& in) {
   RingSlots r;
   r.slot_bytes = in.shape.slot_bytes;
@@ -29,6 +51,15 @@ RingSlots ring_slots(const RingInputs& in) {
   if (in.pinned_room_bytes != kNoRoomLimit) slots = std::clamp<std::uint64_t>(in.pinned_room_bytes / slot, 1, in.depth);
   r.slots = std::min(slots, chunks);
   return r;
+}
+
+PinnedLeast pinned_least(std::uint64_t held_bytes, const PinnedWorking& working, const RingInputs& ring) {
+  RingInputs none = ring;
+  none.pinned_room_bytes = 0;
+  PinnedLeast least;
+  least.ring_bytes = ring_slots(none).bytes();
+  least.bytes = held_bytes + working.total() + least.ring_bytes;
+  return least;
 }
 
 }  // namespace strata::engine

@@ -1,10 +1,13 @@
 // The memory model Engine::finalize and `strata plan` share: the formulas for
 // bytes a tier holds that both the engine (its budgets, its messages, the
 // disk pipeline's ring) and the planner count, so that the two compute them
-// once. The swap files' reserve (swap_files_bytes) and the disk pipeline's
-// staging ring (ring_slot_bytes, ring_slots) live here; the placement rule
-// is tier.h's, the pinned working memory working_memory.h's, each schedule's
-// extra memory schedule/'s. Pure functions; thread-safe.
+// once. The swap files' reserve (swap_files_bytes), the step's pinned working
+// memory (pinned_working), the disk pipeline's staging ring (ring_slot_bytes,
+// ring_slots), the pinned room a derived ring takes (ring_room_bytes) and the
+// least pinned budget (pinned_least) live here; the placement rule is
+// tier.h's, each schedule's extra memory schedule/'s (extra_bytes). Inputs are plain sizes: the engine takes them from its Layout
+// (working_memory.h), the planner from its estimate of it. Pure functions;
+// thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +44,61 @@ struct RingShape {
 // A derived ring's room without a pinned budget (MemoryBudget::kUnlimited).
 inline constexpr std::uint64_t kNoRoomLimit = core::MemoryBudget::kUnlimited;
 
+// Gradient copies down (device -> pinned) a threaded gradient path holds at
+// once: one being passed into the host gradients, one landing.
+inline constexpr int kGradientCopiesInFlight = 2;
+
+// The largest buffers the step's pinned working memory is sized by, in bytes
+// (0 where the layout has none). The engine's come from its layout
+// (working_memory.h's pinned_working_bytes), the planner's from its estimate.
+struct WorkingShape {
+  // A trainable group's compute copies (the wire buffer a gradient copy down
+  // lands in), the largest.
+  std::uint64_t wire_bytes = 0;
+  // A trainable group's trainable elements in compute bytes (the packed
+  // gradient pass), the largest.
+  std::uint64_t packed_bytes = 0;
+  // A group's compute copies whose home is nvme, rounded up to the direct-I/O
+  // alignment (ComputeHomes::load), the largest.
+  std::uint64_t nvme_compute_bytes = 0;
+  // The same for every home but pinned memory (device or nvme).
+  std::uint64_t unpinned_compute_bytes = 0;
+  // A chunk's optimizer state outside pinned memory, the largest.
+  std::uint64_t unpinned_state_bytes = 0;
+  // A device-resident chunk's compute copies, the largest.
+  std::uint64_t device_chunk_compute_bytes = 0;
+};
+
+// The pinned memory a step works in beyond the placement's state (Layout::bytes)
+// and its schedule's extra copies (Schedule::extra_memory). Engine::finalize
+// reserves it before the disk pipeline's ring takes what is left, so the
+// smallest strata.budgets.pinned that works is state + extra + total() + one
+// ring slot (when optimizer state lives on nvme). Each figure is an upper
+// bound the engine keeps to (GradientPath holds at most
+// kGradientCopiesInFlight copies down at once).
+struct PinnedWorking {
+  std::uint64_t gradient_staging = 0;  // copies down and the packed gradient pass
+  std::uint64_t compute_staging = 0;   // non-pinned compute homes read for a fetch, a prefetch, the optimizer
+  std::uint64_t optimizer_copies = 0;  // speculative jobs' new compute copies of device-resident chunks
+  std::uint64_t between_steps = 0;     // one chunk's state and one group's compute copies (checkpoints)
+  std::uint64_t step() const { return gradient_staging + compute_staging + optimizer_copies; }
+  std::uint64_t total() const { return step() > between_steps ? step() : between_steps; }
+};
+
+// `threaded`: Schedule::threaded (copies, passes, prefetches and the
+// optimizer on their own threads); `early_jobs`: the schedule's early jobs
+// may be uncertain (speculative), holding shadow copies.
+PinnedWorking pinned_working(const WorkingShape& shape, bool threaded, bool early_jobs);
+
+// The pinned bytes a derived ring may take (RingInputs::pinned_room_bytes):
+// what a pinned budget of `pinned_limit_bytes` leaves beyond `held_bytes` (the
+// placement's pinned state, host gradients and pinned compute homes, with the
+// schedule's extra pinned memory) and the step's working memory; 0 when
+// nothing is left; kNoRoomLimit when pinned_limit_bytes is kNoRoomLimit (no
+// pinned budget).
+std::uint64_t ring_room_bytes(std::uint64_t pinned_limit_bytes, std::uint64_t held_bytes,
+                              const PinnedWorking& working);
+
 // What sizes the ring besides its shape.
 struct RingInputs {
   RingShape shape;
@@ -69,5 +127,17 @@ struct RingSlots {
   std::uint64_t bytes() const { return slot_bytes * slots; }
 };
 RingSlots ring_slots(const RingInputs& in);
+
+// The smallest strata.budgets.pinned that Engine::finalize accepts (it refuses
+// any below): `held_bytes` (the placement's pinned state, host gradients and
+// pinned compute homes, with the schedule's extra pinned memory), the step's
+// working memory, and the least ring: ring_slots with no pinned room (one
+// slot, or the slots strata.budgets.staging asks for; none without nvme
+// state). `ring.pinned_room_bytes` is not read.
+struct PinnedLeast {
+  std::uint64_t ring_bytes = 0;  // the least ring
+  std::uint64_t bytes = 0;       // held + working.total() + ring_bytes
+};
+PinnedLeast pinned_least(std::uint64_t held_bytes, const PinnedWorking& working, const RingInputs& ring);
 
 }  // namespace strata::engine

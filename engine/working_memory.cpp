@@ -25,18 +25,13 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     if (c.state_tier == Tier::kDevice)
       device_chunk = std::max(device_chunk, static_cast<std::uint64_t>(c.elems) * cb);
   }
-  PinnedWorking w;
-  // A copy down lands in a wire buffer; the pass packs it into the trainable
-  // layout. Threaded, the next copies land while one is passed.
-  w.gradient_staging = (threaded ? kGradientCopiesInFlight : 1) * wire + packed;
-  // A fetch (and, threaded, the prefetch thread) reads nvme homes through a
-  // staging copy; the optimizer opens one group's non-pinned compute copies
-  // at a time.
-  w.compute_staging = (threaded ? 2 : 1) * nvme_compute + unpinned_compute;
-  // An uncertain early job brings a device chunk's new compute copies back.
-  if (early_jobs) w.optimizer_copies = device_chunk;
-  w.between_steps = state + unpinned_compute;
-  return w;
+  return pinned_working({.wire_bytes = wire,
+                         .packed_bytes = packed,
+                         .nvme_compute_bytes = nvme_compute,
+                         .unpinned_compute_bytes = unpinned_compute,
+                         .unpinned_state_bytes = state,
+                         .device_chunk_compute_bytes = device_chunk},
+                        threaded, early_jobs);
 }
 
 RingShape ring_shape(const Layout& layout) {

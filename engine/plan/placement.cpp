@@ -27,15 +27,6 @@ using plan_detail::sat_add;
 using plan_detail::sat_mul;
 using plan_detail::u64;
 
-// planned_ring_room: a derived ring takes 1 / kRingShareOfPinnedLeft of what
-// a pinned budget leaves beyond the host gradients, the pinned compute copies
-// and the pinned state. Half is the engine's rule from before finalize
-// reserved the step's working memory itself; finalize now gives the ring all
-// that the budget leaves beyond the state, the schedule's extra memory and
-// that working memory (PinnedWorking), so under a pinned budget the two can
-// count different slots. Kept so the plan's bytes do not change here.
-constexpr std::uint64_t kRingShareOfPinnedLeft = 2;
-
 std::string count_times(std::int64_t n, std::uint64_t bytes, std::string_view what = {}) {
   std::string s = str_cat(group_digits(u64(n)), " x ", bytes, " B");
   if (!what.empty()) s += str_cat(" (", what, ")");
@@ -50,6 +41,7 @@ struct LayoutShape {
   std::int64_t group_trainable = 0;  // trainable elements of a group (norm-block aligned)
   std::int64_t chunk = 0;            // elements of the largest chunk
   std::int64_t nvme_chunks = 0;      // chunks whose state lives on NVMe, counted up to `count_limit`
+  std::int64_t nvme_groups = 0;      // groups with at least one chunk on NVMe (every one counted)
 };
 
 LayoutShape layout_shape(std::int64_t trainable, std::int64_t groups, std::uint64_t chunk_bytes,
@@ -71,6 +63,9 @@ LayoutShape layout_shape(std::int64_t trainable, std::int64_t groups, std::uint6
     const std::int64_t group_begin = lo / s.group_trainable * s.group_trainable;
     at = std::min(group_begin + round_up_to(lo - group_begin, chunk_elems), group_begin + s.group_trainable);
   }
+  // Every group from the first nvme chunk's to the one holding the last
+  // chunk start below `hi` begins with a chunk on nvme.
+  if (at < hi) s.nvme_groups = (hi - 1) / s.group_trainable - at / s.group_trainable + 1;
   while (at < hi && s.nvme_chunks < count_limit) {
     ++s.nvme_chunks;
     const std::int64_t group_end = (at / s.group_trainable + 1) * s.group_trainable;
@@ -270,21 +265,68 @@ void add_resident_state(Evaluation& e) {
   }
 }
 
-// The pinned bytes a derived ring may take in the planner (the
-// RingInputs::pinned_room_bytes it passes): kNoRoomLimit without a pinned
-// budget (or with a staging budget, which sets the slots itself). It differs
-// from finalize's room: the planner takes the pinned budget less the host
-// gradients, the pinned compute copies and the pinned state (not the step's
-// working memory nor the schedule's extra memory) and gives the ring
-// 1 / kRingShareOfPinnedLeft of it.
-std::uint64_t planned_ring_room(const Evaluation& e) {
-  const BudgetsConfig& b = e.cfg.strata.budgets;
-  if (b.staging_bytes > 0 || b.pinned_bytes == 0) return kNoRoomLimit;
+// What the schedule's extra copies measure (schedule.h's ExtraShape) in the
+// planner's estimate of the layout: the nvme state, and compute copies in
+// whole fetch groups, as the engine holds them.
+ExtraShape planned_extra_shape(const Evaluation& e) {
+  return {.nvme_state_bytes = sat_mul(u64(e.t_nvme), e.state),
+          .nvme_group_compute_bytes = sat_mul(e.group_bytes, u64(e.shape.nvme_groups)),
+          .trainable_group_compute_bytes = sat_mul(e.group_bytes, u64(e.trainable_groups))};
+}
+
+// The step's pinned working memory as Engine::finalize reserves it
+// (memory_model.h's pinned_working), for the planner's estimate of the
+// layout's largest buffers: a fetch group's compute copies, its trainable
+// elements, the largest chunk.
+PinnedWorking planned_pinned_working(const Evaluation& e) {
+  const std::uint64_t staged = core::align_up(e.group_bytes, core::kDirectIoAlignment);  // ComputeHomes::load
+  const std::uint64_t chunk = u64(e.shape.chunk);
+  WorkingShape w;
+  if (e.T > 0) {
+    w.wire_bytes = e.group_bytes;
+    w.packed_bytes = sat_mul(u64(e.shape.group_trainable), e.c);
+  }
+  if (e.pl.param_device == OffloadDevice::kNvme) w.nvme_compute_bytes = staged;
+  if (e.pl.param_device != OffloadDevice::kCpu) w.unpinned_compute_bytes = staged;
+  if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = sat_mul(chunk, e.state);
+  if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
+  return pinned_working(w, e.threaded, e.schedule.early_jobs(StepRules::of(e.cfg)));
+}
+
+// What finalize counts as held in pinned memory before the step's working
+// memory and the ring (Layout::bytes' pinned bytes with the schedule's extra
+// pinned memory): the host gradients, the pinned compute copies, the pinned
+// state and the schedule's pinned extra copies.
+std::uint64_t planned_pinned_held(const Evaluation& e) {
   std::uint64_t held = sat_mul(u64(e.T), e.g);
   if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(e.P), e.c));
   held = sat_add(held, sat_mul(u64(e.t_keep), e.state));
-  const std::uint64_t left = b.pinned_bytes > held ? b.pinned_bytes - held : 0;
-  return left / kRingShareOfPinnedLeft;
+  const ExtraShape extra = planned_extra_shape(e);
+  for (const ScheduleExtra& x : e.schedule.extra_memory()) {
+    if (x.tier == Tier::kPinned) held = sat_add(held, extra_bytes(x.basis, extra));
+  }
+  return held;
+}
+
+// The disk pipeline's ring as the planner estimates its shape: a slot holds
+// the largest chunk's master and moments; the nvme chunks counted up to the
+// schedule's depth (layout_shape). The pinned room is left unlimited.
+RingInputs planned_ring(const Evaluation& e) {
+  return {.shape = {.slot_bytes = ring_slot_bytes(std::max<std::int64_t>(e.shape.chunk, 1), e.state),
+                    .nvme_chunks = static_cast<std::size_t>(e.shape.nvme_chunks)},
+          .staging_bytes = e.cfg.strata.budgets.staging_bytes,
+          .depth = u64(e.schedule.ring_depth())};
+}
+
+// The pinned bytes a derived ring may take (the RingInputs::pinned_room_bytes
+// it passes), by finalize's rule (memory_model.h's ring_room_bytes): what the
+// pinned budget leaves beyond what is held (planned_pinned_held) and the
+// step's working memory; kNoRoomLimit without a pinned budget (or with a
+// staging budget, which sets the slots itself).
+std::uint64_t planned_ring_room(const Evaluation& e) {
+  const BudgetsConfig& b = e.cfg.strata.budgets;
+  if (b.staging_bytes > 0 || b.pinned_bytes == 0) return kNoRoomLimit;
+  return ring_room_bytes(b.pinned_bytes, planned_pinned_held(e), planned_pinned_working(e));
 }
 
 // The optimizer state on nvme, and the disk pipeline's staging ring.
@@ -298,15 +340,12 @@ void add_nvme_state(Evaluation& e) {
   // The disk pipeline's ring, by the engine's rule (memory_model.h's
   // ring_slots): a slot holds the largest chunk's master and moments;
   // strata.budgets.staging sets the slots, else the schedule's depth,
-  // fewer when a pinned budget leaves less room (planned_ring_room); never
-  // more than the chunks.
+  // fewer when a pinned budget leaves less room (planned_ring_room, as
+  // finalize's); never more than the chunks.
   const std::uint64_t states = 1 + moments / 4;
-  const RingShape nvme_ring{.slot_bytes = ring_slot_bytes(std::max<std::int64_t>(e.shape.chunk, 1), e.state),
-                            .nvme_chunks = static_cast<std::size_t>(e.shape.nvme_chunks)};
-  const RingSlots ring = ring_slots({.shape = nvme_ring,
-                                     .staging_bytes = e.cfg.strata.budgets.staging_bytes,
-                                     .pinned_room_bytes = planned_ring_room(e),
-                                     .depth = u64(e.schedule.ring_depth())});
+  RingInputs inputs = planned_ring(e);
+  inputs.pinned_room_bytes = planned_ring_room(e);
+  const RingSlots ring = ring_slots(inputs);
   const std::uint64_t slot = ring.slot_bytes;
   // A staging budget below one slot: the one slot the engine needs
   // (make_plan's note says the budget is short).
@@ -317,17 +356,23 @@ void add_nvme_state(Evaluation& e) {
 }
 
 // What the overlap schedule holds beyond the placement's state, as the
-// engine's finalize counts it (engine/schedule/).
+// engine's finalize counts it (engine/schedule/'s extra_bytes over
+// planned_extra_shape: compute copies in whole fetch groups).
 void add_schedule_extra(Evaluation& e) {
+  const ExtraShape extra = planned_extra_shape(e);
   for (const ScheduleExtra& x : e.schedule.extra_memory()) {
-    std::int64_t n = 0;          // elements
-    std::uint64_t per = e.c;     // bytes each
+    const std::string why(x.why);
+    std::string detail;
     switch (x.basis) {
-      case ExtraBasis::kNvmeState: n = e.t_nvme, per = e.state; break;
-      case ExtraBasis::kNvmeGroupCompute: n = e.t_nvme; break;
-      case ExtraBasis::kTrainableGroupCompute: n = e.T; break;
+      case ExtraBasis::kNvmeState: detail = count_times(e.t_nvme, e.state, why); break;
+      case ExtraBasis::kNvmeGroupCompute:
+        detail = str_cat(e.groups_of(e.shape.nvme_groups), " x ", e.c, " B (", why, ")");
+        break;
+      case ExtraBasis::kTrainableGroupCompute:
+        detail = str_cat(e.groups_of(e.trainable_groups), " x ", e.c, " B (", why, ")");
+        break;
     }
-    if (n > 0) e.add(std::string(x.item), x.tier, sat_mul(u64(n), per), count_times(n, per, std::string(x.why)));
+    e.add(std::string(x.item), x.tier, extra_bytes(x.basis, extra), std::move(detail));
   }
 }
 
@@ -418,6 +463,28 @@ void tally_tiers(const TierCapacities& capacities, PlacementPlan& plan) {
   }
 }
 
+// A pinned budget below the smallest that finalize accepts (memory_model.h's
+// pinned_least: what is held, the step's working memory as finalize reserves
+// it, and the least ring) does not fit, whatever the items add up to: they
+// count the step's measured peak, finalize an upper bound on it.
+void check_pinned_least(const Evaluation& e, PlacementPlan& plan) {
+  const std::uint64_t budget = e.cfg.strata.budgets.pinned_bytes;
+  if (budget == 0) return;
+  const PinnedWorking working = planned_pinned_working(e);
+  const PinnedLeast least = pinned_least(planned_pinned_held(e), working, planned_ring(e));
+  if (least.bytes <= budget) return;
+  TierPlan& t = plan.tiers[static_cast<int>(Tier::kPinned)];
+  if (!t.fits) return;  // said already
+  t.fits = false;
+  plan.fits = false;
+  plan.reasons.push_back(str_cat(
+      "strata.budgets.pinned = ", core::format_bytes(budget), " is below the ", core::format_bytes(least.bytes),
+      " the engine needs before a step (held: state, host gradients, pinned compute copies and the schedule's extra copies ", core::format_bytes(least.bytes - working.total() - least.ring_bytes),
+      ", the step's working memory ", core::format_bytes(working.total()),
+      least.ring_bytes > 0 ? str_cat(", the least staging ring ", core::format_bytes(least.ring_bytes)) : std::string(),
+      "): strata.budgets.pinned >= ", least.bytes, " works"));
+}
+
 // Bytes per optimizer step (G micro-batches). Fetches of offloaded
 // compute copies: every group forward and backward, less those a kept
 // copy serves: the backward's first `resident_groups`, and as many of each
@@ -479,6 +546,7 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
   add_disk_reserves(e);  // after every other nvme item: the reserve is theirs
   fit_device_budget(e);
   tally_tiers(in.capacities, e.plan);
+  check_pinned_least(e, e.plan);
   e.plan.traffic = step_traffic(e);
   return std::move(e.plan);
 }

@@ -4,6 +4,15 @@
 
 namespace strata::engine {
 
+std::uint64_t extra_bytes(ExtraBasis basis, const ExtraShape& shape) {
+  switch (basis) {
+    case ExtraBasis::kNvmeState: return shape.nvme_state_bytes;
+    case ExtraBasis::kNvmeGroupCompute: return shape.nvme_group_compute_bytes;
+    case ExtraBasis::kTrainableGroupCompute: return shape.trainable_group_compute_bytes;
+  }
+  return 0;
+}
+
 const Schedule& schedule_for(OverlapMode mode) {
   switch (mode) {
     case OverlapMode::kNone: return none_schedule();

@@ -55,6 +55,18 @@ enum class ExtraBasis {
   kTrainableGroupCompute,  // compute copies of the groups with trainable parameters
 };
 
+// What each ExtraBasis measures, in bytes, as the engine holds it: the state
+// in its chunks, and compute copies in whole groups (a group with one chunk on
+// nvme, or one trainable element, holds all its compute copies). Finalize
+// takes them from its Layout, the planner from its estimate of it.
+struct ExtraShape {
+  std::uint64_t nvme_state_bytes = 0;               // every nvme chunk's state, one version
+  std::uint64_t nvme_group_compute_bytes = 0;       // compute copies of the groups with a chunk on nvme
+  std::uint64_t trainable_group_compute_bytes = 0;  // compute copies of the groups with trainable elements
+};
+// The bytes of one copy of `basis` (ScheduleExtra::basis) in `shape`.
+std::uint64_t extra_bytes(ExtraBasis basis, const ExtraShape& shape);
+
 // Memory a schedule holds beyond the placement's own state.
 struct ScheduleExtra {
   std::string_view item;  // the planner's item name ("speculative_state")

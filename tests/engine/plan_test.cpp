@@ -535,6 +535,40 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
   EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "optimizer_staging"), 2u * 786'432u);
 }
 
+// Under a pinned budget the ring takes what finalize leaves it (memory_model.h's
+// ring_room_bytes: the budget less the host gradients, the pinned state and
+// the step's working memory as finalize reserves it), and a budget below the
+// least finalize accepts (pinned_least) does not fit. The numbers are the
+// engine's, as scale_bench measures them (--params 4M --layers 64 --placement
+// nvme --pinned-budget B): 8 MiB of host gradients, 896 KiB of working
+// memory, slots of 768 KiB.
+TEST(Planner, PinnedBudgetGivesTheRingWhatFinalizeLeaves) {
+  Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  const MachineSpec m = machine(80 * kGiB, 64 * kGiB, kGiB << 10);
+  const auto staging = [&](std::uint64_t budget) {
+    config.strata.budgets.pinned_bytes = budget;
+    core::Result<Plan> plan = make_plan(config, params_model(64 * 65'536, 64), m);
+    EXPECT_TRUE(plan.ok()) << plan.status().to_string();
+    return plan.ok() ? plan->configured.item_bytes(Tier::kPinned, "optimizer_staging") : 0;
+  };
+  EXPECT_EQ(staging(12 * kGiB), 4u * 786'432u);     // the schedule's depth
+  EXPECT_EQ(staging(21u << 19), 2u * 786'432u);      // 10.5 MiB: 1.625 MiB of room
+  EXPECT_EQ(staging(10'092'544), 1u * 786'432u);     // the least: one slot
+
+  config.strata.budgets.pinned_bytes = 10'092'544;
+  core::Result<Plan> plan = make_plan(config, params_model(64 * 65'536, 64), m);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_TRUE(plan->configured.fits);
+  config.strata.budgets.pinned_bytes = 10'092'543;
+  plan = make_plan(config, params_model(64 * 65'536, 64), m);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_FALSE(plan->configured.fits);
+  EXPECT_FALSE(plan->configured.tier(Tier::kPinned).fits);
+  ASSERT_FALSE(plan->configured.reasons.empty());
+  EXPECT_TRUE(contains(plan->configured.reasons[0], "strata.budgets.pinned >= 10092544 works"))
+      << plan->configured.reasons[0];
+}
+
 // strata.overlap "speculative" keeps a second version of the NVMe state and
 // the new compute copies of its parameters until step_end: both are counted.
 TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
@@ -548,7 +582,15 @@ TEST(Planner, SpeculativeUpdatesCountTheirSecondVersion) {
   plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
   EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "speculative_state"), 12'000'000'000u);
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 2'000'000'000u);
+  // The compute copies in whole fetch groups, as finalize counts them
+  // (ExtraBasis::kNvmeGroupCompute): the 12 groups with state on nvme, 83,333,334 x 2 B each.
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 2'000'000'016u);
+  // The nvme state starting inside group 7 (30% of 24 groups in pinned
+  // memory): that group's compute copies count whole, 17 groups.
+  config.strata.optimizer_cpu_fraction = 0.3;
+  plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "speculative_compute_copies"), 17u * 166'666'668u);
 }
 
 // strata.overlap "delayed" keeps the new compute copies of every trainable
@@ -563,8 +605,9 @@ TEST(Planner, DelayedUpdatesCountTheirPendingComputeCopies) {
   config.strata.overlap = OverlapMode::kDelayed;
   plan = make_plan(config, params_model(2'000'000'000, 24), machine(80 * kGiB, 64 * kGiB, kGiB << 10));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
-  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "delayed_compute_copies"), 4'000'000'000u);  // bf16
-  EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes, without + 4'000'000'000u);
+  // bf16, in whole fetch groups as finalize counts them (ExtraBasis::kTrainableGroupCompute): 24 x 83,333,334 x 2 B.
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "delayed_compute_copies"), 4'000'000'032u);
+  EXPECT_EQ(plan->configured.tier(Tier::kPinned).needed_bytes, without + 4'000'000'032u);
 }
 
 // Two fresh directories under /tmp, removed at the end of the test.
