@@ -156,7 +156,11 @@ class Engine {
   // Before anything is allocated: kFailedPrecondition naming a parameter
   // without InitFn when there are no safetensors files; with them,
   // kInvalidArgument naming a tensor that is no parameter's (extra) and its
-  // file, and each parameter's check.
+  // file, and each parameter's check. Once per engine: a failed finalize
+  // releases what it built (the swap files and the swap paths' locks, the
+  // state) before it returns, and another finalize is kFailedPrecondition
+  // naming the first failure (create a new engine); after a successful one,
+  // kFailedPrecondition too.
   core::Status finalize();
 
   // The group's compute copies on the device (compute dtype, the layout's
@@ -297,6 +301,9 @@ class Engine {
     std::string nvme_why;       // " (with ...)": the schedule's extra on nvme, for messages
     std::uint64_t ring_room = 0;  // pinned memory left to the staging ring
   };
+  // finalize's body; on failure finalize releases what it built.
+  core::Status finalize_locked() STRATA_REQUIRES(mu_);
+  void release_after_failed_finalize() STRATA_REQUIRES(mu_);
   core::Status check_initial_values() const STRATA_REQUIRES(mu_);
   core::Result<Needs> check_budgets() const STRATA_REQUIRES(mu_);
   core::Status open_swap_store(const Needs& needs) STRATA_REQUIRES(mu_);
@@ -341,6 +348,8 @@ class Engine {
   // finalize lets go of it around each init callback, with finalizing_ set.
   mutable core::Mutex mu_;
   bool finalizing_ STRATA_GUARDED_BY(mu_) = false;
+  // A failed finalize's message (empty: none failed); another finalize is refused.
+  std::string finalize_failure_ STRATA_GUARDED_BY(mu_);
   // Destruction order: everything holding device memory or swap blocks
   // before the device, the swap store and the budgets. The device and its
   // two budgets live in shared_device_, shared with the leases of lent views

@@ -135,6 +135,32 @@ core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& confi
 core::Status Engine::finalize() {
   STRATA_ENGINE_ENTRY("finalize");
   if (finalized_) return Status::failed_precondition("finalize called twice");
+  if (!finalize_failure_.empty()) {
+    return Status::failed_precondition(
+        str_cat("finalize after a failed finalize (", finalize_failure_, "): create a new engine"));
+  }
+  Status s = finalize_locked();
+  if (!s.ok()) {
+    // One finalize per engine: what the failed one built goes now (the swap
+    // files and their lock among it), not when the engine is destroyed.
+    finalize_failure_ = std::string(s.message());
+    release_after_failed_finalize();
+  }
+  return s;
+}
+
+void Engine::release_after_failed_finalize() {
+  finalized_ = false;
+  fetcher_.reset();
+  homes_.reset();
+  state_.reset();
+  cpu_adam_.reset();
+  if (device_cache_ != nullptr) device_cache_->clear().ignore_error();  // errors were reported where they arose
+  if (pinned_cache_ != nullptr) pinned_cache_->clear().ignore_error();
+  swap_.reset();  // its files and the swap paths' locks
+}
+
+core::Status Engine::finalize_locked() {
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(registry_.params, registry_.optimizer_groups, config_));
   STRATA_RETURN_IF_ERROR(check_initial_values());
   STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
@@ -165,7 +191,6 @@ core::Status Engine::finalize() {
   // allocated directly, past the cache).
   if (s.ok()) s = pinned_cache_->clear();
   if (s.ok()) s = start_step(std::move(gradients), needs.ring_room);
-  if (!s.ok()) finalized_ = false;  // every call but the destructor refuses it
   return s;
 }
 

@@ -941,6 +941,17 @@ TEST_F(Placement, TheDiskPipelineStaysInsideItsStagingBudget) {
   EXPECT_FALSE((*e)->finalized());
   EXPECT_EQ((*e)->fetch(kTensors[0].group).status().code(), core::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*e)->step_end().status().code(), core::StatusCode::kFailedPrecondition);
+  // Once per engine: a retry is refused naming the first failure, and the
+  // failed finalize has let go of its swap files and the swap path's lock
+  // already (before, a retry found the path held by its own process).
+  const core::Status again = (*e)->finalize();
+  EXPECT_EQ(again.code(), core::StatusCode::kFailedPrecondition) << again;
+  EXPECT_NE(again.message().find("strata.budgets.staging"), std::string::npos) << again;
+  for (const std::string& path : c.swap_paths()) {
+    for (const auto& entry : std::filesystem::directory_iterator(path)) ADD_FAILURE() << "left behind: " << entry.path();
+  }
+  c.strata.budgets.staging_bytes = 0;
+  EXPECT_TRUE(finalize_status(c).ok());  // the same swap path, while the failed engine lives
 }
 
 // Traced prefetch: the first step teaches the engine the fetch sequence

@@ -286,7 +286,9 @@ STRATA_API strata_status strata_init_from_safetensors(strata_engine* engine, con
  * bad registration; an init callback's failure; the safetensors checks and
  * reads (see strata_init_from_safetensors); FAILED_PRECONDITION naming a
  * parameter with a NULL init when no safetensors files were given, and when
- * called twice. */
+ * called twice: once per engine, also after a failure (which has released
+ * what it built, the swap files and the swap paths' locks among it, before
+ * it returns; destroy the engine and create another to try again). */
 STRATA_API strata_status strata_engine_finalize(strata_engine* engine) STRATA_NOEXCEPT;
 
 /* A fetch group's layout, without fetching it. */
