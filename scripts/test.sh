@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing, builds strata twice (normal with
-# CUDA compiled when nvcc exists; AddressSanitizer + UndefinedBehaviorSanitizer
-# without CUDA), runs every test except the `slow` suite in both, runs clang's
+# The test command, in two speeds. `scripts/test.sh`: installs what is missing,
+# builds strata (CUDA compiled when nvcc exists) and runs every test suite but
+# `slow` (C++, C, Python: every case once), in minutes. `scripts/test.sh
+# --full` (what CI runs, .ci/run) adds an AddressSanitizer +
+# UndefinedBehaviorSanitizer build (no CUDA) running the same suites, clang's
 # thread-safety analysis, a ThreadSanitizer build of the threaded tests and the
-# libFuzzer targets, prints the time of each stage and ends with one line:
+# libFuzzer targets. Both print the time of each stage and end with one line:
 # "N passed, N failed, N skipped".
 # The thread-safety stage (scripts/thread_safety_check.py) configures build-tsa/
 # with clang++ but builds nothing: it runs `clang++ -fsyntax-only -Wthread-safety
@@ -19,9 +21,24 @@
 # libFuzzer coverage), build every fuzz/*_fuzzer.cpp and run each for fuzz_seconds
 # on its seed corpus (fuzz/run_fuzzers.py); each target counts as one test
 # (skipped without clang++). Longer runs: fuzz/README.md.
-# Usage: scripts/test.sh        (from anywhere; builds under build/, build-asan/,
-#                                build-tsa/, build-tsan/, build-fuzz/)
+# Usage: scripts/test.sh [--full]  (from anywhere; builds under build/, and with
+#                                   --full build-asan/, build-tsa/, build-tsan/,
+#                                   build-fuzz/)
 set -uo pipefail
+full=0
+for arg in "$@"; do
+  case "$arg" in
+    --full) full=1 ;;
+    -h | --help)
+      sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "scripts/test.sh: unknown argument '$arg' (usage: scripts/test.sh [--full])" >&2
+      exit 2
+      ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
@@ -42,6 +59,16 @@ run_stage() {
   return $rc
 }
 
+print_stage_times() {
+  echo
+  echo "stage times:"
+  for i in "${!stage_names[@]}"; do
+    printf '  %-26s %5d s\n' "${stage_names[$i]}" "${stage_secs[$i]}"
+  done
+  printf '  %-26s %5d s\n' "total" "$SECONDS"
+  if [[ -n "$failed_stage" ]]; then echo "first failing stage: $failed_stage"; fi
+}
+
 run_stage "install dependencies" bash scripts/install-deps.sh || {
   echo "0 passed, 1 failed"
   exit 1
@@ -60,6 +87,14 @@ run_stage "configure (normal)" meson_setup build $cuda_option
 run_stage "build (normal)" ninja -C build -j"$jobs"
 rm -f build/meson-logs/testlog.json
 run_stage "test (normal)" meson test -C build --no-suite slow --print-errorlogs --num-processes "$jobs"
+if [[ $full -eq 0 ]]; then
+  print_stage_times
+  echo "(the sanitizer, thread-safety, TSan and fuzz stages: scripts/test.sh --full)"
+  extra_failed=0
+  [[ -f build/meson-logs/testlog.json ]] || extra_failed=1
+  exec /usr/bin/python3 scripts/test_summary.py --extra-failed "$extra_failed" build/meson-logs/testlog.json
+fi
+
 rm -f build-tsa/thread-safety-log.json
 run_stage "thread-safety (clang)" /usr/bin/python3 scripts/thread_safety_check.py \
   --build-dir build-tsa --log build-tsa/thread-safety-log.json -j "$jobs"
@@ -127,13 +162,7 @@ fi
 run_stage "fuzz (libFuzzer)" /usr/bin/python3 fuzz/run_fuzzers.py --build-dir build-fuzz \
   --seconds "$fuzz_seconds" --log build-fuzz/fuzz-log.json
 
-echo
-echo "stage times:"
-for i in "${!stage_names[@]}"; do
-  printf '  %-26s %5d s\n' "${stage_names[$i]}" "${stage_secs[$i]}"
-done
-printf '  %-26s %5d s\n' "total" "$SECONDS"
-[[ -n "$failed_stage" ]] && echo "first failing stage: $failed_stage"
+print_stage_times
 
 # Counts every gtest case (and every non-gtest test) of the normal, asan+ubsan
 # and tsan builds, the thread-safety check as one and each fuzz target as one; a

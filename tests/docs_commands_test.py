@@ -36,7 +36,7 @@ DOCS = ["README.md", "docs/architecture.md", "docs/benchmarks.md", "docs/checkpo
 SKIP = [
     (r"^bash scripts/run\.sh$", "the whole main job: installs packages, builds a release tree, trains 120 steps "
                                 "(its parts run below through the rewrites)"),
-    (r"^bash scripts/test\.sh$", "the whole test suite, which runs this test"),
+    (r"^bash scripts/test\.sh( --full)?$", "the whole test suite, which runs this test"),
     (r"^bash scripts/install-deps\.sh", "installs Debian packages (root, network)"),
     (r"^export PATH=", "sets up a shell, runs nothing"),
     (r"^meson (setup|test)\b", "the build and the test suite themselves"),
