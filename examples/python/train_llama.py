@@ -21,13 +21,27 @@ checkpoint already being saved completes (saves become `latest` only by an
 atomic rename). A second signal ends the process at once (by that signal),
 leaving the swap files for the next run in that directory to reclaim. The strata library
 installs no signal handler: the program does.
+
+Bad input is refused before anything is built, in one line naming the flag or
+the file, with exit status 2 (as strata-train does): a number out of its range
+or not written in digits, a flag given twice, a --config that is missing, a
+directory, unreadable or not a valid config, a swap directory of an explicit
+--config that does not exist (the default config's ./strata_swap is created),
+a --checkpoint (when saving) or --export folder that cannot be created or
+written, or --resume with --steps below the checkpoint's step. An error from
+strata (strata.errors) prints one line too: exit 2 for the input's errors
+(config, budgets, paths), 1 for faults (I/O, data loss, internal); --debug
+shows its traceback instead. Exit status: 0 done, 1 a run-time error, 2 bad
+input, 130 / 143 stopped by SIGINT / SIGTERM.
 """
 import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
+import tempfile
 import time
 
 import torch
@@ -48,18 +62,73 @@ except ImportError:  # the script runs without a progress bar
     tqdm = None
 
 
+PROG = "train_llama.py"
+DEFAULT_CONFIG = os.path.join(ROOT, "examples", "configs", "llama_default.json")
+INT_MAX = 2**31 - 1
+
+
+class UsageError(Exception):
+    """Bad input found after the flags were parsed: main prints it as one line
+    (train_llama.py: <message>) and exits 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, strict: one line on stderr and exit 2 on any error, no
+    abbreviated flags, and a flag given twice is an error (argparse would
+    take the last)."""
+
+    def __init__(self, **kw):
+        super().__init__(prog=PROG, allow_abbrev=False, **kw)
+
+    def error(self, message):
+        self.exit(2, f"{PROG}: {message} ({PROG} --help lists the flags)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        flags = {s for a in self._actions for s in a.option_strings}
+        seen = set()
+        for arg in args:
+            if arg == "--":
+                break
+            name = arg.split("=", 1)[0]
+            if name in flags:
+                if name in seen:
+                    self.error(f"{name} given twice: give each flag once")
+                seen.add(name)
+        return super().parse_args(args, namespace)
+
+
+def int_in(lo, hi):
+    """An argparse type: a whole decimal number in [lo, hi], written in digits
+    (not 1e3, 0x10, 1_000 or " 5"), as strata-train reads its numbers."""
+    def parse(text):
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
+            raise argparse.ArgumentTypeError(
+                f"'{text}' is not a whole number (write it out in digits, e.g. 1000, not 1e3)")
+        if len(text.lstrip("+-0")) > 20 or not lo <= int(text) <= hi:
+            raise argparse.ArgumentTypeError(f"'{text}' is out of range: give a whole number in [{lo}, {hi}]")
+        return int(text)
+    parse.__name__ = f"whole number in [{lo}, {hi}]"
+    return parse
+
+
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=os.path.join(ROOT, "examples", "configs", "llama_default.json"),
-                    help="strata config (JSON; DeepSpeed's keys accepted)")
+    ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", help="strata config (JSON; DeepSpeed's keys accepted; default: "
+                                     "examples/configs/llama_default.json, its swap directory ./strata_swap "
+                                     "created when missing)")
     ap.add_argument("--size", default="small", choices=sorted(llama.SIZES), help="model size preset")
-    ap.add_argument("--layers", type=int, help="override the preset's layer count")
-    ap.add_argument("--seq-len", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--eval-every", type=int, default=40, help="held-out loss every N steps (0: only at the end)")
-    ap.add_argument("--eval-batches", type=int, default=4)
-    ap.add_argument("--checkpoint", help="checkpoint directory")
-    ap.add_argument("--save-every", type=int, default=0, help="save a checkpoint every N steps")
+    ap.add_argument("--layers", type=int_in(1, 1 << 16), help="override the preset's layer count")
+    ap.add_argument("--seq-len", type=int_in(2, 1 << 20), default=128, help="tokens per sequence (128)")
+    ap.add_argument("--steps", type=int_in(0, INT_MAX), default=120,
+                    help="train until step N, counted from the start of the run (120; with --resume the "
+                         "checkpoint's step counts, and N below it is an error)")
+    ap.add_argument("--eval-every", type=int_in(0, INT_MAX), default=40,
+                    help="held-out loss every N steps (0: only at the end)")
+    ap.add_argument("--eval-batches", type=int_in(1, 1 << 16), default=4, help="held-out batches per evaluation")
+    ap.add_argument("--checkpoint", help="checkpoint directory (created and checked before training when saving)")
+    ap.add_argument("--save-every", type=int_in(0, INT_MAX), default=0,
+                    help="save a checkpoint every N steps (0: never)")
     ap.add_argument("--resume", action="store_true", help="resume from --checkpoint")
     ap.add_argument("--export", help="write the final weights (safetensors, Hugging Face names) here")
     ap.add_argument("--init-from", help="fine-tune: take the initial weights from this safetensors directory "
@@ -68,10 +137,10 @@ def parse_args(argv=None):
     ap.add_argument("--tie", action="store_true", help="tie the output projection to the embedding")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
     ap.add_argument("--corpus", help="a directory of text files (default: the fortunes collection)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sample", type=int, default=120, help="bytes to generate at the end (0: none)")
+    ap.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    ap.add_argument("--sample", type=int_in(0, 1 << 16), default=120, help="bytes to generate at the end (0: none)")
     ap.add_argument("--no-progress", action="store_true", help="one line per eval instead of a progress bar")
-    ap.add_argument("--log-every", type=int, help="with --no-progress: a line every N steps (default: --eval-every, "
+    ap.add_argument("--log-every", type=int_in(1, INT_MAX), help="with --no-progress: a line every N steps (default: --eval-every, "
                                                    "else 10; the first step always has one)")
     ap.add_argument("--build-dtype", choices=("fp32", "bf16"), default="fp32",
                     help="the dtype of the parameters the model is built with before strata takes them: bf16 "
@@ -83,9 +152,9 @@ def parse_args(argv=None):
                          "parameters (torch draws normal_ on one CPU thread); auto: cuda when torch sees a GPU "
                          "with room for the built model, else cpu. The weights drawn differ between the two "
                          "(each device's own random stream); --init-from needs neither")
+    ap.add_argument("--debug", action="store_true",
+                    help="an error from strata shows its Python traceback instead of one line")
     args = ap.parse_args(argv)
-    if args.log_every is not None and args.log_every < 1:
-        ap.error(f"--log-every must be >= 1, not {args.log_every}")
     if (args.resume or args.save_every) and not args.checkpoint:
         ap.error("--resume and --save-every need --checkpoint DIR")
     if args.build_device == "cuda" and not torch.cuda.is_available():
@@ -216,6 +285,17 @@ def print_swap_wear(swaps, step_bytes, nvme_written, steps):
               f"{fmt_bytes(step_bytes.get(s.path, 0) / steps)} per step; read {fmt_bytes(s.bytes_read_total)}")
 
 
+def check_corpus(args, stream, micro):
+    """The corpus is long enough for --seq-len windows and --eval-batches
+    held-out batches of `micro` windows each (data.TokenStream's splits)."""
+    n = args.seq_len
+    spacing = max(1, (len(stream.val) - n - 1) // max(1, micro * args.eval_batches))
+    if len(stream.train) < n + 2 or (args.eval_batches - 1) * micro * spacing + n > len(stream.val):
+        raise UsageError(f"the corpus ({len(stream.train)} bytes to train on, {len(stream.val)} held out) is too "
+                         f"short for --seq-len {n} with --eval-batches {args.eval_batches} of {micro}: give a "
+                         f"shorter --seq-len, fewer --eval-batches or a larger --corpus")
+
+
 def evaluate(model, batches, hf, engine):
     model.eval()
     total = 0.0
@@ -226,23 +306,173 @@ def evaluate(model, batches, hf, engine):
     return total / len(batches)
 
 
+# strata's errors that come from the input (the config, the budgets it sets,
+# the paths and files named): exit 2. The rest (I/O faults, data loss,
+# internal errors, memory the system would not give) are run-time errors: exit 1.
+INPUT_ERRORS = (strata.errors.InvalidArgument, strata.errors.NotFound, strata.errors.AlreadyExists,
+                strata.errors.PermissionDenied, strata.errors.ResourceExhausted, strata.errors.FailedPrecondition,
+                strata.errors.OutOfRange, strata.errors.Unimplemented)
+
+
 def main(argv=None):
     args = parse_args(argv)
-    with StopSignals() as stop:
-        return run(args, stop)
+    try:
+        with StopSignals() as stop:
+            return run(args, stop)
+    except UsageError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    except strata.errors.Error as e:
+        # NotFetched is the adapter's report of a program bug: its traceback stays.
+        if args.debug or isinstance(e, strata.errors.NotFetched):
+            raise
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2 if isinstance(e, INPUT_ERRORS) else 1
+
+
+def read_config(args):
+    """The config as a dict, checked by strata's own bounded reader
+    (strata.engine.config_resolve: syntax, nesting, every key) before
+    anything is built; raises UsageError naming the file."""
+    path = args.config or DEFAULT_CONFIG
+    if os.path.isdir(path):
+        raise UsageError(f"--config {path}: is a directory, not a config file")
+    if not os.path.exists(path):
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read it: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--config {path}: not UTF-8 text (byte {e.start})") from None
+    if not text.lstrip().startswith("{"):
+        raise UsageError(f"--config {path}: not a JSON object (a config is one: {{...}})")
+    try:
+        resolved = strata.engine.config_resolve(text)
+    except strata.errors.Error as e:
+        raise UsageError(f"--config {path}: {e}") from None
+    return json.loads(text), resolved  # the text passed the bounded reader: its depth is bounded
+
+
+def swap_paths(config, resolved):
+    """(config key, path) of each swap directory the engine will open: none
+    when nothing lives on nvme; else strata.io.paths, or the nvme placements'
+    nvme_path (docs/config.md, "Precedence")."""
+    zero = resolved.get("zero_optimization", {})
+    placements = [k for k in ("offload_optimizer", "offload_param") if zero.get(k, {}).get("device") == "nvme"]
+    if not placements:
+        return []
+    paths = config.get("strata", {}).get("io", {}).get("paths")
+    if isinstance(paths, str):
+        return [("strata.io.paths", paths)]
+    if paths:
+        return [(f"strata.io.paths[{i}]", p) for i, p in enumerate(paths)]
+    out = []
+    for k in placements:
+        p = config.get("zero_optimization", {}).get(k, {}).get("nvme_path") or "/local_nvme"
+        if p not in [q for _, q in out]:
+            out.append((f"zero_optimization.{k}.nvme_path", p))
+    return out
+
+
+def check_swap_paths(args, config, resolved):
+    """The default config's swap directory is created (one level, as
+    strata-train and scripts/run.sh make ./strata_swap); an explicit config's
+    must exist: a missing one is a UsageError naming the key and the path."""
+    for key, path in swap_paths(config, resolved):
+        if os.path.isdir(path):
+            continue
+        if args.config is None and not os.path.exists(path):
+            try:
+                os.mkdir(path)
+            except OSError as e:
+                sys.exit(f"{PROG}: cannot create the default config's swap directory {path}: {e.strerror}")
+            continue
+        what = "is not a directory" if os.path.exists(path) else "does not exist"
+        raise UsageError(f"--config {args.config or DEFAULT_CONFIG}: {key} {path} {what}: create the directory "
+                         f"or point {key} at one")
+
+
+def check_output_dir(flag, path, need_bytes, what):
+    """As strata-train checks its output folders: creates `path` (and its
+    parents) when missing, checks that a file can be created in it and that
+    its file system has `need_bytes` free; raises UsageError naming `flag`."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot create the directory: {e.strerror}") from None
+    try:  # a file made and removed: also right for root, whom os.access(W_OK) waves through
+        fd, probe = tempfile.mkstemp(prefix=".train_llama-write-check-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write into the directory: {e.strerror}") from None
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    if free < need_bytes:
+        raise UsageError(f"{flag} {path}: {fmt_bytes(free)} free ({free} bytes), but {what} needs "
+                         f"{fmt_bytes(need_bytes)} ({need_bytes} bytes): free some space or choose another folder")
+
+
+def check_outputs(args, cfg, resolved):
+    """--checkpoint (when saving) and --export, before the model is built:
+    room for one checkpoint (up to 4 bytes per parameter for the compute copy
+    plus 12 for the fp32 master and two moments, docs/checkpoints.md) or one
+    export (2 bytes per parameter in bf16, else 4)."""
+    n = cfg.param_count()
+    if args.checkpoint and args.save_every:
+        check_output_dir("--checkpoint", args.checkpoint, 16 * n,
+                         f"one checkpoint of {n} parameters (up to 16 bytes each)")
+    if args.export:
+        per = 2 if resolved.get("bf16", {}).get("enabled") else 4
+        check_output_dir("--export", args.export, per * n, f"one export of {n} parameters ({per} bytes each)")
+
+
+def checkpoint_step(root):
+    """The step that root/latest names ("step-<N> <crc>"), or None when it
+    cannot be read so (the engine's load then says why)."""
+    latest = os.path.join(root, "latest")
+    if not os.path.lexists(latest):
+        raise UsageError(f"--resume: {root} holds no checkpoint ({latest} does not exist)")
+    try:
+        with open(latest, "rb") as f:
+            m = re.match(rb"step-([0-9]{1,18})[ \n]", f.read(4096))
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def check_resume_steps(args, step, where):
+    if args.steps < step:
+        raise UsageError(f"--steps {args.steps} is below the checkpoint's step {step} ({where}): --steps is the "
+                         f"step the run ends at, counted from its start; give --steps {step} or more")
 
 
 def run(args, stop):
     torch.manual_seed(args.seed)
-    with open(args.config) as f:
-        config = json.load(f)
+    config, resolved = read_config(args)
+    check_swap_paths(args, config, resolved)
     micro = int(config.get("train_micro_batch_size_per_gpu", 8))
     cfg = llama.config_for(args.size, vocab_size=data.VOCAB_SIZE, tie_word_embeddings=args.tie,
                            max_position_embeddings=max(2048, args.seq_len))
     if args.layers:
         cfg.num_hidden_layers = args.layers
-    text = data.load_corpus(args.corpus)
+    check_outputs(args, cfg, resolved)
+    if args.resume:
+        step = checkpoint_step(args.checkpoint)
+        if step is not None:
+            check_resume_steps(args, step, os.path.join(args.checkpoint, "latest"))
+    try:
+        text = data.load_corpus(args.corpus)
+    except FileNotFoundError as e:
+        raise UsageError(f"--corpus: {e}") from None
     stream = data.TokenStream(text, args.seq_len, seed=args.seed)
+    check_corpus(args, stream, micro)
 
     t0 = time.perf_counter()
     device = build_device(args, cfg)
@@ -268,6 +498,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         state = engine.load_checkpoint(args.checkpoint)  # strata: the whole state, any placement
         stream.restore(state["data"])
         first_step = state["step"]
+        check_resume_steps(args, first_step, args.checkpoint)  # (nothing saved yet: the folder is unchanged)
         print(f"resumed from {args.checkpoint} at step {first_step}")
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {cfg.num_hidden_layers} "
           f"layers, hidden {cfg.hidden_size}; {len(engine.groups)} fetch groups on the {engine.device} device "
@@ -345,7 +576,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             out = model.generate(prompt, args.sample, temperature=0.8,
                                  generator=torch.Generator(device=engine.torch_device).manual_seed(args.seed))
         print("sample: " + repr(data.decode(out[0].tolist())))
-    if args.checkpoint and args.save_every:
+    if args.checkpoint and args.save_every and steps_run:  # (a resumed run that ran no step has nothing new)
         engine.save_checkpoint(args.checkpoint, client_state={"data": stream.state(), "step": args.steps})
     if args.export:
         engine.export(args.export, dtype="bf16" if engine.dtype == torch.bfloat16 else "f32")
