@@ -102,6 +102,14 @@ core::Result<Config> parse_config_unsafe(std::string_view text, const ParseOptio
 
 }  // namespace
 
+std::optional<ScheduleRuleBroken> broken_schedule_rule(const SchedulerConfig& c) {
+  if (c.type != SchedulerType::kWarmupCosineLR) return std::nullopt;
+  const std::int64_t warmup = std::max<std::int64_t>(2, c.warmup_num_steps);
+  if (c.total_num_steps > warmup) return std::nullopt;
+  return ScheduleRuleBroken{"total_num_steps", str_cat("WarmupCosineLR needs more steps than warmup_num_steps (",
+                                                       warmup, " after DeepSpeed's minimum of 2)")};
+}
+
 std::vector<std::string> Config::swap_paths() const {
   const bool optimizer_nvme = zero.offload_optimizer.device == OffloadDevice::kNvme;
   const bool param_nvme = zero.offload_param.device == OffloadDevice::kNvme;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +79,16 @@ struct SchedulerConfig {
 
   friend bool operator==(const SchedulerConfig&, const SchedulerConfig&) = default;
 };
+
+// The rule a schedule's numbers keep beyond each key's own range: DeepSpeed's
+// WarmupCosineLR needs more steps than its warmup (at least 2). The key under
+// scheduler.params and what it needs, or nullopt. One rule for the parser
+// (strata config, the C API's create, the Python adapter) and LrSchedule.
+struct ScheduleRuleBroken {
+  std::string_view key;
+  std::string expected;
+};
+std::optional<ScheduleRuleBroken> broken_schedule_rule(const SchedulerConfig& c);
 
 // "fp16": {...}: DeepSpeed's dynamic loss scaler.
 struct Fp16Config {

@@ -44,14 +44,11 @@ core::Result<LrSchedule> LrSchedule::create(const SchedulerConfig& c, double opt
                  str_cat("required by ", to_string(c.type), " (a step count > 0)").c_str());
     }
   }
+  if (const std::optional<ScheduleRuleBroken> broken = broken_schedule_rule(c)) {
+    return Status::invalid_argument(
+        str_cat("scheduler.params.", broken->key, " = ", c.total_num_steps, ": ", broken->expected));
+  }
   if (c.type == SchedulerType::kWarmupCosineLR) {
-    const std::int64_t warmup = std::max<std::int64_t>(2, c.warmup_num_steps);
-    if (c.total_num_steps <= warmup) {
-      return bad("total_num_steps", static_cast<double>(c.total_num_steps),
-                 str_cat("WarmupCosineLR needs more steps than warmup_num_steps (", warmup,
-                         " after DeepSpeed's minimum of 2)")
-                     .c_str());
-    }
     if (!(c.warmup_min_ratio >= 0.0 && c.warmup_min_ratio <= 1.0)) {
       return bad("warmup_min_ratio", c.warmup_min_ratio, "expected a ratio in [0, 1]");
     }

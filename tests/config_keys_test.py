@@ -21,7 +21,7 @@ CONFIGS = [
      "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "nvme_path": "/x", "pin_memory": True},
                            "offload_optimizer": {"device": "nvme", "nvme_path": "/y", "pin_memory": True}},
      "strata": {"io": {"paths": ["/z"]}}},
-    {"train_batch_size": 1, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10}}},
+    {"train_batch_size": 1, "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 2000}}},
 ]
 # A stale name in a file being changed in parallel: (file, key) -> why. The
 # test fails when an entry no longer occurs, so that it is removed.

@@ -312,6 +312,11 @@ Status parse_scheduler(ObjectReader& root, Context& ctx, const OptimizerConfig& 
                                         " needs it (the number of "
                                         "optimizer steps of the run)"));
     }
+    if (ctx.ok()) {
+      if (const std::optional<ScheduleRuleBroken> broken = broken_schedule_rule(*s)) {
+        p.fail(broken->key, str_cat(s->total_num_steps, ": ", broken->expected));
+      }
+    }
     if (ctx.ok() && s->total_num_steps < s->warmup_num_steps) {
       p.warn("total_num_steps", str_cat(s->total_num_steps, " is less than warmup_num_steps (",
                                         s->warmup_num_steps, "): the decay never starts"));

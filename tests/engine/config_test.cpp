@@ -422,6 +422,15 @@ TEST(Config, SchedulerErrorsNameKeyAndValue) {
   expect_error(doc(R"("scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10,
                    "cos_min_ratio": 1.5}})"),
                {"scheduler.params.cos_min_ratio: 1.5 must be in [0, 1]"});
+  // The rule across keys that LrSchedule keeps too (engine/config.h's
+  // broken_schedule_rule): refused by the parser, so `strata config` and
+  // create agree with training (before, the config was valid and the engine
+  // refused it).
+  expect_error(doc(R"("scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10,
+                   "warmup_num_steps": 10}})"),
+               {"scheduler.params.total_num_steps: 10: WarmupCosineLR needs more steps than warmup_num_steps (10"});
+  EXPECT_TRUE(parse_config(doc(R"("scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 11,
+                   "warmup_num_steps": 10}})")).ok());
 }
 
 TEST(Config, WarmupLRWithoutMaxLrWarmsUpToTheOptimizerLr) {
