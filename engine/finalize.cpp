@@ -1,6 +1,7 @@
 // Engine::finalize: the layout, the budgets checked up front (with each
-// schedule's extra memory), every state allocated in its home tier, the
-// initial values streamed in group by group, and the step's rooms created.
+// schedule's extra memory; counted from the layout's chunk runs), every state
+// allocated in its home tier, the initial values streamed in group by group,
+// and the step's rooms created.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -38,11 +39,13 @@ ExtraShape extra_shape(const Layout& layout) {
   for (const GroupPlace& gp : layout.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     if (gp.chunk_count > 0) shape.trainable_group_compute_bytes += compute;
-    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
-      if (layout.chunks[c].state_tier != Tier::kNvme) continue;
-      shape.nvme_group_compute_bytes += compute;
-      break;
-    }
+  }
+  // Each group with a chunk on nvme once (runs come in group order).
+  std::size_t counted = layout.groups.size();
+  for (const ChunkRun& r : layout.chunk_runs) {
+    if (r.state_tier != Tier::kNvme || r.group == counted) continue;
+    counted = r.group;
+    shape.nvme_group_compute_bytes += static_cast<std::uint64_t>(layout.groups[r.group].compute_elems) * cb;
   }
   return shape;
 }
@@ -61,8 +64,10 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
       bytes += aligned(g.compute_elems, static_cast<std::uint64_t>(layout.compute_bytes));
     }
   }
-  for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kNvme) bytes += (two_versions ? 2 : 1) * aligned(c.elems, layout.optimizer.bytes_per_elem());
+  for (const ChunkRun& r : layout.chunk_runs) {
+    if (r.state_tier == Tier::kNvme) {
+      bytes += r.count * (two_versions ? 2 : 1) * aligned(r.elems, layout.optimizer.bytes_per_elem());
+    }
   }
   return bytes;
 }
@@ -89,9 +94,9 @@ DeviceWorking device_working_bytes(const Layout& layout, std::uint64_t align) {
     w.one_buffer = std::max({w.one_buffer, fetched, grads});
     w.with_gradients = std::max(w.with_gradients, fetched + grads);
   }
-  for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier != Tier::kDevice) continue;
-    const auto elems = static_cast<std::uint64_t>(c.elems);
+  for (const ChunkRun& r : layout.chunk_runs) {
+    if (r.state_tier != Tier::kDevice) continue;
+    const auto elems = static_cast<std::uint64_t>(r.elems);
     const std::uint64_t step = buffer(elems * gb) + buffer(elems * cb);
     w.one_buffer = std::max(w.one_buffer, step);
     w.with_gradients = std::max(w.with_gradients, step);
@@ -109,8 +114,8 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
     bytes += core::align_up(static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout.compute_bytes),
                             align);
   }
-  for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kDevice) bytes += core::align_up(layout.state_bytes(c), align);
+  for (const ChunkRun& r : layout.chunk_runs) {
+    if (r.state_tier == Tier::kDevice) bytes += r.count * core::align_up(layout.state_bytes(r), align);
   }
   return bytes;
 }
@@ -161,10 +166,15 @@ void Engine::release_after_failed_finalize() {
 }
 
 core::Status Engine::finalize_locked() {
-  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout(registry_.params, registry_.optimizer_groups, config_));
+  // The layout's chunks are counted from their runs until the budgets and
+  // the swap space are known to hold them; only then are they listed (one
+  // entry per chunk), so a model far over the budgets is refused from memory
+  // bounded by its parameters and groups.
+  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_));
   STRATA_RETURN_IF_ERROR(check_initial_values());
   STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
   if (needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(needs));
+  expand_chunks(layout_);
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_));
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GradientPath> gradients,

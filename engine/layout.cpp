@@ -30,8 +30,8 @@ std::int64_t ParamDesc::numel() const {
   return n;
 }
 
-core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<OptimizerGroupDesc> optimizer_groups,
-                                 const Config& config) {
+core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
+                                      std::vector<OptimizerGroupDesc> optimizer_groups, const Config& config) {
   if (params.empty()) return Status::invalid_argument("no parameters registered");
   if (optimizer_groups.empty()) optimizer_groups.push_back({"default", config.optimizer.weight_decay, 1.0});
   Layout l;
@@ -98,28 +98,64 @@ core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<Opti
   }
   l.trainable_elems = trainable;
 
-  // Chunks, never crossing a group.
+  // Chunks, never crossing a group, each homed where the placement rule puts
+  // its first element (the offloaded share first, pinned before nvme, then
+  // the device's), listed as runs: a run ends where the rule's tier changes
+  // and before a group's last chunk when that one is shorter.
   const std::int64_t chunk_blocks =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(config.strata.chunk_bytes / 4) / kBlock);
   l.chunk_elems = chunk_blocks * kBlock;
-  for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
-    GroupPlace& g = l.groups[gi];
-    g.first_chunk = l.chunks.size();
-    for (std::int64_t off = 0; off < g.trainable_elems; off += l.chunk_elems) {
-      l.chunks.push_back({gi, g.trainable_begin + off, std::min(l.chunk_elems, g.trainable_elems - off), Tier::kDevice});
-    }
-    g.chunk_count = l.chunks.size() - g.first_chunk;
-  }
-
-  // Homes of the optimizer state, in chunk order: each chunk goes where the
-  // placement rule puts its first element (the offloaded share first,
-  // pinned before nvme, then the device's).
   const OptimizerSplit split =
       split_optimizer_state(l.trainable_elems, config.zero.offload_optimizer.device,
                             config.zero.offload_optimizer.ratio, config.strata.optimizer_cpu_fraction);
-  for (ChunkPlace& c : l.chunks) c.state_tier = split.tier_at(c.begin);
+  const std::int64_t ce = l.chunk_elems;
+  std::size_t chunk_total = 0;
+  for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
+    GroupPlace& g = l.groups[gi];
+    const std::int64_t n = (g.trainable_elems + ce - 1) / ce;  // the group's chunks
+    const std::int64_t last_elems = g.trainable_elems - (n - 1) * ce;
+    g.first_chunk = chunk_total;
+    g.chunk_count = static_cast<std::size_t>(n);
+    for (std::int64_t k = 0; k < n;) {
+      const std::int64_t begin = g.trainable_begin + k * ce;
+      // The chunks from k on that begin below the next tier boundary above `begin`.
+      std::int64_t end = n;
+      const std::int64_t boundary = begin < split.pinned_elems       ? split.pinned_elems
+                                    : begin < split.offloaded_elems() ? split.offloaded_elems()
+                                                                      : -1;
+      if (boundary >= 0) end = std::min(n, (boundary - g.trainable_begin + ce - 1) / ce);
+      if (end == n && last_elems != ce && k < n - 1) end = n - 1;  // the shorter last chunk on its own
+      l.chunk_runs.push_back({.group = gi,
+                              .first_chunk = chunk_total + static_cast<std::size_t>(k),
+                              .count = static_cast<std::size_t>(end - k),
+                              .begin = begin,
+                              .elems = k == n - 1 ? last_elems : ce,
+                              .state_tier = split.tier_at(begin)});
+      k = end;
+    }
+    chunk_total += g.chunk_count;
+  }
   l.params = std::move(params);
   l.optimizer_groups = std::move(optimizer_groups);
+  return l;
+}
+
+void expand_chunks(Layout& layout) {
+  if (!layout.chunks.empty()) return;
+  std::size_t total = 0;
+  for (const ChunkRun& r : layout.chunk_runs) total += r.count;
+  layout.chunks.reserve(total);
+  for (const ChunkRun& r : layout.chunk_runs) {
+    for (std::size_t k = 0; k < r.count; ++k) {
+      layout.chunks.push_back({r.group, r.begin + static_cast<std::int64_t>(k) * r.elems, r.elems, r.state_tier});
+    }
+  }
+}
+
+core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<OptimizerGroupDesc> optimizer_groups,
+                                 const Config& config) {
+  STRATA_ASSIGN_OR_RETURN(Layout l, plan_layout_runs(std::move(params), std::move(optimizer_groups), config));
+  expand_chunks(l);
   return l;
 }
 
@@ -168,7 +204,7 @@ TierBytes Layout::bytes() const {
   for (const GroupPlace& g : groups) {
     add(g.compute_tier, static_cast<std::uint64_t>(g.compute_elems) * static_cast<std::uint64_t>(compute_bytes));
   }
-  for (const ChunkPlace& c : chunks) add(c.state_tier, state_bytes(c));
+  for (const ChunkRun& r : chunk_runs) add(r.state_tier, r.count * state_bytes(r));
   b.pinned += static_cast<std::uint64_t>(trainable_elems) * static_cast<std::uint64_t>(grad_bytes);
   return b;
 }

@@ -16,6 +16,11 @@
 //   split_optimizer_state() (tier.h) gives the chunk's first element, so the
 //   planner's shares and the layout's agree to within a chunk.
 // - Padding elements (alignment gaps) are zero everywhere and stay zero.
+// - The chunks are also kept as runs (ChunkRun: consecutive chunks of one
+//   group with the same size and home, at most four per group), so what the
+//   layout needs per tier can be counted from memory bounded by the
+//   parameters and groups, before the chunks, one entry per chunk_bytes of
+//   the model, are listed (plan_layout_runs, expand_chunks).
 #pragma once
 
 #include <cstdint>
@@ -72,6 +77,18 @@ struct ChunkPlace {
   Tier state_tier = Tier::kDevice;  // the master and the optimizer's arrays
 };
 
+// Consecutive chunks of one group with the same size and home: chunk k of
+// the run (k < count) is Layout::chunks[first_chunk + k], {group, begin + k *
+// elems, elems, state_tier}.
+struct ChunkRun {
+  std::size_t group = 0;
+  std::size_t first_chunk = 0;  // index into Layout::chunks
+  std::size_t count = 0;        // chunks, >= 1
+  std::int64_t begin = 0;       // the first chunk's, in the trainable space
+  std::int64_t elems = 0;       // each chunk's
+  Tier state_tier = Tier::kDevice;
+};
+
 // A run of a chunk whose elements share an optimizer group.
 struct Segment {
   std::int64_t begin = 0;  // in the trainable space
@@ -91,7 +108,8 @@ struct Layout {
   std::vector<OptimizerGroupDesc> optimizer_groups;
   std::vector<ParamPlace> places;  // one per param
   std::vector<GroupPlace> groups;  // in first-registration order
-  std::vector<ChunkPlace> chunks;  // in trainable-space order
+  std::vector<ChunkPlace> chunks;  // in trainable-space order; empty until expand_chunks (plan_layout_runs)
+  std::vector<ChunkRun> chunk_runs;  // the same chunks in runs, in order; always filled
   std::int64_t chunk_elems = 0;
   std::int64_t trainable_elems = 0;  // the whole trainable space, padding included
   int compute_bytes = 2;             // per compute-copy element (config precision)
@@ -101,6 +119,10 @@ struct Layout {
   // Bytes of a chunk's state (the master and the optimizer's arrays), wherever it lives.
   std::uint64_t state_bytes(const ChunkPlace& c) const {
     return static_cast<std::uint64_t>(c.elems) * optimizer.bytes_per_elem();
+  }
+  // The same for each chunk of a run.
+  std::uint64_t state_bytes(const ChunkRun& r) const {
+    return static_cast<std::uint64_t>(r.elems) * optimizer.bytes_per_elem();
   }
 
   // The chunk's runs by optimizer group, in order; padding after a parameter
@@ -113,6 +135,7 @@ struct Layout {
     std::int64_t lo, hi;
   };
   std::vector<Piece> pieces(const ChunkPlace& chunk) const;
+  // Counted from chunk_runs: valid before expand_chunks.
   TierBytes bytes() const;
   const GroupPlace* find_group(std::string_view name) const;
 };
@@ -124,5 +147,18 @@ struct Layout {
 // not an error).
 core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<OptimizerGroupDesc> optimizer_groups,
                                  const Config& config);
+
+// plan_layout without the list of chunks: Layout::chunks is left empty and
+// every other field is filled (chunk_runs, and the groups' first_chunk and
+// chunk_count, which index the chunks expand_chunks lists). Its memory is
+// bounded by the parameters and groups, not by the elements, so a caller can
+// check what the layout needs (Layout::bytes and the like, from chunk_runs)
+// before it lists one entry per chunk (Engine::finalize). Same errors.
+core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
+                                      std::vector<OptimizerGroupDesc> optimizer_groups, const Config& config);
+
+// Lists Layout::chunks from chunk_runs (no-op when already listed);
+// plan_layout(...) is plan_layout_runs(...) then this.
+void expand_chunks(Layout& layout);
 
 }  // namespace strata::engine

@@ -19,11 +19,11 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);
     if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);
   }
-  for (const ChunkPlace& c : layout.chunks) {
-    const std::uint64_t bytes = layout.state_bytes(c);
-    if (c.state_tier != Tier::kPinned) state = std::max(state, bytes);
-    if (c.state_tier == Tier::kDevice)
-      device_chunk = std::max(device_chunk, static_cast<std::uint64_t>(c.elems) * cb);
+  for (const ChunkRun& r : layout.chunk_runs) {
+    const std::uint64_t bytes = layout.state_bytes(r);
+    if (r.state_tier != Tier::kPinned) state = std::max(state, bytes);
+    if (r.state_tier == Tier::kDevice)
+      device_chunk = std::max(device_chunk, static_cast<std::uint64_t>(r.elems) * cb);
   }
   return pinned_working({.wire_bytes = wire,
                          .packed_bytes = packed,
@@ -36,10 +36,10 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
 
 RingShape ring_shape(const Layout& layout) {
   RingShape r;
-  for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier != Tier::kNvme) continue;
-    r.slot_bytes = std::max(r.slot_bytes, ring_slot_bytes(c.elems, layout.optimizer.bytes_per_elem()));
-    ++r.nvme_chunks;
+  for (const ChunkRun& run : layout.chunk_runs) {
+    if (run.state_tier != Tier::kNvme) continue;
+    r.slot_bytes = std::max(r.slot_bytes, ring_slot_bytes(run.elems, layout.optimizer.bytes_per_elem()));
+    r.nvme_chunks += run.count;
   }
   return r;
 }

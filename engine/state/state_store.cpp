@@ -35,8 +35,8 @@ std::vector<std::uint64_t> StateStore::path_bytes(std::size_t chunk) const {
 
 std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
   std::uint64_t bytes = 0;
-  for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier == Tier::kNvme) bytes += layout.state_bytes(c);
+  for (const ChunkRun& r : layout.chunk_runs) {
+    if (r.state_tier == Tier::kNvme) bytes += r.count * layout.state_bytes(r);
   }
   return two_versions ? 2 * bytes : bytes;
 }

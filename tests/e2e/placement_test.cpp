@@ -1100,6 +1100,45 @@ TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   EXPECT_NE(s.message().find("strata.budgets.pinned"), std::string::npos) << s;
 }
 
+// A model far over the budgets: 4096 parameters of 65536 x 65536 (2^44
+// elements; listed one by one, its 2^28 chunks of one norm block would take
+// over 10 GB). finalize refuses it with the numbers and the budget's key,
+// counting from the layout's chunk runs: the chunks are never listed.
+TEST_F(Placement, AModelFarOverTheBudgetsIsRefusedBeforeItsChunksAreListed) {
+  struct Case {
+    std::uint64_t device_bytes;
+    std::string expect;
+  };
+  const Case cases[] = {
+      // One group's compute copies, fetched to the device: 2^32 x 2 B.
+      {2ull << 30, "strata.budgets.device >= 8589934592 (8.00 GiB) works"},
+      // The device holds a group; the compute homes alone are 32 TiB of pinned memory.
+      {64ull << 30, "strata.budgets.pinned allows 8.00 GiB: strata.budgets.pinned >= "},
+  };
+  for (const Case& k : cases) {
+    Config c = base();
+    c.zero.offload_param.device = OffloadDevice::kCpu;
+    c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+    c.strata.budgets.device_bytes = k.device_bytes;
+    c.strata.budgets.pinned_bytes = 8ull << 30;
+    auto created = Engine::create(c);
+    ASSERT_TRUE(created.ok()) << created.status();
+    Engine& e = **created;
+    for (int i = 0; i < 4096; ++i) {
+      const std::string name = "w" + std::to_string(i);
+      ASSERT_TRUE(e.register_param({name, {65536, 65536}, "l" + std::to_string(i)}, [](std::span<float>) {
+                     return core::Status::internal("an initial value was asked for");
+                   }).ok());
+    }
+    const core::Status s = e.finalize();
+    EXPECT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find(k.expect), std::string::npos) << s;
+    EXPECT_TRUE(e.layout().chunks.empty());
+    EXPECT_EQ(e.layout().groups.size(), 4096u);
+    EXPECT_LE(e.layout().chunk_runs.size(), 4 * e.layout().groups.size());
+  }
+}
+
 // strata.overlap "speculative" keeps a second version of the nvme state: a
 // disk budget that holds one version is enough under "exact" and refused at
 // finalize under "speculative", saying why.

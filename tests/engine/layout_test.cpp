@@ -2,6 +2,7 @@
 // per tier, against values worked out by hand.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,129 @@ TEST(Layout, BytesPerTier) {
   EXPECT_EQ(b.device, 0u);
   EXPECT_EQ(b.pinned, compute + 10 * kB * 4);
   EXPECT_EQ(b.nvme, 10u * kB * 12);
+}
+
+// The chunks as the placement rule lists them one by one: whole chunks of a
+// group in order, the last one shorter, each homed at its first element.
+std::vector<ChunkPlace> chunks_by_hand(const Layout& l, const Config& c) {
+  const OptimizerSplit split =
+      split_optimizer_state(l.trainable_elems, c.zero.offload_optimizer.device, c.zero.offload_optimizer.ratio,
+                            c.strata.optimizer_cpu_fraction);
+  std::vector<ChunkPlace> out;
+  for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
+    const GroupPlace& g = l.groups[gi];
+    for (std::int64_t off = 0; off < g.trainable_elems; off += l.chunk_elems) {
+      const std::int64_t begin = g.trainable_begin + off;
+      out.push_back({gi, begin, std::min(l.chunk_elems, g.trainable_elems - off), split.tier_at(begin)});
+    }
+  }
+  return out;
+}
+
+// Layers of a w (rows x 300) and a b (300), a frozen one in between: groups of
+// 2, 5 and 9 blocks, so chunks of 2 or 4 blocks leave a shorter last one.
+std::vector<ParamDesc> uneven_model() {
+  std::vector<ParamDesc> p;
+  const std::int64_t rows[] = {400, 1000, 1900};
+  for (int i = 0; i < 3; ++i) {
+    const std::string g = "l" + std::to_string(i);
+    p.push_back({g + ".w", {rows[i], 300}, g, true, 0});
+    p.push_back({g + ".b", {300}, g, true, 1});
+    p.push_back({g + ".frozen", {64}, "frozen" + std::to_string(i), false, 0});
+  }
+  return p;
+}
+
+TEST(Layout, ChunkRunsListTheSameChunksAsThePlacementRule) {
+  struct Case {
+    OffloadDevice optimizer;
+    double ratio, cpu_fraction;
+    std::uint64_t chunk_bytes;
+  };
+  const Case cases[] = {
+      {OffloadDevice::kNone, 1.0, 1.0, 2 * kB * 4},  {OffloadDevice::kCpu, 1.0, 1.0, 4 * kB * 4},
+      {OffloadDevice::kCpu, 0.5, 1.0, 2 * kB * 4},   {OffloadDevice::kNvme, 1.0, 0.3, 4 * kB * 4},
+      {OffloadDevice::kNvme, 0.7, 0.4, 2 * kB * 4},  {OffloadDevice::kNvme, 0.9, 0.2, kB * 4},
+      {OffloadDevice::kNvme, 0.55, 0.5, 64 * kB * 4}, {OffloadDevice::kNvme, 1.0, 0.0, 3 * kB * 4},
+  };
+  for (const Case& k : cases) {
+    Config c = config_with(k.optimizer, OffloadDevice::kCpu, k.chunk_bytes);
+    c.zero.offload_optimizer.ratio = k.ratio;
+    c.strata.optimizer_cpu_fraction = k.cpu_fraction;
+    const std::string label = std::string(to_string(tier_of(k.optimizer))) + " ratio " + std::to_string(k.ratio) +
+                              " cpu_fraction " + std::to_string(k.cpu_fraction) + " chunk " +
+                              std::to_string(k.chunk_bytes);
+    auto runs = plan_layout_runs(uneven_model(), {{"d", 0.1}, {"n", 0.0}}, c);
+    ASSERT_TRUE(runs.ok()) << runs.status();
+    EXPECT_TRUE(runs->chunks.empty()) << label;
+    EXPECT_LE(runs->chunk_runs.size(), 4 * runs->groups.size()) << label;
+    const TierBytes counted = runs->bytes();  // from the runs alone
+
+    auto l = plan_layout(uneven_model(), {{"d", 0.1}, {"n", 0.0}}, c);
+    ASSERT_TRUE(l.ok()) << l.status();
+    const std::vector<ChunkPlace> want = chunks_by_hand(*l, c);
+    ASSERT_EQ(l->chunks.size(), want.size()) << label;
+    TierBytes listed;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      const ChunkPlace& got = l->chunks[i];
+      EXPECT_EQ(got.group, want[i].group) << label << " chunk " << i;
+      EXPECT_EQ(got.begin, want[i].begin) << label << " chunk " << i;
+      EXPECT_EQ(got.elems, want[i].elems) << label << " chunk " << i;
+      EXPECT_EQ(got.state_tier, want[i].state_tier) << label << " chunk " << i;
+      (got.state_tier == Tier::kDevice ? listed.device : got.state_tier == Tier::kPinned ? listed.pinned : listed.nvme) +=
+          l->state_bytes(got);
+    }
+    for (const GroupPlace& g : l->groups) {
+      for (std::size_t i = g.first_chunk; i < g.first_chunk + g.chunk_count; ++i) {
+        EXPECT_EQ(&l->groups[l->chunks[i].group], &g) << label << " chunk " << i;
+      }
+    }
+    // Each run is its chunks, in order, and the runs' bytes are the chunks'.
+    std::size_t next = 0;
+    for (const ChunkRun& r : runs->chunk_runs) {
+      EXPECT_EQ(r.first_chunk, next) << label;
+      ASSERT_GE(r.count, 1u) << label;
+      for (std::size_t k = 0; k < r.count; ++k) {
+        EXPECT_EQ(want[r.first_chunk + k].begin, r.begin + static_cast<std::int64_t>(k) * r.elems) << label;
+        EXPECT_EQ(want[r.first_chunk + k].elems, r.elems) << label;
+        EXPECT_EQ(want[r.first_chunk + k].state_tier, r.state_tier) << label;
+        EXPECT_EQ(want[r.first_chunk + k].group, r.group) << label;
+      }
+      next += r.count;
+    }
+    EXPECT_EQ(next, want.size()) << label;
+    const TierBytes full = l->bytes();
+    EXPECT_EQ(counted.device, full.device) << label;
+    EXPECT_EQ(counted.pinned, full.pinned) << label;
+    EXPECT_EQ(counted.nvme, full.nvme) << label;
+    EXPECT_EQ(full.device, listed.device) << label;  // the compute copies are in pinned memory
+    EXPECT_EQ(full.nvme, listed.nvme) << label;
+  }
+}
+
+// A model whose chunks would take many GB to list: 4096 parameters of
+// 65536 x 65536 (2^44 elements, 2^28 chunks of one norm block). Its runs, and
+// what it needs per tier, are counted from a few per group.
+TEST(Layout, AHugeModelsRunsAreBoundedByItsGroups) {
+  std::vector<ParamDesc> params;
+  for (int i = 0; i < 4096; ++i) {
+    params.push_back({"w" + std::to_string(i), {65536, 65536}, "l" + std::to_string(i), true, 0});
+  }
+  Config c = config_with(OffloadDevice::kNvme, OffloadDevice::kCpu, kB * 4);
+  c.strata.optimizer_cpu_fraction = 0.25;
+  auto l = plan_layout_runs(std::move(params), {{"d", 0.1}}, c);
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->chunks.empty());
+  EXPECT_LE(l->chunk_runs.size(), 2u * 4096u);  // one tier boundary: one group in two runs
+  const std::uint64_t elems = 4096ull << 32;
+  EXPECT_EQ(static_cast<std::uint64_t>(l->trainable_elems), elems);
+  std::uint64_t chunks = 0;
+  for (const ChunkRun& r : l->chunk_runs) chunks += r.count;
+  EXPECT_EQ(chunks, elems / kB);
+  const TierBytes b = l->bytes();
+  EXPECT_EQ(b.device, 0u);
+  EXPECT_EQ(b.pinned, elems * 2 + elems / 4 * 12 + elems * 2);  // compute copies, a quarter's state, gradients
+  EXPECT_EQ(b.nvme, elems / 4 * 3 * 12);
 }
 
 TEST(Layout, BadRegistrationsNameTheParameter) {
