@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -177,6 +178,33 @@ bool read_params(const Json& doc, ManifestFields& f, std::string* error, std::ve
   return true;
 }
 
+// The first value of `m` no save can write, as "<field> <value> <why>", or ""
+// when every one is possible (the ranges of Verdict and LossScaler; the bounds
+// that depend on the config, such as fp16.hysteresis, are checked at load).
+std::string impossible_value(const CheckpointManifest& m) {
+  if (m.step < 0) return str_cat("step ", m.step, " is below 0 (it counts applied steps)");
+  if (m.skipped_steps < 0) return str_cat("skipped_steps ", m.skipped_steps, " is below 0 (it counts skipped steps)");
+  if (m.lr_override != -1.0 && !(std::isfinite(m.lr_override) && m.lr_override >= 0.0)) {
+    return str_cat("lr_override ", m.lr_override, " is neither -1 (no override) nor a finite rate >= 0 (set_lr's range)");
+  }
+  const CheckpointScaler& ls = m.loss_scaler;
+  if (!(std::isfinite(ls.scale) && ls.scale > 0.0)) {
+    return str_cat("loss_scaler.scale ", ls.scale, " is not a finite value > 0");
+  }
+  if (ls.iteration < 0) return str_cat("loss_scaler.iteration ", ls.iteration, " is below 0");
+  if (ls.last_overflow_iteration < -1 || ls.last_overflow_iteration >= ls.iteration) {
+    return str_cat("loss_scaler.last_overflow_iteration ", ls.last_overflow_iteration,
+                   " is outside [-1, iteration ", ls.iteration, ") (-1: no overflow yet)");
+  }
+  if (ls.hysteresis_left < 1) return str_cat("loss_scaler.hysteresis_left ", ls.hysteresis_left, " is below 1");
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    if (m.params[i].optimizer_group < 0) {
+      return str_cat("params[", i, "].optimizer_group ", m.params[i].optimizer_group, " is below 0");
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 bool parse_step_dir_name(std::string_view name, std::int64_t* step) {
@@ -308,6 +336,9 @@ core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::
   if (m.compute_dtype != "F32" && m.compute_dtype != "BF16" && m.compute_dtype != "F16") {
     return corrupt(
         str_cat("damaged: compute_dtype \"", preview(m.compute_dtype), "\" is not F32, BF16 or F16"));
+  }
+  if (const std::string impossible = impossible_value(m); !impossible.empty()) {
+    return corrupt(str_cat("damaged: ", impossible));
   }
   return m;
 }

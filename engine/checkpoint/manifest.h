@@ -39,7 +39,7 @@ struct CheckpointScaler {
   double scale = 1.0;
   std::int64_t iteration = 0;
   std::int64_t last_overflow_iteration = -1;
-  std::int64_t hysteresis_left = 0;
+  std::int64_t hysteresis_left = 1;
 
   friend bool operator==(const CheckpointScaler&, const CheckpointScaler&) = default;
 };
@@ -73,7 +73,12 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m);
 // bounded (engine/config/json_bounds.h) and names in messages are cut to a
 // preview. Errors, each naming `path`: kDataLoss for a checksum mismatch, a
 // damaged or missing checksum line (in a version-2 file), invalid JSON, or
-// content of the wrong shape; kFailedPrecondition for a version newer than
+// content of the wrong shape, or a value no save writes (step or
+// skipped_steps below 0, lr_override neither -1 nor finite and >= 0, a loss
+// scale not finite and > 0, loss_scaler.iteration below 0,
+// last_overflow_iteration outside [-1, iteration), hysteresis_left below 1,
+// an optimizer_group below 0, a compute_dtype other than F32, BF16, F16: the
+// message names the field and its value); kFailedPrecondition for a version newer than
 // this build reads (both versions named). A version-1 manifest (no checksum)
 // parses with version == 1. Pure; thread-safe; no input crashes, hangs or
 // costs more than a small multiple of its size.

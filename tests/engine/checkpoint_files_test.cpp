@@ -193,6 +193,45 @@ TEST(LatestPointer, EveryFlippedBitIsDataLossNamingTheFile) {
   }
 }
 
+// A manifest edited by hand with its checksum recomputed still cannot carry a
+// value no save writes: DATA_LOSS naming the file, the field and the value.
+TEST(CheckpointManifest, ImpossibleValuesAreDataLossNamingTheFieldAndTheFile) {
+  const std::string text = format_checkpoint_manifest(sample_manifest());
+  const std::string path = "/ck/step-8/manifest.json";
+  const struct {
+    const char* from;
+    const char* to;
+    const char* field;
+  } cases[] = {
+      {"\"step\": 8", "\"step\": -7", "step -7"},
+      {"\"skipped_steps\": 1", "\"skipped_steps\": -1", "skipped_steps -1"},
+      {"\"lr_override\": -1.0", "\"lr_override\": -2.0", "lr_override -2"},
+      {"\"lr_override\": -1.0", "\"lr_override\": -0.5", "lr_override -0.5"},
+      {"\"scale\": 1.0", "\"scale\": 0.0", "loss_scaler.scale 0"},
+      {"\"scale\": 1.0", "\"scale\": -4.0", "loss_scaler.scale -4"},
+      {"\"iteration\": 9", "\"iteration\": -1", "loss_scaler.iteration -1"},
+      {"\"last_overflow_iteration\": 3", "\"last_overflow_iteration\": -2", "loss_scaler.last_overflow_iteration -2"},
+      {"\"last_overflow_iteration\": 3", "\"last_overflow_iteration\": 9", "loss_scaler.last_overflow_iteration 9"},
+      {"\"hysteresis_left\": 2", "\"hysteresis_left\": 0", "loss_scaler.hysteresis_left 0"},
+      {"\"optimizer_group\": 1", "\"optimizer_group\": -3", "params[1].optimizer_group -3"},
+      {"\"compute_dtype\": \"BF16\"", "\"compute_dtype\": \"F8\"", "compute_dtype \"F8\""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.to);
+    auto r = parse_checkpoint_manifest(bytes_of(rechecksum(replace_once(text, c.from, c.to))), path);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    EXPECT_EQ(r.status().message().rfind(path + ": damaged: ", 0), 0u) << r.status();
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status();
+  }
+  // The values a save writes: no override, a rate of 0, no overflow yet.
+  for (const auto& [from, to] : {std::pair{"\"lr_override\": -1.0", "\"lr_override\": 0.0"},
+                                 std::pair{"\"last_overflow_iteration\": 3", "\"last_overflow_iteration\": -1"}}) {
+    auto r = parse_checkpoint_manifest(bytes_of(rechecksum(replace_once(text, from, to))), path);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+}
+
 class CheckpointLocate : public ::testing::Test {
  protected:
   void SetUp() override {
