@@ -107,8 +107,14 @@ struct CheckpointLocation {
 // `root_or_dir` is a checkpoint root (holding `latest`, which is followed) or
 // a step folder (holding manifest.json). Reads and checks `latest` and the
 // manifest; a version-1 checkpoint is logged at warn level (its manifest and
-// pointer carry no checksum). Errors: kNotFound when `root_or_dir` holds
-// neither file (both named); kDataLoss naming `latest` when it is damaged, names
+// pointer carry no checksum). A newer step-<N> folder beside the one `latest`
+// names is not taken (latest is a save's commit point) but named at warn
+// level. A root without `latest` (a save ended before writing it): its newest
+// complete step-<N> folder (manifest parses, the CRC64s of state.safetensors
+// and framework.bin, read whole, match), logged at warn level with the
+// folders passed over and why; `latest_path` is then "". Errors: kNotFound
+// when `root_or_dir` holds neither file and no complete step-<N> folder (the
+// root named, and each folder's fault); kDataLoss naming `latest` when it is damaged, names
 // a folder without a manifest, or is a version-1 pointer to a version-2
 // checkpoint; the manifest's errors (parse_checkpoint_manifest); I/O errors
 // naming the file.

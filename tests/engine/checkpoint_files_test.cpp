@@ -246,6 +246,19 @@ class CheckpointLocate : public ::testing::Test {
     std::ofstream(p, std::ios::binary) << text;
   }
   std::string root() const { return root_.string(); }
+  // A whole checkpoint <root>/step-<step>: its files and a manifest with their CRC64s.
+  void write_complete(std::int64_t step) {
+    const fs::path dir = root_ / ("step-" + std::to_string(step));
+    const std::string state = "state of step " + std::to_string(step);
+    const std::string framework = "loader at " + std::to_string(step);
+    write(dir / "state.safetensors", state);
+    write(dir / "framework.bin", framework);
+    CheckpointManifest m = sample_manifest();
+    m.step = step;
+    m.state_crc64 = nvme::crc64(0, bytes_of(state));
+    m.framework_crc64 = nvme::crc64(0, bytes_of(framework));
+    write(dir / "manifest.json", format_checkpoint_manifest(m));
+  }
   fs::path root_;
 };
 
@@ -354,6 +367,70 @@ TEST_F(CheckpointLocate, RetentionAndInterruptedSavesOnDisk) {
   EXPECT_NE(infos[0].find(".step-12.tmp"), std::string::npos) << infos[0];
   EXPECT_NE(infos[0].find("interrupted"), std::string::npos) << infos[0];
   EXPECT_NE(infos[1].find("step-2"), std::string::npos) << infos[1];
+}
+
+// Without latest (a save killed before it wrote the first one) the newest
+// complete step-<N> folder is loaded, with a warning naming it; a damaged one
+// is passed over; none complete is NOT_FOUND naming the root. A latest that
+// names an older folder is still followed (it is the commit point), with a
+// warning naming the newer one; one that names a damaged folder is DATA_LOSS.
+TEST_F(CheckpointLocate, WithoutLatestTheNewestCompleteFolderLoads) {
+  write_complete(2);
+  write_complete(4);
+  write(root_ / ".step-6.tmp" / "manifest.json", "partial");
+  std::vector<std::string> warnings;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kWarn) warnings.emplace_back(message);
+  });
+  auto loc = locate_checkpoint(root());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-4");
+  EXPECT_EQ(loc->latest_path, "");
+  EXPECT_EQ(loc->manifest.step, 4);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(root() + "/latest is missing"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("loading " + root() + "/step-4"), std::string::npos) << warnings[0];
+
+  // latest names step-2: followed, and step-4 named.
+  warnings.clear();
+  write(root_ / "latest", format_latest_pointer("step-2"));
+  loc = locate_checkpoint(root());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-2");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(root() + "/step-4 is newer"), std::string::npos) << warnings[0];
+  // latest names the newest: no warning, as before.
+  warnings.clear();
+  write(root_ / "latest", format_latest_pointer("step-4"));
+  ASSERT_TRUE(locate_checkpoint(root()).ok());
+  EXPECT_TRUE(warnings.empty());
+  fs::remove(root_ / "latest");
+
+  // step-4's framework file damaged: step-2, and the warning says why step-4 was passed over.
+  write(root_ / "step-4" / "framework.bin", "loader at 5");
+  warnings.clear();
+  loc = locate_checkpoint(root());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-2");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("step-4/framework.bin: CRC64 mismatch"), std::string::npos) << warnings[0];
+
+  // latest naming the damaged step-4 is not passed over: the load's check finds it.
+  write(root_ / "step-4" / "manifest.json", "damaged");
+  write(root_ / "latest", format_latest_pointer("step-4"));
+  EXPECT_EQ(locate_checkpoint(root()).status().code(), StatusCode::kDataLoss);
+  fs::remove(root_ / "latest");
+
+  // Nothing complete: NOT_FOUND naming the root and each folder's fault.
+  fs::remove(root_ / "step-2" / "state.safetensors");
+  warnings.clear();
+  auto r = locate_checkpoint(root());
+  core::set_log_sink({});
+  EXPECT_TRUE(warnings.empty());
+  ASSERT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
+  EXPECT_NE(r.status().message().find("no complete checkpoint at " + root()), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("step-2: "), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("step-4: "), std::string::npos) << r.status();
 }
 
 }  // namespace
