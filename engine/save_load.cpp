@@ -369,7 +369,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
   state.hysteresis_left = m.loss_scaler.hysteresis_left;
   if (const Status fits = step_->verdict().check_restore(state); !fits.ok()) {
-    return Status::failed_precondition(str_cat(dir, "/manifest.json: loss_scaler: ", fits.message(),
+    return Status::failed_precondition(str_cat(dir, "/manifest.json: ", fits.message(),
                                                ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
   }
   // Every check passed: from here on the load replaces the engine's state.
