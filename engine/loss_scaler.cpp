@@ -44,19 +44,25 @@ core::Result<LossScaler> LossScaler::create(const Fp16Config& c) {
   return LossScaler(c, true);
 }
 
-Status LossScaler::restore(const State& s) {
+Status LossScaler::check(const State& s) const {
   if (!(s.scale > 0.0) || !std::isfinite(s.scale)) {
     return Status::invalid_argument(str_cat("loss scaler state: scale ", s.scale, " is not a finite value > 0"));
   }
   const std::int64_t max_hysteresis = dynamic_ ? config_.hysteresis : 1;
   if (s.hysteresis_left < 1 || s.hysteresis_left > max_hysteresis) {
-    return Status::invalid_argument(str_cat("loss scaler state: hysteresis ", s.hysteresis_left,
-                                            " outside [1, ", max_hysteresis, "] (fp16.hysteresis)"));
+    return Status::invalid_argument(str_cat("loss scaler state: hysteresis_left ", s.hysteresis_left,
+                                            " is outside [1, ", max_hysteresis,
+                                            "] (fp16.hysteresis when the scale is dynamic, else 1)"));
   }
   if (s.iteration < 0 || s.last_overflow_iteration < -1 || s.last_overflow_iteration >= s.iteration) {
     return Status::invalid_argument(str_cat("loss scaler state: iteration ", s.iteration, " and last overflow ",
                                             s.last_overflow_iteration, " are inconsistent"));
   }
+  return Status();
+}
+
+Status LossScaler::restore(const State& s) {
+  STRATA_RETURN_IF_ERROR(check(s));
   state_ = s;
   return Status();
 }

@@ -50,6 +50,8 @@ class LossScaler {
   // Restores a checkpointed state. kInvalidArgument if it is not one this
   // configuration could reach (scale <= 0, hysteresis outside [1, hysteresis]).
   core::Status restore(const State& state);
+  // What restore would refuse, without changing anything.
+  core::Status check(const State& state) const;
 
   // Records one step's verdict on its gradients and says what to do with the
   // step. Error (kFailedPrecondition, state unchanged): an overflow with a

@@ -362,6 +362,16 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       }
     }
   }
+  // The loss scaler's state must be one this config reaches (fp16.hysteresis bounds hysteresis_left).
+  LossScaler::State state;
+  state.scale = m.loss_scaler.scale;
+  state.iteration = m.loss_scaler.iteration;
+  state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
+  state.hysteresis_left = m.loss_scaler.hysteresis_left;
+  if (const Status fits = step_->verdict().check_restore(state); !fits.ok()) {
+    return Status::failed_precondition(str_cat(dir, "/manifest.json: ", fits.message(),
+                                               ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
+  }
   // Every check passed: from here on the load replaces the engine's state.
   fetcher_->drop_copies(DropCopies::kAll);  // they hold compute copies the load replaces
   STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());  // nothing may still read the homes it writes
@@ -391,11 +401,6 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       return Status();
     }));
   }
-  LossScaler::State state;
-  state.scale = m.loss_scaler.scale;
-  state.iteration = m.loss_scaler.iteration;
-  state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
-  state.hysteresis_left = m.loss_scaler.hysteresis_left;
   STRATA_RETURN_IF_ERROR(step_->verdict().restore(state, m.step, m.skipped_steps, m.lr_override));
   step_->forget_traffic();  // the load's traffic is not a step's
   return blob;

@@ -6,8 +6,12 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
@@ -17,6 +21,7 @@
 #include "engine/checkpoint/manifest_json.h"
 #include "engine/config/json_bounds.h"
 #include "engine/checkpoint/file_io.h"
+#include "engine/checkpoint/inspect.h"
 #include "nvme/crc64.h"
 
 namespace strata::engine {
@@ -177,6 +182,117 @@ bool read_params(const Json& doc, ManifestFields& f, std::string* error, std::ve
   return true;
 }
 
+// The first value of `m` no save can write, as "<field> <value> <why>", or ""
+// when every one is possible (the ranges of Verdict and LossScaler; the bounds
+// that depend on the config, such as fp16.hysteresis, are checked at load).
+std::string impossible_value(const CheckpointManifest& m) {
+  if (m.step < 0) return str_cat("step ", m.step, " is below 0 (it counts applied steps)");
+  if (m.skipped_steps < 0) return str_cat("skipped_steps ", m.skipped_steps, " is below 0 (it counts skipped steps)");
+  if (m.lr_override != -1.0 && !(std::isfinite(m.lr_override) && m.lr_override >= 0.0)) {
+    return str_cat("lr_override ", m.lr_override, " is neither -1 (no override) nor a finite rate >= 0 (set_lr's range)");
+  }
+  const CheckpointScaler& ls = m.loss_scaler;
+  if (!(std::isfinite(ls.scale) && ls.scale > 0.0)) {
+    return str_cat("loss_scaler.scale ", ls.scale, " is not a finite value > 0");
+  }
+  if (ls.iteration < 0) return str_cat("loss_scaler.iteration ", ls.iteration, " is below 0");
+  if (ls.last_overflow_iteration < -1 || ls.last_overflow_iteration >= ls.iteration) {
+    return str_cat("loss_scaler.last_overflow_iteration ", ls.last_overflow_iteration,
+                   " is outside [-1, iteration ", ls.iteration, ") (-1: no overflow yet)");
+  }
+  if (ls.hysteresis_left < 1) return str_cat("loss_scaler.hysteresis_left ", ls.hysteresis_left, " is below 1");
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    if (m.params[i].optimizer_group < 0) {
+      return str_cat("params[", i, "].optimizer_group ", m.params[i].optimizer_group, " is below 0");
+    }
+  }
+  return "";
+}
+
+// Whether <dir> (a step folder) is a whole checkpoint: its manifest parses and
+// the CRC64s of its state and framework files match it (read whole).
+core::Result<CheckpointManifest> complete_checkpoint(const std::string& dir, const IoConfig& io) {
+  const std::string manifest = dir + "/manifest.json";
+  STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,
+                          read_small_file(manifest, kMaxCheckpointManifestBytes, io));
+  STRATA_ASSIGN_OR_RETURN(CheckpointManifest m, parse_checkpoint_manifest(bytes, manifest));
+  for (const auto& [file, want] : {std::pair{"/state.safetensors", m.state_crc64},
+                                   std::pair{"/framework.bin", m.framework_crc64}}) {
+    const std::string path = dir + file;
+    STRATA_ASSIGN_OR_RETURN(const auto crc_and_size, file_crc64(path));
+    if (crc_and_size.first != want) {
+      return Status::data_loss(str_cat(path, ": CRC64 mismatch: its ", crc_and_size.second, " bytes give ",
+                                       crc64_hex(crc_and_size.first), ", the manifest records ", crc64_hex(want),
+                                       " (the file is damaged or truncated)"));
+    }
+  }
+  return m;
+}
+
+// The step-<N> folders in `root` (N, name), in no order; none when it cannot be listed.
+std::vector<std::pair<std::int64_t, std::string>> step_folders(const std::string& root) {
+  std::vector<std::pair<std::int64_t, std::string>> out;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::int64_t step = 0;
+    const std::string name = it->path().filename().string();
+    std::error_code dir_ec;
+    if (parse_step_dir_name(name, &step) && it->is_directory(dir_ec)) out.emplace_back(step, name);
+  }
+  return out;
+}
+
+// `latest` is the commit point of a save: a newer step-<N> folder beside the
+// one it names (a save that ended between its rename and replacing latest, or
+// a run resumed from an older checkpoint that saved below it) is not loaded
+// in its place, but named at warn level.
+void warn_of_newer_folders(const std::string& root, const std::string& latest, const std::string& named) {
+  std::int64_t named_step = 0;
+  if (!parse_step_dir_name(named, &named_step)) return;
+  std::int64_t newest = named_step;
+  for (const auto& [step, name] : step_folders(root)) {
+    if (step > newest && exists(root + "/" + name + "/manifest.json")) newest = step;
+  }
+  if (newest == named_step) return;
+  STRATA_LOG(kWarn) << latest << " names " << named << ", and " << root << "/step-" << newest
+                    << " is newer but was never made latest (a save ended before replacing latest, or a run "
+                       "resumed from an older checkpoint saved below it): loading "
+                    << named << " as latest says; name the folder to load the other";
+}
+
+// A root without `latest` (a save killed before it wrote the first one, or a
+// pointer removed): the newest step-<N> folder that is complete, logged at warn
+// level with the reason and the folders passed over. kNotFound naming the root
+// when none is.
+core::Result<CheckpointLocation> newest_complete_checkpoint(const std::string& root_or_dir, const std::string& root,
+                                                            const IoConfig& io) {
+  const std::string latest = root + "/latest";
+  std::vector<std::pair<std::int64_t, std::string>> steps = step_folders(root);
+  if (steps.empty()) {
+    return Status::not_found(str_cat("no checkpoint at ", root_or_dir, " (neither ", latest, " nor ", root,
+                                     "/manifest.json exists)"));
+  }
+  std::sort(steps.begin(), steps.end(), std::greater<>());
+  std::string passed_over;
+  for (const auto& [step, name] : steps) {
+    const std::string dir = root + "/" + name;
+    auto m = complete_checkpoint(dir, io);
+    if (!m.ok()) {
+      passed_over += str_cat(passed_over.empty() ? "" : "; ", name, ": ", m.status().message());
+      continue;
+    }
+    STRATA_LOG(kWarn) << latest << " is missing (a save ended before writing it, or it was removed): loading "
+                      << dir << ", the newest complete checkpoint"
+                      << (passed_over.empty() ? "" : str_cat(" (passed over, incomplete: ", passed_over, ")"));
+    CheckpointLocation loc;
+    loc.dir = dir;
+    loc.manifest = *std::move(m);
+    return loc;
+  }
+  return Status::not_found(str_cat("no complete checkpoint at ", root_or_dir, ": ", latest,
+                                   " does not exist and no step-<N> folder is complete (", passed_over, ")"));
+}
+
 }  // namespace
 
 bool parse_step_dir_name(std::string_view name, std::int64_t* step) {
@@ -309,6 +425,9 @@ core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::
     return corrupt(
         str_cat("damaged: compute_dtype \"", preview(m.compute_dtype), "\" is not F32, BF16 or F16"));
   }
+  if (const std::string impossible = impossible_value(m); !impossible.empty()) {
+    return corrupt(str_cat("damaged: ", impossible));
+  }
   return m;
 }
 
@@ -352,6 +471,7 @@ core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_di
     STRATA_ASSIGN_OR_RETURN(pointer, parse_latest_pointer(p, latest));
     loc.latest_path = latest;
     loc.dir = root + "/" + pointer.step_dir_name;
+    warn_of_newer_folders(root, latest, pointer.step_dir_name);
     // A save of a step that already had a folder moves the old one aside
     // (step-<N>.old) before renaming the new one in: a crash between the two
     // renames leaves latest naming a folder that is not there yet, and the
@@ -371,8 +491,9 @@ core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_di
   } else if (exists(root + "/manifest.json")) {
     loc.dir = root;
   } else {
-    return Status::not_found(str_cat("no checkpoint at ", root_or_dir, " (neither ", latest, " nor ", root,
-                                     "/manifest.json exists)"));
+    // Its manifest is read again below, so that a version-1 one is named as such.
+    STRATA_ASSIGN_OR_RETURN(const CheckpointLocation found, newest_complete_checkpoint(root_or_dir, root, io));
+    loc.dir = found.dir;
   }
   const std::string manifest = loc.dir + "/manifest.json";
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,

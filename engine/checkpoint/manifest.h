@@ -39,7 +39,7 @@ struct CheckpointScaler {
   double scale = 1.0;
   std::int64_t iteration = 0;
   std::int64_t last_overflow_iteration = -1;
-  std::int64_t hysteresis_left = 0;
+  std::int64_t hysteresis_left = 1;
 
   friend bool operator==(const CheckpointScaler&, const CheckpointScaler&) = default;
 };
@@ -73,7 +73,12 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m);
 // bounded (engine/config/json_bounds.h) and names in messages are cut to a
 // preview. Errors, each naming `path`: kDataLoss for a checksum mismatch, a
 // damaged or missing checksum line (in a version-2 file), invalid JSON, or
-// content of the wrong shape; kFailedPrecondition for a version newer than
+// content of the wrong shape, or a value no save writes (step or
+// skipped_steps below 0, lr_override neither -1 nor finite and >= 0, a loss
+// scale not finite and > 0, loss_scaler.iteration below 0,
+// last_overflow_iteration outside [-1, iteration), hysteresis_left below 1,
+// an optimizer_group below 0, a compute_dtype other than F32, BF16, F16: the
+// message names the field and its value); kFailedPrecondition for a version newer than
 // this build reads (both versions named). A version-1 manifest (no checksum)
 // parses with version == 1. Pure; thread-safe; no input crashes, hangs or
 // costs more than a small multiple of its size.
@@ -102,8 +107,14 @@ struct CheckpointLocation {
 // `root_or_dir` is a checkpoint root (holding `latest`, which is followed) or
 // a step folder (holding manifest.json). Reads and checks `latest` and the
 // manifest; a version-1 checkpoint is logged at warn level (its manifest and
-// pointer carry no checksum). Errors: kNotFound when `root_or_dir` holds
-// neither file (both named); kDataLoss naming `latest` when it is damaged, names
+// pointer carry no checksum). A newer step-<N> folder beside the one `latest`
+// names is not taken (latest is a save's commit point) but named at warn
+// level. A root without `latest` (a save ended before writing it): its newest
+// complete step-<N> folder (manifest parses, the CRC64s of state.safetensors
+// and framework.bin, read whole, match), logged at warn level with the
+// folders passed over and why; `latest_path` is then "". Errors: kNotFound
+// when `root_or_dir` holds neither file and no complete step-<N> folder (the
+// root named, and each folder's fault); kDataLoss naming `latest` when it is damaged, names
 // a folder without a manifest, or is a version-1 pointer to a version-2
 // checkpoint; the manifest's errors (parse_checkpoint_manifest); I/O errors
 // naming the file.

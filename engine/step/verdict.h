@@ -102,6 +102,8 @@ class Verdict {
   const LossScaler::State& scaler_state() const { return scaler_.state(); }
   core::Status restore(const LossScaler::State& scaler, std::int64_t applied, std::int64_t skipped,
                        double lr_override);
+  // What restore would refuse (the scaler's state for this config), changing nothing.
+  core::Status check_restore(const LossScaler::State& scaler) const { return scaler_.check(scaler); }
 
  private:
   const Config& config_;

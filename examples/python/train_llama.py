@@ -435,9 +435,16 @@ def check_outputs(args, cfg, resolved):
 
 def checkpoint_step(root):
     """The step that root/latest names ("step-<N> <crc>"), or None when it
-    cannot be read so (the engine's load then says why)."""
+    cannot be read so, or when latest is missing but step-<N> folders are there
+    (the engine's load then takes the newest complete one, or says why)."""
     latest = os.path.join(root, "latest")
     if not os.path.lexists(latest):
+        try:
+            names = os.listdir(root)
+        except OSError:
+            names = []
+        if any(re.fullmatch(r"step-[0-9]{1,18}", n) for n in names):
+            return None
         raise UsageError(f"--resume: {root} holds no checkpoint ({latest} does not exist)")
     try:
         with open(latest, "rb") as f:

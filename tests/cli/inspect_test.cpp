@@ -120,6 +120,22 @@ TEST_F(Inspect, DamagedFilesAreExitOneNamingTheFile) {
   EXPECT_NE(err_.str().find(manifest.string() + ": CRC64 mismatch"), std::string::npos) << err_.str();
 }
 
+// A manifest edited by hand with its checksum recomputed: a value no save
+// writes is exit 1 naming the file and the field, as the engine's load refuses it.
+TEST_F(Inspect, ImpossibleValueIsExitOneNamingTheFileAndTheField) {
+  const fs::path manifest = root_ / "step-7" / "manifest.json";
+  std::ifstream in(manifest, std::ios::binary);
+  std::string m((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  m.replace(m.find("\"step\": 7"), 9, "\"step\": -7");
+  const std::size_t at = m.rfind(",\n  \"manifest_crc64\": \"");
+  ASSERT_NE(at, std::string::npos);
+  m.replace(at + 23, 16, engine::crc64_hex(nvme::crc64(0, std::as_bytes(std::span<const char>(m.data(), at)))));
+  write(manifest, m);
+  EXPECT_EQ(run(root_.string(), /*verify=*/true, /*json=*/false), kInspectDamaged);
+  EXPECT_EQ(out_.str(), "");
+  EXPECT_NE(err_.str().find(manifest.string() + ": damaged: step -7 is below 0"), std::string::npos) << err_.str();
+}
+
 TEST_F(Inspect, NoCheckpointIsExitTwo) {
   EXPECT_EQ(run((root_ / "absent").string(), /*verify=*/false, /*json=*/false), kInspectBadInput);
   EXPECT_NE(err_.str().find("no checkpoint at"), std::string::npos) << err_.str();

@@ -434,6 +434,133 @@ TEST_F(Checkpoint, FlippedBitsInStateOrFrameworkAreDataLossNamingTheFile) {
   EXPECT_NE(r.status().message().find(framework), std::string::npos) << r.status();
 }
 
+// A manifest edited with its checksum recomputed ("step": -7, a negative
+// lr_override) loaded silently before. A value no save writes is now DATA_LOSS naming the file and the field; a loss scaler state this
+// engine's config cannot reach is FAILED_PRECONDITION naming them. Each
+// changes nothing in the engine, and the unedited manifest then loads.
+TEST_F(Checkpoint, ImpossibleValuesAreRefusedNamingTheFileAndTheFieldAndChangeNothing) {
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < 3; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("b")).ok());
+  train_one_step(*e, f, 3);
+  const auto after_step = read_all_state(*e);
+  const double scale = e->loss_scale();
+  const std::string manifest_path = ckpt() + "/step-3/manifest.json";
+  const std::string manifest = read_text(manifest_path);
+  auto parsed = parse_checkpoint_manifest(bytes_of(manifest), manifest_path);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const CheckpointManifest saved = *parsed;
+  ASSERT_EQ(saved.loss_scaler.hysteresis_left, 1);
+  // Each edit written back through format_checkpoint_manifest, so its checksum matches.
+  const struct {
+    void (*edit)(CheckpointManifest&);
+    const char* field;
+    core::StatusCode code;
+  } cases[] = {
+      {[](CheckpointManifest& m) { m.step = -7; }, "step -7", core::StatusCode::kDataLoss},
+      {[](CheckpointManifest& m) { m.skipped_steps = -1; }, "skipped_steps -1", core::StatusCode::kDataLoss},
+      {[](CheckpointManifest& m) { m.lr_override = -3.0; }, "lr_override -3", core::StatusCode::kDataLoss},
+      {[](CheckpointManifest& m) { m.loss_scaler.scale = 0.0; }, "loss_scaler.scale 0", core::StatusCode::kDataLoss},
+      {[](CheckpointManifest& m) { m.loss_scaler.hysteresis_left = 0; }, "loss_scaler.hysteresis_left 0",
+       core::StatusCode::kDataLoss},
+      {[](CheckpointManifest& m) { m.compute_dtype = "F64"; }, "compute_dtype \"F64\"", core::StatusCode::kDataLoss},
+      // Possible with fp16's dynamic scale, not with this bf16 engine's static 1.
+      {[](CheckpointManifest& m) { m.loss_scaler.hysteresis_left = 2; }, "hysteresis_left 2 is outside [1, 1]",
+       core::StatusCode::kFailedPrecondition},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.field);
+    CheckpointManifest edited = saved;
+    c.edit(edited);
+    write_text(manifest_path, format_checkpoint_manifest(edited));
+    auto r = e->load_checkpoint(ckpt());
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_EQ(r.status().message().rfind(manifest_path + ": ", 0), 0u) << r.status();
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status();
+    const auto now = read_all_state(*e);
+    for (const auto& [name, v] : after_step) EXPECT_TRUE(bits_equal(now.at(name), v)) << name;
+    EXPECT_EQ(e->loss_scale(), scale);
+  }
+  write_text(manifest_path, manifest);
+  auto blob = e->load_checkpoint(ckpt());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, blob_of("b"));
+}
+
+// --resume after a save ended before it wrote `latest` (the very first one, or
+// one removed): the newest complete step-<N> folder loads, with a warning
+// naming it; a damaged one is passed over; nothing complete is NOT_FOUND
+// naming the root. A `latest` naming an older folder is still followed (it is
+// the commit point), with a warning naming the newer folder, and one naming a
+// damaged folder stays DATA_LOSS.
+TEST_F(Checkpoint, WithoutLatestTheNewestCompleteCheckpointLoads) {
+  {
+    auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < 4; ++s) {
+      train_one_step(*e, f, s);
+      if (s == 1) {
+        ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("at 2")).ok());
+      }
+    }
+    ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("at 4")).ok());
+  }
+  auto e = make_mlp_engine(config_for(swap(), OffloadDevice::kCpu, OffloadDevice::kCpu));
+  ASSERT_NE(e, nullptr);
+  std::vector<std::string> warnings;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kWarn) warnings.emplace_back(message);
+  });
+  const std::string latest = ckpt() + "/latest";
+  const std::string latest_text = read_text(latest);
+  fs::remove(latest);
+  auto blob = e->load_checkpoint(ckpt());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, blob_of("at 4"));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(latest + " is missing"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("loading " + ckpt() + "/step-4"), std::string::npos) << warnings[0];
+
+  warnings.clear();
+  write_text(latest, format_latest_pointer("step-2"));
+  blob = e->load_checkpoint(ckpt());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, blob_of("at 2"));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(ckpt() + "/step-4 is newer"), std::string::npos) << warnings[0];
+
+  // step-4 damaged: with latest naming it, DATA_LOSS; without latest, step-2.
+  const std::string state4 = ckpt() + "/step-4/state.safetensors";
+  {
+    std::fstream file(state4, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(fs::file_size(state4) - 100));
+    file.put('\x7f');
+  }
+  write_text(latest, latest_text);
+  auto r = e->load_checkpoint(ckpt());
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find(state4), std::string::npos) << r.status();
+  fs::remove(latest);
+  warnings.clear();
+  blob = e->load_checkpoint(ckpt());
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_EQ(*blob, blob_of("at 2"));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("loading " + ckpt() + "/step-2"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find(state4 + ": CRC64 mismatch"), std::string::npos) << warnings[0];
+
+  // Nothing complete.
+  fs::remove(ckpt() + "/step-2/framework.bin");
+  r = e->load_checkpoint(ckpt());
+  core::set_log_sink({});
+  EXPECT_EQ(r.status().code(), core::StatusCode::kNotFound) << r.status();
+  EXPECT_NE(r.status().message().find("no complete checkpoint at " + ckpt()), std::string::npos) << r.status();
+}
+
 // A checkpoint written by the previous format (version 1: no checksum in
 // manifest.json, "step-<N>\n" in latest) loads with a warning and resumes.
 TEST_F(Checkpoint, VersionOneCheckpointLoadsWithAWarning) {

@@ -193,6 +193,45 @@ TEST(LatestPointer, EveryFlippedBitIsDataLossNamingTheFile) {
   }
 }
 
+// A manifest edited by hand with its checksum recomputed still cannot carry a
+// value no save writes: DATA_LOSS naming the file, the field and the value.
+TEST(CheckpointManifest, ImpossibleValuesAreDataLossNamingTheFieldAndTheFile) {
+  const std::string text = format_checkpoint_manifest(sample_manifest());
+  const std::string path = "/ck/step-8/manifest.json";
+  const struct {
+    const char* from;
+    const char* to;
+    const char* field;
+  } cases[] = {
+      {"\"step\": 8", "\"step\": -7", "step -7"},
+      {"\"skipped_steps\": 1", "\"skipped_steps\": -1", "skipped_steps -1"},
+      {"\"lr_override\": -1.0", "\"lr_override\": -2.0", "lr_override -2"},
+      {"\"lr_override\": -1.0", "\"lr_override\": -0.5", "lr_override -0.5"},
+      {"\"scale\": 1.0", "\"scale\": 0.0", "loss_scaler.scale 0"},
+      {"\"scale\": 1.0", "\"scale\": -4.0", "loss_scaler.scale -4"},
+      {"\"iteration\": 9", "\"iteration\": -1", "loss_scaler.iteration -1"},
+      {"\"last_overflow_iteration\": 3", "\"last_overflow_iteration\": -2", "loss_scaler.last_overflow_iteration -2"},
+      {"\"last_overflow_iteration\": 3", "\"last_overflow_iteration\": 9", "loss_scaler.last_overflow_iteration 9"},
+      {"\"hysteresis_left\": 2", "\"hysteresis_left\": 0", "loss_scaler.hysteresis_left 0"},
+      {"\"optimizer_group\": 1", "\"optimizer_group\": -3", "params[1].optimizer_group -3"},
+      {"\"compute_dtype\": \"BF16\"", "\"compute_dtype\": \"F8\"", "compute_dtype \"F8\""},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.to);
+    auto r = parse_checkpoint_manifest(bytes_of(rechecksum(replace_once(text, c.from, c.to))), path);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+    EXPECT_EQ(r.status().message().rfind(path + ": damaged: ", 0), 0u) << r.status();
+    EXPECT_NE(r.status().message().find(c.field), std::string::npos) << r.status();
+  }
+  // The values a save writes: no override, a rate of 0, no overflow yet.
+  for (const auto& [from, to] : {std::pair{"\"lr_override\": -1.0", "\"lr_override\": 0.0"},
+                                 std::pair{"\"last_overflow_iteration\": 3", "\"last_overflow_iteration\": -1"}}) {
+    auto r = parse_checkpoint_manifest(bytes_of(rechecksum(replace_once(text, from, to))), path);
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
+}
+
 class CheckpointLocate : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -207,6 +246,19 @@ class CheckpointLocate : public ::testing::Test {
     std::ofstream(p, std::ios::binary) << text;
   }
   std::string root() const { return root_.string(); }
+  // A whole checkpoint <root>/step-<step>: its files and a manifest with their CRC64s.
+  void write_complete(std::int64_t step) {
+    const fs::path dir = root_ / ("step-" + std::to_string(step));
+    const std::string state = "state of step " + std::to_string(step);
+    const std::string framework = "loader at " + std::to_string(step);
+    write(dir / "state.safetensors", state);
+    write(dir / "framework.bin", framework);
+    CheckpointManifest m = sample_manifest();
+    m.step = step;
+    m.state_crc64 = nvme::crc64(0, bytes_of(state));
+    m.framework_crc64 = nvme::crc64(0, bytes_of(framework));
+    write(dir / "manifest.json", format_checkpoint_manifest(m));
+  }
   fs::path root_;
 };
 
@@ -315,6 +367,70 @@ TEST_F(CheckpointLocate, RetentionAndInterruptedSavesOnDisk) {
   EXPECT_NE(infos[0].find(".step-12.tmp"), std::string::npos) << infos[0];
   EXPECT_NE(infos[0].find("interrupted"), std::string::npos) << infos[0];
   EXPECT_NE(infos[1].find("step-2"), std::string::npos) << infos[1];
+}
+
+// Without latest (a save killed before it wrote the first one) the newest
+// complete step-<N> folder is loaded, with a warning naming it; a damaged one
+// is passed over; none complete is NOT_FOUND naming the root. A latest that
+// names an older folder is still followed (it is the commit point), with a
+// warning naming the newer one; one that names a damaged folder is DATA_LOSS.
+TEST_F(CheckpointLocate, WithoutLatestTheNewestCompleteFolderLoads) {
+  write_complete(2);
+  write_complete(4);
+  write(root_ / ".step-6.tmp" / "manifest.json", "partial");
+  std::vector<std::string> warnings;
+  core::set_log_sink([&](core::LogLevel level, std::string_view message) {
+    if (level == core::LogLevel::kWarn) warnings.emplace_back(message);
+  });
+  auto loc = locate_checkpoint(root());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-4");
+  EXPECT_EQ(loc->latest_path, "");
+  EXPECT_EQ(loc->manifest.step, 4);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(root() + "/latest is missing"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("loading " + root() + "/step-4"), std::string::npos) << warnings[0];
+
+  // latest names step-2: followed, and step-4 named.
+  warnings.clear();
+  write(root_ / "latest", format_latest_pointer("step-2"));
+  loc = locate_checkpoint(root());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-2");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find(root() + "/step-4 is newer"), std::string::npos) << warnings[0];
+  // latest names the newest: no warning, as before.
+  warnings.clear();
+  write(root_ / "latest", format_latest_pointer("step-4"));
+  ASSERT_TRUE(locate_checkpoint(root()).ok());
+  EXPECT_TRUE(warnings.empty());
+  fs::remove(root_ / "latest");
+
+  // step-4's framework file damaged: step-2, and the warning says why step-4 was passed over.
+  write(root_ / "step-4" / "framework.bin", "loader at 5");
+  warnings.clear();
+  loc = locate_checkpoint(root());
+  ASSERT_TRUE(loc.ok()) << loc.status();
+  EXPECT_EQ(loc->dir, root() + "/step-2");
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("step-4/framework.bin: CRC64 mismatch"), std::string::npos) << warnings[0];
+
+  // latest naming the damaged step-4 is not passed over: the load's check finds it.
+  write(root_ / "step-4" / "manifest.json", "damaged");
+  write(root_ / "latest", format_latest_pointer("step-4"));
+  EXPECT_EQ(locate_checkpoint(root()).status().code(), StatusCode::kDataLoss);
+  fs::remove(root_ / "latest");
+
+  // Nothing complete: NOT_FOUND naming the root and each folder's fault.
+  fs::remove(root_ / "step-2" / "state.safetensors");
+  warnings.clear();
+  auto r = locate_checkpoint(root());
+  core::set_log_sink({});
+  EXPECT_TRUE(warnings.empty());
+  ASSERT_EQ(r.status().code(), StatusCode::kNotFound) << r.status();
+  EXPECT_NE(r.status().message().find("no complete checkpoint at " + root()), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("step-2: "), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("step-4: "), std::string::npos) << r.status();
 }
 
 }  // namespace

@@ -157,6 +157,20 @@ def test_output_folder_is_refused_before_the_model_is_built(tmp_path, args, mess
     assert_refused(run(tmp_path, "--steps", "1", *args), message)
 
 
+def test_resume_without_latest_takes_the_newest_complete_checkpoint(tmp_path):
+    """A save killed before it wrote `latest`: --resume loads the newest complete step-<N> folder, and the
+    library's warning names it."""
+    (tmp_path / "strata_swap").mkdir()
+    ck = tmp_path / "ck"
+    r = run(tmp_path, "--steps", "4", "--log-every", "1", "--checkpoint", "ck", "--save-every", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (ck / "latest").unlink()
+    r = run(tmp_path, "--steps", "4", "--log-every", "1", "--checkpoint", "ck", "--save-every", "2", "--resume")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "resumed from ck at step 4" in r.stdout, r.stdout
+    assert "ck/latest is missing" in r.stderr and "loading ck/step-4" in r.stderr, r.stderr
+
+
 def test_read_only_output_folder_is_refused(tmp_path):
     if os.geteuid() == 0:
         pytest.skip("root writes into a read-only folder")

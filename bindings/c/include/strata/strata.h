@@ -550,9 +550,10 @@ STRATA_API strata_status strata_param_read_master(strata_engine* engine, const c
 STRATA_API strata_status strata_checkpoint_save(strata_engine* engine, const char* root, const void* blob,
                                                 size_t blob_size) STRATA_NOEXCEPT;
 
-/* Loads <root>/latest (or <root> itself when it is a step directory) into a
- * finalized engine with the same parameters, under any placement. Errors:
- * NOT_FOUND; DATA_LOSS naming the file for a damaged or truncated one (every
+/* Loads <root>/latest (or <root> itself when it is a step directory; or,
+ * when <root>/latest is missing, the newest complete <root>/step-<N>, named
+ * in a warning) into a finalized engine with the same parameters, under any
+ * placement. Errors: NOT_FOUND (no complete checkpoint); DATA_LOSS naming the file for a damaged or truncated one (every
  * file of a checkpoint, latest included, carries a CRC64, checked before
  * anything changes); FAILED_PRECONDITION for a newer format version, another
  * parameter set (naming the first difference), or mid-step. */
