@@ -12,18 +12,10 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "examples", "python", "train_llama.py")
-DEFAULT_CONFIG = os.path.join(ROOT, "examples", "configs", "llama_default.json")
-TINY = ["--size", "tiny", "--layers", "1", "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1",
-        "--sample", "0", "--no-progress"]
+from llama_script import DEFAULT_CONFIG, ROOT, SCRIPT, corpus, tiny
 
+TINY = tiny(1)
 
-def corpus(tmp_path):
-    d = tmp_path / "corpus"
-    d.mkdir(exist_ok=True)
-    (d / "text").write_text("\n%\n".join(f"The quick brown fox {i} jumps over the lazy dog." for i in range(200)))
-    return str(d)
 
 
 def run(tmp_path, *args, tiny=True):

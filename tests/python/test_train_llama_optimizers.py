@@ -14,10 +14,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "examples", "python", "train_llama.py")
-TINY = ["--size", "tiny", "--layers", "1", "--seq-len", "16", "--eval-every", "10", "--eval-batches", "1",
-        "--sample", "0", "--no-progress", "--steps", "20"]
+from llama_script import ROOT, SCRIPT, corpus, tiny
+
+TINY = tiny(10) + ["--steps", "20"]
 OPTIMIZERS = {
     "AdamW": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1},
     "Lion": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1},
@@ -40,10 +39,7 @@ def train(tmp_path, kind):
     (run_dir / "config.json").write_text(json.dumps(config))
     for path in config["strata"]["io"]["paths"]:  # the config's relative swap paths, inside the run's folder
         (run_dir / path).mkdir(parents=True, exist_ok=True)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir(exist_ok=True)
-    (corpus / "text").write_text("\n%\n".join(f"The quick brown fox {i} jumps over the lazy dog." for i in range(200)))
-    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--corpus", str(corpus), "--config", str(run_dir / "config.json")],
+    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--corpus", corpus(tmp_path), "--config", str(run_dir / "config.json")],
                        cwd=run_dir, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout

@@ -9,10 +9,9 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "examples", "python", "train_llama.py")
-TINY = ["--size", "tiny", "--layers", "1", "--seq-len", "16", "--eval-every", "1", "--eval-batches", "1",
-        "--sample", "0", "--no-progress"]
+from llama_script import ROOT, SCRIPT, corpus, tiny
+
+TINY = tiny(1)
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 SIZE = r"(\d+(?:\.\d+)? (?:B|KiB|MiB|GiB))"
 
@@ -30,10 +29,7 @@ def run(tmp_path, paths, steps):
     config["strata"]["io"]["paths"] = paths
     config["strata"]["io"]["stripe_bytes"] = 65536  # the optimizer state's blocks are striped over both
     (tmp_path / "config.json").write_text(json.dumps(config))
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    (corpus / "text").write_text("\n%\n".join(f"The quick brown fox {i} jumps over the lazy dog." for i in range(200)))
-    return subprocess.run([sys.executable, SCRIPT, *TINY, "--corpus", str(corpus), "--steps", str(steps),
+    return subprocess.run([sys.executable, SCRIPT, *TINY, "--corpus", corpus(tmp_path), "--steps", str(steps),
                            "--config", str(tmp_path / "config.json")],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
 
