@@ -262,8 +262,8 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
     }
     fetcher_->settle_prefetches();  // they may be reading this group's home
     gpu::PinnedBuffer staging;
-    StepBytes inspection;  // not step traffic
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, side_lane(inspection)));
+    const Step::TrafficPause pause(*step_);  // inspection is not step traffic
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(pl.group, staging, step_lane()));
     from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);
     return Status();
   }

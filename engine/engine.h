@@ -285,9 +285,6 @@ class Engine {
   using Lane = CopyLane;
   // The framework's calls' lane: the engine's stream, the step's bytes.
   Lane step_lane();
-  // A lane on the engine's stream whose traffic is not the step's
-  // (inspection, checkpoints): its bytes go to `sink`.
-  Lane side_lane(StepBytes& sink) { return {&stream_, &sink, TraceTrack::kDevice}; }
   // finalize's parts: every parameter without an init callback has a tensor
   // in the safetensors files (and every tensor a parameter); the budgets
   // checked against what the layout and the schedule need (the numbers in

@@ -120,7 +120,7 @@ class Step {
   // Traffic that is not a step's (initial values, a checkpoint's load).
   void forget_traffic() { state_.bytes = {}; }
   // While one lives, the step's traffic stays as it was: copies made
-  // meanwhile on the step's lane (a checkpoint's, an export's) are not a step's.
+  // meanwhile on the step's lane (inspection, a checkpoint's, an export's) are not a step's.
   class TrafficPause {
    public:
     explicit TrafficPause(Step& step) : step_(step), saved_(step.state_.bytes) {}
