@@ -72,36 +72,28 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
   return bytes;
 }
 
-// The most device memory the step needs at once beyond the state the
-// placement keeps there, for a framework that holds one buffer at a time (a
-// group's fetched compute copies, or its gradient buffer) and for one that
-// holds a group's compute copies with its gradient buffer (a backward on the
-// device); a device-resident chunk's optimizer step (its gradients and new
-// compute copies, at step_end) in both.
-struct DeviceWorking {
-  std::uint64_t one_buffer = 0;
-  std::uint64_t with_gradients = 0;
-};
-DeviceWorking device_working_bytes(const Layout& layout, std::uint64_t align) {
+// The most device memory a step needs at once beyond the state the
+// placement keeps there: a group's fetched compute copies with its gradient
+// buffer (a backward on the device holds both), or a device-resident
+// chunk's optimizer step (its gradients and new compute copies, at
+// step_end).
+std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   const auto gb = static_cast<std::uint64_t>(layout.grad_bytes);
   const auto buffer = [align](std::uint64_t bytes) { return core::align_up(bytes, align); };
-  DeviceWorking w;
+  std::uint64_t most = 0;
   for (const GroupPlace& gp : layout.groups) {
     const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
     const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : buffer(elems * cb);
     const std::uint64_t grads = gp.trainable_elems > 0 ? buffer(elems * cb) : 0;
-    w.one_buffer = std::max({w.one_buffer, fetched, grads});
-    w.with_gradients = std::max(w.with_gradients, fetched + grads);
+    most = std::max(most, fetched + grads);
   }
   for (const ChunkRun& r : layout.chunk_runs) {
     if (r.state_tier != Tier::kDevice) continue;
     const auto elems = static_cast<std::uint64_t>(r.elems);
-    const std::uint64_t step = buffer(elems * gb) + buffer(elems * cb);
-    w.one_buffer = std::max(w.one_buffer, step);
-    w.with_gradients = std::max(w.with_gradients, step);
+    most = std::max(most, buffer(elems * gb) + buffer(elems * cb));
   }
-  return w;
+  return most;
 }
 
 // The device memory the placement's state takes as the device allocates it:
@@ -238,20 +230,21 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
       pinned_why = str_cat(" (with ", x.why, ")");
     }
   }
-  // The smallest device budgets that work: refused below the first.
+  // The smallest device budget that works: the state kept there plus the
+  // most one group's backward holds at once (its compute copies with its
+  // gradient buffer), which every training step needs; refused below it.
   const std::uint64_t device_align = dev().caps().allocation_alignment_bytes;
   need.device = device_state_bytes(layout_, device_align);
-  const DeviceWorking working = device_working_bytes(layout_, device_align);
-  const std::uint64_t device_least = need.device + working.one_buffer;
+  const std::uint64_t device_working = device_working_bytes(layout_, device_align);
+  const std::uint64_t device_least = need.device + device_working;
   if (device_least > shared_device_->device_budget.limit_bytes()) {
-    const std::uint64_t backward_least = need.device + working.with_gradients;
     return Status::resource_exhausted(str_cat(
-        "this placement keeps ", core::format_bytes(need.device), " of state on the device, and the step needs up "
-        "to ", core::format_bytes(working.one_buffer), " more; strata.budgets.device allows ",
-        core::format_bytes(shared_device_->device_budget.limit_bytes()), ": strata.budgets.device >= ", device_least,
-        " (", core::format_bytes(device_least), ") works for a framework that holds one buffer at a time, >= ",
-        backward_least, " (", core::format_bytes(backward_least), ") for one that holds a group's compute copies "
-        "and gradients together (more groups at once, more). Or offload more (zero_optimization.offload_*)"));
+        "this placement keeps ", core::format_bytes(need.device), " of state on the device, and a step needs up "
+        "to ", core::format_bytes(device_working), " more (a group's compute copies with its gradients); "
+        "strata.budgets.device allows ", core::format_bytes(shared_device_->device_budget.limit_bytes()),
+        ": strata.budgets.device >= ", device_least, " (", core::format_bytes(device_least),
+        ") works for a framework that holds one group at a time (more groups at once, more). Or offload more "
+        "(zero_optimization.offload_*)"));
   }
   // The smallest pinned budget that works: the state, the step's working
   // memory (reserved here, so a step never runs out of it) and one slot of

@@ -205,7 +205,9 @@ struct Framework {
   }
   // As a GPU framework: fetch passes the framework's stream (the copy is
   // queued, the stream waits for it), and the reads below are queued on it.
-  void load(Engine& e, const std::string& group) {
+  // `keep`: the group stays fetched (its compute copies held) until the
+  // caller releases it, as a backward holds them while its gradients arrive.
+  void load(Engine& e, const std::string& group, bool keep = false) {
     auto span = e.fetch(group, fetch_on_stream ? &stream(e) : nullptr);
     ASSERT_TRUE(span.ok()) << span.status();
     std::vector<std::byte> host(span->size_bytes());
@@ -227,7 +229,9 @@ struct Framework {
         }
       }
     }
-    ASSERT_TRUE(e.release(group).ok());
+    if (!keep) {
+      ASSERT_TRUE(e.release(group).ok());
+    }
   }
   double forward() {
     const auto& w1 = w["l1.w"];

@@ -102,6 +102,10 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
 
 class Placement : public MlpTest {
  protected:
+  // train(): the backward holds a group's compute copies while it hands over
+  // the group's gradients (else it copies them out and releases first).
+  bool hold_in_backward_ = false;
+
   // The budget tests below: a budget too small is refused at finalize with the
   // smallest that works ("KEY >= N"); that budget trains, to the same bits as
   // an unlimited one, and one byte less is refused again, naming the same N.
@@ -165,11 +169,16 @@ class Placement : public MlpTest {
         if (micro == 0) r.losses.push_back(loss);
         auto g = f.backward(static_cast<float>(e.loss_scale()));
         if (tamper) tamper(step, g);
-        f.load(e, "l2");  // fetch again for backward, as a framework does
-        f.give_grads(e, "l2", g);
-        if (!freeze_l1) {
-          f.load(e, "l1");
-          f.give_grads(e, "l1", g);
+        // Fetched again for backward, as a framework does; with
+        // hold_in_backward_ each group's compute copies stay held while its
+        // gradients are handed over.
+        for (const char* group : {"l2", "l1"}) {
+          if (freeze_l1 && std::string(group) == "l1") continue;
+          f.load(e, group, hold_in_backward_);
+          f.give_grads(e, group, g);
+          if (hold_in_backward_) {
+            EXPECT_TRUE(e.release(group).ok());
+          }
         }
         if (micro + 1 < c.gradient_accumulation_steps) {
           EXPECT_TRUE(e.micro_step_end().ok());
@@ -1085,7 +1094,7 @@ TEST_F(Placement, TightBudgetsPushStateToDiskAndStillTrain) {
   Config c = base();
   c.zero.offload_param.device = OffloadDevice::kCpu;
   c.zero.offload_optimizer.device = OffloadDevice::kNvme;
-  c.strata.budgets.device_bytes = 280000;      // below the compute copies: only a working set fits
+  c.strata.budgets.device_bytes = 526336;      // the least: the largest group's compute copies and gradients
   c.strata.budgets.pinned_bytes = 5ull << 19;  // 2.5 MiB: below the optimizer state
   const RunResult r = train(c);
   ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
@@ -1110,8 +1119,8 @@ TEST_F(Placement, AModelFarOverTheBudgetsIsRefusedBeforeItsChunksAreListed) {
     std::string expect;
   };
   const Case cases[] = {
-      // One group's compute copies, fetched to the device: 2^32 x 2 B.
-      {2ull << 30, "strata.budgets.device >= 8589934592 (8.00 GiB) works"},
+      // One group's compute copies fetched to the device and its gradients: 2 x 2^32 x 2 B.
+      {2ull << 30, "strata.budgets.device >= 17179869184 (16.00 GiB) works"},
       // The device holds a group; the compute homes alone are 32 TiB of pinned memory.
       {64ull << 30, "strata.budgets.pinned allows 8.00 GiB: strata.budgets.pinned >= "},
   };
@@ -1175,9 +1184,10 @@ TEST_F(Placement, TheSmallestDiskBudgetTheMessageNamesTrains) {
   }
 }
 
-// Device: for a framework holding one buffer at a time (as this harness
-// does): the state kept on the device plus the largest group's buffer.
+// Device: the state kept on the device plus the most one group's backward
+// holds (its compute copies with its gradient buffer).
 TEST_F(Placement, TheSmallestDeviceBudgetTheMessageNamesTrains) {
+  hold_in_backward_ = true;
   for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
     Config c = base();
     c.zero.offload_param.device = params;

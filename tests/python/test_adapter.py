@@ -4,6 +4,7 @@ a frozen base, evaluation and generation between steps, checkpoints, export
 and import, a parameter used outside its group, bad configs."""
 import dataclasses
 import os
+import re
 
 import pytest
 import torch
@@ -192,6 +193,40 @@ def test_generation_in_the_resident_context(swap_dir):
     assert len(fetches) == 2 * len(engine.groups), "outside the context: fetched per call"
     assert torch.equal(got, plain.generate(prompt, 8))
     engine.close()
+
+
+def test_the_least_device_budget_finalize_names_trains_and_evaluates(tmp_path):
+    """The device budget the refusal names trains (a backward holds a group's
+    compute copies with its gradients) and evaluates in the resident context,
+    whose kept groups give way when the budget has no room; the same bits as
+    an unlimited budget."""
+    data = helpers.batches(4)
+    held_out = helpers.batches(2, seed=9)
+    runs = []
+    for i, budget in enumerate((None, 4096, "least")):
+        swap = tmp_path / f"swap-{i}"
+        swap.mkdir()
+        keys = {} if budget is None else {"budgets": {"device": least if budget == "least" else budget}}
+        cfg = helpers.config(str(swap), placement="params_cpu", **keys)
+        model = helpers.tiny_llama(tie=True)
+        if budget == 4096:
+            with pytest.raises(strata.ResourceExhausted, match=r"strata\.budgets\.device >= \d+") as refused:
+                strata.torch.initialize(model, cfg)
+            least = int(re.search(r"strata\.budgets\.device >= (\d+)", str(refused.value)).group(1))
+            assert least > 4096
+            continue
+        engine = strata.torch.initialize(model, cfg)
+        losses = helpers.train_strata(engine, model, data, 4)
+        fetches = helpers.watch_fetches(engine)
+        with torch.no_grad(), engine.resident():
+            evals = [model(b, labels=b)[0].item() for b in held_out for _ in range(2)]
+        runs.append((losses, evals, len(fetches), engine.state_dict()))
+        engine.close()
+    (losses, evals, fetched, weights), (least_losses, least_evals, least_fetched, least_weights) = runs
+    assert least_losses == losses and least_evals == evals
+    helpers.assert_same_bits(weights, least_weights, "the least device budget")
+    assert fetched == len(engine.groups), "an unlimited budget keeps every group: one fetch each"
+    assert least_fetched > fetched, "the least budget cannot keep them: the kept groups gave way"
 
 
 def test_save_and_resume_continue_bit_identically(tmp_path):

@@ -545,7 +545,7 @@ class Engine:
             return
         e = self._engine
         if self._zero_copy:
-            e.fetch(g.name, self._stream())
+            self._fetch_making_room(g)
             try:
                 flat = torch.utils.dlpack.from_dlpack(e.dlpack(g.name, "compute"))
             except errors.Unimplemented:  # a library built without DLPack: copy (host device only)
@@ -565,6 +565,21 @@ class Engine:
             for rec in g.params:
                 rec.p.data = flat[rec.offset:rec.offset + rec.numel].view(rec.shape)
                 rec.p.__class__ = rec.cls
+
+    def _fetch_making_room(self, g):
+        """Fetches g's buffer. Under resident(), groups kept but not in use
+        give way when the device budget has no room for it: they are released
+        and the fetch tried again (the context keeps what the budget holds)."""
+        try:
+            self._engine.fetch(g.name, self._stream())
+            return
+        except errors.ResourceExhausted:
+            idle = [h for h in self._group_list if h.refs == 0 and h.flat is not None]
+            if self._resident_depth == 0 or not idle:
+                raise
+        for h in idle:
+            self._drop(h)
+        self._engine.fetch(g.name, self._stream())
 
     def _release(self, g):
         if g.refs <= 0:
@@ -919,7 +934,9 @@ class Engine:
     @contextlib.contextmanager
     def resident(self):
         """Groups fetched inside stay fetched until the context ends (evaluation,
-        generation: no fetch per call). gathered() fetches every group."""
+        generation: no fetch per call), as far as strata.budgets.device holds
+        them: when a fetch finds no room, the kept groups not in use are
+        released first. gathered() fetches every group."""
         self._resident_depth += 1
         try:
             yield self
