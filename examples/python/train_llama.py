@@ -18,8 +18,10 @@ SIGINT / SIGTERM (Ctrl-C, kill): the first one lets the step in flight finish,
 starts no checkpoint, closes the engine (its swap files removed unless
 strata.io.keep_files) and exits 130 / 143 after a line saying at which step; a
 checkpoint already being saved completes (saves become `latest` only by an
-atomic rename). A second signal ends the process at once (by that signal),
-leaving the swap files for the next run in that directory to reclaim. The strata library
+atomic rename; saves and exports run on a worker thread, so that signals are
+handled during them). A second signal ends the process at once (by that
+signal), even in the middle of a save, leaving the swap files and the save's
+temporary folder for the next run in that directory to reclaim. The strata library
 installs no signal handler: the program does.
 
 Bad input is refused before anything is built, in one line naming the flag or
@@ -28,7 +30,11 @@ or not written in digits, a flag given twice, a --config that is missing, a
 directory, unreadable or not a valid config, a swap directory of an explicit
 --config that does not exist (the default config's ./strata_swap is created),
 a --checkpoint (when saving) or --export folder that cannot be created or
-written, or --resume with --steps below the checkpoint's step. An error from
+written, or --resume with --steps below the checkpoint's step. Once the
+engine holds its swap files (made at full size), the outputs on each file
+system (one checkpoint, the export) must fit together in what is free there,
+else exit 2 naming their flags and the swap paths on it; a save or export that
+fails during the run names its flag (exit 1). An error from
 strata (strata.errors) prints one line too: exit 2 for the input's errors
 (config, budgets, paths), 1 for faults (I/O, data loss, internal); --debug
 shows its traceback instead. Exit status: 0 done, 1 a run-time error, 2 bad
@@ -42,6 +48,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 import torch
@@ -70,6 +77,11 @@ INT_MAX = 2**31 - 1
 class UsageError(Exception):
     """Bad input found after the flags were parsed: main prints it as one line
     (train_llama.py: <message>) and exits 2."""
+
+
+class OutputError(Exception):
+    """A save or an export that failed during the run (a full disk, an I/O
+    error): main prints it as one line naming the flag to change, exit 1."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -189,6 +201,55 @@ class StopSignals:
         for s, h in self._previous.items():
             signal.signal(s, h)
         return False
+
+
+def while_signals_act(fn, *args, **kwargs):
+    """Runs fn (a long call into the library: a save, an export) on a worker
+    thread while this one waits, so that a signal's handler runs during it:
+    Python runs handlers only on the main thread, between bytecodes, never
+    inside a foreign call. The first signal is recorded (the save completes);
+    the second finds the default action and ends the process at once. Returns
+    fn's result or raises its exception."""
+    out = {}
+
+    def work():
+        try:
+            out["value"] = fn(*args, **kwargs)
+        except BaseException as e:  # handed to the caller below
+            out["error"] = e
+
+    worker = threading.Thread(target=work, name="strata-save", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(0.05)
+    if "error" in out:
+        raise out["error"]
+    return out.get("value")
+
+
+def save(engine, args, stream, step):
+    """A checkpoint of `step` under --checkpoint (signals acted on during it);
+    a failure raises OutputError naming the flag."""
+    try:
+        while_signals_act(engine.save_checkpoint, args.checkpoint, client_state={"data": stream.state(), "step": step})
+    except strata.errors.Error as e:
+        if args.debug:
+            raise
+        raise OutputError(f"--checkpoint {args.checkpoint}: the save of step {step} failed: {e}; the checkpoint "
+                          f"`latest` names is intact: free space there or point --checkpoint elsewhere, then "
+                          f"--resume") from None
+
+
+def export(engine, args):
+    """The weights as safetensors under --export; a failure raises OutputError
+    naming the flag."""
+    try:
+        while_signals_act(engine.export, args.export, dtype="bf16" if engine.dtype == torch.bfloat16 else "f32")
+    except strata.errors.Error as e:
+        if args.debug:
+            raise
+        raise OutputError(f"--export {args.export}: the export failed: {e}: free space there or point --export "
+                          f"elsewhere") from None
 
 
 def build_device(args, cfg):
@@ -322,6 +383,11 @@ def main(argv=None):
     except UsageError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+    except OutputError as e:
+        if args.debug:
+            raise
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
     except strata.errors.Error as e:
         # NotFetched is the adapter's report of a program bug: its traceback stays.
         if args.debug or isinstance(e, strata.errors.NotFetched):
@@ -396,10 +462,11 @@ def check_swap_paths(args, config, resolved):
                          f"or point {key} at one")
 
 
-def check_output_dir(flag, path, need_bytes, what):
+def check_output_dir(flag, path):
     """As strata-train checks its output folders: creates `path` (and its
-    parents) when missing, checks that a file can be created in it and that
-    its file system has `need_bytes` free; raises UsageError naming `flag`."""
+    parents) when missing and checks that a file can be created in it; raises
+    UsageError naming `flag`. The room is checked once the engine holds its
+    swap files (check_output_space)."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise UsageError(f"{flag} {path}: exists and is not a directory")
     try:
@@ -412,25 +479,55 @@ def check_output_dir(flag, path, need_bytes, what):
         os.unlink(probe)
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write into the directory: {e.strerror}") from None
-    st = os.statvfs(path)
-    free = st.f_bavail * st.f_frsize
-    if free < need_bytes:
-        raise UsageError(f"{flag} {path}: {fmt_bytes(free)} free ({free} bytes), but {what} needs "
-                         f"{fmt_bytes(need_bytes)} ({need_bytes} bytes): free some space or choose another folder")
+
+
+def outputs(args, n, resolved):
+    """What the run writes besides its swap files: (flag, folder, bytes, what)
+    for one checkpoint (up to 4 bytes per parameter for the compute copy plus
+    12 for the fp32 master and two moments, docs/checkpoints.md) and the
+    export (2 bytes per parameter in bf16, else 4)."""
+    out = []
+    if args.checkpoint and args.save_every:
+        out.append(("--checkpoint", args.checkpoint, 16 * n, f"one checkpoint of {n} parameters (up to 16 bytes each)"))
+    if args.export:
+        per = 2 if resolved.get("bf16", {}).get("enabled") else 4
+        out.append(("--export", args.export, per * n, f"the export of {n} parameters ({per} bytes each)"))
+    return out
 
 
 def check_outputs(args, cfg, resolved):
     """--checkpoint (when saving) and --export, before the model is built:
-    room for one checkpoint (up to 4 bytes per parameter for the compute copy
-    plus 12 for the fp32 master and two moments, docs/checkpoints.md) or one
-    export (2 bytes per parameter in bf16, else 4)."""
-    n = cfg.param_count()
-    if args.checkpoint and args.save_every:
-        check_output_dir("--checkpoint", args.checkpoint, 16 * n,
-                         f"one checkpoint of {n} parameters (up to 16 bytes each)")
-    if args.export:
-        per = 2 if resolved.get("bf16", {}).get("enabled") else 4
-        check_output_dir("--export", args.export, per * n, f"one export of {n} parameters ({per} bytes each)")
+    each folder, and each output's room on its own (together with the swap
+    files once they are made: check_output_space)."""
+    for out in outputs(args, cfg.param_count(), resolved):
+        check_output_dir(out[0], out[1])
+        check_output_space([out], [])
+
+
+def check_output_space(outs, swap_paths):
+    """The outputs `outs` (as outputs() gives them) on each file system fit
+    together in what is free there; called again once the engine holds its
+    swap files (made at full size at finalize, so the free space counts
+    them). Raises UsageError naming the flags, and the swap paths that share
+    the file system."""
+    by_fs = {}
+    for flag, path, need, what in outs:
+        by_fs.setdefault(os.stat(path).st_dev, []).append((flag, path, need, what))
+    for dev, outs in by_fs.items():
+        st = os.statvfs(outs[0][1])
+        free = st.f_bavail * st.f_frsize
+        need = sum(o[2] for o in outs)
+        if free >= need:
+            continue
+        flags = " and ".join(f"{flag} {path}" for flag, path, _, _ in outs)
+        whats = " and ".join(f"{what} ({fmt_bytes(b)})" for _, _, b, what in outs)
+        swaps = [p for p in swap_paths if os.path.isdir(p) and os.stat(p).st_dev == dev]
+        swap_text = (f", after the swap files in {', '.join(swaps)} on the same file system (strata.io.paths)"
+                     if swaps else "")
+        share = " (one file system)" if len(outs) > 1 else ""
+        raise UsageError(f"{flags}{share}: {fmt_bytes(free)} free ({free} bytes){swap_text}, but {whats} need{'s' if len(outs) == 1 else ''} "
+                         f"{fmt_bytes(need)} ({need} bytes): free some space, or point "
+                         f"{' or '.join(o[0] for o in outs)}{' or strata.io.paths' if swaps else ''} elsewhere")
 
 
 def checkpoint_step(root):
@@ -492,6 +589,7 @@ def run(args, stop):
     print(f"setup: model built in {t1 - t0:.1f} s (drawn on {device}), strata.torch.initialize "
           f"{time.perf_counter() - t1:.1f} s", flush=True)
     try:
+        check_output_space(outputs(args, cfg.param_count(), resolved), [s.path for s in engine.swap_stats()])
         return train(args, cfg, text, stream, model, engine, micro, stop)
     finally:
         engine.close()  # strata: swap files removed (unless strata.io.keep_files)
@@ -561,7 +659,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             print(f"step {step + 1:5d}  " + "  ".join(f"{k} {v}" for k, v in info.items()), flush=True)
         # No checkpoint is started after a stop signal.
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0 and not stop.signum:
-            engine.save_checkpoint(args.checkpoint, client_state={"data": stream.state(), "step": step + 1})
+            save(engine, args, stream, step + 1)
     if bar is not None:
         bar.close()
     if stop.signum:
@@ -583,10 +681,16 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             out = model.generate(prompt, args.sample, temperature=0.8,
                                  generator=torch.Generator(device=engine.torch_device).manual_seed(args.seed))
         print("sample: " + repr(data.decode(out[0].tolist())))
-    if args.checkpoint and args.save_every and steps_run:  # (a resumed run that ran no step has nothing new)
-        engine.save_checkpoint(args.checkpoint, client_state={"data": stream.state(), "step": args.steps})
+    # The last step's checkpoint, unless the loop just saved it (a resumed run
+    # that ran no step has nothing new).
+    if args.checkpoint and args.save_every and steps_run and args.steps % args.save_every != 0:
+        save(engine, args, stream, args.steps)
+    if stop.signum:  # it came during the final save, which completed
+        print(f"train_llama: interrupted by {signal.Signals(stop.signum).name} after the final save; "
+              "no export", flush=True)
+        return 128 + stop.signum
     if args.export:
-        engine.export(args.export, dtype="bf16" if engine.dtype == torch.bfloat16 else "f32")
+        export(engine, args)
         print(f"exported to {args.export}")
     return 0
 

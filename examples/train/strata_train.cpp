@@ -77,6 +77,7 @@ using strata::examples::ResidualMlp;
 using strata::examples::train::human_bytes;
 using strata::examples::train::ModelDevice;
 using strata::examples::train::Options;
+using strata::examples::train::OutputNeed;
 
 int fail(const char* what, strata_status s) {
   std::fprintf(stderr, "strata-train: %s: %s (%s)\n", what, strata_last_error(), strata_status_name(s));
@@ -120,38 +121,61 @@ strata_status init_param(const char* name, float* out, int64_t numel, void* user
   return STRATA_STATUS_NOT_FOUND;
 }
 
-// Checks --checkpoint (when saving) and --export before any training: each
-// folder created if missing, writable, with room for one checkpoint (up to 4
-// bytes per parameter for the compute copy plus 12 per trainable one for the
-// fp32 master and Adam's two moments, docs/checkpoints.md) or one export (2
-// bytes per parameter, bf16). Returns 0 or the exit status.
-int check_outputs(const Options& o, std::int64_t all_params, std::int64_t trainable_params) {
-  struct Output {
-    const char* flag;
-    const std::string& dir;
-    std::uint64_t need_bytes;
-    std::string what;
-  };
-  const std::uint64_t checkpoint_bytes =
-      4 * static_cast<std::uint64_t>(all_params) + 12 * static_cast<std::uint64_t>(trainable_params);
-  const std::uint64_t export_bytes = 2 * static_cast<std::uint64_t>(all_params);
-  const Output outputs[] = {
-      {"--checkpoint", o.save_every > 0 ? o.checkpoint : std::string(), checkpoint_bytes,
-       "one checkpoint of " + std::to_string(all_params) + " parameters (" +
-           std::to_string(trainable_params) + " trainable; 4 bytes each, plus 12 per trainable one)"},
-      {"--export", o.export_dir, export_bytes,
-       "one export of " + std::to_string(all_params) + " parameters (2 bytes each, bf16)"},
-  };
-  for (const Output& out : outputs) {
-    if (out.dir.empty()) continue;
-    const std::string error =
-        strata::examples::train::check_output_dir(out.flag, out.dir, out.need_bytes, out.what);
-    if (!error.empty()) {
-      std::fprintf(stderr, "strata-train: %s\n", error.c_str());
-      return 2;
+// What the run writes besides its swap files: one checkpoint (when saving:
+// up to 4 bytes per parameter for the compute copy plus 12 per trainable one
+// for the fp32 master and Adam's two moments, docs/checkpoints.md) and the
+// export (2 bytes per parameter, bf16).
+std::vector<OutputNeed> output_needs(const Options& o, std::int64_t all_params, std::int64_t trainable_params) {
+  std::vector<OutputNeed> out;
+  const auto all = static_cast<std::uint64_t>(all_params);
+  const auto trainable = static_cast<std::uint64_t>(trainable_params);
+  if (o.save_every > 0) {
+    out.push_back({"--checkpoint", o.checkpoint, 4 * all + 12 * trainable,
+                   "one checkpoint of " + std::to_string(all_params) + " parameters (" +
+                       std::to_string(trainable_params) + " trainable; 4 bytes each, plus 12 per trainable one)"});
+  }
+  if (!o.export_dir.empty()) {
+    out.push_back({"--export", o.export_dir, 2 * all,
+                   "the export of " + std::to_string(all_params) + " parameters (2 bytes each, bf16)"});
+  }
+  return out;
+}
+
+// Checks --checkpoint (when saving), --export and --dump-masters before the
+// engine is built: folders created if missing and writable, each output's
+// room on its own (an output no disk holds is refused before the model is
+// built; together with the swap files, after finalize: check_output_space).
+// Returns 0 or the exit status.
+int check_outputs(const Options& o, const std::vector<OutputNeed>& needs) {
+  std::string error;
+  for (const OutputNeed& out : needs) {
+    error = strata::examples::train::check_output_dir(out.flag, out.dir);
+    if (error.empty()) error = strata::examples::train::check_output_space({out}, {});
+    if (!error.empty()) break;
+  }
+  if (error.empty() && !o.dump_masters.empty()) {
+    error = strata::examples::train::check_output_file("--dump-masters", o.dump_masters);
+  }
+  if (error.empty()) return 0;
+  std::fprintf(stderr, "strata-train: %s\n", error.c_str());
+  return 2;
+}
+
+// After finalize, when the swap files hold their room: the outputs on each
+// file system fit together. Returns 0 or the exit status.
+int check_output_space(strata_engine* engine, const std::vector<OutputNeed>& needs) {
+  std::vector<std::string> swap_paths;
+  uint32_t n = 0;
+  if (strata_swap_path_count(engine, &n) == STRATA_STATUS_OK) {
+    for (uint32_t i = 0; i < n; ++i) {
+      strata_swap_stats s = STRATA_SWAP_STATS_INIT;
+      if (strata_swap_stats_get(engine, i, &s) == STRATA_STATUS_OK) swap_paths.emplace_back(s.path);
     }
   }
-  return 0;
+  const std::string error = strata::examples::train::check_output_space(needs, swap_paths);
+  if (error.empty()) return 0;
+  std::fprintf(stderr, "strata-train: %s\n", error.c_str());
+  return 2;
 }
 
 int run(const Options& o) {
@@ -186,13 +210,15 @@ int run(const Options& o) {
   // The base (embedding and the first half of the blocks) is frozen when fine-tuning.
   const int groups = model.num_groups();
   auto frozen_group = [&](int g) { return o.freeze_base && g <= groups / 2 - 1; };
+  std::vector<OutputNeed> needs;
   {
     std::int64_t all = 0, trainable = 0;
     for (const auto& p : model.params()) {
       all += p.num_elems;
       if (!frozen_group(p.group_index)) trainable += p.num_elems;
     }
-    if (const int rc = check_outputs(o, all, trainable); rc != 0) return rc;
+    needs = output_needs(o, all, trainable);
+    if (const int rc = check_outputs(o, needs); rc != 0) return rc;
   }
 
   strata_engine* engine = nullptr;
@@ -232,6 +258,7 @@ int run(const Options& o) {
   CHECK_STRATA(strata_engine_finalize(engine), "finalize");
   const double finalize_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finalize).count();
+  if (const int rc = check_output_space(engine, needs); rc != 0) return rc;
 
   // Each group's layout, as the engine placed it.
   std::vector<GroupLayout> layouts(static_cast<std::size_t>(groups));
@@ -474,7 +501,14 @@ int run(const Options& o) {
     // completes: a save becomes `latest` only by its last atomic rename).
     if (o.save_every > 0 && (step + 1) % o.save_every == 0 && strata::examples::train::stop_signal() == 0) {
       const std::string blob = std::to_string(step + 1);
-      CHECK_STRATA(strata_checkpoint_save(engine, o.checkpoint.c_str(), blob.data(), blob.size()), "save a checkpoint");
+      if (const strata_status st = strata_checkpoint_save(engine, o.checkpoint.c_str(), blob.data(), blob.size());
+          st != STRATA_STATUS_OK) {
+        std::fprintf(stderr,
+                     "strata-train: --checkpoint %s: the save of step %d failed: %s (%s); the checkpoint `latest` "
+                     "names is intact: free space there or point --checkpoint elsewhere, then --resume\n",
+                     o.checkpoint.c_str(), step + 1, strata_last_error(), strata_status_name(st));
+        return 1;
+      }
     }
   }
   const double train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_train).count();
@@ -526,7 +560,12 @@ int run(const Options& o) {
     return 128 + sig;
   }
   if (!o.export_dir.empty()) {
-    CHECK_STRATA(strata_export_safetensors(engine, o.export_dir.c_str(), STRATA_DTYPE_BF16, 0), "export");
+    if (const strata_status st = strata_export_safetensors(engine, o.export_dir.c_str(), STRATA_DTYPE_BF16, 0);
+        st != STRATA_STATUS_OK) {
+      std::fprintf(stderr, "strata-train: --export %s: the export failed: %s (%s): free space there or point --export "
+                   "elsewhere\n", o.export_dir.c_str(), strata_last_error(), strata_status_name(st));
+      return 1;
+    }
     std::printf("exported the weights to %s/model.safetensors\n", o.export_dir.c_str());
   }
   if (!o.dump_masters.empty()) {
@@ -539,8 +578,10 @@ int run(const Options& o) {
       CHECK_STRATA(strata_param_read_master(engine, p.name.c_str(), v.data(), p.num_elems), "read masters");
       out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
     }
+    out.flush();
     if (!out) {
-      std::fprintf(stderr, "strata-train: cannot write %s\n", o.dump_masters.c_str());
+      std::fprintf(stderr, "strata-train: --dump-masters %s: cannot write it: %s\n", o.dump_masters.c_str(),
+                   std::strerror(errno));
       return 1;
     }
   }

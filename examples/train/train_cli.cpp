@@ -2,10 +2,12 @@
 // folders' checks made before training.
 #include "examples/train/train_cli.h"
 
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -84,8 +86,23 @@ std::optional<std::string> find_default_config() {
   return std::nullopt;
 }
 
-std::string check_output_dir(const std::string& flag, const std::string& dir, std::uint64_t need_bytes,
-                             const std::string& what) {
+namespace {
+
+// Creates (and removes) a file in `dir`: also right for root, whom
+// access(W_OK) would wave through on a read-only file system. Empty or
+// strerror.
+std::string probe_write(const fs::path& dir) {
+  std::string probe = (dir / ".strata-train-write-check-XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return std::string();
+}
+
+}  // namespace
+
+std::string check_output_dir(const std::string& flag, const std::string& dir) {
   std::error_code ec;
   const fs::path path(dir);
   if (fs::exists(path, ec)) {
@@ -94,25 +111,63 @@ std::string check_output_dir(const std::string& flag, const std::string& dir, st
     fs::create_directories(path, ec);
     if (ec) return flag + " " + dir + ": cannot create the directory: " + ec.message();
   }
-  // Writable: create (and remove) a file, which also holds for root, whom
-  // access(W_OK) would wave through on a read-only file system.
-  std::string probe = (path / ".strata-train-write-check-XXXXXX").string();
-  const int fd = ::mkstemp(probe.data());
-  if (fd < 0) {
-    const int err = errno;
-    return flag + " " + dir + ": cannot write into the directory: " + std::strerror(err);
+  if (const std::string err = probe_write(path); !err.empty()) {
+    return flag + " " + dir + ": cannot write into the directory: " + err;
   }
-  ::close(fd);
-  ::unlink(probe.c_str());
-  struct statvfs st {};
-  if (::statvfs(dir.c_str(), &st) == 0) {
-    const std::uint64_t free_bytes = static_cast<std::uint64_t>(st.f_bavail) * st.f_frsize;
-    if (free_bytes < need_bytes) {
-      return flag + " " + dir + ": " + human_bytes(static_cast<double>(free_bytes)) + " free (" +
-             std::to_string(free_bytes) + " bytes), but " + what + " needs " +
-             human_bytes(static_cast<double>(need_bytes)) + " (" + std::to_string(need_bytes) +
-             " bytes): free some space or choose another folder";
+  return std::string();
+}
+
+std::string check_output_file(const std::string& flag, const std::string& file) {
+  std::error_code ec;
+  const fs::path path(file);
+  if (fs::is_directory(path, ec)) return flag + " " + file + ": is a directory";
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(dir, ec)) {
+    return flag + " " + file + ": its folder " + dir.string() + (fs::exists(dir, ec) ? " is not a directory" : " does not exist");
+  }
+  if (const std::string err = probe_write(dir); !err.empty()) {
+    return flag + " " + file + ": cannot write into " + dir.string() + ": " + err;
+  }
+  return std::string();
+}
+
+std::string check_output_space(const std::vector<OutputNeed>& outputs, const std::vector<std::string>& swap_paths) {
+  // Outputs by file system, in the order given.
+  std::vector<std::pair<dev_t, std::vector<const OutputNeed*>>> by_fs;
+  for (const OutputNeed& out : outputs) {
+    struct stat st {};
+    if (::stat(out.dir.c_str(), &st) != 0) return out.flag + " " + out.dir + ": " + std::strerror(errno);
+    auto it = std::find_if(by_fs.begin(), by_fs.end(), [&](const auto& e) { return e.first == st.st_dev; });
+    if (it == by_fs.end()) {
+      by_fs.push_back({st.st_dev, {}});
+      it = by_fs.end() - 1;
     }
+    it->second.push_back(&out);
+  }
+  for (const auto& [dev, outs] : by_fs) {
+    struct statvfs vfs {};
+    if (::statvfs(outs.front()->dir.c_str(), &vfs) != 0) continue;  // nothing to judge by: the save will say
+    const std::uint64_t free_bytes = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    std::uint64_t need = 0;
+    std::string flags, whats, change;
+    for (const OutputNeed* out : outs) {
+      need += out->bytes;
+      const std::string sep = flags.empty() ? "" : " and ";
+      flags += sep + out->flag + " " + out->dir;
+      whats += sep + out->what + " (" + human_bytes(static_cast<double>(out->bytes)) + ")";
+      change += (change.empty() ? "" : " or ") + out->flag;
+    }
+    if (free_bytes >= need) continue;
+    std::string swaps;
+    for (const std::string& p : swap_paths) {
+      struct stat st {};
+      if (::stat(p.c_str(), &st) == 0 && st.st_dev == dev) swaps += (swaps.empty() ? "" : ", ") + p;
+    }
+    return flags + (outs.size() > 1 ? " (one file system)" : "") + ": " +
+           human_bytes(static_cast<double>(free_bytes)) + " free (" + std::to_string(free_bytes) + " bytes)" +
+           (swaps.empty() ? "" : ", after the swap files in " + swaps + " on the same file system (strata.io.paths)") +
+           ", but " + whats + (outs.size() == 1 ? " needs " : " need ") + human_bytes(static_cast<double>(need)) + " (" + std::to_string(need) +
+           " bytes): free some space, or point " + change + (swaps.empty() ? "" : " or strata.io.paths") + " elsewhere";
   }
   return std::string();
 }

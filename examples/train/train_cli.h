@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "examples/model/residual_mlp.h"
 
@@ -47,13 +48,32 @@ std::optional<Options> parse_options(int argc, char** argv, int* exit_code);
 // that exists, or nullopt.
 std::optional<std::string> find_default_config();
 
-// Checks an output folder before training: creates `dir` (and its parents)
-// when missing, checks that a file can be created in it, and that its file
-// system has at least `need_bytes` free. `flag` and `what` name it in the
-// error ("--export", "one export of 1.2 MiB (2 bytes per parameter)").
-// Returns an empty string when it is fine, else the message.
-std::string check_output_dir(const std::string& flag, const std::string& dir, std::uint64_t need_bytes,
-                             const std::string& what);
+// Checks an output folder before the engine is built: creates `dir` (and
+// its parents) when missing and checks that a file can be created in it.
+// `flag` names it in the error ("--export"). Returns an empty string when it
+// is fine, else the message. The room is checked by check_output_space.
+std::string check_output_dir(const std::string& flag, const std::string& dir);
+
+// Checks that the folder `file` would be written into exists and takes a new
+// file, and that `file` is not a directory (--dump-masters). Empty or the
+// message, as check_output_dir.
+std::string check_output_file(const std::string& flag, const std::string& file);
+
+// One thing the run writes besides its swap files: its flag, its folder, the
+// most bytes it takes ("one checkpoint", "the export") and what that is.
+struct OutputNeed {
+  std::string flag;
+  std::string dir;
+  std::uint64_t bytes = 0;
+  std::string what;
+};
+
+// Once the engine holds its swap files (made at full size at finalize, so a
+// file system's free space already counts them): the outputs on each file
+// system together fit in what is free there. The message names every output
+// of a file system that does not hold them, and the swap paths among
+// `swap_paths` on it (strata.io.paths). Empty when they fit.
+std::string check_output_space(const std::vector<OutputNeed>& outputs, const std::vector<std::string>& swap_paths);
 
 // "123.4 MiB".
 std::string human_bytes(double bytes);

@@ -105,13 +105,23 @@ class Outputs(unittest.TestCase):
             self.assertTrue(os.path.isfile(os.path.join(out, "model.safetensors")))
             self.assertTrue(os.path.isfile(os.path.join(ck, "latest")))
 
+    def test_dump_masters_into_a_missing_folder_fails_before_training(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            r = train("--config", CONFIG, *SMALL, "--steps", "2", "--dump-masters", tmp + "/miss/x/y.dump", cwd=tmp)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"--dump-masters {tmp}/miss/x/y.dump: its folder {tmp}/miss/x does not exist", r.stderr)
+            self.assertNotIn("summary", r.stdout)
+            r = train("--config", CONFIG, *SMALL, "--steps", "2", "--dump-masters", tmp, cwd=tmp)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn(f"--dump-masters {tmp}: is a directory", r.stderr)
+
     def test_too_little_space_says_the_numbers(self):
         # 2^47 parameters: no disk here holds their export (the model is only described, never allocated).
         with tempfile.TemporaryDirectory() as tmp:
             r = train("--config", CONFIG, "--width", "65536", "--depth", "4096", "--export", tmp + "/out",
                       cwd=tmp, timeout=120)
             self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-            self.assertRegex(r.stderr, r"--export .*/out: .* free \(\d+ bytes\), but one export of \d+ parameters "
+            self.assertRegex(r.stderr, r"--export .*/out: .* free \(\d+ bytes\), but the export of \d+ parameters "
                                        r".* needs .* \(\d+ bytes\)")
 
     def test_resume_below_the_checkpoint_step_is_an_error(self):

@@ -2,15 +2,17 @@
 after a line naming the step, the engine closed (no swap files left), `latest`
 a complete checkpoint that --resume continues from; a second signal ends the
 process at once. And --resume / --save-every without --checkpoint are errors."""
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
-from llama_script import SCRIPT, corpus, tiny
+from llama_script import DEFAULT_CONFIG, SCRIPT, corpus, tiny
 
 TINY = tiny(1)
 
@@ -73,6 +75,45 @@ def test_second_signal_ends_the_process_at_once(tmp_path):
     # process (or, when the first stop was already done, it exited 130).
     assert proc.returncode in (-signal.SIGINT, 130), out + err
     assert "Traceback" not in err
+
+
+def test_second_signal_during_a_save_ends_the_process_at_once(tmp_path):
+    """A save is one long call into the library, inside which Python runs no
+    signal handler; the script runs it on a worker thread, so the first signal
+    is handled during the save (which goes on) and the second ends the process
+    at once. The save is made slow on purpose: every state on the host device,
+    whose device-to-host copies run at 2 MB/s."""
+    cfg = json.load(open(DEFAULT_CONFIG))
+    cfg["zero_optimization"] = {"stage": 3}
+    cfg["strata"]["host_device"] = {"d2h_gbps": 0.002}
+    (tmp_path / "slow.json").write_text(json.dumps(cfg))
+    ck = tmp_path / "ck"
+    proc = subprocess.Popen(command(tmp_path, "--config", str(tmp_path / "slow.json"), "--steps", "100000",
+                                    "--checkpoint", str(ck), "--save-every", "1"),
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        while line and not line.startswith("step "):
+            line = proc.stdout.readline()
+        assert line, "train_llama.py ended before its first step: " + proc.stderr.read()
+        saving = ck / ".step-1.tmp"  # step 1's save, after its line; seconds long
+        for _ in range(3000):
+            if saving.is_dir() or proc.poll() is not None:
+                break
+            time.sleep(0.01)
+        assert saving.is_dir(), "step 1's save did not start"
+        proc.send_signal(signal.SIGTERM)
+        err = proc.stderr.readline()
+        while err and "stopping after the step in flight" not in err:
+            err = proc.stderr.readline()
+        assert err, "the first signal was not acknowledged"
+        assert saving.is_dir(), "the first signal was handled during the save"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGTERM
+    assert not (ck / "latest").exists()
 
 
 @pytest.mark.parametrize("flags", [["--resume"], ["--save-every", "5"]])
