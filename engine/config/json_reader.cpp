@@ -8,6 +8,7 @@
 #include <functional>
 #include <initializer_list>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -131,18 +132,37 @@ void Context::fail(std::string_view path, std::string_view message) {
   if (error_.ok()) error_ = Status::invalid_argument(str_cat(path, ": ", message));
 }
 
+namespace {
+
+// A program reads its config more than once (checked early, then by the
+// engine): each line is logged once per process, the first time it comes.
+bool first_time(const std::string& line) {
+  static std::mutex mu;
+  static std::unordered_set<std::string> seen;
+  std::lock_guard<std::mutex> lock(mu);
+  return seen.insert(line).second;
+}
+
+}  // namespace
+
 void Context::warn(std::string path, std::string message) {
-  STRATA_LOG(kWarn) << "config: " << path << ": " << message;
+  if (std::string line = str_cat("config: ", path, ": ", message); first_time(line)) {
+    STRATA_LOG(kWarn) << line;
+  }
   warnings_.push_back(ConfigWarning{.key_path = std::move(path), .message = std::move(message)});
 }
 
 void Context::note(std::string_view path, std::string_view message) {
-  STRATA_LOG(kInfo) << "config: " << path << ": " << message;
+  if (std::string line = str_cat("config: ", path, ": ", message); first_time(line)) {
+    STRATA_LOG(kInfo) << line;
+  }
 }
 
 void Context::resolved(std::string_view path, std::string_view value, std::string_view why) {
-  STRATA_LOG(kInfo) << "config: " << path << ": \"auto\" resolved to " << value << " (" << why
-                    << ")";
+  if (std::string line = str_cat("config: ", path, ": \"auto\" resolved to ", value, " (", why, ")");
+      first_time(line)) {
+    STRATA_LOG(kInfo) << line;
+  }
 }
 
 bool read_int(Context* ctx, std::string_view path, const Json& v, std::int64_t lo, std::int64_t hi,
