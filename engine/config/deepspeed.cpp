@@ -190,7 +190,7 @@ Status parse_precision(ObjectReader& root, Context& ctx, Config* c) {
   const bool fp16_auto = f.take_auto("enabled");
   if (!fp16_auto) f.get_bool("enabled", &c->fp16.enabled);
   f.get_double("loss_scale", at_least(0), &c->fp16.loss_scale);
-  f.get_int("initial_scale_power", 0, 127, &c->fp16.initial_scale_power);
+  f.get_int("initial_scale_power", 0, 126, &c->fp16.initial_scale_power);
   f.get_int("loss_scale_window", 1, kMaxI64, &c->fp16.loss_scale_window);
   f.get_int("hysteresis", 1, std::numeric_limits<int>::max(), &c->fp16.hysteresis);
   f.get_bool("consecutive_hysteresis", &c->fp16.consecutive_hysteresis);
