@@ -501,21 +501,21 @@ StepTraffic step_traffic(const Evaluation& e) {
           ? sat_mul(c, sat_mul(u64(P), passes) - std::min(sat_mul(u64(P), passes), u64(P) / u64(L) * kept))
           : 0;
   const std::uint64_t gradients_down = sat_mul(sat_mul(c, u64(T)), accum);
-  // Once per step the optimizer opens each trainable group's compute copies
-  // on the host (a copy of them unless their home is pinned), writes the
-  // new ones there and sends them home; a chunk updated on the device takes
-  // its gradients up and its new compute copies down.
+  // Once per step the optimizer writes each trainable group's new compute
+  // copies on the host (in place when their home is pinned) and sends them
+  // home; it does not read the old ones, every one of which it rewrites (the
+  // planner's groups are wholly trainable or wholly frozen). A chunk updated
+  // on the device takes its gradients up and its new compute copies down.
   const std::uint64_t view = sat_mul(c, u64(T));
   const bool home_device = e.pl.param_device == OffloadDevice::kNone;
   const bool home_nvme = e.pl.param_device == OffloadDevice::kNvme;
   tr.host_to_device_bytes =
       sat_add(sat_add(fetch, home_device ? view : 0), sat_mul(g, u64(e.t_gpu)));
-  tr.device_to_host_bytes =
-      sat_add(sat_add(gradients_down, home_device ? view : 0), sat_mul(c, u64(e.t_gpu)));
+  tr.device_to_host_bytes = sat_add(gradients_down, sat_mul(c, u64(e.t_gpu)));
   tr.disk_read_bytes = sat_mul(state, u64(e.t_nvme));
   tr.disk_write_bytes = sat_mul(state, u64(e.t_nvme));
   if (home_nvme) {
-    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, sat_add(fetch, view));
+    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, fetch);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);
   }
   return tr;

@@ -62,6 +62,23 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
   return host;
 }
 
+bool ComputeHomes::rewritten_whole(std::size_t g) const {
+  const GroupPlace& gp = layout_.groups[g];
+  for (std::size_t pi : gp.params) {
+    if (!layout_.params[pi].trainable) return false;
+  }
+  return !gp.params.empty();
+}
+
+core::Result<std::span<std::byte>> ComputeHomes::blank(std::size_t g, gpu::PinnedBuffer& staging) {
+  if (layout_.groups[g].compute_tier == Tier::kPinned) return groups_[g].pinned_home.bytes();
+  const std::uint64_t n = bytes(g);
+  STRATA_ASSIGN_OR_RETURN(staging, pinned_cache_.get(core::align_up(n, core::kDirectIoAlignment), "compute staging"));
+  const std::span<std::byte> host = staging.bytes().first(n);
+  std::memset(host.data(), 0, host.size());
+  return host;
+}
+
 core::Status ComputeHomes::commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane) {
   Group& home = groups_[g];
   switch (layout_.groups[g].compute_tier) {

@@ -41,6 +41,13 @@ class ComputeHomes {
   // staging copy (4096-aligned, from the pinned cache) read from the device
   // or the swap file on `lane`.
   core::Result<std::span<std::byte>> load(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane);
+  // A host buffer for group g's new compute copies when the step rewrites
+  // every parameter's (no frozen one in the group): its home is not read
+  // (a pinned home is itself the buffer); the padding between parameters is
+  // zero, as in every home. Staging from the pinned cache, as load's.
+  core::Result<std::span<std::byte>> blank(std::size_t g, gpu::PinnedBuffer& staging);
+  // True when a step rewrites every parameter's compute copies in group g.
+  bool rewritten_whole(std::size_t g) const;
   // Writes a host view of group g's compute copies home on `lane`.
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
 

@@ -326,6 +326,10 @@ core::Status Optimizer::JobRun::open_group(std::size_t g) {
                                                                                : "speculative compute copies"));
     std::memcpy(o.buffer.data(), home.data(), home.size());
     o.compute = o.buffer.bytes();
+  } else if (homes.rewritten_whole(g)) {
+    // Every parameter's copies are written below: the old ones are not read
+    // (no disk read or device copy for a home on nvme or the device).
+    STRATA_ASSIGN_OR_RETURN(o.compute, homes.blank(g, o.buffer));
   } else {
     STRATA_ASSIGN_OR_RETURN(o.compute, homes.load(g, o.buffer, lane_));
   }

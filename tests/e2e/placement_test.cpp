@@ -17,6 +17,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,9 +65,10 @@ void expect_same_state(const RunResult& got, const RunResult& want) {
 // One step's traffic, from the layout (every group fetched twice per micro-batch,
 // gradients for every trainable group): compute copies cross the link on each
 // fetch unless they live on the device, gradients come down once (2 B), the
-// optimizer loads and commits each group's compute copies from and to their
-// home, nvme chunks are read and written once (12 B per element), device
-// chunks take their gradients up and send new compute copies down.
+// optimizer commits each group's compute copies to their home (reading the
+// old ones first only when a frozen parameter's are among them), nvme chunks
+// are read and written once (12 B per element), device chunks take their
+// gradients up and send new compute copies down.
 StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   StepBytes b;
   const std::uint64_t cb = static_cast<std::uint64_t>(l.compute_bytes),
@@ -79,11 +81,13 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
     if (g.compute_tier == Tier::kNvme) b.nvme_read += fetches * compute;
     if (!trainable) continue;
     b.d2h += micro_batches * compute;  // gradients, laid out like the compute copies
+    const bool reads_old = std::any_of(g.params.begin(), g.params.end(),
+                                       [&](std::size_t pi) { return !l.params[pi].trainable; });
     if (g.compute_tier == Tier::kDevice) {
-      b.d2h += compute;
+      b.d2h += reads_old ? compute : 0;
       b.h2d += compute;
     } else if (g.compute_tier == Tier::kNvme) {
-      b.nvme_read += compute;
+      b.nvme_read += reads_old ? compute : 0;
       b.nvme_write += compute;
     }
   }
@@ -105,6 +109,8 @@ class Placement : public MlpTest {
   // train(): the backward holds a group's compute copies while it hands over
   // the group's gradients (else it copies them out and releases first).
   bool hold_in_backward_ = false;
+  // train(): parameters frozen one by one (beside freeze_l1's whole group).
+  std::set<std::string> frozen_;
 
   // The budget tests below: a budget too small is refused at finalize with the
   // smallest that works ("KEY >= N"); that budget trains, to the same bits as
@@ -147,7 +153,7 @@ class Placement : public MlpTest {
     auto no_decay = e.add_optimizer_group({"no_decay", 0.0, 1.0});
     EXPECT_TRUE(no_decay.ok());
     for (const Tensor& t : kTensors) {
-      ParamDesc d{t.name, t.shape, t.group, !(freeze_l1 && t.group == "l1"),
+      ParamDesc d{t.name, t.shape, t.group, !(freeze_l1 && t.group == "l1") && frozen_.count(t.name) == 0,
                   t.name.back() == 'b' ? *no_decay : 0};
       EXPECT_TRUE(e.register_param(d, [t](std::span<float> out) {
                      init_values(t, out);
@@ -203,7 +209,7 @@ class Placement : public MlpTest {
     for (const Tensor& t : kTensors) {
       std::vector<float> v(
           static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
-      if (!(freeze_l1 && t.group == "l1")) {
+      if (!(freeze_l1 && t.group == "l1") && frozen_.count(t.name) == 0) {
         {
           auto rs = e.read_master(t.name, v);
           EXPECT_TRUE(rs.ok()) << rs;
@@ -408,6 +414,34 @@ TEST_F(Placement, FrozenBaseTrainsOnlyTheTrainablePart) {
     }
   }
   EXPECT_EQ(r.traffic.back(), r.expected_bytes);
+}
+
+// A group with a frozen parameter beside trainable ones: the optimizer reads
+// the group's old compute copies before writing the new ones (the frozen
+// one's stay as they were), in every compute home; a group with none frozen
+// is not read (the memory model counts both).
+TEST_F(Placement, AFrozenParameterKeepsItsComputeCopiesInAGroupThatTrains) {
+  frozen_ = {"l1.w"};
+  for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {
+    SCOPED_TRACE(static_cast<int>(params));
+    Config c = base();
+    c.zero.offload_param.device = params;
+    c.zero.offload_optimizer.device = params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kNvme;
+    const RunResult r = train(c);
+    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+    EXPECT_EQ(r.master.count("l1.w"), 0u);
+    ASSERT_EQ(r.master.count("l1.b"), 1u);
+    const Tensor& w = kTensors[0];
+    std::vector<float> init(r.compute.at(w.name).size());
+    init_values(w, init);
+    for (std::size_t i = 0; i < init.size(); ++i) {
+      ASSERT_EQ(r.compute.at(w.name)[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(init[i]))) << i;
+    }
+    std::vector<float> b0(r.compute.at("l1.b").size());
+    init_values(kTensors[1], b0);
+    EXPECT_FALSE(bits_equal(r.compute.at("l1.b"), b0)) << "l1.b trains";
+    EXPECT_EQ(r.traffic.back(), r.expected_bytes);
+  }
 }
 
 TEST_F(Placement, Bf16NonFiniteGradientsSkipTheStepAndCount) {
