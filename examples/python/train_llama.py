@@ -566,11 +566,11 @@ def run(args, stop):
                            max_position_embeddings=max(2048, args.seq_len))
     if args.layers:
         cfg.num_hidden_layers = args.layers
-    check_outputs(args, cfg, resolved)
-    if args.resume:
+    if args.resume:  # before check_outputs, which writes a probe file into --checkpoint
         step = checkpoint_step(args.checkpoint)
         if step is not None:
             check_resume_steps(args, step, os.path.join(args.checkpoint, "latest"))
+    check_outputs(args, cfg, resolved)
     try:
         text = data.load_corpus(args.corpus)
     except FileNotFoundError as e:

@@ -15,7 +15,9 @@
 // The flags are parsed strictly (train_cli.h: CLI11; --help lists them); the
 // default config is found from any directory; --checkpoint (when saving) and
 // --export are created and checked for space before training. Exit status: 0
-// done, 1 a run-time error, 2 bad input, 128 + signal when stopped.
+// done, 1 a run-time error (I/O, data loss, internal; a save or export that
+// fails), 2 bad input (flags, config, budgets, paths: the library's input
+// errors too), 128 + signal when stopped.
 //
 // Signals (stop_signal.h; the library installs no handler, this program
 // does): the first SIGINT or SIGTERM lets the step in flight finish, starts
@@ -79,9 +81,24 @@ using strata::examples::train::ModelDevice;
 using strata::examples::train::Options;
 using strata::examples::train::OutputNeed;
 
+// The library's errors that come from the input (the config, the budgets it
+// sets, the paths and files named) exit 2, as train_llama.py's do; faults
+// (I/O, data loss, internal, memory the system would not give) exit 1.
 int fail(const char* what, strata_status s) {
   std::fprintf(stderr, "strata-train: %s: %s (%s)\n", what, strata_last_error(), strata_status_name(s));
-  return s == STRATA_STATUS_INVALID_ARGUMENT ? 2 : 1;
+  switch (s) {
+    case STRATA_STATUS_INVALID_ARGUMENT:
+    case STRATA_STATUS_NOT_FOUND:
+    case STRATA_STATUS_ALREADY_EXISTS:
+    case STRATA_STATUS_PERMISSION_DENIED:
+    case STRATA_STATUS_RESOURCE_EXHAUSTED:
+    case STRATA_STATUS_FAILED_PRECONDITION:
+    case STRATA_STATUS_OUT_OF_RANGE:
+    case STRATA_STATUS_UNIMPLEMENTED:
+      return 2;
+    default:
+      return 1;
+  }
 }
 
 #define CHECK_STRATA(call, what)                          \

@@ -201,11 +201,12 @@ def test_resume_is_refused_below_the_checkpoint_step_and_continues_above_it(tmp_
     r = run(tmp_path, "--steps", "4", "--log-every", "1", "--checkpoint", "ck", "--save-every", "2")
     assert r.returncode == 0, r.stdout + r.stderr
     assert (ck / "latest").read_text().startswith("step-4 ")
-    before = snapshot(ck)
+    before, mtime = snapshot(ck), os.stat(ck).st_mtime_ns
 
     r = run(tmp_path, "--steps", "2", "--log-every", "1", "--checkpoint", "ck", "--save-every", "2", "--resume")
     assert_refused(r, "--steps 2 is below the checkpoint's step 4", "give --steps 4 or more")
-    assert snapshot(ck) == before
+    # Refused before anything is written there, not even the writability probe.
+    assert snapshot(ck) == before and os.stat(ck).st_mtime_ns == mtime
 
     # At the checkpoint's step (as strata-train): nothing to train, nothing saved.
     r = run(tmp_path, "--steps", "4", "--log-every", "1", "--checkpoint", "ck", "--save-every", "2", "--resume")
