@@ -1,7 +1,7 @@
 // The numerics contract (DESIGN.md section 6), written once so that C++ and
 // CUDA compile the same text: the scalar Adam/AdamW, Lion and Adagrad steps,
-// fp32 <-> bf16/fp16 conversion, and the fixed summation order of the
-// gradient norm.
+// Adam with bf16 moments and its stochastic rounding, fp32 <-> bf16/fp16
+// conversion, and the fixed summation order of the gradient norm.
 //
 // Every kernel (scalar, AVX2, AVX-512, the host device, CUDA) performs exactly
 // these operations in exactly this order, with fused multiply-adds where this
@@ -250,6 +250,129 @@ STRATA_HD void adam_step(const AdamStepConstants& c, float grad, float& p, float
   const float u = div_f32(m, d);
   if (c.neg_lr_decay != 0.0f) p = fma_f32(c.neg_lr_decay, p, p);
   p = fma_f32(c.neg_step_size, u, p);
+}
+
+// ---------------------------------------------------------------------------
+// Adam/AdamW with bf16 moments: the fp32 master stays fp32, exp_avg (m) and
+// exp_avg_sq (v) are stored as bf16 bit patterns (4 bytes of state per element
+// instead of 8). Each element, per step:
+//
+//   m32 = bf16_bits_to_fp32(m)                   (exact: shift left 16)
+//   v32 = bf16_bits_to_fp32(v)
+//   adam_step(c, grad, p, m32, v32)              (the fp32 step above, unchanged)
+//   m   = narrow(m32), v = narrow(v32)
+//
+// where narrow is either fp32_to_bf16_bits (round to nearest even) or
+// bf16_round_stochastic with 16 random bits per moment (stochastic rounding:
+// Gupta et al., "Deep Learning with Limited Numerical Precision", 2015;
+// Zamirai et al., "Revisiting BFloat16 Training", 2020).
+//
+// The random bits. They are a pure function of (seed, step, the element's
+// global index, which moment), so a kernel may visit the elements in any
+// tiles, threads or vector widths and still produce the same bits:
+//
+//   key  = splitmix64_mix(splitmix64_mix(seed + 0x9e3779b97f4a7c15) ^ step)
+//   x    = hash32(lo32(index) ^ lo32(key))
+//   x    = hash32(x ^ hi32(index) ^ hi32(key))
+//   bits = x & 0xffff (m), x >> 16 (v)
+//
+// splitmix64_mix is the finalizer of Steele, Lea and Flood's SplitMix64
+// (OOPSLA 2014; the variant with Stafford's "Mix13" constants); hash32 is the
+// "lowbias32" integer hash from Chris Wellons' hash prospector (two
+// xorshift-multiply rounds, a bijection on 32 bits with a measured bias of
+// about 0.17). Why this shape: the key depends on the step only, so a kernel
+// derives it once per call, in 64-bit scalar code; what runs per element is
+// 32-bit xorshifts, xors and multiplies, which AVX2 (vpmulld) and AVX-512 do 8
+// or 16 at a time (AVX2 has no 64-bit multiply, so a per-element splitmix64
+// or Philox would not vectorise there). Two rounds, keyed before each, mix
+// both halves of the 64-bit index; for a fixed key and index high half the
+// map from the low half is a bijection, so no two elements of one step share
+// their 32 bits. One 32-bit hash serves both moments (its two halves),
+// halving the per-element work.
+// ---------------------------------------------------------------------------
+
+// How the moments are narrowed back to bf16.
+enum class Bf16Rounding : std::uint8_t {
+  kNearestEven = 0,  // fp32_to_bf16_bits
+  kStochastic = 1,   // bf16_round_stochastic with the bits below
+};
+
+// Which moment a random draw is for.
+enum class AdamMoment : std::uint8_t {
+  kExpAvg = 0,    // m: the low 16 bits of the element's hash
+  kExpAvgSq = 1,  // v: the high 16 bits
+};
+
+// SplitMix64's output function: a bijection on 64 bits.
+STRATA_HD std::uint64_t splitmix64_mix(std::uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// lowbias32: a bijection on 32 bits.
+STRATA_HD std::uint32_t hash32(std::uint32_t x) {
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// The per-step key (64-bit scalar code; kernels compute it once per call).
+STRATA_HD std::uint64_t stochastic_rounding_key(std::uint64_t seed, std::int64_t step) {
+  return splitmix64_mix(splitmix64_mix(seed + 0x9e3779b97f4a7c15ull) ^ static_cast<std::uint64_t>(step));
+}
+
+// The 32-bit hash of one element under a step's key.
+STRATA_HD std::uint32_t stochastic_rounding_hash(std::uint64_t key, std::uint64_t index) {
+  std::uint32_t x = hash32(static_cast<std::uint32_t>(index) ^ static_cast<std::uint32_t>(key));
+  x = hash32(x ^ static_cast<std::uint32_t>(index >> 32) ^ static_cast<std::uint32_t>(key >> 32));
+  return x;
+}
+
+// 16 random bits (in the low half) for one moment of one element in one step.
+STRATA_HD std::uint32_t stochastic_rounding_bits(std::uint64_t key, std::int64_t index, AdamMoment moment) {
+  const std::uint32_t x = stochastic_rounding_hash(key, static_cast<std::uint64_t>(index));
+  return moment == AdamMoment::kExpAvg ? (x & 0xffffu) : (x >> 16);
+}
+
+// The same as a function of everything it depends on.
+STRATA_HD std::uint32_t stochastic_rounding_bits(std::uint64_t seed, std::int64_t step, std::int64_t index,
+                                                 AdamMoment moment) {
+  return stochastic_rounding_bits(stochastic_rounding_key(seed, step), index, moment);
+}
+
+// Stochastic rounding to bf16 on the bit pattern: add the low 16 bits of
+// `bits` to the low 16 bits of x's pattern and truncate. x rounds away from
+// zero with probability (its low 16 bits) / 65536, so the result is one of the
+// two bf16 values around x (x itself when it is a bf16) and its mean over
+// uniform bits is x exactly. Subnormals are kept; a finite value above the
+// largest bf16 may carry into infinity (as nearest-even does past the
+// midpoint). Non-finite values (inf, NaN) take fp32_to_bf16_bits.
+STRATA_HD std::uint16_t bf16_round_stochastic(float x, std::uint32_t bits) {
+  const std::uint32_t u = float_bits(x);
+  if (!is_finite_bits(u)) return fp32_to_bf16_bits(x);
+  return static_cast<std::uint16_t>((u + (bits & 0xffffu)) >> 16);
+}
+
+// One element of the step with bf16 moments; p, m, v are updated in place.
+// bits_m and bits_v are used by kStochastic only (their low 16 bits:
+// stochastic_rounding_bits for kExpAvg and kExpAvgSq).
+STRATA_HD void adam_step_bf16_moments(const AdamStepConstants& c, float grad, float& p, std::uint16_t& m,
+                                      std::uint16_t& v, Bf16Rounding rounding, std::uint32_t bits_m,
+                                      std::uint32_t bits_v) {
+  float m32 = bf16_bits_to_fp32(m);
+  float v32 = bf16_bits_to_fp32(v);
+  adam_step(c, grad, p, m32, v32);
+  if (rounding == Bf16Rounding::kStochastic) {
+    m = bf16_round_stochastic(m32, bits_m);
+    v = bf16_round_stochastic(v32, bits_v);
+  } else {
+    m = fp32_to_bf16_bits(m32);
+    v = fp32_to_bf16_bits(v32);
+  }
 }
 
 // ---------------------------------------------------------------------------
