@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -110,10 +111,17 @@ Status check_aligned(const char* name, const void* p, int elem_bytes) {
   return Status();
 }
 
-// An optimizer state array and its name, for the step checks.
+// An optimizer state array (fp32, or bf16 bit patterns) and its name, for the
+// step checks.
 struct NamedState {
+  NamedState(const char* name_in, std::span<const float> s)
+      : name(name_in), data(s.data()), size(static_cast<std::int64_t>(s.size())), elem_bytes(4) {}
+  NamedState(const char* name_in, std::span<const std::uint16_t> s)
+      : name(name_in), data(s.data()), size(static_cast<std::int64_t>(s.size())), elem_bytes(2) {}
   const char* name;
-  std::span<const float> data;
+  const void* data;
+  std::int64_t size;  // elements
+  int elem_bytes;
 };
 
 // The checks every step makes before a thread starts: sizes, the copy type,
@@ -127,8 +135,8 @@ Status check_step_buffers(std::string_view what, std::span<const float> master,
   bool sizes_match = grad.size == n && (!copy || copy_out.size == n);
   std::string sizes = str_cat("master ", n);
   for (const NamedState& s : states) {
-    sizes_match = sizes_match && static_cast<std::int64_t>(s.data.size()) == n;
-    sizes += str_cat(", ", s.name, " ", s.data.size());
+    sizes_match = sizes_match && s.size == n;
+    sizes += str_cat(", ", s.name, " ", s.size);
   }
   if (!sizes_match) {
     return Status::invalid_argument(str_cat(what, ": sizes differ: ", sizes, ", grad ", grad.size,
@@ -139,11 +147,11 @@ Status check_step_buffers(std::string_view what, std::span<const float> master,
         str_cat(what, ": copy_out must be bf16 or fp16 (the master is the fp32 copy)"));
   }
   STRATA_RETURN_IF_ERROR(check_aligned("master", master.data(), 4));
-  for (const NamedState& s : states) STRATA_RETURN_IF_ERROR(check_aligned(s.name, s.data.data(), 4));
+  for (const NamedState& s : states) STRATA_RETURN_IF_ERROR(check_aligned(s.name, s.data, s.elem_bytes));
   STRATA_RETURN_IF_ERROR(check_aligned("grad", grad.data, elem_size_bytes(grad.type)));
   if (copy) STRATA_RETURN_IF_ERROR(check_aligned("copy_out", copy_out.data, 2));
   std::vector<ByteRange> ranges = {range_of("master", master.data(), n, 4)};
-  for (const NamedState& s : states) ranges.push_back(range_of(s.name, s.data.data(), n, 4));
+  for (const NamedState& s : states) ranges.push_back(range_of(s.name, s.data, n, s.elem_bytes));
   ranges.push_back(range_of("grad", grad.data, n, elem_size_bytes(grad.type)));
   if (copy) ranges.push_back(range_of("copy_out", copy_out.data, n, 2));
   return check_disjoint(ranges);
@@ -407,6 +415,45 @@ Status CpuAdam::step(const AdamStepArgs& args) {
                               args.copy_out.type,
                               length};
     table.adam(k);
+  });
+  return Status();
+}
+
+Status CpuAdam::step_bf16_moments(const AdamStepBf16MomentsArgs& args) {
+  STRATA_RETURN_IF_ERROR(check_step_buffers("adam step (bf16 moments)", args.master,
+                                            {{"exp_avg", args.exp_avg}, {"exp_avg_sq", args.exp_avg_sq}},
+                                            args.grad, args.copy_out));
+  STRATA_RETURN_IF_ERROR(validate_adam_constants(args.constants));
+  const std::int64_t n = static_cast<std::int64_t>(args.master.size());
+  if (args.rounding != nx::Bf16Rounding::kNearestEven && args.rounding != nx::Bf16Rounding::kStochastic) {
+    return Status::invalid_argument(str_cat("adam step (bf16 moments): rounding = ",
+                                            static_cast<int>(args.rounding),
+                                            " is neither kNearestEven (0) nor kStochastic (1)"));
+  }
+  if (args.index_base < 0 || args.index_base > std::numeric_limits<std::int64_t>::max() - n) {
+    return Status::invalid_argument(str_cat("adam step (bf16 moments): index_base = ", args.index_base,
+                                            " must be >= 0 and index_base + n (n = ", n,
+                                            ") must not pass INT64_MAX"));
+  }
+
+  const kernels::KernelTable& table = *impl_->table;
+  const std::uint64_t key = nx::stochastic_rounding_key(args.seed, args.step);
+  for_each_tile(n, [&](std::int64_t begin, std::int64_t length) {
+    kernels::AdamBf16MomentsKernelArgs k{&args.constants,
+                                         args.master.data() + begin,
+                                         args.exp_avg.data() + begin,
+                                         args.exp_avg_sq.data() + begin,
+                                         grad_at(args.grad, begin),
+                                         args.grad.type,
+                                         copy_at(args.copy_out, begin),
+                                         args.copy_out.type,
+                                         args.rounding,
+                                         args.seed,
+                                         args.step,
+                                         key,
+                                         args.index_base + begin,
+                                         length};
+    table.adam_bf16_moments(k);
   });
   return Status();
 }

@@ -1,8 +1,8 @@
-// The CPU optimizer: fused Adam/AdamW, Lion and Adagrad steps and the gradient
-// pass, one pass over memory per tile, with AVX-512, AVX2+FMA and scalar
-// kernels chosen at run time and oneTBB threads over fixed tiles. Every kernel,
-// thread count and tile size gives bit-identical results (core/numerics.h is
-// the contract).
+// The CPU optimizer: fused Adam/AdamW (with fp32 or bf16 moments), Lion and
+// Adagrad steps and the gradient pass, one pass over memory per tile, with
+// AVX-512, AVX2+FMA and scalar kernels chosen at run time and oneTBB threads
+// over fixed tiles. Every kernel, thread count and tile size gives
+// bit-identical results (core/numerics.h is the contract).
 //
 // CpuAdam is thread-compatible: one call at a time per object (each call uses
 // the object's threads). Buffers are borrowed for the duration of a call.
@@ -60,6 +60,35 @@ struct AdamStepArgs {
   std::span<float> exp_avg_sq;
   ConstTypedSpan grad;
   TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
+};
+
+// Adam/AdamW with bf16 moments: the same step as AdamStepArgs, with exp_avg and
+// exp_avg_sq stored as bf16 (their bit patterns in uint16_t; a bf16 is the
+// upper half of an fp32). Per element (numerics::adam_step_bf16_moments): widen
+// m and v to fp32 (exact), run numerics::adam_step unchanged, and narrow m and v
+// back to bf16 with `rounding`: round to nearest even, or stochastic rounding
+// with 16 random bits that are a pure function of (seed, step, index_base + i,
+// which moment) (numerics::stochastic_rounding_bits), so the result never
+// depends on the ISA, the threads or the tiles. State: 8 bytes per element
+// (master 4, moments 2 + 2) against AdamStepArgs' 12.
+//
+// The moments are typed spans of uint16_t rather than a TypedSpan: they have
+// one type (bf16) and are updated in place, so a span says all of it and the
+// compiler checks it; fp16 moments would not work (v underflows).
+struct AdamStepBf16MomentsArgs {
+  core::numerics::AdamStepConstants constants;
+  std::span<float> master;
+  std::span<std::uint16_t> exp_avg;     // bf16 bit patterns, updated in place
+  std::span<std::uint16_t> exp_avg_sq;  // bf16 bit patterns, updated in place
+  ConstTypedSpan grad;                  // fp32, bf16 or fp16
+  TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
+  // How m and v are narrowed. Default: round to nearest even (seed, step and
+  // index_base are then unused).
+  core::numerics::Bf16Rounding rounding = core::numerics::Bf16Rounding::kNearestEven;
+  std::uint64_t seed = 0;        // kStochastic: the run's seed (any value)
+  std::int64_t step = 0;         // kStochastic: the optimizer step (any value; usually counts from 1)
+  std::int64_t index_base = 0;   // the global index of element 0 (>= 0): a chunk's elements draw
+                                 // the same bits wherever and however they are updated
 };
 
 // One fused Lion step over n elements: read the gradient, scale it by
@@ -141,6 +170,10 @@ class CpuAdam {
   // zero length, sizes that differ, a copy type other than bf16/fp16,
   // misaligned or overlapping buffers, or bad constants.
   core::Status step(const AdamStepArgs& args);
+  // Adam/AdamW with bf16 moments (AdamStepBf16MomentsArgs): the same threads,
+  // tiles and errors as step(), plus kInvalidArgument for a negative
+  // index_base, an index_base + n past INT64_MAX, or an unknown rounding.
+  core::Status step_bf16_moments(const AdamStepBf16MomentsArgs& args);
   // The Lion and Adagrad steps: the same threads, tiles and errors, their own
   // constants and one state array each.
   core::Status lion_step(const LionStepArgs& args);

@@ -1,6 +1,6 @@
-// Scalar kernels (Adam, Lion, Adagrad, the gradient pass): numerics.h applied
-// element by element. The reference every vector kernel must match bit for
-// bit (finite inputs).
+// Scalar kernels (Adam with fp32 or bf16 moments, Lion, Adagrad, the gradient
+// pass): numerics.h applied element by element. The reference every vector
+// kernel must match bit for bit (finite inputs).
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
@@ -33,6 +33,24 @@ void adam_scalar(const AdamKernelArgs& a) {
   for (std::int64_t i = 0; i < a.n; ++i) {
     nx::adam_step(c, load_elem(a.grad, a.grad_type, i), a.master[i], a.exp_avg[i],
                   a.exp_avg_sq[i]);
+    if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
+  }
+}
+
+// The stochastic bits come from the key derived once per call, which is
+// numerics::stochastic_rounding_bits(seed, step, index, moment) per element.
+void adam_bf16_moments_scalar(const AdamBf16MomentsKernelArgs& a) {
+  const nx::AdamStepConstants& c = *a.constants;
+  const bool stochastic = a.rounding == nx::Bf16Rounding::kStochastic;
+  const std::uint64_t key = stochastic ? nx::stochastic_rounding_key(a.seed, a.step) : 0;
+  for (std::int64_t i = 0; i < a.n; ++i) {
+    std::uint32_t bits_m = 0, bits_v = 0;
+    if (stochastic) {
+      bits_m = nx::stochastic_rounding_bits(key, a.index_base + i, nx::AdamMoment::kExpAvg);
+      bits_v = nx::stochastic_rounding_bits(key, a.index_base + i, nx::AdamMoment::kExpAvgSq);
+    }
+    nx::adam_step_bf16_moments(c, load_elem(a.grad, a.grad_type, i), a.master[i], a.exp_avg[i],
+                               a.exp_avg_sq[i], a.rounding, bits_m, bits_v);
     if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
   }
 }
@@ -96,7 +114,7 @@ double fold_lanes_scalar(double* lanes) { return nx::fold_norm_lanes(lanes); }
 
 const KernelTable& scalar_kernels() {
   static constexpr KernelTable kTable{Isa::kScalar, adam_scalar, grad_pass_scalar, lion_scalar,
-                                      adagrad_scalar};
+                                      adagrad_scalar, adam_bf16_moments_scalar};
   return kTable;
 }
 

@@ -21,6 +21,26 @@ struct AdamKernelArgs {
   std::int64_t n;
 };
 
+// Adam with bf16 moments over n elements whose global indices are
+// index_base .. index_base + n - 1.
+struct AdamBf16MomentsKernelArgs {
+  const core::numerics::AdamStepConstants* constants;
+  float* master;
+  std::uint16_t* exp_avg;     // bf16 bit patterns
+  std::uint16_t* exp_avg_sq;  // bf16 bit patterns
+  const void* grad;
+  ElemType grad_type;
+  void* copy_out;         // nullptr: none
+  ElemType copy_type;     // kBf16 or kF16 when copy_out is set
+  core::numerics::Bf16Rounding rounding;
+  std::uint64_t seed;     // kStochastic: the scalar kernel derives the key from seed and step
+  std::int64_t step;
+  std::uint64_t key;      // kStochastic: numerics::stochastic_rounding_key(seed, step), for the
+                          // vector kernels (which call no numerics.h function)
+  std::int64_t index_base;
+  std::int64_t n;
+};
+
 struct LionKernelArgs {
   const core::numerics::LionStepConstants* constants;
   float* master;
@@ -61,6 +81,7 @@ struct KernelTable {
   void (*grad_pass)(const GradKernelArgs& args);
   void (*lion)(const LionKernelArgs& args);
   void (*adagrad)(const AdagradKernelArgs& args);
+  void (*adam_bf16_moments)(const AdamBf16MomentsKernelArgs& args);
 };
 
 const KernelTable& scalar_kernels();
@@ -88,6 +109,12 @@ void lion_avx512(const LionKernelArgs& args);
 void adagrad_avx512(const AdagradKernelArgs& args);
 void lion_avx512_bf16(const LionKernelArgs& args);
 void adagrad_avx512_bf16(const AdagradKernelArgs& args);
+
+// Adam with bf16 moments, likewise in files of their own
+// (adam_bf16_moments_avx2.cpp, adam_bf16_moments_avx512.cpp).
+void adam_bf16_moments_avx2(const AdamBf16MomentsKernelArgs& args);
+void adam_bf16_moments_avx512(const AdamBf16MomentsKernelArgs& args);
+void adam_bf16_moments_avx512_bf16(const AdamBf16MomentsKernelArgs& args);
 
 const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
 const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)

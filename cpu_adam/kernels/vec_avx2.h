@@ -31,7 +31,8 @@ inline __m256 load8(const void* base, std::int64_t i) {
 
 // --- fp32 -> bf16 on the bit pattern (numerics::fp32_to_bf16_bits) -----------
 
-inline __m128i to_bf16(__m256 x) {
+// In 32-bit lanes (the bf16 in each lane's low half), before packing.
+inline __m256i to_bf16_lanes(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
   const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
   // abs < 2^31, so the signed compare is the unsigned one.
@@ -41,10 +42,16 @@ inline __m128i to_bf16(__m256 x) {
   const __m256i rounded =
       _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
   const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x0040));
-  const __m256i r = _mm256_blendv_epi8(rounded, quiet, nan);
+  return _mm256_blendv_epi8(rounded, quiet, nan);
+}
+
+// Packs 8 lanes that each hold a 16-bit value into 8 uint16_t, in order.
+inline __m128i pack_u16(__m256i r) {
   // Every value fits 16 bits, so unsigned saturation packs without change.
   return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
+
+inline __m128i to_bf16(__m256 x) { return pack_u16(to_bf16_lanes(x)); }
 
 // fp32 -> fp16: the F16C conversion rounds to nearest even and keeps
 // subnormals (FTZ is off), as numerics::fp32_to_fp16_bits does.
