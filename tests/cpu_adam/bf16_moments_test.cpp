@@ -89,8 +89,8 @@ struct State {
   }
 };
 
-// Random state. `specials` sprinkles zero, -0, subnormal, inf, NaN and
-// beyond-fp16 gradients, zero, subnormal and non-finite moments, and zero
+// Random state. `specials` sprinkles zero, -0, subnormal, inf, NaN (one with
+// every payload bit set) and beyond-fp16 gradients, zero, subnormal and non-finite moments, and zero
 // and subnormal masters.
 State random_state(std::int64_t n, std::uint32_t seed, bool specials) {
   std::mt19937 rng(seed);
@@ -132,6 +132,10 @@ State random_state(std::int64_t n, std::uint32_t seed, bool specials) {
         case 10: m = std::numeric_limits<float>::infinity(); break;   // an inf moment stays inf
         case 11: v = std::numeric_limits<float>::quiet_NaN(); break;  // a NaN moment stays NaN
         case 12: s.p[i] = 0.0f; break;
+        case 13:  // a NaN whose payload fills the low 16 bits: adding random bits to it
+                  // would carry out of the exponent (fp32 gradients keep the payload)
+          g = std::bit_cast<float>(rng() % 2 ? 0x7fffffffu : 0xffffffffu);
+          break;
         default: break;
       }
     }
