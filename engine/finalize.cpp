@@ -74,26 +74,27 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
 
 // The most device memory a step needs at once beyond the state the
 // placement keeps there: a group's fetched compute copies with its gradient
-// buffer (a backward on the device holds both), or a device-resident
-// chunk's optimizer step (its gradients and new compute copies, at
-// step_end).
+// buffer (a backward on the device holds both), and beside them a
+// device-resident chunk's optimizer step (its gradients and new compute
+// copies), which an early job runs during the backward.
 std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   const auto gb = static_cast<std::uint64_t>(layout.grad_bytes);
   const auto buffer = [align](std::uint64_t bytes) { return core::align_up(bytes, align); };
-  std::uint64_t most = 0;
+  std::uint64_t backward = 0;
   for (const GroupPlace& gp : layout.groups) {
     const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
     const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : buffer(elems * cb);
     const std::uint64_t grads = gp.trainable_elems > 0 ? buffer(elems * cb) : 0;
-    most = std::max(most, fetched + grads);
+    backward = std::max(backward, fetched + grads);
   }
+  std::uint64_t chunk_step = 0;
   for (const ChunkRun& r : layout.chunk_runs) {
     if (r.state_tier != Tier::kDevice) continue;
     const auto elems = static_cast<std::uint64_t>(r.elems);
-    most = std::max(most, buffer(elems * gb) + buffer(elems * cb));
+    chunk_step = std::max(chunk_step, buffer(elems * gb) + buffer(elems * cb));
   }
-  return most;
+  return backward + chunk_step;
 }
 
 // The device memory the placement's state takes as the device allocates it:
@@ -240,7 +241,8 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   if (device_least > shared_device_->device_budget.limit_bytes()) {
     return Status::resource_exhausted(str_cat(
         "this placement keeps ", core::format_bytes(need.device), " of state on the device, and a step needs up "
-        "to ", core::format_bytes(device_working), " more (a group's compute copies with its gradients); "
+        "to ", core::format_bytes(device_working), " more (a group's compute copies with its gradients, and a "
+        "device chunk's update beside them); "
         "strata.budgets.device allows ", core::format_bytes(shared_device_->device_budget.limit_bytes()),
         ": strata.budgets.device >= ", device_least, " (", core::format_bytes(device_least),
         ") works for a framework that holds one group at a time (more groups at once, more). Or offload more "

@@ -1219,16 +1219,29 @@ TEST_F(Placement, TheSmallestDiskBudgetTheMessageNamesTrains) {
 }
 
 // Device: the state kept on the device plus the most one group's backward
-// holds (its compute copies with its gradient buffer).
+// holds (its compute copies with its gradient buffer) and, beside it, a
+// device chunk's update; also with half the optimizer state on the device
+// and no clipping, where the optimizer updates device chunks during the
+// backward (overlap "exact").
 TEST_F(Placement, TheSmallestDeviceBudgetTheMessageNamesTrains) {
   hold_in_backward_ = true;
-  for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu}) {
+  struct Case {
+    OffloadDevice params, optimizer;
+    double ratio, clip;
+  };
+  const Case cases[] = {{OffloadDevice::kNone, OffloadDevice::kNone, 1.0, 1.0},
+                        {OffloadDevice::kCpu, OffloadDevice::kCpu, 1.0, 1.0},
+                        {OffloadDevice::kCpu, OffloadDevice::kCpu, 0.5, 0.0},
+                        {OffloadDevice::kNone, OffloadDevice::kCpu, 0.5, 0.0}};
+  for (const Case& k : cases) {
+    SCOPED_TRACE(core::str_cat("ratio ", k.ratio, ", clip ", k.clip));
     Config c = base();
-    c.zero.offload_param.device = params;
-    c.zero.offload_optimizer.device =
-        params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kCpu;
+    c.zero.offload_param.device = k.params;
+    c.zero.offload_optimizer.device = k.optimizer;
+    c.zero.offload_optimizer.ratio = k.ratio;
+    c.gradient_clipping = k.clip;
     expect_least_budget_trains(
-        c, "strata.budgets.device", [](Config& k, std::uint64_t b) { k.strata.budgets.device_bytes = b; },
+        c, "strata.budgets.device", [](Config& k2, std::uint64_t b) { k2.strata.budgets.device_bytes = b; },
         4096);
   }
 }
