@@ -189,8 +189,11 @@ class StopSignals:
         self.signum = signum
         for s in self._previous:
             signal.signal(s, signal.SIG_DFL)
-        print(f"\ntrain_llama: {signal.Signals(signum).name}: stopping after the step in flight "
-              "(a second signal exits at once)", file=sys.stderr, flush=True)
+        try:  # best effort: stderr may be a pipe whose reader the same signal ended
+            print(f"\ntrain_llama: {signal.Signals(signum).name}: stopping after the step in flight "
+                  "(a second signal exits at once)", file=sys.stderr, flush=True)
+        except OSError:
+            pass
 
     def __enter__(self):
         for s in (signal.SIGINT, signal.SIGTERM):
@@ -220,8 +223,17 @@ def while_signals_act(fn, *args, **kwargs):
 
     worker = threading.Thread(target=work, name="strata-save", daemon=True)
     worker.start()
-    while worker.is_alive():
-        worker.join(0.05)
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    finally:
+        # Whatever this thread raised meanwhile, the call finishes before the
+        # caller goes on (and closes the engine the call is using).
+        while worker.is_alive():
+            try:
+                worker.join()
+            except BaseException:  # noqa: B036 (a further interrupt: keep waiting)
+                continue
     if "error" in out:
         raise out["error"]
     return out.get("value")
@@ -682,16 +694,23 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
                                  generator=torch.Generator(device=engine.torch_device).manual_seed(args.seed))
         print("sample: " + repr(data.decode(out[0].tolist())))
     # The last step's checkpoint, unless the loop just saved it (a resumed run
-    # that ran no step has nothing new).
+    # that ran no step has nothing new), and the export; a signal that came
+    # after the last step starts neither (one under way completes).
+    def interrupted(when):
+        print(f"train_llama: interrupted by {signal.Signals(stop.signum).name} {when}", flush=True)
+        return 128 + stop.signum
+
+    if stop.signum:
+        return interrupted("after the last step: no final save, no export")
     if args.checkpoint and args.save_every and steps_run and args.steps % args.save_every != 0:
         save(engine, args, stream, args.steps)
-    if stop.signum:  # it came during the final save, which completed
-        print(f"train_llama: interrupted by {signal.Signals(stop.signum).name} after the final save; "
-              "no export", flush=True)
-        return 128 + stop.signum
     if args.export:
+        if stop.signum:
+            return interrupted("during the final save, which completed: no export")
         export(engine, args)
         print(f"exported to {args.export}")
+    if stop.signum:
+        return interrupted("during the final save or the export, which completed")
     return 0
 
 
