@@ -16,8 +16,8 @@
 // default config is found from any directory; --checkpoint (when saving) and
 // --export are created and checked for space before training. Exit status: 0
 // done, 1 a run-time error (I/O, data loss, internal; a save or export that
-// fails), 2 bad input (flags, config, budgets, paths: the library's input
-// errors too), 128 + signal when stopped.
+// fails), 2 bad input (flags; the library's input errors while the engine is
+// set up; a budget exceeded), 128 + signal when stopped (fail, below).
 //
 // Signals (stop_signal.h; the library installs no handler, this program
 // does): the first SIGINT or SIGTERM lets the step in flight finish, starts
@@ -50,6 +50,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -81,30 +82,42 @@ using strata::examples::train::ModelDevice;
 using strata::examples::train::Options;
 using strata::examples::train::OutputNeed;
 
-// The library's errors that come from the input (the config, the budgets it
-// sets, the paths and files named) exit 2, as train_llama.py's do; faults
-// (I/O, data loss, internal, memory the system would not give) exit 1.
-int fail(const char* what, strata_status s) {
+// Prints the library's error. While the engine is set up (create,
+// registration, initial values, finalize, a checkpoint's load) the errors
+// that come from the input (the config, the budgets it sets, the paths and
+// files named) exit 2, as train_llama.py's do; during training a budget
+// exceeded (RESOURCE_EXHAUSTED: the swap files are made at full size, so it
+// is a budget, not a full disk) or a bad argument exits 2, the rest (I/O,
+// data loss, a swap file gone, internal) are faults: exit 1.
+int fail(const char* what, strata_status s, bool setup) {
   std::fprintf(stderr, "strata-train: %s: %s (%s)\n", what, strata_last_error(), strata_status_name(s));
   switch (s) {
     case STRATA_STATUS_INVALID_ARGUMENT:
+    case STRATA_STATUS_RESOURCE_EXHAUSTED:
+      return 2;
     case STRATA_STATUS_NOT_FOUND:
     case STRATA_STATUS_ALREADY_EXISTS:
     case STRATA_STATUS_PERMISSION_DENIED:
-    case STRATA_STATUS_RESOURCE_EXHAUSTED:
     case STRATA_STATUS_FAILED_PRECONDITION:
     case STRATA_STATUS_OUT_OF_RANGE:
     case STRATA_STATUS_UNIMPLEMENTED:
-      return 2;
+      return setup ? 2 : 1;
     default:
       return 1;
   }
 }
 
-#define CHECK_STRATA(call, what)                          \
-  do {                                                    \
-    const strata_status s_ = (call);                      \
-    if (s_ != STRATA_STATUS_OK) return fail((what), s_);  \
+#define CHECK_STRATA(call, what)                                 \
+  do {                                                           \
+    const strata_status s_ = (call);                             \
+    if (s_ != STRATA_STATUS_OK) return fail((what), s_, false);  \
+  } while (0)
+
+// The calls that set the engine up: their input errors exit 2.
+#define CHECK_SETUP(call, what)                                 \
+  do {                                                          \
+    const strata_status s_ = (call);                            \
+    if (s_ != STRATA_STATUS_OK) return fail((what), s_, true);  \
   } while (0)
 
 // A top-level integer of the resolved config (every key is present there):
@@ -140,8 +153,9 @@ strata_status init_param(const char* name, float* out, int64_t numel, void* user
 
 // What the run writes besides its swap files: one checkpoint (when saving:
 // up to 4 bytes per parameter for the compute copy plus 12 per trainable one
-// for the fp32 master and Adam's two moments, docs/checkpoints.md) and the
-// export (2 bytes per parameter, bf16).
+// for the fp32 master and Adam's two moments, docs/checkpoints.md), the
+// export (2 bytes per parameter, bf16) and the masters' dump (4 bytes per
+// trainable parameter).
 std::vector<OutputNeed> output_needs(const Options& o, std::int64_t all_params, std::int64_t trainable_params) {
   std::vector<OutputNeed> out;
   const auto all = static_cast<std::uint64_t>(all_params);
@@ -155,6 +169,12 @@ std::vector<OutputNeed> output_needs(const Options& o, std::int64_t all_params, 
     out.push_back({"--export", o.export_dir, 2 * all,
                    "the export of " + std::to_string(all_params) + " parameters (2 bytes each, bf16)"});
   }
+  if (!o.dump_masters.empty()) {
+    const std::filesystem::path file(o.dump_masters);
+    out.push_back({"--dump-masters", file.has_parent_path() ? file.parent_path().string() : std::string("."),
+                   4 * trainable,
+                   "the masters of " + std::to_string(trainable_params) + " trainable parameters (4 bytes each)"});
+  }
   return out;
 }
 
@@ -166,12 +186,12 @@ std::vector<OutputNeed> output_needs(const Options& o, std::int64_t all_params, 
 int check_outputs(const Options& o, const std::vector<OutputNeed>& needs) {
   std::string error;
   for (const OutputNeed& out : needs) {
-    error = strata::examples::train::check_output_dir(out.flag, out.dir);
+    // --dump-masters names a file, whose folder must exist.
+    error = out.flag == std::string("--dump-masters")
+                ? strata::examples::train::check_output_file(out.flag, o.dump_masters)
+                : strata::examples::train::check_output_dir(out.flag, out.dir);
     if (error.empty()) error = strata::examples::train::check_output_space({out}, {});
     if (!error.empty()) break;
-  }
-  if (error.empty() && !o.dump_masters.empty()) {
-    error = strata::examples::train::check_output_file("--dump-masters", o.dump_masters);
   }
   if (error.empty()) return 0;
   std::fprintf(stderr, "strata-train: %s\n", error.c_str());
@@ -239,7 +259,7 @@ int run(const Options& o) {
   }
 
   strata_engine* engine = nullptr;
-  CHECK_STRATA(strata_engine_create(json.c_str(), &engine), "create the engine");
+  CHECK_SETUP(strata_engine_create(json.c_str(), &engine), "create the engine");
   struct Destroy {
     strata_engine* e;
     ~Destroy() { strata_engine_destroy(e); }
@@ -249,7 +269,7 @@ int run(const Options& o) {
   no_decay.name = "no_decay";
   no_decay.weight_decay = 0.0;
   int32_t no_decay_index = 0;
-  CHECK_STRATA(strata_optimizer_group_add(engine, &no_decay, &no_decay_index), "add an optimizer group");
+  CHECK_SETUP(strata_optimizer_group_add(engine, &no_decay, &no_decay_index), "add an optimizer group");
 
   InitContext ctx{&model};
   std::int64_t trainable_params = 0, all_params = 0;
@@ -262,17 +282,17 @@ int run(const Options& o) {
     d.frozen = frozen_group(p.group_index) ? 1 : 0;
     d.optimizer_group = p.no_decay ? no_decay_index : 0;
     // With --init-from, no callback: the values come from the files.
-    CHECK_STRATA(strata_param_register(engine, &d, o.init_from.empty() ? init_param : nullptr, &ctx),
+    CHECK_SETUP(strata_param_register(engine, &d, o.init_from.empty() ? init_param : nullptr, &ctx),
                  "register a parameter");
     all_params += p.num_elems;
     if (!d.frozen) trainable_params += p.num_elems;
   }
   if (!o.init_from.empty()) {
-    CHECK_STRATA(strata_init_from_safetensors(engine, o.init_from.c_str(), nullptr), "read the initial values");
+    CHECK_SETUP(strata_init_from_safetensors(engine, o.init_from.c_str(), nullptr), "read the initial values");
     std::printf("strata-train: initial values from %s\n", o.init_from.c_str());
   }
   const auto t_finalize = std::chrono::steady_clock::now();
-  CHECK_STRATA(strata_engine_finalize(engine), "finalize");
+  CHECK_SETUP(strata_engine_finalize(engine), "finalize");
   const double finalize_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finalize).count();
   if (const int rc = check_output_space(engine, needs); rc != 0) return rc;
@@ -346,7 +366,7 @@ int run(const Options& o) {
 
   int first_step = 0;
   if (o.resume) {
-    CHECK_STRATA(strata_checkpoint_load(engine, o.checkpoint.c_str()), "load the checkpoint");
+    CHECK_SETUP(strata_checkpoint_load(engine, o.checkpoint.c_str()), "load the checkpoint");
     const void* blob = nullptr;
     size_t blob_size = 0;
     CHECK_STRATA(strata_checkpoint_blob(engine, &blob, &blob_size), "read the checkpoint's blob");
