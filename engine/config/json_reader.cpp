@@ -135,32 +135,50 @@ void Context::fail(std::string_view path, std::string_view message) {
 namespace {
 
 // A program reads its config more than once (checked early, then by the
-// engine): each line is logged once per process, the first time it comes.
-bool first_time(const std::string& line) {
+// engine): each line is logged once per process, the first time it is shown
+// (a line whose level is off is not remembered). Bounded: past
+// kRememberedLines distinct lines, every line is logged again.
+constexpr std::size_t kRememberedLines = 4096;
+
+std::mutex& logged_mu() {
   static std::mutex mu;
+  return mu;
+}
+std::unordered_set<std::string>& logged_lines() {
   static std::unordered_set<std::string> seen;
-  std::lock_guard<std::mutex> lock(mu);
-  return seen.insert(line).second;
+  return seen;
+}
+
+bool first_time(core::LogLevel level, const std::string& line) {
+  if (!core::log_enabled(level)) return false;
+  std::lock_guard<std::mutex> lock(logged_mu());
+  std::unordered_set<std::string>& seen = logged_lines();
+  return seen.size() >= kRememberedLines || seen.insert(line).second;
 }
 
 }  // namespace
 
+void forget_logged_lines() {
+  std::lock_guard<std::mutex> lock(logged_mu());
+  logged_lines().clear();
+}
+
 void Context::warn(std::string path, std::string message) {
-  if (std::string line = str_cat("config: ", path, ": ", message); first_time(line)) {
+  if (std::string line = str_cat("config: ", path, ": ", message); first_time(core::LogLevel::kWarn, line)) {
     STRATA_LOG(kWarn) << line;
   }
   warnings_.push_back(ConfigWarning{.key_path = std::move(path), .message = std::move(message)});
 }
 
 void Context::note(std::string_view path, std::string_view message) {
-  if (std::string line = str_cat("config: ", path, ": ", message); first_time(line)) {
+  if (std::string line = str_cat("config: ", path, ": ", message); first_time(core::LogLevel::kInfo, line)) {
     STRATA_LOG(kInfo) << line;
   }
 }
 
 void Context::resolved(std::string_view path, std::string_view value, std::string_view why) {
   if (std::string line = str_cat("config: ", path, ": \"auto\" resolved to ", value, " (", why, ")");
-      first_time(line)) {
+      first_time(core::LogLevel::kInfo, line)) {
     STRATA_LOG(kInfo) << line;
   }
 }

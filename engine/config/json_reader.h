@@ -104,6 +104,11 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 
 // State of one parse: options, the first error (later ones are not reported),
 // the warnings so far. Thread-compatible; one per parse_config call.
+// The config's warnings and info lines are logged once per process (a
+// program reads its config more than once); this forgets the lines logged so
+// far, so that they are logged again (tests that capture the log).
+void forget_logged_lines();
+
 class Context {
  public:
   Context(const ParseOptions& options, bool strict) : options_(options), strict_(strict) {}

@@ -20,6 +20,7 @@
 
 #include "core/logging.h"
 #include "core/result.h"
+#include "engine/config/json_reader.h"
 
 namespace strata::engine {
 namespace {
@@ -77,6 +78,8 @@ std::string all_warnings(const Config& c) {
 class LogCapture {
  public:
   LogCapture() : previous_level_(core::log_level()) {
+    // Config lines are logged once per process: each test sees its own.
+    config_internal::forget_logged_lines();
     core::set_log_level(LogLevel::kInfo);
     core::set_log_sink([this](LogLevel level, std::string_view message) {
       std::lock_guard<std::mutex> lock(mu_);
