@@ -17,41 +17,23 @@ constexpr std::int64_t kWidth = 8;
 constexpr std::int64_t kBlockElems = core::numerics::kNormBlockElems;
 constexpr int kLanes = core::numerics::kNormLanes;
 
+using avx2::AdamVectors;
+using avx2::adam_update;
 using avx2::load8;
 using avx2::store8;
 using avx2::stream_copy;
 
 // --- Adam --------------------------------------------------------------------
 
-struct AdamVectors {
-  __m256 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2,
-      neg_step_size, neg_lr_decay, l2_decay;
-  bool has_l2, has_decay;
-};
-
 // kCopy: kF32 means "no copy-out".
 template <ElemType kGrad, ElemType kCopy, bool kStreamCopy>
 void adam_loop(const AdamKernelArgs& a, std::int64_t n_vec) {
-  const core::numerics::AdamStepConstants& c = *a.constants;
-  const AdamVectors k{_mm256_set1_ps(c.grad_scale),      _mm256_set1_ps(c.beta1),
-                      _mm256_set1_ps(c.beta2),           _mm256_set1_ps(c.one_minus_beta1),
-                      _mm256_set1_ps(c.one_minus_beta2), _mm256_set1_ps(c.eps),
-                      _mm256_set1_ps(c.inv_sqrt_bias_correction2),
-                      _mm256_set1_ps(c.neg_step_size),   _mm256_set1_ps(c.neg_lr_decay),
-                      _mm256_set1_ps(c.l2_decay),        c.l2_decay != 0.0f,
-                      c.neg_lr_decay != 0.0f};
+  const AdamVectors k(*a.constants);
   for (std::int64_t i = 0; i < n_vec; i += kWidth) {
     __m256 p = _mm256_loadu_ps(a.master + i);
     __m256 m = _mm256_loadu_ps(a.exp_avg + i);
     __m256 v = _mm256_loadu_ps(a.exp_avg_sq + i);
-    __m256 g = _mm256_mul_ps(load8<kGrad>(a.grad, i), k.grad_scale);
-    if (k.has_l2) g = _mm256_fmadd_ps(p, k.l2_decay, g);
-    m = _mm256_fmadd_ps(k.beta1, m, _mm256_mul_ps(k.one_minus_beta1, g));
-    v = _mm256_fmadd_ps(k.beta2, v, _mm256_mul_ps(k.one_minus_beta2, _mm256_mul_ps(g, g)));
-    const __m256 d = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
-    const __m256 u = _mm256_div_ps(m, d);
-    if (k.has_decay) p = _mm256_fmadd_ps(k.neg_lr_decay, p, p);
-    p = _mm256_fmadd_ps(k.neg_step_size, u, p);
+    adam_update(k, load8<kGrad>(a.grad, i), p, m, v);
     _mm256_storeu_ps(a.master + i, p);
     _mm256_storeu_ps(a.exp_avg + i, m);
     _mm256_storeu_ps(a.exp_avg_sq + i, v);

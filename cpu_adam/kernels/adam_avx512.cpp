@@ -22,27 +22,13 @@ constexpr std::int64_t kWidth = 16;
 constexpr std::int64_t kBlockElems = core::numerics::kNormBlockElems;
 constexpr int kLanes = core::numerics::kNormLanes;
 
+using avx512::AdamVectors;
+using avx512::adam_update;
 using avx512::load16;
 using avx512::store16;
 using avx512::stream_copy;
 
 // --- Adam --------------------------------------------------------------------
-
-struct AdamVectors {
-  __m512 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size,
-      neg_lr_decay, l2_decay;
-  explicit AdamVectors(const core::numerics::AdamStepConstants& c)
-      : grad_scale(_mm512_set1_ps(c.grad_scale)),
-        beta1(_mm512_set1_ps(c.beta1)),
-        beta2(_mm512_set1_ps(c.beta2)),
-        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
-        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
-        eps(_mm512_set1_ps(c.eps)),
-        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bias_correction2)),
-        neg_step_size(_mm512_set1_ps(c.neg_step_size)),
-        neg_lr_decay(_mm512_set1_ps(c.neg_lr_decay)),
-        l2_decay(_mm512_set1_ps(c.l2_decay)) {}
-};
 
 // The compile-time shape of one Adam loop. kCopy == kF32 means "no copy-out".
 template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kNativeBf16, bool kL2, bool kDecay>
@@ -55,14 +41,7 @@ inline __m512 adam16(const AdamVectors& k, float* __restrict master, float* __re
   __m512 p = _mm512_loadu_ps(master + i);
   __m512 m = _mm512_loadu_ps(exp_avg + i);
   __m512 v = _mm512_loadu_ps(exp_avg_sq + i);
-  __m512 g = _mm512_mul_ps(load16<kGrad>(grad, i), k.grad_scale);
-  if constexpr (kL2) g = _mm512_fmadd_ps(p, k.l2_decay, g);
-  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
-  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
-  const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
-  const __m512 u = _mm512_div_ps(m, d);
-  if constexpr (kDecay) p = _mm512_fmadd_ps(k.neg_lr_decay, p, p);
-  p = _mm512_fmadd_ps(k.neg_step_size, u, p);
+  adam_update(k, load16<kGrad>(grad, i), p, m, v, kL2, kDecay);
   _mm512_storeu_ps(master + i, p);
   _mm512_storeu_ps(exp_avg + i, m);
   _mm512_storeu_ps(exp_avg_sq + i, v);

@@ -20,6 +20,8 @@ namespace {
 
 constexpr std::int64_t kWidth = 16;
 
+using avx512::AdamVectors;
+using avx512::adam_update;
 using avx512::load16;
 using avx512::store16;
 using avx512::to_bf16;
@@ -66,22 +68,6 @@ inline __m256i round_stochastic(__m512 x, __m512i rand16) {
   return _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, rounded, quiet));
 }
 
-struct AdamVectors {
-  __m512 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size,
-      neg_lr_decay, l2_decay;
-  explicit AdamVectors(const core::numerics::AdamStepConstants& c)
-      : grad_scale(_mm512_set1_ps(c.grad_scale)),
-        beta1(_mm512_set1_ps(c.beta1)),
-        beta2(_mm512_set1_ps(c.beta2)),
-        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
-        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
-        eps(_mm512_set1_ps(c.eps)),
-        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bias_correction2)),
-        neg_step_size(_mm512_set1_ps(c.neg_step_size)),
-        neg_lr_decay(_mm512_set1_ps(c.neg_lr_decay)),
-        l2_decay(_mm512_set1_ps(c.l2_decay)) {}
-};
-
 // kCopy: kF32 means "no copy-out". The pointers are copied out of the
 // argument struct so the compiler knows the stores cannot change them.
 template <ElemType kGrad, ElemType kCopy, bool kStochastic, bool kNativeBf16>
@@ -102,14 +88,7 @@ void loop(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
     __m512 p = _mm512_loadu_ps(master + i);
     __m512 m = load16<ElemType::kBf16>(exp_avg, i);  // widen: shift left 16 (exact)
     __m512 v = load16<ElemType::kBf16>(exp_avg_sq, i);
-    __m512 g = _mm512_mul_ps(load16<kGrad>(grad, i), k.grad_scale);
-    if (has_l2) g = _mm512_fmadd_ps(p, k.l2_decay, g);
-    m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
-    v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
-    const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
-    const __m512 u = _mm512_div_ps(m, d);
-    if (has_decay) p = _mm512_fmadd_ps(k.neg_lr_decay, p, p);
-    p = _mm512_fmadd_ps(k.neg_step_size, u, p);
+    adam_update(k, load16<kGrad>(grad, i), p, m, v, has_l2, has_decay);
     _mm512_storeu_ps(master + i, p);
     __m256i m16, v16;
     if constexpr (kStochastic) {

@@ -78,4 +78,39 @@ inline void stream_copy(void* base, std::int64_t i, __m256 x) {
   _mm_stream_si128(reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(base) + i), h);
 }
 
+// Adam's per-step constants, one per lane (numerics::AdamStepConstants), and
+// whether the two decays are on.
+struct AdamVectors {
+  __m256 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size,
+      neg_lr_decay, l2_decay;
+  bool has_l2, has_decay;
+  explicit AdamVectors(const core::numerics::AdamStepConstants& c)
+      : grad_scale(_mm256_set1_ps(c.grad_scale)),
+        beta1(_mm256_set1_ps(c.beta1)),
+        beta2(_mm256_set1_ps(c.beta2)),
+        one_minus_beta1(_mm256_set1_ps(c.one_minus_beta1)),
+        one_minus_beta2(_mm256_set1_ps(c.one_minus_beta2)),
+        eps(_mm256_set1_ps(c.eps)),
+        inv_sqrt_bc2(_mm256_set1_ps(c.inv_sqrt_bias_correction2)),
+        neg_step_size(_mm256_set1_ps(c.neg_step_size)),
+        neg_lr_decay(_mm256_set1_ps(c.neg_lr_decay)),
+        l2_decay(_mm256_set1_ps(c.l2_decay)),
+        has_l2(c.l2_decay != 0.0f),
+        has_decay(c.neg_lr_decay != 0.0f) {}
+};
+
+// numerics::adam_step on 8 lanes, operation for operation: `grad` is the raw
+// gradient, p, m and v fp32 (the fp32- and the bf16-moment kernels load and
+// store them).
+inline void adam_update(const AdamVectors& k, __m256 grad, __m256& p, __m256& m, __m256& v) {
+  __m256 g = _mm256_mul_ps(grad, k.grad_scale);
+  if (k.has_l2) g = _mm256_fmadd_ps(p, k.l2_decay, g);
+  m = _mm256_fmadd_ps(k.beta1, m, _mm256_mul_ps(k.one_minus_beta1, g));
+  v = _mm256_fmadd_ps(k.beta2, v, _mm256_mul_ps(k.one_minus_beta2, _mm256_mul_ps(g, g)));
+  const __m256 d = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  const __m256 u = _mm256_div_ps(m, d);
+  if (k.has_decay) p = _mm256_fmadd_ps(k.neg_lr_decay, p, p);
+  p = _mm256_fmadd_ps(k.neg_step_size, u, p);
+}
+
 }  // namespace strata::adam::kernels::avx2

@@ -89,4 +89,36 @@ inline void stream_copy(void* base, std::int64_t i, __m512 x) {
   _mm256_stream_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(base) + i), h);
 }
 
+// Adam's per-step constants, one per lane (numerics::AdamStepConstants).
+struct AdamVectors {
+  __m512 grad_scale, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, inv_sqrt_bc2, neg_step_size,
+      neg_lr_decay, l2_decay;
+  explicit AdamVectors(const core::numerics::AdamStepConstants& c)
+      : grad_scale(_mm512_set1_ps(c.grad_scale)),
+        beta1(_mm512_set1_ps(c.beta1)),
+        beta2(_mm512_set1_ps(c.beta2)),
+        one_minus_beta1(_mm512_set1_ps(c.one_minus_beta1)),
+        one_minus_beta2(_mm512_set1_ps(c.one_minus_beta2)),
+        eps(_mm512_set1_ps(c.eps)),
+        inv_sqrt_bc2(_mm512_set1_ps(c.inv_sqrt_bias_correction2)),
+        neg_step_size(_mm512_set1_ps(c.neg_step_size)),
+        neg_lr_decay(_mm512_set1_ps(c.neg_lr_decay)),
+        l2_decay(_mm512_set1_ps(c.l2_decay)) {}
+};
+
+// numerics::adam_step on 16 lanes, operation for operation: `grad` is the raw
+// gradient, p, m and v fp32 (the fp32- and the bf16-moment kernels load and
+// store them). `l2` and `decay` say whether those constants are non-zero
+// (compile-time constants in the fp32 kernel's shapes).
+inline void adam_update(const AdamVectors& k, __m512 grad, __m512& p, __m512& m, __m512& v, bool l2, bool decay) {
+  __m512 g = _mm512_mul_ps(grad, k.grad_scale);
+  if (l2) g = _mm512_fmadd_ps(p, k.l2_decay, g);
+  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
+  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
+  const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  const __m512 u = _mm512_div_ps(m, d);
+  if (decay) p = _mm512_fmadd_ps(k.neg_lr_decay, p, p);
+  p = _mm512_fmadd_ps(k.neg_step_size, u, p);
+}
+
 }  // namespace strata::adam::kernels::avx512
