@@ -19,6 +19,7 @@
 
 #include "core/numerics.h"
 #include "cpu_adam/cpu_adam.h"
+#include "tests/cpu_adam/test_gradients.h"
 
 namespace strata::adam {
 namespace {
@@ -58,35 +59,12 @@ bool same_16(std::uint16_t a, std::uint16_t b, ElemType t) {
 
 // Master, bf16 moments, the gradient in every type, the compute copy, and
 // where the range sits in the global index space.
-struct State {
+struct State : test::TestGradients {
   std::vector<float> p;
   std::vector<std::uint16_t> m, v;
-  std::vector<float> g32;
-  std::vector<std::uint16_t> g16;
   std::vector<std::uint16_t> out;
-  ElemType grad_type = ElemType::kF32;
 
   std::int64_t size() const { return static_cast<std::int64_t>(p.size()); }
-  ConstTypedSpan grad() const {
-    if (grad_type == ElemType::kF32) return {g32.data(), ElemType::kF32, size()};
-    return {g16.data(), grad_type, size()};
-  }
-  float grad_f32(std::int64_t i) const {
-    switch (grad_type) {
-      case ElemType::kF32: return g32[i];
-      case ElemType::kBf16: return nx::bf16_bits_to_fp32(g16[i]);
-      case ElemType::kF16: return nx::fp16_bits_to_fp32(g16[i]);
-    }
-    return 0.0f;
-  }
-  void set_grad_type(ElemType t) {
-    grad_type = t;
-    g16.resize(g32.size());
-    for (size_t i = 0; i < g32.size(); ++i) {
-      if (t == ElemType::kBf16) g16[i] = nx::fp32_to_bf16_bits(g32[i]);
-      if (t == ElemType::kF16) g16[i] = nx::fp32_to_fp16_bits(g32[i]);
-    }
-  }
 };
 
 // Random state. `specials` sprinkles zero, -0, subnormal, inf, NaN (one with

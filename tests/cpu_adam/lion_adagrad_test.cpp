@@ -19,6 +19,7 @@
 #include "core/aligned_buffer.h"
 #include "core/numerics.h"
 #include "cpu_adam/cpu_adam.h"
+#include "tests/cpu_adam/test_gradients.h"
 
 namespace strata::adam {
 namespace {
@@ -54,35 +55,11 @@ bool same16(std::uint16_t a, std::uint16_t b, ElemType t) {
 
 // The master, its one state array (exp_avg for Lion, the sum for Adagrad),
 // the gradient in every type, and the compute copy.
-struct State {
+struct State : test::TestGradients {
   std::vector<float> p, s;
-  std::vector<float> g32;
-  std::vector<std::uint16_t> g16;
   std::vector<std::uint16_t> out;
-  ElemType grad_type = ElemType::kF32;
 
   std::int64_t size() const { return static_cast<std::int64_t>(p.size()); }
-  ConstTypedSpan grad() const {
-    if (grad_type == ElemType::kF32) return {g32.data(), ElemType::kF32, size()};
-    return {g16.data(), grad_type, size()};
-  }
-  // The gradient as the kernels see it: the fp32 value of what is stored.
-  float grad_f32(std::int64_t i) const {
-    switch (grad_type) {
-      case ElemType::kF32: return g32[i];
-      case ElemType::kBf16: return nx::bf16_bits_to_fp32(g16[i]);
-      case ElemType::kF16: return nx::fp16_bits_to_fp32(g16[i]);
-    }
-    return 0.0f;
-  }
-  void set_grad_type(ElemType t) {
-    grad_type = t;
-    g16.resize(g32.size());
-    for (size_t i = 0; i < g32.size(); ++i) {
-      if (t == ElemType::kBf16) g16[i] = nx::fp32_to_bf16_bits(g32[i]);
-      if (t == ElemType::kF16) g16[i] = nx::fp32_to_fp16_bits(g32[i]);
-    }
-  }
 };
 
 enum class Opt { kLion, kAdagrad };
@@ -396,7 +373,11 @@ TEST_P(LionAdagradIsa, LionMatchesHandWorkedValues) {
     EXPECT_NEAR(st.s[i], c.m_next, 1e-6) << i;
   }
   // With no decay, a zero interpolation leaves the master exactly as it was.
-  State zero{{0.75f, -0.0f}, {0.0f, 0.0f}, {0.0f, 0.0f}, {}, {0, 0}};
+  State zero;
+  zero.p = {0.75f, -0.0f};
+  zero.s = {0.0f, 0.0f};
+  zero.g32 = {0.0f, 0.0f};
+  zero.out = {0, 0};
   ASSERT_TRUE(run_lion(*adam, zero, nx::make_lion_constants({.lr = 0.01}, 1.0), false, ElemType::kBf16).ok());
   EXPECT_EQ(std::bit_cast<std::uint32_t>(zero.p[0]), std::bit_cast<std::uint32_t>(0.75f));
   EXPECT_EQ(std::bit_cast<std::uint32_t>(zero.p[1]), std::bit_cast<std::uint32_t>(-0.0f));
