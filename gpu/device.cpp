@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -45,7 +46,7 @@ Status check_disjoint(std::initializer_list<Range> ranges, std::string_view op) 
   return Status();
 }
 
-Status check_constants(const core::numerics::AdamStepConstants& c) {
+Status check_constants(const core::numerics::AdamStepConstants& c, std::string_view op) {
   const std::pair<const char*, float> fields[] = {
       {"grad_scale", c.grad_scale},     {"beta1", c.beta1},
       {"beta2", c.beta2},               {"one_minus_beta1", c.one_minus_beta1},
@@ -55,7 +56,7 @@ Status check_constants(const core::numerics::AdamStepConstants& c) {
       {"l2_decay", c.l2_decay}};
   for (const auto& [name, value] : fields) {
     if (!std::isfinite(value)) {
-      return Status::invalid_argument(str_cat("adam_step: constant ", name, " is not finite (", value, ")"));
+      return Status::invalid_argument(str_cat(op, ": constant ", name, " is not finite (", value, ")"));
     }
   }
   return Status();
@@ -545,7 +546,7 @@ Status Device::fill(Stream& stream, DeviceTypedSpan x, float value) {
 
 Status Device::adam_step(Stream& stream, const AdamStepArgs& args) {
   STRATA_RETURN_IF_ERROR(check_stream(stream));
-  STRATA_RETURN_IF_ERROR(check_constants(args.constants));
+  STRATA_RETURN_IF_ERROR(check_constants(args.constants, "adam_step"));
   STRATA_RETURN_IF_ERROR(check_typed(typed(args.master, ElemType::kF32), "adam_step master"));
   STRATA_RETURN_IF_ERROR(check_typed(typed(args.exp_avg, ElemType::kF32), "adam_step exp_avg"));
   STRATA_RETURN_IF_ERROR(check_typed(typed(args.exp_avg_sq, ElemType::kF32), "adam_step exp_avg_sq"));
@@ -572,6 +573,49 @@ Status Device::adam_step(Stream& stream, const AdamStepArgs& args) {
       "adam_step"));
   if (n == 0) return Status();
   return do_adam_step(*stream.impl_, args);
+}
+
+Status Device::adam_step_bf16_moments(Stream& stream, const AdamStepBf16MomentsArgs& args) {
+  constexpr std::string_view op = "adam_step_bf16_moments";
+  STRATA_RETURN_IF_ERROR(check_stream(stream));
+  STRATA_RETURN_IF_ERROR(check_constants(args.constants, op));
+  STRATA_RETURN_IF_ERROR(check_typed(typed(args.master, ElemType::kF32), str_cat(op, " master")));
+  STRATA_RETURN_IF_ERROR(check_typed(typed(args.exp_avg, ElemType::kBf16), str_cat(op, " exp_avg")));
+  STRATA_RETURN_IF_ERROR(check_typed(typed(args.exp_avg_sq, ElemType::kBf16), str_cat(op, " exp_avg_sq")));
+  STRATA_RETURN_IF_ERROR(check_typed(args.grad, str_cat(op, " grad")));
+  const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
+  const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+  if (has_copy) {
+    STRATA_RETURN_IF_ERROR(check_typed(args.copy_out, str_cat(op, " copy_out")));
+    if (args.copy_out.type == ElemType::kF32) {
+      return Status::invalid_argument(str_cat(op, ": copy_out must be bf16 or fp16"));
+    }
+  }
+  if (args.exp_avg.size_bytes() / 2 != static_cast<std::uint64_t>(n) ||
+      args.exp_avg_sq.size_bytes() / 2 != static_cast<std::uint64_t>(n) || args.grad.size() != n ||
+      (has_copy && args.copy_out.size() != n)) {
+    return Status::invalid_argument(
+        str_cat(op, ": element counts differ: master ", n, " (fp32), exp_avg ", args.exp_avg.size_bytes() / 2,
+                " (bf16), exp_avg_sq ", args.exp_avg_sq.size_bytes() / 2, " (bf16), grad ", args.grad.size(),
+                has_copy ? str_cat(", copy_out ", args.copy_out.size()) : ""));
+  }
+  STRATA_RETURN_IF_ERROR(
+      check_disjoint({range_of("master", args.master), range_of("exp_avg", args.exp_avg),
+                      range_of("exp_avg_sq", args.exp_avg_sq), range_of("grad", args.grad.bytes),
+                      range_of("copy_out", has_copy ? args.copy_out.bytes : DeviceSpan())},
+                     op));
+  if (args.rounding != core::numerics::Bf16Rounding::kNearestEven &&
+      args.rounding != core::numerics::Bf16Rounding::kStochastic) {
+    return Status::invalid_argument(str_cat(op, ": rounding = ", static_cast<int>(args.rounding),
+                                            " is neither kNearestEven (0) nor kStochastic (1)"));
+  }
+  if (args.index_base < 0 || args.index_base > std::numeric_limits<std::int64_t>::max() - n) {
+    return Status::invalid_argument(str_cat(op, ": index_base = ", args.index_base,
+                                            " must be >= 0 and index_base + n (n = ", n,
+                                            ") must not pass INT64_MAX"));
+  }
+  if (n == 0) return Status();
+  return do_adam_step_bf16_moments(*stream.impl_, args);
 }
 
 core::Result<std::int64_t> Device::check_step_views(

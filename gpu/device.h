@@ -271,6 +271,11 @@ class Device {
   // One AdamW/Adam step (see AdamStepArgs). Also kInvalidArgument for
   // constants that are not finite.
   core::Status adam_step(Stream& stream, const AdamStepArgs& args);
+  // One AdamW/Adam step with bf16 moments (see AdamStepBf16MomentsArgs),
+  // checked as adam_step with exp_avg and exp_avg_sq as bf16 (2 bytes per
+  // element, 2-byte aligned); also kInvalidArgument for an unknown rounding,
+  // a negative index_base, or an index_base + n past INT64_MAX.
+  core::Status adam_step_bf16_moments(Stream& stream, const AdamStepBf16MomentsArgs& args);
   // One Lion / Adagrad step (LionStepArgs, AdagradStepArgs), checked as adam_step.
   core::Status lion_step(Stream& stream, const LionStepArgs& args);
   core::Status adagrad_step(Stream& stream, const AdagradStepArgs& args);
@@ -321,6 +326,7 @@ class Device {
   virtual core::Status do_scale(StreamImpl& stream, const DeviceTypedSpan& x, float factor) = 0;
   virtual core::Status do_fill(StreamImpl& stream, const DeviceTypedSpan& x, float value) = 0;
   virtual core::Status do_adam_step(StreamImpl& stream, const AdamStepArgs& args) = 0;
+  virtual core::Status do_adam_step_bf16_moments(StreamImpl& stream, const AdamStepBf16MomentsArgs& args) = 0;
   virtual core::Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) = 0;
   virtual core::Status do_adagrad_step(StreamImpl& stream, const AdagradStepArgs& args) = 0;
   virtual core::Status do_declare_compute(StreamImpl& stream, double flops);

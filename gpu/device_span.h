@@ -99,6 +99,35 @@ struct AdamStepArgs {
   DeviceTypedSpan copy_out;                     // optional (empty bytes: none); bf16 or fp16
 };
 
+// Adam/AdamW with bf16 moments (numerics::adam_step_bf16_moments), the device
+// twin of cpu_adam's step_bf16_moments: the step of AdamStepArgs with exp_avg
+// and exp_avg_sq stored as bf16 bit patterns. Per element i: widen m and v to
+// fp32 (exact), run numerics::adam_step unchanged, narrow m and v back to bf16
+// with `rounding` (nearest even, or stochastic with the 16 bits
+// stochastic_rounding_bits(stochastic_rounding_key(seed, step), index_base + i,
+// moment)), and write the master to copy_out as AdamStepArgs does. The bits
+// depend on the global index only, so a range updated in several calls (each
+// with its own index_base) gets the bits of one call. State: 8 bytes per
+// element (master 4, m 2, v 2) against AdamStepArgs' 12. No two views may
+// overlap.
+struct AdamStepBf16MomentsArgs {
+  core::numerics::AdamStepConstants constants;  // from numerics::make_adam_constants
+  DeviceSpan master;                            // fp32, n elements
+  DeviceSpan exp_avg;        // bf16 bit patterns, n elements (2 bytes each), updated in place
+  DeviceSpan exp_avg_sq;     // bf16 bit patterns, n elements
+  DeviceTypedSpan grad;      // fp32, bf16 or fp16
+  DeviceTypedSpan copy_out;  // optional (empty bytes: none); bf16 or fp16
+  // How m and v are narrowed. Default: round to nearest even (seed, step and
+  // index_base are then unused).
+  core::numerics::Bf16Rounding rounding = core::numerics::Bf16Rounding::kNearestEven;
+  std::uint64_t seed = 0;  // kStochastic: the run's seed (any value); default 0
+  std::int64_t step = 0;   // kStochastic: the optimizer step (any value, usually from 1); default 0
+  // Global index of element 0 (>= 0; default 0); element i draws
+  // stochastic_rounding_bits(key, index_base + i, moment), key =
+  // stochastic_rounding_key(seed, step).
+  std::int64_t index_base = 0;
+};
+
 // One fused Lion step (numerics::lion_step): master and exp_avg updated in
 // place; the rest as AdamStepArgs.
 struct LionStepArgs {

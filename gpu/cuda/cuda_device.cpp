@@ -374,6 +374,21 @@ class CudaDevice final : public Device {
     return Status();
   }
 
+  Status do_adam_step_bf16_moments(StreamImpl& stream, const AdamStepBf16MomentsArgs& args) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    // The step's key is 64-bit scalar work: done once here, not per element.
+    const std::uint64_t key = core::numerics::stochastic_rounding_key(args.seed, args.step);
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cuda::launch_adam_step_bf16_moments,
+        (args.constants, static_cast<float*>(args.master.data()),
+         static_cast<std::uint16_t*>(args.exp_avg.data()),
+         static_cast<std::uint16_t*>(args.exp_avg_sq.data()), args.grad.bytes.data(), args.grad.type,
+         has_copy ? args.copy_out.bytes.data() : nullptr, args.copy_out.type, args.rounding, key,
+         args.index_base, args.grad.size(), stream_of(stream)));
+    return Status();
+  }
+
   Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) override {
     STRATA_RETURN_IF_ERROR(activate());
     const bool has_copy = args.copy_out.bytes.buffer_id() != 0;

@@ -1,7 +1,8 @@
 // The CUDA device's kernels: element-wise conversion, accumulation, scale,
-// fill and AdamW, and the norm partials in the contract's order. Every formula
-// is numerics.h's (STRATA_HD functions compiled here for the device), so the
-// results are bit-identical to the CPU's for finite values.
+// fill, AdamW (fp32 or bf16 moments), Lion and Adagrad, and the norm partials
+// in the contract's order. Every formula is numerics.h's (STRATA_HD functions
+// compiled here for the device), so the results are bit-identical to the
+// CPU's for finite values.
 #include "gpu/cuda/cuda_kernels.h"
 
 #include <cstdint>
@@ -111,6 +112,32 @@ __global__ void adam_kernel(nx::AdamStepConstants c, float* master, float* exp_a
   }
 }
 
+// numerics::adam_step_bf16_moments: m and v are widened from bf16, stepped in
+// fp32 and narrowed back. Stochastic rounding draws its bits from the element's
+// global index (index_base + i) under the step's key, so the grid's shape
+// never changes them.
+template <ElemType G, ElemType C, bool kCopy, nx::Bf16Rounding R>
+__global__ void adam_bf16_moments_kernel(nx::AdamStepConstants c, float* master, std::uint16_t* exp_avg,
+                                         std::uint16_t* exp_avg_sq, const void* grad, void* copy_out,
+                                         std::uint64_t key, std::int64_t index_base, std::int64_t n) {
+  for (std::int64_t i = first_index(); i < n; i += grid_stride()) {
+    float p = master[i];
+    std::uint16_t m = exp_avg[i];
+    std::uint16_t v = exp_avg_sq[i];
+    std::uint32_t bits_m = 0;
+    std::uint32_t bits_v = 0;
+    if constexpr (R == nx::Bf16Rounding::kStochastic) {
+      bits_m = nx::stochastic_rounding_bits(key, index_base + i, nx::AdamMoment::kExpAvg);
+      bits_v = nx::stochastic_rounding_bits(key, index_base + i, nx::AdamMoment::kExpAvgSq);
+    }
+    nx::adam_step_bf16_moments(c, load<G>(grad, i), p, m, v, R, bits_m, bits_v);
+    master[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if constexpr (kCopy) store<C>(copy_out, i, p);
+  }
+}
+
 template <ElemType G, ElemType C, bool kCopy>
 __global__ void lion_kernel(nx::LionStepConstants c, float* master, float* exp_avg, const void* grad, void* copy_out,
                             std::int64_t n) {
@@ -196,6 +223,35 @@ cudaError_t launch_adam_step(const core::numerics::AdamStepConstants& constants,
     } else {
       adam_kernel<decltype(g)::value, ElemType::kF16, true><<<grid_for(n), kThreads, 0, stream>>>(
           constants, master, exp_avg, exp_avg_sq, grad, copy_out, n);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t launch_adam_step_bf16_moments(const core::numerics::AdamStepConstants& constants, float* master,
+                                          std::uint16_t* exp_avg, std::uint16_t* exp_avg_sq, const void* grad,
+                                          ElemType grad_type, void* copy_out, ElemType copy_type,
+                                          core::numerics::Bf16Rounding rounding, std::uint64_t key,
+                                          std::int64_t index_base, std::int64_t n, cudaStream_t stream) {
+  auto launch = [&](auto g, auto r) {
+    constexpr ElemType kG = decltype(g)::value;
+    constexpr nx::Bf16Rounding kR = decltype(r)::value;
+    if (copy_out == nullptr) {
+      adam_bf16_moments_kernel<kG, ElemType::kBf16, false, kR><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, grad, nullptr, key, index_base, n);
+    } else if (copy_type == ElemType::kBf16) {
+      adam_bf16_moments_kernel<kG, ElemType::kBf16, true, kR><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, grad, copy_out, key, index_base, n);
+    } else {
+      adam_bf16_moments_kernel<kG, ElemType::kF16, true, kR><<<grid_for(n), kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, grad, copy_out, key, index_base, n);
+    }
+  };
+  dispatch(grad_type, [&](auto g) {
+    if (rounding == nx::Bf16Rounding::kStochastic) {
+      launch(g, std::integral_constant<nx::Bf16Rounding, nx::Bf16Rounding::kStochastic>());
+    } else {
+      launch(g, std::integral_constant<nx::Bf16Rounding, nx::Bf16Rounding::kNearestEven>());
     }
   });
   return cudaGetLastError();

@@ -29,6 +29,16 @@ cudaError_t launch_fill(void* x, ElemType t, std::int64_t n, float value, cudaSt
 cudaError_t launch_adam_step(const core::numerics::AdamStepConstants& constants, float* master, float* exp_avg,
                              float* exp_avg_sq, const void* grad, ElemType grad_type, void* copy_out,
                              ElemType copy_type, std::int64_t n, cudaStream_t stream);
+// numerics::adam_step_bf16_moments per element: exp_avg and exp_avg_sq are
+// bf16 bit patterns; with kStochastic, element i narrows m and v with
+// stochastic_rounding_bits(key, index_base + i, moment), where key is
+// stochastic_rounding_key(seed, step) computed once on the host. copy_out
+// (bf16/fp16) may be null.
+cudaError_t launch_adam_step_bf16_moments(const core::numerics::AdamStepConstants& constants, float* master,
+                                          std::uint16_t* exp_avg, std::uint16_t* exp_avg_sq, const void* grad,
+                                          ElemType grad_type, void* copy_out, ElemType copy_type,
+                                          core::numerics::Bf16Rounding rounding, std::uint64_t key,
+                                          std::int64_t index_base, std::int64_t n, cudaStream_t stream);
 // numerics::lion_step / adagrad_step per element; copy_out (bf16/fp16) may be null.
 cudaError_t launch_lion_step(const core::numerics::LionStepConstants& constants, float* master, float* exp_avg,
                              const void* grad, ElemType grad_type, void* copy_out, ElemType copy_type, std::int64_t n,

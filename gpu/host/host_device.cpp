@@ -559,6 +559,46 @@ class HostDevice final : public Device {
                    });
   }
 
+  Status do_adam_step_bf16_moments(StreamImpl& stream, const AdamStepBf16MomentsArgs& args) override {
+    const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
+    const nx::AdamStepConstants c = args.constants;
+    const ElemType gt = args.grad.type;
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    const ElemType ct = args.copy_out.type;
+    const nx::Bf16Rounding rounding = args.rounding;
+    const bool stochastic = rounding == nx::Bf16Rounding::kStochastic;
+    const std::uint64_t key = nx::stochastic_rounding_key(args.seed, args.step);  // once per call
+    const std::int64_t index_base = args.index_base;
+    // Read and written: master 4 + 4, m 2 + 2, v 2 + 2 bytes per element.
+    const std::uint64_t bytes = 16 * static_cast<std::uint64_t>(n) + args.grad.bytes.size_bytes() +
+                                (has_copy ? args.copy_out.bytes.size_bytes() : 0);
+    std::vector<DeviceSpan> spans = {args.master, args.exp_avg, args.exp_avg_sq, args.grad.bytes};
+    if (has_copy) spans.push_back(args.copy_out.bytes);
+    return enqueue(stream, Resource::kDevice, seconds(bytes, timing_.device_memory_gb_per_s),
+                   "adam_step_bf16_moments", std::move(spans),
+                   [n, c, gt, has_copy, ct, rounding, stochastic, key, index_base](std::byte* const* p) {
+                     for (std::int64_t i = 0; i < n; ++i) {
+                       float w = load(p[0], ElemType::kF32, i);
+                       std::uint16_t m;
+                       std::uint16_t v;
+                       std::memcpy(&m, p[1] + 2 * i, 2);
+                       std::memcpy(&v, p[2] + 2 * i, 2);
+                       std::uint32_t bits_m = 0;
+                       std::uint32_t bits_v = 0;
+                       if (stochastic) {
+                         bits_m = nx::stochastic_rounding_bits(key, index_base + i, nx::AdamMoment::kExpAvg);
+                         bits_v =
+                             nx::stochastic_rounding_bits(key, index_base + i, nx::AdamMoment::kExpAvgSq);
+                       }
+                       nx::adam_step_bf16_moments(c, load(p[3], gt, i), w, m, v, rounding, bits_m, bits_v);
+                       store(p[0], ElemType::kF32, i, w);
+                       std::memcpy(p[1] + 2 * i, &m, 2);
+                       std::memcpy(p[2] + 2 * i, &v, 2);
+                       if (has_copy) store(p[4], ct, i, w);
+                     }
+                   });
+  }
+
   Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) override {
     const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
     const nx::LionStepConstants c = args.constants;
