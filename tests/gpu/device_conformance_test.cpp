@@ -20,6 +20,7 @@
 #include "core/host_allocator.h"
 #include "core/memory_budget.h"
 #include "core/numerics.h"
+#include "core/str.h"
 #include "gpu/cuda_device.h"
 #include "gpu/device.h"
 #include "gpu/host_device.h"
@@ -29,6 +30,7 @@ namespace {
 
 namespace nx = core::numerics;
 using core::StatusCode;
+using core::str_cat;
 
 constexpr std::uint64_t kMiB = 1ull << 20;
 constexpr std::uint64_t kBudgetBytes = 256 * kMiB;
@@ -136,6 +138,79 @@ class Gate {
   bool opened_ = false;
 };
 
+// --- Adam with bf16 moments on the host: the oracle ------------------------------
+
+// One step's settings besides the views (AdamStepBf16MomentsArgs' scalars).
+struct Bf16MomentsStep {
+  nx::AdamStepConstants constants;
+  nx::Bf16Rounding rounding = nx::Bf16Rounding::kNearestEven;
+  std::uint64_t seed = 0;
+  std::int64_t step = 0;
+  std::int64_t index_base = 0;
+};
+
+// The state of n elements: fp32 master, bf16 moments as bit patterns.
+struct Bf16MomentsState {
+  std::vector<float> master;
+  std::vector<std::uint16_t> exp_avg;
+  std::vector<std::uint16_t> exp_avg_sq;
+};
+
+// A gradient as the device reads it: its bytes in `type`.
+struct StoredGrad {
+  std::vector<std::byte> bytes;
+  ElemType type = ElemType::kF32;
+};
+
+std::uint16_t to_16_bits(float x, ElemType type) {
+  return type == ElemType::kBf16 ? nx::fp32_to_bf16_bits(x) : nx::fp32_to_fp16_bits(x);
+}
+
+bool is_nan_16_bits(std::uint16_t h, ElemType type) {
+  return (h & 0x7fffu) > (type == ElemType::kBf16 ? 0x7f80u : 0x7c00u);
+}
+
+// Equal 16-bit patterns, or both NaN (as same_float).
+::testing::AssertionResult same_16_bits(std::uint16_t expected, std::uint16_t actual, ElemType type,
+                                        std::int64_t i) {
+  if (expected == actual || (is_nan_16_bits(expected, type) && is_nan_16_bits(actual, type))) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "element " << i << ": expected 0x" << std::hex << expected
+                                       << ", got 0x" << actual << " (" << elem_type_name(type) << ")";
+}
+
+// numerics::adam_step_bf16_moments applied to each element on the host, with
+// the bits numerics::stochastic_rounding_bits gives element i's global index
+// (step.index_base + i). Returns the compute copy as `copy_type` patterns.
+std::vector<std::uint16_t> oracle_bf16_moments(const Bf16MomentsStep& step, const StoredGrad& grad,
+                                               ElemType copy_type, Bf16MomentsState& state) {
+  std::vector<std::uint16_t> copy(state.master.size());
+  for (std::size_t i = 0; i < state.master.size(); ++i) {
+    const std::int64_t index = step.index_base + static_cast<std::int64_t>(i);
+    const std::uint32_t bits_m =
+        nx::stochastic_rounding_bits(step.seed, step.step, index, nx::AdamMoment::kExpAvg);
+    const std::uint32_t bits_v =
+        nx::stochastic_rounding_bits(step.seed, step.step, index, nx::AdamMoment::kExpAvgSq);
+    nx::adam_step_bf16_moments(step.constants, decode_at(grad.bytes, grad.type, i), state.master[i],
+                               state.exp_avg[i], state.exp_avg_sq[i], step.rounding, bits_m, bits_v);
+    copy[i] = to_16_bits(state.master[i], copy_type);
+  }
+  return copy;
+}
+
+// Element-wise equality of two states (NaN matches NaN); `what` names the case.
+void expect_same_state(const Bf16MomentsState& want, const Bf16MomentsState& got, const std::string& what) {
+  ASSERT_EQ(want.master.size(), got.master.size()) << what;
+  for (std::size_t i = 0; i < want.master.size(); ++i) {
+    const auto ii = static_cast<std::int64_t>(i);
+    ASSERT_TRUE(same_float(want.master[i], got.master[i], ii)) << what << ": master";
+    ASSERT_TRUE(same_16_bits(want.exp_avg[i], got.exp_avg[i], ElemType::kBf16, ii)) << what << ": exp_avg";
+    ASSERT_TRUE(same_16_bits(want.exp_avg_sq[i], got.exp_avg_sq[i], ElemType::kBf16, ii))
+        << what << ": exp_avg_sq";
+  }
+}
+
 class DeviceTest : public ::testing::TestWithParam<std::string> {
  protected:
   core::Result<std::unique_ptr<Device>> make_device() {
@@ -201,6 +276,57 @@ class DeviceTest : public ::testing::TestWithParam<std::string> {
   }
 
   bool strict() const { return device_->caps().strict; }
+
+  // Runs adam_step_bf16_moments over `state` on the device (uploaded, stepped,
+  // downloaded back into it): one call per piece, a new piece starting at each
+  // offset in `splits` (increasing), each call with index_base =
+  // step.index_base + its first element. copy_type kF32 means no copy_out.
+  // Returns the compute copy's patterns (empty without one).
+  std::vector<std::uint16_t> step_bf16_moments_on_device(const Bf16MomentsStep& step, const StoredGrad& grad,
+                                                         ElemType copy_type, Bf16MomentsState& state,
+                                                         const std::vector<std::int64_t>& splits = {}) {
+    const auto n = static_cast<std::int64_t>(state.master.size());
+    DeviceBuffer master = upload(as_bytes(state.master));
+    DeviceBuffer exp_avg = upload(as_bytes(state.exp_avg));
+    DeviceBuffer exp_avg_sq = upload(as_bytes(state.exp_avg_sq));
+    DeviceBuffer g = upload(grad.bytes);
+    const bool has_copy = copy_type != ElemType::kF32;
+    DeviceBuffer copy = has_copy ? alloc(2 * static_cast<std::uint64_t>(n)) : DeviceBuffer();
+    std::vector<std::int64_t> bounds = {0};
+    bounds.insert(bounds.end(), splits.begin(), splits.end());
+    bounds.push_back(n);
+    const std::uint64_t gsize = elem_size_bytes(grad.type);
+    for (std::size_t k = 0; k + 1 < bounds.size(); ++k) {
+      const auto begin = static_cast<std::uint64_t>(bounds[k]);
+      const auto len = static_cast<std::uint64_t>(bounds[k + 1] - bounds[k]);
+      AdamStepBf16MomentsArgs args;
+      args.constants = step.constants;
+      args.master = master.subspan(4 * begin, 4 * len);
+      args.exp_avg = exp_avg.subspan(2 * begin, 2 * len);
+      args.exp_avg_sq = exp_avg_sq.subspan(2 * begin, 2 * len);
+      args.grad = typed(g.subspan(gsize * begin, gsize * len), grad.type);
+      if (has_copy) args.copy_out = typed(copy.subspan(2 * begin, 2 * len), copy_type);
+      args.rounding = step.rounding;
+      args.seed = step.seed;
+      args.step = step.step;
+      args.index_base = step.index_base + bounds[k];
+      const core::Status s = device_->adam_step_bf16_moments(stream_, args);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    const auto pm = download(master.span());
+    const auto mm = download(exp_avg.span());
+    const auto vm = download(exp_avg_sq.span());
+    std::memcpy(state.master.data(), pm.data(), pm.size());
+    std::memcpy(state.exp_avg.data(), mm.data(), mm.size());
+    std::memcpy(state.exp_avg_sq.data(), vm.data(), vm.size());
+    std::vector<std::uint16_t> out;
+    if (has_copy) {
+      const auto cm = download(copy.span());
+      out.resize(static_cast<std::size_t>(n));
+      std::memcpy(out.data(), cm.data(), cm.size());
+    }
+    return out;
+  }
 
   // Budgets first: they outlive the device, which outlives its streams.
   core::MemoryBudget device_budget_{"device memory", kBudgetBytes, "strata.budgets.device"};
@@ -942,6 +1068,319 @@ TEST_P(DeviceTest, LionAndAdagradStepsMatchNumerics) {
   ak.neg_lr = std::numeric_limits<float>::infinity();
   EXPECT_EQ(device_->adagrad_step(stream_, {ak, a.span(), b.span(), typed(gr.span(), ElemType::kF32), {}}).code(),
             StatusCode::kInvalidArgument);
+}
+
+// --- Adam with bf16 moments ----------------------------------------------------
+// The device's step is numerics::adam_step_bf16_moments applied per element on
+// the host, bit for bit, for both roundings.
+
+// Finite in every gradient type (fp16 overflows at 65520).
+std::vector<float> finite_values(std::int64_t n, std::uint32_t seed) {
+  std::vector<float> v = test_values(n, seed, /*specials=*/false);
+  for (float& x : v) x = std::fmod(x, 60000.0f);
+  return v;
+}
+
+// bf16 bit patterns of test values (fp32 subnormals among them give bf16
+// subnormal moments); `nonnegative` for exp_avg_sq.
+std::vector<std::uint16_t> bf16_values(std::int64_t n, std::uint32_t seed, bool nonnegative) {
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(n));
+  const std::vector<float> v = finite_values(n, seed);
+  for (std::size_t i = 0; i < out.size(); ++i)
+    out[i] = nx::fp32_to_bf16_bits(nonnegative ? std::fabs(v[i]) : v[i]);
+  return out;
+}
+
+Bf16MomentsState bf16_moments_state(std::int64_t n, std::uint32_t seed) {
+  return {finite_values(n, seed), bf16_values(n, seed + 1, /*nonnegative=*/false),
+          bf16_values(n, seed + 2, /*nonnegative=*/true)};
+}
+
+StoredGrad stored_grad(const std::vector<float>& g, ElemType type) { return {encode(g, type), type}; }
+
+std::string rounding_name(nx::Bf16Rounding r) {
+  return r == nx::Bf16Rounding::kStochastic ? "stochastic" : "nearest-even";
+}
+
+TEST_P(DeviceTest, AdamStepBf16MomentsMatchesNumerics) {
+  struct Case {
+    std::int64_t n;
+    nx::Bf16Rounding rounding;
+    ElemType grad;
+    ElemType copy;  // kF32: no copy_out
+    bool adamw;
+    std::int64_t index_base;
+  };
+  std::vector<Case> cases;
+  // Every rounding, gradient type and copy_out, at an odd length (a partial
+  // last block on CUDA), with index bases below and above 2^32.
+  const std::int64_t bases[] = {0, 1, 65535, 5'000'000'123};
+  int k = 0;
+  for (nx::Bf16Rounding r : {nx::Bf16Rounding::kNearestEven, nx::Bf16Rounding::kStochastic}) {
+    for (ElemType g : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
+      for (ElemType c : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
+        cases.push_back({100003, r, g, c, k % 2 == 0, bases[k % 4]});
+        ++k;
+      }
+    }
+  }
+  // Lengths of a few elements, and one past what one CUDA grid covers
+  // (8192 blocks of 256 threads), so its grid-stride loop goes round.
+  cases.push_back({1, nx::Bf16Rounding::kStochastic, ElemType::kF32, ElemType::kBf16, true, 3});
+  cases.push_back({7, nx::Bf16Rounding::kNearestEven, ElemType::kBf16, ElemType::kF16, false, 0});
+  cases.push_back(
+      {8192 * 256 + 4099, nx::Bf16Rounding::kStochastic, ElemType::kBf16, ElemType::kBf16, true, 17});
+  for (const Case& c : cases) {
+    nx::AdamHyperparams h;
+    h.lr = 1e-3;
+    h.weight_decay = 0.01;
+    h.adamw_mode = c.adamw;
+    Bf16MomentsStep step;
+    step.constants = nx::make_adam_constants(h, 7, 1.0 / 1024.0);
+    step.rounding = c.rounding;
+    step.seed = 0x5eed0000u + static_cast<std::uint64_t>(c.n);
+    step.step = 7;
+    step.index_base = c.index_base;
+    const std::string what = str_cat(rounding_name(c.rounding), " n ", c.n, " grad ", elem_type_name(c.grad),
+                                     " copy ", c.copy == ElemType::kF32 ? "none" : elem_type_name(c.copy),
+                                     c.adamw ? " adamw" : " adam", " index_base ", c.index_base);
+    const Bf16MomentsState initial = bf16_moments_state(c.n, 31);
+    const StoredGrad grad = stored_grad(finite_values(c.n, 41), c.grad);
+    Bf16MomentsState want = initial;
+    const std::vector<std::uint16_t> want_copy = oracle_bf16_moments(step, grad, c.copy, want);
+    Bf16MomentsState got = initial;
+    const std::vector<std::uint16_t> got_copy = step_bf16_moments_on_device(step, grad, c.copy, got);
+    expect_same_state(want, got, what);
+    if (c.copy != ElemType::kF32) {
+      ASSERT_EQ(got_copy.size(), want_copy.size());
+      for (std::size_t i = 0; i < want_copy.size(); ++i) {
+        ASSERT_TRUE(same_16_bits(want_copy[i], got_copy[i], c.copy, static_cast<std::int64_t>(i)))
+            << what << ": copy_out";
+      }
+    }
+    if (c.rounding == nx::Bf16Rounding::kStochastic && c.n > 1000) {
+      // The test can tell the roundings apart: stochastic rounding moves many
+      // moments off their nearest-even bf16.
+      Bf16MomentsState nearest = initial;
+      Bf16MomentsStep ne = step;
+      ne.rounding = nx::Bf16Rounding::kNearestEven;
+      oracle_bf16_moments(ne, grad, c.copy, nearest);
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < initial.exp_avg.size(); ++i)
+        differ += nearest.exp_avg[i] != want.exp_avg[i];
+      EXPECT_GT(differ, c.n / 10) << what;
+    }
+  }
+}
+
+TEST_P(DeviceTest, AdamStepBf16MomentsInPiecesEqualsOneCall) {
+  const std::int64_t n = 70001;
+  const Bf16MomentsState initial = bf16_moments_state(n, 51);
+  const StoredGrad grad = stored_grad(finite_values(n, 61), ElemType::kBf16);
+  for (nx::Bf16Rounding r : {nx::Bf16Rounding::kNearestEven, nx::Bf16Rounding::kStochastic}) {
+    Bf16MomentsStep step;
+    step.constants = nx::make_adam_constants({.lr = 2e-3, .weight_decay = 0.1}, 3, 1.0 / 64.0);
+    step.rounding = r;
+    step.seed = 99;
+    step.step = 3;
+    step.index_base = 1'000'000;
+    Bf16MomentsState whole = initial;
+    const auto whole_copy = step_bf16_moments_on_device(step, grad, ElemType::kBf16, whole);
+    Bf16MomentsState want = initial;
+    const auto want_copy = oracle_bf16_moments(step, grad, ElemType::kBf16, want);
+    expect_same_state(want, whole, str_cat(rounding_name(r), " in one call"));
+    EXPECT_EQ(whole_copy, want_copy);
+    // A range split in two calls, and in pieces starting at odd elements and
+    // at a 65536 boundary, each call with its own index_base.
+    const std::vector<std::vector<std::int64_t>> splits = {{12345}, {1, 333, 65536, 70000}};
+    for (const auto& split : splits) {
+      Bf16MomentsState pieces = initial;
+      const auto pieces_copy = step_bf16_moments_on_device(step, grad, ElemType::kBf16, pieces, split);
+      expect_same_state(whole, pieces, str_cat(rounding_name(r), " in ", split.size() + 1, " calls"));
+      EXPECT_EQ(pieces_copy, whole_copy);
+    }
+    if (r == nx::Bf16Rounding::kStochastic) {
+      // index_base feeds the bits: the same elements one index further on round differently.
+      Bf16MomentsStep shifted = step;
+      shifted.index_base += 1;
+      Bf16MomentsState other = initial;
+      step_bf16_moments_on_device(shifted, grad, ElemType::kF32, other);
+      std::int64_t differ = 0;
+      for (std::size_t i = 0; i < other.exp_avg_sq.size(); ++i)
+        differ += other.exp_avg_sq[i] != whole.exp_avg_sq[i];
+      EXPECT_GT(differ, n / 10);
+    }
+  }
+}
+
+// Zeros, inf and NaN gradients, gradients whose square overflows, subnormal,
+// infinite and NaN moments, in every gradient type and both roundings.
+TEST_P(DeviceTest, AdamStepBf16MomentsSpecialValuesMatchNumerics) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float grads[] = {0.0f, -0.0f, inf, -inf, nan, 1e30f, -1e-40f, -3.5f, 65504.0f};
+  const std::uint16_t ms[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x007f, 0x0080,
+                              0x3f80, 0xbf80, 0x7f7f, 0xff7f, 0x7f80, 0x7fc1};
+  const std::uint16_t vs[] = {0x0000, 0x0001, 0x0003, 0x007f, 0x0080, 0x3f80, 0x7f7f, 0x7f80};
+  const float masters[] = {0.0f, -0.0f, 1.0f, -1e-40f, 3e38f};
+  Bf16MomentsState initial;
+  std::vector<float> g;
+  for (float gv : grads) {
+    for (std::uint16_t m : ms) {
+      for (std::uint16_t v : vs) {
+        for (float p : masters) {
+          initial.master.push_back(p);
+          initial.exp_avg.push_back(m);
+          initial.exp_avg_sq.push_back(v);
+          g.push_back(gv);
+        }
+      }
+    }
+  }
+  int k = 0;
+  for (nx::Bf16Rounding r : {nx::Bf16Rounding::kNearestEven, nx::Bf16Rounding::kStochastic}) {
+    for (ElemType gt : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
+      const bool adamw = k % 2 == 0;
+      const ElemType ct = k % 2 == 0 ? ElemType::kBf16 : ElemType::kF16;
+      ++k;
+      Bf16MomentsStep step;
+      step.constants = nx::make_adam_constants(
+          {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.05, .adamw_mode = adamw}, 2, 1.0);
+      step.rounding = r;
+      step.seed = 7;
+      step.step = 2;
+      step.index_base = 12;
+      const StoredGrad grad = stored_grad(g, gt);
+      Bf16MomentsState want = initial;
+      const auto want_copy = oracle_bf16_moments(step, grad, ct, want);
+      Bf16MomentsState got = initial;
+      const auto got_copy = step_bf16_moments_on_device(step, grad, ct, got);
+      const std::string what =
+          str_cat(rounding_name(r), " grad ", elem_type_name(gt), adamw ? " adamw" : " adam");
+      expect_same_state(want, got, what);
+      for (std::size_t i = 0; i < want_copy.size(); ++i) {
+        ASSERT_TRUE(same_16_bits(want_copy[i], got_copy[i], ct, static_cast<std::int64_t>(i)))
+            << what << ": copy_out";
+      }
+    }
+  }
+  // All zeros stay zeros (+0 master, +0 moments) under both roundings.
+  const std::int64_t z = 1001;
+  for (nx::Bf16Rounding r : {nx::Bf16Rounding::kNearestEven, nx::Bf16Rounding::kStochastic}) {
+    Bf16MomentsState zeros{std::vector<float>(z, 0.0f), std::vector<std::uint16_t>(z, 0),
+                           std::vector<std::uint16_t>(z, 0)};
+    Bf16MomentsStep step;
+    step.constants = nx::make_adam_constants({.weight_decay = 0.01}, 1, 1.0);
+    step.rounding = r;
+    step.seed = 1;
+    step.step = 1;
+    const auto copy = step_bf16_moments_on_device(
+        step, stored_grad(std::vector<float>(z, 0.0f), ElemType::kF16), ElemType::kBf16, zeros);
+    for (std::int64_t i = 0; i < z; ++i) {
+      const auto ii = static_cast<std::size_t>(i);
+      ASSERT_EQ(bits(zeros.master[ii]), 0u) << rounding_name(r) << " element " << i;
+      ASSERT_EQ(zeros.exp_avg[ii], 0u) << rounding_name(r) << " element " << i;
+      ASSERT_EQ(zeros.exp_avg_sq[ii], 0u) << rounding_name(r) << " element " << i;
+      ASSERT_EQ(copy[ii], 0u) << rounding_name(r) << " element " << i;
+    }
+  }
+}
+
+TEST_P(DeviceTest, AdamStepBf16MomentsBadArgumentsAreInvalid) {
+  const std::int64_t n = 64;
+  const Bf16MomentsState initial = bf16_moments_state(n, 71);
+  DeviceBuffer master = upload(as_bytes(initial.master));
+  DeviceBuffer exp_avg = upload(as_bytes(initial.exp_avg));
+  DeviceBuffer exp_avg_sq = upload(as_bytes(initial.exp_avg_sq));
+  DeviceBuffer grad = alloc(4 * n);
+  ASSERT_TRUE(device_->fill(stream_, typed(grad.span(), ElemType::kF32), 0.5f).ok());
+  DeviceBuffer copy = alloc(4 * n);
+  AdamStepBf16MomentsArgs good;
+  good.constants = nx::make_adam_constants({}, 1, 1.0);
+  good.master = master.span();
+  good.exp_avg = exp_avg.span();
+  good.exp_avg_sq = exp_avg_sq.span();
+  good.grad = typed(grad.span(), ElemType::kF32);
+  good.rounding = nx::Bf16Rounding::kStochastic;
+  // kInvalidArgument with a message that names `field`.
+  auto expect_invalid = [&](const AdamStepBf16MomentsArgs& args, std::string_view field, const char* why) {
+    const core::Status s = device_->adam_step_bf16_moments(stream_, args);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << why << ": " << s;
+    EXPECT_NE(s.message().find(field), std::string_view::npos) << why << ": " << s;
+  };
+  AdamStepBf16MomentsArgs a = good;
+  a.exp_avg = exp_avg.subspan(0, 2 * (n - 1));
+  expect_invalid(a, "element counts differ", "exp_avg one element short");
+  a = good;
+  a.grad = typed(grad.subspan(0, 2 * n), ElemType::kF32);
+  expect_invalid(a, "element counts differ", "grad half as long");
+  a = good;
+  a.exp_avg_sq = grad.span();  // 4 bytes per element: twice the bf16 count
+  expect_invalid(a, "exp_avg_sq 128", "exp_avg_sq sized as fp32");
+  a = good;
+  a.master = exp_avg.span();  // 2 bytes per element: half the fp32 count
+  a.exp_avg = copy.subspan(0, 2 * n);
+  expect_invalid(a, "master 32", "master sized as bf16");
+  a = good;
+  a.exp_avg = exp_avg.subspan(0, 2 * n - 1);
+  expect_invalid(a, "exp_avg", "exp_avg of an odd byte count");
+  a = good;
+  a.exp_avg_sq = exp_avg_sq.subspan(1, 2 * n - 2);
+  expect_invalid(a, "exp_avg_sq", "exp_avg_sq misaligned");
+  a = good;
+  a.master = master.subspan(2, 4 * n - 4);
+  expect_invalid(a, "master", "master misaligned");
+  a = good;
+  a.copy_out = typed(copy.span(), ElemType::kF32);
+  expect_invalid(a, "copy_out", "copy_out fp32");
+  a = good;
+  a.copy_out = typed(copy.subspan(0, 2 * n - 2), ElemType::kBf16);
+  expect_invalid(a, "copy_out 63", "copy_out one element short");
+  a = good;
+  a.exp_avg_sq = exp_avg.span();
+  expect_invalid(a, "overlap", "exp_avg and exp_avg_sq the same");
+  a = good;
+  a.copy_out = typed(master.subspan(0, 2 * n), ElemType::kBf16);
+  expect_invalid(a, "overlap", "copy_out over master");
+  a = good;
+  a.index_base = -1;
+  expect_invalid(a, "index_base", "negative index_base");
+  a = good;
+  a.index_base = std::numeric_limits<std::int64_t>::max() - n + 1;
+  expect_invalid(a, "index_base", "index_base + n past INT64_MAX");
+  a = good;
+  a.rounding = static_cast<nx::Bf16Rounding>(2);
+  expect_invalid(a, "rounding", "unknown rounding");
+  a = good;
+  a.constants.beta2 = std::numeric_limits<float>::quiet_NaN();
+  expect_invalid(a, "beta2", "a constant that is not finite");
+  // Nothing ran.
+  auto after_master = download(master.span());
+  EXPECT_EQ(std::memcmp(after_master.data(), initial.master.data(), after_master.size()), 0);
+  auto after_m = download(exp_avg.span());
+  EXPECT_EQ(std::memcmp(after_m.data(), initial.exp_avg.data(), after_m.size()), 0);
+  auto after_v = download(exp_avg_sq.span());
+  EXPECT_EQ(std::memcmp(after_v.data(), initial.exp_avg_sq.data(), after_v.size()), 0);
+  // Zero elements: nothing to do, and not an error.
+  a = good;
+  a.master = master.subspan(0, 0);
+  a.exp_avg = exp_avg.subspan(0, 0);
+  a.exp_avg_sq = exp_avg_sq.subspan(0, 0);
+  a.grad = typed(grad.subspan(0, 0), ElemType::kF32);
+  EXPECT_TRUE(device_->adam_step_bf16_moments(stream_, a).ok());
+  // The last indices there are: index_base + n = INT64_MAX runs, and matches numerics.
+  Bf16MomentsStep top;
+  top.constants = good.constants;
+  top.rounding = nx::Bf16Rounding::kStochastic;
+  top.seed = 5;
+  top.step = 11;
+  top.index_base = std::numeric_limits<std::int64_t>::max() - n;
+  const StoredGrad g = stored_grad(finite_values(n, 81), ElemType::kF32);
+  Bf16MomentsState want = initial;
+  oracle_bf16_moments(top, g, ElemType::kBf16, want);
+  Bf16MomentsState got = initial;
+  step_bf16_moments_on_device(top, g, ElemType::kF32, got);
+  expect_same_state(want, got, "index_base + n = INT64_MAX");
 }
 
 TEST_P(DeviceTest, CapsDescribeTheBackend) {
