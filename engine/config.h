@@ -32,6 +32,13 @@ enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
 // step is applied whatever the gradients hold, so that nothing found at
 // step_end can change it and "exact" may update during the backward).
 enum class NonfinitePolicy { kSkip, kError, kApply };
+// How the optimizer's own arrays (not the fp32 master) are stored:
+// "fp32" (4 bytes an element each), "bf16" (2: Adam and AdamW's moments).
+enum class StateFormat { kFp32, kBf16 };
+// How bf16 moments are rounded after each update: "nearest_even", or
+// "stochastic" (a counter-based draw per element, step and moment, seeded by
+// strata.seed: reruns, placements and thread counts stay bit-identical).
+enum class StateRounding { kNearestEven, kStochastic };
 
 
 std::string_view to_string(OffloadDevice v);
@@ -44,6 +51,8 @@ std::string_view to_string(CpuAdamIsa v);
 std::string_view to_string(OverlapMode v);
 std::string_view to_string(DeviceKind v);
 std::string_view to_string(NonfinitePolicy v);
+std::string_view to_string(StateFormat v);
+std::string_view to_string(StateRounding v);
 
 // "optimizer": {"type": ..., "params": {...}}. Absent: AdamW with these defaults.
 // Adagrad's defaults are DeepSpeed's CPU Adagrad's instead: lr 1e-2, eps 1e-10.
@@ -211,6 +220,15 @@ struct CpuAdamConfig {
   friend bool operator==(const CpuAdamConfig&, const CpuAdamConfig&) = default;
 };
 
+// "strata.optimizer_state": the format of the optimizer's arrays (the master
+// stays fp32). bf16 is for Adam and AdamW; rounding applies to bf16 only.
+struct OptimizerStateConfig {
+  StateFormat format = StateFormat::kFp32;
+  StateRounding rounding = StateRounding::kNearestEven;
+
+  friend bool operator==(const OptimizerStateConfig&, const OptimizerStateConfig&) = default;
+};
+
 // "strata.host_device": the emulated device and its timing model. A rate of 0
 // means "instantaneous" (no modelled time).
 struct HostDeviceConfig {
@@ -232,6 +250,7 @@ struct StrataConfig {
   // state kept in pinned CPU memory; the rest lives on NVMe. Key:
   // "strata.optimizer_cpu_fraction".
   double optimizer_cpu_fraction = 0.0;
+  OptimizerStateConfig optimizer_state;
   IoConfig io;
   CheckpointConfig checkpoint;
   bool crc = true;

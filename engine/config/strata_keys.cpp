@@ -54,6 +54,10 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
   }
   *cpu_fraction_given =
       r.get_double("optimizer_cpu_fraction", closed(0, 1), &s->optimizer_cpu_fraction);
+  ObjectReader os = r.child("optimizer_state");
+  os.get_enum<StateFormat>("format", kStateFormatNames, &s->optimizer_state.format);
+  os.get_enum<StateRounding>("rounding", kStateRoundingNames, &s->optimizer_state.rounding);
+  STRATA_RETURN_IF_ERROR(os.finish());
 
   ObjectReader io = r.child("io");
   const bool backend_given = io.get_enum<IoBackend>("backend", kIoBackendNames, &s->io.backend);

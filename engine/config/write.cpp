@@ -99,6 +99,8 @@ OrderedJson strata_json(const StrataConfig& st, const ZeroConfig& z) {
   if (z.offload_optimizer.device == OffloadDevice::kNvme) {
     sj["optimizer_cpu_fraction"] = st.optimizer_cpu_fraction;
   }
+  sj["optimizer_state"] = {{"format", std::string(to_string(st.optimizer_state.format))},
+                           {"rounding", std::string(to_string(st.optimizer_state.rounding))}};
   OrderedJson io;
   io["backend"] = std::string(to_string(st.io.backend));
   if (!st.io.paths.empty()) io["paths"] = st.io.paths;
@@ -190,6 +192,8 @@ std::string_view to_string(DeviceKind v) {
 std::string_view to_string(NonfinitePolicy v) {
   return ci::name_of<NonfinitePolicy>(ci::kNonfiniteNames, v);
 }
+std::string_view to_string(StateFormat v) { return ci::name_of<StateFormat>(ci::kStateFormatNames, v); }
+std::string_view to_string(StateRounding v) { return ci::name_of<StateRounding>(ci::kStateRoundingNames, v); }
 
 std::string to_json(const Config& config) {
   try {

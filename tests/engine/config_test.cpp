@@ -837,6 +837,7 @@ TEST(Config, StrataKeysParse) {
       "checkpoint": {"keep_last": 3, "keep_every": 1000},
       "crc": false,
       "cpu_adam": {"isa": "avx512", "threads": 12, "tile_elems": 262144},
+      "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
       "overlap": "delayed",
       "device": "host",
       "host_device": {"memory_bytes": "24GiB", "h2d_gbps": 25, "d2h_gbps": 24.5,
@@ -866,6 +867,8 @@ TEST(Config, StrataKeysParse) {
   EXPECT_EQ(s.cpu_adam.isa, CpuAdamIsa::kAvx512);
   EXPECT_EQ(s.cpu_adam.threads, 12);
   EXPECT_EQ(s.cpu_adam.tile_elems, 262144);
+  EXPECT_EQ(s.optimizer_state.format, StateFormat::kBf16);
+  EXPECT_EQ(s.optimizer_state.rounding, StateRounding::kStochastic);
   EXPECT_EQ(s.overlap, OverlapMode::kDelayed);
   EXPECT_EQ(s.device, DeviceKind::kHost);
   EXPECT_EQ(s.host_device.memory_bytes, 24ull << 30);
@@ -941,6 +944,18 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
   expect_error(doc(R"("strata": {"nonfinite": "ignore"})"),
                {"strata.nonfinite: \"ignore\" is not one of skip, error, apply"});
   expect_error(doc(R"("strata": {"seed": -1})"), {"strata.seed: -1 must be >= 0"});
+  expect_error(doc(R"("strata": {"optimizer_state": {"format": "int4"}})"),
+               {"strata.optimizer_state.format: \"int4\" is not one of fp32, bf16"});
+  expect_error(doc(R"("strata": {"optimizer_state": {"format": "bf16", "rounding": "up"}})"),
+               {"strata.optimizer_state.rounding: \"up\" is not one of nearest_even, stochastic"});
+  expect_error(doc(R"("strata": {"optimizer_state": {"rounding": "stochastic"}})"),
+               {"strata.optimizer_state.rounding: \"stochastic\" rounds bf16 moments, but "
+                "strata.optimizer_state.format is \"fp32\""});
+  expect_error(doc(R"("optimizer": {"type": "Lion"}, "strata": {"optimizer_state": {"format": "bf16"}})"),
+               {"strata.optimizer_state.format: \"bf16\" stores Adam's and AdamW's moments; "
+                "optimizer.type is \"Lion\""});
+  expect_error(doc(R"("optimizer": {"type": "Adagrad"}, "strata": {"optimizer_state": {"format": "bf16"}})"),
+               {"optimizer.type is \"Adagrad\""});
   expect_error(doc(R"("strata": {"trace": 5})"), {"strata.trace: expected a string, got 5"});
 }
 
@@ -1171,6 +1186,7 @@ TEST(Config, ToJsonRoundTripsFieldByField) {
                       "sqpoll": true, "keep_files": true},
                "checkpoint": {"keep_last": 5, "keep_every": 250},
                "crc": false, "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072},
+               "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
                "overlap": "none", "device": "cuda",
                "host_device": {"memory_bytes": "1GiB", "h2d_gbps": 12.5, "d2h_gbps": 11,
                                "d2d_gbps": 900, "tflops": 0.5},
