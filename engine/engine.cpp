@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "core/logging.h"
+#include "core/numerics.h"
 #include "core/str.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
@@ -223,18 +224,23 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
       const std::int64_t lo = std::max(pl.trainable_offset, cp.begin), hi = std::min(pl.trainable_offset + n, cp.begin + cp.elems);
       if (lo >= hi) continue;
       float* dst = out.data() + (lo - pl.trainable_offset);
+      const auto count = static_cast<std::size_t>(hi - lo);
+      // bf16 arrays come in beside and are widened to fp32 (exact).
+      const auto eb = static_cast<std::size_t>(layout_.optimizer.elem_bytes(which));
+      std::vector<std::uint16_t> narrow(eb == 2 ? count : 0);
+      std::byte* raw = eb == 2 ? reinterpret_cast<std::byte*>(narrow.data()) : reinterpret_cast<std::byte*>(dst);
       if (cp.state_tier == Tier::kDevice) {
         STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan s, state_->device_state(c));
-        const std::uint64_t array = static_cast<std::uint64_t>(which) * static_cast<std::uint64_t>(cp.elems) * 4;
-        STRATA_RETURN_IF_ERROR(copy_d2h({reinterpret_cast<std::byte*>(dst), static_cast<std::size_t>(hi - lo) * 4},
-                                        s.subspan(array + static_cast<std::uint64_t>(lo - cp.begin) * 4,
-                                                  static_cast<std::uint64_t>(hi - lo) * 4)));
+        const std::uint64_t array = layout_.optimizer.array_offset(which, cp.elems);
+        STRATA_RETURN_IF_ERROR(copy_d2h({raw, count * eb}, s.subspan(array + static_cast<std::uint64_t>(lo - cp.begin) * eb,
+                                                                     count * eb)));
       } else {
         gpu::PinnedBuffer stage;
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
-        std::memcpy(dst, st.arrays[static_cast<std::size_t>(which)].data() + (lo - cp.begin),
-                    static_cast<std::size_t>(hi - lo) * 4);
+        std::memcpy(raw, st.arrays[static_cast<std::size_t>(which)].data + static_cast<std::size_t>(lo - cp.begin) * eb,
+                    count * eb);
       }
+      for (std::size_t i = 0; i < narrow.size(); ++i) dst[i] = core::numerics::bf16_bits_to_fp32(narrow[i]);
     }
     return Status();
   }

@@ -250,7 +250,7 @@ class Engine {
   core::Status read_master(std::string_view param, std::span<float> out) { return read_state(param, 0, out); }
   // One of a trainable parameter's optimizer arrays: 0 master, then the
   // optimizer's in OptimizerSpec's order (AdamW: 1 exp_avg, 2 exp_avg_sq;
-  // Lion: 1 exp_avg; Adagrad: 1 exp_avg_sq).
+  // Lion: 1 exp_avg; Adagrad: 1 exp_avg_sq), as fp32 (bf16 moments widened, exactly).
   core::Status read_state(std::string_view param, int which, std::span<float> out);
   core::Status read_compute(std::string_view param, std::span<float> out);
   // The learned fetch sequence (group names; empty before the first step_end).

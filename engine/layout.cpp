@@ -37,7 +37,7 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
   Layout l;
   l.compute_bytes = config.compute_bytes();
   l.grad_bytes = config.precision != Precision::kFp32 && config.gradient_accumulation_steps == 1 ? 2 : 4;
-  l.optimizer = optimizer_spec(config.optimizer.type);
+  l.optimizer = optimizer_spec(config.optimizer.type, config.strata.optimizer_state.format);
 
   // Validate, and group by fetch group in first-registration order.
   std::set<std::string_view> names;

@@ -6,9 +6,12 @@
 // optimizer_step on the device, dispatched on `type` by the optimizer's job
 // (engine/step/optimizer.cpp).
 //
-// A chunk's state is `arrays` fp32 arrays of its elements, kept together as
-// [master | state 1 | state 2]: the master weight first, then the
-// optimizer's own arrays under their checkpoint names.
+// A chunk's state is `arrays` arrays of its elements, kept together as
+// [master | state 1 | state 2]: the fp32 master weight first, then the
+// optimizer's own arrays under their checkpoint names, each in the spec's
+// format (strata.optimizer_state: fp32, or bf16 for Adam's moments, 2 bytes
+// an element, their bit patterns as uint16_t). Chunks hold whole norm blocks,
+// so every array starts 4096-byte aligned.
 #pragma once
 
 #include <array>
@@ -22,12 +25,25 @@ namespace strata::engine {
 
 struct OptimizerSpec {
   OptimizerType type = OptimizerType::kAdamW;
-  int arrays = 3;  // fp32 arrays per trainable element, the master included
+  StateFormat format = StateFormat::kFp32;  // of the optimizer's arrays (the master is fp32)
+  int arrays = 3;  // arrays per trainable element, the master included
   // The arrays' names in checkpoints, exports and read_state: "master", then
   // the optimizer's (DeepSpeed's names: Adagrad's sum of squares is "exp_avg_sq").
   std::array<std::string_view, 3> names{"master", "exp_avg", "exp_avg_sq"};
 
-  std::uint64_t bytes_per_elem() const { return 4 * static_cast<std::uint64_t>(arrays); }
+  // Bytes of one element of array k: 4 for the master and fp32 state, 2 for bf16.
+  int elem_bytes(int k) const { return k == 0 || format == StateFormat::kFp32 ? 4 : 2; }
+  std::uint64_t bytes_per_elem() const {
+    std::uint64_t b = 0;
+    for (int k = 0; k < arrays; ++k) b += static_cast<std::uint64_t>(elem_bytes(k));
+    return b;
+  }
+  // Where array k starts in a chunk of `elems` elements, in bytes.
+  std::uint64_t array_offset(int k, std::int64_t elems) const {
+    std::uint64_t off = 0;
+    for (int a = 0; a < k; ++a) off += static_cast<std::uint64_t>(elem_bytes(a)) * static_cast<std::uint64_t>(elems);
+    return off;
+  }
   // The index of the array called `name` (0: master), or -1.
   int index_of(std::string_view name) const {
     for (int i = 0; i < arrays; ++i) {
@@ -45,18 +61,17 @@ struct UpdateConstants {
   core::numerics::AdagradStepConstants adagrad;
 };
 
-inline const OptimizerSpec& optimizer_spec(OptimizerType type) {
-  static const OptimizerSpec kAdam{OptimizerType::kAdam, 3, {"master", "exp_avg", "exp_avg_sq"}};
-  static const OptimizerSpec kAdamW{OptimizerType::kAdamW, 3, {"master", "exp_avg", "exp_avg_sq"}};
-  static const OptimizerSpec kLion{OptimizerType::kLion, 2, {"master", "exp_avg", ""}};
-  static const OptimizerSpec kAdagrad{OptimizerType::kAdagrad, 2, {"master", "exp_avg_sq", ""}};
+// The spec of an optimizer whose arrays are kept in `format` (the config
+// check allows bf16 for Adam and AdamW only).
+inline OptimizerSpec optimizer_spec(OptimizerType type, StateFormat format = StateFormat::kFp32) {
   switch (type) {
-    case OptimizerType::kAdam: return kAdam;
-    case OptimizerType::kAdamW: return kAdamW;
-    case OptimizerType::kLion: return kLion;
-    case OptimizerType::kAdagrad: return kAdagrad;
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      return {type, format, 3, {"master", "exp_avg", "exp_avg_sq"}};
+    case OptimizerType::kLion: return {type, format, 2, {"master", "exp_avg", ""}};
+    case OptimizerType::kAdagrad: return {type, format, 2, {"master", "exp_avg_sq", ""}};
   }
-  return kAdamW;
+  return {};
 }
 
 }  // namespace strata::engine

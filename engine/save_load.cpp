@@ -1,9 +1,10 @@
 // Checkpoints and weight export (Engine methods declared in engine/engine.h).
 // Layout of <root>/step-<N>/ (docs/checkpoints.md):
 //   state.safetensors  per parameter: "<name>.compute" (compute dtype) and, when
-//                      trainable, "<name>.master" and the optimizer's arrays
+//                      trainable, "<name>.master" (F32) and the optimizer's arrays
 //                      (engine/optimizer_spec.h: AdamW ".exp_avg", ".exp_avg_sq";
-//                      Lion ".exp_avg"; Adagrad ".exp_avg_sq"), F32
+//                      Lion ".exp_avg"; Adagrad ".exp_avg_sq") in the format the
+//                      engine keeps them (strata.optimizer_state: F32 or BF16)
 //   framework.bin      the framework's blob
 //   manifest.json      format version, step counters, loss scaler, lr override,
 //                      the parameter list, the config, CRC64 of the two files,
@@ -27,6 +28,7 @@
 #include <memory>
 
 #include "core/logging.h"
+#include "core/numerics.h"
 #include "core/str.h"
 #include "engine/checkpoint/manifest.h"
 #include "engine/checkpoint/retention.h"
@@ -72,8 +74,14 @@ TensorDtype dtype_of(int bytes, Precision p) {
 }
 
 // Whole parameters' optimizer arrays (the master, then the optimizer's), by
-// parameter index; the layout's optimizer.arrays of them are used.
-using StateArrays = std::map<std::size_t, std::array<std::vector<float>, 3>>;
+// parameter index, as the chunks keep them (OptimizerSpec::elem_bytes bytes an
+// element); the layout's optimizer.arrays of them are used.
+using StateArrays = std::map<std::size_t, std::array<std::vector<std::byte>, 3>>;
+
+// The safetensors dtype of array k as the engine keeps it.
+TensorDtype state_dtype(const OptimizerSpec& spec, int k) {
+  return spec.elem_bytes(k) == 4 ? TensorDtype::kF32 : TensorDtype::kBf16;
+}
 
 // "<param>.<array name>" in a checkpoint's state file.
 std::string state_tensor(const Layout& layout, std::size_t param, int array) {
@@ -103,7 +111,7 @@ std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout
     for (std::size_t pi : trainable_in(layout, gp)) {
       const ParamDesc& p = layout.params[pi];
       for (int k = 0; k < layout.optimizer.arrays; ++k) {
-        declared.push_back({state_tensor(layout, pi, k), TensorDtype::kF32, p.shape});
+        declared.push_back({state_tensor(layout, pi, k), state_dtype(layout.optimizer, k), p.shape});
       }
     }
   }
@@ -171,13 +179,33 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
     const auto it = arrays.find(p.param);
     if (it == arrays.end()) continue;
     const std::int64_t off = layout.places[p.param].trainable_offset;
-    const auto bytes = static_cast<std::size_t>(p.hi - p.lo) * 4;
     for (std::size_t k = 0; k < static_cast<std::size_t>(st.count); ++k) {
-      float* whole = it->second[k].data() + (p.lo - off);
-      float* part = st.arrays[k].data() + (p.lo - cp.begin);
-      std::memcpy(into_chunk ? part : whole, into_chunk ? whole : part, bytes);
+      const auto eb = static_cast<std::size_t>(st.arrays[k].elem_bytes);
+      std::byte* whole = it->second[k].data() + static_cast<std::size_t>(p.lo - off) * eb;
+      std::byte* part = st.arrays[k].data + static_cast<std::size_t>(p.lo - cp.begin) * eb;
+      std::memcpy(into_chunk ? part : whole, into_chunk ? whole : part, static_cast<std::size_t>(p.hi - p.lo) * eb);
     }
   }
+}
+
+// Reads array `name` of n elements into `out` as the engine keeps it
+// (`dtype`): the bytes themselves when the checkpoint has that dtype, else
+// converted (a checkpoint saved with another strata.optimizer_state: bf16 to
+// fp32 is exact, fp32 to bf16 rounds to nearest even).
+core::Status read_state_array(const SafetensorsReader& reader, const std::string& name, TensorDtype dtype,
+                              std::size_t n, std::vector<std::byte>& out) {
+  out.resize(n * dtype_size(dtype));
+  const TensorInfo* info = reader.find(name);
+  if (info == nullptr || info->dtype == dtype) return reader.read_raw(name, out);
+  std::vector<float> wide(n);
+  STRATA_RETURN_IF_ERROR(reader.read_f32(name, wide));
+  if (dtype == TensorDtype::kF32) {
+    std::memcpy(out.data(), wide.data(), n * 4);
+  } else {
+    auto* narrow = reinterpret_cast<std::uint16_t*>(out.data());
+    for (std::size_t i = 0; i < n; ++i) narrow[i] = core::numerics::fp32_to_bf16_bits(wide[i]);
+  }
+  return Status();
 }
 
 }  // namespace
@@ -263,7 +291,8 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     StateArrays arrays;
     for (std::size_t pi : trainable_in(layout_, gp)) {
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        arrays[pi][static_cast<std::size_t>(k)].resize(static_cast<std::size_t>(layout_.params[pi].numel()));
+        arrays[pi][static_cast<std::size_t>(k)].resize(static_cast<std::size_t>(layout_.params[pi].numel()) *
+                                                       static_cast<std::size_t>(layout_.optimizer.elem_bytes(k)));
       }
     }
     STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kNo, [&](const ChunkPlace& cp, ChunkState& st) {
@@ -272,7 +301,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }));
     for (auto& [pi, a] : arrays) {
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        STRATA_RETURN_IF_ERROR(writer.write_f32(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
+        STRATA_RETURN_IF_ERROR(writer.write_raw(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
       }
     }
   }
@@ -362,6 +391,24 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       }
     }
   }
+  // Moments saved in another format are converted as they come in (read_state_array).
+  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
+    if (!layout_.params[pi].trainable || layout_.optimizer.arrays < 2) continue;
+    const TensorInfo* info = reader.find(state_tensor(layout_, pi, 1));
+    const TensorDtype want = state_dtype(layout_.optimizer, 1);
+    if (info != nullptr && info->dtype != want) {
+      const std::string what =
+          str_cat("load_checkpoint: ", dir, " keeps the optimizer's arrays as ", to_string(info->dtype),
+                  "; this engine keeps them as ", to_string(want), " (strata.optimizer_state.format \"",
+                  to_string(config_.strata.optimizer_state.format), "\"), so they are converted");
+      if (want == TensorDtype::kBf16) {
+        STRATA_LOG(kWarn) << what << ", rounded to nearest even";
+      } else {
+        STRATA_LOG(kInfo) << what << " exactly";
+      }
+    }
+    break;
+  }
   // The loss scaler's state must be one this config reaches (fp16.hysteresis bounds hysteresis_left).
   LossScaler::State state;
   state.scale = m.loss_scaler.scale;
@@ -391,8 +438,8 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       if (!p.trainable) continue;
       auto& a = arrays[pi];
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        a[static_cast<std::size_t>(k)].resize(n);
-        STRATA_RETURN_IF_ERROR(reader.read_f32(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
+        STRATA_RETURN_IF_ERROR(read_state_array(reader, state_tensor(layout_, pi, k),
+                                                state_dtype(layout_.optimizer, k), n, a[static_cast<std::size_t>(k)]));
       }
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));

@@ -12,12 +12,24 @@ using core::Status;
 using core::str_cat;
 
 
+std::span<float> StateArray::f32() const {
+  STRATA_CHECK(elem_bytes == 4) << "a view of " << elem_bytes << "-byte elements as fp32";
+  return {reinterpret_cast<float*>(data), elems};
+}
+
+std::span<std::uint16_t> StateArray::bf16() const {
+  STRATA_CHECK(elem_bytes == 2) << "a view of " << elem_bytes << "-byte elements as bf16";
+  return {reinterpret_cast<std::uint16_t*>(data), elems};
+}
+
 ChunkState StateStore::views(std::byte* base, std::int64_t elems) const {
-  auto* f = reinterpret_cast<float*>(base);
-  const auto n = static_cast<std::size_t>(elems);
+  const OptimizerSpec& spec = layout_.optimizer;
   ChunkState st;
-  st.count = layout_.optimizer.arrays;
-  for (int a = 0; a < st.count; ++a) st.arrays[static_cast<std::size_t>(a)] = {f + static_cast<std::size_t>(a) * n, n};
+  st.count = spec.arrays;
+  for (int a = 0; a < st.count; ++a) {
+    st.arrays[static_cast<std::size_t>(a)] = {base + spec.array_offset(a, elems), spec.elem_bytes(a),
+                                              static_cast<std::size_t>(elems)};
+  }
   return st;
 }
 

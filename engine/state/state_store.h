@@ -1,9 +1,10 @@
 // StateStore: every chunk's optimizer state (the fp32 master weight and the
 // optimizer's arrays, engine/optimizer_spec.h) in its home tier
 // (engine/layout.h), and the one way the optimizer gets at it. A chunk's state
-// is the layout's `optimizer.arrays` arrays of `elems` floats, kept together as
-// [master | state 1 | state 2] (AdamW: exp_avg, exp_avg_sq; Lion: exp_avg;
-// Adagrad: exp_avg_sq):
+// is the layout's `optimizer.arrays` arrays of `elems` elements, kept together
+// as [master | state 1 | state 2] (AdamW: exp_avg, exp_avg_sq; Lion: exp_avg;
+// Adagrad: exp_avg_sq), the master fp32 and the others in the spec's format
+// (OptimizerSpec::elem_bytes: fp32, or bf16 bit patterns):
 // - device: one DeviceBuffer per chunk; the device's AdamW updates it there;
 // - pinned: one PinnedBuffer per chunk; the CPU optimizer works in place;
 // - nvme: one SwapStore block per chunk ("state/<index>", CRC-checked); the
@@ -26,12 +27,24 @@
 
 namespace strata::engine {
 
-// Host views of one chunk's state: arrays[0] the master, then the optimizer's
-// arrays in OptimizerSpec's order; `count` of them are set.
+// A host view of one of a chunk's arrays: `elems` elements of `elem_bytes`
+// each (4: fp32; 2: bf16 bit patterns).
+struct StateArray {
+  std::byte* data = nullptr;
+  int elem_bytes = 4;
+  std::size_t elems = 0;
+  std::span<std::byte> bytes() const { return {data, elems * static_cast<std::size_t>(elem_bytes)}; }
+  // Typed views; the array must have that element size.
+  std::span<float> f32() const;
+  std::span<std::uint16_t> bf16() const;
+};
+
+// Host views of one chunk's state: arrays[0] the master (fp32), then the
+// optimizer's arrays in OptimizerSpec's order; `count` of them are set.
 struct ChunkState {
-  std::array<std::span<float>, 3> arrays;
+  std::array<StateArray, 3> arrays;
   int count = 0;
-  std::span<float> master() const { return arrays[0]; }
+  std::span<float> master() const { return arrays[0].f32(); }
 };
 
 class StateStore {

@@ -25,6 +25,12 @@ namespace {
 // cores, the longest a gradient pass waits for the optimizer.
 constexpr std::int64_t kAdamSliceElems = std::int64_t{1} << 21;
 
+core::numerics::Bf16Rounding bf16_rounding(const Config& config) {
+  return config.strata.optimizer_state.rounding == StateRounding::kStochastic
+             ? core::numerics::Bf16Rounding::kStochastic
+             : core::numerics::Bf16Rounding::kNearestEven;
+}
+
 }  // namespace
 
 core::Result<std::unique_ptr<Optimizer>> Optimizer::create(const Parts& parts, std::int64_t ring_depth) {
@@ -36,26 +42,39 @@ core::Result<std::unique_ptr<Optimizer>> Optimizer::create(const Parts& parts, s
 }
 
 core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState& st, std::size_t off, std::size_t n,
-                                      const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out) {
-  switch (parts_.layout.optimizer.type) {
+                                      UpdateAt at, const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out) {
+  const OptimizerSpec& spec = parts_.layout.optimizer;
+  switch (spec.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW:
+      if (spec.format == StateFormat::kBf16) {
+        return parts_.cpu_adam.step_bf16_moments({.constants = k.adam,
+                                                  .master = st.master().subspan(off, n),
+                                                  .exp_avg = st.arrays[1].bf16().subspan(off, n),
+                                                  .exp_avg_sq = st.arrays[2].bf16().subspan(off, n),
+                                                  .grad = grad,
+                                                  .copy_out = copy_out,
+                                                  .rounding = bf16_rounding(parts_.config),
+                                                  .seed = parts_.config.strata.seed,
+                                                  .step = at.step,
+                                                  .index_base = at.index});
+      }
       return parts_.cpu_adam.step({.constants = k.adam,
-                                   .master = st.arrays[0].subspan(off, n),
-                                   .exp_avg = st.arrays[1].subspan(off, n),
-                                   .exp_avg_sq = st.arrays[2].subspan(off, n),
+                                   .master = st.master().subspan(off, n),
+                                   .exp_avg = st.arrays[1].f32().subspan(off, n),
+                                   .exp_avg_sq = st.arrays[2].f32().subspan(off, n),
                                    .grad = grad,
                                    .copy_out = copy_out});
     case OptimizerType::kLion:
       return parts_.cpu_adam.lion_step({.constants = k.lion,
-                                        .master = st.arrays[0].subspan(off, n),
-                                        .exp_avg = st.arrays[1].subspan(off, n),
+                                        .master = st.master().subspan(off, n),
+                                        .exp_avg = st.arrays[1].f32().subspan(off, n),
                                         .grad = grad,
                                         .copy_out = copy_out});
     case OptimizerType::kAdagrad:
       return parts_.cpu_adam.adagrad_step({.constants = k.adagrad,
-                                           .master = st.arrays[0].subspan(off, n),
-                                           .exp_avg_sq = st.arrays[1].subspan(off, n),
+                                           .master = st.master().subspan(off, n),
+                                           .exp_avg_sq = st.arrays[1].f32().subspan(off, n),
                                            .grad = grad,
                                            .copy_out = copy_out});
   }
@@ -63,11 +82,24 @@ core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState
 }
 
 core::Status Optimizer::update_on_device(const UpdateConstants& k, gpu::DeviceSpan master, gpu::DeviceSpan state1,
-                                         gpu::DeviceSpan state2, const gpu::DeviceTypedSpan& grad,
+                                         gpu::DeviceSpan state2, UpdateAt at, const gpu::DeviceTypedSpan& grad,
                                          const gpu::DeviceTypedSpan& copy_out) {
-  switch (parts_.layout.optimizer.type) {
+  const OptimizerSpec& spec = parts_.layout.optimizer;
+  switch (spec.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW:
+      if (spec.format == StateFormat::kBf16) {
+        return parts_.device.adam_step_bf16_moments(stream_, {.constants = k.adam,
+                                                              .master = master,
+                                                              .exp_avg = state1,
+                                                              .exp_avg_sq = state2,
+                                                              .grad = grad,
+                                                              .copy_out = copy_out,
+                                                              .rounding = bf16_rounding(parts_.config),
+                                                              .seed = parts_.config.strata.seed,
+                                                              .step = at.step,
+                                                              .index_base = at.index});
+      }
       return parts_.device.adam_step(stream_, {.constants = k.adam,
                                                .master = master,
                                                .exp_avg = state1,
@@ -264,7 +296,7 @@ core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
                                       static_cast<std::int64_t>(n)};
       const adam::TypedSpan copy_out =
           cb_ == 2 ? adam::TypedSpan{out, compute_type_, static_cast<std::int64_t>(n)} : adam::TypedSpan{};
-      STRATA_RETURN_IF_ERROR(o_.update_on_cpu(k, st, off, n, grad, copy_out));
+      STRATA_RETURN_IF_ERROR(o_.update_on_cpu(k, st, off, n, {.index = lo, .step = job_.step}, grad, copy_out));
       if (cb_ == 4) std::memcpy(out, st.master().data() + off, n * 4);
     }
   }
@@ -290,14 +322,20 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
     const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
     const auto n = static_cast<std::uint64_t>(p.hi - p.lo);
     // Array k of the chunk's state: [master | state 1 | state 2], n_all elements each.
-    auto array = [&](std::uint64_t k) { return state.subspan(k * n_all * 4 + off * 4, n * 4); };
+    const OptimizerSpec& spec = layout().optimizer;
+    auto array = [&](int k) {
+      if (k >= spec.arrays) return gpu::DeviceSpan{};
+      const auto eb = static_cast<std::uint64_t>(spec.elem_bytes(k));
+      return state.subspan(spec.array_offset(k, cp.elems) + off * eb, n * eb);
+    };
     const UpdateConstants& k = job_.constants[static_cast<std::size_t>(layout().params[p.param].optimizer_group)];
     const gpu::DeviceTypedSpan grad =
         gpu::typed(dgrad.subspan(off * gb_, n * gb_), gpu_type(gb_, parts.config.precision));
     const gpu::DeviceTypedSpan copy_out =
         cb_ == 2 ? gpu::typed(dcopy.subspan(off * cb_, n * cb_), gpu_type(cb_, parts.config.precision))
                  : gpu::DeviceTypedSpan{};
-    STRATA_RETURN_IF_ERROR(o_.update_on_device(k, array(0), array(1), array(2), grad, copy_out));
+    STRATA_RETURN_IF_ERROR(
+        o_.update_on_device(k, array(0), array(1), array(2), {.index = p.lo, .step = job_.step}, grad, copy_out));
     if (cb_ == 4) STRATA_RETURN_IF_ERROR(parts.device.copy_d2d(o_.stream_, dcopy.subspan(off * 4, n * 4), array(0)));
   }
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts.pinned_cache.get(n_all * cb_, "optimizer compute copies"));

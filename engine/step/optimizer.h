@@ -83,14 +83,22 @@ class Optimizer {
   // marker, decides as step_end would have (Verdict::decide_deferred) and
   // fills in the job's constants; false when the step is skipped.
   core::Result<bool> take_verdict(OptimizerJob& job);
+  // Where an update's first element sits in the trainable space and which
+  // optimizer step it applies: what bf16 moments' stochastic rounding draws
+  // from, so its bits never depend on chunking, placement or slicing.
+  struct UpdateAt {
+    std::int64_t index = 0;
+    std::int64_t step = 0;
+  };
   // The layout's optimizer (OptimizerSpec) on elements [off, off + n) of a
-  // host chunk: cpu_adam's step, lion_step or adagrad_step.
+  // host chunk: cpu_adam's step (or step_bf16_moments), lion_step or adagrad_step.
   core::Status update_on_cpu(const UpdateConstants& k, const ChunkState& st, std::size_t off, std::size_t n,
-                             const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out);
+                             UpdateAt at, const adam::ConstTypedSpan& grad, const adam::TypedSpan& copy_out);
   // The same on a device chunk's views, on the optimizer's stream (Device's
-  // adam_step, lion_step or adagrad_step); `state2` is unused but by Adam.
+  // adam_step or adam_step_bf16_moments, lion_step or adagrad_step); `state2`
+  // is unused but by Adam.
   core::Status update_on_device(const UpdateConstants& k, gpu::DeviceSpan master, gpu::DeviceSpan state1,
-                                gpu::DeviceSpan state2, const gpu::DeviceTypedSpan& grad,
+                                gpu::DeviceSpan state2, UpdateAt at, const gpu::DeviceTypedSpan& grad,
                                 const gpu::DeviceTypedSpan& copy_out);
 
   const Parts parts_;

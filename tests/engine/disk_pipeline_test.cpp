@@ -138,7 +138,7 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
           auto st = pass.take(i);
           ASSERT_TRUE(st.ok()) << st.status();
           st->master()[0] += 1.0f;
-          st->arrays[1][7] = static_cast<float>(chunks[i]);
+          st->arrays[1].f32()[7] = static_cast<float>(chunks[i]);
           ASSERT_TRUE(pass.store(i, StateStore::Version::kCurrent).ok());
         }
         ASSERT_TRUE(pass.drain_writes().ok());
@@ -159,7 +159,7 @@ TEST_F(DiskPipelineTest, APassRoundTripsEveryChunkWhateverTheRing) {
     auto st = pass.take(i);
     ASSERT_TRUE(st.ok());
     EXPECT_EQ(st->master()[0], 8.0f) << "chunk " << i;
-    EXPECT_EQ(st->arrays[1][7], static_cast<float>(i));
+    EXPECT_EQ(st->arrays[1].f32()[7], static_cast<float>(i));
   }
 }
 

@@ -12,6 +12,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/memory_budget.h"
+#include "core/numerics.h"
 #include "engine/layout.h"
 #include "engine/state/state_store.h"
 #include "gpu/host_device.h"
@@ -35,8 +36,9 @@ class StateStoreTest : public ::testing::Test {
 
   // 3 groups of 2 blocks, chunks of 1 block: 6 chunks; nvme with half of the
   // offloaded share pinned, and DeepSpeed's ratio leaving 2 chunks on the device.
-  Layout layout() {
+  Layout layout(StateFormat format = StateFormat::kFp32) {
     Config c;
+    c.strata.optimizer_state.format = format;
     c.precision = Precision::kBf16;
     c.zero.offload_optimizer.device = OffloadDevice::kNvme;
     c.zero.offload_optimizer.ratio = 4.0 / 6.0;
@@ -62,10 +64,18 @@ class StateStoreTest : public ::testing::Test {
   fs::path dir_;
   core::MemoryBudget device_budget_{"device memory", 64ull << 20, "strata.budgets.device"};
   core::MemoryBudget pinned_budget_{"pinned host memory", 64ull << 20, "strata.budgets.pinned"};
+
+  // Every tier keeps what was stored in each array, at the size the format
+  // gives (fp32: 12 bytes an element; bf16 moments: 8).
+  void every_tier_keeps_what_was_stored(StateFormat format);
 };
 
-TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
-  const Layout l = layout();
+void StateStoreTest::every_tier_keeps_what_was_stored(StateFormat format) {
+  const Layout l = layout(format);
+  const std::uint64_t per_elem = format == StateFormat::kBf16 ? 8 : 12;
+  ASSERT_EQ(l.optimizer.bytes_per_elem(), per_elem);
+  // A moment value and its stored form: exact in both formats.
+  auto moment = [](std::int64_t k) { return -static_cast<float>(k % 256); };
   int tiers[3] = {0, 0, 0};
   for (const ChunkPlace& c : l.chunks) ++tiers[static_cast<int>(c.state_tier)];
   ASSERT_EQ(tiers[0], 2);  // device
@@ -77,10 +87,10 @@ TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
   ASSERT_NE(sw, nullptr);
   auto store = StateStore::create(l, **device, sw.get());
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(device_budget_.used_bytes(), 2u * kB * 12);
-  EXPECT_EQ(pinned_budget_.used_bytes(), 2u * kB * 12);
+  EXPECT_EQ(device_budget_.used_bytes(), 2u * kB * per_elem);
+  EXPECT_EQ(pinned_budget_.used_bytes(), 2u * kB * per_elem);
 
-  auto staging = core::AlignedBuffer::allocate(kB * 12, core::kDirectIoAlignment);
+  auto staging = core::AlignedBuffer::allocate(kB * per_elem, core::kDirectIoAlignment);
   ASSERT_TRUE(staging.ok());
   for (std::size_t i = 0; i < l.chunks.size(); ++i) {
     if ((*store)->tier(i) == Tier::kDevice) continue;
@@ -89,16 +99,25 @@ TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
     for (std::int64_t k = 0; k < kB; ++k) {
       ASSERT_EQ(st->master()[k], 0.0f);  // zero-filled at creation
       st->master()[k] = static_cast<float>(i * 1000 + k);
-      st->arrays[1][k] = 1.0f;
-      st->arrays[2][k] = -static_cast<float>(k);
+      if (format == StateFormat::kBf16) {
+        st->arrays[1].bf16()[k] = core::numerics::fp32_to_bf16_bits(1.0f);
+        st->arrays[2].bf16()[k] = core::numerics::fp32_to_bf16_bits(moment(k));
+      } else {
+        st->arrays[1].f32()[k] = 1.0f;
+        st->arrays[2].f32()[k] = moment(k);
+      }
     }
+    // The arrays sit one after the other: [master | exp_avg | exp_avg_sq].
+    const auto* base = reinterpret_cast<const std::byte*>(st->master().data());
+    EXPECT_EQ(st->arrays[1].data, base + kB * 4);
+    EXPECT_EQ(st->arrays[2].data, base + kB * (format == StateFormat::kBf16 ? 6 : 8));
     ASSERT_TRUE((*store)->store(i, staging->bytes()).ok());
   }
   for (std::size_t i = 0; i < l.chunks.size(); ++i) {
     if ((*store)->tier(i) == Tier::kDevice) {
       auto span = (*store)->device_state(i);
       ASSERT_TRUE(span.ok());
-      EXPECT_EQ(span->size_bytes(), static_cast<std::uint64_t>(kB) * 12);
+      EXPECT_EQ(span->size_bytes(), static_cast<std::uint64_t>(kB) * per_elem);
       EXPECT_EQ((*store)->load(i, staging->bytes()).status().code(), core::StatusCode::kFailedPrecondition);
       continue;
     }
@@ -107,14 +126,25 @@ TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) {
     ASSERT_TRUE(st.ok()) << st.status();
     for (std::int64_t k = 0; k < kB; k += 997) {
       EXPECT_EQ(st->master()[k], static_cast<float>(i * 1000 + k)) << i << " " << k;
-      EXPECT_EQ(st->arrays[1][k], 1.0f);
-      EXPECT_EQ(st->arrays[2][k], -static_cast<float>(k));
+      if (format == StateFormat::kBf16) {
+        EXPECT_EQ(core::numerics::bf16_bits_to_fp32(st->arrays[1].bf16()[k]), 1.0f);
+        EXPECT_EQ(core::numerics::bf16_bits_to_fp32(st->arrays[2].bf16()[k]), moment(k));
+      } else {
+        EXPECT_EQ(st->arrays[1].f32()[k], 1.0f);
+        EXPECT_EQ(st->arrays[2].f32()[k], moment(k));
+      }
     }
   }
   EXPECT_EQ((*store)->device_state(2).status().code(), core::StatusCode::kFailedPrecondition);
   store->reset();
   EXPECT_EQ(device_budget_.used_bytes(), 0u);
   EXPECT_EQ(pinned_budget_.used_bytes(), 0u);
+}
+
+TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) { every_tier_keeps_what_was_stored(StateFormat::kFp32); }
+
+TEST_F(StateStoreTest, EveryTierKeepsBf16MomentsInTwoBytes) {
+  every_tier_keeps_what_was_stored(StateFormat::kBf16);
 }
 
 TEST_F(StateStoreTest, CorruptSwapIsDataLossNotGarbage) {
