@@ -114,6 +114,29 @@ std::string lasts_text(const PlacementWear& w, double step_seconds) {
   return s;
 }
 
+// The configured placement under each optimizer state format.
+void append_formats(const Plan& plan, std::string* out) {
+  *out += str_cat("\noptimizer state formats (strata.optimizer_state.format; now ", plan.state.moment_format,
+                  "), the configured placement under each:\n");
+  TextTable t({Align::kLeft, Align::kRight, Align::kRight, Align::kRight, Align::kRight, Align::kRight,
+               Align::kRight, Align::kLeft, Align::kRight});
+  t.row({"format", "state/param", "GPU", "CPU RAM", "NVMe/disk", "disk read/step", "disk write/step", "fits",
+         plan.wear ? "drives last" : ""});
+  for (const FormatPlan& f : plan.formats) {
+    const PlacementPlan& p = f.plan;
+    std::string lasts;
+    if (f.wear) {
+      lasts = f.wear->steps ? str_cat(group_digits(*f.wear->steps), " steps") : std::string("no writes");
+      if (f.wear->days) lasts += str_cat(" (", days_text(*f.wear->days), " days)");
+    }
+    t.row({f.format, str_cat(f.state_bytes, " B"), format_bytes(p.tier(Tier::kDevice).needed_bytes),
+           format_bytes(p.tier(Tier::kPinned).needed_bytes), format_bytes(p.tier(Tier::kNvme).needed_bytes),
+           format_bytes(p.traffic.disk_read_bytes), format_bytes(p.traffic.disk_write_bytes), p.fits ? "yes" : "no",
+           lasts});
+  }
+  *out += t.render("  ");
+}
+
 void append_wear(const WearPlan& w, std::string* out) {
   const double step_s = w.drive.step_seconds;
   *out += str_cat("\nSSD wear: ", w.rating,
@@ -269,6 +292,7 @@ Json state_json(const StateSizes& s) {
               {"gradient_bytes", s.gradient_bytes},
               {"master_bytes", s.master_bytes},
               {"moment_bytes", s.moment_bytes},
+              {"moment_format", s.moment_format},
               {"gradient_accumulation_steps", s.gradient_accumulation_steps}};
 }
 
@@ -363,7 +387,8 @@ std::string format_plan_table(const Plan& plan) {
   out += str_cat("state    ", st.precision, " compute copies ", st.compute_bytes, " B, gradients ",
                  st.gradient_bytes, " B (gradient_accumulation_steps ",
                  st.gradient_accumulation_steps, "), ", st.optimizer, ": fp32 master ",
-                 st.master_bytes, " B + moments ", st.moment_bytes, " B per trainable parameter\n");
+                 st.master_bytes, " B + ", st.moment_format, " moments ", st.moment_bytes,
+                 " B per trainable parameter\n");
   if (m.activations) {
     out += str_cat("         activations for seq ", m.seq_len, " x micro-batch ", m.micro_batch,
                    ", checkpointing ", m.activation_checkpointing ? "on" : "off", ": ",
@@ -443,6 +468,7 @@ std::string format_plan_table(const Plan& plan) {
         "RAM or disk, or larger budgets)\n";
   }
   if (plan.wear) append_wear(*plan.wear, &out);
+  if (plan.formats.size() > 1) append_formats(plan, &out);
   if (!plan.notes.empty()) {
     out += "\nnotes\n";
     for (const std::string& n : plan.notes) out += str_cat("  - ", n, "\n");
@@ -464,6 +490,16 @@ std::string plan_to_json(const Plan& plan) {
   doc["config_changes"] = std::move(changes);
   doc["candidates"] = std::move(candidates);
   doc["wear"] = plan.wear ? wear_json(*plan.wear) : Json(nullptr);
+  Json formats = Json::array();
+  for (const FormatPlan& f : plan.formats) {
+    Json j = Json::object();
+    j["format"] = f.format;
+    j["state_bytes"] = f.state_bytes;
+    j["placement"] = placement_json(f.plan);
+    j["wear"] = f.wear ? placement_wear_json(*f.wear) : Json(nullptr);
+    formats.push_back(std::move(j));
+  }
+  doc["formats"] = std::move(formats);
   doc["notes"] = plan.notes;
   // Paths and config text are passed through; bytes that are not UTF-8
   // become U+FFFD rather than an exception.

@@ -66,8 +66,17 @@ std::string_view optimizer_label(OptimizerType t) {
   return "?";
 }
 
-std::uint64_t optimizer_moment_bytes(OptimizerType t) {
-  return optimizer_spec(t).bytes_per_elem() - 4;  // the engine's arrays less the master
+std::uint64_t optimizer_moment_bytes(const Config& config) {
+  // The engine's arrays less the master.
+  return optimizer_spec(config.optimizer.type, config.strata.optimizer_state.format).bytes_per_elem() - 4;
+}
+
+std::string_view state_format_name(StateFormat f) {
+  switch (f) {
+    case StateFormat::kFp32: return "fp32";
+    case StateFormat::kBf16: return "bf16";
+  }
+  return "?";
 }
 
 std::string over_capacity_reason(const PlacementPlan& plan, const TierPlan& tier) {

@@ -146,7 +146,7 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   c = static_cast<std::uint64_t>(cfg.compute_bytes());
   accum = u64(cfg.gradient_accumulation_steps);
   g = accum == 1 ? c : 4;
-  moments = optimizer_moment_bytes(cfg.optimizer.type);
+  moments = optimizer_moment_bytes(cfg);
   state = 4 + moments;
   prec = plan_detail::precision_label(cfg);
   threaded = schedule.threaded();
@@ -352,7 +352,8 @@ void add_nvme_state(Evaluation& e) {
   const std::uint64_t slots = ring.staging_below_slot ? 1 : ring.slots;
   e.add("optimizer_staging", Tier::kPinned, sat_mul(slot, slots),
         str_cat(slots, " slots of ", core::format_bytes(slot), " (the largest nvme chunk's ", states,
-                " fp32 states)"));
+                " states: fp32 master", moments > 0 ? str_cat(" and ", moments, " B of moments") : std::string(),
+                " per element)"));
 }
 
 // What the overlap schedule holds beyond the placement's state, as the

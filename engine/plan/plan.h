@@ -275,7 +275,8 @@ struct StateSizes {
   std::uint64_t gradient_bytes =
       2;                           // per trainable parameter: compute_bytes, or 4 with accumulation
   std::uint64_t master_bytes = 4;  // per trainable parameter (fp32)
-  std::uint64_t moment_bytes = 8;  // per trainable parameter: Adam(W) 8, Adagrad 4, Lion 4
+  std::uint64_t moment_bytes = 8;  // per trainable parameter: Adam(W) 8 (bf16: 4), Adagrad 4, Lion 4
+  std::string moment_format = "fp32";  // strata.optimizer_state.format: "fp32", "bf16"
   std::int64_t gradient_accumulation_steps = 1;
 };
 
@@ -318,6 +319,17 @@ struct WearPlan {
   std::vector<PlacementWear> alternatives;
 };
 
+// The configured placement under one optimizer state format
+// (strata.optimizer_state.format), evaluated as the config's own: what it
+// needs per tier, what it moves per step and, with a drive rating, how long
+// the swap drives last.
+struct FormatPlan {
+  std::string format;              // "fp32", "bf16"
+  std::uint64_t state_bytes = 12;  // per trainable parameter: the fp32 master and the moments
+  PlacementPlan plan;
+  std::optional<PlacementWear> wear;  // with PlanOptions::drive
+};
+
 struct Plan {
   ModelSummary model;
   StateSizes state;
@@ -334,6 +346,9 @@ struct Plan {
   std::vector<ConfigChange> changes;  // config keys to set for `recommended`
   std::vector<std::string> notes;     // assumptions and warnings, one sentence each
   std::optional<WearPlan> wear;       // with PlanOptions::drive
+  // The configured placement under each state format the optimizer takes
+  // (fp32 first; Adam and AdamW also bf16), the configured format among them.
+  std::vector<FormatPlan> formats;
   bool fits() const { return configured.fits; }
 };
 

@@ -32,8 +32,11 @@ std::string_view offload_device_key(OffloadDevice d);
 std::string_view optimizer_name(OptimizerType t);
 // "AdamW moments", "Lion momentum", ...
 std::string_view optimizer_label(OptimizerType t);
-// Bytes of optimizer moments per trainable parameter: Adam/AdamW 8, Adagrad 4, Lion 4.
-std::uint64_t optimizer_moment_bytes(OptimizerType t);
+// Bytes of optimizer moments per trainable parameter under the config's
+// optimizer and strata.optimizer_state: Adam/AdamW 8 (bf16: 4), Adagrad 4, Lion 4.
+std::uint64_t optimizer_moment_bytes(const Config& config);
+// "fp32", "bf16" (the config's spelling; the planner links without the config writer).
+std::string_view state_format_name(StateFormat f);
 // The tier a placement device means: none -> GPU.
 Tier tier_of(OffloadDevice d);
 // "compute_copies" -> "compute copies".
@@ -96,6 +99,11 @@ double grid_fraction(int k, double step);
 // write less; `fitting` is every placement of the search that fits.
 core::Result<WearPlan> plan_wear(const Inputs& in, const Plan& plan, const DriveEndurance& drive, int steps,
                                  const std::vector<PlacementPlan>& fitting);
+
+// wear.cpp: a placement's writes per swap drive and the steps (and days, with
+// step_seconds > 0) until `rated` bytes are written to the first drive.
+PlacementWear placement_wear(const Config& config, const MachineSpec& machine, const PlacementPlan& pp,
+                             double rated, double step_seconds);
 
 }  // namespace plan_detail
 }  // namespace strata::engine

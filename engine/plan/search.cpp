@@ -21,6 +21,7 @@ using plan_detail::changes_for;
 using plan_detail::evaluate;
 using plan_detail::grid_fraction;
 using plan_detail::Inputs;
+using plan_detail::placement_wear;
 using plan_detail::plan_wear;
 using plan_detail::precision_label;
 using plan_detail::quoted;
@@ -100,7 +101,8 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   plan.state.gradient_accumulation_steps = config.gradient_accumulation_steps;
   plan.state.gradient_bytes =
       config.gradient_accumulation_steps == 1 ? plan.state.compute_bytes : 4;
-  plan.state.moment_bytes = optimizer_moment_bytes(config.optimizer.type);
+  plan.state.moment_bytes = optimizer_moment_bytes(config);
+  plan.state.moment_format = std::string(state_format_name(config.strata.optimizer_state.format));
   plan.machine = machine;
   STRATA_ASSIGN_OR_RETURN(TierCapacities capacities,
                           tier_capacities(config, machine, options.margins, &plan.notes));
@@ -152,6 +154,26 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
 
   if (options.drive) {
     STRATA_ASSIGN_OR_RETURN(plan.wear, plan_wear(in, plan, *options.drive, steps, fitting));
+  }
+  // The configured placement under each state format the optimizer takes.
+  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16}) {
+    if (f != StateFormat::kFp32 && config.optimizer.type != OptimizerType::kAdam &&
+        config.optimizer.type != OptimizerType::kAdamW) {
+      continue;
+    }
+    Config fc = config;
+    fc.strata.optimizer_state.format = f;
+    if (f == StateFormat::kFp32) fc.strata.optimizer_state.rounding = StateRounding::kNearestEven;
+    const Inputs fin{fc, plan.model, capacities, options};
+    FormatPlan row;
+    row.format = std::string(state_format_name(f));
+    row.state_bytes = 4 + optimizer_moment_bytes(fc);
+    row.plan = evaluate(fin, configured);
+    if (plan.wear) {
+      row.wear = placement_wear(fc, plan.machine, row.plan, plan.wear->rated_bytes_per_drive,
+                                options.drive->step_seconds);
+    }
+    plan.formats.push_back(std::move(row));
   }
 
   // Notes: what the estimate leaves out or assumes.

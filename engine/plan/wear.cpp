@@ -52,6 +52,31 @@ std::optional<double> days_of(std::uint64_t steps, double step_seconds) {
   return static_cast<double>(steps) * step_seconds / 86400.0;
 }
 
+bool same_placement(const Placement& a, const Placement& b) {
+  return a.param_device == b.param_device && a.optimizer_device == b.optimizer_device &&
+         a.optimizer_ratio == b.optimizer_ratio &&
+         (a.optimizer_device != OffloadDevice::kNvme || a.optimizer_cpu_fraction == b.optimizer_cpu_fraction);
+}
+
+// With the optimizer on nvme: the largest cpu fraction on the search's grid
+// above `from` under which `p` fits; else the next one above `from` (which
+// does not fit: its reasons say why); nullopt when none is above.
+std::optional<Placement> raised_fraction(const Inputs& in, Placement p, double from, int steps, double step) {
+  std::optional<Placement> next;
+  for (int k = steps - 1; k >= 0; --k) {
+    const double f = grid_fraction(k, step);
+    if (f <= from) break;
+    p.optimizer_cpu_fraction = f;
+    if (evaluate(in, p).fits) return p;
+    next = p;
+  }
+  return next;
+}
+
+}  // namespace
+
+namespace plan_detail {
+
 // A placement's writes per swap drive and how long the drives last. Each
 // swap path takes an even share of the bytes written per step (the swap store
 // stripes blocks over the paths; the remainder goes to the first paths);
@@ -97,31 +122,6 @@ PlacementWear placement_wear(const Config& config, const MachineSpec& machine, c
   }
   return w;
 }
-
-bool same_placement(const Placement& a, const Placement& b) {
-  return a.param_device == b.param_device && a.optimizer_device == b.optimizer_device &&
-         a.optimizer_ratio == b.optimizer_ratio &&
-         (a.optimizer_device != OffloadDevice::kNvme || a.optimizer_cpu_fraction == b.optimizer_cpu_fraction);
-}
-
-// With the optimizer on nvme: the largest cpu fraction on the search's grid
-// above `from` under which `p` fits; else the next one above `from` (which
-// does not fit: its reasons say why); nullopt when none is above.
-std::optional<Placement> raised_fraction(const Inputs& in, Placement p, double from, int steps, double step) {
-  std::optional<Placement> next;
-  for (int k = steps - 1; k >= 0; --k) {
-    const double f = grid_fraction(k, step);
-    if (f <= from) break;
-    p.optimizer_cpu_fraction = f;
-    if (evaluate(in, p).fits) return p;
-    next = p;
-  }
-  return next;
-}
-
-}  // namespace
-
-namespace plan_detail {
 
 // `fitting`: every placement of the search that fits (Plan's search below).
 core::Result<WearPlan> plan_wear(const Inputs& in, const Plan& plan, const DriveEndurance& drive, int steps,

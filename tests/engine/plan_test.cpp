@@ -544,6 +544,62 @@ TEST(Planner, OptimizerCpuFractionSplitsStateBetweenRamAndNvme) {
 // engine's, as scale_bench measures them (--params 4M --layers 64 --placement
 // nvme --pinned-budget B): 8 MiB of host gradients, 896 KiB of working
 // memory, slots of 768 KiB.
+// strata.optimizer_state.format bf16 halves Adam's moments: 4 B per trainable
+// parameter instead of 8 in every tier they live in and in the disk traffic,
+// and the plan shows the configured placement under each format (with the
+// drive life each gives).
+TEST(Planner, Bf16MomentsTakeFourBytesAndThePlanComparesTheFormats) {
+  Config config;
+  config.precision = Precision::kBf16;
+  config.zero.stage = 3;
+  config.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  config.zero.offload_param.device = OffloadDevice::kNvme;
+  ModelSpec model;
+  model.num_params = 40'000'000'000;
+  model.num_layers = 48;
+  PlanOptions options;
+  options.drive = DriveEndurance{.tbw = 600};
+  const MachineSpec m = machine(80 * kGiB, 128 * kGiB, 2'000'000'000'000);
+  core::Result<Plan> fp32 = make_plan(config, model, m, options);
+  config.strata.optimizer_state.format = StateFormat::kBf16;
+  core::Result<Plan> bf16 = make_plan(config, model, m, options);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  const std::uint64_t T = 40'000'000'000;
+  EXPECT_EQ(fp32->state.moment_bytes, 8u);
+  EXPECT_EQ(bf16->state.moment_bytes, 4u);
+  EXPECT_EQ(bf16->state.moment_format, "bf16");
+  EXPECT_EQ(fp32->configured.item_bytes(Tier::kNvme, "optimizer_moments"), 8 * T);
+  EXPECT_EQ(bf16->configured.item_bytes(Tier::kNvme, "optimizer_moments"), 4 * T);
+  // The state is read and written once a step: 4 B per parameter less each way.
+  EXPECT_EQ(fp32->configured.traffic.disk_read_bytes - bf16->configured.traffic.disk_read_bytes, 4 * T);
+  EXPECT_EQ(fp32->configured.traffic.disk_write_bytes - bf16->configured.traffic.disk_write_bytes, 4 * T);
+  // Both plans list both formats, each the configured placement under it.
+  for (const Plan* p : {&*fp32, &*bf16}) {
+    ASSERT_EQ(p->formats.size(), 2u);
+    EXPECT_EQ(p->formats[0].format, "fp32");
+    EXPECT_EQ(p->formats[0].state_bytes, 12u);
+    EXPECT_EQ(p->formats[1].format, "bf16");
+    EXPECT_EQ(p->formats[1].state_bytes, 8u);
+    EXPECT_EQ(p->formats[0].plan.traffic.disk_write_bytes, fp32->configured.traffic.disk_write_bytes);
+    EXPECT_EQ(p->formats[1].plan.traffic.disk_write_bytes, bf16->configured.traffic.disk_write_bytes);
+    ASSERT_TRUE(p->formats[0].wear && p->formats[0].wear->steps && p->formats[1].wear && p->formats[1].wear->steps);
+    EXPECT_GT(*p->formats[1].wear->steps, *p->formats[0].wear->steps);
+  }
+  EXPECT_EQ(*fp32->formats[0].wear->steps, *fp32->wear->configured.steps);
+  const std::string table = format_plan_table(*bf16);
+  EXPECT_NE(table.find("bf16 moments 4 B per trainable parameter"), std::string::npos) << table;
+  EXPECT_NE(table.find("optimizer state formats"), std::string::npos) << table;
+  EXPECT_NE(plan_to_json(*bf16).find("\"formats\""), std::string::npos);
+  // Lion keeps fp32 only: one format, no table.
+  config.optimizer.type = OptimizerType::kLion;
+  config.strata.optimizer_state.format = StateFormat::kFp32;
+  core::Result<Plan> lion = make_plan(config, model, m, options);
+  ASSERT_TRUE(lion.ok()) << lion.status();
+  EXPECT_EQ(lion->formats.size(), 1u);
+  EXPECT_EQ(format_plan_table(*lion).find("optimizer state formats"), std::string::npos);
+}
+
 TEST(Planner, PinnedBudgetGivesTheRingWhatFinalizeLeaves) {
   Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
   const MachineSpec m = machine(80 * kGiB, 64 * kGiB, kGiB << 10);
