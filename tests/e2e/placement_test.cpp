@@ -67,7 +67,8 @@ void expect_same_state(const RunResult& got, const RunResult& want) {
 // fetch unless they live on the device, gradients come down once (2 B), the
 // optimizer commits each group's compute copies to their home (reading the
 // old ones first only when a frozen parameter's are among them), nvme chunks
-// are read and written once (12 B per element), device chunks take their
+// are read and written once (the optimizer's state: AdamW 12 B per element,
+// 8 with bf16 moments), device chunks take their
 // gradients up and send new compute copies down.
 StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   StepBytes b;
@@ -94,8 +95,8 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   for (const ChunkPlace& c : l.chunks) {
     const std::uint64_t n = static_cast<std::uint64_t>(c.elems);
     if (c.state_tier == Tier::kNvme) {
-      b.nvme_read += 12 * n;
-      b.nvme_write += 12 * n;
+      b.nvme_read += l.optimizer.bytes_per_elem() * n;
+      b.nvme_write += l.optimizer.bytes_per_elem() * n;
     } else if (c.state_tier == Tier::kDevice) {
       b.h2d += gb * n;
       b.d2h += cb * n;
@@ -273,59 +274,72 @@ class Placement : public MlpTest {
   }
 };
 
+// In each optimizer state format (strata.optimizer_state): fp32, and bf16
+// moments (stochastically rounded: state_format_test.cpp runs both roundings
+// under more schedules); each format is its own trajectory.
 TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
-  struct Case {
-    const char* name;
-    OffloadDevice optimizer, param;
-    double cpu_fraction = 0.0, ratio = 1.0;
+  struct Format {
+    StateFormat format;
+    StateRounding rounding;
   };
-  const std::vector<Case> cases = {
-      {"all on the device", OffloadDevice::kNone, OffloadDevice::kNone},
-      {"optimizer in pinned memory", OffloadDevice::kCpu, OffloadDevice::kNone},
-      {"params and optimizer in pinned memory", OffloadDevice::kCpu, OffloadDevice::kCpu},
-      {"optimizer on nvme", OffloadDevice::kNvme, OffloadDevice::kNone},
-      {"everything on nvme", OffloadDevice::kNvme, OffloadDevice::kNvme},
-      {"optimizer split cpu/nvme", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.5},
-      {"half the optimizer on the device (ratio)", OffloadDevice::kCpu, OffloadDevice::kCpu, 0.0, 0.5},
-  };
-  RunResult reference;
-  for (const Case& k : cases) {
-    SCOPED_TRACE(k.name);
-    Config c = base();
-    c.zero.offload_optimizer.device = k.optimizer;
-    c.zero.offload_param.device = k.param;
-    c.zero.offload_optimizer.ratio = k.ratio;
-    c.strata.optimizer_cpu_fraction = k.cpu_fraction;
-    RunResult r = train(c);
-    ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
-    const StepBytes& got = r.stats.back().bytes;
-    std::printf("%-42s loss %.6f -> %.6f  h2d %llu d2h %llu nvme r/w %llu/%llu\n", k.name, r.losses.front(),
-                r.losses.back(), static_cast<unsigned long long>(got.h2d),
-                static_cast<unsigned long long>(got.d2h), static_cast<unsigned long long>(got.nvme_read),
-                static_cast<unsigned long long>(got.nvme_write));
-    if (reference.losses.empty()) {
-      reference = r;
-      const auto& m = r.exp_avg.at("l1.w");
-      EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0.0f; }))
-          << "moments never moved";
-      EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the loss should halve in " << kSteps << " steps";
-    } else {
-      EXPECT_EQ(r.losses, reference.losses);
-      expect_same_state(r, reference);
+  for (const Format fmt : {Format{StateFormat::kFp32, StateRounding::kNearestEven},
+                           Format{StateFormat::kBf16, StateRounding::kStochastic}}) {
+    SCOPED_TRACE(core::str_cat(to_string(fmt.format), " ", to_string(fmt.rounding)));
+    struct Case {
+      const char* name;
+      OffloadDevice optimizer, param;
+      double cpu_fraction = 0.0, ratio = 1.0;
+    };
+    const std::vector<Case> cases = {
+        {"all on the device", OffloadDevice::kNone, OffloadDevice::kNone},
+        {"optimizer in pinned memory", OffloadDevice::kCpu, OffloadDevice::kNone},
+        {"params and optimizer in pinned memory", OffloadDevice::kCpu, OffloadDevice::kCpu},
+        {"optimizer on nvme", OffloadDevice::kNvme, OffloadDevice::kNone},
+        {"everything on nvme", OffloadDevice::kNvme, OffloadDevice::kNvme},
+        {"optimizer split cpu/nvme", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.5},
+        {"half the optimizer on the device (ratio)", OffloadDevice::kCpu, OffloadDevice::kCpu, 0.0, 0.5},
+    };
+    RunResult reference;
+    for (const Case& k : cases) {
+      SCOPED_TRACE(k.name);
+      Config c = base();
+      c.zero.offload_optimizer.device = k.optimizer;
+      c.zero.offload_param.device = k.param;
+      c.zero.offload_optimizer.ratio = k.ratio;
+      c.strata.optimizer_cpu_fraction = k.cpu_fraction;
+      c.strata.optimizer_state = {fmt.format, fmt.rounding};
+      RunResult r = train(c);
+      ASSERT_EQ(r.losses.size(), static_cast<std::size_t>(kSteps));
+      const StepBytes& got = r.stats.back().bytes;
+      std::printf("%-42s loss %.6f -> %.6f  h2d %llu d2h %llu nvme r/w %llu/%llu\n", k.name, r.losses.front(),
+                  r.losses.back(), static_cast<unsigned long long>(got.h2d),
+                  static_cast<unsigned long long>(got.d2h), static_cast<unsigned long long>(got.nvme_read),
+                  static_cast<unsigned long long>(got.nvme_write));
+      if (reference.losses.empty()) {
+        reference = r;
+        const auto& m = r.exp_avg.at("l1.w");
+        EXPECT_TRUE(std::any_of(m.begin(), m.end(), [](float x) { return x != 0.0f; }))
+            << "moments never moved";
+        EXPECT_LT(r.losses.back(), 0.5 * r.losses.front()) << "the loss should halve in " << kSteps << " steps";
+      } else {
+        EXPECT_EQ(r.losses, reference.losses);
+        expect_same_state(r, reference);
+      }
+      EXPECT_EQ(r.traffic.back(), r.expected_bytes)
+          << "h2d " << r.traffic.back().h2d << " vs " << r.expected_bytes.h2d << ", d2h "
+          << r.traffic.back().d2h << " vs " << r.expected_bytes.d2h << ", nvme read "
+          << r.traffic.back().nvme_read << " vs " << r.expected_bytes.nvme_read << ", nvme write "
+          << r.traffic.back().nvme_write << " vs " << r.expected_bytes.nvme_write;
     }
-    EXPECT_EQ(r.traffic.back(), r.expected_bytes)
-        << "h2d " << r.traffic.back().h2d << " vs " << r.expected_bytes.h2d << ", d2h "
-        << r.traffic.back().d2h << " vs " << r.expected_bytes.d2h << ", nvme read "
-        << r.traffic.back().nvme_read << " vs " << r.expected_bytes.nvme_read << ", nvme write "
-        << r.traffic.back().nvme_write << " vs " << r.expected_bytes.nvme_write;
   }
 }
 
 // The numerics contract across devices (DESIGN.md section 6): on the CUDA
 // device (its Adam, conversion and norm kernels for state kept on the device,
 // its copies and events) the same losses, bits and traffic as on the host
-// device, for state on the device, in pinned memory, on nvme and half the
-// optimizer on each (ratio), in bf16, fp16 with an overflow, and fp32.
+// device, for state on the device (fp32 and bf16 moments), in pinned memory,
+// on nvme and half the optimizer on each (ratio), in bf16, fp16 with an
+// overflow, and fp32.
 // Skipped, saying why, without a usable CUDA device.
 TEST_F(Placement, TheCudaDeviceGivesTheHostDevicesBits) {
   const DeviceVerdict v = cuda_verdict("");
@@ -337,9 +351,15 @@ TEST_F(Placement, TheCudaDeviceGivesTheHostDevicesBits) {
     Precision precision;
     OffloadDevice optimizer, param;
     double ratio = 1.0;
+    StateRounding bf16_moments_rounding = StateRounding::kNearestEven;
+    bool bf16_moments = false;  // strata.optimizer_state.format bf16
   };
   const std::vector<Case> cases = {
       {"bf16, all on the device", Precision::kBf16, kNone, kNone},
+      {"bf16 with bf16 moments, all on the device", Precision::kBf16, kNone, kNone, 1.0,
+       StateRounding::kNearestEven, true},
+      {"bf16 with stochastically rounded bf16 moments, half on the device", Precision::kBf16, kCpu, kCpu, 0.5,
+       StateRounding::kStochastic, true},
       {"bf16, params and optimizer in pinned memory", Precision::kBf16, kCpu, kCpu},
       {"bf16, everything on nvme", Precision::kBf16, kNvme, kNvme},
       {"bf16, half the optimizer on the device", Precision::kBf16, kCpu, kCpu, 0.5},
@@ -360,6 +380,7 @@ TEST_F(Placement, TheCudaDeviceGivesTheHostDevicesBits) {
     c.zero.offload_optimizer.device = k.optimizer;
     c.zero.offload_param.device = k.param;
     c.zero.offload_optimizer.ratio = k.ratio;
+    if (k.bf16_moments) c.strata.optimizer_state = {StateFormat::kBf16, k.bf16_moments_rounding};
     const Tamper tamper = k.precision == Precision::kFp16 ? Tamper(inf_at_4) : Tamper();
     put_on_device(c, DeviceKind::kHost);
     const RunResult host = train(c, false, tamper);

@@ -62,10 +62,13 @@ def batches(count, micro=4, seq=12, vocab=64, seed=123):
 
 
 def train_torch(model, data, steps, gas=1, lr=1e-3, weight_decay=0.01, clip=0.0, betas=(0.9, 0.999), eps=1e-8,
-                params=None):
+                params=None, bf16_moments=False):
     """The oracle: plain PyTorch with torch.optim.AdamW (and clip_grad_norm_
-    when clip > 0), `steps` steps of `gas` micro-batches from `data`. Returns
-    the mean loss of each step and how many steps clipping fired."""
+    when clip > 0), `steps` steps of `gas` micro-batches from `data`. With
+    bf16_moments, after each step the moments are rounded to bf16 (nearest
+    even, torch's cast) and kept as fp32 holding those values: what the next
+    step reads is what strata's bf16 moments hold. Returns the mean loss of
+    each step and how many steps clipping fired."""
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -83,6 +86,10 @@ def train_torch(model, data, steps, gas=1, lr=1e-3, weight_decay=0.01, clip=0.0,
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             clipped += int(norm.item() > clip)
         opt.step()
+        if bf16_moments:
+            for state in opt.state.values():
+                for key in ("exp_avg", "exp_avg_sq"):
+                    state[key].copy_(state[key].to(torch.bfloat16).float())
         losses.append(total / gas)
     return losses, clipped
 
