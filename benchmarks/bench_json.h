@@ -81,6 +81,8 @@ class JsonWriter {
     return root_.dump(2, ' ', /*ensure_ascii=*/false, nlohmann::ordered_json::error_handler_t::replace);
   }
 
+  const nlohmann::ordered_json& doc() const { return root_; }
+
   // Writes the text (and a final newline) to `path`; false when it cannot.
   bool write_file(const std::string& path) const {
     const std::string out = text() + "\n";

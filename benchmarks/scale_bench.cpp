@@ -73,6 +73,10 @@ struct Options {
   std::uint64_t max_disk = 65'000'000'000;    // refuse a run whose swap would be larger
   eng::OverlapMode overlap = eng::OverlapMode::kExact;
   std::string optimizer = "AdamW";  // optimizer.type: AdamW, Lion or Adagrad
+  // strata.optimizer_state of each run, in order (--optimizer-state: fp32,
+  // bf16, bf16_stochastic); `state` is the one a run uses.
+  std::vector<std::string> states{"fp32"};
+  std::string state = "fp32";
   double tflops = 100.0;   // declared compute
   double link_gbps = 6.0;  // each link direction (below the host's memcpy: docs/benchmarks.md, gpu)
   double lr = 2e-3;
@@ -280,6 +284,8 @@ std::string config_json(const Options& o, const Model& m, const std::string& swa
                "},\n");
   j += str_cat("  \"strata\": {\"device\": \"host\", \"overlap\": \"", eng::to_string(o.overlap),
                "\", \"nonfinite\": \"apply\",\n");
+  j += str_cat("    \"optimizer_state\": {\"format\": \"", o.state == "fp32" ? "fp32" : "bf16", "\", \"rounding\": \"",
+               o.state == "bf16_stochastic" ? "stochastic" : "nearest_even", "\"},\n");
   j += str_cat("    \"budgets\": {\"pinned\": ", o.pinned_budget, ", \"device\": ", o.device_budget, "},\n");
   j += str_cat("    \"io\": {\"paths\": [\"", swap_dir, "\"]},\n");
   j += str_cat("    \"host_device\": {\"h2d_gbps\": ", o.link_gbps, ", \"d2h_gbps\": ", o.link_gbps,
@@ -470,6 +476,7 @@ struct RunResult {
   RateModel rates;
   ResTimes resources{};                       // at the typical step
   double step_s = 0, bound_s = 0, ratio = 0;  // medians over the steps after the first
+  std::uint64_t state_bytes = 16;             // training state per parameter (master, moments, copy, gradient)
   std::string no_bound_why;
 };
 
@@ -549,6 +556,18 @@ Options parse(int argc, char** argv) {
       if (o.optimizer != "AdamW" && o.optimizer != "Lion" && o.optimizer != "Adagrad") {
         bad(arg, o.optimizer, "AdamW, Lion or Adagrad");
       }
+    } else if (arg == "--optimizer-state") {
+      const std::string v = value();
+      o.states.clear();
+      for (std::size_t at = 0; at <= v.size();) {
+        const std::size_t comma = std::min(v.find(',', at), v.size());
+        const std::string f = v.substr(at, comma - at);
+        if (f != "fp32" && f != "bf16" && f != "bf16_stochastic") {
+          bad(arg, v, "a comma-separated list of fp32, bf16, bf16_stochastic");
+        }
+        o.states.push_back(f);
+        at = comma + 1;
+      }
     } else if (arg == "--tflops") {
       number(&o.tflops);
     } else if (arg == "--link-gbps") {
@@ -573,11 +592,16 @@ Options parse(int argc, char** argv) {
           "usage: scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]\n"
           "                   [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]\n"
           "                   [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]\n"
+          "                   [--optimizer-state fp32,bf16,bf16_stochastic]\n"
           "                   [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]\n"
           "                   [--json FILE] [--save-config FILE]\n");
       std::exit(2);
     }
   }
+  if (o.optimizer != "AdamW" && o.states != std::vector<std::string>{"fp32"}) {
+    bad("--optimizer-state", "bf16", "fp32 alone with Lion or Adagrad (bf16 moments are Adam's)");
+  }
+  o.state = o.states.front();
   if (o.dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     o.dir = tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
@@ -668,12 +692,14 @@ Result<RunResult> run(const Options& o) {
   STRATA_ASSIGN_OR_RETURN(r.plan, eng::make_plan(config, spec, machine, popt));
   r.plan_command = str_cat("strata plan --config ", config_file, " --params ", m.params(), " --layers ",
                            m.layers, " --gpu-memory ", o.device_budget, " --no-checkpoint");
+  r.state_bytes = 4 + r.plan.state.moment_bytes + r.plan.state.compute_bytes + r.plan.state.gradient_bytes;
   std::printf(
-      "scale_bench: %d layers x %lld = %.4g parameters (%s of training state at 16 B each), placement %s, "
-      "overlap %s; swap under %s\n",
+      "scale_bench: %d layers x %lld = %.4g parameters (%s of training state at %llu B each), placement %s, "
+      "overlap %s, optimizer state %s; swap under %s\n",
       m.layers, static_cast<long long>(m.layer_elems), static_cast<double>(m.params()),
-      core::format_bytes(16ull * static_cast<std::uint64_t>(m.params())).c_str(), keys_of(o.placement).name,
-      std::string(eng::to_string(o.overlap)).c_str(), root.c_str());
+      core::format_bytes(r.state_bytes * static_cast<std::uint64_t>(m.params())).c_str(),
+      static_cast<unsigned long long>(r.state_bytes), keys_of(o.placement).name,
+      std::string(eng::to_string(o.overlap)).c_str(), o.state.c_str(), root.c_str());
   print_plan(r);
   if (!r.plan.configured.fits) {
     std::string why;
@@ -713,6 +739,9 @@ Result<RunResult> run(const Options& o) {
   const std::vector<float> pattern = negated_target(m.layer_elems);
   if (o.bound && o.placement == Placement::kDevice) {
     r.no_bound_why = "the optimizer runs on the device: the host device's Adam stands in for no real machine";
+  }
+  if (o.bound && o.state != "fp32") {
+    r.no_bound_why = "the isolated sample's Adam and disk blocks are fp32 state's (12 B per parameter)";
   }
   const bool bound = o.bound && r.no_bound_why.empty();
   Shape planned;
@@ -811,6 +840,10 @@ Result<RunResult> run(const Options& o) {
     r.step_s = median(steps_s);
     r.bound_s = median(bounds_s);
     r.ratio = r.bound_s > 0 ? r.step_s / r.bound_s : 0.0;
+  } else {
+    std::vector<double> steps_s;
+    for (std::size_t k = 1; k < r.steps.size(); ++k) steps_s.push_back(r.steps[k].seconds);
+    r.step_s = median(steps_s);
   }
   return r;
 }
@@ -862,8 +895,10 @@ JsonWriter to_json(const Options& o, const RunResult& r) {
   j.integer("hardware_threads", static_cast<std::int64_t>(std::thread::hardware_concurrency()));
   j.integer("ram_bytes", static_cast<std::int64_t>(r.plan.machine.ram_bytes));
   j.str("placement", keys_of(o.placement).name).str("overlap", eng::to_string(o.overlap)).str("optimizer", o.optimizer);
+  j.str("optimizer_state", o.state);
   j.integer("layers", m.layers).integer("layer_elems", m.layer_elems).integer("params", m.params());
-  j.integer("training_state_bytes", 16 * m.params());
+  j.integer("training_state_bytes", static_cast<std::int64_t>(r.state_bytes) * m.params());
+  j.num("median_step_s", r.step_s);
   j.num("tokens_per_step", m.tokens).num("step_flops", m.step_flops());
   j.begin_object("timing_model")
       .num("tflops", o.tflops)
@@ -923,23 +958,76 @@ JsonWriter to_json(const Options& o, const RunResult& r) {
   return j;
 }
 
+// The runs of several optimizer state formats side by side: the median step,
+// the disk bytes of a steady step, and the step's speed against the first run's.
+void print_comparison(const std::vector<RunResult>& runs, const std::vector<std::string>& states, JsonWriter& j) {
+  std::printf("\noptimizer state formats, one run each (steady steps: the median after the first):\n");
+  std::printf("%-16s %10s %12s %12s %12s %10s\n", "format", "state B", "step s", "disk read", "disk write",
+              "speed-up");
+  j.begin_array("comparison");
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const RunResult& r = runs[i];
+    const eng::StepBytes& b = r.steps.back().stats.bytes;
+    const double speedup = r.step_s > 0 ? runs.front().step_s / r.step_s : 0.0;
+    std::printf("%-16s %10llu %12.3f %12s %12s %9.3fx\n", states[i].c_str(),
+                static_cast<unsigned long long>(r.state_bytes), r.step_s, core::format_bytes(b.nvme_read).c_str(),
+                core::format_bytes(b.nvme_write).c_str(), speedup);
+    j.begin_object().str("optimizer_state", states[i]).integer("state_bytes_per_param", static_cast<std::int64_t>(r.state_bytes));
+    j.num("median_step_s", r.step_s).integer("disk_read_bytes", static_cast<std::int64_t>(b.nvme_read));
+    j.integer("disk_write_bytes", static_cast<std::int64_t>(b.nvme_write)).num("speedup_vs_first", speedup);
+    j.end_object();
+  }
+  j.end_array();
+}
+
 int main_impl(int argc, char** argv) {
   if (std::getenv("STRATA_LOG_LEVEL") == nullptr) core::set_log_level(core::LogLevel::kWarn);
-  const Options o = parse(argc, argv);
-  const Result<RunResult> r = run(o);
-  if (!r.ok()) die(r.status(), "run");
-  if (o.plan_only) {
-    std::printf("scale_bench: --plan-only: the plan fits and the disk has room\n");
-    return 0;
-  }
-  print_summary(*r);
+  const Options base = parse(argc, argv);
+  bool ok = true;
   int rc = 0;
-  if (!o.json_path.empty() && !to_json(o, *r).write_file(o.json_path)) {
-    std::fprintf(stderr, "scale_bench: cannot write %s\n", o.json_path.c_str());
-    rc = 1;
+  std::vector<RunResult> runs;
+  std::vector<JsonWriter> docs;
+  for (const std::string& state : base.states) {
+    Options o = base;
+    o.state = state;
+    if (base.states.size() > 1) std::printf("\n=== optimizer state %s ===\n", state.c_str());
+    Result<RunResult> r = run(o);
+    if (!r.ok()) die(r.status(), "run");
+    if (o.plan_only) {
+      std::printf("scale_bench: --plan-only: the plan fits and the disk has room\n");
+      continue;
+    }
+    print_summary(*r);
+    ok = ok && r->loss_falls;
+    for (const Check& c : r->checks) ok = ok && c.ok();
+    docs.push_back(to_json(o, *r));
+    runs.push_back(std::move(r).value());
   }
-  bool ok = r->loss_falls;
-  for (const Check& c : r->checks) ok = ok && c.ok();
+  if (base.plan_only) return 0;
+  JsonWriter all;
+  if (runs.size() > 1) {
+    all.begin_object().str("bench", "scale_bench").str("command", base.command);
+    print_comparison(runs, base.states, all);
+    all.begin_array("runs");
+    all.end_array();
+    all.end_object();
+  }
+  if (!base.json_path.empty()) {
+    bool written = false;
+    if (runs.size() == 1) {
+      written = docs.front().write_file(base.json_path);
+    } else {
+      nlohmann::ordered_json doc = all.doc();
+      for (const JsonWriter& d : docs) doc["runs"].push_back(d.doc());
+      std::ofstream f(base.json_path);
+      f << doc.dump(2) << "\n";
+      written = static_cast<bool>(f);
+    }
+    if (!written) {
+      std::fprintf(stderr, "scale_bench: cannot write %s\n", base.json_path.c_str());
+      rc = 1;
+    }
+  }
   std::printf("\nscale_bench: %s\n", ok ? "every check passed" : "CHECKS FAILED");
   return ok ? rc : 1;
 }

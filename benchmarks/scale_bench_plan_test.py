@@ -3,7 +3,8 @@
 (4M parameters, 64 MiB of training state, 64 layers) for three steps under three
 placements (everything on nvme, the optimizer and the compute copies in pinned
 memory, everything in device memory) with AdamW, and with Lion (nvme, device)
-and Adagrad (pinned), and this test reads its JSON: every
+and Adagrad (pinned), and AdamW on nvme with each optimizer state format
+(--optimizer-state fp32,bf16,bf16_stochastic in one run), and this test reads its JSON: every
 tier's planned bytes within 5% of the measured peak, the planned bytes moved
 per step equal to those counted on every steady step, and the loss falling at
 every step. The numbers are recomputed here from the planned and measured
@@ -52,43 +53,70 @@ def run(bench, tmp, placement, optimizer):
         return json.load(f)
 
 
+def check_run(doc, placement, optimizer, bound, state="fp32"):
+    """Every check of one run's JSON (module docstring); `bound`: the run measured its bound."""
+    name = f"{placement} ({optimizer}, {state} state)"
+    check(doc["placement"] == placement, f"{name}: placement {doc['placement']}")
+    check(doc["optimizer"] == optimizer, f"{name}: optimizer {doc['optimizer']}")
+    check(8 << 20 <= doc["training_state_bytes"] <= 64 << 20,
+          f"{name}: training state {doc['training_state_bytes']} B is not 8-64 MiB")
+    checks = {c["what"]: c for c in doc["checks"]}
+    check(sorted(checks) == sorted(TIERS + LINKS), f"{name}: checks {sorted(checks)}")
+    for what in TIERS:
+        c = checks[what]
+        planned, measured = c["planned"], c["measured"]
+        ok = planned == measured if measured == 0 else abs(planned - measured) <= TOLERANCE * measured
+        check(ok, f"{name}: {what}: planned {planned} B, measured peak {measured} B (more than 5% apart)")
+    steps = doc["steps"]
+    check(len(steps) == 3, f"{name}: {len(steps)} steps")
+    for what, key in zip(LINKS, ["h2d", "d2h", "nvme_read", "nvme_write"]):
+        planned = checks[what]["planned"]
+        for k, s in enumerate(steps[1:], start=2):
+            check(s["bytes"][key] == planned,
+                  f"{name}: step {k} moved {s['bytes'][key]} B {what[6:]}, the plan {planned} B")
+    # Something moves in every placement: the gradients come down.
+    check(checks["moved device->host"]["planned"] > 0, f"{name}: no gradients moved")
+    check((checks["disk (swap files)"]["measured"] > 0) == (placement == "nvme"),
+          f"{name}: swap files {checks['disk (swap files)']['measured']} B")
+    losses = [s["loss"] for s in steps]
+    check(all(b < a for a, b in zip(losses, losses[1:])), f"{name}: loss does not fall: {losses}")
+    check(doc["loss_falls"], f"{name}: the tool says the loss does not fall")
+    check(doc.get("optimizer_state") == state, f"{name}: optimizer_state {doc.get('optimizer_state')}")
+    if not bound:
+        check("no_bound" in doc, f"{name}: a bound with --no-bound")
+    else:
+        check(doc["bound"]["bound_s"] > 0 and doc["bound"]["step_s"] > 0, f"{name}: no bound")
+        iso = doc["bound"]["isolated"]
+        check(iso["cpu_copy_s"] > 0, f"{name}: the host device's copies are not in the CPU's time")
+
+
 def main():
     bench = sys.argv[1]
     with tempfile.TemporaryDirectory(prefix="scale_bench_plan.") as tmp:
         for placement, optimizer in RUNS:
             doc = run(bench, tmp, placement, optimizer)
-            name = f"{placement} ({optimizer})"
-            check(doc["placement"] == placement, f"{name}: placement {doc['placement']}")
-            check(doc["optimizer"] == optimizer, f"{name}: optimizer {doc['optimizer']}")
-            check(8 << 20 <= doc["training_state_bytes"] <= 64 << 20,
-                  f"{name}: training state {doc['training_state_bytes']} B is not 8-64 MiB")
-            checks = {c["what"]: c for c in doc["checks"]}
-            check(sorted(checks) == sorted(TIERS + LINKS), f"{name}: checks {sorted(checks)}")
-            for what in TIERS:
-                c = checks[what]
-                planned, measured = c["planned"], c["measured"]
-                ok = planned == measured if measured == 0 else abs(planned - measured) <= TOLERANCE * measured
-                check(ok, f"{name}: {what}: planned {planned} B, measured peak {measured} B (more than 5% apart)")
-            steps = doc["steps"]
-            check(len(steps) == 3, f"{name}: {len(steps)} steps")
-            for what, key in zip(LINKS, ["h2d", "d2h", "nvme_read", "nvme_write"]):
-                planned = checks[what]["planned"]
-                for k, s in enumerate(steps[1:], start=2):
-                    check(s["bytes"][key] == planned,
-                          f"{name}: step {k} moved {s['bytes'][key]} B {what[6:]}, the plan {planned} B")
-            # Something moves in every placement: the gradients come down.
-            check(checks["moved device->host"]["planned"] > 0, f"{name}: no gradients moved")
-            check((checks["disk (swap files)"]["measured"] > 0) == (placement == "nvme"),
-                  f"{name}: swap files {checks['disk (swap files)']['measured']} B")
-            losses = [s["loss"] for s in steps]
-            check(all(b < a for a, b in zip(losses, losses[1:])), f"{name}: loss does not fall: {losses}")
-            check(doc["loss_falls"], f"{name}: the tool says the loss does not fall")
-            if placement != "nvme" or optimizer != "AdamW":
-                check("no_bound" in doc, f"{name}: a bound with --no-bound")
-            else:
-                check(doc["bound"]["bound_s"] > 0 and doc["bound"]["step_s"] > 0, f"{name}: no bound")
-                iso = doc["bound"]["isolated"]
-                check(iso["cpu_copy_s"] > 0, f"{name}: the host device's copies are not in the CPU's time")
+            check_run(doc, placement, optimizer, bound=placement == "nvme" and optimizer == "AdamW")
+        # bf16 moments: each run's plan holds as fp32's does, and a steady
+        # step reads and writes 4 B per parameter less each way.
+        out = os.path.join(tmp, "formats.json")
+        cmd = [bench, "--params", "4M", "--layers", "64", "--steps", "3", "--placement", "nvme", "--tflops", "0.2",
+               "--dir", tmp, "--json", out, "--no-bound", "--optimizer-state", "fp32,bf16,bf16_stochastic"]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        print(proc.stdout)
+        check(proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}")
+        with open(out) as f:
+            formats = json.load(f)
+        check([r["optimizer_state"] for r in formats["runs"]] == ["fp32", "bf16", "bf16_stochastic"],
+              f"runs {[r['optimizer_state'] for r in formats['runs']]}")
+        for r in formats["runs"]:
+            check_run(r, "nvme", "AdamW", False, r["optimizer_state"])
+        rows = formats["comparison"]
+        params = formats["runs"][0]["params"]
+        check([r["state_bytes_per_param"] for r in rows] == [16, 12, 12], f"state bytes {rows}")
+        for r in rows[1:]:
+            for key in ("disk_read_bytes", "disk_write_bytes"):
+                check(rows[0][key] - r[key] == 4 * params,
+                      f"{r['optimizer_state']}: {key} {r[key]} B, fp32's {rows[0][key]} B: not 4 B x {params} less")
         # A run over the disk limit is refused before anything is written.
         proc = subprocess.run([bench, "--params", "4M", "--layers", "64", "--max-disk", "1MiB", "--dir", tmp],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -96,6 +124,9 @@ def main():
         check("--max-disk" in proc.stderr, f"the refusal does not name --max-disk: {proc.stderr}")
         proc = subprocess.run([bench, "--placement", "gpu"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         check(proc.returncode == 2 and "--placement" in proc.stderr, f"a bad --placement: {proc.stderr}")
+        proc = subprocess.run([bench, "--optimizer-state", "fp32,int4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+        check(proc.returncode == 2 and "--optimizer-state" in proc.stderr, f"a bad --optimizer-state: {proc.stderr}")
         left = sorted(f for f in os.listdir(tmp) if not f.endswith(".json"))
         check(left == [], f"left behind: {left}")
     print("scale_bench_plan_test: OK")
