@@ -1,6 +1,7 @@
 // The numerics contract (DESIGN.md section 6), written once so that C++ and
 // CUDA compile the same text: the scalar Adam/AdamW, Lion and Adagrad steps,
-// Adam with bf16 moments and its stochastic rounding, fp32 <-> bf16/fp16
+// Adam with bf16 moments and its stochastic rounding, Adam with 8-bit
+// blockwise moments and its code tables, fp32 <-> bf16/fp16
 // conversion, and the fixed summation order of the gradient norm.
 //
 // Every kernel (scalar, AVX2, AVX-512, the host device, CUDA) performs exactly
@@ -372,6 +373,166 @@ STRATA_HD void adam_step_bf16_moments(const AdamStepConstants& c, float grad, fl
   } else {
     m = fp32_to_bf16_bits(m32);
     v = fp32_to_bf16_bits(v32);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Adam/AdamW with 8-bit blockwise moments (Dettmers, Lewis, Shleifer and
+// Zettlemoyer, "8-bit Optimizers via Block-wise Quantization", ICLR 2022): m
+// and v are stored as one byte each, in blocks of kQuantBlockElems
+// consecutive elements, each block with one fp32 scale per moment (its
+// absolute maximum): 4 + 1 + 1 + 8/256 = 6.03 bytes of state per element with
+// the fp32 master, against 12 for fp32 moments.
+//
+// The codes: a byte names a value in [-1, 1] (m) or [0, 1] (v), laid out as a
+// dynamic tree. The magnitude field r (m: the low 7 bits, the sign in 0x80;
+// v: all 8 bits) is read as: z leading zero bits pick the decade 10^-z, the
+// first one bit after them is an indicator, and the k = width - 1 - z bits
+// after it cut the decade's [0.1, 1] into 2^k equal steps, the code naming a
+// step's upper end:
+//
+//   magnitude(r) = 10^-z * (0.1 + 0.9 * (F + 1) / 2^k)   (F: r's k low bits)
+//   magnitude(0) = 0
+//
+// So r = 2^width - 1 is exactly 1 (the element at its block's absmax comes
+// back exactly), the smallest nonzero magnitude is 1e-6 (m) or 1e-7 (v) of the
+// block's absmax, decades near the absmax get the most codes, and a larger r
+// is a larger magnitude. m's zero is byte 0 (the sign bit of magnitude 0 is
+// never set); the state's zero fill is all-zero moments with zero scales.
+//
+// The values are computed in double and rounded to float once; the rounding
+// thresholds are the midpoints of consecutive values, computed in double and
+// rounded to float (QuantTables). Quantizing x against scale s:
+//
+//   s == 0, or s not finite            -> code 0
+//   xn = div_f32(|x|, s); r = the number of thresholds below xn (a NaN xn: 0;
+//   xn equal to a threshold rounds down); m: r | 0x80 when x < 0 and r > 0
+//
+// Dequantizing: mul_f32(magnitude[r], s), negated (exactly) when m's sign
+// bit is set. One block's step, n <= kQuantBlockElems elements:
+//
+//   m32[i] = dequantize(m[i], m_scale), v32[i] = dequantize(v[i], v_scale)
+//   adam_step(c, grad[i], p[i], m32[i], v32[i])           (the fp32 step, unchanged)
+//   m_scale = block_scale(absmax of m32), v_scale = block_scale(absmax of v32)
+//   m[i] = quantize(m32[i], m_scale), v[i] = quantize(v32[i], v_scale)
+//
+// The absmax counts a NaN as +inf; block_scale keeps a finite absmax and makes
+// any other a NaN, so a block with a non-finite moment dequantizes to NaN
+// everywhere from then on (it is poisoned, not silently zeroed). A max is
+// exact in any order, so a kernel may reduce a block however it likes; the
+// blocks themselves start at multiples of kQuantBlockElems of the element's
+// global index, so a kernel's range starts on a block boundary.
+// ---------------------------------------------------------------------------
+
+inline constexpr int kQuantBlockElems = 256;
+
+// The code tables. thresholds[i] (i < N - 1) is the midpoint of values[i]
+// and values[i + 1]; thresholds[N - 1] is +inf, so that a binary search over
+// N entries counts at most N - 1 of them.
+struct QuantTables {
+  float m_values[128];  // magnitude of m's 7-bit field r
+  float m_thresholds[128];
+  float v_values[256];  // value of v's byte
+  float v_thresholds[256];
+};
+
+constexpr double dynamic_tree_magnitude(int r, int width) {
+  if (r == 0) return 0.0;
+  constexpr double kDecades[8] = {1.0, 0.1, 0.01, 0.001, 0.0001, 0.00001, 0.000001, 0.0000001};
+  int z = 0;
+  while ((r & (1 << (width - 1 - z))) == 0) ++z;
+  const int k = width - 1 - z;
+  const int f = r & ((1 << k) - 1);
+  return kDecades[z] * (0.1 + 0.9 * static_cast<double>(f + 1) / static_cast<double>(1 << k));
+}
+
+constexpr QuantTables make_quant_tables() {
+  QuantTables t{};
+  for (int r = 0; r < 128; ++r) t.m_values[r] = static_cast<float>(dynamic_tree_magnitude(r, 7));
+  for (int r = 0; r < 256; ++r) t.v_values[r] = static_cast<float>(dynamic_tree_magnitude(r, 8));
+  for (int i = 0; i < 127; ++i) {
+    t.m_thresholds[i] = static_cast<float>(
+        (static_cast<double>(t.m_values[i]) + static_cast<double>(t.m_values[i + 1])) / 2.0);
+  }
+  for (int i = 0; i < 255; ++i) {
+    t.v_thresholds[i] = static_cast<float>(
+        (static_cast<double>(t.v_values[i]) + static_cast<double>(t.v_values[i + 1])) / 2.0);
+  }
+  t.m_thresholds[127] = __builtin_inff();
+  t.v_thresholds[255] = __builtin_inff();
+  return t;
+}
+
+// The tables for host code; device code gets a copy in its own memory and
+// passes it to the functions below.
+inline constexpr QuantTables kQuantTables = make_quant_tables();
+
+// The number of thresholds[0 .. 2^steps - 1] below xn: a binary search of
+// `steps` probes (7 for m, 8 for v), the last threshold being +inf.
+STRATA_HD std::uint32_t quant_search(const float* thresholds, int steps, float xn) {
+  std::uint32_t r = 0;
+  for (std::uint32_t s = 1u << (steps - 1); s > 0; s >>= 1) {
+    if (thresholds[r + s - 1] < xn) r += s;
+  }
+  return r;
+}
+
+STRATA_HD bool usable_scale(float s) { return s > 0.0f && is_finite_bits(float_bits(s)); }
+
+STRATA_HD std::uint8_t quantize_m(const QuantTables& t, float x, float scale) {
+  if (!usable_scale(scale)) return 0;
+  const std::uint32_t bits = float_bits(x);
+  const std::uint32_t r = quant_search(t.m_thresholds, 7, div_f32(float_from_bits(bits & 0x7fffffffu), scale));
+  return static_cast<std::uint8_t>(r == 0 ? 0u : r | ((bits >> 24) & 0x80u));
+}
+
+STRATA_HD std::uint8_t quantize_v(const QuantTables& t, float x, float scale) {
+  if (!usable_scale(scale)) return 0;
+  return static_cast<std::uint8_t>(
+      quant_search(t.v_thresholds, 8, div_f32(float_from_bits(float_bits(x) & 0x7fffffffu), scale)));
+}
+
+STRATA_HD float dequantize_m(const QuantTables& t, std::uint8_t code, float scale) {
+  const float v = mul_f32(t.m_values[code & 0x7fu], scale);
+  return (code & 0x80u) != 0 ? -v : v;
+}
+
+STRATA_HD float dequantize_v(const QuantTables& t, std::uint8_t code, float scale) {
+  return mul_f32(t.v_values[code], scale);
+}
+
+// The running absmax: |x|, a NaN counting as +inf.
+STRATA_HD float absmax_step(float acc, float x) {
+  const std::uint32_t u = float_bits(x) & 0x7fffffffu;
+  const float ax = u > 0x7f800000u ? float_from_bits(0x7f800000u) : float_from_bits(u);
+  return ax > acc ? ax : acc;
+}
+
+// The scale a block stores for its absmax: the absmax when finite, else NaN.
+STRATA_HD float block_scale(float absmax) {
+  return is_finite_bits(float_bits(absmax)) ? absmax : float_from_bits(0x7fc00000u);
+}
+
+// One block's step (above): n <= kQuantBlockElems elements, their fp32
+// gradients (raw: adam_step applies grad_scale), p, m and v updated in place,
+// and the block's two scales.
+STRATA_HD void adam_step_int8_block(const AdamStepConstants& c, const QuantTables& t, const float* grad, float* p,
+                                    std::uint8_t* m, std::uint8_t* v, float& m_scale, float& v_scale, int n) {
+  float m32[kQuantBlockElems];
+  float v32[kQuantBlockElems];
+  float am = 0.0f, av = 0.0f;
+  for (int i = 0; i < n; ++i) {
+    m32[i] = dequantize_m(t, m[i], m_scale);
+    v32[i] = dequantize_v(t, v[i], v_scale);
+    adam_step(c, grad[i], p[i], m32[i], v32[i]);
+    am = absmax_step(am, m32[i]);
+    av = absmax_step(av, v32[i]);
+  }
+  m_scale = block_scale(am);
+  v_scale = block_scale(av);
+  for (int i = 0; i < n; ++i) {
+    m[i] = quantize_m(t, m32[i], m_scale);
+    v[i] = quantize_v(t, v32[i], v_scale);
   }
 }
 

@@ -348,4 +348,108 @@ TEST(NormOrder, PartialsSumInIndexOrderAndFlagNonFinite) {
 }
 
 }  // namespace
+// --- 8-bit blockwise moments ------------------------------------------------
+
+TEST(QuantTables, TheDynamicTreeValuesAscendFromZeroToOne) {
+  const QuantTables& t = kQuantTables;
+  EXPECT_EQ(t.m_values[0], 0.0f);
+  EXPECT_EQ(t.v_values[0], 0.0f);
+  EXPECT_EQ(t.m_values[127], 1.0f);
+  EXPECT_EQ(t.v_values[255], 1.0f);
+  EXPECT_EQ(t.m_values[1], 1e-6f);  // 0000001: six leading zeros, no fraction bits
+  EXPECT_EQ(t.v_values[1], 1e-7f);
+  EXPECT_EQ(t.m_values[64], static_cast<float>(0.1 + 0.9 / 64));  // 1000000: the first step of [0.1, 1]
+  EXPECT_EQ(t.v_values[128], static_cast<float>(0.1 + 0.9 / 128));
+  for (int i = 0; i < 127; ++i) {
+    ASSERT_LT(t.m_values[i], t.m_values[i + 1]) << i;
+    ASSERT_GT(t.m_thresholds[i], t.m_values[i]) << i;
+    ASSERT_LT(t.m_thresholds[i], t.m_values[i + 1]) << i;
+  }
+  for (int i = 0; i < 255; ++i) {
+    ASSERT_LT(t.v_values[i], t.v_values[i + 1]) << i;
+    ASSERT_GT(t.v_thresholds[i], t.v_values[i]) << i;
+    ASSERT_LT(t.v_thresholds[i], t.v_values[i + 1]) << i;
+  }
+  EXPECT_TRUE(std::isinf(t.m_thresholds[127]));
+  EXPECT_TRUE(std::isinf(t.v_thresholds[255]));
+}
+
+TEST(QuantTables, TheSearchCountsTheThresholdsBelowAndValuesComeBackExactly) {
+  const QuantTables& t = kQuantTables;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> exponent(-9.0f, 0.5f);
+  for (int k = 0; k < 200000; ++k) {
+    const float xn = std::pow(10.0f, exponent(rng));
+    std::uint32_t below_m = 0, below_v = 0;
+    for (int i = 0; i < 127; ++i) below_m += t.m_thresholds[i] < xn;
+    for (int i = 0; i < 255; ++i) below_v += t.v_thresholds[i] < xn;
+    ASSERT_EQ(quant_search(t.m_thresholds, 7, xn), below_m) << xn;
+    ASSERT_EQ(quant_search(t.v_thresholds, 8, xn), below_v) << xn;
+  }
+  // A threshold itself rounds down; every value is its own code.
+  EXPECT_EQ(quant_search(t.m_thresholds, 7, t.m_thresholds[40]), 40u);
+  for (int r = 0; r < 128; ++r) {
+    ASSERT_EQ(quantize_m(t, t.m_values[r], 1.0f), r);
+    if (r > 0) {
+      ASSERT_EQ(quantize_m(t, -t.m_values[r], 1.0f), r | 0x80);
+    }
+    ASSERT_EQ(dequantize_m(t, static_cast<std::uint8_t>(r), 1.0f), t.m_values[r]);
+  }
+  for (int r = 0; r < 256; ++r) ASSERT_EQ(quantize_v(t, t.v_values[r], 1.0f), r);
+  // -0 and tiny negatives are code 0 (+0), never 0x80.
+  EXPECT_EQ(quantize_m(t, -0.0f, 1.0f), 0);
+  EXPECT_EQ(quantize_m(t, -1e-9f, 1.0f), 0);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(dequantize_m(t, 0, 3.0f)), 0u);
+  // The element at the absmax is exact.
+  EXPECT_EQ(dequantize_m(t, quantize_m(t, -0.37f, 0.37f), 0.37f), -0.37f);
+}
+
+TEST(QuantTables, ScalesThatCannotScaleGiveCodeZero) {
+  const QuantTables& t = kQuantTables;
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (float s : {0.0f, inf, nan, -1.0f}) {
+    EXPECT_EQ(quantize_m(t, 0.5f, s), 0) << s;
+    EXPECT_EQ(quantize_v(t, 0.5f, s), 0) << s;
+  }
+  EXPECT_TRUE(std::isnan(block_scale(inf)));
+  EXPECT_TRUE(std::isnan(block_scale(nan)));
+  EXPECT_EQ(block_scale(2.5f), 2.5f);
+  EXPECT_EQ(absmax_step(absmax_step(0.0f, -3.0f), 2.0f), 3.0f);
+  EXPECT_TRUE(std::isinf(absmax_step(1.0f, nan)));
+}
+
+TEST(AdamInt8Block, AZeroBlockStaysZeroAndANonFiniteMomentPoisonsItsBlock) {
+  const QuantTables& t = kQuantTables;
+  const AdamStepConstants c = make_adam_constants({.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                                                   .weight_decay = 0.0, .adamw_mode = true, .bias_correction = true},
+                                                  1, 1.0f);
+  std::vector<float> g(kQuantBlockElems, 0.0f), p(kQuantBlockElems, 0.5f);
+  std::vector<std::uint8_t> m(kQuantBlockElems, 0), v(kQuantBlockElems, 0);
+  float ms = 0.0f, vs = 0.0f;
+  adam_step_int8_block(c, t, g.data(), p.data(), m.data(), v.data(), ms, vs, kQuantBlockElems);
+  EXPECT_EQ(ms, 0.0f);
+  EXPECT_EQ(vs, 0.0f);
+  for (int i = 0; i < kQuantBlockElems; ++i) ASSERT_EQ(m[i] | v[i], 0) << i;
+  // A gradient: the largest |m| of the block is exact, every code dequantizes near its moment.
+  for (int i = 0; i < kQuantBlockElems; ++i) g[i] = std::sin(0.37f * static_cast<float>(i)) * (1.0f + i % 7);
+  std::vector<float> p32(p), m32(kQuantBlockElems, 0.0f), v32(kQuantBlockElems, 0.0f);
+  for (int i = 0; i < kQuantBlockElems; ++i) adam_step(c, g[i], p32[i], m32[i], v32[i]);
+  adam_step_int8_block(c, t, g.data(), p.data(), m.data(), v.data(), ms, vs, kQuantBlockElems);
+  float am = 0.0f;
+  for (int i = 0; i < kQuantBlockElems; ++i) {
+    ASSERT_EQ(p[i], p32[i]) << i;  // the first step computes with the fp32 moments
+    am = std::max(am, std::fabs(m32[i]));
+    ASSERT_NEAR(dequantize_m(t, m[i], ms), m32[i], 0.02f * ms) << i;
+    ASSERT_NEAR(dequantize_v(t, v[i], vs), v32[i], 0.02f * vs) << i;
+  }
+  EXPECT_EQ(ms, am);
+  // An inf gradient: its block's scales become NaN, and every element of it NaN from then on.
+  g[3] = std::numeric_limits<float>::infinity();
+  adam_step_int8_block(c, t, g.data(), p.data(), m.data(), v.data(), ms, vs, kQuantBlockElems);
+  EXPECT_TRUE(std::isnan(ms));
+  EXPECT_TRUE(std::isnan(vs));
+  EXPECT_TRUE(std::isnan(dequantize_m(t, m[100], ms)));
+}
+
 }  // namespace strata::core::numerics
