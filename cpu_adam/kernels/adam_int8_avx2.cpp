@@ -6,8 +6,10 @@
 //
 // The shape of adam_int8_avx512.cpp at half the width. AVX2 has no
 // two-register permute, so a table lookup is a vpermps for up to 8 entries,
-// two of them blended for 16, and a gather beyond (the dequantizing lookups
-// into 128 and 256 values, and the search's last probes).
+// vpermps results blended by index bits up to 64 (the search's probes but
+// v's last), and a gather beyond (the dequantizing lookups into 128 and 256
+// values, v's last probe): on the Zen 5 this was tuned on, gathers lose to
+// the blends up to 64 entries and win beyond.
 #include <immintrin.h>
 
 #include <bit>
@@ -23,9 +25,11 @@ namespace {
 
 constexpr std::int64_t kWidth = 8;
 constexpr std::int64_t kBlock = core::numerics::kQuantBlockElems;
-constexpr int kLevelStride = 128;  // floats per row of QuantKernelTables' levels
+constexpr int kLevelStride = 128;       // floats per row of QuantKernelTables' levels
+constexpr int kInterleave = 16;         // vectors the quantizer searches side by side
+constexpr int kMaxPermuteEntries = 64;  // larger tables are read with gathers
 
-static_assert(kBlock % kWidth == 0);
+static_assert(kBlock % (kInterleave * kWidth) == 0);
 
 using avx2::AdamVectors;
 using avx2::adam_update;
@@ -36,17 +40,18 @@ using avx2::store8;
 constexpr int log2_of(int x) { return x <= 1 ? 0 : 1 + log2_of(x / 2); }
 
 // t[idx] for 8 lanes, idx < kEntries (a power of two): a vpermps up to 8
-// entries, two blended by the index bit that picks the half for 16 (vblendvps
-// reads the bit shifted into the sign), a gather beyond.
+// entries; up to kMaxPermuteEntries, lookups of the halves blended by the
+// index bit that picks the half (vblendvps reads it shifted into the sign);
+// a gather beyond.
 template <int kEntries>
 inline __m256 lookup(const float* t, __m256i idx) {
   if constexpr (kEntries == 1) {
     return _mm256_set1_ps(t[0]);
   } else if constexpr (kEntries <= 8) {
     return _mm256_permutevar8x32_ps(_mm256_load_ps(t), idx);
-  } else if constexpr (kEntries == 16) {
-    const __m256 lo = _mm256_permutevar8x32_ps(_mm256_load_ps(t), idx);
-    const __m256 hi = _mm256_permutevar8x32_ps(_mm256_load_ps(t + 8), idx);
+  } else if constexpr (kEntries <= kMaxPermuteEntries) {
+    const __m256 lo = lookup<kEntries / 2>(t, idx);
+    const __m256 hi = lookup<kEntries / 2>(t + kEntries / 2, idx);
     const __m256i upper = _mm256_slli_epi32(idx, 31 - log2_of(kEntries / 2));
     return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(upper));
   } else {
@@ -54,18 +59,20 @@ inline __m256 lookup(const float* t, __m256i idx) {
   }
 }
 
-// numerics::quant_search over 2^kSteps thresholds, from probe kLevel on (see
-// adam_int8_avx512.cpp): i holds the count's top kLevel bits; a probe appends
-// (threshold < xn), subtracting the compare's all-ones (-1) lanes.
-template <int kLevel, int kSteps>
-inline __m256i search(const float* levels, __m256 xn, __m256i i) {
-  if constexpr (kLevel == kSteps) {
-    return i;
-  } else {
-    const __m256 threshold = lookup<(1 << kLevel)>(levels + kLevel * kLevelStride, i);
-    const __m256 below = _mm256_cmp_ps(threshold, xn, _CMP_LT_OQ);
-    i = _mm256_sub_epi32(_mm256_add_epi32(i, i), _mm256_castps_si256(below));
-    return search<kLevel + 1, kSteps>(levels, xn, i);
+// numerics::quant_search over 2^kSteps thresholds for kN vectors, from probe
+// kLevel on (see adam_int8_avx512.cpp): i holds each lane's count's top
+// kLevel bits; a probe appends (threshold < xn), subtracting the compare's
+// all-ones (-1) lanes. The kN independent searches run probe by probe.
+template <int kLevel, int kSteps, int kN>
+[[gnu::always_inline]] inline void search(const float* levels, const __m256 (&xn)[kN], __m256i (&i)[kN]) {
+  if constexpr (kLevel < kSteps) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kN; ++k) {
+      const __m256 threshold = lookup<(1 << kLevel)>(levels + kLevel * kLevelStride, i[k]);
+      const __m256 below = _mm256_cmp_ps(threshold, xn[k], _CMP_LT_OQ);
+      i[k] = _mm256_sub_epi32(_mm256_add_epi32(i[k], i[k]), _mm256_castps_si256(below));
+    }
+    search<kLevel + 1, kSteps, kN>(levels, xn, i);
   }
 }
 
@@ -87,20 +94,39 @@ inline __m256 dequantize_v(const QuantKernelTables& t, __m256i code, __m256 scal
   return _mm256_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// numerics::quantize_m for a usable scale: the count of thresholds below
-// |x| / scale, with 0x80 for a negative x whose count is not zero.
-inline __m256i quantize_m(const QuantKernelTables& t, __m256 x, __m256 scale) {
-  const __m256 xn = _mm256_div_ps(abs_ps(x), scale);
-  const __m256i r = search<0, 7>(&t.m_levels[0][0], xn, _mm256_setzero_si256());
-  const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 24), _mm256_set1_epi32(0x80));
-  const __m256i zero = _mm256_cmpeq_epi32(r, _mm256_setzero_si256());
-  return _mm256_or_si256(r, _mm256_andnot_si256(zero, sign));
+// numerics::quantize_m for a usable scale, kN vectors: the count of
+// thresholds below |x| / scale, with 0x80 for a negative x whose count is not
+// zero.
+template <int kN>
+[[gnu::always_inline]] inline void quantize_m(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
+                                              __m256i (&code)[kN]) {
+  __m256 xn[kN];
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) {
+    xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
+    code[k] = _mm256_setzero_si256();
+  }
+  search<0, 7, kN>(&t.m_levels[0][0], xn, code);
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) {
+    const __m256i sign =
+        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x[k]), 24), _mm256_set1_epi32(0x80));
+    const __m256i zero = _mm256_cmpeq_epi32(code[k], _mm256_setzero_si256());
+    code[k] = _mm256_or_si256(code[k], _mm256_andnot_si256(zero, sign));
+  }
 }
 
-// numerics::quantize_v for a usable scale.
-inline __m256i quantize_v(const QuantKernelTables& t, __m256 x, __m256 scale) {
-  const __m256 xn = _mm256_div_ps(abs_ps(x), scale);
-  return search<0, 8>(&t.v_levels[0][0], xn, _mm256_setzero_si256());
+// numerics::quantize_v for a usable scale, kN vectors.
+template <int kN>
+[[gnu::always_inline]] inline void quantize_v(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
+                                              __m256i (&code)[kN]) {
+  __m256 xn[kN];
+#pragma GCC unroll 16
+  for (int k = 0; k < kN; ++k) {
+    xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
+    code[k] = _mm256_setzero_si256();
+  }
+  search<0, 8, kN>(&t.v_levels[0][0], xn, code);
 }
 
 // numerics::block_scale of the absmax whose bit pattern is `bits` (a NaN
@@ -144,9 +170,18 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     return;
   }
   const __m256 s = _mm256_set1_ps(scale);
-  for (std::int64_t j = 0; j < kBlock; j += kWidth) {
-    const __m256 x = _mm256_load_ps(values + j);
-    store_codes(codes, j, kExpAvg ? quantize_m(t, x, s) : quantize_v(t, x, s));
+  for (std::int64_t j = 0; j < kBlock; j += kInterleave * kWidth) {
+    __m256 x[kInterleave];
+    __m256i r[kInterleave];
+#pragma GCC unroll 16
+    for (int k = 0; k < kInterleave; ++k) x[k] = _mm256_load_ps(values + j + k * kWidth);
+    if constexpr (kExpAvg) {
+      quantize_m(t, x, s, r);
+    } else {
+      quantize_v(t, x, s, r);
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < kInterleave; ++k) store_codes(codes, j + k * kWidth, r[k]);
   }
 }
 
