@@ -7,7 +7,10 @@
 //
 // --kernels and --headline (only the 28 B fp32-master / bf16-gradient / bf16
 // copy-out pattern, plus its subnormal row) shorten a run while tuning; the
-// figures in docs/benchmarks.md come from a full run.
+// figures in docs/benchmarks.md come from a full run. Besides fp32 moments,
+// every kernel runs the bf16-gradient / bf16 copy-out pattern with bf16
+// moments (pattern g16+copy+bf16m, 20 B) and with 8-bit blockwise moments
+// (g16+copy+int8m, 16.06 B), each against the yardstick of its own pattern.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -51,8 +54,12 @@ double median(std::vector<double> v) {
 }
 
 // Arrays of one size, allocated and touched once (first touch is slow here).
+// The compact moments have arrays of their own, so that the fp32 rows keep
+// their values.
 struct Arrays {
   core::AlignedBuffer p, m, v, g32, g16, out;
+  core::AlignedBuffer m16, v16;            // bf16 moments
+  core::AlignedBuffer m8, v8, m8s, v8s;    // 8-bit moments: codes, one scale per 256
   std::int64_t n = 0;
   float* fp() { return p.as<float>().data(); }
   float* fm() { return m.as<float>().data(); }
@@ -60,6 +67,7 @@ struct Arrays {
   float* fg() { return g32.as<float>().data(); }
   std::uint16_t* hg() { return g16.as<std::uint16_t>().data(); }
   std::uint16_t* hout() { return out.as<std::uint16_t>().data(); }
+  std::int64_t blocks() const { return (n + nx::kQuantBlockElems - 1) / nx::kQuantBlockElems; }
 
   void fill(bool subnormal_moments) {
     std::uint32_t x = 12345;
@@ -81,6 +89,15 @@ struct Arrays {
       }
       hg()[i] = nx::fp32_to_bf16_bits(fg()[i]);
       hout()[i] = 0;
+      m16.as<std::uint16_t>()[i] = nx::fp32_to_bf16_bits(fm()[i]);
+      v16.as<std::uint16_t>()[i] = nx::fp32_to_bf16_bits(fv()[i]);
+      // Codes spread over the tables, under scales of the fp32 moments' size.
+      m8.as<std::uint8_t>()[i] = static_cast<std::uint8_t>(x >> 24);
+      v8.as<std::uint8_t>()[i] = static_cast<std::uint8_t>(x >> 16);
+    }
+    for (std::int64_t b = 0; b < blocks(); ++b) {
+      m8s.as<float>()[b] = 5e-3f;
+      v8s.as<float>()[b] = 2.5e-5f;
     }
   }
 };
@@ -95,8 +112,20 @@ core::Result<Arrays> make_arrays(std::int64_t n) {
   STRATA_ASSIGN_OR_RETURN(a.g32, core::AlignedBuffer::allocate(f, 4096));
   STRATA_ASSIGN_OR_RETURN(a.g16, core::AlignedBuffer::allocate(h, 4096));
   STRATA_ASSIGN_OR_RETURN(a.out, core::AlignedBuffer::allocate(h, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.m16, core::AlignedBuffer::allocate(h, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.v16, core::AlignedBuffer::allocate(h, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.m8, core::AlignedBuffer::allocate(static_cast<std::size_t>(n), 4096));
+  STRATA_ASSIGN_OR_RETURN(a.v8, core::AlignedBuffer::allocate(static_cast<std::size_t>(n), 4096));
+  STRATA_ASSIGN_OR_RETURN(a.m8s, core::AlignedBuffer::allocate(static_cast<std::size_t>(a.blocks()) * 4, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.v8s, core::AlignedBuffer::allocate(static_cast<std::size_t>(a.blocks()) * 4, 4096));
   a.fill(false);
   return a;
+}
+
+// How a row stores the moments.
+enum class MomentFormat { kFp32, kBf16, kInt8 };
+const char* moment_format_name(MomentFormat f) {
+  return f == MomentFormat::kBf16 ? "bf16" : f == MomentFormat::kInt8 ? "int8" : "fp32";
 }
 
 struct Row {
@@ -110,8 +139,23 @@ struct Row {
   // Per repetition: the fastest yardstick variant of this row's pattern in
   // the runs right before and right after the row (drift stays out of the ratio).
   std::vector<double> roof_seconds;
-  double bytes_per_param() const { return 24.0 + (grad == ElemType::kF32 ? 4 : 2) + (copy ? 2 : 0); }
-  std::string pattern() const { return std::string(grad == ElemType::kF32 ? "g32" : "g16") + (copy ? "+copy" : ""); }
+  MomentFormat format = MomentFormat::kFp32;
+  // Master read and written (8), the moments read and written (fp32 16, bf16
+  // 8, 8-bit 4 plus two fp32 scales read and written per 256 elements), the
+  // gradient and the copy-out.
+  double state_bytes() const {
+    switch (format) {
+      case MomentFormat::kFp32: return 24.0;
+      case MomentFormat::kBf16: return 16.0;
+      case MomentFormat::kInt8: return 12.0 + 16.0 / nx::kQuantBlockElems;
+    }
+    return 0.0;
+  }
+  double bytes_per_param() const { return state_bytes() + (grad == ElemType::kF32 ? 4 : 2) + (copy ? 2 : 0); }
+  std::string pattern() const {
+    const char* moments = format == MomentFormat::kBf16 ? "+bf16m" : format == MomentFormat::kInt8 ? "+int8m" : "";
+    return std::string(grad == ElemType::kF32 ? "g32" : "g16") + (copy ? "+copy" : "") + moments;
+  }
 };
 
 // Every yardstick variant's seconds per repetition, by name ("ordinary/zmm", ...).
@@ -145,6 +189,31 @@ std::string gbps_list(double bytes, const std::vector<double>& seconds) {
     out += item;
   }
   return out;
+}
+
+// The step with compact moments (bf16 or 8-bit, the arrays of their own)
+// over the fp32 step's master, gradient, copy-out and constants.
+core::Status step_compact(adam::CpuAdam& cpu, MomentFormat format, Arrays& a, const adam::AdamStepArgs& like) {
+  if (format == MomentFormat::kBf16) {
+    adam::AdamStepBf16MomentsArgs args;
+    args.constants = like.constants;
+    args.master = like.master;
+    args.exp_avg = a.m16.as<std::uint16_t>();
+    args.exp_avg_sq = a.v16.as<std::uint16_t>();
+    args.grad = like.grad;
+    args.copy_out = like.copy_out;
+    return cpu.step_bf16_moments(args);
+  }
+  adam::AdamStepInt8Args args;
+  args.constants = like.constants;
+  args.master = like.master;
+  args.exp_avg = a.m8.as<std::uint8_t>();
+  args.exp_avg_sq = a.v8.as<std::uint8_t>();
+  args.exp_avg_scale = a.m8s.as<float>().first(static_cast<std::size_t>(a.blocks()));
+  args.exp_avg_sq_scale = a.v8s.as<float>().first(static_cast<std::size_t>(a.blocks()));
+  args.grad = like.grad;
+  args.copy_out = like.copy_out;
+  return cpu.step_int8_blockwise(args);
 }
 
 int run(const Options& opt) {
@@ -191,6 +260,11 @@ int run(const Options& opt) {
       if (!isas.empty()) {
         rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}, {}});
       }
+      for (size_t k = 0; k < isas.size() && !opt.headline_only; ++k) {
+        for (MomentFormat f : {MomentFormat::kBf16, MomentFormat::kInt8}) {
+          rows.push_back({std::string(adam::isa_name(isas[k])), threads, n, ElemType::kBf16, true, false, {}, {}, f});
+        }
+      }
       if (threads == 1 && wanted("naive")) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}, {}});
       const std::string rkey = std::to_string(n) + "/" + std::to_string(threads) + "/";
       // The yardstick: every store kind and loop shape of a row's pattern,
@@ -204,6 +278,25 @@ int run(const Options& opt) {
           for (LoopShape shape : {LoopShape::kZmm, LoopShape::kZmmPrefetch, LoopShape::kYmm}) {
             core::Stopwatch ysw;
             cpu.for_each_tile(n, [&](std::int64_t begin, std::int64_t len) {
+              if (row.format != MomentFormat::kFp32) {
+                const bool int8 = row.format == MomentFormat::kInt8;
+                const std::int64_t block = begin / nx::kQuantBlockElems;
+                CompactPatternArrays ca{a.fp() + begin,
+                                        int8 ? static_cast<void*>(a.m8.as<std::uint8_t>().data() + begin)
+                                             : a.m16.as<std::uint16_t>().data() + begin,
+                                        int8 ? static_cast<void*>(a.v8.as<std::uint8_t>().data() + begin)
+                                             : a.v16.as<std::uint16_t>().data() + begin,
+                                        int8 ? 1 : 2,
+                                        int8 ? a.m8s.as<float>().data() + block : nullptr,
+                                        int8 ? a.v8s.as<float>().data() + block : nullptr,
+                                        row.grad == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin)
+                                                                   : a.hg() + begin,
+                                        row.grad == ElemType::kBf16,
+                                        row.copy ? a.hout() + begin : nullptr,
+                                        len};
+                stream_compact_pattern_avx512(ca, kind, shape);
+                return;
+              }
               PatternArrays pa{a.fp() + begin,
                                a.fm() + begin,
                                a.fv() + begin,
@@ -256,7 +349,8 @@ int run(const Options& opt) {
                                                    : adam::ConstTypedSpan{a.hg(), ElemType::kBf16, n};
             if (row.copy) args.copy_out = {a.hout(), ElemType::kBf16, n};
             sw.restart();
-            const core::Status s = cpu.step(args);
+            const core::Status s = row.format == MomentFormat::kFp32 ? cpu.step(args)
+                                                                      : step_compact(cpu, row.format, a, args);
             if (!s.ok()) {
               std::fprintf(stderr, "cpu_adam_bench: %s\n", s.to_string().c_str());
               return 1;
@@ -281,7 +375,7 @@ int run(const Options& opt) {
   }
 
   // Report.
-  std::printf("%-11s %3s %6s %-10s %-9s %12s %8s %8s %9s %-24s %8s %13s %s\n", "kernel", "thr", "N", "pattern",
+  std::printf("%-11s %3s %6s %-14s %-9s %12s %8s %8s %9s %-24s %8s %13s %s\n", "kernel", "thr", "N", "pattern",
               "moments", "params/s", "B/param", "GB/s", "roof GB/s", "roof by", "fraction", "min..max", "");
   FILE* json = opt.json_path.empty() ? nullptr : std::fopen(opt.json_path.c_str(), "w");
   if (!opt.json_path.empty() && json == nullptr) {
@@ -329,7 +423,7 @@ int run(const Options& opt) {
     suspects += suspect ? 1 : 0;
     char range[32];
     std::snprintf(range, sizeof range, "%.3f..%.3f", *lo, *hi);
-    std::printf("%-11s %3d %5lldM %-10s %-9s %12.3e %8.0f %8.2f %9.2f %-24s %8.3f %13s %s\n", row.kernel.c_str(),
+    std::printf("%-11s %3d %5lldM %-14s %-9s %12.3e %8.4g %8.2f %9.2f %-24s %8.3f %13s %s\n", row.kernel.c_str(),
                 row.threads, static_cast<long long>(row.n >> 20), row.pattern().c_str(),
                 row.subnormal ? "subnormal" : "normal", gbps * 1e9 / row.bytes_per_param(), row.bytes_per_param(),
                 gbps, roof, roof_by == wins.end() ? "-" : roof_by->first.c_str(), fraction, range,
@@ -337,16 +431,16 @@ int run(const Options& opt) {
     if (json) {
       std::fprintf(json,
                    "%s    {\"kernel\": \"%s\", \"threads\": %d, \"n\": %lld, \"grad\": \"%s\", \"copy_out\": %s, "
-                   "\"moments\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": %.0f, \"gbps\": %.4f, "
+                   "\"moments\": \"%s\", \"moment_format\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": %.4g, \"gbps\": %.4f, "
                    "\"roofline_gbps\": %.4f, \"roofline_variant\": \"%s\", \"roofline_variants_gbps\": {%s}, "
                    "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"fraction_min\": %.4f, "
                    "\"fraction_max\": %.4f, \"suspect\": %s, \"reps\": %zu, \"gbps_per_rep\": [%s], "
                    "\"roofline_gbps_per_rep\": [%s]}",
                    first ? "" : ",\n", row.kernel.c_str(), row.threads, static_cast<long long>(row.n),
                    adam::elem_type_name(row.grad).data(), row.copy ? "true" : "false",
-                   row.subnormal ? "subnormal" : "normal", gbps * 1e9 / row.bytes_per_param(),
-                   row.bytes_per_param(), gbps, roof, roof_by == wins.end() ? "-" : roof_by->first.c_str(),
-                   variants_json.c_str(), triad, fraction, *lo, *hi, suspect ? "true" : "false", row.seconds.size(),
+                   row.subnormal ? "subnormal" : "normal", moment_format_name(row.format),
+                   gbps * 1e9 / row.bytes_per_param(), row.bytes_per_param(), gbps, roof,
+                   roof_by == wins.end() ? "-" : roof_by->first.c_str(), variants_json.c_str(), triad, fraction, *lo, *hi, suspect ? "true" : "false", row.seconds.size(),
                    gbps_list(bytes, row.seconds).c_str(), gbps_list(bytes, row.roof_seconds).c_str());
       first = false;
     }

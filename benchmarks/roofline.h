@@ -37,6 +37,28 @@ enum class LoopShape {
 // (and copy_out). AVX-512 (and AVX-512VL for kYmm).
 void stream_pattern_avx512(const PatternArrays& a, StoreKind stores, LoopShape shape = LoopShape::kZmm);
 
+// The access pattern of the steps with compact moments: Adam with bf16
+// moments (2 bytes each) or with 8-bit blockwise moments (1 byte each, plus
+// one fp32 scale per 256 elements and moment, read and written).
+struct CompactPatternArrays {
+  float* master;
+  void* exp_avg;              // bf16 bit patterns or 8-bit codes
+  void* exp_avg_sq;
+  int moment_bytes;           // 2 or 1
+  float* exp_avg_scale;       // 8-bit moments: one per 256 elements; else nullptr
+  float* exp_avg_sq_scale;
+  const void* grad;           // fp32 or bf16
+  bool grad_bf16;
+  std::uint16_t* copy_out;    // nullptr: the pattern has no copy-out
+  std::int64_t n;             // a multiple of 256 except in the last tile
+};
+
+// Reads grad, master, the moments (and scales); writes master, the moments
+// (and scales) and copy_out, with the same store kinds and loop shapes as
+// stream_pattern_avx512. AVX-512 (and AVX-512VL for kYmm).
+void stream_compact_pattern_avx512(const CompactPatternArrays& a, StoreKind stores,
+                                   LoopShape shape = LoopShape::kZmm);
+
 // a[i] = b[i] + s * c[i] (STREAM triad, fp32). AVX-512.
 void stream_triad_avx512(float* a, const float* b, const float* c, float s, std::int64_t n);
 

@@ -111,13 +111,15 @@ Status check_aligned(const char* name, const void* p, int elem_bytes) {
   return Status();
 }
 
-// An optimizer state array (fp32, or bf16 bit patterns) and its name, for the
-// step checks.
+// An optimizer state array (fp32, bf16 bit patterns or 8-bit codes) and its
+// name, for the step checks.
 struct NamedState {
   NamedState(const char* name_in, std::span<const float> s)
       : name(name_in), data(s.data()), size(static_cast<std::int64_t>(s.size())), elem_bytes(4) {}
   NamedState(const char* name_in, std::span<const std::uint16_t> s)
       : name(name_in), data(s.data()), size(static_cast<std::int64_t>(s.size())), elem_bytes(2) {}
+  NamedState(const char* name_in, std::span<const std::uint8_t> s)
+      : name(name_in), data(s.data()), size(static_cast<std::int64_t>(s.size())), elem_bytes(1) {}
   const char* name;
   const void* data;
   std::int64_t size;  // elements
@@ -126,9 +128,11 @@ struct NamedState {
 
 // The checks every step makes before a thread starts: sizes, the copy type,
 // alignment, disjoint buffers. `what` begins each message ("adam step").
+// `block_scales` (8-bit moments) must each hold one fp32 value per
+// numerics::kQuantBlockElems elements, the last block counting even when short.
 Status check_step_buffers(std::string_view what, std::span<const float> master,
                           std::initializer_list<NamedState> states, const ConstTypedSpan& grad,
-                          const TypedSpan& copy_out) {
+                          const TypedSpan& copy_out, std::initializer_list<NamedState> block_scales = {}) {
   const std::int64_t n = static_cast<std::int64_t>(master.size());
   if (n == 0) return Status::invalid_argument(str_cat(what, ": zero elements"));
   const bool copy = copy_out.data != nullptr;
@@ -142,16 +146,26 @@ Status check_step_buffers(std::string_view what, std::span<const float> master,
     return Status::invalid_argument(str_cat(what, ": sizes differ: ", sizes, ", grad ", grad.size,
                                             copy ? str_cat(", copy_out ", copy_out.size) : std::string()));
   }
+  const std::int64_t blocks = (n + nx::kQuantBlockElems - 1) / nx::kQuantBlockElems;
+  for (const NamedState& s : block_scales) {
+    if (s.size != blocks) {
+      return Status::invalid_argument(str_cat(what, ": ", s.name, " holds ", s.size, " scales; ", n,
+                                              " elements need ceil(", n, " / ", nx::kQuantBlockElems,
+                                              ") = ", blocks));
+    }
+  }
   if (copy && copy_out.type == ElemType::kF32) {
     return Status::invalid_argument(
         str_cat(what, ": copy_out must be bf16 or fp16 (the master is the fp32 copy)"));
   }
   STRATA_RETURN_IF_ERROR(check_aligned("master", master.data(), 4));
   for (const NamedState& s : states) STRATA_RETURN_IF_ERROR(check_aligned(s.name, s.data, s.elem_bytes));
+  for (const NamedState& s : block_scales) STRATA_RETURN_IF_ERROR(check_aligned(s.name, s.data, s.elem_bytes));
   STRATA_RETURN_IF_ERROR(check_aligned("grad", grad.data, elem_size_bytes(grad.type)));
   if (copy) STRATA_RETURN_IF_ERROR(check_aligned("copy_out", copy_out.data, 2));
   std::vector<ByteRange> ranges = {range_of("master", master.data(), n, 4)};
   for (const NamedState& s : states) ranges.push_back(range_of(s.name, s.data, n, s.elem_bytes));
+  for (const NamedState& s : block_scales) ranges.push_back(range_of(s.name, s.data, blocks, s.elem_bytes));
   ranges.push_back(range_of("grad", grad.data, n, elem_size_bytes(grad.type)));
   if (copy) ranges.push_back(range_of("copy_out", copy_out.data, n, 2));
   return check_disjoint(ranges);
@@ -454,6 +468,36 @@ Status CpuAdam::step_bf16_moments(const AdamStepBf16MomentsArgs& args) {
                                          args.index_base + begin,
                                          length};
     table.adam_bf16_moments(k);
+  });
+  return Status();
+}
+
+Status CpuAdam::step_int8_blockwise(const AdamStepInt8Args& args) {
+  STRATA_RETURN_IF_ERROR(check_step_buffers("adam step (8-bit moments)", args.master,
+                                            {{"exp_avg", args.exp_avg}, {"exp_avg_sq", args.exp_avg_sq}},
+                                            args.grad, args.copy_out,
+                                            {{"exp_avg_scale", args.exp_avg_scale},
+                                             {"exp_avg_sq_scale", args.exp_avg_sq_scale}}));
+  STRATA_RETURN_IF_ERROR(validate_adam_constants(args.constants));
+
+  // Tiles are multiples of 65536 elements, so each starts on a block boundary
+  // and its scales at begin / 256.
+  static_assert(nx::kNormBlockElems % nx::kQuantBlockElems == 0);
+  const kernels::KernelTable& table = *impl_->table;
+  for_each_tile(static_cast<std::int64_t>(args.master.size()), [&](std::int64_t begin, std::int64_t length) {
+    const std::int64_t block = begin / nx::kQuantBlockElems;
+    kernels::AdamInt8KernelArgs k{&args.constants,
+                                  args.master.data() + begin,
+                                  args.exp_avg.data() + begin,
+                                  args.exp_avg_sq.data() + begin,
+                                  args.exp_avg_scale.data() + block,
+                                  args.exp_avg_sq_scale.data() + block,
+                                  grad_at(args.grad, begin),
+                                  args.grad.type,
+                                  copy_at(args.copy_out, begin),
+                                  args.copy_out.type,
+                                  length};
+    table.adam_int8(k);
   });
   return Status();
 }

@@ -1,5 +1,5 @@
-// The CPU optimizer: fused Adam/AdamW (with fp32 or bf16 moments), Lion and
-// Adagrad steps and the gradient pass, one pass over memory per tile, with
+// The CPU optimizer: fused Adam/AdamW (with fp32, bf16 or 8-bit blockwise
+// moments), Lion and Adagrad steps and the gradient pass, one pass over memory per tile, with
 // AVX-512, AVX2+FMA and scalar kernels chosen at run time and oneTBB threads
 // over fixed tiles. Every kernel, thread count and tile size gives
 // bit-identical results (core/numerics.h is the contract).
@@ -91,6 +91,29 @@ struct AdamStepBf16MomentsArgs {
                                  // the same bits wherever and however they are updated
 };
 
+// Adam/AdamW with 8-bit blockwise moments (numerics.h, "Adam/AdamW with 8-bit
+// blockwise moments"): exp_avg (m) and exp_avg_sq (v) are one byte each, in
+// blocks of numerics::kQuantBlockElems (256) consecutive elements, each block
+// with one fp32 scale per moment. Element 0 starts a block; the last block may
+// be short. Per block (numerics::adam_step_int8_block): dequantize m and v
+// with the block's scales, run numerics::adam_step unchanged on each element,
+// store the new moments' absolute maxima as the block's scales (NaN when one
+// is not finite: the block stays NaN from then on), and quantize the moments
+// against them. The master stays fp32; the gradient, grad_scale, the compute
+// copy, threads and tiles are step()'s. State: 4 + 1 + 1 + 8/256 bytes per
+// element against AdamStepArgs' 12. The zero state is all-zero codes and
+// scales.
+struct AdamStepInt8Args {
+  core::numerics::AdamStepConstants constants;
+  std::span<float> master;               // n elements
+  std::span<std::uint8_t> exp_avg;       // n codes (numerics.h), updated in place
+  std::span<std::uint8_t> exp_avg_sq;    // n codes
+  std::span<float> exp_avg_scale;        // one per block of 256: ceil(n / 256), updated in place
+  std::span<float> exp_avg_sq_scale;     // ceil(n / 256)
+  ConstTypedSpan grad;                   // fp32, bf16 or fp16
+  TypedSpan copy_out;  // optional: data == nullptr for none; type kBf16 or kF16
+};
+
 // One fused Lion step over n elements: read the gradient, scale it by
 // constants.grad_scale, update master and exp_avg in place with
 // numerics::lion_step, and write the updated master as bf16 or fp16 to
@@ -174,6 +197,11 @@ class CpuAdam {
   // tiles and errors as step(), plus kInvalidArgument for a negative
   // index_base, an index_base + n past INT64_MAX, or an unknown rounding.
   core::Status step_bf16_moments(const AdamStepBf16MomentsArgs& args);
+  // Adam/AdamW with 8-bit blockwise moments (AdamStepInt8Args): the same
+  // threads, tiles (multiples of 65536, so of whole blocks) and errors as
+  // step(), plus kInvalidArgument when a scale array does not hold
+  // ceil(n / 256) values.
+  core::Status step_int8_blockwise(const AdamStepInt8Args& args);
   // The Lion and Adagrad steps: the same threads, tiles and errors, their own
   // constants and one state array each.
   core::Status lion_step(const LionStepArgs& args);

@@ -166,7 +166,7 @@ void grad_pass_avx2(const GradKernelArgs& a) {
 
 const KernelTable& avx2_kernels() {
   static constexpr KernelTable kTable{Isa::kAvx2, adam_avx2, grad_pass_avx2, lion_avx2, adagrad_avx2,
-                                      adam_bf16_moments_avx2};
+                                      adam_bf16_moments_avx2, adam_int8_avx2};
   return kTable;
 }
 

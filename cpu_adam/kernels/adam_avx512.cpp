@@ -218,13 +218,14 @@ void grad_pass_avx512(const GradKernelArgs& a) {
 
 const KernelTable& avx512_kernels() {
   static constexpr KernelTable kTable{Isa::kAvx512, adam_avx512<false>, grad_pass_avx512, lion_avx512,
-                                      adagrad_avx512, adam_bf16_moments_avx512};
+                                      adagrad_avx512, adam_bf16_moments_avx512, adam_int8_avx512};
   return kTable;
 }
 
 const KernelTable& avx512_bf16_kernels() {
   static constexpr KernelTable kTable{Isa::kAvx512Bf16, adam_avx512<true>, grad_pass_avx512, lion_avx512_bf16,
-                                      adagrad_avx512_bf16, adam_bf16_moments_avx512_bf16};
+                                      adagrad_avx512_bf16, adam_bf16_moments_avx512_bf16,
+                                      adam_int8_avx512_bf16};
   return kTable;
 }
 

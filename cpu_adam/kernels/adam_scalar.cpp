@@ -1,6 +1,7 @@
-// Scalar kernels (Adam with fp32 or bf16 moments, Lion, Adagrad, the gradient
-// pass): numerics.h applied element by element. The reference every vector
-// kernel must match bit for bit (finite inputs).
+// Scalar kernels (Adam with fp32, bf16 or 8-bit blockwise moments, Lion,
+// Adagrad, the gradient pass): numerics.h applied element by element (block by
+// block for the 8-bit moments). The reference every vector kernel must match
+// bit for bit (finite inputs).
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
@@ -54,6 +55,61 @@ void adam_bf16_moments_scalar(const AdamBf16MomentsKernelArgs& a) {
     if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
   }
 }
+
+// Adam with 8-bit blockwise moments (Dettmers et al., "8-bit Optimizers via
+// Block-wise Quantization", 2022), one block of kQuantBlockElems at a time:
+// dequantize the block's m and v with its scales, run the fp32 step, take the
+// new moments' absolute maxima as the new scales, and quantize against them.
+// The same operations as numerics::adam_step_int8_block, with the gradient
+// read in its own type and the compute copy written as each master is.
+void adam_int8_scalar(const AdamInt8KernelArgs& a) {
+  const nx::AdamStepConstants& c = *a.constants;
+  const nx::QuantTables& t = nx::kQuantTables;
+  for (std::int64_t b = 0; b * nx::kQuantBlockElems < a.n; ++b) {
+    const std::int64_t begin = b * nx::kQuantBlockElems;
+    const std::int64_t end = begin + nx::kQuantBlockElems < a.n ? begin + nx::kQuantBlockElems : a.n;
+    float m32[nx::kQuantBlockElems];
+    float v32[nx::kQuantBlockElems];
+    float m_absmax = 0.0f, v_absmax = 0.0f;
+    for (std::int64_t i = begin; i < end; ++i) {
+      float& m = m32[i - begin];
+      float& v = v32[i - begin];
+      m = nx::dequantize_m(t, a.exp_avg[i], a.exp_avg_scale[b]);
+      v = nx::dequantize_v(t, a.exp_avg_sq[i], a.exp_avg_sq_scale[b]);
+      nx::adam_step(c, load_elem(a.grad, a.grad_type, i), a.master[i], m, v);
+      if (a.copy_out != nullptr) store_elem(a.copy_out, a.copy_type, i, a.master[i]);
+      m_absmax = nx::absmax_step(m_absmax, m);
+      v_absmax = nx::absmax_step(v_absmax, v);
+    }
+    const float m_scale = nx::block_scale(m_absmax);
+    const float v_scale = nx::block_scale(v_absmax);
+    a.exp_avg_scale[b] = m_scale;
+    a.exp_avg_sq_scale[b] = v_scale;
+    for (std::int64_t i = begin; i < end; ++i) {
+      a.exp_avg[i] = nx::quantize_m(t, m32[i - begin], m_scale);
+      a.exp_avg_sq[i] = nx::quantize_v(t, v32[i - begin], v_scale);
+    }
+  }
+}
+
+// The vector kernels' view of kQuantTables (kernels.h).
+constexpr QuantKernelTables make_quant_kernel_tables() {
+  const nx::QuantTables& t = nx::kQuantTables;
+  QuantKernelTables k{};
+  for (int r = 0; r < 128; ++r) k.m_values[r] = t.m_values[r];
+  for (int r = 0; r < 256; ++r) k.v_values[r] = t.v_values[r];
+  for (int j = 0; j < 7; ++j) {
+    const int s = 1 << (6 - j);
+    for (int i = 0; i < (1 << j); ++i) k.m_levels[j][i] = t.m_thresholds[s * (2 * i + 1) - 1];
+  }
+  for (int j = 0; j < 8; ++j) {
+    const int s = 1 << (7 - j);
+    for (int i = 0; i < (1 << j); ++i) k.v_levels[j][i] = t.v_thresholds[s * (2 * i + 1) - 1];
+  }
+  return k;
+}
+
+constexpr QuantKernelTables kQuantKernelTables = make_quant_kernel_tables();
 
 void lion_scalar(const LionKernelArgs& a) {
   const nx::LionStepConstants& c = *a.constants;
@@ -112,9 +168,11 @@ void grad_tail_scalar(const GradKernelArgs& args, double* lanes, std::int64_t fi
 
 double fold_lanes_scalar(double* lanes) { return nx::fold_norm_lanes(lanes); }
 
+const QuantKernelTables& quant_kernel_tables() { return kQuantKernelTables; }
+
 const KernelTable& scalar_kernels() {
   static constexpr KernelTable kTable{Isa::kScalar, adam_scalar, grad_pass_scalar, lion_scalar,
-                                      adagrad_scalar, adam_bf16_moments_scalar};
+                                      adagrad_scalar, adam_bf16_moments_scalar, adam_int8_scalar};
   return kTable;
 }
 

@@ -41,6 +41,24 @@ struct AdamBf16MomentsKernelArgs {
   std::int64_t n;
 };
 
+// Adam with 8-bit blockwise moments over n elements that start on a block
+// boundary (numerics::kQuantBlockElems): exp_avg_scale and exp_avg_sq_scale
+// hold one scale per block, ceil(n / kQuantBlockElems) of them; the last
+// block may be short.
+struct AdamInt8KernelArgs {
+  const core::numerics::AdamStepConstants* constants;
+  float* master;
+  std::uint8_t* exp_avg;       // codes (numerics.h)
+  std::uint8_t* exp_avg_sq;    // codes
+  float* exp_avg_scale;        // one per block
+  float* exp_avg_sq_scale;     // one per block
+  const void* grad;
+  ElemType grad_type;
+  void* copy_out;         // nullptr: none
+  ElemType copy_type;     // kBf16 or kF16 when copy_out is set
+  std::int64_t n;
+};
+
 struct LionKernelArgs {
   const core::numerics::LionStepConstants* constants;
   float* master;
@@ -82,6 +100,7 @@ struct KernelTable {
   void (*lion)(const LionKernelArgs& args);
   void (*adagrad)(const AdagradKernelArgs& args);
   void (*adam_bf16_moments)(const AdamBf16MomentsKernelArgs& args);
+  void (*adam_int8)(const AdamInt8KernelArgs& args);
 };
 
 const KernelTable& scalar_kernels();
@@ -115,6 +134,30 @@ void adagrad_avx512_bf16(const AdagradKernelArgs& args);
 void adam_bf16_moments_avx2(const AdamBf16MomentsKernelArgs& args);
 void adam_bf16_moments_avx512(const AdamBf16MomentsKernelArgs& args);
 void adam_bf16_moments_avx512_bf16(const AdamBf16MomentsKernelArgs& args);
+
+// Adam with 8-bit blockwise moments, in files of their own too
+// (adam_int8_avx2.cpp, adam_int8_avx512.cpp). Whole blocks are vectorised; a
+// short last block goes to the scalar kernel.
+void adam_int8_avx2(const AdamInt8KernelArgs& args);
+void adam_int8_avx512(const AdamInt8KernelArgs& args);
+void adam_int8_avx512_bf16(const AdamInt8KernelArgs& args);
+
+// The 8-bit moments' code tables as the vector kernels read them:
+// numerics::kQuantTables' values, and its thresholds regrouped by probe of
+// the binary search (quant_search). Probe j (from 0) of a search over
+// 2^steps thresholds reads thresholds[s * (2i + 1) - 1], s = 2^(steps - 1 - j),
+// where i < 2^j is the count's top j bits found so far. Row j of the levels
+// holds those 2^j thresholds in order of i, so each probe is one table lookup
+// at i, followed by i = 2i + (threshold < xn); after the last probe i is the
+// count. Built from numerics::kQuantTables in the scalar translation unit
+// (the vector files call no numerics.h function); rows are 64-byte aligned.
+struct QuantKernelTables {
+  alignas(64) float m_values[128];   // kQuantTables.m_values
+  alignas(64) float v_values[256];   // kQuantTables.v_values
+  alignas(64) float m_levels[7][128];  // row j: 2^j thresholds of m, the rest zero
+  alignas(64) float v_levels[8][128];  // row j: 2^j thresholds of v, the rest zero
+};
+const QuantKernelTables& quant_kernel_tables();
 
 const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
 const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)
