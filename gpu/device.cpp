@@ -618,6 +618,57 @@ Status Device::adam_step_bf16_moments(Stream& stream, const AdamStepBf16MomentsA
   return do_adam_step_bf16_moments(*stream.impl_, args);
 }
 
+Status Device::adam_step_int8_blockwise(Stream& stream, const AdamStepInt8Args& args) {
+  constexpr std::string_view op = "adam_step_int8_blockwise";
+  STRATA_RETURN_IF_ERROR(check_stream(stream));
+  STRATA_RETURN_IF_ERROR(check_constants(args.constants, op));
+  STRATA_RETURN_IF_ERROR(check_typed(typed(args.master, ElemType::kF32), str_cat(op, " master")));
+  // Codes are bytes: any size, any alignment.
+  STRATA_RETURN_IF_ERROR(check_span(args.exp_avg, str_cat(op, " exp_avg")));
+  STRATA_RETURN_IF_ERROR(check_span(args.exp_avg_sq, str_cat(op, " exp_avg_sq")));
+  STRATA_RETURN_IF_ERROR(
+      check_typed(typed(args.exp_avg_scale, ElemType::kF32), str_cat(op, " exp_avg_scale")));
+  STRATA_RETURN_IF_ERROR(
+      check_typed(typed(args.exp_avg_sq_scale, ElemType::kF32), str_cat(op, " exp_avg_sq_scale")));
+  STRATA_RETURN_IF_ERROR(check_typed(args.grad, str_cat(op, " grad")));
+  const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
+  const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+  if (has_copy) {
+    STRATA_RETURN_IF_ERROR(check_typed(args.copy_out, str_cat(op, " copy_out")));
+    if (args.copy_out.type == ElemType::kF32) {
+      return Status::invalid_argument(str_cat(op, ": copy_out must be bf16 or fp16"));
+    }
+  }
+  if (args.exp_avg.size_bytes() != static_cast<std::uint64_t>(n) ||
+      args.exp_avg_sq.size_bytes() != static_cast<std::uint64_t>(n) || args.grad.size() != n ||
+      (has_copy && args.copy_out.size() != n)) {
+    return Status::invalid_argument(str_cat(op, ": element counts differ: master ", n, " (fp32), exp_avg ",
+                                            args.exp_avg.size_bytes(), " (bytes), exp_avg_sq ",
+                                            args.exp_avg_sq.size_bytes(), " (bytes), grad ", args.grad.size(),
+                                            has_copy ? str_cat(", copy_out ", args.copy_out.size()) : ""));
+  }
+  constexpr std::int64_t kBlockElems = core::numerics::kQuantBlockElems;
+  const std::int64_t blocks = (n + kBlockElems - 1) / kBlockElems;
+  const std::pair<std::string_view, std::uint64_t> scales[] = {
+      {"exp_avg_scale", args.exp_avg_scale.size_bytes() / 4},
+      {"exp_avg_sq_scale", args.exp_avg_sq_scale.size_bytes() / 4}};
+  for (const auto& [role, count] : scales) {
+    if (count != static_cast<std::uint64_t>(blocks)) {
+      return Status::invalid_argument(str_cat(op, ": ", role, " has ", count,
+                                              " fp32 scales, want one per block of ", kBlockElems, ": ceil(",
+                                              n, " / ", kBlockElems, ") = ", blocks));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(
+      check_disjoint({range_of("master", args.master), range_of("exp_avg", args.exp_avg),
+                      range_of("exp_avg_sq", args.exp_avg_sq), range_of("exp_avg_scale", args.exp_avg_scale),
+                      range_of("exp_avg_sq_scale", args.exp_avg_sq_scale), range_of("grad", args.grad.bytes),
+                      range_of("copy_out", has_copy ? args.copy_out.bytes : DeviceSpan())},
+                     op));
+  if (n == 0) return Status();
+  return do_adam_step_int8_blockwise(*stream.impl_, args);
+}
+
 core::Result<std::int64_t> Device::check_step_views(
     std::string_view op, std::initializer_list<std::pair<std::string_view, DeviceSpan>> arrays,
     const DeviceTypedSpan& grad, const DeviceTypedSpan& copy_out) const {

@@ -276,6 +276,11 @@ class Device {
   // element, 2-byte aligned); also kInvalidArgument for an unknown rounding,
   // a negative index_base, or an index_base + n past INT64_MAX.
   core::Status adam_step_bf16_moments(Stream& stream, const AdamStepBf16MomentsArgs& args);
+  // One AdamW/Adam step with 8-bit blockwise moments (see AdamStepInt8Args),
+  // checked as adam_step with exp_avg and exp_avg_sq as n bytes each (any
+  // alignment) and exp_avg_scale and exp_avg_sq_scale as fp32 (4-byte
+  // aligned) of ceil(n / 256) scales each; errors name the field.
+  core::Status adam_step_int8_blockwise(Stream& stream, const AdamStepInt8Args& args);
   // One Lion / Adagrad step (LionStepArgs, AdagradStepArgs), checked as adam_step.
   core::Status lion_step(Stream& stream, const LionStepArgs& args);
   core::Status adagrad_step(Stream& stream, const AdagradStepArgs& args);
@@ -327,6 +332,7 @@ class Device {
   virtual core::Status do_fill(StreamImpl& stream, const DeviceTypedSpan& x, float value) = 0;
   virtual core::Status do_adam_step(StreamImpl& stream, const AdamStepArgs& args) = 0;
   virtual core::Status do_adam_step_bf16_moments(StreamImpl& stream, const AdamStepBf16MomentsArgs& args) = 0;
+  virtual core::Status do_adam_step_int8_blockwise(StreamImpl& stream, const AdamStepInt8Args& args) = 0;
   virtual core::Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) = 0;
   virtual core::Status do_adagrad_step(StreamImpl& stream, const AdagradStepArgs& args) = 0;
   virtual core::Status do_declare_compute(StreamImpl& stream, double flops);

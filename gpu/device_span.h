@@ -128,6 +128,31 @@ struct AdamStepBf16MomentsArgs {
   std::int64_t index_base = 0;
 };
 
+// Adam/AdamW with 8-bit blockwise moments (numerics.h, "Adam/AdamW with 8-bit
+// blockwise moments"): the step of AdamStepArgs with exp_avg and exp_avg_sq
+// stored as one byte of code each, in blocks of numerics::kQuantBlockElems
+// (256) consecutive elements, each block with one fp32 scale per moment.
+// Element 0 starts block 0 and the last block may be short: blocks =
+// ceil(n / 256). Each block is numerics::adam_step_int8_block: dequantize m
+// and v with the block's scales, run numerics::adam_step unchanged, take the
+// new scales (block_scale of each moment's absmax: NaN when a moment is not
+// finite) and quantize m and v against them; the master goes to copy_out as
+// AdamStepArgs does. Blocks are counted from each call's element 0, so a
+// range stepped in several calls that split it at multiples of 256 elements
+// gets the results of one call over it. The all-zero state (codes and scales)
+// is zero moments. State: 4 + 1 + 1 bytes per element plus 8 per
+// block, against AdamStepArgs' 12. No two views may overlap.
+struct AdamStepInt8Args {
+  core::numerics::AdamStepConstants constants;  // from numerics::make_adam_constants
+  DeviceSpan master;                            // fp32, n elements
+  DeviceSpan exp_avg;                           // n bytes of codes (numerics::quantize_m), updated in place
+  DeviceSpan exp_avg_sq;                        // n bytes of codes (numerics::quantize_v), updated in place
+  DeviceSpan exp_avg_scale;                     // fp32, ceil(n / 256): one per block, updated in place
+  DeviceSpan exp_avg_sq_scale;                  // fp32, ceil(n / 256), updated in place
+  DeviceTypedSpan grad;                         // fp32, bf16 or fp16, n elements
+  DeviceTypedSpan copy_out;                     // optional (empty bytes: none); bf16 or fp16
+};
+
 // One fused Lion step (numerics::lion_step): master and exp_avg updated in
 // place; the rest as AdamStepArgs.
 struct LionStepArgs {

@@ -389,6 +389,19 @@ class CudaDevice final : public Device {
     return Status();
   }
 
+  Status do_adam_step_int8_blockwise(StreamImpl& stream, const AdamStepInt8Args& args) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    STRATA_CUDA_RETURN_IF_ERROR(
+        cuda::launch_adam_step_int8_blockwise,
+        (args.constants, static_cast<float*>(args.master.data()),
+         static_cast<std::uint8_t*>(args.exp_avg.data()), static_cast<std::uint8_t*>(args.exp_avg_sq.data()),
+         static_cast<float*>(args.exp_avg_scale.data()), static_cast<float*>(args.exp_avg_sq_scale.data()),
+         args.grad.bytes.data(), args.grad.type, has_copy ? args.copy_out.bytes.data() : nullptr,
+         args.copy_out.type, args.grad.size(), stream_of(stream)));
+    return Status();
+  }
+
   Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) override {
     STRATA_RETURN_IF_ERROR(activate());
     const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
@@ -440,6 +453,8 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
   std::size_t free_bytes = 0;
   std::size_t total_bytes = 0;
   STRATA_CUDA_RETURN_IF_ERROR(cudaMemGetInfo, (&free_bytes, &total_bytes));
+  // The 8-bit Adam kernel's code tables: the host's, byte for byte.
+  STRATA_CUDA_RETURN_IF_ERROR(cuda::upload_quant_tables, (core::numerics::kQuantTables));
 
   std::uint64_t arena_bytes = options.arena_bytes;
   if (arena_bytes == 0) {

@@ -1,6 +1,6 @@
 // The CUDA device's kernels: element-wise conversion, accumulation, scale,
-// fill, AdamW (fp32 or bf16 moments), Lion and Adagrad, and the norm partials
-// in the contract's order. Every formula is numerics.h's (STRATA_HD functions
+// fill, AdamW (fp32, bf16 or 8-bit blockwise moments), Lion and Adagrad, and
+// the norm partials in the contract's order. Every formula is numerics.h's (STRATA_HD functions
 // compiled here for the device), so the results are bit-identical to the
 // CPU's for finite values.
 #include "gpu/cuda/cuda_kernels.h"
@@ -138,6 +138,92 @@ __global__ void adam_bf16_moments_kernel(nx::AdamStepConstants c, float* master,
   }
 }
 
+// The 8-bit code tables (numerics::QuantTables), written once per device by
+// upload_quant_tables from the host's numerics::kQuantTables, so that the
+// host and the device search the same floats.
+__constant__ nx::QuantTables device_quant_tables;
+
+static_assert(nx::kQuantBlockElems == kThreads, "one thread per element of a quantization block");
+constexpr int kQuantWarps = nx::kQuantBlockElems / 32;
+
+// numerics::adam_step_int8_block with one thread block per quantization block
+// (grid-stride over the blocks) and one thread per element: dequantize m and
+// v with the block's scales, run numerics::adam_step, take each moment's
+// absmax over the block, then quantize against block_scale(absmax). The
+// absmax is folded with numerics::absmax_step, first over each warp by
+// shuffles, then over the warps through shared memory; its operands are
+// absolute values (a NaN already counted as +inf), for which absmax_step is
+// max, exact in any order, so the fold gives the contract's sequential
+// absmax. The tables are copied to shared memory first: quant_search and the
+// dequantizing lookups index them per thread, which constant memory would
+// serialize.
+template <ElemType G, ElemType C, bool kCopy>
+__global__ void __launch_bounds__(kThreads)
+    adam_int8_kernel(nx::AdamStepConstants c, float* master, std::uint8_t* exp_avg, std::uint8_t* exp_avg_sq,
+                     float* exp_avg_scale, float* exp_avg_sq_scale, const void* grad, void* copy_out,
+                     std::int64_t n) {
+  __shared__ nx::QuantTables tables;
+  __shared__ float warp_absmax[2][kQuantWarps];
+  {
+    constexpr int kWords = static_cast<int>(sizeof(nx::QuantTables) / sizeof(float));
+    const float* src = reinterpret_cast<const float*>(&device_quant_tables);
+    float* dst = reinterpret_cast<float*>(&tables);
+    for (int k = static_cast<int>(threadIdx.x); k < kWords; k += static_cast<int>(blockDim.x))
+      dst[k] = src[k];
+  }
+  __syncthreads();
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32;
+  const int warp = tid / 32;
+  const std::int64_t blocks = (n + nx::kQuantBlockElems - 1) / nx::kQuantBlockElems;
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::int64_t i = b * nx::kQuantBlockElems + tid;
+    const bool active = i < n;  // the last block may be short
+    float p = 0.0f;
+    float m = 0.0f;  // a thread past the end adds 0 to the absmax: the fold's start
+    float v = 0.0f;
+    if (active) {
+      p = master[i];
+      m = nx::dequantize_m(tables, exp_avg[i], exp_avg_scale[b]);
+      v = nx::dequantize_v(tables, exp_avg_sq[i], exp_avg_sq_scale[b]);
+      nx::adam_step(c, load<G>(grad, i), p, m, v);
+    }
+    float am = nx::absmax_step(0.0f, m);
+    float av = nx::absmax_step(0.0f, v);
+    for (int s = 16; s >= 1; s /= 2) {
+      am = nx::absmax_step(am, __shfl_xor_sync(0xffffffffu, am, s));
+      av = nx::absmax_step(av, __shfl_xor_sync(0xffffffffu, av, s));
+    }
+    if (lane == 0) {
+      warp_absmax[0][warp] = am;
+      warp_absmax[1][warp] = av;
+    }
+    // Past this barrier every thread has read the block's old scales, so
+    // thread 0 may overwrite them.
+    __syncthreads();
+    am = 0.0f;
+    av = 0.0f;
+    for (int w = 0; w < kQuantWarps; ++w) {
+      am = nx::absmax_step(am, warp_absmax[0][w]);
+      av = nx::absmax_step(av, warp_absmax[1][w]);
+    }
+    const float m_scale = nx::block_scale(am);
+    const float v_scale = nx::block_scale(av);
+    if (active) {
+      master[i] = p;
+      exp_avg[i] = nx::quantize_m(tables, m, m_scale);
+      exp_avg_sq[i] = nx::quantize_v(tables, v, v_scale);
+      if constexpr (kCopy) store<C>(copy_out, i, p);
+    }
+    if (tid == 0) {
+      exp_avg_scale[b] = m_scale;
+      exp_avg_sq_scale[b] = v_scale;
+    }
+    // warp_absmax is read by every thread before the next block writes it.
+    __syncthreads();
+  }
+}
+
 template <ElemType G, ElemType C, bool kCopy>
 __global__ void lion_kernel(nx::LionStepConstants c, float* master, float* exp_avg, const void* grad, void* copy_out,
                             std::int64_t n) {
@@ -255,6 +341,33 @@ cudaError_t launch_adam_step_bf16_moments(const core::numerics::AdamStepConstant
     }
   });
   return cudaGetLastError();
+}
+
+cudaError_t launch_adam_step_int8_blockwise(const core::numerics::AdamStepConstants& constants, float* master,
+                                            std::uint8_t* exp_avg, std::uint8_t* exp_avg_sq,
+                                            float* exp_avg_scale, float* exp_avg_sq_scale, const void* grad,
+                                            ElemType grad_type, void* copy_out, ElemType copy_type,
+                                            std::int64_t n, cudaStream_t stream) {
+  const std::int64_t blocks = (n + nx::kQuantBlockElems - 1) / nx::kQuantBlockElems;
+  const int grid = static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+  dispatch(grad_type, [&](auto g) {
+    constexpr ElemType kG = decltype(g)::value;
+    if (copy_out == nullptr) {
+      adam_int8_kernel<kG, ElemType::kBf16, false><<<grid, kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, exp_avg_scale, exp_avg_sq_scale, grad, nullptr, n);
+    } else if (copy_type == ElemType::kBf16) {
+      adam_int8_kernel<kG, ElemType::kBf16, true><<<grid, kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, exp_avg_scale, exp_avg_sq_scale, grad, copy_out, n);
+    } else {
+      adam_int8_kernel<kG, ElemType::kF16, true><<<grid, kThreads, 0, stream>>>(
+          constants, master, exp_avg, exp_avg_sq, exp_avg_scale, exp_avg_sq_scale, grad, copy_out, n);
+    }
+  });
+  return cudaGetLastError();
+}
+
+cudaError_t upload_quant_tables(const core::numerics::QuantTables& tables) {
+  return cudaMemcpyToSymbol(device_quant_tables, &tables, sizeof(tables));
 }
 
 cudaError_t launch_lion_step(const core::numerics::LionStepConstants& constants, float* master, float* exp_avg,

@@ -39,6 +39,20 @@ cudaError_t launch_adam_step_bf16_moments(const core::numerics::AdamStepConstant
                                           ElemType grad_type, void* copy_out, ElemType copy_type,
                                           core::numerics::Bf16Rounding rounding, std::uint64_t key,
                                           std::int64_t index_base, std::int64_t n, cudaStream_t stream);
+// numerics::adam_step_int8_block per block of kQuantBlockElems elements (the
+// last may be short), element 0 starting block 0: exp_avg and exp_avg_sq are
+// n bytes of codes, exp_avg_scale and exp_avg_sq_scale ceil(n / 256) fp32
+// scales, all updated in place; copy_out (bf16/fp16) may be null. Reads the
+// code tables that upload_quant_tables wrote to the current device.
+cudaError_t launch_adam_step_int8_blockwise(const core::numerics::AdamStepConstants& constants, float* master,
+                                            std::uint8_t* exp_avg, std::uint8_t* exp_avg_sq,
+                                            float* exp_avg_scale, float* exp_avg_sq_scale, const void* grad,
+                                            ElemType grad_type, void* copy_out, ElemType copy_type,
+                                            std::int64_t n, cudaStream_t stream);
+// Copies `tables` (numerics::kQuantTables) to the current device's constant
+// memory, where the 8-bit Adam kernel reads them: once per device, before its
+// first launch (synchronous; make_cuda_device calls it).
+cudaError_t upload_quant_tables(const core::numerics::QuantTables& tables);
 // numerics::lion_step / adagrad_step per element; copy_out (bf16/fp16) may be null.
 cudaError_t launch_lion_step(const core::numerics::LionStepConstants& constants, float* master, float* exp_avg,
                              const void* grad, ElemType grad_type, void* copy_out, ElemType copy_type, std::int64_t n,

@@ -599,6 +599,48 @@ class HostDevice final : public Device {
                    });
   }
 
+  Status do_adam_step_int8_blockwise(StreamImpl& stream, const AdamStepInt8Args& args) override {
+    const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
+    const nx::AdamStepConstants c = args.constants;
+    const ElemType gt = args.grad.type;
+    const bool has_copy = args.copy_out.bytes.buffer_id() != 0;
+    const ElemType ct = args.copy_out.type;
+    // Read and written: master 4 + 4, codes 1 + 1 per moment per element,
+    // each block's two scales read and written, the gradient, the copy.
+    const std::uint64_t bytes = 12 * static_cast<std::uint64_t>(n) + 2 * args.exp_avg_scale.size_bytes() +
+                                2 * args.exp_avg_sq_scale.size_bytes() + args.grad.bytes.size_bytes() +
+                                (has_copy ? args.copy_out.bytes.size_bytes() : 0);
+    std::vector<DeviceSpan> spans = {args.master,        args.exp_avg,          args.exp_avg_sq,
+                                     args.exp_avg_scale, args.exp_avg_sq_scale, args.grad.bytes};
+    if (has_copy) spans.push_back(args.copy_out.bytes);
+    return enqueue(
+        stream, Resource::kDevice, seconds(bytes, timing_.device_memory_gb_per_s), "adam_step_int8_blockwise",
+        std::move(spans), [n, c, gt, has_copy, ct](std::byte* const* p) {
+          const nx::QuantTables& t = nx::kQuantTables;
+          float g[nx::kQuantBlockElems];
+          float w[nx::kQuantBlockElems];
+          // Block b covers elements [b * 256, min(n, (b + 1) * 256)).
+          for (std::int64_t begin = 0, b = 0; begin < n; begin += nx::kQuantBlockElems, ++b) {
+            const int len = static_cast<int>(std::min<std::int64_t>(nx::kQuantBlockElems, n - begin));
+            for (int i = 0; i < len; ++i) {
+              g[i] = load(p[5], gt, begin + i);
+              w[i] = load(p[0], ElemType::kF32, begin + i);
+            }
+            float m_scale = load(p[3], ElemType::kF32, b);
+            float v_scale = load(p[4], ElemType::kF32, b);
+            // Codes are bytes: unsigned char may alias any object.
+            nx::adam_step_int8_block(c, t, g, w, reinterpret_cast<std::uint8_t*>(p[1] + begin),
+                                     reinterpret_cast<std::uint8_t*>(p[2] + begin), m_scale, v_scale, len);
+            store(p[3], ElemType::kF32, b, m_scale);
+            store(p[4], ElemType::kF32, b, v_scale);
+            for (int i = 0; i < len; ++i) {
+              store(p[0], ElemType::kF32, begin + i, w[i]);
+              if (has_copy) store(p[6], ct, begin + i, w[i]);
+            }
+          }
+        });
+  }
+
   Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) override {
     const std::int64_t n = static_cast<std::int64_t>(args.master.size_bytes() / 4);
     const nx::LionStepConstants c = args.constants;

@@ -211,6 +211,74 @@ void expect_same_state(const Bf16MomentsState& want, const Bf16MomentsState& got
   }
 }
 
+// --- Adam with 8-bit blockwise moments on the host: the oracle -----------------
+
+// The state of n elements: fp32 master, one code byte per moment, one fp32
+// scale per moment per block of kQuantBlockElems.
+struct Int8State {
+  std::vector<float> master;
+  std::vector<std::uint8_t> exp_avg;
+  std::vector<std::uint8_t> exp_avg_sq;
+  std::vector<float> exp_avg_scale;
+  std::vector<float> exp_avg_sq_scale;
+};
+
+// One step: its constants and its gradient (n elements).
+struct Int8Step {
+  nx::AdamStepConstants constants;
+  StoredGrad grad;
+};
+
+std::int64_t quant_blocks(std::int64_t n) { return (n + nx::kQuantBlockElems - 1) / nx::kQuantBlockElems; }
+
+// numerics::adam_step_int8_block applied to each block of 256 elements on the
+// host (the last one short), the gradient widened to fp32 first. Returns the
+// compute copy as `copy_type` patterns.
+std::vector<std::uint16_t> oracle_int8(const Int8Step& step, ElemType copy_type, Int8State& state) {
+  const auto n = static_cast<std::int64_t>(state.master.size());
+  std::vector<std::uint16_t> copy(state.master.size());
+  float g[nx::kQuantBlockElems];
+  for (std::int64_t b = 0; b < quant_blocks(n); ++b) {
+    const std::int64_t begin = b * nx::kQuantBlockElems;
+    const int len = static_cast<int>(std::min<std::int64_t>(nx::kQuantBlockElems, n - begin));
+    for (int i = 0; i < len; ++i)
+      g[i] = decode_at(step.grad.bytes, step.grad.type, static_cast<std::size_t>(begin + i));
+    const auto k = static_cast<std::size_t>(begin);
+    const auto bb = static_cast<std::size_t>(b);
+    nx::adam_step_int8_block(step.constants, nx::kQuantTables, g, state.master.data() + k,
+                             state.exp_avg.data() + k, state.exp_avg_sq.data() + k, state.exp_avg_scale[bb],
+                             state.exp_avg_sq_scale[bb], len);
+  }
+  for (std::size_t i = 0; i < copy.size(); ++i) copy[i] = to_16_bits(state.master[i], copy_type);
+  return copy;
+}
+
+::testing::AssertionResult same_code(std::uint8_t expected, std::uint8_t actual, std::int64_t i) {
+  if (expected == actual) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << "element " << i << ": expected code 0x" << std::hex << int{expected} << ", got 0x" << int{actual};
+}
+
+// Element-wise equality of two 8-bit states: codes exactly, master and scales
+// bit for bit (NaN matches NaN); `what` names the case.
+void expect_same_int8_state(const Int8State& want, const Int8State& got, const std::string& what) {
+  ASSERT_EQ(want.master.size(), got.master.size()) << what;
+  ASSERT_EQ(want.exp_avg_scale.size(), got.exp_avg_scale.size()) << what;
+  for (std::size_t i = 0; i < want.master.size(); ++i) {
+    const auto ii = static_cast<std::int64_t>(i);
+    ASSERT_TRUE(same_float(want.master[i], got.master[i], ii)) << what << ": master";
+    ASSERT_TRUE(same_code(want.exp_avg[i], got.exp_avg[i], ii)) << what << ": exp_avg";
+    ASSERT_TRUE(same_code(want.exp_avg_sq[i], got.exp_avg_sq[i], ii)) << what << ": exp_avg_sq";
+  }
+  for (std::size_t b = 0; b < want.exp_avg_scale.size(); ++b) {
+    const auto bb = static_cast<std::int64_t>(b);
+    ASSERT_TRUE(same_float(want.exp_avg_scale[b], got.exp_avg_scale[b], bb))
+        << what << ": exp_avg_scale (block)";
+    ASSERT_TRUE(same_float(want.exp_avg_sq_scale[b], got.exp_avg_sq_scale[b], bb))
+        << what << ": exp_avg_sq_scale (block)";
+  }
+}
+
 class DeviceTest : public ::testing::TestWithParam<std::string> {
  protected:
   core::Result<std::unique_ptr<Device>> make_device() {
@@ -324,6 +392,68 @@ class DeviceTest : public ::testing::TestWithParam<std::string> {
       const auto cm = download(copy.span());
       out.resize(static_cast<std::size_t>(n));
       std::memcpy(out.data(), cm.data(), cm.size());
+    }
+    return out;
+  }
+
+  // Runs adam_step_int8_blockwise over `state` on the device: uploaded once,
+  // each step in turn (the state staying on the device between them), then
+  // downloaded back into it. Each step is one call per piece, a new piece
+  // starting at each offset in `splits` (increasing multiples of 256, so
+  // every piece starts a block). copy_type kF32 means no copy_out. Returns the
+  // last step's compute copy (empty without one).
+  std::vector<std::uint16_t> step_int8_on_device(const std::vector<Int8Step>& steps, ElemType copy_type,
+                                                 Int8State& state,
+                                                 const std::vector<std::int64_t>& splits = {}) {
+    const auto n = static_cast<std::int64_t>(state.master.size());
+    DeviceBuffer master = upload(as_bytes(state.master));
+    DeviceBuffer exp_avg = upload(as_bytes(state.exp_avg));
+    DeviceBuffer exp_avg_sq = upload(as_bytes(state.exp_avg_sq));
+    DeviceBuffer exp_avg_scale = upload(as_bytes(state.exp_avg_scale));
+    DeviceBuffer exp_avg_sq_scale = upload(as_bytes(state.exp_avg_sq_scale));
+    const bool has_copy = copy_type != ElemType::kF32;
+    DeviceBuffer copy = has_copy ? alloc(2 * static_cast<std::uint64_t>(n)) : DeviceBuffer();
+    std::vector<std::int64_t> bounds = {0};
+    bounds.insert(bounds.end(), splits.begin(), splits.end());
+    bounds.push_back(n);
+    for (const Int8Step& step : steps) {
+      DeviceBuffer g = upload(step.grad.bytes);
+      const std::uint64_t gsize = elem_size_bytes(step.grad.type);
+      for (std::size_t k = 0; k + 1 < bounds.size(); ++k) {
+        EXPECT_EQ(bounds[k] % nx::kQuantBlockElems, 0) << "a piece must start a block";
+        const auto begin = static_cast<std::uint64_t>(bounds[k]);
+        const auto len = static_cast<std::uint64_t>(bounds[k + 1] - bounds[k]);
+        const auto first_block = begin / nx::kQuantBlockElems;
+        const auto blocks = static_cast<std::uint64_t>(quant_blocks(static_cast<std::int64_t>(len)));
+        AdamStepInt8Args args;
+        args.constants = step.constants;
+        args.master = master.subspan(4 * begin, 4 * len);
+        args.exp_avg = exp_avg.subspan(begin, len);
+        args.exp_avg_sq = exp_avg_sq.subspan(begin, len);
+        args.exp_avg_scale = exp_avg_scale.subspan(4 * first_block, 4 * blocks);
+        args.exp_avg_sq_scale = exp_avg_sq_scale.subspan(4 * first_block, 4 * blocks);
+        args.grad = typed(g.subspan(gsize * begin, gsize * len), step.grad.type);
+        if (has_copy) args.copy_out = typed(copy.subspan(2 * begin, 2 * len), copy_type);
+        const core::Status s = device_->adam_step_int8_blockwise(stream_, args);
+        EXPECT_TRUE(s.ok()) << s;
+      }
+      // g is freed when this iteration ends: the step must be done with it.
+      const core::Status s = device_->synchronize(stream_);
+      EXPECT_TRUE(s.ok()) << s;
+    }
+    auto fetch = [&](const DeviceBuffer& from, auto& into) {
+      const auto bytes = download(from.span());
+      std::memcpy(into.data(), bytes.data(), bytes.size());
+    };
+    fetch(master, state.master);
+    fetch(exp_avg, state.exp_avg);
+    fetch(exp_avg_sq, state.exp_avg_sq);
+    fetch(exp_avg_scale, state.exp_avg_scale);
+    fetch(exp_avg_sq_scale, state.exp_avg_sq_scale);
+    std::vector<std::uint16_t> out;
+    if (has_copy) {
+      out.resize(static_cast<std::size_t>(n));
+      fetch(copy, out);
     }
     return out;
   }
@@ -1381,6 +1511,387 @@ TEST_P(DeviceTest, AdamStepBf16MomentsBadArgumentsAreInvalid) {
   Bf16MomentsState got = initial;
   step_bf16_moments_on_device(top, g, ElemType::kF32, got);
   expect_same_state(want, got, "index_base + n = INT64_MAX");
+}
+
+// --- Adam with 8-bit blockwise moments -------------------------------------------
+// The device's step is numerics::adam_step_int8_block applied per block of 256
+// on the host, bit for bit (codes exactly, master and scales as floats, NaN
+// matching NaN).
+
+// A state in use: random codes, scales over a wide range (fp32 subnormals
+// among them), some blocks with zero scales.
+Int8State int8_state(std::int64_t n, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  Int8State s;
+  s.master = finite_values(n, seed);
+  s.exp_avg.resize(static_cast<std::size_t>(n));
+  s.exp_avg_sq.resize(static_cast<std::size_t>(n));
+  for (std::uint8_t& c : s.exp_avg) c = static_cast<std::uint8_t>(rng());
+  for (std::uint8_t& c : s.exp_avg_sq) c = static_cast<std::uint8_t>(rng());
+  const auto blocks = static_cast<std::size_t>(quant_blocks(n));
+  std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+  std::uniform_int_distribution<int> m_expo(-40, 0);
+  std::uniform_int_distribution<int> v_expo(-80, 0);
+  for (std::size_t b = 0; b < blocks; ++b) {
+    float ms = std::ldexp(mant(rng), m_expo(rng));
+    float vs = std::ldexp(mant(rng), v_expo(rng));
+    if (b % 13 == 7) {
+      ms = from_bits((static_cast<std::uint32_t>(rng()) & 0x007fffffu) | 1u);  // subnormal
+      vs = from_bits((static_cast<std::uint32_t>(rng()) & 0x007fffffu) | 1u);
+    }
+    if (b % 17 == 3) ms = vs = 0.0f;
+    s.exp_avg_scale.push_back(ms);
+    s.exp_avg_sq_scale.push_back(vs);
+  }
+  return s;
+}
+
+// The zero state: zero codes and scales are zero moments.
+Int8State int8_zero_state(std::int64_t n) {
+  const auto blocks = static_cast<std::size_t>(quant_blocks(n));
+  return {finite_values(n, 5), std::vector<std::uint8_t>(static_cast<std::size_t>(n), 0),
+          std::vector<std::uint8_t>(static_cast<std::size_t>(n), 0), std::vector<float>(blocks, 0.0f),
+          std::vector<float>(blocks, 0.0f)};
+}
+
+// `count` steps from step number `first`, AdamW or Adam+L2, each with its own
+// finite gradient in `type`.
+std::vector<Int8Step> int8_steps(std::int64_t n, ElemType type, bool adamw, int count, std::int64_t first,
+                                 std::uint32_t seed) {
+  std::vector<Int8Step> steps;
+  for (int k = 0; k < count; ++k) {
+    nx::AdamHyperparams h;
+    h.lr = 1e-3;
+    h.weight_decay = 0.01;
+    h.adamw_mode = adamw;
+    steps.push_back({nx::make_adam_constants(h, first + k, 1.0 / 1024.0),
+                     stored_grad(finite_values(n, seed + static_cast<std::uint32_t>(k)), type)});
+  }
+  return steps;
+}
+
+std::string copy_name(ElemType c) { return c == ElemType::kF32 ? "none" : std::string(elem_type_name(c)); }
+
+void expect_same_copy(const std::vector<std::uint16_t>& want, const std::vector<std::uint16_t>& got,
+                      ElemType type, const std::string& what) {
+  ASSERT_EQ(want.size(), got.size()) << what;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(same_16_bits(want[i], got[i], type, static_cast<std::int64_t>(i))) << what << ": copy_out";
+  }
+}
+
+TEST_P(DeviceTest, AdamStepInt8BlockwiseMatchesNumerics) {
+  struct Case {
+    std::int64_t n;
+    ElemType grad;
+    ElemType copy;  // kF32: no copy_out
+    bool adamw;
+    int steps;
+    bool from_zero;  // start from the zero state (else a state in use)
+  };
+  std::vector<Case> cases;
+  // Every gradient type and copy_out at a length whose last block is short.
+  int k = 0;
+  for (ElemType g : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
+    for (ElemType c : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
+      cases.push_back({100003, g, c, k % 2 == 0, 2, k % 3 == 0});
+      ++k;
+    }
+  }
+  // Tails around one block, and a length past what one CUDA grid covers
+  // (8192 blocks of 256 threads), so its grid-stride loop goes round.
+  cases.push_back({1, ElemType::kF32, ElemType::kBf16, true, 3, false});
+  cases.push_back({1, ElemType::kF16, ElemType::kF32, false, 3, false});
+  cases.push_back({255, ElemType::kBf16, ElemType::kF16, true, 3, true});
+  cases.push_back({256, ElemType::kF32, ElemType::kF32, true, 3, true});
+  cases.push_back({257, ElemType::kF16, ElemType::kBf16, false, 3, false});
+  cases.push_back({8192 * 256 + 4099, ElemType::kBf16, ElemType::kBf16, true, 2, false});
+  for (const Case& c : cases) {
+    const std::string what = str_cat("n ", c.n, " grad ", elem_type_name(c.grad), " copy ", copy_name(c.copy),
+                                     c.adamw ? " adamw" : " adam", c.from_zero ? " from zero" : "");
+    const Int8State initial = c.from_zero ? int8_zero_state(c.n) : int8_state(c.n, 31);
+    const std::vector<Int8Step> steps = int8_steps(c.n, c.grad, c.adamw, c.steps, c.from_zero ? 1 : 7, 41);
+    Int8State want = initial;
+    std::vector<std::uint16_t> want_copy;
+    for (const Int8Step& step : steps) want_copy = oracle_int8(step, c.copy, want);
+    Int8State got = initial;
+    const std::vector<std::uint16_t> got_copy = step_int8_on_device(steps, c.copy, got);
+    expect_same_int8_state(want, got, what);
+    if (c.copy != ElemType::kF32) expect_same_copy(want_copy, got_copy, c.copy, what);
+    if (c.n < 255) continue;
+    // The steps did something the comparison could see: most codes changed and
+    // are not zero, every block's scales are positive and finite.
+    std::int64_t nonzero_m = 0, nonzero_v = 0, changed = 0;
+    for (std::size_t i = 0; i < want.exp_avg.size(); ++i) {
+      nonzero_m += want.exp_avg[i] != 0;
+      nonzero_v += want.exp_avg_sq[i] != 0;
+      changed += want.exp_avg[i] != initial.exp_avg[i] || want.exp_avg_sq[i] != initial.exp_avg_sq[i];
+    }
+    EXPECT_GT(nonzero_m, c.n / 2) << what;
+    EXPECT_GT(nonzero_v, c.n / 3) << what;
+    EXPECT_GT(changed, c.n / 2) << what;
+    for (std::size_t b = 0; b < want.exp_avg_scale.size(); ++b) {
+      ASSERT_TRUE(std::isfinite(want.exp_avg_scale[b]) && want.exp_avg_scale[b] > 0.0f)
+          << what << " block " << b;
+      ASSERT_TRUE(std::isfinite(want.exp_avg_sq_scale[b]) && want.exp_avg_sq_scale[b] > 0.0f)
+          << what << " block " << b;
+    }
+  }
+}
+
+TEST_P(DeviceTest, AdamStepInt8BlockwiseInPiecesEqualsOneCall) {
+  const std::int64_t n = 70001;  // 274 blocks, the last of 113 elements
+  const Int8State initial = int8_state(n, 51);
+  const std::vector<Int8Step> steps = int8_steps(n, ElemType::kBf16, true, 2, 3, 61);
+  Int8State want = initial;
+  std::vector<std::uint16_t> want_copy;
+  for (const Int8Step& step : steps) want_copy = oracle_int8(step, ElemType::kF16, want);
+  Int8State whole = initial;
+  const auto whole_copy = step_int8_on_device(steps, ElemType::kF16, whole);
+  expect_same_int8_state(want, whole, "in one call");
+  expect_same_copy(want_copy, whole_copy, ElemType::kF16, "in one call");
+  // Split at block boundaries: one block off the front; pieces of one, many
+  // and the short last block alone.
+  const std::vector<std::vector<std::int64_t>> splits = {{256}, {256, 512, 65536, 69888}};
+  for (const auto& split : splits) {
+    Int8State pieces = initial;
+    const auto pieces_copy = step_int8_on_device(steps, ElemType::kF16, pieces, split);
+    const std::string what = str_cat("in ", split.size() + 1, " calls");
+    expect_same_int8_state(whole, pieces, what);
+    expect_same_copy(whole_copy, pieces_copy, ElemType::kF16, what);
+  }
+}
+
+// Block by block: zeros, inf and NaN gradients (their block's scales become
+// NaN and stay NaN), a gradient whose square overflows, subnormal gradients
+// and scales, blocks poisoned before the call, a short last block with a NaN;
+// in every gradient type, two steps in a row.
+TEST_P(DeviceTest, AdamStepInt8BlockwiseSpecialValuesMatchNumerics) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  constexpr std::int64_t kB = nx::kQuantBlockElems;
+  enum Block : std::int64_t {
+    kZero,
+    kPosInf,
+    kNan,
+    kNegInf,
+    kSquareOverflows,
+    kSubnormalGrads,
+    kSubnormalScales,
+    kNanScale,
+    kInfScale,
+    kOrdinary,
+    kShortWithNan,
+    kBlocks
+  };
+  const std::int64_t n = (kBlocks - 1) * kB + 77;
+  Int8State initial = int8_zero_state(n);
+  std::vector<float> g(static_cast<std::size_t>(n), 0.0f);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> unit(-1.0f, 1.0f);
+  auto at = [](std::int64_t block, std::int64_t i) { return static_cast<std::size_t>(block * kB + i); };
+  for (std::int64_t i = 0; i < kB; ++i) {
+    initial.master[at(kZero, i)] = 0.0f;  // +0 master and moments, zero gradient
+    for (Block b : {kPosInf, kNan, kNegInf, kSquareOverflows, kOrdinary}) g[at(b, i)] = unit(rng);
+    g[at(kSubnormalGrads, i)] = from_bits(static_cast<std::uint32_t>(rng()) & 0x807fffffu);
+    g[at(kSubnormalScales, i)] = unit(rng) * 1e-30f;
+    g[at(kNanScale, i)] = unit(rng);
+    g[at(kInfScale, i)] = unit(rng);
+    for (Block b : {kSubnormalScales, kNanScale, kInfScale, kOrdinary}) {
+      initial.exp_avg[at(b, i)] = static_cast<std::uint8_t>(rng());
+      initial.exp_avg_sq[at(b, i)] = static_cast<std::uint8_t>(rng());
+    }
+  }
+  for (std::int64_t i = 0; i < 77; ++i) g[at(kShortWithNan, i)] = unit(rng);
+  g[at(kPosInf, 17)] = inf;
+  g[at(kNan, 200)] = nan;
+  g[at(kNegInf, 0)] = -inf;
+  g[at(kSquareOverflows, 255)] = 1e30f;  // fp16: inf; bf16: g * g overflows
+  g[at(kShortWithNan, 76)] = nan;
+  initial.exp_avg_scale[kSubnormalScales] = from_bits(0x00000003u);
+  initial.exp_avg_sq_scale[kSubnormalScales] = from_bits(0x00400000u);
+  initial.exp_avg_scale[kNanScale] = nan;
+  initial.exp_avg_sq_scale[kNanScale] = 0.5f;
+  initial.exp_avg_scale[kInfScale] = 0.25f;
+  initial.exp_avg_sq_scale[kInfScale] = inf;
+  initial.exp_avg_scale[kOrdinary] = 0.125f;
+  initial.exp_avg_sq_scale[kOrdinary] = 0.0625f;
+  // A non-finite gradient poisons both moments of its block; a stored NaN or
+  // inf scale, its own moment.
+  const Block poisoned[] = {kPosInf, kNan, kNegInf, kShortWithNan};
+  int k = 0;
+  for (ElemType gt : {ElemType::kF32, ElemType::kBf16, ElemType::kF16}) {
+    const bool adamw = k % 2 == 0;
+    const ElemType ct = k % 2 == 0 ? ElemType::kBf16 : ElemType::kF16;
+    ++k;
+    const std::string what = str_cat("grad ", elem_type_name(gt), adamw ? " adamw" : " adam");
+    std::vector<Int8Step> steps;
+    for (std::int64_t step = 1; step <= 2; ++step) {
+      steps.push_back(
+          {nx::make_adam_constants(
+               {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.05, .adamw_mode = adamw}, step,
+               1.0),
+           stored_grad(g, gt)});
+    }
+    Int8State want = initial;
+    std::vector<std::uint16_t> want_copy;
+    for (const Int8Step& step : steps) want_copy = oracle_int8(step, ct, want);
+    Int8State got = initial;
+    const auto got_copy = step_int8_on_device(steps, ct, got);
+    expect_same_int8_state(want, got, what);
+    expect_same_copy(want_copy, got_copy, ct, what);
+    // What the contract says of these blocks, beyond agreeing with it.
+    for (Block b : poisoned) {
+      EXPECT_TRUE(std::isnan(got.exp_avg_scale[b]) && std::isnan(got.exp_avg_sq_scale[b]))
+          << what << " block " << b;
+    }
+    EXPECT_TRUE(std::isnan(got.exp_avg_scale[kNanScale])) << what;
+    EXPECT_TRUE(std::isnan(got.exp_avg_sq_scale[kInfScale])) << what;
+    EXPECT_TRUE(std::isnan(got.exp_avg_sq_scale[kSquareOverflows])) << what;
+    EXPECT_EQ(std::isnan(got.exp_avg_scale[kSquareOverflows]), gt == ElemType::kF16)
+        << what;  // fp16 1e30 is inf
+    for (std::int64_t i = 0; i < kB; ++i) {
+      ASSERT_EQ(bits(got.master[at(kZero, i)]), 0u) << what << " element " << i;
+      ASSERT_EQ(got.exp_avg[at(kZero, i)] | got.exp_avg_sq[at(kZero, i)], 0) << what << " element " << i;
+    }
+    EXPECT_EQ(bits(got.exp_avg_scale[kZero]) | bits(got.exp_avg_sq_scale[kZero]), 0u) << what;
+    for (Block b : {kSubnormalScales, kOrdinary}) {
+      EXPECT_TRUE(std::isfinite(got.exp_avg_scale[b]) && got.exp_avg_scale[b] > 0.0f)
+          << what << " block " << b;
+    }
+    if (gt == ElemType::kF32) {
+      // Subnormal gradients give subnormal moments, and so subnormal scales.
+      EXPECT_EQ(std::fpclassify(got.exp_avg_scale[kSubnormalGrads]), FP_SUBNORMAL) << what;
+    }
+  }
+}
+
+TEST_P(DeviceTest, AdamStepInt8BlockwiseBadArgumentsAreInvalid) {
+  const std::int64_t n = 300;  // two blocks, the second short
+  const Int8State initial = int8_state(n, 71);
+  DeviceBuffer master = upload(as_bytes(initial.master));
+  DeviceBuffer exp_avg = upload(as_bytes(initial.exp_avg));
+  DeviceBuffer exp_avg_sq = upload(as_bytes(initial.exp_avg_sq));
+  DeviceBuffer exp_avg_scale = upload(as_bytes(initial.exp_avg_scale));
+  DeviceBuffer exp_avg_sq_scale = upload(as_bytes(initial.exp_avg_sq_scale));
+  DeviceBuffer grad = alloc(4 * n);
+  ASSERT_TRUE(device_->fill(stream_, typed(grad.span(), ElemType::kF32), 0.5f).ok());
+  DeviceBuffer copy = alloc(4 * n);
+  DeviceBuffer spare = alloc(4 * n + 16);
+  AdamStepInt8Args good;
+  good.constants = nx::make_adam_constants({}, 1, 1.0);
+  good.master = master.span();
+  good.exp_avg = exp_avg.span();
+  good.exp_avg_sq = exp_avg_sq.span();
+  good.exp_avg_scale = exp_avg_scale.span();
+  good.exp_avg_sq_scale = exp_avg_sq_scale.span();
+  good.grad = typed(grad.span(), ElemType::kF32);
+  // kInvalidArgument with a message that names `field`.
+  auto expect_invalid = [&](const AdamStepInt8Args& args, std::string_view field, const char* why) {
+    const core::Status s = device_->adam_step_int8_blockwise(stream_, args);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << why << ": " << s;
+    EXPECT_NE(s.message().find(field), std::string_view::npos) << why << ": " << s;
+  };
+  AdamStepInt8Args a = good;
+  a.exp_avg = exp_avg.subspan(0, n - 1);
+  expect_invalid(a, "exp_avg 299", "exp_avg one element short");
+  a = good;
+  a.exp_avg_sq = spare.subspan(0, n + 1);
+  expect_invalid(a, "exp_avg_sq 301", "exp_avg_sq one element long");
+  a = good;
+  a.exp_avg_sq = grad.span();  // 4 bytes per element: sized as fp32
+  expect_invalid(a, "exp_avg_sq 1200", "exp_avg_sq sized as fp32");
+  a = good;
+  a.grad = typed(grad.subspan(0, 2 * n), ElemType::kF32);
+  expect_invalid(a, "grad 150", "grad half as long");
+  a = good;
+  a.master = master.subspan(0, 4 * 256);
+  expect_invalid(a, "master 256", "master one block");
+  a = good;
+  a.exp_avg_scale = exp_avg_scale.subspan(0, 4);
+  expect_invalid(a, "exp_avg_scale has 1", "one exp_avg_scale short");
+  a = good;
+  a.exp_avg_sq_scale = spare.subspan(0, 12);
+  expect_invalid(a, "exp_avg_sq_scale has 3", "one exp_avg_sq_scale too many");
+  a = good;
+  a.exp_avg_sq_scale = spare.subspan(0, 0);
+  expect_invalid(a, "exp_avg_sq_scale has 0", "no exp_avg_sq_scale");
+  a = good;
+  a.exp_avg_scale = spare.subspan(2, 8);
+  expect_invalid(a, "exp_avg_scale", "exp_avg_scale misaligned");
+  a = good;
+  a.exp_avg_sq_scale = spare.subspan(0, 6);
+  expect_invalid(a, "exp_avg_sq_scale", "exp_avg_sq_scale not whole fp32s");
+  a = good;
+  a.master = spare.subspan(2, 4 * n);
+  expect_invalid(a, "master", "master misaligned");
+  a = good;
+  a.copy_out = typed(copy.span(), ElemType::kF32);
+  expect_invalid(a, "copy_out", "copy_out fp32");
+  a = good;
+  a.copy_out = typed(copy.subspan(0, 2 * n - 2), ElemType::kBf16);
+  expect_invalid(a, "copy_out 299", "copy_out one element short");
+  a = good;
+  a.exp_avg_sq = exp_avg.span();
+  expect_invalid(a, "overlap", "exp_avg and exp_avg_sq the same");
+  a = good;
+  a.exp_avg_scale = master.subspan(0, 8);
+  expect_invalid(a, "overlap", "exp_avg_scale inside master");
+  a = good;
+  a.exp_avg_sq_scale = exp_avg_scale.span();
+  expect_invalid(a, "overlap", "the two scales the same");
+  a = good;
+  a.copy_out = typed(master.subspan(0, 2 * n), ElemType::kBf16);
+  expect_invalid(a, "overlap", "copy_out over master");
+  a = good;
+  a.copy_out = typed(copy.subspan(0, 2 * n), ElemType::kF16);
+  a.exp_avg_sq_scale = copy.subspan(2 * n - 4, 8);
+  expect_invalid(a, "overlap", "exp_avg_sq_scale inside copy_out");
+  a = good;
+  a.constants.eps = std::numeric_limits<float>::infinity();
+  expect_invalid(a, "eps", "a constant that is not finite");
+  // Nothing ran.
+  auto same_as = [&](const DeviceBuffer& b, const auto& v) {
+    const auto after = download(b.span());
+    return after.size() == v.size() * sizeof(v[0]) && std::memcmp(after.data(), v.data(), after.size()) == 0;
+  };
+  EXPECT_TRUE(same_as(master, initial.master));
+  EXPECT_TRUE(same_as(exp_avg, initial.exp_avg));
+  EXPECT_TRUE(same_as(exp_avg_sq, initial.exp_avg_sq));
+  EXPECT_TRUE(same_as(exp_avg_scale, initial.exp_avg_scale));
+  EXPECT_TRUE(same_as(exp_avg_sq_scale, initial.exp_avg_sq_scale));
+  // Zero elements and zero scales: nothing to do, and not an error.
+  a = good;
+  a.master = master.subspan(0, 0);
+  a.exp_avg = exp_avg.subspan(0, 0);
+  a.exp_avg_sq = exp_avg_sq.subspan(0, 0);
+  a.exp_avg_scale = exp_avg_scale.subspan(0, 0);
+  a.exp_avg_sq_scale = exp_avg_sq_scale.subspan(0, 0);
+  a.grad = typed(grad.subspan(0, 0), ElemType::kF32);
+  EXPECT_TRUE(device_->adam_step_int8_blockwise(stream_, a).ok());
+  // Codes are bytes: at odd offsets they run, and match numerics.
+  DeviceBuffer m_odd = alloc(n + 1);
+  DeviceBuffer v_odd = alloc(n + 3);
+  ASSERT_TRUE(device_->copy_h2d(stream_, m_odd.subspan(1, n), as_bytes(initial.exp_avg)).ok());
+  ASSERT_TRUE(device_->copy_h2d(stream_, v_odd.subspan(3, n), as_bytes(initial.exp_avg_sq)).ok());
+  a = good;
+  a.exp_avg = m_odd.subspan(1, n);
+  a.exp_avg_sq = v_odd.subspan(3, n);
+  ASSERT_TRUE(device_->adam_step_int8_blockwise(stream_, a).ok());
+  Int8State want = initial;
+  oracle_int8({good.constants, stored_grad(std::vector<float>(n, 0.5f), ElemType::kF32)}, ElemType::kBf16,
+              want);
+  Int8State got = initial;
+  auto fetch = [&](DeviceSpan from, auto& into) {
+    const auto bytes = download(from);
+    std::memcpy(into.data(), bytes.data(), bytes.size());
+  };
+  fetch(master.span(), got.master);
+  fetch(m_odd.subspan(1, n), got.exp_avg);
+  fetch(v_odd.subspan(3, n), got.exp_avg_sq);
+  fetch(exp_avg_scale.span(), got.exp_avg_scale);
+  fetch(exp_avg_sq_scale.span(), got.exp_avg_sq_scale);
+  expect_same_int8_state(want, got, "codes at odd offsets");
 }
 
 TEST_P(DeviceTest, CapsDescribeTheBackend) {
