@@ -284,7 +284,8 @@ std::string config_json(const Options& o, const Model& m, const std::string& swa
                "},\n");
   j += str_cat("  \"strata\": {\"device\": \"host\", \"overlap\": \"", eng::to_string(o.overlap),
                "\", \"nonfinite\": \"apply\",\n");
-  j += str_cat("    \"optimizer_state\": {\"format\": \"", o.state == "fp32" ? "fp32" : "bf16", "\", \"rounding\": \"",
+  j += str_cat("    \"optimizer_state\": {\"format\": \"", o.state == "bf16_stochastic" ? "bf16" : o.state,
+               "\", \"rounding\": \"",
                o.state == "bf16_stochastic" ? "stochastic" : "nearest_even", "\"},\n");
   j += str_cat("    \"budgets\": {\"pinned\": ", o.pinned_budget, ", \"device\": ", o.device_budget, "},\n");
   j += str_cat("    \"io\": {\"paths\": [\"", swap_dir, "\"]},\n");
@@ -562,8 +563,8 @@ Options parse(int argc, char** argv) {
       for (std::size_t at = 0; at <= v.size();) {
         const std::size_t comma = std::min(v.find(',', at), v.size());
         const std::string f = v.substr(at, comma - at);
-        if (f != "fp32" && f != "bf16" && f != "bf16_stochastic") {
-          bad(arg, v, "a comma-separated list of fp32, bf16, bf16_stochastic");
+        if (f != "fp32" && f != "bf16" && f != "bf16_stochastic" && f != "int8_blockwise") {
+          bad(arg, v, "a comma-separated list of fp32, bf16, bf16_stochastic, int8_blockwise");
         }
         o.states.push_back(f);
         at = comma + 1;
@@ -592,14 +593,14 @@ Options parse(int argc, char** argv) {
           "usage: scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]\n"
           "                   [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]\n"
           "                   [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]\n"
-          "                   [--optimizer-state fp32,bf16,bf16_stochastic]\n"
+          "                   [--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise]\n"
           "                   [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]\n"
           "                   [--json FILE] [--save-config FILE]\n");
       std::exit(2);
     }
   }
   if (o.optimizer != "AdamW" && o.states != std::vector<std::string>{"fp32"}) {
-    bad("--optimizer-state", "bf16", "fp32 alone with Lion or Adagrad (bf16 moments are Adam's)");
+    bad("--optimizer-state", "bf16", "fp32 alone with Lion or Adagrad (compressed moments are Adam's)");
   }
   o.state = o.states.front();
   if (o.dir.empty()) {
@@ -692,7 +693,8 @@ Result<RunResult> run(const Options& o) {
   STRATA_ASSIGN_OR_RETURN(r.plan, eng::make_plan(config, spec, machine, popt));
   r.plan_command = str_cat("strata plan --config ", config_file, " --params ", m.params(), " --layers ",
                            m.layers, " --gpu-memory ", o.device_budget, " --no-checkpoint");
-  r.state_bytes = 4 + r.plan.state.moment_bytes + r.plan.state.compute_bytes + r.plan.state.gradient_bytes;
+  r.state_bytes = 4 + static_cast<std::uint64_t>(r.plan.state.moment_bytes) + r.plan.state.compute_bytes +
+                  r.plan.state.gradient_bytes;
   std::printf(
       "scale_bench: %d layers x %lld = %.4g parameters (%s of training state at %llu B each), placement %s, "
       "overlap %s, optimizer state %s; swap under %s\n",
@@ -964,6 +966,7 @@ void print_comparison(const std::vector<RunResult>& runs, const std::vector<std:
   std::printf("\noptimizer state formats, one run each (steady steps: the median after the first):\n");
   std::printf("%-16s %10s %12s %12s %12s %10s\n", "format", "state B", "step s", "disk read", "disk write",
               "speed-up");
+  // (state B: per parameter, the compute copy and gradient included, scales rounded away)
   j.begin_array("comparison");
   for (std::size_t i = 0; i < runs.size(); ++i) {
     const RunResult& r = runs[i];

@@ -4,7 +4,7 @@
 placements (everything on nvme, the optimizer and the compute copies in pinned
 memory, everything in device memory) with AdamW, and with Lion (nvme, device)
 and Adagrad (pinned), and AdamW on nvme with each optimizer state format
-(--optimizer-state fp32,bf16,bf16_stochastic in one run), and this test reads its JSON: every
+(--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise in one run), and this test reads its JSON: every
 tier's planned bytes within 5% of the measured peak, the planned bytes moved
 per step equal to those counted on every steady step, and the loss falling at
 every step. The numbers are recomputed here from the planned and measured
@@ -96,27 +96,29 @@ def main():
         for placement, optimizer in RUNS:
             doc = run(bench, tmp, placement, optimizer)
             check_run(doc, placement, optimizer, bound=placement == "nvme" and optimizer == "AdamW")
-        # bf16 moments: each run's plan holds as fp32's does, and a steady
-        # step reads and writes 4 B per parameter less each way.
+        # Compressed moments: each run's plan holds as fp32's does, and a
+        # steady step reads and writes less by what the format saves.
         out = os.path.join(tmp, "formats.json")
         cmd = [bench, "--params", "4M", "--layers", "64", "--steps", "3", "--placement", "nvme", "--tflops", "0.2",
-               "--dir", tmp, "--json", out, "--no-bound", "--optimizer-state", "fp32,bf16,bf16_stochastic"]
+               "--dir", tmp, "--json", out, "--no-bound", "--optimizer-state",
+               "fp32,bf16,bf16_stochastic,int8_blockwise"]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         print(proc.stdout)
         check(proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}")
         with open(out) as f:
             formats = json.load(f)
-        check([r["optimizer_state"] for r in formats["runs"]] == ["fp32", "bf16", "bf16_stochastic"],
+        check([r["optimizer_state"] for r in formats["runs"]] == ["fp32", "bf16", "bf16_stochastic", "int8_blockwise"],
               f"runs {[r['optimizer_state'] for r in formats['runs']]}")
         for r in formats["runs"]:
             check_run(r, "nvme", "AdamW", False, r["optimizer_state"])
         rows = formats["comparison"]
         params = formats["runs"][0]["params"]
-        check([r["state_bytes_per_param"] for r in rows] == [16, 12, 12], f"state bytes {rows}")
-        for r in rows[1:]:
+        check([r["state_bytes_per_param"] for r in rows] == [16, 12, 12, 10], f"state bytes {rows}")
+        # Less per parameter each way: bf16 4 B; int8 6 B less 8 B of scales per 256.
+        for r, less in zip(rows[1:], [4 * params, 4 * params, 6 * params - 8 * (params // 256)]):
             for key in ("disk_read_bytes", "disk_write_bytes"):
-                check(rows[0][key] - r[key] == 4 * params,
-                      f"{r['optimizer_state']}: {key} {r[key]} B, fp32's {rows[0][key]} B: not 4 B x {params} less")
+                check(rows[0][key] - r[key] == less,
+                      f"{r['optimizer_state']}: {key} {r[key]} B, fp32's {rows[0][key]} B: not {less} B less")
         # A run over the disk limit is refused before anything is written.
         proc = subprocess.run([bench, "--params", "4M", "--layers", "64", "--max-disk", "1MiB", "--dir", tmp],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -95,15 +95,16 @@ core::Result<Config> parse_config_unsafe(std::string_view text, const ParseOptio
                 "\"; it splits optimizer state between CPU and NVMe, so it needs device \"nvme\""));
   }
   const OptimizerStateConfig& os = c.strata.optimizer_state;
-  if (os.format == StateFormat::kBf16 && c.optimizer.type != OptimizerType::kAdam &&
+  if (os.format != StateFormat::kFp32 && c.optimizer.type != OptimizerType::kAdam &&
       c.optimizer.type != OptimizerType::kAdamW) {
-    return Status::invalid_argument(str_cat("strata.optimizer_state.format: \"bf16\" stores Adam's and AdamW's moments; "
-                                            "optimizer.type is \"", to_string(c.optimizer.type),
-                                            "\", whose state is fp32 only"));
+    return Status::invalid_argument(str_cat("strata.optimizer_state.format: \"", to_string(os.format),
+                                            "\" stores Adam's and AdamW's moments; optimizer.type is \"",
+                                            to_string(c.optimizer.type), "\", whose state is fp32 only"));
   }
-  if (os.format == StateFormat::kFp32 && os.rounding != StateRounding::kNearestEven) {
+  if (os.format != StateFormat::kBf16 && os.rounding != StateRounding::kNearestEven) {
     return Status::invalid_argument(str_cat("strata.optimizer_state.rounding: \"", to_string(os.rounding),
-                                            "\" rounds bf16 moments, but strata.optimizer_state.format is \"fp32\""));
+                                            "\" rounds bf16 moments, but strata.optimizer_state.format is \"",
+                                            to_string(os.format), "\""));
   }
   warn_overridden_nvme_paths(ctx, c, nvme_paths_given);
   c.strata.strict = c.strata.strict || options.strict;

@@ -33,8 +33,10 @@ enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
 // step_end can change it and "exact" may update during the backward).
 enum class NonfinitePolicy { kSkip, kError, kApply };
 // How the optimizer's own arrays (not the fp32 master) are stored:
-// "fp32" (4 bytes an element each), "bf16" (2: Adam and AdamW's moments).
-enum class StateFormat { kFp32, kBf16 };
+// "fp32" (4 bytes an element each), "bf16" (2: Adam and AdamW's moments),
+// "int8_blockwise" (1, and an fp32 scale per block of 256: Adam and AdamW's
+// moments; core/numerics.h).
+enum class StateFormat { kFp32, kBf16, kInt8Blockwise };
 // How bf16 moments are rounded after each update: "nearest_even", or
 // "stochastic" (a counter-based draw per element, step and moment, seeded by
 // strata.seed: reruns, placements and thread counts stay bit-identical).
@@ -221,7 +223,8 @@ struct CpuAdamConfig {
 };
 
 // "strata.optimizer_state": the format of the optimizer's arrays (the master
-// stays fp32). bf16 is for Adam and AdamW; rounding applies to bf16 only.
+// stays fp32). bf16 and int8_blockwise are for Adam and AdamW; rounding
+// applies to bf16 only.
 struct OptimizerStateConfig {
   StateFormat format = StateFormat::kFp32;
   StateRounding rounding = StateRounding::kNearestEven;

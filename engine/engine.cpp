@@ -225,22 +225,48 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
       if (lo >= hi) continue;
       float* dst = out.data() + (lo - pl.trainable_offset);
       const auto count = static_cast<std::size_t>(hi - lo);
-      // bf16 arrays come in beside and are widened to fp32 (exact).
-      const auto eb = static_cast<std::size_t>(layout_.optimizer.elem_bytes(which));
-      std::vector<std::uint16_t> narrow(eb == 2 ? count : 0);
-      std::byte* raw = eb == 2 ? reinterpret_cast<std::byte*>(narrow.data()) : reinterpret_cast<std::byte*>(dst);
+      // bf16 and int8 arrays come in beside and are widened to fp32 (bf16
+      // exactly; int8 codes as a step dequantizes them, with their blocks'
+      // scales: lo starts a block, a parameter's offset and a chunk's begin do).
+      const OptimizerSpec& spec = layout_.optimizer;
+      const auto eb = static_cast<std::size_t>(spec.elem_bytes(which));
+      const bool blockwise = which > 0 && spec.blockwise();
+      const std::size_t blocks = blockwise ? OptimizerSpec::blocks(hi - lo) : 0;
+      const std::size_t first_block = blockwise ? static_cast<std::size_t>(lo - cp.begin) / core::numerics::kQuantBlockElems : 0;
+      std::vector<std::byte> narrow(eb < 4 ? count * eb : 0);
+      std::vector<float> scales(blocks);
+      std::byte* raw = eb < 4 ? narrow.data() : reinterpret_cast<std::byte*>(dst);
       if (cp.state_tier == Tier::kDevice) {
         STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan s, state_->device_state(c));
-        const std::uint64_t array = layout_.optimizer.array_offset(which, cp.elems);
+        const std::uint64_t array = spec.array_offset(which, cp.elems);
         STRATA_RETURN_IF_ERROR(copy_d2h({raw, count * eb}, s.subspan(array + static_cast<std::uint64_t>(lo - cp.begin) * eb,
                                                                      count * eb)));
+        if (blockwise) {
+          STRATA_RETURN_IF_ERROR(copy_d2h(std::as_writable_bytes(std::span<float>(scales)),
+                                          s.subspan(spec.scales_offset(which, cp.elems) + first_block * 4, blocks * 4)));
+        }
       } else {
         gpu::PinnedBuffer stage;
         STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
-        std::memcpy(raw, st.arrays[static_cast<std::size_t>(which)].data + static_cast<std::size_t>(lo - cp.begin) * eb,
-                    count * eb);
+        const StateArray& a = st.arrays[static_cast<std::size_t>(which)];
+        std::memcpy(raw, a.data + static_cast<std::size_t>(lo - cp.begin) * eb, count * eb);
+        if (blockwise) std::memcpy(scales.data(), a.scales + first_block, blocks * 4);
       }
-      for (std::size_t i = 0; i < narrow.size(); ++i) dst[i] = core::numerics::bf16_bits_to_fp32(narrow[i]);
+      namespace nx = core::numerics;
+      if (eb == 2) {
+        for (std::size_t i = 0; i < count; ++i) {
+          std::uint16_t h;
+          std::memcpy(&h, narrow.data() + 2 * i, 2);
+          dst[i] = nx::bf16_bits_to_fp32(h);
+        }
+      } else if (eb == 1) {
+        const bool is_signed = spec.names[static_cast<std::size_t>(which)] == "exp_avg";
+        for (std::size_t i = 0; i < count; ++i) {
+          const auto code = static_cast<std::uint8_t>(narrow[i]);
+          const float s = scales[i / nx::kQuantBlockElems];
+          dst[i] = is_signed ? nx::dequantize_m(nx::kQuantTables, code, s) : nx::dequantize_v(nx::kQuantTables, code, s);
+        }
+      }
     }
     return Status();
   }

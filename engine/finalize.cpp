@@ -58,6 +58,9 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
   const auto aligned = [](std::int64_t elems, std::uint64_t bytes_per_elem) {
     return core::align_up(static_cast<std::uint64_t>(elems) * bytes_per_elem, core::kDirectIoAlignment);
   };
+  const auto aligned_state = [&layout](std::int64_t elems) {
+    return core::align_up(layout.optimizer.state_bytes(elems), core::kDirectIoAlignment);
+  };
   std::uint64_t bytes = 0;
   for (const GroupPlace& g : layout.groups) {
     if (g.compute_tier == Tier::kNvme) {
@@ -66,7 +69,7 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
   }
   for (const ChunkRun& r : layout.chunk_runs) {
     if (r.state_tier == Tier::kNvme) {
-      bytes += r.count * (two_versions ? 2 : 1) * aligned(r.elems, layout.optimizer.bytes_per_elem());
+      bytes += r.count * (two_versions ? 2 : 1) * aligned_state(r.elems);
     }
   }
   return bytes;

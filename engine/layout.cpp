@@ -74,7 +74,12 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
     l.groups[it->second].params.push_back(i);
   }
 
-  // Compute buffers and the trainable space.
+  // Compute buffers and the trainable space. A blockwise format's blocks
+  // never cross a parameter (each has its optimizer group's constants): its
+  // parameters start on a block boundary of the trainable space.
+  const std::int64_t trainable_align =
+      l.optimizer.blockwise() ? std::max<std::int64_t>(kParamAlignElems, core::numerics::kQuantBlockElems)
+                              : kParamAlignElems;
   l.places.resize(params.size());
   std::int64_t trainable = 0;
   for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
@@ -88,7 +93,7 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
       compute = round_up(compute + n, kParamAlignElems);
       if (params[pi].trainable) {
         place.trainable_offset = trainable + own;
-        own = round_up(own + n, kParamAlignElems);
+        own = round_up(own + n, trainable_align);
       }
     }
     g.compute_elems = compute;

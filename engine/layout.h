@@ -5,6 +5,9 @@
 // - Each fetch group (usually a layer) packs its parameters' compute copies
 //   into one flat buffer, each parameter starting on a kParamAlignElems
 //   boundary, in registration order.
+// - With a blockwise optimizer state (strata.optimizer_state int8_blockwise)
+//   trainable parameters start on a quantization block boundary (256) of
+//   the trainable space instead, so that no block spans two parameters.
 // - Trainable parameters also get a place in the trainable space, which holds
 //   gradients, fp32 master weights and both moments: group after group, each
 //   group's part starting on a norm-block boundary (numerics.h, 65536
@@ -117,13 +120,9 @@ struct Layout {
   OptimizerSpec optimizer;           // the state per trainable element (engine/optimizer_spec.h)
 
   // Bytes of a chunk's state (the master and the optimizer's arrays), wherever it lives.
-  std::uint64_t state_bytes(const ChunkPlace& c) const {
-    return static_cast<std::uint64_t>(c.elems) * optimizer.bytes_per_elem();
-  }
+  std::uint64_t state_bytes(const ChunkPlace& c) const { return optimizer.state_bytes(c.elems); }
   // The same for each chunk of a run.
-  std::uint64_t state_bytes(const ChunkRun& r) const {
-    return static_cast<std::uint64_t>(r.elems) * optimizer.bytes_per_elem();
-  }
+  std::uint64_t state_bytes(const ChunkRun& r) const { return optimizer.state_bytes(r.elems); }
 
   // The chunk's runs by optimizer group, in order; padding after a parameter
   // belongs to that parameter's run.

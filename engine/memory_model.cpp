@@ -7,11 +7,10 @@
 
 namespace strata::engine {
 
-std::uint64_t ring_slot_bytes(std::int64_t chunk_elems, std::uint64_t state_bytes_per_elem) {
-  const std::uint64_t elems = chunk_elems > 0 ? static_cast<std::uint64_t>(chunk_elems) : 0;
-  std::uint64_t bytes = 0;
-  if (__builtin_mul_overflow(elems, state_bytes_per_elem, &bytes)) bytes = std::numeric_limits<std::uint64_t>::max();
-  return core::align_up(bytes, core::kDirectIoAlignment);
+std::uint64_t ring_slot_bytes(const OptimizerSpec& spec, std::int64_t chunk_elems) {
+  const std::int64_t elems = std::max<std::int64_t>(chunk_elems, 0);
+  if (elems >= (std::int64_t{1} << 58)) return std::numeric_limits<std::uint64_t>::max();
+  return core::align_up(spec.state_bytes(elems), core::kDirectIoAlignment);
 }
 
 PinnedWorking pinned_working(const WorkingShape& shape, bool threaded, bool early_jobs) {

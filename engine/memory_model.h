@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "core/memory_budget.h"
+#include "engine/optimizer_spec.h"
 
 namespace strata::engine {
 
@@ -27,10 +28,10 @@ inline std::uint64_t swap_files_bytes(std::uint64_t blocks) {
 }
 
 // One slot of the disk pipeline's staging ring for a chunk of `chunk_elems`
-// trainable elements whose optimizer state takes `state_bytes_per_elem`
-// each (OptimizerSpec::bytes_per_elem: the master and the moments), rounded
-// up to the direct-I/O alignment (4096). Saturates instead of wrapping.
-std::uint64_t ring_slot_bytes(std::int64_t chunk_elems, std::uint64_t state_bytes_per_elem);
+// trainable elements: its optimizer state (OptimizerSpec::state_bytes: the
+// master and the optimizer's arrays), rounded up to the direct-I/O alignment
+// (4096). Saturates instead of wrapping.
+std::uint64_t ring_slot_bytes(const OptimizerSpec& spec, std::int64_t chunk_elems);
 
 // The shape of the ring for a layout's nvme chunks: one slot holds the
 // largest nvme chunk's state (ring_slot_bytes); (0, 0) without optimizer

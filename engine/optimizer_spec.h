@@ -9,9 +9,12 @@
 // A chunk's state is `arrays` arrays of its elements, kept together as
 // [master | state 1 | state 2]: the fp32 master weight first, then the
 // optimizer's own arrays under their checkpoint names, each in the spec's
-// format (strata.optimizer_state: fp32, or bf16 for Adam's moments, 2 bytes
-// an element, their bit patterns as uint16_t). Chunks hold whole norm blocks,
-// so every array starts 4096-byte aligned.
+// format (strata.optimizer_state: fp32; bf16 for Adam's moments, 2 bytes an
+// element, their bit patterns as uint16_t; int8_blockwise for Adam's
+// moments, a byte of code an element, core/numerics.h). Blockwise arrays
+// keep one fp32 scale per block of kQuantBlockElems elements after all the
+// arrays: [master | codes 1 | codes 2 | scales 1 | scales 2]. Chunks hold
+// whole norm blocks (65536 elements), so every part starts 4096-byte aligned.
 #pragma once
 
 #include <array>
@@ -31,18 +34,34 @@ struct OptimizerSpec {
   // the optimizer's (DeepSpeed's names: Adagrad's sum of squares is "exp_avg_sq").
   std::array<std::string_view, 3> names{"master", "exp_avg", "exp_avg_sq"};
 
-  // Bytes of one element of array k: 4 for the master and fp32 state, 2 for bf16.
-  int elem_bytes(int k) const { return k == 0 || format == StateFormat::kFp32 ? 4 : 2; }
-  std::uint64_t bytes_per_elem() const {
-    std::uint64_t b = 0;
-    for (int k = 0; k < arrays; ++k) b += static_cast<std::uint64_t>(elem_bytes(k));
-    return b;
+  // Bytes of one element of array k: 4 for the master and fp32 state, 2 for
+  // bf16, 1 for int8_blockwise codes (their scales apart).
+  int elem_bytes(int k) const {
+    if (k == 0 || format == StateFormat::kFp32) return 4;
+    return format == StateFormat::kBf16 ? 2 : 1;
   }
+  // The optimizer's arrays carry one fp32 scale per block of kQuantBlockElems.
+  bool blockwise() const { return format == StateFormat::kInt8Blockwise; }
+  static std::uint64_t blocks(std::int64_t elems) {
+    return (static_cast<std::uint64_t>(elems) + core::numerics::kQuantBlockElems - 1) / core::numerics::kQuantBlockElems;
+  }
+  // Bytes of the state of `elems` elements (a chunk's), the master and the
+  // optimizer's arrays with their scales.
+  std::uint64_t state_bytes(std::int64_t elems) const { return array_offset(arrays, elems) + scales_bytes(elems); }
+  // Bytes of the optimizer's arrays of `elems` elements (the master apart).
+  std::uint64_t moment_bytes(std::int64_t elems) const { return state_bytes(elems) - 4 * static_cast<std::uint64_t>(elems); }
   // Where array k starts in a chunk of `elems` elements, in bytes.
   std::uint64_t array_offset(int k, std::int64_t elems) const {
     std::uint64_t off = 0;
     for (int a = 0; a < k; ++a) off += static_cast<std::uint64_t>(elem_bytes(a)) * static_cast<std::uint64_t>(elems);
     return off;
+  }
+  // Where array k's scales start (k >= 1, blockwise), in bytes.
+  std::uint64_t scales_offset(int k, std::int64_t elems) const {
+    return array_offset(arrays, elems) + static_cast<std::uint64_t>(k - 1) * 4 * blocks(elems);
+  }
+  std::uint64_t scales_bytes(std::int64_t elems) const {
+    return blockwise() ? static_cast<std::uint64_t>(arrays - 1) * 4 * blocks(elems) : 0;
   }
   // The index of the array called `name` (0: master), or -1.
   int index_of(std::string_view name) const {

@@ -40,6 +40,7 @@
 #include "engine/internal/engine_entry.h"
 #include "engine/io_options.h"
 #include "engine/checkpoint/safetensors.h"
+#include "engine/checkpoint/code_tables.h"
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "nvme/crc64.h"
@@ -73,15 +74,30 @@ TensorDtype dtype_of(int bytes, Precision p) {
   return p == Precision::kFp16 ? TensorDtype::kF16 : TensorDtype::kBf16;
 }
 
-// Whole parameters' optimizer arrays (the master, then the optimizer's), by
-// parameter index, as the chunks keep them (OptimizerSpec::elem_bytes bytes an
-// element); the layout's optimizer.arrays of them are used.
-using StateArrays = std::map<std::size_t, std::array<std::vector<std::byte>, 3>>;
+// A whole parameter's optimizer arrays (the master, then the optimizer's), as
+// the chunks keep them (OptimizerSpec::elem_bytes bytes an element) and,
+// blockwise, their scales (one per block of the parameter: its trainable
+// offset starts a block); the layout's optimizer.arrays of them are used.
+struct ParamState {
+  std::array<std::vector<std::byte>, 3> arrays;
+  std::array<std::vector<float>, 3> scales;
+};
+using StateArrays = std::map<std::size_t, ParamState>;
 
 // The safetensors dtype of array k as the engine keeps it.
 TensorDtype state_dtype(const OptimizerSpec& spec, int k) {
-  return spec.elem_bytes(k) == 4 ? TensorDtype::kF32 : TensorDtype::kBf16;
+  switch (spec.elem_bytes(k)) {
+    case 4: return TensorDtype::kF32;
+    case 2: return TensorDtype::kBf16;
+    default: return TensorDtype::kU8;
+  }
 }
+
+// A blockwise array's scales beside its codes: "<param>.<array>.absmax".
+std::string scales_tensor(const std::string& array_tensor) { return array_tensor + ".absmax"; }
+
+// Which code table a blockwise array uses: exp_avg's signed one, else the unsigned.
+bool signed_codes(const OptimizerSpec& spec, int k) { return spec.names[static_cast<std::size_t>(k)] == "exp_avg"; }
 
 // "<param>.<array name>" in a checkpoint's state file.
 std::string state_tensor(const Layout& layout, std::size_t param, int array) {
@@ -112,8 +128,16 @@ std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout
       const ParamDesc& p = layout.params[pi];
       for (int k = 0; k < layout.optimizer.arrays; ++k) {
         declared.push_back({state_tensor(layout, pi, k), state_dtype(layout.optimizer, k), p.shape});
+        if (k > 0 && layout.optimizer.blockwise()) {
+          declared.push_back({scales_tensor(state_tensor(layout, pi, k)), TensorDtype::kF32,
+                              {static_cast<std::int64_t>(OptimizerSpec::blocks(p.numel()))}});
+        }
       }
     }
+  }
+  if (layout.optimizer.blockwise()) {
+    declared.push_back({std::string(kCodeTableM), TensorDtype::kF32, {128}});
+    declared.push_back({std::string(kCodeTableV), TensorDtype::kF32, {256}});
   }
   return declared;
 }
@@ -181,29 +205,82 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
     const std::int64_t off = layout.places[p.param].trainable_offset;
     for (std::size_t k = 0; k < static_cast<std::size_t>(st.count); ++k) {
       const auto eb = static_cast<std::size_t>(st.arrays[k].elem_bytes);
-      std::byte* whole = it->second[k].data() + static_cast<std::size_t>(p.lo - off) * eb;
+      std::byte* whole = it->second.arrays[k].data() + static_cast<std::size_t>(p.lo - off) * eb;
       std::byte* part = st.arrays[k].data + static_cast<std::size_t>(p.lo - cp.begin) * eb;
       std::memcpy(into_chunk ? part : whole, into_chunk ? whole : part, static_cast<std::size_t>(p.hi - p.lo) * eb);
+      if (st.arrays[k].scales == nullptr) continue;
+      // Blocks: p.lo starts one (a parameter's offset and a chunk's begin both do).
+      constexpr std::int64_t kB = core::numerics::kQuantBlockElems;
+      float* whole_scales = it->second.scales[k].data() + (p.lo - off) / kB;
+      float* part_scales = st.arrays[k].scales + (p.lo - cp.begin) / kB;
+      std::memcpy(into_chunk ? part_scales : whole_scales, into_chunk ? whole_scales : part_scales,
+                  OptimizerSpec::blocks(p.hi - p.lo) * sizeof(float));
     }
   }
 }
 
-// Reads array `name` of n elements into `out` as the engine keeps it
-// (`dtype`): the bytes themselves when the checkpoint has that dtype, else
-// converted (a checkpoint saved with another strata.optimizer_state: bf16 to
-// fp32 is exact, fp32 to bf16 rounds to nearest even).
-core::Status read_state_array(const SafetensorsReader& reader, const std::string& name, TensorDtype dtype,
-                              std::size_t n, std::vector<std::byte>& out) {
-  out.resize(n * dtype_size(dtype));
+// Reads array k of parameter pi (n elements) into `out` as the engine keeps
+// it: the bytes themselves (and the scales) when the checkpoint has the
+// engine's format, else converted from the checkpoint's (a checkpoint saved
+// with another strata.optimizer_state): decoded to fp32 (bf16 and int8 codes
+// exactly as the engine reads them), then encoded the engine's way (fp32 as
+// is; bf16 rounded to nearest even; int8_blockwise quantized per block of the
+// parameter with its absmax, as a step would).
+core::Status read_state_array(const SafetensorsReader& reader, const Layout& layout, std::size_t pi, int k,
+                              std::size_t n, ParamState& out) {
+  namespace nx = core::numerics;
+  const OptimizerSpec& spec = layout.optimizer;
+  const std::string name = state_tensor(layout, pi, k);
+  const TensorDtype dtype = state_dtype(spec, k);
+  const auto kk = static_cast<std::size_t>(k);
+  std::vector<std::byte>& bytes = out.arrays[kk];
+  bytes.resize(n * dtype_size(dtype));
+  const bool blockwise = k > 0 && spec.blockwise();
+  const std::size_t blocks = OptimizerSpec::blocks(static_cast<std::int64_t>(n));
+  if (blockwise) out.scales[kk].resize(blocks);
   const TensorInfo* info = reader.find(name);
-  if (info == nullptr || info->dtype == dtype) return reader.read_raw(name, out);
+  if (info == nullptr || info->dtype == dtype) {  // (a missing tensor: read_raw names it)
+    STRATA_RETURN_IF_ERROR(reader.read_raw(name, bytes));
+    if (blockwise) STRATA_RETURN_IF_ERROR(reader.read_f32(scales_tensor(name), out.scales[kk]));
+    return Status();
+  }
+  const bool is_signed = signed_codes(spec, k);
   std::vector<float> wide(n);
-  STRATA_RETURN_IF_ERROR(reader.read_f32(name, wide));
-  if (dtype == TensorDtype::kF32) {
-    std::memcpy(out.data(), wide.data(), n * 4);
+  if (info->dtype == TensorDtype::kU8) {
+    std::vector<std::uint8_t> codes(n);
+    std::vector<float> scales(blocks);
+    STRATA_RETURN_IF_ERROR(reader.read_raw(name, std::as_writable_bytes(std::span<std::uint8_t>(codes))));
+    STRATA_RETURN_IF_ERROR(reader.read_f32(scales_tensor(name), scales));
+    for (std::size_t i = 0; i < n; ++i) {
+      const float s = scales[i / nx::kQuantBlockElems];
+      wide[i] = is_signed ? nx::dequantize_m(nx::kQuantTables, codes[i], s) : nx::dequantize_v(nx::kQuantTables, codes[i], s);
+    }
   } else {
-    auto* narrow = reinterpret_cast<std::uint16_t*>(out.data());
-    for (std::size_t i = 0; i < n; ++i) narrow[i] = core::numerics::fp32_to_bf16_bits(wide[i]);
+    STRATA_RETURN_IF_ERROR(reader.read_f32(name, wide));
+  }
+  switch (dtype) {
+    case TensorDtype::kF32:
+      std::memcpy(bytes.data(), wide.data(), n * 4);
+      break;
+    case TensorDtype::kBf16: {
+      auto* narrow = reinterpret_cast<std::uint16_t*>(bytes.data());
+      for (std::size_t i = 0; i < n; ++i) narrow[i] = nx::fp32_to_bf16_bits(wide[i]);
+      break;
+    }
+    default: {
+      auto* codes = reinterpret_cast<std::uint8_t*>(bytes.data());
+      for (std::size_t b = 0; b < blocks; ++b) {
+        const std::size_t lo = b * nx::kQuantBlockElems, hi = std::min(n, lo + nx::kQuantBlockElems);
+        float absmax = 0.0f;
+        for (std::size_t i = lo; i < hi; ++i) absmax = nx::absmax_step(absmax, wide[i]);
+        const float s = nx::block_scale(absmax);
+        out.scales[kk][b] = s;
+        for (std::size_t i = lo; i < hi; ++i) {
+          codes[i] = is_signed ? nx::quantize_m(nx::kQuantTables, wide[i], s) : nx::quantize_v(nx::kQuantTables, wide[i], s);
+        }
+      }
+      break;
+    }
   }
   return Status();
 }
@@ -290,9 +367,11 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     // Gather each trainable parameter's arrays from the chunks.
     StateArrays arrays;
     for (std::size_t pi : trainable_in(layout_, gp)) {
+      const std::int64_t n = layout_.params[pi].numel();
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        arrays[pi][static_cast<std::size_t>(k)].resize(static_cast<std::size_t>(layout_.params[pi].numel()) *
-                                                       static_cast<std::size_t>(layout_.optimizer.elem_bytes(k)));
+        const auto kk = static_cast<std::size_t>(k);
+        arrays[pi].arrays[kk].resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(layout_.optimizer.elem_bytes(k)));
+        if (k > 0 && layout_.optimizer.blockwise()) arrays[pi].scales[kk].resize(OptimizerSpec::blocks(n));
       }
     }
     STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kNo, [&](const ChunkPlace& cp, ChunkState& st) {
@@ -301,9 +380,18 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     }));
     for (auto& [pi, a] : arrays) {
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        STRATA_RETURN_IF_ERROR(writer.write_raw(state_tensor(layout_, pi, k), a[static_cast<std::size_t>(k)]));
+        const auto kk = static_cast<std::size_t>(k);
+        const std::string name = state_tensor(layout_, pi, k);
+        STRATA_RETURN_IF_ERROR(writer.write_raw(name, a.arrays[kk]));
+        if (k > 0 && layout_.optimizer.blockwise()) {
+          STRATA_RETURN_IF_ERROR(writer.write_f32(scales_tensor(name), a.scales[kk]));
+        }
       }
     }
+  }
+  if (layout_.optimizer.blockwise()) {
+    STRATA_RETURN_IF_ERROR(writer.write_f32(kCodeTableM, core::numerics::kQuantTables.m_values));
+    STRATA_RETURN_IF_ERROR(writer.write_f32(kCodeTableV, core::numerics::kQuantTables.v_values));
   }
   STRATA_RETURN_IF_ERROR(writer.finish());
   STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, writer.crc64());
@@ -391,6 +479,8 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       }
     }
   }
+  // 8-bit codes are read with this build's tables only.
+  STRATA_RETURN_IF_ERROR(check_code_tables(reader));
   // Moments saved in another format are converted as they come in (read_state_array).
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (!layout_.params[pi].trainable || layout_.optimizer.arrays < 2) continue;
@@ -399,12 +489,14 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     if (info != nullptr && info->dtype != want) {
       const std::string what =
           str_cat("load_checkpoint: ", dir, " keeps the optimizer's arrays as ", to_string(info->dtype),
-                  "; this engine keeps them as ", to_string(want), " (strata.optimizer_state.format \"",
+                  info->dtype == TensorDtype::kU8 ? " codes" : "", "; this engine keeps them as ", to_string(want),
+                  want == TensorDtype::kU8 ? " codes" : "", " (strata.optimizer_state.format \"",
                   to_string(config_.strata.optimizer_state.format), "\"), so they are converted");
-      if (want == TensorDtype::kBf16) {
-        STRATA_LOG(kWarn) << what << ", rounded to nearest even";
-      } else {
+      // To fp32 is exact; anything else rounds.
+      if (want == TensorDtype::kF32) {
         STRATA_LOG(kInfo) << what << " exactly";
+      } else {
+        STRATA_LOG(kWarn) << what << (want == TensorDtype::kBf16 ? ", rounded to nearest even" : ", quantized per block");
       }
     }
     break;
@@ -436,10 +528,8 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       STRATA_RETURN_IF_ERROR(reader.read_raw(
           p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
       if (!p.trainable) continue;
-      auto& a = arrays[pi];
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        STRATA_RETURN_IF_ERROR(read_state_array(reader, state_tensor(layout_, pi, k),
-                                                state_dtype(layout_.optimizer, k), n, a[static_cast<std::size_t>(k)]));
+        STRATA_RETURN_IF_ERROR(read_state_array(reader, layout_, pi, k, n, arrays[pi]));
       }
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));

@@ -38,7 +38,7 @@ RingShape ring_shape(const Layout& layout) {
   RingShape r;
   for (const ChunkRun& run : layout.chunk_runs) {
     if (run.state_tier != Tier::kNvme) continue;
-    r.slot_bytes = std::max(r.slot_bytes, ring_slot_bytes(run.elems, layout.optimizer.bytes_per_elem()));
+    r.slot_bytes = std::max(r.slot_bytes, ring_slot_bytes(layout.optimizer, run.elems));
     r.nvme_chunks += run.count;
   }
   return r;

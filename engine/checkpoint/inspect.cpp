@@ -3,6 +3,8 @@
 // file's header, and the files' CRC64s.
 #include "engine/checkpoint/inspect.h"
 
+#include "engine/checkpoint/code_tables.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -154,6 +156,7 @@ core::Result<CheckpointInspection> inspect_checkpoint(const std::string& dir, bo
     STRATA_RETURN_IF_ERROR(check_crc(framework_path, out.manifest.framework_crc64));
   }
   STRATA_ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::open(state_path));
+  if (verify) STRATA_RETURN_IF_ERROR(verify_codes(reader));  // 8-bit moments: their tables, codes and scales
   for (const TensorInfo& t : reader.tensors()) {
     out.tensors.push_back({t.name, std::string(to_string(t.dtype)), t.shape, t.nbytes});
   }

@@ -35,8 +35,9 @@ core::Result<TensorDtype> parse_dtype(const std::string& s, const std::string& p
   if (s == "F32") return TensorDtype::kF32;
   if (s == "BF16") return TensorDtype::kBf16;
   if (s == "F16") return TensorDtype::kF16;
+  if (s == "U8") return TensorDtype::kU8;
   return Status::unimplemented(str_cat(path, ": tensor '", name, "' has dtype ", json_bounds::preview(s),
-                                       "; strata reads F32, BF16 and F16 weights"));
+                                       "; strata reads F32, BF16 and F16 weights (and U8 codes)"));
 }
 
 std::int64_t checked_numel(const std::vector<std::int64_t>& shape, bool* overflow) {
@@ -61,6 +62,8 @@ std::string_view to_string(TensorDtype d) {
       return "BF16";
     case TensorDtype::kF16:
       return "F16";
+    case TensorDtype::kU8:
+      return "U8";
   }
   return "?";
 }
@@ -245,6 +248,10 @@ core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float>
   if (t->dtype == TensorDtype::kF32) {
     return read_raw(name, std::as_writable_bytes(out));
   }
+  if (t->dtype == TensorDtype::kU8) {
+    return Status::invalid_argument(
+        str_cat(path_, ": tensor '", name, "' is U8 (codes without their scales), not values to read as fp32"));
+  }
   // 16-bit: read into the back half of `out`, widen front to back (exact).
   auto* half = reinterpret_cast<std::uint16_t*>(out.data()) + out.size();
   STRATA_RETURN_IF_ERROR(read_at(t->offset, std::span<std::byte>(reinterpret_cast<std::byte*>(half), t->nbytes)));
@@ -392,6 +399,9 @@ core::Status SafetensorsWriter::write_f32(std::string_view name, std::span<const
                             : find(name);
   if (t == nullptr) return Status::not_found(str_cat(path_, ": tensor '", name, "' was not declared"));
   if (t->dtype == TensorDtype::kF32) return write_raw(name, std::as_bytes(values));
+  if (t->dtype == TensorDtype::kU8) {
+    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' is U8: write its codes with write_raw"));
+  }
   auto convert = [dtype = t->dtype](std::span<const float> in, std::uint16_t* out) {
     for (std::size_t i = 0; i < in.size(); ++i) {
       out[i] = dtype == TensorDtype::kBf16 ? nx::fp32_to_bf16_bits(in[i]) : nx::fp32_to_fp16_bits(in[i]);

@@ -28,9 +28,13 @@
 
 namespace strata::engine {
 
-enum class TensorDtype { kF32, kBf16, kF16 };
-std::string_view to_string(TensorDtype d);  // "F32", "BF16", "F16" (the format's names)
-inline std::size_t dtype_size(TensorDtype d) { return d == TensorDtype::kF32 ? 4 : 2; }
+// kU8: bytes that are not values by themselves (int8_blockwise moments' codes,
+// checkpoints only): read_raw/write_raw only.
+enum class TensorDtype { kF32, kBf16, kF16, kU8 };
+std::string_view to_string(TensorDtype d);  // "F32", "BF16", "F16", "U8" (the format's names)
+inline std::size_t dtype_size(TensorDtype d) {
+  return d == TensorDtype::kF32 ? 4 : d == TensorDtype::kU8 ? 1 : 2;
+}
 
 struct TensorInfo {
   std::string name;

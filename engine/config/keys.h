@@ -53,8 +53,8 @@ inline constexpr EnumName<DeviceKind> kDeviceNames[] = {
 inline constexpr EnumName<NonfinitePolicy> kNonfiniteNames[] = {{"skip", NonfinitePolicy::kSkip},
                                                                 {"error", NonfinitePolicy::kError},
                                                                 {"apply", NonfinitePolicy::kApply}};
-inline constexpr EnumName<StateFormat> kStateFormatNames[] = {{"fp32", StateFormat::kFp32},
-                                                              {"bf16", StateFormat::kBf16}};
+inline constexpr EnumName<StateFormat> kStateFormatNames[] = {
+    {"fp32", StateFormat::kFp32}, {"bf16", StateFormat::kBf16}, {"int8_blockwise", StateFormat::kInt8Blockwise}};
 inline constexpr EnumName<StateRounding> kStateRoundingNames[] = {{"nearest_even", StateRounding::kNearestEven},
                                                                   {"stochastic", StateRounding::kStochastic}};
 

@@ -66,15 +66,18 @@ std::string_view optimizer_label(OptimizerType t) {
   return "?";
 }
 
-std::uint64_t optimizer_moment_bytes(const Config& config) {
-  // The engine's arrays less the master.
-  return optimizer_spec(config.optimizer.type, config.strata.optimizer_state.format).bytes_per_elem() - 4;
+double optimizer_moment_bytes(const Config& config) {
+  // The engine's arrays less the master, per element of a whole number of blocks.
+  constexpr std::int64_t kElems = std::int64_t{1} << 20;
+  return static_cast<double>(optimizer_spec(config.optimizer.type, config.strata.optimizer_state.format)
+                                 .moment_bytes(kElems)) / static_cast<double>(kElems);
 }
 
 std::string_view state_format_name(StateFormat f) {
   switch (f) {
     case StateFormat::kFp32: return "fp32";
     case StateFormat::kBf16: return "bf16";
+    case StateFormat::kInt8Blockwise: return "int8_blockwise";
   }
   return "?";
 }

@@ -33,6 +33,18 @@ std::string count_times(std::int64_t n, std::uint64_t bytes, std::string_view wh
   return s;
 }
 
+// "N x B B", for the optimizer's arrays of n elements (with the master when
+// `master`) in the spec's format; blockwise formats add their scales.
+std::string state_times(const OptimizerSpec& spec, std::int64_t n, bool master, std::string_view what = {}) {
+  const std::uint64_t per = spec.moment_bytes(std::int64_t{1} << 20) >> 20;  // whole bytes an element, scales apart
+  std::string s = str_cat(group_digits(u64(n)), " x ", per + (master ? 4 : 0), " B");
+  if (spec.blockwise()) {
+    s += str_cat(" + ", group_digits(OptimizerSpec::blocks(n)), " blocks x ", 4 * (spec.arrays - 1), " B of scales");
+  }
+  if (!what.empty()) s += str_cat(" (", what, ")");
+  return s;
+}
+
 // What the planner knows of the layout the engine builds (layout.cpp) for
 // `groups` equal fetch groups: each group's trainable elements rounded up to
 // whole norm blocks, cut into optimizer chunks that never cross a group, and
@@ -115,8 +127,11 @@ struct Evaluation {
   std::uint64_t c = 0;           // bytes of a compute copy's element
   std::uint64_t accum = 0;       // gradient_accumulation_steps
   std::uint64_t g = 0;           // bytes of a host gradient's element (fp32 when accumulating)
-  std::uint64_t moments = 0;     // bytes of optimizer moments per trainable element
-  std::uint64_t state = 0;       // bytes of optimizer state (master and moments) per trainable element
+  OptimizerSpec spec;            // the optimizer's state per trainable element, in its format
+  // Bytes of the optimizer's arrays (and with the master) of n trainable
+  // elements, saturating.
+  std::uint64_t moments_of(std::int64_t n) const { return n >= (std::int64_t{1} << 58) ? UINT64_MAX : spec.moment_bytes(n); }
+  std::uint64_t state_of(std::int64_t n) const { return n >= (std::int64_t{1} << 58) ? UINT64_MAX : spec.state_bytes(n); }
   std::string prec;              // "bf16", "fp16", "fp32"
   bool threaded = false;         // Schedule::threaded
   // The trainable parameters' optimizer state, by the layout's rule (tier.h).
@@ -146,8 +161,7 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   c = static_cast<std::uint64_t>(cfg.compute_bytes());
   accum = u64(cfg.gradient_accumulation_steps);
   g = accum == 1 ? c : 4;
-  moments = optimizer_moment_bytes(cfg);
-  state = 4 + moments;
+  spec = optimizer_spec(cfg.optimizer.type, cfg.strata.optimizer_state.format);
   prec = plan_detail::precision_label(cfg);
   threaded = schedule.threaded();
   const OptimizerSplit split = split_optimizer_state(T, pl.optimizer_device, pl.optimizer_ratio,
@@ -246,11 +260,11 @@ void add_gradients(Evaluation& e) {
 // update there) and in pinned memory.
 void add_resident_state(Evaluation& e) {
   const std::int64_t t_gpu = e.t_gpu, t_keep = e.t_keep, chunk = e.shape.chunk;
-  const std::uint64_t c = e.c, g = e.g, moments = e.moments;
+  const std::uint64_t c = e.c, g = e.g;
   if (t_gpu > 0) {
     e.add("master_weights", Tier::kDevice, sat_mul(u64(t_gpu), 4), count_times(t_gpu, 4, "fp32"));
-    e.add("optimizer_moments", Tier::kDevice, sat_mul(u64(t_gpu), moments),
-          count_times(t_gpu, moments, optimizer_label(e.cfg.optimizer.type)));
+    e.add("optimizer_moments", Tier::kDevice, e.moments_of(t_gpu),
+          state_times(e.spec, t_gpu, false, optimizer_label(e.cfg.optimizer.type)));
     // A chunk updated on the device: its gradients go up, its new compute
     // copies come down through a pinned buffer.
     e.add("optimizer_device_buffers", Tier::kDevice, sat_mul(u64(chunk), g + c),
@@ -260,8 +274,8 @@ void add_resident_state(Evaluation& e) {
   }
   if (t_keep > 0) {
     e.add("master_weights", Tier::kPinned, sat_mul(u64(t_keep), 4), count_times(t_keep, 4, "fp32"));
-    e.add("optimizer_moments", Tier::kPinned, sat_mul(u64(t_keep), moments),
-          count_times(t_keep, moments, optimizer_label(e.cfg.optimizer.type)));
+    e.add("optimizer_moments", Tier::kPinned, e.moments_of(t_keep),
+          state_times(e.spec, t_keep, false, optimizer_label(e.cfg.optimizer.type)));
   }
 }
 
@@ -269,7 +283,7 @@ void add_resident_state(Evaluation& e) {
 // planner's estimate of the layout: the nvme state, and compute copies in
 // whole fetch groups, as the engine holds them.
 ExtraShape planned_extra_shape(const Evaluation& e) {
-  return {.nvme_state_bytes = sat_mul(u64(e.t_nvme), e.state),
+  return {.nvme_state_bytes = e.state_of(e.t_nvme),
           .nvme_group_compute_bytes = sat_mul(e.group_bytes, u64(e.shape.nvme_groups)),
           .trainable_group_compute_bytes = sat_mul(e.group_bytes, u64(e.trainable_groups))};
 }
@@ -288,7 +302,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   }
   if (e.pl.param_device == OffloadDevice::kNvme) w.nvme_compute_bytes = staged;
   if (e.pl.param_device != OffloadDevice::kCpu) w.unpinned_compute_bytes = staged;
-  if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = sat_mul(chunk, e.state);
+  if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = e.state_of(e.shape.chunk);
   if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
   return pinned_working(w, e.threaded, e.schedule.early_jobs(StepRules::of(e.cfg)));
 }
@@ -300,7 +314,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
 std::uint64_t planned_pinned_held(const Evaluation& e) {
   std::uint64_t held = sat_mul(u64(e.T), e.g);
   if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(e.P), e.c));
-  held = sat_add(held, sat_mul(u64(e.t_keep), e.state));
+  held = sat_add(held, e.state_of(e.t_keep));
   const ExtraShape extra = planned_extra_shape(e);
   for (const ScheduleExtra& x : e.schedule.extra_memory()) {
     if (x.tier == Tier::kPinned) held = sat_add(held, extra_bytes(x.basis, extra));
@@ -312,7 +326,7 @@ std::uint64_t planned_pinned_held(const Evaluation& e) {
 // the largest chunk's master and moments; the nvme chunks counted up to the
 // schedule's depth (layout_shape). The pinned room is left unlimited.
 RingInputs planned_ring(const Evaluation& e) {
-  return {.shape = {.slot_bytes = ring_slot_bytes(std::max<std::int64_t>(e.shape.chunk, 1), e.state),
+  return {.shape = {.slot_bytes = ring_slot_bytes(e.spec, std::max<std::int64_t>(e.shape.chunk, 1)),
                     .nvme_chunks = static_cast<std::size_t>(e.shape.nvme_chunks)},
           .staging_bytes = e.cfg.strata.budgets.staging_bytes,
           .depth = u64(e.schedule.ring_depth())};
@@ -332,17 +346,15 @@ std::uint64_t planned_ring_room(const Evaluation& e) {
 // The optimizer state on nvme, and the disk pipeline's staging ring.
 void add_nvme_state(Evaluation& e) {
   const std::int64_t t_nvme = e.t_nvme;
-  const std::uint64_t moments = e.moments;
   if (t_nvme == 0) return;
   e.add("master_weights", Tier::kNvme, sat_mul(u64(t_nvme), 4), count_times(t_nvme, 4, "fp32"));
-  e.add("optimizer_moments", Tier::kNvme, sat_mul(u64(t_nvme), moments),
-        count_times(t_nvme, moments, optimizer_label(e.cfg.optimizer.type)));
+  e.add("optimizer_moments", Tier::kNvme, e.moments_of(t_nvme),
+        state_times(e.spec, t_nvme, false, optimizer_label(e.cfg.optimizer.type)));
   // The disk pipeline's ring, by the engine's rule (memory_model.h's
   // ring_slots): a slot holds the largest chunk's master and moments;
   // strata.budgets.staging sets the slots, else the schedule's depth,
   // fewer when a pinned budget leaves less room (planned_ring_room, as
   // finalize's); never more than the chunks.
-  const std::uint64_t states = 1 + moments / 4;
   RingInputs inputs = planned_ring(e);
   inputs.pinned_room_bytes = planned_ring_room(e);
   const RingSlots ring = ring_slots(inputs);
@@ -351,9 +363,8 @@ void add_nvme_state(Evaluation& e) {
   // (make_plan's note says the budget is short).
   const std::uint64_t slots = ring.staging_below_slot ? 1 : ring.slots;
   e.add("optimizer_staging", Tier::kPinned, sat_mul(slot, slots),
-        str_cat(slots, " slots of ", core::format_bytes(slot), " (the largest nvme chunk's ", states,
-                " states: fp32 master", moments > 0 ? str_cat(" and ", moments, " B of moments") : std::string(),
-                " per element)"));
+        str_cat(slots, " slots of ", core::format_bytes(slot), " (the largest nvme chunk's fp32 master and ",
+                state_format_name(e.spec.format), " ", optimizer_label(e.cfg.optimizer.type), ")"));
 }
 
 // What the overlap schedule holds beyond the placement's state, as the
@@ -365,7 +376,7 @@ void add_schedule_extra(Evaluation& e) {
     const std::string why(x.why);
     std::string detail;
     switch (x.basis) {
-      case ExtraBasis::kNvmeState: detail = count_times(e.t_nvme, e.state, why); break;
+      case ExtraBasis::kNvmeState: detail = state_times(e.spec, e.t_nvme, true, why); break;
       case ExtraBasis::kNvmeGroupCompute:
         detail = str_cat(e.groups_of(e.shape.nvme_groups), " x ", e.c, " B (", why, ")");
         break;
@@ -408,9 +419,9 @@ void add_disk_reserves(Evaluation& e) {
   e.add("swap_reserve", Tier::kNvme, files > swap ? files - swap : 0,
         budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
   if (e.in.options.include_checkpoint) {
-    e.add("checkpoint", Tier::kNvme, sat_add(sat_mul(u64(P), e.c), sat_mul(u64(T), e.state)),
-          str_cat(group_digits(u64(P)), " x ", e.c, " B + ", group_digits(u64(T)), " x ", e.state,
-                  " B (compute copies, master, moments)"));
+    e.add("checkpoint", Tier::kNvme, sat_add(sat_mul(u64(P), e.c), e.state_of(T)),
+          str_cat(group_digits(u64(P)), " x ", e.c, " B + ", state_times(e.spec, T, true),
+                  " (compute copies, master, moments)"));
   }
 }
 
@@ -493,7 +504,7 @@ void check_pinned_least(const Evaluation& e, PlacementPlan& plan) {
 // the forward wants first).
 StepTraffic step_traffic(const Evaluation& e) {
   const std::int64_t P = e.P, T = e.T, L = e.L;
-  const std::uint64_t c = e.c, g = e.g, accum = e.accum, state = e.state;
+  const std::uint64_t c = e.c, g = e.g, accum = e.accum;
   StepTraffic tr;
   const std::uint64_t passes = 2 * accum;
   const std::uint64_t kept = u64(e.resident_groups) * (2 * accum - 1);
@@ -513,8 +524,8 @@ StepTraffic step_traffic(const Evaluation& e) {
   tr.host_to_device_bytes =
       sat_add(sat_add(fetch, home_device ? view : 0), sat_mul(g, u64(e.t_gpu)));
   tr.device_to_host_bytes = sat_add(gradients_down, sat_mul(c, u64(e.t_gpu)));
-  tr.disk_read_bytes = sat_mul(state, u64(e.t_nvme));
-  tr.disk_write_bytes = sat_mul(state, u64(e.t_nvme));
+  tr.disk_read_bytes = e.state_of(e.t_nvme);
+  tr.disk_write_bytes = e.state_of(e.t_nvme);
   if (home_nvme) {
     tr.disk_read_bytes = sat_add(tr.disk_read_bytes, fetch);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);

@@ -275,8 +275,8 @@ struct StateSizes {
   std::uint64_t gradient_bytes =
       2;                           // per trainable parameter: compute_bytes, or 4 with accumulation
   std::uint64_t master_bytes = 4;  // per trainable parameter (fp32)
-  std::uint64_t moment_bytes = 8;  // per trainable parameter: Adam(W) 8 (bf16: 4), Adagrad 4, Lion 4
-  std::string moment_format = "fp32";  // strata.optimizer_state.format: "fp32", "bf16"
+  double moment_bytes = 8;  // per trainable parameter: Adam(W) 8 (bf16: 4; int8_blockwise: 2.03125), Adagrad 4, Lion 4
+  std::string moment_format = "fp32";  // strata.optimizer_state.format: "fp32", "bf16", "int8_blockwise"
   std::int64_t gradient_accumulation_steps = 1;
 };
 
@@ -324,8 +324,8 @@ struct WearPlan {
 // needs per tier, what it moves per step and, with a drive rating, how long
 // the swap drives last.
 struct FormatPlan {
-  std::string format;              // "fp32", "bf16"
-  std::uint64_t state_bytes = 12;  // per trainable parameter: the fp32 master and the moments
+  std::string format;        // "fp32", "bf16", "int8_blockwise"
+  double state_bytes = 12;   // per trainable parameter: the fp32 master and the moments
   PlacementPlan plan;
   std::optional<PlacementWear> wear;  // with PlanOptions::drive
 };

@@ -33,9 +33,10 @@ std::string_view optimizer_name(OptimizerType t);
 // "AdamW moments", "Lion momentum", ...
 std::string_view optimizer_label(OptimizerType t);
 // Bytes of optimizer moments per trainable parameter under the config's
-// optimizer and strata.optimizer_state: Adam/AdamW 8 (bf16: 4), Adagrad 4, Lion 4.
-std::uint64_t optimizer_moment_bytes(const Config& config);
-// "fp32", "bf16" (the config's spelling; the planner links without the config writer).
+// optimizer and strata.optimizer_state: Adam/AdamW 8 (bf16: 4; int8_blockwise:
+// 2 and 8 B of scales per 256, 2.03125), Adagrad 4, Lion 4.
+double optimizer_moment_bytes(const Config& config);
+// "fp32", "bf16", "int8_blockwise" (the config's spelling; the planner links without the config writer).
 std::string_view state_format_name(StateFormat f);
 // The tier a placement device means: none -> GPU.
 Tier tier_of(OffloadDevice d);

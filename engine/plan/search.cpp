@@ -156,7 +156,7 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
     STRATA_ASSIGN_OR_RETURN(plan.wear, plan_wear(in, plan, *options.drive, steps, fitting));
   }
   // The configured placement under each state format the optimizer takes.
-  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16}) {
+  for (StateFormat f : {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kInt8Blockwise}) {
     if (f != StateFormat::kFp32 && config.optimizer.type != OptimizerType::kAdam &&
         config.optimizer.type != OptimizerType::kAdamW) {
       continue;

@@ -22,13 +22,24 @@ std::span<std::uint16_t> StateArray::bf16() const {
   return {reinterpret_cast<std::uint16_t*>(data), elems};
 }
 
+std::span<std::uint8_t> StateArray::codes() const {
+  STRATA_CHECK(elem_bytes == 1 && scales != nullptr) << "a view of " << elem_bytes << "-byte elements as codes";
+  return {reinterpret_cast<std::uint8_t*>(data), elems};
+}
+
+std::span<float> StateArray::block_scales() const {
+  STRATA_CHECK(scales != nullptr) << "the scales of an array without blocks";
+  return {scales, static_cast<std::size_t>(OptimizerSpec::blocks(static_cast<std::int64_t>(elems)))};
+}
+
 ChunkState StateStore::views(std::byte* base, std::int64_t elems) const {
   const OptimizerSpec& spec = layout_.optimizer;
   ChunkState st;
   st.count = spec.arrays;
   for (int a = 0; a < st.count; ++a) {
-    st.arrays[static_cast<std::size_t>(a)] = {base + spec.array_offset(a, elems), spec.elem_bytes(a),
-                                              static_cast<std::size_t>(elems)};
+    StateArray& array = st.arrays[static_cast<std::size_t>(a)];
+    array = {base + spec.array_offset(a, elems), spec.elem_bytes(a), static_cast<std::size_t>(elems)};
+    if (a > 0 && spec.blockwise()) array.scales = reinterpret_cast<float*>(base + spec.scales_offset(a, elems));
   }
   return st;
 }

@@ -28,15 +28,19 @@
 namespace strata::engine {
 
 // A host view of one of a chunk's arrays: `elems` elements of `elem_bytes`
-// each (4: fp32; 2: bf16 bit patterns).
+// each (4: fp32; 2: bf16 bit patterns; 1: int8_blockwise codes, with one
+// fp32 scale per block of 256 at `scales`).
 struct StateArray {
   std::byte* data = nullptr;
   int elem_bytes = 4;
   std::size_t elems = 0;
+  float* scales = nullptr;  // blockwise arrays: OptimizerSpec::blocks(elems) of them; else null
   std::span<std::byte> bytes() const { return {data, elems * static_cast<std::size_t>(elem_bytes)}; }
-  // Typed views; the array must have that element size.
+  // Typed views; the array must have that element size (codes: 1, with scales).
   std::span<float> f32() const;
   std::span<std::uint16_t> bf16() const;
+  std::span<std::uint8_t> codes() const;
+  std::span<float> block_scales() const;
 };
 
 // Host views of one chunk's state: arrays[0] the master (fp32), then the

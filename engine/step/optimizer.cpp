@@ -47,6 +47,19 @@ core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState
   switch (spec.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW:
+      if (spec.blockwise()) {
+        // off starts a block (a parameter's offset and a slice's both do).
+        const std::size_t b = off / core::numerics::kQuantBlockElems, nb = OptimizerSpec::blocks(static_cast<std::int64_t>(n));
+        (void)at;
+        return parts_.cpu_adam.step_int8_blockwise({.constants = k.adam,
+                                                    .master = st.master().subspan(off, n),
+                                                    .exp_avg = st.arrays[1].codes().subspan(off, n),
+                                                    .exp_avg_sq = st.arrays[2].codes().subspan(off, n),
+                                                    .exp_avg_scale = st.arrays[1].block_scales().subspan(b, nb),
+                                                    .exp_avg_sq_scale = st.arrays[2].block_scales().subspan(b, nb),
+                                                    .grad = grad,
+                                                    .copy_out = copy_out});
+      }
       if (spec.format == StateFormat::kBf16) {
         return parts_.cpu_adam.step_bf16_moments({.constants = k.adam,
                                                   .master = st.master().subspan(off, n),
@@ -81,13 +94,23 @@ core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState
   return Status::internal("unknown optimizer type");
 }
 
-core::Status Optimizer::update_on_device(const UpdateConstants& k, gpu::DeviceSpan master, gpu::DeviceSpan state1,
-                                         gpu::DeviceSpan state2, UpdateAt at, const gpu::DeviceTypedSpan& grad,
-                                         const gpu::DeviceTypedSpan& copy_out) {
+core::Status Optimizer::update_on_device(const UpdateConstants& k, const DeviceViews& v, UpdateAt at,
+                                         const gpu::DeviceTypedSpan& grad, const gpu::DeviceTypedSpan& copy_out) {
+  const gpu::DeviceSpan master = v.master, state1 = v.state1, state2 = v.state2;
   const OptimizerSpec& spec = parts_.layout.optimizer;
   switch (spec.type) {
     case OptimizerType::kAdam:
     case OptimizerType::kAdamW:
+      if (spec.blockwise()) {
+        return parts_.device.adam_step_int8_blockwise(stream_, {.constants = k.adam,
+                                                                .master = master,
+                                                                .exp_avg = state1,
+                                                                .exp_avg_sq = state2,
+                                                                .exp_avg_scale = v.scales1,
+                                                                .exp_avg_sq_scale = v.scales2,
+                                                                .grad = grad,
+                                                                .copy_out = copy_out});
+      }
       if (spec.format == StateFormat::kBf16) {
         return parts_.device.adam_step_bf16_moments(stream_, {.constants = k.adam,
                                                               .master = master,
@@ -328,6 +351,12 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
       const auto eb = static_cast<std::uint64_t>(spec.elem_bytes(k));
       return state.subspan(spec.array_offset(k, cp.elems) + off * eb, n * eb);
     };
+    // Blockwise: the scales of the blocks [off, off + n) covers (off starts one).
+    auto scales = [&](int k) {
+      if (!spec.blockwise() || k >= spec.arrays) return gpu::DeviceSpan{};
+      return state.subspan(spec.scales_offset(k, cp.elems) + off / core::numerics::kQuantBlockElems * 4,
+                           OptimizerSpec::blocks(static_cast<std::int64_t>(n)) * 4);
+    };
     const UpdateConstants& k = job_.constants[static_cast<std::size_t>(layout().params[p.param].optimizer_group)];
     const gpu::DeviceTypedSpan grad =
         gpu::typed(dgrad.subspan(off * gb_, n * gb_), gpu_type(gb_, parts.config.precision));
@@ -335,7 +364,8 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
         cb_ == 2 ? gpu::typed(dcopy.subspan(off * cb_, n * cb_), gpu_type(cb_, parts.config.precision))
                  : gpu::DeviceTypedSpan{};
     STRATA_RETURN_IF_ERROR(
-        o_.update_on_device(k, array(0), array(1), array(2), {.index = p.lo, .step = job_.step}, grad, copy_out));
+        o_.update_on_device(k, {array(0), array(1), array(2), scales(1), scales(2)},
+                            {.index = p.lo, .step = job_.step}, grad, copy_out));
     if (cb_ == 4) STRATA_RETURN_IF_ERROR(parts.device.copy_d2d(o_.stream_, dcopy.subspan(off * 4, n * 4), array(0)));
   }
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts.pinned_cache.get(n_all * cb_, "optimizer compute copies"));

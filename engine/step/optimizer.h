@@ -97,9 +97,13 @@ class Optimizer {
   // The same on a device chunk's views, on the optimizer's stream (Device's
   // adam_step or adam_step_bf16_moments, lion_step or adagrad_step); `state2`
   // is unused but by Adam.
-  core::Status update_on_device(const UpdateConstants& k, gpu::DeviceSpan master, gpu::DeviceSpan state1,
-                                gpu::DeviceSpan state2, UpdateAt at, const gpu::DeviceTypedSpan& grad,
-                                const gpu::DeviceTypedSpan& copy_out);
+  // A device chunk's views of elements [off, off + n): the master, the
+  // optimizer's arrays and, blockwise, their scales (the blocks of the range).
+  struct DeviceViews {
+    gpu::DeviceSpan master, state1, state2, scales1, scales2;
+  };
+  core::Status update_on_device(const UpdateConstants& k, const DeviceViews& v, UpdateAt at,
+                                const gpu::DeviceTypedSpan& grad, const gpu::DeviceTypedSpan& copy_out);
 
   const Parts parts_;
   OptimizerRunner* runner_ = nullptr;

@@ -95,8 +95,8 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
   for (const ChunkPlace& c : l.chunks) {
     const std::uint64_t n = static_cast<std::uint64_t>(c.elems);
     if (c.state_tier == Tier::kNvme) {
-      b.nvme_read += l.optimizer.bytes_per_elem() * n;
-      b.nvme_write += l.optimizer.bytes_per_elem() * n;
+      b.nvme_read += l.optimizer.state_bytes(c.elems);
+      b.nvme_write += l.optimizer.state_bytes(c.elems);
     } else if (c.state_tier == Tier::kDevice) {
       b.h2d += gb * n;
       b.d2h += cb * n;
@@ -274,16 +274,16 @@ class Placement : public MlpTest {
   }
 };
 
-// In each optimizer state format (strata.optimizer_state): fp32, and bf16
-// moments (stochastically rounded: state_format_test.cpp runs both roundings
-// under more schedules); each format is its own trajectory.
+// In fp32 and in the smallest optimizer state format (strata.optimizer_state
+// int8_blockwise: codes and block scales; state_format_test.cpp runs every
+// format under more schedules); each format is its own trajectory.
 TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
   struct Format {
     StateFormat format;
     StateRounding rounding;
   };
   for (const Format fmt : {Format{StateFormat::kFp32, StateRounding::kNearestEven},
-                           Format{StateFormat::kBf16, StateRounding::kStochastic}}) {
+                           Format{StateFormat::kInt8Blockwise, StateRounding::kNearestEven}}) {
     SCOPED_TRACE(core::str_cat(to_string(fmt.format), " ", to_string(fmt.rounding)));
     struct Case {
       const char* name;

@@ -1,9 +1,10 @@
 // The optimizer state's formats (strata.optimizer_state) end to end: AdamW
-// with bf16 moments trains, gives the same bits wherever the state and the
-// compute copies live, under every schedule, ISA and thread count, for both
-// roundings; its first step is the fp32 step with the moments rounded; its
-// checkpoints keep the moments as BF16 tensors and resume bit for bit; a
-// checkpoint of the other format is converted as it loads.
+// with bf16 moments (both roundings) and with 8-bit blockwise moments trains,
+// gives the same bits wherever the state and the compute copies live, under
+// every schedule, ISA and thread count; its first step is the fp32 step with
+// the moments rounded (bf16) or quantized (int8); its checkpoints keep the
+// moments as the engine does (BF16; U8 codes with F32 block scales) and
+// resume bit for bit; a checkpoint of another format is converted as it loads.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -62,6 +63,42 @@ bool all_bf16(const std::vector<float>& v) {
   return true;
 }
 
+// The moments `wide` as the engine stores them in `format`, read back as
+// fp32: bf16 rounded to nearest even, int8 quantized per block of 256 of
+// the parameter with the block's absmax (`is_signed`: exp_avg's code table).
+std::vector<float> stored(StateFormat format, const std::vector<float>& wide, bool is_signed) {
+  std::vector<float> out(wide.size());
+  if (format == StateFormat::kBf16) {
+    for (std::size_t i = 0; i < wide.size(); ++i) out[i] = nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(wide[i]));
+    return out;
+  }
+  if (format == StateFormat::kFp32) return wide;
+  const auto& t = nx::kQuantTables;
+  for (std::size_t lo = 0; lo < wide.size(); lo += nx::kQuantBlockElems) {
+    const std::size_t hi = std::min(wide.size(), lo + nx::kQuantBlockElems);
+    float absmax = 0.0f;
+    for (std::size_t i = lo; i < hi; ++i) absmax = nx::absmax_step(absmax, wide[i]);
+    const float s = nx::block_scale(absmax);
+    for (std::size_t i = lo; i < hi; ++i) {
+      out[i] = is_signed ? nx::dequantize_m(t, nx::quantize_m(t, wide[i], s), s)
+                         : nx::dequantize_v(t, nx::quantize_v(t, wide[i], s), s);
+    }
+  }
+  return out;
+}
+
+// A format and its rounding, named.
+struct Format {
+  StateFormat format;
+  StateRounding rounding = StateRounding::kNearestEven;
+  std::string name() const {
+    return std::string(to_string(format)) + (format == StateFormat::kBf16 ? " " + std::string(to_string(rounding)) : "");
+  }
+};
+const Format kCompressed[] = {{StateFormat::kBf16, StateRounding::kNearestEven},
+                              {StateFormat::kBf16, StateRounding::kStochastic},
+                              {StateFormat::kInt8Blockwise}};
+
 class OptimizerState : public MlpTest {
  protected:
   Config with(StateFormat format, StateRounding rounding = StateRounding::kNearestEven) const {
@@ -106,14 +143,14 @@ const Variant kVariants[] = {
      CpuAdamIsa::kAuto, 2},
 };
 
-TEST_F(OptimizerState, Bf16MomentsGiveTheSameBitsUnderEveryPlacementScheduleAndKernel) {
-  for (StateRounding rounding : {StateRounding::kNearestEven, StateRounding::kStochastic}) {
-    SCOPED_TRACE(std::string(to_string(rounding)));
+TEST_F(OptimizerState, CompressedMomentsGiveTheSameBitsUnderEveryPlacementScheduleAndKernel) {
+  for (const Format& fmt : kCompressed) {
+    SCOPED_TRACE(fmt.name());
     State reference;
     std::vector<double> losses;
     for (const Variant& v : kVariants) {
       SCOPED_TRACE(v.name);
-      Config c = with(StateFormat::kBf16, rounding);
+      Config c = with(fmt.format, fmt.rounding);
       c.zero.offload_optimizer.device = v.optimizer;
       c.zero.offload_param.device = v.param;
       c.zero.offload_optimizer.ratio = v.ratio;
@@ -123,7 +160,8 @@ TEST_F(OptimizerState, Bf16MomentsGiveTheSameBitsUnderEveryPlacementScheduleAndK
       c.strata.cpu_adam.threads = v.threads;
       auto e = make_mlp_engine(c);
       ASSERT_NE(e, nullptr);
-      EXPECT_EQ(e->layout().optimizer.bytes_per_elem(), 8u);
+      EXPECT_EQ(e->layout().optimizer.state_bytes(65536),
+                fmt.format == StateFormat::kBf16 ? 8u * 65536 : 6u * 65536 + 8u * 256);
       Framework f;
       std::vector<double> l;
       for (int step = 0; step < 8; ++step) l.push_back(train_one_step(*e, f, step));
@@ -133,8 +171,14 @@ TEST_F(OptimizerState, Bf16MomentsGiveTheSameBitsUnderEveryPlacementScheduleAndK
         losses = l;
         EXPECT_LT(l.back(), 0.8 * l.front()) << "the run must learn for the comparison to mean anything";
         for (const Tensor& t : kTensors) {
-          EXPECT_TRUE(all_bf16(s.exp_avg.at(t.name))) << t.name;
-          EXPECT_TRUE(all_bf16(s.exp_avg_sq.at(t.name))) << t.name;
+          if (fmt.format == StateFormat::kBf16) {
+            EXPECT_TRUE(all_bf16(s.exp_avg.at(t.name))) << t.name;
+            EXPECT_TRUE(all_bf16(s.exp_avg_sq.at(t.name))) << t.name;
+          }
+          // Stored is stored: the moments read back are their own stored form.
+          EXPECT_TRUE(bits_equal(stored(fmt.format, s.exp_avg.at(t.name), true), s.exp_avg.at(t.name))) << t.name;
+          EXPECT_TRUE(bits_equal(stored(fmt.format, s.exp_avg_sq.at(t.name), false), s.exp_avg_sq.at(t.name)))
+              << t.name;
         }
         continue;
       }
@@ -145,11 +189,13 @@ TEST_F(OptimizerState, Bf16MomentsGiveTheSameBitsUnderEveryPlacementScheduleAndK
 }
 
 // The delayed update has its own trajectory: its placements agree among themselves.
-TEST_F(OptimizerState, DelayedUpdatesWithBf16MomentsAgreeAcrossPlacements) {
+TEST_F(OptimizerState, DelayedUpdatesWithCompressedMomentsAgreeAcrossPlacements) {
+  for (const Format& fmt : {kCompressed[1], kCompressed[2]}) {
+  SCOPED_TRACE(fmt.name());
   State reference;
   for (OffloadDevice optimizer : {OffloadDevice::kCpu, OffloadDevice::kNvme, OffloadDevice::kNone}) {
     SCOPED_TRACE(std::string(to_string(optimizer)));
-    Config c = with(StateFormat::kBf16, StateRounding::kStochastic);
+    Config c = with(fmt.format, fmt.rounding);
     c.strata.overlap = OverlapMode::kDelayed;
     c.zero.offload_optimizer.device = optimizer;
     const State s = train(c, 6);
@@ -159,25 +205,32 @@ TEST_F(OptimizerState, DelayedUpdatesWithBf16MomentsAgreeAcrossPlacements) {
     }
     expect_same_bits(s, reference);
   }
+  }
 }
 
 // From zero moments, the first update computes with the same fp32 moments in
-// both formats: the masters agree bit for bit, and the bf16 moments are the
-// fp32 ones rounded (to nearest even; stochastically to one of the two bf16
-// neighbours, some up and some down). From then on the runs part.
+// every format: the masters agree bit for bit, and the stored moments are the
+// fp32 ones rounded (bf16: to nearest even; stochastically to one of the two
+// bf16 neighbours, some up and some down) or quantized per block (int8).
+// From then on the runs part.
 TEST_F(OptimizerState, TheFirstStepIsTheFp32StepWithItsMomentsRounded) {
   const State fp32 = train(with(StateFormat::kFp32), 1);
   const State nearest = train(with(StateFormat::kBf16), 1);
   const State stochastic = train(with(StateFormat::kBf16, StateRounding::kStochastic), 1);
+  const State int8 = train(with(StateFormat::kInt8Blockwise), 1);
   std::int64_t up = 0, down = 0;
   for (const Tensor& t : kTensors) {
     SCOPED_TRACE(t.name);
     EXPECT_TRUE(bits_equal(nearest.master.at(t.name), fp32.master.at(t.name)));
     EXPECT_TRUE(bits_equal(stochastic.master.at(t.name), fp32.master.at(t.name)));
+    EXPECT_TRUE(bits_equal(int8.master.at(t.name), fp32.master.at(t.name)));
     for (const auto moments : {&State::exp_avg, &State::exp_avg_sq}) {
       const std::vector<float>& wide = (fp32.*moments).at(t.name);
       const std::vector<float>& rne = (nearest.*moments).at(t.name);
       const std::vector<float>& sr = (stochastic.*moments).at(t.name);
+      // int8: each block of 256 of the parameter quantized with its absmax.
+      EXPECT_TRUE(bits_equal((int8.*moments).at(t.name), stored(StateFormat::kInt8Blockwise, wide,
+                                                                  moments == &State::exp_avg)));
       for (std::size_t i = 0; i < wide.size(); ++i) {
         ASSERT_EQ(rne[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(wide[i]))) << i;
         // The bf16 at or below |x| and the next one away from zero.
@@ -211,11 +264,11 @@ TEST_F(OptimizerState, StochasticRoundingFollowsTheSeed) {
   EXPECT_FALSE(bits_equal(train(c, 3).master.at("l1.w"), a.master.at("l1.w")));
 }
 
-TEST_F(OptimizerState, ACheckpointKeepsBf16MomentsAndResumesBitForBit) {
-  for (StateRounding rounding : {StateRounding::kNearestEven, StateRounding::kStochastic}) {
-    SCOPED_TRACE(std::string(to_string(rounding)));
-    const std::string ck = (dir_ / ("ck_" + std::string(to_string(rounding)))).string();
-    Config c = with(StateFormat::kBf16, rounding);
+TEST_F(OptimizerState, ACheckpointKeepsCompressedMomentsAndResumesBitForBit) {
+  for (const Format& fmt : kCompressed) {
+    SCOPED_TRACE(fmt.name());
+    const std::string ck = (dir_ / ("ck_" + std::to_string(&fmt - kCompressed))).string();
+    Config c = with(fmt.format, fmt.rounding);
     c.zero.offload_optimizer.device = OffloadDevice::kNvme;
     const State straight = train(c, 5);
     {
@@ -225,15 +278,23 @@ TEST_F(OptimizerState, ACheckpointKeepsBf16MomentsAndResumesBitForBit) {
       for (int step = 0; step < 3; ++step) train_one_step(*e, f, step);
       ASSERT_TRUE(e->save_checkpoint(ck, {}).ok());
     }
-    // The file keeps the moments as the engine did: BF16, 2 bytes an element; the master F32.
+    // The file keeps the moments as the engine did: BF16, 2 bytes an
+    // element; or U8 codes with an F32 absmax per block of 256; the master F32.
     {
       auto r = SafetensorsReader::open(ck + "/step-3/state.safetensors");
       ASSERT_TRUE(r.ok()) << r.status();
       ASSERT_NE(r->find("l1.w.exp_avg"), nullptr);
-      EXPECT_EQ(r->find("l1.w.exp_avg")->dtype, TensorDtype::kBf16);
-      EXPECT_EQ(r->find("l1.w.exp_avg_sq")->dtype, TensorDtype::kBf16);
-      EXPECT_EQ(r->find("l1.w.exp_avg_sq")->nbytes, static_cast<std::uint64_t>(kHidden) * kIn * 2);
+      const bool int8 = fmt.format == StateFormat::kInt8Blockwise;
+      const TensorDtype want = int8 ? TensorDtype::kU8 : TensorDtype::kBf16;
+      EXPECT_EQ(r->find("l1.w.exp_avg")->dtype, want);
+      EXPECT_EQ(r->find("l1.w.exp_avg_sq")->dtype, want);
+      EXPECT_EQ(r->find("l1.w.exp_avg_sq")->nbytes, static_cast<std::uint64_t>(kHidden) * kIn * (int8 ? 1 : 2));
       EXPECT_EQ(r->find("l1.w.master")->dtype, TensorDtype::kF32);
+      EXPECT_EQ(r->find("l1.w.exp_avg.absmax") != nullptr, int8);
+      if (int8) {
+        EXPECT_EQ(r->find("l1.w.exp_avg_sq.absmax")->nbytes, static_cast<std::uint64_t>(kHidden) * kIn / 256 * 4);
+        EXPECT_EQ(r->find("l2.b.exp_avg.absmax")->nbytes, 4u);  // 32 elements: one short block
+      }
     }
     // Loaded under another placement (the state in pinned memory), two more steps.
     Config other = c;
@@ -247,14 +308,18 @@ TEST_F(OptimizerState, ACheckpointKeepsBf16MomentsAndResumesBitForBit) {
   }
 }
 
-// A checkpoint saved in one format loads into an engine of the other: bf16
-// moments widen exactly, fp32 ones round to nearest even; the masters come
-// back as saved either way.
-TEST_F(OptimizerState, ACheckpointOfTheOtherFormatIsConvertedAsItLoads) {
-  for (StateFormat saved : {StateFormat::kFp32, StateFormat::kBf16}) {
-    const StateFormat loaded = saved == StateFormat::kFp32 ? StateFormat::kBf16 : StateFormat::kFp32;
-    SCOPED_TRACE(std::string("saved ") + std::string(to_string(saved)));
-    const std::string ck = (dir_ / ("ck_" + std::string(to_string(saved)))).string();
+// A checkpoint saved in one format loads into an engine of any other: the
+// saved moments are read back as fp32 (bf16 exactly, int8 codes as a step
+// dequantizes them) and stored the engine's way (fp32 as they are, bf16
+// rounded to nearest even, int8 quantized per block); the masters come back
+// as saved either way.
+TEST_F(OptimizerState, ACheckpointOfAnotherFormatIsConvertedAsItLoads) {
+  constexpr StateFormat kAll[] = {StateFormat::kFp32, StateFormat::kBf16, StateFormat::kInt8Blockwise};
+  for (StateFormat saved : kAll) {
+  for (StateFormat loaded : kAll) {
+    if (loaded == saved) continue;
+    SCOPED_TRACE(std::string("saved ") + std::string(to_string(saved)) + ", loaded " + std::string(to_string(loaded)));
+    const std::string ck = (dir_ / ("ck_" + std::string(to_string(saved)) + "_" + std::string(to_string(loaded)))).string();
     State before;
     {
       auto e = make_mlp_engine(with(saved));
@@ -274,19 +339,18 @@ TEST_F(OptimizerState, ACheckpointOfTheOtherFormatIsConvertedAsItLoads) {
       SCOPED_TRACE(t.name);
       EXPECT_TRUE(bits_equal(after.master.at(t.name), before.master.at(t.name)));
       for (const auto moments : {&State::exp_avg, &State::exp_avg_sq}) {
+        // What was read back (the saved format's values, widened exactly),
+        // stored the loading engine's way.
         const std::vector<float>& was = (before.*moments).at(t.name);
         const std::vector<float>& now = (after.*moments).at(t.name);
         ASSERT_EQ(was.size(), now.size());
-        for (std::size_t i = 0; i < was.size(); ++i) {
-          const float want = loaded == StateFormat::kBf16 ? nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(was[i]))
-                                                          : was[i];
-          ASSERT_EQ(now[i], want) << i;
-        }
+        EXPECT_TRUE(bits_equal(now, stored(loaded, was, moments == &State::exp_avg)));
       }
     }
     // It trains on from there.
     Framework f;
     for (int step = 3; step < 5; ++step) train_one_step(*e, f, step);
+  }
   }
 }
 

@@ -6,13 +6,19 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <span>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "core/logging.h"
+#include "core/numerics.h"
+#include "engine/checkpoint/code_tables.h"
 #include "engine/checkpoint/manifest.h"
+#include "engine/checkpoint/safetensors.h"
 #include "engine/checkpoint/retention.h"
 #include "engine/config.h"
 #include "nvme/crc64.h"
@@ -431,6 +437,80 @@ TEST_F(CheckpointLocate, WithoutLatestTheNewestCompleteFolderLoads) {
   EXPECT_NE(r.status().message().find("no complete checkpoint at " + root()), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("step-2: "), std::string::npos) << r.status();
   EXPECT_NE(r.status().message().find("step-4: "), std::string::npos) << r.status();
+}
+
+// --- 8-bit moments: code tables, codes and scales ---------------------------
+
+class CodeTables : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("strata_codes_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A state file with 300 exp_avg codes and their 2 scales, and the code
+  // tables unless `tables` is false; `m_table` replaces exp_avg's.
+  std::string write(std::vector<std::uint8_t> codes, std::vector<float> scales, bool tables = true,
+                    const float* m_table = core::numerics::kQuantTables.m_values) {
+    const std::string path = (dir_ / "state.safetensors").string();
+    std::vector<SafetensorsWriter::Declared> d = {
+        {"w.exp_avg", TensorDtype::kU8, {static_cast<std::int64_t>(codes.size())}},
+        {"w.exp_avg.absmax", TensorDtype::kF32, {static_cast<std::int64_t>(scales.size())}}};
+    if (tables) {
+      d.push_back({std::string(kCodeTableM), TensorDtype::kF32, {128}});
+      d.push_back({std::string(kCodeTableV), TensorDtype::kF32, {256}});
+    }
+    auto w = SafetensorsWriter::create(path, d);
+    EXPECT_TRUE(w.ok()) << w.status();
+    EXPECT_TRUE(w->write_raw("w.exp_avg", std::as_bytes(std::span<const std::uint8_t>(codes))).ok());
+    EXPECT_TRUE(w->write_f32("w.exp_avg.absmax", scales).ok());
+    if (tables) {
+      EXPECT_TRUE(w->write_f32(kCodeTableM, std::span<const float>(m_table, 128)).ok());
+      EXPECT_TRUE(w->write_f32(kCodeTableV, core::numerics::kQuantTables.v_values).ok());
+    }
+    EXPECT_TRUE(w->finish().ok());
+    return path;
+  }
+  core::Status verify(const std::string& path) {
+    auto r = SafetensorsReader::open(path);
+    if (!r.ok()) return r.status();
+    return verify_codes(*r);
+  }
+  fs::path dir_;
+};
+
+TEST_F(CodeTables, GoodCodesAndScalesPassAndEachFlawIsNamed) {
+  std::vector<std::uint8_t> codes(300, 0x7f);
+  codes[5] = 0x81;
+  EXPECT_TRUE(verify(write(codes, {1.0f, std::numeric_limits<float>::quiet_NaN()})).ok());  // NaN: a poisoned block
+
+  codes[299] = 0x80;
+  core::Status s = verify(write(codes, {1.0f, 2.0f}));
+  EXPECT_EQ(s.code(), core::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("'w.exp_avg' element 299 has code 0x80"), std::string_view::npos) << s;
+  codes[299] = 0;
+
+  s = verify(write(codes, {1.0f, -2.0f}));
+  EXPECT_EQ(s.code(), core::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("'w.exp_avg.absmax' block 1 has scale -2"), std::string_view::npos) << s;
+
+  s = verify(write(codes, {1.0f}));
+  EXPECT_EQ(s.code(), core::StatusCode::kDataLoss) << s;
+  EXPECT_NE(s.message().find("need 2 F32 scales"), std::string_view::npos) << s;
+
+  s = verify(write(codes, {1.0f, 2.0f}, /*tables=*/false));
+  EXPECT_EQ(s.code(), core::StatusCode::kNotFound) << s;
+  EXPECT_NE(s.message().find(std::string(kCodeTableM)), std::string_view::npos) << s;
+
+  float other[128];
+  std::memcpy(other, core::numerics::kQuantTables.m_values, sizeof other);
+  other[64] = 0.125f;
+  s = verify(write(codes, {1.0f, 2.0f}, true, other));
+  EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("other code tables"), std::string_view::npos) << s;
 }
 
 }  // namespace

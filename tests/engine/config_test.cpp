@@ -945,7 +945,12 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
                {"strata.nonfinite: \"ignore\" is not one of skip, error, apply"});
   expect_error(doc(R"("strata": {"seed": -1})"), {"strata.seed: -1 must be >= 0"});
   expect_error(doc(R"("strata": {"optimizer_state": {"format": "int4"}})"),
-               {"strata.optimizer_state.format: \"int4\" is not one of fp32, bf16"});
+               {"strata.optimizer_state.format: \"int4\" is not one of fp32, bf16, int8_blockwise"});
+  expect_error(doc(R"("strata": {"optimizer_state": {"format": "int8_blockwise", "rounding": "stochastic"}})"),
+               {"strata.optimizer_state.rounding: \"stochastic\" rounds bf16 moments, but "
+                "strata.optimizer_state.format is \"int8_blockwise\""});
+  expect_error(doc(R"("optimizer": {"type": "Lion"}, "strata": {"optimizer_state": {"format": "int8_blockwise"}})"),
+               {"strata.optimizer_state.format: \"int8_blockwise\" stores Adam's and AdamW's moments"});
   expect_error(doc(R"("strata": {"optimizer_state": {"format": "bf16", "rounding": "up"}})"),
                {"strata.optimizer_state.rounding: \"up\" is not one of nearest_even, stochastic"});
   expect_error(doc(R"("strata": {"optimizer_state": {"rounding": "stochastic"}})"),

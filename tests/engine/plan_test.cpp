@@ -566,25 +566,31 @@ TEST(Planner, Bf16MomentsTakeFourBytesAndThePlanComparesTheFormats) {
   ASSERT_TRUE(fp32.ok()) << fp32.status();
   ASSERT_TRUE(bf16.ok()) << bf16.status();
   const std::uint64_t T = 40'000'000'000;
-  EXPECT_EQ(fp32->state.moment_bytes, 8u);
-  EXPECT_EQ(bf16->state.moment_bytes, 4u);
+  EXPECT_EQ(fp32->state.moment_bytes, 8.0);
+  EXPECT_EQ(bf16->state.moment_bytes, 4.0);
   EXPECT_EQ(bf16->state.moment_format, "bf16");
   EXPECT_EQ(fp32->configured.item_bytes(Tier::kNvme, "optimizer_moments"), 8 * T);
   EXPECT_EQ(bf16->configured.item_bytes(Tier::kNvme, "optimizer_moments"), 4 * T);
   // The state is read and written once a step: 4 B per parameter less each way.
   EXPECT_EQ(fp32->configured.traffic.disk_read_bytes - bf16->configured.traffic.disk_read_bytes, 4 * T);
   EXPECT_EQ(fp32->configured.traffic.disk_write_bytes - bf16->configured.traffic.disk_write_bytes, 4 * T);
-  // Both plans list both formats, each the configured placement under it.
+  // Both plans list every format, each the configured placement under it.
   for (const Plan* p : {&*fp32, &*bf16}) {
-    ASSERT_EQ(p->formats.size(), 2u);
+    ASSERT_EQ(p->formats.size(), 3u);
     EXPECT_EQ(p->formats[0].format, "fp32");
-    EXPECT_EQ(p->formats[0].state_bytes, 12u);
+    EXPECT_EQ(p->formats[0].state_bytes, 12.0);
     EXPECT_EQ(p->formats[1].format, "bf16");
-    EXPECT_EQ(p->formats[1].state_bytes, 8u);
+    EXPECT_EQ(p->formats[1].state_bytes, 8.0);
+    EXPECT_EQ(p->formats[2].format, "int8_blockwise");
+    EXPECT_EQ(p->formats[2].state_bytes, 6.03125);
+    // int8: 2 B of codes per parameter and 8 B of scales per 256.
+    EXPECT_EQ(p->formats[2].plan.item_bytes(Tier::kNvme, "optimizer_moments"), 2 * T + 8 * (T / 256));
     EXPECT_EQ(p->formats[0].plan.traffic.disk_write_bytes, fp32->configured.traffic.disk_write_bytes);
     EXPECT_EQ(p->formats[1].plan.traffic.disk_write_bytes, bf16->configured.traffic.disk_write_bytes);
     ASSERT_TRUE(p->formats[0].wear && p->formats[0].wear->steps && p->formats[1].wear && p->formats[1].wear->steps);
     EXPECT_GT(*p->formats[1].wear->steps, *p->formats[0].wear->steps);
+    ASSERT_TRUE(p->formats[2].wear && p->formats[2].wear->steps);
+    EXPECT_GT(*p->formats[2].wear->steps, *p->formats[1].wear->steps);
   }
   EXPECT_EQ(*fp32->formats[0].wear->steps, *fp32->wear->configured.steps);
   const std::string table = format_plan_table(*bf16);

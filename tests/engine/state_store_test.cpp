@@ -66,14 +66,17 @@ class StateStoreTest : public ::testing::Test {
   core::MemoryBudget pinned_budget_{"pinned host memory", 64ull << 20, "strata.budgets.pinned"};
 
   // Every tier keeps what was stored in each array, at the size the format
-  // gives (fp32: 12 bytes an element; bf16 moments: 8).
+  // gives (fp32: 12 bytes an element; bf16 moments: 8; int8 codes: 6 and
+  // 2 x 4 bytes of scales per block of 256).
   void every_tier_keeps_what_was_stored(StateFormat format);
 };
 
 void StateStoreTest::every_tier_keeps_what_was_stored(StateFormat format) {
   const Layout l = layout(format);
-  const std::uint64_t per_elem = format == StateFormat::kBf16 ? 8 : 12;
-  ASSERT_EQ(l.optimizer.bytes_per_elem(), per_elem);
+  const std::uint64_t chunk_bytes = format == StateFormat::kFp32   ? 12 * kB
+                                    : format == StateFormat::kBf16 ? 8 * kB
+                                                                   : 6 * kB + 8 * (kB / 256);
+  ASSERT_EQ(l.optimizer.state_bytes(kB), chunk_bytes);
   // A moment value and its stored form: exact in both formats.
   auto moment = [](std::int64_t k) { return -static_cast<float>(k % 256); };
   int tiers[3] = {0, 0, 0};
@@ -87,10 +90,10 @@ void StateStoreTest::every_tier_keeps_what_was_stored(StateFormat format) {
   ASSERT_NE(sw, nullptr);
   auto store = StateStore::create(l, **device, sw.get());
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(device_budget_.used_bytes(), 2u * kB * per_elem);
-  EXPECT_EQ(pinned_budget_.used_bytes(), 2u * kB * per_elem);
+  EXPECT_EQ(device_budget_.used_bytes(), 2u * chunk_bytes);
+  EXPECT_EQ(pinned_budget_.used_bytes(), 2u * chunk_bytes);
 
-  auto staging = core::AlignedBuffer::allocate(kB * per_elem, core::kDirectIoAlignment);
+  auto staging = core::AlignedBuffer::allocate(chunk_bytes, core::kDirectIoAlignment);
   ASSERT_TRUE(staging.ok());
   for (std::size_t i = 0; i < l.chunks.size(); ++i) {
     if ((*store)->tier(i) == Tier::kDevice) continue;
@@ -102,22 +105,35 @@ void StateStoreTest::every_tier_keeps_what_was_stored(StateFormat format) {
       if (format == StateFormat::kBf16) {
         st->arrays[1].bf16()[k] = core::numerics::fp32_to_bf16_bits(1.0f);
         st->arrays[2].bf16()[k] = core::numerics::fp32_to_bf16_bits(moment(k));
+      } else if (format == StateFormat::kInt8Blockwise) {
+        st->arrays[1].codes()[k] = 0x7f;  // +1 x the block's scale
+        st->arrays[2].codes()[k] = static_cast<std::uint8_t>(k % 256);
+        st->arrays[1].block_scales()[k / 256] = 1.0f;
+        st->arrays[2].block_scales()[k / 256] = static_cast<float>(k / 256);
       } else {
         st->arrays[1].f32()[k] = 1.0f;
         st->arrays[2].f32()[k] = moment(k);
       }
     }
-    // The arrays sit one after the other: [master | exp_avg | exp_avg_sq].
+    // The arrays sit one after the other: [master | exp_avg | exp_avg_sq],
+    // then blockwise scales [exp_avg's | exp_avg_sq's].
     const auto* base = reinterpret_cast<const std::byte*>(st->master().data());
+    const int eb = l.optimizer.elem_bytes(1);
     EXPECT_EQ(st->arrays[1].data, base + kB * 4);
-    EXPECT_EQ(st->arrays[2].data, base + kB * (format == StateFormat::kBf16 ? 6 : 8));
+    EXPECT_EQ(st->arrays[2].data, base + kB * (4 + eb));
+    if (format == StateFormat::kInt8Blockwise) {
+      EXPECT_EQ(reinterpret_cast<const std::byte*>(st->arrays[1].scales), base + kB * 6);
+      EXPECT_EQ(reinterpret_cast<const std::byte*>(st->arrays[2].scales), base + kB * 6 + 4 * (kB / 256));
+    } else {
+      EXPECT_EQ(st->arrays[1].scales, nullptr);
+    }
     ASSERT_TRUE((*store)->store(i, staging->bytes()).ok());
   }
   for (std::size_t i = 0; i < l.chunks.size(); ++i) {
     if ((*store)->tier(i) == Tier::kDevice) {
       auto span = (*store)->device_state(i);
       ASSERT_TRUE(span.ok());
-      EXPECT_EQ(span->size_bytes(), static_cast<std::uint64_t>(kB) * per_elem);
+      EXPECT_EQ(span->size_bytes(), chunk_bytes);
       EXPECT_EQ((*store)->load(i, staging->bytes()).status().code(), core::StatusCode::kFailedPrecondition);
       continue;
     }
@@ -129,6 +145,11 @@ void StateStoreTest::every_tier_keeps_what_was_stored(StateFormat format) {
       if (format == StateFormat::kBf16) {
         EXPECT_EQ(core::numerics::bf16_bits_to_fp32(st->arrays[1].bf16()[k]), 1.0f);
         EXPECT_EQ(core::numerics::bf16_bits_to_fp32(st->arrays[2].bf16()[k]), moment(k));
+      } else if (format == StateFormat::kInt8Blockwise) {
+        EXPECT_EQ(st->arrays[1].codes()[k], 0x7f);
+        EXPECT_EQ(st->arrays[2].codes()[k], k % 256);
+        EXPECT_EQ(st->arrays[1].block_scales()[k / 256], 1.0f);
+        EXPECT_EQ(st->arrays[2].block_scales()[k / 256], static_cast<float>(k / 256));
       } else {
         EXPECT_EQ(st->arrays[1].f32()[k], 1.0f);
         EXPECT_EQ(st->arrays[2].f32()[k], moment(k));
@@ -145,6 +166,10 @@ TEST_F(StateStoreTest, EveryTierKeepsWhatWasStored) { every_tier_keeps_what_was_
 
 TEST_F(StateStoreTest, EveryTierKeepsBf16MomentsInTwoBytes) {
   every_tier_keeps_what_was_stored(StateFormat::kBf16);
+}
+
+TEST_F(StateStoreTest, EveryTierKeepsInt8CodesAndTheirBlockScales) {
+  every_tier_keeps_what_was_stored(StateFormat::kInt8Blockwise);
 }
 
 TEST_F(StateStoreTest, CorruptSwapIsDataLossNotGarbage) {

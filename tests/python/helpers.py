@@ -61,14 +61,56 @@ def batches(count, micro=4, seq=12, vocab=64, seed=123):
     return out
 
 
+def _dynamic_tree(width):
+    """strata's 8-bit code table (core/numerics.h): the values of the codes
+    of a `width`-bit magnitude field and the thresholds between them, both
+    computed in double and rounded to float32, the last threshold +inf."""
+    values = [0.0]
+    for r in range(1, 1 << width):
+        z = width - r.bit_length()
+        k = width - 1 - z
+        f = r & ((1 << k) - 1)
+        values.append([1.0, 0.1, 0.01, 0.001, 0.0001, 0.00001, 0.000001, 0.0000001][z] * (0.1 + 0.9 * (f + 1) / (1 << k)))
+    v32 = torch.tensor(values, dtype=torch.float64).to(torch.float32)
+    wide = v32.to(torch.float64)
+    mids = ((wide[:-1] + wide[1:]) / 2).to(torch.float32)
+    return v32, torch.cat([mids, torch.tensor([float("inf")])])
+
+
+def quantize_int8_blockwise(x, signed):
+    """x (a moment, any shape) as strata's int8_blockwise format stores it,
+    read back as float32: per block of 256 consecutive elements, the codes of
+    |x| / absmax (the number of thresholds below it), dequantized with the
+    block's absmax."""
+    values, thresholds = _dynamic_tree(7 if signed else 8)
+    flat = x.reshape(-1).to(torch.float32)
+    n = flat.numel()
+    blocks = -(-n // 256)
+    padded = torch.zeros(blocks * 256, dtype=torch.float32)
+    padded[:n] = flat
+    padded = padded.view(blocks, 256)
+    a = padded.abs()
+    absmax = torch.where(torch.isnan(a), torch.full_like(a, float("inf")), a).amax(dim=1, keepdim=True)
+    scale = torch.where(torch.isfinite(absmax), absmax, torch.full_like(absmax, float("nan")))
+    usable = torch.isfinite(scale) & (scale > 0)
+    xn = torch.where(usable, a / torch.where(usable, scale, torch.ones_like(scale)), torch.zeros_like(a))
+    r = torch.searchsorted(thresholds, xn.contiguous(), right=False)  # thresholds below xn
+    r = torch.where(usable, r, torch.zeros_like(r))
+    out = values[r] * scale
+    if signed:
+        out = torch.where((padded < 0) & (r > 0), -out, out)
+    return out.reshape(-1)[:n].reshape(x.shape)
+
+
 def train_torch(model, data, steps, gas=1, lr=1e-3, weight_decay=0.01, clip=0.0, betas=(0.9, 0.999), eps=1e-8,
-                params=None, bf16_moments=False):
+                params=None, moments="fp32"):
     """The oracle: plain PyTorch with torch.optim.AdamW (and clip_grad_norm_
     when clip > 0), `steps` steps of `gas` micro-batches from `data`. With
-    bf16_moments, after each step the moments are rounded to bf16 (nearest
-    even, torch's cast) and kept as fp32 holding those values: what the next
-    step reads is what strata's bf16 moments hold. Returns the mean loss of
-    each step and how many steps clipping fired."""
+    moments "bf16" or "int8_blockwise", after each step the moments are
+    stored as strata stores them (bf16: rounded to nearest even, torch's cast;
+    int8: quantize_int8_blockwise) and kept as fp32 holding those values: what
+    the next step reads is what strata's moments hold. Returns the mean loss
+    of each step and how many steps clipping fired."""
     if params is None:
         params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
@@ -86,10 +128,13 @@ def train_torch(model, data, steps, gas=1, lr=1e-3, weight_decay=0.01, clip=0.0,
             norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             clipped += int(norm.item() > clip)
         opt.step()
-        if bf16_moments:
+        if moments != "fp32":
             for state in opt.state.values():
                 for key in ("exp_avg", "exp_avg_sq"):
-                    state[key].copy_(state[key].to(torch.bfloat16).float())
+                    if moments == "bf16":
+                        state[key].copy_(state[key].to(torch.bfloat16).float())
+                    else:
+                        state[key].copy_(quantize_int8_blockwise(state[key], signed=key == "exp_avg"))
         losses.append(total / gas)
     return losses, clipped
 

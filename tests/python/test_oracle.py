@@ -2,8 +2,8 @@
 hyperparameters in fp32 (20 steps, clipping that fires, 2 micro-batches per
 step), trained with torch.optim.AdamW + clip_grad_norm_ and through strata in
 five placements; and bf16 runs bit-identical across placements. Adam's
-moments stored as bf16 (strata.optimizer_state) against torch AdamW with its
-moments cast to bf16 after each step."""
+moments stored as bf16 or 8-bit blockwise (strata.optimizer_state) against
+torch AdamW with its moments stored alike after each step."""
 import pytest
 import torch
 
@@ -47,8 +47,8 @@ def test_fp32_matches_torch_adamw(oracle, placement, swap_dir):
 
 
 @pytest.mark.parametrize("state", [{"format": "fp32"}, {"format": "bf16"},
-                                   {"format": "bf16", "rounding": "stochastic"}],
-                         ids=["fp32_moments", "bf16_moments", "bf16_moments_stochastic"])
+                                   {"format": "bf16", "rounding": "stochastic"}, {"format": "int8_blockwise"}],
+                         ids=["fp32_moments", "bf16_moments", "bf16_moments_stochastic", "int8_moments"])
 def test_bf16_bit_identical_across_placements(tmp_path, state):
     results = {}
     for placement in helpers.PLACEMENTS:
@@ -68,19 +68,23 @@ def test_bf16_bit_identical_across_placements(tmp_path, state):
         helpers.assert_same_bits(w, base_w, placement)
 
 
-@pytest.fixture(scope="module")
-def oracle_bf16_moments():
-    """torch's AdamW with its moments rounded to bf16 after every step."""
+@pytest.fixture(scope="module", params=["bf16", "int8_blockwise"])
+def oracle_stored_moments(request):
+    """torch's AdamW with its moments stored as strata's format stores them
+    (rounded to bf16, or quantized per block of 256) after every step."""
     model = helpers.tiny_llama(seed=0)
     losses, clipped = helpers.train_torch(model, helpers.batches(STEPS * GAS), STEPS, GAS, lr=LR, weight_decay=WD,
-                                          clip=CLIP, betas=BETAS, eps=EPS, bf16_moments=True)
-    return losses, clipped, {n: p.detach().clone() for n, p in model.named_parameters()}
+                                          clip=CLIP, betas=BETAS, eps=EPS, moments=request.param)
+    return request.param, losses, clipped, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("placement", ["optimizer_device", "optimizer_cpu", "optimizer_nvme"])
-def test_bf16_moments_match_torch_adamw_with_its_moments_cast(oracle, oracle_bf16_moments, placement, swap_dir):
-    """strata.optimizer_state bf16 against torch AdamW whose moments are cast
-    to bf16 and back after each step: the same rounding of the same moments.
+def test_stored_moments_match_torch_adamw_with_its_moments_stored_alike(oracle, oracle_stored_moments, placement,
+                                                                        swap_dir):
+    """strata.optimizer_state bf16 (int8_blockwise) against torch AdamW whose
+    moments are cast to bf16 and back (quantized per block of 256 with
+    strata's code tables, helpers.quantize_int8_blockwise) after each step:
+    the same rounding of the same moments.
     The two AdamW formulas differ in their last bits (see the fp32 test), and
     a moment that lands near a bf16 rounding midpoint then rounds the other way
     in one of them (a relative step of 2^-8 in that element's update): a few
@@ -89,11 +93,11 @@ def test_bf16_moments_match_torch_adamw_with_its_moments_cast(oracle, oracle_bf1
     oracle under 1/8 of the cast oracle's own distance to the uncast one
     (measured: 1/16 after 20 steps, 1/140 after 10), and the worst element
     nearer to the cast oracle than the uncast oracle is."""
-    want_losses, _, want = oracle_bf16_moments
+    state_format, want_losses, _, want = oracle_stored_moments
     fp32_losses, _, fp32_w = oracle
     model = helpers.tiny_llama(seed=0)
     cfg = helpers.config(swap_dir, placement, "fp32", gas=GAS, clip=CLIP, lr=LR, weight_decay=WD, betas=BETAS,
-                         eps=EPS, optimizer_state={"format": "bf16"})
+                         eps=EPS, optimizer_state={"format": state_format})
     engine = strata.torch.initialize(model, cfg)
     losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS)
     for step, (got, exp) in enumerate(zip(losses, want_losses)):
