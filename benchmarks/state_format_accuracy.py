@@ -3,7 +3,7 @@
 (examples/python/train_llama.py) is trained from scratch and exported, then
 fine-tuned from that export (other batches: --seed 1) for the same steps on
 the same data once per format of strata.optimizer_state (fp32 moments, bf16
-rounded to nearest even, bf16 rounded stochastically). Writes each run's training loss per step and
+rounded to nearest even, bf16 rounded stochastically, 8-bit blockwise). Writes each run's training loss per step and
 held-out loss per evaluation, and the final figures against fp32's:
 
 - final training loss: the mean over the last --tail steps (one batch's loss
@@ -35,6 +35,7 @@ FORMATS = [
     ("fp32", {"format": "fp32"}),
     ("bf16", {"format": "bf16"}),
     ("bf16 stochastic", {"format": "bf16", "rounding": "stochastic"}),
+    ("int8 blockwise", {"format": "int8_blockwise"}),
 ]
 STEP = re.compile(r"^step\s+(\d+)\s+loss (\S+).*?(?:val (\S+))?$")
 SUMMARY = re.compile(r"held-out loss (\S+)")
