@@ -376,7 +376,7 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
   for (hwloc_obj_t c : cores) b.cpus.push_back(hwloc_bitmap_first(c->cpuset));
   if (threads == 1) {
     b.bound = false;
-    b.why_unbound = "one thread: the calling thread runs the step alone, and it is never pinned";
+    b.why_unbound = "one thread: the calling thread, which is never pinned";
     return choice;
   }
   b.bound = true;
