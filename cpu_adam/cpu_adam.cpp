@@ -1,5 +1,5 @@
 // CpuAdam: validation, run-time kernel choice, and oneTBB threads over fixed
-// tiles (pinned to cores with hwloc).
+// tiles, pinned with hwloc to the physical cores of the memory's NUMA node.
 #include "cpu_adam/cpu_adam.h"
 
 #include <hwloc.h>
@@ -10,17 +10,24 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #include "cpu_adam/kernels/kernels.h"
 #include "core/aligned_buffer.h"
+#include "core/check.h"
 #include "core/logging.h"
 #include "core/str.h"
 
@@ -180,31 +187,301 @@ void* copy_at(const TypedSpan& copy_out, std::int64_t begin) {
   return static_cast<std::byte*>(copy_out.data) + begin * elem_size_bytes(copy_out.type);
 }
 
-// Pins each worker thread that enters the arena to one core, round robin.
+// An owned hwloc bitmap.
+class Bitmap {
+ public:
+  Bitmap() : bits_(hwloc_bitmap_alloc()) { STRATA_CHECK(bits_ != nullptr); }
+  ~Bitmap() { hwloc_bitmap_free(bits_); }
+  Bitmap(const Bitmap&) = delete;
+  Bitmap& operator=(const Bitmap&) = delete;
+  hwloc_bitmap_t get() const { return bits_; }
+
+ private:
+  hwloc_bitmap_t bits_;
+};
+
+// The machine's topology (or a synthetic one), owned; null when hwloc could
+// not read it, with the reason in `error`.
+struct Topology {
+  hwloc_topology_t topology = nullptr;
+  std::string error;
+
+  explicit Topology(std::string_view synthetic) {
+    if (hwloc_topology_init(&topology) != 0) {
+      error = str_cat("hwloc_topology_init: ", std::generic_category().message(errno));
+      topology = nullptr;
+      return;
+    }
+    if (!synthetic.empty() && hwloc_topology_set_synthetic(topology, std::string(synthetic).c_str()) != 0) {
+      error = str_cat("hwloc cannot read the synthetic topology \"", synthetic, "\"");
+    } else if (hwloc_topology_load(topology) != 0) {
+      error = str_cat("hwloc_topology_load: ", std::generic_category().message(errno));
+    }
+    if (!error.empty()) {
+      hwloc_topology_destroy(topology);
+      topology = nullptr;
+    }
+  }
+  ~Topology() {
+    if (topology != nullptr) hwloc_topology_destroy(topology);
+  }
+  Topology(const Topology&) = delete;
+  Topology& operator=(const Topology&) = delete;
+};
+
+// The physical cores whose PUs all lie in `set`, in hwloc's (logical) order.
+std::vector<hwloc_obj_t> cores_inside(hwloc_topology_t topology, hwloc_const_cpuset_t set) {
+  std::vector<hwloc_obj_t> cores;
+  for (hwloc_obj_t c = nullptr; (c = hwloc_get_next_obj_inside_cpuset_by_type(topology, set, HWLOC_OBJ_CORE, c));) {
+    cores.push_back(c);
+  }
+  return cores;
+}
+
+hwloc_obj_t numa_node_by_os_index(hwloc_topology_t topology, unsigned os_index) {
+  for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_NUMANODE, n));) {
+    if (n->os_index == os_index) return n;
+  }
+  return nullptr;
+}
+
+std::string numa_node_list(hwloc_topology_t topology) {
+  std::string out;
+  for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_NUMANODE, n));) {
+    out += str_cat(out.empty() ? "" : ", ", n->os_index);
+  }
+  return out;
+}
+
+// The first node holding a page of `memory` (the lowest number when its pages
+// are spread); null, with `why`, when the OS cannot say or no page is placed.
+hwloc_obj_t numa_node_of_memory(hwloc_topology_t topology, std::span<const std::byte> memory, std::string* why) {
+  Bitmap nodes;
+  if (hwloc_get_area_memlocation(topology, memory.data(), memory.size(), nodes.get(), HWLOC_MEMBIND_BYNODESET) != 0) {
+    *why = str_cat("hwloc_get_area_memlocation: ", std::generic_category().message(errno));
+    return nullptr;
+  }
+  const int first = hwloc_bitmap_first(nodes.get());
+  if (first < 0) {
+    *why = "no page of the memory is placed yet";
+    return nullptr;
+  }
+  return numa_node_by_os_index(topology, static_cast<unsigned>(first));
+}
+
+// The node of the CPU the calling thread last ran on; null when unknown.
+hwloc_obj_t numa_node_of_calling_thread(hwloc_topology_t topology) {
+  Bitmap where;
+  if (hwloc_get_last_cpu_location(topology, where.get(), HWLOC_CPUBIND_THREAD) != 0) return nullptr;
+  for (hwloc_obj_t n = nullptr; (n = hwloc_get_next_obj_by_type(topology, HWLOC_OBJ_NUMANODE, n));) {
+    if (hwloc_bitmap_intersects(n->cpuset, where.get())) return n;
+  }
+  return nullptr;
+}
+
+// What choose_cores() decided: the report, and the cores to pin to (in slot
+// order; empty when the threads stay unpinned).
+struct CoreChoice {
+  CoreBinding binding;
+  std::vector<hwloc_obj_t> cores;
+};
+
+// Chooses the threads' cores for `o` on `topology` (null: hwloc failed, for
+// `topology_error`), at most `max_threads` threads. Pins nothing.
+core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_view topology_error,
+                                      const CpuAdamOptions& o, int max_threads) {
+  if (o.threads < 0) return Status::invalid_argument(str_cat("cpu_adam: threads = ", o.threads, " must be >= 0"));
+  if (o.numa_node < -1) {
+    return Status::invalid_argument(
+        str_cat("cpu_adam: numa_node = ", o.numa_node, " must be a node's number (>= 0), or -1 for the node of the memory"));
+  }
+  if (o.bind != BindMode::kAuto && o.bind != BindMode::kNuma && o.bind != BindMode::kCores &&
+      o.bind != BindMode::kNone) {
+    return Status::invalid_argument(str_cat("cpu_adam: bind = ", static_cast<int>(o.bind), " is not a BindMode"));
+  }
+  CoreChoice choice;
+  CoreBinding& b = choice.binding;
+  b.mode = o.bind;
+  b.threads_asked = o.threads;
+  const bool strict = o.bind == BindMode::kNuma || o.bind == BindMode::kCores;
+  const std::string mode = str_cat("bind ", bind_mode_name(o.bind));
+  // The thread count without pinning: as asked, else `fallback`, capped.
+  auto unpinned = [&](int fallback, std::string why) {
+    b.threads = std::min(o.threads > 0 ? o.threads : std::max(1, fallback), max_threads);
+    b.bound = false;
+    b.why_unbound = std::move(why);
+    return choice;
+  };
+  if (topology == nullptr) {
+    if (strict || o.numa_node >= 0) {
+      return Status::unavailable(str_cat("cpu_adam: ", mode, o.numa_node >= 0 ? str_cat(", numa_node ", o.numa_node) : "",
+                                         ": hwloc cannot read this machine's topology (", topology_error, ")"));
+    }
+    return unpinned(max_threads, str_cat("hwloc cannot read the topology (", topology_error, ")"));
+  }
+  const std::vector<hwloc_obj_t> all_cores = cores_inside(topology, hwloc_topology_get_topology_cpuset(topology));
+  const int nodes = hwloc_get_nbobjs_by_type(topology, HWLOC_OBJ_NUMANODE);
+  if (o.bind == BindMode::kNone) return unpinned(static_cast<int>(all_cores.size()), mode);
+
+  hwloc_obj_t node = nullptr;
+  if (o.bind != BindMode::kCores) {
+    if (o.numa_node >= 0) {
+      node = numa_node_by_os_index(topology, static_cast<unsigned>(o.numa_node));
+      if (node == nullptr) {
+        return Status::invalid_argument(str_cat("cpu_adam: numa_node = ", o.numa_node,
+                                                " is not a NUMA node of this machine (its nodes: ",
+                                                numa_node_list(topology), ")"));
+      }
+      b.node_from = "numa_node";
+    }
+    std::string memory_why;
+    if (node == nullptr && !o.near_memory.empty()) {
+      node = numa_node_of_memory(topology, o.near_memory, &memory_why);
+      if (node != nullptr) b.node_from = "memory";
+    }
+    if (node == nullptr) {
+      node = numa_node_of_calling_thread(topology);
+      if (node != nullptr) b.node_from = "calling thread";
+    }
+    if (node == nullptr && nodes == 1) {
+      node = hwloc_get_obj_by_type(topology, HWLOC_OBJ_NUMANODE, 0);
+      b.node_from = "the only node";
+    }
+    if (!memory_why.empty()) {
+      STRATA_LOG(kDebug) << "cpu_adam: the node of the memory is unknown (" << memory_why << "); "
+                         << (node != nullptr ? str_cat("using ", b.node_from, "'s") : std::string("using every core"));
+    }
+  }
+  std::vector<hwloc_obj_t> cores = node != nullptr ? cores_inside(topology, node->cpuset) : all_cores;
+  if (node != nullptr && cores.empty()) {
+    if (o.numa_node >= 0) {
+      return Status::invalid_argument(str_cat("cpu_adam: numa_node = ", o.numa_node,
+                                              " has no cores (a memory-only node); give a node with cores (nodes: ",
+                                              numa_node_list(topology), ")"));
+    }
+    node = nullptr;  // memory without cores (a memory-only node): every core
+    b.node_from.clear();
+    cores = all_cores;
+  }
+  // Every core of a machine of one node is that node's (kCores there too).
+  if (node == nullptr && nodes == 1) node = hwloc_get_obj_by_type(topology, HWLOC_OBJ_NUMANODE, 0);
+  b.numa_node = node != nullptr ? static_cast<int>(node->os_index) : -1;
+  if (cores.empty()) {
+    if (strict) return Status::unavailable(str_cat("cpu_adam: ", mode, ": hwloc finds no cores on this machine"));
+    b.numa_node = -1;
+    return unpinned(max_threads, "hwloc finds no cores");
+  }
+  const int available = static_cast<int>(cores.size());
+  int threads = o.threads > 0 ? o.threads : available;
+  if (threads > available) {
+    STRATA_LOG(kInfo) << "cpu_adam: " << threads << " threads asked, but "
+                      << (b.numa_node >= 0 && nodes > 1 ? str_cat("NUMA node ", b.numa_node, " has ")
+                                                        : std::string("this machine has "))
+                      << available << " physical cores; using " << available << ", one per core (" << mode << ")";
+    threads = available;
+  }
+  if (threads > max_threads) {
+    STRATA_LOG(kInfo) << "cpu_adam: " << threads << " threads but this process may run " << max_threads
+                      << " at once; using " << max_threads;
+    threads = max_threads;
+  }
+  cores.resize(static_cast<std::size_t>(threads));
+  b.threads = threads;
+  for (hwloc_obj_t c : cores) b.cpus.push_back(hwloc_bitmap_first(c->cpuset));
+  if (threads == 1) {
+    b.bound = false;
+    b.why_unbound = "one thread: the calling thread, which is never pinned";
+    return choice;
+  }
+  b.bound = true;
+  choice.cores = std::move(cores);
+  return choice;
+}
+
+// Tries to pin a short-lived thread to each worker's core (slots 1 and up),
+// so that a request that cannot be met is known at create(). The first
+// failure, or "" when every core took it.
+std::string probe_pinning(hwloc_topology_t topology, const std::vector<hwloc_obj_t>& cores) {
+  std::string failure;
+  std::jthread probe([&] {
+    for (std::size_t slot = 1; slot < cores.size() && failure.empty(); ++slot) {
+      if (hwloc_set_cpubind(topology, cores[slot]->cpuset, HWLOC_CPUBIND_THREAD) != 0) {
+        const int err = errno;
+        failure = str_cat("cannot pin a thread to CPU ", hwloc_bitmap_first(cores[slot]->cpuset), ": ",
+                          std::generic_category().message(err));
+      }
+    }
+  });
+  probe.join();
+  return failure;
+}
+
+// Pins the worker thread in slot i of the arena to cores[i] while it is in
+// the arena, and gives it back its previous binding when it leaves (oneTBB's
+// workers serve every arena of the process). Slot 0 is the calling thread's:
+// never pinned, it belongs to the embedder.
 class CorePinner : public oneapi::tbb::task_scheduler_observer {
  public:
-  CorePinner(oneapi::tbb::task_arena& arena, hwloc_topology_t topology)
-      : oneapi::tbb::task_scheduler_observer(arena), topology_(topology) {
-    cores_ = hwloc_get_nbobjs_by_type(topology_, HWLOC_OBJ_CORE);
+  static constexpr std::chrono::milliseconds kLeaveWait{1000};
+
+  CorePinner(oneapi::tbb::task_arena& arena, hwloc_topology_t topology, std::vector<hwloc_obj_t> cores)
+      : oneapi::tbb::task_scheduler_observer(arena), topology_(topology), cores_(std::move(cores)) {
+    saved_.reserve(cores_.size());
+    for (std::size_t i = 0; i < cores_.size(); ++i) saved_.push_back(std::make_unique<Saved>());
     observe(true);
   }
-  ~CorePinner() override { observe(false); }
+  // Waits (a moment, at most kLeaveWait) for the pinned workers to leave the
+  // arena, so that each gets its binding back before the observer goes.
+  ~CorePinner() override {
+    const auto deadline = std::chrono::steady_clock::now() + kLeaveWait;
+    while (inside_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (inside_.load() > 0) {
+      STRATA_LOG(kDebug) << "cpu_adam: " << inside_.load() << " worker(s) still in the arena; they keep their pins";
+    }
+    observe(false);
+  }
 
   void on_scheduler_entry(bool is_worker) override {
-    // The caller's own thread is never pinned: it belongs to the embedder.
-    if (!is_worker || cores_ <= 0) return;
-    const int slot = oneapi::tbb::this_task_arena::current_thread_index();
-    hwloc_obj_t core = hwloc_get_obj_by_type(topology_, HWLOC_OBJ_CORE, slot % cores_);
-    if (core == nullptr) return;
-    if (hwloc_set_cpubind(topology_, core->cpuset, HWLOC_CPUBIND_THREAD) != 0 && !warned_.exchange(true)) {
-      STRATA_LOG(kInfo) << "cpu_adam: could not pin worker threads to cores; running unpinned";
+    Saved* saved = slot_of(is_worker);
+    if (saved == nullptr) return;
+    saved->valid = hwloc_get_cpubind(topology_, saved->set.get(), HWLOC_CPUBIND_THREAD) == 0;
+    if (saved->valid) inside_.fetch_add(1);
+    const std::size_t slot = static_cast<std::size_t>(oneapi::tbb::this_task_arena::current_thread_index());
+    if (hwloc_set_cpubind(topology_, cores_[slot]->cpuset, HWLOC_CPUBIND_THREAD) != 0 && !warned_.exchange(true)) {
+      STRATA_LOG(kInfo) << "cpu_adam: could not pin a worker thread to CPU " << hwloc_bitmap_first(cores_[slot]->cpuset)
+                        << "; it runs unpinned";
     }
   }
 
+  void on_scheduler_exit(bool is_worker) override {
+    Saved* saved = slot_of(is_worker);
+    if (saved == nullptr || !saved->valid) return;
+    // Best effort: the thread leaves our arena either way.
+    (void)hwloc_set_cpubind(topology_, saved->set.get(), HWLOC_CPUBIND_THREAD);
+    saved->valid = false;
+    inside_.fetch_sub(1);
+  }
+
  private:
+  // A worker's binding from before it entered; touched by that slot's thread only.
+  struct Saved {
+    Bitmap set;
+    bool valid = false;
+  };
+  Saved* slot_of(bool is_worker) {
+    if (!is_worker) return nullptr;
+    const int slot = oneapi::tbb::this_task_arena::current_thread_index();
+    if (slot <= 0 || static_cast<std::size_t>(slot) >= cores_.size()) return nullptr;
+    return saved_[static_cast<std::size_t>(slot)].get();
+  }
+
   hwloc_topology_t topology_;
-  int cores_ = 0;
+  std::vector<hwloc_obj_t> cores_;
+  std::vector<std::unique_ptr<Saved>> saved_;
   std::atomic<bool> warned_{false};
+  std::atomic<int> inside_{0};  // pinned workers in the arena, with a binding to give back
 };
 
 }  // namespace
@@ -326,18 +603,65 @@ Status validate_adagrad_constants(const nx::AdagradStepConstants& c) {
   return Status();
 }
 
+std::string_view bind_mode_name(BindMode mode) {
+  switch (mode) {
+    case BindMode::kAuto:
+      return "auto";
+    case BindMode::kNuma:
+      return "numa";
+    case BindMode::kCores:
+      return "cores";
+    case BindMode::kNone:
+      return "none";
+  }
+  return "?";
+}
+
+std::string CoreBinding::describe() const {
+  std::string cpu_list;
+  for (int c : cpus) cpu_list += str_cat(cpu_list.empty() ? "" : ",", c);
+  std::string where;
+  if (numa_node >= 0) {
+    where = str_cat("NUMA node ", numa_node);
+    if (node_from == "memory") where += " (the node of the memory)";
+    else if (node_from == "calling thread") where += " (the calling thread's node)";
+    else if (node_from == "numa_node") where += " (numa_node)";
+  } else if (!cpus.empty()) {
+    where = "every NUMA node";
+  }
+  const std::string count = str_cat(threads, threads == 1 ? " thread" : " threads");
+  if (bound) return str_cat(count, " pinned one per physical core of ", where, ": CPUs ", cpu_list);
+  std::string line = str_cat(count, ", not pinned (", why_unbound, ")");
+  if (!where.empty()) line += str_cat(" on ", where, ": CPU", cpus.size() == 1 ? " " : "s ", cpu_list);
+  return line;
+}
+
+core::Result<CoreBinding> plan_core_binding(const CpuAdamOptions& options, std::string_view synthetic_topology) {
+  const Topology topology(synthetic_topology);
+  if (topology.topology == nullptr && !synthetic_topology.empty()) {
+    return Status::invalid_argument(str_cat("cpu_adam: ", topology.error));
+  }
+  const int max_threads = std::max(1, oneapi::tbb::info::default_concurrency());
+  // A synthetic machine is not this one: its threads are not capped by what this process may run.
+  STRATA_ASSIGN_OR_RETURN(CoreChoice choice,
+                          choose_cores(topology.topology, topology.error, options,
+                                       synthetic_topology.empty() ? max_threads : std::numeric_limits<int>::max()));
+  return std::move(choice.binding);
+}
+
 struct CpuAdam::Impl {
   const kernels::KernelTable* table = nullptr;
+  CoreBinding binding;
   // Destruction order: the pinner stops observing before the arena goes, and
   // both before the topology they use.
-  hwloc_topology_t topology = nullptr;
+  std::unique_ptr<Topology> topology;
   std::unique_ptr<oneapi::tbb::task_arena> arena;
   std::unique_ptr<CorePinner> pinner;
 
   ~Impl() {
     pinner.reset();
     arena.reset();
-    if (topology != nullptr) hwloc_topology_destroy(topology);
+    topology.reset();
   }
 };
 
@@ -348,9 +672,6 @@ core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& opt
         str_cat("cpu_adam: ISA ", isa_name(isa),
                 " was requested but this CPU does not support it (best: ", isa_name(best_isa()), ")"));
   }
-  if (options.threads < 0) {
-    return Status::invalid_argument(str_cat("cpu_adam: threads = ", options.threads, " must be >= 0"));
-  }
   std::int64_t tile = options.tile_elems == 0 ? kDefaultTileElems : options.tile_elems;
   if (tile < 0 || tile % nx::kNormBlockElems != 0) {
     return Status::invalid_argument(str_cat("cpu_adam: tile_elems = ", options.tile_elems,
@@ -359,28 +680,36 @@ core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& opt
   }
   auto impl = std::make_unique<Impl>();
   impl->table = &table_for(isa);
-  int threads = options.threads;
-  if (hwloc_topology_init(&impl->topology) == 0 && hwloc_topology_load(impl->topology) == 0) {
-    if (threads == 0) threads = std::max(1, hwloc_get_nbobjs_by_type(impl->topology, HWLOC_OBJ_CORE));
-  } else {
-    if (impl->topology != nullptr) hwloc_topology_destroy(impl->topology);
-    impl->topology = nullptr;
-  }
+  impl->topology = std::make_unique<Topology>(std::string_view());
   const int max_threads = std::max(1, oneapi::tbb::info::default_concurrency());
-  if (threads == 0) threads = max_threads;
-  if (threads > max_threads) {
-    STRATA_LOG(kInfo) << "cpu_adam: " << threads << " threads requested but this process may run "
-                      << max_threads << " at once; using " << max_threads;
-    threads = max_threads;
+  STRATA_ASSIGN_OR_RETURN(CoreChoice choice,
+                          choose_cores(impl->topology->topology, impl->topology->error, options, max_threads));
+  CoreBinding& binding = choice.binding;
+  if (binding.bound) {
+    if (const std::string failure = probe_pinning(impl->topology->topology, choice.cores); !failure.empty()) {
+      if (options.bind != BindMode::kAuto) {
+        return Status::unavailable(str_cat("cpu_adam: bind ", bind_mode_name(options.bind), ": ", failure));
+      }
+      STRATA_LOG(kInfo) << "cpu_adam: bind auto: " << failure << "; the threads run unpinned";
+      binding.bound = false;
+      binding.why_unbound = failure;
+      choice.cores.clear();
+    }
+  } else if (options.bind == BindMode::kAuto && binding.threads > 1) {
+    STRATA_LOG(kInfo) << "cpu_adam: bind auto: " << binding.why_unbound << "; the threads run unpinned";
   }
+  const int threads = binding.threads;
   impl->arena = std::make_unique<oneapi::tbb::task_arena>(threads);
-  if (options.bind_threads && impl->topology != nullptr && threads > 1) {
-    impl->pinner = std::make_unique<CorePinner>(*impl->arena, impl->topology);
+  if (binding.bound) {
+    impl->pinner = std::make_unique<CorePinner>(*impl->arena, impl->topology->topology, std::move(choice.cores));
   }
-  STRATA_LOG(kDebug) << "cpu_adam: " << isa_name(isa) << " kernels, " << threads << " threads, tiles of "
-                     << tile << " elements";
+  STRATA_LOG(kDebug) << "cpu_adam: " << isa_name(isa) << " kernels, tiles of " << tile << " elements, "
+                     << binding.describe();
+  impl->binding = std::move(binding);
   return std::unique_ptr<CpuAdam>(new CpuAdam(threads, tile, std::move(impl)));
 }
+
+const CoreBinding& CpuAdam::binding() const { return impl_->binding; }
 
 CpuAdam::CpuAdam(int threads, std::int64_t tile_elems, std::unique_ptr<Impl> impl)
     : threads_(threads), tile_elems_(tile_elems), impl_(std::move(impl)) {}

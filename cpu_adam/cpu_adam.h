@@ -11,11 +11,14 @@
 // size often runs on the calling thread alone.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/numerics.h"
 #include "core/result.h"
@@ -155,13 +158,75 @@ struct GradPassResult {
   bool nonfinite = false;  // some dst value is inf or NaN
 };
 
+// Where the worker threads run. One thread per physical core in every pinned
+// mode (never two on the hyperthreads of one core): more threads than the
+// chosen cores are cut to that number. Pinning never changes results.
+enum class BindMode {
+  kAuto,   // kNuma where it can be done; otherwise unpinned, the reason logged
+  kNuma,   // the physical cores of one NUMA node (CpuAdamOptions::numa_node);
+           // create() fails when they cannot be found or pinned to
+  kCores,  // the physical cores of every node, in hwloc's order; create()
+           // fails when they cannot be found or pinned to
+  kNone,   // not pinned: the OS places the threads
+};
+std::string_view bind_mode_name(BindMode mode);  // "auto", "numa", "cores", "none"
+
 struct CpuAdamOptions {
   bool auto_isa = true;           // pick best_isa(); else use `isa`
   Isa isa = Isa::kScalar;         // used when auto_isa is false; must be supported
-  int threads = 0;                // 0: every core hwloc finds
+  // Threads of a step, the calling thread among them. 0: one per chosen core
+  // (kAuto, kNuma: the node's physical cores; kCores, kNone: every physical
+  // core). Capped at the chosen cores when pinned, and at what the process
+  // may run at once.
+  int threads = 0;
   std::int64_t tile_elems = 0;    // 0: default; else a positive multiple of 65536
-  bool bind_threads = true;       // pin worker threads to cores with hwloc
+  BindMode bind = BindMode::kAuto;
+  // kAuto, kNuma: the node whose cores to use, by the OS's number (as
+  // numactl and /sys/devices/system/node count); a node that does not exist
+  // or has no cores is an error. -1 (default): the node `near_memory` lives
+  // on, else the node of the thread that calls create(), else every core.
+  int numa_node = -1;
+  // kAuto, kNuma with numa_node -1: memory the steps will work on (the
+  // pinned buffers), borrowed for the call to create() only; its pages must
+  // have been touched. Empty: use the calling thread's node.
+  std::span<const std::byte> near_memory = {};
 };
+
+// What create() chose for the threads (CpuAdam::binding()).
+struct CoreBinding {
+  BindMode mode = BindMode::kAuto;  // as asked
+  bool bound = false;     // the worker threads are pinned, each to its own physical core
+  int threads = 0;        // threads of a step, the calling thread among them
+  int threads_asked = 0;  // CpuAdamOptions::threads (0: the default)
+  // The NUMA node (OS number) whose cores were chosen; -1 when the cores are
+  // not one node's (kCores on a machine of several nodes, kNone, no topology).
+  int numa_node = -1;
+  // How the node was found: "numa_node" (given), "memory" (where
+  // near_memory lives), "calling thread", or "" when no node was chosen.
+  std::string node_from;
+  // The chosen cores, one per thread in thread-slot order, each by its first
+  // logical CPU (the OS's number, as taskset and lscpu count). cpus[0] is the
+  // calling thread's, which is never pinned (it belongs to the embedder);
+  // the worker in slot i is pinned to the whole core of cpus[i]. Empty when
+  // no cores were chosen (kNone, no topology).
+  std::vector<int> cpus;
+  std::string why_unbound;  // when !bound: why (the mode, one thread, a failure)
+
+  // One line, e.g. "2 threads pinned to the physical cores of NUMA node 0
+  // (node of the memory; CPUs 0,1)" or "2 threads, not pinned (bind none)".
+  std::string describe() const;
+};
+
+// The choice create() would make for `options` (cores, node, threads),
+// without pinning anything and without creating threads. With
+// `synthetic_topology`, an hwloc synthetic description such as
+// "pack:1 numa:2 core:4 pu:2" stands for this machine (tests: then nothing
+// can be pinned, and `bound` says what would be). Errors as create()'s for
+// the binding: kInvalidArgument for a negative thread count, a numa_node that
+// does not exist or has no cores; kUnavailable when kNuma or kCores cannot
+// read the topology or finds no cores.
+core::Result<CoreBinding> plan_core_binding(const CpuAdamOptions& options,
+                                            std::string_view synthetic_topology = {});
 
 // Checks the constants a step would use: betas in [0, 1), eps > 0, every value
 // finite, grad_scale > 0. Errors name the field and the value.
@@ -175,8 +240,11 @@ core::Status validate_adagrad_constants(const core::numerics::AdagradStepConstan
 
 class CpuAdam {
  public:
-  // Errors: kInvalidArgument for a bad tile size or thread count;
-  // kUnimplemented when an explicitly requested ISA is not supported here.
+  // Errors: kInvalidArgument for a bad tile size, thread count or
+  // numa_node; kUnimplemented when an explicitly requested ISA is not
+  // supported here; with bind kNuma or kCores, kUnavailable when the cores
+  // cannot be found or a thread cannot be pinned to them (kAuto runs
+  // unpinned instead and logs why at info level).
   static core::Result<std::unique_ptr<CpuAdam>> create(const CpuAdamOptions& options);
   ~CpuAdam();
   CpuAdam(const CpuAdam&) = delete;
@@ -188,6 +256,8 @@ class CpuAdam {
   core::Status set_isa(Isa isa);
   int threads() const { return threads_; }
   std::int64_t tile_elems() const { return tile_elems_; }
+  // Where the threads run, as chosen at create().
+  const CoreBinding& binding() const;
 
   // The Adam/AdamW step. Errors (nothing is written): kInvalidArgument for
   // zero length, sizes that differ, a copy type other than bf16/fp16,

@@ -25,6 +25,7 @@ enum class WarmupType { kLog, kLinear };  // "log", "linear"
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class IoBackend { kAuto, kIoUring, kLibaio, kPsync };  // "auto", "io_uring", "libaio", "psync"
 enum class CpuAdamIsa { kAuto, kAvx512Bf16, kAvx512, kAvx2, kScalar };
+enum class CpuAdamBind { kAuto, kNuma, kCores, kNone };  // "auto", "numa", "cores", "none"
 enum class OverlapMode { kExact, kDelayed, kNone, kSpeculative };  // "exact", "delayed", "none", "speculative"
 enum class DeviceKind { kAuto, kCuda, kHost };       // "auto", "cuda", "host"
 // bf16/fp32 non-finite gradients: "skip" (skip the step, count it), "error",
@@ -50,6 +51,7 @@ std::string_view to_string(WarmupType v);
 std::string_view to_string(Precision v);
 std::string_view to_string(IoBackend v);
 std::string_view to_string(CpuAdamIsa v);
+std::string_view to_string(CpuAdamBind v);
 std::string_view to_string(OverlapMode v);
 std::string_view to_string(DeviceKind v);
 std::string_view to_string(NonfinitePolicy v);
@@ -216,8 +218,13 @@ struct CheckpointConfig {
 // "strata.cpu_adam".
 struct CpuAdamConfig {
   CpuAdamIsa isa = CpuAdamIsa::kAuto;
-  int threads = 0;              // 0: every core of the NUMA node
+  int threads = 0;              // 0: one per physical core of the NUMA node (bind none, cores: of the machine)
   std::int64_t tile_elems = 0;  // 0: chosen by the kernel (a multiple of the norm block)
+  // Where the threads run: one per physical core of the NUMA node the
+  // optimizer's pinned memory lives on (numa), of every node (cores), or not
+  // pinned (none); auto is numa, unpinned where that cannot be done.
+  CpuAdamBind bind = CpuAdamBind::kAuto;
+  int numa_node = -1;           // bind auto/numa: this node (the OS's number); -1: the memory's node
 
   friend bool operator==(const CpuAdamConfig&, const CpuAdamConfig&) = default;
 };

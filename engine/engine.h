@@ -234,6 +234,9 @@ class Engine {
   const Layout& layout() const { return layout_; }
   gpu::Device& device() { return dev(); }
   const Config& config() const { return config_; }
+  // Where the CPU optimizer's threads run, as finalize chose them (empty
+  // before; fixed after, like the layout).
+  const CpuThreads& cpu_threads() const { return cpu_threads_; }
   bool finalized() const { return finalized_.load(std::memory_order_acquire); }
   // The budgets this engine charges (use and peak, for reports and tests):
   // device memory, pinned memory, and the disk pipeline's staging ring.
@@ -339,6 +342,7 @@ class Engine {
   };
   Registry registry_ STRATA_GUARDED_BY(mu_);
   Layout layout_;
+  CpuThreads cpu_threads_;  // set by finalize with cpu_adam_
   std::atomic<bool> finalized_{false};
 
   // Serializes every public call (see the thread-safety note at the top).

@@ -3,10 +3,13 @@
 // allocated in its home tier, the initial values streamed in group by group,
 // and the step's rooms created.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <map>
+#include <span>
 
 #include "core/aligned_buffer.h"
+#include "core/logging.h"
 #include "core/str.h"
 #include "cpu_adam/cpu_adam.h"
 #include "engine/engine.h"
@@ -116,8 +119,23 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
   return bytes;
 }
 
-// cpu_adam with strata.cpu_adam's ISA, threads and tile.
-core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& config) {
+// A pinned chunk's optimizer state (zero-filled when the store was created,
+// so its pages are placed): where CpuAdam looks for its NUMA node. Empty when
+// no chunk lives in pinned memory (nvme chunks are updated in the staging
+// ring, allocated later: the finalizing thread's node is used then).
+std::span<const std::byte> pinned_state_memory(StateStore& state) {
+  for (std::size_t i = 0; i < state.chunk_count(); ++i) {
+    if (state.tier(i) != Tier::kPinned) continue;
+    core::Result<ChunkState> views = state.load(i, {});
+    if (views.ok()) return std::as_bytes(views->master());
+  }
+  return {};
+}
+
+// cpu_adam with strata.cpu_adam's ISA, threads, tile and binding; its
+// threads near `near_memory` (bind auto/numa without a numa_node).
+core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& config,
+                                                             std::span<const std::byte> near_memory) {
   adam::CpuAdamOptions ao;
   switch (config.strata.cpu_adam.isa) {
     case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
@@ -128,7 +146,26 @@ core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& confi
   }
   ao.threads = config.strata.cpu_adam.threads;
   ao.tile_elems = config.strata.cpu_adam.tile_elems;
-  return adam::CpuAdam::create(ao);
+  switch (config.strata.cpu_adam.bind) {
+    case CpuAdamBind::kAuto: ao.bind = adam::BindMode::kAuto; break;
+    case CpuAdamBind::kNuma: ao.bind = adam::BindMode::kNuma; break;
+    case CpuAdamBind::kCores: ao.bind = adam::BindMode::kCores; break;
+    case CpuAdamBind::kNone: ao.bind = adam::BindMode::kNone; break;
+  }
+  ao.numa_node = config.strata.cpu_adam.numa_node;
+  ao.near_memory = near_memory;
+  core::Result<std::unique_ptr<adam::CpuAdam>> created = adam::CpuAdam::create(ao);
+  if (!created.ok()) {
+    return Status(created.status()).annotate(
+        str_cat("strata.cpu_adam (bind \"", to_string(config.strata.cpu_adam.bind), "\", numa_node ",
+                config.strata.cpu_adam.numa_node, ", threads ", config.strata.cpu_adam.threads, ")"));
+  }
+  return created;
+}
+
+// What the engine reports of the CPU optimizer's threads.
+CpuThreads cpu_threads_of(const adam::CoreBinding& b) {
+  return {.threads = b.threads, .pinned = b.bound, .numa_node = b.numa_node, .description = b.describe()};
 }
 
 }  // namespace
@@ -156,6 +193,7 @@ void Engine::release_after_failed_finalize() {
   homes_.reset();
   state_.reset();
   cpu_adam_.reset();
+  cpu_threads_ = {};
   if (device_cache_ != nullptr) device_cache_->clear().ignore_error();  // errors were reported where they arose
   if (pinned_cache_ != nullptr) pinned_cache_->clear().ignore_error();
   swap_.reset();  // its files and the swap paths' locks
@@ -171,8 +209,11 @@ core::Status Engine::finalize_locked() {
   STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
   if (needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(needs));
   expand_chunks(layout_);
-  STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_));
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
+  STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_)));
+  cpu_threads_ = cpu_threads_of(cpu_adam_->binding());
+  STRATA_LOG(kInfo) << "cpu_adam: " << cpu_threads_.description << " (strata.cpu_adam.bind \""
+                    << to_string(config_.strata.cpu_adam.bind) << "\")";
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GradientPath> gradients,
                           GradientPath::create({.layout = layout_,
                                                 .precision = config_.precision,

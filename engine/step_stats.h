@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace strata::engine {
@@ -54,6 +55,15 @@ struct StepBytes {
       total += per_path[i];
     }
   }
+};
+
+// Where the CPU optimizer's threads run (strata.cpu_adam.bind, .numa_node),
+// as finalize chose them: the same for every step.
+struct CpuThreads {
+  int threads = 0;       // threads of a CPU optimizer pass, the calling thread among them
+  bool pinned = false;   // the worker threads are pinned, one per physical core
+  int numa_node = -1;    // the NUMA node (the OS's number) whose cores were chosen; -1: none or several
+  std::string description;  // one line saying the above, the CPUs and why not pinned
 };
 
 struct StepStats {

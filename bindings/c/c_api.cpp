@@ -223,6 +223,18 @@ const std::vector<std::string>& swap_paths(strata_engine& h) STRATA_REQUIRES(h.m
   return h.swap_paths;
 }
 
+// The CPU optimizer's threads into a step's statistics: what finalize chose
+// (the description lives in the engine until it is destroyed); NULL and
+// zeros before finalize.
+void put_cpu_threads(const engine::Engine& e, strata_step_stats* r) {
+  if (!e.finalized()) return;
+  const engine::CpuThreads& t = e.cpu_threads();
+  r->cpu_adam_binding = t.description.c_str();
+  r->cpu_adam_threads = t.threads;
+  r->cpu_adam_pinned = t.pinned ? 1 : 0;
+  r->cpu_adam_numa_node = t.numa_node;
+}
+
 // A caller's strata_config_options (NULL: defaults) as the engine's ParseOptions.
 core::Result<engine::ParseOptions> parse_options(const strata_config_options* in, const char* fn) {
   if (in == nullptr) return engine::ParseOptions{};
@@ -686,6 +698,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
       r.bytes_nvme_read_total += p.read;
       r.bytes_nvme_write_total += p.written;
     }
+    c_api::put_cpu_threads(*engine->engine, &r);
     engine->last = r;
     engine->last_paths = st.bytes.nvme_paths;
     if (out != nullptr) c_api::write_struct(out, r);
@@ -699,7 +712,9 @@ strata_status strata_stats(strata_engine* engine, strata_step_stats* out) noexce
     STRATA_C_ENTER(fn, engine);
     STRATA_C_NOT_NULL(fn, out);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
-    c_api::write_struct(out, engine->last);
+    strata_step_stats r = engine->last;
+    c_api::put_cpu_threads(*engine->engine, &r);
+    c_api::write_struct(out, r);
     return core::Status();
   });
 }

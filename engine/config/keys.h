@@ -43,6 +43,10 @@ inline constexpr EnumName<CpuAdamIsa> kCpuAdamIsaNames[] = {
     {"auto", CpuAdamIsa::kAuto},     {"avx512_bf16", CpuAdamIsa::kAvx512Bf16},
     {"avx512", CpuAdamIsa::kAvx512}, {"avx2", CpuAdamIsa::kAvx2},
     {"scalar", CpuAdamIsa::kScalar}};
+inline constexpr EnumName<CpuAdamBind> kCpuAdamBindNames[] = {{"auto", CpuAdamBind::kAuto},
+                                                             {"numa", CpuAdamBind::kNuma},
+                                                             {"cores", CpuAdamBind::kCores},
+                                                             {"none", CpuAdamBind::kNone}};
 inline constexpr EnumName<OverlapMode> kOverlapNames[] = {
     {"exact", OverlapMode::kExact},
     {"delayed", OverlapMode::kDelayed},

@@ -31,6 +31,8 @@ constexpr std::uint64_t kNormBlockBytes = sizeof(float) * kNormBlockElems;
 using core::kDirectIoAlignment;
 // strata.io.queue_depth's upper bound (nvme/io_backend.cpp checks the same range).
 constexpr std::int64_t kMaxQueueDepth = 4096;
+// strata.cpu_adam.numa_node's upper bound (Linux numbers nodes below 1024).
+constexpr std::int64_t kMaxNumaNode = 1023;
 
 }  // namespace
 
@@ -119,6 +121,12 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
       s->cpu_adam.tile_elems % kNormBlockElems != 0) {
     adam.fail("tile_elems", str_cat(s->cpu_adam.tile_elems, " is not a multiple of ",
                                     kNormBlockElems, " (the norm block, in fp32 elements)"));
+  }
+  adam.get_enum<CpuAdamBind>("bind", kCpuAdamBindNames, &s->cpu_adam.bind);
+  if (adam.get_int("numa_node", -1, kMaxNumaNode, &s->cpu_adam.numa_node) && s->cpu_adam.numa_node >= 0 &&
+      (s->cpu_adam.bind == CpuAdamBind::kCores || s->cpu_adam.bind == CpuAdamBind::kNone)) {
+    adam.fail("numa_node", str_cat(s->cpu_adam.numa_node, " applies to bind \"auto\" or \"numa\", not \"",
+                                   to_string(s->cpu_adam.bind), "\" (strata.cpu_adam.bind)"));
   }
   STRATA_RETURN_IF_ERROR(adam.finish());
 

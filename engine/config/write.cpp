@@ -115,7 +115,9 @@ OrderedJson strata_json(const StrataConfig& st, const ZeroConfig& z) {
   sj["crc"] = st.crc;
   sj["cpu_adam"] = {{"isa", std::string(to_string(st.cpu_adam.isa))},
                     {"threads", st.cpu_adam.threads},
-                    {"tile_elems", st.cpu_adam.tile_elems}};
+                    {"tile_elems", st.cpu_adam.tile_elems},
+                    {"bind", std::string(to_string(st.cpu_adam.bind))},
+                    {"numa_node", st.cpu_adam.numa_node}};
   sj["overlap"] = std::string(to_string(st.overlap));
   sj["device"] = std::string(to_string(st.device));
   sj["host_device"] = {{"memory_bytes", st.host_device.memory_bytes},
@@ -182,6 +184,9 @@ std::string_view to_string(IoBackend v) {
 }
 std::string_view to_string(CpuAdamIsa v) {
   return ci::name_of<CpuAdamIsa>(ci::kCpuAdamIsaNames, v);
+}
+std::string_view to_string(CpuAdamBind v) {
+  return ci::name_of<CpuAdamBind>(ci::kCpuAdamBindNames, v);
 }
 std::string_view to_string(OverlapMode v) {
   return ci::name_of<OverlapMode>(ci::kOverlapNames, v);

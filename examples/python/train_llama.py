@@ -686,6 +686,8 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         print(f"summary: {steps_run} steps in {elapsed:.1f} s, {tps:.0f} tokens/s, "
               f"{flops_per_step * steps_run / elapsed / 1e12:.3f} model TFLOPS; "
               f"loss {first_loss:.3f} -> {last_loss:.3f}; held-out loss {val:.3f}")
+        # Where the CPU optimizer's threads ran (strata.cpu_adam.bind), as finalize chose them.
+        print(f"cpu_adam: {engine.stats().cpu_adam_binding}")
         print_swap_wear(engine.swap_stats(), swap_step_bytes, nvme_written, steps_run)
     if args.sample and not args.hf:
         prompt = torch.tensor([data.encode("The ")], device=engine.torch_device)

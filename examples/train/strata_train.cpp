@@ -559,6 +559,11 @@ int run(const Options& o) {
               human_bytes(static_cast<double>(last.bytes_nvme_read)).c_str(),
               human_bytes(static_cast<double>(last.bytes_nvme_write)).c_str(),
               static_cast<long long>(last.skipped_total));
+  // Where the CPU optimizer's threads ran (strata.cpu_adam.bind): from the
+  // engine, also when no step ran.
+  strata_step_stats now = STRATA_STEP_STATS_INIT;
+  CHECK_STRATA(strata_stats(engine, &now), "read the statistics");
+  std::printf("         cpu_adam: %s\n", now.cpu_adam_binding != nullptr ? now.cpu_adam_binding : "(not reported)");
   // What the swap drives were written: since the engine was created (the
   // swap files' first contents included), and per step on average.
   if (swap_path_count == 0) {

@@ -181,9 +181,20 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   CHECK_OK(strata_swap_path_count(e, &swap_paths));
   CHECK(swap_paths == 0);
   CHECK_STATUS(strata_swap_stats_get(e, 0, &swap), STRATA_STATUS_OUT_OF_RANGE, "0 swap path(s)");
+  /* No CPU optimizer threads before finalize. */
+  strata_step_stats early = STRATA_STEP_STATS_INIT;
+  CHECK_OK(strata_stats(e, &early));
+  CHECK(early.cpu_adam_binding == NULL && early.cpu_adam_threads == 0 && early.cpu_adam_pinned == 0);
 
   CHECK_OK(strata_engine_finalize(e));
   CHECK(log.calls == 2 && log.bad_name == 0);
+  /* Where the CPU optimizer's threads run, from finalize on: the config asks
+   * for one thread, which runs on the calling thread and is never pinned. */
+  strata_step_stats threads = STRATA_STEP_STATS_INIT;
+  CHECK_OK(strata_stats(e, &threads));
+  CHECK(threads.step == 0 && threads.cpu_adam_threads == 1 && threads.cpu_adam_pinned == 0);
+  CHECK(threads.cpu_adam_numa_node >= -1);
+  CHECK(threads.cpu_adam_binding != NULL && strstr(threads.cpu_adam_binding, "1 thread, not pinned") != NULL);
   /* One swap path with the optimizer state on nvme, written already (zeroed
    * moments, initial masters); none without. */
   CHECK_OK(strata_swap_path_count(e, &swap_paths));
@@ -355,6 +366,8 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   CHECK_OK(strata_stats(e, &again));
   CHECK(again.step == kSteps && again.bytes_d2h == r->last.bytes_d2h && again.grad_norm == r->last.grad_norm);
   CHECK(again.bytes_nvme_write_total == r->last.bytes_nvme_write_total);
+  CHECK(again.cpu_adam_binding == threads.cpu_adam_binding && r->last.cpu_adam_binding == threads.cpu_adam_binding);
+  CHECK(r->last.cpu_adam_threads == 1 && r->last.cpu_adam_numa_node == threads.cpu_adam_numa_node);
   /* A caller built against 0.3 (no totals) gets the fields it has, and nothing past them. */
   strata_step_stats old = STRATA_STEP_STATS_INIT;
   old.struct_size = (uint32_t)offsetof(strata_step_stats, bytes_nvme_read_total);
@@ -363,6 +376,13 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   CHECK_OK(strata_stats(e, &old));
   CHECK(old.step == kSteps && old.norm_step == r->last.norm_step);
   CHECK(old.bytes_nvme_read_total == 7 && old.bytes_nvme_write_total == 7);
+  /* Nor, built before the CPU threads' fields, does it see those. */
+  strata_step_stats before_threads = STRATA_STEP_STATS_INIT;
+  before_threads.struct_size = (uint32_t)offsetof(strata_step_stats, cpu_adam_binding);
+  before_threads.cpu_adam_threads = 7;
+  CHECK_OK(strata_stats(e, &before_threads));
+  CHECK(before_threads.cpu_adam_binding == NULL && before_threads.cpu_adam_threads == 7);
+  CHECK(before_threads.bytes_nvme_write_total == r->last.bytes_nvme_write_total);
   if (ckpt_root != NULL) {
     static const char kBlob[] = "data loader at epoch 3";
     CHECK_STATUS(strata_checkpoint_save(e, ckpt_root, NULL, 5), STRATA_STATUS_INVALID_ARGUMENT, "blob");

@@ -178,6 +178,8 @@ TEST(Config, DefaultsEqualDeepSpeedWhenOnlyTheBatchIsGiven) {
   EXPECT_EQ(c.strata.chunk_bytes, 64u << 20);
   EXPECT_TRUE(c.strata.crc);
   EXPECT_FALSE(c.strata.strict);
+  EXPECT_EQ(c.strata.cpu_adam.bind, CpuAdamBind::kAuto);
+  EXPECT_EQ(c.strata.cpu_adam.numa_node, -1);
   EXPECT_TRUE(c.warnings.empty()) << all_warnings(c);
   EXPECT_TRUE(c.swap_paths().empty());
 }
@@ -836,7 +838,7 @@ TEST(Config, StrataKeysParse) {
              "sqpoll": true, "keep_files": true},
       "checkpoint": {"keep_last": 3, "keep_every": 1000},
       "crc": false,
-      "cpu_adam": {"isa": "avx512", "threads": 12, "tile_elems": 262144},
+      "cpu_adam": {"isa": "avx512", "threads": 12, "tile_elems": 262144, "bind": "numa", "numa_node": 1},
       "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
       "overlap": "delayed",
       "device": "host",
@@ -867,6 +869,8 @@ TEST(Config, StrataKeysParse) {
   EXPECT_EQ(s.cpu_adam.isa, CpuAdamIsa::kAvx512);
   EXPECT_EQ(s.cpu_adam.threads, 12);
   EXPECT_EQ(s.cpu_adam.tile_elems, 262144);
+  EXPECT_EQ(s.cpu_adam.bind, CpuAdamBind::kNuma);
+  EXPECT_EQ(s.cpu_adam.numa_node, 1);
   EXPECT_EQ(s.optimizer_state.format, StateFormat::kBf16);
   EXPECT_EQ(s.optimizer_state.rounding, StateRounding::kStochastic);
   EXPECT_EQ(s.overlap, OverlapMode::kDelayed);
@@ -919,6 +923,14 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
                {"strata.cpu_adam.threads: -1 must be in [0, 4096]"});
   expect_error(doc(R"("strata": {"cpu_adam": {"isa": "sse"}})"),
                {"strata.cpu_adam.isa: \"sse\" is not one of auto, avx512_bf16, avx512, avx2, scalar"});
+  expect_error(doc(R"("strata": {"cpu_adam": {"bind": "socket"}})"),
+               {"strata.cpu_adam.bind: \"socket\" is not one of auto, numa, cores, none"});
+  expect_error(doc(R"("strata": {"cpu_adam": {"bind": true}})"), {"strata.cpu_adam.bind", "true"});
+  expect_error(doc(R"("strata": {"cpu_adam": {"numa_node": -2}})"),
+               {"strata.cpu_adam.numa_node: -2 must be in [-1, 1023]"});
+  expect_error(doc(R"("strata": {"cpu_adam": {"numa_node": "0"}})"), {"strata.cpu_adam.numa_node", "\"0\""});
+  expect_error(doc(R"("strata": {"cpu_adam": {"bind": "none", "numa_node": 1}})"),
+               {"strata.cpu_adam.numa_node: 1 applies to bind \"auto\" or \"numa\", not \"none\""});
   expect_error(doc(R"("strata": {"host_device": {"tflops": -1}})"),
                {"strata.host_device.tflops: -1 must be >= 0"});
   expect_error(doc(R"("strata": {"budgets": {"pinned": "ten"}})"),
@@ -1190,7 +1202,8 @@ TEST(Config, ToJsonRoundTripsFieldByField) {
                       "stripe_bytes": "16MiB", "block_bytes": "256KiB", "rings": 4,
                       "sqpoll": true, "keep_files": true},
                "checkpoint": {"keep_last": 5, "keep_every": 250},
-               "crc": false, "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072},
+               "crc": false, "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072, "bind": "numa",
+                                          "numa_node": 3},
                "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
                "overlap": "none", "device": "cuda",
                "host_device": {"memory_bytes": "1GiB", "h2d_gbps": 12.5, "d2h_gbps": 11,
@@ -1357,6 +1370,10 @@ TEST(Config, ToStringGivesTheConfigSpelling) {
   EXPECT_EQ(to_string(IoBackend::kIoUring), "io_uring");
   EXPECT_EQ(to_string(CpuAdamIsa::kAvx512), "avx512");
   EXPECT_EQ(to_string(CpuAdamIsa::kAvx512Bf16), "avx512_bf16");
+  EXPECT_EQ(to_string(CpuAdamBind::kAuto), "auto");
+  EXPECT_EQ(to_string(CpuAdamBind::kNuma), "numa");
+  EXPECT_EQ(to_string(CpuAdamBind::kCores), "cores");
+  EXPECT_EQ(to_string(CpuAdamBind::kNone), "none");
   EXPECT_EQ(to_string(OverlapMode::kDelayed), "delayed");
   EXPECT_EQ(to_string(DeviceKind::kHost), "host");
   EXPECT_EQ(to_string(NonfinitePolicy::kSkip), "skip");

@@ -46,7 +46,7 @@ class GradientPathTest : public ::testing::Test {
     device_ = std::move(d).value();
     adam::CpuAdamOptions ao;
     ao.threads = 1;
-    ao.bind_threads = false;
+    ao.bind = adam::BindMode::kNone;
     auto a = adam::CpuAdam::create(ao);
     ASSERT_TRUE(a.ok()) << a.status();
     cpu_adam_ = std::move(a).value();

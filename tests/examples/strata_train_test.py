@@ -199,6 +199,9 @@ class SwapWear(unittest.TestCase):
                       "--steps", "1", "--quiet", cwd=tmp)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             self.assertIn("swap (SSD wear): nothing lives on nvme, no swap writes", r.stdout)
+            # Where the CPU optimizer's threads ran (strata.cpu_adam.bind, "auto" by default).
+            self.assertRegex(r.stdout, r"(?m)^ +cpu_adam: \d+ threads?( pinned one per physical core of NUMA node \d+"
+                                       r"|, not pinned \()")
 
 
 class DefaultConfig(unittest.TestCase):

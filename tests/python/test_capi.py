@@ -152,6 +152,36 @@ def test_swap_stats_split_the_steps_nvme_bytes_over_the_paths(tmp_path):
         assert e.stats().bytes_nvme_write_total == stats.bytes_nvme_write_total
 
 
+def test_step_stats_say_where_the_cpu_optimizer_threads_run(swap_dir):
+    def half(name, out):
+        for i in range(len(out)):
+            out[i] = 0.5
+
+    cfg = helpers.config(swap_dir, "optimizer_cpu", cpu_adam={"bind": "none", "threads": 2})
+    with strata.Engine(cfg) as e:
+        assert e.stats().cpu_adam_binding == "" and e.stats().cpu_adam_threads == 0  # before finalize
+        e.register("w", (4, 8), group="layer", init=half)
+        e.finalize()
+        before = e.stats()
+        assert before.cpu_adam_threads == 2 and not before.cpu_adam_pinned
+        assert before.cpu_adam_binding == "2 threads, not pinned (bind none)"
+        info = e.group_info("layer")
+        e.fetch_host("layer", torch.empty(info.numel))
+        e.grads_host("layer", torch.full((info.numel,), 0.01))
+        e.release("layer")
+        stats = e.step_end()
+        assert (stats.cpu_adam_binding, stats.cpu_adam_threads, stats.cpu_adam_numa_node) == (
+            before.cpu_adam_binding, 2, before.cpu_adam_numa_node)
+    # The default (bind "auto"): one thread per physical core of the memory's node, pinned when more than one.
+    with strata.Engine(helpers.config(swap_dir, "optimizer_cpu")) as e:
+        e.register("w", (4, 8), group="layer", init=half)
+        e.finalize()
+        s = e.stats()
+        assert s.cpu_adam_threads >= 1 and s.cpu_adam_pinned == (s.cpu_adam_threads > 1)
+        assert s.cpu_adam_numa_node >= 0
+        assert f"NUMA node {s.cpu_adam_numa_node}" in s.cpu_adam_binding
+
+
 def test_errors_carry_the_status_and_message(swap_dir):
     with linear_engine(swap_dir) as e:
         with pytest.raises(strata.FailedPrecondition, match="layer") as info:

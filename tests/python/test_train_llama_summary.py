@@ -1,6 +1,7 @@
 """examples/python/train_llama.py's summary: the SSD wear figures (bytes
 written to each swap path since the engine was created, and per step), checked
-against the step lines' nvme writes, on a config with two swap paths."""
+against the step lines' nvme writes, on a config with two swap paths; and the
+line saying where the CPU optimizer's threads ran."""
 import json
 import os
 import re
@@ -60,6 +61,9 @@ def test_summary_shows_swap_writes_per_path(tmp_path):
     assert abs(sum(t for (t, _), _ in per_path) - total) <= total_err + sum(e for (_, e), _ in per_path)
     assert abs(sum(s for _, (s, _) in per_path) - per_step) <= per_step_err + sum(e for _, (_, e) in per_path)
     assert all(s > 0.25 * per_step for _, (s, _) in per_path), r.stdout  # striped: both drives take a share
+    # Where the CPU optimizer's threads ran (strata.cpu_adam.bind, "auto" in the config).
+    assert re.search(r"^cpu_adam: \d+ threads?( pinned one per physical core of NUMA node \d+|, not pinned \()",
+                     r.stdout, re.M), r.stdout
 
 
 def test_build_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path):

@@ -98,7 +98,9 @@ class StepStatsC(ctypes.Structure):
                 ("optimizer_seconds", ctypes.c_double), ("prefetched", ctypes.c_int64),
                 ("speculative_discarded", ctypes.c_int64), ("resident", ctypes.c_int64),
                 ("resident_bytes", ctypes.c_uint64), ("norm_step", ctypes.c_int64),
-                ("bytes_nvme_read_total", ctypes.c_uint64), ("bytes_nvme_write_total", ctypes.c_uint64)]
+                ("bytes_nvme_read_total", ctypes.c_uint64), ("bytes_nvme_write_total", ctypes.c_uint64),
+                ("cpu_adam_binding", ctypes.c_char_p), ("cpu_adam_threads", ctypes.c_int32),
+                ("cpu_adam_pinned", ctypes.c_int32), ("cpu_adam_numa_node", ctypes.c_int32)]
 
 
 class SwapStatsC(ctypes.Structure):

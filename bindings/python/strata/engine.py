@@ -169,6 +169,12 @@ class StepStats:
     norm_step: int = 0
     bytes_nvme_read_total: int = 0   # all swap paths, since the engine was created (as of this step_end)
     bytes_nvme_write_total: int = 0
+    # Where the CPU optimizer's threads run (strata.cpu_adam.bind), as finalize chose them: one line
+    # (threads, pinned or not and why, NUMA node, CPUs), the thread count, pinned, the node (-1: none).
+    cpu_adam_binding: str = ""
+    cpu_adam_threads: int = 0
+    cpu_adam_pinned: bool = False
+    cpu_adam_numa_node: int = -1
     adapter_seconds: float = 0.0  # strata.torch: its own time in the step (hooks, copies); not from the C API
 
     @classmethod
@@ -176,6 +182,8 @@ class StepStats:
         c_fields = {name for name, _ in s._fields_}
         values = {f.name: getattr(s, f.name) for f in dataclasses.fields(cls) if f.name in c_fields}
         values["skipped"] = bool(values["skipped"])
+        values["cpu_adam_binding"] = (values["cpu_adam_binding"] or b"").decode()
+        values["cpu_adam_pinned"] = bool(values["cpu_adam_pinned"])
         return cls(**values)
 
 

@@ -474,9 +474,20 @@ typedef struct strata_step_stats {
    * per path (bytes_read_total, bytes_written_total). */
   uint64_t bytes_nvme_read_total;
   uint64_t bytes_nvme_write_total;
+  /* (0.4) Where the CPU optimizer's threads run (strata.cpu_adam.bind and numa_node), as
+   * strata_engine_finalize chose them: the same in every step's statistics, and given by
+   * strata_stats from finalize on (NULL and zeros before). */
+  const char* cpu_adam_binding; /* one line: the threads, whether pinned, the NUMA node and CPUs, or
+                                   why not pinned; owned by the engine, valid until
+                                   strata_engine_destroy */
+  int32_t cpu_adam_threads;     /* threads of a CPU optimizer pass, the calling thread among them */
+  int32_t cpu_adam_pinned;      /* nonzero: its worker threads are pinned, one per physical core */
+  int32_t cpu_adam_numa_node;   /* the NUMA node (the OS's number) of the chosen cores; -1: none or
+                                   several */
 } strata_step_stats;
-#define STRATA_STEP_STATS_INIT \
-  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0}
+#define STRATA_STEP_STATS_INIT                                                                             \
+  {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
+   NULL, 0, 0, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
