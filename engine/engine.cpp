@@ -252,21 +252,7 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
         std::memcpy(raw, a.data + static_cast<std::size_t>(lo - cp.begin) * eb, count * eb);
         if (blockwise) std::memcpy(scales.data(), a.scales + first_block, blocks * 4);
       }
-      namespace nx = core::numerics;
-      if (eb == 2) {
-        for (std::size_t i = 0; i < count; ++i) {
-          std::uint16_t h;
-          std::memcpy(&h, narrow.data() + 2 * i, 2);
-          dst[i] = nx::bf16_bits_to_fp32(h);
-        }
-      } else if (eb == 1) {
-        const bool is_signed = spec.names[static_cast<std::size_t>(which)] == "exp_avg";
-        for (std::size_t i = 0; i < count; ++i) {
-          const auto code = static_cast<std::uint8_t>(narrow[i]);
-          const float s = scales[i / nx::kQuantBlockElems];
-          dst[i] = is_signed ? nx::dequantize_m(nx::kQuantTables, code, s) : nx::dequantize_v(nx::kQuantTables, code, s);
-        }
-      }
+      if (eb < 4) widen_state(static_cast<int>(eb), spec.signed_codes(which), raw, scales.data(), count, dst);
     }
     return Status();
   }

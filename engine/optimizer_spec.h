@@ -18,6 +18,8 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
+#include <cstring>
 #include <cstdint>
 #include <string_view>
 
@@ -63,6 +65,8 @@ struct OptimizerSpec {
   std::uint64_t scales_bytes(std::int64_t elems) const {
     return blockwise() ? static_cast<std::uint64_t>(arrays - 1) * 4 * blocks(elems) : 0;
   }
+  // Which code table blockwise array k uses: exp_avg's signed one, else the unsigned one.
+  bool signed_codes(int k) const { return names[static_cast<std::size_t>(k)] == "exp_avg"; }
   // The index of the array called `name` (0: master), or -1.
   int index_of(std::string_view name) const {
     for (int i = 0; i < arrays; ++i) {
@@ -71,6 +75,30 @@ struct OptimizerSpec {
     return -1;
   }
 };
+
+// n stored elements back to fp32, as a step reads them: `elem_bytes` 4 (fp32,
+// copied), 2 (bf16 bit patterns, widened exactly) or 1 (int8_blockwise codes
+// dequantized with `scales`, one per block of kQuantBlockElems, element 0
+// starting one; `signed_codes`: exp_avg's table).
+inline void widen_state(int elem_bytes, bool signed_codes, const std::byte* raw, const float* scales, std::size_t n,
+                        float* out) {
+  namespace nx = core::numerics;
+  if (elem_bytes == 4) {
+    std::memcpy(out, raw, n * 4);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (elem_bytes == 2) {
+      std::uint16_t h;
+      std::memcpy(&h, raw + 2 * i, 2);
+      out[i] = nx::bf16_bits_to_fp32(h);
+    } else {
+      const auto code = static_cast<std::uint8_t>(raw[i]);
+      const float s = scales[i / nx::kQuantBlockElems];
+      out[i] = signed_codes ? nx::dequantize_m(nx::kQuantTables, code, s) : nx::dequantize_v(nx::kQuantTables, code, s);
+    }
+  }
+}
 
 // One optimizer group's constants for one step: the member of the spec's type
 // is used (AdamW and Adam: adam). All floats, so two compare with memcmp.

@@ -96,8 +96,6 @@ TensorDtype state_dtype(const OptimizerSpec& spec, int k) {
 // A blockwise array's scales beside its codes: "<param>.<array>.absmax".
 std::string scales_tensor(const std::string& array_tensor) { return array_tensor + ".absmax"; }
 
-// Which code table a blockwise array uses: exp_avg's signed one, else the unsigned.
-bool signed_codes(const OptimizerSpec& spec, int k) { return spec.names[static_cast<std::size_t>(k)] == "exp_avg"; }
 
 // "<param>.<array name>" in a checkpoint's state file.
 std::string state_tensor(const Layout& layout, std::size_t param, int array) {
@@ -244,17 +242,14 @@ core::Status read_state_array(const SafetensorsReader& reader, const Layout& lay
     if (blockwise) STRATA_RETURN_IF_ERROR(reader.read_f32(scales_tensor(name), out.scales[kk]));
     return Status();
   }
-  const bool is_signed = signed_codes(spec, k);
+  const bool is_signed = spec.signed_codes(k);
   std::vector<float> wide(n);
   if (info->dtype == TensorDtype::kU8) {
     std::vector<std::uint8_t> codes(n);
     std::vector<float> scales(blocks);
     STRATA_RETURN_IF_ERROR(reader.read_raw(name, std::as_writable_bytes(std::span<std::uint8_t>(codes))));
     STRATA_RETURN_IF_ERROR(reader.read_f32(scales_tensor(name), scales));
-    for (std::size_t i = 0; i < n; ++i) {
-      const float s = scales[i / nx::kQuantBlockElems];
-      wide[i] = is_signed ? nx::dequantize_m(nx::kQuantTables, codes[i], s) : nx::dequantize_v(nx::kQuantTables, codes[i], s);
-    }
+    widen_state(1, is_signed, reinterpret_cast<const std::byte*>(codes.data()), scales.data(), n, wide.data());
   } else {
     STRATA_RETURN_IF_ERROR(reader.read_f32(name, wide));
   }
