@@ -50,7 +50,6 @@ core::Status Optimizer::update_on_cpu(const UpdateConstants& k, const ChunkState
       if (spec.blockwise()) {
         // off starts a block (a parameter's offset and a slice's both do).
         const std::size_t b = off / core::numerics::kQuantBlockElems, nb = OptimizerSpec::blocks(static_cast<std::int64_t>(n));
-        (void)at;
         return parts_.cpu_adam.step_int8_blockwise({.constants = k.adam,
                                                     .master = st.master().subspan(off, n),
                                                     .exp_avg = st.arrays[1].codes().subspan(off, n),
