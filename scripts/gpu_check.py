@@ -353,7 +353,9 @@ def gbps(row, link):
 
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 STEP_LINE = re.compile(r"^step +(\d+) +loss ([0-9.naif]+) +tok/s (\d+) +h2d ([0-9.]+ \w+) +d2h ([0-9.]+ \w+) +"
-                       r"nvme ([0-9.]+ \w+)/([0-9.]+ \w+)", re.M)
+                       r"nvme ([0-9.]+ \w+)/([0-9.]+ \w+)(?: +lr ([0-9.e+-]+))?", re.M)
+LLAMA_TIMES = re.compile(r"^time per step: forward\+backward ([0-9.]+) s, step\(\) ([0-9.]+) s; of them fetch ([0-9.]+) s, "
+                         r"gradients ([0-9.]+) s, optimizer ([0-9.]+) s, adapter ([0-9.]+) s", re.M)
 LLAMA_SUMMARY = re.compile(r"^summary: (\d+) steps in ([0-9.]+) s, (\d+) tokens/s, ([0-9.]+) model TFLOPS; "
                            r"loss ([0-9.]+) -> ([0-9.]+); held-out loss ([0-9.]+)", re.M)
 
@@ -376,14 +378,18 @@ def llama_stage(st, work):
     if m:
         st["setup"] = {"build_s": float(m.group(1)), "drawn_on": m.group(2), "initialize_s": float(m.group(3))}
     steps = [{"step": int(a), "loss": float(b), "tokens_per_s": int(c), "h2d": size_bytes(d), "d2h": size_bytes(e),
-              "nvme_read": size_bytes(f), "nvme_write": size_bytes(g)}
-             for a, b, c, d, e, f, g in STEP_LINE.findall(log)]
+              "nvme_read": size_bytes(f), "nvme_write": size_bytes(g), **({"lr": float(h)} if h else {})}
+             for a, b, c, d, e, f, g, h in STEP_LINE.findall(log)]
     if steps:
         st["steps"] = steps
         later = sorted(s["tokens_per_s"] for s in steps[1:]) or [steps[0]["tokens_per_s"]]
         st["tokens_per_s_median_after_first"] = later[len(later) // 2]
         st["bytes_per_step"] = {k: steps[-1][k] for k in ("h2d", "d2h", "nvme_read", "nvme_write")}
         st["loss_first"], st["loss_last"] = steps[0]["loss"], steps[-1]["loss"]
+    m = LLAMA_TIMES.findall(log)
+    if m:
+        st["seconds_per_step"] = dict(zip(("forward_backward", "step", "fetch", "gradients", "optimizer", "adapter"),
+                                          map(float, m[-1])))
     m = LLAMA_SUMMARY.findall(log)
     if m:
         n, secs, tps, tflops, first, last, held = m[-1]
@@ -501,6 +507,15 @@ def render(doc):
             lines.append(f"- {len(ll['steps'])} steps logged before the stage ended: "
                          f"{ll['tokens_per_s_median_after_first']} tokens/s (median after the first), loss "
                          f"{ll['loss_first']:.3f} -> {ll['loss_last']:.3f}")
+        if ll.get("seconds_per_step"):
+            t = ll["seconds_per_step"]
+            lines.append(f"- seconds per step: forward+backward {t['forward_backward']:.3f}, step() {t['step']:.3f}; "
+                         f"of them fetch {t['fetch']:.3f}, gradients {t['gradients']:.3f}, optimizer "
+                         f"{t['optimizer']:.3f}, adapter {t['adapter']:.3f}")
+        if ll.get("steps") and ll["loss_last"] > ll["loss_first"]:
+            lr = ll["steps"][-1].get("lr")
+            lines.append("- the loss rose over the steps logged" + (f" (the last step's lr {lr:g})" if lr else "")
+                         + ": a learning rate too high for this width (train_llama --lr) or a wrong gradient")
         if ll.get("bytes_per_step"):
             b = ll["bytes_per_step"]
             lines.append(f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host "

@@ -50,7 +50,7 @@ def main():
                 rc = subprocess.run([sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--size",
                                      "tiny", "--layers", "1", "--seq-len", "16", "--steps", "3", "--eval-every", "0",
                                      "--eval-batches", "1", "--no-progress", "--log-every", "1", "--sample", "0",
-                                     "--build-dtype", "bf16", "--corpus", corpus], cwd=run, stdout=log,
+                                     "--build-dtype", "bf16", "--lr", "0.002", "--corpus", corpus], cwd=run, stdout=log,
                                     stderr=subprocess.STDOUT, env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
             check(rc == 0, f"train_llama.py exited {rc}")
             stages.append(("llama", "0", llama))
@@ -102,6 +102,16 @@ def main():
                 check(ll.get("loss_first") == float(summary.group(3)) and
                       ll.get("loss_last") == float(summary.group(4)), f"llama: losses {ll.get('loss_first')} -> "
                       f"{ll.get('loss_last')}")
+            lrs = [float(x) for x in re.findall(r"^step .* lr (\S+)$", text, re.M)]
+            check(len(lrs) == 3 and [st.get("lr") for st in ll.get("steps", [])] == lrs and 0 < max(lrs) <= 0.002,
+                  f"llama: the step lines' lr {lrs}, read {[st.get('lr') for st in ll.get('steps', [])]} (--lr 0.002)")
+            times = re.search(r"^time per step: forward\+backward ([0-9.]+) s, step\(\) ([0-9.]+) s; .* optimizer "
+                              r"([0-9.]+) s", text, re.M)
+            got = ll.get("seconds_per_step", {})
+            check(times is not None and got.get("forward_backward") == float(times.group(1)) and
+                  got.get("step") == float(times.group(2)) and got.get("optimizer") == float(times.group(3)) and
+                  "seconds per step: forward+backward" in md, f"llama: seconds per step {got}; the run said "
+                  f"{times.group(0) if times else None}")
             check(ll.get("bytes_per_step", {}).get("h2d", 0) > 0, f"llama: bytes per step {ll.get('bytes_per_step')}")
             setup = re.search(r"^setup: model built in ([0-9.]+) s \(drawn on cpu\)", text, re.M)
             check(setup is not None and ll.get("setup", {}).get("build_s") == float(setup.group(1)) and

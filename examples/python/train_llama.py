@@ -124,6 +124,17 @@ def int_in(lo, hi):
     return parse
 
 
+def positive_float(text):
+    """An argparse type: a finite number above zero (a learning rate)."""
+    try:
+        x = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number") from None
+    if not math.isfinite(x) or x <= 0:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a finite number above zero")
+    return x
+
+
 def parse_args(argv=None):
     ap = Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", help="strata config (JSON; DeepSpeed's keys accepted; default: "
@@ -150,6 +161,10 @@ def parse_args(argv=None):
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
     ap.add_argument("--corpus", help="a directory of text files (default: the fortunes collection)")
     ap.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
+    ap.add_argument("--lr", type=positive_float, metavar="LR",
+                    help="the peak learning rate, in place of the config's: optimizer.params.lr and, for "
+                         "WarmupLR and WarmupDecayLR, scheduler.params.warmup_max_lr (the example configs' 3e-3 "
+                         "suits the small presets; wide models need less, e.g. 1e-4 for 7b)")
     ap.add_argument("--sample", type=int_in(0, 1 << 16), default=120, help="bytes to generate at the end (0: none)")
     ap.add_argument("--no-progress", action="store_true", help="one line per eval instead of a progress bar")
     ap.add_argument("--log-every", type=int_in(1, INT_MAX), help="with --no-progress: a line every N steps (default: --eval-every, "
@@ -432,7 +447,32 @@ def read_config(args):
         resolved = strata.engine.config_resolve(text)
     except strata.errors.Error as e:
         raise UsageError(f"--config {path}: {e}") from None
-    return json.loads(text), resolved  # the text passed the bounded reader: its depth is bounded
+    config = json.loads(text)  # the text passed the bounded reader: its depth is bounded
+    if args.lr is not None:
+        config = with_peak_lr(config, resolved, args.lr)
+        try:
+            resolved = strata.engine.config_resolve(json.dumps(config))
+        except strata.errors.Error as e:
+            raise UsageError(f"--lr {args.lr:g} with --config {path}: {e}") from None
+    return config, resolved
+
+
+# The schedules whose peak is a key of their own (WarmupCosineLR's peak is the optimizer's lr).
+PEAK_KEYS = {"WarmupLR": "warmup_max_lr", "WarmupDecayLR": "warmup_max_lr"}
+
+
+def with_peak_lr(config, resolved, lr):
+    """The config with its peak learning rate set to lr (--lr): the
+    optimizer's lr (the section is added, of the resolved type, when the config
+    has none) and the schedule's own peak key where it has one."""
+    config = json.loads(json.dumps(config))
+    optimizer = config.setdefault("optimizer", {"type": resolved["optimizer"]["type"]})
+    optimizer.setdefault("params", {})["lr"] = lr
+    schedule = config.get("scheduler")
+    key = PEAK_KEYS.get(resolved.get("scheduler", {}).get("type"))
+    if isinstance(schedule, dict) and key:
+        schedule.setdefault("params", {})[key] = lr
+    return config
 
 
 def swap_paths(config, resolved):
@@ -634,6 +674,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
     done = first_step  # the last step completed
     swap_step_bytes = {}  # swap path -> bytes written by the steps run (the SSD wear figures)
     nvme_written = 0
+    seconds = dict.fromkeys(("fwd_bwd", "step", "fetch", "grads", "optimizer", "adapter"), 0.0)
     for step in range(first_step, args.steps):
         if stop.signum:
             break
@@ -644,6 +685,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             loss = loss_of(model, batch, args.hf)
             engine.backward(loss)       # strata: instead of loss.backward()
             loss_sum += loss.item()
+        t1 = time.perf_counter()
         stats = engine.step()           # strata: instead of optimizer.step()
         nvme_written += stats.bytes_nvme_write
         for s in engine.swap_stats():   # strata: the step's writes per swap path
@@ -651,6 +693,10 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         if engine.torch_device.type == "cuda":
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
+        seconds["fwd_bwd"] += t1 - t0
+        seconds["step"] += t0 + dt - t1
+        for k in ("fetch", "grads", "optimizer", "adapter"):
+            seconds[k] += getattr(stats, f"{k}_seconds")
         steps_run += 1
         done = step + 1
         last_loss = loss_sum / gas
@@ -661,7 +707,8 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             val = evaluate(model, held_out, args.hf, engine)
         info = {"loss": f"{last_loss:.3f}", "tok/s": f"{tokens_per_step / dt:.0f}",
                 "h2d": fmt_bytes(stats.bytes_h2d), "d2h": fmt_bytes(stats.bytes_d2h),
-                "nvme": f"{fmt_bytes(stats.bytes_nvme_read)}/{fmt_bytes(stats.bytes_nvme_write)}"}
+                "nvme": f"{fmt_bytes(stats.bytes_nvme_read)}/{fmt_bytes(stats.bytes_nvme_write)}",
+                "lr": f"{stats.lr:.3g}"}
         if val is not None:
             info["val"] = f"{val:.3f}"
         if bar is not None:
@@ -686,6 +733,12 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         print(f"summary: {steps_run} steps in {elapsed:.1f} s, {tps:.0f} tokens/s, "
               f"{flops_per_step * steps_run / elapsed / 1e12:.3f} model TFLOPS; "
               f"loss {first_loss:.3f} -> {last_loss:.3f}; held-out loss {val:.3f}")
+        # Where a step's time goes (means over the steps run): the framework's forward and backward
+        # (the loss read back), engine.step(); and the engine's own parts, inside either.
+        per = {k: v / steps_run for k, v in seconds.items()}
+        print(f"time per step: forward+backward {per['fwd_bwd']:.3f} s, step() {per['step']:.3f} s; of them "
+              f"fetch {per['fetch']:.3f} s, gradients {per['grads']:.3f} s, optimizer {per['optimizer']:.3f} s, "
+              f"adapter {per['adapter']:.3f} s")
         # Where the CPU optimizer's threads ran (strata.cpu_adam.bind), as finalize chose them.
         print(f"cpu_adam: {engine.stats().cpu_adam_binding}")
         print_swap_wear(engine.swap_stats(), swap_step_bytes, nvme_written, steps_run)

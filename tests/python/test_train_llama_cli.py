@@ -223,3 +223,27 @@ def test_resume_is_refused_below_the_checkpoint_step_and_continues_above_it(tmp_
     got, want = step_lines(resumed.stdout), step_lines(whole.stdout)
     assert sorted(got) == [5, 6] and len(want) == 6, resumed.stdout + whole.stdout
     assert got == {s: want[s] for s in (5, 6)}, (got, want)
+
+
+@pytest.mark.parametrize("config,want_optimizer_type,peak_key", [
+    ({"train_micro_batch_size_per_gpu": 1}, "AdamW", None),
+    ({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Lion", "params": {"lr": 1e-4}},
+      "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1e-4, "total_num_steps": 10}}},
+     "Lion", "warmup_max_lr"),
+    ({"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+      "scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_num_steps": 2}}}, "Adam",
+     None),
+])
+def test_lr_sets_the_optimizers_lr_and_the_schedules_peak(config, want_optimizer_type, peak_key):
+    import strata.engine
+    import train_llama
+
+    before = json.dumps(config)
+    resolved = strata.engine.config_resolve(before)
+    out = train_llama.with_peak_lr(config, resolved, 3e-5)
+    assert json.dumps(config) == before, "the caller's dict was changed"
+    again = strata.engine.config_resolve(json.dumps(out))
+    assert again["optimizer"]["type"] == want_optimizer_type
+    assert again["optimizer"]["params"]["lr"] == 3e-5
+    if peak_key:
+        assert again["scheduler"]["params"][peak_key] == 3e-5
