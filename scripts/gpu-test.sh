@@ -5,9 +5,11 @@
 #   gpu          meson test --suite gpu (device conformance: host and CUDA cases, CUDA model runner)
 #   gpu_bench    pinned and pageable host<->device bandwidth, 1 MiB to 1 GiB
 #   e2e          meson test --suite e2e with STRATA_TEST_DEVICE=cuda (the engine on the CUDA device)
-#   pytest       tests/python: the adapter, its CUDA and transformers cases
+#   pytest       tests/python: the adapter, its CUDA and transformers cases (in --jobs processes side
+#                by side, at most 8: one at a time it takes about 230 s on the H200 machine)
 #   llama        examples/python/train_llama.py --hf: transformers' Llama at the largest size whose
-#                state fits the RAM (scripts/gpu_check.py llama-plan asks strata plan), a few steps
+#                state fits the RAM (scripts/gpu_check.py llama-plan asks strata plan), a few steps at a
+#                peak learning rate for its width (--llama-lr)
 #   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
 # and writes one summary (stages with pass/fail/skip and test counts, GB/s per link, TFLOP/s,
 # step_bench rows, tokens/s, loss, bytes per link) after every stage, so that a call cut short
@@ -22,14 +24,16 @@
 # CUDA when nvcc is there, runs what needs no GPU and marks the GPU stages skipped, saying why.
 #
 # Usage: scripts/gpu-test.sh [--allow-skip] [--skip STAGES] [--no-bench] [--no-python]
-#          [--llama-size SIZE] [--llama-layers N|auto] [--llama-steps N]
+#          [--llama-size SIZE] [--llama-layers N|auto] [--llama-steps N] [--llama-lr LR]
 #          [--step-bench-scenarios LIST] [--deadline SECONDS] [--build-dir DIR] [--jobs N]
 #   --allow-skip     a GPU stage skipped for want of a GPU does not fail the run (the local run)
 #   --skip STAGES    leave out these stages (comma separated names from the list above;
 #                    step_bench leaves out every step_bench_* stage)
 #   --no-bench       --skip gpu_bench,step_bench;  --no-python: --skip pytest,llama
 #   --llama-size     train_llama.py's preset (default 7b); --llama-layers: its layer count, or auto
-#                    (default: the most that fit the RAM); --llama-steps: steps (default 6)
+#                    (default: the most that fit the RAM); --llama-steps: steps (default 6); --llama-lr:
+#                    train_llama's --lr (default 1e-4: the example config's 3e-3 suits the small presets
+#                    and made the 7B's loss climb from 6.5 to 21 by step 4 on the H200)
 #   --step-bench-scenarios  default cpu_cpu,h2d_device,nvme_disk
 #   --deadline       seconds for the whole run, summary included (default 560)
 #   --build-dir      default build-gpu;  --jobs: build and test processes (default: nproc)
@@ -54,6 +58,7 @@ skip_list=","
 llama_size=7b
 llama_layers=auto
 llama_steps=6
+llama_lr=1e-4
 step_scenarios=cpu_cpu,h2d_device,nvme_disk
 deadline=560
 build=build-gpu
@@ -68,6 +73,7 @@ while [[ $# -gt 0 ]]; do
     --llama-size) [[ $# -ge 2 ]] || usage; llama_size=$2; shift ;;
     --llama-layers) [[ $# -ge 2 && ( $2 == auto || $2 =~ ^[1-9][0-9]*$ ) ]] || usage; llama_layers=$2; shift ;;
     --llama-steps) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; llama_steps=$2; shift ;;
+    --llama-lr) [[ $# -ge 2 && $2 =~ ^[0-9.]+(e-?[0-9]+)?$ ]] || usage; llama_lr=$2; shift ;;
     --step-bench-scenarios) [[ $# -ge 2 ]] || usage; step_scenarios=$2; shift ;;
     --deadline) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; deadline=$2; shift ;;
     --build-dir) [[ $# -ge 2 ]] || usage; build=$2; shift ;;
@@ -233,7 +239,7 @@ if [[ $built -eq 1 ]]; then
   testlog e2e
   summarize
   run_stage pytest 150 env STRATA_LIBRARY="$(cd "$build" && pwd)/bindings/c/libstrata.so" "$py" \
-    tests/python/run_pytest.py -rs
+    tests/python/run_pytest.py --jobs $((jobs < 8 ? jobs : 8)) -rs
   summarize
 else
   for s in gpu gpu_bench e2e pytest; do record "$s" - 0 0 "" "not run: no build"; done
@@ -271,6 +277,7 @@ else
       run_stage llama 240 env -C "$work/llama_run" STRATA_LIBRARY="$(cd "$build" && pwd)/bindings/c/libstrata.so" \
         "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
         --size "$llama_size" --layers "$llama_layers" --build-dtype bf16 --seq-len 1024 --steps "$llama_steps" \
+        --lr "$llama_lr" \
         --eval-every 0 --eval-batches 1 --no-progress --log-every 1 --sample 0 --config "$llama_config" \
         --corpus "$corpus" "${ckpt[@]}"
       rm -rf "$work/llama_run"
