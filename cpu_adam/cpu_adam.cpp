@@ -307,7 +307,12 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
   const std::string mode = str_cat("bind ", bind_mode_name(o.bind));
   // The thread count without pinning: as asked, else `fallback`, capped.
   auto unpinned = [&](int fallback, std::string why) {
-    b.threads = std::min(o.threads > 0 ? o.threads : std::max(1, fallback), max_threads);
+    b.threads = o.threads > 0 ? o.threads : std::max(1, fallback);
+    if (b.threads > max_threads) {
+      STRATA_LOG(kInfo) << "cpu_adam: " << b.threads << " threads but this process may run " << max_threads
+                        << " at once; using " << max_threads;
+      b.threads = max_threads;
+    }
     b.bound = false;
     b.why_unbound = std::move(why);
     return choice;
