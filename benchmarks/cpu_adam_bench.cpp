@@ -24,10 +24,10 @@
 #include <vector>
 
 #include "benchmarks/roofline.h"
-#include "cpu_adam/cpu_adam.h"
 #include "core/aligned_buffer.h"
 #include "core/clock.h"
 #include "core/numerics.h"
+#include "cpu_adam/cpu_adam.h"
 
 namespace strata::bench {
 namespace {
@@ -58,8 +58,8 @@ double median(std::vector<double> v) {
 // their values.
 struct Arrays {
   core::AlignedBuffer p, m, v, g32, g16, out;
-  core::AlignedBuffer m16, v16;            // bf16 moments
-  core::AlignedBuffer m8, v8, m8s, v8s;    // 8-bit moments: codes, one scale per 256
+  core::AlignedBuffer m16, v16;          // bf16 moments
+  core::AlignedBuffer m8, v8, m8s, v8s;  // 8-bit moments: codes, one scale per 256
   std::int64_t n = 0;
   float* fp() { return p.as<float>().data(); }
   float* fm() { return m.as<float>().data(); }
@@ -116,8 +116,10 @@ core::Result<Arrays> make_arrays(std::int64_t n) {
   STRATA_ASSIGN_OR_RETURN(a.v16, core::AlignedBuffer::allocate(h, 4096));
   STRATA_ASSIGN_OR_RETURN(a.m8, core::AlignedBuffer::allocate(static_cast<std::size_t>(n), 4096));
   STRATA_ASSIGN_OR_RETURN(a.v8, core::AlignedBuffer::allocate(static_cast<std::size_t>(n), 4096));
-  STRATA_ASSIGN_OR_RETURN(a.m8s, core::AlignedBuffer::allocate(static_cast<std::size_t>(a.blocks()) * 4, 4096));
-  STRATA_ASSIGN_OR_RETURN(a.v8s, core::AlignedBuffer::allocate(static_cast<std::size_t>(a.blocks()) * 4, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.m8s,
+                          core::AlignedBuffer::allocate(static_cast<std::size_t>(a.blocks()) * 4, 4096));
+  STRATA_ASSIGN_OR_RETURN(a.v8s,
+                          core::AlignedBuffer::allocate(static_cast<std::size_t>(a.blocks()) * 4, 4096));
   a.fill(false);
   return a;
 }
@@ -145,15 +147,20 @@ struct Row {
   // gradient and the copy-out.
   double state_bytes() const {
     switch (format) {
-      case MomentFormat::kFp32: return 24.0;
-      case MomentFormat::kBf16: return 16.0;
-      case MomentFormat::kInt8: return 12.0 + 16.0 / nx::kQuantBlockElems;
+      case MomentFormat::kFp32:
+        return 24.0;
+      case MomentFormat::kBf16:
+        return 16.0;
+      case MomentFormat::kInt8:
+        return 12.0 + 16.0 / nx::kQuantBlockElems;
     }
     return 0.0;
   }
   double bytes_per_param() const { return state_bytes() + (grad == ElemType::kF32 ? 4 : 2) + (copy ? 2 : 0); }
   std::string pattern() const {
-    const char* moments = format == MomentFormat::kBf16 ? "+bf16m" : format == MomentFormat::kInt8 ? "+int8m" : "";
+    const char* moments = format == MomentFormat::kBf16   ? "+bf16m"
+                          : format == MomentFormat::kInt8 ? "+int8m"
+                                                          : "";
     return std::string(grad == ElemType::kF32 ? "g32" : "g16") + (copy ? "+copy" : "") + moments;
   }
 };
@@ -165,17 +172,23 @@ struct Roofline {
 
 const char* store_name(StoreKind k) {
   switch (k) {
-    case StoreKind::kOrdinary: return "ordinary";
-    case StoreKind::kNontemporal: return "nontemporal";
-    case StoreKind::kMixed: return "mixed";
+    case StoreKind::kOrdinary:
+      return "ordinary";
+    case StoreKind::kNontemporal:
+      return "nontemporal";
+    case StoreKind::kMixed:
+      return "mixed";
   }
   return "?";
 }
 const char* shape_name(LoopShape s) {
   switch (s) {
-    case LoopShape::kZmm: return "zmm";
-    case LoopShape::kZmmPrefetch: return "zmm+prefetch";
-    case LoopShape::kYmm: return "ymm";
+    case LoopShape::kZmm:
+      return "zmm";
+    case LoopShape::kZmmPrefetch:
+      return "zmm+prefetch";
+    case LoopShape::kYmm:
+      return "ymm";
   }
   return "?";
 }
@@ -193,7 +206,8 @@ std::string gbps_list(double bytes, const std::vector<double>& seconds) {
 
 // The step with compact moments (bf16 or 8-bit, the arrays of their own)
 // over the fp32 step's master, gradient, copy-out and constants.
-core::Status step_compact(adam::CpuAdam& cpu, MomentFormat format, Arrays& a, const adam::AdamStepArgs& like) {
+core::Status step_compact(adam::CpuAdam& cpu, MomentFormat format, Arrays& a,
+                          const adam::AdamStepArgs& like) {
   if (format == MomentFormat::kBf16) {
     adam::AdamStepBf16MomentsArgs args;
     args.constants = like.constants;
@@ -218,7 +232,7 @@ core::Status step_compact(adam::CpuAdam& cpu, MomentFormat format, Arrays& a, co
 
 int run(const Options& opt) {
   std::vector<Row> rows;
-  std::map<std::string, Roofline> rooflines;  // key: n/threads/pattern
+  std::map<std::string, Roofline> rooflines;          // key: n/threads/pattern
   std::map<std::string, std::vector<double>> triads;  // key: n/threads
   std::vector<Isa> isas;
   auto wanted = [&](std::string_view kernel) {
@@ -258,14 +272,17 @@ int run(const Options& opt) {
         }
       }
       if (!isas.empty()) {
-        rows.push_back({std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}, {}});
+        rows.push_back(
+            {std::string(adam::isa_name(isas.back())), threads, n, ElemType::kBf16, true, true, {}, {}});
       }
       for (size_t k = 0; k < isas.size() && !opt.headline_only; ++k) {
         for (MomentFormat f : {MomentFormat::kBf16, MomentFormat::kInt8}) {
-          rows.push_back({std::string(adam::isa_name(isas[k])), threads, n, ElemType::kBf16, true, false, {}, {}, f});
+          rows.push_back(
+              {std::string(adam::isa_name(isas[k])), threads, n, ElemType::kBf16, true, false, {}, {}, f});
         }
       }
-      if (threads == 1 && wanted("naive")) rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}, {}});
+      if (threads == 1 && wanted("naive"))
+        rows.push_back({"naive", 1, n, ElemType::kF32, false, false, {}, {}});
       const std::string rkey = std::to_string(n) + "/" + std::to_string(threads) + "/";
       // The yardstick: every store kind and loop shape of a row's pattern,
       // over the same arrays through the same threads and tiles; the fastest
@@ -281,29 +298,30 @@ int run(const Options& opt) {
               if (row.format != MomentFormat::kFp32) {
                 const bool int8 = row.format == MomentFormat::kInt8;
                 const std::int64_t block = begin / nx::kQuantBlockElems;
-                CompactPatternArrays ca{a.fp() + begin,
-                                        int8 ? static_cast<void*>(a.m8.as<std::uint8_t>().data() + begin)
-                                             : a.m16.as<std::uint16_t>().data() + begin,
-                                        int8 ? static_cast<void*>(a.v8.as<std::uint8_t>().data() + begin)
-                                             : a.v16.as<std::uint16_t>().data() + begin,
-                                        int8 ? 1 : 2,
-                                        int8 ? a.m8s.as<float>().data() + block : nullptr,
-                                        int8 ? a.v8s.as<float>().data() + block : nullptr,
-                                        row.grad == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin)
-                                                                   : a.hg() + begin,
-                                        row.grad == ElemType::kBf16,
-                                        row.copy ? a.hout() + begin : nullptr,
-                                        len};
+                CompactPatternArrays ca{
+                    a.fp() + begin,
+                    int8 ? static_cast<void*>(a.m8.as<std::uint8_t>().data() + begin)
+                         : a.m16.as<std::uint16_t>().data() + begin,
+                    int8 ? static_cast<void*>(a.v8.as<std::uint8_t>().data() + begin)
+                         : a.v16.as<std::uint16_t>().data() + begin,
+                    int8 ? 1 : 2,
+                    int8 ? a.m8s.as<float>().data() + block : nullptr,
+                    int8 ? a.v8s.as<float>().data() + block : nullptr,
+                    row.grad == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin) : a.hg() + begin,
+                    row.grad == ElemType::kBf16,
+                    row.copy ? a.hout() + begin : nullptr,
+                    len};
                 stream_compact_pattern_avx512(ca, kind, shape);
                 return;
               }
-              PatternArrays pa{a.fp() + begin,
-                               a.fm() + begin,
-                               a.fv() + begin,
-                               row.grad == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin) : a.hg() + begin,
-                               row.grad == ElemType::kBf16,
-                               row.copy ? a.hout() + begin : nullptr,
-                               len};
+              PatternArrays pa{
+                  a.fp() + begin,
+                  a.fm() + begin,
+                  a.fv() + begin,
+                  row.grad == ElemType::kF32 ? static_cast<const void*>(a.fg() + begin) : a.hg() + begin,
+                  row.grad == ElemType::kBf16,
+                  row.copy ? a.hout() + begin : nullptr,
+                  len};
               stream_pattern_avx512(pa, kind, shape);
             });
             const double t = ysw.elapsed_s();
@@ -349,8 +367,8 @@ int run(const Options& opt) {
                                                    : adam::ConstTypedSpan{a.hg(), ElemType::kBf16, n};
             if (row.copy) args.copy_out = {a.hout(), ElemType::kBf16, n};
             sw.restart();
-            const core::Status s = row.format == MomentFormat::kFp32 ? cpu.step(args)
-                                                                      : step_compact(cpu, row.format, a, args);
+            const core::Status s =
+                row.format == MomentFormat::kFp32 ? cpu.step(args) : step_compact(cpu, row.format, a, args);
             if (!s.ok()) {
               std::fprintf(stderr, "cpu_adam_bench: %s\n", s.to_string().c_str());
               return 1;
@@ -375,8 +393,9 @@ int run(const Options& opt) {
   }
 
   // Report.
-  std::printf("%-11s %3s %6s %-14s %-9s %12s %8s %8s %9s %-24s %8s %13s %s\n", "kernel", "thr", "N", "pattern",
-              "moments", "params/s", "B/param", "GB/s", "roof GB/s", "roof by", "fraction", "min..max", "");
+  std::printf("%-11s %3s %6s %-14s %-9s %12s %8s %8s %9s %-24s %8s %13s %s\n", "kernel", "thr", "N",
+              "pattern", "moments", "params/s", "B/param", "GB/s", "roof GB/s", "roof by", "fraction",
+              "min..max", "");
   FILE* json = opt.json_path.empty() ? nullptr : std::fopen(opt.json_path.c_str(), "w");
   if (!opt.json_path.empty() && json == nullptr) {
     std::fprintf(stderr, "cpu_adam_bench: cannot write %s\n", opt.json_path.c_str());
@@ -395,7 +414,8 @@ int run(const Options& opt) {
     // fraction is the median of those paired ratios (the available memory
     // bandwidth of a shared machine drifts; a pair sees the same).
     std::vector<double> ratios;
-    for (std::size_t i = 0; i < row.seconds.size(); ++i) ratios.push_back(row.roof_seconds[i] / row.seconds[i]);
+    for (std::size_t i = 0; i < row.seconds.size(); ++i)
+      ratios.push_back(row.roof_seconds[i] / row.seconds[i]);
     const double fraction = median(ratios);
     const auto [lo, hi] = std::minmax_element(ratios.begin(), ratios.end());
     // The variant that was fastest most often over this pattern's runs.
@@ -423,25 +443,28 @@ int run(const Options& opt) {
     suspects += suspect ? 1 : 0;
     char range[32];
     std::snprintf(range, sizeof range, "%.3f..%.3f", *lo, *hi);
-    std::printf("%-11s %3d %5lldM %-14s %-9s %12.3e %8.4g %8.2f %9.2f %-24s %8.3f %13s %s\n", row.kernel.c_str(),
-                row.threads, static_cast<long long>(row.n >> 20), row.pattern().c_str(),
-                row.subnormal ? "subnormal" : "normal", gbps * 1e9 / row.bytes_per_param(), row.bytes_per_param(),
-                gbps, roof, roof_by == wins.end() ? "-" : roof_by->first.c_str(), fraction, range,
-                suspect ? "SUSPECT: above the roofline" : "");
+    std::printf("%-11s %3d %5lldM %-14s %-9s %12.3e %8.4g %8.2f %9.2f %-24s %8.3f %13s %s\n",
+                row.kernel.c_str(), row.threads, static_cast<long long>(row.n >> 20), row.pattern().c_str(),
+                row.subnormal ? "subnormal" : "normal", gbps * 1e9 / row.bytes_per_param(),
+                row.bytes_per_param(), gbps, roof, roof_by == wins.end() ? "-" : roof_by->first.c_str(),
+                fraction, range, suspect ? "SUSPECT: above the roofline" : "");
     if (json) {
-      std::fprintf(json,
-                   "%s    {\"kernel\": \"%s\", \"threads\": %d, \"n\": %lld, \"grad\": \"%s\", \"copy_out\": %s, "
-                   "\"moments\": \"%s\", \"moment_format\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": %.4g, \"gbps\": %.4f, "
-                   "\"roofline_gbps\": %.4f, \"roofline_variant\": \"%s\", \"roofline_variants_gbps\": {%s}, "
-                   "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"fraction_min\": %.4f, "
-                   "\"fraction_max\": %.4f, \"suspect\": %s, \"reps\": %zu, \"gbps_per_rep\": [%s], "
-                   "\"roofline_gbps_per_rep\": [%s]}",
-                   first ? "" : ",\n", row.kernel.c_str(), row.threads, static_cast<long long>(row.n),
-                   adam::elem_type_name(row.grad).data(), row.copy ? "true" : "false",
-                   row.subnormal ? "subnormal" : "normal", moment_format_name(row.format),
-                   gbps * 1e9 / row.bytes_per_param(), row.bytes_per_param(), gbps, roof,
-                   roof_by == wins.end() ? "-" : roof_by->first.c_str(), variants_json.c_str(), triad, fraction, *lo, *hi, suspect ? "true" : "false", row.seconds.size(),
-                   gbps_list(bytes, row.seconds).c_str(), gbps_list(bytes, row.roof_seconds).c_str());
+      std::fprintf(
+          json,
+          "%s    {\"kernel\": \"%s\", \"threads\": %d, \"n\": %lld, \"grad\": \"%s\", \"copy_out\": %s, "
+          "\"moments\": \"%s\", \"moment_format\": \"%s\", \"params_per_s\": %.6e, \"bytes_per_param\": "
+          "%.4g, \"gbps\": %.4f, "
+          "\"roofline_gbps\": %.4f, \"roofline_variant\": \"%s\", \"roofline_variants_gbps\": {%s}, "
+          "\"triad_gbps\": %.4f, \"fraction_of_roofline\": %.4f, \"fraction_min\": %.4f, "
+          "\"fraction_max\": %.4f, \"suspect\": %s, \"reps\": %zu, \"gbps_per_rep\": [%s], "
+          "\"roofline_gbps_per_rep\": [%s]}",
+          first ? "" : ",\n", row.kernel.c_str(), row.threads, static_cast<long long>(row.n),
+          adam::elem_type_name(row.grad).data(), row.copy ? "true" : "false",
+          row.subnormal ? "subnormal" : "normal", moment_format_name(row.format),
+          gbps * 1e9 / row.bytes_per_param(), row.bytes_per_param(), gbps, roof,
+          roof_by == wins.end() ? "-" : roof_by->first.c_str(), variants_json.c_str(), triad, fraction, *lo,
+          *hi, suspect ? "true" : "false", row.seconds.size(), gbps_list(bytes, row.seconds).c_str(),
+          gbps_list(bytes, row.roof_seconds).c_str());
       first = false;
     }
   }
@@ -452,8 +475,7 @@ int run(const Options& opt) {
     std::printf("  N=%lldM threads=%d: %.2f GB/s\n", static_cast<long long>(n >> 20), threads,
                 12.0 * static_cast<double>(n) / median(secs) * 1e-9);
   }
-  std::printf("\n%d of %zu rows SUSPECT (the median paired ratio above 1)\n", suspects,
-              rows.size());
+  std::printf("\n%d of %zu rows SUSPECT (the median paired ratio above 1)\n", suspects, rows.size());
   if (json) {
     std::fprintf(json, "\n  ]\n}\n");
     std::fclose(json);
@@ -470,8 +492,10 @@ bool parse_list(const char* text, std::vector<std::int64_t>* out) {
     std::string item = s.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     if (item.empty()) return false;
     std::int64_t mult = 1;
-    if (item.back() == 'M' || item.back() == 'm') mult = 1 << 20, item.pop_back();
-    else if (item.back() == 'K' || item.back() == 'k') mult = 1 << 10, item.pop_back();
+    if (item.back() == 'M' || item.back() == 'm')
+      mult = 1 << 20, item.pop_back();
+    else if (item.back() == 'K' || item.back() == 'k')
+      mult = 1 << 10, item.pop_back();
     char* end = nullptr;
     const long long v = std::strtoll(item.c_str(), &end, 10);
     if (end == item.c_str() || *end != '\0' || v <= 0) return false;
@@ -524,9 +548,10 @@ int main(int argc, char** argv) {
         const size_t comma = std::min(list.find(',', pos), list.size());
         const std::string k = list.substr(pos, comma - pos);
         if (k != "scalar" && k != "avx2" && k != "avx512" && k != "avx512_bf16" && k != "naive") {
-          std::fprintf(stderr,
-                       "cpu_adam_bench: unknown kernel '%s' in --kernels (scalar, avx2, avx512, avx512_bf16, naive)\n",
-                       k.c_str());
+          std::fprintf(
+              stderr,
+              "cpu_adam_bench: unknown kernel '%s' in --kernels (scalar, avx2, avx512, avx512_bf16, naive)\n",
+              k.c_str());
           return 2;
         }
         opt.kernels.push_back(k);
@@ -539,7 +564,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: cpu_adam_bench [--quick] [--sizes 16M,256M] [--threads 1,2] [--reps N]\n"
-                   "                      [--kernels scalar,avx2,avx512,avx512_bf16,naive] [--headline] [--json FILE]\n");
+                   "                      [--kernels scalar,avx2,avx512,avx512_bf16,naive] [--headline] "
+                   "[--json FILE]\n");
       return 2;
     }
   }
