@@ -307,7 +307,8 @@ class Engine {
   core::Status check_initial_values() const STRATA_REQUIRES(mu_);
   core::Result<Needs> check_budgets() const STRATA_REQUIRES(mu_);
   core::Status open_swap_store(const Needs& needs) STRATA_REQUIRES(mu_);
-  core::Status write_initial_values() STRATA_REQUIRES(mu_);
+  // *sources_s: the seconds spent in the init callbacks and reading pretrained files.
+  core::Status write_initial_values(double* sources_s) STRATA_REQUIRES(mu_);
   core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {

@@ -4,11 +4,13 @@
 // and the step's rooms created.
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <span>
 
 #include "core/aligned_buffer.h"
+#include "core/clock.h"
 #include "core/logging.h"
 #include "core/str.h"
 #include "cpu_adam/cpu_adam.h"
@@ -204,12 +206,15 @@ core::Status Engine::finalize_locked() {
   // the swap space are known to hold them; only then are they listed (one
   // entry per chunk), so a model far over the budgets is refused from memory
   // bounded by its parameters and groups.
+  core::Stopwatch total;
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_));
   STRATA_RETURN_IF_ERROR(check_initial_values());
   STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
   if (needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(needs));
   expand_chunks(layout_);
+  const double planned_s = total.elapsed_s();
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version()));
+  const double state_s = total.elapsed_s() - planned_s;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_)));
   cpu_threads_ = cpu_threads_of(cpu_adam_->binding());
   STRATA_LOG(kInfo) << "cpu_adam: " << cpu_threads_.description << " (strata.cpu_adam.bind \""
@@ -228,11 +233,30 @@ core::Status Engine::finalize_locked() {
 
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
+  const double homes_t0 = total.elapsed_s();
   STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
+  const double values_t0 = total.elapsed_s();
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
-  Status s = write_initial_values();
+  double sources_s = 0.0;
+  Status s = write_initial_values(&sources_s);
   finalizing_ = false;
+  // Where finalize's time went (minutes for billions of parameters): one line.
+  std::int64_t elems = 0;
+  for (const auto& p : layout_.params) elems += p.numel();
+  std::uint64_t pinned = 0;
+  for (const ChunkPlace& c : layout_.chunks) pinned += c.state_tier == Tier::kPinned ? layout_.state_bytes(c) : 0;
+  auto secs = [](double t) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f s", t);
+    return std::string(b);
+  };
+  STRATA_LOG(kInfo) << "finalize: " << elems << " parameter elements in " << secs(total.elapsed_s())
+                    << ": layout and budgets " << secs(planned_s) << ", optimizer state " << secs(state_s) << " ("
+                    << core::format_bytes(pinned) << " of it pinned: allocated and zeroed), the CPU optimizer and "
+                    << "gradient path " << secs(homes_t0 - planned_s - state_s) << ", compute homes "
+                    << secs(values_t0 - homes_t0) << ", initial values " << secs(total.elapsed_s() - values_t0)
+                    << " (of them " << secs(sources_s) << " in the init callbacks and pretrained files)";
   step_->forget_traffic();  // initialisation is not a step's traffic
   // Last: the initial values' staging goes back first (the ring is
   // allocated directly, past the cache).
@@ -412,7 +436,7 @@ core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::ui
   return Status();
 }
 
-core::Status Engine::write_initial_values() {
+core::Status Engine::write_initial_values(double* sources_s) {
   const int cb = layout_.compute_bytes;
   // Safetensors files come in through the nvme engine, as checkpoints do;
   // each is open from the first group that reads it to the last.
@@ -438,6 +462,7 @@ core::Status Engine::write_initial_values() {
       std::vector<float>& v = values[pi];
       v.assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
       Status s;
+      const core::Stopwatch source;
       if (registry_.inits[pi]) {
         // The callback runs without the lock (calls into the engine meanwhile
         // see finalizing_ and fail).
@@ -448,6 +473,7 @@ core::Status Engine::write_initial_values() {
       } else {
         s = pretrained->read(layout_.params[pi], v);
       }
+      *sources_s += source.elapsed_s();
       if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
     }
     if (pretrained != nullptr) pretrained->end_group(g);
