@@ -77,15 +77,32 @@ core::Result<Config> parse_config_unsafe(std::string_view text, const ParseOptio
   AioGiven aio_given;
   bool cpu_fraction_given = false;
 
-  STRATA_RETURN_IF_ERROR(parse_batch(r, ctx, &c));
-  STRATA_RETURN_IF_ERROR(parse_optimizer(r, ctx, &c.optimizer));
-  STRATA_RETURN_IF_ERROR(parse_scheduler(r, ctx, c.optimizer, &c.scheduler));
-  STRATA_RETURN_IF_ERROR(parse_precision(r, ctx, &c));
-  STRATA_RETURN_IF_ERROR(parse_zero(r, ctx, &c.zero, &nvme_paths_given));
-  STRATA_RETURN_IF_ERROR(parse_aio(r, ctx, &c.aio, &aio_given));
-  STRATA_RETURN_IF_ERROR(parse_strata(r, ctx, c.aio, aio_given, &cpu_fraction_given, &c.strata));
+  // Each section is read even after another one failed, so that one run
+  // names every section's problem (and every unknown key); the scheduler
+  // reads the optimizer's lr, so it is left out when the optimizer failed.
+  auto section = [&](const Status& s) {
+    ctx.absorb(s);
+    const bool failed = !ctx.ok();
+    ctx.next_section();
+    return !failed;
+  };
+  section(parse_batch(r, ctx, &c));
+  if (section(parse_optimizer(r, ctx, &c.optimizer))) {
+    section(parse_scheduler(r, ctx, c.optimizer, &c.scheduler));
+  } else {
+    r.take("scheduler");  // (not reported as unknown)
+  }
+  section(parse_precision(r, ctx, &c));
+  section(parse_zero(r, ctx, &c.zero, &nvme_paths_given));
+  const bool aio_read = section(parse_aio(r, ctx, &c.aio, &aio_given));
+  if (aio_read) {
+    section(parse_strata(r, ctx, c.aio, aio_given, &cpu_fraction_given, &c.strata));
+  } else {
+    r.take("strata");
+  }
   ignore_top_level(r, ctx);
-  STRATA_RETURN_IF_ERROR(r.finish());
+  section(r.finish());
+  if (ctx.any_problem()) return ctx.error();
 
   if (cpu_fraction_given && c.zero.offload_optimizer.device != OffloadDevice::kNvme) {
     return Status::invalid_argument(

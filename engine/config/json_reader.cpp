@@ -129,7 +129,31 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 // --- parse context ----------------------------------------------------------------
 
 void Context::fail(std::string_view path, std::string_view message) {
-  if (error_.ok()) error_ = Status::invalid_argument(str_cat(path, ": ", message));
+  if (section_failed_) return;
+  problems_.push_back(str_cat(path, ": ", message));
+  section_failed_ = true;
+  any_wrong_value_ = true;
+}
+
+void Context::fail_key(std::string_view path, std::string_view message) {
+  problems_.push_back(str_cat(path, ": ", message));
+}
+
+void Context::absorb(const core::Status& s) {
+  if (s.ok() || section_failed_ || s.message() == error().message()) return;
+  problems_.push_back(std::string(s.message()));
+  section_failed_ = true;
+  any_wrong_value_ = true;
+}
+
+core::Status Context::error() const {
+  if (problems_.empty()) return Status();
+  if (problems_.size() == 1) return Status::invalid_argument(problems_[0]);
+  std::string all = str_cat(problems_.size(), " problems:");
+  for (std::size_t i = 0; i < problems_.size(); ++i) {
+    all += str_cat(i == 0 ? " (" : "; (", i + 1, ") ", problems_[i]);
+  }
+  return Status::invalid_argument(all);
 }
 
 namespace {
@@ -406,30 +430,45 @@ std::string_view ObjectReader::pick(std::initializer_list<Spelling> spellings) {
 }
 
 Status ObjectReader::finish() {
-  if (ctx_->ok() && object_ != nullptr) {
-    for (const auto& item : object_->items()) {
-      const std::string& key = item.key();
-      if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
-      std::string message =
-          ctx_->strict() ? "unknown key (an error under strata.strict)" : "unknown key; ignored";
-      std::string_view best;
-      std::size_t best_distance = 3;  // suggest within two edits
-      for (const std::string& k : known_) {
-        const std::size_t d = edit_distance(key, k);
-        if (d < best_distance) {
-          best_distance = d;
-          best = k;
-        }
+  // A section stopped at a wrong value may not have asked for all of its
+  // keys; the top level's keys are asked for by every section.
+  const bool top_level = path_.empty();
+  if (object_ == nullptr || !ctx_->ok() || (top_level && ctx_->any_wrong_value())) {
+    return ctx_->ok() ? Status() : ctx_->error();
+  }
+  // strata's own section: no DeepSpeed config has keys there, so an unknown
+  // one is a mistake.
+  const bool own = path_ == "strata" || path_.starts_with("strata.");
+  for (const auto& item : object_->items()) {
+    const std::string& key = item.key();
+    if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
+    std::string_view best;
+    // A misspelling: within two edits of a known key (one for keys of four
+    // letters or fewer, where two edits reach other words).
+    std::size_t best_distance = key.size() <= 4 ? 2 : 3;
+    for (const std::string& k : known_) {
+      const std::size_t d = edit_distance(key, k);
+      if (d < best_distance) {
+        best_distance = d;
+        best = k;
       }
-      if (!best.empty()) message += str_cat("; did you mean \"", best, "\"?");
-      if (ctx_->strict()) {
-        ctx_->fail(path_of(key), message);
-        break;
-      }
-      ctx_->warn(path_of(key), std::move(message));
+    }
+    std::string message = "unknown key";
+    if (!best.empty()) {
+      message += str_cat("; did you mean \"", best, "\"? (a misspelled key is an error: its setting would "
+                         "silently take its default)");
+    } else if (own) {
+      message += " in strata's own section (an error: see docs/config.md for its keys)";
+    } else if (ctx_->strict()) {
+      message += " (an error under strata.strict)";
+    }
+    if (!best.empty() || own || ctx_->strict()) {
+      ctx_->fail_key(path_of(key), message);
+    } else {
+      ctx_->warn(path_of(key), message + "; ignored");
     }
   }
-  return ctx_->error();
+  return Status();
 }
 
 const Json* ObjectReader::take_value(std::string_view key) {

@@ -102,8 +102,13 @@ std::size_t edit_distance(std::string_view a, std::string_view b);
 
 // --- parse context ----------------------------------------------------------------
 
-// State of one parse: options, the first error (later ones are not reported),
-// the warnings so far. Thread-compatible; one per parse_config call.
+// State of one parse: options, every problem found, the warnings so far.
+// Thread-compatible; one per parse_config call. A section (the config's top-
+// level readers, one after another) stops at its first wrong value (ok()
+// turns false until next_section()), since what follows may depend on it;
+// the next section is read all the same, so one run names a problem in each.
+// An unknown key is independent of every value: each one is recorded and
+// reading goes on.
 // The config's warnings and info lines are logged once per process (a
 // program reads its config more than once); this forgets the lines logged so
 // far, so that they are logged again (tests that capture the log).
@@ -113,13 +118,25 @@ class Context {
  public:
   Context(const ParseOptions& options, bool strict) : options_(options), strict_(strict) {}
 
-  bool ok() const { return error_.ok(); }
-  const core::Status& error() const { return error_; }
+  // No wrong value in the current section.
+  bool ok() const { return !section_failed_; }
+  // Every problem so far as one kInvalidArgument ("<path>: <message>"; with
+  // more than one, "N problems: (1) ...; (2) ..."); OK when none.
+  core::Status error() const;
+  bool any_problem() const { return !problems_.empty(); }
+  bool any_wrong_value() const { return any_wrong_value_; }
   bool strict() const { return strict_; }
   const ParseOptions& options() const { return options_; }
 
-  // Records "<path>: <message>" as kInvalidArgument, unless an error is already held.
+  // Records "<path>: <message>" (a wrong value), unless the current section
+  // already has one.
   void fail(std::string_view path, std::string_view message);
+  // Records an unknown key that is an error; reading goes on.
+  void fail_key(std::string_view path, std::string_view message);
+  // A section's returned status: recorded when it did not come from fail().
+  void absorb(const core::Status& s);
+  // The next section starts with ok().
+  void next_section() { section_failed_ = false; }
   // Logs at warn level and keeps the warning for Config::warnings.
   void warn(std::string path, std::string message);
   // Logs at info level.
@@ -131,7 +148,9 @@ class Context {
  private:
   ParseOptions options_;
   bool strict_;
-  core::Status error_;
+  std::vector<std::string> problems_;  // "<path>: <message>", in the order found
+  bool section_failed_ = false;
+  bool any_wrong_value_ = false;
   std::vector<ConfigWarning> warnings_;
 };
 

@@ -20,8 +20,16 @@ def test_version_and_library():
 def test_config_check_and_resolve(swap_dir):
     assert strata.config_check(helpers.config(swap_dir)) == 0
     cfg = helpers.config(swap_dir)
-    cfg["strata"]["no_such_key"] = 1
-    assert strata.config_check(cfg) == 1  # an unknown key is a warning
+    cfg["no_such_key"] = 1
+    assert strata.config_check(cfg) == 1  # an unknown DeepSpeed-level key is a warning
+    cfg = helpers.config(swap_dir)
+    cfg["strata"]["no_such_key"] = 1  # in strata's own section: an error
+    with pytest.raises(strata.InvalidArgument, match=r"strata\.no_such_key: unknown key in strata's own section"):
+        strata.config_check(cfg)
+    cfg = helpers.config(swap_dir)
+    cfg["gradient_cliping"] = 1.0  # a misspelling: an error naming the key it resembles
+    with pytest.raises(strata.InvalidArgument, match=r'gradient_cliping: unknown key; did you mean "gradient_clipping"'):
+        strata.config_check(cfg)
     resolved = strata.config_resolve(helpers.config(swap_dir))
     assert resolved["strata"]["device"] == "host"
     assert resolved["optimizer"]["params"]["betas"] == [0.9, 0.999]
