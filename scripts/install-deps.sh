@@ -13,6 +13,7 @@ packages=(
   liburing-dev libaio-dev libhwloc-dev libtbb-dev libisal-dev
   libgtest-dev libgmock-dev nlohmann-json3-dev libopenblas-dev libdlpack-dev
   libcli11-dev  # the command lines of strata and strata-train
+  libgloo-dev  # host collectives for several ranks (partition/)
   # The Python side: strata.torch, its tests, the Llama example and its text
   # (the fortunes collection: English quotations and literature, never committed).
   python3-torch python3-numpy python3-pytest python3-tqdm fortunes-min fortunes

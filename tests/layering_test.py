@@ -33,6 +33,7 @@ MODULES = {
     "tests/gpu/": ["core/", "gpu/"],
     "tests/nvme/": ["core/", "nvme/"],
     "tests/cpu_adam/": ["core/", "cpu_adam/"],
+    "tests/partition/": ["core/", "partition/"],
     # Engine tests build the pieces the engine composes (a host device, a swap store).
     "tests/engine/": ["core/", "engine/", "strata/", "gpu/", "nvme/", "cpu_adam/"],
     # The command's flag parser, and the planner types it fills; checkpoints
@@ -54,6 +55,7 @@ VENDOR = [
      # examples/model/cuda/ is a framework's side (the example model on cuBLAS), not the engine's.
      ["gpu/cuda/*", "partition/nccl/*", "examples/model/cuda/*"]),
     (re.compile(r"^nccl\.h$"), ["partition/nccl/*"]),
+    (re.compile(r"^gloo/"), ["partition/gloo/*"]),
     (re.compile(r"^liburing\.h$"), ["nvme/uring/*"]),
     (re.compile(r"^libaio\.h$"), ["nvme/aio/*"]),
     (re.compile(r"^(immintrin|x86intrin)\.h$"),

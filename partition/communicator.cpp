@@ -1,0 +1,235 @@
+// The Communicator's checks, the rank-order reduction every host backend
+// uses, the one-rank backend and the factory.
+#include "partition/communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/numerics.h"
+#include "core/str.h"
+
+namespace strata::partition {
+
+using core::Status;
+using core::str_cat;
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kF64: return "f64";
+    case DType::kBf16: return "bf16";
+    case DType::kU8: return "u8";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+  }
+  return "?";
+}
+
+std::size_t dtype_bytes(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kF64: return 8;
+    case DType::kBf16: return 2;
+    case DType::kU8: return 1;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+  }
+  return 0;
+}
+
+std::string_view reduce_op_name(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "max"; }
+
+namespace {
+
+template <typename T, typename Load, typename Store, typename Add>
+void reduce_blocks(const std::byte* blocks, int ranks, std::size_t count, ReduceOp op, std::byte* out, Load load,
+                   Store store, Add add) {
+  for (std::size_t i = 0; i < count; ++i) {
+    auto acc = load(blocks, i);
+    for (int r = 1; r < ranks; ++r) {
+      const auto x = load(blocks + static_cast<std::size_t>(r) * count * sizeof(T), i);
+      // max: a NaN, once met, stays (x != x is false for integers).
+      acc = op == ReduceOp::kSum ? add(acc, x) : (x != x || x > acc ? x : acc);
+    }
+    store(out, i, acc);
+  }
+}
+
+template <typename T>
+T load_as(const std::byte* p, std::size_t i) {
+  T x;
+  std::memcpy(&x, p + i * sizeof(T), sizeof(T));
+  return x;
+}
+template <typename T>
+void store_as(std::byte* p, std::size_t i, T x) {
+  std::memcpy(p + i * sizeof(T), &x, sizeof(T));
+}
+
+}  // namespace
+
+void reduce_in_rank_order(const void* blocks_v, int ranks, std::size_t count, DType t, ReduceOp op, void* out_v) {
+  const auto* blocks = static_cast<const std::byte*>(blocks_v);
+  auto* out = static_cast<std::byte*>(out_v);
+  namespace nx = core::numerics;
+  switch (t) {
+    case DType::kF32:
+      reduce_blocks<float>(blocks, ranks, count, op, out, load_as<float>, store_as<float>,
+                           [](float a, float b) { return nx::add_f32(a, b); });
+      return;
+    case DType::kF64:
+      reduce_blocks<double>(blocks, ranks, count, op, out, load_as<double>, store_as<double>,
+                            [](double a, double b) { return a + b; });
+      return;
+    case DType::kBf16:
+      // Summed in fp32 in rank order, rounded to bf16 (nearest even) once.
+      reduce_blocks<std::uint16_t>(
+          blocks, ranks, count, op, out,
+          [](const std::byte* p, std::size_t i) { return nx::bf16_bits_to_fp32(load_as<std::uint16_t>(p, i)); },
+          [](std::byte* p, std::size_t i, float x) { store_as<std::uint16_t>(p, i, nx::fp32_to_bf16_bits(x)); },
+          [](float a, float b) { return nx::add_f32(a, b); });
+      return;
+    case DType::kU8:
+      reduce_blocks<std::uint8_t>(blocks, ranks, count, op, out, load_as<std::uint8_t>, store_as<std::uint8_t>,
+                                  [](std::uint8_t a, std::uint8_t b) { return static_cast<std::uint8_t>(a + b); });
+      return;
+    case DType::kI32:
+      reduce_blocks<std::int32_t>(blocks, ranks, count, op, out, load_as<std::int32_t>, store_as<std::int32_t>,
+                                  [](std::int32_t a, std::int32_t b) {
+                                    return static_cast<std::int32_t>(static_cast<std::uint32_t>(a) +
+                                                                     static_cast<std::uint32_t>(b));
+                                  });
+      return;
+    case DType::kI64:
+      reduce_blocks<std::int64_t>(blocks, ranks, count, op, out, load_as<std::int64_t>, store_as<std::int64_t>,
+                                  [](std::int64_t a, std::int64_t b) {
+                                    return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) +
+                                                                     static_cast<std::uint64_t>(b));
+                                  });
+      return;
+  }
+}
+
+template <typename Call>
+Status Communicator::run(std::string_view what, Call&& call) {
+  if (!broken_.ok()) {
+    return Status::failed_precondition(str_cat(what, " on rank ", rank_, " of ", size_, ": the communicator (",
+                                               backend_, ") broke at an earlier collective: ", broken_.message()));
+  }
+  Status s = call();
+  if (!s.ok()) {
+    s = std::move(s).annotate(str_cat(what, " on rank ", rank_, " of ", size_, " (", backend_, ")"));
+    broken_ = s;
+  }
+  return s;
+}
+
+namespace {
+
+Status check_buffers(std::string_view what, std::size_t count, DType t, std::initializer_list<const void*> ptrs,
+                     void* stream, bool takes_stream) {
+  if (dtype_bytes(t) == 0) return Status::invalid_argument(str_cat(what, ": unknown dtype"));
+  if (count > 0) {
+    for (const void* p : ptrs) {
+      if (p == nullptr) return Status::invalid_argument(str_cat(what, ": a null buffer for ", count, " elements"));
+    }
+  }
+  if (stream != nullptr && !takes_stream) {
+    return Status::invalid_argument(str_cat(what, ": a stream was given, but a host backend completes each "
+                                                  "collective before it returns (pass none)"));
+  }
+  return Status();
+}
+
+bool takes_stream(std::string_view backend) { return backend == "nccl"; }
+
+}  // namespace
+
+Status Communicator::all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void* stream) {
+  STRATA_RETURN_IF_ERROR(check_buffers("all_reduce", count, t, {buf}, stream, takes_stream(backend_)));
+  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
+  return run("all_reduce", [&] { return do_all_reduce(buf, count, t, op, stream); });
+}
+
+Status Communicator::all_gather(const void* send, void* recv, std::size_t count, DType t, void* stream) {
+  STRATA_RETURN_IF_ERROR(check_buffers("all_gather", count, t, {send, recv}, stream, takes_stream(backend_)));
+  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
+  return run("all_gather", [&] { return do_all_gather(send, recv, count, t, stream); });
+}
+
+Status Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                                    void* stream) {
+  STRATA_RETURN_IF_ERROR(check_buffers("reduce_scatter", count, t, {send, recv}, stream, takes_stream(backend_)));
+  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
+  return run("reduce_scatter", [&] { return do_reduce_scatter(send, recv, count, t, op, stream); });
+}
+
+Status Communicator::broadcast(void* buf, std::size_t count, DType t, int root, void* stream) {
+  STRATA_RETURN_IF_ERROR(check_buffers("broadcast", count, t, {buf}, stream, takes_stream(backend_)));
+  if (root < 0 || root >= size_) {
+    return Status::invalid_argument(str_cat("broadcast: root ", root, " is not a rank of ", size_));
+  }
+  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
+  return run("broadcast", [&] { return do_broadcast(buf, count, t, root, stream); });
+}
+
+Status Communicator::barrier() {
+  return run("barrier", [&] { return do_barrier(); });
+}
+
+namespace {
+
+// One rank: the reductions are the input, the gathers a copy.
+class SelfCommunicator final : public Communicator {
+ public:
+  SelfCommunicator() : Communicator("self", 0, 1) {}
+
+ private:
+  Status do_all_reduce(void*, std::size_t, DType, ReduceOp, void*) override { return Status(); }
+  Status do_all_gather(const void* send, void* recv, std::size_t count, DType t, void*) override {
+    if (send != recv) std::memmove(recv, send, count * dtype_bytes(t));
+    return Status();
+  }
+  Status do_reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp, void*) override {
+    if (send != recv) std::memmove(recv, send, count * dtype_bytes(t));
+    return Status();
+  }
+  Status do_broadcast(void*, std::size_t, DType, int, void*) override { return Status(); }
+  Status do_barrier() override { return Status(); }
+};
+
+}  // namespace
+
+// partition/gloo/gloo_communicator.cpp, or partition/gloo_none.cpp.
+core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const CommunicatorOptions& options);
+bool gloo_built();
+
+bool has_backend(std::string_view backend) {
+  return backend == "self" || (backend == "gloo" && gloo_built());
+}
+
+core::Result<std::unique_ptr<Communicator>> make_communicator(const CommunicatorOptions& o) {
+  if (o.size < 1 || o.rank < 0 || o.rank >= o.size) {
+    return Status::invalid_argument(str_cat("communicator: rank ", o.rank, " of size ", o.size,
+                                            ": need 0 <= rank < size"));
+  }
+  if (o.timeout.count() <= 0) return Status::invalid_argument("communicator: the timeout must be positive");
+  if (o.backend == "self") {
+    if (o.size != 1) {
+      return Status::invalid_argument(str_cat("communicator \"self\" has one rank; size is ", o.size,
+                                              " (use \"gloo\" for several)"));
+    }
+    return std::unique_ptr<Communicator>(new SelfCommunicator());
+  }
+  if (o.backend == "gloo") return make_gloo_communicator(o);
+  if (o.backend == "nccl") {
+    return Status::unimplemented("communicator \"nccl\": not built yet (device collectives land with the ZeRO "
+                                 "stages); use \"gloo\"");
+  }
+  return Status::invalid_argument(str_cat("communicator: unknown backend \"", o.backend,
+                                          "\" (one of self, gloo, nccl)"));
+}
+
+}  // namespace strata::partition

@@ -1,0 +1,115 @@
+// partition/communicator.h: collectives among the ranks of one data-parallel
+// run (DESIGN.md section 10), behind one interface with three backends:
+//   self  one rank; every collective is a copy (or nothing);
+//   gloo  host buffers over TCP (Gloo), the bootstrap of the others;
+//   nccl  device buffers (NCCL), ordered on a native stream (not yet built).
+// partition/ sees core/ only: buffers are raw pointers, a stream is the
+// backend's native handle (cudaStream_t for nccl; null for host backends,
+// whose calls complete before they return).
+//
+// Reductions are deterministic and the same on every rank: the host backends
+// sum in rank order (rank 0's value + rank 1's + ...), whatever N, so reruns
+// with the same N give the same bits, and the sum is the one a single rank
+// accumulating the ranks' micro-batches in order would form.
+//
+// Every collective has the communicator's timeout: a rank that does not take
+// part in time, or whose process died, makes the call fail (UNAVAILABLE or
+// DEADLINE-style message naming the collective, this rank and the size)
+// rather than hang. After a failed collective the communicator is broken:
+// later calls fail at once (FAILED_PRECONDITION), as the ranks' sequences no
+// longer match.
+//
+// Thread-compatible: one thread at a time per communicator (the collectives
+// of all ranks must be issued in the same order).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/result.h"
+#include "core/status.h"
+
+namespace strata::partition {
+
+enum class DType { kF32, kF64, kBf16, kU8, kI32, kI64 };
+std::string_view dtype_name(DType t);
+std::size_t dtype_bytes(DType t);
+
+enum class ReduceOp { kSum, kMax };
+std::string_view reduce_op_name(ReduceOp op);
+
+struct CommunicatorOptions {
+  std::string backend = "self";  // "self", "gloo" (or "nccl" once built)
+  int rank = 0;
+  int size = 1;
+  // gloo: the rendezvous. A directory every rank can reach (a file store: the
+  // ranks as threads or processes of one machine, or a shared file system);
+  // each run needs its own (or `prefix`).
+  std::string store_dir;
+  std::string prefix = "strata";  // keys of this run in the store
+  std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::string_view backend() const { return backend_; }
+
+  // buf[0, count) reduced over the ranks, the result on every rank.
+  core::Status all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void* stream = nullptr);
+  // recv[r * count, (r + 1) * count) = rank r's send[0, count), on every rank.
+  // send may be recv + rank() * count (in place).
+  core::Status all_gather(const void* send, void* recv, std::size_t count, DType t, void* stream = nullptr);
+  // recv[0, count) = the reduction over the ranks of their send[rank() * count,
+  // (rank() + 1) * count): each rank gets its shard of the reduced buffer.
+  core::Status reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                              void* stream = nullptr);
+  // buf[0, count) of rank `root` on every rank.
+  core::Status broadcast(void* buf, std::size_t count, DType t, int root, void* stream = nullptr);
+  core::Status barrier();
+
+ protected:
+  Communicator(std::string backend, int rank, int size) : backend_(std::move(backend)), rank_(rank), size_(size) {}
+
+  virtual core::Status do_all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void* stream) = 0;
+  virtual core::Status do_all_gather(const void* send, void* recv, std::size_t count, DType t, void* stream) = 0;
+  virtual core::Status do_reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
+                                         void* stream) = 0;
+  virtual core::Status do_broadcast(void* buf, std::size_t count, DType t, int root, void* stream) = 0;
+  virtual core::Status do_barrier() = 0;
+
+ private:
+  // Checks the arguments, runs `call` and breaks the communicator when it fails.
+  template <typename Call>
+  core::Status run(std::string_view what, Call&& call);
+
+  std::string backend_;
+  int rank_;
+  int size_;
+  core::Status broken_;  // the failure that broke it
+};
+
+// The communicator of `options.backend`. UNIMPLEMENTED for a backend this
+// build lacks (saying how to get it), INVALID_ARGUMENT for a bad rank or size,
+// UNAVAILABLE when the ranks do not all arrive within the timeout.
+core::Result<std::unique_ptr<Communicator>> make_communicator(const CommunicatorOptions& options);
+
+// Whether this build has the backend.
+bool has_backend(std::string_view backend);
+
+// Sums (or takes the max of) `ranks` blocks of `count` elements laid out one
+// after another in `blocks`, in rank order, into `out`: the host backends'
+// reduction, shared so that every backend rounds alike.
+void reduce_in_rank_order(const void* blocks, int ranks, std::size_t count, DType t, ReduceOp op, void* out);
+
+}  // namespace strata::partition

@@ -1,0 +1,169 @@
+// The Gloo backend: host buffers over Gloo's TCP transport, the ranks met
+// through a file store. The reductions do not use Gloo's own (whose order of
+// summation follows its algorithm): reduce_scatter is an all-to-all (rank j
+// receives every rank's block j) and a sum in rank order
+// (reduce_in_rank_order); all_reduce is that on equal chunks, then an
+// all-gather. Either moves the bytes of a ring algorithm, and every rank ends
+// with the same bits.
+#include <gloo/allgather.h>
+#include <gloo/alltoall.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <vector>
+
+#include "core/str.h"
+#include "partition/communicator.h"
+
+namespace strata::partition {
+namespace {
+
+using core::Status;
+using core::str_cat;
+
+std::string why_failed(const std::exception& e, std::chrono::milliseconds timeout) {
+  return str_cat("gloo: ", e.what(), " (a rank did not take part within the ", timeout.count(),
+                 " ms timeout, or its process ended)");
+}
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout)
+      : Communicator("gloo", rank, size), context_(std::move(context)), timeout_(timeout) {}
+
+ private:
+  // Runs a Gloo call, turning its exceptions into a Status.
+  template <typename Call>
+  Status guarded(Call&& call) {
+    try {
+      call();
+      return Status();
+    } catch (const std::exception& e) {
+      return Status::unavailable(why_failed(e, timeout_));
+    }
+  }
+
+  // out[j * block, (j + 1) * block) = rank j's in[rank() * block, ...): the bytes each rank sends to each.
+  Status all_to_all(const std::byte* in, std::byte* out, std::size_t block_bytes) {
+    return guarded([&] {
+      gloo::AlltoallOptions o(context_);
+      o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in)),
+                 block_bytes * static_cast<std::size_t>(size()));
+      o.setOutput(reinterpret_cast<std::uint8_t*>(out), block_bytes * static_cast<std::size_t>(size()));
+      o.setTimeout(timeout_);
+      gloo::alltoall(o);
+    });
+  }
+
+  Status gather_bytes(const std::byte* in, std::byte* out, std::size_t block_bytes) {
+    return guarded([&] {
+      gloo::AllgatherOptions o(context_);
+      o.setInput(const_cast<std::uint8_t*>(reinterpret_cast<const std::uint8_t*>(in)), block_bytes);
+      o.setOutput(reinterpret_cast<std::uint8_t*>(out), block_bytes * static_cast<std::size_t>(size()));
+      o.setTimeout(timeout_);
+      gloo::allgather(o);
+    });
+  }
+
+  Status do_reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op, void*) override {
+    const std::size_t block = count * dtype_bytes(t);
+    std::vector<std::byte> blocks(block * static_cast<std::size_t>(size()));
+    STRATA_RETURN_IF_ERROR(all_to_all(static_cast<const std::byte*>(send), blocks.data(), block));
+    reduce_in_rank_order(blocks.data(), size(), count, t, op, recv);
+    return Status();
+  }
+
+  Status do_all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void*) override {
+    const std::size_t n = static_cast<std::size_t>(size());
+    const std::size_t chunk = (count + n - 1) / n;  // elements per rank, the last ones padded
+    const std::size_t bytes = dtype_bytes(t);
+    std::vector<std::byte> padded(chunk * n * bytes);
+    std::memcpy(padded.data(), buf, count * bytes);
+    std::vector<std::byte> mine(chunk * bytes);
+    STRATA_RETURN_IF_ERROR(do_reduce_scatter(padded.data(), mine.data(), chunk, t, op, nullptr));
+    STRATA_RETURN_IF_ERROR(gather_bytes(mine.data(), padded.data(), chunk * bytes));
+    std::memcpy(buf, padded.data(), count * bytes);
+    return Status();
+  }
+
+  Status do_all_gather(const void* send, void* recv, std::size_t count, DType t, void*) override {
+    const std::size_t block = count * dtype_bytes(t);
+    std::vector<std::byte> copy;
+    const std::byte* in = static_cast<const std::byte*>(send);
+    if (in >= static_cast<const std::byte*>(recv) &&
+        in < static_cast<const std::byte*>(recv) + block * static_cast<std::size_t>(size())) {
+      copy.assign(in, in + block);  // in place: Gloo writes the output while it reads the input
+      in = copy.data();
+    }
+    return gather_bytes(in, static_cast<std::byte*>(recv), block);
+  }
+
+  Status do_broadcast(void* buf, std::size_t count, DType t, int root, void*) override {
+    return guarded([&] {
+      gloo::BroadcastOptions o(context_);
+      o.setOutput(static_cast<std::uint8_t*>(buf), count * dtype_bytes(t));
+      o.setRoot(root);
+      o.setTimeout(timeout_);
+      gloo::broadcast(o);
+    });
+  }
+
+  Status do_barrier() override {
+    return guarded([&] {
+      gloo::BarrierOptions o(context_);
+      o.setTimeout(timeout_);
+      gloo::barrier(o);
+    });
+  }
+
+  std::shared_ptr<gloo::Context> context_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace
+
+bool gloo_built() { return true; }
+
+core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const CommunicatorOptions& o) {
+  if (o.store_dir.empty()) {
+    return Status::invalid_argument("communicator \"gloo\": no store_dir (a directory every rank can reach, "
+                                    "where the ranks meet)");
+  }
+  std::error_code ec;
+  if (!std::filesystem::is_directory(o.store_dir, ec)) {
+    return Status::not_found(str_cat("communicator \"gloo\": store_dir '", o.store_dir, "' is not a directory"));
+  }
+  try {
+    gloo::rendezvous::FileStore files(o.store_dir);
+    gloo::rendezvous::PrefixStore store(o.prefix, files);
+    gloo::transport::tcp::attr attr;
+    attr.hostname = o.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
+    context->setTimeout(o.timeout);
+    context->connectFullMesh(store, device);
+    // Every rank connected before any goes on: a rank that returned at once
+    // and closed its communicator (a first collective with nothing to send)
+    // would otherwise break the connection of a rank still meeting the others.
+    gloo::BarrierOptions met(context);
+    met.setTimeout(o.timeout);
+    gloo::barrier(met);
+    return std::unique_ptr<Communicator>(new GlooCommunicator(o.rank, o.size, std::move(context), o.timeout));
+  } catch (const std::exception& e) {
+    return Status::unavailable(str_cat("communicator \"gloo\": rank ", o.rank, " of ", o.size,
+                                       " could not meet the others through '", o.store_dir, "' (prefix \"",
+                                       o.prefix, "\"; each run needs a store_dir or prefix of its own): ",
+                                       why_failed(e, o.timeout)));
+  }
+}
+
+}  // namespace strata::partition
