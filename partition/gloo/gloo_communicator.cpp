@@ -15,6 +15,9 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <pthread.h>
+#include <signal.h>
+
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -30,6 +33,38 @@ namespace {
 using core::Status;
 using core::str_cat;
 
+// SIGPIPE blocked in this thread while it lives: Gloo writes to its sockets
+// without MSG_NOSIGNAL, so a write to a rank whose process ended would kill
+// this process (the default action) instead of failing the collective. A
+// SIGPIPE raised meanwhile is taken off this thread before the mask is
+// restored. The transport's own thread, started under the guard, keeps
+// SIGPIPE blocked for good.
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &old_);
+  }
+  ~SigpipeBlocked() {
+    if (sigismember(&old_, SIGPIPE) == 0) {
+      sigset_t pipe;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      const timespec now{0, 0};
+      while (sigtimedwait(&pipe, nullptr, &now) == SIGPIPE) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
 std::string why_failed(const std::exception& e, std::chrono::milliseconds timeout) {
   return str_cat("gloo: ", e.what(), " (a rank did not take part within the ", timeout.count(),
                  " ms timeout, or its process ended)");
@@ -44,6 +79,7 @@ class GlooCommunicator final : public Communicator {
   // Runs a Gloo call, turning its exceptions into a Status.
   template <typename Call>
   Status guarded(Call&& call) {
+    const SigpipeBlocked no_sigpipe;
     try {
       call();
       return Status();
@@ -142,6 +178,7 @@ core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const Communi
   if (!std::filesystem::is_directory(o.store_dir, ec)) {
     return Status::not_found(str_cat("communicator \"gloo\": store_dir '", o.store_dir, "' is not a directory"));
   }
+  const SigpipeBlocked no_sigpipe;
   try {
     gloo::rendezvous::FileStore files(o.store_dir);
     gloo::rendezvous::PrefixStore store(o.prefix, files);

@@ -1,0 +1,132 @@
+#include "partition/launch.h"
+
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "core/str.h"
+
+namespace strata::partition {
+
+using core::Status;
+using core::str_cat;
+
+namespace {
+
+// A whole number in [0, 2^31) from variable `name`; nullopt when unset.
+core::Result<std::optional<int>> read_int(const GetEnv& getenv, const char* name) {
+  const char* v = getenv(name);
+  if (v == nullptr) return std::optional<int>();
+  const std::string_view s(v);
+  int x = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), x);
+  if (s.empty() || ec != std::errc() || end != s.data() + s.size() || x < 0) {
+    return Status::invalid_argument(str_cat("the launcher's ", name, "=\"", s, "\" is not a whole number >= 0"));
+  }
+  return std::optional<int>(x);
+}
+
+struct Names {
+  const char* launcher;
+  const char* rank;
+  const char* size;
+  const char* local_rank;
+  const char* local_size;  // may be null
+};
+
+constexpr Names kLaunchers[] = {
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+     "OMPI_COMM_WORLD_LOCAL_SIZE"},
+    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+};
+
+std::string env_or(const GetEnv& getenv, const char* name, std::string fallback = {}) {
+  const char* v = getenv(name);
+  return v != nullptr ? std::string(v) : fallback;
+}
+
+}  // namespace
+
+core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv) {
+  for (const Names& n : kLaunchers) {
+    STRATA_ASSIGN_OR_RETURN(const std::optional<int> rank, read_int(getenv, n.rank));
+    STRATA_ASSIGN_OR_RETURN(const std::optional<int> size, read_int(getenv, n.size));
+    if (!rank && !size) continue;
+    if (!rank || !size) {
+      return Status::invalid_argument(str_cat("the launcher (", n.launcher, ") set ", rank ? n.rank : n.size,
+                                              " but not ", rank ? n.size : n.rank, ": both are needed"));
+    }
+    if (*size < 1 || *rank >= *size) {
+      return Status::invalid_argument(str_cat("the launcher (", n.launcher, ") set ", n.rank, "=", *rank, " and ",
+                                              n.size, "=", *size, ": need 0 <= rank < size"));
+    }
+    Launch l;
+    l.launcher = n.launcher;
+    l.rank = *rank;
+    l.size = *size;
+    STRATA_ASSIGN_OR_RETURN(const std::optional<int> local_rank, read_int(getenv, n.local_rank));
+    l.local_rank = local_rank.value_or(0);
+    l.local_size = 0;
+    if (n.local_size != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(const std::optional<int> local_size, read_int(getenv, n.local_size));
+      l.local_size = local_size.value_or(0);
+    }
+    if (l.launcher == "torchrun") {
+      l.run_id = env_or(getenv, "TORCHELASTIC_RUN_ID");
+      const std::string addr = env_or(getenv, "MASTER_ADDR"), port = env_or(getenv, "MASTER_PORT");
+      if (!addr.empty() || !port.empty()) l.master = str_cat(addr, ":", port);
+    } else if (l.launcher == "mpirun") {
+      l.run_id = env_or(getenv, "OMPI_MCA_ess_base_jobid");
+    } else {
+      const std::string job = env_or(getenv, "SLURM_JOB_ID");
+      if (!job.empty()) l.run_id = str_cat(job, ".", env_or(getenv, "SLURM_STEP_ID", "0"));
+    }
+    return std::optional<Launch>(std::move(l));
+  }
+  return std::optional<Launch>();
+}
+
+core::Result<CommunicatorOptions> communicator_options(const Launch& launch, const GetEnv& getenv,
+                                                       std::chrono::milliseconds timeout) {
+  CommunicatorOptions o;
+  o.rank = launch.rank;
+  o.size = launch.size;
+  o.timeout = timeout;
+  if (launch.size == 1) {
+    o.backend = "self";
+    return o;
+  }
+  o.backend = "gloo";
+  auto safe = [](std::string s) {
+    for (char& c : s) {
+      if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_')) c = '_';
+    }
+    return s;
+  };
+  std::string dir = env_or(getenv, "STRATA_RENDEZVOUS_DIR");
+  if (dir.empty()) {
+    std::error_code ec;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    const std::string tag = !launch.master.empty() ? launch.master : launch.run_id;
+    if (tag.empty()) {
+      return Status::invalid_argument(str_cat("the launcher (", launch.launcher, ") gave neither MASTER_ADDR/"
+                                              "MASTER_PORT nor a job id: set STRATA_RENDEZVOUS_DIR to a directory "
+                                              "every rank reaches"));
+    }
+    dir = ((ec ? std::filesystem::path("/tmp") : tmp) / str_cat("strata-rendezvous-", safe(tag))).string();
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);  // every rank may: one wins, the others find it
+  if (!std::filesystem::is_directory(dir)) {
+    return Status::unavailable(str_cat("the rendezvous directory '", dir, "' cannot be created",
+                                       ec ? str_cat(": ", ec.message()) : std::string()));
+  }
+  o.store_dir = dir;
+  o.prefix = str_cat("strata-", safe(launch.run_id.empty() ? "run" : launch.run_id));
+  return o;
+}
+
+}  // namespace strata::partition

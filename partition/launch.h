@@ -1,0 +1,52 @@
+// partition/launch.h: which rank this process is, from the environment the
+// launchers set (DESIGN.md section 10), and the communicator options that
+// follow. Checked in this order, the first found wins:
+//   torchrun and DeepSpeed's launcher  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+//                                      MASTER_ADDR, MASTER_PORT (TORCHELASTIC_RUN_ID)
+//   Open MPI (mpirun)                  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
+//                                      OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
+//   Slurm (srun)                       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (SLURM_JOB_ID,
+//                                      SLURM_STEP_ID)
+// No launcher: one rank. A launcher's variables half set, not whole numbers,
+// or a rank outside the size are an error naming the variable.
+//
+// The ranks meet through a file store: STRATA_RENDEZVOUS_DIR when set (a
+// directory every rank reaches: on several machines a shared file system),
+// else a directory under the system's temporary directory named after the
+// launcher's master address and port or job (one machine). The run's keys
+// carry the launcher's run or job id when it has one, so that a later run
+// in the same directory does not meet the keys of an earlier one.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "core/result.h"
+#include "partition/communicator.h"
+
+namespace strata::partition {
+
+struct Launch {
+  std::string launcher = {};  // "torchrun", "mpirun", "slurm"
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;   // the rank among this machine's (picks the GPU)
+  int local_size = 1;   // 0 when the launcher does not say
+  std::string run_id = {};  // the run or job id, when the launcher gives one
+  std::string master = {};  // "addr:port" (torchrun), for the default rendezvous directory
+};
+
+using GetEnv = std::function<const char*(const char*)>;
+
+// The launch this process belongs to, or nullopt without a launcher.
+core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv);
+
+// Gloo options for the launch (self for one rank): the rendezvous directory
+// (created when missing) and the run's key prefix; `timeout` for every
+// collective.
+core::Result<CommunicatorOptions> communicator_options(const Launch& launch, const GetEnv& getenv,
+                                                       std::chrono::milliseconds timeout);
+
+}  // namespace strata::partition
