@@ -205,9 +205,12 @@ class SelfCommunicator final : public Communicator {
 // partition/gloo/gloo_communicator.cpp, or partition/gloo_none.cpp.
 core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const CommunicatorOptions& options);
 bool gloo_built();
+// partition/nccl/nccl_communicator.cpp, or partition/nccl_none.cpp.
+core::Result<std::unique_ptr<Communicator>> make_nccl_communicator(const CommunicatorOptions& options);
+bool nccl_built();
 
 bool has_backend(std::string_view backend) {
-  return backend == "self" || (backend == "gloo" && gloo_built());
+  return backend == "self" || (backend == "gloo" && gloo_built()) || (backend == "nccl" && nccl_built());
 }
 
 core::Result<std::unique_ptr<Communicator>> make_communicator(const CommunicatorOptions& o) {
@@ -224,10 +227,7 @@ core::Result<std::unique_ptr<Communicator>> make_communicator(const Communicator
     return std::unique_ptr<Communicator>(new SelfCommunicator());
   }
   if (o.backend == "gloo") return make_gloo_communicator(o);
-  if (o.backend == "nccl") {
-    return Status::unimplemented("communicator \"nccl\": not built yet (device collectives land with the ZeRO "
-                                 "stages); use \"gloo\"");
-  }
+  if (o.backend == "nccl") return make_nccl_communicator(o);
   return Status::invalid_argument(str_cat("communicator: unknown backend \"", o.backend,
                                           "\" (one of self, gloo, nccl)"));
 }

@@ -2,7 +2,8 @@
 // run (DESIGN.md section 10), behind one interface with three backends:
 //   self  one rank; every collective is a copy (or nothing);
 //   gloo  host buffers over TCP (Gloo), the bootstrap of the others;
-//   nccl  device buffers (NCCL), ordered on a native stream (not yet built).
+//   nccl  device buffers (NCCL, from the CUDA toolkit), ordered on a native
+//         stream (a cudaStream_t; null is the device's default stream).
 // partition/ sees core/ only: buffers are raw pointers, a stream is the
 // backend's native handle (cudaStream_t for nccl; null for host backends,
 // whose calls complete before they return).
@@ -12,10 +13,16 @@
 // with the same N give the same bits, and the sum is the one a single rank
 // accumulating the ranks' micro-batches in order would form.
 //
+// (NCCL sums in its own order, deterministic for one machine and N but not
+// rank order; the host backends are the reference.)
+//
 // Every collective has the communicator's timeout: a rank that does not take
 // part in time, or whose process died, makes the call fail (UNAVAILABLE or
 // DEADLINE-style message naming the collective, this rank and the size)
-// rather than hang. After a failed collective the communicator is broken:
+// rather than hang. On nccl the collectives are queued on the stream and
+// return at once; barrier() waits for the communicator's work within the
+// timeout and aborts it when that passes (an error NCCL reports meanwhile
+// fails the next call). After a failed collective the communicator is broken:
 // later calls fail at once (FAILED_PRECONDITION), as the ranks' sequences no
 // longer match.
 //
@@ -53,6 +60,10 @@ struct CommunicatorOptions {
   std::string prefix = "strata";  // keys of this run in the store
   std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // nccl: the CUDA device of this rank (-1: the calling thread's current one).
+  // With several ranks NCCL's id goes from rank 0 to the others over a Gloo
+  // communicator met through store_dir (prefix + "-nccl").
+  int device = -1;
 };
 
 class Communicator {

@@ -53,7 +53,7 @@ MODULES = {
 VENDOR = [
     (re.compile(r"^(cuda_runtime|cuda|cuda_fp16|cuda_bf16|cublas.*|cuda_runtime_api)\.h$"),
      # examples/model/cuda/ is a framework's side (the example model on cuBLAS), not the engine's.
-     ["gpu/cuda/*", "partition/nccl/*", "examples/model/cuda/*"]),
+     ["gpu/cuda/*", "partition/nccl/*", "examples/model/cuda/*", "tests/partition/nccl_*"]),
     (re.compile(r"^nccl\.h$"), ["partition/nccl/*"]),
     (re.compile(r"^gloo/"), ["partition/gloo/*"]),
     (re.compile(r"^liburing\.h$"), ["nvme/uring/*"]),
