@@ -629,3 +629,59 @@ def test_keyword_inputs_are_marked(swap_dir):
     assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
     engine.close()
     assert "forward" not in model.blocks[0].__dict__, "close() restores the modules' own forward"
+
+
+class SkippingBlocks(nn.Module):
+    """Blocks a step may skip (`skip`, a set of indices): control flow that
+    changes the fetch sequence from step to step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.embed = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList([nn.Linear(32, 32) for _ in range(6)])
+        self.head = nn.Linear(32, 64)
+        self.skip = set()
+
+    def forward(self, x, labels=None):
+        h = self.embed(x)
+        for i, b in enumerate(self.blocks):
+            if i not in self.skip:
+                h = h + torch.tanh(b(h))
+        logits = self.head(h)
+        return nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1)), logits
+
+
+def test_alternating_control_flow_logs_each_new_fetch_sequence_once(swap_dir, capfd):
+    level = os.environ.get("STRATA_LOG_LEVEL", "info").lower()
+    if level not in ("trace", "debug", "info"):
+        pytest.skip(f"STRATA_LOG_LEVEL={level} hides the info lines this test counts")
+    model = SkippingBlocks()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    data = iter(helpers.batches(60))
+
+    def steps(patterns, count):
+        capfd.readouterr()
+        for s in range(count):
+            model.skip = patterns[s % len(patterns)]
+            b = next(data)
+            loss, _ = model(b, labels=b)
+            engine.backward(loss)
+            engine.step()
+        lines = capfd.readouterr().err.splitlines()
+        return [line for line in lines if "[info]" in line and "the fetch sequence changed" in line]
+
+    # Every other step skips block 2: two sequences, the second told once.
+    told = steps([set(), {2}], 16)
+    assert len(told) == 1 and "not seen before (2 different so far)" in told[0]
+    # A third sequence is told when it first comes, and nothing more after.
+    assert len(steps([set(), {1}], 6)) == 1
+    assert steps([set(), {1}, {2}], 9) == []
+    # Control flow that keeps changing: told for the first 8 sequences, the
+    # last of those lines saying that further changes go to debug level.
+    told = steps([{0}, {3}, {4}, {5}, {0, 1}, {1, 2}, {2, 3}, {3, 4}], 8)
+    assert len(told) == 5
+    assert "further changes are logged at debug level" in told[-1]
+    assert "(8 different so far)" in told[-1]
+    assert steps([{0}, {3}, {4}, {5}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, set()], 9) == []
+    engine.close()
