@@ -312,17 +312,28 @@ def test_meta_device_model_without_weights_is_an_error(swap_dir):
 
 
 def test_parameter_used_outside_its_group_is_a_named_error(swap_dir):
+    ref = helpers.tiny_llama()
     model = helpers.tiny_llama()
     engine = strata.torch.initialize(model, helpers.config(swap_dir))
-    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight'.*'model.layers.1'"):
-        model.model.layers[1].mlp.up_proj.weight.sum()
+    w = model.model.layers[1].mlp.up_proj.weight
+    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight'.*'model.layers.1'") as info:
+        w.sum()
     with pytest.raises(strata.NotFetched, match="lm_head.weight"):
         torch.nn.functional.linear(torch.ones(1, 32), model.lm_head.weight)
-    # Inside the module's forward, or in the resident context, it works.
-    with engine.resident():
-        with engine.gathered():
-            assert torch.isfinite(model.model.layers[1].mlp.up_proj.weight.sum())
+    # The context the message names is the one that works (resident() only
+    # keeps what a forward fetches).
+    assert "`with engine.gathered():`" in str(info.value) and "resident" not in str(info.value)
+    with engine.resident(), pytest.raises(strata.NotFetched):
+        w.sum()
+    with engine.gathered():
+        assert torch.equal(w.sum(), ref.model.layers[1].mlp.up_proj.weight.detach().sum())
+        assert torch.equal(model.lm_head(torch.ones(1, 32)), ref.lm_head(torch.ones(1, 32)))
     engine.close()
+    # After close() the message still names the parameter and its group.
+    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight' \(fetch group "
+                                                r"'model.layers.1'\).*after its engine was closed") as info:
+        w.sum()
+    assert "'?'" not in str(info.value)
 
 
 def test_bad_config_key_names_the_key_path(swap_dir):

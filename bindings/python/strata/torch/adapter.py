@@ -71,7 +71,27 @@ _ALLOWED_METHODS = frozenset({
     "ndimension", "is_contiguous", "__hash__", "register_hook", "_is_view", "__len__",
 })
 _guard_classes = {}
-_owner_of_param = {}  # id(Parameter) -> (param name, group name), for the messages
+# id(Parameter) -> (its _Param, a weakref to its Engine), while the engine is
+# open. A parameter also carries its names (_NAMES_ATTR: parameter, group)
+# for the messages after close().
+_owner_of_param = {}
+_NAMES_ATTR = "_strata_names"
+
+
+def _not_fetched(t, what):
+    """The NotFetched error for a use (`what`) of parameter t that is not fetched."""
+    owner = _owner_of_param.get(id(t))
+    if owner is not None and owner[1]() is not None:
+        rec = owner[0]
+        return errors.NotFetched(
+            f"strata: parameter '{rec.name}' is used ({what}) while its fetch group '{rec.group.name}' is not "
+            f"fetched: use it inside the forward of a module that owns it, or inside `with engine.gathered():` "
+            f"(every parameter fetched)", status="FAILED_PRECONDITION")
+    name, group = getattr(t, _NAMES_ATTR, ("?", "?"))
+    return errors.NotFetched(
+        f"strata: parameter '{name}' (fetch group '{group}') is used ({what}) after its engine was closed, "
+        f"which took its values along: take the weights before engine.close() (engine.state_dict() or "
+        f"engine.export())", status="FAILED_PRECONDITION")
 
 
 def _guard_class(cls):
@@ -88,12 +108,7 @@ def _guard_class(cls):
                 for a in list(args) + list(kwargs.values()):
                     for t in (a if isinstance(a, (list, tuple)) else (a,)):
                         if isinstance(t, torch.Tensor) and type(t) in _guard_classes.values():
-                            owner = _owner_of_param.get(id(t), ("?", "?"))
-                            what = attr if name in ("__get__", "__set__") else name
-                            raise errors.NotFetched(
-                                f"strata: parameter '{owner[0]}' is used ({what}) while its fetch group "
-                                f"'{owner[1]}' is not fetched: use it inside the forward of a module that owns "
-                                f"it, or inside `with engine.resident():`", status="FAILED_PRECONDITION")
+                            raise _not_fetched(t, attr if name in ("__get__", "__set__") else name)
             with torch._C.DisableTorchFunction():
                 return func(*args, **kwargs)
 
@@ -476,7 +491,8 @@ class Engine:
                 self._replace_meta(model, rec)
             with _as_internal():
                 rec.p.data = self._placeholder(rec)
-            _owner_of_param[id(rec.p)] = (rec.name, rec.group.name)
+            _owner_of_param[id(rec.p)] = (rec, weakref.ref(self))
+            setattr(rec.p, _NAMES_ATTR, (rec.name, rec.group.name))
             rec.p.__class__ = _guard_class(rec.cls)
             if rec.trainable:
                 with _as_internal(), torch.enable_grad():
