@@ -336,6 +336,66 @@ def test_parameter_used_outside_its_group_is_a_named_error(swap_dir):
     assert "'?'" not in str(info.value)
 
 
+def _logits(model, batch):
+    with torch.no_grad():
+        return model(batch, labels=batch)[1]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_deepcopy_of_a_model_under_strata_is_a_plain_copy_of_its_own(precision, swap_dir):
+    """copy.deepcopy (an EMA or teacher model) gives plain modules holding the
+    compute copies, which the engine neither fetches for nor trains."""
+    import copy
+    data = helpers.batches(4)
+    batch = helpers.batches(1, seed=9)[0]
+    model = helpers.tiny_llama(tie=True)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, precision=precision, lr=3e-3))
+    helpers.train_strata(engine, model, data[:2], 2)
+    want = _logits(model, batch)
+    fetches = helpers.watch_fetches(engine)
+    twin = copy.deepcopy(model)
+    assert sorted(fetches) == sorted(engine.groups), "the copy reads each group once"
+    assert all(type(p) is nn.Parameter and p.dtype == engine.dtype for p in twin.parameters())
+    assert twin.lm_head.weight is twin.model.embed_tokens.weight, "tied weights stay tied in the copy"
+    assert all(torch.isfinite(p).all() for p in twin.parameters())
+    fetches.clear()
+    assert torch.equal(_logits(twin, batch), want)
+    if precision == "fp32":  # torch as the oracle: a plain model with the engine's weights
+        plain = helpers.tiny_llama(tie=True)
+        plain.load_state_dict(engine.state_dict())
+        assert torch.equal(_logits(twin, batch), _logits(plain, batch))
+    # The copy trains on its own (torch.optim), without the engine.
+    loss, _ = twin(batch, labels=batch)
+    loss.backward()
+    assert all(p.grad is not None for p in twin.parameters())
+    torch.optim.SGD(twin.parameters(), lr=0.1).step()
+    assert fetches == [], "the copy's forward and backward fetch nothing"
+    assert torch.equal(_logits(model, batch), want), "the original is untouched by the copy's training"
+    # The original trains on; the copy keeps its weights.
+    frozen_copy = {n: p.detach().clone() for n, p in twin.named_parameters()}
+    helpers.train_strata(engine, model, data[2:], 2)
+    assert all(torch.equal(p, frozen_copy[n]) for n, p in twin.named_parameters())
+    # Inside gathered() (the parameters fetched) deepcopy gives the same copy,
+    # and an EMA update reads the model's weights there.
+    want = _logits(model, batch)
+    ema = copy.deepcopy(model)
+    assert torch.equal(_logits(ema, batch), want)
+    with engine.gathered():
+        ema_in = copy.deepcopy(model)
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.mul_(0.5).add_(p, alpha=0.5)
+    assert torch.equal(_logits(ema_in, batch), want)
+    assert torch.equal(_logits(ema, batch), want), "the average of equal weights is those weights"
+    # A block alone copies too.
+    block = copy.deepcopy(model.model.layers[1])
+    with engine.gathered():
+        assert all(torch.equal(a, b) for a, b in zip(block.parameters(), model.model.layers[1].parameters()))
+    engine.close()
+    with pytest.raises(strata.NotFetched, match=r"'model.norm.weight'.*after its engine was closed"):
+        copy.deepcopy(model.model.norm)
+
+
 def test_bad_config_key_names_the_key_path(swap_dir):
     cfg = helpers.config(swap_dir)
     cfg["optimizer"]["params"]["lr"] = "fast"

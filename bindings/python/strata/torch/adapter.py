@@ -27,6 +27,7 @@ How it works, in one place:
   micro-batch of the step is in.
 """
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import io
@@ -90,8 +91,24 @@ def _not_fetched(t, what):
     name, group = getattr(t, _NAMES_ATTR, ("?", "?"))
     return errors.NotFetched(
         f"strata: parameter '{name}' (fetch group '{group}') is used ({what}) after its engine was closed, "
-        f"which took its values along: take the weights before engine.close() (engine.state_dict() or "
-        f"engine.export())", status="FAILED_PRECONDITION")
+        f"which took its values along: take the weights before engine.close() (engine.state_dict(), "
+        f"engine.export(), or copy.deepcopy(model) for a plain PyTorch copy)", status="FAILED_PRECONDITION")
+
+
+def _deepcopy_unfetched(self, memo):
+    """copy.deepcopy of a parameter that is not fetched: a plain parameter of
+    the model's class holding its compute copy (what the model computes with),
+    on the model's device, of its own (the engine does not know it)."""
+    if id(self) in memo:
+        return memo[id(self)]
+    owner = _owner_of_param.get(id(self))
+    engine = owner[1]() if owner is not None else None
+    if engine is None:
+        raise _not_fetched(self, "copy.deepcopy")
+    rec = owner[0]
+    result = rec.cls(engine._compute_copy_of(rec, memo), self.requires_grad)
+    memo[id(self)] = result
+    return result
 
 
 def _guard_class(cls):
@@ -113,7 +130,8 @@ def _guard_class(cls):
                 return func(*args, **kwargs)
 
         guarded = type(f"Unfetched{cls.__name__}", (cls,),
-                       {"__torch_function__": classmethod(__torch_function__), "__module__": __name__})
+                       {"__torch_function__": classmethod(__torch_function__), "__deepcopy__": _deepcopy_unfetched,
+                        "__module__": __name__})
         _guard_classes[cls] = guarded
     return guarded
 
@@ -165,25 +183,55 @@ class _Unit:
 _MARK_IN_FORWARD = object()  # _forward_pre's kwargs when _ForwardWrapper marks the inputs
 
 
+def _inert_hook(*args, **kwargs):
+    """What a copy of a model (copy.deepcopy) has in place of the adapter's hooks."""
+    return None
+
+
+class _Hook:
+    """One of the adapter's forward hooks on a module. copy.deepcopy of the
+    module gives the copy an inert hook: a copy (an EMA or teacher model) is a
+    plain module of its own, which the engine neither fetches for nor trains."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return _inert_hook
+
+
+class _MarkingForward:
+    """A unit's forward under _ForwardWrapper: marks the inputs, then calls the
+    module's own forward. Its deepcopy (that of a copy of the module) is what
+    the module's own forward deep-copies to: the copy's."""
+    __slots__ = ("unit", "inner")
+
+    def __init__(self, unit, inner):
+        self.unit, self.inner = unit, inner
+
+    def __call__(self, *args, **kwargs):
+        u = self.unit()
+        if u is not None and getattr(u, "mark_inputs", False):
+            u.mark_inputs = False
+            args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
+        return self.inner(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.inner, memo)
+
+
 class _ForwardWrapper:
     """Wraps a unit's forward (torch < 2.0, whose pre-hooks see no keyword
     inputs) to put the _PostBackward marker on positional and keyword inputs
     alike. remove() restores the module's own forward."""
 
     def __init__(self, unit):
-        module = unit.module
-        self.module = module
-        inner = module.forward
-        ref = weakref.ref(unit)
-
-        def forward(*args, **kwargs):
-            u = ref()
-            if u is not None and getattr(u, "mark_inputs", False):
-                u.mark_inputs = False
-                args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
-            return inner(*args, **kwargs)
-
-        module.forward = forward
+        self.module = unit.module
+        self.module.forward = _MarkingForward(weakref.ref(unit), self.module.forward)
 
     def remove(self):
         self.module.__dict__.pop("forward", None)
@@ -503,19 +551,19 @@ class Engine:
         for unit in self._units:
             ref = weakref.ref(unit)
             if kwargs_hooks:
-                self._hooks.append(unit.module.register_forward_pre_hook(
-                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs), with_kwargs=True))
+                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
+                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs)), with_kwargs=True))
             else:
                 # torch < 2.0: the pre-hook sees no keyword inputs; the marker goes
                 # on in a wrapper of the module's forward, over args and kwargs.
-                self._hooks.append(unit.module.register_forward_pre_hook(
-                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD)))
+                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
+                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD))))
                 self._hooks.append(_ForwardWrapper(unit))
-            self._hooks.append(unit.module.register_forward_hook(
-                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output)))
+            self._hooks.append(unit.module.register_forward_hook(_Hook(
+                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output))))
         me = weakref.ref(self)
-        self._hooks.append(model.register_forward_pre_hook(lambda m, args: _call_engine(me, "_root_pre")))
-        self._hooks.append(model.register_forward_hook(lambda m, args, out: _call_engine(me, "_root_post")))
+        self._hooks.append(model.register_forward_pre_hook(_Hook(lambda m, args: _call_engine(me, "_root_pre"))))
+        self._hooks.append(model.register_forward_hook(_Hook(lambda m, args, out: _call_engine(me, "_root_post"))))
 
     def _init_from_tensor(self, name, out):
         src = self._sources.pop(name[len(self._name_prefix):])
@@ -997,6 +1045,21 @@ class Engine:
             out[name] = b.detach().to("cpu")
         order = self.module.state_dict(keep_vars=True).keys()
         return {k: out[k] for k in order if k in out}
+
+    def _compute_copy_of(self, rec, memo):
+        """A copy of rec's compute copy on the model's device, for
+        copy.deepcopy (`memo`: its memo, which keeps the last group read, so
+        that a group is fetched once for all its parameters)."""
+        key = ("strata.torch.deepcopy", id(self))
+        held = memo.get(key)
+        if held is None or held[0] is not rec.group:
+            g = rec.group
+            self._acquire(g)
+            try:
+                held = memo[key] = (g, g.flat.detach().clone())
+            finally:
+                self._release(g)
+        return held[1][rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
 
     def _host_copy(self, g):
         """A copy of the group's compute copies in host memory (fetched for it
