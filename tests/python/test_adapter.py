@@ -396,6 +396,68 @@ def test_deepcopy_of_a_model_under_strata_is_a_plain_copy_of_its_own(precision, 
         copy.deepcopy(model.model.norm)
 
 
+@pytest.mark.parametrize("placement,precision", [("optimizer_cpu", "fp32"), ("params_nvme", "bf16"),
+                                                  ("optimizer_device", "bf16")])
+def test_write_inside_gathered_is_a_named_error_and_undone(placement, precision, tmp_path):
+    """A write to a parameter inside gathered() cannot reach the fp32 master
+    weights: the context's end raises ParameterWritten naming it and puts the
+    compute copy back; training then goes on as if it had not happened."""
+    data = helpers.batches(6)
+    batch = helpers.batches(1, seed=9)[0]
+    runs = []
+    for write in (False, True):
+        swap = tmp_path / f"swap{write}"
+        swap.mkdir()
+        model = helpers.tiny_llama()
+        engine = strata.torch.initialize(model, helpers.config(str(swap), placement, precision))
+        losses = helpers.train_strata(engine, model, data[:3], 3)
+        before, want = engine.state_dict(), _logits(model, batch)
+        with engine.gathered():  # reading, evaluating: no error
+            model.model.layers[0].mlp.up_proj.weight.sum()
+            _logits(model, batch)
+        if write:
+            w = model.model.layers[0].mlp.up_proj.weight
+            with pytest.raises(strata.ParameterWritten, match=r"'model.layers.0.mlp.up_proj.weight' was written "
+                                                              r"inside engine.gathered\(\).*undone"):
+                with engine.gathered():
+                    w.data.mul_(0)
+                    assert _logits(model, batch).abs().sum() >= 0
+            helpers.assert_same_bits(engine.state_dict(), before, "masters after the write")
+            assert torch.equal(_logits(model, batch), want), "the compute copy is back"
+            # Other writes: in-place under no_grad, a permutation, two parameters.
+            with pytest.raises(strata.ParameterWritten, match=r"'model.layers.1.self_attn.q_proj.weight', "
+                                                              r"'model.norm.weight' were written"):
+                with engine.gathered(), torch.no_grad():
+                    q = model.model.layers[1].self_attn.q_proj.weight
+                    q.copy_(q.flip(0))
+                    nn.init.ones_(model.model.norm.weight)
+            assert torch.equal(_logits(model, batch), want)
+            # An error inside the context is not masked.
+            with pytest.raises(KeyError):
+                with engine.gathered():
+                    w.data.zero_()
+                    raise KeyError("mine")
+            with engine.gathered():
+                pass
+        losses += helpers.train_strata(engine, model, data[3:], 3)
+        runs.append((losses, engine.state_dict()))
+        engine.close()
+    assert runs[0][0] == runs[1][0]
+    helpers.assert_same_bits(runs[0][1], runs[1][1], "a run with undone writes")
+
+
+def test_write_to_a_frozen_parameter_inside_gathered_is_a_named_error(swap_dir):
+    model = helpers.tiny_llama()
+    model.model.embed_tokens.weight.requires_grad_(False)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    with pytest.raises(strata.ParameterWritten, match=r"'model.embed_tokens.weight' was written.*"
+                                                      r"'model.embed_tokens.weight' is frozen") as info:
+        with engine.gathered():
+            model.model.embed_tokens.weight.data.fill_(1.0)
+    assert isinstance(info.value, strata.FailedPrecondition) and "undone" not in str(info.value)
+    engine.close()
+
+
 def test_bad_config_key_names_the_key_path(swap_dir):
     cfg = helpers.config(swap_dir)
     cfg["optimizer"]["params"]["lr"] = "fast"
