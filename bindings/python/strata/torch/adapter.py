@@ -25,6 +25,11 @@ How it works, in one place:
 - The engine owns accumulation, clipping, loss scaling and the optimizer:
   `backward` scales the loss (fp16), `step` is `step_end` once every
   micro-batch of the step is in.
+- Outside the step: gathered() fetches every group and, at its end, checks
+  that no parameter was written (a write cannot reach the master weights;
+  ParameterWritten). copy.deepcopy of the model gives plain modules: the
+  hooks deep-copy to inert ones, a parameter that is not fetched to a plain
+  one holding its compute copy.
 """
 import contextlib
 import copy
