@@ -24,20 +24,41 @@ Learned without_evaluation_passes(const std::vector<std::size_t>& seq, std::size
   return {seq, backward};
 }
 
+// FNV-1a over the sequence and the place of its backward.
+std::uint64_t fingerprint(const std::vector<std::size_t>& seq, std::size_t backward) {
+  std::uint64_t h = 14695981039346656037ull;
+  auto mix = [&h](std::uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xffu;
+      h *= 1099511628211ull;
+    }
+  };
+  mix(seq.size());
+  mix(backward);
+  for (std::size_t g : seq) mix(g);
+  return h;
+}
+
 }  // namespace
 
-bool FetchTrace::learn() {
+FetchTrace::LearnOutcome FetchTrace::learn() {
   Learned learned = without_evaluation_passes(step_, step_backward_);
-  bool relearned = false;
+  LearnOutcome outcome = LearnOutcome::kUnchanged;
   if (!learned.sequence.empty() && learned.sequence != learned_) {
-    relearned = !learned_.empty();
+    const std::uint64_t print = fingerprint(learned.sequence, learned.backward);
+    const bool seen = std::find(seen_.begin(), seen_.end(), print) != seen_.end();
+    outcome = learned_.empty() ? LearnOutcome::kFirst : seen ? LearnOutcome::kSeen : LearnOutcome::kNew;
+    if (!seen) {
+      ++sequences_learned_;
+      if (seen_.size() < kRememberedSequences) seen_.push_back(print);
+    }
     learned_ = std::move(learned.sequence);
     learned_backward_ = learned.backward;
   }
   step_.clear();
   step_backward_ = SIZE_MAX;
   cursor_ = 0;
-  return relearned;
+  return outcome;
 }
 
 void FetchTrace::note_backward(std::size_t g) {

@@ -27,10 +27,20 @@ class FetchTrace {
   // grad_buffer(g): the step's backward began with g's last fetch (the
   // first call of the step marks it).
   void note_backward(std::size_t g);
+  // What learn() did with the step's sequence.
+  enum class LearnOutcome {
+    kUnchanged,  // the learned one again, or a step without fetches
+    kFirst,      // the first sequence learned
+    kNew,        // replaced the learned one by a sequence never learned before
+    kSeen,       // replaced it by one learned before (control flow that alternates)
+  };
   // step_end: the step's sequence (less evaluation passes) becomes the
-  // learned one when it differs. Returns true when a learned sequence was
-  // replaced by another. The next step starts recording afresh.
-  bool learn();
+  // learned one when it differs. The next step starts recording afresh.
+  LearnOutcome learn();
+  // How many different sequences learn() has taken so far (the first
+  // kRememberedSequences are told apart; each one after them counts as new).
+  std::size_t sequences_learned() const { return sequences_learned_; }
+  static constexpr std::size_t kRememberedSequences = 64;
 
   // The learned sequence (empty before the first learn()).
   const std::vector<std::size_t>& learned() const { return learned_; }
@@ -55,6 +65,10 @@ class FetchTrace {
   std::size_t cursor_ = 0;
   std::vector<std::size_t> step_;          // this step's fetches so far
   std::size_t step_backward_ = SIZE_MAX;   // index in step_ of the first backward fetch
+  // Fingerprints of the sequences learned so far (at most
+  // kRememberedSequences; a collision only makes a new sequence read as seen).
+  std::vector<std::uint64_t> seen_;
+  std::size_t sequences_learned_ = 0;
 };
 
 }  // namespace strata::engine

@@ -286,9 +286,20 @@ std::uint64_t Fetcher::live_bytes() const {
 }
 
 void Fetcher::learn_sequence() {
-  if (sequence_.learn()) {
-    STRATA_LOG(kInfo) << "the fetch sequence changed; prefetch and the optimizer follow the new one";
+  // Told once per sequence: a model whose control flow alternates between a
+  // few sequences says so when each first appears, then only at debug level.
+  const FetchTrace::LearnOutcome outcome = sequence_.learn();
+  if (outcome != FetchTrace::LearnOutcome::kNew && outcome != FetchTrace::LearnOutcome::kSeen) return;
+  const std::size_t n = sequence_.sequences_learned();
+  if (outcome == FetchTrace::LearnOutcome::kNew && n <= kSequencesLoggedAtInfo) {
+    STRATA_LOG(kInfo) << "the fetch sequence changed to one not seen before (" << n
+                      << " different so far); prefetch and the optimizer follow the new one"
+                      << (n == kSequencesLoggedAtInfo ? "; further changes are logged at debug level" : "");
+    return;
   }
+  STRATA_LOG(kDebug) << "the fetch sequence changed to "
+                     << (outcome == FetchTrace::LearnOutcome::kNew ? "one not seen before" : "one seen before")
+                     << " (" << n << " different so far); prefetch and the optimizer follow it";
 }
 
 }  // namespace strata::engine

@@ -115,7 +115,10 @@ class Fetcher {
   // (logged when it changed), read for the optimizer's orders.
   FetchTrace& sequence() { return sequence_; }
   const FetchTrace& sequence() const { return sequence_; }
+  // Logs a change at info level the first time each of the first
+  // kSequencesLoggedAtInfo different sequences is learned, else at debug.
   void learn_sequence();
+  static constexpr std::size_t kSequencesLoggedAtInfo = 8;
   // Stops the prefetcher and empties the resident set (the engine's
   // destructor, before the optimizer the prefetches may wait for stops).
   void stop();

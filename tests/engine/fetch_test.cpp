@@ -41,7 +41,7 @@ TEST(FetchTrace, LearnsTheFirstStepAndFollowsItWithTheCursor) {
   EXPECT_TRUE(t.empty());
   EXPECT_EQ(t.next_use(0), SIZE_MAX);
   run_step(t, train_step(3), 2);  // 0 1 2 | 1 0
-  EXPECT_FALSE(t.learn());        // the first: learned, not relearned
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kFirst);  // learned, not relearned
   EXPECT_EQ(t.learned(), (Seq{0, 1, 2, 1, 0}));
   EXPECT_EQ(t.cursor(), 0u);
   t.note_fetch(0);
@@ -59,13 +59,34 @@ TEST(FetchTrace, RelearnsWhenTheSequenceChanges) {
   run_step(t, train_step(3), 2);
   t.learn();
   run_step(t, train_step(3), 2);
-  EXPECT_FALSE(t.learn());  // the same: nothing changes
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kUnchanged);  // the same: nothing changes
   run_step(t, train_step(4), 3);
-  EXPECT_TRUE(t.learn());
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kNew);
   EXPECT_EQ(t.learned(), (Seq{0, 1, 2, 3, 2, 1, 0}));
   // A step without fetches keeps the learned sequence.
-  EXPECT_FALSE(t.learn());
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kUnchanged);
   EXPECT_EQ(t.learned().size(), 7u);
+  EXPECT_EQ(t.sequences_learned(), 2u);
+}
+
+TEST(FetchTrace, AlternatingSequencesAreNewOnlyTheFirstTime) {
+  FetchTrace t;
+  run_step(t, train_step(3), 2);
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kFirst);
+  run_step(t, train_step(4), 3);
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kNew);
+  for (int i = 0; i < 10; ++i) {  // a model whose control flow alternates between the two
+    run_step(t, train_step(3), 2);
+    EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kSeen);
+    EXPECT_EQ(t.learned(), (Seq{0, 1, 2, 1, 0}));
+    run_step(t, train_step(4), 3);
+    EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kSeen);
+  }
+  EXPECT_EQ(t.sequences_learned(), 2u);
+  // The same groups with the backward elsewhere is another sequence.
+  run_step(t, train_step(3), 3);
+  EXPECT_EQ(t.learn(), FetchTrace::LearnOutcome::kNew);
+  EXPECT_EQ(t.sequences_learned(), 3u);
 }
 
 TEST(FetchTrace, EvaluationPassesBeforeTheForwardAreNotLearned) {

@@ -312,16 +312,149 @@ def test_meta_device_model_without_weights_is_an_error(swap_dir):
 
 
 def test_parameter_used_outside_its_group_is_a_named_error(swap_dir):
+    ref = helpers.tiny_llama()
     model = helpers.tiny_llama()
     engine = strata.torch.initialize(model, helpers.config(swap_dir))
-    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight'.*'model.layers.1'"):
-        model.model.layers[1].mlp.up_proj.weight.sum()
+    w = model.model.layers[1].mlp.up_proj.weight
+    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight'.*'model.layers.1'") as info:
+        w.sum()
     with pytest.raises(strata.NotFetched, match="lm_head.weight"):
         torch.nn.functional.linear(torch.ones(1, 32), model.lm_head.weight)
-    # Inside the module's forward, or in the resident context, it works.
-    with engine.resident():
+    # The context the message names is the one that works (resident() only
+    # keeps what a forward fetches).
+    assert "`with engine.gathered():`" in str(info.value) and "resident" not in str(info.value)
+    with engine.resident(), pytest.raises(strata.NotFetched):
+        w.sum()
+    with engine.gathered():
+        assert torch.equal(w.sum(), ref.model.layers[1].mlp.up_proj.weight.detach().sum())
+        assert torch.equal(model.lm_head(torch.ones(1, 32)), ref.lm_head(torch.ones(1, 32)))
+    engine.close()
+    # After close() the message still names the parameter and its group.
+    with pytest.raises(strata.NotFetched, match=r"'model.layers.1.mlp.up_proj.weight' \(fetch group "
+                                                r"'model.layers.1'\).*after its engine was closed") as info:
+        w.sum()
+    assert "'?'" not in str(info.value)
+
+
+def _logits(model, batch):
+    with torch.no_grad():
+        return model(batch, labels=batch)[1]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_deepcopy_of_a_model_under_strata_is_a_plain_copy_of_its_own(precision, swap_dir):
+    """copy.deepcopy (an EMA or teacher model) gives plain modules holding the
+    compute copies, which the engine neither fetches for nor trains."""
+    import copy
+    data = helpers.batches(4)
+    batch = helpers.batches(1, seed=9)[0]
+    model = helpers.tiny_llama(tie=True)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, precision=precision, lr=3e-3))
+    helpers.train_strata(engine, model, data[:2], 2)
+    want = _logits(model, batch)
+    fetches = helpers.watch_fetches(engine)
+    twin = copy.deepcopy(model)
+    assert sorted(fetches) == sorted(engine.groups), "the copy reads each group once"
+    assert all(type(p) is nn.Parameter and p.dtype == engine.dtype for p in twin.parameters())
+    assert twin.lm_head.weight is twin.model.embed_tokens.weight, "tied weights stay tied in the copy"
+    assert all(torch.isfinite(p).all() for p in twin.parameters())
+    fetches.clear()
+    assert torch.equal(_logits(twin, batch), want)
+    if precision == "fp32":  # torch as the oracle: a plain model with the engine's weights
+        plain = helpers.tiny_llama(tie=True)
+        plain.load_state_dict(engine.state_dict())
+        assert torch.equal(_logits(twin, batch), _logits(plain, batch))
+    # The copy trains on its own (torch.optim), without the engine.
+    loss, _ = twin(batch, labels=batch)
+    loss.backward()
+    assert all(p.grad is not None for p in twin.parameters())
+    torch.optim.SGD(twin.parameters(), lr=0.1).step()
+    assert fetches == [], "the copy's forward and backward fetch nothing"
+    assert torch.equal(_logits(model, batch), want), "the original is untouched by the copy's training"
+    # The original trains on; the copy keeps its weights.
+    frozen_copy = {n: p.detach().clone() for n, p in twin.named_parameters()}
+    helpers.train_strata(engine, model, data[2:], 2)
+    assert all(torch.equal(p, frozen_copy[n]) for n, p in twin.named_parameters())
+    # Inside gathered() (the parameters fetched) deepcopy gives the same copy,
+    # and an EMA update reads the model's weights there.
+    want = _logits(model, batch)
+    ema = copy.deepcopy(model)
+    assert torch.equal(_logits(ema, batch), want)
+    with engine.gathered():
+        ema_in = copy.deepcopy(model)
+        with torch.no_grad():
+            for e, p in zip(ema.parameters(), model.parameters()):
+                e.mul_(0.5).add_(p, alpha=0.5)
+    assert torch.equal(_logits(ema_in, batch), want)
+    assert torch.equal(_logits(ema, batch), want), "the average of equal weights is those weights"
+    # A block alone copies too.
+    block = copy.deepcopy(model.model.layers[1])
+    with engine.gathered():
+        assert all(torch.equal(a, b) for a, b in zip(block.parameters(), model.model.layers[1].parameters()))
+    engine.close()
+    with pytest.raises(strata.NotFetched, match=r"'model.norm.weight'.*after its engine was closed"):
+        copy.deepcopy(model.model.norm)
+
+
+@pytest.mark.parametrize("placement,precision", [("optimizer_cpu", "fp32"), ("params_nvme", "bf16"),
+                                                  ("optimizer_device", "bf16")])
+def test_write_inside_gathered_is_a_named_error_and_undone(placement, precision, tmp_path):
+    """A write to a parameter inside gathered() cannot reach the fp32 master
+    weights: the context's end raises ParameterWritten naming it and puts the
+    compute copy back; training then goes on as if it had not happened."""
+    data = helpers.batches(6)
+    batch = helpers.batches(1, seed=9)[0]
+    runs = []
+    for write in (False, True):
+        swap = tmp_path / f"swap{write}"
+        swap.mkdir()
+        model = helpers.tiny_llama()
+        engine = strata.torch.initialize(model, helpers.config(str(swap), placement, precision))
+        losses = helpers.train_strata(engine, model, data[:3], 3)
+        before, want = engine.state_dict(), _logits(model, batch)
+        with engine.gathered():  # reading, evaluating: no error
+            model.model.layers[0].mlp.up_proj.weight.sum()
+            _logits(model, batch)
+        if write:
+            w = model.model.layers[0].mlp.up_proj.weight
+            with pytest.raises(strata.ParameterWritten, match=r"'model.layers.0.mlp.up_proj.weight' was written "
+                                                              r"inside engine.gathered\(\).*undone"):
+                with engine.gathered():
+                    w.data.mul_(0)
+                    assert _logits(model, batch).abs().sum() >= 0
+            helpers.assert_same_bits(engine.state_dict(), before, "masters after the write")
+            assert torch.equal(_logits(model, batch), want), "the compute copy is back"
+            # Other writes: in-place under no_grad, a permutation, two parameters.
+            with pytest.raises(strata.ParameterWritten, match=r"'model.layers.1.self_attn.q_proj.weight', "
+                                                              r"'model.norm.weight' were written"):
+                with engine.gathered(), torch.no_grad():
+                    q = model.model.layers[1].self_attn.q_proj.weight
+                    q.copy_(q.flip(0))
+                    nn.init.ones_(model.model.norm.weight)
+            assert torch.equal(_logits(model, batch), want)
+            # An error inside the context is not masked.
+            with pytest.raises(KeyError):
+                with engine.gathered():
+                    w.data.zero_()
+                    raise KeyError("mine")
+            with engine.gathered():
+                pass
+        losses += helpers.train_strata(engine, model, data[3:], 3)
+        runs.append((losses, engine.state_dict()))
+        engine.close()
+    assert runs[0][0] == runs[1][0]
+    helpers.assert_same_bits(runs[0][1], runs[1][1], "a run with undone writes")
+
+
+def test_write_to_a_frozen_parameter_inside_gathered_is_a_named_error(swap_dir):
+    model = helpers.tiny_llama()
+    model.model.embed_tokens.weight.requires_grad_(False)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    with pytest.raises(strata.ParameterWritten, match=r"'model.embed_tokens.weight' was written.*"
+                                                      r"'model.embed_tokens.weight' is frozen") as info:
         with engine.gathered():
-            assert torch.isfinite(model.model.layers[1].mlp.up_proj.weight.sum())
+            model.model.embed_tokens.weight.data.fill_(1.0)
+    assert isinstance(info.value, strata.FailedPrecondition) and "undone" not in str(info.value)
     engine.close()
 
 
@@ -629,3 +762,59 @@ def test_keyword_inputs_are_marked(swap_dir):
     assert max(peak) <= 3, f"up to {max(peak)} of {len(engine.groups)} groups fetched at once"
     engine.close()
     assert "forward" not in model.blocks[0].__dict__, "close() restores the modules' own forward"
+
+
+class SkippingBlocks(nn.Module):
+    """Blocks a step may skip (`skip`, a set of indices): control flow that
+    changes the fetch sequence from step to step."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.embed = nn.Embedding(64, 32)
+        self.blocks = nn.ModuleList([nn.Linear(32, 32) for _ in range(6)])
+        self.head = nn.Linear(32, 64)
+        self.skip = set()
+
+    def forward(self, x, labels=None):
+        h = self.embed(x)
+        for i, b in enumerate(self.blocks):
+            if i not in self.skip:
+                h = h + torch.tanh(b(h))
+        logits = self.head(h)
+        return nn.functional.cross_entropy(logits.view(-1, 64), labels.view(-1)), logits
+
+
+def test_alternating_control_flow_logs_each_new_fetch_sequence_once(swap_dir, capfd):
+    level = os.environ.get("STRATA_LOG_LEVEL", "info").lower()
+    if level not in ("trace", "debug", "info"):
+        pytest.skip(f"STRATA_LOG_LEVEL={level} hides the info lines this test counts")
+    model = SkippingBlocks()
+    engine = strata.torch.initialize(model, helpers.config(swap_dir))
+    data = iter(helpers.batches(60))
+
+    def steps(patterns, count):
+        capfd.readouterr()
+        for s in range(count):
+            model.skip = patterns[s % len(patterns)]
+            b = next(data)
+            loss, _ = model(b, labels=b)
+            engine.backward(loss)
+            engine.step()
+        lines = capfd.readouterr().err.splitlines()
+        return [line for line in lines if "[info]" in line and "the fetch sequence changed" in line]
+
+    # Every other step skips block 2: two sequences, the second told once.
+    told = steps([set(), {2}], 16)
+    assert len(told) == 1 and "not seen before (2 different so far)" in told[0]
+    # A third sequence is told when it first comes, and nothing more after.
+    assert len(steps([set(), {1}], 6)) == 1
+    assert steps([set(), {1}, {2}], 9) == []
+    # Control flow that keeps changing: told for the first 8 sequences, the
+    # last of those lines saying that further changes go to debug level.
+    told = steps([{0}, {3}, {4}, {5}, {0, 1}, {1, 2}, {2, 3}, {3, 4}], 8)
+    assert len(told) == 5
+    assert "further changes are logged at debug level" in told[-1]
+    assert "(8 different so far)" in told[-1]
+    assert steps([{0}, {3}, {4}, {5}, {0, 1}, {1, 2}, {2, 3}, {3, 4}, set()], 9) == []
+    engine.close()

@@ -13,8 +13,8 @@ compiled extension) and `strata.torch` adapts a PyTorch training loop to it:
 docs/python.md is the guide.
 """
 from .errors import (AlreadyExists, Cancelled, DataLoss, Error, FailedPrecondition, Internal, InvalidArgument,
-                     NotFetched, NotFound, OutOfMemory, OutOfRange, PermissionDenied, ResourceExhausted, Unavailable,
-                     Unimplemented)
+                     NotFetched, NotFound, OutOfMemory, OutOfRange, ParameterWritten, PermissionDenied,
+                     ResourceExhausted, Unavailable, Unimplemented)
 from .errors import IOError_ as IOError  # noqa: A001 - strata.IOError is the C status IO_ERROR
 from .engine import (Engine, GroupInfo, StepStats, SwapStats, View, check, config_check, config_resolve,
                      library_path, version)
@@ -24,5 +24,5 @@ __all__ = [
     "Engine", "GroupInfo", "StepStats", "SwapStats", "View", "check", "config_check", "config_resolve", "library_path",
     "version", "Error", "InvalidArgument", "NotFound", "AlreadyExists", "PermissionDenied", "OutOfMemory",
     "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unimplemented", "Unavailable", "IOError", "DataLoss",
-    "Cancelled", "Internal", "NotFetched",
+    "Cancelled", "Internal", "NotFetched", "ParameterWritten",
 ]

@@ -82,3 +82,9 @@ BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, P
 class NotFetched(FailedPrecondition):
     """A parameter was used while its fetch group is not on the device (the
     adapter raises it, not the library)."""
+
+
+class ParameterWritten(FailedPrecondition):
+    """A parameter was written inside engine.gathered(), whose compute copies
+    are lent to be read: the write cannot reach the fp32 master weights the
+    engine trains (the adapter raises it, not the library)."""

@@ -25,8 +25,14 @@ How it works, in one place:
 - The engine owns accumulation, clipping, loss scaling and the optimizer:
   `backward` scales the loss (fp16), `step` is `step_end` once every
   micro-batch of the step is in.
+- Outside the step: gathered() fetches every group and, at its end, checks
+  that no parameter was written (a write cannot reach the master weights;
+  ParameterWritten). copy.deepcopy of the model gives plain modules: the
+  hooks deep-copy to inert ones, a parameter that is not fetched to a plain
+  one holding its compute copy.
 """
 import contextlib
+import copy
 import ctypes
 import dataclasses
 import io
@@ -71,7 +77,43 @@ _ALLOWED_METHODS = frozenset({
     "ndimension", "is_contiguous", "__hash__", "register_hook", "_is_view", "__len__",
 })
 _guard_classes = {}
-_owner_of_param = {}  # id(Parameter) -> (param name, group name), for the messages
+# id(Parameter) -> (its _Param, a weakref to its Engine), while the engine is
+# open. A parameter also carries its names (_NAMES_ATTR: parameter, group)
+# for the messages after close().
+_owner_of_param = {}
+_NAMES_ATTR = "_strata_names"
+
+
+def _not_fetched(t, what):
+    """The NotFetched error for a use (`what`) of parameter t that is not fetched."""
+    owner = _owner_of_param.get(id(t))
+    if owner is not None and owner[1]() is not None:
+        rec = owner[0]
+        return errors.NotFetched(
+            f"strata: parameter '{rec.name}' is used ({what}) while its fetch group '{rec.group.name}' is not "
+            f"fetched: use it inside the forward of a module that owns it, or inside `with engine.gathered():` "
+            f"(every parameter fetched)", status="FAILED_PRECONDITION")
+    name, group = getattr(t, _NAMES_ATTR, ("?", "?"))
+    return errors.NotFetched(
+        f"strata: parameter '{name}' (fetch group '{group}') is used ({what}) after its engine was closed, "
+        f"which took its values along: take the weights before engine.close() (engine.state_dict(), "
+        f"engine.export(), or copy.deepcopy(model) for a plain PyTorch copy)", status="FAILED_PRECONDITION")
+
+
+def _deepcopy_unfetched(self, memo):
+    """copy.deepcopy of a parameter that is not fetched: a plain parameter of
+    the model's class holding its compute copy (what the model computes with),
+    on the model's device, of its own (the engine does not know it)."""
+    if id(self) in memo:
+        return memo[id(self)]
+    owner = _owner_of_param.get(id(self))
+    engine = owner[1]() if owner is not None else None
+    if engine is None:
+        raise _not_fetched(self, "copy.deepcopy")
+    rec = owner[0]
+    result = rec.cls(engine._compute_copy_of(rec, memo), self.requires_grad)
+    memo[id(self)] = result
+    return result
 
 
 def _guard_class(cls):
@@ -88,17 +130,13 @@ def _guard_class(cls):
                 for a in list(args) + list(kwargs.values()):
                     for t in (a if isinstance(a, (list, tuple)) else (a,)):
                         if isinstance(t, torch.Tensor) and type(t) in _guard_classes.values():
-                            owner = _owner_of_param.get(id(t), ("?", "?"))
-                            what = attr if name in ("__get__", "__set__") else name
-                            raise errors.NotFetched(
-                                f"strata: parameter '{owner[0]}' is used ({what}) while its fetch group "
-                                f"'{owner[1]}' is not fetched: use it inside the forward of a module that owns "
-                                f"it, or inside `with engine.resident():`", status="FAILED_PRECONDITION")
+                            raise _not_fetched(t, attr if name in ("__get__", "__set__") else name)
             with torch._C.DisableTorchFunction():
                 return func(*args, **kwargs)
 
         guarded = type(f"Unfetched{cls.__name__}", (cls,),
-                       {"__torch_function__": classmethod(__torch_function__), "__module__": __name__})
+                       {"__torch_function__": classmethod(__torch_function__), "__deepcopy__": _deepcopy_unfetched,
+                        "__module__": __name__})
         _guard_classes[cls] = guarded
     return guarded
 
@@ -150,25 +188,55 @@ class _Unit:
 _MARK_IN_FORWARD = object()  # _forward_pre's kwargs when _ForwardWrapper marks the inputs
 
 
+def _inert_hook(*args, **kwargs):
+    """What a copy of a model (copy.deepcopy) has in place of the adapter's hooks."""
+    return None
+
+
+class _Hook:
+    """One of the adapter's forward hooks on a module. copy.deepcopy of the
+    module gives the copy an inert hook: a copy (an EMA or teacher model) is a
+    plain module of its own, which the engine neither fetches for nor trains."""
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return _inert_hook
+
+
+class _MarkingForward:
+    """A unit's forward under _ForwardWrapper: marks the inputs, then calls the
+    module's own forward. Its deepcopy (that of a copy of the module) is what
+    the module's own forward deep-copies to: the copy's."""
+    __slots__ = ("unit", "inner")
+
+    def __init__(self, unit, inner):
+        self.unit, self.inner = unit, inner
+
+    def __call__(self, *args, **kwargs):
+        u = self.unit()
+        if u is not None and getattr(u, "mark_inputs", False):
+            u.mark_inputs = False
+            args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
+        return self.inner(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.inner, memo)
+
+
 class _ForwardWrapper:
     """Wraps a unit's forward (torch < 2.0, whose pre-hooks see no keyword
     inputs) to put the _PostBackward marker on positional and keyword inputs
     alike. remove() restores the module's own forward."""
 
     def __init__(self, unit):
-        module = unit.module
-        self.module = module
-        inner = module.forward
-        ref = weakref.ref(unit)
-
-        def forward(*args, **kwargs):
-            u = ref()
-            if u is not None and getattr(u, "mark_inputs", False):
-                u.mark_inputs = False
-                args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
-            return inner(*args, **kwargs)
-
-        module.forward = forward
+        self.module = unit.module
+        self.module.forward = _MarkingForward(weakref.ref(unit), self.module.forward)
 
     def remove(self):
         self.module.__dict__.pop("forward", None)
@@ -319,6 +387,7 @@ class Engine:
         self._by_storage = {}        # storage address of a fetched group's buffer -> the group
         self._recomputing = []       # units whose forward runs inside the backward (recomputation)
         self._failed = None          # why a backward failed part-way (the step cannot be completed)
+        self._fingerprint_weights = None  # see _fingerprints
         self._in_backward = False
         self._micro = 0
         self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see _timed)
@@ -476,7 +545,8 @@ class Engine:
                 self._replace_meta(model, rec)
             with _as_internal():
                 rec.p.data = self._placeholder(rec)
-            _owner_of_param[id(rec.p)] = (rec.name, rec.group.name)
+            _owner_of_param[id(rec.p)] = (rec, weakref.ref(self))
+            setattr(rec.p, _NAMES_ATTR, (rec.name, rec.group.name))
             rec.p.__class__ = _guard_class(rec.cls)
             if rec.trainable:
                 with _as_internal(), torch.enable_grad():
@@ -487,19 +557,19 @@ class Engine:
         for unit in self._units:
             ref = weakref.ref(unit)
             if kwargs_hooks:
-                self._hooks.append(unit.module.register_forward_pre_hook(
-                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs), with_kwargs=True))
+                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
+                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs)), with_kwargs=True))
             else:
                 # torch < 2.0: the pre-hook sees no keyword inputs; the marker goes
                 # on in a wrapper of the module's forward, over args and kwargs.
-                self._hooks.append(unit.module.register_forward_pre_hook(
-                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD)))
+                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
+                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD))))
                 self._hooks.append(_ForwardWrapper(unit))
-            self._hooks.append(unit.module.register_forward_hook(
-                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output)))
+            self._hooks.append(unit.module.register_forward_hook(_Hook(
+                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output))))
         me = weakref.ref(self)
-        self._hooks.append(model.register_forward_pre_hook(lambda m, args: _call_engine(me, "_root_pre")))
-        self._hooks.append(model.register_forward_hook(lambda m, args, out: _call_engine(me, "_root_post")))
+        self._hooks.append(model.register_forward_pre_hook(_Hook(lambda m, args: _call_engine(me, "_root_pre"))))
+        self._hooks.append(model.register_forward_hook(_Hook(lambda m, args, out: _call_engine(me, "_root_post"))))
 
     def _init_from_tensor(self, name, out):
         src = self._sources.pop(name[len(self._name_prefix):])
@@ -950,15 +1020,85 @@ class Engine:
     @contextlib.contextmanager
     def gathered(self):
         """Every parameter holds its full compute copy inside (all groups fetched
-        and resident)."""
+        and resident), to be read: the engine trains the fp32 master weights,
+        which a write to a compute copy cannot reach. A context that ends with
+        a parameter written raises strata.ParameterWritten naming it (each
+        parameter's bits are summed at entry and exit), after putting the
+        compute copies of trainable ones back from their masters (which a
+        context left by an exception does too, raising that exception)."""
         with self.resident():
             for g in self._group_list:
                 self._acquire(g)
             try:
-                yield self
+                before = self._fingerprints()
+                try:
+                    yield self
+                except BaseException:
+                    self._undo_writes(before)  # and the error goes on, unmasked
+                    raise
+                # (No step or checkpoint load rewrites them inside: both refuse fetched groups.)
+                self._check_unwritten(before)
             finally:
                 for g in self._group_list:
                     self._release(g)
+
+    def _fingerprints(self):
+        """(parameters, 2) int64 on the device: each parameter's fetched compute
+        copy summed as integers, plainly and weighted by position (a write, a
+        permutation too, changes them but for a collision chance)."""
+        weights = self._fingerprint_weights
+        if weights is None:
+            gen = torch.Generator().manual_seed(0x5742)
+            size = min(_FINGERPRINT_CHUNK, max(rec.numel for rec in self._order))
+            weights = torch.randint(1, 1 << 16, (size,), generator=gen, dtype=torch.int64)
+            weights = self._fingerprint_weights = weights.to(self.torch_device)
+        out = torch.zeros((len(self._order), 2), dtype=torch.int64, device=self.torch_device)
+        with torch.no_grad():
+            for i, rec in enumerate(self._order):
+                flat = rec.group.flat
+                bits = flat[rec.offset:rec.offset + rec.numel].view(_INT_OF[flat.dtype])
+                for k, start in enumerate(range(0, rec.numel, _FINGERPRINT_CHUNK)):
+                    chunk = bits[start:start + _FINGERPRINT_CHUNK].to(torch.int64)
+                    out[i, 0] += chunk.sum()
+                    out[i, 1] += (chunk * weights[:chunk.numel()]).sum() * (k + 1)
+        return out
+
+    def _undo_writes(self, before):
+        """The parameters written since `before` (_fingerprints); the compute
+        copies of trainable ones are put back from their masters."""
+        after = self._fingerprints()
+        if torch.equal(before, after):
+            return []
+        written = [rec for rec, a, b in zip(self._order, before, after) if not torch.equal(a, b)]
+        with torch.no_grad():
+            for rec in written:
+                if rec.trainable:
+                    master = torch.empty(rec.shape, dtype=torch.float32)
+                    self._engine.read_master(self._name_prefix + rec.name, master)
+                    # Rounded to nearest even, as the engine rounds its masters to compute copies.
+                    rec.group.flat[rec.offset:rec.offset + rec.numel].copy_(master.view(-1))
+        return written
+
+    def _check_unwritten(self, before):
+        written = self._undo_writes(before)
+        if not written:
+            return
+        trainable = [rec for rec in written if rec.trainable]
+        frozen = [rec for rec in written if not rec.trainable]
+        parts = []
+        if trainable:
+            parts.append(f"The write {'' if not frozen else f'to {_names(trainable)} '}is undone: the compute "
+                         f"copies are put back from the masters (the next step would have overwritten them)")
+        if frozen:
+            parts.append(f"{_names(frozen)} {'is' if len(frozen) == 1 else 'are'} frozen (no master weights): "
+                         f"the compute copy is the only copy, and whether the write lasts depends on where it lives")
+        raise errors.ParameterWritten(
+            f"strata.torch: {_names(written)} {'was' if len(written) == 1 else 'were'} written inside "
+            f"engine.gathered(), which lends the compute copies to be read: the engine trains the fp32 master "
+            f"weights, which such a write does not reach. {'. '.join(parts)}. To change weights, change them "
+            f"before strata.torch.initialize, or start a new engine from the weights you want "
+            f"(initialize(model, config, weights=DIR), or engine.state_dict() edited and loaded into a new "
+            f"model)", status="FAILED_PRECONDITION")
 
     def state_dict(self, dtype=torch.float32):
         """The model's weights under its own names (every alias of a tied weight,
@@ -981,6 +1121,21 @@ class Engine:
             out[name] = b.detach().to("cpu")
         order = self.module.state_dict(keep_vars=True).keys()
         return {k: out[k] for k in order if k in out}
+
+    def _compute_copy_of(self, rec, memo):
+        """A copy of rec's compute copy on the model's device, for
+        copy.deepcopy (`memo`: its memo, which keeps the last group read, so
+        that a group is fetched once for all its parameters)."""
+        key = ("strata.torch.deepcopy", id(self))
+        held = memo.get(key)
+        if held is None or held[0] is not rec.group:
+            g = rec.group
+            self._acquire(g)
+            try:
+                held = memo[key] = (g, g.flat.detach().clone())
+            finally:
+                self._release(g)
+        return held[1][rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
 
     def _host_copy(self, g):
         """A copy of the group's compute copies in host memory (fetched for it
@@ -1072,6 +1227,16 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
+
+
+_FINGERPRINT_CHUNK = 1 << 22  # elements summed at once by Engine._fingerprints
+_INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+
+
+def _names(recs, most=5):
+    """'a', 'b' and 3 more: parameter names for a message."""
+    shown = ", ".join(f"'{rec.name}'" for rec in recs[:most])
+    return shown + (f" and {len(recs) - most} more" if len(recs) > most else "")
 
 
 def _has_remove_duplicate():
