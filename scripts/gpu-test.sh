@@ -18,7 +18,7 @@
 # Where it runs: from the repository root of the GPU machine (CUDA at /usr/local/cuda; meson,
 # ninja, torch and transformers from its Python; no package registry). The Debian libraries come
 # from .debs/ in the repository root, prepared here with
-#   ../shared/tools/device-debs libcli11-dev libgfortran5 libquadmath0 libudev1 fortunes-min fortunes
+#   ../shared/tools/device-debs libcli11-dev libgfortran5 libquadmath0 libudev1 fortunes-min fortunes libgloo-dev libgloo0 libhiredis0.14 libibverbs1 libnl-3-200 libnl-route-3-200
 # and carried with the call; they are unpacked into /opt/debs (DEBS_ROOT). docs/benchmarks.md
 # ("GPU check") has the device tool's call. Without a GPU (--allow-skip) the same run builds with
 # CUDA when nvcc is there, runs what needs no GPU and marks the GPU stages skipped, saying why.
