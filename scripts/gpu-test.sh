@@ -10,6 +10,8 @@
 #   llama        examples/python/train_llama.py --hf: transformers' Llama at the largest size whose
 #                state fits the RAM (scripts/gpu_check.py llama-plan asks strata plan), a few steps at a
 #                peak learning rate for its width (--llama-lr)
+#   cpu_adam     cpu_adam_bench --headline on this machine's CPU (256M elements, 1 thread and all):
+#                the fused step against its roofline on another CPU kind (the machine stage names it)
 #   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
 # and writes one summary (stages with pass/fail/skip and test counts, GB/s per link, TFLOP/s,
 # step_bench rows, tokens/s, loss, bytes per link) after every stage, so that a call cut short
@@ -29,7 +31,7 @@
 #   --allow-skip     a GPU stage skipped for want of a GPU does not fail the run (the local run)
 #   --skip STAGES    leave out these stages (comma separated names from the list above;
 #                    step_bench leaves out every step_bench_* stage)
-#   --no-bench       --skip gpu_bench,step_bench;  --no-python: --skip pytest,llama
+#   --no-bench       --skip gpu_bench,cpu_adam,step_bench;  --no-python: --skip pytest,llama
 #   --llama-size     train_llama.py's preset (default 7b); --llama-layers: its layer count, or auto
 #                    (default: the most that fit the RAM); --llama-steps: steps (default 6); --llama-lr:
 #                    train_llama's --lr (default 1e-4: the example config's 3e-3 suits the small presets
@@ -68,7 +70,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --allow-skip) allow_skip=1 ;;
     --skip) [[ $# -ge 2 ]] || usage; skip_list+="$2,"; shift ;;
-    --no-bench) skip_list+="gpu_bench,step_bench," ;;
+    --no-bench) skip_list+="gpu_bench,cpu_adam,step_bench," ;;
     --no-python) skip_list+="pytest,llama," ;;
     --llama-size) [[ $# -ge 2 ]] || usage; llama_size=$2; shift ;;
     --llama-layers) [[ $# -ge 2 && ( $2 == auto || $2 =~ ^[1-9][0-9]*$ ) ]] || usage; llama_layers=$2; shift ;;
@@ -286,6 +288,15 @@ else
 fi
 
 summarize
+
+# --- cpu_adam_bench on this machine's CPU (another CPU kind than the CI machines') ----------------
+if [[ $built -eq 1 ]] && ! grep -qw avx512f /proc/cpuinfo; then
+  record cpu_adam - 0 0 "" "left out: the CPU lacks AVX-512 (the roofline kernels need it)"
+elif [[ $built -eq 1 ]]; then
+  run_stage cpu_adam 120 "$build/benchmarks/cpu_adam_bench" --sizes 256M --threads "1,$jobs" --reps 3 \
+    --kernels avx512,avx512_bf16 --headline --json "$work/cpu_adam_bench.json"
+  summarize
+fi
 
 # --- step_bench on the real device, one stage per scenario (last: each is cheap to lose) ---------
 if [[ $built -eq 1 ]]; then

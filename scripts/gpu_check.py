@@ -63,7 +63,8 @@ def cmd_targets(args):
                 files.update(targets[dep]["filename"])
     for t in targets.values():
         if (t["name"], t["type"]) in {("strata", "shared library"), ("strata", "executable"),
-                                      ("gpu_bench", "executable"), ("step_bench", "executable")}:
+                                      ("gpu_bench", "executable"), ("step_bench", "executable"),
+                                      ("cpu_adam_bench", "executable")}:
             files.update(t["filename"])
     build = os.path.abspath(args.build)
     print("\n".join(sorted(os.path.relpath(f, build) for f in files)))
@@ -90,6 +91,35 @@ def meminfo():
     except OSError:
         pass
     return info
+
+
+def cpu_probe():
+    """The CPU's model name, family and model number (/proc/cpuinfo), and the
+    NUMA nodes: cpu_adam's yardsticks differ by vendor and generation."""
+    r = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if ":" not in line:
+                    if r:
+                        break  # the first processor's block is enough
+                    continue
+                k, v = (x.strip() for x in line.split(":", 1))
+                if k == "model name":
+                    r["cpu_model_name"] = v
+                elif k == "cpu family":
+                    r["cpu_family"] = int(v)
+                elif k == "model":
+                    r["cpu_model"] = int(v)
+                elif k == "flags":
+                    r["avx512"] = "avx512f" in v.split()
+    except (OSError, ValueError):
+        pass
+    try:
+        r["numa_nodes"] = len([d for d in os.listdir("/sys/devices/system/node") if re.fullmatch(r"node\d+", d)])
+    except OSError:
+        pass
+    return r
 
 
 def torch_probe():
@@ -145,11 +175,13 @@ def cmd_machine(args):
     m["nvcc"] = out.strip().splitlines()[-1] if out else f"not found ({why})"
     out, _ = run_text(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"])
     m["commit"] = out.strip() if out else None
+    m.update(cpu_probe())
     m.update(torch_probe())
     with open(args.out, "w") as f:
         json.dump(m, f, indent=1)
     gpu = m["gpu"]
-    print(f"machine: {m['cpus']} CPUs, {fmt_gib(m['ram_bytes'])} RAM ({fmt_gib(m['ram_available_bytes'])} "
+    print(f"machine: {m['cpus']} CPUs ({m.get('cpu_model_name', '?')}, family {m.get('cpu_family', '?')} model "
+          f"{m.get('cpu_model', '?')}, {m.get('numa_nodes', '?')} NUMA node(s)), {fmt_gib(m['ram_bytes'])} RAM ({fmt_gib(m['ram_available_bytes'])} "
           f"available); GPU {gpu['name'] + ', ' + fmt_gib(gpu['memory_bytes']) if gpu else 'none: ' + m['gpu_why']}; "
           f"{m['nvcc']}; torch {m.get('torch')}"
           + (f"; bf16 matmul {m['bf16_matmul_tflops']:.0f} TFLOP/s" if "bf16_matmul_tflops" in m else ""))
@@ -344,6 +376,16 @@ def step_bench_stage(st, work):
                       for sc in doc.get("scenarios", []) for r in sc.get("schedules", [])]
 
 
+def cpu_adam_stage(st, work):
+    """cpu_adam_bench --headline on the GPU machine's CPU: each row's params/s
+    and fraction of its in-run roofline."""
+    doc = load_json(os.path.join(work, "cpu_adam_bench.json"))
+    if doc:
+        st["rows"] = [{k: r.get(k) for k in ("kernel", "threads", "n", "moments", "params_per_s", "gbps",
+                                             "roofline_gbps", "fraction_of_roofline")}
+                      for r in doc.get("rows", [])]
+
+
 def gbps(row, link):
     """A link's rate in the step's isolated measurement (bytes / seconds)."""
     iso = row.get("isolated", {})
@@ -444,7 +486,9 @@ def render(doc):
     gpu = m.get("gpu")
     lines = [f"# GPU check: {doc['result']}", ""]
     lines.append(f"- machine: {gpu['name'] + ' (' + fmt_gib(gpu['memory_bytes']) + ', driver ' + gpu['driver'] + ')' if gpu else 'no GPU (' + m.get('gpu_why', '?') + ')'}"
-                 f", {m.get('cpus')} CPUs, {fmt_gib(m.get('ram_bytes'))} RAM; {m.get('nvcc')}; torch {m.get('torch')}"
+                 f", {m.get('cpus')} CPUs ({m.get('cpu_model_name', '?')}, family {m.get('cpu_family', '?')} model "
+                 f"{m.get('cpu_model', '?')}, {m.get('numa_nodes', '?')} NUMA node(s)), {fmt_gib(m.get('ram_bytes'))} RAM; "
+                 f"{m.get('nvcc')}; torch {m.get('torch')}"
                  f", transformers {m.get('transformers')}")
     lines.append(f"- run: {m.get('date')}, commit {m.get('commit') or '(no git)'}, `{doc['command']}`, "
                  f"{doc['wall_s']:.0f} s in all")
@@ -521,6 +565,13 @@ def render(doc):
             lines.append(f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host "
                          f"{fmt_bytes(b['d2h'])}, nvme read {fmt_bytes(b['nvme_read'])}, write "
                          f"{fmt_bytes(b['nvme_write'])}")
+    ca = by.get("cpu_adam", {})
+    if ca.get("rows"):
+        lines += ["", "## cpu_adam_bench --headline (this machine's CPU)", ""]
+        lines.append(md_table(["kernel", "threads", "N", "moments", "params/s", "GB/s", "roof GB/s", "fraction"],
+                              [[r["kernel"], r["threads"], f"{r['n'] >> 20}M", r["moments"],
+                                f"{r['params_per_s']:.3e}", fmt(r["gbps"]), fmt(r["roofline_gbps"]),
+                                fmt(r["fraction_of_roofline"], ".3f")] for r in ca["rows"]]))
     lines.append("")
     return "\n".join(lines)
 
@@ -539,6 +590,8 @@ def cmd_summary(args):
             step_bench_stage(st, work)
         elif st["stage"] == "llama":
             llama_stage(st, work)
+        elif st["stage"] == "cpu_adam":
+            cpu_adam_stage(st, work)
     bad = [st["stage"] for st in stages if judge(st, args.allow_skip)]
     skipped = [st["stage"] for st in stages if st["status"] == "skip"]
     result = "FAIL (" + ", ".join(bad) + ")" if bad else ("PASS, GPU stages skipped: " + ", ".join(skipped)

@@ -5,7 +5,7 @@ device), beside stages that were skipped for want of a GPU, timed out, or had
 no time left. Checks the figures it took against the tools' own output and
 each stage's verdict; --allow-skip turns only the skips into passes.
 
-Usage: gpu_check_test.py SOURCE_ROOT STEP_BENCH LIBSTRATA_SO"""
+Usage: gpu_check_test.py SOURCE_ROOT STEP_BENCH LIBSTRATA_SO CPU_ADAM_BENCH"""
 import json
 import os
 import re
@@ -23,7 +23,7 @@ def check(cond, what):
 
 
 def main():
-    root, step_bench, lib = (os.path.abspath(a) for a in sys.argv[1:4])
+    root, step_bench, lib, cpu_adam_bench = (os.path.abspath(a) for a in sys.argv[1:5])
     script = os.path.join(root, "scripts", "gpu_check.py")
     with tempfile.TemporaryDirectory(prefix="gpu_check_test.") as work:
         stages = []
@@ -35,6 +35,20 @@ def main():
                                 stdout=log, stderr=subprocess.STDOUT).returncode
         check(rc == 0, f"step_bench exited {rc}")
         stages.append(("step_bench_cpu_clip", "0", sb_log))
+        # cpu_adam_bench --headline: a tiny real run's JSON (the roofline kernels need AVX-512).
+        ca_rows = None
+        with open("/proc/cpuinfo") as f:
+            has_avx512 = "avx512f" in f.read().split()
+        if has_avx512:
+            ca_log = os.path.join(work, "cpu_adam.log")
+            with open(ca_log, "w") as log:
+                rc = subprocess.run([cpu_adam_bench, "--sizes", "1M", "--threads", "1", "--reps", "1", "--kernels",
+                                     "avx512", "--headline", "--json", os.path.join(work, "cpu_adam_bench.json")],
+                                    stdout=log, stderr=subprocess.STDOUT).returncode
+            check(rc == 0, f"cpu_adam_bench exited {rc}")
+            stages.append(("cpu_adam", "0", ca_log))
+            with open(os.path.join(work, "cpu_adam_bench.json")) as f:
+                ca_rows = json.load(f)["rows"]
         # train_llama.py: a tiny run's lines, when torch is here.
         llama = None
         try:
@@ -85,6 +99,24 @@ def main():
         check(got == want and len(got) == 2, f"step_bench rows {got}, the JSON has {want}")
         check(by["step_bench_cpu_clip"]["status"] == "pass", f"step_bench: {by['step_bench_cpu_clip']['status']}")
         check("## step_bench --device host" in md, "no step_bench table in summary.md")
+        if ca_rows is not None:
+            got = [(r["kernel"], r["threads"], r["params_per_s"], r["fraction_of_roofline"])
+                   for r in by["cpu_adam"].get("rows", [])]
+            want = [(r["kernel"], r["threads"], r["params_per_s"], r["fraction_of_roofline"]) for r in ca_rows]
+            check(got == want and len(got) == 2, f"cpu_adam rows {got}, the JSON has {want}")
+            check("## cpu_adam_bench --headline" in md, "no cpu_adam table in summary.md")
+        # The machine stage's CPU probe.
+        probe = subprocess.run([sys.executable, script, "machine", os.path.join(work, "machine_probe.json")],
+                               capture_output=True, text=True)
+        check(probe.returncode == 0, f"gpu_check.py machine exited {probe.returncode}: {probe.stderr}")
+        with open(os.path.join(work, "machine_probe.json")) as f:
+            machine = json.load(f)
+        with open("/proc/cpuinfo") as f:
+            name = re.search(r"^model name\s*:\s*(.*)$", f.read(), re.M)
+        check(name is None or machine.get("cpu_model_name") == name.group(1).strip(),
+              f"machine: cpu_model_name {machine.get('cpu_model_name')!r}")
+        check(isinstance(machine.get("cpu_family"), int) and machine.get("numa_nodes", 0) >= 1,
+              f"machine: family {machine.get('cpu_family')}, NUMA nodes {machine.get('numa_nodes')}")
 
         if llama:
             with open(llama) as f:
