@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,7 @@ std::string_view dtype_name(DType t) {
     case DType::kF32: return "f32";
     case DType::kF64: return "f64";
     case DType::kBf16: return "bf16";
+    case DType::kF16: return "f16";
     case DType::kU8: return "u8";
     case DType::kI32: return "i32";
     case DType::kI64: return "i64";
@@ -32,6 +35,7 @@ std::size_t dtype_bytes(DType t) {
     case DType::kF32: return 4;
     case DType::kF64: return 8;
     case DType::kBf16: return 2;
+    case DType::kF16: return 2;
     case DType::kU8: return 1;
     case DType::kI32: return 4;
     case DType::kI64: return 8;
@@ -91,6 +95,14 @@ void reduce_in_rank_order(const void* blocks_v, int ranks, std::size_t count, DT
           [](std::byte* p, std::size_t i, float x) { store_as<std::uint16_t>(p, i, nx::fp32_to_bf16_bits(x)); },
           [](float a, float b) { return nx::add_f32(a, b); });
       return;
+    case DType::kF16:
+      // The same in fp16: summed in fp32, rounded once.
+      reduce_blocks<std::uint16_t>(
+          blocks, ranks, count, op, out,
+          [](const std::byte* p, std::size_t i) { return nx::fp16_bits_to_fp32(load_as<std::uint16_t>(p, i)); },
+          [](std::byte* p, std::size_t i, float x) { store_as<std::uint16_t>(p, i, nx::fp32_to_fp16_bits(x)); },
+          [](float a, float b) { return nx::add_f32(a, b); });
+      return;
     case DType::kU8:
       reduce_blocks<std::uint8_t>(blocks, ranks, count, op, out, load_as<std::uint8_t>, store_as<std::uint8_t>,
                                   [](std::uint8_t a, std::uint8_t b) { return static_cast<std::uint8_t>(a + b); });
@@ -113,12 +125,19 @@ void reduce_in_rank_order(const void* blocks_v, int ranks, std::size_t count, DT
 }
 
 template <typename Call>
-Status Communicator::run(std::string_view what, Call&& call) {
+Status Communicator::run(std::string_view what, Status checked, Call&& call) {
   if (!broken_.ok()) {
     return Status::failed_precondition(str_cat(what, " on rank ", rank_, " of ", size_, ": the communicator (",
-                                               backend_, ") broke at an earlier collective: ", broken_.message()));
+                                               backend_, ") broke at an earlier call: ", broken_.message()));
   }
-  Status s = call();
+  Status s = std::move(checked);
+  if (s.ok()) {
+    try {
+      s = call();
+    } catch (const std::bad_alloc&) {
+      s = Status::resource_exhausted("out of host memory for the collective's scratch buffers");
+    }
+  }
   if (!s.ok()) {
     s = std::move(s).annotate(str_cat(what, " on rank ", rank_, " of ", size_, " (", backend_, ")"));
     broken_ = s;
@@ -129,8 +148,11 @@ Status Communicator::run(std::string_view what, Call&& call) {
 namespace {
 
 Status check_buffers(std::string_view what, std::size_t count, DType t, std::initializer_list<const void*> ptrs,
-                     void* stream, bool takes_stream) {
+                     void* stream, bool takes_stream, int size) {
   if (dtype_bytes(t) == 0) return Status::invalid_argument(str_cat(what, ": unknown dtype"));
+  if (count > std::numeric_limits<std::size_t>::max() / dtype_bytes(t) / static_cast<std::size_t>(size)) {
+    return Status::invalid_argument(str_cat(what, ": ", count, " elements overflow a byte count"));
+  }
   if (count > 0) {
     for (const void* p : ptrs) {
       if (p == nullptr) return Status::invalid_argument(str_cat(what, ": a null buffer for ", count, " elements"));
@@ -145,38 +167,59 @@ Status check_buffers(std::string_view what, std::size_t count, DType t, std::ini
 
 bool takes_stream(std::string_view backend) { return backend == "nccl"; }
 
+Status check_op(ReduceOp op) {
+  return op == ReduceOp::kSum || op == ReduceOp::kMax ? Status() : Status::invalid_argument("unknown reduce op");
+}
+
 }  // namespace
 
+// Every call is checked first; a refused call breaks the communicator too
+// (run()), since the other ranks' matching call is then left unpaired. A
+// count of 0 exchanges nothing (every rank passes the same count).
+
 Status Communicator::all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void* stream) {
-  STRATA_RETURN_IF_ERROR(check_buffers("all_reduce", count, t, {buf}, stream, takes_stream(backend_)));
-  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
-  return run("all_reduce", [&] { return do_all_reduce(buf, count, t, op, stream); });
+  Status checked = check_buffers("all_reduce", count, t, {buf}, stream, takes_stream(backend_), size_);
+  if (checked.ok()) checked = check_op(op);
+  if (checked.ok() && count > 0) checked = check_memory("all_reduce", {buf});
+  return run("all_reduce", std::move(checked),
+             [&] { return count == 0 ? Status() : do_all_reduce(buf, count, t, op, stream); });
 }
 
 Status Communicator::all_gather(const void* send, void* recv, std::size_t count, DType t, void* stream) {
-  STRATA_RETURN_IF_ERROR(check_buffers("all_gather", count, t, {send, recv}, stream, takes_stream(backend_)));
-  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
-  return run("all_gather", [&] { return do_all_gather(send, recv, count, t, stream); });
+  Status checked = check_buffers("all_gather", count, t, {send, recv}, stream, takes_stream(backend_), size_);
+  if (checked.ok() && count > 0) checked = check_memory("all_gather", {send, recv});
+  return run("all_gather", std::move(checked),
+             [&] { return count == 0 ? Status() : do_all_gather(send, recv, count, t, stream); });
 }
 
 Status Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                                     void* stream) {
-  STRATA_RETURN_IF_ERROR(check_buffers("reduce_scatter", count, t, {send, recv}, stream, takes_stream(backend_)));
-  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
-  return run("reduce_scatter", [&] { return do_reduce_scatter(send, recv, count, t, op, stream); });
+  Status checked = check_buffers("reduce_scatter", count, t, {send, recv}, stream, takes_stream(backend_), size_);
+  if (checked.ok()) checked = check_op(op);
+  if (checked.ok() && count > 0) checked = check_memory("reduce_scatter", {send, recv});
+  return run("reduce_scatter", std::move(checked),
+             [&] { return count == 0 ? Status() : do_reduce_scatter(send, recv, count, t, op, stream); });
 }
 
 Status Communicator::broadcast(void* buf, std::size_t count, DType t, int root, void* stream) {
-  STRATA_RETURN_IF_ERROR(check_buffers("broadcast", count, t, {buf}, stream, takes_stream(backend_)));
-  if (root < 0 || root >= size_) {
-    return Status::invalid_argument(str_cat("broadcast: root ", root, " is not a rank of ", size_));
+  Status checked = check_buffers("broadcast", count, t, {buf}, stream, takes_stream(backend_), size_);
+  if (checked.ok() && (root < 0 || root >= size_)) {
+    checked = Status::invalid_argument(str_cat("broadcast: root ", root, " is not a rank of ", size_));
   }
-  if (count == 0) return Status();  // every rank passes the same count: nothing to exchange
-  return run("broadcast", [&] { return do_broadcast(buf, count, t, root, stream); });
+  if (checked.ok() && count > 0) checked = check_memory("broadcast", {buf});
+  return run("broadcast", std::move(checked),
+             [&] { return count == 0 ? Status() : do_broadcast(buf, count, t, root, stream); });
 }
 
 Status Communicator::barrier() {
-  return run("barrier", [&] { return do_barrier(); });
+  return run("barrier", Status(), [&] { return do_barrier(); });
+}
+
+Status Communicator::synchronize(void* stream) {
+  Status checked = stream != nullptr && !takes_stream(backend_)
+                       ? Status::invalid_argument("synchronize: a host backend has no streams (pass none)")
+                       : Status();
+  return run("synchronize", std::move(checked), [&] { return do_synchronize(stream); });
 }
 
 namespace {
@@ -218,7 +261,9 @@ core::Result<std::unique_ptr<Communicator>> make_communicator(const Communicator
     return Status::invalid_argument(str_cat("communicator: rank ", o.rank, " of size ", o.size,
                                             ": need 0 <= rank < size"));
   }
-  if (o.timeout.count() <= 0) return Status::invalid_argument("communicator: the timeout must be positive");
+  if (o.timeout.count() <= 0 || o.connect_timeout.count() <= 0) {
+    return Status::invalid_argument("communicator: the timeouts must be positive");
+  }
   if (o.backend == "self") {
     if (o.size != 1) {
       return Status::invalid_argument(str_cat("communicator \"self\" has one rank; size is ", o.size,

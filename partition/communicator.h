@@ -10,8 +10,11 @@
 //
 // Reductions are deterministic and the same on every rank: the host backends
 // sum in rank order (rank 0's value + rank 1's + ...), whatever N, so reruns
-// with the same N give the same bits, and the sum is the one a single rank
-// accumulating the ranks' micro-batches in order would form.
+// with the same N give the same bits, and with one micro-batch per rank the
+// sum is the one a single rank accumulating those micro-batches in order would
+// form. (A squared norm that must not depend on N is not all-reduced: gather
+// its per-block partials, the shards being block-aligned, and sum them in
+// block order.)
 //
 // (NCCL sums in its own order, deterministic for one machine and N but not
 // rank order; the host backends are the reference.)
@@ -20,11 +23,13 @@
 // part in time, or whose process died, makes the call fail (UNAVAILABLE or
 // DEADLINE-style message naming the collective, this rank and the size)
 // rather than hang. On nccl the collectives are queued on the stream and
-// return at once; barrier() waits for the communicator's work within the
-// timeout and aborts it when that passes (an error NCCL reports meanwhile
-// fails the next call). After a failed collective the communicator is broken:
-// later calls fail at once (FAILED_PRECONDITION), as the ranks' sequences no
-// longer match.
+// return at once; synchronize(stream) and barrier() wait for them within the
+// timeout and abort the communicator when it passes (never synchronize a
+// stream carrying NCCL work by other means: a dead peer would hang it). After
+// a failed or refused call the communicator is broken: later calls fail at
+// once (FAILED_PRECONDITION), as the ranks' sequences may no longer match (a
+// call refused on one rank only would pair the others' next collective with
+// the wrong one).
 //
 // Thread-compatible: one thread at a time per communicator (the collectives
 // of all ranks must be issued in the same order).
@@ -33,6 +38,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -42,7 +48,7 @@
 
 namespace strata::partition {
 
-enum class DType { kF32, kF64, kBf16, kU8, kI32, kI64 };
+enum class DType { kF32, kF64, kBf16, kF16, kU8, kI32, kI64 };
 std::string_view dtype_name(DType t);
 std::size_t dtype_bytes(DType t);
 
@@ -59,7 +65,9 @@ struct CommunicatorOptions {
   std::string store_dir;
   std::string prefix = "strata";  // keys of this run in the store
   std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
-  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // each collective
+  // Meeting the others (make_communicator): across machines it may take minutes.
+  std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
   // nccl: the CUDA device of this rank (-1: the calling thread's current one).
   // With several ranks NCCL's id goes from rank 0 to the others over a Gloo
   // communicator met through store_dir (prefix + "-nccl").
@@ -88,6 +96,9 @@ class Communicator {
   // buf[0, count) of rank `root` on every rank.
   core::Status broadcast(void* buf, std::size_t count, DType t, int root, void* stream = nullptr);
   core::Status barrier();
+  // Waits for the collectives queued on `stream` within the timeout (nccl;
+  // the host backends have nothing queued).
+  core::Status synchronize(void* stream = nullptr);
 
  protected:
   Communicator(std::string backend, int rank, int size) : backend_(std::move(backend)), rank_(rank), size_(size) {}
@@ -98,11 +109,18 @@ class Communicator {
                                          void* stream) = 0;
   virtual core::Status do_broadcast(void* buf, std::size_t count, DType t, int root, void* stream) = 0;
   virtual core::Status do_barrier() = 0;
+  virtual core::Status do_synchronize(void*) { return core::Status(); }
+  // The backend's own checks of a call's buffers (nccl: device memory of its
+  // device), before the call is issued.
+  virtual core::Status check_memory(std::string_view, std::initializer_list<const void*>) const {
+    return core::Status();
+  }
 
  private:
-  // Checks the arguments, runs `call` and breaks the communicator when it fails.
+  // Checks the arguments (`checked`: the common checks' result), runs `call`,
+  // and breaks the communicator when either fails.
   template <typename Call>
-  core::Status run(std::string_view what, Call&& call);
+  core::Status run(std::string_view what, core::Status checked, Call&& call);
 
   std::string backend_;
   int rank_;

@@ -1,6 +1,10 @@
 #include "partition/launch.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
@@ -34,13 +38,16 @@ struct Names {
   const char* size;
   const char* local_rank;
   const char* local_size;  // may be null
+  // Half set is no launcher (Slurm: an allocation's or batch script's shell
+  // has SLURM_PROCID or SLURM_NTASKS, but only an srun step has both these).
+  bool half_is_none;
 };
 
 constexpr Names kLaunchers[] = {
-    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"},
+    {"torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", false},
     {"mpirun", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-     "OMPI_COMM_WORLD_LOCAL_SIZE"},
-    {"slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", nullptr},
+     "OMPI_COMM_WORLD_LOCAL_SIZE", false},
+    {"slurm", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", nullptr, true},
 };
 
 std::string env_or(const GetEnv& getenv, const char* name, std::string fallback = {}) {
@@ -55,6 +62,7 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
     STRATA_ASSIGN_OR_RETURN(const std::optional<int> rank, read_int(getenv, n.rank));
     STRATA_ASSIGN_OR_RETURN(const std::optional<int> size, read_int(getenv, n.size));
     if (!rank && !size) continue;
+    if ((!rank || !size) && n.half_is_none) continue;
     if (!rank || !size) {
       return Status::invalid_argument(str_cat("the launcher (", n.launcher, ") set ", rank ? n.rank : n.size,
                                               " but not ", rank ? n.size : n.rank, ": both are needed"));
@@ -75,7 +83,10 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
       l.local_size = local_size.value_or(0);
     }
     if (l.launcher == "torchrun") {
+      // torchrun without --rdzv-id says "none"; a restart of an elastic run keeps its id.
       l.run_id = env_or(getenv, "TORCHELASTIC_RUN_ID");
+      if (l.run_id == "none") l.run_id.clear();
+      if (!l.run_id.empty()) l.run_id += str_cat(".", env_or(getenv, "TORCHELASTIC_RESTART_COUNT", "0"));
       const std::string addr = env_or(getenv, "MASTER_ADDR"), port = env_or(getenv, "MASTER_PORT");
       if (!addr.empty() || !port.empty()) l.master = str_cat(addr, ":", port);
     } else if (l.launcher == "mpirun") {
@@ -106,26 +117,50 @@ core::Result<CommunicatorOptions> communicator_options(const Launch& launch, con
     }
     return s;
   };
+  // The run's keys: STRATA_RUN_ID, else the launcher's run or job id.
+  std::string run_id = env_or(getenv, "STRATA_RUN_ID", launch.run_id);
   std::string dir = env_or(getenv, "STRATA_RENDEZVOUS_DIR");
-  if (dir.empty()) {
-    std::error_code ec;
-    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
-    const std::string tag = !launch.master.empty() ? launch.master : launch.run_id;
-    if (tag.empty()) {
-      return Status::invalid_argument(str_cat("the launcher (", launch.launcher, ") gave neither MASTER_ADDR/"
-                                              "MASTER_PORT nor a job id: set STRATA_RENDEZVOUS_DIR to a directory "
-                                              "every rank reaches"));
-    }
-    dir = ((ec ? std::filesystem::path("/tmp") : tmp) / str_cat("strata-rendezvous-", safe(tag))).string();
-  }
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);  // every rank may: one wins, the others find it
-  if (!std::filesystem::is_directory(dir)) {
-    return Status::unavailable(str_cat("the rendezvous directory '", dir, "' cannot be created",
-                                       ec ? str_cat(": ", ec.message()) : std::string()));
+  if (dir.empty()) {
+    // One machine: a private directory of this user, named after the master
+    // (or job) and the launcher's process, every rank's parent, so that each
+    // run meets in a directory of its own.
+    if (launch.local_size > 0 && launch.local_size < launch.size) {
+      return Status::invalid_argument(str_cat("the launcher (", launch.launcher, ") started ", launch.size,
+                                              " ranks, ", launch.local_size, " on this machine: set "
+                                              "STRATA_RENDEZVOUS_DIR to a directory every machine reaches (a "
+                                              "shared file system) and STRATA_RUN_ID to a name unique to the run"));
+    }
+    const std::string tag = !launch.master.empty() ? launch.master : run_id;
+    const std::filesystem::path tmp = std::filesystem::temp_directory_path(ec);
+    dir = ((ec ? std::filesystem::path("/tmp") : tmp) /
+           str_cat("strata-rendezvous-", ::getuid(), "-", safe(tag.empty() ? "local" : tag), "-", ::getppid()))
+              .string();
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Status::from_errno(errno, str_cat("creating the rendezvous directory '", dir, "'"));
+    }
+    struct stat st {};
+    if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid() ||
+        (st.st_mode & 0077) != 0) {
+      return Status::permission_denied(str_cat("the rendezvous directory '", dir, "' is not a directory of this "
+                                                "user's alone (mode 0700): remove it, or set "
+                                                "STRATA_RENDEZVOUS_DIR"));
+    }
+    if (run_id.empty()) run_id = "run";
+  } else {
+    if (run_id.empty()) {
+      return Status::invalid_argument(str_cat("STRATA_RENDEZVOUS_DIR is set and the launcher (", launch.launcher,
+                                              ") gives no run id: set STRATA_RUN_ID to a name unique to this run "
+                                              "(a directory's keys are written once)"));
+    }
+    std::filesystem::create_directories(dir, ec);  // every rank may: one wins, the others find it
+    if (!std::filesystem::is_directory(dir, ec)) {
+      return Status::unavailable(str_cat("the rendezvous directory '", dir, "' cannot be created",
+                                         ec ? str_cat(": ", ec.message()) : std::string()));
+    }
   }
   o.store_dir = dir;
-  o.prefix = str_cat("strata-", safe(launch.run_id.empty() ? "run" : launch.run_id));
+  o.prefix = str_cat("strata-", safe(run_id));
   return o;
 }
 

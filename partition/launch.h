@@ -5,17 +5,21 @@
 //                                      MASTER_ADDR, MASTER_PORT (TORCHELASTIC_RUN_ID)
 //   Open MPI (mpirun)                  OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE,
 //                                      OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE
-//   Slurm (srun)                       SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID (SLURM_JOB_ID,
-//                                      SLURM_STEP_ID)
-// No launcher: one rank. A launcher's variables half set, not whole numbers,
-// or a rank outside the size are an error naming the variable.
+//   Slurm (an srun step)               SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID
+//                                      (SLURM_JOB_ID, SLURM_STEP_ID); an allocation's or batch
+//                                      script's shell, which has only some of these, is no launcher
+// No launcher: one rank. A launcher's variables half set (torchrun's, Open
+// MPI's), not whole numbers, or a rank outside the size are an error naming
+// the variable.
 //
-// The ranks meet through a file store: STRATA_RENDEZVOUS_DIR when set (a
-// directory every rank reaches: on several machines a shared file system),
-// else a directory under the system's temporary directory named after the
-// launcher's master address and port or job (one machine). The run's keys
-// carry the launcher's run or job id when it has one, so that a later run
-// in the same directory does not meet the keys of an earlier one.
+// The ranks meet through a file store, whose keys are written once, so each
+// run needs keys of its own. On one machine (the default): a directory of
+// this user's alone (0700) under the temporary directory, named after the
+// master address and port (or job) and the launcher's process, every rank's
+// parent. Across machines: STRATA_RENDEZVOUS_DIR, a directory every rank
+// reaches (a shared file system), with STRATA_RUN_ID or the launcher's run or
+// job id (torchrun's --rdzv-id and restart count, Open MPI's job id, Slurm's
+// job and step) naming the run's keys; without either that is an error.
 #pragma once
 
 #include <chrono>

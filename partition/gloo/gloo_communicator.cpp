@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <filesystem>
@@ -53,8 +54,10 @@ class SigpipeBlocked {
       sigemptyset(&pipe);
       sigaddset(&pipe, SIGPIPE);
       const timespec now{0, 0};
-      while (sigtimedwait(&pipe, nullptr, &now) == SIGPIPE) {
-      }
+      int taken;
+      do {
+        taken = sigtimedwait(&pipe, nullptr, &now);
+      } while (taken == SIGPIPE || (taken == -1 && errno == EINTR));
     }
     pthread_sigmask(SIG_SETMASK, &old_, nullptr);
   }
@@ -135,8 +138,8 @@ class GlooCommunicator final : public Communicator {
     const std::size_t block = count * dtype_bytes(t);
     std::vector<std::byte> copy;
     const std::byte* in = static_cast<const std::byte*>(send);
-    if (in >= static_cast<const std::byte*>(recv) &&
-        in < static_cast<const std::byte*>(recv) + block * static_cast<std::size_t>(size())) {
+    const std::byte* out = static_cast<const std::byte*>(recv);
+    if (in < out + block * static_cast<std::size_t>(size()) && out < in + block) {
       copy.assign(in, in + block);  // in place: Gloo writes the output while it reads the input
       in = copy.data();
     }
@@ -186,20 +189,21 @@ core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const Communi
     attr.hostname = o.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(o.rank, o.size);
-    context->setTimeout(o.timeout);
+    context->setTimeout(o.connect_timeout);
     context->connectFullMesh(store, device);
     // Every rank connected before any goes on: a rank that returned at once
     // and closed its communicator (a first collective with nothing to send)
     // would otherwise break the connection of a rank still meeting the others.
     gloo::BarrierOptions met(context);
-    met.setTimeout(o.timeout);
+    met.setTimeout(o.connect_timeout);
     gloo::barrier(met);
+    context->setTimeout(o.timeout);
     return std::unique_ptr<Communicator>(new GlooCommunicator(o.rank, o.size, std::move(context), o.timeout));
   } catch (const std::exception& e) {
     return Status::unavailable(str_cat("communicator \"gloo\": rank ", o.rank, " of ", o.size,
                                        " could not meet the others through '", o.store_dir, "' (prefix \"",
                                        o.prefix, "\"; each run needs a store_dir or prefix of its own): ",
-                                       why_failed(e, o.timeout)));
+                                       why_failed(e, o.connect_timeout)));
   }
 }
 

@@ -31,6 +31,7 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kF32: return ncclFloat32;
     case DType::kF64: return ncclFloat64;
     case DType::kBf16: return ncclBfloat16;
+    case DType::kF16: return ncclFloat16;
     case DType::kU8: return ncclUint8;
     case DType::kI32: return ncclInt32;
     case DType::kI64: return ncclInt64;
@@ -50,31 +51,55 @@ Status cuda_error(std::string_view what, cudaError_t e) {
   return Status::unavailable(str_cat("cuda ", what, ": ", cudaGetErrorString(e)));
 }
 
+// The calling thread's current device set to `device` for a scope, then
+// restored (the caller's CUDA work goes on on its own device).
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    status_ = cudaSetDevice(device);
+  }
+  ~DeviceScope() {
+    if (previous_ >= 0) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+  Status status() const { return status_ == cudaSuccess ? Status() : cuda_error("cudaSetDevice", status_); }
+
+ private:
+  int previous_ = -1;
+  cudaError_t status_ = cudaSuccess;
+};
+
 // Waits until the non-blocking communicator has no call in progress (and,
-// with `stream`, until the stream's work is done), within `timeout`; aborts
-// the communicator when it passes.
+// with `stream`, until the stream's work is done), within `timeout`. Any
+// error, and the timeout, abort the communicator (NCCL's rule after an
+// asynchronous error; kernels waiting on a dead peer would spin otherwise).
 Status settle(ncclComm_t comm, ncclResult_t started, cudaStream_t stream, bool wait_stream,
               std::chrono::milliseconds timeout, std::string_view what, bool* aborted) {
   const auto deadline = Clock::now() + timeout;
   ncclResult_t state = started;
+  auto abort_with = [&](Status s) {
+    if (comm != nullptr && !*aborted) ncclCommAbort(comm);
+    *aborted = true;
+    return s;
+  };
   while (true) {
-    if (state != ncclSuccess && state != ncclInProgress) return nccl_error(what, state, comm);
+    if (state != ncclSuccess && state != ncclInProgress) return abort_with(nccl_error(what, state, comm));
     if (state == ncclSuccess) {
       if (!wait_stream) return Status();
       const cudaError_t q = cudaStreamQuery(stream);
       if (q == cudaSuccess) return Status();
-      if (q != cudaErrorNotReady) return cuda_error(what, q);
+      if (q != cudaErrorNotReady) return abort_with(cuda_error(what, q));
     }
     if (Clock::now() > deadline) {
-      ncclCommAbort(comm);
-      *aborted = true;
-      return Status::unavailable(str_cat("nccl ", what, ": not done within the ", timeout.count(),
-                                         " ms timeout (a rank did not take part, or its process ended); the "
-                                         "communicator was aborted"));
+      return abort_with(Status::unavailable(str_cat("nccl ", what, ": not done within the ", timeout.count(),
+                                                    " ms timeout (a rank did not take part, or its process "
+                                                    "ended); the communicator was aborted")));
     }
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     const ncclResult_t polled = ncclCommGetAsyncError(comm, &state);
-    if (polled != ncclSuccess) return nccl_error(what, polled, comm);
+    if (polled != ncclSuccess) return abort_with(nccl_error(what, polled, comm));
   }
 }
 
@@ -82,29 +107,32 @@ class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(int rank, int size, int device, ncclComm_t comm, std::chrono::milliseconds timeout)
       : Communicator("nccl", rank, size), device_(device), comm_(comm), timeout_(timeout) {}
+  // The communicator first (finalized within the timeout, else aborted: its
+  // kernels must not be left waiting on a peer), then the flag and stream
+  // (cudaFree synchronizes the device).
   ~NcclCommunicator() override {
-    cudaSetDevice(device_);
-    if (flag_ != nullptr) cudaFree(flag_);
-    if (sync_ != nullptr) cudaStreamDestroy(sync_);
+    const DeviceScope on(device_);
+    bool destroyed = false;
     if (!aborted_) {
-      ncclCommFinalize(comm_);
-      ncclResult_t state = ncclInProgress;
+      ncclResult_t state = ncclCommFinalize(comm_);
       const auto deadline = Clock::now() + timeout_;
       while (state == ncclInProgress && Clock::now() < deadline) {
-        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
         std::this_thread::sleep_for(std::chrono::microseconds(200));
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) break;
       }
-      if (state == ncclSuccess) {
-        ncclCommDestroy(comm_);
-        return;
-      }
+      if (state == ncclSuccess) destroyed = ncclCommDestroy(comm_) == ncclSuccess;
     }
-    ncclCommAbort(comm_);
+    if (!destroyed && !aborted_) ncclCommAbort(comm_);
+    if (flag_ != nullptr) cudaFree(flag_);
+    if (sync_ != nullptr) cudaStreamDestroy(sync_);
   }
 
   Status init() {
     if (const cudaError_t e = cudaMalloc(&flag_, sizeof(std::int32_t)); e != cudaSuccess) {
       return cuda_error("allocating the barrier's flag", e);
+    }
+    if (const cudaError_t e = cudaMemset(flag_, 0, sizeof(std::int32_t)); e != cudaSuccess) {
+      return cuda_error("clearing the barrier's flag", e);
     }
     if (const cudaError_t e = cudaStreamCreateWithFlags(&sync_, cudaStreamNonBlocking); e != cudaSuccess) {
       return cuda_error("creating the barrier's stream", e);
@@ -113,55 +141,63 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // Buffers NCCL can read: device (or managed) memory.
-  static Status device_memory(std::string_view what, const void* p) {
-    cudaPointerAttributes a{};
-    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
-      cudaGetLastError();  // (clears the error a host pointer leaves on older runtimes)
-      return Status::invalid_argument(str_cat(what, ": not CUDA memory; nccl takes device buffers"));
-    }
-    if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
-      return Status::invalid_argument(str_cat(what, ": a host buffer; nccl takes device buffers (use gloo for "
-                                                    "host memory)"));
+  // Buffers NCCL can read: device (or managed) memory of this rank's device.
+  Status check_memory(std::string_view what, std::initializer_list<const void*> ptrs) const override {
+    for (const void* p : ptrs) {
+      cudaPointerAttributes a{};
+      if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();  // (clears the error a host pointer leaves on older runtimes)
+        return Status::invalid_argument(str_cat(what, ": not CUDA memory; nccl takes device buffers"));
+      }
+      if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) {
+        return Status::invalid_argument(str_cat(what, ": a host buffer; nccl takes device buffers (use gloo for "
+                                                      "host memory)"));
+      }
+      if (a.type == cudaMemoryTypeDevice && a.device != device_) {
+        return Status::invalid_argument(str_cat(what, ": a buffer of device ", a.device, "; this rank's is ",
+                                                device_));
+      }
     }
     return Status();
   }
 
   template <typename Call>
   Status queued(std::string_view what, void* stream, Call&& call) {
-    if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return cuda_error("cudaSetDevice", e);
+    const DeviceScope on(device_);
+    STRATA_RETURN_IF_ERROR(on.status());
     return settle(comm_, call(static_cast<cudaStream_t>(stream)), nullptr, false, timeout_, what, &aborted_);
   }
 
+  Status do_synchronize(void* stream) override {
+    const DeviceScope on(device_);
+    STRATA_RETURN_IF_ERROR(on.status());
+    return settle(comm_, ncclSuccess, static_cast<cudaStream_t>(stream), true, timeout_, "synchronize", &aborted_);
+  }
+
   Status do_all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void* stream) override {
-    STRATA_RETURN_IF_ERROR(device_memory("all_reduce", buf));
     return queued("all_reduce", stream, [&](cudaStream_t s) {
       return ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, s);
     });
   }
   Status do_all_gather(const void* send, void* recv, std::size_t count, DType t, void* stream) override {
-    STRATA_RETURN_IF_ERROR(device_memory("all_gather", send));
-    STRATA_RETURN_IF_ERROR(device_memory("all_gather", recv));
     return queued("all_gather", stream,
                   [&](cudaStream_t s) { return ncclAllGather(send, recv, count, nccl_type(t), comm_, s); });
   }
   Status do_reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                            void* stream) override {
-    STRATA_RETURN_IF_ERROR(device_memory("reduce_scatter", send));
-    STRATA_RETURN_IF_ERROR(device_memory("reduce_scatter", recv));
     return queued("reduce_scatter", stream, [&](cudaStream_t s) {
       return ncclReduceScatter(send, recv, count, nccl_type(t), nccl_op(op), comm_, s);
     });
   }
   Status do_broadcast(void* buf, std::size_t count, DType t, int root, void* stream) override {
-    STRATA_RETURN_IF_ERROR(device_memory("broadcast", buf));
     return queued("broadcast", stream,
                   [&](cudaStream_t s) { return ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, s); });
   }
   // A one-element all-reduce on the communicator's own stream, waited for
   // within the timeout.
   Status do_barrier() override {
-    if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess) return cuda_error("cudaSetDevice", e);
+    const DeviceScope on(device_);
+    STRATA_RETURN_IF_ERROR(on.status());
     const ncclResult_t r = ncclAllReduce(flag_, flag_, 1, ncclInt32, ncclSum, comm_, sync_);
     return settle(comm_, r, sync_, true, timeout_, "barrier", &aborted_);
   }
@@ -190,7 +226,8 @@ core::Result<std::unique_ptr<Communicator>> make_nccl_communicator(const Communi
   if (device >= devices) {
     return Status::invalid_argument(str_cat("communicator \"nccl\": device ", device, " of ", devices, " devices"));
   }
-  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess) return cuda_error("cudaSetDevice", e);
+  const DeviceScope on(device);
+  STRATA_RETURN_IF_ERROR(on.status());
 
   ncclUniqueId id;
   std::memset(&id, 0, sizeof id);
@@ -213,9 +250,8 @@ core::Result<std::unique_ptr<Communicator>> make_nccl_communicator(const Communi
   ncclComm_t comm = nullptr;
   const ncclResult_t started = ncclCommInitRankConfig(&comm, o.size, id, o.rank, &config);
   bool aborted = false;
-  if (const Status s = settle(comm, started, nullptr, false, o.timeout, "ncclCommInitRankConfig", &aborted);
+  if (const Status s = settle(comm, started, nullptr, false, o.connect_timeout, "ncclCommInitRankConfig", &aborted);
       !s.ok()) {
-    if (comm != nullptr && !aborted) ncclCommAbort(comm);
     return std::move(Status(s)).annotate(str_cat("communicator \"nccl\": rank ", o.rank, " of ", o.size));
   }
   auto c = std::make_unique<NcclCommunicator>(o.rank, o.size, device, comm, o.timeout);

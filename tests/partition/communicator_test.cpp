@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,7 +31,9 @@ class TempDir {
  public:
   TempDir() {
     std::string tmpl = std::filesystem::temp_directory_path().string() + "/strata-comm-XXXXXX";
-    path_ = ::mkdtemp(tmpl.data());
+    const char* made = ::mkdtemp(tmpl.data());
+    if (made == nullptr) throw std::runtime_error("mkdtemp " + tmpl + " failed");
+    path_ = made;
   }
   ~TempDir() {
     std::error_code ec;
@@ -208,19 +211,39 @@ TEST_P(CommunicatorTest, BroadcastFromEveryRootAndBarrier) {
   });
 }
 
-TEST_P(CommunicatorTest, BadArgumentsAreRefusedBeforeAnyRankWaits) {
-  on_every_rank([&](int r, Communicator& c) {
-    float x = 1.0f;
-    int stream = 0;
-    const core::Status with_stream = c.all_reduce(&x, 1, DType::kF32, ReduceOp::kSum, &stream);
-    EXPECT_EQ(with_stream.code(), StatusCode::kInvalidArgument) << with_stream.to_string();
-    EXPECT_NE(with_stream.message().find("stream"), std::string_view::npos);
-    EXPECT_EQ(c.all_reduce(nullptr, 4, DType::kF32, ReduceOp::kSum).code(), StatusCode::kInvalidArgument);
-    const core::Status root = c.broadcast(&x, 1, DType::kF32, GetParam().size);
-    EXPECT_EQ(root.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(root.message().find("root"), std::string_view::npos) << root.to_string();
-    // Refused calls leave it usable.
-    EXPECT_TRUE(c.barrier().ok()) << "rank " << r;
+TEST_P(CommunicatorTest, ARefusedCallIsNamedAndBreaksTheCommunicator) {
+  // Refused before any rank waits; the communicator is broken after it, since
+  // the others' matching call would pair with the wrong one.
+  auto refused = [&](const std::function<core::Status(Communicator&)>& call, std::string_view fragment) {
+    on_every_rank([&](int r, Communicator& c) {
+      const core::Status s = call(c);
+      EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+      EXPECT_NE(s.message().find(fragment), std::string_view::npos) << s.to_string();
+      const core::Status after = c.barrier();
+      EXPECT_EQ(after.code(), StatusCode::kFailedPrecondition) << "rank " << r << ": " << after.to_string();
+      EXPECT_NE(after.message().find("broke at an earlier call"), std::string_view::npos) << after.to_string();
+    });
+  };
+  float x = 1.0f;
+  int stream = 0;
+  refused([&](Communicator& c) { return c.all_reduce(&x, 1, DType::kF32, ReduceOp::kSum, &stream); }, "stream");
+  refused([&](Communicator& c) { return c.all_reduce(nullptr, 4, DType::kF32, ReduceOp::kSum); }, "null buffer");
+  refused([&](Communicator& c) { return c.broadcast(&x, 1, DType::kF32, GetParam().size); }, "root");
+  refused([&](Communicator& c) { return c.all_reduce(&x, 1, DType::kF32, static_cast<ReduceOp>(7)); },
+          "unknown reduce op");
+  refused([&](Communicator& c) { return c.all_gather(&x, &x, std::size_t{1} << 62, DType::kF64); }, "overflow");
+}
+
+TEST_P(CommunicatorTest, Fp16SumsInFp32AndRoundsOnce) {
+  const int n = GetParam().size;
+  on_every_rank([&](int, Communicator& c) {
+    std::vector<std::uint16_t> h = {nx::fp32_to_fp16_bits(1.0f), nx::fp32_to_fp16_bits(0.0009765625f)};
+    ASSERT_TRUE(c.all_reduce(h.data(), h.size(), DType::kF16, ReduceOp::kSum).ok());
+    float s0 = 1.0f, s1 = 0.0009765625f;
+    for (int q = 1; q < n; ++q) s0 += 1.0f, s1 += 0.0009765625f;
+    EXPECT_EQ(h[0], nx::fp32_to_fp16_bits(s0));
+    EXPECT_EQ(h[1], nx::fp32_to_fp16_bits(s1));
+    EXPECT_TRUE(c.synchronize().ok());  // nothing queued on a host backend
   });
 }
 
@@ -239,6 +262,7 @@ TEST(CommunicatorFailure, ARankThatDoesNotTakePartFailsTheOthersWithinTheTimeout
   std::thread idle([&] {
     CommunicatorOptions o = opts("gloo", 1, 2, store.path());
     o.timeout = std::chrono::milliseconds(800);
+    o.connect_timeout = std::chrono::seconds(60);
     auto c = make_communicator(o);
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     while (!done) std::this_thread::sleep_for(std::chrono::milliseconds(10));  // alive, never calling
@@ -246,6 +270,7 @@ TEST(CommunicatorFailure, ARankThatDoesNotTakePartFailsTheOthersWithinTheTimeout
   {
     CommunicatorOptions o = opts("gloo", 0, 2, store.path());
     o.timeout = std::chrono::milliseconds(800);
+    o.connect_timeout = std::chrono::seconds(60);
     auto c = make_communicator(o);
     ASSERT_TRUE(c.ok()) << c.status().to_string();
     std::vector<float> x(64, 1.0f);
@@ -262,14 +287,14 @@ TEST(CommunicatorFailure, ARankThatDoesNotTakePartFailsTheOthersWithinTheTimeout
   EXPECT_NE(first.message().find("800 ms timeout"), std::string_view::npos) << first.to_string();
   EXPECT_LT(seconds, 60.0);  // it ended; a hang would have run into the test's limit
   EXPECT_EQ(after.code(), StatusCode::kFailedPrecondition) << after.to_string();
-  EXPECT_NE(after.message().find("broke at an earlier collective"), std::string_view::npos) << after.to_string();
+  EXPECT_NE(after.message().find("broke at an earlier call"), std::string_view::npos) << after.to_string();
 }
 
 TEST(CommunicatorFailure, ARankThatNeverArrivesFailsTheRendezvousNamingTheStore) {
   if (!has_backend("gloo")) GTEST_SKIP() << "this build has no gloo backend";
   TempDir store;
   CommunicatorOptions o = opts("gloo", 0, 2, store.path());
-  o.timeout = std::chrono::milliseconds(500);
+  o.connect_timeout = std::chrono::milliseconds(500);
   auto c = make_communicator(o);
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().to_string();

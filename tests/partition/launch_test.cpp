@@ -1,9 +1,13 @@
 #include "partition/launch.h"
 
 #include <gtest/gtest.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <map>
+#include <stdexcept>
 #include <string>
 
 namespace strata::partition {
@@ -42,7 +46,7 @@ TEST(Launch, TorchrunsVariables) {
   EXPECT_EQ(x.local_rank, 1);
   EXPECT_EQ(x.local_size, 2);
   EXPECT_EQ(x.master, "10.0.0.1:29500");
-  EXPECT_EQ(x.run_id, "abc");
+  EXPECT_EQ(x.run_id, "abc.0");  // the restart count (none yet)
 }
 
 TEST(Launch, OpenMpisAndSlurmsVariables) {
@@ -56,15 +60,35 @@ TEST(Launch, OpenMpisAndSlurmsVariables) {
   EXPECT_EQ((*m)->local_size, 4);
   EXPECT_EQ((*m)->run_id, "77");
 
-  Env slurm{{{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "6"}, {"SLURM_LOCALID", "2"}, {"SLURM_JOB_ID", "1234"},
-             {"SLURM_STEP_ID", "3"}}};
+  Env slurm{{{"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "6"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "2"},
+             {"SLURM_JOB_ID", "1234"}, {"SLURM_STEP_ID", "3"}}};
   auto s = launch_from_environment(slurm.get());
   ASSERT_TRUE(s.ok() && s->has_value()) << s.status().to_string();
   EXPECT_EQ((*s)->launcher, "slurm");
   EXPECT_EQ((*s)->rank, 5);
   EXPECT_EQ((*s)->local_rank, 2);
   EXPECT_EQ((*s)->local_size, 0);  // Slurm does not say
+  EXPECT_EQ((*s)->size, 6);  // the step's tasks, not the allocation's
   EXPECT_EQ((*s)->run_id, "1234.3");
+
+  // A batch script's or an allocation's shell (no srun step) is one rank, not an error.
+  for (Env shell : {Env{{{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}}}, Env{{{"SLURM_NTASKS", "4"}}}}) {
+    auto none = launch_from_environment(shell.get());
+    ASSERT_TRUE(none.ok()) << none.status().to_string();
+    EXPECT_FALSE(none->has_value());
+  }
+}
+
+TEST(Launch, TorchrunsRunIdNoneIsNoIdAndARestartIsAnotherRun) {
+  Env plain{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "none"}}};
+  auto p = launch_from_environment(plain.get());
+  ASSERT_TRUE(p.ok() && p->has_value());
+  EXPECT_EQ((*p)->run_id, "");
+  Env restarted{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "job7"},
+                 {"TORCHELASTIC_RESTART_COUNT", "2"}}};
+  auto r = launch_from_environment(restarted.get());
+  ASSERT_TRUE(r.ok() && r->has_value());
+  EXPECT_EQ((*r)->run_id, "job7.2");
 }
 
 TEST(Launch, HalfSetOrWrongVariablesNameTheVariable) {
@@ -82,12 +106,25 @@ TEST(Launch, HalfSetOrWrongVariablesNameTheVariable) {
   bad(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "x"}}}, "LOCAL_RANK=\"x\"");
 }
 
-TEST(Launch, CommunicatorOptionsMeetInTheRendezvousDirectoryUnderTheRunsPrefix) {
-  const std::string dir = std::filesystem::temp_directory_path().string() + "/strata-launch-test";
-  std::filesystem::remove_all(dir);
-  Env env{{{"STRATA_RENDEZVOUS_DIR", dir}}};
-  Launch two{.launcher = "torchrun", .rank = 1, .size = 2, .run_id = "r/1", .master = "h:1"};
-  auto o = communicator_options(two, env.get(), std::chrono::seconds(7));
+std::string make_temp_dir() {
+  std::string tmpl = std::filesystem::temp_directory_path().string() + "/strata-launch-XXXXXX";
+  const char* made = ::mkdtemp(tmpl.data());
+  if (made == nullptr) throw std::runtime_error("mkdtemp failed");
+  return made;
+}
+
+TEST(Launch, AGivenRendezvousDirectoryNeedsARunId) {
+  const std::string dir = make_temp_dir() + "/meet";
+  Launch two{.launcher = "torchrun", .rank = 1, .size = 2, .local_size = 1, .master = "h:1"};
+  Env no_id{{{"STRATA_RENDEZVOUS_DIR", dir}}};
+  auto refused = communicator_options(two, no_id.get(), std::chrono::seconds(7));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("set STRATA_RUN_ID"), std::string_view::npos)
+      << refused.status().to_string();
+
+  Env with_id{{{"STRATA_RENDEZVOUS_DIR", dir}, {"STRATA_RUN_ID", "r/1"}}};
+  auto o = communicator_options(two, with_id.get(), std::chrono::seconds(7));
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->backend, "gloo");
   EXPECT_EQ(o->rank, 1);
@@ -96,18 +133,37 @@ TEST(Launch, CommunicatorOptionsMeetInTheRendezvousDirectoryUnderTheRunsPrefix) 
   EXPECT_TRUE(std::filesystem::is_directory(dir));  // created
   EXPECT_EQ(o->prefix, "strata-r_1");
   EXPECT_EQ(o->timeout, std::chrono::seconds(7));
-  std::filesystem::remove_all(dir);
+  two.run_id = "job.0";  // the launcher's own id serves as well
+  auto launcher_id = communicator_options(two, no_id.get(), std::chrono::seconds(7));
+  ASSERT_TRUE(launcher_id.ok()) << launcher_id.status().to_string();
+  EXPECT_EQ(launcher_id->prefix, "strata-job.0");
+  std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
+}
 
-  // Without STRATA_RENDEZVOUS_DIR: a directory named after the master under the temporary directory.
+TEST(Launch, OneMachinesDefaultDirectoryIsThisUsersAndThisLaunchersAlone) {
   Env none;
+  Launch two{.launcher = "torchrun", .rank = 0, .size = 2, .local_size = 2, .master = "h:1"};
   auto d = communicator_options(two, none.get(), std::chrono::seconds(1));
   ASSERT_TRUE(d.ok()) << d.status().to_string();
-  EXPECT_NE(d->store_dir.find("strata-rendezvous-h_1"), std::string::npos) << d->store_dir;
+  const std::string want = "strata-rendezvous-" + std::to_string(::getuid()) + "-h_1-" + std::to_string(::getppid());
+  EXPECT_EQ(std::filesystem::path(d->store_dir).filename().string(), want) << d->store_dir;
+  struct stat st {};
+  ASSERT_EQ(::stat(d->store_dir.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0700u);
+  EXPECT_EQ(d->prefix, "strata-run");
+  // Someone else's (or an open) directory of that name is refused, not used.
+  ASSERT_EQ(::chmod(d->store_dir.c_str(), 0777), 0);
+  auto open = communicator_options(two, none.get(), std::chrono::seconds(1));
+  ASSERT_FALSE(open.ok());
+  EXPECT_EQ(open.status().code(), StatusCode::kPermissionDenied) << open.status().to_string();
   std::filesystem::remove_all(d->store_dir);
-  Launch anonymous{.launcher = "mpirun", .rank = 0, .size = 2};
-  auto a = communicator_options(anonymous, none.get(), std::chrono::seconds(1));
-  ASSERT_FALSE(a.ok());
-  EXPECT_NE(a.status().message().find("set STRATA_RENDEZVOUS_DIR"), std::string_view::npos) << a.status().to_string();
+
+  // Several machines need a shared directory.
+  Launch spread{.launcher = "torchrun", .rank = 0, .size = 4, .local_size = 2, .master = "h:1"};
+  auto far = communicator_options(spread, none.get(), std::chrono::seconds(1));
+  ASSERT_FALSE(far.ok());
+  EXPECT_NE(far.status().message().find("2 on this machine: set STRATA_RENDEZVOUS_DIR"), std::string_view::npos)
+      << far.status().to_string();
 
   Launch one{.launcher = "torchrun", .rank = 0, .size = 1};
   auto s = communicator_options(one, none.get(), std::chrono::seconds(1));

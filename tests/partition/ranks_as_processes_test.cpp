@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,9 @@ class TempDir {
  public:
   TempDir() {
     std::string tmpl = std::filesystem::temp_directory_path().string() + "/strata-ranks-XXXXXX";
-    path_ = ::mkdtemp(tmpl.data());
+    const char* made = ::mkdtemp(tmpl.data());
+    if (made == nullptr) throw std::runtime_error("mkdtemp " + tmpl + " failed");
+    path_ = made;
   }
   ~TempDir() {
     std::error_code ec;
@@ -51,10 +54,12 @@ struct Child {
   std::string said;
 };
 
-// Runs body(rank) in `size` forked children with torchrun's variables and
-// STRATA_RENDEZVOUS_DIR set; each writes one line to its file and exits
-// with body's result.
-std::vector<Child> run_ranks(int size, const TempDir& dir, const std::function<int(int, std::string*)>& body) {
+// Runs body(rank) in `size` forked children with torchrun's variables (and,
+// with `shared`, STRATA_RENDEZVOUS_DIR and STRATA_RUN_ID, as across machines;
+// else the one machine's default directory); each writes one line to its
+// file and exits with body's result.
+std::vector<Child> run_ranks(int size, const TempDir& dir, bool shared,
+                             const std::function<int(int, std::string*)>& body) {
   std::vector<pid_t> pids;
   for (int r = 0; r < size; ++r) {
     const pid_t pid = fork();
@@ -64,7 +69,11 @@ std::vector<Child> run_ranks(int size, const TempDir& dir, const std::function<i
       ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", "1", 1);
-      ::setenv("STRATA_RENDEZVOUS_DIR", (dir.path() + "/store").c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(size).c_str(), 1);
+      if (shared) {
+        ::setenv("STRATA_RENDEZVOUS_DIR", (dir.path() + "/store").c_str(), 1);
+        ::setenv("STRATA_RUN_ID", "test", 1);
+      }
       std::string said;
       const int code = body(r, &said);
       std::ofstream(dir.path() + "/said" + std::to_string(r)) << said;
@@ -93,9 +102,14 @@ core::Result<std::unique_ptr<Communicator>> communicator_from_environment(std::c
 }
 
 TEST(RanksAsProcesses, ThreeProcessesFromTheLaunchersVariablesReduceInRankOrder) {
+  if (!has_backend("gloo")) GTEST_SKIP() << "this build has no gloo backend";
   TempDir dir;
   const int size = 3;
-  const std::vector<Child> children = run_ranks(size, dir, [&](int r, std::string* said) {
+  // One machine's default rendezvous directory: this user's, named after this process (the children's parent).
+  const std::string meet = std::filesystem::temp_directory_path().string() + "/strata-rendezvous-" +
+                           std::to_string(::getuid()) + "-127.0.0.1_1-" + std::to_string(::getpid());
+  std::filesystem::remove_all(meet);
+  const std::vector<Child> children = run_ranks(size, dir, /*shared=*/false, [&](int r, std::string* said) {
     auto c = communicator_from_environment(std::chrono::seconds(60));
     if (!c.ok()) {
       *said = c.status().to_string();
@@ -125,13 +139,16 @@ TEST(RanksAsProcesses, ThreeProcessesFromTheLaunchersVariablesReduceInRankOrder)
     EXPECT_EQ(WEXITSTATUS(ch.status), 0) << "rank " << r << ": " << ch.said;
     EXPECT_EQ(ch.said, "rank " + std::to_string(r) + " of 3");
   }
+  EXPECT_TRUE(std::filesystem::is_directory(meet));
+  std::filesystem::remove_all(meet);
 }
 
 TEST(RanksAsProcesses, AKilledRankEndsTheOthersWithANamedError) {
+  if (!has_backend("gloo")) GTEST_SKIP() << "this build has no gloo backend";
   TempDir dir;
   const int size = 3;
   const auto t0 = std::chrono::steady_clock::now();
-  const std::vector<Child> children = run_ranks(size, dir, [&](int r, std::string* said) {
+  const std::vector<Child> children = run_ranks(size, dir, /*shared=*/true, [&](int r, std::string* said) {
     auto c = communicator_from_environment(std::chrono::seconds(20));
     if (!c.ok()) {
       *said = c.status().to_string();
@@ -162,11 +179,8 @@ TEST(RanksAsProcesses, AKilledRankEndsTheOthersWithANamedError) {
 }  // namespace
 }  // namespace strata::partition
 
+// Its own main: the children are forked before this process starts any thread.
 int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
-  if (!strata::partition::has_backend("gloo")) {
-    std::printf("this build has no gloo backend: the ranks-as-processes tests are skipped\n");
-    testing::GTEST_FLAG(filter) = "-*";
-  }
   return RUN_ALL_TESTS();
 }
