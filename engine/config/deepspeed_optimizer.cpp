@@ -123,7 +123,7 @@ Status parse_optimizer(ObjectReader& root, Context& ctx, OptimizerConfig* o) {
   r.ignore({"legacy_fusion"}, "a DeepSpeed kernel choice");
   const Json* type = r.peek("type");
   if (type == nullptr) {
-    r.fail("type", str_cat("missing; give one of ", join_names<OptimizerType>(kSupportedOptimizerNames)));
+    r.missing("type", str_cat("give one of ", join_names<OptimizerType>(kSupportedOptimizerNames)));
     return ctx.error();
   }
   if (type->is_string()) {
@@ -226,8 +226,7 @@ Status parse_scheduler(ObjectReader& root, Context& ctx, const OptimizerConfig& 
   if (!r.present()) return r.finish();
   const Json* type = r.peek("type");
   if (type == nullptr) {
-    r.fail("type",
-           str_cat("missing; give one of ", join_names(std::span(kSchedulerNames).subspan(1))));
+    r.missing("type", str_cat("give one of ", join_names(std::span(kSchedulerNames).subspan(1))));
     return ctx.error();
   }
   if (type->is_string() && (type->get_ref<const std::string&>() == "LRRangeTest" ||
@@ -308,9 +307,7 @@ Status parse_scheduler(ObjectReader& root, Context& ctx, const OptimizerConfig& 
                      "the run's step count, passed by the program");
       }
     } else if (!p.get_int("total_num_steps", 1, kMaxI64, &s->total_num_steps) && ctx.ok()) {
-      p.fail("total_num_steps", str_cat("missing; ", type_name,
-                                        " needs it (the number of "
-                                        "optimizer steps of the run)"));
+      p.missing("total_num_steps", str_cat(type_name, " needs it (the number of optimizer steps of the run)"));
     }
     if (ctx.ok()) {
       if (const std::optional<ScheduleRuleBroken> broken = broken_schedule_rule(*s)) {

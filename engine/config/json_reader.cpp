@@ -412,6 +412,7 @@ std::string_view ObjectReader::pick(std::initializer_list<Spelling> spellings) {
   const std::string_view current = spellings.begin()->name;
   for (const Spelling& s : spellings) {
     known_.emplace_back(s.name);
+    if (s.old) old_names_.emplace_back(s.name);
     const Json* v = peek(s.name);
     if (v == nullptr || !ctx_->ok()) continue;
     if (s.old) {
@@ -446,12 +447,18 @@ Status ObjectReader::finish() {
     // A misspelling: within two edits of a known key (one for keys of four
     // letters or fewer, where two edits reach other words).
     std::size_t best_distance = key.size() <= 4 ? 2 : 3;
-    for (const std::string& k : known_) {
-      const std::size_t d = edit_distance(key, k);
-      if (d < best_distance) {
-        best_distance = d;
-        best = k;
+    // Current names first; an old name only when no current one is close.
+    for (const bool old_ones : {false, true}) {
+      for (const std::string& k : known_) {
+        const bool is_old = std::find(old_names_.begin(), old_names_.end(), k) != old_names_.end();
+        if (is_old != old_ones) continue;
+        const std::size_t d = edit_distance(key, k);
+        if (d < best_distance) {
+          best_distance = d;
+          best = k;
+        }
       }
+      if (!best.empty()) break;
     }
     std::string message = "unknown key";
     if (!best.empty()) {
@@ -469,6 +476,21 @@ Status ObjectReader::finish() {
     }
   }
   return Status();
+}
+
+void ObjectReader::missing(std::string_view key, std::string_view what) {
+  std::string message = str_cat("missing; ", what);
+  if (object_ != nullptr) {
+    for (const auto& item : object_->items()) {
+      const std::string& k = item.key();
+      if (k == key || std::find(known_.begin(), known_.end(), k) != known_.end()) continue;
+      if (edit_distance(k, key) <= (key.size() <= 4 ? 1u : 2u)) {
+        message += str_cat(" (\"", k, "\" is there: a misspelling of \"", key, "\"?)");
+        break;
+      }
+    }
+  }
+  fail(key, message);
 }
 
 const Json* ObjectReader::take_value(std::string_view key) {

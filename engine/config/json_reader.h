@@ -264,9 +264,15 @@ class ObjectReader {
   // name given adds a warning.
   std::string_view pick(std::initializer_list<Spelling> spellings);
 
-  // Reports the keys nobody asked for: warnings, or an error under strict.
-  // Returns the context's first error, if any.
+  // Reports the keys nobody asked for: a misspelling of a known key, or any
+  // unknown key under `strata`, is a problem recorded in the context (reading
+  // goes on); another unknown key a warning (a problem under strict). Returns
+  // the context's error when the current section has a wrong value, else OK.
   core::Status finish();
+
+  // "<key>: missing; <what>", naming a present key within two edits of it
+  // (`"typ" is there: a misspelling?`), as a wrong value.
+  void missing(std::string_view key, std::string_view what);
 
  private:
   // take() that rejects "auto" on keys that do not resolve it.
@@ -278,6 +284,7 @@ class ObjectReader {
   std::string path_;
   Context* ctx_;
   std::vector<std::string> known_;
+  std::vector<std::string> old_names_;  // known, but never suggested
 };
 
 // Objects and arrays nested deeper than this are refused while parsing (the

@@ -1044,6 +1044,21 @@ TEST(Config, MisspelledKeysAndUnknownStrataKeysAreErrorsAllNamedInOneRun) {
   EXPECT_NE(find_warning(two_edits, "bf61"), nullptr) << all_warnings(two_edits);
 }
 
+TEST(Config, AMissingKeyNamesAPresentMisspellingOfIt) {
+  expect_error(doc(R"("optimizer": {"typ": "AdamW", "params": {"lr": 1e-3}})"),
+               {"optimizer.type: missing; give one of", "(\"typ\" is there: a misspelling of \"type\"?)"});
+  expect_error(doc(R"("scheduler": {"type": "WarmupDecayLR", "params": {"total_num_step": 10}})"),
+               {"scheduler.params.total_num_steps: missing",
+                "(\"total_num_step\" is there: a misspelling of \"total_num_steps\"?)"});
+}
+
+TEST(Config, AMisspellingIsToldTheCurrentNameBeforeAnOldOne) {
+  // "intra_op_parallelizm" is one edit from the current name; "thread_cont"
+  // is close only to the old name thread_count, which is suggested then.
+  expect_error(doc(R"("aio": {"intra_op_parallelizm": 2})"), {"did you mean \"intra_op_parallelism\""});
+  expect_error(doc(R"("aio": {"thread_cont": 2})"), {"did you mean \"thread_count\""});
+}
+
 TEST(Config, OtherUnknownDeepSpeedKeysWarnWithTheirPath) {
   const Config c = parse_ok(doc(R"("wall_clock_breakdown_extra": true, "zero_optimization": {"stage": 3,
       "offload_optimizer": {"device": "cpu", "some_future_knob": 1}})"));
