@@ -34,7 +34,7 @@ namespace {
 constexpr std::int64_t kWidth = 16;
 constexpr std::int64_t kBlock = core::numerics::kQuantBlockElems;
 constexpr int kLevelStride = 128;  // floats per row of QuantKernelTables' levels
-constexpr int kInterleave = 16;    // vectors the quantizer searches side by side
+constexpr int kInterleave = 4;     // vectors the quantizer works side by side
 
 static_assert(kBlock % (kInterleave * kWidth) == 0);
 
@@ -100,37 +100,58 @@ inline __m512 dequantize_v(const QuantKernelTables& t, __m512i code, __m512 scal
   return _mm512_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// numerics::quantize_m for a usable scale, kN vectors: the count of
-// thresholds below |x| / scale, with 0x80 for a negative x whose count is not
-// zero.
-template <int kN>
-[[gnu::always_inline]] inline void quantize_m(const QuantKernelTables& t, const __m512 (&x)[kN], __m512 scale,
-                                              __m512i (&code)[kN]) {
-  __m512 xn[kN];
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) xn[k] = _mm512_div_ps(abs_ps(x[k]), scale);
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) code[k] = _mm512_setzero_si512();
-  search<0, 7, kN>(&t.m_levels[0][0], xn, code);
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) {
-    const __mmask16 nonzero = _mm512_test_epi32_mask(code[k], code[k]);
-    const __mmask16 negative = _mm512_mask_test_epi32_mask(nonzero, _mm512_castps_si512(x[k]),
-                                                           _mm512_set1_epi32(static_cast<int>(0x80000000u)));
-    code[k] = _mm512_mask_or_epi32(code[k], negative, code[k], _mm512_set1_epi32(0x80));
-  }
+// QuantLines' guess (kernels.h) for 16 lanes of xn in [0, 1]: the count of
+// thresholds below xn wherever the lane's bit in the returned mask is clear;
+// a set bit says the lane lies within 2^-12 of a threshold and needs the
+// search. The bin j = (max(bits, lo) - lo) >> 24 picks two lines (vpermps
+// over 16 entries), y = min of the two fmas, the guess trunc(y), and the
+// test the fraction of y (vreduceps: y - trunc(y), exact) below 2 delta.
+inline __mmask16 guess(const QuantLines& l, __m512 xn, __m512i& code) {
+  const __m512i lo = _mm512_set1_epi32(static_cast<int>(l.lo));
+  const __m512i j = _mm512_srli_epi32(_mm512_sub_epi32(_mm512_max_epu32(_mm512_castps_si512(xn), lo), lo), 24);
+  const __m512 y0 = _mm512_fmadd_ps(xn, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a0)),
+                                    _mm512_permutexvar_ps(j, _mm512_load_ps(l.c0)));
+  const __m512 y1 = _mm512_fmadd_ps(xn, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a1)),
+                                    _mm512_permutexvar_ps(j, _mm512_load_ps(l.c1)));
+  const __m512 y = _mm512_min_ps(y0, y1);
+  code = _mm512_cvttps_epi32(y);
+  const __m512 fraction = _mm512_reduce_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  return _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ);
 }
 
-// numerics::quantize_v for a usable scale, kN vectors.
-template <int kN>
-[[gnu::always_inline]] inline void quantize_v(const QuantKernelTables& t, const __m512 (&x)[kN], __m512 scale,
-                                              __m512i (&code)[kN]) {
+// numerics::quantize_m or quantize_v for a usable scale, kN vectors: the
+// count of thresholds below xn = |x| / scale (m: with 0x80 for a negative x
+// whose count is not zero). The lines' guesses, and where any lane of the kN
+// vectors is near a threshold, quant_search's probes for all of them.
+template <bool kExpAvg, int kN>
+[[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m512 (&x)[kN], __m512 scale,
+                                            __m512i (&code)[kN]) {
+  const QuantLines& lines = kExpAvg ? t.m_lines : t.v_lines;
   __m512 xn[kN];
+  __mmask16 near = 0;
 #pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) xn[k] = _mm512_div_ps(abs_ps(x[k]), scale);
+  for (int k = 0; k < kN; ++k) {
+    xn[k] = _mm512_div_ps(abs_ps(x[k]), scale);
+    near |= guess(lines, xn[k], code[k]);
+  }
+  if (near != 0) [[unlikely]] {
 #pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) code[k] = _mm512_setzero_si512();
-  search<0, 8, kN>(&t.v_levels[0][0], xn, code);
+    for (int k = 0; k < kN; ++k) code[k] = _mm512_setzero_si512();
+    if constexpr (kExpAvg) {
+      search<0, 7, kN>(&t.m_levels[0][0], xn, code);
+    } else {
+      search<0, 8, kN>(&t.v_levels[0][0], xn, code);
+    }
+  }
+  if constexpr (kExpAvg) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kN; ++k) {
+      const __mmask16 nonzero = _mm512_test_epi32_mask(code[k], code[k]);
+      const __mmask16 negative = _mm512_mask_test_epi32_mask(nonzero, _mm512_castps_si512(x[k]),
+                                                             _mm512_set1_epi32(static_cast<int>(0x80000000u)));
+      code[k] = _mm512_mask_or_epi32(code[k], negative, code[k], _mm512_set1_epi32(0x80));
+    }
+  }
 }
 
 // numerics::block_scale of the absmax whose bit pattern is `bits` (a NaN
@@ -161,15 +182,76 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     __m512i r[kInterleave];
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) x[k] = _mm512_load_ps(values + j + k * kWidth);
-    if constexpr (kExpAvg) {
-      quantize_m(t, x, s, r);
-    } else {
-      quantize_v(t, x, s, r);
-    }
+    quantize<kExpAvg>(t, x, s, r);
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j + k * kWidth), _mm512_cvtepi32_epi8(r[k]));
     }
+  }
+}
+
+// Four vectors of bytes, b[p] holding byte p of 64 values, as 64 dwords in
+// four vectors: out[a] lane q of 128-bit lane L from the bytes at 16 L + 4 a + q.
+inline void widen_planes(const __m512i (&b)[4], __m512 (&out)[4]) {
+  const __m512i w01lo = _mm512_unpacklo_epi8(b[0], b[1]);
+  const __m512i w01hi = _mm512_unpackhi_epi8(b[0], b[1]);
+  const __m512i w23lo = _mm512_unpacklo_epi8(b[2], b[3]);
+  const __m512i w23hi = _mm512_unpackhi_epi8(b[2], b[3]);
+  out[0] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01lo, w23lo));
+  out[1] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01lo, w23lo));
+  out[2] = _mm512_castsi512_ps(_mm512_unpacklo_epi16(w01hi, w23hi));
+  out[3] = _mm512_castsi512_ps(_mm512_unpackhi_epi16(w01hi, w23hi));
+}
+
+// numerics::dequantize_m and dequantize_v for a whole block, with AVX512_VBMI
+// (called only where avx512_vbmi_supported(); a function of its own, so that
+// nothing else is compiled for VBMI): 64 codes at a time, vpermi2b over the
+// values' byte planes (kernels.h) gives byte p of each code's value, four
+// planes give the values. The unpacks that put the bytes together work
+// within 128-bit lanes, so the codes' dwords are first transposed (vector a,
+// 128-bit lane L takes codes 16 a + 4 L .. + 3) and the values come out in
+// element order. Then value x scale, and m's sign flipped where its code has
+// 0x80 (after the product, as numerics.h does, NaN scales included).
+[[gnu::target("avx512vbmi")]] void dequantize_block_vbmi(const QuantKernelTables& t,
+                                                         const std::uint8_t* __restrict m_codes,
+                                                         const std::uint8_t* __restrict v_codes, float m_scale,
+                                                         float v_scale, float* __restrict m32,
+                                                         float* __restrict v32) {
+  const __m512i transpose = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  const __m512 ms = _mm512_set1_ps(m_scale);
+  const __m512 vs = _mm512_set1_ps(v_scale);
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  for (std::int64_t j = 0; j < kBlock; j += 4 * kWidth) {
+    const __m512i mc = _mm512_loadu_si512(m_codes + j);
+    const __m512i mi = _mm512_permutexvar_epi32(transpose, mc);
+    const __mmask64 negative = _mm512_movepi8_mask(mc);
+    __m512i b[4];
+    __m512 x[4];
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      b[p] = _mm512_permutex2var_epi8(_mm512_load_si512(t.m_value_bytes[p]), mi,
+                                      _mm512_load_si512(t.m_value_bytes[p] + 64));
+    }
+    widen_planes(b, x);
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) {
+      const __m512i m = _mm512_castps_si512(_mm512_mul_ps(x[a], ms));
+      const __mmask16 neg = static_cast<__mmask16>(negative >> (16 * a));
+      _mm512_store_ps(m32 + j + a * kWidth, _mm512_castsi512_ps(_mm512_mask_xor_epi32(m, neg, m, sign)));
+    }
+    const __m512i vi = _mm512_permutexvar_epi32(transpose, _mm512_loadu_si512(v_codes + j));
+    const __mmask64 upper = _mm512_movepi8_mask(vi);
+#pragma GCC unroll 4
+    for (int p = 0; p < 4; ++p) {
+      const __m512i lo = _mm512_permutex2var_epi8(_mm512_load_si512(t.v_value_bytes[p]), vi,
+                                                  _mm512_load_si512(t.v_value_bytes[p] + 64));
+      const __m512i hi = _mm512_permutex2var_epi8(_mm512_load_si512(t.v_value_bytes[p] + 128), vi,
+                                                  _mm512_load_si512(t.v_value_bytes[p] + 192));
+      b[p] = _mm512_mask_blend_epi8(upper, lo, hi);
+    }
+    widen_planes(b, x);
+#pragma GCC unroll 4
+    for (int a = 0; a < 4; ++a) _mm512_store_ps(v32 + j + a * kWidth, _mm512_mul_ps(x[a], vs));
   }
 }
 
@@ -180,7 +262,7 @@ inline __m512i load_codes(const std::uint8_t* codes, std::int64_t i) {
 // kCopy: kF32 means "no copy-out". The pointers are copied out of the
 // argument struct so the compiler knows the stores cannot change them.
 // n_blocks whole blocks.
-template <ElemType kGrad, ElemType kCopy, bool kNativeBf16>
+template <ElemType kGrad, ElemType kCopy, bool kNativeBf16, bool kVbmi>
 void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
   const AdamVectors k(*a.constants);
   const bool has_l2 = a.constants->l2_decay != 0.0f;
@@ -202,10 +284,19 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
     const __m512 v_scale = _mm512_set1_ps(exp_avg_sq_scale[b]);
     __m512i m_absmax = _mm512_setzero_si512();
     __m512i v_absmax = _mm512_setzero_si512();
+    if constexpr (kVbmi) {
+      dequantize_block_vbmi(t, exp_avg + base, exp_avg_sq + base, exp_avg_scale[b], exp_avg_sq_scale[b], m32, v32);
+    }
     for (std::int64_t j = 0; j < kBlock; j += kWidth) {
       const std::int64_t i = base + j;
-      __m512 m = dequantize_m(t, load_codes(exp_avg, i), m_scale);
-      __m512 v = dequantize_v(t, load_codes(exp_avg_sq, i), v_scale);
+      __m512 m, v;
+      if constexpr (kVbmi) {
+        m = _mm512_load_ps(m32 + j);
+        v = _mm512_load_ps(v32 + j);
+      } else {
+        m = dequantize_m(t, load_codes(exp_avg, i), m_scale);
+        v = dequantize_v(t, load_codes(exp_avg_sq, i), v_scale);
+      }
       __m512 p = _mm512_loadu_ps(master + i);
       adam_update(k, load16<kGrad>(grad, i), p, m, v, has_l2, has_decay);
       _mm512_storeu_ps(master + i, p);
@@ -226,20 +317,20 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
   }
 }
 
-template <ElemType kGrad, bool kNativeBf16>
+template <ElemType kGrad, bool kNativeBf16, bool kVbmi>
 void dispatch_copy(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
-  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, kNativeBf16>(a, n_blocks);
-  if (a.copy_type == ElemType::kBf16) return loop<kGrad, ElemType::kBf16, kNativeBf16>(a, n_blocks);
-  return loop<kGrad, ElemType::kF16, kNativeBf16>(a, n_blocks);
+  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, kNativeBf16, kVbmi>(a, n_blocks);
+  if (a.copy_type == ElemType::kBf16) return loop<kGrad, ElemType::kBf16, kNativeBf16, kVbmi>(a, n_blocks);
+  return loop<kGrad, ElemType::kF16, kNativeBf16, kVbmi>(a, n_blocks);
 }
 
-template <bool kNativeBf16>
+template <bool kNativeBf16, bool kVbmi>
 void adam_int8(const AdamInt8KernelArgs& a) {
   const std::int64_t n_blocks = a.n / kBlock;
   switch (a.grad_type) {
-    case ElemType::kF32: dispatch_copy<ElemType::kF32, kNativeBf16>(a, n_blocks); break;
-    case ElemType::kBf16: dispatch_copy<ElemType::kBf16, kNativeBf16>(a, n_blocks); break;
-    case ElemType::kF16: dispatch_copy<ElemType::kF16, kNativeBf16>(a, n_blocks); break;
+    case ElemType::kF32: dispatch_copy<ElemType::kF32, kNativeBf16, kVbmi>(a, n_blocks); break;
+    case ElemType::kBf16: dispatch_copy<ElemType::kBf16, kNativeBf16, kVbmi>(a, n_blocks); break;
+    case ElemType::kF16: dispatch_copy<ElemType::kF16, kNativeBf16, kVbmi>(a, n_blocks); break;
   }
   const std::int64_t done = n_blocks * kBlock;
   if (done == a.n) return;
@@ -259,7 +350,15 @@ void adam_int8(const AdamInt8KernelArgs& a) {
 
 }  // namespace
 
-void adam_int8_avx512(const AdamInt8KernelArgs& a) { adam_int8<false>(a); }
-void adam_int8_avx512_bf16(const AdamInt8KernelArgs& a) { adam_int8<true>(a); }
+void adam_int8_avx512(const AdamInt8KernelArgs& a) {
+  if (avx512_vbmi_supported()) return adam_int8<false, true>(a);
+  adam_int8<false, false>(a);
+}
+void adam_int8_avx512_bf16(const AdamInt8KernelArgs& a) {
+  if (avx512_vbmi_supported()) return adam_int8<true, true>(a);
+  adam_int8<true, false>(a);
+}
+void adam_int8_avx512_no_vbmi(const AdamInt8KernelArgs& a) { adam_int8<false, false>(a); }
+void adam_int8_avx512_bf16_no_vbmi(const AdamInt8KernelArgs& a) { adam_int8<true, false>(a); }
 
 }  // namespace strata::adam::kernels
