@@ -4,12 +4,15 @@
 // short last block goes to the scalar kernel. Compiled with the AVX2 flags
 // (cpu_adam/meson.build); called only after isa_supported(Isa::kAvx2).
 //
-// The shape of adam_int8_avx512.cpp at half the width. AVX2 has no
-// two-register permute, so a table lookup is a vpermps for up to 8 entries,
-// vpermps results blended by index bits up to 64 (the search's probes but
-// v's last), and a gather beyond (the dequantizing lookups into 128 and 256
-// values, v's last probe): on the Zen 5 this was tuned on, gathers lose to
-// the blends up to 64 entries and win beyond.
+// The shape of adam_int8_avx512.cpp at half the width: the codes are guessed
+// from QuantLines (kernels.h; two lines per lane, each 16-entry table read as
+// two vpermps blended by the bin's bit 3), and a group of vectors with a lane
+// near a threshold takes quant_search's probes. AVX2 has no two-register
+// permute, so a table lookup is a vpermps for up to 8 entries, vpermps
+// results blended by index bits up to 64 (the search's probes but v's last),
+// and a gather beyond (the dequantizing lookups into 128 and 256 values, v's
+// last probe): on the Zen 5 this was tuned on, gathers lose to the blends up
+// to 64 entries and win beyond.
 #include <immintrin.h>
 
 #include <bit>
@@ -26,7 +29,7 @@ namespace {
 constexpr std::int64_t kWidth = 8;
 constexpr std::int64_t kBlock = core::numerics::kQuantBlockElems;
 constexpr int kLevelStride = 128;       // floats per row of QuantKernelTables' levels
-constexpr int kInterleave = 16;         // vectors the quantizer searches side by side
+constexpr int kInterleave = 4;          // vectors the quantizer works side by side
 constexpr int kMaxPermuteEntries = 64;  // larger tables are read with gathers
 
 static_assert(kBlock % (kInterleave * kWidth) == 0);
@@ -94,39 +97,63 @@ inline __m256 dequantize_v(const QuantKernelTables& t, __m256i code, __m256 scal
   return _mm256_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// numerics::quantize_m for a usable scale, kN vectors: the count of
-// thresholds below |x| / scale, with 0x80 for a negative x whose count is not
-// zero.
-template <int kN>
-[[gnu::always_inline]] inline void quantize_m(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
-                                              __m256i (&code)[kN]) {
-  __m256 xn[kN];
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) {
-    xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
-    code[k] = _mm256_setzero_si256();
-  }
-  search<0, 7, kN>(&t.m_levels[0][0], xn, code);
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) {
-    const __m256i sign =
-        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x[k]), 24), _mm256_set1_epi32(0x80));
-    const __m256i zero = _mm256_cmpeq_epi32(code[k], _mm256_setzero_si256());
-    code[k] = _mm256_or_si256(code[k], _mm256_andnot_si256(zero, sign));
-  }
+// A 16-entry table at j (below 16) for 8 lanes: the halves' vpermps blended
+// by j's bit 3, which `upper` holds in the sign bit.
+inline __m256 lookup16(const float* t, __m256i j, __m256 upper) {
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(t), j),
+                          _mm256_permutevar8x32_ps(_mm256_load_ps(t + 8), j), upper);
 }
 
-// numerics::quantize_v for a usable scale, kN vectors.
-template <int kN>
-[[gnu::always_inline]] inline void quantize_v(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
-                                              __m256i (&code)[kN]) {
+// QuantLines' guess (kernels.h, and adam_int8_avx512.cpp) for 8 lanes of xn
+// in [0, 1]: the count of thresholds below xn where the lane's bit in the
+// returned movemask is clear; a set bit says the lane lies within 2^-12 of a
+// threshold and needs the search.
+inline int guess(const QuantLines& l, __m256 xn, __m256i& code) {
+  const __m256i lo = _mm256_set1_epi32(static_cast<int>(l.lo));
+  const __m256i j = _mm256_srli_epi32(_mm256_sub_epi32(_mm256_max_epu32(_mm256_castps_si256(xn), lo), lo), 24);
+  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(j, 28));
+  const __m256 y0 = _mm256_fmadd_ps(xn, lookup16(l.a0, j, upper), lookup16(l.c0, j, upper));
+  const __m256 y1 = _mm256_fmadd_ps(xn, lookup16(l.a1, j, upper), lookup16(l.c1, j, upper));
+  const __m256 y = _mm256_min_ps(y0, y1);
+  const __m256 whole = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  code = _mm256_cvttps_epi32(whole);
+  const __m256 fraction = _mm256_sub_ps(y, whole);
+  return _mm256_movemask_ps(_mm256_cmp_ps(fraction, _mm256_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ));
+}
+
+// numerics::quantize_m or quantize_v for a usable scale, kN vectors: the
+// count of thresholds below xn = |x| / scale (m: with 0x80 for a negative x
+// whose count is not zero). The lines' guesses, and where any lane of the kN
+// vectors is near a threshold, quant_search's probes for all of them.
+template <bool kExpAvg, int kN>
+[[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
+                                            __m256i (&code)[kN]) {
+  const QuantLines& lines = kExpAvg ? t.m_lines : t.v_lines;
   __m256 xn[kN];
+  int near = 0;
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
     xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
-    code[k] = _mm256_setzero_si256();
+    near |= guess(lines, xn[k], code[k]);
   }
-  search<0, 8, kN>(&t.v_levels[0][0], xn, code);
+  if (near != 0) [[unlikely]] {
+#pragma GCC unroll 16
+    for (int k = 0; k < kN; ++k) code[k] = _mm256_setzero_si256();
+    if constexpr (kExpAvg) {
+      search<0, 7, kN>(&t.m_levels[0][0], xn, code);
+    } else {
+      search<0, 8, kN>(&t.v_levels[0][0], xn, code);
+    }
+  }
+  if constexpr (kExpAvg) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kN; ++k) {
+      const __m256i sign =
+          _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x[k]), 24), _mm256_set1_epi32(0x80));
+      const __m256i zero = _mm256_cmpeq_epi32(code[k], _mm256_setzero_si256());
+      code[k] = _mm256_or_si256(code[k], _mm256_andnot_si256(zero, sign));
+    }
+  }
 }
 
 // numerics::block_scale of the absmax whose bit pattern is `bits` (a NaN
@@ -175,11 +202,7 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     __m256i r[kInterleave];
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) x[k] = _mm256_load_ps(values + j + k * kWidth);
-    if constexpr (kExpAvg) {
-      quantize_m(t, x, s, r);
-    } else {
-      quantize_v(t, x, s, r);
-    }
+    quantize<kExpAvg>(t, x, s, r);
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) store_codes(codes, j + k * kWidth, r[k]);
   }
