@@ -33,15 +33,20 @@ namespace {
 
 constexpr std::int64_t kWidth = 16;
 constexpr std::int64_t kBlock = core::numerics::kQuantBlockElems;
+#ifndef KPF
+#define KPF 4
+#endif
+constexpr std::int64_t kPrefetchBlocks = KPF;  // how far ahead the loop asks for its inputs
 constexpr int kLevelStride = 128;  // floats per row of QuantKernelTables' levels
 constexpr int kInterleave = 4;     // vectors the quantizer works side by side
 
 static_assert(kBlock % (kInterleave * kWidth) == 0);
 
 using avx512::AdamVectors;
-using avx512::adam_update;
+using avx512::adam_update_masked;
 using avx512::load16;
 using avx512::store16;
+using avx512::stream_copy;
 
 // t[idx] for 16 lanes, idx < kEntries (a power of two). Up to 16 entries one
 // vpermps; 32 one vpermt2ps over two registers; more: lookups of the halves
@@ -262,11 +267,11 @@ inline __m512i load_codes(const std::uint8_t* codes, std::int64_t i) {
 // kCopy: kF32 means "no copy-out". The pointers are copied out of the
 // argument struct so the compiler knows the stores cannot change them.
 // n_blocks whole blocks.
-template <ElemType kGrad, ElemType kCopy, bool kNativeBf16, bool kVbmi>
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kNativeBf16, bool kVbmi>
 void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
   const AdamVectors k(*a.constants);
-  const bool has_l2 = a.constants->l2_decay != 0.0f;
-  const bool has_decay = a.constants->neg_lr_decay != 0.0f;
+  const __mmask16 l2 = a.constants->l2_decay != 0.0f ? 0xffff : 0;
+  const __mmask16 decay = a.constants->neg_lr_decay != 0.0f ? 0xffff : 0;
   const QuantKernelTables& t = quant_kernel_tables();
   float* __restrict master = a.master;
   std::uint8_t* __restrict exp_avg = a.exp_avg;
@@ -276,6 +281,7 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
   const void* __restrict grad = a.grad;
   void* __restrict copy_out = a.copy_out;
   const __m512i magnitude = _mm512_set1_epi32(0x7fffffff);
+  constexpr std::int64_t kGradBytes = kGrad == ElemType::kF32 ? 4 : 2;
   alignas(64) float m32[kBlock];
   alignas(64) float v32[kBlock];
   for (std::int64_t b = 0; b < n_blocks; ++b) {
@@ -287,8 +293,18 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
     if constexpr (kVbmi) {
       dequantize_block_vbmi(t, exp_avg + base, exp_avg_sq + base, exp_avg_scale[b], exp_avg_sq_scale[b], m32, v32);
     }
+    // Half of a block's time goes to quantizing, from L1, when no stream
+    // asks memory for anything: the inputs of the block kPrefetchBlocks on
+    // are requested now, so that memory keeps working meanwhile.
+    const std::int64_t ahead = (b + kPrefetchBlocks < n_blocks ? b + kPrefetchBlocks : b) * kBlock;
     for (std::int64_t j = 0; j < kBlock; j += kWidth) {
       const std::int64_t i = base + j;
+      _mm_prefetch(reinterpret_cast<const char*>(master + ahead + j), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(grad) + (ahead + j) * kGradBytes, _MM_HINT_T0);
+      if (j % 64 == 0) {
+        _mm_prefetch(reinterpret_cast<const char*>(exp_avg + ahead + j), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(exp_avg_sq + ahead + j), _MM_HINT_T0);
+      }
       __m512 m, v;
       if constexpr (kVbmi) {
         m = _mm512_load_ps(m32 + j);
@@ -298,9 +314,13 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
         v = dequantize_v(t, load_codes(exp_avg_sq, i), v_scale);
       }
       __m512 p = _mm512_loadu_ps(master + i);
-      adam_update(k, load16<kGrad>(grad, i), p, m, v, has_l2, has_decay);
+      adam_update_masked(k, load16<kGrad>(grad, i), p, m, v, l2, decay);
       _mm512_storeu_ps(master + i, p);
-      if constexpr (kCopy != ElemType::kF32) store16<kCopy, kNativeBf16>(copy_out, i, p);
+      if constexpr (kStreamCopy) {
+        stream_copy<kCopy, kNativeBf16>(copy_out, i, p);
+      } else if constexpr (kCopy != ElemType::kF32) {
+        store16<kCopy, kNativeBf16>(copy_out, i, p);
+      }
       _mm512_store_ps(m32 + j, m);
       _mm512_store_ps(v32 + j, v);
       // The absmax on the magnitudes' bit patterns: for non-negative floats
@@ -317,11 +337,20 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
   }
 }
 
+// The compute copy goes out with non-temporal stores when it is 32-byte
+// aligned (as in adam_avx512.cpp): no read for ownership.
 template <ElemType kGrad, bool kNativeBf16, bool kVbmi>
 void dispatch_copy(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
-  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, kNativeBf16, kVbmi>(a, n_blocks);
-  if (a.copy_type == ElemType::kBf16) return loop<kGrad, ElemType::kBf16, kNativeBf16, kVbmi>(a, n_blocks);
-  return loop<kGrad, ElemType::kF16, kNativeBf16, kVbmi>(a, n_blocks);
+  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, false, kNativeBf16, kVbmi>(a, n_blocks);
+  const bool stream = reinterpret_cast<std::uintptr_t>(a.copy_out) % 32 == 0;
+  if (a.copy_type == ElemType::kBf16) {
+    stream ? loop<kGrad, ElemType::kBf16, true, kNativeBf16, kVbmi>(a, n_blocks)
+           : loop<kGrad, ElemType::kBf16, false, kNativeBf16, kVbmi>(a, n_blocks);
+  } else {
+    stream ? loop<kGrad, ElemType::kF16, true, false, kVbmi>(a, n_blocks)
+           : loop<kGrad, ElemType::kF16, false, false, kVbmi>(a, n_blocks);
+  }
+  if (stream) _mm_sfence();  // order the streaming stores before the caller reads or hands off the copy
 }
 
 template <bool kNativeBf16, bool kVbmi>

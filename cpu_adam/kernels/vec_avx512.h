@@ -121,4 +121,20 @@ inline void adam_update(const AdamVectors& k, __m512 grad, __m512& p, __m512& m,
   p = _mm512_fmadd_ps(k.neg_step_size, u, p);
 }
 
+// adam_update with the optional lines taken under masks (all lanes or none)
+// rather than branches: a lane whose mask bit is clear keeps its value, as
+// when the line is skipped. The 8-bit-moment kernel's loop, where the branches
+// were not hoisted out of the loop.
+inline void adam_update_masked(const AdamVectors& k, __m512 grad, __m512& p, __m512& m, __m512& v, __mmask16 l2,
+                               __mmask16 decay) {
+  __m512 g = _mm512_mul_ps(grad, k.grad_scale);
+  g = _mm512_mask3_fmadd_ps(p, k.l2_decay, g, l2);
+  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
+  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
+  const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  const __m512 u = _mm512_div_ps(m, d);
+  p = _mm512_mask_fmadd_ps(p, decay, k.neg_lr_decay, p);  // neg_lr_decay p + p
+  p = _mm512_fmadd_ps(k.neg_step_size, u, p);
+}
+
 }  // namespace strata::adam::kernels::avx512
