@@ -105,40 +105,40 @@ inline __m512 dequantize_v(const QuantKernelTables& t, __m512i code, __m512 scal
   return _mm512_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// QuantLines' guess (kernels.h) for 16 lanes of xn in [0, 1]: the count of
-// thresholds below xn wherever the lane's bit in the returned mask is clear;
-// a set bit says the lane lies within 2^-12 of a threshold and needs the
-// search. The bin j = (max(bits, lo) - lo) >> 24 picks two lines (vpermps
-// over 16 entries), y = min of the two fmas, the guess trunc(y), and the
-// test the fraction of y (vreduceps: y - trunc(y), exact) below 2 delta.
-inline __mmask16 guess(const QuantLines& l, __m512 xn, __m512i& code) {
-  const __m512i lo = _mm512_set1_epi32(static_cast<int>(l.lo));
-  const __m512i j = _mm512_srli_epi32(_mm512_sub_epi32(_mm512_max_epu32(_mm512_castps_si512(xn), lo), lo), 24);
+// QuantLines' guess (kernels.h) for 16 lanes of xn in [0, 1]: `code` is
+// the count of thresholds below xn wherever the returned fraction of y is
+// at least 2 kQuantGuessDelta; below that the lane lies within 2^-12 of a
+// step of a threshold and needs the search. The bin (max(bits, lo) >> 24,
+// which vpermps reads mod 16) picks two lines, y = the min of their fmas,
+// the guess trunc(y), and vreduceps gives y - trunc(y) (exact).
+inline __m512 guess(const QuantLines& l, __m512 xn, __m512i& code) {
+  const __m512i j = _mm512_srli_epi32(_mm512_max_epu32(_mm512_castps_si512(xn), _mm512_set1_epi32(static_cast<int>(l.lo))), 24);
   const __m512 y0 = _mm512_fmadd_ps(xn, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a0)),
                                     _mm512_permutexvar_ps(j, _mm512_load_ps(l.c0)));
   const __m512 y1 = _mm512_fmadd_ps(xn, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a1)),
                                     _mm512_permutexvar_ps(j, _mm512_load_ps(l.c1)));
   const __m512 y = _mm512_min_ps(y0, y1);
   code = _mm512_cvttps_epi32(y);
-  const __m512 fraction = _mm512_reduce_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
-  return _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ);
+  return _mm512_reduce_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
 }
 
 // numerics::quantize_m or quantize_v for a usable scale, kN vectors: the
-// count of thresholds below xn = |x| / scale (m: with 0x80 for a negative x
-// whose count is not zero). The lines' guesses, and where any lane of the kN
-// vectors is near a threshold, quant_search's probes for all of them.
-template <bool kExpAvg, int kN>
+// count of thresholds below xn = |x| / scale (m with kSign: with 0x80 for a
+// negative x whose count is not zero). The lines' guesses, and where any
+// lane of the kN vectors is near a threshold (the least fraction below
+// 2 delta), quant_search's probes for all of them.
+template <bool kExpAvg, bool kSign, int kN>
 [[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m512 (&x)[kN], __m512 scale,
                                             __m512i (&code)[kN]) {
   const QuantLines& lines = kExpAvg ? t.m_lines : t.v_lines;
   __m512 xn[kN];
-  __mmask16 near = 0;
+  __m512 fraction = _mm512_set1_ps(1.0f);
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
     xn[k] = _mm512_div_ps(abs_ps(x[k]), scale);
-    near |= guess(lines, xn[k], code[k]);
+    fraction = _mm512_min_ps(fraction, guess(lines, xn[k], code[k]));
   }
+  const __mmask16 near = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ);
   if (near != 0) [[unlikely]] {
 #pragma GCC unroll 16
     for (int k = 0; k < kN; ++k) code[k] = _mm512_setzero_si512();
@@ -148,7 +148,7 @@ template <bool kExpAvg, int kN>
       search<0, 8, kN>(&t.v_levels[0][0], xn, code);
     }
   }
-  if constexpr (kExpAvg) {
+  if constexpr (kExpAvg && kSign) {
 #pragma GCC unroll 16
     for (int k = 0; k < kN; ++k) {
       const __mmask16 nonzero = _mm512_test_epi32_mask(code[k], code[k]);
@@ -187,11 +187,53 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     __m512i r[kInterleave];
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) x[k] = _mm512_load_ps(values + j + k * kWidth);
-    quantize<kExpAvg>(t, x, s, r);
+    quantize<kExpAvg, true>(t, x, s, r);
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j + k * kWidth), _mm512_cvtepi32_epi8(r[k]));
     }
+  }
+}
+
+// quantize_block with AVX512_VBMI (called only where avx512_vbmi_supported(),
+// a function of its own like dequantize_block_vbmi): four vectors' codes
+// are packed into 64 bytes by two vpermt2b, and m's sign is set on the bytes:
+// the sign bytes (byte 3 of each x) packed likewise, or-ed in where the code
+// is not zero.
+template <bool kExpAvg>
+[[gnu::target("avx512vbmi")]] void quantize_block_vbmi(const QuantKernelTables& t, const float* values, float scale,
+                                                       std::uint8_t* __restrict codes) {
+  if (!usable(scale)) {
+    std::memset(codes, 0, kBlock);
+    return;
+  }
+  const __m512 s = _mm512_set1_ps(scale);
+  // Byte 0 of each dword of two vectors: 32 bytes (the lower half), and
+  // byte 3 likewise.
+  const __m512i low_bytes = _mm512_set_epi8(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                                            0, 0, 0, 0, 0, 0, 0, 0, 124, 120, 116, 112, 108, 104, 100, 96, 92, 88, 84,
+                                            80, 76, 72, 68, 64, 60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4,
+                                            0);
+  const __m512i high_bytes = _mm512_add_epi8(low_bytes, _mm512_set1_epi8(3));
+  for (std::int64_t j = 0; j < kBlock; j += 4 * kWidth) {
+    __m512 x[4];
+    __m512i r[4];
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; ++k) x[k] = _mm512_load_ps(values + j + k * kWidth);
+    quantize<kExpAvg, false>(t, x, s, r);
+    const __m512i lo = _mm512_permutex2var_epi8(r[0], low_bytes, r[1]);
+    const __m512i hi = _mm512_permutex2var_epi8(r[2], low_bytes, r[3]);
+    __m512i packed = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1);
+    if constexpr (kExpAvg) {
+      const __m512i slo = _mm512_permutex2var_epi8(_mm512_castps_si512(x[0]), high_bytes, _mm512_castps_si512(x[1]));
+      const __m512i shi = _mm512_permutex2var_epi8(_mm512_castps_si512(x[2]), high_bytes, _mm512_castps_si512(x[3]));
+      const __m512i sign = _mm512_inserti64x4(slo, _mm512_castsi512_si256(shi), 1);
+      const __mmask64 nonzero = _mm512_test_epi8_mask(packed, packed);
+      // packed | (sign & 0x80)
+      const __m512i signed_codes = _mm512_ternarylogic_epi32(packed, sign, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
+      packed = _mm512_mask_mov_epi8(packed, nonzero, signed_codes);
+    }
+    _mm512_storeu_si512(codes + j, packed);
   }
 }
 
@@ -332,8 +374,13 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
     const float v_new = block_scale(_mm512_reduce_max_epu32(v_absmax));
     exp_avg_scale[b] = m_new;
     exp_avg_sq_scale[b] = v_new;
-    quantize_block<true>(t, m32, m_new, exp_avg + base);
-    quantize_block<false>(t, v32, v_new, exp_avg_sq + base);
+    if constexpr (kVbmi) {
+      quantize_block_vbmi<true>(t, m32, m_new, exp_avg + base);
+      quantize_block_vbmi<false>(t, v32, v_new, exp_avg_sq + base);
+    } else {
+      quantize_block<true>(t, m32, m_new, exp_avg + base);
+      quantize_block<false>(t, v32, v_new, exp_avg_sq + base);
+    }
   }
 }
 

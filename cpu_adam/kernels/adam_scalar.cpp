@@ -105,30 +105,38 @@ constexpr void decade_line(int width, int z, double bias, float& a, float& c) {
   c = static_cast<float>(p - 1.0 - p * 0.1 / 0.9 + bias);
 }
 
-// kernels.h's QuantLines for a table of `width` bits (7: m, 8: v).
+// kernels.h's QuantLines for a table of `width` bits (7: m, 8: v). Bin e
+// holds the floats whose exponent field is 96 + 2e or 97 + 2e,
+// [2^(2e - 31), 2^(2e - 29)); bin 0 takes everything below too. Below
+// values[1] (the last decade's one value) the line runs from values[0] = 0:
+// r = x / values[1], steeper than every decade's, so the minimum still holds.
 constexpr QuantLines make_quant_lines(int width, const float* values) {
   const double bias = 0.5 + static_cast<double>(kQuantGuessDelta);
-  const int last_decade = width - 1;  // its one value is values[1]
-  // The decade of x in (0, 1]: (10^-(z+1), 10^-z], the last taking all below.
-  const auto decade = [last_decade](double x) {
+  const int last_decade = width - 1;
+  // The line of the decade of x in [0, 1]: (10^-(z+1), 10^-z], the last
+  // decade taking all below.
+  const auto line_at = [&](double x, float& a, float& c) {
     int z = 0;
     double top = 0.1;
     while (z < last_decade && x <= top) {
       ++z;
       top /= 10.0;
     }
-    return z;
+    if (z == last_decade) {
+      a = static_cast<float>(1.0 / static_cast<double>(values[1]));
+      c = static_cast<float>(bias);
+    } else {
+      decade_line(width, z, bias, a, c);
+    }
   };
   QuantLines l{};
-  const double v1 = static_cast<double>(values[1]);
-  l.lo = std::bit_cast<std::uint32_t>(values[1]) - (1u << 24);
-  l.a0[0] = l.a1[0] = static_cast<float>(1.0 / v1);  // r = x / values[1]
-  l.c0[0] = l.c1[0] = static_cast<float>(bias);
-  double lo = v1;
-  for (int j = 1; j < 16; ++j, lo *= 4.0) {
+  l.lo = 0x30000000u;  // 2^-31
+  double lo = 1.0;
+  for (int i = 0; i < 31; ++i) lo /= 2.0;
+  for (int e = 0; e < 16; ++e, lo *= 4.0) {
     const double hi = lo * 4.0;
-    decade_line(width, decade(lo < 1.0 ? lo : 1.0), bias, l.a0[j], l.c0[j]);
-    decade_line(width, decade(hi < 1.0 ? hi : 1.0), bias, l.a1[j], l.c1[j]);
+    line_at(lo, l.a0[e], l.c0[e]);
+    line_at(hi < 1.0 ? hi : 1.0, l.a1[e], l.c1[e]);
   }
   return l;
 }
@@ -223,7 +231,7 @@ const QuantKernelTables& quant_kernel_tables() { return kQuantKernelTables; }
 
 QuantGuess quant_guess(const QuantLines& lines, float xn) {
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(xn);
-  const std::uint32_t j = ((bits > lines.lo ? bits : lines.lo) - lines.lo) >> 24;
+  const std::uint32_t j = ((bits > lines.lo ? bits : lines.lo) >> 24) & 15;
   const float y0 = nx::fma_f32(xn, lines.a0[j], lines.c0[j]);
   const float y1 = nx::fma_f32(xn, lines.a1[j], lines.c1[j]);
   const float y = y1 < y0 ? y1 : y0;

@@ -165,31 +165,32 @@ bool avx512_vbmi_supported();
 // piecewise-linear function of xn: with r(x) the line through the decade's
 // values (r(values[i]) = i; each threshold, the midpoint of two neighbouring
 // values, lies on it at i + 1/2), the count is floor(r(xn) + 1/2). Below
-// values[1] the line is r = x / values[1]; above it the decades' lines form
-// a concave function, the minimum of its lines. QuantLines cuts [0, 1] into
-// bins of a factor of 4 that start at values[1] (bin j >= 1: [values[1]
-// 4^(j-1), values[1] 4^j), bin 0 everything below), so a bin meets at most
-// two decades and its two lines (the same line twice when it meets one) give
+// values[1] the line is r = x / values[1] (from values[0] = 0), steeper than
+// every decade's, and each decade's is steeper than the one above it: r is
+// concave, the minimum of its lines. QuantLines cuts
+// [0, 1] into 16 bins by exponent pairs, bin e = [2^(2e - 31), 2^(2e - 29))
+// (bin 0 takes everything below), so a bin meets at most two decades and its
+// two lines (the same line twice where it meets one) give
 //
-//   y = min(fma(xn, a0[j], c0[j]), fma(xn, a1[j], c1[j]))  ~ r(xn) + 1/2 + kQuantGuessDelta
+//   y = min(fma(xn, a0[e], c0[e]), fma(xn, a1[e], c1[e]))  ~ r(xn) + 1/2 + kQuantGuessDelta
 //
-// with the bin j = (max(bits(xn), lo) - lo) >> 24 (adding 2^24 to a positive
-// float's pattern multiplies it by 4). The guess is trunc(y). In float, y is
-// off by less than 2^-15 (the constants' and the fma's rounding, and the
-// thresholds' own rounding to float), so the guess is the count wherever the
-// fraction of y is at least 2 kQuantGuessDelta = 2^-11; below that xn is
-// within 2^-12 of a threshold and the kernel takes quant_search's probes
-// instead (about one lane in 2000). quant_guess is the same arithmetic on
-// one float, for the tests, which check it against quant_search over every
-// bin edge, every threshold's neighbours and a dense sample (and every
-// float in [0, 1] in the slow suite).
+// with e = (max(bits(xn), lo) >> 24) mod 16, lo = bits(2^-31): a vpermps
+// index. The guess is trunc(y). In float, y is off by less than 2^-15 (the
+// constants' and the fma's rounding, and the thresholds' own rounding to
+// float), so the guess is the count wherever the fraction of y is at least
+// 2 kQuantGuessDelta = 2^-11; below that xn is within 2^-12 of a step of a
+// threshold and the kernel takes quant_search's probes instead (about one
+// lane in 2000). quant_guess is the same arithmetic on one float, for the
+// tests, which check it against quant_search over every bin edge, every
+// threshold's neighbours and a dense sample (and every float in [0, 1] in
+// the slow suite).
 inline constexpr float kQuantGuessDelta = 1.0f / 4096.0f;
 struct QuantLines {
   alignas(64) float a0[16];
   alignas(64) float c0[16];
   alignas(64) float a1[16];
   alignas(64) float c1[16];
-  std::uint32_t lo;  // the bit pattern of values[1] / 4: bin 0 ends at 4 lo's value
+  std::uint32_t lo;  // bits(2^-31): smaller xn count as 2^-31 when picking the bin
 };
 
 struct QuantKernelTables {

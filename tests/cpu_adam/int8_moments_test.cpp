@@ -683,6 +683,8 @@ TEST(QuantGuess, AgreesWithTheSearchAtEveryEdgeAndOverTheRange) {
     std::vector<float> centres;
     for (int i = 0; i < (1 << c.steps) - 1; ++i) centres.push_back(c.thresholds[i]);
     for (std::uint32_t j = 0; j < 16; ++j) centres.push_back(std::bit_cast<float>(c.lines.lo + (j << 24)));
+    centres.push_back(nx::kQuantTables.m_values[1]);
+    centres.push_back(nx::kQuantTables.v_values[1]);
     for (float p = 1.0f; p > 1e-9f; p /= 10.0f) centres.push_back(p);
     centres.push_back(std::numeric_limits<float>::min());
     for (float x : centres) {
