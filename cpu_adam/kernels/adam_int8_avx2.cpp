@@ -110,10 +110,12 @@ inline __m256 lookup16(const float* t, __m256i j, __m256 upper) {
 // threshold and needs the search.
 inline int guess(const QuantLines& l, __m256 xn, __m256i& code) {
   const __m256i lo = _mm256_set1_epi32(static_cast<int>(l.lo));
-  const __m256i j = _mm256_srli_epi32(_mm256_max_epu32(_mm256_castps_si256(xn), lo), 24);  // vpermps: j mod 8
+  const __m256i bits = _mm256_max_epu32(_mm256_castps_si256(xn), lo);  // xn below 2^-31 counts as 2^-31
+  const __m256 xc = _mm256_castsi256_ps(bits);
+  const __m256i j = _mm256_srli_epi32(bits, 24);                       // vpermps: j mod 8
   const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(j, 28));  // bit 3 of j
-  const __m256 y0 = _mm256_fmadd_ps(xn, lookup16(l.a0, j, upper), lookup16(l.c0, j, upper));
-  const __m256 y1 = _mm256_fmadd_ps(xn, lookup16(l.a1, j, upper), lookup16(l.c1, j, upper));
+  const __m256 y0 = _mm256_fmadd_ps(xc, lookup16(l.a0, j, upper), lookup16(l.c0, j, upper));
+  const __m256 y1 = _mm256_fmadd_ps(xc, lookup16(l.a1, j, upper), lookup16(l.c1, j, upper));
   const __m256 y = _mm256_min_ps(y0, y1);
   const __m256 whole = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   code = _mm256_cvttps_epi32(whole);

@@ -111,11 +111,14 @@ inline __m512 dequantize_v(const QuantKernelTables& t, __m512i code, __m512 scal
 // step of a threshold and needs the search. The bin (max(bits, lo) >> 24,
 // which vpermps reads mod 16) picks two lines, y = the min of their fmas,
 // the guess trunc(y), and vreduceps gives y - trunc(y) (exact).
-inline __m512 guess(const QuantLines& l, __m512 xn, __m512i& code) {
-  const __m512i j = _mm512_srli_epi32(_mm512_max_epu32(_mm512_castps_si512(xn), _mm512_set1_epi32(static_cast<int>(l.lo))), 24);
-  const __m512 y0 = _mm512_fmadd_ps(xn, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a0)),
+inline __m512 guess(const QuantLines& l, __m512 q, __m512i& code) {
+  // vrangeps 0x0b: max(|q|, |lo|) with the sign cleared, quant_guess's
+  // max(xn, lo) where q = +-xn.
+  const __m512 xc = _mm512_range_ps(q, _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(l.lo))), 0x0b);
+  const __m512i j = _mm512_srli_epi32(_mm512_castps_si512(xc), 24);
+  const __m512 y0 = _mm512_fmadd_ps(xc, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a0)),
                                     _mm512_permutexvar_ps(j, _mm512_load_ps(l.c0)));
-  const __m512 y1 = _mm512_fmadd_ps(xn, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a1)),
+  const __m512 y1 = _mm512_fmadd_ps(xc, _mm512_permutexvar_ps(j, _mm512_load_ps(l.a1)),
                                     _mm512_permutexvar_ps(j, _mm512_load_ps(l.c1)));
   const __m512 y = _mm512_min_ps(y0, y1);
   code = _mm512_cvttps_epi32(y);
@@ -131,17 +134,22 @@ template <bool kExpAvg, bool kSign, int kN>
 [[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m512 (&x)[kN], __m512 scale,
                                             __m512i (&code)[kN]) {
   const QuantLines& lines = kExpAvg ? t.m_lines : t.v_lines;
-  __m512 xn[kN];
+  // q = x / scale = +-(|x| / scale) exactly (the rounding is symmetric).
+  __m512 q[kN];
   __m512 fraction = _mm512_set1_ps(1.0f);
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
-    xn[k] = _mm512_div_ps(abs_ps(x[k]), scale);
-    fraction = _mm512_min_ps(fraction, guess(lines, xn[k], code[k]));
+    q[k] = _mm512_div_ps(x[k], scale);
+    fraction = _mm512_min_ps(fraction, guess(lines, q[k], code[k]));
   }
   const __mmask16 near = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ);
   if (near != 0) [[unlikely]] {
+    __m512 xn[kN];
 #pragma GCC unroll 16
-    for (int k = 0; k < kN; ++k) code[k] = _mm512_setzero_si512();
+    for (int k = 0; k < kN; ++k) {
+      xn[k] = abs_ps(q[k]);
+      code[k] = _mm512_setzero_si512();
+    }
     if constexpr (kExpAvg) {
       search<0, 7, kN>(&t.m_levels[0][0], xn, code);
     } else {

@@ -230,10 +230,12 @@ double fold_lanes_scalar(double* lanes) { return nx::fold_norm_lanes(lanes); }
 const QuantKernelTables& quant_kernel_tables() { return kQuantKernelTables; }
 
 QuantGuess quant_guess(const QuantLines& lines, float xn) {
-  const std::uint32_t bits = std::bit_cast<std::uint32_t>(xn);
-  const std::uint32_t j = ((bits > lines.lo ? bits : lines.lo) >> 24) & 15;
-  const float y0 = nx::fma_f32(xn, lines.a0[j], lines.c0[j]);
-  const float y1 = nx::fma_f32(xn, lines.a1[j], lines.c1[j]);
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(xn);
+  bits = bits > lines.lo ? bits : lines.lo;  // xn below 2^-31 counts as 2^-31
+  const float xc = std::bit_cast<float>(bits);
+  const std::uint32_t j = (bits >> 24) & 15;
+  const float y0 = nx::fma_f32(xc, lines.a0[j], lines.c0[j]);
+  const float y1 = nx::fma_f32(xc, lines.a1[j], lines.c1[j]);
   const float y = y1 < y0 ? y1 : y0;
   const float whole = std::trunc(y);
   return QuantGuess{static_cast<std::uint32_t>(whole), y - whole >= 2.0f * kQuantGuessDelta};

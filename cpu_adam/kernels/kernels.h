@@ -172,10 +172,10 @@ bool avx512_vbmi_supported();
 // (bin 0 takes everything below), so a bin meets at most two decades and its
 // two lines (the same line twice where it meets one) give
 //
-//   y = min(fma(xn, a0[e], c0[e]), fma(xn, a1[e], c1[e]))  ~ r(xn) + 1/2 + kQuantGuessDelta
+//   xc = max(xn, 2^-31), e = (bits(xc) >> 24) mod 16    (a vpermps index)
+//   y  = min(fma(xc, a0[e], c0[e]), fma(xc, a1[e], c1[e]))  ~ r(xn) + 1/2 + kQuantGuessDelta
 //
-// with e = (max(bits(xn), lo) >> 24) mod 16, lo = bits(2^-31): a vpermps
-// index. The guess is trunc(y). In float, y is off by less than 2^-15 (the
+// (below 2^-31 the count is 0 and so is the guess). The guess is trunc(y). In float, y is off by less than 2^-15 (the
 // constants' and the fma's rounding, and the thresholds' own rounding to
 // float), so the guess is the count wherever the fraction of y is at least
 // 2 kQuantGuessDelta = 2^-11; below that xn is within 2^-12 of a step of a
