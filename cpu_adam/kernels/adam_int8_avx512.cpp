@@ -7,17 +7,24 @@
 // AVX-512 flags (cpu_adam/meson.build); called only after
 // isa_supported(Isa::kAvx512) (kAvx512Bf16 for the second entry point).
 //
-// Per block: read the codes, scales, master and gradient once; dequantize (a
-// table lookup: vpermt2ps over 32 values at a time, blended by the code's
-// upper bits, times the scale); run the fp32 update (vec_avx512.h's
-// adam_update); keep the new m and v in a 2 KiB stack buffer while their
-// absmax is reduced (an unsigned max of the magnitudes' bit patterns, in
-// which a NaN sorts above inf); then quantize against the new scales:
-// |x| / scale, and the binary search of quant_search as 7 (m) or 8 (v)
-// probes, each a lookup into the probe's row of QuantKernelTables, a compare
-// and a masked add. A search is a chain of dependent lookups and compares,
-// so the block's 16 vectors are searched side by side, probe by probe (about
-// 1.8x faster than one vector at a time on a Zen 5).
+// Per block: read the codes, scales, master and gradient once; dequantize
+// (with AVX512_VBMI, dequantize_block_vbmi: vpermi2b over the values' byte
+// planes, 64 codes at a time, into a 2 KiB stack buffer; without it,
+// vpermt2ps over 32 values at a time, blended by the code's upper bits), times
+// the scale; run the fp32 update (vec_avx512.h's adam_update_masked), keeping
+// the new m and v in the buffer while their absmax is reduced (an unsigned
+// max of the magnitudes' bit patterns, in which a NaN sorts above inf); then
+// quantize against the new scales: q = x / scale (the division of the
+// contract) and QuantLines' guess (kernels.h): the bin of |q| picks two
+// lines (vpermps), the code is trunc(min of the two fmas). A group of four
+// vectors with a lane within 2^-12 of a threshold (the guess's fraction below
+// 2 kQuantGuessDelta; about one group in 30) takes quant_search's probes
+// instead, each a lookup into the probe's row of QuantKernelTables, a compare
+// and a masked add, the group's vectors side by side. With AVX512_VBMI the
+// codes of four vectors are packed into bytes by vpermt2b and m's sign set
+// on the bytes (quantize_block_vbmi). The loop prefetches the inputs of the
+// block four on (half of a block's time is the quantizing, from L1) and
+// streams the compute copy when it is aligned.
 #include <immintrin.h>
 
 #include <bit>
