@@ -354,13 +354,20 @@ void loop(const AdamInt8KernelArgs& a, std::int64_t n_blocks) {
     // asks memory for anything: the inputs of the block kPrefetchBlocks on
     // are requested now, so that memory keeps working meanwhile.
     const std::int64_t ahead = (b + kPrefetchBlocks < n_blocks ? b + kPrefetchBlocks : b) * kBlock;
+#pragma GCC unroll 4
     for (std::int64_t j = 0; j < kBlock; j += kWidth) {
       const std::int64_t i = base + j;
-      _mm_prefetch(reinterpret_cast<const char*>(master + ahead + j), _MM_HINT_T0);
-      _mm_prefetch(static_cast<const char*>(grad) + (ahead + j) * kGradBytes, _MM_HINT_T0);
-      if (j % 64 == 0) {
+      if (j % 64 == 0) {  // 64 elements: a line of each code array, 4 of master, 2 or 4 of grad
         _mm_prefetch(reinterpret_cast<const char*>(exp_avg + ahead + j), _MM_HINT_T0);
         _mm_prefetch(reinterpret_cast<const char*>(exp_avg_sq + ahead + j), _MM_HINT_T0);
+#pragma GCC unroll 4
+        for (std::int64_t line = 0; line < 64 * kGradBytes; line += 64) {
+          _mm_prefetch(static_cast<const char*>(grad) + (ahead + j) * kGradBytes + line, _MM_HINT_T0);
+        }
+#pragma GCC unroll 4
+        for (std::int64_t line = 0; line < 64; line += 16) {
+          _mm_prefetch(reinterpret_cast<const char*>(master + ahead + j + line), _MM_HINT_T0);
+        }
       }
       __m512 m, v;
       if constexpr (kVbmi) {
