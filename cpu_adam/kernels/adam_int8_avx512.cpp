@@ -40,10 +40,7 @@ namespace {
 
 constexpr std::int64_t kWidth = 16;
 constexpr std::int64_t kBlock = core::numerics::kQuantBlockElems;
-#ifndef KPF
-#define KPF 4
-#endif
-constexpr std::int64_t kPrefetchBlocks = KPF;  // how far ahead the loop asks for its inputs
+constexpr std::int64_t kPrefetchBlocks = 4;  // how far ahead the loop asks for its inputs (2 to 8 did as well)
 constexpr int kLevelStride = 128;  // floats per row of QuantKernelTables' levels
 constexpr int kInterleave = 4;     // vectors the quantizer works side by side
 
@@ -112,10 +109,10 @@ inline __m512 dequantize_v(const QuantKernelTables& t, __m512i code, __m512 scal
   return _mm512_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// QuantLines' guess (kernels.h) for 16 lanes of xn in [0, 1]: `code` is
-// the count of thresholds below xn wherever the returned fraction of y is
-// at least 2 kQuantGuessDelta; below that the lane lies within 2^-12 of a
-// step of a threshold and needs the search. The bin (max(bits, lo) >> 24,
+// QuantLines' guess (kernels.h) for 16 lanes of q = +-xn, xn in [0, 1]:
+// `code` is the count of thresholds below xn wherever the returned fraction
+// of y is at least 2 kQuantGuessDelta; below that the lane lies within 2^-12
+// of a step of a threshold and needs the search. The bin (bits(xc) >> 24,
 // which vpermps reads mod 16) picks two lines, y = the min of their fmas,
 // the guess trunc(y), and vreduceps gives y - trunc(y) (exact).
 inline __m512 guess(const QuantLines& l, __m512 q, __m512i& code) {
