@@ -34,18 +34,17 @@ inline __m512 load16(const void* base, std::int64_t i) {
 // --- fp32 -> bf16 (numerics::fp32_to_bf16_bits) ----------------------------------
 
 // On the bit pattern: round to nearest even by adding 0x7fff plus the kept
-// lsb, NaNs quieted with their payload's top bits kept.
+// lsb, NaNs quieted with their payload's top bits kept (the NaNs found by one
+// unordered compare, and quieted by a masked or).
 // to_bf16_lanes keeps the results in 32-bit lanes (the bf16 in each lane's low half).
 inline __m512i to_bf16_lanes(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __m512i hi = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
   const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x0040));
-  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7fff)), 16);
+  return _mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x0040));
 }
 inline __m256i to_bf16_bits(__m512 x) { return _mm512_cvtepi32_epi16(to_bf16_lanes(x)); }
 
