@@ -10,8 +10,8 @@
 // the AVX-512 kernel), so the loop is kept lean: its pointers in __restrict
 // locals (a 16-bit store may alias the argument struct, and the pointers and
 // constants would be reloaded after each), the decay lines fixed at compile
-// time, NaNs found with one vcmpps, m and v packed to 16 bits together, and
-// the compute copy streamed when it is aligned.
+// time, m and v packed to 16 bits together, and the compute copy streamed
+// when it is aligned.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -27,6 +27,7 @@ constexpr std::int64_t kWidth = 8;
 using avx2::AdamVectors;
 using avx2::load8;
 using avx2::pack_u16;
+using avx2::to_bf16_lanes;
 using avx2::to_f16;
 
 // numerics::hash32 (lowbias32) on 8 lanes; vpmulld keeps the low 32 bits of
@@ -61,22 +62,8 @@ inline __m256i rounding_hash8(const KeyVectors& key, std::uint64_t index, __m256
   return x;
 }
 
-// A NaN lane's bf16, numerics::fp32_to_bf16_bits': the upper half, quieted.
-// vcmpps UNORD finds the NaNs in one instruction (vec_avx2.h's to_bf16_lanes
-// takes two).
+// All ones in a NaN lane (one vcmpps UNORD).
 inline __m256i nan_lanes(__m256 x) { return _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
-
-// numerics::fp32_to_bf16_bits in 32-bit lanes: round to nearest even by
-// adding 0x7fff plus the kept lsb; NaNs quieted.
-inline __m256i nearest_even_lanes(__m256 x) {
-  const __m256i u = _mm256_castps_si256(x);
-  const __m256i hi = _mm256_srli_epi32(u, 16);
-  const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
-  const __m256i rounded =
-      _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb)), 16);
-  const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x0040));
-  return _mm256_blendv_epi8(rounded, quiet, nan_lanes(x));
-}
 
 // numerics::bf16_round_stochastic with the random bits in each lane's low 16
 // bits, in 32-bit lanes. Infinities need no special case (their low 16 bits
@@ -139,14 +126,14 @@ void loop(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
       m16 = round_stochastic_lanes(m, _mm256_and_si256(h, low16));  // m: the low half
       v16 = round_stochastic_lanes(v, _mm256_srli_epi32(h, 16));    // v: the high half
     } else {
-      m16 = nearest_even_lanes(m);
-      v16 = nearest_even_lanes(v);
+      m16 = to_bf16_lanes(m);
+      v16 = to_bf16_lanes(v);
     }
     const __m256i mv = pack_pair(m16, v16);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(exp_avg + i), _mm256_castsi256_si128(mv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(exp_avg_sq + i), _mm256_extracti128_si256(mv, 1));
     if constexpr (kCopy != ElemType::kF32) {
-      const __m128i h = kCopy == ElemType::kBf16 ? pack_u16(nearest_even_lanes(p)) : to_f16(p);
+      const __m128i h = kCopy == ElemType::kBf16 ? pack_u16(to_bf16_lanes(p)) : to_f16(p);
       __m128i* dst = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(copy_out) + i);
       if constexpr (kStreamCopy) {
         _mm_stream_si128(dst, h);
