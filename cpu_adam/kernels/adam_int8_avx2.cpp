@@ -5,9 +5,9 @@
 // (cpu_adam/meson.build); called only after isa_supported(Isa::kAvx2).
 //
 // The shape of adam_int8_avx512.cpp at half the width: the codes are guessed
-// from QuantLines (kernels.h; two lines per lane, each 16-entry table read as
-// two vpermps blended by the bin's bit 3), and a group of vectors with a lane
-// near a threshold takes quant_search's probes. AVX2 has no two-register
+// from QuantAllLines (kernels.h: the minimum of every line, 7 fmas for m and
+// 8 for v, where the AVX-512 kernels look two lines up by bin), and a group
+// of vectors with a lane near a threshold takes quant_search's probes. AVX2 has no two-register
 // permute, so a table lookup is a vpermps for up to 8 entries, vpermps
 // results blended by index bits up to 64 (the search's probes but v's last),
 // and a gather beyond (the dequantizing lookups into 128 and 256 values, v's
@@ -97,26 +97,18 @@ inline __m256 dequantize_v(const QuantKernelTables& t, __m256i code, __m256 scal
   return _mm256_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// A 16-entry table at j (below 16) for 8 lanes: the halves' vpermps blended
-// by j's bit 3, which `upper` holds in the sign bit.
-inline __m256 lookup16(const float* t, __m256i j, __m256 upper) {
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(_mm256_load_ps(t), j),
-                          _mm256_permutevar8x32_ps(_mm256_load_ps(t + 8), j), upper);
-}
-
-// QuantLines' guess (kernels.h, and adam_int8_avx512.cpp) for 8 lanes of xn
-// in [0, 1]: the count of thresholds below xn where the lane's bit in the
-// returned movemask is clear; a set bit says the lane lies within 2^-12 of a
-// threshold and needs the search.
-inline int guess(const QuantLines& l, __m256 xn, __m256i& code) {
-  const __m256i lo = _mm256_set1_epi32(static_cast<int>(l.lo));
-  const __m256i bits = _mm256_max_epu32(_mm256_castps_si256(xn), lo);  // xn below 2^-31 counts as 2^-31
-  const __m256 xc = _mm256_castsi256_ps(bits);
-  const __m256i j = _mm256_srli_epi32(bits, 24);                       // vpermps: j mod 8
-  const __m256 upper = _mm256_castsi256_ps(_mm256_slli_epi32(j, 28));  // bit 3 of j
-  const __m256 y0 = _mm256_fmadd_ps(xc, lookup16(l.a0, j, upper), lookup16(l.c0, j, upper));
-  const __m256 y1 = _mm256_fmadd_ps(xc, lookup16(l.a1, j, upper), lookup16(l.c1, j, upper));
-  const __m256 y = _mm256_min_ps(y0, y1);
+// QuantAllLines' guess (kernels.h) for 8 lanes of xn in [0, 1]: the count
+// of thresholds below xn where the lane's bit in the returned movemask is
+// clear; a set bit says the lane lies within 2^-12 of a step of a threshold
+// and needs the search. y is the minimum of every line (7 for m, 8 for v):
+// no bins, so no lookups, which AVX2 makes dear.
+template <int kLines>
+inline int guess(const QuantAllLines& l, __m256 xn, __m256i& code) {
+  __m256 y = _mm256_fmadd_ps(xn, _mm256_broadcast_ss(&l.a[0]), _mm256_broadcast_ss(&l.c[0]));
+#pragma GCC unroll 8
+  for (int i = 1; i < kLines; ++i) {
+    y = _mm256_min_ps(y, _mm256_fmadd_ps(xn, _mm256_broadcast_ss(&l.a[i]), _mm256_broadcast_ss(&l.c[i])));
+  }
   const __m256 whole = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
   code = _mm256_cvttps_epi32(whole);
   const __m256 fraction = _mm256_sub_ps(y, whole);
@@ -130,13 +122,13 @@ inline int guess(const QuantLines& l, __m256 xn, __m256i& code) {
 template <bool kExpAvg, int kN>
 [[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
                                             __m256i (&code)[kN]) {
-  const QuantLines& lines = kExpAvg ? t.m_lines : t.v_lines;
+  const QuantAllLines& lines = kExpAvg ? t.m_all_lines : t.v_all_lines;
   __m256 xn[kN];
   int near = 0;
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
     xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
-    near |= guess(lines, xn[k], code[k]);
+    near |= guess<kExpAvg ? 7 : 8>(lines, xn[k], code[k]);  // lines.count
   }
   if (near != 0) [[unlikely]] {
 #pragma GCC unroll 16

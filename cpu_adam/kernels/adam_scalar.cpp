@@ -141,6 +141,18 @@ constexpr QuantLines make_quant_lines(int width, const float* values) {
   return l;
 }
 
+// kernels.h's QuantAllLines for a table of `width` bits: the origin line,
+// then decades 0 .. width - 3.
+constexpr QuantAllLines make_quant_all_lines(int width, const float* values) {
+  const double bias = 0.5 + static_cast<double>(kQuantGuessDelta);
+  QuantAllLines l{};
+  l.count = width;
+  l.a[0] = static_cast<float>(1.0 / static_cast<double>(values[1]));
+  l.c[0] = static_cast<float>(bias);
+  for (int z = 0; z <= width - 2; ++z) decade_line(width, z, bias, l.a[z + 1], l.c[z + 1]);
+  return l;
+}
+
 // The vector kernels' view of kQuantTables (kernels.h).
 constexpr QuantKernelTables make_quant_kernel_tables() {
   const nx::QuantTables& t = nx::kQuantTables;
@@ -157,6 +169,8 @@ constexpr QuantKernelTables make_quant_kernel_tables() {
   }
   k.m_lines = make_quant_lines(7, t.m_values);
   k.v_lines = make_quant_lines(8, t.v_values);
+  k.m_all_lines = make_quant_all_lines(7, t.m_values);
+  k.v_all_lines = make_quant_all_lines(8, t.v_values);
   for (int p = 0; p < 4; ++p) {
     for (int r = 0; r < 128; ++r) {
       k.m_value_bytes[p][r] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(t.m_values[r]) >> (8 * p));
@@ -237,6 +251,16 @@ QuantGuess quant_guess(const QuantLines& lines, float xn) {
   const float y0 = nx::fma_f32(xc, lines.a0[j], lines.c0[j]);
   const float y1 = nx::fma_f32(xc, lines.a1[j], lines.c1[j]);
   const float y = y1 < y0 ? y1 : y0;
+  const float whole = std::trunc(y);
+  return QuantGuess{static_cast<std::uint32_t>(whole), y - whole >= 2.0f * kQuantGuessDelta};
+}
+
+QuantGuess quant_guess(const QuantAllLines& lines, float xn) {
+  float y = nx::fma_f32(xn, lines.a[0], lines.c[0]);
+  for (int i = 1; i < lines.count; ++i) {
+    const float yi = nx::fma_f32(xn, lines.a[i], lines.c[i]);
+    y = yi < y ? yi : y;
+  }
   const float whole = std::trunc(y);
   return QuantGuess{static_cast<std::uint32_t>(whole), y - whole >= 2.0f * kQuantGuessDelta};
 }

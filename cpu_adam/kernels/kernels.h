@@ -193,6 +193,17 @@ struct QuantLines {
   std::uint32_t lo;  // bits(2^-31): smaller xn count as 2^-31 when picking the bin
 };
 
+// Every line of a table at once (the AVX2 kernel, where a 16-entry lookup
+// costs two vpermps and a blend): r is concave, so it is the minimum of all
+// its lines, with no bins: y = min over i < count of fma(xn, a[i], c[i]),
+// the lines being QuantLines' (the origin line and each decade's but the
+// last, whose one value the origin line reaches).
+struct QuantAllLines {
+  float a[8];
+  float c[8];
+  int count;  // 7 for m, 8 for v
+};
+
 struct QuantKernelTables {
   alignas(64) float m_values[128];   // kQuantTables.m_values
   alignas(64) float v_values[256];   // kQuantTables.v_values
@@ -200,6 +211,8 @@ struct QuantKernelTables {
   alignas(64) float v_levels[8][128];  // row j: 2^j thresholds of v, the rest zero
   QuantLines m_lines;
   QuantLines v_lines;
+  QuantAllLines m_all_lines;
+  QuantAllLines v_all_lines;
   // The values' bit patterns cut into bytes, plane p holding byte p (from the
   // least significant) of every value: AVX512_VBMI's vpermi2b looks up 64
   // codes in 128 bytes at once, so four lookups give the four bytes of 64
@@ -217,6 +230,8 @@ struct QuantGuess {
   bool exact;
 };
 QuantGuess quant_guess(const QuantLines& lines, float xn);
+// The same from every line (QuantAllLines), the AVX2 kernel's arithmetic.
+QuantGuess quant_guess(const QuantAllLines& lines, float xn);
 
 const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
 const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)

@@ -637,15 +637,17 @@ TEST_F(Int8MomentsBadInput, CopyOutOfAnotherSize) {
 
 // Where quant_guess calls its guess exact, it is quant_search's count; where
 // it does not, xn is near a threshold (within 2^-10 of a step).
+// (`all` set: QuantAllLines' guess, the AVX2 kernel's, instead of the bins'.)
 struct GuessChecker {
   const kernels::QuantLines& lines;
+  const kernels::QuantAllLines* all;
   const float* thresholds;
   int steps;
   std::int64_t checked = 0;
   std::int64_t inexact = 0;
 
   ::testing::AssertionResult check(float xn) {
-    const kernels::QuantGuess g = kernels::quant_guess(lines, xn);
+    const kernels::QuantGuess g = all != nullptr ? kernels::quant_guess(*all, xn) : kernels::quant_guess(lines, xn);
     const std::uint32_t want = nx::quant_search(thresholds, steps, xn);
     ++checked;
     if (!g.exact) {
@@ -671,14 +673,19 @@ struct GuessChecker {
 
 std::vector<GuessChecker> guess_checkers() {
   const kernels::QuantKernelTables& k = kernels::quant_kernel_tables();
-  return {GuessChecker{k.m_lines, nx::kQuantTables.m_thresholds, 7},
-          GuessChecker{k.v_lines, nx::kQuantTables.v_thresholds, 8}};
+  return {GuessChecker{k.m_lines, nullptr, nx::kQuantTables.m_thresholds, 7},
+          GuessChecker{k.v_lines, nullptr, nx::kQuantTables.v_thresholds, 8},
+          GuessChecker{k.m_lines, &k.m_all_lines, nx::kQuantTables.m_thresholds, 7},
+          GuessChecker{k.v_lines, &k.v_all_lines, nx::kQuantTables.v_thresholds, 8}};
 }
 
 // Every threshold and the 64 floats on either side, every bin edge of the
 // lines and every power of ten (where the decades meet) likewise, 0, the
 // subnormals' edge, 1, and every 61st float in [0, 1].
 TEST(QuantGuess, AgreesWithTheSearchAtEveryEdgeAndOverTheRange) {
+  // The AVX2 kernel unrolls 7 and 8 lines.
+  ASSERT_EQ(kernels::quant_kernel_tables().m_all_lines.count, 7);
+  ASSERT_EQ(kernels::quant_kernel_tables().v_all_lines.count, 8);
   for (GuessChecker& c : guess_checkers()) {
     std::vector<float> centres;
     for (int i = 0; i < (1 << c.steps) - 1; ++i) centres.push_back(c.thresholds[i]);
