@@ -539,6 +539,20 @@ bool isa_supported(Isa isa) {
 #endif
 }
 
+namespace kernels {
+bool avx512_vbmi_supported() {
+#if defined(__x86_64__)
+  static const bool kSupported = [] {
+    __builtin_cpu_init();
+    return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512vbmi");
+  }();
+  return kSupported;
+#else
+  return false;
+#endif
+}
+}  // namespace kernels
+
 Isa best_isa() {
   if (isa_supported(Isa::kAvx512Bf16)) return Isa::kAvx512Bf16;
   if (isa_supported(Isa::kAvx512)) return Isa::kAvx512;

@@ -5,6 +5,13 @@
 // the scalar kernel bit for bit. Tails shorter than a vector go to the scalar
 // kernel. Compiled with the AVX2 flags (cpu_adam/meson.build); called only
 // after isa_supported(Isa::kAvx2).
+//
+// The step is compute-bound on a core (twice the instructions per element of
+// the AVX-512 kernel), so the loop is kept lean: its pointers in __restrict
+// locals (a 16-bit store may alias the argument struct, and the pointers and
+// constants would be reloaded after each), the decay lines fixed at compile
+// time, m and v packed to 16 bits together, and the compute copy streamed
+// when it is aligned.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -18,11 +25,10 @@ namespace {
 constexpr std::int64_t kWidth = 8;
 
 using avx2::AdamVectors;
-using avx2::adam_update;
 using avx2::load8;
 using avx2::pack_u16;
-using avx2::store8;
 using avx2::to_bf16_lanes;
+using avx2::to_f16;
 
 // numerics::hash32 (lowbias32) on 8 lanes; vpmulld keeps the low 32 bits of
 // each product, as uint32_t multiplication does.
@@ -56,54 +62,111 @@ inline __m256i rounding_hash8(const KeyVectors& key, std::uint64_t index, __m256
   return x;
 }
 
+// All ones in a NaN lane (one vcmpps UNORD).
+inline __m256i nan_lanes(__m256 x) { return _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)); }
+
 // numerics::bf16_round_stochastic with the random bits in each lane's low 16
 // bits, in 32-bit lanes. Infinities need no special case (their low 16 bits
 // are zero, so adding fewer than 2^16 leaves them as they are, which is what
 // fp32_to_bf16_bits gives); NaNs are quieted as fp32_to_bf16_bits does.
 inline __m256i round_stochastic_lanes(__m256 x, __m256i rand16) {
   const __m256i u = _mm256_castps_si256(x);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  // abs < 2^31, so the signed compare is the unsigned one.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
   const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, rand16), 16);
   const __m256i quiet = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
-  return _mm256_blendv_epi8(rounded, quiet, nan);
+  return _mm256_blendv_epi8(rounded, quiet, nan_lanes(x));
 }
 
-// kCopy: kF32 means "no copy-out".
-template <ElemType kGrad, ElemType kCopy, bool kStochastic>
+// Two vectors of 32-bit lanes holding 16-bit values, packed into one: m's
+// eight in the lower 128 bits, v's in the upper (packus interleaves the
+// 128-bit halves; the 64-bit permute puts them back in order).
+inline __m256i pack_pair(__m256i m, __m256i v) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(m, v), 0xd8);
+}
+
+// kCopy: kF32 means "no copy-out". The pointers are copied out of the
+// argument struct: the 16-bit stores may alias anything, and would otherwise
+// make the compiler reload them (and the constants) after every store.
+// 8 lanes of numerics::adam_step with the optional lines fixed at compile
+// time (vec_avx2.h's adam_update tests them per vector, and the compiler
+// leaves those tests in this loop).
+template <bool kL2, bool kDecay>
+inline void adam_update_fixed(const AdamVectors& k, __m256 grad, __m256& p, __m256& m, __m256& v) {
+  __m256 g = _mm256_mul_ps(grad, k.grad_scale);
+  if constexpr (kL2) g = _mm256_fmadd_ps(p, k.l2_decay, g);
+  m = _mm256_fmadd_ps(k.beta1, m, _mm256_mul_ps(k.one_minus_beta1, g));
+  v = _mm256_fmadd_ps(k.beta2, v, _mm256_mul_ps(k.one_minus_beta2, _mm256_mul_ps(g, g)));
+  const __m256 d = _mm256_fmadd_ps(_mm256_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  const __m256 u = _mm256_div_ps(m, d);
+  if constexpr (kDecay) p = _mm256_fmadd_ps(k.neg_lr_decay, p, p);
+  p = _mm256_fmadd_ps(k.neg_step_size, u, p);
+}
+
+template <ElemType kGrad, ElemType kCopy, bool kStochastic, bool kStreamCopy, bool kL2, bool kDecay>
 void loop(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
   const AdamVectors k(*a.constants);
   const KeyVectors key{_mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(a.key))),
                        _mm256_set1_epi32(static_cast<int>(static_cast<std::uint32_t>(a.key >> 32)))};
   const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i low16 = _mm256_set1_epi32(0xffff);
+  float* __restrict master = a.master;
+  std::uint16_t* __restrict exp_avg = a.exp_avg;
+  std::uint16_t* __restrict exp_avg_sq = a.exp_avg_sq;
+  const void* __restrict grad = a.grad;
+  void* __restrict copy_out = a.copy_out;
+  const std::int64_t index_base = a.index_base;
   for (std::int64_t i = 0; i < n_vec; i += kWidth) {
-    __m256 p = _mm256_loadu_ps(a.master + i);
-    __m256 m = load8<ElemType::kBf16>(a.exp_avg, i);  // widen: shift left 16 (exact)
-    __m256 v = load8<ElemType::kBf16>(a.exp_avg_sq, i);
-    adam_update(k, load8<kGrad>(a.grad, i), p, m, v);
-    _mm256_storeu_ps(a.master + i, p);
+    __m256 p = _mm256_loadu_ps(master + i);
+    __m256 m = load8<ElemType::kBf16>(exp_avg, i);  // widen: shift left 16 (exact)
+    __m256 v = load8<ElemType::kBf16>(exp_avg_sq, i);
+    adam_update_fixed<kL2, kDecay>(k, load8<kGrad>(grad, i), p, m, v);
+    _mm256_storeu_ps(master + i, p);
     __m256i m16, v16;
     if constexpr (kStochastic) {
-      const __m256i h = rounding_hash8(key, static_cast<std::uint64_t>(a.index_base + i), iota);
+      const __m256i h = rounding_hash8(key, static_cast<std::uint64_t>(index_base + i), iota);
       m16 = round_stochastic_lanes(m, _mm256_and_si256(h, low16));  // m: the low half
       v16 = round_stochastic_lanes(v, _mm256_srli_epi32(h, 16));    // v: the high half
     } else {
       m16 = to_bf16_lanes(m);
       v16 = to_bf16_lanes(v);
     }
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.exp_avg + i), pack_u16(m16));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(a.exp_avg_sq + i), pack_u16(v16));
-    if constexpr (kCopy != ElemType::kF32) store8<kCopy>(a.copy_out, i, p);
+    const __m256i mv = pack_pair(m16, v16);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(exp_avg + i), _mm256_castsi256_si128(mv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(exp_avg_sq + i), _mm256_extracti128_si256(mv, 1));
+    if constexpr (kCopy != ElemType::kF32) {
+      const __m128i h = kCopy == ElemType::kBf16 ? pack_u16(to_bf16_lanes(p)) : to_f16(p);
+      __m128i* dst = reinterpret_cast<__m128i*>(static_cast<std::uint16_t*>(copy_out) + i);
+      if constexpr (kStreamCopy) {
+        _mm_stream_si128(dst, h);
+      } else {
+        _mm_storeu_si128(dst, h);
+      }
+    }
   }
+}
+
+// The compute copy goes out with non-temporal stores when it is 16-byte
+// aligned (as in adam_avx2.cpp): no read for ownership.
+template <ElemType kGrad, ElemType kCopy, bool kStochastic, bool kStreamCopy>
+void dispatch_decay(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
+  const bool l2 = a.constants->l2_decay != 0.0f, decay = a.constants->neg_lr_decay != 0.0f;
+  if (l2 && decay) return loop<kGrad, kCopy, kStochastic, kStreamCopy, true, true>(a, n_vec);
+  if (l2) return loop<kGrad, kCopy, kStochastic, kStreamCopy, true, false>(a, n_vec);
+  if (decay) return loop<kGrad, kCopy, kStochastic, kStreamCopy, false, true>(a, n_vec);
+  loop<kGrad, kCopy, kStochastic, kStreamCopy, false, false>(a, n_vec);
 }
 
 template <ElemType kGrad, bool kStochastic>
 void dispatch_copy(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
-  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, kStochastic>(a, n_vec);
-  if (a.copy_type == ElemType::kBf16) return loop<kGrad, ElemType::kBf16, kStochastic>(a, n_vec);
-  return loop<kGrad, ElemType::kF16, kStochastic>(a, n_vec);
+  if (a.copy_out == nullptr) return dispatch_decay<kGrad, ElemType::kF32, kStochastic, false>(a, n_vec);
+  const bool stream = reinterpret_cast<std::uintptr_t>(a.copy_out) % 16 == 0;
+  if (a.copy_type == ElemType::kBf16) {
+    stream ? dispatch_decay<kGrad, ElemType::kBf16, kStochastic, true>(a, n_vec)
+           : dispatch_decay<kGrad, ElemType::kBf16, kStochastic, false>(a, n_vec);
+  } else {
+    stream ? dispatch_decay<kGrad, ElemType::kF16, kStochastic, true>(a, n_vec)
+           : dispatch_decay<kGrad, ElemType::kF16, kStochastic, false>(a, n_vec);
+  }
+  if (stream) _mm_sfence();  // order the streaming stores before the caller reads or hands off the copy
 }
 
 template <bool kStochastic>

@@ -4,12 +4,15 @@
 // short last block goes to the scalar kernel. Compiled with the AVX2 flags
 // (cpu_adam/meson.build); called only after isa_supported(Isa::kAvx2).
 //
-// The shape of adam_int8_avx512.cpp at half the width. AVX2 has no
-// two-register permute, so a table lookup is a vpermps for up to 8 entries,
-// vpermps results blended by index bits up to 64 (the search's probes but
-// v's last), and a gather beyond (the dequantizing lookups into 128 and 256
-// values, v's last probe): on the Zen 5 this was tuned on, gathers lose to
-// the blends up to 64 entries and win beyond.
+// The shape of adam_int8_avx512.cpp at half the width: the codes are guessed
+// from QuantAllLines (kernels.h: the minimum of every line, 7 fmas for m and
+// 8 for v, where the AVX-512 kernels look two lines up by bin), and a group
+// of vectors with a lane near a threshold takes quant_search's probes. AVX2 has no two-register
+// permute, so a table lookup is a vpermps for up to 8 entries, vpermps
+// results blended by index bits up to 64 (the search's probes but v's last),
+// and a gather beyond (the dequantizing lookups into 128 and 256 values, v's
+// last probe): on the Zen 5 this was tuned on, gathers lose to the blends up
+// to 64 entries and win beyond.
 #include <immintrin.h>
 
 #include <bit>
@@ -26,7 +29,7 @@ namespace {
 constexpr std::int64_t kWidth = 8;
 constexpr std::int64_t kBlock = core::numerics::kQuantBlockElems;
 constexpr int kLevelStride = 128;       // floats per row of QuantKernelTables' levels
-constexpr int kInterleave = 16;         // vectors the quantizer searches side by side
+constexpr int kInterleave = 4;          // vectors the quantizer works side by side
 constexpr int kMaxPermuteEntries = 64;  // larger tables are read with gathers
 
 static_assert(kBlock % (kInterleave * kWidth) == 0);
@@ -94,39 +97,57 @@ inline __m256 dequantize_v(const QuantKernelTables& t, __m256i code, __m256 scal
   return _mm256_mul_ps(lookup<256>(t.v_values, code), scale);
 }
 
-// numerics::quantize_m for a usable scale, kN vectors: the count of
-// thresholds below |x| / scale, with 0x80 for a negative x whose count is not
-// zero.
-template <int kN>
-[[gnu::always_inline]] inline void quantize_m(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
-                                              __m256i (&code)[kN]) {
-  __m256 xn[kN];
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) {
-    xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
-    code[k] = _mm256_setzero_si256();
+// QuantAllLines' guess (kernels.h) for 8 lanes of xn in [0, 1]: the count
+// of thresholds below xn where the lane's bit in the returned movemask is
+// clear; a set bit says the lane lies within 2^-12 of a step of a threshold
+// and needs the search. y is the minimum of every line (7 for m, 8 for v):
+// no bins, so no lookups, which AVX2 makes dear.
+template <int kLines>
+inline int guess(const QuantAllLines& l, __m256 xn, __m256i& code) {
+  __m256 y = _mm256_fmadd_ps(xn, _mm256_broadcast_ss(&l.a[0]), _mm256_broadcast_ss(&l.c[0]));
+#pragma GCC unroll 8
+  for (int i = 1; i < kLines; ++i) {
+    y = _mm256_min_ps(y, _mm256_fmadd_ps(xn, _mm256_broadcast_ss(&l.a[i]), _mm256_broadcast_ss(&l.c[i])));
   }
-  search<0, 7, kN>(&t.m_levels[0][0], xn, code);
-#pragma GCC unroll 16
-  for (int k = 0; k < kN; ++k) {
-    const __m256i sign =
-        _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x[k]), 24), _mm256_set1_epi32(0x80));
-    const __m256i zero = _mm256_cmpeq_epi32(code[k], _mm256_setzero_si256());
-    code[k] = _mm256_or_si256(code[k], _mm256_andnot_si256(zero, sign));
-  }
+  const __m256 whole = _mm256_round_ps(y, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  code = _mm256_cvttps_epi32(whole);
+  const __m256 fraction = _mm256_sub_ps(y, whole);
+  return _mm256_movemask_ps(_mm256_cmp_ps(fraction, _mm256_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ));
 }
 
-// numerics::quantize_v for a usable scale, kN vectors.
-template <int kN>
-[[gnu::always_inline]] inline void quantize_v(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
-                                              __m256i (&code)[kN]) {
+// numerics::quantize_m or quantize_v for a usable scale, kN vectors: the
+// count of thresholds below xn = |x| / scale (m: with 0x80 for a negative x
+// whose count is not zero). The lines' guesses, and where any lane of the kN
+// vectors is near a threshold, quant_search's probes for all of them.
+template <bool kExpAvg, int kN>
+[[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
+                                            __m256i (&code)[kN]) {
+  const QuantAllLines& lines = kExpAvg ? t.m_all_lines : t.v_all_lines;
   __m256 xn[kN];
+  int near = 0;
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
     xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
-    code[k] = _mm256_setzero_si256();
+    near |= guess<kExpAvg ? 7 : 8>(lines, xn[k], code[k]);  // lines.count
   }
-  search<0, 8, kN>(&t.v_levels[0][0], xn, code);
+  if (near != 0) [[unlikely]] {
+#pragma GCC unroll 16
+    for (int k = 0; k < kN; ++k) code[k] = _mm256_setzero_si256();
+    if constexpr (kExpAvg) {
+      search<0, 7, kN>(&t.m_levels[0][0], xn, code);
+    } else {
+      search<0, 8, kN>(&t.v_levels[0][0], xn, code);
+    }
+  }
+  if constexpr (kExpAvg) {
+#pragma GCC unroll 16
+    for (int k = 0; k < kN; ++k) {
+      const __m256i sign =
+          _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x[k]), 24), _mm256_set1_epi32(0x80));
+      const __m256i zero = _mm256_cmpeq_epi32(code[k], _mm256_setzero_si256());
+      code[k] = _mm256_or_si256(code[k], _mm256_andnot_si256(zero, sign));
+    }
+  }
 }
 
 // numerics::block_scale of the absmax whose bit pattern is `bits` (a NaN
@@ -175,11 +196,7 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     __m256i r[kInterleave];
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) x[k] = _mm256_load_ps(values + j + k * kWidth);
-    if constexpr (kExpAvg) {
-      quantize_m(t, x, s, r);
-    } else {
-      quantize_v(t, x, s, r);
-    }
+    quantize<kExpAvg>(t, x, s, r);
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) store_codes(codes, j + k * kWidth, r[k]);
   }

@@ -2,6 +2,8 @@
 // Adagrad, the gradient pass): numerics.h applied element by element (block by
 // block for the 8-bit moments). The reference every vector kernel must match
 // bit for bit (finite inputs).
+#include <bit>
+#include <cmath>
 #include <cstdint>
 
 #include "cpu_adam/kernels/kernels.h"
@@ -92,6 +94,65 @@ void adam_int8_scalar(const AdamInt8KernelArgs& a) {
   }
 }
 
+// Decade z's line of a code table of `width` bits (numerics.h's dynamic tree:
+// values 10^-z (0.1 + 0.9 (F + 1) / 2^k) at r = 2^k + F, k = width - 1 - z),
+// r = 2^k (10^z x - 0.1) / 0.9 + 2^k - 1, plus `bias`: y = a x + c.
+constexpr void decade_line(int width, int z, double bias, float& a, float& c) {
+  const double p = static_cast<double>(1 << (width - 1 - z));
+  double ten_z = 1.0;
+  for (int i = 0; i < z; ++i) ten_z *= 10.0;
+  a = static_cast<float>(p * ten_z / 0.9);
+  c = static_cast<float>(p - 1.0 - p * 0.1 / 0.9 + bias);
+}
+
+// kernels.h's QuantLines for a table of `width` bits (7: m, 8: v). Bin e
+// holds the floats whose exponent field is 96 + 2e or 97 + 2e,
+// [2^(2e - 31), 2^(2e - 29)); bin 0 takes everything below too. Below
+// values[1] (the last decade's one value) the line runs from values[0] = 0:
+// r = x / values[1], steeper than every decade's, so the minimum still holds.
+constexpr QuantLines make_quant_lines(int width, const float* values) {
+  const double bias = 0.5 + static_cast<double>(kQuantGuessDelta);
+  const int last_decade = width - 1;
+  // The line of the decade of x in [0, 1]: (10^-(z+1), 10^-z], the last
+  // decade taking all below.
+  const auto line_at = [&](double x, float& a, float& c) {
+    int z = 0;
+    double top = 0.1;
+    while (z < last_decade && x <= top) {
+      ++z;
+      top /= 10.0;
+    }
+    if (z == last_decade) {
+      a = static_cast<float>(1.0 / static_cast<double>(values[1]));
+      c = static_cast<float>(bias);
+    } else {
+      decade_line(width, z, bias, a, c);
+    }
+  };
+  QuantLines l{};
+  l.lo = 0x30000000u;  // 2^-31
+  double lo = 1.0;
+  for (int i = 0; i < 31; ++i) lo /= 2.0;
+  for (int e = 0; e < 16; ++e, lo *= 4.0) {
+    const double hi = lo * 4.0;
+    line_at(lo, l.a0[e], l.c0[e]);
+    line_at(hi < 1.0 ? hi : 1.0, l.a1[e], l.c1[e]);
+  }
+  return l;
+}
+
+// kernels.h's QuantAllLines for a table of `width` bits: the origin line,
+// then decades 0 .. width - 3.
+constexpr QuantAllLines make_quant_all_lines(int width, const float* values) {
+  const double bias = 0.5 + static_cast<double>(kQuantGuessDelta);
+  QuantAllLines l{};
+  l.count = width;
+  l.a[0] = static_cast<float>(1.0 / static_cast<double>(values[1]));
+  l.c[0] = static_cast<float>(bias);
+  for (int z = 0; z <= width - 2; ++z) decade_line(width, z, bias, l.a[z + 1], l.c[z + 1]);
+  return l;
+}
+
 // The vector kernels' view of kQuantTables (kernels.h).
 constexpr QuantKernelTables make_quant_kernel_tables() {
   const nx::QuantTables& t = nx::kQuantTables;
@@ -105,6 +166,18 @@ constexpr QuantKernelTables make_quant_kernel_tables() {
   for (int j = 0; j < 8; ++j) {
     const int s = 1 << (7 - j);
     for (int i = 0; i < (1 << j); ++i) k.v_levels[j][i] = t.v_thresholds[s * (2 * i + 1) - 1];
+  }
+  k.m_lines = make_quant_lines(7, t.m_values);
+  k.v_lines = make_quant_lines(8, t.v_values);
+  k.m_all_lines = make_quant_all_lines(7, t.m_values);
+  k.v_all_lines = make_quant_all_lines(8, t.v_values);
+  for (int p = 0; p < 4; ++p) {
+    for (int r = 0; r < 128; ++r) {
+      k.m_value_bytes[p][r] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(t.m_values[r]) >> (8 * p));
+    }
+    for (int r = 0; r < 256; ++r) {
+      k.v_value_bytes[p][r] = static_cast<std::uint8_t>(std::bit_cast<std::uint32_t>(t.v_values[r]) >> (8 * p));
+    }
   }
   return k;
 }
@@ -169,6 +242,28 @@ void grad_tail_scalar(const GradKernelArgs& args, double* lanes, std::int64_t fi
 double fold_lanes_scalar(double* lanes) { return nx::fold_norm_lanes(lanes); }
 
 const QuantKernelTables& quant_kernel_tables() { return kQuantKernelTables; }
+
+QuantGuess quant_guess(const QuantLines& lines, float xn) {
+  std::uint32_t bits = std::bit_cast<std::uint32_t>(xn);
+  bits = bits > lines.lo ? bits : lines.lo;  // xn below 2^-31 counts as 2^-31
+  const float xc = std::bit_cast<float>(bits);
+  const std::uint32_t j = (bits >> 24) & 15;
+  const float y0 = nx::fma_f32(xc, lines.a0[j], lines.c0[j]);
+  const float y1 = nx::fma_f32(xc, lines.a1[j], lines.c1[j]);
+  const float y = y1 < y0 ? y1 : y0;
+  const float whole = std::trunc(y);
+  return QuantGuess{static_cast<std::uint32_t>(whole), y - whole >= 2.0f * kQuantGuessDelta};
+}
+
+QuantGuess quant_guess(const QuantAllLines& lines, float xn) {
+  float y = nx::fma_f32(xn, lines.a[0], lines.c[0]);
+  for (int i = 1; i < lines.count; ++i) {
+    const float yi = nx::fma_f32(xn, lines.a[i], lines.c[i]);
+    y = yi < y ? yi : y;
+  }
+  const float whole = std::trunc(y);
+  return QuantGuess{static_cast<std::uint32_t>(whole), y - whole >= 2.0f * kQuantGuessDelta};
+}
 
 const KernelTable& scalar_kernels() {
   static constexpr KernelTable kTable{Isa::kScalar, adam_scalar, grad_pass_scalar, lion_scalar,

@@ -141,6 +141,13 @@ void adam_bf16_moments_avx512_bf16(const AdamBf16MomentsKernelArgs& args);
 void adam_int8_avx2(const AdamInt8KernelArgs& args);
 void adam_int8_avx512(const AdamInt8KernelArgs& args);
 void adam_int8_avx512_bf16(const AdamInt8KernelArgs& args);
+// The AVX-512 kernels above dequantize with AVX512_VBMI's byte lookups where
+// avx512_vbmi_supported(), else with vpermt2ps lookups of the float tables;
+// these two take the second way on any AVX-512 CPU (the tests run both).
+void adam_int8_avx512_no_vbmi(const AdamInt8KernelArgs& args);
+void adam_int8_avx512_bf16_no_vbmi(const AdamInt8KernelArgs& args);
+// True when this CPU (and OS) has AVX512_VBMI (cpu_adam.cpp, beside isa_supported).
+bool avx512_vbmi_supported();
 
 // The 8-bit moments' code tables as the vector kernels read them:
 // numerics::kQuantTables' values, and its thresholds regrouped by probe of
@@ -151,13 +158,80 @@ void adam_int8_avx512_bf16(const AdamInt8KernelArgs& args);
 // at i, followed by i = 2i + (threshold < xn); after the last probe i is the
 // count. Built from numerics::kQuantTables in the scalar translation unit
 // (the vector files call no numerics.h function); rows are 64-byte aligned.
+//
+// The vector quantizers do not search: they guess the count from lines
+// (QuantLines), and search only where a guess could be wrong. The values of
+// one decade of the dynamic tree are equally spaced, so the count is a
+// piecewise-linear function of xn: with r(x) the line through the decade's
+// values (r(values[i]) = i; each threshold, the midpoint of two neighbouring
+// values, lies on it at i + 1/2), the count is floor(r(xn) + 1/2). Below
+// values[1] the line is r = x / values[1] (from values[0] = 0), steeper than
+// every decade's, and each decade's is steeper than the one above it: r is
+// concave, the minimum of its lines. QuantLines cuts
+// [0, 1] into 16 bins by exponent pairs, bin e = [2^(2e - 31), 2^(2e - 29))
+// (bin 0 takes everything below), so a bin meets at most two decades and its
+// two lines (the same line twice where it meets one) give
+//
+//   xc = max(xn, 2^-31), e = (bits(xc) >> 24) mod 16    (a vpermps index)
+//   y  = min(fma(xc, a0[e], c0[e]), fma(xc, a1[e], c1[e]))  ~ r(xn) + 1/2 + kQuantGuessDelta
+//
+// (below 2^-31 the count is 0 and so is the guess). The guess is trunc(y). In float, y is off by less than 2^-15 (the
+// constants' and the fma's rounding, and the thresholds' own rounding to
+// float), so the guess is the count wherever the fraction of y is at least
+// 2 kQuantGuessDelta = 2^-11; below that xn is within 2^-12 of a step of a
+// threshold and the kernel takes quant_search's probes instead (about one
+// lane in 2000). quant_guess is the same arithmetic on one float, for the
+// tests, which check it against quant_search over every bin edge, every
+// threshold's neighbours and a dense sample (and every float in [0, 1] in
+// the slow suite).
+inline constexpr float kQuantGuessDelta = 1.0f / 4096.0f;
+struct QuantLines {
+  alignas(64) float a0[16];
+  alignas(64) float c0[16];
+  alignas(64) float a1[16];
+  alignas(64) float c1[16];
+  std::uint32_t lo;  // bits(2^-31): smaller xn count as 2^-31 when picking the bin
+};
+
+// Every line of a table at once (the AVX2 kernel, where a 16-entry lookup
+// costs two vpermps and a blend): r is concave, so it is the minimum of all
+// its lines, with no bins: y = min over i < count of fma(xn, a[i], c[i]),
+// the lines being QuantLines' (the origin line and each decade's but the
+// last, whose one value the origin line reaches).
+struct QuantAllLines {
+  float a[8];
+  float c[8];
+  int count;  // 7 for m, 8 for v
+};
+
 struct QuantKernelTables {
   alignas(64) float m_values[128];   // kQuantTables.m_values
   alignas(64) float v_values[256];   // kQuantTables.v_values
   alignas(64) float m_levels[7][128];  // row j: 2^j thresholds of m, the rest zero
   alignas(64) float v_levels[8][128];  // row j: 2^j thresholds of v, the rest zero
+  QuantLines m_lines;
+  QuantLines v_lines;
+  QuantAllLines m_all_lines;
+  QuantAllLines v_all_lines;
+  // The values' bit patterns cut into bytes, plane p holding byte p (from the
+  // least significant) of every value: AVX512_VBMI's vpermi2b looks up 64
+  // codes in 128 bytes at once, so four lookups give the four bytes of 64
+  // values (v: eight, the halves picked by the code's top bit).
+  alignas(64) std::uint8_t m_value_bytes[4][128];
+  alignas(64) std::uint8_t v_value_bytes[4][256];
 };
 const QuantKernelTables& quant_kernel_tables();
+
+// The lines' guess for one xn in [0, 1] (the vector quantizers' arithmetic,
+// lane by lane): `code` is trunc(y), and `exact` is false where the
+// fraction of y is below 2 kQuantGuessDelta, where only quant_search knows.
+struct QuantGuess {
+  std::uint32_t code;
+  bool exact;
+};
+QuantGuess quant_guess(const QuantLines& lines, float xn);
+// The same from every line (QuantAllLines), the AVX2 kernel's arithmetic.
+QuantGuess quant_guess(const QuantAllLines& lines, float xn);
 
 const KernelTable& avx2_kernels();    // only call when isa_supported(kAvx2)
 const KernelTable& avx512_kernels();  // only call when isa_supported(kAvx512)

@@ -34,9 +34,7 @@ inline __m256 load8(const void* base, std::int64_t i) {
 // In 32-bit lanes (the bf16 in each lane's low half), before packing.
 inline __m256i to_bf16_lanes(__m256 x) {
   const __m256i u = _mm256_castps_si256(x);
-  const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
-  // abs < 2^31, so the signed compare is the unsigned one.
-  const __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // all ones in a NaN lane
   const __m256i hi = _mm256_srli_epi32(u, 16);
   const __m256i lsb = _mm256_and_si256(hi, _mm256_set1_epi32(1));
   const __m256i rounded =

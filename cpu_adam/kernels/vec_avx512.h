@@ -34,18 +34,17 @@ inline __m512 load16(const void* base, std::int64_t i) {
 // --- fp32 -> bf16 (numerics::fp32_to_bf16_bits) ----------------------------------
 
 // On the bit pattern: round to nearest even by adding 0x7fff plus the kept
-// lsb, NaNs quieted with their payload's top bits kept.
+// lsb, NaNs quieted with their payload's top bits kept (the NaNs found by one
+// unordered compare, and quieted by a masked or).
 // to_bf16_lanes keeps the results in 32-bit lanes (the bf16 in each lane's low half).
 inline __m512i to_bf16_lanes(__m512 x) {
   const __m512i u = _mm512_castps_si512(x);
-  const __m512i abs = _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(abs, _mm512_set1_epi32(0x7f800000));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
   const __m512i hi = _mm512_srli_epi32(u, 16);
   const __m512i lsb = _mm512_and_si512(hi, _mm512_set1_epi32(1));
   const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-  const __m512i quiet = _mm512_or_si512(hi, _mm512_set1_epi32(0x0040));
-  return _mm512_mask_blend_epi32(nan, rounded, quiet);
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u, lsb), _mm512_set1_epi32(0x7fff)), 16);
+  return _mm512_mask_or_epi32(rounded, nan, hi, _mm512_set1_epi32(0x0040));
 }
 inline __m256i to_bf16_bits(__m512 x) { return _mm512_cvtepi32_epi16(to_bf16_lanes(x)); }
 
@@ -118,6 +117,22 @@ inline void adam_update(const AdamVectors& k, __m512 grad, __m512& p, __m512& m,
   const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
   const __m512 u = _mm512_div_ps(m, d);
   if (decay) p = _mm512_fmadd_ps(k.neg_lr_decay, p, p);
+  p = _mm512_fmadd_ps(k.neg_step_size, u, p);
+}
+
+// adam_update with the optional lines taken under masks (all lanes or none)
+// rather than branches: a lane whose mask bit is clear keeps its value, as
+// when the line is skipped. The 8-bit-moment kernel's loop, where the branches
+// were not hoisted out of the loop.
+inline void adam_update_masked(const AdamVectors& k, __m512 grad, __m512& p, __m512& m, __m512& v, __mmask16 l2,
+                               __mmask16 decay) {
+  __m512 g = _mm512_mul_ps(grad, k.grad_scale);
+  g = _mm512_mask3_fmadd_ps(p, k.l2_decay, g, l2);
+  m = _mm512_fmadd_ps(k.beta1, m, _mm512_mul_ps(k.one_minus_beta1, g));
+  v = _mm512_fmadd_ps(k.beta2, v, _mm512_mul_ps(k.one_minus_beta2, _mm512_mul_ps(g, g)));
+  const __m512 d = _mm512_fmadd_ps(_mm512_sqrt_ps(v), k.inv_sqrt_bc2, k.eps);
+  const __m512 u = _mm512_div_ps(m, d);
+  p = _mm512_mask_fmadd_ps(p, decay, k.neg_lr_decay, p);  // neg_lr_decay p + p
   p = _mm512_fmadd_ps(k.neg_step_size, u, p);
 }
 

@@ -5,10 +5,13 @@
 // several steps in a row (the codes feed back), zeros, subnormals, every
 // threshold of the code tables and its neighbours, and inf/NaN gradients that
 // poison their block and no other; the first step from the zero state against
-// the fp32 step; bad input.
+// the fp32 step; bad input. The vector quantizers' first guess (kernels.h's
+// QuantLines) against quant_search over the float range, and the AVX-512
+// kernels' dequantization without AVX512_VBMI.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -21,6 +24,7 @@
 
 #include "core/numerics.h"
 #include "cpu_adam/cpu_adam.h"
+#include "cpu_adam/kernels/kernels.h"
 #include "tests/cpu_adam/test_gradients.h"
 
 namespace strata::adam {
@@ -626,6 +630,141 @@ TEST_F(Int8MomentsBadInput, CopyOutOfAnotherSize) {
   std::vector<std::uint16_t> out(kN - 1);
   args_.copy_out = {out.data(), ElemType::kBf16, kN - 1};
   EXPECT_NE(error().find("copy_out 299"), std::string::npos);
+}
+
+
+// --- the vector quantizers' first guess (kernels.h) ---------------------------------
+
+// Where quant_guess calls its guess exact, it is quant_search's count; where
+// it does not, xn is near a threshold (within 2^-10 of a step).
+// (`all` set: QuantAllLines' guess, the AVX2 kernel's, instead of the bins'.)
+struct GuessChecker {
+  const kernels::QuantLines& lines;
+  const kernels::QuantAllLines* all;
+  const float* thresholds;
+  int steps;
+  std::int64_t checked = 0;
+  std::int64_t inexact = 0;
+
+  ::testing::AssertionResult check(float xn) {
+    const kernels::QuantGuess g = all != nullptr ? kernels::quant_guess(*all, xn) : kernels::quant_guess(lines, xn);
+    const std::uint32_t want = nx::quant_search(thresholds, steps, xn);
+    ++checked;
+    if (!g.exact) {
+      ++inexact;
+      // The lane is sent to the search: it must be near a threshold.
+      const float below = want > 0 ? thresholds[want - 1] : 0.0f;
+      const float above = thresholds[want];
+      const double step = static_cast<double>(above) - static_cast<double>(below);
+      const double dist = std::min(static_cast<double>(xn) - below, static_cast<double>(above) - xn);
+      if (want > 0 && dist > step / 1024.0) {
+        return ::testing::AssertionFailure() << "xn " << std::hexfloat << xn << " is far from every threshold but "
+                                             << "was not guessed (count " << std::dec << want << ")";
+      }
+      return ::testing::AssertionSuccess();
+    }
+    if (g.code != want) {
+      return ::testing::AssertionFailure() << "xn " << std::hexfloat << xn << ": guess " << std::dec << g.code
+                                           << ", quant_search " << want;
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+std::vector<GuessChecker> guess_checkers() {
+  const kernels::QuantKernelTables& k = kernels::quant_kernel_tables();
+  return {GuessChecker{k.m_lines, nullptr, nx::kQuantTables.m_thresholds, 7},
+          GuessChecker{k.v_lines, nullptr, nx::kQuantTables.v_thresholds, 8},
+          GuessChecker{k.m_lines, &k.m_all_lines, nx::kQuantTables.m_thresholds, 7},
+          GuessChecker{k.v_lines, &k.v_all_lines, nx::kQuantTables.v_thresholds, 8}};
+}
+
+// Every threshold and the 64 floats on either side, every bin edge of the
+// lines and every power of ten (where the decades meet) likewise, 0, the
+// subnormals' edge, 1, and every 61st float in [0, 1].
+TEST(QuantGuess, AgreesWithTheSearchAtEveryEdgeAndOverTheRange) {
+  // The AVX2 kernel unrolls 7 and 8 lines.
+  ASSERT_EQ(kernels::quant_kernel_tables().m_all_lines.count, 7);
+  ASSERT_EQ(kernels::quant_kernel_tables().v_all_lines.count, 8);
+  for (GuessChecker& c : guess_checkers()) {
+    std::vector<float> centres;
+    for (int i = 0; i < (1 << c.steps) - 1; ++i) centres.push_back(c.thresholds[i]);
+    for (std::uint32_t j = 0; j < 16; ++j) centres.push_back(std::bit_cast<float>(c.lines.lo + (j << 24)));
+    centres.push_back(nx::kQuantTables.m_values[1]);
+    centres.push_back(nx::kQuantTables.v_values[1]);
+    for (float p = 1.0f; p > 1e-9f; p /= 10.0f) centres.push_back(p);
+    centres.push_back(std::numeric_limits<float>::min());
+    for (float x : centres) {
+      float lo = x, hi = x;
+      for (int k = 0; k <= 64; ++k) {
+        if (lo >= 0.0f && lo <= 1.0f) {
+          ASSERT_TRUE(c.check(lo)) << "steps " << c.steps;
+        }
+        if (hi >= 0.0f && hi <= 1.0f) {
+          ASSERT_TRUE(c.check(hi)) << "steps " << c.steps;
+        }
+        lo = std::nextafter(lo, -1.0f);
+        hi = std::nextafter(hi, 2.0f);
+      }
+    }
+    ASSERT_TRUE(c.check(0.0f));
+    ASSERT_TRUE(c.check(1.0f));
+    for (std::uint32_t b = 0; b <= 0x3f800000u; b += 61) ASSERT_TRUE(c.check(std::bit_cast<float>(b)));
+    // The search is the exception, not the rule.
+    EXPECT_LT(c.inexact * 100, c.checked) << "steps " << c.steps;
+  }
+}
+
+// Every float in [0, 1] (the slow suite: STRATA_INT8_EXHAUSTIVE=1).
+TEST(QuantGuess, AgreesWithTheSearchForEveryFloatInTheUnitInterval) {
+  const char* env = std::getenv("STRATA_INT8_EXHAUSTIVE");
+  if (env == nullptr || env[0] != '1') GTEST_SKIP() << "set STRATA_INT8_EXHAUSTIVE=1 (the slow suite does)";
+  for (GuessChecker& c : guess_checkers()) {
+    for (std::uint32_t b = 0; b <= 0x3f800000u; ++b) ASSERT_TRUE(c.check(std::bit_cast<float>(b)));
+  }
+}
+
+// --- the AVX-512 kernels without AVX512_VBMI -------------------------------------------
+
+// The kernel entry points that dequantize with float lookups, called directly
+// (CpuAdam takes the VBMI way where the CPU has it): random blocks of every
+// kind, every gradient type and copy, short last blocks, and gradients next to
+// every threshold.
+TEST(Int8MomentsNoVbmi, BitIdenticalToTheReference) {
+  if (!isa_supported(Isa::kAvx512)) GTEST_SKIP() << "this CPU does not support avx512";
+  struct Entry {
+    void (*fn)(const kernels::AdamInt8KernelArgs&);
+    Isa isa;
+  };
+  const Entry entries[] = {{kernels::adam_int8_avx512_no_vbmi, Isa::kAvx512},
+                           {kernels::adam_int8_avx512_bf16_no_vbmi, Isa::kAvx512Bf16}};
+  const auto constants = constants_set();
+  std::uint32_t seed = 100;
+  for (const Entry& e : entries) {
+    if (!isa_supported(e.isa)) continue;
+    for (std::int64_t n : {std::int64_t{256}, std::int64_t{300}, std::int64_t{4096 + 31}}) {
+      for (ElemType gt : kGradTypes) {
+        for (int copy = 0; copy < 3; ++copy) {
+          ++seed;
+          Call c;
+          c.constants = constants[seed % constants.size()];
+          c.copy = copy != 0;
+          c.copy_type = copy == 2 ? ElemType::kF16 : ElemType::kBf16;
+          State got = random_state(n, seed, /*specials=*/true);
+          got.set_grad_type(gt);
+          State want = got;
+          const ConstTypedSpan g = got.grad();
+          const kernels::AdamInt8KernelArgs k{&c.constants, got.p.data(),  got.m.data(),       got.v.data(),
+                                              got.m_scale.data(), got.v_scale.data(), g.data, g.type,
+                                              c.copy ? got.out.data() : nullptr, c.copy_type, n};
+          e.fn(k);
+          reference(want, c);
+          ASSERT_TRUE(states_equal(got, want, c.copy_type))
+              << isa_name(e.isa) << " n=" << n << " grad=" << elem_type_name(gt) << " copy=" << copy;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
