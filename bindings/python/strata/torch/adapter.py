@@ -38,8 +38,6 @@ import dataclasses
 import io
 import os
 import random
-import threading
-import time
 import weakref
 
 import torch
@@ -47,144 +45,11 @@ import torch.utils.dlpack
 
 from .. import engine as _engine
 from .. import errors
+from .placeholders import (_NAMES_ATTR, Placeholders, _as_internal, _guard_class, _guard_classes,
+                           _owner_of_param)
+from .records import _Group, _Param, _timed, _Unit
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-_tls = threading.local()
-
-
-def _internal():
-    return getattr(_tls, "internal", 0) > 0
-
-
-@contextlib.contextmanager
-def _as_internal():
-    _tls.internal = getattr(_tls, "internal", 0) + 1
-    try:
-        yield
-    finally:
-        _tls.internal -= 1
-
-
-# --- parameters that are not fetched ------------------------------------------------------------
-# Attributes that read no values: always allowed on a parameter that is not fetched.
-_ALLOWED_ATTRS = frozenset({
-    "data", "shape", "dtype", "device", "grad", "requires_grad", "is_leaf", "grad_fn", "ndim", "layout",
-    "is_cuda", "is_sparse", "is_quantized", "is_meta", "names", "_version", "_base", "is_mkldnn", "is_nested",
-    "output_nr", "_backward_hooks", "_grad", "_grad_fn", "_cdata", "__dict__", "__class__", "itemsize", "nbytes",
-})
-_ALLOWED_METHODS = frozenset({
-    "size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex", "get_device",
-    "ndimension", "is_contiguous", "__hash__", "register_hook", "_is_view", "__len__",
-})
-_guard_classes = {}
-# id(Parameter) -> (its _Param, a weakref to its Engine), while the engine is
-# open. A parameter also carries its names (_NAMES_ATTR: parameter, group)
-# for the messages after close().
-_owner_of_param = {}
-_NAMES_ATTR = "_strata_names"
-
-
-def _not_fetched(t, what):
-    """The NotFetched error for a use (`what`) of parameter t that is not fetched."""
-    owner = _owner_of_param.get(id(t))
-    if owner is not None and owner[1]() is not None:
-        rec = owner[0]
-        return errors.NotFetched(
-            f"strata: parameter '{rec.name}' is used ({what}) while its fetch group '{rec.group.name}' is not "
-            f"fetched: use it inside the forward of a module that owns it, or inside `with engine.gathered():` "
-            f"(every parameter fetched)", status="FAILED_PRECONDITION")
-    name, group = getattr(t, _NAMES_ATTR, ("?", "?"))
-    return errors.NotFetched(
-        f"strata: parameter '{name}' (fetch group '{group}') is used ({what}) after its engine was closed, "
-        f"which took its values along: take the weights before engine.close() (engine.state_dict(), "
-        f"engine.export(), or copy.deepcopy(model) for a plain PyTorch copy)", status="FAILED_PRECONDITION")
-
-
-def _deepcopy_unfetched(self, memo):
-    """copy.deepcopy of a parameter that is not fetched: a plain parameter of
-    the model's class holding its compute copy (what the model computes with),
-    on the model's device, of its own (the engine does not know it)."""
-    if id(self) in memo:
-        return memo[id(self)]
-    owner = _owner_of_param.get(id(self))
-    engine = owner[1]() if owner is not None else None
-    if engine is None:
-        raise _not_fetched(self, "copy.deepcopy")
-    rec = owner[0]
-    result = rec.cls(engine._compute_copy_of(rec, memo), self.requires_grad)
-    memo[id(self)] = result
-    return result
-
-
-def _guard_class(cls):
-    """A subclass of `cls` whose operations raise NotFetched."""
-    guarded = _guard_classes.get(cls)
-    if guarded is None:
-        def __torch_function__(kind, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = getattr(func, "__name__", "")
-            attr = getattr(getattr(func, "__self__", None), "__name__", None)
-            allowed = _internal() or name in _ALLOWED_METHODS or (
-                name in ("__get__", "__set__", "__delete__") and attr in _ALLOWED_ATTRS)
-            if not allowed:
-                for a in list(args) + list(kwargs.values()):
-                    for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                        if isinstance(t, torch.Tensor) and type(t) in _guard_classes.values():
-                            raise _not_fetched(t, attr if name in ("__get__", "__set__") else name)
-            with torch._C.DisableTorchFunction():
-                return func(*args, **kwargs)
-
-        guarded = type(f"Unfetched{cls.__name__}", (cls,),
-                       {"__torch_function__": classmethod(__torch_function__), "__deepcopy__": _deepcopy_unfetched,
-                        "__module__": __name__})
-        _guard_classes[cls] = guarded
-    return guarded
-
-
-class _Param:
-    __slots__ = ("name", "p", "cls", "group", "offset", "numel", "shape", "trainable", "acc", "aliases")
-
-    def __init__(self, name, p):
-        self.name, self.p, self.cls = name, p, type(p)
-        self.shape = tuple(p.shape)
-        self.numel = p.numel()
-        self.trainable = bool(p.requires_grad)
-        self.group = None
-        self.offset = 0
-        self.acc = None
-        self.aliases = [name]
-
-
-class _Group:
-    __slots__ = ("name", "params", "info", "refs", "flat", "grads", "got", "sent", "outstanding", "backward_refs",
-                 "handover", "trainable", "numel")
-
-    def __init__(self, name):
-        self.name = name
-        self.params = []
-        self.info = None
-        self.refs = 0              # acquisitions (fetches are counted)
-        self.flat = None           # the fetched compute copies (a flat tensor)
-        self.grads = None          # this micro-batch's gradient buffer (flat), or None
-        self.got = None            # ids of the _Params whose gradient is in it
-        self.sent = False          # this micro-batch's gradients handed to the engine
-        self.outstanding = 0       # grad-enabled forward calls whose backward has not ended
-        self.backward_refs = 0     # acquisitions made by _PreBackward, not yet released
-        self.handover = 0          # fetches of a recomputation that its backward's _PreBackward takes over
-        self.trainable = False
-        self.numel = 0
-
-
-class _Unit:
-    """A module whose forward needs some groups."""
-    __slots__ = ("module", "name", "groups", "engine", "saving", "mark_inputs", "__weakref__")
-
-    def __init__(self, module, name, engine):
-        self.module, self.name, self.groups, self.engine = module, name, [], engine
-        self.saving = False
-        self.mark_inputs = False
-
-
 _MARK_IN_FORWARD = object()  # _forward_pre's kwargs when _ForwardWrapper marks the inputs
 
 
@@ -363,7 +228,7 @@ def _default_blocks(model):
     return blocks
 
 
-class Engine:
+class Engine(Placeholders):
     """A PyTorch module trained through strata. Made by initialize()."""
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
@@ -390,7 +255,7 @@ class Engine:
         self._fingerprint_weights = None  # see _fingerprints
         self._in_backward = False
         self._micro = 0
-        self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see _timed)
+        self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see records._timed)
         self.gradient_accumulation_steps = int(self.config.get("gradient_accumulation_steps", 1))
         try:
             self._setup(model, blocks, param_groups, weights, weights_prefix, name_prefix)
@@ -583,22 +448,6 @@ class Engine:
             cache = self._by_name = {rec.name: rec for rec in self._params.values()}
         return cache
 
-    def _replace_meta(self, model, rec):
-        """A meta parameter cannot take real data (set_data refuses): put a new
-        Parameter in its place, in every module that holds it."""
-        new = torch.nn.Parameter(self._placeholder(rec), requires_grad=rec.trainable)
-        old = rec.p
-        for module in model.modules():
-            for k, v in list(module._parameters.items()):
-                if v is old:
-                    module._parameters[k] = new
-        del self._params[id(old)]
-        rec.p, rec.cls = new, type(new)
-        self._params[id(new)] = rec
-
-    def _placeholder(self, rec):
-        return self._placeholder_base.expand(rec.shape) if rec.shape else self._placeholder_base[0]
-
     # --- fetch and release ------------------------------------------------------------------------
     def _stream(self):
         """The framework's stream for the C API: torch's current one. Its default
@@ -670,18 +519,6 @@ class Engine:
         self._engine.release(g.name, self._stream())
 
     # --- hooks ------------------------------------------------------------------------------------
-    def _timed(fn):
-        """Adds the method's wall time to self.adapter_seconds (the adapter's own
-        work in the step: hooks, fetches and copies, gradient moves)."""
-        def wrapper(self, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                self.adapter_seconds += time.perf_counter() - t0
-        wrapper.__name__ = fn.__name__
-        return wrapper
-
     def _pack(self, t):
         """Saved-tensor pack hook: a tensor saved for the backward that lives in
         a fetched group's buffer (a parameter, or a view of one such as
@@ -1121,21 +958,6 @@ class Engine:
             out[name] = b.detach().to("cpu")
         order = self.module.state_dict(keep_vars=True).keys()
         return {k: out[k] for k in order if k in out}
-
-    def _compute_copy_of(self, rec, memo):
-        """A copy of rec's compute copy on the model's device, for
-        copy.deepcopy (`memo`: its memo, which keeps the last group read, so
-        that a group is fetched once for all its parameters)."""
-        key = ("strata.torch.deepcopy", id(self))
-        held = memo.get(key)
-        if held is None or held[0] is not rec.group:
-            g = rec.group
-            self._acquire(g)
-            try:
-                held = memo[key] = (g, g.flat.detach().clone())
-            finally:
-                self._release(g)
-        return held[1][rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
 
     def _host_copy(self, g):
         """A copy of the group's compute copies in host memory (fetched for it
