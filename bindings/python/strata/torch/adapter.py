@@ -31,10 +31,7 @@ How it works, in one place:
   hooks deep-copy to inert ones, a parameter that is not fetched to a plain
   one holding its compute copy.
 """
-import contextlib
-import copy
 import ctypes
-import dataclasses
 import io
 import os
 import random
@@ -45,169 +42,13 @@ import torch.utils.dlpack
 
 from .. import engine as _engine
 from .. import errors
+from .fetch import Fetching
+from .hooks import Hooks
 from .placeholders import (_NAMES_ATTR, Placeholders, _as_internal, _guard_class, _guard_classes,
                            _owner_of_param)
 from .records import _Group, _Param, _timed, _Unit
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-_MARK_IN_FORWARD = object()  # _forward_pre's kwargs when _ForwardWrapper marks the inputs
-
-
-def _inert_hook(*args, **kwargs):
-    """What a copy of a model (copy.deepcopy) has in place of the adapter's hooks."""
-    return None
-
-
-class _Hook:
-    """One of the adapter's forward hooks on a module. copy.deepcopy of the
-    module gives the copy an inert hook: a copy (an EMA or teacher model) is a
-    plain module of its own, which the engine neither fetches for nor trains."""
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
-
-    def __deepcopy__(self, memo):
-        return _inert_hook
-
-
-class _MarkingForward:
-    """A unit's forward under _ForwardWrapper: marks the inputs, then calls the
-    module's own forward. Its deepcopy (that of a copy of the module) is what
-    the module's own forward deep-copies to: the copy's."""
-    __slots__ = ("unit", "inner")
-
-    def __init__(self, unit, inner):
-        self.unit, self.inner = unit, inner
-
-    def __call__(self, *args, **kwargs):
-        u = self.unit()
-        if u is not None and getattr(u, "mark_inputs", False):
-            u.mark_inputs = False
-            args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
-        return self.inner(*args, **kwargs)
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(self.inner, memo)
-
-
-class _ForwardWrapper:
-    """Wraps a unit's forward (torch < 2.0, whose pre-hooks see no keyword
-    inputs) to put the _PostBackward marker on positional and keyword inputs
-    alike. remove() restores the module's own forward."""
-
-    def __init__(self, unit):
-        self.module = unit.module
-        self.module.forward = _MarkingForward(weakref.ref(unit), self.module.forward)
-
-    def remove(self):
-        self.module.__dict__.pop("forward", None)
-
-
-class _SavedView:
-    """A saved tensor that lived in a group's buffer (see Engine._pack)."""
-    __slots__ = ("group", "offset", "size", "stride")
-
-    def __init__(self, group, offset, size, stride):
-        self.group, self.offset, self.size, self.stride = group, offset, size, stride
-
-
-def _storage_address(t):
-    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
-
-
-def _has_kwargs_hooks():
-    import inspect
-    try:
-        return "with_kwargs" in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _call(unit_ref, method, *args):
-    """A hook's call into its engine; nothing once the engine is gone."""
-    unit = unit_ref()
-    if unit is None:
-        return None
-    return getattr(unit.engine, method)(unit, *args)
-
-
-def _call_engine(engine_ref, method):
-    engine = engine_ref()
-    if engine is not None:
-        getattr(engine, method)()
-
-
-def _backward_marker(name, doc, event):
-    """An identity autograd Function whose backward calls
-    `unit.engine.<event>(unit)`: on a unit's outputs it fires before the
-    unit's backward (_PreBackward), on its inputs after it (_PostBackward)."""
-
-    def forward(ctx, unit, *tensors):
-        ctx.unit = unit
-        return tuple(t.detach() for t in tensors)
-
-    def backward(ctx, *grads):
-        getattr(ctx.unit.engine, event)(ctx.unit)
-        return (None,) + grads
-
-    return type(name, (torch.autograd.Function,),
-                {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
-
-
-_PreBackward = _backward_marker("_PreBackward", "Fetches a unit's groups before its backward.", "_pre_backward")
-_PostBackward = _backward_marker("_PostBackward", "Releases a unit's groups after its backward.", "_post_backward")
-
-
-def _map_tensors(obj, fn):
-    """Applies fn to the list of tensors that require grad inside obj (tuples,
-    lists, dicts, and objects with __dict__-free mapping like ModelOutput) and
-    rebuilds obj with the results."""
-    found = []
-
-    def collect(o):
-        if isinstance(o, torch.Tensor):
-            if o.requires_grad:
-                found.append(o)
-        elif isinstance(o, (list, tuple)):
-            for x in o:
-                collect(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                collect(x)
-        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
-            for f in dataclasses.fields(o):
-                collect(getattr(o, f.name))
-
-    collect(obj)
-    if not found:
-        return obj
-    replaced = fn(found)
-    mapping = {id(a): b for a, b in zip(found, replaced)}
-
-    def rebuild(o):
-        if isinstance(o, torch.Tensor):
-            return mapping.get(id(o), o)
-        if isinstance(o, tuple) and hasattr(o, "_fields"):  # namedtuple
-            return type(o)(*[rebuild(x) for x in o])
-        if isinstance(o, (list, tuple)):
-            return type(o)(rebuild(x) for x in o)
-        if isinstance(o, dict):
-            new = {k: rebuild(v) for k, v in o.items()}
-            try:
-                out = type(o)(**new) if type(o) is not dict else new
-            except TypeError:
-                out = type(o)(new)
-            return out
-        if dataclasses.is_dataclass(o) and not isinstance(o, type):
-            return dataclasses.replace(o, **{f.name: rebuild(getattr(o, f.name)) for f in dataclasses.fields(o)
-                                             if f.init})
-        return o
-
-    return rebuild(obj)
 
 
 def _default_blocks(model):
@@ -228,7 +69,7 @@ def _default_blocks(model):
     return blocks
 
 
-class Engine(Placeholders):
+class Engine(Hooks, Fetching, Placeholders):
     """A PyTorch module trained through strata. Made by initialize()."""
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
@@ -418,23 +259,7 @@ class Engine(Placeholders):
                     rec.acc = rec.p.expand_as(rec.p).grad_fn.next_functions[0][0]
                 rec.acc.register_hook(self._make_grad_hook(rec))
         self._order = order
-        kwargs_hooks = _has_kwargs_hooks()
-        for unit in self._units:
-            ref = weakref.ref(unit)
-            if kwargs_hooks:
-                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
-                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs)), with_kwargs=True))
-            else:
-                # torch < 2.0: the pre-hook sees no keyword inputs; the marker goes
-                # on in a wrapper of the module's forward, over args and kwargs.
-                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
-                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD))))
-                self._hooks.append(_ForwardWrapper(unit))
-            self._hooks.append(unit.module.register_forward_hook(_Hook(
-                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output))))
-        me = weakref.ref(self)
-        self._hooks.append(model.register_forward_pre_hook(_Hook(lambda m, args: _call_engine(me, "_root_pre"))))
-        self._hooks.append(model.register_forward_hook(_Hook(lambda m, args, out: _call_engine(me, "_root_post"))))
+        self._install_hooks(model)
 
     def _init_from_tensor(self, name, out):
         src = self._sources.pop(name[len(self._name_prefix):])
@@ -448,211 +273,7 @@ class Engine(Placeholders):
             cache = self._by_name = {rec.name: rec for rec in self._params.values()}
         return cache
 
-    # --- fetch and release ------------------------------------------------------------------------
-    def _stream(self):
-        """The framework's stream for the C API: torch's current one. Its default
-        stream is handle 0, which strata would read as "no stream, the work is
-        done": pass cudaStreamLegacy (1) instead, which orders after it."""
-        if self.device != "cuda":
-            return None
-        handle = torch.cuda.current_stream(self.torch_device).cuda_stream
-        return ctypes.c_void_p(handle if handle else 1)
-
-    def _acquire(self, g):
-        if g.refs > 0 or g.flat is not None:
-            g.refs += 1
-            return
-        e = self._engine
-        if self._zero_copy:
-            self._fetch_making_room(g)
-            try:
-                flat = torch.utils.dlpack.from_dlpack(e.dlpack(g.name, "compute"))
-            except errors.Unimplemented:  # a library built without DLPack: copy (host device only)
-                if self.device == "cuda":
-                    raise
-                self._zero_copy = False
-                flat = torch.empty(g.numel, dtype=self.dtype)
-                e.release(g.name)
-                e.fetch_host(g.name, flat)
-        else:
-            flat = torch.empty(g.numel, dtype=self.dtype)
-            e.fetch_host(g.name, flat)
-        g.flat = flat
-        g.refs += 1
-        self._by_storage[_storage_address(flat)] = g
-        with _as_internal():
-            for rec in g.params:
-                rec.p.data = flat[rec.offset:rec.offset + rec.numel].view(rec.shape)
-                rec.p.__class__ = rec.cls
-
-    def _fetch_making_room(self, g):
-        """Fetches g's buffer. Under resident(), groups kept but not in use
-        give way when the device budget has no room for it: they are released
-        and the fetch tried again (the context keeps what the budget holds)."""
-        try:
-            self._engine.fetch(g.name, self._stream())
-            return
-        except errors.ResourceExhausted:
-            idle = [h for h in self._group_list if h.refs == 0 and h.flat is not None]
-            if self._resident_depth == 0 or not idle:
-                raise
-        for h in idle:
-            self._drop(h)
-        self._engine.fetch(g.name, self._stream())
-
-    def _release(self, g):
-        if g.refs <= 0:
-            raise errors.Internal(f"strata.torch: group '{g.name}' released more often than fetched",
-                                  status="INTERNAL")
-        g.refs -= 1
-        if g.refs > 0 or self._resident_depth > 0:
-            return
-        self._drop(g)
-
-    def _drop(self, g):
-        with _as_internal():
-            for rec in g.params:
-                rec.p.data = self._placeholder(rec)
-                rec.p.__class__ = _guard_class(rec.cls)
-        self._by_storage.pop(_storage_address(g.flat), None)
-        g.flat = None
-        self._engine.release(g.name, self._stream())
-
-    # --- hooks ------------------------------------------------------------------------------------
-    def _pack(self, t):
-        """Saved-tensor pack hook: a tensor saved for the backward that lives in
-        a fetched group's buffer (a parameter, or a view of one such as
-        Linear's weight.t()) is saved as (group, offset, size, stride), so the
-        forward's buffer is released at once; the backward rebuilds it from the
-        buffer its own fetch brings."""
-        if not self._by_storage:
-            return t
-        g = self._by_storage.get(_storage_address(t))
-        if g is None or g.flat is None:
-            return t
-        return _SavedView(g, t.storage_offset() - g.flat.storage_offset(), tuple(t.size()), tuple(t.stride()))
-
-    def _unpack(self, x):
-        if not isinstance(x, _SavedView):
-            return x
-        g = x.group
-        if g.flat is None:
-            # Its unit's _PreBackward did not fetch it (it was not reached):
-            # fetch now; the unit's _PostBackward or the end of the backward releases it.
-            self._acquire(g)
-            g.backward_refs += 1
-        return g.flat.as_strided(x.size, x.stride, g.flat.storage_offset() + x.offset)
-
-    def _begin_saving(self):
-        if self._saving is None and torch.is_grad_enabled() and not self._in_backward:
-            self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            self._saving.__enter__()
-            return True
-        return False
-
-    def _end_saving(self):
-        if self._saving is not None:
-            saving, self._saving = self._saving, None
-            saving.__exit__(None, None, None)
-
-    def _root_pre(self):
-        if self._closed:
-            return
-        if not self._in_backward and self._resident_depth == 0:
-            self._recover_from_failed_forward()
-        self._root_saving = self._begin_saving()
-
-    def _recover_from_failed_forward(self):
-        """A forward that raised left its groups fetched (its post-hooks never
-        ran): release them before the next forward of the model."""
-        self._end_saving()
-        for g in self._group_list:
-            if g.refs > 0 and g.backward_refs == 0:
-                g.refs = 0
-                self._drop(g)
-
-    def _root_post(self):
-        if not self._closed and self._root_saving:
-            self._root_saving = False
-            self._end_saving()
-
-    @_timed
-    def _forward_pre(self, unit, args, kwargs=None):
-        if self._closed:
-            return None
-        for g in unit.groups:
-            self._acquire(g)
-        unit.saving = self._begin_saving()  # the unit is called outside the model's forward
-        if not torch.is_grad_enabled():
-            return None
-        if self._in_backward:
-            # A recomputation (activation checkpointing): balanced by its
-            # _forward_post, or at the end of the backward when torch stops it early.
-            self._recomputing.append(unit)
-        # Frozen groups too: their backward (gradients of the inputs) fetches
-        # them, and _PostBackward releases them as soon as it is done.
-        for g in unit.groups:
-            if g.trainable:
-                g.outstanding += 1
-        if kwargs is _MARK_IN_FORWARD:
-            unit.mark_inputs = True  # _ForwardWrapper marks them
-            return None
-        if kwargs is None:
-            return _map_tensors(args, lambda ts: _PostBackward.apply(unit, *ts))
-        return _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(unit, *ts))
-
-    @_timed
-    def _forward_post(self, unit, output):
-        if self._closed:
-            return None
-        if unit.saving:
-            unit.saving = False
-            self._end_saving()
-        if torch.is_grad_enabled():
-            marked = []
-            output = _map_tensors(output, lambda ts: marked.extend(ts) or _PreBackward.apply(unit, *ts))
-            if not marked and any(g.trainable for g in unit.groups):
-                raise errors.Unimplemented(
-                    f"strata.torch: module '{unit.name}' returned {type(output).__name__}, in which the adapter "
-                    f"finds no tensor that requires grad; return tensors, or tuples, lists, dicts or dataclasses "
-                    f"of them, so that its backward can fetch its parameters", status="UNIMPLEMENTED")
-        if self._in_backward and unit in self._recomputing:
-            last = len(self._recomputing) - 1 - self._recomputing[::-1].index(unit)
-            del self._recomputing[last]
-            for g in unit.groups:
-                if g.backward_refs == 0:
-                    # Reentrant checkpointing: the recomputed graph's backward
-                    # comes next and its _PreBackward takes this fetch over
-                    # (rather than fetching the group a second time).
-                    g.handover += 1
-                else:  # recomputed inside the group's own backward (non-reentrant): it stays fetched anyway
-                    self._release(g)
-            return output
-        for g in unit.groups:
-            self._release(g)
-        return output
-
-    @_timed
-    def _pre_backward(self, unit):
-        for g in unit.groups:
-            if g.handover > 0:
-                g.handover -= 1  # the fetch of its recomputation
-            else:
-                self._acquire(g)
-            g.backward_refs += 1
-
-    @_timed
-    def _post_backward(self, unit):
-        for g in unit.groups:
-            if g.backward_refs > 0:
-                g.backward_refs -= 1
-                self._release(g)
-            if not g.trainable:
-                continue
-            g.outstanding -= 1
-            if g.outstanding == 0 and not g.sent:
-                self._send(g)
-
+    # --- gradients ----------------------------------------------------------------------------------
     def _make_grad_hook(self, rec):
         def hook(grad_inputs, grad_outputs):
             p = rec.p
@@ -838,23 +459,13 @@ class Engine(Placeholders):
         return rec.group.name
 
     # --- weights --------------------------------------------------------------------------------------
-    @contextlib.contextmanager
     def resident(self):
         """Groups fetched inside stay fetched until the context ends (evaluation,
         generation: no fetch per call), as far as strata.budgets.device holds
         them: when a fetch finds no room, the kept groups not in use are
         released first. gathered() fetches every group."""
-        self._resident_depth += 1
-        try:
-            yield self
-        finally:
-            self._resident_depth -= 1
-            if self._resident_depth == 0:
-                for g in self._group_list:
-                    if g.refs == 0 and g.flat is not None:
-                        self._drop(g)
+        return self._resident()
 
-    @contextlib.contextmanager
     def gathered(self):
         """Every parameter holds its full compute copy inside (all groups fetched
         and resident), to be read: the engine trains the fp32 master weights,
@@ -863,21 +474,7 @@ class Engine(Placeholders):
         parameter's bits are summed at entry and exit), after putting the
         compute copies of trainable ones back from their masters (which a
         context left by an exception does too, raising that exception)."""
-        with self.resident():
-            for g in self._group_list:
-                self._acquire(g)
-            try:
-                before = self._fingerprints()
-                try:
-                    yield self
-                except BaseException:
-                    self._undo_writes(before)  # and the error goes on, unmasked
-                    raise
-                # (No step or checkpoint load rewrites them inside: both refuse fetched groups.)
-                self._check_unwritten(before)
-            finally:
-                for g in self._group_list:
-                    self._release(g)
+        return self._gathered()
 
     def _fingerprints(self):
         """(parameters, 2) int64 on the device: each parameter's fetched compute
