@@ -32,22 +32,20 @@ How it works, in one place:
   one holding its compute copy.
 """
 import ctypes
-import io
-import os
-import random
 import weakref
 
 import torch
 import torch.utils.dlpack
 
 from .. import engine as _engine
-from .. import errors
+from .checkpoints import Checkpoints
 from .fetch import Fetching
 from .gradients import Gradients
 from .hooks import Hooks
 from .placeholders import (_NAMES_ATTR, Placeholders, _as_internal, _guard_class, _guard_classes,
                            _owner_of_param)
 from .records import _Group, _Param, _Unit
+from .write_check import WriteCheck
 
 _TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -70,7 +68,7 @@ def _default_blocks(model):
     return blocks
 
 
-class Engine(Hooks, Fetching, Gradients, Placeholders):
+class Engine(Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkpoints):
     """A PyTorch module trained through strata. Made by initialize()."""
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
@@ -343,101 +341,17 @@ class Engine(Hooks, Fetching, Gradients, Placeholders):
         context left by an exception does too, raising that exception)."""
         return self._gathered()
 
-    def _fingerprints(self):
-        """(parameters, 2) int64 on the device: each parameter's fetched compute
-        copy summed as integers, plainly and weighted by position (a write, a
-        permutation too, changes them but for a collision chance)."""
-        weights = self._fingerprint_weights
-        if weights is None:
-            gen = torch.Generator().manual_seed(0x5742)
-            size = min(_FINGERPRINT_CHUNK, max(rec.numel for rec in self._order))
-            weights = torch.randint(1, 1 << 16, (size,), generator=gen, dtype=torch.int64)
-            weights = self._fingerprint_weights = weights.to(self.torch_device)
-        out = torch.zeros((len(self._order), 2), dtype=torch.int64, device=self.torch_device)
-        with torch.no_grad():
-            for i, rec in enumerate(self._order):
-                flat = rec.group.flat
-                bits = flat[rec.offset:rec.offset + rec.numel].view(_INT_OF[flat.dtype])
-                for k, start in enumerate(range(0, rec.numel, _FINGERPRINT_CHUNK)):
-                    chunk = bits[start:start + _FINGERPRINT_CHUNK].to(torch.int64)
-                    out[i, 0] += chunk.sum()
-                    out[i, 1] += (chunk * weights[:chunk.numel()]).sum() * (k + 1)
-        return out
-
-    def _undo_writes(self, before):
-        """The parameters written since `before` (_fingerprints); the compute
-        copies of trainable ones are put back from their masters."""
-        after = self._fingerprints()
-        if torch.equal(before, after):
-            return []
-        written = [rec for rec, a, b in zip(self._order, before, after) if not torch.equal(a, b)]
-        with torch.no_grad():
-            for rec in written:
-                if rec.trainable:
-                    master = torch.empty(rec.shape, dtype=torch.float32)
-                    self._engine.read_master(self._name_prefix + rec.name, master)
-                    # Rounded to nearest even, as the engine rounds its masters to compute copies.
-                    rec.group.flat[rec.offset:rec.offset + rec.numel].copy_(master.view(-1))
-        return written
-
-    def _check_unwritten(self, before):
-        written = self._undo_writes(before)
-        if not written:
-            return
-        trainable = [rec for rec in written if rec.trainable]
-        frozen = [rec for rec in written if not rec.trainable]
-        parts = []
-        if trainable:
-            parts.append(f"The write {'' if not frozen else f'to {_names(trainable)} '}is undone: the compute "
-                         f"copies are put back from the masters (the next step would have overwritten them)")
-        if frozen:
-            parts.append(f"{_names(frozen)} {'is' if len(frozen) == 1 else 'are'} frozen (no master weights): "
-                         f"the compute copy is the only copy, and whether the write lasts depends on where it lives")
-        raise errors.ParameterWritten(
-            f"strata.torch: {_names(written)} {'was' if len(written) == 1 else 'were'} written inside "
-            f"engine.gathered(), which lends the compute copies to be read: the engine trains the fp32 master "
-            f"weights, which such a write does not reach. {'. '.join(parts)}. To change weights, change them "
-            f"before strata.torch.initialize, or start a new engine from the weights you want "
-            f"(initialize(model, config, weights=DIR), or engine.state_dict() edited and loaded into a new "
-            f"model)", status="FAILED_PRECONDITION")
-
     def state_dict(self, dtype=torch.float32):
         """The model's weights under its own names (every alias of a tied weight,
         and buffers, as module.state_dict()): the fp32 masters of trainable
         parameters, the compute copies of frozen ones, in `dtype` on the CPU."""
-        out = {}
-        for g in self._group_list:
-            flat = None
-            for rec in g.params:
-                if rec.trainable:
-                    t = torch.empty(rec.shape, dtype=torch.float32)
-                    self._engine.read_master(self._name_prefix + rec.name, t)
-                else:
-                    if flat is None:
-                        flat = self._host_copy(g)
-                    t = flat[rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
-                for alias in rec.aliases:
-                    out[alias] = t.to(dtype)
-        for name, b in self.module.named_buffers():
-            out[name] = b.detach().to("cpu")
-        order = self.module.state_dict(keep_vars=True).keys()
-        return {k: out[k] for k in order if k in out}
-
-    def _host_copy(self, g):
-        """A copy of the group's compute copies in host memory (fetched for it
-        when the group is not fetched)."""
-        self._acquire(g)
-        try:
-            return g.flat.detach().to("cpu", copy=True)
-        finally:
-            self._release(g)
+        return self._state_dict(dtype)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
         """Writes the weights as safetensors under the model's parameter names
         (Hugging Face layout: model.safetensors, or shards of at most
         max_shard_bytes with model.safetensors.index.json)."""
-        os.makedirs(directory, exist_ok=True)
-        self._engine.export_safetensors(directory, dtype, max_shard_bytes)
+        self._export(directory, dtype, max_shard_bytes)
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def save_checkpoint(self, root, client_state=None, save_rng=True):
@@ -445,54 +359,11 @@ class Engine(Hooks, Fetching, Gradients, Placeholders):
         docs/checkpoints.md), with `client_state` (anything torch.save takes:
         the data position, ...) and, by default, torch's and Python's RNG
         states, restored by load_checkpoint."""
-        if self._micro != 0:
-            raise errors.FailedPrecondition(
-                f"strata.torch: save_checkpoint in the middle of a step ({self._micro} of "
-                f"{self.gradient_accumulation_steps} micro-batches in); call it after step()",
-                status="FAILED_PRECONDITION")
-        # Persistent buffers (running statistics and the like) are the model's
-        # state too: the blob carries them (the engine holds the parameters).
-        persistent = {k for k, v in self.module.state_dict(keep_vars=True).items()
-                      if not isinstance(v, torch.nn.Parameter)}
-        buffers = {n: b.detach().to("cpu").clone() for n, b in self.module.named_buffers() if n in persistent}
-        blob = {"client_state": client_state, "format": 1, "buffers": buffers}
-        if save_rng:
-            blob["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                blob["rng"]["cuda"] = torch.cuda.get_rng_state_all()
-        buf = io.BytesIO()
-        torch.save(blob, buf)
-        self._engine.save_checkpoint(root, buf.getvalue())
+        self._save_checkpoint(root, client_state, save_rng)
 
     def load_checkpoint(self, root, load_rng=True):
         """Loads a checkpoint (from any placement) and returns its client_state."""
-        raw = self._engine.load_checkpoint(root)
-        self._micro = 0
-        self._failed = None
-        if not raw:
-            return None
-        # The blob is this engine's own (torch.save above): trusted like the checkpoint itself.
-        try:
-            blob = torch.load(io.BytesIO(raw), weights_only=False)
-        except TypeError:  # torch < 1.13 has no weights_only
-            blob = torch.load(io.BytesIO(raw))
-        if blob.get("buffers"):
-            current = dict(self.module.named_buffers())
-            missing = sorted(set(blob["buffers"]) - set(current))
-            if missing:
-                raise errors.FailedPrecondition(
-                    f"strata.torch: the checkpoint has buffers the model lacks: {', '.join(missing)}",
-                    status="FAILED_PRECONDITION")
-            with torch.no_grad():
-                for n, b in blob["buffers"].items():
-                    current[n].copy_(b)
-        rng = blob.get("rng")
-        if load_rng and rng:
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
-        return blob.get("client_state")
+        return self._load_checkpoint(root, load_rng)
 
     # --- life -----------------------------------------------------------------------------------------
     def close(self):
@@ -513,16 +384,6 @@ class Engine(Hooks, Fetching, Gradients, Placeholders):
 
     def __exit__(self, *exc):
         self.close()
-
-
-_FINGERPRINT_CHUNK = 1 << 22  # elements summed at once by Engine._fingerprints
-_INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
-def _names(recs, most=5):
-    """'a', 'b' and 3 more: parameter names for a message."""
-    shown = ", ".join(f"'{rec.name}'" for rec in recs[:most])
-    return shown + (f" and {len(recs) - most} more" if len(recs) > most else "")
 
 
 def _has_remove_duplicate():
