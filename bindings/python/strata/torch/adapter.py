@@ -1,369 +1,54 @@
-"""The PyTorch adapter (its contract: docs/python.md).
+"""The PyTorch adapter (its contract: docs/python.md): the facade, `Engine`
+and `initialize`. The work is in the rooms beside this file (README.md lists
+them); `Engine` is made of their parts and holds the public calls.
 
 How it works, in one place:
 - Every parameter of the module is registered with the engine under its name
-  in `named_parameters()`; the Parameter objects stay (only `.data` changes):
-  a view of the fetched group while it is fetched, else a placeholder of the
-  right shape, dtype and device that holds no memory and raises NotFetched
-  (naming the parameter and its group) when an operation reads it.
+  in `named_parameters()` (setup.py); the Parameter objects stay (only `.data`
+  changes): a view of the fetched group while it is fetched (fetch.py), else a
+  placeholder of the right shape, dtype and device that holds no memory and
+  raises NotFetched (naming the parameter and its group) when an operation
+  reads it (placeholders.py).
 - Fetch groups: one per repeated block (the children of every ModuleList, or
   the `blocks` given), the other parameters grouped by the module that owns
   them. A "unit" is a module whose forward needs some groups: each block, and
   each module outside the blocks that owns parameters (a tied parameter makes
   its user fetch the owner's group too).
-- Forward: a unit's pre-hook acquires its groups (fetch on the first
-  acquire: fetches are counted), its post-hook releases them. With grad
+- Forward (hooks.py): a unit's pre-hook acquires its groups (fetch on the
+  first acquire: fetches are counted), its post-hook releases them. With grad
   enabled the unit's outputs pass through _PreBackward (its backward acquires
   the groups again before the unit's backward runs) and its inputs through
   _PostBackward (its backward fires after the unit's backward: release).
-- Gradients: a post-hook on each trainable parameter's AccumulateGrad node
-  moves `p.grad` into the group's gradient buffer (adding when it arrives
-  twice in a micro-step) and clears it. A group's gradients are handed to the
-  engine when every grad-enabled forward call of the units using it has had
-  its backward; what is left is handed over when `backward` ends (groups
-  whose inputs did not need gradients, groups that got none: zeros).
+- Gradients (gradients.py): a post-hook on each trainable parameter's
+  AccumulateGrad node moves `p.grad` into the group's gradient buffer (adding
+  when it arrives twice in a micro-step) and clears it. A group's gradients
+  are handed to the engine when every grad-enabled forward call of the units
+  using it has had its backward; what is left is handed over when `backward`
+  ends (groups whose inputs did not need gradients, groups that got none:
+  zeros).
 - The engine owns accumulation, clipping, loss scaling and the optimizer:
   `backward` scales the loss (fp16), `step` is `step_end` once every
   micro-batch of the step is in.
 - Outside the step: gathered() fetches every group and, at its end, checks
   that no parameter was written (a write cannot reach the master weights;
-  ParameterWritten). copy.deepcopy of the model gives plain modules: the
-  hooks deep-copy to inert ones, a parameter that is not fetched to a plain
-  one holding its compute copy.
+  ParameterWritten, write_check.py). copy.deepcopy of the model gives plain
+  modules: the hooks deep-copy to inert ones, a parameter that is not fetched
+  to a plain one holding its compute copy. state_dict, export and
+  checkpoints: checkpoints.py.
 """
-import contextlib
-import copy
-import ctypes
-import dataclasses
-import io
-import os
-import random
-import threading
-import time
-import weakref
-
 import torch
-import torch.utils.dlpack
 
 from .. import engine as _engine
-from .. import errors
-
-_TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-_tls = threading.local()
-
-
-def _internal():
-    return getattr(_tls, "internal", 0) > 0
-
-
-@contextlib.contextmanager
-def _as_internal():
-    _tls.internal = getattr(_tls, "internal", 0) + 1
-    try:
-        yield
-    finally:
-        _tls.internal -= 1
-
-
-# --- parameters that are not fetched ------------------------------------------------------------
-# Attributes that read no values: always allowed on a parameter that is not fetched.
-_ALLOWED_ATTRS = frozenset({
-    "data", "shape", "dtype", "device", "grad", "requires_grad", "is_leaf", "grad_fn", "ndim", "layout",
-    "is_cuda", "is_sparse", "is_quantized", "is_meta", "names", "_version", "_base", "is_mkldnn", "is_nested",
-    "output_nr", "_backward_hooks", "_grad", "_grad_fn", "_cdata", "__dict__", "__class__", "itemsize", "nbytes",
-})
-_ALLOWED_METHODS = frozenset({
-    "size", "dim", "numel", "nelement", "element_size", "is_floating_point", "is_complex", "get_device",
-    "ndimension", "is_contiguous", "__hash__", "register_hook", "_is_view", "__len__",
-})
-_guard_classes = {}
-# id(Parameter) -> (its _Param, a weakref to its Engine), while the engine is
-# open. A parameter also carries its names (_NAMES_ATTR: parameter, group)
-# for the messages after close().
-_owner_of_param = {}
-_NAMES_ATTR = "_strata_names"
-
-
-def _not_fetched(t, what):
-    """The NotFetched error for a use (`what`) of parameter t that is not fetched."""
-    owner = _owner_of_param.get(id(t))
-    if owner is not None and owner[1]() is not None:
-        rec = owner[0]
-        return errors.NotFetched(
-            f"strata: parameter '{rec.name}' is used ({what}) while its fetch group '{rec.group.name}' is not "
-            f"fetched: use it inside the forward of a module that owns it, or inside `with engine.gathered():` "
-            f"(every parameter fetched)", status="FAILED_PRECONDITION")
-    name, group = getattr(t, _NAMES_ATTR, ("?", "?"))
-    return errors.NotFetched(
-        f"strata: parameter '{name}' (fetch group '{group}') is used ({what}) after its engine was closed, "
-        f"which took its values along: take the weights before engine.close() (engine.state_dict(), "
-        f"engine.export(), or copy.deepcopy(model) for a plain PyTorch copy)", status="FAILED_PRECONDITION")
-
-
-def _deepcopy_unfetched(self, memo):
-    """copy.deepcopy of a parameter that is not fetched: a plain parameter of
-    the model's class holding its compute copy (what the model computes with),
-    on the model's device, of its own (the engine does not know it)."""
-    if id(self) in memo:
-        return memo[id(self)]
-    owner = _owner_of_param.get(id(self))
-    engine = owner[1]() if owner is not None else None
-    if engine is None:
-        raise _not_fetched(self, "copy.deepcopy")
-    rec = owner[0]
-    result = rec.cls(engine._compute_copy_of(rec, memo), self.requires_grad)
-    memo[id(self)] = result
-    return result
-
-
-def _guard_class(cls):
-    """A subclass of `cls` whose operations raise NotFetched."""
-    guarded = _guard_classes.get(cls)
-    if guarded is None:
-        def __torch_function__(kind, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            name = getattr(func, "__name__", "")
-            attr = getattr(getattr(func, "__self__", None), "__name__", None)
-            allowed = _internal() or name in _ALLOWED_METHODS or (
-                name in ("__get__", "__set__", "__delete__") and attr in _ALLOWED_ATTRS)
-            if not allowed:
-                for a in list(args) + list(kwargs.values()):
-                    for t in (a if isinstance(a, (list, tuple)) else (a,)):
-                        if isinstance(t, torch.Tensor) and type(t) in _guard_classes.values():
-                            raise _not_fetched(t, attr if name in ("__get__", "__set__") else name)
-            with torch._C.DisableTorchFunction():
-                return func(*args, **kwargs)
-
-        guarded = type(f"Unfetched{cls.__name__}", (cls,),
-                       {"__torch_function__": classmethod(__torch_function__), "__deepcopy__": _deepcopy_unfetched,
-                        "__module__": __name__})
-        _guard_classes[cls] = guarded
-    return guarded
-
-
-class _Param:
-    __slots__ = ("name", "p", "cls", "group", "offset", "numel", "shape", "trainable", "acc", "aliases")
-
-    def __init__(self, name, p):
-        self.name, self.p, self.cls = name, p, type(p)
-        self.shape = tuple(p.shape)
-        self.numel = p.numel()
-        self.trainable = bool(p.requires_grad)
-        self.group = None
-        self.offset = 0
-        self.acc = None
-        self.aliases = [name]
-
-
-class _Group:
-    __slots__ = ("name", "params", "info", "refs", "flat", "grads", "got", "sent", "outstanding", "backward_refs",
-                 "handover", "trainable", "numel")
-
-    def __init__(self, name):
-        self.name = name
-        self.params = []
-        self.info = None
-        self.refs = 0              # acquisitions (fetches are counted)
-        self.flat = None           # the fetched compute copies (a flat tensor)
-        self.grads = None          # this micro-batch's gradient buffer (flat), or None
-        self.got = None            # ids of the _Params whose gradient is in it
-        self.sent = False          # this micro-batch's gradients handed to the engine
-        self.outstanding = 0       # grad-enabled forward calls whose backward has not ended
-        self.backward_refs = 0     # acquisitions made by _PreBackward, not yet released
-        self.handover = 0          # fetches of a recomputation that its backward's _PreBackward takes over
-        self.trainable = False
-        self.numel = 0
-
-
-class _Unit:
-    """A module whose forward needs some groups."""
-    __slots__ = ("module", "name", "groups", "engine", "saving", "mark_inputs", "__weakref__")
-
-    def __init__(self, module, name, engine):
-        self.module, self.name, self.groups, self.engine = module, name, [], engine
-        self.saving = False
-        self.mark_inputs = False
-
-
-_MARK_IN_FORWARD = object()  # _forward_pre's kwargs when _ForwardWrapper marks the inputs
-
-
-def _inert_hook(*args, **kwargs):
-    """What a copy of a model (copy.deepcopy) has in place of the adapter's hooks."""
-    return None
-
-
-class _Hook:
-    """One of the adapter's forward hooks on a module. copy.deepcopy of the
-    module gives the copy an inert hook: a copy (an EMA or teacher model) is a
-    plain module of its own, which the engine neither fetches for nor trains."""
-    __slots__ = ("fn",)
-
-    def __init__(self, fn):
-        self.fn = fn
-
-    def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
-
-    def __deepcopy__(self, memo):
-        return _inert_hook
-
-
-class _MarkingForward:
-    """A unit's forward under _ForwardWrapper: marks the inputs, then calls the
-    module's own forward. Its deepcopy (that of a copy of the module) is what
-    the module's own forward deep-copies to: the copy's."""
-    __slots__ = ("unit", "inner")
-
-    def __init__(self, unit, inner):
-        self.unit, self.inner = unit, inner
-
-    def __call__(self, *args, **kwargs):
-        u = self.unit()
-        if u is not None and getattr(u, "mark_inputs", False):
-            u.mark_inputs = False
-            args, kwargs = _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(u, *ts))
-        return self.inner(*args, **kwargs)
-
-    def __deepcopy__(self, memo):
-        return copy.deepcopy(self.inner, memo)
-
-
-class _ForwardWrapper:
-    """Wraps a unit's forward (torch < 2.0, whose pre-hooks see no keyword
-    inputs) to put the _PostBackward marker on positional and keyword inputs
-    alike. remove() restores the module's own forward."""
-
-    def __init__(self, unit):
-        self.module = unit.module
-        self.module.forward = _MarkingForward(weakref.ref(unit), self.module.forward)
-
-    def remove(self):
-        self.module.__dict__.pop("forward", None)
-
-
-class _SavedView:
-    """A saved tensor that lived in a group's buffer (see Engine._pack)."""
-    __slots__ = ("group", "offset", "size", "stride")
-
-    def __init__(self, group, offset, size, stride):
-        self.group, self.offset, self.size, self.stride = group, offset, size, stride
-
-
-def _storage_address(t):
-    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
-
-
-def _has_kwargs_hooks():
-    import inspect
-    try:
-        return "with_kwargs" in inspect.signature(torch.nn.Module.register_forward_pre_hook).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _call(unit_ref, method, *args):
-    """A hook's call into its engine; nothing once the engine is gone."""
-    unit = unit_ref()
-    if unit is None:
-        return None
-    return getattr(unit.engine, method)(unit, *args)
-
-
-def _call_engine(engine_ref, method):
-    engine = engine_ref()
-    if engine is not None:
-        getattr(engine, method)()
-
-
-def _backward_marker(name, doc, event):
-    """An identity autograd Function whose backward calls
-    `unit.engine.<event>(unit)`: on a unit's outputs it fires before the
-    unit's backward (_PreBackward), on its inputs after it (_PostBackward)."""
-
-    def forward(ctx, unit, *tensors):
-        ctx.unit = unit
-        return tuple(t.detach() for t in tensors)
-
-    def backward(ctx, *grads):
-        getattr(ctx.unit.engine, event)(ctx.unit)
-        return (None,) + grads
-
-    return type(name, (torch.autograd.Function,),
-                {"__doc__": doc, "forward": staticmethod(forward), "backward": staticmethod(backward)})
-
-
-_PreBackward = _backward_marker("_PreBackward", "Fetches a unit's groups before its backward.", "_pre_backward")
-_PostBackward = _backward_marker("_PostBackward", "Releases a unit's groups after its backward.", "_post_backward")
-
-
-def _map_tensors(obj, fn):
-    """Applies fn to the list of tensors that require grad inside obj (tuples,
-    lists, dicts, and objects with __dict__-free mapping like ModelOutput) and
-    rebuilds obj with the results."""
-    found = []
-
-    def collect(o):
-        if isinstance(o, torch.Tensor):
-            if o.requires_grad:
-                found.append(o)
-        elif isinstance(o, (list, tuple)):
-            for x in o:
-                collect(x)
-        elif isinstance(o, dict):
-            for x in o.values():
-                collect(x)
-        elif dataclasses.is_dataclass(o) and not isinstance(o, type):
-            for f in dataclasses.fields(o):
-                collect(getattr(o, f.name))
-
-    collect(obj)
-    if not found:
-        return obj
-    replaced = fn(found)
-    mapping = {id(a): b for a, b in zip(found, replaced)}
-
-    def rebuild(o):
-        if isinstance(o, torch.Tensor):
-            return mapping.get(id(o), o)
-        if isinstance(o, tuple) and hasattr(o, "_fields"):  # namedtuple
-            return type(o)(*[rebuild(x) for x in o])
-        if isinstance(o, (list, tuple)):
-            return type(o)(rebuild(x) for x in o)
-        if isinstance(o, dict):
-            new = {k: rebuild(v) for k, v in o.items()}
-            try:
-                out = type(o)(**new) if type(o) is not dict else new
-            except TypeError:
-                out = type(o)(new)
-            return out
-        if dataclasses.is_dataclass(o) and not isinstance(o, type):
-            return dataclasses.replace(o, **{f.name: rebuild(getattr(o, f.name)) for f in dataclasses.fields(o)
-                                             if f.init})
-        return o
-
-    return rebuild(obj)
-
-
-def _default_blocks(model):
-    """(name, module) of every child of every outermost ModuleList that owns parameters."""
-    blocks = []
-
-    def visit(module, prefix):
-        for name, child in module.named_children():
-            full = prefix + name
-            if isinstance(child, torch.nn.ModuleList):
-                for i, b in enumerate(child):
-                    if any(True for _ in b.parameters()):
-                        blocks.append((f"{full}.{i}", b))
-            else:
-                visit(child, full + ".")
-
-    visit(model, "")
-    return blocks
-
-
-class Engine:
+from .checkpoints import Checkpoints
+from .fetch import Fetching
+from .gradients import Gradients
+from .hooks import Hooks
+from .placeholders import Placeholders, _owner_of_param
+from .setup import Setup
+from .write_check import WriteCheck
+
+
+class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkpoints):
     """A PyTorch module trained through strata. Made by initialize()."""
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
@@ -376,21 +61,26 @@ class Engine:
         self.config = _engine.config_resolve(text, **known)
         self._engine = _engine.Engine(text, **known)
         self._closed = False
+        self._units = []             # setup.py's (with _params, _groups, _group_list, _order, set there)
+        # hooks.py
         self._hooks = []
-        self._units = []
+        self._saving = None          # the saved-tensor hooks context while a forward runs (see _pack)
+        self._root_saving = False    # the model's own forward turned it on
+        self._recomputing = []       # units whose forward runs inside the backward (recomputation)
+        # fetch.py
         self._resident_depth = 0
         # DLPack views of the engine's buffers (zero-copy); False: the *_host copies.
         self._zero_copy = not copy_views
         self._copy_views = copy_views
-        self._saving = None          # the saved-tensor hooks context while a forward runs (see _pack)
-        self._root_saving = False    # the model's own forward turned it on
         self._by_storage = {}        # storage address of a fetched group's buffer -> the group
-        self._recomputing = []       # units whose forward runs inside the backward (recomputation)
+        # gradients.py
         self._failed = None          # why a backward failed part-way (the step cannot be completed)
-        self._fingerprint_weights = None  # see _fingerprints
         self._in_backward = False
         self._micro = 0
-        self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see _timed)
+        # write_check.py
+        self._fingerprint_weights = None  # see _fingerprints
+        # the step (step() here, _timed in records.py)
+        self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see records._timed)
         self.gradient_accumulation_steps = int(self.config.get("gradient_accumulation_steps", 1))
         try:
             self._setup(model, blocks, param_groups, weights, weights_prefix, name_prefix)
@@ -398,562 +88,11 @@ class Engine:
             self.close()
             raise
 
-    # --- set-up ---------------------------------------------------------------------------------
-    def _setup(self, model, blocks, param_groups, weights, weights_prefix, name_prefix):
-        e = self._engine
-        names = {id(m): n for n, m in model.named_modules()}
-        if blocks is None:
-            block_list = _default_blocks(model)
-        else:
-            block_list = []
-            for b in blocks:
-                if id(b) not in names:
-                    raise ValueError("strata.torch: a module in `blocks` is not part of the model")
-                block_list.append((names[id(b)], b))
-        block_modules = dict(block_list)
-
-        def block_of(module_name):
-            parts = module_name.split(".") if module_name else []
-            for i in range(1, len(parts) + 1):
-                prefix = ".".join(parts[:i])
-                if prefix in block_modules:
-                    return prefix
-            return None
-
-        # Parameters, in named_parameters() order (the first name of a tied parameter).
-        self._params = {}        # id(p) -> _Param
-        order = []
-        for n, p in model.named_parameters(remove_duplicate=False) if _has_remove_duplicate() else \
-                _named_parameters_all(model):
-            if id(p) in self._params:
-                self._params[id(p)].aliases.append(n)
-                continue
-            rec = _Param(n, p)
-            self._params[id(p)] = rec
-            order.append(rec)
-        if not order:
-            raise ValueError("strata.torch: the model has no parameters")
-        for rec in order:
-            if id(rec.p) in _owner_of_param or type(rec.p) in _guard_classes.values():
-                raise ValueError(f"strata.torch: parameter '{rec.name}' belongs to another strata engine already "
-                                 f"(its values are the engine's); build a new model, or take the weights with "
-                                 f"engine.state_dict() before closing it")
-        for n, b in model.named_buffers():
-            if b.device.type == "meta":
-                raise ValueError(f"strata.torch: buffer '{n}' is on the meta device; build buffers on a real "
-                                 f"device (strata.torch.meta_init() puts only parameters on meta)")
-
-        # Groups: owner module of each parameter (first in named_modules order).
-        self._groups = {}
-        units = {}               # id(module) -> _Unit
-        for mname, module in model.named_modules():
-            b = block_of(mname)
-            for pname, p in module._parameters.items():
-                if p is None:
-                    continue
-                rec = self._params[id(p)]
-                if rec.group is None:
-                    gname = b if b is not None else (mname or "<root>")
-                    g = self._groups.setdefault(gname, _Group(gname))
-                    rec.group = g
-                    g.params.append(rec)
-                unit_module = block_modules[b] if b is not None else module
-                unit_name = b if b is not None else (mname or "<root>")
-                unit = units.get(id(unit_module))
-                if unit is None:
-                    unit = units[id(unit_module)] = _Unit(unit_module, unit_name, self)
-                if rec.group not in unit.groups:
-                    unit.groups.append(rec.group)
-        self._units = list(units.values())
-        self._group_list = list(self._groups.values())
-
-        # Optimizer groups (torch-style parameter groups).
-        opt_of = {}
-        base_lr = float(self.config.get("optimizer", {}).get("params", {}).get("lr", 0.0) or 0.0)
-        for i, pg in enumerate(param_groups or []):
-            if "params" not in pg:
-                raise ValueError(f"strata.torch: param_groups[{i}] has no 'params'")
-            lr_scale = pg.get("lr_scale")
-            if lr_scale is None and "lr" in pg:
-                if base_lr <= 0:
-                    raise ValueError(f"strata.torch: param_groups[{i}] sets 'lr' but the config's optimizer lr is "
-                                     f"{base_lr}; give 'lr_scale' instead")
-                lr_scale = float(pg["lr"]) / base_lr
-            wd = pg.get("weight_decay",
-                        float(self.config.get("optimizer", {}).get("params", {}).get("weight_decay", 0.0)))
-            if lr_scale is not None and not lr_scale > 0:
-                raise ValueError(f"strata.torch: param_groups[{i}] has a learning rate of {lr_scale} times the "
-                                 f"config's; it must be > 0 (freeze parameters with requires_grad=False instead)")
-            index = e.add_optimizer_group(pg.get("name", f"param_groups[{i}]"), wd, lr_scale or 1.0)
-            for p in pg["params"]:
-                if id(p) not in self._params:
-                    raise ValueError(f"strata.torch: param_groups[{i}] holds a tensor that is not a parameter "
-                                     f"of the model")
-                if id(p) in opt_of:
-                    raise ValueError(f"strata.torch: parameter '{self._params[id(p)].name}' is in two of "
-                                     f"param_groups")
-                opt_of[id(p)] = index
-
-        # Registration and initial values.
-        on_meta = any(rec.p.device.type == "meta" for rec in order)
-        if on_meta and weights is None:
-            raise ValueError("strata.torch: the model's parameters are on the meta device; pass weights=DIR "
-                             "(safetensors) to take their values from files")
-        self._name_prefix = name_prefix
-        sources = {}
-        for rec in order:
-            init = None
-            if weights is None:
-                sources[rec.name] = rec.p
-                init = self._init_from_tensor
-            e.register(name_prefix + rec.name, rec.shape, group=rec.group.name, frozen=not rec.trainable,
-                       optimizer_group=opt_of.get(id(rec.p), 0), init=init)
-        self._sources = sources
-        if weights is not None:
-            e.init_from_safetensors(weights, weights_prefix)
-        e.finalize()
-        self._sources = None
-
-        # Layout, placeholders, hooks.
-        for g in self._group_list:
-            g.info = e.group_info(g.name)
-            g.numel = g.info.numel
-            g.trainable = g.info.trainable
-        self.device = self._group_list[0].info.device
-        self.dtype = _TORCH_DTYPES[self._group_list[0].info.dtype]
-        if self.device == "cuda":
-            if self._copy_views:
-                raise ValueError("strata.torch: copy_views is for the host device; on CUDA the adapter uses "
-                                 "DLPack views of the engine's device memory")
-            if torch.cuda.current_device() != 0:
-                raise ValueError(f"strata.torch: the engine runs on CUDA device 0, but torch's current device is "
-                                 f"{torch.cuda.current_device()}; call torch.cuda.set_device(0) (or set "
-                                 f"CUDA_VISIBLE_DEVICES) before initialize")
-            self.torch_device = torch.device("cuda", 0)
-        else:
-            self.torch_device = torch.device("cpu")
-        # NaN, not zero: a value read from a parameter that is not fetched is loud.
-        self._placeholder_base = torch.full((1,), float("nan"), dtype=self.dtype, device=self.torch_device)
-        # Buffers go where the compute is (rotary tables and the like); parameters are the engine's.
-        for module in model.modules():
-            for k, b in list(module._buffers.items()):
-                if b is not None and b.device != self.torch_device:
-                    module._buffers[k] = b.to(self.torch_device)
-        for rec in order:
-            rec.offset, _ = e.param_offset(name_prefix + rec.name)
-            if rec.p.device.type == "meta":
-                self._replace_meta(model, rec)
-            with _as_internal():
-                rec.p.data = self._placeholder(rec)
-            _owner_of_param[id(rec.p)] = (rec, weakref.ref(self))
-            setattr(rec.p, _NAMES_ATTR, (rec.name, rec.group.name))
-            rec.p.__class__ = _guard_class(rec.cls)
-            if rec.trainable:
-                with _as_internal(), torch.enable_grad():
-                    rec.acc = rec.p.expand_as(rec.p).grad_fn.next_functions[0][0]
-                rec.acc.register_hook(self._make_grad_hook(rec))
-        self._order = order
-        kwargs_hooks = _has_kwargs_hooks()
-        for unit in self._units:
-            ref = weakref.ref(unit)
-            if kwargs_hooks:
-                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
-                    lambda m, args, kwargs, ref=ref: _call(ref, "_forward_pre", args, kwargs)), with_kwargs=True))
-            else:
-                # torch < 2.0: the pre-hook sees no keyword inputs; the marker goes
-                # on in a wrapper of the module's forward, over args and kwargs.
-                self._hooks.append(unit.module.register_forward_pre_hook(_Hook(
-                    lambda m, args, ref=ref: _call(ref, "_forward_pre", args, _MARK_IN_FORWARD))))
-                self._hooks.append(_ForwardWrapper(unit))
-            self._hooks.append(unit.module.register_forward_hook(_Hook(
-                lambda m, args, output, ref=ref: _call(ref, "_forward_post", output))))
-        me = weakref.ref(self)
-        self._hooks.append(model.register_forward_pre_hook(_Hook(lambda m, args: _call_engine(me, "_root_pre"))))
-        self._hooks.append(model.register_forward_hook(_Hook(lambda m, args, out: _call_engine(me, "_root_post"))))
-
-    def _init_from_tensor(self, name, out):
-        src = self._sources.pop(name[len(self._name_prefix):])
-        with _as_internal(), torch.no_grad():
-            t = src.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        ctypes.memmove(out, t.data_ptr(), t.numel() * 4)
-
-    def _params_by_name(self):
-        cache = getattr(self, "_by_name", None)
-        if cache is None:
-            cache = self._by_name = {rec.name: rec for rec in self._params.values()}
-        return cache
-
-    def _replace_meta(self, model, rec):
-        """A meta parameter cannot take real data (set_data refuses): put a new
-        Parameter in its place, in every module that holds it."""
-        new = torch.nn.Parameter(self._placeholder(rec), requires_grad=rec.trainable)
-        old = rec.p
-        for module in model.modules():
-            for k, v in list(module._parameters.items()):
-                if v is old:
-                    module._parameters[k] = new
-        del self._params[id(old)]
-        rec.p, rec.cls = new, type(new)
-        self._params[id(new)] = rec
-
-    def _placeholder(self, rec):
-        return self._placeholder_base.expand(rec.shape) if rec.shape else self._placeholder_base[0]
-
-    # --- fetch and release ------------------------------------------------------------------------
-    def _stream(self):
-        """The framework's stream for the C API: torch's current one. Its default
-        stream is handle 0, which strata would read as "no stream, the work is
-        done": pass cudaStreamLegacy (1) instead, which orders after it."""
-        if self.device != "cuda":
-            return None
-        handle = torch.cuda.current_stream(self.torch_device).cuda_stream
-        return ctypes.c_void_p(handle if handle else 1)
-
-    def _acquire(self, g):
-        if g.refs > 0 or g.flat is not None:
-            g.refs += 1
-            return
-        e = self._engine
-        if self._zero_copy:
-            self._fetch_making_room(g)
-            try:
-                flat = torch.utils.dlpack.from_dlpack(e.dlpack(g.name, "compute"))
-            except errors.Unimplemented:  # a library built without DLPack: copy (host device only)
-                if self.device == "cuda":
-                    raise
-                self._zero_copy = False
-                flat = torch.empty(g.numel, dtype=self.dtype)
-                e.release(g.name)
-                e.fetch_host(g.name, flat)
-        else:
-            flat = torch.empty(g.numel, dtype=self.dtype)
-            e.fetch_host(g.name, flat)
-        g.flat = flat
-        g.refs += 1
-        self._by_storage[_storage_address(flat)] = g
-        with _as_internal():
-            for rec in g.params:
-                rec.p.data = flat[rec.offset:rec.offset + rec.numel].view(rec.shape)
-                rec.p.__class__ = rec.cls
-
-    def _fetch_making_room(self, g):
-        """Fetches g's buffer. Under resident(), groups kept but not in use
-        give way when the device budget has no room for it: they are released
-        and the fetch tried again (the context keeps what the budget holds)."""
-        try:
-            self._engine.fetch(g.name, self._stream())
-            return
-        except errors.ResourceExhausted:
-            idle = [h for h in self._group_list if h.refs == 0 and h.flat is not None]
-            if self._resident_depth == 0 or not idle:
-                raise
-        for h in idle:
-            self._drop(h)
-        self._engine.fetch(g.name, self._stream())
-
-    def _release(self, g):
-        if g.refs <= 0:
-            raise errors.Internal(f"strata.torch: group '{g.name}' released more often than fetched",
-                                  status="INTERNAL")
-        g.refs -= 1
-        if g.refs > 0 or self._resident_depth > 0:
-            return
-        self._drop(g)
-
-    def _drop(self, g):
-        with _as_internal():
-            for rec in g.params:
-                rec.p.data = self._placeholder(rec)
-                rec.p.__class__ = _guard_class(rec.cls)
-        self._by_storage.pop(_storage_address(g.flat), None)
-        g.flat = None
-        self._engine.release(g.name, self._stream())
-
-    # --- hooks ------------------------------------------------------------------------------------
-    def _timed(fn):
-        """Adds the method's wall time to self.adapter_seconds (the adapter's own
-        work in the step: hooks, fetches and copies, gradient moves)."""
-        def wrapper(self, *args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(self, *args, **kwargs)
-            finally:
-                self.adapter_seconds += time.perf_counter() - t0
-        wrapper.__name__ = fn.__name__
-        return wrapper
-
-    def _pack(self, t):
-        """Saved-tensor pack hook: a tensor saved for the backward that lives in
-        a fetched group's buffer (a parameter, or a view of one such as
-        Linear's weight.t()) is saved as (group, offset, size, stride), so the
-        forward's buffer is released at once; the backward rebuilds it from the
-        buffer its own fetch brings."""
-        if not self._by_storage:
-            return t
-        g = self._by_storage.get(_storage_address(t))
-        if g is None or g.flat is None:
-            return t
-        return _SavedView(g, t.storage_offset() - g.flat.storage_offset(), tuple(t.size()), tuple(t.stride()))
-
-    def _unpack(self, x):
-        if not isinstance(x, _SavedView):
-            return x
-        g = x.group
-        if g.flat is None:
-            # Its unit's _PreBackward did not fetch it (it was not reached):
-            # fetch now; the unit's _PostBackward or the end of the backward releases it.
-            self._acquire(g)
-            g.backward_refs += 1
-        return g.flat.as_strided(x.size, x.stride, g.flat.storage_offset() + x.offset)
-
-    def _begin_saving(self):
-        if self._saving is None and torch.is_grad_enabled() and not self._in_backward:
-            self._saving = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
-            self._saving.__enter__()
-            return True
-        return False
-
-    def _end_saving(self):
-        if self._saving is not None:
-            saving, self._saving = self._saving, None
-            saving.__exit__(None, None, None)
-
-    def _root_pre(self):
-        if self._closed:
-            return
-        if not self._in_backward and self._resident_depth == 0:
-            self._recover_from_failed_forward()
-        self._root_saving = self._begin_saving()
-
-    def _recover_from_failed_forward(self):
-        """A forward that raised left its groups fetched (its post-hooks never
-        ran): release them before the next forward of the model."""
-        self._end_saving()
-        for g in self._group_list:
-            if g.refs > 0 and g.backward_refs == 0:
-                g.refs = 0
-                self._drop(g)
-
-    def _root_post(self):
-        if not self._closed and self._root_saving:
-            self._root_saving = False
-            self._end_saving()
-
-    @_timed
-    def _forward_pre(self, unit, args, kwargs=None):
-        if self._closed:
-            return None
-        for g in unit.groups:
-            self._acquire(g)
-        unit.saving = self._begin_saving()  # the unit is called outside the model's forward
-        if not torch.is_grad_enabled():
-            return None
-        if self._in_backward:
-            # A recomputation (activation checkpointing): balanced by its
-            # _forward_post, or at the end of the backward when torch stops it early.
-            self._recomputing.append(unit)
-        # Frozen groups too: their backward (gradients of the inputs) fetches
-        # them, and _PostBackward releases them as soon as it is done.
-        for g in unit.groups:
-            if g.trainable:
-                g.outstanding += 1
-        if kwargs is _MARK_IN_FORWARD:
-            unit.mark_inputs = True  # _ForwardWrapper marks them
-            return None
-        if kwargs is None:
-            return _map_tensors(args, lambda ts: _PostBackward.apply(unit, *ts))
-        return _map_tensors((args, kwargs), lambda ts: _PostBackward.apply(unit, *ts))
-
-    @_timed
-    def _forward_post(self, unit, output):
-        if self._closed:
-            return None
-        if unit.saving:
-            unit.saving = False
-            self._end_saving()
-        if torch.is_grad_enabled():
-            marked = []
-            output = _map_tensors(output, lambda ts: marked.extend(ts) or _PreBackward.apply(unit, *ts))
-            if not marked and any(g.trainable for g in unit.groups):
-                raise errors.Unimplemented(
-                    f"strata.torch: module '{unit.name}' returned {type(output).__name__}, in which the adapter "
-                    f"finds no tensor that requires grad; return tensors, or tuples, lists, dicts or dataclasses "
-                    f"of them, so that its backward can fetch its parameters", status="UNIMPLEMENTED")
-        if self._in_backward and unit in self._recomputing:
-            last = len(self._recomputing) - 1 - self._recomputing[::-1].index(unit)
-            del self._recomputing[last]
-            for g in unit.groups:
-                if g.backward_refs == 0:
-                    # Reentrant checkpointing: the recomputed graph's backward
-                    # comes next and its _PreBackward takes this fetch over
-                    # (rather than fetching the group a second time).
-                    g.handover += 1
-                else:  # recomputed inside the group's own backward (non-reentrant): it stays fetched anyway
-                    self._release(g)
-            return output
-        for g in unit.groups:
-            self._release(g)
-        return output
-
-    @_timed
-    def _pre_backward(self, unit):
-        for g in unit.groups:
-            if g.handover > 0:
-                g.handover -= 1  # the fetch of its recomputation
-            else:
-                self._acquire(g)
-            g.backward_refs += 1
-
-    @_timed
-    def _post_backward(self, unit):
-        for g in unit.groups:
-            if g.backward_refs > 0:
-                g.backward_refs -= 1
-                self._release(g)
-            if not g.trainable:
-                continue
-            g.outstanding -= 1
-            if g.outstanding == 0 and not g.sent:
-                self._send(g)
-
-    def _make_grad_hook(self, rec):
-        def hook(grad_inputs, grad_outputs):
-            p = rec.p
-            with _as_internal():
-                grad = p.grad
-                p.grad = None
-            if grad is None:
-                return
-            self._add_grad(rec, grad)
-        return hook
-
-    @_timed
-    def _add_grad(self, rec, grad):
-        g = rec.group
-        if not self._in_backward:
-            raise errors.FailedPrecondition(
-                f"strata.torch: a gradient of '{rec.name}' arrived outside engine.backward(): call "
-                f"engine.backward(loss) instead of loss.backward() (the engine scales the loss and hands the "
-                f"gradients over)", status="FAILED_PRECONDITION")
-        if g.sent:
-            raise errors.FailedPrecondition(
-                f"strata.torch: a gradient of '{rec.name}' arrived after the gradients of its group '{g.name}' "
-                f"were handed to the engine (is it used outside the modules of its group?)",
-                status="FAILED_PRECONDITION")
-        if g.grads is None:
-            g.grads = self._grad_buffer(g)
-            g.got = set()
-        slot = g.grads[rec.offset:rec.offset + rec.numel].view(rec.shape)
-        with torch.no_grad():
-            if id(rec) in g.got:
-                slot.add_(grad.to(self.dtype))
-            else:
-                slot.copy_(grad)
-                g.got.add(id(rec))
-
-    def _grad_buffer(self, g):
-        if self._zero_copy:
-            return torch.utils.dlpack.from_dlpack(self._engine.dlpack(g.name, "grads"))
-        return torch.empty(g.numel, dtype=self.dtype)
-
-    def _send(self, g):
-        if g.grads is None:
-            g.grads = self._grad_buffer(g)
-            g.got = set()
-        with torch.no_grad():
-            for rec in g.params:  # trainable parameters without a gradient this micro-batch: zeros
-                if rec.trainable and id(rec) not in g.got:
-                    g.grads[rec.offset:rec.offset + rec.numel].zero_()
-        if self._zero_copy:
-            # End the view first: a view still alive at grads_ready makes the
-            # engine set the buffer aside (and take a new one for the next group).
-            g.grads = g.got = None
-            self._engine.grads_ready(g.name, self._stream())
-        else:
-            self._engine.grads_host(g.name, g.grads)
-        g.grads = g.got = None
-        g.sent = True
-
     # --- the step -----------------------------------------------------------------------------------
     def backward(self, loss, retain_graph=False):
         """Back-propagates loss (times the loss scale under fp16) and hands every
         trainable group's gradients to the engine. Call step() after it."""
-        if self._failed:
-            raise errors.FailedPrecondition(
-                f"strata.torch: an earlier backward failed part-way ({self._failed}); some of that micro-batch's "
-                f"gradients reached the engine and cannot be taken back, and strata.nonfinite is not \"skip\" "
-                f"(which would have skipped the step): this step cannot be completed; start a new engine from "
-                f"the last checkpoint", status="FAILED_PRECONDITION")
-        if self._micro >= self.gradient_accumulation_steps:
-            raise errors.FailedPrecondition(
-                f"strata.torch: backward called {self._micro + 1} times before step(); the config's "
-                f"gradient_accumulation_steps is {self.gradient_accumulation_steps}", status="FAILED_PRECONDITION")
-        self._end_saving()  # a forward that raised may have left the hooks on
-        scale = self._engine.loss_scale
-        if scale != 1.0:
-            loss = loss * scale
-        self._in_backward = True
-        try:
-            loss.backward(retain_graph=retain_graph)
-        except BaseException as e:
-            self._in_backward = False
-            if not self._nonfinite_skips():
-                self._abandon_backward()
-                self._failed = f"{type(e).__name__}: {e}"
-                raise
-            # Complete the micro-batch with NaN gradients: the engine skips the
-            # step (strata.nonfinite "skip", or the fp16 scaler), so no weight
-            # or moment takes the partial gradients.
-            self._end_backward(poison=True)
-            self._close_micro_batch()
-            raise
-        self._in_backward = False
-        self._end_backward()
-        self._close_micro_batch()
-
-    def _close_micro_batch(self):
-        self._micro += 1
-        if self._micro < self.gradient_accumulation_steps:
-            self._engine.micro_step_end()
-
-    def _release_backward_fetches(self):
-        for unit in self._recomputing:  # recomputations torch stopped early
-            for g in unit.groups:
-                self._release(g)
-        self._recomputing = []
-        for g in self._group_list:
-            while g.handover > 0:
-                g.handover -= 1
-                self._release(g)
-            while g.backward_refs > 0:
-                g.backward_refs -= 1
-                self._release(g)
-
-    def _abandon_backward(self):
-        self._release_backward_fetches()
-        for g in self._group_list:
-            g.grads = g.got = None
-            g.sent = False
-            g.outstanding = 0
-
-    def _nonfinite_skips(self):
-        return bool(self.config.get("fp16", {}).get("enabled")) or \
-            self.config.get("strata", {}).get("nonfinite", "skip") == "skip"
-
-    @_timed
-    def _end_backward(self, poison=False):
-        self._release_backward_fetches()
-        for g in self._group_list:
-            if g.trainable and not g.sent:
-                if poison:
-                    if g.grads is None:
-                        g.grads = self._grad_buffer(g)
-                    g.grads.fill_(float("nan"))
-                    g.got = {id(rec) for rec in g.params}
-                self._send(g)
-        for g in self._group_list:
-            g.sent = False
-            g.outstanding = 0
+        self._backward(loss, retain_graph)
 
     def step(self):
         """Ends the step once gradient_accumulation_steps backward passes are in
@@ -1001,23 +140,13 @@ class Engine:
         return rec.group.name
 
     # --- weights --------------------------------------------------------------------------------------
-    @contextlib.contextmanager
     def resident(self):
         """Groups fetched inside stay fetched until the context ends (evaluation,
         generation: no fetch per call), as far as strata.budgets.device holds
         them: when a fetch finds no room, the kept groups not in use are
         released first. gathered() fetches every group."""
-        self._resident_depth += 1
-        try:
-            yield self
-        finally:
-            self._resident_depth -= 1
-            if self._resident_depth == 0:
-                for g in self._group_list:
-                    if g.refs == 0 and g.flat is not None:
-                        self._drop(g)
+        return self._resident()
 
-    @contextlib.contextmanager
     def gathered(self):
         """Every parameter holds its full compute copy inside (all groups fetched
         and resident), to be read: the engine trains the fp32 master weights,
@@ -1026,132 +155,19 @@ class Engine:
         parameter's bits are summed at entry and exit), after putting the
         compute copies of trainable ones back from their masters (which a
         context left by an exception does too, raising that exception)."""
-        with self.resident():
-            for g in self._group_list:
-                self._acquire(g)
-            try:
-                before = self._fingerprints()
-                try:
-                    yield self
-                except BaseException:
-                    self._undo_writes(before)  # and the error goes on, unmasked
-                    raise
-                # (No step or checkpoint load rewrites them inside: both refuse fetched groups.)
-                self._check_unwritten(before)
-            finally:
-                for g in self._group_list:
-                    self._release(g)
-
-    def _fingerprints(self):
-        """(parameters, 2) int64 on the device: each parameter's fetched compute
-        copy summed as integers, plainly and weighted by position (a write, a
-        permutation too, changes them but for a collision chance)."""
-        weights = self._fingerprint_weights
-        if weights is None:
-            gen = torch.Generator().manual_seed(0x5742)
-            size = min(_FINGERPRINT_CHUNK, max(rec.numel for rec in self._order))
-            weights = torch.randint(1, 1 << 16, (size,), generator=gen, dtype=torch.int64)
-            weights = self._fingerprint_weights = weights.to(self.torch_device)
-        out = torch.zeros((len(self._order), 2), dtype=torch.int64, device=self.torch_device)
-        with torch.no_grad():
-            for i, rec in enumerate(self._order):
-                flat = rec.group.flat
-                bits = flat[rec.offset:rec.offset + rec.numel].view(_INT_OF[flat.dtype])
-                for k, start in enumerate(range(0, rec.numel, _FINGERPRINT_CHUNK)):
-                    chunk = bits[start:start + _FINGERPRINT_CHUNK].to(torch.int64)
-                    out[i, 0] += chunk.sum()
-                    out[i, 1] += (chunk * weights[:chunk.numel()]).sum() * (k + 1)
-        return out
-
-    def _undo_writes(self, before):
-        """The parameters written since `before` (_fingerprints); the compute
-        copies of trainable ones are put back from their masters."""
-        after = self._fingerprints()
-        if torch.equal(before, after):
-            return []
-        written = [rec for rec, a, b in zip(self._order, before, after) if not torch.equal(a, b)]
-        with torch.no_grad():
-            for rec in written:
-                if rec.trainable:
-                    master = torch.empty(rec.shape, dtype=torch.float32)
-                    self._engine.read_master(self._name_prefix + rec.name, master)
-                    # Rounded to nearest even, as the engine rounds its masters to compute copies.
-                    rec.group.flat[rec.offset:rec.offset + rec.numel].copy_(master.view(-1))
-        return written
-
-    def _check_unwritten(self, before):
-        written = self._undo_writes(before)
-        if not written:
-            return
-        trainable = [rec for rec in written if rec.trainable]
-        frozen = [rec for rec in written if not rec.trainable]
-        parts = []
-        if trainable:
-            parts.append(f"The write {'' if not frozen else f'to {_names(trainable)} '}is undone: the compute "
-                         f"copies are put back from the masters (the next step would have overwritten them)")
-        if frozen:
-            parts.append(f"{_names(frozen)} {'is' if len(frozen) == 1 else 'are'} frozen (no master weights): "
-                         f"the compute copy is the only copy, and whether the write lasts depends on where it lives")
-        raise errors.ParameterWritten(
-            f"strata.torch: {_names(written)} {'was' if len(written) == 1 else 'were'} written inside "
-            f"engine.gathered(), which lends the compute copies to be read: the engine trains the fp32 master "
-            f"weights, which such a write does not reach. {'. '.join(parts)}. To change weights, change them "
-            f"before strata.torch.initialize, or start a new engine from the weights you want "
-            f"(initialize(model, config, weights=DIR), or engine.state_dict() edited and loaded into a new "
-            f"model)", status="FAILED_PRECONDITION")
+        return self._gathered()
 
     def state_dict(self, dtype=torch.float32):
         """The model's weights under its own names (every alias of a tied weight,
         and buffers, as module.state_dict()): the fp32 masters of trainable
         parameters, the compute copies of frozen ones, in `dtype` on the CPU."""
-        out = {}
-        for g in self._group_list:
-            flat = None
-            for rec in g.params:
-                if rec.trainable:
-                    t = torch.empty(rec.shape, dtype=torch.float32)
-                    self._engine.read_master(self._name_prefix + rec.name, t)
-                else:
-                    if flat is None:
-                        flat = self._host_copy(g)
-                    t = flat[rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
-                for alias in rec.aliases:
-                    out[alias] = t.to(dtype)
-        for name, b in self.module.named_buffers():
-            out[name] = b.detach().to("cpu")
-        order = self.module.state_dict(keep_vars=True).keys()
-        return {k: out[k] for k in order if k in out}
-
-    def _compute_copy_of(self, rec, memo):
-        """A copy of rec's compute copy on the model's device, for
-        copy.deepcopy (`memo`: its memo, which keeps the last group read, so
-        that a group is fetched once for all its parameters)."""
-        key = ("strata.torch.deepcopy", id(self))
-        held = memo.get(key)
-        if held is None or held[0] is not rec.group:
-            g = rec.group
-            self._acquire(g)
-            try:
-                held = memo[key] = (g, g.flat.detach().clone())
-            finally:
-                self._release(g)
-        return held[1][rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
-
-    def _host_copy(self, g):
-        """A copy of the group's compute copies in host memory (fetched for it
-        when the group is not fetched)."""
-        self._acquire(g)
-        try:
-            return g.flat.detach().to("cpu", copy=True)
-        finally:
-            self._release(g)
+        return self._state_dict(dtype)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
         """Writes the weights as safetensors under the model's parameter names
         (Hugging Face layout: model.safetensors, or shards of at most
         max_shard_bytes with model.safetensors.index.json)."""
-        os.makedirs(directory, exist_ok=True)
-        self._engine.export_safetensors(directory, dtype, max_shard_bytes)
+        self._export(directory, dtype, max_shard_bytes)
 
     # --- checkpoints ----------------------------------------------------------------------------------
     def save_checkpoint(self, root, client_state=None, save_rng=True):
@@ -1159,54 +175,11 @@ class Engine:
         docs/checkpoints.md), with `client_state` (anything torch.save takes:
         the data position, ...) and, by default, torch's and Python's RNG
         states, restored by load_checkpoint."""
-        if self._micro != 0:
-            raise errors.FailedPrecondition(
-                f"strata.torch: save_checkpoint in the middle of a step ({self._micro} of "
-                f"{self.gradient_accumulation_steps} micro-batches in); call it after step()",
-                status="FAILED_PRECONDITION")
-        # Persistent buffers (running statistics and the like) are the model's
-        # state too: the blob carries them (the engine holds the parameters).
-        persistent = {k for k, v in self.module.state_dict(keep_vars=True).items()
-                      if not isinstance(v, torch.nn.Parameter)}
-        buffers = {n: b.detach().to("cpu").clone() for n, b in self.module.named_buffers() if n in persistent}
-        blob = {"client_state": client_state, "format": 1, "buffers": buffers}
-        if save_rng:
-            blob["rng"] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                blob["rng"]["cuda"] = torch.cuda.get_rng_state_all()
-        buf = io.BytesIO()
-        torch.save(blob, buf)
-        self._engine.save_checkpoint(root, buf.getvalue())
+        self._save_checkpoint(root, client_state, save_rng)
 
     def load_checkpoint(self, root, load_rng=True):
         """Loads a checkpoint (from any placement) and returns its client_state."""
-        raw = self._engine.load_checkpoint(root)
-        self._micro = 0
-        self._failed = None
-        if not raw:
-            return None
-        # The blob is this engine's own (torch.save above): trusted like the checkpoint itself.
-        try:
-            blob = torch.load(io.BytesIO(raw), weights_only=False)
-        except TypeError:  # torch < 1.13 has no weights_only
-            blob = torch.load(io.BytesIO(raw))
-        if blob.get("buffers"):
-            current = dict(self.module.named_buffers())
-            missing = sorted(set(blob["buffers"]) - set(current))
-            if missing:
-                raise errors.FailedPrecondition(
-                    f"strata.torch: the checkpoint has buffers the model lacks: {', '.join(missing)}",
-                    status="FAILED_PRECONDITION")
-            with torch.no_grad():
-                for n, b in blob["buffers"].items():
-                    current[n].copy_(b)
-        rng = blob.get("rng")
-        if load_rng and rng:
-            torch.set_rng_state(rng["torch"])
-            random.setstate(rng["python"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
-        return blob.get("client_state")
+        return self._load_checkpoint(root, load_rng)
 
     # --- life -----------------------------------------------------------------------------------------
     def close(self):
@@ -1227,32 +200,6 @@ class Engine:
 
     def __exit__(self, *exc):
         self.close()
-
-
-_FINGERPRINT_CHUNK = 1 << 22  # elements summed at once by Engine._fingerprints
-_INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
-
-
-def _names(recs, most=5):
-    """'a', 'b' and 3 more: parameter names for a message."""
-    shown = ", ".join(f"'{rec.name}'" for rec in recs[:most])
-    return shown + (f" and {len(recs) - most} more" if len(recs) > most else "")
-
-
-def _has_remove_duplicate():
-    import inspect
-    try:
-        return "remove_duplicate" in inspect.signature(torch.nn.Module.named_parameters).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _named_parameters_all(model):
-    """named_parameters() with every alias of a shared parameter (torch < 2.0)."""
-    for mname, module in model.named_modules(remove_duplicate=False):
-        for pname, p in module._parameters.items():
-            if p is not None:
-                yield (f"{mname}.{pname}" if mname else pname), p
 
 
 def initialize(model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="", name_prefix="",
