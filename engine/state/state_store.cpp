@@ -56,6 +56,11 @@ std::vector<std::uint64_t> StateStore::path_bytes(std::size_t chunk) const {
   return std::move(split).value();
 }
 
+void StateStore::zero_pinned(const std::function<void(std::span<std::byte>)>& fill) {
+  for (std::size_t i : unzeroed_) fill(chunks_[i].pinned.bytes());
+  unzeroed_.clear();
+}
+
 std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
   std::uint64_t bytes = 0;
   for (const ChunkRun& r : layout.chunk_runs) {
@@ -65,7 +70,8 @@ std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
 }
 
 core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layout, gpu::Device& device,
-                                                             nvme::SwapStore* swap, bool two_versions) {
+                                                             nvme::SwapStore* swap, bool two_versions,
+                                                             bool defer_pinned_zero) {
   std::unique_ptr<StateStore> s(new StateStore(layout, device, swap, two_versions));
   s->chunks_.resize(layout.chunks.size());
   // One zeroed staging buffer, reused to initialise nvme chunks and device chunks.
@@ -79,6 +85,10 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   if (largest > 0) {
     STRATA_ASSIGN_OR_RETURN(zeros, core::AlignedBuffer::allocate(largest, core::kDirectIoAlignment));
     std::memset(zeros.data(), 0, largest);
+  }
+  std::size_t first_pinned = layout.chunks.size();
+  for (std::size_t i = 0; i < layout.chunks.size() && first_pinned == layout.chunks.size(); ++i) {
+    if (layout.chunks[i].state_tier == Tier::kPinned) first_pinned = i;
   }
   STRATA_ASSIGN_OR_RETURN(gpu::Stream stream, device.create_stream("state init"));
   for (std::size_t i = 0; i < layout.chunks.size(); ++i) {
@@ -94,7 +104,11 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
       }
       case Tier::kPinned: {
         STRATA_ASSIGN_OR_RETURN(chunk.pinned, device.allocate_pinned(bytes, what));
-        std::memset(chunk.pinned.data(), 0, bytes);
+        if (defer_pinned_zero && i != first_pinned) {
+          s->unzeroed_.push_back(i);
+        } else {
+          std::memset(chunk.pinned.data(), 0, bytes);
+        }
         break;
       }
       case Tier::kNvme: {
