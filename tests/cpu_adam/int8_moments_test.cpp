@@ -219,6 +219,16 @@ std::vector<nx::AdamStepConstants> constants_set() {
   return {adamw, l2, plain, both};
 }
 
+// The call of one case of the sweeps: constants picked by the seed, no copy,
+// a bf16 copy or an fp16 copy (copy 0, 1, 2).
+Call sweep_call(const std::vector<nx::AdamStepConstants>& constants, std::uint32_t seed, int copy) {
+  Call c;
+  c.constants = constants[seed % constants.size()];
+  c.copy = copy != 0;
+  c.copy_type = copy == 2 ? ElemType::kF16 : ElemType::kBf16;
+  return c;
+}
+
 // --- every kernel against the reference -----------------------------------------
 
 class Int8MomentsIsa : public ::testing::TestWithParam<Isa> {
@@ -240,10 +250,7 @@ TEST_P(Int8MomentsIsa, BitIdenticalToTheReferenceForEveryTypeAndTail) {
     for (ElemType gt : kGradTypes) {
       for (int copy = 0; copy < 3; ++copy) {
         ++seed;
-        Call c;
-        c.constants = constants[seed % constants.size()];
-        c.copy = copy != 0;
-        c.copy_type = copy == 2 ? ElemType::kF16 : ElemType::kBf16;
+        const Call c = sweep_call(constants, seed, copy);
         State got = random_state(n, seed, /*specials=*/true);
         got.set_grad_type(gt);
         State want = got;
@@ -746,10 +753,7 @@ TEST(Int8MomentsNoVbmi, BitIdenticalToTheReference) {
       for (ElemType gt : kGradTypes) {
         for (int copy = 0; copy < 3; ++copy) {
           ++seed;
-          Call c;
-          c.constants = constants[seed % constants.size()];
-          c.copy = copy != 0;
-          c.copy_type = copy == 2 ? ElemType::kF16 : ElemType::kBf16;
+          const Call c = sweep_call(constants, seed, copy);
           State got = random_state(n, seed, /*specials=*/true);
           got.set_grad_type(gt);
           State want = got;

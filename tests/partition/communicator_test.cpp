@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "tests/partition/temp_dir.h"
 
 namespace strata::partition {
 namespace {
@@ -27,23 +28,7 @@ namespace {
 using core::StatusCode;
 namespace nx = core::numerics;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/strata-comm-XXXXXX";
-    const char* made = ::mkdtemp(tmpl.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp " + tmpl + " failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing_util::TempDir;
 
 CommunicatorOptions opts(std::string backend, int rank, int size, std::string store_dir = {}) {
   CommunicatorOptions o;

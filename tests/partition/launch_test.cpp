@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "tests/partition/temp_dir.h"
+
 namespace strata::partition {
 namespace {
 
@@ -106,15 +108,9 @@ TEST(Launch, HalfSetOrWrongVariablesNameTheVariable) {
   bad(Env{{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "x"}}}, "LOCAL_RANK=\"x\"");
 }
 
-std::string make_temp_dir() {
-  std::string tmpl = std::filesystem::temp_directory_path().string() + "/strata-launch-XXXXXX";
-  const char* made = ::mkdtemp(tmpl.data());
-  if (made == nullptr) throw std::runtime_error("mkdtemp failed");
-  return made;
-}
-
 TEST(Launch, AGivenRendezvousDirectoryNeedsARunId) {
-  const std::string dir = make_temp_dir() + "/meet";
+  const testing_util::TempDir tmp;
+  const std::string dir = tmp.path() + "/meet";
   Launch two{.launcher = "torchrun", .rank = 1, .size = 2, .local_size = 1, .master = "h:1"};
   Env no_id{{{"STRATA_RENDEZVOUS_DIR", dir}}};
   auto refused = communicator_options(two, no_id.get(), std::chrono::seconds(7));
@@ -137,7 +133,6 @@ TEST(Launch, AGivenRendezvousDirectoryNeedsARunId) {
   auto launcher_id = communicator_options(two, no_id.get(), std::chrono::seconds(7));
   ASSERT_TRUE(launcher_id.ok()) << launcher_id.status().to_string();
   EXPECT_EQ(launcher_id->prefix, "strata-job.0");
-  std::filesystem::remove_all(std::filesystem::path(dir).parent_path());
 }
 
 TEST(Launch, OneMachinesDefaultDirectoryIsThisUsersAndThisLaunchersAlone) {

@@ -24,29 +24,14 @@
 #include "core/numerics.h"
 #include "partition/communicator.h"
 #include "partition/launch.h"
+#include "tests/partition/temp_dir.h"
 
 namespace strata::partition {
 namespace {
 
 namespace nx = core::numerics;
 
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = std::filesystem::temp_directory_path().string() + "/strata-ranks-XXXXXX";
-    const char* made = ::mkdtemp(tmpl.data());
-    if (made == nullptr) throw std::runtime_error("mkdtemp " + tmpl + " failed");
-    path_ = made;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing_util::TempDir;
 
 // What one child wrote before it exited: its exit code and one line.
 struct Child {
