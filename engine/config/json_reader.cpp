@@ -430,6 +430,12 @@ std::string_view ObjectReader::pick(std::initializer_list<Spelling> spellings) {
   return chosen != nullptr ? chosen->name : current;
 }
 
+// The most edits a misspelling of `key` is taken to have: two, or one for
+// keys of four letters or fewer, where two edits reach other words.
+namespace {
+std::size_t misspelling_edits(std::string_view key) { return key.size() <= 4 ? 1 : 2; }
+}  // namespace
+
 Status ObjectReader::finish() {
   // A section stopped at a wrong value may not have asked for all of its
   // keys; the top level's keys are asked for by every section.
@@ -444,9 +450,7 @@ Status ObjectReader::finish() {
     const std::string& key = item.key();
     if (std::find(known_.begin(), known_.end(), key) != known_.end()) continue;
     std::string_view best;
-    // A misspelling: within two edits of a known key (one for keys of four
-    // letters or fewer, where two edits reach other words).
-    std::size_t best_distance = key.size() <= 4 ? 2 : 3;
+    std::size_t best_distance = misspelling_edits(key) + 1;
     // Current names first; an old name only when no current one is close.
     for (const bool old_ones : {false, true}) {
       for (const std::string& k : known_) {
@@ -484,7 +488,7 @@ void ObjectReader::missing(std::string_view key, std::string_view what) {
     for (const auto& item : object_->items()) {
       const std::string& k = item.key();
       if (k == key || std::find(known_.begin(), known_.end(), k) != known_.end()) continue;
-      if (edit_distance(k, key) <= (key.size() <= 4 ? 1u : 2u)) {
+      if (edit_distance(k, key) <= misspelling_edits(key)) {
         message += str_cat(" (\"", k, "\" is there: a misspelling of \"", key, "\"?)");
         break;
       }
