@@ -177,38 +177,37 @@ Status check_op(ReduceOp op) {
 // (run()), since the other ranks' matching call is then left unpaired. A
 // count of 0 exchanges nothing (every rank passes the same count).
 
+template <typename Call>
+Status Communicator::collective(std::string_view what, std::size_t count, DType t,
+                                std::initializer_list<const void*> ptrs, void* stream, Status extra, Call&& call) {
+  Status checked = check_buffers(what, count, t, ptrs, stream, takes_stream(backend_), size_);
+  if (checked.ok()) checked = std::move(extra);
+  if (checked.ok() && count > 0) checked = check_memory(what, ptrs);
+  return run(what, std::move(checked), [&] { return count == 0 ? Status() : call(); });
+}
+
 Status Communicator::all_reduce(void* buf, std::size_t count, DType t, ReduceOp op, void* stream) {
-  Status checked = check_buffers("all_reduce", count, t, {buf}, stream, takes_stream(backend_), size_);
-  if (checked.ok()) checked = check_op(op);
-  if (checked.ok() && count > 0) checked = check_memory("all_reduce", {buf});
-  return run("all_reduce", std::move(checked),
-             [&] { return count == 0 ? Status() : do_all_reduce(buf, count, t, op, stream); });
+  return collective("all_reduce", count, t, {buf}, stream, check_op(op),
+                    [&] { return do_all_reduce(buf, count, t, op, stream); });
 }
 
 Status Communicator::all_gather(const void* send, void* recv, std::size_t count, DType t, void* stream) {
-  Status checked = check_buffers("all_gather", count, t, {send, recv}, stream, takes_stream(backend_), size_);
-  if (checked.ok() && count > 0) checked = check_memory("all_gather", {send, recv});
-  return run("all_gather", std::move(checked),
-             [&] { return count == 0 ? Status() : do_all_gather(send, recv, count, t, stream); });
+  return collective("all_gather", count, t, {send, recv}, stream, Status(),
+                    [&] { return do_all_gather(send, recv, count, t, stream); });
 }
 
 Status Communicator::reduce_scatter(const void* send, void* recv, std::size_t count, DType t, ReduceOp op,
                                     void* stream) {
-  Status checked = check_buffers("reduce_scatter", count, t, {send, recv}, stream, takes_stream(backend_), size_);
-  if (checked.ok()) checked = check_op(op);
-  if (checked.ok() && count > 0) checked = check_memory("reduce_scatter", {send, recv});
-  return run("reduce_scatter", std::move(checked),
-             [&] { return count == 0 ? Status() : do_reduce_scatter(send, recv, count, t, op, stream); });
+  return collective("reduce_scatter", count, t, {send, recv}, stream, check_op(op),
+                    [&] { return do_reduce_scatter(send, recv, count, t, op, stream); });
 }
 
 Status Communicator::broadcast(void* buf, std::size_t count, DType t, int root, void* stream) {
-  Status checked = check_buffers("broadcast", count, t, {buf}, stream, takes_stream(backend_), size_);
-  if (checked.ok() && (root < 0 || root >= size_)) {
-    checked = Status::invalid_argument(str_cat("broadcast: root ", root, " is not a rank of ", size_));
-  }
-  if (checked.ok() && count > 0) checked = check_memory("broadcast", {buf});
-  return run("broadcast", std::move(checked),
-             [&] { return count == 0 ? Status() : do_broadcast(buf, count, t, root, stream); });
+  Status root_ok = root < 0 || root >= size_
+                       ? Status::invalid_argument(str_cat("broadcast: root ", root, " is not a rank of ", size_))
+                       : Status();
+  return collective("broadcast", count, t, {buf}, stream, std::move(root_ok),
+                    [&] { return do_broadcast(buf, count, t, root, stream); });
 }
 
 Status Communicator::barrier() {

@@ -121,6 +121,12 @@ class Communicator {
   // and breaks the communicator when either fails.
   template <typename Call>
   core::Status run(std::string_view what, core::Status checked, Call&& call);
+  // A collective: its buffers checked (with `extra`, the op's or the root's
+  // check, and the backend's check_memory), then run() with `call`, which a
+  // count of 0 skips (every rank passes the same count: nothing to exchange).
+  template <typename Call>
+  core::Status collective(std::string_view what, std::size_t count, DType t, std::initializer_list<const void*> ptrs,
+                          void* stream, core::Status extra, Call&& call);
 
   std::string backend_;
   int rank_;
