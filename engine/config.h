@@ -290,6 +290,10 @@ struct Config {
   std::int64_t train_micro_batch_size_per_gpu = 1;
   std::int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;  // max global norm; 0: off
+  // Data-parallel ranks: Engine::create's (no config key; 1 when parsed).
+  // A step's gradient is the mean over micro_batches_per_step() micro-batches.
+  int world_size = 1;
+  std::int64_t micro_batches_per_step() const { return gradient_accumulation_steps * world_size; }
 
   Precision precision = Precision::kFp32;  // from bf16.enabled / fp16.enabled
   Fp16Config fp16;

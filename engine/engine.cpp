@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/logging.h"
 #include "core/numerics.h"
@@ -71,10 +72,26 @@ Engine::~Engine() {
 }
 
 core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
+  return create(config, partition::CommunicatorOptions{});
+}
+
+core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
+                                                     const partition::CommunicatorOptions& ranks) {
+  if (ranks.size < 1 || ranks.rank < 0 || ranks.rank >= ranks.size) {
+    return Status::invalid_argument(str_cat("ranks: rank ", ranks.rank, " of ", ranks.size,
+                                            " (the rank must be in [0, size), size >= 1)"));
+  }
+  if (ranks.size > 1 && (config.strata.overlap == OverlapMode::kSpeculative ||
+                         config.strata.overlap == OverlapMode::kDelayed)) {
+    return Status::unimplemented(str_cat("strata.overlap \"", to_string(config.strata.overlap), "\" with ",
+                                         ranks.size, " ranks is not built yet; use \"exact\" or \"none\""));
+  }
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
   STRATA_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::create(config.scheduler, config.optimizer.lr));
-  std::unique_ptr<Engine> e(new Engine(config));
+  Config with_ranks = config;
+  with_ranks.world_size = ranks.size;
+  std::unique_ptr<Engine> e(new Engine(with_ranks));
   const gpu::DeviceBudgets budgets{&e->shared_device_->device_budget, &e->shared_device_->pinned_budget};
   if (config.strata.device == DeviceKind::kHost) {
     gpu::HostDeviceOptions o;
@@ -118,6 +135,27 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {
   e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
       [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); },
       [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
+  e->ranks_.share = {ranks.rank, ranks.size};
+  if (ranks.size > 1) {
+    // One communicator per thread that uses it (each is one thread at a
+    // time, and every rank issues its collectives in the same order).
+    partition::CommunicatorOptions o = ranks;
+    o.prefix = ranks.prefix + "-gradients";
+    auto grads = partition::make_communicator(o);
+    if (!grads.ok()) return Status(grads.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks"));
+    o.prefix = ranks.prefix + "-weights";
+    auto weights = partition::make_communicator(o);
+    if (!weights.ok()) {
+      return Status(weights.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks"));
+    }
+    e->ranks_.grads = std::move(grads).value();
+    e->ranks_.weights = std::move(weights).value();
+    if (config.zero.stage == 3 && ranks.rank == 0) {
+      STRATA_LOG(kInfo) << "zero_optimization.stage 3 with " << ranks.size
+                        << " ranks: the optimizer state is sharded; the compute copies are kept whole on each "
+                           "rank (their sharding is not built yet)";
+    }
+  }
   return e;
 }
 
@@ -219,6 +257,8 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
       return Status::invalid_argument(str_cat("read_master('", param, "'): ", n, " elements, buffer of ", out.size()));
     }
     const GroupPlace& gp = layout_.groups[pl.group];
+    // With several ranks this rank's chunks cover its shard only.
+    if (layout_.share.ranks > 1) std::fill(out.begin(), out.end(), std::numeric_limits<float>::quiet_NaN());
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
       const ChunkPlace& cp = layout_.chunks[c];
       const std::int64_t lo = std::max(pl.trainable_offset, cp.begin), hi = std::min(pl.trainable_offset + n, cp.begin + cp.elems);
@@ -333,6 +373,12 @@ std::vector<std::string> Engine::fetch_sequence() const {
   if (fetcher_ == nullptr) return names;
   for (std::size_t g : fetcher_->sequence().learned()) names.push_back(layout_.groups[g].name);
   return names;
+}
+
+core::Status Engine::refuse_with_ranks(const char* op) const {
+  if (ranks_.share.ranks == 1) return Status();
+  return Status::unimplemented(str_cat(op, " with ", ranks_.share.ranks,
+                                       " ranks is not built yet (each rank holds only its shard of the state)"));
 }
 
 std::vector<std::string> Engine::swap_paths() const {

@@ -54,6 +54,7 @@
 #include "engine/step_stats.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
+#include "partition/communicator.h"
 
 namespace strata::adam {
 class CpuAdam;
@@ -123,6 +124,29 @@ class Engine {
   // import, manifests and `latest`) through that fault injector
   // (nvme/fault_injection.h; tests/e2e/fault_test.cpp).
   static core::Result<std::unique_ptr<Engine>> create(const Config& config);
+  // One of `ranks.size` data-parallel ranks (DESIGN.md section 10), each an
+  // engine in its own process or thread driving the same model on its own
+  // micro-batches, with the same config and the same calls in the same
+  // order. `ranks` says how they meet (partition/communicator.h: the backend,
+  // this rank, the rendezvous); create meets the others (twice: one
+  // communicator for the gradients, one for the optimizer's compute copies),
+  // so every rank must call it. Each rank keeps and updates the optimizer
+  // state of its shard of every group (Layout's RankShare); a step's
+  // gradient is the mean over every rank's micro-batches, as with
+  // gradient accumulation (the fp32 host gradients summed in rank order,
+  // reduce-scattered once the step's last micro-batch is in: with one
+  // micro-batch per rank, bit for bit what one rank accumulating them in
+  // that order forms); the norm is the sum of the block partials
+  // in block order, so every rank clips and skips alike; the new compute
+  // copies are all-gathered so that every rank holds them whole. Swap files
+  // go under <swap path>/rank-<r> (created). Not yet with several ranks:
+  // strata.overlap "speculative" and "delayed", checkpoints and export
+  // (kUnimplemented); stage 3 keeps the compute copies whole on every rank.
+  // read_state reads this rank's shard: other ranks' elements are NaN.
+  // A rank that fails or leaves makes the others' collectives fail within
+  // `ranks.timeout`, naming the collective. ranks.size 1 is create(config).
+  static core::Result<std::unique_ptr<Engine>> create(const Config& config,
+                                                      const partition::CommunicatorOptions& ranks);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -279,6 +303,8 @@ class Engine {
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   gpu::Device& dev() const { return *shared_device_->device; }
   core::Status check_finalized(const char* op) const;
+  // kUnimplemented naming `op` with several ranks (not built for them yet).
+  core::Status refuse_with_ranks(const char* op) const;
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count (engine/state/copy_lane.h):
@@ -332,6 +358,14 @@ class Engine {
 
   // What the engine is (never changes after finalize; read without the lock).
   Config config_;
+  // The data-parallel ranks (create): this rank's share, and with several
+  // the communicators of the gradient path (its pass thread) and of the
+  // optimizer's jobs, which outlive the rooms that use them.
+  struct Ranks {
+    RankShare share;
+    std::unique_ptr<partition::Communicator> grads, weights;
+  };
+  Ranks ranks_;
   // strata.overlap: what the step does in its mode (engine/schedule/).
   const Schedule& schedule_;
   // What was registered before finalize.

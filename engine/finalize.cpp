@@ -2,7 +2,10 @@
 // schedule's extra memory; counted from the layout's chunk runs), every state
 // allocated in its home tier, the initial values streamed in group by group,
 // and the step's rooms created.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
@@ -207,7 +210,7 @@ core::Status Engine::finalize_locked() {
   // entry per chunk), so a model far over the budgets is refused from memory
   // bounded by its parameters and groups.
   core::Stopwatch total;
-  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_));
+  STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_, ranks_.share));
   STRATA_RETURN_IF_ERROR(check_initial_values());
   STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
   if (needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(needs));
@@ -241,7 +244,9 @@ core::Status Engine::finalize_locked() {
                                                 .device_cache = *device_cache_,
                                                 .pinned_cache = *pinned_cache_,
                                                 .trace = trace_,
-                                                .inline_lane = step_lane()},
+                                                .inline_lane = step_lane(),
+                                                .ranks = ranks_.grads.get(),
+                                                .micro_steps = config_.gradient_accumulation_steps},
                                                schedule_.threaded()));
 
   // Compute homes, then the initial values group by group (the host holds one
@@ -371,6 +376,15 @@ core::Status Engine::open_swap_store(const Needs& needs) {
   const std::string& nvme_why = needs.nvme_why;
   nvme::SwapStoreOptions o;
   o.paths = config_.swap_paths();
+  if (layout_.share.ranks > 1) {
+    // Each rank swaps under its own folder of every swap path.
+    for (std::string& p : o.paths) {
+      p = str_cat(p, "/rank-", layout_.share.rank);
+      if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST) {
+        return Status::from_errno(errno, str_cat("rank ", layout_.share.rank, ": creating its swap folder ", p));
+      }
+    }
+  }
   const std::uint64_t wanted = swap_files_bytes(need.nvme);
   const std::uint64_t budget = config_.strata.budgets.disk_bytes;
   // The smallest disk budget that holds this placement, said in every
@@ -423,7 +437,8 @@ core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::ui
                                              .pinned_cache = *pinned_cache_,
                                              .trace = trace_,
                                              .staging_budget = shared_device_->staging_budget,
-                                             .pinned_room = ring_room},
+                                             .pinned_room = ring_room,
+                                             .ranks = ranks_.weights.get()},
                                             schedule_.ring_depth()));
   Optimizer* body = optimizer.get();
   auto runner = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),

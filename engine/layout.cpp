@@ -6,7 +6,6 @@
 #include <map>
 #include <set>
 
-#include "core/aligned_buffer.h"
 #include "core/numerics.h"
 #include "core/str.h"
 
@@ -18,9 +17,8 @@ using core::str_cat;
 
 constexpr std::int64_t kBlock = core::numerics::kNormBlockElems;
 
-std::int64_t round_up(std::int64_t n, std::int64_t m) {
-  return static_cast<std::int64_t>(core::align_up(static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(m)));
-}
+// n rounded up to a multiple of m (any m > 0: the norm block times the ranks).
+std::int64_t round_up(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
 
 }  // namespace
 
@@ -31,12 +29,20 @@ std::int64_t ParamDesc::numel() const {
 }
 
 core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
-                                      std::vector<OptimizerGroupDesc> optimizer_groups, const Config& config) {
+                                      std::vector<OptimizerGroupDesc> optimizer_groups, const Config& config,
+                                      RankShare share) {
   if (params.empty()) return Status::invalid_argument("no parameters registered");
+  if (share.ranks < 1 || share.rank < 0 || share.rank >= share.ranks) {
+    return Status::invalid_argument(str_cat("rank ", share.rank, " of ", share.ranks, " ranks"));
+  }
   if (optimizer_groups.empty()) optimizer_groups.push_back({"default", config.optimizer.weight_decay, 1.0});
   Layout l;
   l.compute_bytes = config.compute_bytes();
-  l.grad_bytes = config.precision != Precision::kFp32 && config.gradient_accumulation_steps == 1 ? 2 : 4;
+  // Host gradients in the compute dtype with one micro-batch per step and
+  // one rank; fp32 where micro-batches or ranks are summed into them.
+  l.grad_bytes =
+      config.precision != Precision::kFp32 && config.gradient_accumulation_steps == 1 && share.ranks == 1 ? 2 : 4;
+  l.share = share;
   l.optimizer = optimizer_spec(config.optimizer.type, config.strata.optimizer_state.format);
 
   // Validate, and group by fetch group in first-registration order.
@@ -98,47 +104,53 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
     }
     g.compute_elems = compute;
     g.trainable_begin = trainable;
-    g.trainable_elems = round_up(own, kBlock);
+    g.trainable_elems = round_up(own, kBlock * share.ranks);
+    g.shard_elems = g.trainable_elems / share.ranks;
+    g.shard_begin = g.trainable_begin + share.rank * g.shard_elems;
     trainable += g.trainable_elems;
   }
   l.trainable_elems = trainable;
 
-  // Chunks, never crossing a group, each homed where the placement rule puts
-  // its first element (the offloaded share first, pinned before nvme, then
-  // the device's), listed as runs: a run ends where the rule's tier changes
-  // and before a group's last chunk when that one is shorter.
+  // Chunks over this rank's shards (each group's whole part with one rank),
+  // never crossing a group, each homed where the placement rule puts its
+  // first element among the rank's own (the offloaded share first, pinned
+  // before nvme, then the device's), listed as runs: a run ends where the
+  // rule's tier changes and before a group's last chunk when that one is
+  // shorter.
   const std::int64_t chunk_blocks =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(config.strata.chunk_bytes / 4) / kBlock);
   l.chunk_elems = chunk_blocks * kBlock;
   const OptimizerSplit split =
-      split_optimizer_state(l.trainable_elems, config.zero.offload_optimizer.device,
+      split_optimizer_state(l.trainable_elems / share.ranks, config.zero.offload_optimizer.device,
                             config.zero.offload_optimizer.ratio, config.strata.optimizer_cpu_fraction);
   const std::int64_t ce = l.chunk_elems;
   std::size_t chunk_total = 0;
+  std::int64_t owned = 0;  // the rank's elements before this group's shard
   for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
     GroupPlace& g = l.groups[gi];
-    const std::int64_t n = (g.trainable_elems + ce - 1) / ce;  // the group's chunks
-    const std::int64_t last_elems = g.trainable_elems - (n - 1) * ce;
+    const std::int64_t n = (g.shard_elems + ce - 1) / ce;  // the group's chunks
+    const std::int64_t last_elems = g.shard_elems - (n - 1) * ce;
     g.first_chunk = chunk_total;
     g.chunk_count = static_cast<std::size_t>(n);
     for (std::int64_t k = 0; k < n;) {
-      const std::int64_t begin = g.trainable_begin + k * ce;
-      // The chunks from k on that begin below the next tier boundary above `begin`.
+      const std::int64_t at = owned + k * ce;  // among the rank's own elements
+      // The chunks from k on that begin below the next tier boundary above `at`.
       std::int64_t end = n;
-      const std::int64_t boundary = begin < split.pinned_elems       ? split.pinned_elems
-                                    : begin < split.offloaded_elems() ? split.offloaded_elems()
-                                                                      : -1;
-      if (boundary >= 0) end = std::min(n, (boundary - g.trainable_begin + ce - 1) / ce);
+      const std::int64_t boundary = at < split.pinned_elems       ? split.pinned_elems
+                                    : at < split.offloaded_elems() ? split.offloaded_elems()
+                                                                   : -1;
+      if (boundary >= 0) end = std::min(n, (boundary - owned + ce - 1) / ce);
       if (end == n && last_elems != ce && k < n - 1) end = n - 1;  // the shorter last chunk on its own
       l.chunk_runs.push_back({.group = gi,
                               .first_chunk = chunk_total + static_cast<std::size_t>(k),
                               .count = static_cast<std::size_t>(end - k),
-                              .begin = begin,
+                              .begin = g.shard_begin + k * ce,
                               .elems = k == n - 1 ? last_elems : ce,
-                              .state_tier = split.tier_at(begin)});
+                              .state_tier = split.tier_at(at)});
       k = end;
     }
     chunk_total += g.chunk_count;
+    owned += g.shard_elems;
   }
   l.params = std::move(params);
   l.optimizer_groups = std::move(optimizer_groups);
@@ -158,8 +170,8 @@ void expand_chunks(Layout& layout) {
 }
 
 core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<OptimizerGroupDesc> optimizer_groups,
-                                 const Config& config) {
-  STRATA_ASSIGN_OR_RETURN(Layout l, plan_layout_runs(std::move(params), std::move(optimizer_groups), config));
+                                 const Config& config, RankShare share) {
+  STRATA_ASSIGN_OR_RETURN(Layout l, plan_layout_runs(std::move(params), std::move(optimizer_groups), config, share));
   expand_chunks(l);
   return l;
 }

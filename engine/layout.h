@@ -24,6 +24,14 @@
 //   layout needs per tier can be counted from memory bounded by the
 //   parameters and groups, before the chunks, one entry per chunk_bytes of
 //   the model, are listed (plan_layout_runs, expand_chunks).
+// - With N data-parallel ranks (RankShare, DESIGN.md section 10) every rank
+//   lays out the whole model alike (the same trainable space, so gradients
+//   and norm blocks have one address everywhere), each group's trainable part
+//   padded to N whole norm blocks and cut into N equal shards
+//   (partition/shards.h's rule with the norm block as alignment); the rank
+//   owns shard `rank` of each group, and its chunks cover its shards only:
+//   it keeps optimizer state for them alone, split between the tiers as the
+//   placement rule says for its own elements.
 #pragma once
 
 #include <cstdint>
@@ -71,6 +79,16 @@ struct GroupPlace {
   std::int64_t trainable_elems = 0;  // padded to whole norm blocks; 0 when all frozen
   Tier compute_tier = Tier::kDevice;
   std::size_t first_chunk = 0, chunk_count = 0;
+  // This rank's shard of the trainable part (in the trainable space, whole
+  // norm blocks): the whole part with one rank.
+  std::int64_t shard_begin = 0;
+  std::int64_t shard_elems = 0;
+};
+
+// Which share of the model this layout's rank keeps (DESIGN.md section 10).
+struct RankShare {
+  int rank = 0;
+  int ranks = 1;
 };
 
 struct ChunkPlace {
@@ -118,6 +136,7 @@ struct Layout {
   int compute_bytes = 2;             // per compute-copy element (config precision)
   int grad_bytes = 2;                // per host gradient element (DESIGN.md section 1)
   OptimizerSpec optimizer;           // the state per trainable element (engine/optimizer_spec.h)
+  RankShare share;                   // this rank's share; the chunks are its shards'
 
   // Bytes of a chunk's state (the master and the optimizer's arrays), wherever it lives.
   std::uint64_t state_bytes(const ChunkPlace& c) const { return optimizer.state_bytes(c.elems); }
@@ -143,9 +162,9 @@ struct Layout {
 // name, an empty group name, a dimension <= 0, an optimizer group out of
 // range, no parameters at all; an invalid config combination the parser
 // cannot see (strata.chunk_bytes below one fp32 norm block is rounded up,
-// not an error).
+// not an error); a share whose rank is not in [0, ranks).
 core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<OptimizerGroupDesc> optimizer_groups,
-                                 const Config& config);
+                                 const Config& config, RankShare share = {});
 
 // plan_layout without the list of chunks: Layout::chunks is left empty and
 // every other field is filled (chunk_runs, and the groups' first_chunk and
@@ -154,7 +173,8 @@ core::Result<Layout> plan_layout(std::vector<ParamDesc> params, std::vector<Opti
 // check what the layout needs (Layout::bytes and the like, from chunk_runs)
 // before it lists one entry per chunk (Engine::finalize). Same errors.
 core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
-                                      std::vector<OptimizerGroupDesc> optimizer_groups, const Config& config);
+                                      std::vector<OptimizerGroupDesc> optimizer_groups, const Config& config,
+                                      RankShare share = {});
 
 // Lists Layout::chunks from chunk_runs (no-op when already listed);
 // plan_layout(...) is plan_layout_runs(...) then this.

@@ -310,6 +310,7 @@ core::Status Engine::visit_group_state(std::size_t g, WriteBack write_back,
 
 core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
   STRATA_ENGINE_ENTRY("save_checkpoint");
+  STRATA_RETURN_IF_ERROR(refuse_with_ranks("save_checkpoint"));
   STRATA_RETURN_IF_ERROR(step_->wait_optimizer("save_checkpoint"));
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation("save_checkpoint"));  // it may be reading the state saved here
   STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
@@ -412,6 +413,7 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
 
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("load_checkpoint");
+  STRATA_RETURN_IF_ERROR(refuse_with_ranks("load_checkpoint"));
   STRATA_RETURN_IF_ERROR(step_->wait_optimizer("load_checkpoint"));
   STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
   if (!between_steps()) {
@@ -540,6 +542,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
   STRATA_ENGINE_ENTRY("export_safetensors");
+  STRATA_RETURN_IF_ERROR(refuse_with_ranks("export_safetensors"));
   STRATA_RETURN_IF_ERROR(step_->wait_optimizer("export_safetensors"));
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation("export_safetensors"));  // it may be reading the state exported here
   STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));

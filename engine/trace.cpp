@@ -33,6 +33,8 @@ std::string_view to_string(TraceTrack t) {
       return "gradient device stream";
     case TraceTrack::kPrefetch:
       return "prefetch";
+    case TraceTrack::kRanks:
+      return "collectives";
   }
   return "?";
 }

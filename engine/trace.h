@@ -27,11 +27,12 @@ enum class TraceTrack : int {
   kOptDevice = 8,   // the optimizer's device stream
   kGradDevice = 9,  // the gradient path's device stream (copies down)
   kPrefetch = 10,   // traced prefetch: copies of the groups the trace says come next
+  kRanks = 11,      // collectives among data-parallel ranks (gradients, compute copies)
 };
 inline constexpr TraceTrack kAllTraceTracks[] = {TraceTrack::kStep,      TraceTrack::kDevice,   TraceTrack::kSwap,
                                                  TraceTrack::kCpuAdam,   TraceTrack::kOptimizer, TraceTrack::kSwapRead,
                                                  TraceTrack::kSwapWrite, TraceTrack::kOptDevice, TraceTrack::kGradDevice,
-                                                 TraceTrack::kPrefetch};
+                                                 TraceTrack::kPrefetch,  TraceTrack::kRanks};
 std::string_view to_string(TraceTrack t);  // the track's name in the viewer
 
 class Trace {

@@ -1,5 +1,6 @@
 #include "engine/step/gradient_path.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -170,6 +171,58 @@ core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro
   nonfinite_ = nonfinite_ || r->nonfinite;
   parts_.pinned_cache.put(std::move(wire));
   parts_.pinned_cache.put(std::move(packed));
+  if (parts_.ranks != nullptr && micro_step + 1 == parts_.micro_steps) return reduce_over_ranks(g);
+  return Status();
+}
+
+core::Status GradientPath::reduce_over_ranks(std::size_t g) {
+  // The group's fp32 host gradients, this rank's micro-batches summed, are
+  // summed over the ranks in rank order; rank r gets shard r. Its partials
+  // and flag are then this shard's, and every rank's are gathered, so each
+  // rank's norm is the whole group's, summed in block order.
+  partition::Communicator& comm = *parts_.ranks;
+  const GroupPlace& gp = parts_.layout.groups[g];
+  const auto shard = static_cast<std::size_t>(gp.shard_elems);
+  const std::size_t blocks = shard / kBlock;
+  float* group = reinterpret_cast<float*>(grads_.data()) + gp.trainable_begin;
+  float* own = reinterpret_cast<float*>(grads_.data()) + gp.shard_begin;
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer sum, parts_.pinned_cache.get(shard * 4, "gradients summed over ranks"));
+  {
+    TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter ", gp.name), gp.trainable_elems * 4);
+    STRATA_RETURN_IF_ERROR(comm.reduce_scatter(group, sum.data(), shard, partition::DType::kF32,
+                                               partition::ReduceOp::kSum)
+                               .annotate(str_cat("the gradients of group '", gp.name, "'")));
+  }
+  const std::span<double> partials(norm_partials_);
+  const std::size_t first_block = static_cast<std::size_t>(gp.trainable_begin / kBlock);
+  const std::size_t own_block = static_cast<std::size_t>(gp.shard_begin / kBlock);
+  adam::GradPassArgs a;
+  a.src = {sum.data(), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
+  a.dst = {reinterpret_cast<std::byte*>(own), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
+  a.norm_partials = partials.subspan(own_block, blocks);
+  core::Result<adam::GradPassResult> r = [&] {
+    const CpuTurns::Turn turn(parts_.turns, CpuTurns::kUrgent);
+    TraceScope tp(parts_.trace, TraceTrack::kCpuAdam, str_cat("gradient pass (summed) ", gp.name), shard * 4);
+    return parts_.cpu_adam.grad_pass(a);
+  }();
+  parts_.pinned_cache.put(std::move(sum));
+  STRATA_RETURN_IF_ERROR(r.status());
+  // Per rank: its blocks' partials, then its flag.
+  const std::size_t per_rank = blocks + 1;
+  std::vector<double> mine(per_rank);
+  std::copy_n(partials.begin() + static_cast<std::ptrdiff_t>(own_block), blocks, mine.begin());
+  mine[blocks] = r->nonfinite ? 1.0 : 0.0;
+  std::vector<double> all(per_rank * static_cast<std::size_t>(comm.size()));
+  {
+    TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("norm partials ", gp.name), all.size() * 8);
+    STRATA_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), per_rank, partition::DType::kF64)
+                               .annotate(str_cat("the norm partials of group '", gp.name, "'")));
+  }
+  for (std::size_t k = 0; k < static_cast<std::size_t>(comm.size()); ++k) {
+    std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(k * per_rank), blocks,
+                partials.begin() + static_cast<std::ptrdiff_t>(first_block + k * blocks));
+    nonfinite_ = nonfinite_ || all[k * per_rank + blocks] != 0.0;
+  }
   return Status();
 }
 

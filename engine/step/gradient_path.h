@@ -5,6 +5,11 @@
 //   pass       (cpu_adam's gradient pass: into the host gradients, kept in
 //               the compute dtype with one micro-batch per step, accumulated
 //               in fp32 otherwise; each norm block's partial; the inf/NaN flag)
+//   ranks      (several data-parallel ranks, after the step's last
+//               micro-batch: the group's fp32 host gradients summed over the
+//               ranks, rank r's shard to rank r (reduce-scatter, rank
+//               order); this rank's shard's block partials and flag, then
+//               every rank's gathered, so that each holds the whole group's)
 // Threaded (every schedule but "none"), the copy runs on the gradient thread
 // and its own stream and posts the pass to the pass thread, so the next
 // group's copy overlaps this group's pass; submit() returns at once and
@@ -34,6 +39,7 @@
 #include "engine/layout.h"
 #include "engine/state/copy_lane.h"
 #include "gpu/device.h"
+#include "partition/communicator.h"
 
 namespace strata::engine {
 
@@ -50,6 +56,11 @@ class GradientPath {
     BufferCache<gpu::PinnedBuffer>& pinned_cache;
     Trace& trace;
     CopyLane inline_lane;  // unthreaded: the copies' lane (the step's)
+    // Several data-parallel ranks: the communicator this path alone uses
+    // (null: one rank), and the micro-batches per step, after the last of
+    // which each group's gradients are summed over the ranks.
+    partition::Communicator* ranks = nullptr;
+    std::int64_t micro_steps = 1;
   };
   static core::Result<std::unique_ptr<GradientPath>> create(const Parts& parts, bool threaded);
   ~GradientPath();  // waits for the copies and passes posted
@@ -120,6 +131,7 @@ class GradientPath {
   GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
   core::Result<gpu::PinnedBuffer> copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
+  core::Status reduce_over_ranks(std::size_t g);
   void fail(const core::Status& s);
   // A submitted group's gradients are through their pass (or given up).
   void passed(std::int64_t elems);

@@ -189,6 +189,9 @@ class Optimizer::JobRun {
   // Where piece p's compute copies sit in the host view `compute`.
   std::byte* compute_at(std::span<std::byte> compute, const Layout::Piece& p) const;
   core::Status open_group(std::size_t g);
+  // Several ranks: every rank's shard of group g's new compute copies into
+  // its host view (all-gather, in the trainable layout).
+  core::Status gather_over_ranks(std::size_t g);
   // Group g's last chunk is done.
   core::Status group_updated(std::size_t g);
   core::Status commit_group(std::size_t g);
@@ -404,7 +407,37 @@ core::Status Optimizer::JobRun::open_group(std::size_t g) {
   return Status();
 }
 
+core::Status Optimizer::JobRun::gather_over_ranks(std::size_t g) {
+  partition::Communicator& comm = *o_.parts_.ranks;
+  const GroupPlace& gp = layout().groups[g];
+  const std::span<std::byte> compute = open_.at(g).compute;
+  const std::size_t shard_bytes = static_cast<std::size_t>(gp.shard_elems) * static_cast<std::size_t>(cb_);
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer all,
+                          o_.parts_.pinned_cache.get(shard_bytes * static_cast<std::size_t>(comm.size()),
+                                                     "compute copies gathered over ranks"));
+  std::byte* mine = all.data() + static_cast<std::size_t>(comm.rank()) * shard_bytes;  // gathered in place
+  std::memset(mine, 0, shard_bytes);
+  for (const Layout::Piece& p : layout().pieces({g, gp.shard_begin, gp.shard_elems, Tier::kDevice})) {
+    std::memcpy(mine + (p.lo - gp.shard_begin) * cb_, compute_at(compute, p), static_cast<std::size_t>(p.hi - p.lo) * cb_);
+  }
+  {
+    TraceScope t(o_.parts_.trace, TraceTrack::kRanks, str_cat("all-gather ", gp.name), shard_bytes * comm.size());
+    Status s = comm.all_gather(mine, all.data(), shard_bytes, partition::DType::kU8);
+    if (!s.ok()) {
+      o_.parts_.pinned_cache.put(std::move(all));
+      return std::move(s).annotate(str_cat("the new compute copies of group '", gp.name, "'"));
+    }
+  }
+  for (const Layout::Piece& p : layout().pieces({g, gp.trainable_begin, gp.trainable_elems, Tier::kDevice})) {
+    std::memcpy(compute_at(compute, p), all.data() + (p.lo - gp.trainable_begin) * cb_,
+                static_cast<std::size_t>(p.hi - p.lo) * cb_);
+  }
+  o_.parts_.pinned_cache.put(std::move(all));
+  return Status();
+}
+
 core::Status Optimizer::JobRun::group_updated(std::size_t g) {
+  if (o_.parts_.ranks != nullptr) STRATA_RETURN_IF_ERROR(gather_over_ranks(g));
   // Its new compute copies go home once the verdict says so, or at once when
   // the job may (OptimizerJob::commits_before_verdict); then the next step
   // may fetch it.

@@ -38,6 +38,7 @@
 #include "engine/step/optimizer_runner.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
+#include "partition/communicator.h"
 
 namespace strata::engine {
 
@@ -58,6 +59,10 @@ class Optimizer {
     Trace& trace;
     core::MemoryBudget& staging_budget;  // the disk pipeline's ring
     std::uint64_t pinned_room;           // for a derived ring (DiskPipeline::create)
+    // Several data-parallel ranks: the communicator the jobs alone use (null:
+    // one rank). Each rank updates its shard of a group, then the group's new
+    // compute copies are gathered from every rank before they go home.
+    partition::Communicator* ranks = nullptr;
   };
   // Its stream and the disk pipeline's ring (`ring_depth` slots unless
   // strata.budgets.staging says otherwise).

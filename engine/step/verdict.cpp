@@ -72,7 +72,7 @@ core::Result<Verdict::Decision> Verdict::judge(const Config& config, double raw_
   } else if (overflow) {
     STRATA_ASSIGN_OR_RETURN(d.skip, skip_nonfinite(config.strata.nonfinite, step));
   }
-  d.grad_norm = raw_norm / loss_scale / static_cast<double>(config.gradient_accumulation_steps);
+  d.grad_norm = raw_norm / loss_scale / static_cast<double>(config.micro_batches_per_step());
   if (!d.skip) d.clip = nx::clip_coefficient(d.grad_norm, config.gradient_clipping);
   return d;
 }
@@ -90,13 +90,13 @@ Verdict::Deferred Verdict::decide_deferred(const Config& config, double raw_norm
   const core::Result<Decision> d = judge(config, raw_norm, nonfinite, nullptr, step);
   Deferred out;
   out.record.norm_step = norm_step;
-  out.record.grad_norm = raw_norm / static_cast<double>(config.gradient_accumulation_steps);
+  out.record.grad_norm = raw_norm / static_cast<double>(config.micro_batches_per_step());
   if (!d.ok() || d->skip) {
     out.record.skipped = true;
     return out;
   }
   out.constants =
-      update_constants(config, hyper, step, nx::combined_grad_scale(1.0, d->clip, config.gradient_accumulation_steps));
+      update_constants(config, hyper, step, nx::combined_grad_scale(1.0, d->clip, config.micro_batches_per_step()));
   out.record.lr = hyper.front().lr;
   return out;
 }
@@ -124,7 +124,7 @@ std::vector<nx::AdamHyperparams> Verdict::hyperparams(std::span<const OptimizerG
 std::vector<UpdateConstants> Verdict::constants(std::span<const OptimizerGroupDesc> groups, double clip) const {
   // The loss scale after this step's scaler update, as DeepSpeed's fp16
   // optimizers unscale (docs/training.md).
-  const double grad_scale = nx::combined_grad_scale(scaler_.scale(), clip, config_.gradient_accumulation_steps);
+  const double grad_scale = nx::combined_grad_scale(scaler_.scale(), clip, config_.micro_batches_per_step());
   return update_constants(config_, hyperparams(groups), applied_ + 1, grad_scale);
 }
 

@@ -4,7 +4,8 @@
 //   raw norm (sqrt of the block partials' sum, in block order), inf/NaN flag
 //     -> skip?   fp16: DeepSpeed's loss scaler (skip and lower on overflow);
 //                bf16/fp32: strata.nonfinite (skip and count, error, apply)
-//     -> grad_norm = raw / loss_scale / gradient_accumulation_steps
+//     -> grad_norm = raw / loss_scale / micro-batches (gradient_accumulation_steps
+//        x ranks: the gradients are summed over both)
 //     -> clip coefficient (gradient_clipping)
 //     -> per optimizer group: lr (schedule or set_lr) x lr_scale, its weight
 //        decay, and one factor folding 1/loss_scale, clipping and 1/gas

@@ -338,8 +338,9 @@ struct Framework {
 
 // An engine with the MLP's parameters registered (biases in a no-decay
 // group) and finalized; null (with a test failure) on error.
-inline std::unique_ptr<Engine> make_mlp_engine(const Config& c) {
-  auto created = Engine::create(c);
+// `ranks`: the engine is one of several data-parallel ranks (Engine::create).
+inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition::CommunicatorOptions& ranks = {}) {
+  auto created = Engine::create(c, ranks);
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return nullptr;
   std::unique_ptr<Engine> e = std::move(created).value();
