@@ -81,10 +81,9 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     return Status::invalid_argument(str_cat("ranks: rank ", ranks.rank, " of ", ranks.size,
                                             " (the rank must be in [0, size), size >= 1)"));
   }
-  if (ranks.size > 1 && (config.strata.overlap == OverlapMode::kSpeculative ||
-                         config.strata.overlap == OverlapMode::kDelayed)) {
-    return Status::unimplemented(str_cat("strata.overlap \"", to_string(config.strata.overlap), "\" with ",
-                                         ranks.size, " ranks is not built yet; use \"exact\" or \"none\""));
+  if (ranks.size > 1 && config.strata.overlap == OverlapMode::kSpeculative) {
+    return Status::unimplemented(str_cat("strata.overlap \"speculative\" with ", ranks.size,
+                                         " ranks is not built yet; use \"exact\", \"delayed\" or \"none\""));
   }
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));

@@ -131,16 +131,18 @@ class Engine {
   // this rank, the rendezvous); create meets the others (twice: one
   // communicator for the gradients, one for the optimizer's compute copies),
   // so every rank must call it. Each rank keeps and updates the optimizer
-  // state of its shard of every group (Layout's RankShare); a step's
+  // state of its shard of every group (Layout's RankShare) and holds the
+  // host gradients of its shards only (zero_optimization.stage 1 and 2
+  // alike); a step's
   // gradient is the mean over every rank's micro-batches, as with
-  // gradient accumulation (the fp32 host gradients summed in rank order,
-  // reduce-scattered once the step's last micro-batch is in: with one
-  // micro-batch per rank, bit for bit what one rank accumulating them in
-  // that order forms); the norm is the sum of the block partials
+  // gradient accumulation (each micro-batch's fp32 gradients summed over
+  // the ranks in rank order and reduce-scattered, each rank accumulating its
+  // shard only: with one micro-batch per rank, bit for bit what one rank
+  // accumulating them in that order forms); the norm is the sum of the block partials
   // in block order, so every rank clips and skips alike; the new compute
   // copies are all-gathered so that every rank holds them whole. Swap files
   // go under <swap path>/rank-<r> (created). Not yet with several ranks:
-  // strata.overlap "speculative" and "delayed", checkpoints and export
+  // strata.overlap "speculative", checkpoints and export
   // (kUnimplemented); stage 3 keeps the compute copies whole on every rank.
   // read_state reads this rank's shard: other ranks' elements are NaN.
   // A rank that fails or leaves makes the others' collectives fail within
@@ -258,6 +260,8 @@ class Engine {
   const Layout& layout() const { return layout_; }
   gpu::Device& device() { return dev(); }
   const Config& config() const { return config_; }
+  // This engine's rank and the run's ranks (create's; never changes).
+  RankShare rank_share() const { return ranks_.share; }
   // Where the CPU optimizer's threads run, as finalize chose them (empty
   // before; fixed after, like the layout).
   const CpuThreads& cpu_threads() const { return cpu_threads_; }

@@ -222,7 +222,8 @@ TierBytes Layout::bytes() const {
     add(g.compute_tier, static_cast<std::uint64_t>(g.compute_elems) * static_cast<std::uint64_t>(compute_bytes));
   }
   for (const ChunkRun& r : chunk_runs) add(r.state_tier, r.count * state_bytes(r));
-  b.pinned += static_cast<std::uint64_t>(trainable_elems) * static_cast<std::uint64_t>(grad_bytes);
+  // The host gradients (with several ranks, the rank's shards only).
+  b.pinned += static_cast<std::uint64_t>(trainable_elems / share.ranks) * static_cast<std::uint64_t>(grad_bytes);
   return b;
 }
 

@@ -17,13 +17,15 @@ PinnedWorking pinned_working(const WorkingShape& shape, bool threaded, bool earl
   PinnedWorking w;
   // A copy down lands in a wire buffer; the pass packs it into the trainable
   // layout. Threaded, the next copies land while one is passed.
-  w.gradient_staging = (threaded ? kGradientCopiesInFlight : 1) * shape.wire_bytes + shape.packed_bytes;
+  w.gradient_staging =
+      (threaded ? kGradientCopiesInFlight : 1) * shape.wire_bytes + shape.packed_bytes + shape.ranks_gradient_bytes;
   // A fetch (and, threaded, the prefetch thread) reads nvme homes through a
   // staging copy; the optimizer opens one group's non-pinned compute copies
   // at a time.
   w.compute_staging = (threaded ? 2 : 1) * shape.nvme_compute_bytes + shape.unpinned_compute_bytes;
   // An uncertain early job brings a device chunk's new compute copies back.
   if (early_jobs) w.optimizer_copies = shape.device_chunk_compute_bytes;
+  w.optimizer_copies += shape.ranks_compute_bytes;  // the gathered compute copies
   w.between_steps = shape.unpinned_state_bytes + shape.unpinned_compute_bytes;
   return w;
 }

@@ -68,6 +68,11 @@ struct WorkingShape {
   std::uint64_t unpinned_state_bytes = 0;
   // A device-resident chunk's compute copies, the largest.
   std::uint64_t device_chunk_compute_bytes = 0;
+  // Several data-parallel ranks: a trainable group's fp32 gradients to sum
+  // plus the rank's summed shard (the pass), and its compute copies of every
+  // rank gathered (the optimizer), the largest; 0 with one rank.
+  std::uint64_t ranks_gradient_bytes = 0;
+  std::uint64_t ranks_compute_bytes = 0;
 };
 
 // The pinned memory a step works in beyond the placement's state (Layout::bytes)
@@ -80,7 +85,7 @@ struct WorkingShape {
 struct PinnedWorking {
   std::uint64_t gradient_staging = 0;  // copies down and the packed gradient pass
   std::uint64_t compute_staging = 0;   // non-pinned compute homes read for a fetch, a prefetch, the optimizer
-  std::uint64_t optimizer_copies = 0;  // speculative jobs' new compute copies of device-resident chunks
+  std::uint64_t optimizer_copies = 0;  // early jobs' new compute copies of device-resident chunks; with ranks, a group's gathered copies
   std::uint64_t between_steps = 0;     // one chunk's state and one group's compute copies (checkpoints)
   std::uint64_t step() const { return gradient_staging + compute_staging + optimizer_copies; }
   std::uint64_t total() const { return step() > between_steps ? step() : between_steps; }

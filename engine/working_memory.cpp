@@ -9,12 +9,17 @@ namespace strata::engine {
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   std::uint64_t wire = 0, packed = 0, nvme_compute = 0, unpinned_compute = 0, state = 0, device_chunk = 0;
+  std::uint64_t ranks_gradient = 0, ranks_compute = 0;
   for (const GroupPlace& gp : layout.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     const std::uint64_t staged = core::align_up(compute, core::kDirectIoAlignment);  // ComputeHomes::load
     if (gp.trainable_elems > 0) {
       wire = std::max(wire, compute);
       packed = std::max(packed, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
+      if (layout.share.ranks > 1) {
+        ranks_gradient = std::max(ranks_gradient, static_cast<std::uint64_t>(gp.trainable_elems + gp.shard_elems) * 4);
+        ranks_compute = std::max(ranks_compute, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
+      }
     }
     if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);
     if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);
@@ -30,7 +35,9 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
                          .nvme_compute_bytes = nvme_compute,
                          .unpinned_compute_bytes = unpinned_compute,
                          .unpinned_state_bytes = state,
-                         .device_chunk_compute_bytes = device_chunk},
+                         .device_chunk_compute_bytes = device_chunk,
+                         .ranks_gradient_bytes = ranks_gradient,
+                         .ranks_compute_bytes = ranks_compute},
                         threaded, early_jobs);
 }
 

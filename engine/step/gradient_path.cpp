@@ -24,8 +24,10 @@ constexpr std::int64_t kBlock = nx::kNormBlockElems;
 core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& parts, bool threaded) {
   gpu::PinnedBuffer grads;
   const Layout& l = parts.layout;
-  if (l.trainable_elems > 0) {
-    const auto bytes = static_cast<std::size_t>(l.trainable_elems) * static_cast<std::size_t>(l.grad_bytes);
+  std::int64_t held = 0;  // the trainable space, or with several ranks the rank's shards
+  for (const GroupPlace& gp : l.groups) held += gp.shard_elems;
+  if (held > 0) {
+    const auto bytes = static_cast<std::size_t>(held) * static_cast<std::size_t>(l.grad_bytes);
     STRATA_ASSIGN_OR_RETURN(grads, parts.device.allocate_pinned(bytes, "host gradients"));
     std::memset(grads.data(), 0, bytes);
   }
@@ -41,6 +43,11 @@ core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& pa
 
 GradientPath::GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks)
     : parts_(parts), grads_(std::move(grads)), norm_partials_(blocks, 0.0) {
+  std::int64_t at = 0;
+  for (const GroupPlace& gp : parts.layout.groups) {
+    shard_at_.push_back(at);
+    at += gp.shard_elems;
+  }
   const core::MutexLock lock(mu_);
   posted_.assign(parts.layout.groups.size(), 0);
   down_.assign(parts.layout.groups.size(), 0);
@@ -155,50 +162,72 @@ core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro
     std::memcpy(packed.data() + (pl.trainable_offset - gp.trainable_begin) * cb, wire.data() + pl.compute_offset * cb,
                 static_cast<std::size_t>(layout.params[pi].numel()) * static_cast<std::size_t>(cb));
   }
+  // With several ranks the pass writes this micro-batch's fp32 gradients
+  // into staging, which reduce_over_ranks sums over the ranks into the
+  // rank's shard; its partials and flag are not the step's (they are
+  // gathered there).
+  const bool ranks = parts_.ranks != nullptr;
+  gpu::PinnedBuffer local;
+  if (ranks) {
+    STRATA_ASSIGN_OR_RETURN(local, parts_.pinned_cache.get(static_cast<std::uint64_t>(gp.trainable_elems) * 4,
+                                                           "gradients to sum over ranks"));
+  }
+  std::vector<double> local_partials(ranks ? static_cast<std::size_t>(gp.trainable_elems / kBlock) : 0);
   adam::GradPassArgs a;
   a.src = {packed.data(), adam_type(cb, parts_.precision), gp.trainable_elems};
-  a.dst = {grads_.data() + gp.trainable_begin * layout.grad_bytes, adam_type(layout.grad_bytes, parts_.precision),
-           gp.trainable_elems};
-  a.accumulate = layout.grad_bytes == 4 && micro_step > 0;  // fp32 accumulators add up the micro-batches
-  a.norm_partials = std::span<double>(norm_partials_).subspan(static_cast<std::size_t>(gp.trainable_begin / kBlock),
-                                                               static_cast<std::size_t>(gp.trainable_elems / kBlock));
+  a.dst = {ranks ? local.data() : shard_grads(g), adam_type(layout.grad_bytes, parts_.precision), gp.trainable_elems};
+  a.accumulate = !ranks && layout.grad_bytes == 4 && micro_step > 0;  // fp32 accumulators add up the micro-batches
+  a.norm_partials = ranks ? std::span<double>(local_partials)
+                          : std::span<double>(norm_partials_).subspan(
+                                static_cast<std::size_t>(gp.trainable_begin / kBlock),
+                                static_cast<std::size_t>(gp.trainable_elems / kBlock));
   core::Result<adam::GradPassResult> r = [&] {
     const CpuTurns::Turn turn(parts_.turns, CpuTurns::kUrgent);
     TraceScope tp(parts_.trace, TraceTrack::kCpuAdam, str_cat("gradient pass ", gp.name), tbytes);
     return parts_.cpu_adam.grad_pass(a);
   }();
-  STRATA_RETURN_IF_ERROR(r.status());
-  nonfinite_ = nonfinite_ || r->nonfinite;
   parts_.pinned_cache.put(std::move(wire));
   parts_.pinned_cache.put(std::move(packed));
-  if (parts_.ranks != nullptr && micro_step + 1 == parts_.micro_steps) return reduce_over_ranks(g);
-  return Status();
+  if (!r.ok()) {
+    if (ranks) parts_.pinned_cache.put(std::move(local));
+    return r.status();
+  }
+  if (!ranks) {
+    nonfinite_ = nonfinite_ || r->nonfinite;
+    return Status();
+  }
+  Status s = reduce_over_ranks(g, local.data(), micro_step);
+  parts_.pinned_cache.put(std::move(local));
+  return s;
 }
 
-core::Status GradientPath::reduce_over_ranks(std::size_t g) {
-  // The group's fp32 host gradients, this rank's micro-batches summed, are
-  // summed over the ranks in rank order; rank r gets shard r. Its partials
-  // and flag are then this shard's, and every rank's are gathered, so each
-  // rank's norm is the whole group's, summed in block order.
+core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* local, int micro_step) {
+  // This micro-batch's fp32 gradients of the group are summed over the
+  // ranks in rank order; rank r gets shard r, passed into (or, after the
+  // first micro-batch, added to) its host gradients. After the last
+  // micro-batch the partials and flag of the shard's sums are every rank's
+  // to gather, so each rank's norm is the whole group's, summed in block
+  // order.
   partition::Communicator& comm = *parts_.ranks;
   const GroupPlace& gp = parts_.layout.groups[g];
   const auto shard = static_cast<std::size_t>(gp.shard_elems);
   const std::size_t blocks = shard / kBlock;
-  float* group = reinterpret_cast<float*>(grads_.data()) + gp.trainable_begin;
-  float* own = reinterpret_cast<float*>(grads_.data()) + gp.shard_begin;
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer sum, parts_.pinned_cache.get(shard * 4, "gradients summed over ranks"));
   {
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter ", gp.name), gp.trainable_elems * 4);
-    STRATA_RETURN_IF_ERROR(comm.reduce_scatter(group, sum.data(), shard, partition::DType::kF32,
-                                               partition::ReduceOp::kSum)
-                               .annotate(str_cat("the gradients of group '", gp.name, "'")));
+    Status s = comm.reduce_scatter(local, sum.data(), shard, partition::DType::kF32, partition::ReduceOp::kSum);
+    if (!s.ok()) {
+      parts_.pinned_cache.put(std::move(sum));
+      return std::move(s).annotate(str_cat("the gradients of group '", gp.name, "'"));
+    }
   }
   const std::span<double> partials(norm_partials_);
   const std::size_t first_block = static_cast<std::size_t>(gp.trainable_begin / kBlock);
   const std::size_t own_block = static_cast<std::size_t>(gp.shard_begin / kBlock);
   adam::GradPassArgs a;
   a.src = {sum.data(), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
-  a.dst = {reinterpret_cast<std::byte*>(own), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
+  a.dst = {shard_grads(g), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
+  a.accumulate = micro_step > 0;
   a.norm_partials = partials.subspan(own_block, blocks);
   core::Result<adam::GradPassResult> r = [&] {
     const CpuTurns::Turn turn(parts_.turns, CpuTurns::kUrgent);
@@ -207,6 +236,7 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g) {
   }();
   parts_.pinned_cache.put(std::move(sum));
   STRATA_RETURN_IF_ERROR(r.status());
+  if (micro_step + 1 < parts_.micro_steps) return Status();
   // Per rank: its blocks' partials, then its flag.
   const std::size_t per_rank = blocks + 1;
   std::vector<double> mine(per_rank);

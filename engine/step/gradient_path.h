@@ -5,11 +5,14 @@
 //   pass       (cpu_adam's gradient pass: into the host gradients, kept in
 //               the compute dtype with one micro-batch per step, accumulated
 //               in fp32 otherwise; each norm block's partial; the inf/NaN flag)
-//   ranks      (several data-parallel ranks, after the step's last
-//               micro-batch: the group's fp32 host gradients summed over the
-//               ranks, rank r's shard to rank r (reduce-scatter, rank
-//               order); this rank's shard's block partials and flag, then
-//               every rank's gathered, so that each holds the whole group's)
+//   ranks      (several data-parallel ranks, every micro-batch: the pass
+//               writes the group's fp32 gradients into staging, they are
+//               summed over the ranks, rank r's shard to rank r
+//               (reduce-scatter, rank order), and passed into the rank's
+//               host gradients, which hold its shards only (accumulated over
+//               the micro-batches); after the last one the shard's block
+//               partials and flag, then every rank's gathered, so that each
+//               holds the whole group's)
 // Threaded (every schedule but "none"), the copy runs on the gradient thread
 // and its own stream and posts the pass to the pass thread, so the next
 // group's copy overlaps this group's pass; submit() returns at once and
@@ -68,8 +71,14 @@ class GradientPath {
   GradientPath& operator=(const GradientPath&) = delete;
 
   bool threaded() const { return grads_queue_ != nullptr; }
-  // The host gradients: the trainable layout, layout.grad_bytes each.
+  // The host gradients: the trainable layout, layout.grad_bytes each; with
+  // several ranks only the rank's shards, one after another (shard_grads).
   std::byte* host_grads() { return grads_.data(); }
+  // Where group g's shard (GroupPlace::shard_begin; the whole group with one
+  // rank) starts in the host gradients.
+  std::byte* shard_grads(std::size_t g) {
+    return grads_.data() + shard_at_[g] * static_cast<std::int64_t>(parts_.layout.grad_bytes);
+  }
 
   // Runs on the pass thread right before group g's pass (its error fails the
   // pass: e.g. waiting for the optimizer's job that still reads g's host
@@ -131,13 +140,18 @@ class GradientPath {
   GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
   core::Result<gpu::PinnedBuffer> copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
-  core::Status reduce_over_ranks(std::size_t g);
+  // Several ranks: the group's fp32 gradients of this micro-batch in
+  // `local` (the trainable layout) summed over the ranks into the rank's
+  // shard (accumulated after the first micro-batch), and after the last
+  // one every rank's partials and flag gathered.
+  core::Status reduce_over_ranks(std::size_t g, const std::byte* local, int micro_step);
   void fail(const core::Status& s);
   // A submitted group's gradients are through their pass (or given up).
   void passed(std::int64_t elems);
 
   Parts parts_;
   gpu::PinnedBuffer grads_;            // host gradients (see host_grads)
+  std::vector<std::int64_t> shard_at_;  // per group: its shard's first element in grads_
   std::vector<double> norm_partials_;  // per norm block of the trainable space
   bool nonfinite_ = false;             // the passes' (pass thread, or after wait)
   // Threaded: the two threads and the copies' stream; the copies' traffic

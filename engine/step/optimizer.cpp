@@ -297,6 +297,7 @@ core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
   const std::size_t g = items_[i].group, c = items_[i].chunk;
   const ChunkPlace& cp = layout().chunks[c];
   const std::span<std::byte> compute = open_.at(g).compute;
+  const std::int64_t shard_begin = layout().groups[g].shard_begin;  // where the host gradients of g start
   ChunkState st;
   if (cp.state_tier == Tier::kNvme) {
     STRATA_ASSIGN_OR_RETURN(st, disk_.take(i));
@@ -317,7 +318,7 @@ core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
       std::byte* out = compute_at(compute, p) + (lo - p.lo) * cb_;
       const CpuTurns::Turn turn(o_.parts_.turns, CpuTurns::kBackground);
       TraceScope tc(o_.parts_.trace, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
-      const adam::ConstTypedSpan grad{o_.parts_.gradients.host_grads() + lo * gb_, grad_type_,
+      const adam::ConstTypedSpan grad{o_.parts_.gradients.shard_grads(g) + (lo - shard_begin) * gb_, grad_type_,
                                       static_cast<std::int64_t>(n)};
       const adam::TypedSpan copy_out =
           cb_ == 2 ? adam::TypedSpan{out, compute_type_, static_cast<std::int64_t>(n)} : adam::TypedSpan{};
@@ -341,7 +342,8 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
   const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
   STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, parts.device_cache.get(n_all * gb_, "optimizer gradients"));
   STRATA_RETURN_IF_ERROR(lane_h2d(parts.device, parts.trace, lane_, dgrad.span(),
-                                  {parts.gradients.host_grads() + cp.begin * gb_, n_all * gb_}));
+                                  {parts.gradients.shard_grads(g) + (cp.begin - layout().groups[g].shard_begin) * gb_,
+                                   n_all * gb_}));
   STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, parts.device_cache.get(n_all * cb_, "optimizer compute copies"));
   for (const Layout::Piece& p : pieces) {
     const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
