@@ -18,7 +18,8 @@ MODULES = {
     "cpu_adam/": ["core/", "cpu_adam/"],
     "partition/": ["core/", "partition/"],
     "engine/": ["core/", "engine/", "gpu/", "nvme/", "cpu_adam/", "partition/"],
-    "bindings/c/": ["bindings/c/", "core/", "engine/", "strata/"],
+    # partition/launch.h: strata_engine_create_ranked reads the launcher's environment.
+    "bindings/c/": ["bindings/c/", "core/", "engine/", "strata/", "partition/launch.h"],
     # The CLI sees the C API and, for the planner, the engine's config and plan
     # headers (and the core helpers they are written in); `strata inspect` reads
     # checkpoints without an engine (engine/checkpoint/inspect.h).

@@ -2,12 +2,14 @@
 // turns a Status into a strata_status plus the thread's last-error message and
 // catches anything thrown (bad_alloc becomes OUT_OF_MEMORY, the rest INTERNAL).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "core/status.h"
 #include "core/str.h"
 #include "engine/engine.h"
+#include "partition/launch.h"
 #include "strata/strata.h"
 
 #if STRATA_HAVE_DLPACK
@@ -248,6 +251,45 @@ core::Result<engine::ParseOptions> parse_options(const strata_config_options* in
       .hidden_size = o.hidden_size, .total_num_steps = o.total_num_steps, .strict = o.strict != 0};
 }
 
+// The communicator options a strata_ranks describes (see strata.h).
+core::Result<partition::CommunicatorOptions> communicator_options(const strata_ranks* in, const char* fn) {
+  STRATA_ASSIGN_OR_RETURN(const strata_ranks r, read_struct(in, fn, "ranks"));
+  if (r.timeout_ms < 0) {
+    return core::Status::invalid_argument(
+        core::str_cat(fn, ": ranks->timeout_ms is ", r.timeout_ms, "; it must be >= 0 (0: 5 minutes)"));
+  }
+  const std::chrono::milliseconds timeout = r.timeout_ms > 0 ? std::chrono::milliseconds(r.timeout_ms)
+                                                             : std::chrono::milliseconds(std::chrono::minutes(5));
+  partition::CommunicatorOptions o;
+  if (r.size == 0) {
+    const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
+    STRATA_ASSIGN_OR_RETURN(const std::optional<partition::Launch> launch,
+                            partition::launch_from_environment(getenv));
+    if (!launch.has_value()) return o;  // no launcher: one rank
+    STRATA_ASSIGN_OR_RETURN(o, partition::communicator_options(*launch, getenv, timeout));
+    if (r.backend != nullptr) o.backend = r.backend;
+    if (r.store_dir != nullptr) o.store_dir = r.store_dir;
+    if (r.run_id != nullptr) o.prefix = r.run_id;
+  } else {
+    if (r.size < 0 || r.rank < 0 || r.rank >= r.size) {
+      return core::Status::invalid_argument(core::str_cat(fn, ": ranks->rank is ", r.rank, " and ranks->size ",
+                                                          r.size, "; the rank must be in [0, size)"));
+    }
+    o.backend = r.backend != nullptr ? r.backend : r.size > 1 ? "gloo" : "self";
+    o.rank = r.rank;
+    o.size = r.size;
+    o.store_dir = r.store_dir != nullptr ? r.store_dir : "";
+    if (r.size > 1 && o.store_dir.empty()) {
+      return core::Status::invalid_argument(
+          core::str_cat(fn, ": ranks->store_dir is NULL; ", r.size, " ranks need a directory to meet in"));
+    }
+    if (r.run_id != nullptr) o.prefix = r.run_id;
+  }
+  o.timeout = timeout;
+  o.connect_timeout = timeout;
+  return o;
+}
+
 core::Status config_check(const char* config_json, const strata_config_options* options,
                           uint32_t* warning_count_out, const char* fn) {
   STRATA_ASSIGN_OR_RETURN(const engine::ParseOptions po, parse_options(options, fn));
@@ -343,14 +385,34 @@ strata_status strata_engine_create(const char* config_json, strata_engine** out)
 
 strata_status strata_engine_create_ex(const char* config_json, const strata_config_options* options,
                                       strata_engine** out) noexcept {
+  return strata_engine_create_ranked(config_json, options, nullptr, out);
+}
+
+strata_status strata_engine_create_ranked(const char* config_json, const strata_config_options* options,
+                                          const strata_ranks* ranks, strata_engine** out) noexcept {
   return guard([&]() -> core::Status {
-    STRATA_C_NOT_NULL("strata_engine_create", out);
-    STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po,
-                            c_api::parse_options(options, "strata_engine_create_ex"));
+    const char* fn = ranks != nullptr ? "strata_engine_create_ranked" : "strata_engine_create";
+    STRATA_C_NOT_NULL(fn, out);
+    STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po, c_api::parse_options(options, fn));
+    strata::partition::CommunicatorOptions co;
+    if (ranks != nullptr) {
+      STRATA_ASSIGN_OR_RETURN(co, c_api::communicator_options(ranks, fn));
+    }
     STRATA_ASSIGN_OR_RETURN(se::Config config, c_api::parse(config_json, po));
     auto h = std::make_unique<strata_engine>();
-    STRATA_ASSIGN_OR_RETURN(h->engine, se::Engine::create(config));
+    STRATA_ASSIGN_OR_RETURN(h->engine, se::Engine::create(config, co));
     *out = h.release();
+    return core::Status();
+  });
+}
+
+strata_status strata_engine_rank(strata_engine* engine, int32_t* rank_out, int32_t* size_out) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_engine_rank";
+    STRATA_C_ENTER(fn, engine);
+    const se::RankShare share = engine->engine->rank_share();
+    if (rank_out != nullptr) *rank_out = share.rank;
+    if (size_out != nullptr) *size_out = share.ranks;
     return core::Status();
   });
 }

@@ -594,6 +594,51 @@ static void options_checks(void) {
   CHECK_STATUS(strata_engine_create_ex(decay, NULL, NULL), STRATA_STATUS_INVALID_ARGUMENT, "out");
 }
 
+/* One rank of several (0.5): the arguments checked; one rank as self, or
+ * from the environment without a launcher (the run has none). Several ranks
+ * training together: tests/e2e/ranks_test.cpp, tests/python/test_ranks.py. */
+static void ranks_checks(void) {
+  const char* cfg =
+      "{\"train_batch_size\": 16, \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 0.05}},"
+      " \"strata\": {\"device\": \"host\", \"cpu_adam\": {\"threads\": 1}}}";
+  strata_engine* e = NULL;
+  strata_ranks r = STRATA_RANKS_INIT;
+  r.size = 2;
+  r.rank = 2;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &r, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "ranks->rank is 2 and ranks->size 2");
+  r.rank = 1;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &r, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "ranks->store_dir is NULL");
+  r.timeout_ms = -1;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &r, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "ranks->timeout_ms is -1");
+  strata_ranks zero = STRATA_RANKS_INIT;
+  zero.struct_size = 0;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &zero, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "ranks->struct_size is 0");
+  CHECK(e == NULL);
+
+  /* One rank, said outright. */
+  strata_ranks one = STRATA_RANKS_INIT;
+  one.size = 1;
+  CHECK_OK(strata_engine_create_ranked(cfg, NULL, &one, &e));
+  int32_t rank = -1, size = -1;
+  CHECK_OK(strata_engine_rank(e, &rank, &size));
+  CHECK(rank == 0 && size == 1);
+  strata_engine_destroy(e);
+  e = NULL;
+  /* From the environment: no launcher here, so one rank. */
+  strata_ranks launcher = STRATA_RANKS_INIT;
+  CHECK_OK(strata_engine_create_ranked(cfg, NULL, &launcher, &e));
+  rank = size = -1;
+  CHECK_OK(strata_engine_rank(e, &rank, NULL));
+  CHECK_OK(strata_engine_rank(e, NULL, &size));
+  CHECK(rank == 0 && size == 1);
+  strata_engine_destroy(e);
+  CHECK_STATUS(strata_engine_rank(NULL, &rank, &size), STRATA_STATUS_INVALID_ARGUMENT, "engine");
+}
+
 int main(void) {
   /* version */
   char expect[32];
@@ -638,6 +683,7 @@ int main(void) {
 
   options_checks();
   engine_checks();
+  ranks_checks();
 
   if (failures == 0) printf("c_api_test: all checks passed\n");
   return failures == 0 ? 0 : 1;

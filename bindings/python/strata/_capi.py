@@ -13,7 +13,7 @@ import os
 
 # The C header's version this module was written against.
 HEADER_MAJOR = 0
-HEADER_MINOR = 4
+HEADER_MINOR = 5
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _LIB_NAMES = ("libstrata.so", "libstrata.so.0")
@@ -66,6 +66,12 @@ INIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.
 class ConfigOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("strict", ctypes.c_int32), ("total_num_steps", ctypes.c_int64),
                 ("hidden_size", ctypes.c_int64)]
+
+
+class Ranks(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("size", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("backend", ctypes.c_char_p), ("store_dir", ctypes.c_char_p), ("run_id", ctypes.c_char_p),
+                ("timeout_ms", ctypes.c_int64)]
 
 
 class OptimizerGroupDesc(ctypes.Structure):
@@ -167,6 +173,9 @@ _PROTOTYPES = {
     # 0.4
     "strata_swap_path_count": (c_status, [c_engine_p, _P(ctypes.c_uint32)]),
     "strata_swap_stats_get": (c_status, [c_engine_p, ctypes.c_uint32, _P(SwapStatsC)]),
+    # 0.5
+    "strata_engine_create_ranked": (c_status, [_s, _P(ConfigOptions), _P(Ranks), _P(c_engine_p)]),
+    "strata_engine_rank": (c_status, [c_engine_p, _P(ctypes.c_int32), _P(ctypes.c_int32)]),
 }
 
 

@@ -78,6 +78,34 @@ def _options(total_num_steps, hidden_size, strict):
     return o
 
 
+def _ranks(ranks):
+    """strata_ranks from Engine's `ranks` argument: "launcher" (the launcher's
+    environment: torchrun, mpirun, srun; one rank without one), or a dict with
+    rank, size, store_dir and optionally run_id, backend, timeout_s. The
+    strings are kept alive by the returned tuple's second item."""
+    r = _capi.new(_capi.Ranks)
+    keep = []
+    if ranks == "launcher":
+        return r, keep
+    if not isinstance(ranks, dict):
+        raise TypeError(f"strata: ranks must be \"launcher\" or a dict, not {type(ranks).__name__}")
+    unknown = set(ranks) - {"rank", "size", "store_dir", "run_id", "backend", "timeout_s"}
+    if unknown:
+        raise TypeError(f"strata: ranks has unknown keys {sorted(unknown)} (rank, size, store_dir, run_id, "
+                        f"backend, timeout_s)")
+    for key in ("rank", "size"):
+        if key not in ranks:
+            raise TypeError(f"strata: ranks needs '{key}'")
+        setattr(r, key, int(ranks[key]))
+    for key in ("store_dir", "run_id", "backend"):
+        if ranks.get(key) is not None:
+            keep.append(str(ranks[key]).encode())
+            setattr(r, key, keep[-1])
+    if ranks.get("timeout_s") is not None:
+        r.timeout_ms = int(round(float(ranks["timeout_s"]) * 1000))
+    return r, keep
+
+
 def config_check(config, *, total_num_steps=None, hidden_size=None, strict=False):
     """Checks a config without creating an engine; returns its warning count.
     total_num_steps resolves "auto" in scheduler.params.total_num_steps,
@@ -206,12 +234,22 @@ class Engine:
     per micro-batch fetch/release, grads, micro_step_end -> step_end. Every
     failure raises a strata.Error subclass with the C status name and message.
     Use as a context manager, or call close(). total_num_steps, hidden_size
-    and strict as config_check's (strata_engine_create_ex)."""
+    and strict as config_check's (strata_engine_create_ex). ranks: one of
+    several data-parallel ranks (strata_engine_create_ranked; docs/distributed.md):
+    "launcher" takes them from torchrun's, mpirun's or srun's environment (one
+    rank without a launcher), a dict gives rank, size and store_dir (and
+    optionally run_id, backend, timeout_s); None: an engine of its own."""
 
-    def __init__(self, config, *, total_num_steps=None, hidden_size=None, strict=False):
+    def __init__(self, config, *, total_num_steps=None, hidden_size=None, strict=False, ranks=None):
         handle = ctypes.c_void_p()
         o = _options(total_num_steps, hidden_size, strict)
-        check(_lib.strata_engine_create_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(handle)))
+        if ranks is None:
+            check(_lib.strata_engine_create_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(handle)))
+        else:
+            r, keep = _ranks(ranks)
+            check(_lib.strata_engine_create_ranked(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(r),
+                                                   ctypes.byref(handle)))
+            del keep
         self._h = handle
         self._inits = []          # (INIT_FN, callable) kept alive until finalize returns
         self._init_error = None   # the first exception an init callable raised
@@ -223,6 +261,21 @@ class Engine:
         if not self._h:
             raise errors.FailedPrecondition("strata: the engine is closed", status="FAILED_PRECONDITION")
         return self._h
+
+    @property
+    def rank(self):
+        """This engine's rank among the data-parallel ranks (0 alone)."""
+        return self._rank_and_size()[0]
+
+    @property
+    def world_size(self):
+        """The number of data-parallel ranks (1 alone)."""
+        return self._rank_and_size()[1]
+
+    def _rank_and_size(self):
+        rank, size = ctypes.c_int32(), ctypes.c_int32()
+        check(_lib.strata_engine_rank(self.handle, ctypes.byref(rank), ctypes.byref(size)))
+        return rank.value, size.value
 
     def close(self):
         """Destroys the engine (its swap files too, unless strata.io.keep_files)."""

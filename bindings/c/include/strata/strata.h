@@ -54,7 +54,7 @@ extern "C" {
 #endif
 
 #define STRATA_VERSION_MAJOR 0
-#define STRATA_VERSION_MINOR 4
+#define STRATA_VERSION_MINOR 5
 #define STRATA_VERSION_PATCH 0
 
 /* Status codes. Stable: values are never renumbered. */
@@ -192,6 +192,45 @@ STRATA_API strata_status strata_engine_create(const char* config_json, strata_en
  * strata_config_check_ex. */
 STRATA_API strata_status strata_engine_create_ex(const char* config_json, const strata_config_options* options,
                                                  strata_engine** out) STRATA_NOEXCEPT;
+
+/* How an engine meets the other data-parallel ranks of its run (0.5; DESIGN.md
+ * section 10, docs/distributed.md). Every rank creates its engine with the
+ * same config and drives the same model through the same calls on its own
+ * micro-batches; each keeps the optimizer state of its shard, the gradients
+ * are averaged over every rank's micro-batches, and every rank gets the new
+ * compute copies whole. */
+typedef struct strata_ranks {
+  uint32_t struct_size;  /* STRATA_RANKS_INIT */
+  int32_t size;          /* ranks in the run; 0: from the launcher's environment (torchrun or
+                            DeepSpeed's launcher, mpirun, srun: partition/launch.h), one rank
+                            without a launcher */
+  int32_t rank;          /* this engine's, in [0, size) (with size > 0) */
+  const char* backend;   /* "gloo" (host buffers over TCP) or "self"; NULL: "gloo", "self" for one rank */
+  const char* store_dir; /* the directory where the ranks meet (every rank reaches it; one per run,
+                            or a run_id of its own); NULL with size 0: the launcher's default;
+                            required with size > 1 */
+  const char* run_id;    /* names this run's keys in store_dir; NULL: "strata" (size > 0) or the
+                            launcher's run (size 0) */
+  int64_t timeout_ms;    /* each collective, and meeting the others; 0: 5 minutes */
+} strata_ranks;
+#define STRATA_RANKS_INIT {(uint32_t)sizeof(strata_ranks), 0, 0, NULL, NULL, NULL, 0}
+
+/* strata_engine_create_ex for one rank of several (0.5): meets the others
+ * (every rank must call it; it returns once all arrived, or UNAVAILABLE when
+ * they do not within the timeout). ranks is borrowed; NULL means
+ * STRATA_RANKS_INIT. Errors as strata_engine_create_ex's; INVALID_ARGUMENT
+ * for a rank outside [0, size), a negative timeout, or no store_dir with
+ * size > 1; a launcher's variables half set or malformed, named;
+ * UNIMPLEMENTED for what several ranks do not do yet (strata.overlap
+ * "speculative"; checkpoints and export are refused later). */
+STRATA_API strata_status strata_engine_create_ranked(const char* config_json, const strata_config_options* options,
+                                                     const strata_ranks* ranks,
+                                                     strata_engine** out) STRATA_NOEXCEPT;
+
+/* This engine's rank and the run's size into *rank_out and *size_out (either
+ * may be NULL): 0 and 1 for an engine of its own (0.5). */
+STRATA_API strata_status strata_engine_rank(strata_engine* engine, int32_t* rank_out,
+                                            int32_t* size_out) STRATA_NOEXCEPT;
 
 /* Destroys an engine: waits for its device work, frees its memory and its
  * swap files (unless strata.io.keep_files). Every view it handed out becomes

@@ -38,6 +38,7 @@ How it works, in one place:
 """
 import torch
 
+from .. import errors
 from .. import engine as _engine
 from .checkpoints import Checkpoints
 from .fetch import Fetching
@@ -52,14 +53,15 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
     """A PyTorch module trained through strata. Made by initialize()."""
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
-                 name_prefix="", copy_views=False, total_num_steps=None, hidden_size=None, strict=False):
+                 name_prefix="", copy_views=False, total_num_steps=None, hidden_size=None, strict=False,
+                 ranks="launcher"):
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"strata.torch: model must be a torch.nn.Module, not {type(model).__name__}")
         self.module = model
         text = _engine._config_text(config)  # a path is read once
         known = dict(total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict)
         self.config = _engine.config_resolve(text, **known)
-        self._engine = _engine.Engine(text, **known)
+        self._engine = _engine.Engine(text, ranks=ranks, **known)
         self._closed = False
         self._units = []             # setup.py's (with _params, _groups, _group_list, _order, set there)
         # hooks.py
@@ -157,10 +159,27 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         context left by an exception does too, raising that exception)."""
         return self._gathered()
 
-    def state_dict(self, dtype=torch.float32):
+    @property
+    def rank(self):
+        """This process's rank among the data-parallel ranks (0 alone)."""
+        return self._engine.rank
+
+    @property
+    def world_size(self):
+        """The number of data-parallel ranks (1 alone)."""
+        return self._engine.world_size
+
+    def state_dict(self, dtype=torch.float32, shard=False):
         """The model's weights under its own names (every alias of a tied weight,
         and buffers, as module.state_dict()): the fp32 masters of trainable
-        parameters, the compute copies of frozen ones, in `dtype` on the CPU."""
+        parameters, the compute copies of frozen ones, in `dtype` on the CPU.
+        With several ranks each holds the masters of its shard only: shard=True
+        gives them (the other ranks' elements NaN); without it, Unimplemented
+        (gathering them is not built yet)."""
+        if self.world_size > 1 and not shard:
+            raise errors.Unimplemented(
+                f"strata.torch: state_dict with {self.world_size} ranks: each rank holds the masters of its shard "
+                f"only; state_dict(shard=True) gives this rank's (the other elements NaN)", status="UNIMPLEMENTED")
         return self._state_dict(dtype)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
@@ -203,7 +222,7 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
 
 
 def initialize(model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="", name_prefix="",
-               copy_views=False, total_num_steps=None, hidden_size=None, strict=False):
+               copy_views=False, total_num_steps=None, hidden_size=None, strict=False, ranks="launcher"):
     """Hands `model`'s parameters, gradients and optimizer to strata.
 
     model: an nn.Module (its parameters on the CPU, the GPU, or the meta device
@@ -224,8 +243,14 @@ def initialize(model, config, *, blocks=None, param_groups=None, weights=None, w
         scheduler.params.total_num_steps; hidden_size: the model's hidden size,
         for the "auto" bucket sizes; strict: unknown keys are errors
         (docs/config.md, "auto").
+    ranks: data-parallel ranks (docs/distributed.md). "launcher" (the default):
+        from the launcher's environment (torchrun or DeepSpeed's launcher,
+        mpirun, srun), one rank without one; a dict (rank, size, store_dir, ...)
+        as strata.Engine takes; None: this process alone, whatever launched it.
+        Every rank runs the same model and calls on its own micro-batches; the
+        gradients are averaged over all of them.
     Returns a strata.torch.Engine: engine.backward(loss), engine.step().
     """
     return Engine(model, config, blocks=blocks, param_groups=param_groups, weights=weights,
                   weights_prefix=weights_prefix, name_prefix=name_prefix, copy_views=copy_views,
-                  total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict)
+                  total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict, ranks=ranks)

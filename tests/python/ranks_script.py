@@ -1,0 +1,54 @@
+"""One rank of a data-parallel run for tests/python/test_ranks.py, launched by
+torchrun: the tiny Llama trained through strata.torch with the ranks taken
+from torchrun's environment, one micro-batch per rank per step (rank r's of
+step s is batch s * world + r). Writes this rank's result to
+<out>/rank<r>.pt: its state_dict(shard=True) (other ranks' elements NaN), the
+norm of every step, its losses.
+
+usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP"""
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+for sub in ("bindings/python", "examples/python", "tests/python"):
+    sys.path.insert(0, os.path.join(ROOT, sub))
+
+import torch  # noqa: E402
+
+import helpers  # noqa: E402
+import strata  # noqa: E402
+import strata.torch  # noqa: E402
+
+
+def main():
+    out, swap, precision, steps, clip = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+    model = helpers.tiny_llama(seed=0)
+    cfg = helpers.config(swap, "optimizer_cpu", precision, gas=1, clip=clip, lr=3e-3, weight_decay=0.01)
+    try:
+        engine = strata.torch.initialize(model, cfg)
+    except strata.Unimplemented as e:
+        if "gloo" in str(e).lower():
+            with open(os.path.join(out, "skip"), "w") as f:
+                f.write(str(e))
+            return 0
+        raise
+    rank, world = engine.rank, engine.world_size
+    assert world == int(os.environ["WORLD_SIZE"]) and rank == int(os.environ["RANK"]), (rank, world)
+    data = helpers.batches(steps * world)
+    norms = []
+    losses = helpers.train_strata(engine, model, [data[s * world + rank] for s in range(steps)], steps,
+                                  on_step=lambda s, st: norms.append(st.grad_norm))
+    try:
+        engine.state_dict()
+        raise AssertionError("state_dict() without shard=True must refuse with several ranks")
+    except strata.Unimplemented:
+        pass
+    torch.save({"state": engine.state_dict(shard=True), "norms": norms, "losses": losses},
+               os.path.join(out, f"rank{rank}.pt"))
+    engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
