@@ -81,6 +81,11 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     return Status::invalid_argument(str_cat("ranks: rank ", ranks.rank, " of ", ranks.size,
                                             " (the rank must be in [0, size), size >= 1)"));
   }
+  if (ranks.size > 1 && ranks.backend != "gloo") {
+    return Status::unimplemented(str_cat("ranks: backend \"", ranks.backend, "\" with ", ranks.size,
+                                         " ranks: the engine sums host buffers, over \"gloo\" only (NCCL on device "
+                                         "buffers is not built into the step yet)"));
+  }
   if (ranks.size > 1 && config.strata.overlap == OverlapMode::kSpeculative) {
     return Status::unimplemented(str_cat("strata.overlap \"speculative\" with ", ranks.size,
                                          " ranks is not built yet; use \"exact\", \"delayed\" or \"none\""));
@@ -304,7 +309,11 @@ core::Status Engine::read_compute(std::string_view param, std::span<float> out) 
   STRATA_RETURN_IF_ERROR(step_->wait_optimizer("read_compute"));
   // Between steps, the latest update (which "delayed" would show only at the
   // next step_end) becomes visible; within a step, the copies it computes with.
-  if (finalized_ && between_steps()) STRATA_RETURN_IF_ERROR(step_->flush_delayed("read_compute"));
+  // With several ranks committing here would change this rank's next
+  // forward alone: the pending copies are read where they wait instead.
+  if (finalized_ && between_steps() && ranks_.share.ranks == 1) {
+    STRATA_RETURN_IF_ERROR(step_->flush_delayed("read_compute"));
+  }
   return read_compute_locked(param, out);
 }
 
@@ -316,6 +325,11 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
     if (static_cast<std::int64_t>(out.size()) != layout_.params[pi].numel()) {
       return Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
                                               " elements, buffer of ", out.size()));
+    }
+    if (const std::byte* pending = homes_->pending_copy(pl.group); pending != nullptr) {
+      // "delayed" with several ranks: the newest copies, not yet home.
+      from_compute(pending + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);
+      return Status();
     }
     fetcher_->settle_prefetches();  // they may be reading this group's home
     gpu::PinnedBuffer staging;

@@ -144,7 +144,14 @@ class Engine {
   // go under <swap path>/rank-<r> (created). Not yet with several ranks:
   // strata.overlap "speculative", checkpoints and export
   // (kUnimplemented); stage 3 keeps the compute copies whole on every rank.
-  // read_state reads this rank's shard: other ranks' elements are NaN.
+  // read_state reads this rank's shard: other ranks' elements are NaN;
+  // read_compute under "delayed" reads pending copies without committing
+  // them. Every rank must register the same parameters with the same
+  // initial values (finalize compares their CRC64: kFailedPrecondition
+  // naming the rank that differs) and call grads_ready for the same groups
+  // in the same order: a step whose sums were paired across groups fails on
+  // every rank (kFailedPrecondition) before anything is applied. Only the "gloo"
+  // backend (host buffers) with several ranks (kUnimplemented otherwise).
   // A rank that fails or leaves makes the others' collectives fail within
   // `ranks.timeout`, naming the collective. ranks.size 1 is create(config).
   static core::Result<std::unique_ptr<Engine>> create(const Config& config,
@@ -338,7 +345,10 @@ class Engine {
   core::Result<Needs> check_budgets() const STRATA_REQUIRES(mu_);
   core::Status open_swap_store(const Needs& needs) STRATA_REQUIRES(mu_);
   // *sources_s: the seconds spent in the init callbacks and reading pretrained files.
-  core::Status write_initial_values(double* sources_s) STRATA_REQUIRES(mu_);
+  // *fingerprint: with several ranks, the CRC64 of every parameter's initial
+  // fp32 values in group order (check_same_start compares it across ranks).
+  core::Status write_initial_values(double* sources_s, std::uint64_t* fingerprint) STRATA_REQUIRES(mu_);
+  core::Status check_same_start(std::uint64_t fingerprint) STRATA_REQUIRES(mu_);
   core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {

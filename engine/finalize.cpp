@@ -28,6 +28,7 @@
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "engine/working_memory.h"
+#include "nvme/crc64.h"
 #include "nvme/io_backend.h"
 #include "nvme/swap_store.h"
 
@@ -257,8 +258,10 @@ core::Status Engine::finalize_locked() {
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
   double sources_s = 0.0;
-  Status s = write_initial_values(&sources_s);
+  std::uint64_t fingerprint = 0;
+  Status s = write_initial_values(&sources_s, &fingerprint);
   finalizing_ = false;
+  if (s.ok() && layout_.share.ranks > 1) s = check_same_start(fingerprint);
   // Where finalize's time went (minutes for billions of parameters): one line.
   std::int64_t elems = 0;
   for (const auto& p : layout_.params) elems += p.numel();
@@ -282,6 +285,23 @@ core::Status Engine::finalize_locked() {
   if (s.ok()) s = pinned_cache_->clear();
   if (s.ok()) s = start_step(std::move(gradients), needs.ring_room);
   return s;
+}
+
+core::Status Engine::check_same_start(std::uint64_t fingerprint) {
+  // Each rank wrote its own compute copies and its shard's masters: they
+  // train one model only if they all started from the same values.
+  std::vector<std::uint64_t> all(static_cast<std::size_t>(layout_.share.ranks));
+  STRATA_RETURN_IF_ERROR(ranks_.weights->all_gather(&fingerprint, all.data(), 1, partition::DType::kI64)
+                             .annotate("finalize: comparing the ranks' initial values"));
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    if (all[k] != all[0]) {
+      return Status::failed_precondition(str_cat(
+          "finalize: rank ", k, "'s initial values differ from rank 0's (CRC64 ", all[k], " vs ", all[0],
+          "): every rank must register the same parameters with the same values (seed every rank alike, or load "
+          "the same pretrained weights)"));
+    }
+  }
+  return Status();
 }
 
 core::Status Engine::check_initial_values() const {
@@ -465,7 +485,7 @@ core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::ui
   return Status();
 }
 
-core::Status Engine::write_initial_values(double* sources_s) {
+core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fingerprint) {
   const int cb = layout_.compute_bytes;
   // Safetensors files come in through the nvme engine, as checkpoints do;
   // each is open from the first group that reads it to the last.
@@ -506,6 +526,9 @@ core::Status Engine::write_initial_values(double* sources_s) {
       if (!s.ok()) return std::move(s).annotate(str_cat("initializing parameter '", layout_.params[pi].name, "'"));
     }
     if (pretrained != nullptr) pretrained->end_group(g);
+    if (layout_.share.ranks > 1) {
+      for (const auto& [pi, v] : values) *fingerprint = nvme::crc64(*fingerprint, std::as_bytes(std::span<const float>(v)));
+    }
     gpu::PinnedBuffer staging;
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
     std::span<std::byte> host;

@@ -379,19 +379,11 @@ void strata_string_free(char* s) noexcept { std::free(s); }
 
 // --- the engine ---------------------------------------------------------------
 
-strata_status strata_engine_create(const char* config_json, strata_engine** out) noexcept {
-  return strata_engine_create_ex(config_json, nullptr, out);
-}
-
-strata_status strata_engine_create_ex(const char* config_json, const strata_config_options* options,
-                                      strata_engine** out) noexcept {
-  return strata_engine_create_ranked(config_json, options, nullptr, out);
-}
-
-strata_status strata_engine_create_ranked(const char* config_json, const strata_config_options* options,
-                                          const strata_ranks* ranks, strata_engine** out) noexcept {
+namespace {
+// The engine creation calls' body; `fn` names the call in errors.
+strata_status create_engine(const char* config_json, const strata_config_options* options, const strata_ranks* ranks,
+                            strata_engine** out, const char* fn) noexcept {
   return guard([&]() -> core::Status {
-    const char* fn = ranks != nullptr ? "strata_engine_create_ranked" : "strata_engine_create";
     STRATA_C_NOT_NULL(fn, out);
     STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po, c_api::parse_options(options, fn));
     strata::partition::CommunicatorOptions co;
@@ -404,6 +396,21 @@ strata_status strata_engine_create_ranked(const char* config_json, const strata_
     *out = h.release();
     return core::Status();
   });
+}
+}  // namespace
+
+strata_status strata_engine_create(const char* config_json, strata_engine** out) noexcept {
+  return create_engine(config_json, nullptr, nullptr, out, "strata_engine_create");
+}
+
+strata_status strata_engine_create_ex(const char* config_json, const strata_config_options* options,
+                                      strata_engine** out) noexcept {
+  return create_engine(config_json, options, nullptr, out, "strata_engine_create_ex");
+}
+
+strata_status strata_engine_create_ranked(const char* config_json, const strata_config_options* options,
+                                          const strata_ranks* ranks, strata_engine** out) noexcept {
+  return create_engine(config_json, options, ranks, out, "strata_engine_create_ranked");
 }
 
 strata_status strata_engine_rank(strata_engine* engine, int32_t* rank_out, int32_t* size_out) noexcept {

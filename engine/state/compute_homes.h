@@ -60,6 +60,10 @@ class ComputeHomes {
   void hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::uint64_t bytes);
   // True when some group holds a pending copy.
   bool has_pending() const;
+  // Group g's pending copy (null: none), for a reader that must not commit it.
+  const std::byte* pending_copy(std::size_t g) const {
+    return groups_[g].pending_bytes > 0 ? groups_[g].pending.data() : nullptr;
+  }
   // Sends every pending copy home (a pinned home of the same size is
   // swapped with it); true when there was one. Errors name the group.
   core::Result<bool> commit_pending(const CopyLane& lane);

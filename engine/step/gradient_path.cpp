@@ -64,11 +64,21 @@ void GradientPath::shutdown() {
 core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::shared_ptr<gpu::Event> written,
                                   int micro_step, BeforePass before, AfterPass after) {
   if (!threaded()) {
-    if (written != nullptr) STRATA_RETURN_IF_ERROR(parts_.device.synchronize(*written));
-    core::Result<gpu::PinnedBuffer> wire = copy_down(grad, parts_.inline_lane);
+    if (parts_.ranks != nullptr) {
+      // With several ranks a failure is sticky here too: a rank that went on
+      // would pair its next collective with the others' earlier one.
+      const core::MutexLock lock(mu_);
+      if (!error_.ok()) {
+        parts_.device_cache.put(std::move(grad));
+        return Status(error_).annotate(str_cat("grads_ready: an earlier gradient pass failed; the engine cannot go on"));
+      }
+    }
+    Status s = written != nullptr ? parts_.device.synchronize(*written) : Status();
+    core::Result<gpu::PinnedBuffer> wire = s.ok() ? copy_down(grad, parts_.inline_lane) : core::Result<gpu::PinnedBuffer>(s);
     parts_.device_cache.put(std::move(grad));
-    STRATA_RETURN_IF_ERROR(wire.status());
-    return pass(g, std::move(wire).value(), micro_step);
+    s = wire.ok() ? pass(g, std::move(wire).value(), micro_step) : wire.status();
+    if (!s.ok() && parts_.ranks != nullptr) fail(s);
+    return s;
   }
   // The device buffer travels with the copy (the next grad_buffer gets a new
   // one); whatever becomes of the copy (a failed one skips those after it),
@@ -212,6 +222,13 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
   const GroupPlace& gp = parts_.layout.groups[g];
   const auto shard = static_cast<std::size_t>(gp.shard_elems);
   const std::size_t blocks = shard / kBlock;
+  // Every rank must sum the same group at the same time; the sequence of
+  // (group, micro-batch) sums is hashed and compared at the partials' gather
+  // (FNV-1a), so ranks that handed groups over in other orders fail the
+  // step before any of it is applied.
+  for (const std::uint64_t v : {static_cast<std::uint64_t>(g), static_cast<std::uint64_t>(micro_step)}) {
+    for (int b = 0; b < 8; ++b) sequence_hash_ = (sequence_hash_ ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  }
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer sum, parts_.pinned_cache.get(shard * 4, "gradients summed over ranks"));
   {
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter ", gp.name), gp.trainable_elems * 4);
@@ -237,16 +254,31 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
   parts_.pinned_cache.put(std::move(sum));
   STRATA_RETURN_IF_ERROR(r.status());
   if (micro_step + 1 < parts_.micro_steps) return Status();
-  // Per rank: its blocks' partials, then its flag.
-  const std::size_t per_rank = blocks + 1;
+  // Per rank: its blocks' partials, its flag, then the group and the hash
+  // of its sums so far (in two exact 32-bit halves).
+  const std::size_t per_rank = blocks + 4;
   std::vector<double> mine(per_rank);
   std::copy_n(partials.begin() + static_cast<std::ptrdiff_t>(own_block), blocks, mine.begin());
   mine[blocks] = r->nonfinite ? 1.0 : 0.0;
+  mine[blocks + 1] = static_cast<double>(g);
+  mine[blocks + 2] = static_cast<double>(sequence_hash_ >> 32);
+  mine[blocks + 3] = static_cast<double>(sequence_hash_ & 0xffffffffull);
   std::vector<double> all(per_rank * static_cast<std::size_t>(comm.size()));
   {
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("norm partials ", gp.name), all.size() * 8);
     STRATA_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), per_rank, partition::DType::kF64)
                                .annotate(str_cat("the norm partials of group '", gp.name, "'")));
+  }
+  for (std::size_t k = 0; k < static_cast<std::size_t>(comm.size()); ++k) {
+    const double* theirs = all.data() + k * per_rank + blocks + 1;
+    if (!std::equal(theirs, theirs + 3, mine.data() + blocks + 1)) {
+      const auto other = static_cast<std::size_t>(theirs[0]);
+      return Status::failed_precondition(str_cat(
+          "rank ", comm.rank(), " summed group '", gp.name, "' where rank ", k, " summed '",
+          other < parts_.layout.groups.size() ? parts_.layout.groups[other].name : "?",
+          "', or the two handed their groups' gradients over in other orders this step: every rank must call "
+          "grads_ready for the same groups in the same order, every micro-batch"));
+    }
   }
   for (std::size_t k = 0; k < static_cast<std::size_t>(comm.size()); ++k) {
     std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(k * per_rank), blocks,

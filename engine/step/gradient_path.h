@@ -152,6 +152,8 @@ class GradientPath {
   Parts parts_;
   gpu::PinnedBuffer grads_;            // host gradients (see host_grads)
   std::vector<std::int64_t> shard_at_;  // per group: its shard's first element in grads_
+  // Several ranks: FNV-1a of the (group, micro-batch) sums so far (pass thread).
+  std::uint64_t sequence_hash_ = 0xcbf29ce484222325ull;
   std::vector<double> norm_partials_;  // per norm block of the trainable space
   bool nonfinite_ = false;             // the passes' (pass thread, or after wait)
   // Threaded: the two threads and the copies' stream; the copies' traffic

@@ -36,6 +36,10 @@ std::unique_ptr<OptimizerJob> Step::make_job(std::vector<UpdateConstants> consta
   const bool compute_on_nvme = std::any_of(parts_.layout.groups.begin(), parts_.layout.groups.end(),
                                            [](const GroupPlace& gp) { return gp.compute_tier == Tier::kNvme; });
   if (parts_.schedule.updates_in_backward_order(compute_on_nvme)) fetcher_->sequence().sort_in_backward_order(job->order);
+  // With several ranks the job gathers each group's compute copies from
+  // every rank, so every rank walks the groups in one order: the layout's
+  // (a learned sequence is each rank's own: a fetch on one rank only changes it).
+  if (parts_.layout.share.ranks > 1) std::sort(job->order.begin(), job->order.end());
   const bool threaded = parts_.schedule.threaded();
   job->read_ahead = threaded && optimizer_->ring_slots() > 0 ? optimizer_->ring_slots() - 1 : 0;
   job->write_behind = threaded;

@@ -274,6 +274,89 @@ TEST_F(RanksTest, AccumulationOnEachRankStaysWithinFp32Rounding) {
       << "another association of the sum was expected to round differently somewhere";
 }
 
+TEST_F(RanksTest, GroupsHandedOverInAnotherOrderFailTheStepOnEveryRank) {
+  // Three ranks: both groups' shards are one norm block, so rank 2 handing
+  // l1 over before l2 pairs its sums with the others' of the other group
+  // (equal counts). The sums' sequence is compared at the partials' gather:
+  // every rank's step fails, naming the order, before anything is applied.
+  const Config c = config("cpu", OverlapMode::kExact);
+  std::vector<core::Status> got(3);
+  std::vector<std::map<std::string, std::vector<float>>> before(3), after(3);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Engine> e = make_mlp_engine(c, ranks(r, 3, "order"));
+      if (e == nullptr) return;
+      before[static_cast<std::size_t>(r)] = read_array(*e, 0);
+      Framework f;
+      f.bind(*e);
+      f.batch(r * 16);
+      f.load(*e, "l1");
+      f.load(*e, "l2");
+      f.forward();
+      const auto g = f.backward(1.0f);
+      got[static_cast<std::size_t>(r)] = [&]() -> core::Status {
+        for (const char* group : r == 2 ? std::vector<const char*>{"l1", "l2"} : std::vector<const char*>{"l2", "l1"}) {
+          STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, e->grad_buffer(group));
+          std::vector<std::byte> zeros(span.size_bytes());
+          const GroupPlace* gp = e->layout().find_group(group);
+          for (std::size_t pi : gp->params) {  // the gradients, as the harness writes them
+            const ParamDesc& p = e->layout().params[pi];
+            const auto& src = g.at(p.name);
+            for (std::size_t i = 0; i < src.size(); ++i) {
+              const std::uint16_t hb = nx::fp32_to_bf16_bits(src[i]);
+              std::memcpy(zeros.data() + (e->layout().places[pi].compute_offset + static_cast<std::int64_t>(i)) * 2, &hb, 2);
+            }
+          }
+          STRATA_RETURN_IF_ERROR(e->device().copy_h2d(f.stream(*e), span, zeros));
+          STRATA_RETURN_IF_ERROR(e->device().synchronize(f.stream(*e)));
+          STRATA_RETURN_IF_ERROR(e->grads_ready(group));
+        }
+        return e->step_end().status();
+      }();
+      after[static_cast<std::size_t>(r)] = read_array(*e, 0);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    const core::Status& s = got[static_cast<std::size_t>(r)];
+    EXPECT_FALSE(s.ok()) << "rank " << r;
+    EXPECT_NE(s.message().find("in the same order"), std::string::npos) << "rank " << r << ": " << s;
+    expect_same(after[static_cast<std::size_t>(r)], before[static_cast<std::size_t>(r)],
+                "rank " + std::to_string(r) + "'s masters");
+  }
+}
+
+TEST_F(RanksTest, RanksThatStartFromOtherValuesFailFinalize) {
+  // Rank 1 initialises l2.b otherwise: finalize compares the ranks' initial
+  // values and fails on both, naming the rank.
+  const Config c = config("cpu", OverlapMode::kExact);
+  std::vector<core::Status> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto created = Engine::create(c, ranks(r, 2, "start"));
+      ASSERT_TRUE(created.ok()) << created.status();
+      std::unique_ptr<Engine> e = std::move(created).value();
+      for (const Tensor& t : kTensors) {
+        const ParamDesc d{t.name, t.shape, t.group, true, 0};
+        ASSERT_TRUE(e->register_param(d, [t, r](std::span<float> out) {
+                       init_values(t, out);
+                       if (r == 1 && t.name == "l2.b") out[0] += 1.0f;
+                       return core::Status();
+                     }).ok());
+      }
+      got[static_cast<std::size_t>(r)] = e->finalize();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    const core::Status& s = got[static_cast<std::size_t>(r)];
+    EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << "rank " << r << ": " << s;
+    EXPECT_NE(s.message().find("rank 1's initial values differ from rank 0's"), std::string::npos) << s;
+  }
+}
+
 TEST_F(RanksTest, RerunsAreBitIdentical) {
   const Config c = config("cpu", OverlapMode::kExact);
   const Outcome a = data_parallel(c, 2, "first");

@@ -46,6 +46,22 @@ def main():
         pass
     torch.save({"state": engine.state_dict(shard=True), "norms": norms, "losses": losses},
                os.path.join(out, f"rank{rank}.pt"))
+    # A write inside gathered() on every rank: raised, and since only a rank's
+    # own shard can be undone, every rank's next step refuses (none reaches
+    # the collectives of a step the others would not join).
+    try:
+        with engine.gathered():
+            next(model.parameters()).data.mul_(0)
+        raise AssertionError("a write inside gathered() must raise")
+    except strata.ParameterWritten:
+        pass
+    loss, _ = model(data[0], labels=data[0])
+    engine.backward(loss)
+    try:
+        engine.step()
+        raise AssertionError("step() after a write with several ranks must refuse")
+    except strata.FailedPrecondition as e:
+        assert "differ from the other ranks'" in str(e), str(e)
     engine.close()
     return 0
 

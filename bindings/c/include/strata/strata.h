@@ -223,6 +223,11 @@ typedef struct strata_ranks {
  * size > 1; a launcher's variables half set or malformed, named;
  * UNIMPLEMENTED for what several ranks do not do yet (strata.overlap
  * "speculative"; checkpoints and export are refused later). */
+/* Every rank must register the same parameters with the same initial values
+ * and hand the groups' gradients over in the same order; a step whose ranks
+ * did not fails on every rank (FAILED_PRECONDITION) before anything is
+ * applied. strata_param_read_master gives this rank's shard (the other
+ * elements NaN). */
 STRATA_API strata_status strata_engine_create_ranked(const char* config_json, const strata_config_options* options,
                                                      const strata_ranks* ranks,
                                                      strata_engine** out) STRATA_NOEXCEPT;

@@ -77,6 +77,7 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         self._by_storage = {}        # storage address of a fetched group's buffer -> the group
         # gradients.py
         self._failed = None          # why a backward failed part-way (the step cannot be completed)
+        self._diverged = None        # several ranks: why this rank's weights differ from the others' (write_check.py)
         self._in_backward = False
         self._micro = 0
         # write_check.py
@@ -102,6 +103,10 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         (call it after every backward, as with DeepSpeed, or once per step)."""
         if self._micro < self.gradient_accumulation_steps:
             return None
+        if self._diverged:
+            raise errors.FailedPrecondition(
+                f"strata.torch: {self._diverged}: its compute copies differ from the other ranks', so the "
+                f"ranks no longer train one model; start again with new engines", status="FAILED_PRECONDITION")
         self._micro = 0
         stats = self._engine.step_end()
         stats.adapter_seconds, self.adapter_seconds = self.adapter_seconds, 0.0

@@ -54,8 +54,17 @@ class WriteCheck:
                 if rec.trainable:
                     master = torch.empty(rec.shape, dtype=torch.float32)
                     self._engine.read_master(self._name_prefix + rec.name, master)
+                    flat = rec.group.flat[rec.offset:rec.offset + rec.numel]
                     # Rounded to nearest even, as the engine rounds its masters to compute copies.
-                    rec.group.flat[rec.offset:rec.offset + rec.numel].copy_(master.view(-1))
+                    # With several ranks this rank holds its shard's masters only (the rest NaN).
+                    own = ~torch.isnan(master.view(-1))
+                    flat[own] = master.view(-1)[own].to(flat.dtype)
+        if self._engine.world_size > 1:
+            # The rest of a write stays, and ranks that could undo all of theirs would go on
+            # without the others: every rank that saw a write refuses its next step.
+            self._diverged = (f"{_names(written)} {'was' if len(written) == 1 else 'were'} written inside "
+                              f"engine.gathered() on rank {self._engine.rank} of {self._engine.world_size}, where "
+                              f"only the rank's own shard of a trainable parameter can be undone")
         return written
 
     def _check_unwritten(self, before):
