@@ -30,6 +30,11 @@
 namespace strata::engine::e2e {
 namespace {
 
+// Steps per run: enough for clipping to fire and the moments to matter
+// (every comparison is bit for bit, or within rounding), few enough that the
+// suite stays short under the sanitizers (every case trains 2 to 4 engines).
+constexpr int kRankSteps = 8;
+
 // What a run leaves to compare: the fp32 masters and moments (each element
 // from the rank that owns it), each rank's compute copies, and the norms.
 struct Outcome {
@@ -117,7 +122,7 @@ class RanksTest : public MlpTest {
     std::unique_ptr<Engine> e = make_mlp_engine(c);
     if (e == nullptr) return out;
     Framework f;
-    for (int s = 0; s < kSteps; ++s) {
+    for (int s = 0; s < kRankSteps; ++s) {
       for (int r = 0; r < n; ++r) {
         if (r > 0) {
           const core::Status m = e->micro_step_end();
@@ -149,7 +154,7 @@ class RanksTest : public MlpTest {
         std::unique_ptr<Engine> e = make_mlp_engine(c, ranks(r, n, run));
         if (e == nullptr) return;
         Framework f;
-        for (int s = 0; s < kSteps; ++s) {
+        for (int s = 0; s < kRankSteps; ++s) {
           for (int m = 0; m + 1 < gas; ++m) {
             micro_batch(*e, f, (s * gas + m) * n + r, false, nullptr).status().ignore_error();
             const core::Status ms = e->micro_step_end();
@@ -224,8 +229,8 @@ TEST_P(RanksMatchAccumulation, BitIdenticalToOneRankAccumulating) {
   const Config c = config(k.placement, k.overlap);
   const Outcome one = accumulate(c, k.ranks);
   const Outcome many = data_parallel(c, k.ranks, "run");
-  ASSERT_EQ(one.norms.size(), static_cast<std::size_t>(kSteps));
-  ASSERT_EQ(many.norms.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(one.norms.size(), static_cast<std::size_t>(kRankSteps));
+  ASSERT_EQ(many.norms.size(), static_cast<std::size_t>(kRankSteps));
   EXPECT_EQ(many.norms, one.norms);
   EXPECT_LT(one.losses.back(), one.losses.front());  // it trains
   expect_same(many.master, one.master, "masters");
@@ -252,12 +257,12 @@ TEST_F(RanksTest, AccumulationOnEachRankStaysWithinFp32Rounding) {
   // four: each micro-batch's gradients are summed over the ranks, then over
   // the micro-batches ((m0 + m1) + (m2 + m3) where one rank forms
   // ((m0 + m1) + m2) + m3), so the step's gradient differs by fp32 rounding
-  // only (a few ulps); 20 steps of Adam keep the weights within a few ulps of
-  // their size.
+  // only (a few ulps); a few steps of Adam keep the weights within a few
+  // ulps of their size.
   const Config c = config("cpu", OverlapMode::kExact);
   const Outcome one = accumulate(c, 4);
   const Outcome many = data_parallel(c, 2, "accumulating", 2);
-  ASSERT_EQ(many.norms.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(many.norms.size(), static_cast<std::size_t>(kRankSteps));
   for (std::size_t s = 0; s < one.norms.size(); ++s) {
     EXPECT_NEAR(many.norms[s], one.norms[s], 1e-5 * one.norms[s]) << "step " << s + 1;
   }
@@ -361,7 +366,7 @@ TEST_F(RanksTest, RerunsAreBitIdentical) {
   const Config c = config("cpu", OverlapMode::kExact);
   const Outcome a = data_parallel(c, 2, "first");
   const Outcome b = data_parallel(c, 2, "second");
-  ASSERT_EQ(a.norms.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_EQ(a.norms.size(), static_cast<std::size_t>(kRankSteps));
   EXPECT_EQ(a.norms, b.norms);
   expect_same(a.master, b.master, "masters");
   expect_same(a.exp_avg_sq, b.exp_avg_sq, "exp_avg_sq");
