@@ -388,12 +388,6 @@ std::vector<std::string> Engine::fetch_sequence() const {
   return names;
 }
 
-core::Status Engine::refuse_with_ranks(const char* op) const {
-  if (ranks_.share.ranks == 1) return Status();
-  return Status::unimplemented(str_cat(op, " with ", ranks_.share.ranks,
-                                       " ranks is not built yet (each rank holds only its shard of the state)"));
-}
-
 std::vector<std::string> Engine::swap_paths() const {
   const core::MutexLock lock(mu_);
   return swap_ != nullptr ? swap_->paths() : std::vector<std::string>{};

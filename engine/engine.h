@@ -314,8 +314,28 @@ class Engine {
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   gpu::Device& dev() const { return *shared_device_->device; }
   core::Status check_finalized(const char* op) const;
-  // kUnimplemented naming `op` with several ranks (not built for them yet).
-  core::Status refuse_with_ranks(const char* op) const;
+  // With several ranks, each rank's outcome of one phase of a call every
+  // rank makes (save_checkpoint, load_checkpoint, export_safetensors),
+  // gathered on the caller's thread over ranks_.weights (the optimizer's
+  // jobs are done by then): every rank calls it after every phase, whatever
+  // its own outcome, so none is left waiting. Returns `local` when it
+  // failed, else the first failing rank's code with a message naming the
+  // rank and `phase`, else OK, with every rank's `payload` in `*payloads`
+  // (rank order) when given. With one rank: `local`.
+  core::Status agree(const char* op, const char* phase, core::Status local, std::uint64_t payload = 0,
+                     std::vector<std::uint64_t>* payloads = nullptr);
+  // save_checkpoint's, load_checkpoint's and export_safetensors' parts (engine/save_load.cpp).
+  core::Status ready_between_steps(const char* op) STRATA_REQUIRES(mu_);
+  core::Status write_state_file(const std::string& path, std::uint64_t* crc);
+  core::Status publish_save(const std::string& root, const std::string& name, const std::string& tmp,
+                            std::span<const std::byte> blob, std::span<const std::uint64_t> state_crcs);
+  struct CheckpointToLoad;
+  core::Status check_checkpoint(const std::string& root, CheckpointToLoad& ck);
+  core::Status apply_checkpoint(CheckpointToLoad& ck);
+  // Group g's fp32 masters gathered from every rank's shard (its trainable
+  // part, padding included); a failure reading this rank's own goes to
+  // `local` (zeros sent instead), the collective's is returned.
+  core::Status gather_masters(std::size_t g, std::vector<float>& out, core::Status& local);
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count (engine/state/copy_lane.h):

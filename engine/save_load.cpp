@@ -26,6 +26,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 
 #include "core/logging.h"
 #include "core/numerics.h"
@@ -79,6 +80,7 @@ TensorDtype dtype_of(int bytes, Precision p) {
 // blockwise, their scales (one per block of the parameter: its trainable
 // offset starts a block); the layout's optimizer.arrays of them are used.
 struct ParamState {
+  std::int64_t base = 0;  // the first element held (of the parameter); a block boundary
   std::array<std::vector<std::byte>, 3> arrays;
   std::array<std::vector<float>, 3> scales;
 };
@@ -112,23 +114,57 @@ std::vector<std::size_t> trainable_in(const Layout& layout, const GroupPlace& gp
   return out;
 }
 
-// state.safetensors' tensors in the order save_checkpoint writes them: each
+// What one state file holds of each parameter: [lo, hi) of its elements,
+// or nothing (lo == hi).
+using HeldRanges = std::vector<std::pair<std::int64_t, std::int64_t>>;
+
+// What rank `rank` of `ranks` saves of each parameter: with one rank every
+// parameter whole; with several, of a trainable parameter the elements in
+// the rank's shard of its group (the layout's rule: the group's padded
+// trainable part cut into `ranks` equal shards), and a frozen parameter
+// whole in the file of rank (its index mod ranks).
+HeldRanges held_ranges(const Layout& layout, int rank, int ranks) {
+  HeldRanges out(layout.params.size());
+  for (const GroupPlace& gp : layout.groups) {
+    const std::int64_t shard = gp.trainable_elems / ranks;
+    const std::int64_t begin = gp.trainable_begin + rank * shard;
+    for (std::size_t pi : gp.params) {
+      const std::int64_t n = layout.params[pi].numel();
+      const std::int64_t off = layout.places[pi].trainable_offset;
+      if (off < 0) {
+        if (static_cast<int>(pi % static_cast<std::size_t>(ranks)) == rank) out[pi] = {0, n};
+        continue;
+      }
+      const std::int64_t lo = std::clamp(begin - off, std::int64_t{0}, n);
+      const std::int64_t hi = std::clamp(begin + shard - off, std::int64_t{0}, n);
+      out[pi] = {lo, lo < hi ? hi : lo};
+    }
+  }
+  return out;
+}
+
+// A state file's tensors in the order save_checkpoint writes them: each
 // group's compute copies, then the optimizer arrays of its trainable
-// parameters, group after group.
-std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout, Precision precision) {
+// parameters, group after group; of each parameter the range `held` names,
+// shaped as the parameter when `whole` (one rank: state.safetensors), else flat.
+std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout, Precision precision,
+                                                            const HeldRanges& held, bool whole) {
   std::vector<SafetensorsWriter::Declared> declared;
+  auto shape = [&](std::size_t pi) {
+    return whole ? layout.params[pi].shape : std::vector<std::int64_t>{held[pi].second - held[pi].first};
+  };
   for (const GroupPlace& gp : layout.groups) {
     for (std::size_t pi : gp.params) {
-      const ParamDesc& p = layout.params[pi];
-      declared.push_back({p.name + ".compute", dtype_of(layout.compute_bytes, precision), p.shape});
+      if (held[pi].first == held[pi].second) continue;
+      declared.push_back({layout.params[pi].name + ".compute", dtype_of(layout.compute_bytes, precision), shape(pi)});
     }
     for (std::size_t pi : trainable_in(layout, gp)) {
-      const ParamDesc& p = layout.params[pi];
+      if (held[pi].first == held[pi].second) continue;
       for (int k = 0; k < layout.optimizer.arrays; ++k) {
-        declared.push_back({state_tensor(layout, pi, k), state_dtype(layout.optimizer, k), p.shape});
+        declared.push_back({state_tensor(layout, pi, k), state_dtype(layout.optimizer, k), shape(pi)});
         if (k > 0 && layout.optimizer.blockwise()) {
           declared.push_back({scales_tensor(state_tensor(layout, pi, k)), TensorDtype::kF32,
-                              {static_cast<std::int64_t>(OptimizerSpec::blocks(p.numel()))}});
+                              {static_cast<std::int64_t>(OptimizerSpec::blocks(held[pi].second - held[pi].first))}});
         }
       }
     }
@@ -144,7 +180,7 @@ std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout
 // the CRCs of the state file (`state_crc`) and of the framework's `blob`,
 // and the config.
 CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& config, const Verdict& verdict,
-                                       std::uint64_t state_crc, std::span<const std::byte> blob) {
+                                       std::span<const std::uint64_t> state_crcs, std::span<const std::byte> blob) {
   CheckpointManifest m;
   m.step = verdict.applied_steps();
   m.skipped_steps = verdict.skipped_steps();
@@ -162,7 +198,24 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
                         .trainable = p.trainable,
                         .optimizer_group = static_cast<std::int64_t>(p.optimizer_group)});
   }
-  m.state_crc64 = state_crc;
+  const int ranks = static_cast<int>(state_crcs.size());
+  if (ranks == 1) {
+    m.state_crc64 = state_crcs[0];
+  } else {
+    m.version = kCheckpointFormatVersion;
+    m.ranks = ranks;
+    for (int r = 0; r < ranks; ++r) {
+      CheckpointStateFile f{
+          .file = checkpoint_shard_file(r, ranks), .crc64 = state_crcs[static_cast<std::size_t>(r)], .ranges = {}, .whole = false};
+      const HeldRanges held = held_ranges(layout, r, ranks);
+      for (std::size_t pi = 0; pi < held.size(); ++pi) {
+        if (held[pi].first < held[pi].second) {
+          f.ranges.push_back({static_cast<std::int64_t>(pi), held[pi].first, held[pi].second});
+        }
+      }
+      m.shards.push_back(std::move(f));
+    }
+  }
   m.framework_crc64 = nvme::crc64(0, blob);
   m.config_json = to_json(config);
   return m;
@@ -203,13 +256,14 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
     const std::int64_t off = layout.places[p.param].trainable_offset;
     for (std::size_t k = 0; k < static_cast<std::size_t>(st.count); ++k) {
       const auto eb = static_cast<std::size_t>(st.arrays[k].elem_bytes);
-      std::byte* whole = it->second.arrays[k].data() + static_cast<std::size_t>(p.lo - off) * eb;
+      const std::int64_t at = p.lo - off - it->second.base;  // in the held range
+      std::byte* whole = it->second.arrays[k].data() + static_cast<std::size_t>(at) * eb;
       std::byte* part = st.arrays[k].data + static_cast<std::size_t>(p.lo - cp.begin) * eb;
       std::memcpy(into_chunk ? part : whole, into_chunk ? whole : part, static_cast<std::size_t>(p.hi - p.lo) * eb);
       if (st.arrays[k].scales == nullptr) continue;
       // Blocks: p.lo starts one (a parameter's offset and a chunk's begin both do).
       constexpr std::int64_t kB = core::numerics::kQuantBlockElems;
-      float* whole_scales = it->second.scales[k].data() + (p.lo - off) / kB;
+      float* whole_scales = it->second.scales[k].data() + at / kB;
       float* part_scales = st.arrays[k].scales + (p.lo - cp.begin) / kB;
       std::memcpy(into_chunk ? part_scales : whole_scales, into_chunk ? whole_scales : part_scales,
                   OptimizerSpec::blocks(p.hi - p.lo) * sizeof(float));
@@ -217,41 +271,97 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
   }
 }
 
-// Reads array k of parameter pi (n elements) into `out` as the engine keeps
-// it: the bytes themselves (and the scales) when the checkpoint has the
-// engine's format, else converted from the checkpoint's (a checkpoint saved
-// with another strata.optimizer_state): decoded to fp32 (bf16 and int8 codes
-// exactly as the engine reads them), then encoded the engine's way (fp32 as
-// is; bf16 rounded to nearest even; int8_blockwise quantized per block of the
-// parameter with its absmax, as a step would).
-core::Status read_state_array(const SafetensorsReader& reader, const Layout& layout, std::size_t pi, int k,
-                              std::size_t n, ParamState& out) {
+// Where a parameter's elements are in a checkpoint's state files: file
+// `file` holds [lo, hi) of them (the file's tensors hold just those, flat, or
+// with one rank the whole parameter).
+struct Held {
+  std::size_t file;
+  std::int64_t lo, hi;
+};
+using Sources = std::vector<std::vector<Held>>;  // per parameter
+
+Sources sources_of(const std::vector<CheckpointStateFile>& files, const Layout& layout) {
+  Sources out(layout.params.size());
+  for (std::size_t f = 0; f < files.size(); ++f) {
+    if (files[f].whole) {
+      for (std::size_t pi = 0; pi < layout.params.size(); ++pi) out[pi].push_back({f, 0, layout.params[pi].numel()});
+    }
+    for (const CheckpointRange& r : files[f].ranges) out[static_cast<std::size_t>(r.param)].push_back({f, r.lo, r.hi});
+  }
+  return out;
+}
+
+// Reads elements [a, b) of array k of parameter pi into `out` (its base is a)
+// as the engine keeps them, from the state files that hold them: the bytes
+// themselves (and the scales) when the checkpoint has the engine's format,
+// else converted from the checkpoint's (saved with another
+// strata.optimizer_state): decoded to fp32 (bf16 and int8 codes exactly as
+// the engine reads them), then encoded the engine's way (fp32 as is; bf16
+// rounded to nearest even; int8_blockwise quantized per block of the
+// parameter with its absmax, as a step would). `a` starts a block of the
+// engine's format, and each file's ranges start blocks of its own.
+core::Status read_state_range(std::span<const SafetensorsReader> readers, const std::vector<Held>& held,
+                              const Layout& layout, std::size_t pi, int k, std::int64_t a, std::int64_t b,
+                              ParamState& out) {
   namespace nx = core::numerics;
+  constexpr std::int64_t kB = nx::kQuantBlockElems;
   const OptimizerSpec& spec = layout.optimizer;
   const std::string name = state_tensor(layout, pi, k);
   const TensorDtype dtype = state_dtype(spec, k);
   const auto kk = static_cast<std::size_t>(k);
+  const auto n = static_cast<std::size_t>(b - a);
+  const std::size_t eb = dtype_size(dtype);
+  out.base = a;
   std::vector<std::byte>& bytes = out.arrays[kk];
-  bytes.resize(n * dtype_size(dtype));
+  bytes.resize(n * eb);
   const bool blockwise = k > 0 && spec.blockwise();
-  const std::size_t blocks = OptimizerSpec::blocks(static_cast<std::int64_t>(n));
+  const std::size_t blocks = OptimizerSpec::blocks(b - a);
   if (blockwise) out.scales[kk].resize(blocks);
-  const TensorInfo* info = reader.find(name);
-  if (info == nullptr || info->dtype == dtype) {  // (a missing tensor: read_raw names it)
-    STRATA_RETURN_IF_ERROR(reader.read_raw(name, bytes));
-    if (blockwise) STRATA_RETURN_IF_ERROR(reader.read_f32(scales_tensor(name), out.scales[kk]));
+  bool same_format = true;
+  for (const Held& h : held) {
+    const TensorInfo* info = readers[h.file].find(name);
+    if (info != nullptr && info->dtype != dtype) same_format = false;  // (a missing tensor: the reads name it)
+  }
+  if (same_format) {
+    for (const Held& h : held) {
+      const std::int64_t x = std::max(a, h.lo), y = std::min(b, h.hi);
+      if (x >= y) continue;
+      const SafetensorsReader& r = readers[h.file];
+      STRATA_RETURN_IF_ERROR(r.read_raw_range(name, static_cast<std::uint64_t>(x - h.lo) * eb,
+                                              std::span(bytes).subspan(static_cast<std::size_t>(x - a) * eb,
+                                                                       static_cast<std::size_t>(y - x) * eb)));
+      if (!blockwise) continue;
+      std::span<float> part = std::span(out.scales[kk]).subspan(static_cast<std::size_t>((x - a) / kB),
+                                                                OptimizerSpec::blocks(y - x));
+      STRATA_RETURN_IF_ERROR(r.read_raw_range(scales_tensor(name), static_cast<std::uint64_t>((x - h.lo) / kB) * 4,
+                                              std::as_writable_bytes(part)));
+    }
     return Status();
   }
   const bool is_signed = spec.signed_codes(k);
   std::vector<float> wide(n);
-  if (info->dtype == TensorDtype::kU8) {
-    std::vector<std::uint8_t> codes(n);
-    std::vector<float> scales(blocks);
-    STRATA_RETURN_IF_ERROR(reader.read_raw(name, std::as_writable_bytes(std::span<std::uint8_t>(codes))));
-    STRATA_RETURN_IF_ERROR(reader.read_f32(scales_tensor(name), scales));
-    widen_state(1, is_signed, reinterpret_cast<const std::byte*>(codes.data()), scales.data(), n, wide.data());
-  } else {
-    STRATA_RETURN_IF_ERROR(reader.read_f32(name, wide));
+  for (const Held& h : held) {
+    const std::int64_t x = std::max(a, h.lo), y = std::min(b, h.hi);
+    if (x >= y) continue;
+    const SafetensorsReader& r = readers[h.file];
+    const TensorInfo* info = r.find(name);
+    if (info == nullptr) return Status::not_found(str_cat(r.path(), ": no tensor named '", name, "'"));
+    std::span<float> to = std::span(wide).subspan(static_cast<std::size_t>(x - a), static_cast<std::size_t>(y - x));
+    if (info->dtype != TensorDtype::kU8) {
+      STRATA_RETURN_IF_ERROR(r.read_f32_range(name, static_cast<std::uint64_t>(x - h.lo), to));
+      continue;
+    }
+    // Codes are decoded from the start of the file's block that holds x.
+    const std::int64_t x0 = h.lo + (x - h.lo) / kB * kB;
+    const auto m = static_cast<std::size_t>(y - x0);
+    std::vector<std::uint8_t> codes(m);
+    std::vector<float> scales(OptimizerSpec::blocks(y - x0)), decoded(m);
+    STRATA_RETURN_IF_ERROR(r.read_raw_range(name, static_cast<std::uint64_t>(x0 - h.lo),
+                                            std::as_writable_bytes(std::span<std::uint8_t>(codes))));
+    STRATA_RETURN_IF_ERROR(r.read_raw_range(scales_tensor(name), static_cast<std::uint64_t>((x0 - h.lo) / kB) * 4,
+                                            std::as_writable_bytes(std::span<float>(scales))));
+    widen_state(1, is_signed, reinterpret_cast<const std::byte*>(codes.data()), scales.data(), m, decoded.data());
+    std::copy(decoded.begin() + (x - x0), decoded.end(), to.begin());
   }
   switch (dtype) {
     case TensorDtype::kF32:
@@ -264,14 +374,14 @@ core::Status read_state_array(const SafetensorsReader& reader, const Layout& lay
     }
     default: {
       auto* codes = reinterpret_cast<std::uint8_t*>(bytes.data());
-      for (std::size_t b = 0; b < blocks; ++b) {
-        const std::size_t lo = b * nx::kQuantBlockElems, hi = std::min(n, lo + nx::kQuantBlockElems);
+      for (std::size_t blk = 0; blk < blocks; ++blk) {
+        const std::size_t lo = blk * nx::kQuantBlockElems, hi = std::min(n, lo + nx::kQuantBlockElems);
         float absmax = 0.0f;
         for (std::size_t i = lo; i < hi; ++i) absmax = nx::absmax_step(absmax, wide[i]);
-        const float s = nx::block_scale(absmax);
-        out.scales[kk][b] = s;
+        const float sc = nx::block_scale(absmax);
+        out.scales[kk][blk] = sc;
         for (std::size_t i = lo; i < hi; ++i) {
-          codes[i] = is_signed ? nx::quantize_m(nx::kQuantTables, wide[i], s) : nx::quantize_v(nx::kQuantTables, wide[i], s);
+          codes[i] = is_signed ? nx::quantize_m(nx::kQuantTables, wide[i], sc) : nx::quantize_v(nx::kQuantTables, wide[i], sc);
         }
       }
       break;
@@ -308,66 +418,86 @@ core::Status Engine::visit_group_state(std::size_t g, WriteBack write_back,
   return Status();
 }
 
-core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
-  STRATA_ENGINE_ENTRY("save_checkpoint");
-  STRATA_RETURN_IF_ERROR(refuse_with_ranks("save_checkpoint"));
-  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("save_checkpoint"));
-  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("save_checkpoint"));  // it may be reading the state saved here
-  STRATA_RETURN_IF_ERROR(check_finalized("save_checkpoint"));
-  if (!between_steps()) {
-    return Status::failed_precondition(
-        "save_checkpoint in the middle of a step (groups fetched or gradients pending): call it after step_end");
+core::Status Engine::agree(const char* op, const char* phase, core::Status local, std::uint64_t payload,
+                           std::vector<std::uint64_t>* payloads) {
+  const auto ranks = static_cast<std::size_t>(ranks_.share.ranks);
+  if (ranks == 1) {
+    if (payloads != nullptr) *payloads = {payload};
+    return local;
   }
-  // overlap "delayed": the checkpoint holds the latest update, and this run
-  // goes on from it as a run resumed from it will.
-  STRATA_RETURN_IF_ERROR(step_->flush_delayed("save_checkpoint"));
-  fetcher_->settle_prefetches();  // the compute copies' homes are read below
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) return Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
-  // What interrupted saves left behind goes first (each named at info level).
-  if (auto removed = remove_interrupted_saves(root); !removed.ok()) {
-    STRATA_LOG(kWarn) << "save_checkpoint: could not remove what an interrupted save left: "
-                      << removed.status();
+  // Each rank's status code and payload, in rank order.
+  const std::array<std::uint64_t, 2> mine{static_cast<std::uint64_t>(local.code()), payload};
+  std::vector<std::uint64_t> all(2 * ranks);
+  Status gathered = ranks_.weights->all_gather(mine.data(), all.data(), 2, partition::DType::kI64);
+  if (!gathered.ok()) {
+    if (!local.ok()) return local;
+    return std::move(gathered).annotate(str_cat(op, ": agreeing with the other ranks after ", phase));
   }
-  const std::string name = str_cat("step-", step_->verdict().applied_steps());
-  const std::string tmp = str_cat(root, "/.", name, ".tmp");
-  fs::remove_all(tmp, ec);
-  fs::create_directories(tmp, ec);
-  if (ec) return Status::from_errno(ec.value(), str_cat("create ", tmp));
+  if (!local.ok()) return local;
+  for (std::size_t k = 0; k < ranks; ++k) {
+    if (all[2 * k] != 0) {
+      const auto code = static_cast<core::StatusCode>(all[2 * k]);
+      return Status(code, str_cat(op, ": rank ", k, " failed ", phase, " (", core::status_code_name(code),
+                                  "; its own error names the cause), so this rank stops too"));
+    }
+  }
+  if (payloads != nullptr) {
+    payloads->resize(ranks);
+    for (std::size_t k = 0; k < ranks; ++k) (*payloads)[k] = all[2 * k + 1];
+  }
+  return Status();
+}
 
-  // state.safetensors, one sequential stream: each group's compute copies,
-  // then the optimizer arrays of its trainable parameters (in parameter
-  // order), group after group; tensors are declared in that order, so the
-  // header and then the data go out front to back.
+core::Status Engine::ready_between_steps(const char* op) {
+  STRATA_RETURN_IF_ERROR(step_->wait_optimizer(op));
+  STRATA_RETURN_IF_ERROR(step_->abandon_speculation(op));  // it may be reading the state used here
+  STRATA_RETURN_IF_ERROR(check_finalized(op));
+  if (!between_steps()) {
+    return Status::failed_precondition(str_cat(
+        op, " in the middle of a step (groups fetched or gradients pending): call it between steps (after step_end)"));
+  }
+  return Status();
+}
+
+core::Status Engine::write_state_file(const std::string& path, std::uint64_t* crc) {
+  // One sequential stream: each group's compute copies, then the optimizer
+  // arrays of its trainable parameters (in parameter order), group after
+  // group, of what this rank saves of each (held_ranges); tensors are
+  // declared in that order, so the header and then the data go out front
+  // to back.
+  const RankShare share = ranks_.share;
+  const HeldRanges held = held_ranges(layout_, share.rank, share.ranks);
   const int cb = layout_.compute_bytes;
-  std::vector<SafetensorsWriter::Declared> declared = checkpoint_tensors(layout_, config_.precision);
-  const std::string state_path = tmp + "/state.safetensors";
   // Destruction order: the writer (which waits for its writes) before the backend.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
-  STRATA_ASSIGN_OR_RETURN(SafetensorsWriter writer,
-                          SafetensorsWriter::create_sequential(state_path, std::move(declared),
-                                                               {{"format", "strata-checkpoint"}}, *backend,
-                                                               direct_file_options(config_.strata.io)));
+  STRATA_ASSIGN_OR_RETURN(
+      SafetensorsWriter writer,
+      SafetensorsWriter::create_sequential(path, checkpoint_tensors(layout_, config_.precision, held, share.ranks == 1),
+                                           {{"format", "strata-checkpoint"}}, *backend,
+                                           direct_file_options(config_.strata.io)));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
     const Step::TrafficPause pause(*step_);  // checkpoint traffic is not step traffic
     gpu::PinnedBuffer staging;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
     for (std::size_t pi : gp.params) {
-      const ParamDesc& p = layout_.params[pi];
-      const auto n = static_cast<std::size_t>(p.numel());
-      STRATA_RETURN_IF_ERROR(writer.write_raw(
-          p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
+      const auto [lo, hi] = held[pi];
+      if (lo == hi) continue;
+      const auto at = static_cast<std::size_t>(layout_.places[pi].compute_offset + lo);
+      STRATA_RETURN_IF_ERROR(writer.write_raw(layout_.params[pi].name + ".compute",
+                                              host.subspan(at * cb, static_cast<std::size_t>(hi - lo) * cb)));
     }
-    // Gather each trainable parameter's arrays from the chunks.
+    // Gather each trainable parameter's arrays (what this rank holds) from the chunks.
     StateArrays arrays;
     for (std::size_t pi : trainable_in(layout_, gp)) {
-      const std::int64_t n = layout_.params[pi].numel();
+      const auto [lo, hi] = held[pi];
+      if (lo == hi) continue;
+      ParamState& a = arrays[pi];
+      a.base = lo;
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
         const auto kk = static_cast<std::size_t>(k);
-        arrays[pi].arrays[kk].resize(static_cast<std::size_t>(n) * static_cast<std::size_t>(layout_.optimizer.elem_bytes(k)));
-        if (k > 0 && layout_.optimizer.blockwise()) arrays[pi].scales[kk].resize(OptimizerSpec::blocks(n));
+        a.arrays[kk].resize(static_cast<std::size_t>(hi - lo) * static_cast<std::size_t>(layout_.optimizer.elem_bytes(k)));
+        if (k > 0 && layout_.optimizer.blockwise()) a.scales[kk].resize(OptimizerSpec::blocks(hi - lo));
       }
     }
     STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kNo, [&](const ChunkPlace& cp, ChunkState& st) {
@@ -390,11 +520,58 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
     STRATA_RETURN_IF_ERROR(writer.write_f32(kCodeTableV, core::numerics::kQuantTables.v_values));
   }
   STRATA_RETURN_IF_ERROR(writer.finish());
-  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, writer.crc64());
-  crash_point("state_written");
-  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
+  STRATA_ASSIGN_OR_RETURN(*crc, writer.crc64());
+  return Status();
+}
 
-  const std::string text = format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), state_crc, blob));
+core::Status Engine::save_checkpoint(const std::string& root, std::span<const std::byte> blob) {
+  STRATA_ENGINE_ENTRY("save_checkpoint");
+  // With several ranks every rank calls it and each phase ends with all of
+  // them agreeing (agree), so that a rank's failure stops every rank at the
+  // same point and nothing is published unless every state file is written.
+  constexpr const char* kOp = "save_checkpoint";
+  const RankShare share = ranks_.share;
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
+  // overlap "delayed": the checkpoint holds the latest update, and this run
+  // goes on from it as a run resumed from it will.
+  STRATA_RETURN_IF_ERROR(agree(kOp, "applying the delayed update", step_->flush_delayed(kOp)));
+  fetcher_->settle_prefetches();  // the compute copies' homes are read below
+  const std::string name = str_cat("step-", step_->verdict().applied_steps());
+  const std::string tmp = str_cat(root, "/.", name, ".tmp");
+  // Rank 0 prepares the folder the ranks write into (a file system they share).
+  Status prepared;
+  if (share.rank == 0) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) prepared = Status::from_errno(ec.value(), str_cat("create checkpoint directory ", root));
+    // What interrupted saves left behind goes first (each named at info level).
+    if (prepared.ok()) {
+      if (auto removed = remove_interrupted_saves(root); !removed.ok()) {
+        STRATA_LOG(kWarn) << "save_checkpoint: could not remove what an interrupted save left: " << removed.status();
+      }
+      fs::remove_all(tmp, ec);
+      fs::create_directories(tmp, ec);
+      if (ec) prepared = Status::from_errno(ec.value(), str_cat("create ", tmp));
+    }
+  }
+  STRATA_RETURN_IF_ERROR(agree(kOp, "preparing the checkpoint folder", std::move(prepared)));
+  std::uint64_t crc = 0;
+  const std::string file = share.ranks == 1 ? "state.safetensors" : checkpoint_shard_file(share.rank, share.ranks);
+  Status wrote = write_state_file(tmp + "/" + file, &crc);
+  std::vector<std::uint64_t> crcs;
+  STRATA_RETURN_IF_ERROR(agree(kOp, "writing its state file", std::move(wrote), crc, &crcs));
+  crash_point("state_written");
+  // Rank 0 writes the framework's blob (its own), the manifest, and makes the checkpoint latest.
+  Status published;
+  if (share.rank == 0) published = publish_save(root, name, tmp, blob, crcs);
+  return agree(kOp, "publishing the checkpoint", std::move(published));
+}
+
+core::Status Engine::publish_save(const std::string& root, const std::string& name, const std::string& tmp,
+                                  std::span<const std::byte> blob, std::span<const std::uint64_t> state_crcs) {
+  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
+  const std::string text =
+      format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), state_crcs, blob));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
@@ -411,18 +588,26 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   return Status();
 }
 
-core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
-  STRATA_ENGINE_ENTRY("load_checkpoint");
-  STRATA_RETURN_IF_ERROR(refuse_with_ranks("load_checkpoint"));
-  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("load_checkpoint"));
-  STRATA_RETURN_IF_ERROR(check_finalized("load_checkpoint"));
-  if (!between_steps()) {
-    return Status::failed_precondition("load_checkpoint in the middle of a step: call it between steps");
-  }
-  STRATA_ASSIGN_OR_RETURN(const CheckpointLocation loc, locate_checkpoint(root, config_.strata.io));
-  const std::string& dir = loc.dir;
-  const CheckpointManifest& m = loc.manifest;
-  // Same parameters, same shapes, same trainability (placement may differ).
+// A checkpoint read and checked, ready to replace the engine's state.
+struct Engine::CheckpointToLoad {
+  std::string dir;
+  CheckpointManifest manifest;
+  std::vector<CheckpointStateFile> files;
+  LossScaler::State scaler;
+  std::vector<std::byte> blob;
+  // Destruction order: the readers (they own their files) before the backend.
+  std::unique_ptr<nvme::IoBackend> backend;
+  std::vector<SafetensorsReader> readers;  // one per file
+};
+
+core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad& ck) {
+  const RankShare share = ranks_.share;
+  STRATA_ASSIGN_OR_RETURN(CheckpointLocation loc, locate_checkpoint(root, config_.strata.io));
+  ck.dir = loc.dir;
+  ck.manifest = std::move(loc.manifest);
+  const std::string& dir = ck.dir;
+  const CheckpointManifest& m = ck.manifest;
+  // Same parameters, same shapes, same trainability (placement and rank count may differ).
   if (m.params.size() != layout_.params.size()) {
     return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", m.params.size(),
                                                " parameters; this engine has ", layout_.params.size()));
@@ -441,47 +626,57 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
                                                " in the checkpoint; this engine uses ", compute_dtype));
   }
-  // Integrity before anything changes: the state file's CRC64, read front
-  // to back with direct reads (read-ahead), then the blob's.
-  const std::string state_path = dir + "/state.safetensors";
-  // Destruction order: the reader (it owns the file) before the backend.
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "load_checkpoint"));
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> state_file,
-                          nvme::DirectFileReader::open(*backend, state_path, direct_file_options(config_.strata.io)));
-  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_crc, state_file->crc64());
-  if (state_crc != m.state_crc64) {
-    return Status::data_loss(str_cat(state_path, ": CRC64 mismatch: its bytes give ", crc64_hex(state_crc),
-                                     ", the manifest records ", crc64_hex(m.state_crc64),
-                                     " (the file is damaged or truncated)"));
+  // Integrity before anything changes: the state files' CRC64s, each read
+  // front to back with direct reads (read-ahead); with several ranks each
+  // rank checks every ranks-th file and they agree before any rank loads.
+  ck.files = checkpoint_state_files(m);
+  STRATA_ASSIGN_OR_RETURN(ck.backend, file_backend(config_, "load_checkpoint"));
+  for (std::size_t f = 0; f < ck.files.size(); ++f) {
+    const std::string path = str_cat(dir, "/", ck.files[f].file);
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> file,
+                            nvme::DirectFileReader::open(*ck.backend, path, direct_file_options(config_.strata.io)));
+    if (f % static_cast<std::size_t>(share.ranks) == static_cast<std::size_t>(share.rank)) {
+      STRATA_ASSIGN_OR_RETURN(const std::uint64_t crc, file->crc64());
+      if (crc != ck.files[f].crc64) {
+        return Status::data_loss(str_cat(path, ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
+                                         ", the manifest records ", crc64_hex(ck.files[f].crc64),
+                                         " (the file is damaged or truncated)"));
+      }
+    }
+    // Tensors come in with direct reads of the aligned blocks around them.
+    STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(file)));
+    // 8-bit codes are read with this build's tables only.
+    STRATA_RETURN_IF_ERROR(check_code_tables(reader));
+    ck.readers.push_back(std::move(reader));
   }
-  STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, read_file(dir + "/framework.bin", config_.strata.io));
-  if (const std::uint64_t crc = nvme::crc64(0, blob); crc != m.framework_crc64) {
+  STRATA_ASSIGN_OR_RETURN(ck.blob, read_file(dir + "/framework.bin", config_.strata.io));
+  if (const std::uint64_t crc = nvme::crc64(0, ck.blob); crc != m.framework_crc64) {
     return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch: its bytes give ", crc64_hex(crc),
                                      ", the manifest records ", crc64_hex(m.framework_crc64),
                                      " (the file is damaged or truncated)"));
   }
-  // Tensors come in with direct reads of the aligned blocks around them.
-  STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(state_file)));
   // The optimizer's arrays, and no other optimizer's, before anything changes.
+  const Sources sources = sources_of(ck.files, layout_);
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (!layout_.params[pi].trainable) continue;
-    for (std::string_view array : {"exp_avg", "exp_avg_sq"}) {
-      const std::string name = layout_.params[pi].name + "." + std::string(array);
-      const bool kept = layout_.optimizer.index_of(array) > 0;
-      if ((reader.find(name) != nullptr) != kept) {
-        return Status::failed_precondition(str_cat(
-            state_path, ": ", kept ? "has no " : "has ", name, ", which optimizer.type ",
-            to_string(layout_.optimizer.type), kept ? " keeps" : " does not keep",
-            ": the checkpoint was saved with another optimizer (a checkpoint resumes only with its own)"));
+    for (const Held& h : sources[pi]) {
+      const SafetensorsReader& reader = ck.readers[h.file];
+      for (std::string_view array : {"exp_avg", "exp_avg_sq"}) {
+        const std::string name = layout_.params[pi].name + "." + std::string(array);
+        const bool kept = layout_.optimizer.index_of(array) > 0;
+        if ((reader.find(name) != nullptr) != kept) {
+          return Status::failed_precondition(str_cat(
+              reader.path(), ": ", kept ? "has no " : "has ", name, ", which optimizer.type ",
+              to_string(layout_.optimizer.type), kept ? " keeps" : " does not keep",
+              ": the checkpoint was saved with another optimizer (a checkpoint resumes only with its own)"));
+        }
       }
     }
   }
-  // 8-bit codes are read with this build's tables only.
-  STRATA_RETURN_IF_ERROR(check_code_tables(reader));
-  // Moments saved in another format are converted as they come in (read_state_array).
-  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
-    if (!layout_.params[pi].trainable || layout_.optimizer.arrays < 2) continue;
-    const TensorInfo* info = reader.find(state_tensor(layout_, pi, 1));
+  // Moments saved in another format are converted as they come in (read_state_range).
+  for (std::size_t pi = 0; pi < layout_.params.size() && layout_.optimizer.arrays >= 2; ++pi) {
+    if (!layout_.params[pi].trainable || sources[pi].empty()) continue;
+    const TensorInfo* info = ck.readers[sources[pi].front().file].find(state_tensor(layout_, pi, 1));
     const TensorDtype want = state_dtype(layout_.optimizer, 1);
     if (info != nullptr && info->dtype != want) {
       const std::string what =
@@ -498,21 +693,30 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     }
     break;
   }
+  if (m.ranks != share.ranks) {
+    STRATA_LOG(kInfo) << "load_checkpoint: " << dir << " was saved by " << m.ranks << " rank(s); this run has "
+                      << share.ranks << ", so the state is resharded as it is read";
+  }
   // The loss scaler's state must be one this config reaches (fp16.hysteresis bounds hysteresis_left).
-  LossScaler::State state;
-  state.scale = m.loss_scaler.scale;
-  state.iteration = m.loss_scaler.iteration;
-  state.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
-  state.hysteresis_left = m.loss_scaler.hysteresis_left;
-  if (const Status fits = step_->verdict().check_restore(state); !fits.ok()) {
+  ck.scaler.scale = m.loss_scaler.scale;
+  ck.scaler.iteration = m.loss_scaler.iteration;
+  ck.scaler.last_overflow_iteration = m.loss_scaler.last_overflow_iteration;
+  ck.scaler.hysteresis_left = m.loss_scaler.hysteresis_left;
+  if (const Status fits = step_->verdict().check_restore(ck.scaler); !fits.ok()) {
     return Status::failed_precondition(str_cat(dir, "/manifest.json: ", fits.message(),
                                                ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
   }
-  // Every check passed: from here on the load replaces the engine's state.
+  return Status();
+}
+
+core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
+  // From here on the load replaces the engine's state.
   fetcher_->drop_copies(DropCopies::kAll);  // they hold compute copies the load replaces
   STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());  // nothing may still read the homes it writes
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation("load_checkpoint"));  // it read state the load replaces
+  const Sources sources = sources_of(ck.files, layout_);
+  const HeldRanges own = held_ranges(layout_, ranks_.share.rank, ranks_.share.ranks);
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
@@ -521,12 +725,17 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
     StateArrays arrays;
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
-      const auto n = static_cast<std::size_t>(p.numel());
-      STRATA_RETURN_IF_ERROR(reader.read_raw(
-          p.name + ".compute", host.subspan(static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb, n * cb)));
-      if (!p.trainable) continue;
+      // Every rank keeps whole compute copies: each piece from the file that holds it.
+      for (const Held& h : sources[pi]) {
+        const auto at = static_cast<std::size_t>(layout_.places[pi].compute_offset + h.lo);
+        STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw(
+            p.name + ".compute", host.subspan(at * cb, static_cast<std::size_t>(h.hi - h.lo) * cb)));
+      }
+      // The optimizer's arrays of this rank's elements only.
+      if (!p.trainable || own[pi].first == own[pi].second) continue;
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
-        STRATA_RETURN_IF_ERROR(read_state_array(reader, layout_, pi, k, n, arrays[pi]));
+        STRATA_RETURN_IF_ERROR(read_state_range(ck.readers, sources[pi], layout_, pi, k, own[pi].first,
+                                                own[pi].second, arrays[pi]));
       }
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
@@ -535,20 +744,60 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
       return Status();
     }));
   }
-  STRATA_RETURN_IF_ERROR(step_->verdict().restore(state, m.step, m.skipped_steps, m.lr_override));
+  const CheckpointManifest& m = ck.manifest;
+  STRATA_RETURN_IF_ERROR(step_->verdict().restore(ck.scaler, m.step, m.skipped_steps, m.lr_override));
   step_->forget_traffic();  // the load's traffic is not a step's
-  return blob;
+  return Status();
+}
+
+core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
+  STRATA_ENGINE_ENTRY("load_checkpoint");
+  // With several ranks every rank calls it; they agree after each phase
+  // (agree), so that no rank changes its state unless every rank found the
+  // checkpoint whole and fitting. A checkpoint saved by any number of ranks
+  // loads: each rank reads whole compute copies and its own shard's state
+  // from the files that hold them.
+  constexpr const char* kOp = "load_checkpoint";
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
+  CheckpointToLoad ck;
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the checkpoint", check_checkpoint(root, ck)));
+  STRATA_RETURN_IF_ERROR(agree(kOp, "loading the state", apply_checkpoint(ck)));
+  return std::move(ck.blob);
+}
+
+core::Status Engine::gather_masters(std::size_t g, std::vector<float>& out, core::Status& local) {
+  // This rank's shard of the group's masters (padding zero), then every
+  // rank's, in rank order: the group's trainable part.
+  const GroupPlace& gp = layout_.groups[g];
+  std::vector<float> own(static_cast<std::size_t>(gp.shard_elems), 0.0f);
+  if (local.ok()) {
+    local = visit_group_state(g, WriteBack::kNo, [&](const ChunkPlace& cp, ChunkState& st) {
+      const std::span<const float> master = st.master();
+      std::copy_n(master.begin(), cp.elems, own.begin() + (cp.begin - gp.shard_begin));
+      return Status();
+    });
+  }
+  out.resize(static_cast<std::size_t>(gp.trainable_elems));
+  return ranks_.weights->all_gather(own.data(), out.data(), own.size(), partition::DType::kF32)
+      .annotate(str_cat("export_safetensors: gathering group '", gp.name, "' from the ranks"));
 }
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
   STRATA_ENGINE_ENTRY("export_safetensors");
-  STRATA_RETURN_IF_ERROR(refuse_with_ranks("export_safetensors"));
-  STRATA_RETURN_IF_ERROR(step_->wait_optimizer("export_safetensors"));
-  STRATA_RETURN_IF_ERROR(step_->abandon_speculation("export_safetensors"));  // it may be reading the state exported here
-  STRATA_RETURN_IF_ERROR(check_finalized("export_safetensors"));
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return Status::from_errno(ec.value(), str_cat("create ", dir));
+  // With several ranks every rank calls it: each group's masters are
+  // gathered from the ranks' shards (one group's fp32 trainable part in
+  // memory at a time) and rank 0 writes the files.
+  constexpr const char* kOp = "export_safetensors";
+  const bool writes = ranks_.share.rank == 0;
+  Status ready = step_->wait_optimizer(kOp);
+  if (ready.ok()) ready = step_->abandon_speculation(kOp);  // it may be reading the state exported here
+  if (ready.ok()) ready = check_finalized(kOp);
+  if (ready.ok() && writes) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) ready = Status::from_errno(ec.value(), str_cat("create ", dir));
+  }
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", std::move(ready)));
   const TensorDtype td = dtype == Precision::kFp32 ? TensorDtype::kF32
                          : dtype == Precision::kFp16 ? TensorDtype::kF16
                                                      : TensorDtype::kBf16;
@@ -558,30 +807,54 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
   std::map<std::string, std::string> weight_map;
   std::uint64_t total = 0;
   // Each shard is written front to back through the nvme engine, as checkpoints are.
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "export_safetensors"));
+  // A failure on this rank is kept in `local` while the ranks still gather
+  // together, so that none waits for another; they agree on it at the end.
+  Status local;
+  std::unique_ptr<nvme::IoBackend> backend;
+  if (writes) {
+    auto made = file_backend(config_, kOp);
+    if (made.ok()) backend = *std::move(made);
+    else local = std::move(made).status();
+  }
+  std::size_t gathered_group = layout_.groups.size();  // none yet
+  std::vector<float> gathered;
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(s + 1, shards.size());
-    std::vector<SafetensorsWriter::Declared> declared;
-    for (std::size_t pi : shards[s]) declared.push_back({layout_.params[pi].name, td, layout_.params[pi].shape});
-    STRATA_ASSIGN_OR_RETURN(SafetensorsWriter w,
-                            SafetensorsWriter::create_sequential(dir + "/" + file, std::move(declared),
-                                                                 {{"format", "pt"}}, *backend,
-                                                                 direct_file_options(config_.strata.io)));
+    std::optional<SafetensorsWriter> w;
+    if (writes && local.ok()) {
+      std::vector<SafetensorsWriter::Declared> declared;
+      for (std::size_t pi : shards[s]) declared.push_back({layout_.params[pi].name, td, layout_.params[pi].shape});
+      auto made = SafetensorsWriter::create_sequential(dir + "/" + file, std::move(declared), {{"format", "pt"}},
+                                                       *backend, direct_file_options(config_.strata.io));
+      if (made.ok()) w.emplace(*std::move(made));
+      else local = std::move(made).status();
+    }
     for (std::size_t pi : shards[s]) {
       const ParamDesc& p = layout_.params[pi];
+      const std::size_t g = layout_.places[pi].group;
       std::vector<float> v(static_cast<std::size_t>(p.numel()));
       {
         const Step::TrafficPause pause(*step_);  // export traffic is not step traffic
-        STRATA_RETURN_IF_ERROR(p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v));
+        if (p.trainable && ranks_.share.ranks > 1) {
+          if (gathered_group != g) {
+            STRATA_RETURN_IF_ERROR(gather_masters(g, gathered, local));
+            gathered_group = g;
+          }
+          const auto at = static_cast<std::size_t>(layout_.places[pi].trainable_offset - layout_.groups[g].trainable_begin);
+          std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+        } else if (writes && local.ok()) {
+          local = p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v);
+        }
       }
-      STRATA_RETURN_IF_ERROR(w.write_f32(p.name, v));
+      if (!w.has_value() || !local.ok()) continue;
+      local = w->write_f32(p.name, v);
       weight_map[p.name] = file;
       total += sizes[pi];
     }
-    STRATA_RETURN_IF_ERROR(w.finish());
+    if (w.has_value() && local.ok()) local = w->finish();
   }
-  if (shards.size() > 1) STRATA_RETURN_IF_ERROR(write_shard_index(dir, total, weight_map, config_.strata.io));
-  return Status();
+  if (writes && local.ok() && shards.size() > 1) local = write_shard_index(dir, total, weight_map, config_.strata.io);
+  return agree(kOp, "exporting", std::move(local));
 }
 
 }  // namespace strata::engine

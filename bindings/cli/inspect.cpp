@@ -29,13 +29,15 @@ void print_table(const engine::CheckpointInspection& in, std::ostream& out) {
       in.latest_path.empty() ? in.dir : core::str_cat(in.dir, " (named by ", in.latest_path, ")"));
   row("format",
       core::str_cat("strata-checkpoint version ", m.version,
-                    m.version < engine::kCheckpointFormatVersion ? " (no checksum on manifest.json)" : ""));
+                    m.version == 1 ? " (no checksum on manifest.json)" : ""));
   row("step", core::str_cat(m.step, " (", m.skipped_steps, " skipped)"));
   row("lr override", m.lr_override < 0 ? std::string("none") : core::str_cat(m.lr_override));
   row("loss scaler", core::str_cat("scale ", m.loss_scaler.scale, ", iteration ", m.loss_scaler.iteration,
                                    ", last overflow ", m.loss_scaler.last_overflow_iteration,
                                    ", hysteresis left ", m.loss_scaler.hysteresis_left));
   row("compute dtype", m.compute_dtype);
+  row("ranks", m.ranks == 1 ? std::string("1 (one state file)")
+                            : core::str_cat(m.ranks, " (one state file per rank; loads with any number of ranks)"));
   for (const auto& [key, value] : in.placement)
     row(key == in.placement.front().first ? "placement" : "", key + " " + value);
   std::size_t trainable = 0;
@@ -56,7 +58,10 @@ void print_table(const engine::CheckpointInspection& in, std::ostream& out) {
       << "  " << std::setw(5) << "dtype"
       << "  " << std::setw(16) << "shape"
       << "  bytes\n";
-  for (const engine::InspectedTensor& t : in.tensors) {
+  for (std::size_t i = 0; i < in.tensors.size(); ++i) {
+    const engine::InspectedTensor& t = in.tensors[i];
+    // With several ranks, each state file's tensors (its ranges, flat) under its name.
+    if (m.ranks > 1 && (i == 0 || in.tensors[i - 1].file != t.file)) out << " " << t.file << "\n";
     out << "  " << std::left << std::setw(static_cast<int>(name_width)) << t.name << "  " << std::setw(5)
         << t.dtype << "  " << std::setw(16) << shape_text(t.shape) << "  " << t.bytes << "\n";
   }

@@ -91,6 +91,7 @@ std::string format_inspection_json(const CheckpointInspection& in) {
   j["lr_override"] = m.lr_override < 0 ? OJson(nullptr) : OJson(m.lr_override);
   j["loss_scaler"] = checkpoint_scaler_json(m.loss_scaler);
   j["compute_dtype"] = m.compute_dtype;
+  j["ranks"] = m.ranks;
   OJson placement = OJson::object();
   for (const auto& [key, value] : in.placement) {
     OJson v;
@@ -107,7 +108,8 @@ std::string format_inspection_json(const CheckpointInspection& in) {
   j["files"] = std::move(files);
   OJson tensors = OJson::array();
   for (const InspectedTensor& t : in.tensors) {
-    tensors.push_back({{"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"bytes", t.bytes}});
+    tensors.push_back(
+        {{"file", t.file}, {"name", t.name}, {"dtype", t.dtype}, {"shape", t.shape}, {"bytes", t.bytes}});
   }
   j["tensors"] = std::move(tensors);
   j["verified"] = in.verified;
@@ -142,23 +144,27 @@ core::Result<CheckpointInspection> inspect_checkpoint(const std::string& dir, bo
   out.manifest = std::move(loc.manifest);
   out.placement = placement_of(out.manifest.config_json);
   const std::string manifest_path = out.dir + "/manifest.json";
-  const std::string state_path = out.dir + "/state.safetensors";
   const std::string framework_path = out.dir + "/framework.bin";
+  const std::vector<CheckpointStateFile> state_files = checkpoint_state_files(out.manifest);
   STRATA_ASSIGN_OR_RETURN(const std::uint64_t manifest_bytes, size_of(manifest_path));
-  STRATA_ASSIGN_OR_RETURN(const std::uint64_t state_bytes, size_of(state_path));
+  out.files.push_back({"manifest.json", manifest_bytes, 0});
+  for (const CheckpointStateFile& f : state_files) {
+    STRATA_ASSIGN_OR_RETURN(const std::uint64_t bytes, size_of(out.dir + "/" + f.file));
+    out.files.push_back({f.file, bytes, f.crc64});
+  }
   STRATA_ASSIGN_OR_RETURN(const std::uint64_t framework_bytes, size_of(framework_path));
-  out.files = {{"manifest.json", manifest_bytes, 0},
-               {"state.safetensors", state_bytes, out.manifest.state_crc64},
-               {"framework.bin", framework_bytes, out.manifest.framework_crc64}};
+  out.files.push_back({"framework.bin", framework_bytes, out.manifest.framework_crc64});
   if (verify) {
     // The CRC64s first: a damaged header is reported as the file's mismatch.
-    STRATA_RETURN_IF_ERROR(check_crc(state_path, out.manifest.state_crc64));
+    for (const CheckpointStateFile& f : state_files) STRATA_RETURN_IF_ERROR(check_crc(out.dir + "/" + f.file, f.crc64));
     STRATA_RETURN_IF_ERROR(check_crc(framework_path, out.manifest.framework_crc64));
   }
-  STRATA_ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::open(state_path));
-  if (verify) STRATA_RETURN_IF_ERROR(verify_codes(reader));  // 8-bit moments: their tables, codes and scales
-  for (const TensorInfo& t : reader.tensors()) {
-    out.tensors.push_back({t.name, std::string(to_string(t.dtype)), t.shape, t.nbytes});
+  for (const CheckpointStateFile& f : state_files) {
+    STRATA_ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::open(out.dir + "/" + f.file));
+    if (verify) STRATA_RETURN_IF_ERROR(verify_codes(reader));  // 8-bit moments: their tables, codes and scales
+    for (const TensorInfo& t : reader.tensors()) {
+      out.tensors.push_back({f.file, t.name, std::string(to_string(t.dtype)), t.shape, t.nbytes});
+    }
   }
   out.verified = verify;
   return out;

@@ -13,8 +13,9 @@
 
 namespace strata::engine {
 
-// One tensor of state.safetensors.
+// One tensor of a state file.
 struct InspectedTensor {
+  std::string file;   // "state.safetensors", or with several ranks "state-rank-<r>-of-<N>.safetensors"
   std::string name;   // "<param>.compute", "<param>.master", ".exp_avg", ".exp_avg_sq"
   std::string dtype;  // "F32", "BF16", "F16"
   std::vector<std::int64_t> shape;
@@ -23,7 +24,7 @@ struct InspectedTensor {
 
 // One file of the step folder.
 struct InspectedFile {
-  std::string name;         // "manifest.json", "state.safetensors", "framework.bin"
+  std::string name;         // "manifest.json", the state files, "framework.bin"
   std::uint64_t bytes = 0;  // its size on disk
   std::uint64_t crc64 = 0;  // the CRC64 the manifest records (manifest.json: its own)
 };
@@ -36,15 +37,15 @@ struct CheckpointInspection {
   // zero_optimization.stage, offload_optimizer.device, offload_param.device,
   // strata.optimizer_cpu_fraction (when written), strata.device, strata.overlap.
   std::vector<std::pair<std::string, std::string>> placement;
-  std::vector<InspectedTensor> tensors;  // in file order
-  std::vector<InspectedFile> files;      // manifest.json, state.safetensors, framework.bin
+  std::vector<InspectedTensor> tensors;  // state file by state file, each in file order
+  std::vector<InspectedFile> files;      // manifest.json, the state files (one per rank), framework.bin
   bool verified = false;                 // every file's CRC64 was computed and matched
 };
 
 // Reads the checkpoint at `dir` (a root holding `latest`, which is followed,
 // or a step folder). Always checks `latest` and the manifest (their own
-// CRC64s) and the state file's header; with `verify`, also reads
-// state.safetensors and framework.bin whole (a few MiB of memory at a time)
+// CRC64s) and the state files' headers; with `verify`, also reads
+// the state files and framework.bin whole (a few MiB of memory at a time)
 // and checks their CRC64s against the manifest. Errors: those of
 // locate_checkpoint (kNotFound, kDataLoss naming latest or manifest.json);
 // kDataLoss naming the file whose CRC64 or header does not match; I/O errors
@@ -54,8 +55,8 @@ core::Result<CheckpointInspection> inspect_checkpoint(const std::string& dir, bo
 // The inspection as JSON (`strata inspect --json`): {"dir", "latest" (or
 // null), "format_version", "step", "skipped_steps", "lr_override" (null when
 // none), "loss_scaler": {...}, "compute_dtype", "placement": {key: value},
-// "params": [...], "files": [{"name", "bytes", "crc64" (hex; absent for
-// manifest.json)}], "tensors": [{"name", "dtype", "shape", "bytes"}],
+// "ranks", "params": [...], "files": [{"name", "bytes", "crc64" (hex; absent for
+// manifest.json)}], "tensors": [{"file", "name", "dtype", "shape", "bytes"}],
 // "verified", "config": {...}}, indented, with a final newline.
 std::string format_inspection_json(const CheckpointInspection& inspection);
 

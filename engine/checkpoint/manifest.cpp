@@ -182,6 +182,102 @@ bool read_params(const Json& doc, ManifestFields& f, std::string* error, std::ve
   return true;
 }
 
+// Version 3's "ranks" and "shards": one file per rank, named as a save names
+// it, its CRC64 in "files", its ranges [param, lo, hi] counts >= 0 (checked
+// against the parameters by uncovered_elements).
+bool read_shards(const Json& doc, const Json& files, ManifestFields& f, std::string* error, CheckpointManifest* m) {
+  std::int64_t ranks = 0;
+  if (!f.integer(doc, "ranks", "", &ranks)) return false;
+  if (ranks < 2 || ranks > kMaxCheckpointRanks) {
+    *error = str_cat("ranks ", ranks, " is outside [2, ", kMaxCheckpointRanks, "] (a version-3 checkpoint is saved by several ranks)");
+    return false;
+  }
+  m->ranks = static_cast<int>(ranks);
+  const Json* shards = f.member(doc, "shards", "");
+  if (shards == nullptr) return false;
+  if (!shards->is_array() || shards->size() != static_cast<std::size_t>(ranks)) {
+    *error = str_cat("shards is not an array of one entry per rank (", ranks, ")");
+    return false;
+  }
+  for (std::size_t r = 0; r < shards->size(); ++r) {
+    const Json& s = (*shards)[r];
+    const std::string where = str_cat("shards[", r, "].");
+    if (!s.is_object()) {
+      *error = str_cat("shards[", r, "] is not an object");
+      return false;
+    }
+    CheckpointStateFile file;
+    if (!f.string(s, "file", where.c_str(), &file.file)) return false;
+    const std::string want = checkpoint_shard_file(static_cast<int>(r), m->ranks);
+    if (file.file != want) {
+      *error = str_cat(where, "file \"", preview(file.file), "\" is not ", want);
+      return false;
+    }
+    if (!f.unsigned_integer(files, file.file.c_str(), "files.", &file.crc64)) return false;
+    const Json* ranges = f.member(s, "ranges", where.c_str());
+    if (ranges == nullptr) return false;
+    if (!ranges->is_array()) {
+      *error = str_cat(where, "ranges is not an array");
+      return false;
+    }
+    for (const Json& range : *ranges) {
+      if (!range.is_array() || range.size() != 3 || !range[0].is_number_unsigned() ||
+          !range[1].is_number_unsigned() || !range[2].is_number_unsigned()) {
+        *error = str_cat(where, "ranges holds something other than [param, lo, hi] counts >= 0");
+        return false;
+      }
+      file.ranges.push_back({range[0].get<std::int64_t>(), range[1].get<std::int64_t>(), range[2].get<std::int64_t>()});
+    }
+    m->shards.push_back(std::move(file));
+  }
+  return true;
+}
+
+// The element count of a shape, or -1 past 2^62 (no parameter is that large).
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (std::int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (std::int64_t{1} << 62) / d)) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+// "" when the shards' ranges cover every element of every parameter exactly
+// once, else the first fault, naming the parameter.
+std::string uncovered_elements(const CheckpointManifest& m) {
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> by_param(m.params.size());
+  for (std::size_t r = 0; r < m.shards.size(); ++r) {
+    for (const CheckpointRange& range : m.shards[r].ranges) {
+      if (range.param < 0 || static_cast<std::size_t>(range.param) >= m.params.size()) {
+        return str_cat("shards[", r, "] holds a range of parameter #", range.param, "; there are ", m.params.size());
+      }
+      if (range.lo < 0 || range.lo >= range.hi) {
+        return str_cat("shards[", r, "] holds an empty or reversed range [", range.lo, ", ", range.hi,
+                       ") of parameter #", range.param);
+      }
+      by_param[static_cast<std::size_t>(range.param)].emplace_back(range.lo, range.hi);
+    }
+  }
+  for (std::size_t i = 0; i < by_param.size(); ++i) {
+    auto& ranges = by_param[i];
+    std::sort(ranges.begin(), ranges.end());
+    std::int64_t next = 0;
+    for (const auto& [lo, hi] : ranges) {
+      if (lo != next) {
+        return str_cat("the shards' ranges of parameter #", i, " (", preview(m.params[i].name), ") ",
+                       lo < next ? "overlap" : "leave a gap", " at element ", std::min(lo, next));
+      }
+      next = hi;
+    }
+    if (next != numel_of(m.params[i].shape)) {
+      return str_cat("the shards' ranges of parameter #", i, " (", preview(m.params[i].name), ") end at element ",
+                     next, "; it has ", numel_of(m.params[i].shape));
+    }
+  }
+  return "";
+}
+
 // The first value of `m` no save can write, as "<field> <value> <why>", or ""
 // when every one is possible (the ranges of Verdict and LossScaler; the bounds
 // that depend on the config, such as fp16.hysteresis, are checked at load).
@@ -216,9 +312,10 @@ core::Result<CheckpointManifest> complete_checkpoint(const std::string& dir, con
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,
                           read_small_file(manifest, kMaxCheckpointManifestBytes, io));
   STRATA_ASSIGN_OR_RETURN(CheckpointManifest m, parse_checkpoint_manifest(bytes, manifest));
-  for (const auto& [file, want] : {std::pair{"/state.safetensors", m.state_crc64},
-                                   std::pair{"/framework.bin", m.framework_crc64}}) {
-    const std::string path = dir + file;
+  std::vector<std::pair<std::string, std::uint64_t>> files{{"framework.bin", m.framework_crc64}};
+  for (const CheckpointStateFile& f : checkpoint_state_files(m)) files.emplace_back(f.file, f.crc64);
+  for (const auto& [file, want] : files) {
+    const std::string path = dir + "/" + file;
     STRATA_ASSIGN_OR_RETURN(const auto crc_and_size, file_crc64(path));
     if (crc_and_size.first != want) {
       return Status::data_loss(str_cat(path, ": CRC64 mismatch: its ", crc_and_size.second, " bytes give ",
@@ -315,17 +412,41 @@ std::string crc64_hex(std::uint64_t crc) {
   return buf;
 }
 
+std::string checkpoint_shard_file(int rank, int ranks) {
+  return str_cat("state-rank-", rank, "-of-", ranks, ".safetensors");
+}
+
+std::vector<CheckpointStateFile> checkpoint_state_files(const CheckpointManifest& m) {
+  if (!m.shards.empty()) return m.shards;
+  return {CheckpointStateFile{.file = "state.safetensors", .crc64 = m.state_crc64, .ranges = {}, .whole = true}};
+}
+
 std::string format_checkpoint_manifest(const CheckpointManifest& m) {
   nlohmann::ordered_json j;
   j["format"] = "strata-checkpoint";
-  j["version"] = kCheckpointFormatVersion;
+  const bool ranked = !m.shards.empty();
+  j["version"] = ranked ? kCheckpointFormatVersion : kCheckpointFormatOneRank;
   j["step"] = m.step;
   j["skipped_steps"] = m.skipped_steps;
   j["lr_override"] = m.lr_override;
   j["loss_scaler"] = checkpoint_scaler_json(m.loss_scaler);
   j["compute_dtype"] = m.compute_dtype;
   j["params"] = checkpoint_params_json(m.params);
-  j["files"] = {{"state.safetensors", m.state_crc64}, {"framework.bin", m.framework_crc64}};
+  if (ranked) {
+    j["ranks"] = m.ranks;
+    nlohmann::ordered_json files = {{"framework.bin", m.framework_crc64}};
+    nlohmann::ordered_json shards = nlohmann::ordered_json::array();
+    for (const CheckpointStateFile& f : m.shards) {
+      files[f.file] = f.crc64;
+      nlohmann::ordered_json ranges = nlohmann::ordered_json::array();
+      for (const CheckpointRange& r : f.ranges) ranges.push_back({r.param, r.lo, r.hi});
+      shards.push_back({{"file", f.file}, {"ranges", std::move(ranges)}});
+    }
+    j["files"] = std::move(files);
+    j["shards"] = std::move(shards);
+  } else {
+    j["files"] = {{"state.safetensors", m.state_crc64}, {"framework.bin", m.framework_crc64}};
+  }
   nlohmann::ordered_json config;
   if (!json_bounds::parse_bounded(m.config_json, &config).ok() || !config.is_object()) {
     config = nlohmann::ordered_json::object();
@@ -411,10 +532,16 @@ core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::
   }
   if (ok) {
     const Json* files = f.object(doc, "files", "");
-    ok = files != nullptr && f.unsigned_integer(*files, "state.safetensors", "files.", &m.state_crc64) &&
-         f.unsigned_integer(*files, "framework.bin", "files.", &m.framework_crc64);
+    ok = files != nullptr && f.unsigned_integer(*files, "framework.bin", "files.", &m.framework_crc64);
+    if (ok && v < 3) ok = f.unsigned_integer(*files, "state.safetensors", "files.", &m.state_crc64);
+    if (ok && v >= 3) ok = read_shards(doc, *files, f, &error, &m);
   }
   ok = ok && read_params(doc, f, &error, &m.params);
+  if (ok && v >= 3) {
+    if (const std::string uncovered = uncovered_elements(m); !uncovered.empty()) {
+      return corrupt(str_cat("damaged: ", preview(uncovered, json_bounds::kMaxParserMessageChars)));
+    }
+  }
   if (ok) {
     const Json* config = f.object(doc, "config", "");
     ok = config != nullptr;
@@ -509,8 +636,8 @@ core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_di
         << loc.dir
         << ": a version-1 checkpoint: its manifest.json and latest carry no checksum of their own, so "
            "they are read unverified (the state and framework files are still checked); the next save "
-           "writes version "
-        << kCheckpointFormatVersion;
+           "writes a checksummed version ("
+        << kCheckpointFormatOneRank << ", or " << kCheckpointFormatVersion << " with several ranks)";
   }
   return loc;
 }

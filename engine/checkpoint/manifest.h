@@ -17,9 +17,17 @@
 
 namespace strata::engine {
 
-// The format this build writes. Version 1 (no checksum on manifest.json and
-// latest) is still read, with a warning; newer versions are refused.
-inline constexpr int kCheckpointFormatVersion = 2;
+// The newest format this build reads and writes: version 3 is a checkpoint
+// saved by several data-parallel ranks (one state file per rank, each
+// holding ranges of the parameters); one rank writes version 2 (one
+// state.safetensors holding every parameter whole). Version 1 (no checksum
+// on manifest.json and latest) is still read, with a warning; newer
+// versions are refused.
+inline constexpr int kCheckpointFormatVersion = 3;
+// The version a save writes: 3 with several ranks, else 2.
+inline constexpr int kCheckpointFormatOneRank = 2;
+// A version-3 manifest naming more ranks than this is refused as damaged.
+inline constexpr std::int64_t kMaxCheckpointRanks = 1 << 16;
 // manifest.json and latest files larger than this are refused before they are read whole.
 inline constexpr std::uint64_t kMaxCheckpointManifestBytes = 64ull << 20;
 
@@ -44,16 +52,51 @@ struct CheckpointScaler {
   friend bool operator==(const CheckpointScaler&, const CheckpointScaler&) = default;
 };
 
+// Elements [lo, hi) of parameter `param` (an index into the manifest's
+// params), as one state file holds them: its "<name>.compute" and optimizer
+// tensors hold just those elements, flat.
+struct CheckpointRange {
+  std::int64_t param = 0;
+  std::int64_t lo = 0, hi = 0;
+
+  friend bool operator==(const CheckpointRange&, const CheckpointRange&) = default;
+};
+
+// One state file of a checkpoint and what it holds.
+struct CheckpointStateFile {
+  std::string file;  // in the step folder
+  std::uint64_t crc64 = 0;
+  // Version 3: the ranges it holds (none when the rank's shards are all
+  // padding), each tensor flat.
+  std::vector<CheckpointRange> ranges;
+  // Version <= 2's state.safetensors: every parameter whole, each tensor
+  // shaped as the parameter (`ranges` empty).
+  bool whole = false;
+
+  friend bool operator==(const CheckpointStateFile&, const CheckpointStateFile&) = default;
+};
+
+// "state-rank-<rank>-of-<ranks>.safetensors": rank `rank`'s state file in a
+// checkpoint saved by `ranks` ranks.
+std::string checkpoint_shard_file(int rank, int ranks);
+
 // manifest.json's content.
 struct CheckpointManifest {
-  int version = kCheckpointFormatVersion;  // of the file parsed (format_... writes the current one)
+  int version = kCheckpointFormatOneRank;  // of the file parsed (format_... writes 3 with shards, else 2)
   std::int64_t step = 0;                   // applied optimizer steps
   std::int64_t skipped_steps = 0;
   double lr_override = -1.0;  // set_lr's rate; < 0: none
   CheckpointScaler loss_scaler;
   std::string compute_dtype;  // "F32", "BF16", "F16"
   std::vector<CheckpointParam> params;
-  std::uint64_t state_crc64 = 0;      // CRC64 (nvme/crc64.h) of state.safetensors
+  std::uint64_t state_crc64 = 0;      // CRC64 (nvme/crc64.h) of state.safetensors (one rank)
+  // Version 3: the ranks that saved it (>= 2) and their state files, in rank
+  // order (rank r's is checkpoint_shard_file(r, ranks)), whose ranges cover
+  // every element of every parameter exactly once (the parser checks it);
+  // each rank's trainable ranges are its shards, and a frozen parameter is
+  // whole in one file. One rank (version <= 2): ranks 1, shards empty.
+  int ranks = 1;
+  std::vector<CheckpointStateFile> shards;
   std::uint64_t framework_crc64 = 0;  // of framework.bin
   // The resolved config (engine/config.h: to_json), compact JSON; "{}" when unknown.
   std::string config_json = "{}";
@@ -61,7 +104,10 @@ struct CheckpointManifest {
   friend bool operator==(const CheckpointManifest&, const CheckpointManifest&) = default;
 };
 
-// manifest.json's bytes (version kCheckpointFormatVersion): indented JSON whose
+// The state files of `m`: its shards, or one state.safetensors (version <= 2).
+std::vector<CheckpointStateFile> checkpoint_state_files(const CheckpointManifest& m);
+
+// manifest.json's bytes (version 3 when `m.shards` is not empty, else 2): indented JSON whose
 // last member is "manifest_crc64": the CRC64 of every byte of the file before
 // the comma that precedes it, as 16 lowercase hex digits. The file ends with
 // exactly ",\n  \"manifest_crc64\": \"<16 hex>\"\n}\n". `m.config_json` must be
@@ -75,7 +121,9 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m);
 // damaged or missing checksum line (in a version-2 file), invalid JSON, or
 // content of the wrong shape, or a value no save writes (step or
 // skipped_steps below 0, lr_override neither -1 nor finite and >= 0, a loss
-// scale not finite and > 0, loss_scaler.iteration below 0,
+// scale not finite and > 0, loss_scaler.iteration below 0, in version 3
+// ranks below 2 or shards that are not one file per rank with ranges
+// covering every parameter's elements exactly once,
 // last_overflow_iteration outside [-1, iteration), hysteresis_left below 1,
 // an optimizer_group below 0, a compute_dtype other than F32, BF16, F16: the
 // message names the field and its value); kFailedPrecondition for a version newer than

@@ -238,6 +238,17 @@ core::Status SafetensorsReader::read_raw(std::string_view name, std::span<std::b
   return read_at(t->offset, out);
 }
 
+core::Status SafetensorsReader::read_raw_range(std::string_view name, std::uint64_t first,
+                                               std::span<std::byte> out) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::not_found(str_cat(path_, ": no tensor named '", name, "'"));
+  if (first > t->nbytes || out.size() > t->nbytes - first) {
+    return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' has ", t->nbytes, " bytes; bytes [", first,
+                                            ", ", first + out.size(), ") of it were asked for"));
+  }
+  return read_at(t->offset + first, out);
+}
+
 core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float> out) const {
   const TensorInfo* t = find(name);
   if (t == nullptr) return Status::not_found(str_cat(path_, ": no tensor named '", name, "'"));
@@ -245,16 +256,25 @@ core::Status SafetensorsReader::read_f32(std::string_view name, std::span<float>
     return Status::invalid_argument(str_cat(path_, ": tensor '", name, "' has ", t->numel(),
                                             " elements; the destination has ", out.size()));
   }
-  if (t->dtype == TensorDtype::kF32) {
-    return read_raw(name, std::as_writable_bytes(out));
-  }
+  return read_f32_range(name, 0, out);
+}
+
+core::Status SafetensorsReader::read_f32_range(std::string_view name, std::uint64_t first,
+                                               std::span<float> out) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr) return Status::not_found(str_cat(path_, ": no tensor named '", name, "'"));
   if (t->dtype == TensorDtype::kU8) {
     return Status::invalid_argument(
         str_cat(path_, ": tensor '", name, "' is U8 (codes without their scales), not values to read as fp32"));
   }
+  const std::uint64_t elem = dtype_size(t->dtype);
+  if (t->dtype == TensorDtype::kF32) {
+    return read_raw_range(name, first * elem, std::as_writable_bytes(out));
+  }
   // 16-bit: read into the back half of `out`, widen front to back (exact).
   auto* half = reinterpret_cast<std::uint16_t*>(out.data()) + out.size();
-  STRATA_RETURN_IF_ERROR(read_at(t->offset, std::span<std::byte>(reinterpret_cast<std::byte*>(half), t->nbytes)));
+  STRATA_RETURN_IF_ERROR(read_raw_range(name, first * elem,
+                                        std::span<std::byte>(reinterpret_cast<std::byte*>(half), out.size() * elem)));
   for (std::size_t i = 0; i < out.size(); ++i) {
     std::uint16_t h;
     std::memcpy(&h, half + i, 2);

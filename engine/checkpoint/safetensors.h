@@ -98,6 +98,11 @@ class SafetensorsReader {
   core::Status read_f32(std::string_view name, std::span<float> out) const;
   // Reads the raw bytes of `name` into `out` (size must equal nbytes).
   core::Status read_raw(std::string_view name, std::span<std::byte> out) const;
+  // Part of a tensor: out.size() raw bytes of `name` from byte `first`, or
+  // out.size() elements from element `first` converted to fp32. Errors
+  // (kInvalidArgument) for a range past the tensor's end, naming both.
+  core::Status read_raw_range(std::string_view name, std::uint64_t first, std::span<std::byte> out) const;
+  core::Status read_f32_range(std::string_view name, std::uint64_t first, std::span<float> out) const;
 
  private:
   // Parses and checks the header of a file of `file_size` bytes.

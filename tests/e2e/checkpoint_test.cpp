@@ -599,7 +599,7 @@ TEST_F(Checkpoint, VersionOneCheckpointLoadsWithAWarning) {
   ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("v2")).ok());
   auto loc = locate_checkpoint(ckpt());
   ASSERT_TRUE(loc.ok()) << loc.status();
-  EXPECT_EQ(loc->manifest.version, kCheckpointFormatVersion);
+  EXPECT_EQ(loc->manifest.version, kCheckpointFormatOneRank);
 }
 
 // strata.checkpoint.keep_last / keep_every after each save, and what an

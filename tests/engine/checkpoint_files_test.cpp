@@ -65,6 +65,61 @@ std::string replace_once(std::string text, const std::string& from, const std::s
   return text;
 }
 
+// sample_manifest as two ranks save it: l1.w cut between them, frozen l1.b whole in rank 1's file.
+CheckpointManifest ranked_manifest() {
+  CheckpointManifest m = sample_manifest();
+  m.version = kCheckpointFormatVersion;
+  m.state_crc64 = 0;
+  m.ranks = 2;
+  m.shards = {{.file = "state-rank-0-of-2.safetensors", .crc64 = 7, .ranges = {{0, 0, 1024}}},
+              {.file = "state-rank-1-of-2.safetensors", .crc64 = 9, .ranges = {{0, 1024, 2048}, {1, 0, 64}}}};
+  return m;
+}
+
+TEST(CheckpointManifest, SeveralRanksWriteVersionThreeWithTheirFilesAndRanges) {
+  const CheckpointManifest m = ranked_manifest();
+  const std::string text = format_checkpoint_manifest(m);
+  EXPECT_NE(text.find("\"version\": 3"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\"state.safetensors\""), std::string::npos) << text;
+  auto parsed = parse_checkpoint_manifest(bytes_of(text), "/x/manifest.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  CheckpointManifest want = m;
+  want.config_json = parsed->config_json;
+  EXPECT_EQ(*parsed, want);
+  const std::vector<CheckpointStateFile> files = checkpoint_state_files(*parsed);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[1].file, checkpoint_shard_file(1, 2));
+  // One rank: a single state.safetensors holding every parameter whole.
+  const std::vector<CheckpointStateFile> one = checkpoint_state_files(sample_manifest());
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].file, "state.safetensors");
+  EXPECT_TRUE(one[0].whole);
+  EXPECT_FALSE(files[0].whole);
+}
+
+TEST(CheckpointManifest, ShardsThatDoNotCoverEveryElementOnceAreDamage) {
+  // Each edit keeps the checksum right: the parser's own checks refuse it, naming the fault.
+  const std::string good = format_checkpoint_manifest(ranked_manifest());
+  const std::pair<std::string, std::string> edits[][1] = {
+      {{"[\n          0,\n          1024,\n          2048\n        ]", "[\n          0,\n          1030,\n          2048\n        ]"}},
+      {{"[\n          0,\n          0,\n          1024\n        ]", "[\n          0,\n          0,\n          1030\n        ]"}},
+      {{"[\n          1,\n          0,\n          64\n        ]", "[\n          1,\n          0,\n          63\n        ]"}},
+      {{"[\n          1,\n          0,\n          64\n        ]", "[\n          5,\n          0,\n          64\n        ]"}},
+      {{"\"file\": \"state-rank-1-of-2.safetensors\"", "\"file\": \"../state-rank-1-of-2.safetensors\""}},
+      {{"\"ranks\": 2", "\"ranks\": 1"}},
+      {{"\"state-rank-0-of-2.safetensors\": 7", "\"other\": 7"}},
+  };
+  const char* want[] = {"leave a gap", "overlap", "end at element 63", "parameter #5", "is not state-rank-1-of-2",
+                        "ranks 1 is outside", "files.state-rank-0-of-2.safetensors is missing"};
+  for (std::size_t i = 0; i < std::size(edits); ++i) {
+    const std::string text = rechecksum(replace_once(good, edits[i][0].first, edits[i][0].second));
+    auto r = parse_checkpoint_manifest(bytes_of(text), "m.json");
+    EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << i << ": " << r.status();
+    EXPECT_NE(r.status().message().find(want[i]), std::string::npos) << i << ": " << r.status();
+    EXPECT_NE(r.status().message().find("m.json"), std::string::npos) << r.status();
+  }
+}
+
 TEST(CheckpointManifest, RoundTripsAndEndsWithItsChecksum) {
   const CheckpointManifest m = sample_manifest();
   const std::string text = format_checkpoint_manifest(m);
@@ -125,11 +180,11 @@ TEST(CheckpointManifest, VersionsOneAndNewer) {
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
   EXPECT_NE(r.status().message().find("manifest_crc64"), std::string::npos) << r.status();
   // A newer version is refused, both versions named.
-  const std::string v3 = rechecksum(
-      replace_once(format_checkpoint_manifest(sample_manifest()), "\"version\": 2", "\"version\": 3"));
-  r = parse_checkpoint_manifest(bytes_of(v3), "m.json");
+  const std::string v4 = rechecksum(
+      replace_once(format_checkpoint_manifest(sample_manifest()), "\"version\": 2", "\"version\": 4"));
+  r = parse_checkpoint_manifest(bytes_of(v4), "m.json");
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
-  EXPECT_NE(r.status().message().find("version 3; this build reads versions 1 to 2"), std::string::npos)
+  EXPECT_NE(r.status().message().find("version 4; this build reads versions 1 to 3"), std::string::npos)
       << r.status();
 }
 

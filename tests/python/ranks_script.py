@@ -3,7 +3,8 @@ torchrun: the tiny Llama trained through strata.torch with the ranks taken
 from torchrun's environment, one micro-batch per rank per step (rank r's of
 step s is batch s * world + r). Writes this rank's result to
 <out>/rank<r>.pt: its state_dict(shard=True) (other ranks' elements NaN), the
-norm of every step, its losses.
+norm of every step, its losses; then every rank saves a checkpoint into
+<out>/ckpt and exports into <out>/export.
 
 usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP"""
 import os
@@ -46,6 +47,10 @@ def main():
         pass
     torch.save({"state": engine.state_dict(shard=True), "norms": norms, "losses": losses},
                os.path.join(out, f"rank{rank}.pt"))
+    # Every rank saves its shard into one checkpoint (rank 0's client_state
+    # with it) and exports: the whole model, gathered, written by rank 0.
+    engine.save_checkpoint(os.path.join(out, "ckpt"), client_state={"rank": rank})
+    engine.export(os.path.join(out, "export"), dtype="fp32")
     # A write inside gathered() on every rank: raised, and since only a rank's
     # own shard can be undone, every rank's next step refuses (none reaches
     # the collectives of a step the others would not join).

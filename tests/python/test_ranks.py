@@ -82,6 +82,18 @@ def test_two_ranks_bf16_are_one_rank_accumulating_bit_for_bit(tmp_path, swap_dir
     got = merged(results)
     # Buffers (the rotary tables) are whole on every rank; masters merge.
     helpers.assert_same_bits(got, want, "two ranks vs one rank accumulating")
+    # The two ranks' checkpoint loads into one rank, every master where it was;
+    # their export is the whole model.
+    model = helpers.tiny_llama(seed=1)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, "optimizer_cpu", "bf16", gas=WORLD, clip=CLIP,
+                                                           lr=3e-3, weight_decay=0.01), ranks=None)
+    assert engine.load_checkpoint(str(tmp_path / "out" / "ckpt")) == {"rank": 0}
+    helpers.assert_same_bits(engine.state_dict(), want, "two ranks' checkpoint loaded by one rank")
+    engine.close()
+    exported = strata.torch.load_file(str(tmp_path / "out" / "export" / "model.safetensors"))
+    assert exported
+    for name, w in exported.items():
+        assert torch.equal(w, want[name]), f"{name}: the export differs from the masters"
 
 
 def test_two_ranks_fp32_match_torch_adamw(tmp_path):

@@ -1,0 +1,201 @@
+// Checkpoints across rank counts (docs/checkpoints.md, "Several ranks"): a
+// checkpoint saved by N ranks (one state file per rank, each holding its
+// shards) loads with M ranks and with one, every bit of every master, moment
+// and compute copy where it was; a run resumed through N -> M -> 1 -> N
+// goes on exactly as the run that saved it; export gathers the whole model;
+// a damaged state file stops every rank before any changes its state.
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "engine/checkpoint/inspect.h"
+#include "engine/checkpoint/manifest.h"
+#include "tests/e2e/ranks_harness.h"
+
+namespace strata::engine::e2e {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kBefore = 3;  // steps before the save
+constexpr int kAfter = 3;   // steps after it
+
+struct CkCase {
+  std::string placement;
+  OverlapMode overlap;
+  StateFormat format;
+};
+
+void PrintTo(const CkCase& k, std::ostream* os) {
+  *os << k.placement << " " << to_string(k.overlap) << " " << to_string(k.format);
+}
+
+std::string bytes_of_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void expect_same_outcome(const Outcome& got, const Outcome& want, const std::string& what) {
+  expect_same(got.master, want.master, what + ": masters");
+  expect_same(got.exp_avg, want.exp_avg, what + ": exp_avg");
+  expect_same(got.exp_avg_sq, want.exp_avg_sq, what + ": exp_avg_sq");
+  ASSERT_FALSE(want.compute.empty());
+  for (std::size_t r = 0; r < got.compute.size(); ++r) {
+    expect_same(got.compute[r], want.compute[0], what + ": compute copies of rank " + std::to_string(r));
+  }
+}
+
+class RanksCheckpoint : public RanksTest, public ::testing::WithParamInterface<CkCase> {
+ protected:
+  Config with_format(StateFormat format) const {
+    Config c = config(GetParam().placement, GetParam().overlap);
+    c.strata.optimizer_state.format = format;
+    c.strata.seed = 1234;
+    return c;
+  }
+  // Steps [from, from + steps) on n ranks, one micro-batch each (rank r's of step s is batch s * n + r).
+  static void train(Engine& e, int r, int n, int from, int steps) {
+    Framework f;
+    for (int s = from; s < from + steps; ++s) micro_batch(e, f, s * n + r, true, nullptr).status().ignore_error();
+  }
+  static void load(Engine& e, const fs::path& root) {
+    const auto blob = e.load_checkpoint(root.string());
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(blob->data()), blob->size()), "framework");
+  }
+  static void save(Engine& e, const fs::path& root) {
+    const std::string blob = "framework";
+    const core::Status s = e.save_checkpoint(root.string(), std::as_bytes(std::span<const char>(blob)));
+    EXPECT_TRUE(s.ok()) << s;
+  }
+};
+
+TEST_P(RanksCheckpoint, ThreeRanksToFourToTwoToOneAndBackResumesExactly) {
+  const Config c = with_format(GetParam().format);
+  const fs::path three = dir_ / "by-three", four = dir_ / "by-four", two = dir_ / "by-two", one = dir_ / "by-one";
+  // Three ranks: l1.w is cut between ranks 0 and 1 (one norm block each), l1.b is rank 2's.
+  const Outcome finished = on_ranks(c, 3, "first", [&](int r, Engine& e) {
+    train(e, r, 3, 0, kBefore);
+    save(e, three);
+    train(e, r, 3, kBefore, kAfter);
+  });
+  // What the save holds: three fresh ranks loading it.
+  const Outcome saved = on_ranks(c, 3, "reload", [&](int, Engine& e) { load(e, three); });
+  ASSERT_FALSE(saved.master.empty());
+  auto inspected = inspect_checkpoint(three.string(), /*verify=*/true);
+  ASSERT_TRUE(inspected.ok()) << inspected.status();
+  EXPECT_EQ(inspected->manifest.version, kCheckpointFormatVersion);
+  EXPECT_EQ(inspected->manifest.ranks, 3);
+  ASSERT_EQ(inspected->files.size(), 5u);  // manifest, three state files, framework.bin
+  EXPECT_EQ(inspected->files[2].name, "state-rank-1-of-3.safetensors");
+  EXPECT_TRUE(inspected->verified);
+
+  // Four ranks load it (each reads its shards from the files that hold
+  // them; rank 3's shards are all padding, so its file holds nothing) and
+  // save it by four; two ranks load that and save it by two.
+  const Outcome by_four = on_ranks(c, 4, "four", [&](int, Engine& e) {
+    load(e, three);
+    save(e, four);
+  });
+  expect_same_outcome(by_four, saved, "3 -> 4");
+  auto four_ranks = locate_checkpoint(four.string());
+  ASSERT_TRUE(four_ranks.ok()) << four_ranks.status();
+  ASSERT_EQ(four_ranks->manifest.shards.size(), 4u);
+  EXPECT_TRUE(four_ranks->manifest.shards[3].ranges.empty());
+  const Outcome by_two = on_ranks(c, 2, "two", [&](int, Engine& e) {
+    load(e, four);
+    save(e, two);
+  });
+  expect_same_outcome(by_two, saved, "3 -> 4 -> 2");
+  // One rank loads the two ranks' checkpoint and saves the one-rank format; it exports.
+  const Outcome by_one = on_ranks(c, 1, "one", [&](int, Engine& e) {
+    load(e, two);
+    save(e, one);
+    const core::Status x = e.export_safetensors((dir_ / "export-one").string(), Precision::kFp32, 0);
+    EXPECT_TRUE(x.ok()) << x;
+  });
+  expect_same_outcome(by_one, saved, "3 -> 4 -> 2 -> 1");
+  auto single = locate_checkpoint(one.string());
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ(single->manifest.version, kCheckpointFormatOneRank);
+  // Three ranks load the one-rank checkpoint, export (gathered, rank 0
+  // writes) and train on: exactly where the first run went.
+  const Outcome resumed = on_ranks(c, 3, "resumed", [&](int r, Engine& e) {
+    load(e, one);
+    const core::Status x = e.export_safetensors((dir_ / "export-three").string(), Precision::kFp32, 0);
+    EXPECT_TRUE(x.ok()) << x;
+    train(e, r, 3, kBefore, kAfter);
+  });
+  expect_same_outcome(resumed, finished, "3 -> 4 -> 2 -> 1 -> 3, resumed");
+  const std::string exported = bytes_of_file(dir_ / "export-three" / "model.safetensors");
+  EXPECT_FALSE(exported.empty());
+  EXPECT_EQ(exported, bytes_of_file(dir_ / "export-one" / "model.safetensors"));
+}
+
+TEST_P(RanksCheckpoint, ADamagedStateFileStopsEveryRankBeforeAnyChange) {
+  const Config c = with_format(GetParam().format);
+  const fs::path root = dir_ / "ckpt";
+  on_ranks(c, 3, "save", [&](int r, Engine& e) {
+    train(e, r, 3, 0, 1);
+    save(e, root);
+  });
+  // One flipped bit in rank 1's file: with two ranks loading, rank 1 checks
+  // it (file j is checked by rank j mod 2) and rank 0 hears of it.
+  const fs::path victim = root / "step-1" / "state-rank-1-of-3.safetensors";
+  std::string bytes = bytes_of_file(victim);
+  ASSERT_FALSE(bytes.empty());
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  const Outcome fresh = on_ranks(c, 2, "fresh", [](int, Engine&) {});
+  std::vector<core::Status> got(2);
+  const Outcome after = on_ranks(c, 2, "damaged", [&](int r, Engine& e) {
+    got[static_cast<std::size_t>(r)] = e.load_checkpoint(root.string()).status();
+  });
+  for (int r = 0; r < 2; ++r) {
+    const core::Status& s = got[static_cast<std::size_t>(r)];
+    EXPECT_EQ(s.code(), core::StatusCode::kDataLoss) << "rank " << r << ": " << s;
+  }
+  EXPECT_NE(got[1].message().find("state-rank-1-of-3.safetensors"), std::string::npos) << got[1];
+  EXPECT_NE(got[0].message().find("rank 1"), std::string::npos) << got[0];
+  expect_same_outcome(after, fresh, "after a refused load");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Placements, RanksCheckpoint,
+    ::testing::Values(CkCase{"cpu", OverlapMode::kExact, StateFormat::kFp32},
+                      CkCase{"nvme", OverlapMode::kDelayed, StateFormat::kFp32},
+                      CkCase{"device", OverlapMode::kNone, StateFormat::kBf16},
+                      CkCase{"cpu", OverlapMode::kExact, StateFormat::kInt8Blockwise}),
+    [](const ::testing::TestParamInfo<CkCase>& i) {
+      return i.param.placement + "_" + std::string(to_string(i.param.overlap)) + "_" +
+             std::string(to_string(i.param.format));
+    });
+
+TEST_F(RanksTest, EightBitStateSavedByRanksLoadsAsFp32Exactly) {
+  // Codes saved in shards, read into another format: each range decoded
+  // from its own blocks' scales, then kept as fp32, which is exact.
+  Config int8 = config("cpu", OverlapMode::kExact);
+  int8.strata.optimizer_state.format = StateFormat::kInt8Blockwise;
+  int8.strata.seed = 1234;
+  Config fp32 = int8;
+  fp32.strata.optimizer_state.format = StateFormat::kFp32;
+  const fs::path root = dir_ / "int8";
+  const Outcome saved = on_ranks(int8, 3, "int8", [&](int r, Engine& e) {
+    Framework f;
+    for (int s = 0; s < 2; ++s) micro_batch(e, f, s * 3 + r, true, nullptr).status().ignore_error();
+    const core::Status st = e.save_checkpoint(root.string(), {});
+    EXPECT_TRUE(st.ok()) << st;
+  });
+  const Outcome loaded = on_ranks(fp32, 2, "fp32", [&](int, Engine& e) {
+    const auto blob = e.load_checkpoint(root.string());
+    EXPECT_TRUE(blob.ok()) << blob.status();
+  });
+  expect_same(loaded.master, saved.master, "masters");
+  expect_same(loaded.exp_avg, saved.exp_avg, "exp_avg");
+  expect_same(loaded.exp_avg_sq, saved.exp_avg_sq, "exp_avg_sq");
+}
+
+}  // namespace
+}  // namespace strata::engine::e2e
