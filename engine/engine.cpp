@@ -226,12 +226,19 @@ core::Status Engine::check_finalized(const char* op) const {
   return Status();
 }
 
+core::Status Engine::check_not_torn(const char* op) const {
+  if (torn_load_.empty()) return Status();
+  return Status::failed_precondition(str_cat(op, ": a load_checkpoint failed after it began replacing the state (",
+                                             torn_load_, "): load a checkpoint again before going on"));
+}
+
 bool Engine::between_steps() const {
   return step_->between_steps() && (fetcher_ == nullptr || !fetcher_->any_fetched());
 }
 
 core::Result<std::size_t> Engine::group_index(std::string_view name, const char* op) const {
   STRATA_RETURN_IF_ERROR(check_finalized(op));
+  STRATA_RETURN_IF_ERROR(check_not_torn(op));
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     if (layout_.groups[g].name == name) return g;
   }
@@ -417,12 +424,14 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
 core::Status Engine::micro_step_end() {
   STRATA_ENGINE_ENTRY("micro_step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));
+  STRATA_RETURN_IF_ERROR(check_not_torn("micro_step_end"));
   return step_->micro_step_end();
 }
 
 core::Result<StepStats> Engine::step_end() {
   STRATA_ENGINE_ENTRY("step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("step_end"));
+  STRATA_RETURN_IF_ERROR(check_not_torn("step_end"));
   return step_->step_end();
 }
 

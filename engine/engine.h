@@ -314,6 +314,8 @@ class Engine {
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   gpu::Device& dev() const { return *shared_device_->device; }
   core::Status check_finalized(const char* op) const;
+  // kFailedPrecondition naming `op` after a load that failed part-way (torn_load_).
+  core::Status check_not_torn(const char* op) const;
   // With several ranks, each rank's outcome of one phase of a call every
   // rank makes (save_checkpoint, load_checkpoint, export_safetensors),
   // gathered on the caller's thread over ranks_.weights (the optimizer's
@@ -400,6 +402,11 @@ class Engine {
     std::unique_ptr<partition::Communicator> grads, weights;
   };
   Ranks ranks_;
+  // Set (with mu_ held) when a load_checkpoint failed after it began
+  // replacing the state, on this rank or another: the state is part old,
+  // part new (and with ranks may differ between them), so training, saving
+  // and exporting are refused until a load succeeds.
+  std::string torn_load_;
   // strata.overlap: what the step does in its mode (engine/schedule/).
   const Schedule& schedule_;
   // What was registered before finalize.

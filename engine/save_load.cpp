@@ -452,6 +452,7 @@ core::Status Engine::ready_between_steps(const char* op) {
   STRATA_RETURN_IF_ERROR(step_->wait_optimizer(op));
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation(op));  // it may be reading the state used here
   STRATA_RETURN_IF_ERROR(check_finalized(op));
+  if (std::string_view(op) != "load_checkpoint") STRATA_RETURN_IF_ERROR(check_not_torn(op));
   if (!between_steps()) {
     return Status::failed_precondition(str_cat(
         op, " in the middle of a step (groups fetched or gradients pending): call it between steps (after step_end)"));
@@ -595,6 +596,8 @@ struct Engine::CheckpointToLoad {
   std::vector<CheckpointStateFile> files;
   LossScaler::State scaler;
   std::vector<std::byte> blob;
+  // CRC64 of the step folder's name and the manifest: the ranks compare it.
+  std::uint64_t fingerprint = 0;
   // Destruction order: the readers (they own their files) before the backend.
   std::unique_ptr<nvme::IoBackend> backend;
   std::vector<SafetensorsReader> readers;  // one per file
@@ -673,6 +676,48 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
       }
     }
   }
+  // Every tensor each file's ranges name, with a dtype the load reads and the
+  // range's element count, so that no read below fails part-way.
+  constexpr std::int64_t kB = core::numerics::kQuantBlockElems;
+  const TensorDtype compute = dtype_of(layout_.compute_bytes, config_.precision);
+  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
+    for (const Held& h : sources[pi]) {
+      const SafetensorsReader& reader = ck.readers[h.file];
+      const std::int64_t n = h.hi - h.lo;
+      auto expect = [&](const std::string& name, std::initializer_list<TensorDtype> dtypes,
+                        std::int64_t elems) -> Status {
+        const TensorInfo* t = reader.find(name);
+        const std::string what = str_cat(reader.path(), ": ", name, ", which the manifest says holds elements [",
+                                         h.lo, ", ", h.hi, ") of ", layout_.params[pi].name);
+        if (t == nullptr) return Status::data_loss(str_cat(what, ", is missing"));
+        if (std::find(dtypes.begin(), dtypes.end(), t->dtype) == dtypes.end()) {
+          return Status::data_loss(str_cat(what, ", is ", to_string(t->dtype), ", which a checkpoint never holds there"));
+        }
+        if (t->numel() != elems) {
+          return Status::data_loss(str_cat(what, ", has ", t->numel(), " elements, not ", elems));
+        }
+        if (t->dtype == TensorDtype::kU8 && h.lo % kB != 0) {
+          return Status::data_loss(str_cat(what, ", holds 8-bit codes from element ", h.lo,
+                                           ", which does not start a block of ", kB));
+        }
+        return Status();
+      };
+      STRATA_RETURN_IF_ERROR(expect(layout_.params[pi].name + ".compute", {compute}, n));
+      if (!layout_.params[pi].trainable) continue;
+      for (int k = 0; k < layout_.optimizer.arrays; ++k) {
+        const std::string name = state_tensor(layout_, pi, k);
+        if (k == 0) {
+          STRATA_RETURN_IF_ERROR(expect(name, {TensorDtype::kF32}, n));
+          continue;
+        }
+        STRATA_RETURN_IF_ERROR(expect(name, {TensorDtype::kF32, TensorDtype::kBf16, TensorDtype::kU8}, n));
+        if (reader.find(name)->dtype == TensorDtype::kU8) {
+          STRATA_RETURN_IF_ERROR(
+              expect(scales_tensor(name), {TensorDtype::kF32}, static_cast<std::int64_t>(OptimizerSpec::blocks(n))));
+        }
+      }
+    }
+  }
   // Moments saved in another format are converted as they come in (read_state_range).
   for (std::size_t pi = 0; pi < layout_.params.size() && layout_.optimizer.arrays >= 2; ++pi) {
     if (!layout_.params[pi].trainable || sources[pi].empty()) continue;
@@ -706,6 +751,8 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     return Status::failed_precondition(str_cat(dir, "/manifest.json: ", fits.message(),
                                                ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
   }
+  const std::string seen = str_cat(fs::path(dir).filename().string(), "\n", format_checkpoint_manifest(m));
+  ck.fingerprint = nvme::crc64(0, std::as_bytes(std::span<const char>(seen)));
   return Status();
 }
 
@@ -760,8 +807,23 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   constexpr const char* kOp = "load_checkpoint";
   STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
   CheckpointToLoad ck;
-  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the checkpoint", check_checkpoint(root, ck)));
-  STRATA_RETURN_IF_ERROR(agree(kOp, "loading the state", apply_checkpoint(ck)));
+  std::vector<std::uint64_t> found;
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the checkpoint", check_checkpoint(root, ck), ck.fingerprint, &found));
+  for (std::size_t k = 1; k < found.size(); ++k) {
+    if (found[k] != found[0]) {  // every rank sees the same list: every rank stops here
+      return Status::failed_precondition(str_cat(
+          "load_checkpoint: rank ", k, " found another checkpoint at ", root, " than rank 0 (another step folder or "
+          "manifest): the ranks must load one checkpoint from a file system they share"));
+    }
+  }
+  // From here a failure leaves the state part old, part new (on some ranks):
+  // training is refused until a load succeeds.
+  const Status loaded = agree(kOp, "loading the state", apply_checkpoint(ck));
+  if (!loaded.ok()) {
+    torn_load_ = std::string(loaded.message());
+    return loaded;
+  }
+  torn_load_.clear();
   return std::move(ck.blob);
 }
 
@@ -792,6 +854,7 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
   Status ready = step_->wait_optimizer(kOp);
   if (ready.ok()) ready = step_->abandon_speculation(kOp);  // it may be reading the state exported here
   if (ready.ok()) ready = check_finalized(kOp);
+  if (ready.ok()) ready = check_not_torn(kOp);
   if (ready.ok() && writes) {
     std::error_code ec;
     fs::create_directories(dir, ec);

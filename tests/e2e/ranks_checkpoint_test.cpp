@@ -173,6 +173,43 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(to_string(i.param.format));
     });
 
+TEST_F(RanksTest, RangesThatDoNotMatchTheirFilesAreRefusedBeforeAnyChange) {
+  // A manifest (checksummed anew) whose ranges still cover every element but
+  // do not match the tensors in the files: l1.w's cut moved from 65,536 to
+  // 70,000. Every rank finds it while checking, before its state changes.
+  const Config c = config("cpu", OverlapMode::kExact);
+  const fs::path root = dir_ / "ckpt";
+  on_ranks(c, 3, "save", [&](int r, Engine& e) {
+    Framework f;
+    micro_batch(e, f, r, true, nullptr).status().ignore_error();
+    EXPECT_TRUE(e.save_checkpoint(root.string(), {}).ok());
+  });
+  const fs::path manifest = root / "step-1" / "manifest.json";
+  const std::string text = bytes_of_file(manifest);
+  auto m = parse_checkpoint_manifest(std::as_bytes(std::span<const char>(text)), manifest.string());
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_EQ(m->shards.size(), 3u);
+  ASSERT_FALSE(m->shards[0].ranges.empty());
+  ASSERT_FALSE(m->shards[1].ranges.empty());
+  CheckpointRange& first = m->shards[0].ranges.front();
+  CheckpointRange& second = m->shards[1].ranges.front();
+  ASSERT_EQ(first.param, second.param);
+  ASSERT_EQ(first.hi, second.lo);
+  first.hi = second.lo = 70'000;
+  std::ofstream(manifest, std::ios::binary | std::ios::trunc) << format_checkpoint_manifest(*m);
+  std::vector<core::Status> got(2);
+  on_ranks(c, 2, "mismatched", [&](int r, Engine& e) {
+    got[static_cast<std::size_t>(r)] = e.load_checkpoint(root.string()).status();
+    // Nothing changed, so training goes on.
+    Framework f;
+    EXPECT_TRUE(micro_batch(e, f, r, true, nullptr).ok());
+  });
+  for (const core::Status& s : got) {
+    EXPECT_EQ(s.code(), core::StatusCode::kDataLoss) << s;
+    EXPECT_NE(s.message().find("which the manifest says holds elements [0, 70000)"), std::string::npos) << s;
+  }
+}
+
 TEST_F(RanksTest, EightBitStateSavedByRanksLoadsAsFp32Exactly) {
   // Codes saved in shards, read into another format: each range decoded
   // from its own blocks' scales, then kept as fp32, which is exact.
