@@ -70,7 +70,7 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
   for (const char* flag :
        {"--config", "--params", "--layers", "--hidden", "--vocab", "--heads", "--seq", "--micro-batch",
         "--checkpointing", "--frozen-fraction", "--gpu-memory", "--ram", "--disk", "--drive-tbw", "--drive-dwpd",
-        "--drive-capacity", "--warranty-years", "--step-seconds"}) {
+        "--drive-capacity", "--warranty-years", "--step-seconds", "--ranks", "--nodes"}) {
     // Every occurrence is kept so that a repeated flag is refused by name below.
     options[flag] = app.add_option(flag)->type_name("VALUE")->expected(1)->multi_option_policy(
         CLI::MultiOptionPolicy::TakeAll);
@@ -157,6 +157,12 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
       STRATA_ASSIGN_OR_RETURN(drive.warranty_years, positive_value(flag, value, "5"));
     } else if (flag == "--step-seconds") {
       STRATA_ASSIGN_OR_RETURN(drive.step_seconds, positive_value(flag, value, "30 or 2.5"));
+    } else if (flag == "--ranks" || flag == "--nodes") {
+      STRATA_ASSIGN_OR_RETURN(const std::int64_t n, count_value(flag, value));
+      if (n < 1 || n > 1'000'000) {
+        return Status::invalid_argument(str_cat(flag, " must be in [1, 1000000], got '", value, "'"));
+      }
+      (flag == "--ranks" ? out.options.ranks : out.options.nodes) = static_cast<int>(n);
     }
   }
   auto given = [&options](const char* flag) { return options[flag]->count() > 0; };
@@ -222,6 +228,11 @@ SSD wear (the same rating for each swap drive)
                          The plan then prints the bytes written per step to
                          each drive, the steps (and days) until the rating is
                          used, and the placement changes that write less.
+data-parallel ranks (docs/distributed.md)
+  --ranks N              plan one rank of N: its shard of the optimizer state
+                         and host gradients, the collectives' bytes per step
+  --nodes M              on M machines, N / M ranks on each (default 1),
+                         sharing each machine's RAM and disk
 output
   --json                 print the plan as JSON
   --help                 this text

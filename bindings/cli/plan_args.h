@@ -18,7 +18,7 @@ struct PlanArgs {
   std::string config_path;           // --config FILE; required unless help
   engine::ModelSpec model;           // --params/--layers/--hidden/--vocab/--heads/--seq/...
   engine::MachineOverrides machine;  // --gpu-memory, --ram, --disk
-  engine::PlanOptions options;       // --no-checkpoint clears include_checkpoint; --drive-* set drive
+  engine::PlanOptions options;       // --no-checkpoint clears include_checkpoint; --drive-* set drive; --ranks, --nodes
   bool json = false;                 // --json: print JSON instead of the table
   bool help = false;                 // --help or -h: print plan_usage() and do nothing else
 };

@@ -2,6 +2,7 @@
 // config's budgets, and the plan's inputs checked (validate_config).
 #include "engine/plan/plan.h"
 
+#include <algorithm>
 #include <string>
 
 #include "core/str.h"
@@ -94,11 +95,20 @@ Status validate_config(const Config& config, const PlanOptions& options) {
   if (!(options.cpu_fraction_step > 0.0 && options.cpu_fraction_step <= 1.0)) {
     return invalid(str_cat("cpu_fraction_step must be in (0, 1], got ", options.cpu_fraction_step));
   }
+  if (options.ranks < 1) return invalid(str_cat("--ranks must be at least 1, got ", options.ranks));
+  if (options.nodes < 1 || options.nodes > options.ranks || options.ranks % options.nodes != 0) {
+    return invalid(str_cat("--nodes must divide --ranks (the same number of ranks on each machine), got ",
+                           options.nodes, " nodes for ", options.ranks, " ranks"));
+  }
+  if (options.ranks > 1 && config.strata.overlap == OverlapMode::kSpeculative) {
+    return invalid("strata.overlap \"speculative\" with several ranks is not built yet (the engine refuses it): "
+                   "plan with \"delayed\" or \"exact\"");
+  }
   return Status();
 }
 
 core::Result<TierCapacities> tier_capacities(const Config& config, const MachineSpec& machine,
-                                             const PlanMargins& margins,
+                                             const PlanMargins& margins, int ranks_per_node,
                                              std::vector<std::string>* notes) {
   const BudgetsConfig& b = config.strata.budgets;
   if (!machine.gpu_bytes && b.device_bytes == 0) {
@@ -111,13 +121,16 @@ core::Result<TierCapacities> tier_capacities(const Config& config, const Machine
       machine.gpu_bytes ? floor_fraction(*machine.gpu_bytes, margins.gpu_fraction) : 0;
   tiers[0] = tier_capacity(Tier::kDevice, machine.gpu_bytes, machine.gpu_source, b.device_bytes,
                            "strata.budgets.device", gpu_margin, notes);
+  // A machine's RAM and disk are shared by its ranks: each plans with its share.
+  const auto share = static_cast<std::uint64_t>(std::max(1, ranks_per_node));
+  const std::string each = share > 1 ? str_cat(" / ", share, " ranks on the machine") : std::string();
   tiers[1] = tier_capacity(
-      Tier::kPinned, machine.ram_bytes, machine.ram_source, b.pinned_bytes, "strata.budgets.pinned",
-      sat_add(floor_fraction(machine.ram_bytes, margins.ram_fraction), margins.ram_reserve_bytes),
+      Tier::kPinned, machine.ram_bytes / share, machine.ram_source + each, b.pinned_bytes, "strata.budgets.pinned",
+      sat_add(floor_fraction(machine.ram_bytes, margins.ram_fraction), margins.ram_reserve_bytes) / share,
       notes);
-  tiers[2] = tier_capacity(Tier::kNvme, machine.disk_bytes, machine.disk_source, b.disk_bytes,
+  tiers[2] = tier_capacity(Tier::kNvme, machine.disk_bytes / share, machine.disk_source + each, b.disk_bytes,
                            "strata.budgets.disk",
-                           floor_fraction(machine.disk_bytes, margins.disk_fraction), notes);
+                           floor_fraction(machine.disk_bytes, margins.disk_fraction) / share, notes);
   return tiers;
 }
 

@@ -62,7 +62,9 @@ std::string traffic_line(const StepTraffic& t) {
   return str_cat("host->device ", format_bytes(t.host_to_device_bytes), ", device->host ",
                  format_bytes(t.device_to_host_bytes), ", disk read ",
                  format_bytes(t.disk_read_bytes), ", disk write ", format_bytes(t.disk_write_bytes),
-                 "; total ", format_bytes(t.total_bytes()));
+                 "; total ", format_bytes(t.total_bytes()),
+                 t.network_bytes > 0 ? str_cat("; collectives ", format_bytes(t.network_bytes), " sent (as much received)")
+                                     : std::string());
 }
 
 std::string device_cell(OffloadDevice d) {
@@ -90,6 +92,15 @@ void append_placement(const PlacementPlan& p, std::string* out) {
                format_bytes(t.available_bytes), t.fits ? "yes" : "NO", t.capacity_source});
   }
   *out += tiers.render("  ");
+  if (p.ranks_per_node > 1) {
+    // What the machine holds for all its ranks.
+    *out += str_cat("\n  the machine's ", p.ranks_per_node, " ranks: CPU RAM ",
+                    format_bytes(p.tier(Tier::kPinned).needed_bytes * static_cast<std::uint64_t>(p.ranks_per_node)),
+                    ", NVMe/disk ",
+                    format_bytes(p.tier(Tier::kNvme).needed_bytes * static_cast<std::uint64_t>(p.ranks_per_node)),
+                    ", disk written per step ",
+                    format_bytes(p.traffic.disk_write_bytes * static_cast<std::uint64_t>(p.ranks_per_node)), "\n");
+  }
   *out += str_cat("\n  moved per step: ", traffic_line(p.traffic), "\n");
   for (const std::string& r : p.reasons) *out += str_cat("  does not fit: ", r, "\n");
 }
@@ -223,7 +234,8 @@ Json traffic_json(const StepTraffic& t) {
               {"device_to_host_bytes", t.device_to_host_bytes},
               {"disk_read_bytes", t.disk_read_bytes},
               {"disk_write_bytes", t.disk_write_bytes},
-              {"total_bytes", t.total_bytes()}};
+              {"total_bytes", t.total_bytes()},
+              {"network_bytes", t.network_bytes}};
 }
 
 Json placement_json(const PlacementPlan& p) {
@@ -249,6 +261,7 @@ Json placement_json(const PlacementPlan& p) {
   out["optimizer_ratio"] = number(p.placement.optimizer_ratio);
   out["optimizer_cpu_fraction"] = number(p.placement.optimizer_cpu_fraction);
   out["fits"] = p.fits;
+  out["ranks_per_node"] = p.ranks_per_node;
   out["items"] = std::move(items);
   out["tiers"] = std::move(tiers);
   out["bytes_per_step"] = traffic_json(p.traffic);
@@ -383,6 +396,10 @@ std::string format_plan_table(const Plan& plan) {
     out += str_cat(", hidden ", m.hidden_size, ", vocab ", m.vocab_size, ", heads ", m.num_heads);
   }
   out += "\n";
+  if (plan.ranks > 1) {
+    out += str_cat("ranks    ", plan.ranks, " data-parallel ranks, ", plan.ranks / plan.nodes, " on each of ", plan.nodes,
+                   plan.nodes == 1 ? " machine" : " machines", ": the bytes below are one rank's\n");
+  }
   const StateSizes& st = plan.state;
   out += str_cat("state    ", st.precision, " compute copies ", st.compute_bytes, " B, gradients ",
                  st.gradient_bytes, " B (gradient_accumulation_steps ",
@@ -482,6 +499,8 @@ std::string plan_to_json(const Plan& plan) {
   for (const PlacementPlan& c : plan.candidates) candidates.push_back(placement_json(c));
   Json doc = Json::object();
   doc["fits"] = plan.fits();
+  doc["ranks"] = plan.ranks;
+  doc["nodes"] = plan.nodes;
   doc["model"] = model_json(plan.model);
   doc["state"] = state_json(plan.state);
   doc["machine"] = machine_json(plan.machine);

@@ -47,21 +47,24 @@ std::string state_times(const OptimizerSpec& spec, std::int64_t n, bool master, 
 
 // What the planner knows of the layout the engine builds (layout.cpp) for
 // `groups` equal fetch groups: each group's trainable elements rounded up to
-// whole norm blocks, cut into optimizer chunks that never cross a group, and
-// the state split by the placement rule over that trainable space.
+// whole norm blocks (N of them per rank with `ranks` N, the rank keeping
+// one shard of each), cut into optimizer chunks that never cross a group,
+// and the state split by the placement rule over the rank's trainable space.
 struct LayoutShape {
-  std::int64_t group_trainable = 0;  // trainable elements of a group (norm-block aligned)
+  std::int64_t group_padded = 0;     // trainable elements of a group, padded (N norm blocks with N ranks)
+  std::int64_t group_trainable = 0;  // the rank's shard of a group (norm-block aligned; the group with one rank)
   std::int64_t chunk = 0;            // elements of the largest chunk
   std::int64_t nvme_chunks = 0;      // chunks whose state lives on NVMe, counted up to `count_limit`
   std::int64_t nvme_groups = 0;      // groups with at least one chunk on NVMe (every one counted)
 };
 
 LayoutShape layout_shape(std::int64_t trainable, std::int64_t groups, std::uint64_t chunk_bytes,
-                         const Placement& pl, std::int64_t count_limit) {
+                         const Placement& pl, std::int64_t count_limit, int ranks) {
   constexpr std::int64_t kBlock = core::numerics::kNormBlockElems;
   LayoutShape s;
   if (trainable == 0 || groups == 0) return s;
-  s.group_trainable = round_up_to(ceil_div(trainable, groups), kBlock);
+  s.group_padded = round_up_to(ceil_div(trainable, groups), kBlock * ranks);
+  s.group_trainable = s.group_padded / ranks;
   const std::int64_t chunk_elems =
       std::max<std::int64_t>(1, static_cast<std::int64_t>(chunk_bytes / 4) / kBlock) * kBlock;
   s.chunk = std::min(chunk_elems, s.group_trainable);
@@ -123,6 +126,8 @@ struct Evaluation {
 
   std::int64_t P = 0;            // parameters
   std::int64_t T = 0;            // trainable parameters
+  int N = 1;                     // data-parallel ranks
+  std::int64_t T_rank = 0;       // the rank's trainable elements (its shards, padded; T with one rank)
   std::int64_t L = 0;            // layers (fetch groups)
   std::uint64_t c = 0;           // bytes of a compute copy's element
   std::uint64_t accum = 0;       // gradient_accumulation_steps
@@ -164,7 +169,15 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   spec = optimizer_spec(cfg.optimizer.type, cfg.strata.optimizer_state.format);
   prec = plan_detail::precision_label(cfg);
   threaded = schedule.threaded();
-  const OptimizerSplit split = split_optimizer_state(T, pl.optimizer_device, pl.optimizer_ratio,
+  N = inputs.options.ranks;
+  plan.ranks_per_node = N / inputs.options.nodes;
+  shape = layout_shape(T, L, cfg.strata.chunk_bytes, pl, schedule.ring_depth(), N);
+  // One rank: the trainable parameters as counted (the planner's figures
+  // have always left the padding out); several: the rank's shards, padding
+  // included, which is what each keeps state for.
+  T_rank = N == 1 ? T : shape.group_trainable * L;
+  if (N > 1) g = 4;  // host gradients summed over the ranks: fp32
+  const OptimizerSplit split = split_optimizer_state(T_rank, pl.optimizer_device, pl.optimizer_ratio,
                                                      pl.optimizer_cpu_fraction);
   t_gpu = split.device_elems;
   t_keep = split.pinned_elems;
@@ -175,7 +188,6 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   group_bytes = sat_mul(u64(group), c);
   trainable_groups = T > 0 ? std::clamp<std::int64_t>(ceil_div(T, group), 1, L) : 0;
   persistent_groups = !m.has_shape && group <= cfg.zero.stage3_param_persistence_threshold;
-  shape = layout_shape(T, L, cfg.strata.chunk_bytes, pl, schedule.ring_depth());
 }
 
 // The compute copies in their home, and their copies on the device and in
@@ -220,8 +232,21 @@ void add_gradients(Evaluation& e) {
   if (T == 0) return;
   // Every trainable group's gradients come down to the host, whatever the
   // optimizer's tier: the gradient pass runs on the CPU.
-  e.add("host_gradients", Tier::kPinned, sat_mul(u64(T), g),
-        count_times(T, g, e.accum == 1 ? e.prec : "fp32 accumulation"));
+  if (e.N == 1) {
+    e.add("host_gradients", Tier::kPinned, sat_mul(u64(T), g),
+          count_times(T, g, e.accum == 1 ? e.prec : "fp32 accumulation"));
+  } else {
+    e.add("host_gradients", Tier::kPinned, sat_mul(u64(e.T_rank), g),
+          count_times(e.T_rank, g, str_cat("the rank's shards, fp32: summed over ", e.N, " ranks")));
+    // The pass sums a group's fp32 gradients over the ranks beside its shard;
+    // the optimizer gathers a group's new compute copies from every rank.
+    const std::uint64_t padded = u64(e.shape.group_padded), shard = u64(e.shape.group_trainable);
+    e.add("rank_gradient_sums", Tier::kPinned, sat_mul(padded + shard, 4),
+          str_cat(group_digits(padded), " + ", group_digits(shard),
+                  " x 4 B (a group's fp32 gradients to sum over the ranks, and the rank's shard of the sum)"));
+    e.add("rank_compute_gather", Tier::kPinned, sat_mul(padded, c),
+          count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
+  }
   // The framework writes each group's gradients into a device buffer; the
   // threaded schedules hold those on their way down within
   // reduce_bucket_size elements (two groups at least).
@@ -304,6 +329,10 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   if (e.pl.param_device != OffloadDevice::kCpu) w.unpinned_compute_bytes = staged;
   if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = e.state_of(e.shape.chunk);
   if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
+  if (e.N > 1 && e.T > 0) {
+    w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
+    w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
+  }
   return pinned_working(w, e.threaded, e.schedule.early_jobs(StepRules::of(e.cfg)));
 }
 
@@ -312,7 +341,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
 // pinned memory): the host gradients, the pinned compute copies, the pinned
 // state and the schedule's pinned extra copies.
 std::uint64_t planned_pinned_held(const Evaluation& e) {
-  std::uint64_t held = sat_mul(u64(e.T), e.g);
+  std::uint64_t held = sat_mul(u64(e.T_rank), e.g);
   if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(e.P), e.c));
   held = sat_add(held, e.state_of(e.t_keep));
   const ExtraShape extra = planned_extra_shape(e);
@@ -419,9 +448,15 @@ void add_disk_reserves(Evaluation& e) {
   e.add("swap_reserve", Tier::kNvme, files > swap ? files - swap : 0,
         budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
   if (e.in.options.include_checkpoint) {
-    e.add("checkpoint", Tier::kNvme, sat_add(sat_mul(u64(P), e.c), e.state_of(T)),
-          str_cat(group_digits(u64(P)), " x ", e.c, " B + ", state_times(e.spec, T, true),
-                  " (compute copies, master, moments)"));
+    const std::uint64_t whole = sat_add(sat_mul(u64(P), e.c), e.state_of(T));
+    const std::string what = str_cat(group_digits(u64(P)), " x ", e.c, " B + ", state_times(e.spec, T, true),
+                                     " (compute copies, master, moments)");
+    if (e.N == 1) {
+      e.add("checkpoint", Tier::kNvme, whole, what);
+    } else {
+      e.add("checkpoint", Tier::kNvme, ceil_div(static_cast<std::int64_t>(std::min<std::uint64_t>(whole, INT64_MAX)), e.N),
+            str_cat("1/", e.N, " of ", what, ": each rank saves its shards"));
+    }
   }
 }
 
@@ -526,6 +561,12 @@ StepTraffic step_traffic(const Evaluation& e) {
   tr.device_to_host_bytes = sat_add(gradients_down, sat_mul(c, u64(e.t_gpu)));
   tr.disk_read_bytes = e.state_of(e.t_nvme);
   tr.disk_write_bytes = e.state_of(e.t_nvme);
+  if (e.N > 1) {
+    // Ring-optimal collectives: (N-1)/N of each buffer leaves the rank.
+    const std::uint64_t padded = sat_mul(u64(e.shape.group_padded), u64(L));
+    const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, 4), accum), sat_mul(padded, c));
+    tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);
+  }
   if (home_nvme) {
     tr.disk_read_bytes = sat_add(tr.disk_read_bytes, fetch);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);

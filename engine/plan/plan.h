@@ -68,6 +68,19 @@
 //    parameter; with parameters on NVMe, the fetches above read and the
 //    optimizer's view read (c x T) and written back (c x T).
 //
+// With N data-parallel ranks (PlanOptions::ranks) the plan is one rank's,
+// as the engine lays it out (engine/layout.h): each group's trainable part
+// padded to N norm blocks, the rank's shard (T_r = L x that / N) carries
+// the master, the moments and fp32 host gradients (4 B x T_r: summed over
+// ranks); compute copies stay whole (stage 3 does not shard them yet); the
+// pass sums a group's fp32 gradients with its shard in pinned memory
+// (rank_gradient_sums) and the optimizer gathers a group's new compute
+// copies (rank_compute_gather); a checkpoint is 1/N of one rank's. RAM and
+// disk are a machine's, shared by its N / M ranks: each rank's capacity is
+// 1/(N/M) of them (a budget is already one engine's). Per step each rank
+// sends (N-1)/N x (4 B x T_pad x G + c x T_pad) over the collectives
+// (StepTraffic::network_bytes, T_pad = N x T_r).
+//
 // Thread-compatible value types and pure functions (no I/O, no probing).
 #pragma once
 
@@ -139,6 +152,12 @@ struct PlanOptions {
   bool include_checkpoint = true;
   // When set, the plan estimates the swap drives' wear (Plan::wear).
   std::optional<DriveEndurance> drive;
+  // Data-parallel ranks (docs/distributed.md) on `nodes` machines, ranks /
+  // nodes on each (strata plan --ranks N --nodes M): the plan is one rank's
+  // (its shard of the optimizer state and host gradients, whole compute
+  // copies), and each machine's RAM and disk are shared by its ranks.
+  int ranks = 1;
+  int nodes = 1;
 };
 
 // Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
@@ -198,7 +217,8 @@ struct PlanItem {
   // optimizer_compute_view, master_weights, optimizer_moments,
   // optimizer_device_buffers, optimizer_device_copies, optimizer_staging,
   // param_staging, speculative_state, speculative_compute_copies,
-  // delayed_compute_copies, activations, logits, swap_reserve, checkpoint.
+  // delayed_compute_copies, activations, logits, swap_reserve, checkpoint,
+  // rank_gradient_sums, rank_compute_gather (several ranks).
   std::string name;
   Tier tier = Tier::kDevice;
   std::uint64_t size_bytes = 0;
@@ -221,6 +241,11 @@ struct StepTraffic {
   std::uint64_t device_to_host_bytes = 0;
   std::uint64_t disk_read_bytes = 0;
   std::uint64_t disk_write_bytes = 0;
+  // With several ranks: what the rank sends over the collectives per step (it
+  // receives as much): (N-1)/N of each micro-batch's fp32 gradients
+  // (reduce-scatter) and of the new compute copies (all-gather), the norm
+  // partials aside. The same for every placement: not in total_bytes().
+  std::uint64_t network_bytes = 0;
   std::uint64_t total_bytes() const {
     return host_to_device_bytes + device_to_host_bytes + disk_read_bytes + disk_write_bytes;
   }
@@ -235,6 +260,10 @@ struct PlacementPlan {
   StepTraffic traffic;
   bool fits = false;                 // every tier fits
   std::vector<std::string> reasons;  // one per tier that does not fit
+  // Ranks sharing a machine's RAM and disk (PlanOptions): the items and
+  // traffic are one rank's; the machine holds and writes this many times
+  // theirs in pinned memory and on disk.
+  int ranks_per_node = 1;
 
   const TierPlan& tier(Tier t) const { return tiers[static_cast<int>(t)]; }
   // Sum of the items called `name` in tier `t` (0 when none).
@@ -273,7 +302,7 @@ struct StateSizes {
   std::string optimizer;            // "AdamW", "Adam", "Adagrad", "Lion"
   std::uint64_t compute_bytes = 2;  // per parameter: 2 (bf16/fp16), 4 (fp32)
   std::uint64_t gradient_bytes =
-      2;                           // per trainable parameter: compute_bytes, or 4 with accumulation
+      2;                           // per trainable parameter: compute_bytes, or 4 with accumulation or ranks
   std::uint64_t master_bytes = 4;  // per trainable parameter (fp32)
   double moment_bytes = 8;  // per trainable parameter: Adam(W) 8 (bf16: 4; int8_blockwise: 2.03125), Adagrad 4, Lion 4
   std::string moment_format = "fp32";  // strata.optimizer_state.format: "fp32", "bf16", "int8_blockwise"
@@ -296,7 +325,7 @@ struct PlacementWear {
   std::vector<ConfigChange> changes;  // from the configured placement (empty for the configured one)
   bool fits = false;                  // the placement fits this machine (PlacementPlan::fits)
   std::vector<std::string> reasons;   // why not, one per tier that does not fit
-  std::uint64_t write_bytes_per_step = 0;  // all drives (StepTraffic::disk_write_bytes)
+  std::uint64_t write_bytes_per_step = 0;  // all of a machine's drives (its ranks' StepTraffic::disk_write_bytes)
   std::vector<DriveWear> drives;      // empty when nothing lives on nvme
   std::optional<std::uint64_t> steps; // the drive that wears first; nullopt: no writes
   std::optional<double> days;
@@ -331,6 +360,7 @@ struct FormatPlan {
 };
 
 struct Plan {
+  int ranks = 1, nodes = 1;  // PlanOptions': the items are one rank's of `ranks`
   ModelSummary model;
   StateSizes state;
   MachineSpec machine;

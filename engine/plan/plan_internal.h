@@ -86,8 +86,11 @@ struct Inputs {
 core::Result<ModelSummary> resolve_model(const Config& config, const ModelSpec& spec);
 // capacity.cpp: the config's values the planner relies on, and each tier's capacity.
 core::Status validate_config(const Config& config, const PlanOptions& options);
+// With `ranks_per_node` > 1, RAM and disk (and their margins) are shared by
+// that many ranks: each rank's capacity is its share.
 core::Result<TierCapacities> tier_capacities(const Config& config, const MachineSpec& machine,
-                                             const PlanMargins& margins, std::vector<std::string>* notes);
+                                             const PlanMargins& margins, int ranks_per_node,
+                                             std::vector<std::string>* notes);
 // placement.cpp: "bf16", "fp16", "fp32"; one placement's bytes per tier and per step.
 std::string precision_label(const Config& config);
 PlacementPlan evaluate(const Inputs& in, const Placement& pl);

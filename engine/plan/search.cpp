@@ -94,18 +94,21 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
                              const MachineSpec& machine, const PlanOptions& options) {
   STRATA_RETURN_IF_ERROR(validate_config(config, options));
   Plan plan;
+  plan.ranks = options.ranks;
+  plan.nodes = options.nodes;
   STRATA_ASSIGN_OR_RETURN(plan.model, resolve_model(config, model));
   plan.state.precision = precision_label(config);
   plan.state.optimizer = std::string(optimizer_name(config.optimizer.type));
   plan.state.compute_bytes = static_cast<std::uint64_t>(config.compute_bytes());
   plan.state.gradient_accumulation_steps = config.gradient_accumulation_steps;
   plan.state.gradient_bytes =
-      config.gradient_accumulation_steps == 1 ? plan.state.compute_bytes : 4;
+      config.gradient_accumulation_steps == 1 && options.ranks == 1 ? plan.state.compute_bytes : 4;
   plan.state.moment_bytes = optimizer_moment_bytes(config);
   plan.state.moment_format = std::string(state_format_name(config.strata.optimizer_state.format));
   plan.machine = machine;
   STRATA_ASSIGN_OR_RETURN(TierCapacities capacities,
-                          tier_capacities(config, machine, options.margins, &plan.notes));
+                          tier_capacities(config, machine, options.margins, options.ranks / options.nodes,
+                                          &plan.notes));
   const Inputs in{config, plan.model, capacities, options};
 
   Placement configured;
@@ -186,6 +189,14 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
     plan.notes.push_back(
         str_cat("offload_param is used only with zero_optimization.stage 3 (stage is ",
                 config.zero.stage, ")"));
+  }
+  if (options.ranks > 1) {
+    plan.notes.push_back(str_cat(
+        "one rank of ", options.ranks, " (", options.ranks / options.nodes, " on each of ", options.nodes,
+        options.nodes == 1 ? " machine" : " machines",
+        "): its shard of the optimizer state and fp32 host gradients, whole compute copies",
+        config.zero.stage == 3 ? " (stage 3 does not shard them yet)" : "",
+        "; each machine's RAM and disk are shared by its ranks"));
   }
   if (config.gradient_accumulation_steps > 1) {
     plan.notes.push_back(

@@ -88,7 +88,8 @@ PlacementWear placement_wear(const Config& config, const MachineSpec& machine, c
   w.changes = changes_for(config, pp.placement);
   w.fits = pp.fits;
   w.reasons = pp.reasons;
-  w.write_bytes_per_step = pp.traffic.disk_write_bytes;
+  // The machine's ranks write to the same drives.
+  w.write_bytes_per_step = plan_detail::sat_mul(pp.traffic.disk_write_bytes, static_cast<std::uint64_t>(pp.ranks_per_node));
   const std::vector<std::string> paths = placement_swap_paths(config, pp.placement);
   if (paths.empty()) return w;
   // Per drive: the file system's device id, as probed (nullopt: not probed, a drive of its own).

@@ -103,6 +103,17 @@ TEST(PlanArgs, DriveRatingFlagsFillTheWearOptions) {
   EXPECT_FALSE(a->options.drive.has_value());
 }
 
+TEST(PlanArgs, RanksAndNodesFillTheOptions) {
+  core::Result<PlanArgs> a = parse_plan_args(argv_of({"--config", "c.json", "--ranks", "16", "--nodes=2"}));
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->options.ranks, 16);
+  EXPECT_EQ(a->options.nodes, 2);
+  core::Result<PlanArgs> one = parse_plan_args(argv_of({"--config", "c.json"}));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->options.ranks, 1);
+  EXPECT_EQ(one->options.nodes, 1);
+}
+
 TEST(PlanArgs, BadFlagsAreErrorsNamingTheFlag) {
   const std::vector<std::pair<std::vector<const char*>, const char*>> cases = {
       {{"--config", "c.json", "--parms", "40B"}, "not expected: 40B --parms"},
@@ -119,6 +130,9 @@ TEST(PlanArgs, BadFlagsAreErrorsNamingTheFlag) {
       {{"--config", "c.json", "--micro-batch", "-2"},
        "micro_batch (--micro-batch) must be positive"},
       {{"--config", "c.json", "--seq", "1", "--seq", "2"}, "--seq is given twice"},
+      {{"--config", "c.json", "--ranks", "0"}, "--ranks must be in [1, 1000000], got '0'"},
+      {{"--config", "c.json", "--ranks", "two"}, "--ranks: cannot parse 'two'"},
+      {{"--config", "c.json", "--nodes", "2M"}, "--nodes must be in [1, 1000000], got '2M'"},
       {{"--params", "40B", "--layers", "48"}, "--config FILE is required"},
       {{"--config", "c.json", "extra"}, "not expected: extra"},
       {{"--config"}, "--config: 1 required VALUE missing"},

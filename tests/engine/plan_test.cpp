@@ -416,6 +416,82 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
             2u * (32 * 13 * 4096 + 2 * 4096));
 }
 
+// Four ranks, hand-calculated: P = T = 4 groups of 2^21 (32 norm blocks
+// each, a multiple of 4 x 65,536: no padding), bf16, AdamW on cpu, stage 2.
+// Each rank keeps T/4 of the master, moments and (fp32) host gradients;
+// compute copies stay whole; the collectives send 3/4 x (4 B + 2 B) x T.
+TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  config.zero.stage = 2;
+  constexpr std::int64_t T = 4 * (std::int64_t{1} << 21);
+  PlanOptions options;
+  options.ranks = 4;
+  core::Result<Plan> plan = make_plan(config, params_model(T, 4), machine(80 * kGiB, 512 * kGiB, 4000 * kGiB), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const PlacementPlan& p = plan->configured;
+  const std::uint64_t t = T, shard = t / 4, group = t / 4;
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "compute_copies"), 2 * t);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 4 * shard);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 4 * shard);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 8 * shard);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_gradient_sums"), 4 * (group + group / 4));
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_compute_gather"), 2 * group);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), (2 * t + 12 * t) / 4);
+  EXPECT_EQ(p.traffic.network_bytes, 6 * t / 4 * 3);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 2 * t);  // every micro-batch's gradients come down whole
+  EXPECT_EQ(p.ranks_per_node, 4);
+  // One machine's RAM and disk are shared by its four ranks (margins too).
+  EXPECT_EQ(p.tier(Tier::kPinned).capacity_bytes, 128 * kGiB);
+  EXPECT_EQ(p.tier(Tier::kDevice).capacity_bytes, 80 * kGiB);
+  EXPECT_TRUE(contains(p.tier(Tier::kPinned).capacity_source, "/ 4 ranks on the machine"));
+  // On two machines each shares its RAM with two ranks; the bytes per rank stay.
+  options.nodes = 2;
+  core::Result<Plan> two = make_plan(config, params_model(T, 4), machine(80 * kGiB, 512 * kGiB, 4000 * kGiB), options);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->configured.tier(Tier::kPinned).capacity_bytes, 256 * kGiB);
+  EXPECT_EQ(two->configured.tier(Tier::kPinned).needed_bytes, p.tier(Tier::kPinned).needed_bytes);
+  EXPECT_TRUE(contains(format_plan_table(*two), "the machine's 2 ranks: CPU RAM"));
+  EXPECT_TRUE(contains(plan_to_json(*two), "\"network_bytes\": " + std::to_string(6 * t / 4 * 3)));
+}
+
+TEST(Planner, RanksPadEachGroupToWholeNormBlocksPerRank) {
+  // Three groups of 100,000 trainable elements on 3 ranks: each group padded
+  // to 3 norm blocks (196,608), one block per rank: the rank keeps 3 x
+  // 65,536 elements of state, not 100,000. With one rank the plan counts T.
+  Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  config.zero.stage = 2;
+  PlanOptions options;
+  options.ranks = 3;
+  core::Result<Plan> plan = make_plan(config, params_model(300'000, 3), machine(80 * kGiB, 64 * kGiB, 100 * kGiB), options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "master_weights"), 3u * 65'536 * 4);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "host_gradients"), 3u * 65'536 * 4);
+  EXPECT_EQ(plan->configured.traffic.network_bytes, 3u * 196'608 * 6 / 3 * 2);
+  core::Result<Plan> one = make_plan(config, params_model(300'000, 3), machine(80 * kGiB, 64 * kGiB, 100 * kGiB));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->configured.item_bytes(Tier::kPinned, "master_weights"), 300'000u * 4);
+  EXPECT_EQ(one->configured.traffic.network_bytes, 0u);
+}
+
+TEST(Planner, RanksAndNodesThatDoNotDivideAreErrors) {
+  const Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
+  PlanOptions options;
+  options.ranks = 4;
+  options.nodes = 3;
+  auto r = make_plan(config, params_model(1'000'000, 2), machine(80 * kGiB, 64 * kGiB, 100 * kGiB), options);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(std::string(r.status().message()), "--nodes must divide --ranks")) << r.status();
+  options.nodes = 1;
+  options.ranks = 0;
+  r = make_plan(config, params_model(1'000'000, 2), machine(80 * kGiB, 64 * kGiB, 100 * kGiB), options);
+  EXPECT_TRUE(contains(std::string(r.status().message()), "--ranks")) << r.status();
+  Config speculative = config;
+  speculative.strata.overlap = OverlapMode::kSpeculative;
+  options.ranks = 2;
+  r = make_plan(speculative, params_model(1'000'000, 2), machine(80 * kGiB, 64 * kGiB, 100 * kGiB), options);
+  EXPECT_TRUE(contains(std::string(r.status().message()), "speculative")) << r.status();
+}
+
 // Frozen parameters have a compute copy only. 10e9 params, 3/4 frozen:
 // T = 2.5e9 trainable. Params and optimizer on cpu, bf16, no accumulation.
 TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
