@@ -17,7 +17,13 @@
 //               [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]
 //               [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]
 //               [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]
-//               [--json FILE] [--save-config FILE]
+//               [--ranks N] [--json FILE] [--save-config FILE]
+//
+// With --ranks N the model trains on N data-parallel ranks, threads of this
+// process meeting over Gloo (a file store under --dir), each with its own
+// host device and its shard of the state (docs/distributed.md), and every
+// rank's tiers and bytes per step are held to the plan of one rank of N
+// (`strata plan --ranks N`); the bound is not measured with ranks.
 //
 // docs/benchmarks.md ("scale") describes the run, the checks and every column.
 #include <sys/stat.h>
@@ -29,6 +35,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -84,6 +91,7 @@ struct Options {
   int grad_buffers = 2;                      // reduce_bucket_size in layers: gradient buffers on the device
   bool bound = true;
   bool plan_only = false;  // the plan and the disk check, no training
+  int ranks = 1;           // data-parallel ranks, threads of this process
   std::string dir;
   std::string json_path;
   std::string save_config;
@@ -237,10 +245,11 @@ struct Rss {
   }
 };
 
-// Bytes the swap files take on disk (allocated blocks, st_blocks x 512).
-std::uint64_t swap_disk_bytes(const eng::Config& config) {
+// Bytes the swap files take on disk (allocated blocks, st_blocks x 512) in
+// the engine's swap directories (with ranks, each rank's own).
+std::uint64_t swap_disk_bytes(const std::vector<std::string>& dirs) {
   std::uint64_t total = 0;
-  for (const std::string& dir : config.swap_paths()) {
+  for (const std::string& dir : dirs) {
     struct stat st;
     if (::stat(str_cat(dir, "/", nvme::SwapStore::kSwapFileName).c_str(), &st) == 0) {
       total += static_cast<std::uint64_t>(st.st_blocks) * 512;
@@ -312,9 +321,10 @@ struct StepRecord {
 class Driver {
  public:
   static Result<std::unique_ptr<Driver>> create(const eng::Config& config, const Model& model,
-                                                const std::vector<float>& pattern) {
+                                                const std::vector<float>& pattern,
+                                                const partition::CommunicatorOptions& ranks = {}) {
     std::unique_ptr<Driver> d(new Driver(model));
-    STRATA_ASSIGN_OR_RETURN(d->engine_, eng::Engine::create(config));
+    STRATA_ASSIGN_OR_RETURN(d->engine_, eng::Engine::create(config, ranks));
     gpu::Device& dev = d->engine_->device();
     STRATA_ASSIGN_OR_RETURN(d->stream_, dev.create_stream("framework"));
     // Before finalize, so that the device budget's peak holds the task's
@@ -375,7 +385,7 @@ class Driver {
     r.device_used = engine_->device_budget().used_bytes();
     r.pinned_used = engine_->pinned_budget().used_bytes();
     r.staging_used = engine_->staging_budget().used_bytes();
-    r.disk_used = swap_disk_bytes(engine_->config());
+    r.disk_used = swap_disk_bytes(engine_->swap_paths());
     return r;
   }
 
@@ -456,6 +466,51 @@ std::vector<Check> compare(const eng::PlacementPlan& plan, const Peaks& peaks,
   };
 }
 
+// One rank's training (the only one without ranks): its steps and peaks.
+struct Trained {
+  std::vector<StepRecord> steps;
+  Peaks peaks;
+  std::uint64_t task_device_bytes = 0;
+  double finalize_s = 0.0;
+};
+
+// Trains `steps` steps on one engine (one rank of `ranks` when given), printing
+// a line per step when `print`.
+Result<Trained> train(const eng::Config& config, const Model& m, const std::vector<float>& pattern,
+                      const partition::CommunicatorOptions& ranks, int steps, bool print) {
+  Trained t;
+  STRATA_ASSIGN_OR_RETURN(auto driver, Driver::create(config, m, pattern, ranks));
+  t.finalize_s = driver->finalize_s();
+  t.task_device_bytes = driver->task_device_bytes();
+  if (print) {
+    std::printf("finalize: %.1f s (initial values written to their tiers)\n", t.finalize_s);
+    std::printf("%5s %9s %12s %10s %10s %10s %10s %10s %10s %10s %10s\n", "step", "step s", "loss", "h2d", "d2h",
+                "disk rd", "disk wr", "rss", "rss peak", "pinned", "disk");
+    std::fflush(stdout);
+  }
+  for (int k = 0; k < steps; ++k) {
+    STRATA_ASSIGN_OR_RETURN(StepRecord s, driver->step());
+    if (print) {
+      std::printf("%5d %9.3f %12.6g %10s %10s %10s %10s %10s %10s %10s %10s\n", k + 1, s.seconds, s.loss,
+                  core::format_bytes(s.stats.bytes.h2d).c_str(), core::format_bytes(s.stats.bytes.d2h).c_str(),
+                  core::format_bytes(s.stats.bytes.nvme_read).c_str(),
+                  core::format_bytes(s.stats.bytes.nvme_write).c_str(), core::format_bytes(s.rss.now).c_str(),
+                  core::format_bytes(s.rss.peak).c_str(), core::format_bytes(s.pinned_used).c_str(),
+                  core::format_bytes(s.disk_used).c_str());
+      std::fflush(stdout);
+    }
+    t.peaks.disk = std::max(t.peaks.disk, s.disk_used);
+    t.steps.push_back(s);
+  }
+  STRATA_RETURN_IF_ERROR(driver->settle());
+  const eng::Engine& e = driver->engine();
+  const std::uint64_t dpeak = e.device_budget().peak_bytes();
+  t.peaks.device = dpeak > t.task_device_bytes ? dpeak - t.task_device_bytes : 0;
+  t.peaks.pinned = e.pinned_budget().peak_bytes();
+  t.peaks.staging = e.staging_budget().peak_bytes();
+  return t;
+}
+
 // ---------------------------------------------------------------------------
 // The run.
 
@@ -528,7 +583,7 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--steps") {
       std::int64_t n = 0;
       count(&n);
-      if (n < 2 || n > 1000) bad(arg, std::to_string(n), "2 to 1000 steps (the loss must be seen to fall)");
+      if (n < 3 || n > 1000) bad(arg, std::to_string(n), "3 to 1000 steps (the loss must be seen to fall over steady steps)");
       o.steps = static_cast<int>(n);
     } else if (arg == "--grad-buffers") {
       std::int64_t n = 0;
@@ -581,6 +636,11 @@ Options parse(int argc, char** argv) {
       o.bound = false;
     } else if (arg == "--plan-only") {
       o.plan_only = true;
+    } else if (arg == "--ranks") {
+      std::int64_t n = 0;
+      count(&n);
+      if (n > 64) bad(arg, std::to_string(n), "1 to 64 ranks");
+      o.ranks = static_cast<int>(n);
     } else if (arg == "--dir") {
       o.dir = value();
     } else if (arg == "--json") {
@@ -595,7 +655,7 @@ Options parse(int argc, char** argv) {
           "                   [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]\n"
           "                   [--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise]\n"
           "                   [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]\n"
-          "                   [--json FILE] [--save-config FILE]\n");
+          "                   [--ranks N] [--json FILE] [--save-config FILE]\n");
       std::exit(2);
     }
   }
@@ -656,15 +716,23 @@ Result<RunResult> run(const Options& o) {
   // The run's directories, gone however it ends (declared first: the swap
   // stores that use them are closed before).
   struct Dirs {
-    std::string root, swap, isolated;
+    std::string root, swap, isolated, store;
+    int ranks = 1;
     ~Dirs() {
+      for (int k = 0; k < ranks && ranks > 1; ++k) {
+        const std::string d = str_cat(swap, "/rank-", k);
+        ::unlink(str_cat(d, "/", nvme::SwapStore::kLockFileName).c_str());
+        ::rmdir(d.c_str());
+      }
       for (const std::string* d : {&swap, &isolated}) {
         ::unlink(str_cat(*d, "/", nvme::SwapStore::kLockFileName).c_str());
         ::rmdir(d->c_str());
       }
+      if (!store.empty()) std::filesystem::remove_all(store);
       ::rmdir(root.c_str());
     }
   } dirs;
+  dirs.ranks = o.ranks;
   dirs.root = str_cat(o.dir, "/scale_bench.", ::getpid());
   STRATA_RETURN_IF_ERROR(make_dir(dirs.root));
   const std::string& root = dirs.root;
@@ -690,9 +758,11 @@ Result<RunResult> run(const Options& o) {
                           eng::probe_machine(eng::plan_swap_paths(config), over));
   eng::PlanOptions popt;
   popt.include_checkpoint = false;
+  popt.ranks = o.ranks;
   STRATA_ASSIGN_OR_RETURN(r.plan, eng::make_plan(config, spec, machine, popt));
   r.plan_command = str_cat("strata plan --config ", config_file, " --params ", m.params(), " --layers ",
-                           m.layers, " --gpu-memory ", o.device_budget, " --no-checkpoint");
+                           m.layers, " --gpu-memory ", o.device_budget, " --no-checkpoint",
+                           o.ranks > 1 ? str_cat(" --ranks ", o.ranks) : std::string());
   r.state_bytes = 4 + static_cast<std::uint64_t>(r.plan.state.moment_bytes) + r.plan.state.compute_bytes +
                   r.plan.state.gradient_bytes;
   std::printf(
@@ -745,6 +815,9 @@ Result<RunResult> run(const Options& o) {
   if (o.bound && o.state != "fp32") {
     r.no_bound_why = "the isolated sample's Adam and disk blocks are fp32 state's (12 B per parameter)";
   }
+  if (o.bound && o.ranks > 1) {
+    r.no_bound_why = "with ranks the isolated resources (shared CPU and disk, the collectives) are not measured yet";
+  }
   const bool bound = o.bound && r.no_bound_why.empty();
   Shape planned;
   planned.bytes = {r.plan.configured.traffic.host_to_device_bytes,
@@ -778,46 +851,60 @@ Result<RunResult> run(const Options& o) {
     r.samples.push_back(s);
   }
 
-  // Training.
-  {
-    STRATA_ASSIGN_OR_RETURN(auto driver, Driver::create(config, m, pattern));
-    r.finalize_s = driver->finalize_s();
-    r.task_device_bytes = driver->task_device_bytes();
-    std::printf("finalize: %.1f s (initial values written to their tiers)\n", r.finalize_s);
-    std::printf("%5s %9s %12s %10s %10s %10s %10s %10s %10s %10s %10s\n", "step", "step s", "loss", "h2d",
-                "d2h", "disk rd", "disk wr", "rss", "rss peak", "pinned", "disk");
-    std::fflush(stdout);
-    for (int k = 0; k < o.steps; ++k) {
-      STRATA_ASSIGN_OR_RETURN(StepRecord s, driver->step());
-      std::printf("%5d %9.3f %12.6g %10s %10s %10s %10s %10s %10s %10s %10s\n", k + 1, s.seconds, s.loss,
-                  core::format_bytes(s.stats.bytes.h2d).c_str(),
-                  core::format_bytes(s.stats.bytes.d2h).c_str(),
-                  core::format_bytes(s.stats.bytes.nvme_read).c_str(),
-                  core::format_bytes(s.stats.bytes.nvme_write).c_str(), core::format_bytes(s.rss.now).c_str(),
-                  core::format_bytes(s.rss.peak).c_str(), core::format_bytes(s.pinned_used).c_str(),
-                  core::format_bytes(s.disk_used).c_str());
-      std::fflush(stdout);
-      r.peaks.disk = std::max(r.peaks.disk, s.disk_used);
-      r.steps.push_back(s);
+  // Training: one engine, or one per rank (threads meeting over Gloo, rank
+  // 0's steps printed), each held to the plan.
+  std::vector<Trained> ranks(static_cast<std::size_t>(o.ranks));
+  if (o.ranks == 1) {
+    STRATA_ASSIGN_OR_RETURN(ranks[0], train(config, m, pattern, {}, o.steps, true));
+  } else {
+    const std::string store = str_cat(root, "/rendezvous");
+    STRATA_RETURN_IF_ERROR(make_dir(store));
+    dirs.store = store;
+    std::vector<Status> failed(ranks.size());
+    std::vector<std::thread> threads;
+    for (int k = 0; k < o.ranks; ++k) {
+      threads.emplace_back([&, k] {
+        partition::CommunicatorOptions c;
+        c.backend = "gloo";
+        c.rank = k;
+        c.size = o.ranks;
+        c.store_dir = store;
+        c.prefix = "scale_bench";
+        auto t = train(config, m, pattern, c, o.steps, k == 0);
+        if (t.ok()) {
+          ranks[static_cast<std::size_t>(k)] = *std::move(t);
+        } else {
+          failed[static_cast<std::size_t>(k)] = std::move(t).status().annotate(str_cat("rank ", k));
+        }
+      });
     }
-    STRATA_RETURN_IF_ERROR(driver->settle());
-    const eng::Engine& e = driver->engine();
-    const std::uint64_t dpeak = e.device_budget().peak_bytes();
-    r.peaks.device = dpeak > r.task_device_bytes ? dpeak - r.task_device_bytes : 0;
-    r.peaks.pinned = e.pinned_budget().peak_bytes();
-    r.peaks.staging = e.staging_budget().peak_bytes();
+    for (std::thread& t : threads) t.join();
+    for (Status& s : failed) STRATA_RETURN_IF_ERROR(std::move(s));
   }
+  r.steps = ranks[0].steps;
+  r.peaks = ranks[0].peaks;
+  r.finalize_s = ranks[0].finalize_s;
+  r.task_device_bytes = ranks[0].task_device_bytes;
 
   // The steps after the first (the engine's learning step, which has no
-  // prefetches and no kept copies yet) are the steady ones.
+  // prefetches and no kept copies yet) are the steady ones, with overlap
+  // "delayed" those after the second (the first to commit a pending update,
+  // whose forward finds two groups' copies still kept); every rank's tiers
+  // and bytes are held to the plan.
+  const std::size_t first_steady = o.overlap == eng::OverlapMode::kDelayed ? 2 : 1;
   std::vector<Shape> steady;
-  std::vector<eng::StepBytes> steady_bytes;
-  for (std::size_t k = 1; k < r.steps.size(); ++k) {
-    steady.push_back(r.steps[k].shape());
-    steady_bytes.push_back(r.steps[k].stats.bytes);
-  }
+  for (std::size_t k = first_steady; k < r.steps.size(); ++k) steady.push_back(r.steps[k].shape());
   r.typical = typical_shape(steady);
-  r.checks = compare(r.plan.configured, r.peaks, steady_bytes);
+  for (std::size_t k = 0; k < ranks.size(); ++k) {
+    std::vector<eng::StepBytes> steady_bytes;
+    for (std::size_t s = first_steady; s < ranks[k].steps.size(); ++s) {
+      steady_bytes.push_back(ranks[k].steps[s].stats.bytes);
+    }
+    for (Check c : compare(r.plan.configured, ranks[k].peaks, steady_bytes)) {
+      if (o.ranks > 1) c.what = str_cat("rank ", k, ": ", c.what);
+      r.checks.push_back(std::move(c));
+    }
+  }
   r.loss_falls = r.steps.back().loss < r.steps.front().loss;
   for (std::size_t k = 1; k < r.steps.size(); ++k) {
     r.loss_falls = r.loss_falls && r.steps[k].loss <= r.steps[k - 1].loss;
@@ -898,6 +985,7 @@ JsonWriter to_json(const Options& o, const RunResult& r) {
   j.integer("ram_bytes", static_cast<std::int64_t>(r.plan.machine.ram_bytes));
   j.str("placement", keys_of(o.placement).name).str("overlap", eng::to_string(o.overlap)).str("optimizer", o.optimizer);
   j.str("optimizer_state", o.state);
+  j.integer("ranks", o.ranks);
   j.integer("layers", m.layers).integer("layer_elems", m.layer_elems).integer("params", m.params());
   j.integer("training_state_bytes", static_cast<std::int64_t>(r.state_bytes) * m.params());
   j.num("median_step_s", r.step_s);

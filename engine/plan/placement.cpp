@@ -139,6 +139,8 @@ struct Evaluation {
   std::uint64_t state_of(std::int64_t n) const { return n >= (std::int64_t{1} << 58) ? UINT64_MAX : spec.state_bytes(n); }
   std::string prec;              // "bf16", "fp16", "fp32"
   bool threaded = false;         // Schedule::threaded
+  // Whether the step runs early jobs (Step::early_jobs: none with several ranks).
+  bool early_jobs() const { return N == 1 && schedule.early_jobs(StepRules::of(cfg)); }
   // The trainable parameters' optimizer state, by the layout's rule (tier.h).
   std::int64_t t_gpu = 0;
   std::int64_t t_keep = 0;  // CPU-updated and resident in pinned memory
@@ -238,14 +240,21 @@ void add_gradients(Evaluation& e) {
   } else {
     e.add("host_gradients", Tier::kPinned, sat_mul(u64(e.T_rank), g),
           count_times(e.T_rank, g, str_cat("the rank's shards, fp32: summed over ", e.N, " ranks")));
-    // The pass sums a group's fp32 gradients over the ranks beside its shard;
-    // the optimizer gathers a group's new compute copies from every rank.
+    // The pass writes a group's fp32 gradients to sum over the ranks, and
+    // takes the rank's shard of the sum; the optimizer gathers a group's new
+    // compute copies from every rank. The staging cache reuses buffers by
+    // exact size: a sum or a gather the size of a group's compute copies
+    // takes a gradient staging buffer (returned by then), not memory of its own.
     const std::uint64_t padded = u64(e.shape.group_padded), shard = u64(e.shape.group_trainable);
-    e.add("rank_gradient_sums", Tier::kPinned, sat_mul(padded + shard, 4),
-          str_cat(group_digits(padded), " + ", group_digits(shard),
-                  " x 4 B (a group's fp32 gradients to sum over the ranks, and the rank's shard of the sum)"));
-    e.add("rank_compute_gather", Tier::kPinned, sat_mul(padded, c),
-          count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
+    const std::uint64_t sum = sat_mul(shard, 4) == e.group_bytes ? 0 : sat_mul(shard, 4);
+    e.add("rank_gradient_sums", Tier::kPinned, sat_add(sat_mul(padded, 4), sum),
+          str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients to sum over the ranks)",
+                  sum > 0 ? str_cat(" + ", group_digits(shard), " x 4 B (the rank's shard of the sum)")
+                          : std::string(" (the shard of the sum reuses a staging buffer)")));
+    if (sat_mul(padded, c) != e.group_bytes) {
+      e.add("rank_compute_gather", Tier::kPinned, sat_mul(padded, c),
+            count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
+    }
   }
   // The framework writes each group's gradients into a device buffer; the
   // threaded schedules hold those on their way down within
@@ -261,15 +270,18 @@ void add_gradients(Evaluation& e) {
   // step_end (the framework may still read the home: Optimizer::run).
   const StepRules rules = StepRules::of(e.cfg);
   const bool views_held =
-      e.pl.param_device == OffloadDevice::kNone && e.schedule.early_jobs(rules) && rules.certain();
+      e.pl.param_device == OffloadDevice::kNone && e.early_jobs() && rules.certain();
   // A group's gradients in its pass, as copied down and packed into the
   // trainable layout, and the next group's as they come down; while the
   // views pile up, two groups are still to pass when a third staging is
   // in use, so the peak counts the last group's only.
-  const std::int64_t staged = views_held ? 1 : 3;
+  // With several ranks the next group's gradients come down once the pass
+  // has summed this one's over the ranks (the pass thread copies them).
+  const std::int64_t staged = views_held ? 1 : e.N > 1 ? 2 : 3;
   e.add("gradient_staging", Tier::kPinned, sat_mul(e.group_bytes, u64(staged)),
         str_cat(e.groups_of(staged), " x ", c, " B (",
                 views_held ? "the last group's in its pass, when every view is held"
+                : e.N > 1  ? "gradients in their pass, copied down and packed"
                            : "gradients in their pass, copied down and packed, and the next group's coming down",
                 ")"));
   if (views_held) {
@@ -333,7 +345,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
     w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
     w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
-  return pinned_working(w, e.threaded, e.schedule.early_jobs(StepRules::of(e.cfg)));
+  return pinned_working(w, e.threaded, e.early_jobs());
 }
 
 // What finalize counts as held in pinned memory before the step's working
