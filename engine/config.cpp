@@ -57,6 +57,10 @@ core::Result<Config> parse_config_unsafe(std::string_view text, const ParseOptio
     return Status::invalid_argument(
         str_cat("ParseOptions.total_num_steps: ", options.total_num_steps, " must be >= 0"));
   }
+  if (options.world_size < 1 || options.world_size > (1 << 20)) {
+    return Status::invalid_argument(
+        str_cat("ParseOptions.world_size: ", options.world_size, " must be in [1, 1048576]"));
+  }
   Json root;
   STRATA_RETURN_IF_ERROR(parse_json(text, &root));
   if (!root.is_object()) {
@@ -125,6 +129,7 @@ core::Result<Config> parse_config_unsafe(std::string_view text, const ParseOptio
   }
   warn_overridden_nvme_paths(ctx, c, nvme_paths_given);
   c.strata.strict = c.strata.strict || options.strict;
+  c.world_size = options.world_size;
   c.warnings = ctx.take_warnings();
   return c;
 }

@@ -284,14 +284,15 @@ struct ConfigWarning {
 };
 
 struct Config {
-  // Batch sizes, resolved as DeepSpeed does with one process:
-  // train_batch_size = micro_batch x gradient_accumulation_steps.
+  // Batch sizes, resolved as DeepSpeed does: train_batch_size = micro_batch
+  // x gradient_accumulation_steps x world_size (ParseOptions::world_size).
   std::int64_t train_batch_size = 1;
   std::int64_t train_micro_batch_size_per_gpu = 1;
   std::int64_t gradient_accumulation_steps = 1;
   double gradient_clipping = 0.0;  // max global norm; 0: off
-  // Data-parallel ranks: Engine::create's (no config key; 1 when parsed).
-  // A step's gradient is the mean over micro_batches_per_step() micro-batches.
+  // Data-parallel ranks: ParseOptions::world_size's (no config key), then
+  // Engine::create's. A step's gradient is the mean over
+  // micro_batches_per_step() micro-batches.
   int world_size = 1;
   std::int64_t micro_batches_per_step() const { return gradient_accumulation_steps * world_size; }
 
@@ -328,6 +329,12 @@ struct ParseOptions {
   std::int64_t total_num_steps = 0;
   // Overrides "strata.strict" when true.
   bool strict = false;
+  // The data-parallel ranks the config is for (DeepSpeed's world size):
+  // train_batch_size = train_micro_batch_size_per_gpu x
+  // gradient_accumulation_steps x world_size, each rank taking
+  // micro-batches of train_micro_batch_size_per_gpu. Sets Config::world_size.
+  // The C API and strata.torch pass the engine's ranks.
+  int world_size = 1;
 };
 
 // Parses and validates a JSON document (comments // and /* */ are allowed, as

@@ -5,6 +5,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -93,8 +94,28 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
   STRATA_ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::create(config.scheduler, config.optimizer.lr));
+  // The batch keys were resolved for config.world_size ranks (ParseOptions):
+  // for this run's, or for one process (a C++ caller's config, each rank
+  // then taking gradient_accumulation_steps micro-batches a step).
+  if (config.world_size != ranks.size && config.world_size != 1) {
+    return Status::invalid_argument(str_cat(
+        "ranks: the config's batch sizes were resolved for a world size of ", config.world_size,
+        " (ParseOptions::world_size) and this engine is one of ", ranks.size,
+        " ranks: parse the config with the run's world size"));
+  }
   Config with_ranks = config;
   with_ranks.world_size = ranks.size;
+  if (config.world_size != ranks.size) {
+    std::int64_t train = 0;
+    if (__builtin_mul_overflow(config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps,
+                               static_cast<std::int64_t>(ranks.size), &train)) {
+      return Status::invalid_argument("ranks: train_batch_size over the ranks overflows a 64-bit integer");
+    }
+    with_ranks.train_batch_size = train;
+    STRATA_LOG(kInfo) << "ranks: the config's batch sizes were resolved for one process: each of the " << ranks.size
+                      << " ranks takes " << config.gradient_accumulation_steps << " micro-batch(es) of "
+                      << config.train_micro_batch_size_per_gpu << " a step, train_batch_size " << train;
+  }
   std::unique_ptr<Engine> e(new Engine(with_ranks));
   const gpu::DeviceBudgets budgets{&e->shared_device_->device_budget, &e->shared_device_->pinned_budget};
   if (config.strata.device == DeviceKind::kHost) {
@@ -154,6 +175,20 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     }
     e->ranks_.grads = std::move(grads).value();
     e->ranks_.weights = std::move(weights).value();
+    if (ranks.store_is_the_runs) {
+      // Every rank has met over both communicators: the run's private
+      // rendezvous directory is not read again. Rank 0 removes it once all
+      // are past this barrier, so a later engine of the run meets in a fresh one.
+      STRATA_RETURN_IF_ERROR(e->ranks_.weights->barrier().annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks")));
+      if (ranks.rank == 0) {
+        std::error_code ec;
+        std::filesystem::remove_all(ranks.store_dir, ec);
+        if (ec) {
+          STRATA_LOG(kWarn) << "ranks: could not remove the rendezvous directory " << ranks.store_dir << ": "
+                            << ec.message();
+        }
+      }
+    }
     if (config.zero.stage == 3 && ranks.rank == 0) {
       STRATA_LOG(kInfo) << "zero_optimization.stage 3 with " << ranks.size
                         << " ranks: the optimizer state is sharded; the compute copies are kept whole on each "

@@ -64,6 +64,10 @@ struct CommunicatorOptions {
   // each run needs its own (or `prefix`).
   std::string store_dir;
   std::string prefix = "strata";  // keys of this run in the store
+  // The store is this run's alone (the launcher's default private directory,
+  // partition/launch.h): once every rank has met, the caller that made the
+  // run's communicators may remove it (Engine::create does, on rank 0).
+  bool store_is_the_runs = false;
   std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // each collective
   // Meeting the others (make_communicator): across machines it may take minutes.

@@ -147,6 +147,7 @@ core::Result<CommunicatorOptions> communicator_options(const Launch& launch, con
                                                 "STRATA_RENDEZVOUS_DIR"));
     }
     if (run_id.empty()) run_id = "run";
+    o.store_is_the_runs = true;
   } else {
     if (run_id.empty()) {
       return Status::invalid_argument(str_cat("STRATA_RENDEZVOUS_DIR is set and the launcher (", launch.launcher,

@@ -247,8 +247,14 @@ core::Result<engine::ParseOptions> parse_options(const strata_config_options* in
         fn, ": options->", o.total_num_steps < 0 ? "total_num_steps" : "hidden_size", " is ",
         o.total_num_steps < 0 ? o.total_num_steps : o.hidden_size, "; it must be >= 0 (0: not given)"));
   }
-  return engine::ParseOptions{
-      .hidden_size = o.hidden_size, .total_num_steps = o.total_num_steps, .strict = o.strict != 0};
+  if (o.world_size < 0) {
+    return core::Status::invalid_argument(
+        core::str_cat(fn, ": options->world_size is ", o.world_size, "; it must be >= 0 (0: one, or the engine's ranks)"));
+  }
+  return engine::ParseOptions{.hidden_size = o.hidden_size,
+                              .total_num_steps = o.total_num_steps,
+                              .strict = o.strict != 0,
+                              .world_size = o.world_size > 0 ? o.world_size : 1};
 }
 
 // The communicator options a strata_ranks describes (see strata.h).
@@ -385,11 +391,17 @@ strata_status create_engine(const char* config_json, const strata_config_options
                             strata_engine** out, const char* fn) noexcept {
   return guard([&]() -> core::Status {
     STRATA_C_NOT_NULL(fn, out);
-    STRATA_ASSIGN_OR_RETURN(const se::ParseOptions po, c_api::parse_options(options, fn));
+    STRATA_ASSIGN_OR_RETURN(se::ParseOptions po, c_api::parse_options(options, fn));
     strata::partition::CommunicatorOptions co;
     if (ranks != nullptr) {
       STRATA_ASSIGN_OR_RETURN(co, c_api::communicator_options(ranks, fn));
     }
+    // DeepSpeed's batch: train_batch_size counts every rank's micro-batches.
+    if (po.world_size != 1 && po.world_size != co.size) {
+      return core::Status::invalid_argument(core::str_cat(fn, ": options->world_size is ", po.world_size,
+                                                          " and the engine is one of ", co.size, " ranks"));
+    }
+    po.world_size = co.size;
     STRATA_ASSIGN_OR_RETURN(se::Config config, c_api::parse(config_json, po));
     auto h = std::make_unique<strata_engine>();
     STRATA_ASSIGN_OR_RETURN(h->engine, se::Engine::create(config, co));

@@ -63,6 +63,7 @@ int run_plan(const std::vector<std::string_view>& args) {
   }
   engine::ParseOptions parse_options;
   parse_options.hidden_size = parsed->model.hidden_size;
+  parse_options.world_size = parsed->options.ranks;  // train_batch_size counts every rank's micro-batches
   core::Result<engine::Config> config =
       engine::load_config_file(parsed->config_path, parse_options);
   if (!config.ok()) return fail("plan", config.status());

@@ -96,11 +96,15 @@ void read_zero_size(ObjectReader& z, Context& ctx, std::initializer_list<Spellin
 
 }  // namespace
 
-// train_batch_size = micro x gas, resolved as DeepSpeed does with one process.
+// train_batch_size = micro x gas x world size (ParseOptions::world_size),
+// resolved as DeepSpeed does.
 Status parse_batch(ObjectReader& r, Context& ctx, Config* c) {
   constexpr std::string_view kTrain = "train_batch_size";
   constexpr std::string_view kMicro = "train_micro_batch_size_per_gpu";
   constexpr std::string_view kGas = "gradient_accumulation_steps";
+  const std::int64_t world = ctx.options().world_size;
+  // " x world size (N)" in messages when there are several ranks.
+  const std::string x_world = world > 1 ? str_cat(" x the world size (", world, ")") : std::string();
   std::int64_t train = 0;
   std::int64_t micro = 0;
   std::int64_t gas = 0;
@@ -137,41 +141,51 @@ Status parse_batch(ObjectReader& r, Context& ctx, Config* c) {
       ctx.resolved(kGas, "1", "not set and train_batch_size is \"auto\"");
     }
   }
+  // What one rank's micro-batches add up to across the ranks: micro x world
+  // (kept below 2^63 by the checks below).
+  std::int64_t per_step_unit = 0;
+  if (has_micro && __builtin_mul_overflow(micro, world, &per_step_unit)) {
+    return Status::invalid_argument(str_cat(kMicro, " (", micro, ")", x_world, " overflows a 64-bit integer"));
+  }
   if (has_micro && has_gas) {
     std::int64_t product = 0;
-    if (__builtin_mul_overflow(micro, gas, &product)) {
+    if (__builtin_mul_overflow(per_step_unit, gas, &product)) {
       return Status::invalid_argument(
-          str_cat(kMicro, " (", micro, ") x ", kGas, " (", gas, ") overflows a 64-bit integer"));
+          str_cat(kMicro, " (", micro, ") x ", kGas, " (", gas, ")", x_world, " overflows a 64-bit integer"));
     }
     if (has_train && train != product) {
       return Status::invalid_argument(str_cat(kTrain, ": ", train, " != ", kMicro, " (", micro,
-                                              ") x ", kGas, " (", gas, ") = ", product));
+                                              ") x ", kGas, " (", gas, ")", x_world, " = ", product));
     }
     train = product;
   } else if (has_train && has_micro) {
-    if (train % micro != 0) {
+    if (train % per_step_unit != 0) {
       return Status::invalid_argument(
-          str_cat(kTrain, ": ", train, " is not a multiple of ", kMicro, " (", micro, ")"));
+          str_cat(kTrain, ": ", train, " is not a multiple of ", kMicro, " (", micro, ")", x_world));
     }
-    gas = train / micro;
+    gas = train / per_step_unit;
   } else if (has_train && has_gas) {
-    if (train % gas != 0) {
+    std::int64_t gas_world = 0;
+    if (__builtin_mul_overflow(gas, world, &gas_world) || train % gas_world != 0) {
       return Status::invalid_argument(
-          str_cat(kTrain, ": ", train, " is not a multiple of ", kGas, " (", gas, ")"));
+          str_cat(kTrain, ": ", train, " is not a multiple of ", kGas, " (", gas, ")", x_world));
     }
-    micro = train / gas;
+    micro = train / gas_world;
   } else if (has_train) {
-    micro = train;
+    if (train % world != 0) {
+      return Status::invalid_argument(str_cat(kTrain, ": ", train, " is not a multiple of the world size (", world, ")"));
+    }
+    micro = train / world;
     gas = 1;
   } else if (has_micro) {
-    train = micro;
+    train = per_step_unit;
     gas = 1;
   } else {
     return Status::invalid_argument(str_cat(
         kTrain, ", ", kMicro, ": neither is set; give at least one of them (DeepSpeed needs one: ",
         kGas, " alone does not determine the batch)"));
   }
-  if (train_auto) ctx.resolved(kTrain, str_cat(train), str_cat(kMicro, " x ", kGas));
+  if (train_auto) ctx.resolved(kTrain, str_cat(train), str_cat(kMicro, " x ", kGas, world > 1 ? " x the world size" : ""));
   c->train_batch_size = train;
   c->train_micro_batch_size_per_gpu = micro;
   c->gradient_accumulation_steps = gas;

@@ -579,6 +579,22 @@ static void options_checks(void) {
   CHECK(json != NULL && strstr(json, "\"reduce_bucket_size\": 500000000") != NULL);
   strata_string_free(json);
 
+  /* The world size (0.5): train_batch_size counts every rank's micro-batches,
+   * as DeepSpeed does: 16 over 2 ranks of 4 is 2 micro-batches a step each. */
+  const char* batch = "{\"train_batch_size\": 16, \"train_micro_batch_size_per_gpu\": 4}";
+  o.struct_size = sizeof o;
+  o.hidden_size = 0;
+  o.world_size = 2;
+  CHECK_OK(strata_config_resolve_ex(batch, &o, &json));
+  CHECK(json != NULL && strstr(json, "\"gradient_accumulation_steps\": 2") != NULL);
+  strata_string_free(json);
+  o.world_size = 3;
+  CHECK_STATUS(strata_config_check_ex(batch, &o, NULL), STRATA_STATUS_INVALID_ARGUMENT,
+               "is not a multiple of train_micro_batch_size_per_gpu (4) x the world size (3)");
+  o.world_size = -1;
+  CHECK_STATUS(strata_config_check_ex(batch, &o, NULL), STRATA_STATUS_INVALID_ARGUMENT, "options->world_size is -1");
+  o.world_size = 0;
+
   /* Bad options name what is wrong; nothing is written. */
   o.struct_size = 0;
   CHECK_STATUS(strata_engine_create_ex(decay, &o, &e), STRATA_STATUS_INVALID_ARGUMENT, "struct_size");

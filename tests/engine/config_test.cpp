@@ -216,6 +216,42 @@ TEST(Config, BatchSizesResolveAsDeepSpeedDoesWithOneProcess) {
   }
 }
 
+TEST(Config, BatchSizesCountEveryRankWithAWorldSize) {
+  // DeepSpeed's rule on 4 ranks: train_batch_size = micro x gas x 4.
+  struct Case {
+    const char* json;
+    std::int64_t train, micro, gas;
+  };
+  const Case cases[] = {
+      {R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4})", 32, 4, 2},
+      {R"({"train_batch_size": 32, "gradient_accumulation_steps": 4})", 32, 2, 4},
+      {R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8})", 128, 4, 8},
+      {R"({"train_batch_size": 16})", 16, 4, 1},
+      {R"({"train_micro_batch_size_per_gpu": 3})", 12, 3, 1},
+  };
+  ParseOptions four;
+  four.world_size = 4;
+  for (const Case& k : cases) {
+    Result<Config> c = parse_config(k.json, four);
+    ASSERT_TRUE(c.ok()) << c.status() << " in " << k.json;
+    EXPECT_EQ(c->train_batch_size, k.train) << k.json;
+    EXPECT_EQ(c->train_micro_batch_size_per_gpu, k.micro) << k.json;
+    EXPECT_EQ(c->gradient_accumulation_steps, k.gas) << k.json;
+    EXPECT_EQ(c->world_size, 4);
+    EXPECT_EQ(c->micro_batches_per_step(), 4 * k.gas);
+  }
+  expect_error(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4})",
+               {"train_batch_size: 32 != train_micro_batch_size_per_gpu (4) x gradient_accumulation_steps (4) x the "
+                "world size (4) = 64"},
+               four);
+  expect_error(R"({"train_batch_size": 10})", {"train_batch_size: 10 is not a multiple of the world size (4)"}, four);
+  expect_error(R"({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4})",
+               {"is not a multiple of train_micro_batch_size_per_gpu (4) x the world size (4)"}, four);
+  ParseOptions none;
+  none.world_size = 0;
+  expect_error(R"({"train_batch_size": 8})", {"ParseOptions.world_size: 0"}, none);
+}
+
 TEST(Config, BatchErrorsNameTheKeysAndValues) {
   expect_error("{}", {"train_batch_size", "train_micro_batch_size_per_gpu", "neither is set"});
   expect_error(R"({"gradient_accumulation_steps": 4})",

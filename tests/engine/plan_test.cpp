@@ -435,7 +435,9 @@ TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 4 * shard);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 8 * shard);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_gradient_sums"), 4 * (group + group / 4));
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_compute_gather"), 2 * group);
+  // A group's gathered compute copies are a gradient staging buffer's size: they reuse one.
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_compute_gather"), 0u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 2 * (2 * group));
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), (2 * t + 12 * t) / 4);
   EXPECT_EQ(p.traffic.network_bytes, 6 * t / 4 * 3);
   EXPECT_EQ(p.traffic.device_to_host_bytes, 2 * t);  // every micro-batch's gradients come down whole

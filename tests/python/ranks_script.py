@@ -6,7 +6,11 @@ step s is batch s * world + r). Writes this rank's result to
 norm of every step, its losses; then every rank saves a checkpoint into
 <out>/ckpt and exports into <out>/export.
 
-usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP"""
+With a sixth argument "torch_distributed" the script initialises
+torch.distributed's process group (Gloo, from torchrun's environment) first,
+and strata.torch takes the ranks from it.
+
+usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed]"""
 import os
 import sys
 
@@ -24,6 +28,8 @@ import strata.torch  # noqa: E402
 
 def main():
     out, swap, precision, steps, clip = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+    if len(sys.argv) > 6 and sys.argv[6] == "torch_distributed":
+        torch.distributed.init_process_group("gloo")
     model = helpers.tiny_llama(seed=0)
     cfg = helpers.config(swap, "optimizer_cpu", precision, gas=1, clip=clip, lr=3e-3, weight_decay=0.01)
     try:

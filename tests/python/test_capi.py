@@ -64,6 +64,12 @@ def test_total_num_steps_and_strict_reach_the_config_when_passed(swap_dir):
         strata.config_check(cfg, total_num_steps=-3)
     with pytest.raises(TypeError, match=r"total_num_steps must be an int"):
         strata.Engine(cfg, total_num_steps=7.5)
+    # DeepSpeed's batch over ranks: 16 sequences on 2 ranks of 4 is 2 micro-batches each.
+    batch = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 4}
+    assert strata.config_resolve(batch, world_size=2)["gradient_accumulation_steps"] == 2
+    assert strata.config_resolve(batch)["gradient_accumulation_steps"] == 4
+    with pytest.raises(strata.InvalidArgument, match=r"x the world size \(3\)"):
+        strata.config_check(batch, world_size=3)
 
 
 def test_library_lookup_names_what_it_tried(tmp_path):

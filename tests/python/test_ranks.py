@@ -10,6 +10,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
 import torch
@@ -19,6 +21,7 @@ import strata.torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STEPS, CLIP, WORLD = 8, 0.5, 2
+START = time.time()
 
 
 def free_port():
@@ -27,7 +30,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(tmp_path, precision):
+def torchrun(tmp_path, precision, *extra):
     """Runs ranks_script.py on WORLD ranks; returns every rank's result."""
     out = tmp_path / "out"
     out.mkdir()
@@ -38,13 +41,22 @@ def torchrun(tmp_path, precision):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD), "--master_addr",
            "127.0.0.1", "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--log_dir",
            str(tmp_path / "logs"), os.path.join(HERE, "ranks_script.py"), str(out), str(swap), precision,
-           str(STEPS), str(CLIP)]
+           str(STEPS), str(CLIP), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     if (out / "skip").exists():
         pytest.skip((out / "skip").read_text())
     return [torch.load(out / f"rank{k}.pt") for k in range(WORLD)]
+
+
+def assert_no_rendezvous_left():
+    """No rendezvous folder of this test's runs stays in the temporary directory
+    (the launcher's default one and strata.torch's are removed once the ranks met)."""
+    tmp = tempfile.gettempdir()
+    left = [n for n in os.listdir(tmp) if n.startswith(("strata-rendezvous-", "strata-torch-rendezvous-"))
+            and os.path.getmtime(os.path.join(tmp, n)) >= START]
+    assert not left, f"rendezvous folders left in {tmp}: {left}"
 
 
 def merged(results):
@@ -74,6 +86,7 @@ def one_rank(swap_dir, precision):
 
 def test_two_ranks_bf16_are_one_rank_accumulating_bit_for_bit(tmp_path, swap_dir):
     results = torchrun(tmp_path, "bf16")
+    assert_no_rendezvous_left()
     want, want_norms = one_rank(swap_dir, "bf16")
     assert sum(n > CLIP for n in want_norms) >= STEPS // 2, "clipping must fire for the test to mean anything"
     for k, r in enumerate(results):
@@ -94,6 +107,18 @@ def test_two_ranks_bf16_are_one_rank_accumulating_bit_for_bit(tmp_path, swap_dir
     assert exported
     for name, w in exported.items():
         assert torch.equal(w, want[name]), f"{name}: the export differs from the masters"
+
+
+def test_ranks_taken_from_an_initialised_torch_distributed_group(tmp_path, swap_dir):
+    # The script initialises torch.distributed (Gloo) first: strata.torch takes
+    # rank, size and a rendezvous folder broadcast over it, and trains as with
+    # the launcher's environment: bit for bit one rank accumulating.
+    results = torchrun(tmp_path, "bf16", "torch_distributed")
+    want, want_norms = one_rank(swap_dir, "bf16")
+    for k, r in enumerate(results):
+        assert r["norms"] == want_norms, f"rank {k}: norms {r['norms']} vs one rank {want_norms}"
+    helpers.assert_same_bits(merged(results), want, "two ranks from torch.distributed vs one rank accumulating")
+    assert_no_rendezvous_left()
 
 
 def test_two_ranks_fp32_match_torch_adamw(tmp_path):

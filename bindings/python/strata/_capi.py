@@ -65,7 +65,7 @@ INIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.
 
 class ConfigOptions(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("strict", ctypes.c_int32), ("total_num_steps", ctypes.c_int64),
-                ("hidden_size", ctypes.c_int64)]
+                ("hidden_size", ctypes.c_int64), ("world_size", ctypes.c_int32)]
 
 
 class Ranks(ctypes.Structure):

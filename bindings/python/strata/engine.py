@@ -64,11 +64,13 @@ def _config_text(config):
     raise TypeError(f"strata: config must be a dict, a JSON string or a path, not {type(config).__name__}")
 
 
-def _options(total_num_steps, hidden_size, strict):
+def _options(total_num_steps, hidden_size, strict, world_size=None):
     """strata_config_options: what the program knows that the config may leave
-    to it ("auto"). None or 0: not given."""
+    to it ("auto"), and the ranks DeepSpeed's train_batch_size counts. None or
+    0: not given."""
     o = _capi.new(_capi.ConfigOptions)
-    for name, value in (("total_num_steps", total_num_steps), ("hidden_size", hidden_size)):
+    for name, value in (("total_num_steps", total_num_steps), ("hidden_size", hidden_size),
+                        ("world_size", world_size)):
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int):
@@ -106,22 +108,24 @@ def _ranks(ranks):
     return r, keep
 
 
-def config_check(config, *, total_num_steps=None, hidden_size=None, strict=False):
+def config_check(config, *, total_num_steps=None, hidden_size=None, strict=False, world_size=None):
     """Checks a config without creating an engine; returns its warning count.
     total_num_steps resolves "auto" in scheduler.params.total_num_steps,
-    hidden_size the "auto" bucket sizes, and strict makes unknown keys errors
-    (docs/config.md, "auto"). Raises InvalidArgument naming the key path."""
+    hidden_size the "auto" bucket sizes, strict makes unknown keys errors
+    (docs/config.md, "auto"), and world_size is the data-parallel ranks
+    train_batch_size counts (DeepSpeed's rule; default one). Raises
+    InvalidArgument naming the key path."""
     warnings = ctypes.c_uint32(0)
-    o = _options(total_num_steps, hidden_size, strict)
+    o = _options(total_num_steps, hidden_size, strict, world_size)
     check(_lib.strata_config_check_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(warnings)))
     return warnings.value
 
 
-def config_resolve(config, *, total_num_steps=None, hidden_size=None, strict=False):
+def config_resolve(config, *, total_num_steps=None, hidden_size=None, strict=False, world_size=None):
     """The resolved config (every key, defaults filled in) as a dict; the
     keyword arguments as config_check's."""
     out = ctypes.c_void_p()
-    o = _options(total_num_steps, hidden_size, strict)
+    o = _options(total_num_steps, hidden_size, strict, world_size)
     check(_lib.strata_config_resolve_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(out)))
     try:
         return json.loads(ctypes.string_at(out.value).decode())

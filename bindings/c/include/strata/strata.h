@@ -129,8 +129,13 @@ typedef struct strata_config_options {
                               stage3_prefetch_bucket_size (0.9 h^2) and
                               stage3_param_persistence_threshold (10 h), as the Hugging Face
                               integration does; 0: unknown (DeepSpeed's defaults apply) */
+  int32_t world_size;      /* (since 0.5) the data-parallel ranks the config is for, >= 0:
+                              train_batch_size = train_micro_batch_size_per_gpu x
+                              gradient_accumulation_steps x world_size, as DeepSpeed counts it;
+                              0: one (strata_config_check_ex, strata_config_resolve_ex) or the
+                              engine's ranks (strata_engine_create_ranked sets it) */
 } strata_config_options;
-#define STRATA_CONFIG_OPTIONS_INIT {(uint32_t)sizeof(strata_config_options), 0, 0, 0}
+#define STRATA_CONFIG_OPTIONS_INIT {(uint32_t)sizeof(strata_config_options), 0, 0, 0, 0}
 
 /* strata_config_check and strata_config_resolve with options (0.3). options
  * is borrowed; NULL means STRATA_CONFIG_OPTIONS_INIT. Errors as theirs, and

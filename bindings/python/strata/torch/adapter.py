@@ -36,6 +36,10 @@ How it works, in one place:
   to a plain one holding its compute copy. state_dict, export and
   checkpoints: checkpoints.py.
 """
+import shutil
+import tempfile
+import uuid
+
 import torch
 
 from .. import errors
@@ -49,6 +53,38 @@ from .setup import Setup
 from .write_check import WriteCheck
 
 
+def _torch_distributed_ranks():
+    """The ranks of torch.distributed's default process group, or 0 when none is initialised."""
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return 0
+    return dist.get_world_size()
+
+
+def _ranks_from_torch_distributed():
+    """strata's ranks from an initialised torch.distributed process group: its
+    rank and size, and a rendezvous folder (rank 0's, under the temporary
+    directory: the ranks share this machine's file system) and run id that
+    rank 0 makes and broadcasts over the group. Returns (ranks, rendezvous),
+    rendezvous to pass to _end_rendezvous once the engine is made."""
+    dist = torch.distributed
+    rank, size = dist.get_rank(), dist.get_world_size()
+    made = [tempfile.mkdtemp(prefix="strata-torch-rendezvous-"), uuid.uuid4().hex] if rank == 0 else [None, None]
+    # broadcast_object_list sends through the group's backend (with NCCL, from
+    # this rank's current CUDA device, which the caller has set).
+    dist.broadcast_object_list(made, src=0)
+    store_dir, run_id = made
+    return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
+
+
+def _end_rendezvous(rendezvous):
+    """Once every rank's engine is made (or failed), rank 0 removes the rendezvous folder."""
+    rank, store_dir = rendezvous
+    torch.distributed.barrier()
+    if rank == 0:
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
 class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkpoints):
     """A PyTorch module trained through strata. Made by initialize()."""
 
@@ -60,8 +96,20 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         self.module = model
         text = _engine._config_text(config)  # a path is read once
         known = dict(total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict)
-        self.config = _engine.config_resolve(text, **known)
-        self._engine = _engine.Engine(text, ranks=ranks, **known)
+        rendezvous = None
+        if ranks == "launcher" and _torch_distributed_ranks() > 1:
+            ranks, rendezvous = _ranks_from_torch_distributed()
+        try:
+            self._engine = _engine.Engine(text, ranks=ranks, **known)
+        finally:
+            if rendezvous is not None:
+                _end_rendezvous(rendezvous)
+        # Resolved for the engine's ranks: train_batch_size counts every rank's micro-batches.
+        try:
+            self.config = _engine.config_resolve(text, world_size=self._engine.world_size, **known)
+        except BaseException:
+            self._engine.close()
+            raise
         self._closed = False
         self._units = []             # setup.py's (with _params, _groups, _group_list, _order, set there)
         # hooks.py
@@ -249,9 +297,11 @@ def initialize(model, config, *, blocks=None, param_groups=None, weights=None, w
         for the "auto" bucket sizes; strict: unknown keys are errors
         (docs/config.md, "auto").
     ranks: data-parallel ranks (docs/distributed.md). "launcher" (the default):
-        from the launcher's environment (torchrun or DeepSpeed's launcher,
-        mpirun, srun), one rank without one; a dict (rank, size, store_dir, ...)
-        as strata.Engine takes; None: this process alone, whatever launched it.
+        torch.distributed's default process group when one is initialised (its
+        rank and size; the rendezvous folder broadcast over it), else the
+        launcher's environment (torchrun or DeepSpeed's launcher, mpirun,
+        srun), one rank without one; a dict (rank, size, store_dir, ...) as
+        strata.Engine takes; None: this process alone, whatever launched it.
         Every rank runs the same model and calls on its own micro-batches; the
         gradients are averaged over all of them.
     Returns a strata.torch.Engine: engine.backward(loss), engine.step().
