@@ -23,7 +23,12 @@
 // process meeting over Gloo (a file store under --dir), each with its own
 // host device and its shard of the state (docs/distributed.md), and every
 // rank's tiers and bytes per step are held to the plan of one rank of N
-// (`strata plan --ranks N`); the bound is not measured with ranks.
+// (`strata plan --ranks N`). Each rank's bound takes its isolated resources
+// measured with every rank's at once (the ranks share the disk and the
+// cores, as their steps do; a barrier starts each phase together), its Adam
+// over its shard, and the collectives of a step (the reduce-scatter of each
+// layer's fp32 gradients and the all-gather of its compute copies, timed on
+// N threads over Gloo) added to the CPU's time, which they take on loopback.
 //
 // docs/benchmarks.md ("scale") describes the run, the checks and every column.
 #include <sys/stat.h>
@@ -31,6 +36,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
+#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -511,8 +518,53 @@ Result<Trained> train(const eng::Config& config, const Model& m, const std::vect
   return t;
 }
 
+// The collectives of a step on `n` ranks (threads over Gloo meeting under
+// `store`), over `layers` layers of `layer_elems` (a multiple of n norm
+// blocks): per layer the reduce-scatter of its fp32 gradients and the
+// all-gather of its compute copies (`cb` bytes each), as the ranks' steps run
+// them, after one untimed round; the slowest rank's seconds.
+Result<double> collectives_time(int n, const std::string& store, int layers, std::int64_t layer_elems, int cb) {
+  std::vector<double> secs(static_cast<std::size_t>(n), 0.0);
+  std::vector<Status> failed(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int k = 0; k < n; ++k) {
+    threads.emplace_back([&, k] {
+      failed[static_cast<std::size_t>(k)] = [&]() -> Status {
+        partition::CommunicatorOptions c;
+        c.backend = "gloo";
+        c.rank = k;
+        c.size = n;
+        c.store_dir = store;
+        c.prefix = "scale_bench-collectives";
+        STRATA_ASSIGN_OR_RETURN(std::unique_ptr<partition::Communicator> comm, partition::make_communicator(c));
+        const auto whole = static_cast<std::size_t>(layer_elems), shard = whole / static_cast<std::size_t>(n);
+        std::vector<float> send(whole, 1.0f), sum(shard);
+        std::vector<std::byte> mine(shard * static_cast<std::size_t>(cb)), all(whole * static_cast<std::size_t>(cb));
+        const partition::DType copy_type = cb == 4 ? partition::DType::kF32 : partition::DType::kBf16;
+        for (int round = 0; round < 2; ++round) {
+          core::Stopwatch sw;
+          for (int g = 0; g < (round == 0 ? 1 : layers); ++g) {
+            STRATA_RETURN_IF_ERROR(
+                comm->reduce_scatter(send.data(), sum.data(), shard, partition::DType::kF32, partition::ReduceOp::kSum));
+            STRATA_RETURN_IF_ERROR(comm->all_gather(mine.data(), all.data(), shard, copy_type));
+          }
+          secs[static_cast<std::size_t>(k)] = sw.elapsed_s();
+        }
+        return Status();
+      }();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (Status& s : failed) STRATA_RETURN_IF_ERROR(std::move(s));
+  return *std::max_element(secs.begin(), secs.end());
+}
+
 // ---------------------------------------------------------------------------
 // The run.
+
+struct RankBound {
+  double step_s = 0, bound_s = 0, ratio = 0;
+};
 
 struct RunResult {
   Model model;
@@ -534,6 +586,10 @@ struct RunResult {
   double step_s = 0, bound_s = 0, ratio = 0;  // medians over the steps after the first
   std::uint64_t state_bytes = 16;             // training state per parameter (master, moments, copy, gradient)
   std::string no_bound_why;
+  // With ranks: the collectives of a step (added to each rank's CPU time),
+  // and each rank's median step, bound and ratio.
+  double collectives_s = 0.0;
+  std::vector<RankBound> rank_bounds;
 };
 
 Options parse(int argc, char** argv) {
@@ -716,7 +772,7 @@ Result<RunResult> run(const Options& o) {
   // The run's directories, gone however it ends (declared first: the swap
   // stores that use them are closed before).
   struct Dirs {
-    std::string root, swap, isolated, store;
+    std::string root, swap, isolated, store, collectives;
     int ranks = 1;
     ~Dirs() {
       for (int k = 0; k < ranks && ranks > 1; ++k) {
@@ -724,11 +780,18 @@ Result<RunResult> run(const Options& o) {
         ::unlink(str_cat(d, "/", nvme::SwapStore::kLockFileName).c_str());
         ::rmdir(d.c_str());
       }
+      for (int k = 0; k < ranks && ranks > 1 && !isolated.empty(); ++k) {
+        const std::string d = str_cat(isolated, "/rank-", k);
+        ::unlink(str_cat(d, "/", nvme::SwapStore::kLockFileName).c_str());
+        ::rmdir(d.c_str());
+      }
       for (const std::string* d : {&swap, &isolated}) {
         ::unlink(str_cat(*d, "/", nvme::SwapStore::kLockFileName).c_str());
         ::rmdir(d->c_str());
       }
-      if (!store.empty()) std::filesystem::remove_all(store);
+      for (const std::string* d : {&store, &collectives}) {
+        if (!d->empty()) std::filesystem::remove_all(*d);
+      }
       ::rmdir(root.c_str());
     }
   } dirs;
@@ -806,8 +869,6 @@ Result<RunResult> run(const Options& o) {
   if (o.plan_only) return r;
 
   // The isolated resources before training (the bound): a sample of whole layers.
-  std::unique_ptr<adam::CpuAdam> cpu;
-  std::unique_ptr<Isolated> iso;
   const std::vector<float> pattern = negated_target(m.layer_elems);
   if (o.bound && o.placement == Placement::kDevice) {
     r.no_bound_why = "the optimizer runs on the device: the host device's Adam stands in for no real machine";
@@ -815,40 +876,80 @@ Result<RunResult> run(const Options& o) {
   if (o.bound && o.state != "fp32") {
     r.no_bound_why = "the isolated sample's Adam and disk blocks are fp32 state's (12 B per parameter)";
   }
-  if (o.bound && o.ranks > 1) {
-    r.no_bound_why = "with ranks the isolated resources (shared CPU and disk, the collectives) are not measured yet";
-  }
   const bool bound = o.bound && r.no_bound_why.empty();
   Shape planned;
   planned.bytes = {r.plan.configured.traffic.host_to_device_bytes,
                    r.plan.configured.traffic.device_to_host_bytes, r.plan.configured.traffic.disk_read_bytes,
                    r.plan.configured.traffic.disk_write_bytes};
+  // Each rank's isolated resources (one rank's without ranks), measured
+  // with every rank's at once; the step's collectives with ranks.
+  struct Probe {
+    std::unique_ptr<adam::CpuAdam> cpu;
+    std::unique_ptr<Isolated> iso;
+    std::vector<IsoSample> samples;
+  };
+  std::vector<Probe> probes(static_cast<std::size_t>(o.ranks));
+  std::optional<std::barrier<>> phase(std::in_place, o.ranks);
+  // Measures every rank's probe at `shape` (their threads side by side), keeping the samples.
+  auto measure_all = [&](const Shape& shape, bool keep) -> Status {
+    std::vector<Status> failed(probes.size());
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      threads.emplace_back([&, k] {
+        auto s = measure_sample(*probes[k].iso, shape, r.sample_layers, m.layers);
+        if (!s.ok()) {
+          failed[k] = std::move(s).status();
+          return;
+        }
+        if (keep) probes[k].samples.push_back(*std::move(s));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (Status& s : failed) STRATA_RETURN_IF_ERROR(std::move(s));
+    return Status();
+  };
   if (bound) {
-    STRATA_ASSIGN_OR_RETURN(cpu, adam::CpuAdam::create({}));
     r.sample_layers = sample_layers;
     Model sample = m;
     sample.layers = sample_layers;
-    Isolated::Options io;
-    io.model = sample;
-    io.chunk_elems = std::min<std::int64_t>(
-        static_cast<std::int64_t>(config.strata.chunk_bytes / 4) / nx::kNormBlockElems * nx::kNormBlockElems,
-        m.layer_elems);
     dirs.isolated = str_cat(root, "/isolated");
     STRATA_RETURN_IF_ERROR(make_dir(dirs.isolated));
-    io.swap_dir = dirs.isolated;
-    io.config = config;
-    io.disk_mixed = true;  // the engine keeps reads and writes in flight together
-    io.device_work = [sample, &pattern](gpu::Device& dev, gpu::Stream& s, DeviceWork work) {
-      return task_device_time(dev, s, work, sample, pattern);
-    };
-    STRATA_ASSIGN_OR_RETURN(iso, Isolated::create(io, *cpu));
-    STRATA_RETURN_IF_ERROR(iso->set_timing({o.tflops, o.link_gbps, o.link_gbps}));
-    std::printf("isolated resources on %d of %d layers (scaled up), before training ...\n", sample_layers,
-                m.layers);
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      STRATA_ASSIGN_OR_RETURN(probes[k].cpu, adam::CpuAdam::create({}));
+      Isolated::Options io;
+      io.model = sample;
+      io.chunk_elems = std::min<std::int64_t>(
+          static_cast<std::int64_t>(config.strata.chunk_bytes / 4) / nx::kNormBlockElems * nx::kNormBlockElems,
+          m.layer_elems / o.ranks);
+      io.swap_dir = o.ranks == 1 ? dirs.isolated : str_cat(dirs.isolated, "/rank-", k);
+      if (o.ranks > 1) {
+        STRATA_RETURN_IF_ERROR(make_dir(io.swap_dir));
+        io.adam_layer_elems = m.layer_elems / o.ranks;
+        io.phase_sync = [&phase] { phase->arrive_and_wait(); };
+      }
+      io.config = config;
+      io.disk_mixed = true;  // the engine keeps reads and writes in flight together
+      io.device_work = [sample, &pattern](gpu::Device& dev, gpu::Stream& s, DeviceWork work) {
+        return task_device_time(dev, s, work, sample, pattern);
+      };
+      STRATA_ASSIGN_OR_RETURN(probes[k].iso, Isolated::create(io, *probes[k].cpu));
+      STRATA_RETURN_IF_ERROR(probes[k].iso->set_timing({o.tflops, o.link_gbps, o.link_gbps}));
+    }
+    std::printf("isolated resources on %d of %d layers (scaled up)%s, before training ...\n", sample_layers, m.layers,
+                o.ranks > 1 ? str_cat(", ", o.ranks, " ranks at once").c_str() : "");
     std::fflush(stdout);
-    STRATA_RETURN_IF_ERROR(measure_sample(*iso, planned, sample_layers, m.layers).status());  // warms up
-    STRATA_ASSIGN_OR_RETURN(IsoSample s, measure_sample(*iso, planned, sample_layers, m.layers));
-    r.samples.push_back(s);
+    STRATA_RETURN_IF_ERROR(measure_all(planned, false));  // warms up
+    STRATA_RETURN_IF_ERROR(measure_all(planned, true));
+    if (o.ranks > 1) {
+      dirs.collectives = str_cat(root, "/collectives");
+      STRATA_RETURN_IF_ERROR(make_dir(dirs.collectives));
+      STRATA_ASSIGN_OR_RETURN(const double sample_s,
+                              collectives_time(o.ranks, dirs.collectives, sample_layers, m.layer_elems,
+                                               m.compute_bytes()));
+      r.collectives_s = sample_s * m.layers / sample_layers;
+      std::printf("collectives of a step (timed on %d layers, scaled): %.3f s\n", sample_layers, r.collectives_s);
+    }
+    r.samples = probes[0].samples;
   }
 
   // Training: one engine, or one per rank (threads meeting over Gloo, rank
@@ -913,25 +1014,41 @@ Result<RunResult> run(const Options& o) {
   if (bound) {
     std::printf("isolated resources after training ...\n");
     std::fflush(stdout);
-    STRATA_ASSIGN_OR_RETURN(IsoSample s, measure_sample(*iso, r.typical, sample_layers, m.layers));
-    r.samples.push_back(s);
+    STRATA_RETURN_IF_ERROR(measure_all(r.typical, true));
     const std::uint64_t fixed = static_cast<std::uint64_t>(m.params() * m.compute_bytes());
-    r.rates = RateModel::from(r.samples, fixed, m.params());
-    r.resources = r.rates.resources(r.typical);
-    std::vector<double> steps_s, bounds_s;
-    for (std::size_t k = 0; k < r.steps.size(); ++k) {
-      StepRecord& s = r.steps[k];
-      s.bound_s = RateModel::bound(r.rates.resources(s.shape()));
-      if (k == 0) continue;
-      steps_s.push_back(s.seconds);
-      bounds_s.push_back(s.bound_s);
+    // Each rank's bound from its own samples, the collectives on the CPU's
+    // time; rank 0's figures are the run's, and each rank's ratio is kept.
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      const RateModel rates = RateModel::from(probes[k].samples, fixed, m.params() / o.ranks);
+      auto resources = [&](const Shape& shape) {
+        ResTimes t = rates.resources(shape);
+        t[kCpu] += r.collectives_s;
+        return t;
+      };
+      std::vector<double> steps_s, bounds_s;
+      for (std::size_t i = 0; i < ranks[k].steps.size(); ++i) {
+        StepRecord& s = ranks[k].steps[i];
+        s.bound_s = RateModel::bound(resources(s.shape()));
+        if (i < first_steady) continue;
+        steps_s.push_back(s.seconds);
+        bounds_s.push_back(s.bound_s);
+      }
+      RankBound b{.step_s = median(steps_s), .bound_s = median(bounds_s)};
+      b.ratio = b.bound_s > 0 ? b.step_s / b.bound_s : 0.0;
+      r.rank_bounds.push_back(b);
+      if (k == 0) {
+        r.samples = probes[0].samples;
+        r.rates = rates;
+        r.resources = resources(r.typical);
+        r.steps = ranks[0].steps;
+        r.step_s = b.step_s;
+        r.bound_s = b.bound_s;
+        r.ratio = b.ratio;
+      }
     }
-    r.step_s = median(steps_s);
-    r.bound_s = median(bounds_s);
-    r.ratio = r.bound_s > 0 ? r.step_s / r.bound_s : 0.0;
   } else {
     std::vector<double> steps_s;
-    for (std::size_t k = 1; k < r.steps.size(); ++k) steps_s.push_back(r.steps[k].seconds);
+    for (std::size_t k = first_steady; k < r.steps.size(); ++k) steps_s.push_back(r.steps[k].seconds);
     r.step_s = median(steps_s);
   }
   return r;
@@ -967,13 +1084,21 @@ void print_summary(const RunResult& r) {
   if (r.samples.empty()) return;
   const auto [a, b] = top_two(r.resources);
   std::printf(
-      "\nbound (isolated on %d of %d layers, scaled; the steps after the first): step %.3f s, bound %.3f s, "
+      "\nbound (isolated on %d of %d layers, scaled; the steady steps): step %.3f s, bound %.3f s, "
       "ratio %.3f; busiest %s %.3f s, second %s %.3f s\n",
       r.sample_layers, r.model.layers, r.step_s, r.bound_s, r.ratio, kResName[a], r.resources[a], kResName[b],
       r.resources[b]);
   std::printf("%s\n%s\n", kResourcesHeader, resources_row(r.resources, r.rates.at(r.typical)).c_str());
   std::printf("%s\n%s\n", kRatesHeader,
               rates_row(r.rates.at(r.typical), r.model.params(), r.rates.fixed_copy_bytes).c_str());
+  if (r.rank_bounds.size() > 1) {
+    std::printf("ranks (the figures above are rank 0's; collectives %.3f s of a step on the CPU's time):\n",
+                r.collectives_s);
+    for (std::size_t k = 0; k < r.rank_bounds.size(); ++k) {
+      const RankBound& b = r.rank_bounds[k];
+      std::printf("  rank %zu: step %.3f s, bound %.3f s, ratio %.3f\n", k, b.step_s, b.bound_s, b.ratio);
+    }
+  }
 }
 
 JsonWriter to_json(const Options& o, const RunResult& r) {
@@ -1035,6 +1160,12 @@ JsonWriter to_json(const Options& o, const RunResult& r) {
     j.begin_object("bound");
     j.integer("sample_layers", r.sample_layers);
     j.num("step_s", r.step_s).num("bound_s", r.bound_s).num("ratio_to_bound", r.ratio);
+    j.num("collectives_s", r.collectives_s);
+    j.begin_array("ranks");
+    for (const RankBound& b : r.rank_bounds) {
+      j.begin_object().num("step_s", b.step_s).num("bound_s", b.bound_s).num("ratio_to_bound", b.ratio).end_object();
+    }
+    j.end_array();
     json_resources(j, "resources", r.resources);
     json_sample(j, "isolated", r.rates.at(r.typical), m.params(), r.rates.fixed_copy_bytes);
     j.begin_array("isolated_runs");

@@ -10,7 +10,8 @@ per step equal to those counted on every steady step, and the loss falling at
 every step. With data-parallel ranks (--ranks 1, 2, 4: threads over Gloo, a
 16M-parameter model of 32 layers of 8 norm blocks, so every rank's shard is
 real elements): every rank's tiers and bytes per step against the plan of one
-rank of N, and each rank's disk writes 1/N of one rank's. The numbers are recomputed here from the planned and measured
+rank of N, each rank's disk writes 1/N of one rank's, and with 2 ranks each
+rank's bound measured. The numbers are recomputed here from the planned and measured
 bytes, not taken from the tool's verdict. Also: a run that would not fit the
 disk limit is refused with a message naming the limit, a bad flag names itself.
 Asserts no timings.
@@ -127,13 +128,21 @@ def main():
         for n in (1, 2, 4):
             out = os.path.join(tmp, f"ranks{n}.json")
             cmd = [bench, "--params", "16M", "--layers", "32", "--steps", "3", "--placement", "nvme", "--tflops",
-                   "0.2", "--dir", tmp, "--json", out, "--no-bound", "--ranks", str(n)]
+                   "0.2", "--dir", tmp, "--json", out, "--ranks", str(n), "--sample-params", "4M"]
+            if n != 2:
+                cmd.append("--no-bound")  # the ranks' bound measured once
             proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             print(proc.stdout)
             check(proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}")
             with open(out) as f:
                 doc = json.load(f)
             check(doc["ranks"] == n, f"--ranks {n}: the JSON says {doc['ranks']}")
+            if n == 2:
+                # Each rank's bound (its isolated resources measured with the other's at once).
+                bounds = doc["bound"]["ranks"]
+                check(len(bounds) == 2 and all(b["bound_s"] > 0 and b["step_s"] > 0 for b in bounds),
+                      f"--ranks 2: the ranks' bounds {bounds}")
+                check(doc["bound"]["collectives_s"] > 0, f"--ranks 2: collectives {doc['bound']['collectives_s']} s")
             checks = {c["what"]: c for c in doc["checks"]}
             names = TIERS + LINKS if n == 1 else [f"rank {r}: {w}" for r in range(n) for w in TIERS + LINKS]
             check(sorted(checks) == sorted(names), f"--ranks {n}: checks {sorted(checks)}")

@@ -202,7 +202,9 @@ Result<IsoSample> Isolated::measure(const Shape& shape) {
     STRATA_ASSIGN_OR_RETURN(s.host_d2h_s, link_time(untimed_, Direction::kD2h, shape.bytes.d2h));
     STRATA_ASSIGN_OR_RETURN(s.host_kernel_s, device_time(untimed_, DeviceWork::kGradientsOnly));
   }
+  if (o_.phase_sync) o_.phase_sync();
   if (shape.disk_bytes() > 0) STRATA_RETURN_IF_ERROR(disk_times(shape, s));
+  if (o_.phase_sync) o_.phase_sync();
   STRATA_RETURN_IF_ERROR(cpu_times(shape, s));
   return s;
 }
@@ -412,10 +414,11 @@ Status Isolated::cpu_times(const Shape& shape, IsoSample& s) {
     ++adam_steps_;
     sw.restart();
     auto* st = state_.as<float>().data();
+    const std::int64_t updated = o_.adam_layer_elems > 0 ? o_.adam_layer_elems : m.layer_elems;
     for (int g = 0; g < m.layers; ++g) {
-      for (std::int64_t off = 0; off < m.layer_elems; off += o_.chunk_elems) {
+      for (std::int64_t off = 0; off < updated; off += o_.chunk_elems) {
         const std::int64_t b = g * m.layer_elems + off;
-        const std::int64_t n = std::min(o_.chunk_elems, m.layer_elems - off);
+        const std::int64_t n = std::min(o_.chunk_elems, updated - off);
         const auto un = static_cast<std::size_t>(n);
         adam::AdamStepArgs a;
         a.constants = nx::make_adam_constants(hyper, adam_steps_, grad_scale);

@@ -175,6 +175,13 @@ class Isolated {
     // (forward, then backward) and one device-to-device copy of a gradient
     // pattern per layer, as step_bench's framework does.
     DeviceWorkFn device_work;
+    // One rank of several (scale_bench --ranks): the elements of each layer
+    // its Adam updates (its shard; 0: the whole layer), and a call every
+    // rank's measurement makes before its disk and before its CPU phase (a
+    // barrier over the ranks' threads), so that the ranks share the disk and
+    // the cores in those phases as their steps do.
+    std::int64_t adam_layer_elems = 0;
+    std::function<void()> phase_sync;
   };
 
   static core::Result<std::unique_ptr<Isolated>> create(const Options& o, adam::CpuAdam& cpu);
