@@ -206,14 +206,21 @@ struct Topology {
   hwloc_topology_t topology = nullptr;
   std::string error;
 
-  explicit Topology(std::string_view synthetic) {
+  // `description`: empty (this machine), hwloc synthetic, or XML (starts
+  // with '<'). With `io`, PCI and OS devices are kept (GPUs' locality).
+  explicit Topology(std::string_view description, bool io = false) {
     if (hwloc_topology_init(&topology) != 0) {
       error = str_cat("hwloc_topology_init: ", std::generic_category().message(errno));
       topology = nullptr;
       return;
     }
-    if (!synthetic.empty() && hwloc_topology_set_synthetic(topology, std::string(synthetic).c_str()) != 0) {
-      error = str_cat("hwloc cannot read the synthetic topology \"", synthetic, "\"");
+    const bool xml = description.starts_with('<');
+    if (io || xml) hwloc_topology_set_io_types_filter(topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    if (xml && hwloc_topology_set_xmlbuffer(topology, description.data(), static_cast<int>(description.size())) != 0) {
+      error = "hwloc cannot read the XML topology given";
+    } else if (!xml && !description.empty() &&
+               hwloc_topology_set_synthetic(topology, std::string(description).c_str()) != 0) {
+      error = str_cat("hwloc cannot read the synthetic topology \"", description, "\"");
     } else if (hwloc_topology_load(topology) != 0) {
       error = str_cat("hwloc_topology_load: ", std::generic_category().message(errno));
     }
@@ -279,6 +286,25 @@ hwloc_obj_t numa_node_of_calling_thread(hwloc_topology_t topology) {
   return nullptr;
 }
 
+// The NUMA node of the GPU local rank `l` drives: the node holding its PCI
+// device (o.gpu_pci_busids[l] when given) or its "cuda<l>" OS device; null
+// when hwloc does not know it.
+hwloc_obj_t numa_node_of_gpu(hwloc_topology_t topology, const CpuAdamOptions& o, int l) {
+  hwloc_obj_t device = nullptr;
+  if (static_cast<std::size_t>(l) < o.gpu_pci_busids.size() && !o.gpu_pci_busids[static_cast<std::size_t>(l)].empty()) {
+    device = hwloc_get_pcidev_by_busidstring(topology, o.gpu_pci_busids[static_cast<std::size_t>(l)].c_str());
+  }
+  const std::string name = str_cat("cuda", l);
+  for (hwloc_obj_t d = nullptr; device == nullptr && (d = hwloc_get_next_osdev(topology, d)) != nullptr;) {
+    if (d->name != nullptr && name == d->name) device = d;
+  }
+  if (device == nullptr) return nullptr;
+  hwloc_obj_t home = hwloc_get_non_io_ancestor_obj(topology, device);
+  if (home == nullptr || home->nodeset == nullptr) return nullptr;
+  const int first = hwloc_bitmap_first(home->nodeset);
+  return first < 0 ? nullptr : numa_node_by_os_index(topology, static_cast<unsigned>(first));
+}
+
 // What choose_cores() decided: the report, and the cores to pin to (in slot
 // order; empty when the threads stay unpinned).
 struct CoreChoice {
@@ -328,9 +354,22 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
   const int nodes = hwloc_get_nbobjs_by_type(topology, HWLOC_OBJ_NUMANODE);
   if (o.bind == BindMode::kNone) return unpinned(static_cast<int>(all_cores.size()), mode);
 
+  if (o.local_ranks < 1 || o.local_rank < 0 || o.local_rank >= o.local_ranks) {
+    return Status::invalid_argument(str_cat("cpu_adam: local_rank ", o.local_rank, " of local_ranks ", o.local_ranks,
+                                            ": the rank must be in [0, local_ranks)"));
+  }
+  // Each local rank's GPU node (null: unknown), for the split below.
+  std::vector<hwloc_obj_t> gpu_nodes(static_cast<std::size_t>(o.local_ranks), nullptr);
+  if (o.local_ranks > 1) {
+    for (int l = 0; l < o.local_ranks; ++l) gpu_nodes[static_cast<std::size_t>(l)] = numa_node_of_gpu(topology, o, l);
+  }
   hwloc_obj_t node = nullptr;
   if (o.bind != BindMode::kCores) {
-    if (o.numa_node >= 0) {
+    if (o.numa_node < 0 && gpu_nodes[static_cast<std::size_t>(o.local_rank)] != nullptr) {
+      node = gpu_nodes[static_cast<std::size_t>(o.local_rank)];
+      b.node_from = str_cat("GPU ", o.local_rank);
+    }
+    if (node == nullptr && o.numa_node >= 0) {
       node = numa_node_by_os_index(topology, static_cast<unsigned>(o.numa_node));
       if (node == nullptr) {
         return Status::invalid_argument(str_cat("cpu_adam: numa_node = ", o.numa_node,
@@ -375,6 +414,30 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
     if (strict) return Status::unavailable(str_cat("cpu_adam: ", mode, ": hwloc finds no cores on this machine"));
     b.numa_node = -1;
     return unpinned(max_threads, "hwloc finds no cores");
+  }
+  // Several local ranks: the node's cores split among those that choose it
+  // (the ranks whose GPU sits on it; without GPU locality, every local rank,
+  // as all choose the node of their memory alike).
+  if (o.local_ranks > 1) {
+    std::vector<int> sharing;
+    const bool any_gpu = std::any_of(gpu_nodes.begin(), gpu_nodes.end(), [](hwloc_obj_t n) { return n != nullptr; });
+    for (int l = 0; l < o.local_ranks; ++l) {
+      if (!any_gpu || gpu_nodes[static_cast<std::size_t>(l)] == node) sharing.push_back(l);
+    }
+    const auto at = std::find(sharing.begin(), sharing.end(), o.local_rank);
+    if (at != sharing.end()) {
+      const auto k = sharing.size();
+      const auto i = static_cast<std::size_t>(at - sharing.begin());
+      b.sharing_ranks = static_cast<int>(k);
+      b.share_index = static_cast<int>(i);
+      const std::size_t c = cores.size();
+      if (c >= k) {
+        cores = std::vector<hwloc_obj_t>(cores.begin() + static_cast<std::ptrdiff_t>(i * c / k),
+                                         cores.begin() + static_cast<std::ptrdiff_t>((i + 1) * c / k));
+      } else {
+        cores = {cores[i % c]};
+      }
+    }
   }
   const int available = static_cast<int>(cores.size());
   int threads = o.threads > 0 ? o.threads : available;
@@ -645,6 +708,8 @@ std::string CoreBinding::describe() const {
     if (node_from == "memory") where += " (the node of the memory)";
     else if (node_from == "calling thread") where += " (the calling thread's node)";
     else if (node_from == "numa_node") where += " (numa_node)";
+    else if (node_from.starts_with("GPU ")) where += str_cat(" (the node of ", node_from, ")");
+    if (sharing_ranks > 1) where += str_cat(", share ", share_index + 1, " of its cores among ", sharing_ranks, " local ranks");
   } else if (!cpus.empty()) {
     where = "every NUMA node";
   }
@@ -656,7 +721,7 @@ std::string CoreBinding::describe() const {
 }
 
 core::Result<CoreBinding> plan_core_binding(const CpuAdamOptions& options, std::string_view synthetic_topology) {
-  const Topology topology(synthetic_topology);
+  const Topology topology(synthetic_topology, options.local_ranks > 1);
   if (topology.topology == nullptr && !synthetic_topology.empty()) {
     return Status::invalid_argument(str_cat("cpu_adam: ", topology.error));
   }
@@ -699,7 +764,7 @@ core::Result<std::unique_ptr<CpuAdam>> CpuAdam::create(const CpuAdamOptions& opt
   }
   auto impl = std::make_unique<Impl>();
   impl->table = &table_for(isa);
-  impl->topology = std::make_unique<Topology>(std::string_view());
+  impl->topology = std::make_unique<Topology>(std::string_view(), options.local_ranks > 1);
   const int max_threads = std::max(1, oneapi::tbb::info::default_concurrency());
   STRATA_ASSIGN_OR_RETURN(CoreChoice choice,
                           choose_cores(impl->topology->topology, impl->topology->error, options, max_threads));

@@ -190,6 +190,18 @@ struct CpuAdamOptions {
   // pinned buffers), borrowed for the call to create() only; its pages must
   // have been touched. Empty: use the calling thread's node.
   std::span<const std::byte> near_memory = {};
+  // One of several data-parallel ranks on this machine (DESIGN.md section
+  // 10): local rank `local_rank` of `local_ranks`, each driving the CUDA
+  // device of its local rank's index. kAuto and kNuma with numa_node -1 take
+  // the NUMA node of that device where hwloc knows it (its "cuda<i>" OS
+  // device, or the PCI device `gpu_pci_busids[i]` names, "0000:65:00.0"),
+  // before near_memory; the chosen node's physical cores are then split
+  // evenly among the local ranks that choose that node, in local rank
+  // order, each taking its own (with fewer cores than ranks, one each,
+  // shared). One rank: local_ranks 1, every core of the node.
+  int local_rank = 0;
+  int local_ranks = 1;
+  std::vector<std::string> gpu_pci_busids = {};
 };
 
 // What create() chose for the threads (CpuAdam::binding()).
@@ -201,9 +213,14 @@ struct CoreBinding {
   // The NUMA node (OS number) whose cores were chosen; -1 when the cores are
   // not one node's (kCores on a machine of several nodes, kNone, no topology).
   int numa_node = -1;
-  // How the node was found: "numa_node" (given), "memory" (where
-  // near_memory lives), "calling thread", or "" when no node was chosen.
+  // How the node was found: "numa_node" (given), "GPU <i>" (the node of the
+  // local rank's GPU), "memory" (where near_memory lives), "calling thread",
+  // or "" when no node was chosen.
   std::string node_from;
+  // With several local ranks: the local ranks that chose this node (its
+  // cores split among them) and this rank's place among them; 1 and 0 alone.
+  int sharing_ranks = 1;
+  int share_index = 0;
   // The chosen cores, one per thread in thread-slot order, each by its first
   // logical CPU (the OS's number, as taskset and lscpu count). cpus[0] is the
   // calling thread's, which is never pinned (it belongs to the embedder);
@@ -220,8 +237,10 @@ struct CoreBinding {
 // The choice create() would make for `options` (cores, node, threads),
 // without pinning anything and without creating threads. With
 // `synthetic_topology`, an hwloc synthetic description such as
-// "pack:1 numa:2 core:4 pu:2" stands for this machine (tests: then nothing
-// can be pinned, and `bound` says what would be). Errors as create()'s for
+// "pack:1 numa:2 core:4 pu:2", or an hwloc XML topology (text starting with
+// '<', which may hold PCI devices and their "cuda<i>" OS devices) stands for
+// this machine (tests: then nothing can be pinned, and `bound` says what
+// would be). Errors as create()'s for
 // the binding: kInvalidArgument for a negative thread count, a numa_node that
 // does not exist or has no cores; kUnavailable when kNuma or kCores cannot
 // read the topology or finds no cores.

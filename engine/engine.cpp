@@ -175,6 +175,12 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     }
     e->ranks_.grads = std::move(grads).value();
     e->ranks_.weights = std::move(weights).value();
+    e->ranks_.local_rank = ranks.local_rank >= 0 ? ranks.local_rank : ranks.rank;
+    e->ranks_.local_ranks = ranks.local_size > 0 ? ranks.local_size : ranks.size;
+    if (e->ranks_.local_rank >= e->ranks_.local_ranks) {
+      return Status::invalid_argument(str_cat("ranks: local rank ", e->ranks_.local_rank, " of ",
+                                              e->ranks_.local_ranks, " on this machine: it must be below the count"));
+    }
     if (ranks.store_is_the_runs) {
       // Every rank has met over both communicators: the run's private
       // rendezvous directory is not read again. Rank 0 removes it once all

@@ -399,6 +399,7 @@ class Engine {
   // optimizer's jobs, which outlive the rooms that use them.
   struct Ranks {
     RankShare share;
+    int local_rank = 0, local_ranks = 1;  // among this machine's ranks (the CPU optimizer's cores are split)
     std::unique_ptr<partition::Communicator> grads, weights;
   };
   Ranks ranks_;

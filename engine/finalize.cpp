@@ -139,9 +139,12 @@ std::span<const std::byte> pinned_state_memory(StateStore& state) {
 }
 
 // cpu_adam with strata.cpu_adam's ISA, threads, tile and binding; its
-// threads near `near_memory` (bind auto/numa without a numa_node).
+// threads near `near_memory` (bind auto/numa without a numa_node), or near
+// the GPU of local rank `local_rank` of `local_ranks`, whose cores they
+// share with the machine's other ranks on that node.
 core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& config,
-                                                             std::span<const std::byte> near_memory) {
+                                                             std::span<const std::byte> near_memory, int local_rank,
+                                                             int local_ranks) {
   adam::CpuAdamOptions ao;
   switch (config.strata.cpu_adam.isa) {
     case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
@@ -160,6 +163,8 @@ core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& confi
   }
   ao.numa_node = config.strata.cpu_adam.numa_node;
   ao.near_memory = near_memory;
+  ao.local_rank = local_rank;
+  ao.local_ranks = local_ranks;
   core::Result<std::unique_ptr<adam::CpuAdam>> created = adam::CpuAdam::create(ao);
   if (!created.ok()) {
     return Status(created.status()).annotate(
@@ -220,7 +225,8 @@ core::Status Engine::finalize_locked() {
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version(),
                                                      /*defer_pinned_zero=*/true));
   const double state_s = total.elapsed_s() - planned_s;
-  STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_)));
+  STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_), ranks_.local_rank,
+                                                     ranks_.local_ranks));
   // The pinned state zero-filled by CpuAdam's threads, in parallel, where
   // they run (first touch places the host device's pages near them).
   const core::Stopwatch zeroing;

@@ -68,6 +68,12 @@ struct CommunicatorOptions {
   // partition/launch.h): once every rank has met, the caller that made the
   // run's communicators may remove it (Engine::create does, on rank 0).
   bool store_is_the_runs = false;
+  // This rank among the ranks of its machine (the launcher's LOCAL_RANK,
+  // LOCAL_WORLD_SIZE): it picks the GPU, and the CPU optimizer's cores are
+  // split among a machine's ranks. -1 and 0: the rank and the size (every
+  // rank on one machine, as ranks that are threads of one process are).
+  int local_rank = -1;
+  int local_size = 0;
   std::string hostname = "127.0.0.1";  // this rank's address for the TCP transport
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // each collective
   // Meeting the others (make_communicator): across machines it may take minutes.

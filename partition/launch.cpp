@@ -105,6 +105,8 @@ core::Result<CommunicatorOptions> communicator_options(const Launch& launch, con
   CommunicatorOptions o;
   o.rank = launch.rank;
   o.size = launch.size;
+  o.local_rank = launch.local_rank;
+  o.local_size = launch.local_size > 0 ? launch.local_size : 0;
   o.timeout = timeout;
   if (launch.size == 1) {
     o.backend = "self";

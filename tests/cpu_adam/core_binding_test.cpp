@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -64,6 +65,119 @@ class Machine {
   hwloc_topology_t topology_ = nullptr;
   bool ok_ = false;
 };
+
+// A 2-socket machine with 8 GPUs as hwloc XML: each socket a NUMA node of
+// 8 cores (2 hyperthreads each: node 0 CPUs 0-15, node 1 CPUs 16-31), GPUs
+// 0-3 (PCI devices with their "cuda<i>" OS devices) on socket 0, 4-7 on
+// socket 1. Made from hwloc's export of the synthetic machine, the GPUs
+// added inside each package.
+std::string two_sockets_eight_gpus() {
+  hwloc_topology_t t = nullptr;
+  std::string xml;
+  if (hwloc_topology_init(&t) != 0) return xml;
+  char* buffer = nullptr;
+  int length = 0;
+  if (hwloc_topology_set_synthetic(t, "pack:2 numa:1 core:8 pu:2") == 0 && hwloc_topology_load(t) == 0 &&
+      hwloc_topology_export_xmlbuffer(t, &buffer, &length, 0) == 0) {
+    xml.assign(buffer, static_cast<std::size_t>(length));
+    hwloc_free_xmlbuffer(t, buffer);
+  }
+  hwloc_topology_destroy(t);
+  // Each package's object closes with a line of four spaces and "</object>".
+  std::string out;
+  int package = -1, gp_index = 1000;
+  for (std::size_t at = 0; at < xml.size();) {
+    const std::size_t end = std::min(xml.find('\n', at), xml.size());
+    const std::string line = xml.substr(at, end - at);
+    if (line.starts_with("    <object type=\"Package\"")) ++package;
+    if (line == "    </object>" && package >= 0) {
+      for (int g = 0; g < 4; ++g) {
+        const int gpu = package * 4 + g;
+        char busid[32];
+        std::snprintf(busid, sizeof busid, "0000:%02x:00.0", 0x10 + gpu);
+        out += "      <object type=\"PCIDev\" gp_index=\"" + std::to_string(gp_index++) + "\" pci_busid=\"" + busid +
+               "\" pci_type=\"0302 [10de:2330] [10de:16c1] a1\" pci_link_speed=\"0.000000\">\n";
+        out += "        <object type=\"OSDev\" gp_index=\"" + std::to_string(gp_index++) + "\" name=\"cuda" +
+               std::to_string(gpu) + "\" subtype=\"CUDA\" osdev_type=\"5\"/>\n      </object>\n";
+      }
+    }
+    out += line + "\n";
+    at = end + 1;
+  }
+  return out;
+}
+
+TEST(CoreBinding, EachLocalRankTakesItsShareOfItsGpusNode) {
+  const std::string xml = two_sockets_eight_gpus();
+  ASSERT_FALSE(xml.empty());
+  std::set<int> every;
+  for (int l = 0; l < 8; ++l) {
+    CpuAdamOptions o = options(BindMode::kAuto);
+    o.local_rank = l;
+    o.local_ranks = 8;
+    auto b = plan_core_binding(o, xml);
+    ASSERT_TRUE(b.ok()) << b.status();
+    // GPUs 0-3 sit on node 0, 4-7 on node 1; each node's 8 cores split 4 ways: 2 each.
+    EXPECT_EQ(b->numa_node, l / 4) << "local rank " << l;
+    EXPECT_EQ(b->node_from, "GPU " + std::to_string(l));
+    EXPECT_EQ(b->sharing_ranks, 4);
+    EXPECT_EQ(b->share_index, l % 4);
+    ASSERT_EQ(b->threads, 2) << "local rank " << l;
+    ASSERT_EQ(b->cpus.size(), 2u);
+    for (int cpu : b->cpus) {
+      EXPECT_GE(cpu, 16 * (l / 4));  // its node's CPUs
+      EXPECT_LT(cpu, 16 * (l / 4 + 1));
+      EXPECT_TRUE(every.insert(cpu).second) << "CPU " << cpu << " taken by two local ranks";
+    }
+    EXPECT_TRUE(b->bound);
+    EXPECT_NE(b->describe().find("share " + std::to_string(l % 4 + 1) + " of its cores among 4 local ranks"),
+              std::string::npos)
+        << b->describe();
+  }
+  EXPECT_EQ(every.size(), 16u);  // every physical core, each to one rank
+  // Three local ranks (GPUs 0-2, all on node 0): 8 cores as 2, 3, 3.
+  std::vector<std::size_t> counts;
+  for (int l = 0; l < 3; ++l) {
+    CpuAdamOptions o = options(BindMode::kAuto);
+    o.local_rank = l;
+    o.local_ranks = 3;
+    auto b = plan_core_binding(o, xml);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->numa_node, 0);
+    counts.push_back(b->cpus.size());
+  }
+  EXPECT_EQ(counts, (std::vector<std::size_t>{2, 3, 3}));
+  // A given PCI bus id names the GPU where no "cuda<i>" device is known:
+  // local rank 0 driving the device at 0000:15:00.0 (GPU 5's, socket 1).
+  CpuAdamOptions o = options(BindMode::kAuto);
+  o.local_rank = 0;
+  o.local_ranks = 2;
+  o.gpu_pci_busids = {"0000:15:00.0", "0000:16:00.0"};
+  auto b = plan_core_binding(o, xml);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->numa_node, 1);
+  EXPECT_EQ(b->sharing_ranks, 2);
+}
+
+TEST(CoreBinding, LocalRanksWithoutGpusSplitTheNodeOfTheirMemory) {
+  // No GPU locality (the host device): every local rank takes the same node
+  // (here the only one), its four cores split between the two ranks.
+  for (int l = 0; l < 2; ++l) {
+    CpuAdamOptions o = options(BindMode::kAuto);
+    o.local_rank = l;
+    o.local_ranks = 2;
+    auto b = plan_core_binding(o, "pack:1 numa:1 core:4 pu:2");
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->sharing_ranks, 2);
+    EXPECT_EQ(b->cpus, l == 0 ? (std::vector<int>{0, 2}) : (std::vector<int>{4, 6}));
+  }
+  CpuAdamOptions bad = options(BindMode::kAuto);
+  bad.local_rank = 2;
+  bad.local_ranks = 2;
+  auto r = plan_core_binding(bad, "pack:1 numa:1 core:4 pu:2");
+  EXPECT_EQ(r.status().code(), core::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("local_rank 2 of local_ranks 2"), std::string::npos) << r.status();
+}
 
 TEST(CoreBinding, ChosenCoresAreDistinctPhysicalCoresOfOneNode) {
   Machine machine;

@@ -129,6 +129,7 @@ TEST(Launch, AGivenRendezvousDirectoryNeedsARunId) {
   EXPECT_TRUE(std::filesystem::is_directory(dir));  // created
   EXPECT_EQ(o->prefix, "strata-r_1");
   EXPECT_EQ(o->timeout, std::chrono::seconds(7));
+  EXPECT_FALSE(o->store_is_the_runs);  // a given directory is the caller's
   two.run_id = "job.0";  // the launcher's own id serves as well
   auto launcher_id = communicator_options(two, no_id.get(), std::chrono::seconds(7));
   ASSERT_TRUE(launcher_id.ok()) << launcher_id.status().to_string();
@@ -146,6 +147,9 @@ TEST(Launch, OneMachinesDefaultDirectoryIsThisUsersAndThisLaunchersAlone) {
   ASSERT_EQ(::stat(d->store_dir.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0700u);
   EXPECT_EQ(d->prefix, "strata-run");
+  EXPECT_TRUE(d->store_is_the_runs);  // the engine removes it once the ranks met
+  EXPECT_EQ(d->local_rank, 0);
+  EXPECT_EQ(d->local_size, 2);
   // Someone else's (or an open) directory of that name is refused, not used.
   ASSERT_EQ(::chmod(d->store_dir.c_str(), 0777), 0);
   auto open = communicator_options(two, none.get(), std::chrono::seconds(1));
