@@ -899,6 +899,7 @@ Result<RunResult> run(const Options& o) {
         auto s = measure_sample(*probes[k].iso, shape, r.sample_layers, m.layers);
         if (!s.ok()) {
           failed[k] = std::move(s).status();
+          if (o.ranks > 1) phase->arrive_and_drop();  // the others' phases go on without it (the run fails)
           return;
         }
         if (keep) probes[k].samples.push_back(*std::move(s));
@@ -915,7 +916,11 @@ Result<RunResult> run(const Options& o) {
     dirs.isolated = str_cat(root, "/isolated");
     STRATA_RETURN_IF_ERROR(make_dir(dirs.isolated));
     for (std::size_t k = 0; k < probes.size(); ++k) {
-      STRATA_ASSIGN_OR_RETURN(probes[k].cpu, adam::CpuAdam::create({}));
+      // The cores split among the ranks as the trained ranks' are (cpu_adam's local ranks).
+      adam::CpuAdamOptions ao;
+      ao.local_rank = static_cast<int>(k);
+      ao.local_ranks = o.ranks;
+      STRATA_ASSIGN_OR_RETURN(probes[k].cpu, adam::CpuAdam::create(ao));
       Isolated::Options io;
       io.model = sample;
       io.chunk_elems = std::min<std::int64_t>(

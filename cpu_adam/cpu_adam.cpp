@@ -216,7 +216,8 @@ struct Topology {
     }
     const bool xml = description.starts_with('<');
     if (io || xml) hwloc_topology_set_io_types_filter(topology, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
-    if (xml && hwloc_topology_set_xmlbuffer(topology, description.data(), static_cast<int>(description.size())) != 0) {
+    const std::string text(description);  // NUL-terminated, as the XML reader wants
+    if (xml && hwloc_topology_set_xmlbuffer(topology, text.c_str(), static_cast<int>(text.size()) + 1) != 0) {
       error = "hwloc cannot read the XML topology given";
     } else if (!xml && !description.empty() &&
                hwloc_topology_set_synthetic(topology, std::string(description).c_str()) != 0) {
@@ -300,9 +301,9 @@ hwloc_obj_t numa_node_of_gpu(hwloc_topology_t topology, const CpuAdamOptions& o,
   }
   if (device == nullptr) return nullptr;
   hwloc_obj_t home = hwloc_get_non_io_ancestor_obj(topology, device);
-  if (home == nullptr || home->nodeset == nullptr) return nullptr;
-  const int first = hwloc_bitmap_first(home->nodeset);
-  return first < 0 ? nullptr : numa_node_by_os_index(topology, static_cast<unsigned>(first));
+  // A device attached above the nodes (no locality known, as in many VMs) is no node's.
+  if (home == nullptr || home->nodeset == nullptr || hwloc_bitmap_weight(home->nodeset) != 1) return nullptr;
+  return numa_node_by_os_index(topology, static_cast<unsigned>(hwloc_bitmap_first(home->nodeset)));
 }
 
 // What choose_cores() decided: the report, and the cores to pin to (in slot
@@ -358,10 +359,15 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
     return Status::invalid_argument(str_cat("cpu_adam: local_rank ", o.local_rank, " of local_ranks ", o.local_ranks,
                                             ": the rank must be in [0, local_ranks)"));
   }
-  // Each local rank's GPU node (null: unknown), for the split below.
+  // Each local rank's GPU node, for the choice and the split below: used
+  // only when every local rank's is known (a rank that sees its own GPU
+  // alone, under CUDA_VISIBLE_DEVICES, cannot place the others': then none is).
   std::vector<hwloc_obj_t> gpu_nodes(static_cast<std::size_t>(o.local_ranks), nullptr);
   if (o.local_ranks > 1) {
     for (int l = 0; l < o.local_ranks; ++l) gpu_nodes[static_cast<std::size_t>(l)] = numa_node_of_gpu(topology, o, l);
+    if (std::any_of(gpu_nodes.begin(), gpu_nodes.end(), [](hwloc_obj_t n) { return n == nullptr; })) {
+      std::fill(gpu_nodes.begin(), gpu_nodes.end(), nullptr);
+    }
   }
   hwloc_obj_t node = nullptr;
   if (o.bind != BindMode::kCores) {
@@ -419,13 +425,15 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
   // (the ranks whose GPU sits on it; without GPU locality, every local rank,
   // as all choose the node of their memory alike).
   if (o.local_ranks > 1) {
+    // (A rank whose node is not its GPU's, given or every node's, shares with
+    // every local rank: it cannot know which others chose the same.)
     std::vector<int> sharing;
-    const bool any_gpu = std::any_of(gpu_nodes.begin(), gpu_nodes.end(), [](hwloc_obj_t n) { return n != nullptr; });
+    const bool by_gpu = gpu_nodes[0] != nullptr && node == gpu_nodes[static_cast<std::size_t>(o.local_rank)];
     for (int l = 0; l < o.local_ranks; ++l) {
-      if (!any_gpu || gpu_nodes[static_cast<std::size_t>(l)] == node) sharing.push_back(l);
+      if (!by_gpu || gpu_nodes[static_cast<std::size_t>(l)] == node) sharing.push_back(l);
     }
     const auto at = std::find(sharing.begin(), sharing.end(), o.local_rank);
-    if (at != sharing.end()) {
+    {
       const auto k = sharing.size();
       const auto i = static_cast<std::size_t>(at - sharing.begin());
       b.sharing_ranks = static_cast<int>(k);

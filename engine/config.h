@@ -353,8 +353,9 @@ core::Result<Config> parse_config(std::string_view json_text, const ParseOptions
 core::Result<Config> load_config_file(const std::string& path, const ParseOptions& options = {});
 
 // The resolved configuration as JSON (every key, defaults filled in), the form
-// checkpoints store and `strata config` prints. parse_config(to_json(c))
-// gives back c (warnings aside) and warns only where c's values themselves
+// checkpoints store and `strata config` prints. parse_config(to_json(c)),
+// with c.world_size as ParseOptions::world_size (train_batch_size counts the
+// ranks), gives back c (warnings aside) and warns only where c's values themselves
 // warrant it (a non-default value of a key without effect, an nvme_path that
 // strata.io.paths overrides): old names and old forms are never written.
 // Three keys are written only when they differ from their defaults so that the

@@ -106,9 +106,9 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
   Config with_ranks = config;
   with_ranks.world_size = ranks.size;
   if (config.world_size != ranks.size) {
-    std::int64_t train = 0;
-    if (__builtin_mul_overflow(config.train_micro_batch_size_per_gpu * config.gradient_accumulation_steps,
-                               static_cast<std::int64_t>(ranks.size), &train)) {
+    std::int64_t per_rank = 0, train = 0;
+    if (__builtin_mul_overflow(config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps, &per_rank) ||
+        __builtin_mul_overflow(per_rank, static_cast<std::int64_t>(ranks.size), &train)) {
       return Status::invalid_argument("ranks: train_batch_size over the ranks overflows a 64-bit integer");
     }
     with_ranks.train_batch_size = train;
@@ -194,6 +194,9 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
                             << ec.message();
         }
       }
+      // No rank goes on (to a next engine of the run, which meets there
+      // anew) before the directory is gone.
+      STRATA_RETURN_IF_ERROR(e->ranks_.weights->barrier().annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks")));
     }
     if (config.zero.stage == 3 && ranks.rank == 0) {
       STRATA_LOG(kInfo) << "zero_optimization.stage 3 with " << ranks.size

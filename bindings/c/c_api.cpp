@@ -76,8 +76,9 @@ strata_status guard(Fn&& fn) noexcept {
   }
 }
 
-core::Result<engine::Config> parse(const char* json, const engine::ParseOptions& options = {}) {
+core::Result<engine::Config> parse(const char* json, engine::ParseOptions options = {}) {
   if (json == nullptr) return core::Status::invalid_argument("config_json is NULL");
+  if (options.world_size == 0) options.world_size = 1;  // strata_config_options.world_size not given
   return engine::parse_config(json, options);
 }
 
@@ -251,10 +252,12 @@ core::Result<engine::ParseOptions> parse_options(const strata_config_options* in
     return core::Status::invalid_argument(
         core::str_cat(fn, ": options->world_size is ", o.world_size, "; it must be >= 0 (0: one, or the engine's ranks)"));
   }
+  // world_size 0 (not given) stays 0 here: create_engine tells it from a
+  // given 1; parse() makes it one.
   return engine::ParseOptions{.hidden_size = o.hidden_size,
                               .total_num_steps = o.total_num_steps,
                               .strict = o.strict != 0,
-                              .world_size = o.world_size > 0 ? o.world_size : 1};
+                              .world_size = o.world_size};
 }
 
 // The communicator options a strata_ranks describes (see strata.h).
@@ -397,7 +400,7 @@ strata_status create_engine(const char* config_json, const strata_config_options
       STRATA_ASSIGN_OR_RETURN(co, c_api::communicator_options(ranks, fn));
     }
     // DeepSpeed's batch: train_batch_size counts every rank's micro-batches.
-    if (po.world_size != 1 && po.world_size != co.size) {
+    if (po.world_size != 0 && po.world_size != co.size) {
       return core::Status::invalid_argument(core::str_cat(fn, ": options->world_size is ", po.world_size,
                                                           " and the engine is one of ", co.size, " ranks"));
     }

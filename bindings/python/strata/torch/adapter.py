@@ -101,9 +101,16 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
             ranks, rendezvous = _ranks_from_torch_distributed()
         try:
             self._engine = _engine.Engine(text, ranks=ranks, **known)
-        finally:
+        except BaseException:
             if rendezvous is not None:
                 _end_rendezvous(rendezvous)
+            raise
+        if rendezvous is not None:
+            try:
+                _end_rendezvous(rendezvous)
+            except BaseException:
+                self._engine.close()
+                raise
         # Resolved for the engine's ranks: train_batch_size counts every rank's micro-batches.
         try:
             self.config = _engine.config_resolve(text, world_size=self._engine.world_size, **known)
