@@ -370,7 +370,8 @@ class Engine {
   // *fingerprint: with several ranks, the CRC64 of every parameter's initial
   // fp32 values in group order (check_same_start compares it across ranks).
   core::Status write_initial_values(double* sources_s, std::uint64_t* fingerprint) STRATA_REQUIRES(mu_);
-  core::Status check_same_start(std::uint64_t fingerprint) STRATA_REQUIRES(mu_);
+  // `written`: this rank's write_initial_values' outcome (every rank agrees on it first).
+  core::Status check_same_start(core::Status written, std::uint64_t fingerprint) STRATA_REQUIRES(mu_);
   core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {

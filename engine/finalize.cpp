@@ -267,7 +267,7 @@ core::Status Engine::finalize_locked() {
   std::uint64_t fingerprint = 0;
   Status s = write_initial_values(&sources_s, &fingerprint);
   finalizing_ = false;
-  if (s.ok() && layout_.share.ranks > 1) s = check_same_start(fingerprint);
+  if (layout_.share.ranks > 1) s = check_same_start(std::move(s), fingerprint);
   // Where finalize's time went (minutes for billions of parameters): one line.
   std::int64_t elems = 0;
   for (const auto& p : layout_.params) elems += p.numel();
@@ -293,12 +293,13 @@ core::Status Engine::finalize_locked() {
   return s;
 }
 
-core::Status Engine::check_same_start(std::uint64_t fingerprint) {
+core::Status Engine::check_same_start(core::Status written, std::uint64_t fingerprint) {
   // Each rank wrote its own compute copies and its shard's masters: they
-  // train one model only if they all started from the same values.
-  std::vector<std::uint64_t> all(static_cast<std::size_t>(layout_.share.ranks));
-  STRATA_RETURN_IF_ERROR(ranks_.weights->all_gather(&fingerprint, all.data(), 1, partition::DType::kI64)
-                             .annotate("finalize: comparing the ranks' initial values"));
+  // train one model only if they all started from the same values. Every
+  // rank agrees, whether its own values were written or not, so that a rank
+  // whose init callback failed fails the others at once, naming it.
+  std::vector<std::uint64_t> all;
+  STRATA_RETURN_IF_ERROR(agree("finalize", "writing its initial values", std::move(written), fingerprint, &all));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (all[k] != all[0]) {
       return Status::failed_precondition(str_cat(

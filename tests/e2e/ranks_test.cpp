@@ -17,6 +17,7 @@
 // sum, |error| <= (N k - 1) u sum |g|, u = 2^-24.)
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -232,6 +233,36 @@ TEST_F(RanksTest, WhatIsNotBuiltForRanksSaysSo) {
   auto bad = Engine::create(config("cpu", OverlapMode::kExact), ranks(2, 2, "refused"));
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), core::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RanksTest, AnInitCallbackFailingOnOneRankFailsEveryRanksFinalize) {
+  // Rank 1's init callback for l2.w fails; rank 0's finalize does not wait
+  // for it to the timeout: it fails at once, naming rank 1.
+  const Config c = config("cpu", OverlapMode::kExact);
+  std::vector<core::Status> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      partition::CommunicatorOptions o = ranks(r, 2, "init");
+      o.timeout = std::chrono::seconds(30);
+      auto created = Engine::create(c, o);
+      ASSERT_TRUE(created.ok()) << created.status();
+      std::unique_ptr<Engine> e = std::move(created).value();
+      for (const Tensor& t : kTensors) {
+        ParamDesc d{t.name, t.shape, t.group, true, 0};
+        ASSERT_TRUE(e->register_param(d, [t, r](std::span<float> out) {
+                       if (r == 1 && t.name == "l2.w") return core::Status::invalid_argument("no weights for l2.w");
+                       init_values(t, out);
+                       return core::Status();
+                     }).ok());
+      }
+      got[static_cast<std::size_t>(r)] = e->finalize();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_NE(got[1].message().find("no weights for l2.w"), std::string::npos) << got[1];
+  EXPECT_EQ(got[0].code(), core::StatusCode::kInvalidArgument) << got[0];
+  EXPECT_NE(got[0].message().find("rank 1 failed writing its initial values"), std::string::npos) << got[0];
 }
 
 TEST_F(RanksTest, ARankThatLeavesFailsTheOthersWithinTheTimeout) {
