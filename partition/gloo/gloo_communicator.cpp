@@ -14,15 +14,22 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/pair.h>
 
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
 #include <vector>
 
 #include "core/str.h"
@@ -73,13 +80,74 @@ std::string why_failed(const std::exception& e, std::chrono::milliseconds timeou
                  " ms timeout, or its process ended)");
 }
 
+// What names a peer in an error: the address Gloo's TCP transport names it
+// by ("Connection closed by peer [127.0.0.1]:41234": what that rank listens
+// on for its pair with this one, when this rank connected to it; Gloo names
+// the connecting socket's own port when the peer connected instead), and
+// its process (host name and pid), looked at once a collective failed: a
+// process on this machine that has ended is the rank that left.
+struct Peer {
+  std::string address;  // empty for this rank
+  std::string host;
+  pid_t pid = 0;
+};
+
+constexpr std::size_t kAddressBytes = 128, kHostBytes = 256;
+
+// The peers, by rank: every rank's addresses and process exchanged (an
+// all-gather of fixed-width records) once the ranks met.
+std::vector<Peer> exchange_peers(const std::shared_ptr<gloo::Context>& context, std::chrono::milliseconds timeout) {
+  const auto n = static_cast<std::size_t>(context->size), me = static_cast<std::size_t>(context->rank);
+  const std::size_t record = 8 + kHostBytes + n * kAddressBytes;
+  std::vector<char> own(record, '\0'), all(n * record, '\0');
+  const auto pid = static_cast<std::int64_t>(::getpid());
+  std::memcpy(own.data(), &pid, 8);
+  ::gethostname(own.data() + 8, kHostBytes - 1);
+  for (std::size_t j = 0; j < n; ++j) {
+    if (j == me) continue;
+    const std::string a = context->getPair(static_cast<int>(j))->address().str();
+    std::memcpy(own.data() + 8 + kHostBytes + j * kAddressBytes, a.data(), std::min(a.size(), kAddressBytes - 1));
+  }
+  gloo::AllgatherOptions o(context);
+  o.setInput(reinterpret_cast<std::uint8_t*>(own.data()), own.size());
+  o.setOutput(reinterpret_cast<std::uint8_t*>(all.data()), all.size());
+  o.setTimeout(timeout);
+  gloo::allgather(o);
+  std::vector<Peer> out(n);
+  for (std::size_t j = 0; j < n; ++j) {
+    const char* r = all.data() + j * record;
+    std::int64_t their_pid = 0;
+    std::memcpy(&their_pid, r, 8);
+    out[j].pid = static_cast<pid_t>(their_pid);
+    out[j].host = std::string(r + 8);
+    if (j != me) out[j].address = std::string(r + 8 + kHostBytes + me * kAddressBytes);
+  }
+  return out;
+}
+
+// Whether process `pid` of this machine has ended (gone, or a zombie not
+// yet reaped by its parent).
+bool process_ended(pid_t pid) {
+  if (::kill(pid, 0) == 0 || errno == EPERM) {
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return false;
+    const std::size_t paren = line.rfind(')');  // "pid (comm) S ..."
+    return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'Z';
+  }
+  return errno == ESRCH;
+}
+
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout)
-      : Communicator("gloo", rank, size), context_(std::move(context)), timeout_(timeout) {}
+  GlooCommunicator(int rank, int size, std::shared_ptr<gloo::Context> context, std::chrono::milliseconds timeout,
+                   std::vector<Peer> peers)
+      : Communicator("gloo", rank, size), context_(std::move(context)), timeout_(timeout), peers_(std::move(peers)) {}
 
  private:
-  // Runs a Gloo call, turning its exceptions into a Status.
+  // Runs a Gloo call, turning its exceptions into a Status. Gloo names a
+  // peer whose connection failed (its process ended, was killed) by its
+  // address: the error names its rank too.
   template <typename Call>
   Status guarded(Call&& call) {
     const SigpipeBlocked no_sigpipe;
@@ -87,8 +155,38 @@ class GlooCommunicator final : public Communicator {
       call();
       return Status();
     } catch (const std::exception& e) {
-      return Status::unavailable(why_failed(e, timeout_));
+      return Status::unavailable(named_failure(e));
     }
+  }
+
+  // The error of a failed Gloo call, naming the rank that failed where it
+  // can be told: by the address Gloo names, by a peer process on this
+  // machine that has ended, or, with two ranks, the other one.
+  std::string named_failure(const std::exception& e) const {
+    const std::string_view what = e.what();
+    for (std::size_t j = 0; j < peers_.size(); ++j) {
+      if (!peers_[j].address.empty() && what.find(peers_[j].address) != std::string_view::npos) {
+        return str_cat("rank ", j, " failed or left (its connection broke): gloo: ", what);
+      }
+    }
+    // A process's sockets close while it exits, a moment before it is
+    // seen to have ended: looked at for up to half a second.
+    const std::string& host = peers_[static_cast<std::size_t>(rank())].host;
+    for (int look = 0; look < 50; ++look) {
+      for (std::size_t j = 0; j < peers_.size(); ++j) {
+        const Peer& p = peers_[j];
+        if (static_cast<int>(j) != rank() && p.host == host && p.pid != ::getpid() && process_ended(p.pid)) {
+          return str_cat("rank ", j, " failed or left (its process ", p.pid, " has ended): gloo: ", what);
+        }
+      }
+      if (what.find("closed by peer") == std::string_view::npos) break;  // a timeout: they were looked at once
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    if (size() == 2) {  // a timeout names no peer; with two ranks it can only be the other
+      return str_cat("rank ", 1 - rank(), " did not take part within the ", timeout_.count(),
+                     " ms timeout, or its process ended: gloo: ", what);
+    }
+    return why_failed(e, timeout_);
   }
 
   // out[j * block, (j + 1) * block) = rank j's in[rank() * block, ...): the bytes each rank sends to each.
@@ -166,6 +264,7 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<gloo::Context> context_;
   std::chrono::milliseconds timeout_;
+  std::vector<Peer> peers_;  // by rank (exchange_peers)
 };
 
 }  // namespace
@@ -197,8 +296,10 @@ core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const Communi
     gloo::BarrierOptions met(context);
     met.setTimeout(o.connect_timeout);
     gloo::barrier(met);
+    std::vector<Peer> peers = exchange_peers(context, o.connect_timeout);
     context->setTimeout(o.timeout);
-    return std::unique_ptr<Communicator>(new GlooCommunicator(o.rank, o.size, std::move(context), o.timeout));
+    return std::unique_ptr<Communicator>(
+        new GlooCommunicator(o.rank, o.size, std::move(context), o.timeout, std::move(peers)));
   } catch (const std::exception& e) {
     return Status::unavailable(str_cat("communicator \"gloo\": rank ", o.rank, " of ", o.size,
                                        " could not meet the others through '", o.store_dir, "' (prefix \"",
