@@ -291,6 +291,19 @@ class Engine {
   // Lion: 1 exp_avg; Adagrad: 1 exp_avg_sq), as fp32 (bf16 moments widened, exactly).
   core::Status read_state(std::string_view param, int which, std::span<float> out);
   core::Status read_compute(std::string_view param, std::span<float> out);
+  // The weights of several parameters as a state_dict holds them: a
+  // trainable one's fp32 masters, a frozen one's compute copies (as fp32).
+  // With several ranks a call every rank makes with the same parameters in
+  // the same order: the masters are gathered from the ranks' shards, each
+  // fetch group's once (its fp32 trainable part in memory at a time), and a
+  // failure on one rank (a name not found, a buffer of another size, other
+  // parameters than the others asked for) fails every rank's call, naming
+  // it. One rank: read_master and read_compute, parameter by parameter.
+  struct WeightRead {
+    std::string_view param;
+    std::span<float> out;
+  };
+  core::Status read_weights(std::span<const WeightRead> reads);
   // The learned fetch sequence (group names; empty before the first step_end).
   std::vector<std::string> fetch_sequence() const;
   // The swap directories (Config::swap_paths(); empty before finalize and when
@@ -337,7 +350,7 @@ class Engine {
   // Group g's fp32 masters gathered from every rank's shard (its trainable
   // part, padding included); a failure reading this rank's own goes to
   // `local` (zeros sent instead), the collective's is returned.
-  core::Status gather_masters(std::size_t g, std::vector<float>& out, core::Status& local);
+  core::Status gather_masters(const char* op, std::size_t g, std::vector<float>& out, core::Status& local);
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count (engine/state/copy_lane.h):

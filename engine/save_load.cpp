@@ -827,7 +827,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   return std::move(ck.blob);
 }
 
-core::Status Engine::gather_masters(std::size_t g, std::vector<float>& out, core::Status& local) {
+core::Status Engine::gather_masters(const char* op, std::size_t g, std::vector<float>& out, core::Status& local) {
   // This rank's shard of the group's masters (padding zero), then every
   // rank's, in rank order: the group's trainable part.
   const GroupPlace& gp = layout_.groups[g];
@@ -841,7 +841,72 @@ core::Status Engine::gather_masters(std::size_t g, std::vector<float>& out, core
   }
   out.resize(static_cast<std::size_t>(gp.trainable_elems));
   return ranks_.weights->all_gather(own.data(), out.data(), own.size(), partition::DType::kF32)
-      .annotate(str_cat("export_safetensors: gathering group '", gp.name, "' from the ranks"));
+      .annotate(str_cat(op, ": gathering group '", gp.name, "' from the ranks"));
+}
+
+core::Status Engine::read_weights(std::span<const WeightRead> reads) {
+  STRATA_ENGINE_ENTRY("read_weights");
+  constexpr const char* kOp = "read_weights";
+  Status ready = step_->wait_optimizer(kOp);
+  if (ready.ok()) ready = step_->abandon_speculation(kOp);  // it may be reading the state read here
+  if (ready.ok()) ready = check_finalized(kOp);
+  if (ready.ok()) ready = check_not_torn(kOp);
+  // Each read's parameter, and a fingerprint of the list the ranks compare.
+  std::vector<std::size_t> index(reads.size(), SIZE_MAX);
+  std::uint64_t asked = 0;
+  for (std::size_t i = 0; i < reads.size(); ++i) {
+    const std::string_view name = reads[i].param;
+    asked = nvme::crc64(asked, std::as_bytes(std::span<const char>(name.data(), name.size())));
+    asked = nvme::crc64(asked, std::as_bytes(std::span<const char>("\n", 1)));  // "ab", "c" is not "a", "bc"
+    if (!ready.ok()) continue;
+    for (std::size_t pi = 0; pi < layout_.params.size() && index[i] == SIZE_MAX; ++pi) {
+      if (layout_.params[pi].name == name) index[i] = pi;
+    }
+    if (index[i] == SIZE_MAX) {
+      ready = Status::not_found(str_cat(kOp, ": no parameter named '", name, "'"));
+    } else if (static_cast<std::int64_t>(reads[i].out.size()) != layout_.params[index[i]].numel()) {
+      ready = Status::invalid_argument(str_cat(kOp, "('", name, "'): ", layout_.params[index[i]].numel(),
+                                               " elements, buffer of ", reads[i].out.size()));
+    }
+  }
+  if (ranks_.share.ranks == 1) {
+    STRATA_RETURN_IF_ERROR(ready);
+    for (std::size_t i = 0; i < reads.size(); ++i) {
+      const bool trainable = layout_.places[index[i]].trainable_offset >= 0;
+      STRATA_RETURN_IF_ERROR(trainable ? read_state_locked(reads[i].param, 0, reads[i].out)
+                                       : read_compute_locked(reads[i].param, reads[i].out));
+    }
+    return Status();
+  }
+  std::vector<std::uint64_t> lists;
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the parameters", std::move(ready), asked, &lists));
+  for (std::size_t r = 0; r < lists.size(); ++r) {
+    if (lists[r] != lists[0]) {
+      return Status::invalid_argument(str_cat(kOp, ": rank ", r, " asked for other parameters (or another order) than rank 0: "
+                                              "every rank asks for the same ones"));
+    }
+  }
+  // Group by group in the layout's order, each gathered once.
+  std::vector<std::vector<std::size_t>> by_group(layout_.groups.size());
+  for (std::size_t i = 0; i < reads.size(); ++i) by_group[layout_.places[index[i]].group].push_back(i);
+  Status local;
+  std::vector<float> gathered;
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    const GroupPlace& gp = layout_.groups[g];
+    bool gather = false;
+    for (std::size_t i : by_group[g]) gather = gather || layout_.places[index[i]].trainable_offset >= 0;
+    if (gather) STRATA_RETURN_IF_ERROR(gather_masters(kOp, g, gathered, local));
+    for (std::size_t i : by_group[g]) {
+      const ParamPlace& pl = layout_.places[index[i]];
+      if (pl.trainable_offset >= 0) {
+        std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(pl.trainable_offset - gp.trainable_begin),
+                    reads[i].out.size(), reads[i].out.begin());
+      } else if (local.ok()) {
+        local = read_compute_locked(reads[i].param, reads[i].out);
+      }
+    }
+  }
+  return agree(kOp, "reading", std::move(local));
 }
 
 core::Status Engine::export_safetensors(const std::string& dir, Precision dtype, std::uint64_t max_shard_bytes) {
@@ -900,7 +965,7 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
         const Step::TrafficPause pause(*step_);  // export traffic is not step traffic
         if (p.trainable && ranks_.share.ranks > 1) {
           if (gathered_group != g) {
-            STRATA_RETURN_IF_ERROR(gather_masters(g, gathered, local));
+            STRATA_RETURN_IF_ERROR(gather_masters(kOp, g, gathered, local));
             gathered_group = g;
           }
           const auto at = static_cast<std::size_t>(layout_.places[pi].trainable_offset - layout_.groups[g].trainable_begin);

@@ -866,6 +866,29 @@ strata_status strata_param_read_master(strata_engine* engine, const char* param,
     return engine->engine->read_master(param, std::span<float>(out, static_cast<std::size_t>(numel)));
   });
 }
+strata_status strata_params_read_weights(strata_engine* engine, const char* const* params, float* const* outs,
+                                         const int64_t* numels, size_t count) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_params_read_weights";
+    STRATA_C_ENTER(fn, engine);
+    if (count > 0) {
+      STRATA_C_NOT_NULL(fn, params);
+      STRATA_C_NOT_NULL(fn, outs);
+      STRATA_C_NOT_NULL(fn, numels);
+    }
+    std::vector<strata::engine::Engine::WeightRead> reads(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (params[i] == nullptr) return core::Status::invalid_argument(str_cat(fn, ": params[", i, "] is NULL"));
+      if (outs[i] == nullptr || numels[i] < 0) {
+        return core::Status::invalid_argument(
+            str_cat(fn, "('", params[i], "'): ", outs[i] == nullptr ? "outs[i] is NULL" : "numels[i] < 0"));
+      }
+      reads[i] = {params[i], std::span<float>(outs[i], static_cast<std::size_t>(numels[i]))};
+    }
+    return engine->engine->read_weights(reads);
+  });
+}
+
 strata_status strata_checkpoint_save(strata_engine* engine, const char* root, const void* blob,
                                      size_t blob_size) noexcept {
   return guard([&]() -> core::Status {

@@ -224,6 +224,49 @@ TEST_F(RanksTest, EachRankKeepsItsShardOfTheState) {
   }
 }
 
+TEST_F(RanksTest, ReadWeightsGathersTheMastersOnEveryRank) {
+  // After two steps on three ranks every rank's read_weights gives every
+  // master whole, bit for bit the elements their owners hold; a call whose
+  // list differs on one rank, or names what is not there, fails on every
+  // rank naming that rank (none waits for the others).
+  const Config c = config("nvme", OverlapMode::kDelayed);
+  std::vector<std::map<std::string, std::vector<float>>> gathered(3);
+  std::vector<core::Status> reordered(3), missing(3);
+  const Outcome held = on_ranks(c, 3, "weights", [&](int r, Engine& e) {
+    Framework f;
+    for (int s = 0; s < 2; ++s) ASSERT_TRUE(micro_batch(e, f, s * 3 + r, true, nullptr).ok());
+    std::map<std::string, std::vector<float>>& mine = gathered[static_cast<std::size_t>(r)];
+    std::vector<Engine::WeightRead> reads;
+    for (const Tensor& t : kTensors) {
+      std::vector<float>& v = mine[t.name];
+      v.assign(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]), -1.0f);
+      reads.push_back({t.name, v});
+    }
+    const core::Status s = e.read_weights(reads);
+    EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s;
+    std::vector<Engine::WeightRead> other = reads;
+    if (r == 1) std::reverse(other.begin(), other.end());
+    reordered[static_cast<std::size_t>(r)] = e.read_weights(other);
+    std::vector<float> none(4);
+    std::vector<Engine::WeightRead> absent = reads;
+    if (r == 2) absent.back() = {"no.such", none};
+    missing[static_cast<std::size_t>(r)] = e.read_weights(absent);
+  });
+  for (int r = 0; r < 3; ++r) {
+    for (const auto& [name, v] : held.master) {
+      const std::vector<float>& got = gathered[static_cast<std::size_t>(r)][name];
+      ASSERT_EQ(got.size(), v.size()) << name;
+      EXPECT_EQ(std::memcmp(got.data(), v.data(), v.size() * sizeof(float)), 0) << "rank " << r << ": " << name;
+    }
+    const core::Status& o = reordered[static_cast<std::size_t>(r)];
+    EXPECT_EQ(o.code(), core::StatusCode::kInvalidArgument) << "rank " << r << ": " << o;
+    EXPECT_NE(o.message().find("rank 1 asked for other parameters"), std::string::npos) << o;
+    const core::Status& m = missing[static_cast<std::size_t>(r)];
+    EXPECT_EQ(m.code(), core::StatusCode::kNotFound) << "rank " << r << ": " << m;
+    EXPECT_NE(m.message().find(r == 2 ? "no parameter named 'no.such'" : "rank 2"), std::string::npos) << m;
+  }
+}
+
 TEST_F(RanksTest, WhatIsNotBuiltForRanksSaysSo) {
   // Speculative updates with ranks: refused at create, before meeting anyone.
   auto spec = Engine::create(config("nvme", OverlapMode::kSpeculative), ranks(0, 2, "refused"));

@@ -2,8 +2,8 @@
 torchrun: the tiny Llama trained through strata.torch with the ranks taken
 from torchrun's environment, one micro-batch per rank per step (rank r's of
 step s is batch s * world + r). Writes this rank's result to
-<out>/rank<r>.pt: its state_dict(shard=True) (other ranks' elements NaN), the
-norm of every step, its losses; then every rank saves a checkpoint into
+<out>/rank<r>.pt: its state_dict(shard=True) (other ranks' elements NaN),
+its state_dict() (gathered from every rank), the norm of every step, its losses; then every rank saves a checkpoint into
 <out>/ckpt and exports into <out>/export.
 
 With a sixth argument "torch_distributed" the script initialises
@@ -46,13 +46,9 @@ def main():
     norms = []
     losses = helpers.train_strata(engine, model, [data[s * world + rank] for s in range(steps)], steps,
                                   on_step=lambda s, st: norms.append(st.grad_norm))
-    try:
-        engine.state_dict()
-        raise AssertionError("state_dict() without shard=True must refuse with several ranks")
-    except strata.Unimplemented:
-        pass
-    torch.save({"state": engine.state_dict(shard=True), "norms": norms, "losses": losses},
-               os.path.join(out, f"rank{rank}.pt"))
+    # state_dict() on every rank: the masters gathered from both shards.
+    torch.save({"state": engine.state_dict(shard=True), "gathered": engine.state_dict(), "norms": norms,
+                "losses": losses}, os.path.join(out, f"rank{rank}.pt"))
     # Every rank saves its shard into one checkpoint (rank 0's client_state
     # with it) and exports: the whole model, gathered, written by rank 0.
     engine.save_checkpoint(os.path.join(out, "ckpt"), client_state={"rank": rank})

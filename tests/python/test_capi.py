@@ -122,6 +122,16 @@ def test_the_step_through_the_host_calls(swap_dir):
         e.read_master("b", b)
         assert list(b) == pytest.approx([0.5, 0.51, 0.52, 0.53])  # no gradient, no decay: unchanged
         assert e.stats().step == 1
+        # read_weights: the masters of trainable parameters, a frozen one's compute copies, in one call.
+        w, b2, frozen = torch.full((32,), float("nan")), torch.full((4,), float("nan")), torch.full((3,), float("nan"))
+        e.read_weights([("w", w), ("b", b2), ("frozen", frozen)])
+        assert torch.equal(w, master) and torch.equal(b2, torch.tensor(list(b)))
+        assert torch.equal(frozen, torch.tensor([0.0, 0.01, 0.02]))  # its initial values (fp32 compute copies)
+        with pytest.raises(strata.InvalidArgument, match=r"read_weights\('w'\): 32 elements, buffer of 31"):
+            e.read_weights([("b", b2), ("w", torch.empty(31))])
+        with pytest.raises(strata.NotFound, match="no parameter named 'nope'"):
+            e.read_weights([("nope", torch.empty(1))])
+        e.read_weights([])  # nothing asked, nothing read
 
 
 def test_swap_stats_split_the_steps_nvme_bytes_over_the_paths(tmp_path):

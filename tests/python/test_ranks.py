@@ -95,6 +95,10 @@ def test_two_ranks_bf16_are_one_rank_accumulating_bit_for_bit(tmp_path, swap_dir
     got = merged(results)
     # Buffers (the rotary tables) are whole on every rank; masters merge.
     helpers.assert_same_bits(got, want, "two ranks vs one rank accumulating")
+    # state_dict() gathers them: every rank's is the whole model, in the model's order.
+    for k, r in enumerate(results):
+        assert list(r["gathered"]) == list(want), f"rank {k}: state_dict()'s keys or order"
+        helpers.assert_same_bits(r["gathered"], want, f"rank {k}'s gathered state_dict vs one rank accumulating")
     # The two ranks' checkpoint loads into one rank, every master where it was;
     # their export is the whole model.
     model = helpers.tiny_llama(seed=1)

@@ -176,6 +176,8 @@ _PROTOTYPES = {
     # 0.5
     "strata_engine_create_ranked": (c_status, [_s, _P(ConfigOptions), _P(Ranks), _P(c_engine_p)]),
     "strata_engine_rank": (c_status, [c_engine_p, _P(ctypes.c_int32), _P(ctypes.c_int32)]),
+    "strata_params_read_weights": (c_status, [c_engine_p, _P(ctypes.c_char_p), _P(_P(ctypes.c_float)),
+                                              _P(ctypes.c_int64), ctypes.c_size_t]),
 }
 
 

@@ -467,6 +467,29 @@ class Engine:
         check(_lib.strata_param_read_master(self.handle, name.encode(),
                                             ctypes.cast(addr, ctypes.POINTER(ctypes.c_float)), nbytes // 4))
 
+    def read_weights(self, reads):
+        """The weights of several parameters as a state_dict holds them:
+        `reads` is a list of (name, out) pairs, out a writable float32 buffer
+        of the parameter's numel; a trainable parameter's fp32 masters, a
+        frozen one's compute copies. With several ranks every rank calls it
+        with the same names in the same order: the masters are gathered from
+        the ranks' shards."""
+        n = len(reads)
+        names = (ctypes.c_char_p * n)()
+        outs = (ctypes.POINTER(ctypes.c_float) * n)()
+        numels = (ctypes.c_int64 * n)()
+        keep = []
+        for i, (name, out) in enumerate(reads):
+            if hasattr(out, "dtype") and str(out.dtype) not in ("torch.float32", "float32"):
+                raise errors.InvalidArgument(f"strata: read_weights writes float32, not {out.dtype} ('{name}')",
+                                             status="INVALID_ARGUMENT")
+            addr, nbytes, k = _address(out, writable=True)
+            keep.append(k)
+            names[i] = name.encode()
+            outs[i] = ctypes.cast(addr, ctypes.POINTER(ctypes.c_float))
+            numels[i] = nbytes // 4
+        check(_lib.strata_params_read_weights(self.handle, names, outs, numels, n))
+
     # --- checkpoints and export -------------------------------------------------------------------
     def save_checkpoint(self, root, blob=b""):
         blob = bytes(blob)

@@ -598,6 +598,19 @@ STRATA_API strata_status strata_lr_set(strata_engine* engine, double lr) STRATA_
 STRATA_API strata_status strata_param_read_master(strata_engine* engine, const char* param, float* out,
                                                   int64_t numel) STRATA_NOEXCEPT;
 
+/* The weights of `count` parameters as a state_dict holds them (0.5): a
+ * trainable parameter's fp32 master weights, a frozen one's compute copies
+ * (as fp32), params[i] into outs[i] (numels[i] floats, caller-owned). With
+ * several ranks a call every rank makes with the same parameters in the same
+ * order: the masters are gathered from the ranks' shards (each fetch group's
+ * once), and a failure on one rank fails every rank's call, naming it.
+ * Errors: INVALID_ARGUMENT (a numel not the parameter's, naming both; ranks
+ * that asked for other parameters), NOT_FOUND, FAILED_PRECONDITION (before
+ * finalize, in the middle of a step's update). */
+STRATA_API strata_status strata_params_read_weights(strata_engine* engine, const char* const* params,
+                                                    float* const* outs, const int64_t* numels,
+                                                    size_t count) STRATA_NOEXCEPT;
+
 
 /* --- checkpoints and export (format: docs/checkpoints.md) ----------------- */
 

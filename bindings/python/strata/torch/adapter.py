@@ -233,14 +233,10 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         """The model's weights under its own names (every alias of a tied weight,
         and buffers, as module.state_dict()): the fp32 masters of trainable
         parameters, the compute copies of frozen ones, in `dtype` on the CPU.
-        With several ranks each holds the masters of its shard only: shard=True
-        gives them (the other ranks' elements NaN); without it, Unimplemented
-        (gathering them is not built yet)."""
-        if self.world_size > 1 and not shard:
-            raise errors.Unimplemented(
-                f"strata.torch: state_dict with {self.world_size} ranks: each rank holds the masters of its shard "
-                f"only; state_dict(shard=True) gives this rank's (the other elements NaN)", status="UNIMPLEMENTED")
-        return self._state_dict(dtype)
+        With several ranks every rank calls it (the masters are gathered from
+        the ranks' shards, each block's once); shard=True gives this rank's
+        own masters instead, without the others (their elements NaN)."""
+        return self._state_dict(dtype, gather=self.world_size > 1 and not shard)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
         """Writes the weights as safetensors under the model's parameter names

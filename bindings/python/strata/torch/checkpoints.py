@@ -17,22 +17,32 @@ class Checkpoints:
     model (`module`) and the groups; resets `_micro` and `_failed` (gradients.py)
     on load."""
 
-    def _state_dict(self, dtype):
+    def _state_dict(self, dtype, gather=False):
         """Engine.state_dict(): the masters of trainable parameters, the compute
-        copies of frozen ones, and the buffers, in model.state_dict()'s order."""
+        copies of frozen ones, and the buffers, in model.state_dict()'s order.
+        `gather`: the masters gathered from every rank's shard in one call
+        every rank makes (read_weights), else read_master's (with several
+        ranks, this rank's shard only)."""
         out = {}
+        masters = []
         for g in self._group_list:
             flat = None
             for rec in g.params:
                 if rec.trainable:
                     t = torch.empty(rec.shape, dtype=torch.float32)
-                    self._engine.read_master(self._name_prefix + rec.name, t)
+                    if gather:
+                        masters.append((self._name_prefix + rec.name, t))
+                    else:
+                        self._engine.read_master(self._name_prefix + rec.name, t)
                 else:
                     if flat is None:
                         flat = self._host_copy(g)
                     t = flat[rec.offset:rec.offset + rec.numel].view(rec.shape).clone()
                 for alias in rec.aliases:
-                    out[alias] = t.to(dtype)
+                    out[alias] = t
+        if gather:
+            self._engine.read_weights(masters)
+        out = {k: v.to(dtype) for k, v in out.items()}
         for name, b in self.module.named_buffers():
             out[name] = b.detach().to("cpu")
         order = self.module.state_dict(keep_vars=True).keys()
