@@ -10,7 +10,10 @@ per step equal to those counted on every steady step, and the loss falling at
 every step. With data-parallel ranks (--ranks 1, 2, 4: threads over Gloo, a
 16M-parameter model of 32 layers of 8 norm blocks, so every rank's shard is
 real elements): every rank's tiers and bytes per step against the plan of one
-rank of N, each rank's disk writes 1/N of one rank's, and with 2 ranks each
+rank of N (device memory: with the compute copies sharded, a rank's peak may
+stay up to one gradient buffer under the plan, drained while a fetch's gather
+waits for the others), each rank's disk writes 1/N of one rank's (its shard
+of the state and, stage 3, of the compute copies), and with 2 ranks each
 rank's bound measured. The numbers are recomputed here from the planned and measured
 bytes, not taken from the tool's verdict. Also: a run that would not fit the
 disk limit is refused with a message naming the limit, a bad flag names itself.
@@ -150,19 +153,22 @@ def main():
                 planned, measured = c["planned"], c["measured"]
                 if what.endswith(tuple(LINKS)):
                     ok = planned == measured
+                elif measured and measured < planned and c["below"]:
+                    # A bound the run may stay under (device memory at stage 3: one gradient buffer).
+                    ok = planned - measured <= c["below"] + TOLERANCE * measured
                 else:
                     ok = planned == measured if measured == 0 else abs(planned - measured) <= TOLERANCE * measured
                 check(ok, f"--ranks {n}: {what}: planned {planned} B, measured {measured} B")
             key = (lambda w: w if n == 1 else f"rank 0: {w}")
             per_rank[n] = {w: checks[key(w)]["measured"] for w in ("moved disk write", "moved device->host")}
         one = per_rank[1]
-        # Writes: the rank's shard of the state once (every shard is real elements
-        # here), plus its whole compute copies sent home to nvme (c B each, as many
-        # bytes as the gradients that come down).
-        state = lambda b: b["moved disk write"] - b["moved device->host"]
+        # Writes: the rank's shard of the state once, and (stage 3) its shard of
+        # the compute copies sent home to nvme: 1/N of one rank's (every shard is
+        # real elements here).
         for n in (2, 4):
-            check(state(per_rank[n]) * n == state(one),
-                  f"--ranks {n}: state written {state(per_rank[n])} B, not 1/{n} of {state(one)} B")
+            written = per_rank[n]["moved disk write"]
+            check(written * n == one["moved disk write"],
+                  f"--ranks {n}: {written} B written, not 1/{n} of {one['moved disk write']} B")
             # Every rank's gradients come down whole.
             check(per_rank[n]["moved device->host"] == one["moved device->host"],
                   f"--ranks {n}: device->host {per_rank[n]['moved device->host']} B")

@@ -198,11 +198,6 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
       // anew) before the directory is gone.
       STRATA_RETURN_IF_ERROR(e->ranks_.weights->barrier().annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks")));
     }
-    if (config.zero.stage == 3 && ranks.rank == 0) {
-      STRATA_LOG(kInfo) << "zero_optimization.stage 3 with " << ranks.size
-                        << " ranks: the optimizer state is sharded; the compute copies are kept whole on each "
-                           "rank (their sharding is not built yet)";
-    }
   }
   return e;
 }
@@ -373,10 +368,25 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (layout_.params[pi].name != param) continue;
     const ParamPlace& pl = layout_.places[pi];
+    Status fits;
     if (static_cast<std::int64_t>(out.size()) != layout_.params[pi].numel()) {
-      return Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
+      fits = Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
                                               " elements, buffer of ", out.size()));
     }
+    if (layout_.compute_sharded) {
+      // Stage 3 over several ranks: a call every rank makes; the group's
+      // shards gathered (each rank's pending copy where one waits), whatever
+      // this rank's buffer, so that no rank waits for another.
+      gpu::PinnedBuffer staging;
+      const Step::TrafficPause pause(*step_);  // inspection is not step traffic
+      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host,
+                              homes_->gather(pl.group, staging, step_lane(), /*pending=*/true));
+      STRATA_RETURN_IF_ERROR(fits);
+      from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes,
+                   config_.precision);
+      return Status();
+    }
+    STRATA_RETURN_IF_ERROR(fits);
     if (const std::byte* pending = homes_->pending_copy(pl.group); pending != nullptr) {
       // "delayed" with several ranks: the newest copies, not yet home.
       from_compute(pending + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);

@@ -140,13 +140,14 @@ class Engine {
   // shard only: with one micro-batch per rank, bit for bit what one rank
   // accumulating them in that order forms); the norm is the sum of the block partials
   // in block order, so every rank clips and skips alike; the new compute
-  // copies are all-gathered so that every rank holds them whole. Swap files
-  // go under <swap path>/rank-<r> (created). Not yet with several ranks:
-  // strata.overlap "speculative", checkpoints and export
-  // (kUnimplemented); stage 3 keeps the compute copies whole on every rank.
-  // read_state reads this rank's shard: other ranks' elements are NaN;
-  // read_compute under "delayed" reads pending copies without committing
-  // them. Every rank must register the same parameters with the same
+  // copies are all-gathered so that every rank holds them whole; at
+  // zero_optimization.stage 3 each rank keeps only its shard of them
+  // instead, and each fetch gathers the group (layout.h; read_compute is
+  // then a call every rank makes). Swap files go under <swap path>/rank-<r>
+  // (created). Not yet with several ranks: strata.overlap "speculative"
+  // (kUnimplemented). read_state reads this rank's shard: other ranks'
+  // elements are NaN; read_compute under "delayed" reads pending copies
+  // without committing them. Every rank must register the same parameters with the same
   // initial values (finalize compares their CRC64: kFailedPrecondition
   // naming the rank that differs) and call grads_ready for the same groups
   // in the same order: a step whose sums were paired across groups fails on
@@ -290,6 +291,9 @@ class Engine {
   // optimizer's in OptimizerSpec's order (AdamW: 1 exp_avg, 2 exp_avg_sq;
   // Lion: 1 exp_avg; Adagrad: 1 exp_avg_sq), as fp32 (bf16 moments widened, exactly).
   core::Status read_state(std::string_view param, int which, std::span<float> out);
+  // At zero_optimization.stage 3 with several ranks read_compute is a call
+  // every rank makes, for the same parameters in the same order (each rank
+  // keeps a shard of the compute copies: the group's are gathered).
   core::Status read_compute(std::string_view param, std::span<float> out);
   // The weights of several parameters as a state_dict holds them: a
   // trainable one's fp32 masters, a frozen one's compute copies (as fp32).

@@ -42,19 +42,17 @@ namespace {
 // What a schedule's extra copies (Schedule::extra_memory) measure in this
 // layout (ExtraShape: compute copies in whole groups).
 ExtraShape extra_shape(const Layout& layout) {
-  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   ExtraShape shape;
   shape.nvme_state_bytes = StateStore::nvme_bytes(layout, false);
   for (const GroupPlace& gp : layout.groups) {
-    const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
-    if (gp.chunk_count > 0) shape.trainable_group_compute_bytes += compute;
+    if (gp.chunk_count > 0) shape.trainable_group_compute_bytes += layout.home_bytes(gp);
   }
   // Each group with a chunk on nvme once (runs come in group order).
   std::size_t counted = layout.groups.size();
   for (const ChunkRun& r : layout.chunk_runs) {
     if (r.state_tier != Tier::kNvme || r.group == counted) continue;
     counted = r.group;
-    shape.nvme_group_compute_bytes += static_cast<std::uint64_t>(layout.groups[r.group].compute_elems) * cb;
+    shape.nvme_group_compute_bytes += layout.home_bytes(layout.groups[r.group]);
   }
   return shape;
 }
@@ -73,7 +71,7 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
   std::uint64_t bytes = 0;
   for (const GroupPlace& g : layout.groups) {
     if (g.compute_tier == Tier::kNvme) {
-      bytes += aligned(g.compute_elems, static_cast<std::uint64_t>(layout.compute_bytes));
+      bytes += aligned(layout.home_elems(g), static_cast<std::uint64_t>(layout.compute_bytes));
     }
   }
   for (const ChunkRun& r : layout.chunk_runs) {
@@ -96,7 +94,7 @@ std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
   std::uint64_t backward = 0;
   for (const GroupPlace& gp : layout.groups) {
     const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
-    const std::uint64_t fetched = gp.compute_tier == Tier::kDevice ? 0 : buffer(elems * cb);
+    const std::uint64_t fetched = layout.fetched_in_place(gp) ? 0 : buffer(elems * cb);
     const std::uint64_t grads = gp.trainable_elems > 0 ? buffer(elems * cb) : 0;
     backward = std::max(backward, fetched + grads);
   }
@@ -116,8 +114,7 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
   std::uint64_t bytes = 0;
   for (const GroupPlace& gp : layout.groups) {
     if (gp.compute_tier != Tier::kDevice) continue;
-    bytes += core::align_up(static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(layout.compute_bytes),
-                            align);
+    bytes += core::align_up(layout.home_bytes(gp), align);
   }
   for (const ChunkRun& r : layout.chunk_runs) {
     if (r.state_tier == Tier::kDevice) bytes += r.count * core::align_up(layout.state_bytes(r), align);
@@ -259,7 +256,10 @@ core::Status Engine::finalize_locked() {
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
   const double homes_t0 = total.elapsed_s();
-  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_));
+  // A sharded home's gathers run on the caller's thread (fetch, read_compute,
+  // export), over the communicator the caller's calls use.
+  STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_,
+                                                       layout_.compute_sharded ? ranks_.weights.get() : nullptr));
   const double values_t0 = total.elapsed_s();
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
@@ -538,10 +538,10 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     if (layout_.share.ranks > 1) {
       for (const auto& [pi, v] : values) *fingerprint = nvme::crc64(*fingerprint, std::as_bytes(std::span<const float>(v)));
     }
-    gpu::PinnedBuffer staging;
+    gpu::PinnedBuffer staging, shard;
     const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
     std::span<std::byte> host;
-    if (gp.compute_tier == Tier::kPinned) {
+    if (gp.compute_tier == Tier::kPinned && !layout_.compute_sharded) {
       host = homes_->pinned_home(g).bytes();
     } else {
       STRATA_ASSIGN_OR_RETURN(staging,
@@ -551,6 +551,19 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     std::memset(host.data(), 0, host.size());
     for (const auto& [pi, v] : values) {
       to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
+    }
+    if (layout_.compute_sharded) {  // this rank's shard of them
+      const std::uint64_t home = homes_->bytes(g);
+      std::span<std::byte> packed;
+      if (gp.compute_tier == Tier::kPinned) {
+        packed = homes_->pinned_home(g).bytes();
+      } else {
+        STRATA_ASSIGN_OR_RETURN(shard,
+                                dev().allocate_pinned(core::align_up(home, core::kDirectIoAlignment), "compute staging"));
+        packed = shard.bytes().first(home);
+      }
+      pack_home(layout_, g, ranks_.share.rank, host, packed);
+      host = packed;
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
     // Master weights, chunk by chunk (moments start at zero).

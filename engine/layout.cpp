@@ -5,6 +5,8 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <tuple>
+#include <utility>
 
 #include "core/numerics.h"
 #include "core/str.h"
@@ -43,6 +45,7 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
   l.grad_bytes =
       config.precision != Precision::kFp32 && config.gradient_accumulation_steps == 1 && share.ranks == 1 ? 2 : 4;
   l.share = share;
+  l.compute_sharded = config.zero.stage == 3 && share.ranks > 1;
   l.optimizer = optimizer_spec(config.optimizer.type, config.strata.optimizer_state.format);
 
   // Validate, and group by fetch group in first-registration order.
@@ -90,7 +93,7 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
   std::int64_t trainable = 0;
   for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
     GroupPlace& g = l.groups[gi];
-    std::int64_t compute = 0, own = 0;
+    std::int64_t compute = 0, own = 0, frozen = 0;
     for (std::size_t pi : g.params) {
       const std::int64_t n = params[pi].numel();
       ParamPlace& place = l.places[pi];
@@ -100,9 +103,14 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
       if (params[pi].trainable) {
         place.trainable_offset = trainable + own;
         own = round_up(own + n, trainable_align);
+      } else if (l.compute_sharded) {
+        place.frozen_offset = frozen;
+        frozen = round_up(frozen + n, kParamAlignElems);
       }
     }
     g.compute_elems = compute;
+    g.frozen_elems = round_up(frozen, kParamAlignElems * share.ranks);
+    g.frozen_shard_elems = g.frozen_elems / share.ranks;
     g.trainable_begin = trainable;
     g.trainable_elems = round_up(own, kBlock * share.ranks);
     g.shard_elems = g.trainable_elems / share.ranks;
@@ -213,13 +221,40 @@ std::vector<Layout::Piece> Layout::pieces(const ChunkPlace& chunk) const {
   return out;
 }
 
+Layout::ShardPiece Layout::shard_of(std::size_t param, int rank) const {
+  const ParamPlace& pl = places[param];
+  const GroupPlace& g = groups[pl.group];
+  const std::int64_t n = params[param].numel();
+  // The parameter's elements in [begin, begin + size) of its space, which
+  // starts at `at`.
+  auto part = [n](std::int64_t at, std::int64_t begin, std::int64_t size) {
+    const std::int64_t lo = std::clamp(begin - at, std::int64_t{0}, n);
+    const std::int64_t hi = std::clamp(begin + size - at, std::int64_t{0}, n);
+    return std::pair{lo, std::max(lo, hi)};
+  };
+  ShardPiece s;
+  if (pl.trainable_offset >= 0) {
+    const std::int64_t begin = g.trainable_begin + rank * g.shard_elems;
+    std::tie(s.lo, s.hi) = part(pl.trainable_offset, begin, g.shard_elems);
+    s.home = compute_sharded ? pl.trainable_offset + s.lo - begin : pl.compute_offset + s.lo;
+  } else if (compute_sharded) {
+    const std::int64_t begin = rank * g.frozen_shard_elems;
+    std::tie(s.lo, s.hi) = part(pl.frozen_offset, begin, g.frozen_shard_elems);
+    s.home = g.shard_elems + pl.frozen_offset + s.lo - begin;
+  } else {
+    if (static_cast<int>(param % static_cast<std::size_t>(share.ranks)) == rank) s.hi = n;
+    s.home = pl.compute_offset;
+  }
+  return s;
+}
+
 TierBytes Layout::bytes() const {
   TierBytes b;
   auto add = [&b](Tier t, std::uint64_t n) {
     (t == Tier::kDevice ? b.device : t == Tier::kPinned ? b.pinned : b.nvme) += n;
   };
   for (const GroupPlace& g : groups) {
-    add(g.compute_tier, static_cast<std::uint64_t>(g.compute_elems) * static_cast<std::uint64_t>(compute_bytes));
+    add(g.compute_tier, home_bytes(g));
   }
   for (const ChunkRun& r : chunk_runs) add(r.state_tier, r.count * state_bytes(r));
   // The host gradients (with several ranks, the rank's shards only).

@@ -32,6 +32,13 @@
 //   owns shard `rank` of each group, and its chunks cover its shards only:
 //   it keeps optimizer state for them alone, split between the tiers as the
 //   placement rule says for its own elements.
+// - At zero_optimization.stage 3 with several ranks (compute_sharded) the
+//   compute copies are sharded too: a group's home on rank r holds the
+//   compute copies of r's trainable shard (in the trainable layout, so the
+//   optimizer writes them where it updates the masters), then r's shard of
+//   the group's frozen part (the frozen parameters packed, each on a
+//   kParamAlignElems boundary, padded to N equal shards). A fetch gathers
+//   every rank's home and unpacks them into the group's compute buffer.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +76,7 @@ struct ParamPlace {
   std::size_t group = 0;             // index into Layout::groups
   std::int64_t compute_offset = 0;   // in the group's compute buffer (elements)
   std::int64_t trainable_offset = -1;  // in the trainable space; -1 when frozen
+  std::int64_t frozen_offset = -1;   // frozen, compute_sharded: in the group's frozen part
 };
 
 struct GroupPlace {
@@ -83,6 +91,10 @@ struct GroupPlace {
   // norm blocks): the whole part with one rank.
   std::int64_t shard_begin = 0;
   std::int64_t shard_elems = 0;
+  // compute_sharded: the group's frozen part (padded to N equal shards) and
+  // each rank's shard of it; 0 otherwise.
+  std::int64_t frozen_elems = 0;
+  std::int64_t frozen_shard_elems = 0;
 };
 
 // Which share of the model this layout's rank keeps (DESIGN.md section 10).
@@ -137,6 +149,9 @@ struct Layout {
   int grad_bytes = 2;                // per host gradient element (DESIGN.md section 1)
   OptimizerSpec optimizer;           // the state per trainable element (engine/optimizer_spec.h)
   RankShare share;                   // this rank's share; the chunks are its shards'
+  // zero_optimization.stage 3 with several ranks: each rank's compute homes
+  // hold its shard of each group's compute copies (the header's comment).
+  bool compute_sharded = false;
 
   // Bytes of a chunk's state (the master and the optimizer's arrays), wherever it lives.
   std::uint64_t state_bytes(const ChunkPlace& c) const { return optimizer.state_bytes(c.elems); }
@@ -153,6 +168,29 @@ struct Layout {
     std::int64_t lo, hi;
   };
   std::vector<Piece> pieces(const ChunkPlace& chunk) const;
+  // Elements and bytes of a group's compute home on this rank: its compute
+  // buffer, or with compute_sharded its trainable shard and frozen shard.
+  std::int64_t home_elems(const GroupPlace& g) const {
+    return compute_sharded ? g.shard_elems + g.frozen_shard_elems : g.compute_elems;
+  }
+  std::uint64_t home_bytes(const GroupPlace& g) const {
+    return static_cast<std::uint64_t>(home_elems(g)) * static_cast<std::uint64_t>(compute_bytes);
+  }
+  // Whether a fetch hands out the group's home itself (a whole home on the
+  // device), not a copy of it.
+  bool fetched_in_place(const GroupPlace& g) const { return g.compute_tier == Tier::kDevice && !compute_sharded; }
+  // Rank `rank`'s part of parameter `param`: elements [lo, hi) (lo == hi:
+  // none), and where lo sits in that rank's compute home (compute_sharded;
+  // else at compute_offset + lo of the whole buffer). A trainable parameter's
+  // part is what its shard of the trainable space covers; a frozen one's,
+  // with compute_sharded, what its shard of the frozen part covers, else the
+  // whole parameter on rank param mod N (what a checkpoint's file of that
+  // rank holds). The parts of all ranks cover the parameter once.
+  struct ShardPiece {
+    std::int64_t lo = 0, hi = 0;
+    std::int64_t home = 0;
+  };
+  ShardPiece shard_of(std::size_t param, int rank) const;
   // Counted from chunk_runs: valid before expand_chunks.
   TierBytes bytes() const;
   const GroupPlace* find_group(std::string_view name) const;

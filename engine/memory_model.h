@@ -49,6 +49,11 @@ inline constexpr std::uint64_t kNoRoomLimit = core::MemoryBudget::kUnlimited;
 // once: one being passed into the host gradients, one landing.
 inline constexpr int kGradientCopiesInFlight = 2;
 
+// Stage 3 over several ranks: the bytes before each rank's home in a
+// fetch's gather (the group and the gather's number, which the ranks
+// compare: ComputeHomes::gather).
+inline constexpr std::uint64_t kGatherTagBytes = 16;
+
 // The largest buffers the step's pinned working memory is sized by, in bytes
 // (0 where the layout has none). The engine's come from its layout
 // (working_memory.h's pinned_working_bytes), the planner's from its estimate.
@@ -70,7 +75,8 @@ struct WorkingShape {
   std::uint64_t device_chunk_compute_bytes = 0;
   // Several data-parallel ranks: a trainable group's fp32 gradients to sum
   // plus the rank's summed shard (the pass), and its compute copies of every
-  // rank gathered (the optimizer), the largest; 0 with one rank.
+  // rank gathered (the optimizer; at stage 3 a fetch, with each rank's tag
+  // and the group unpacked whole), the largest; 0 with one rank.
   std::uint64_t ranks_gradient_bytes = 0;
   std::uint64_t ranks_compute_bytes = 0;
 };

@@ -118,27 +118,16 @@ std::vector<std::size_t> trainable_in(const Layout& layout, const GroupPlace& gp
 // or nothing (lo == hi).
 using HeldRanges = std::vector<std::pair<std::int64_t, std::int64_t>>;
 
-// What rank `rank` of `ranks` saves of each parameter: with one rank every
-// parameter whole; with several, of a trainable parameter the elements in
-// the rank's shard of its group (the layout's rule: the group's padded
-// trainable part cut into `ranks` equal shards), and a frozen parameter
-// whole in the file of rank (its index mod ranks).
-HeldRanges held_ranges(const Layout& layout, int rank, int ranks) {
+// What rank `rank` of the layout's ranks saves of each parameter: its part
+// (Layout::shard_of): with one rank every parameter whole; with several, of
+// a trainable parameter the elements in the rank's shard of its group, and
+// of a frozen one its shard of the group's frozen part at stage 3, else the
+// whole parameter in the file of rank (its index mod ranks).
+HeldRanges held_ranges(const Layout& layout, int rank) {
   HeldRanges out(layout.params.size());
-  for (const GroupPlace& gp : layout.groups) {
-    const std::int64_t shard = gp.trainable_elems / ranks;
-    const std::int64_t begin = gp.trainable_begin + rank * shard;
-    for (std::size_t pi : gp.params) {
-      const std::int64_t n = layout.params[pi].numel();
-      const std::int64_t off = layout.places[pi].trainable_offset;
-      if (off < 0) {
-        if (static_cast<int>(pi % static_cast<std::size_t>(ranks)) == rank) out[pi] = {0, n};
-        continue;
-      }
-      const std::int64_t lo = std::clamp(begin - off, std::int64_t{0}, n);
-      const std::int64_t hi = std::clamp(begin + shard - off, std::int64_t{0}, n);
-      out[pi] = {lo, lo < hi ? hi : lo};
-    }
+  for (std::size_t pi = 0; pi < layout.params.size(); ++pi) {
+    const Layout::ShardPiece s = layout.shard_of(pi, rank);
+    out[pi] = {s.lo, s.hi};
   }
   return out;
 }
@@ -207,7 +196,7 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
     for (int r = 0; r < ranks; ++r) {
       CheckpointStateFile f{
           .file = checkpoint_shard_file(r, ranks), .crc64 = state_crcs[static_cast<std::size_t>(r)], .ranges = {}, .whole = false};
-      const HeldRanges held = held_ranges(layout, r, ranks);
+      const HeldRanges held = held_ranges(layout, r);
       for (std::size_t pi = 0; pi < held.size(); ++pi) {
         if (held[pi].first < held[pi].second) {
           f.ranges.push_back({static_cast<std::int64_t>(pi), held[pi].first, held[pi].second});
@@ -467,7 +456,7 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
   // declared in that order, so the header and then the data go out front
   // to back.
   const RankShare share = ranks_.share;
-  const HeldRanges held = held_ranges(layout_, share.rank, share.ranks);
+  const HeldRanges held = held_ranges(layout_, share.rank);
   const int cb = layout_.compute_bytes;
   // Destruction order: the writer (which waits for its writes) before the backend.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
@@ -484,7 +473,8 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
     for (std::size_t pi : gp.params) {
       const auto [lo, hi] = held[pi];
       if (lo == hi) continue;
-      const auto at = static_cast<std::size_t>(layout_.places[pi].compute_offset + lo);
+      // Where element lo sits in the home (the whole buffer, or a shard at stage 3).
+      const auto at = static_cast<std::size_t>(layout_.shard_of(pi, share.rank).home);
       STRATA_RETURN_IF_ERROR(writer.write_raw(layout_.params[pi].name + ".compute",
                                               host.subspan(at * cb, static_cast<std::size_t>(hi - lo) * cb)));
     }
@@ -763,7 +753,7 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation("load_checkpoint"));  // it read state the load replaces
   const Sources sources = sources_of(ck.files, layout_);
-  const HeldRanges own = held_ranges(layout_, ranks_.share.rank, ranks_.share.ranks);
+  const HeldRanges own = held_ranges(layout_, ranks_.share.rank);
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
@@ -772,11 +762,23 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
     StateArrays arrays;
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
-      // Every rank keeps whole compute copies: each piece from the file that holds it.
-      for (const Held& h : sources[pi]) {
-        const auto at = static_cast<std::size_t>(layout_.places[pi].compute_offset + h.lo);
-        STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw(
-            p.name + ".compute", host.subspan(at * cb, static_cast<std::size_t>(h.hi - h.lo) * cb)));
+      if (!layout_.compute_sharded) {
+        // Every rank keeps whole compute copies: each piece from the file that holds it.
+        for (const Held& h : sources[pi]) {
+          const auto at = static_cast<std::size_t>(layout_.places[pi].compute_offset + h.lo);
+          STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw(
+              p.name + ".compute", host.subspan(at * cb, static_cast<std::size_t>(h.hi - h.lo) * cb)));
+        }
+      } else {
+        // Stage 3: this rank's part only, from the files that hold it.
+        const Layout::ShardPiece part = layout_.shard_of(pi, ranks_.share.rank);
+        for (const Held& h : sources[pi]) {
+          const std::int64_t x = std::max(part.lo, h.lo), y = std::min(part.hi, h.hi);
+          if (x >= y) continue;
+          STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw_range(
+              p.name + ".compute", static_cast<std::uint64_t>(x - h.lo) * static_cast<std::uint64_t>(cb),
+              host.subspan(static_cast<std::size_t>(part.home + (x - part.lo)) * cb, static_cast<std::size_t>(y - x) * cb)));
+        }
       }
       // The optimizer's arrays of this rank's elements only.
       if (!p.trainable || own[pi].first == own[pi].second) continue;
@@ -901,8 +903,9 @@ core::Status Engine::read_weights(std::span<const WeightRead> reads) {
       if (pl.trainable_offset >= 0) {
         std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(pl.trainable_offset - gp.trainable_begin),
                     reads[i].out.size(), reads[i].out.begin());
-      } else if (local.ok()) {
-        local = read_compute_locked(reads[i].param, reads[i].out);
+      } else if (local.ok() || layout_.compute_sharded) {  // (stage 3: a gather every rank takes part in)
+        Status read = read_compute_locked(reads[i].param, reads[i].out);
+        if (local.ok()) local = std::move(read);
       }
     }
   }
@@ -970,6 +973,10 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
           }
           const auto at = static_cast<std::size_t>(layout_.places[pi].trainable_offset - layout_.groups[g].trainable_begin);
           std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
+        } else if (!p.trainable && layout_.compute_sharded) {
+          // Stage 3: every rank takes part in gathering the group's compute copies.
+          Status read = read_compute_locked(p.name, v);
+          if (local.ok()) local = std::move(read);
         } else if (writes && local.ok()) {
           local = p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v);
         }

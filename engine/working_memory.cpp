@@ -12,14 +12,23 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
   std::uint64_t ranks_gradient = 0, ranks_compute = 0;
   for (const GroupPlace& gp : layout.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
-    const std::uint64_t staged = core::align_up(compute, core::kDirectIoAlignment);  // ComputeHomes::load
+    const std::uint64_t staged = core::align_up(layout.home_bytes(gp), core::kDirectIoAlignment);  // ComputeHomes::load
     if (gp.trainable_elems > 0) {
       wire = std::max(wire, compute);
       packed = std::max(packed, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
       if (layout.share.ranks > 1) {
         ranks_gradient = std::max(ranks_gradient, static_cast<std::uint64_t>(gp.trainable_elems + gp.shard_elems) * 4);
+      }
+      if (layout.share.ranks > 1 && !layout.compute_sharded) {  // the optimizer's gather of the new copies
         ranks_compute = std::max(ranks_compute, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
       }
+    }
+    if (layout.compute_sharded) {
+      // A fetch gathers every rank's home (with its tag) and unpacks them
+      // whole (ComputeHomes::gather).
+      const auto n = static_cast<std::uint64_t>(layout.share.ranks);
+      ranks_compute = std::max(ranks_compute, n * (kGatherTagBytes + layout.home_bytes(gp)) +
+                                                  core::align_up(compute, core::kDirectIoAlignment));
     }
     if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);
     if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);

@@ -20,7 +20,10 @@ using core::str_cat;
 
 core::Result<std::unique_ptr<Fetcher>> Fetcher::create(const Parts& parts) {
   std::unique_ptr<Fetcher> f(new Fetcher(parts));
-  if (!parts.schedule.threaded()) return f;
+  // A sharded group's copy is gathered over the ranks, on the caller's
+  // thread in the framework's fetch order, the same on every rank: not on
+  // a prefetch thread, whose copies (and drops) depend on timing.
+  if (!parts.schedule.threaded() || parts.layout.compute_sharded) return f;
   const auto cb = static_cast<std::uint64_t>(parts.layout.compute_bytes);
   Fetcher* self = f.get();
   STRATA_ASSIGN_OR_RETURN(
@@ -81,7 +84,7 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream)
     STRATA_RETURN_IF_ERROR(parts_.runner.error("fetch"));  // its error, if any
   }
   sequence_.note_fetch(g);
-  if (gp.compute_tier == Tier::kDevice) {
+  if (parts_.layout.fetched_in_place(gp)) {
     groups_[g].fetched = true;
     return parts_.homes.device_home(g).span();
   }
@@ -127,8 +130,9 @@ core::Result<gpu::DeviceSpan> Fetcher::hand_over(std::size_t g, gpu::DeviceBuffe
 
 core::Result<std::shared_ptr<gpu::Event>> Fetcher::queue_copy(std::size_t g, gpu::DeviceSpan dst,
                                                               const CopyLane& lane) {
-  gpu::PinnedBuffer staging;  // compute copies whose home is not pinned pass through it
-  core::Result<std::span<std::byte>> host = parts_.homes.load(g, staging, lane);
+  gpu::PinnedBuffer staging;  // compute copies whose home is not pinned (or is a shard) pass through it
+  core::Result<std::span<std::byte>> host =
+      parts_.layout.compute_sharded ? parts_.homes.gather(g, staging, lane) : parts_.homes.load(g, staging, lane);
   if (!host.ok()) {
     parts_.pinned_cache.put(std::move(staging));
     return std::move(host).status();
@@ -208,8 +212,12 @@ core::Status Fetcher::release(std::size_t g, gpu::Stream* used_on) {
     STRATA_RETURN_IF_ERROR(dev.synchronize(*f.landed));
   }
   f.landed.reset();
-  if (parts_.schedule.threaded() && parts_.layout.groups[g].compute_tier != Tier::kDevice) {
-    // The threaded schedules keep it while current, within the room.
+  const GroupPlace& gp = parts_.layout.groups[g];
+  if (parts_.schedule.threaded() && !parts_.layout.fetched_in_place(gp) && !parts_.layout.compute_sharded) {
+    // The threaded schedules keep it while current, within the room (not a
+    // sharded group's: whether a copy is still kept depends on the device
+    // budget's state, which can differ between the ranks, and every rank
+    // must gather the same groups).
     resident_->keep(g, std::move(f.working), std::move(fence));
     f.working = {};
     resident_->make_room(live_bytes(), 0, SIZE_MAX, sequence_);
@@ -234,7 +242,7 @@ core::Result<const gpu::DeviceBuffer*> Fetcher::fetched_buffer(std::size_t g) co
     return Status::failed_precondition(
         str_cat("lend_view('", gp.name, "'): the group is not fetched; its compute copies are lent while fetched"));
   }
-  return gp.compute_tier == Tier::kDevice ? &parts_.homes.device_home(g) : &groups_[g].working;
+  return parts_.layout.fetched_in_place(gp) ? &parts_.homes.device_home(g) : &groups_[g].working;
 }
 
 core::Result<gpu::DeviceBuffer> Fetcher::allocate_working(std::uint64_t bytes, const std::string& what) {
@@ -262,7 +270,7 @@ core::Result<gpu::DeviceBuffer> Fetcher::allocate_working(std::uint64_t bytes, c
 void Fetcher::issue_prefetches() {
   if (prefetcher_ == nullptr) return;
   prefetcher_->issue(sequence_, *resident_, fetched_bytes(), [this](std::size_t g) {
-    return groups_[g].fetched || parts_.layout.groups[g].compute_tier == Tier::kDevice;
+    return groups_[g].fetched || parts_.layout.fetched_in_place(parts_.layout.groups[g]);
   });
 }
 

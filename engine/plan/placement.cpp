@@ -107,6 +107,7 @@ struct Evaluation {
   std::string window_detail(std::int64_t n) const {
     return str_cat(groups_of(n), " x ", c, " B (",
                    !threaded           ? "the fetched one: strata.overlap \"none\" keeps none"
+                   : sharded           ? "the fetched one: at stage 3 with ranks each fetch gathers the group anew"
                    : persistent_groups ? "all: each under stage3_param_persistence_threshold"
                                        : "fetched, prefetched and kept, within stage3_max_live_parameters",
                    n < window_groups ? " and the device budget" : "", ")");
@@ -128,6 +129,11 @@ struct Evaluation {
   std::int64_t T = 0;            // trainable parameters
   int N = 1;                     // data-parallel ranks
   std::int64_t T_rank = 0;       // the rank's trainable elements (its shards, padded; T with one rank)
+  // Stage 3 with several ranks (Layout::compute_sharded): each rank's
+  // compute homes hold its shard, each fetch gathers the group whole (no
+  // prefetched or kept copies), the optimizer gathers nothing.
+  bool sharded = false;
+  std::int64_t home = 0;         // a trainable group's home on this rank (elements): the group, or its shard
   std::int64_t L = 0;            // layers (fetch groups)
   std::uint64_t c = 0;           // bytes of a compute copy's element
   std::uint64_t accum = 0;       // gradient_accumulation_steps
@@ -146,6 +152,9 @@ struct Evaluation {
   std::int64_t t_keep = 0;  // CPU-updated and resident in pinned memory
   std::int64_t t_nvme = 0;
   bool params_offloaded = false;
+  // A fetch copies the group (its home is not on the device, or holds a
+  // shard only): the fetch window, and the fetches' traffic.
+  bool fetches_copy = false;
   Tier param_tier = Tier::kDevice;
   // A fetch group (the largest), and the groups with something to train.
   std::int64_t group = 0;
@@ -179,15 +188,18 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   // included, which is what each keeps state for.
   T_rank = N == 1 ? T : shape.group_trainable * L;
   if (N > 1) g = 4;  // host gradients summed over the ranks: fp32
+  sharded = N > 1 && cfg.zero.stage == 3;
   const OptimizerSplit split = split_optimizer_state(T_rank, pl.optimizer_device, pl.optimizer_ratio,
                                                      pl.optimizer_cpu_fraction);
   t_gpu = split.device_elems;
   t_keep = split.pinned_elems;
   t_nvme = split.nvme_elems;
   params_offloaded = pl.param_device != OffloadDevice::kNone;
+  fetches_copy = params_offloaded || sharded;
   param_tier = tier_of(pl.param_device);
   group = m.group_params;
   group_bytes = sat_mul(u64(group), c);
+  home = sharded ? (T > 0 ? shape.group_trainable : ceil_div(group, N)) : group;
   trainable_groups = T > 0 ? std::clamp<std::int64_t>(ceil_div(T, group), 1, L) : 0;
   persistent_groups = !m.has_shape && group <= cfg.zero.stage3_param_persistence_threshold;
 }
@@ -197,7 +209,14 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
 void add_compute_copies(Evaluation& e) {
   const std::int64_t P = e.P, L = e.L, group = e.group;
   const std::uint64_t c = e.c;
-  e.add("compute_copies", e.param_tier, sat_mul(u64(P), c), count_times(P, c, e.prec));
+  if (e.sharded) {
+    // The rank's shards: of the trainable groups, as the optimizer's; of the frozen parameters, 1/N.
+    const std::int64_t own = e.T_rank + ceil_div(P - e.T, e.N);
+    e.add("compute_copies", e.param_tier, sat_mul(u64(own), c),
+          count_times(own, c, str_cat(e.prec, ", the rank's shards: stage 3 over ", e.N, " ranks")));
+  } else {
+    e.add("compute_copies", e.param_tier, sat_mul(u64(P), c), count_times(P, c, e.prec));
+  }
   // Device copies of offloaded compute copies (the threaded schedules: the
   // fetched, prefetched and resident ones, which share
   // stage3_max_live_parameters; groups of at most
@@ -206,9 +225,9 @@ void add_compute_copies(Evaluation& e) {
   // window and the gradient buffers below give way to a device budget
   // (fitted at the end).
   const std::int64_t live_groups = std::min<std::int64_t>(L, e.cfg.zero.stage3_max_live_parameters / group);
-  if (e.params_offloaded) {
-    e.window_groups = !e.threaded ? 1 : e.persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
-    e.resident_groups = !e.threaded ? 0 : e.persistent_groups ? L : live_groups;
+  if (e.fetches_copy) {
+    e.window_groups = !e.threaded || e.sharded ? 1 : e.persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
+    e.resident_groups = !e.threaded || e.sharded ? 0 : e.persistent_groups ? L : live_groups;
     e.add("persistent_params", Tier::kDevice, sat_mul(u64(e.m.persistent_params), c),
           count_times(e.m.persistent_params, c,
                       str_cat("tensors under stage3_param_persistence_threshold = ",
@@ -221,8 +240,18 @@ void add_compute_copies(Evaluation& e) {
     // to the device (ComputeHomes::load), one group at a time (the prefetch
     // thread's, or a fetch's). DeepSpeed's offload_param.buffer_count and
     // buffer_size have no effect on it.
-    e.add("param_staging", Tier::kPinned, e.group_bytes,
-          str_cat(e.groups_of(1), " x ", c, " B (staging copy of a group read from nvme)"));
+    const std::uint64_t staged = sat_mul(u64(e.home), c);
+    e.add("param_staging", Tier::kPinned, staged,
+          e.sharded ? count_times(e.home, c, "staging copy of the rank's shard of a group read from nvme")
+                    : str_cat(e.groups_of(1), " x ", c, " B (staging copy of a group read from nvme)"));
+  }
+  if (e.sharded) {
+    // A fetch gathers every rank's home (each with a 16-byte tag) and
+    // unpacks them whole (ComputeHomes::gather).
+    e.add("rank_fetch_gather", Tier::kPinned,
+          sat_add(sat_mul(u64(e.N), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c))), e.group_bytes),
+          str_cat(e.N, " x ", group_digits(u64(e.home)), " x ", c, " B (every rank's shard of a fetched group) + ",
+                  e.groups_of(1), " x ", c, " B (the group unpacked whole)"));
   }
 }
 
@@ -251,7 +280,7 @@ void add_gradients(Evaluation& e) {
           str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients to sum over the ranks)",
                   sum > 0 ? str_cat(" + ", group_digits(shard), " x 4 B (the rank's shard of the sum)")
                           : std::string(" (the shard of the sum reuses a staging buffer)")));
-    if (sat_mul(padded, c) != e.group_bytes) {
+    if (!e.sharded && sat_mul(padded, c) != e.group_bytes) {
       e.add("rank_compute_gather", Tier::kPinned, sat_mul(padded, c),
             count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
     }
@@ -287,6 +316,9 @@ void add_gradients(Evaluation& e) {
   if (views_held) {
     e.add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(T), c),
           count_times(T, c, "every trainable group's new compute copies, held until step_end"));
+  } else if (e.pl.param_device != OffloadDevice::kCpu && e.sharded) {
+    e.add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(e.home), c),
+          count_times(e.home, c, "the optimizer's host copy of the rank's shard of the group it updates"));
   } else if (e.pl.param_device != OffloadDevice::kCpu) {
     e.add("optimizer_compute_view", Tier::kPinned, e.group_bytes,
           str_cat(e.groups_of(1), " x ", c, " B (the optimizer's host copy of the group it updates)"));
@@ -330,7 +362,7 @@ ExtraShape planned_extra_shape(const Evaluation& e) {
 // layout's largest buffers: a fetch group's compute copies, its trainable
 // elements, the largest chunk.
 PinnedWorking planned_pinned_working(const Evaluation& e) {
-  const std::uint64_t staged = core::align_up(e.group_bytes, core::kDirectIoAlignment);  // ComputeHomes::load
+  const std::uint64_t staged = core::align_up(sat_mul(u64(e.home), e.c), core::kDirectIoAlignment);  // ComputeHomes::load
   const std::uint64_t chunk = u64(e.shape.chunk);
   WorkingShape w;
   if (e.T > 0) {
@@ -343,7 +375,11 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
   if (e.N > 1 && e.T > 0) {
     w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
-    w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
+    if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
+  }
+  if (e.sharded) {
+    w.ranks_compute_bytes = sat_add(sat_mul(u64(e.N), sat_add(kGatherTagBytes, sat_mul(u64(e.home), e.c))),
+                                    core::align_up(e.group_bytes, core::kDirectIoAlignment));
   }
   return pinned_working(w, e.threaded, e.early_jobs());
 }
@@ -354,7 +390,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
 // state and the schedule's pinned extra copies.
 std::uint64_t planned_pinned_held(const Evaluation& e) {
   std::uint64_t held = sat_mul(u64(e.T_rank), e.g);
-  if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, sat_mul(u64(e.P), e.c));
+  if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, e.plan.item_bytes(Tier::kPinned, "compute_copies"));
   held = sat_add(held, e.state_of(e.t_keep));
   const ExtraShape extra = planned_extra_shape(e);
   for (const ScheduleExtra& x : e.schedule.extra_memory()) {
@@ -556,31 +592,42 @@ StepTraffic step_traffic(const Evaluation& e) {
   const std::uint64_t passes = 2 * accum;
   const std::uint64_t kept = u64(e.resident_groups) * (2 * accum - 1);
   const std::uint64_t fetch =
-      e.params_offloaded
+      e.fetches_copy
           ? sat_mul(c, sat_mul(u64(P), passes) - std::min(sat_mul(u64(P), passes), u64(P) / u64(L) * kept))
           : 0;
   const std::uint64_t gradients_down = sat_mul(sat_mul(c, u64(T)), accum);
+  // Stage 3 over ranks: a fetch reads the rank's shard from its home (and
+  // gathers the others' over the network); the optimizer writes its shard.
+  const std::uint64_t fetches = e.fetches_copy && e.group > 0 ? fetch / sat_mul(u64(e.group), c) : 0;
+  const std::uint64_t home_fetch = e.sharded ? sat_mul(fetches, sat_mul(u64(e.home), c)) : fetch;
   // Once per step the optimizer writes each trainable group's new compute
   // copies on the host (in place when their home is pinned) and sends them
   // home; it does not read the old ones, every one of which it rewrites (the
   // planner's groups are wholly trainable or wholly frozen). A chunk updated
   // on the device takes its gradients up and its new compute copies down.
-  const std::uint64_t view = sat_mul(c, u64(T));
+  const std::uint64_t view = sat_mul(c, u64(e.sharded ? e.T_rank : T));
   const bool home_device = e.pl.param_device == OffloadDevice::kNone;
   const bool home_nvme = e.pl.param_device == OffloadDevice::kNvme;
   tr.host_to_device_bytes =
       sat_add(sat_add(fetch, home_device ? view : 0), sat_mul(g, u64(e.t_gpu)));
   tr.device_to_host_bytes = sat_add(gradients_down, sat_mul(c, u64(e.t_gpu)));
+  // A sharded home on the device comes down for each fetch's gather.
+  if (e.sharded && home_device) tr.device_to_host_bytes = sat_add(tr.device_to_host_bytes, home_fetch);
   tr.disk_read_bytes = e.state_of(e.t_nvme);
   tr.disk_write_bytes = e.state_of(e.t_nvme);
   if (e.N > 1) {
     // Ring-optimal collectives: (N-1)/N of each buffer leaves the rank.
+    // The gradients' sums, and the optimizer's gather of the new compute
+    // copies; at stage 3 instead each fetch's gather of the group's shards.
     const std::uint64_t padded = sat_mul(u64(e.shape.group_padded), u64(L));
-    const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, 4), accum), sat_mul(padded, c));
+    const std::uint64_t copies =
+        e.sharded ? sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c)))
+                  : sat_mul(padded, c);
+    const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, 4), accum), copies);
     tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);
   }
   if (home_nvme) {
-    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, fetch);
+    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, home_fetch);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);
   }
   return tr;

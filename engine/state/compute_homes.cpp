@@ -5,6 +5,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/str.h"
+#include "engine/memory_model.h"
 
 namespace strata::engine {
 
@@ -14,8 +15,8 @@ using core::str_cat;
 core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& layout, gpu::Device& device,
                                                                  nvme::SwapStore* swap,
                                                                  BufferCache<gpu::PinnedBuffer>& pinned_cache,
-                                                                 Trace& trace) {
-  std::unique_ptr<ComputeHomes> h(new ComputeHomes(layout, device, swap, pinned_cache, trace));
+                                                                 Trace& trace, partition::Communicator* ranks) {
+  std::unique_ptr<ComputeHomes> h(new ComputeHomes(layout, device, swap, pinned_cache, trace, ranks));
   h->groups_.resize(layout.groups.size());
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     const GroupPlace& gp = layout.groups[g];
@@ -41,7 +42,7 @@ core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& l
 }
 
 std::uint64_t ComputeHomes::bytes(std::size_t g) const {
-  return static_cast<std::uint64_t>(layout_.groups[g].compute_elems) * static_cast<std::uint64_t>(layout_.compute_bytes);
+  return layout_.home_bytes(layout_.groups[g]);
 }
 
 core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::PinnedBuffer& staging,
@@ -60,6 +61,83 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
     lane.bytes->add_nvme_read(io.path_bytes());
   }
   return host;
+}
+
+core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::PinnedBuffer& staging,
+                                                        const CopyLane& lane, bool pending) {
+  const GroupPlace& gp = layout_.groups[g];
+  const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
+  const auto n = static_cast<std::uint64_t>(layout_.share.ranks);
+  // Each rank's block: a tag (the group and this call's number, which every
+  // rank must agree on) and its home.
+  constexpr std::uint64_t kTag = kGatherTagBytes;
+  const std::uint64_t home = bytes(g), block = kTag + home;
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer all, pinned_cache_.get(block * n, "compute copies gathered over ranks"));
+  std::byte* mine = all.data() + static_cast<std::uint64_t>(layout_.share.rank) * block;
+  const std::uint64_t tag[2] = {g, gathers_++};
+  std::memcpy(mine, tag, kTag);
+  Status s;
+  if (const std::byte* p = pending_copy(g); pending && p != nullptr) {
+    std::memcpy(mine + kTag, p, home);
+  } else {
+    gpu::PinnedBuffer own;
+    core::Result<std::span<std::byte>> loaded = load(g, own, lane);
+    if (loaded.ok()) std::memcpy(mine + kTag, loaded->data(), home);
+    else s = std::move(loaded).status();
+    pinned_cache_.put(std::move(own));
+  }
+  if (s.ok()) {
+    TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), block * n);
+    s = ranks_->all_gather(mine, all.data(), block, partition::DType::kU8);
+  }
+  for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
+    std::uint64_t theirs[2];
+    std::memcpy(theirs, all.data() + r * block, kTag);
+    if (theirs[0] != tag[0] || theirs[1] != tag[1]) {
+      s = Status::failed_precondition(str_cat(
+          "rank ", r, " gathered group #", theirs[0], " as its gather #", theirs[1], " where rank ", layout_.share.rank,
+          " gathered group #", tag[0], " as #", tag[1], ": every rank fetches the same groups in the same order"));
+    }
+  }
+  if (s.ok()) {
+    const std::uint64_t whole = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+    core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(core::align_up(whole, core::kDirectIoAlignment), "compute staging");
+    if (got.ok()) {
+      staging = std::move(got).value();
+      unpack_homes(layout_, g, all.bytes().first(block * n), block, kTag, staging.bytes().first(whole));
+    } else {
+      s = std::move(got).status();
+    }
+  }
+  pinned_cache_.put(std::move(all));
+  if (!s.ok()) return std::move(s).annotate(str_cat("gathering the compute copies of group '", gp.name, "'"));
+  return staging.bytes().first(static_cast<std::uint64_t>(gp.compute_elems) * cb);
+}
+
+void pack_home(const Layout& layout, std::size_t g, int rank, std::span<const std::byte> whole,
+               std::span<std::byte> home) {
+  const auto cb = static_cast<std::size_t>(layout.compute_bytes);
+  std::memset(home.data(), 0, home.size());
+  for (std::size_t pi : layout.groups[g].params) {
+    const Layout::ShardPiece s = layout.shard_of(pi, rank);
+    std::memcpy(home.data() + static_cast<std::size_t>(s.home) * cb,
+                whole.data() + static_cast<std::size_t>(layout.places[pi].compute_offset + s.lo) * cb,
+                static_cast<std::size_t>(s.hi - s.lo) * cb);
+  }
+}
+
+void unpack_homes(const Layout& layout, std::size_t g, std::span<const std::byte> blocks, std::size_t block_bytes,
+                  std::size_t home_at, std::span<std::byte> whole) {
+  const auto cb = static_cast<std::size_t>(layout.compute_bytes);
+  std::memset(whole.data(), 0, whole.size());
+  for (int r = 0; r < layout.share.ranks; ++r) {
+    for (std::size_t pi : layout.groups[g].params) {
+      const Layout::ShardPiece s = layout.shard_of(pi, r);
+      std::memcpy(whole.data() + static_cast<std::size_t>(layout.places[pi].compute_offset + s.lo) * cb,
+                  blocks.data() + static_cast<std::size_t>(r) * block_bytes + home_at + static_cast<std::size_t>(s.home) * cb,
+                  static_cast<std::size_t>(s.hi - s.lo) * cb);
+    }
+  }
 }
 
 bool ComputeHomes::rewritten_whole(std::size_t g) const {

@@ -5,7 +5,11 @@
 // overlap "delayed" a group's new copies wait as pending until the next
 // step_end commits them. Thread-compatible: the protocol keeps one user per
 // group at a time (the engine's calls, the optimizer's job on groups it has
-// not marked done, a prefetch after that mark). Private to engine/.
+// not marked done, a prefetch after that mark). With compute_sharded
+// (stage 3 over several ranks) each home holds this rank's shard of the
+// group (Layout's comment) and gather() gives the group whole: a collective
+// over the ranks, which every rank calls for the same groups in the same
+// order. Private to engine/.
 #pragma once
 
 #include <cstddef>
@@ -22,20 +26,23 @@
 #include "engine/state/copy_lane.h"
 #include "gpu/device.h"
 #include "nvme/swap_store.h"
+#include "partition/communicator.h"
 
 namespace strata::engine {
 
 class ComputeHomes {
  public:
   // Allocates each group's home (`swap` may be null when no home is on nvme).
+  // `ranks`: the communicator gather() uses (the caller's thread's), with
+  // compute_sharded; else null.
   static core::Result<std::unique_ptr<ComputeHomes>> create(const Layout& layout, gpu::Device& device,
                                                             nvme::SwapStore* swap,
                                                             BufferCache<gpu::PinnedBuffer>& pinned_cache,
-                                                            Trace& trace);
+                                                            Trace& trace, partition::Communicator* ranks);
   ComputeHomes(const ComputeHomes&) = delete;
   ComputeHomes& operator=(const ComputeHomes&) = delete;
 
-  // Bytes of group g's compute copies.
+  // Bytes of group g's home (Layout::home_bytes).
   std::uint64_t bytes(std::size_t g) const;
   // The group's compute copies in host memory: the pinned home itself, or a
   // staging copy (4096-aligned, from the pinned cache) read from the device
@@ -48,6 +55,14 @@ class ComputeHomes {
   core::Result<std::span<std::byte>> blank(std::size_t g, gpu::PinnedBuffer& staging);
   // True when a step rewrites every parameter's compute copies in group g.
   bool rewritten_whole(std::size_t g) const;
+  // compute_sharded: group g's compute copies whole in host memory (staging
+  // from the pinned cache, as load's): every rank's home gathered over the
+  // ranks and unpacked (padding zero). This rank gives its pending copy
+  // where one waits when `pending` (read_compute), else its home. A
+  // collective: kUnavailable naming the group when a rank fails or leaves,
+  // kFailedPrecondition when the ranks gathered different groups.
+  core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
+                                            bool pending = false);
   // Writes a host view of group g's compute copies home on `lane`.
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
 
@@ -83,15 +98,26 @@ class ComputeHomes {
     std::uint64_t pending_bytes = 0;
   };
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
-               BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace)
-      : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace) {}
+               BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks)
+      : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace), ranks_(ranks) {}
 
   const Layout& layout_;
   gpu::Device& device_;
   nvme::SwapStore* swap_;
   BufferCache<gpu::PinnedBuffer>& pinned_cache_;
   Trace& trace_;
+  partition::Communicator* ranks_;
+  std::uint64_t gathers_ = 0;  // gather() calls so far: the ranks compare them
   std::vector<Group> groups_;
 };
+
+// compute_sharded: rank `rank`'s home of group g packed from the group's
+// whole compute buffer `whole` (every element of `home` written: padding
+// zero), and the whole buffer unpacked from every rank's home (rank r's at
+// byte r x block_bytes + home_at of `blocks`; `whole`'s padding zeroed).
+void pack_home(const Layout& layout, std::size_t g, int rank, std::span<const std::byte> whole,
+               std::span<std::byte> home);
+void unpack_homes(const Layout& layout, std::size_t g, std::span<const std::byte> blocks, std::size_t block_bytes,
+                  std::size_t home_at, std::span<std::byte> whole);
 
 }  // namespace strata::engine

@@ -186,7 +186,8 @@ class Optimizer::JobRun {
   // device, its new compute copies into the group's host view.
   core::Status update_host_chunk(std::size_t i);
   core::Status update_device_chunk(std::size_t i);
-  // Where piece p's compute copies sit in the host view `compute`.
+  // Where piece p's compute copies sit in the host view `compute` (the
+  // group's home: its compute buffer, or a sharded home).
   std::byte* compute_at(std::span<std::byte> compute, const Layout::Piece& p) const;
   core::Status open_group(std::size_t g);
   // Several ranks: every rank's shard of group g's new compute copies into
@@ -290,6 +291,8 @@ core::Status Optimizer::JobRun::run() {
 
 std::byte* Optimizer::JobRun::compute_at(std::span<std::byte> compute, const Layout::Piece& p) const {
   const ParamPlace& pl = layout().places[p.param];
+  // A sharded home holds the rank's trainable shard in the trainable layout.
+  if (layout().compute_sharded) return compute.data() + (p.lo - layout().groups[pl.group].shard_begin) * cb_;
   return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb_;
 }
 
@@ -439,7 +442,8 @@ core::Status Optimizer::JobRun::gather_over_ranks(std::size_t g) {
 }
 
 core::Status Optimizer::JobRun::group_updated(std::size_t g) {
-  if (o_.parts_.ranks != nullptr) STRATA_RETURN_IF_ERROR(gather_over_ranks(g));
+  // Each rank's home holds its own shard at stage 3: nothing to gather.
+  if (o_.parts_.ranks != nullptr && !layout().compute_sharded) STRATA_RETURN_IF_ERROR(gather_over_ranks(g));
   // Its new compute copies go home once the verdict says so, or at once when
   // the job may (OptimizerJob::commits_before_verdict); then the next step
   // may fetch it.

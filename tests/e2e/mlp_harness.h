@@ -4,6 +4,7 @@
 // gradients into the engine's buffer, grads_ready).
 #pragma once
 
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -339,7 +340,9 @@ struct Framework {
 // An engine with the MLP's parameters registered (biases in a no-decay
 // group) and finalized; null (with a test failure) on error.
 // `ranks`: the engine is one of several data-parallel ranks (Engine::create).
-inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition::CommunicatorOptions& ranks = {}) {
+// `frozen`: the tensors registered frozen (the others are trained).
+inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition::CommunicatorOptions& ranks = {},
+                                               const std::vector<std::string>& frozen = {}) {
   auto created = Engine::create(c, ranks);
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return nullptr;
@@ -347,7 +350,8 @@ inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition:
   auto no_decay = e->add_optimizer_group({"no_decay", 0.0, 1.0});
   EXPECT_TRUE(no_decay.ok());
   for (const Tensor& t : kTensors) {
-    ParamDesc d{t.name, t.shape, t.group, true, t.name.back() == 'b' ? *no_decay : 0};
+    const bool trains = std::find(frozen.begin(), frozen.end(), t.name) == frozen.end();
+    ParamDesc d{t.name, t.shape, t.group, trains, t.name.back() == 'b' ? *no_decay : 0};
     EXPECT_TRUE(e->register_param(d, [t](std::span<float> out) {
                    init_values(t, out);
                    return core::Status();

@@ -173,6 +173,64 @@ INSTANTIATE_TEST_SUITE_P(
              std::string(to_string(i.param.format));
     });
 
+TEST_F(RanksTest, Stage3CheckpointsLoadAcrossRankCountsAndStages) {
+  // Stage 3 (each rank's homes hold its shard of the compute copies, l2.b
+  // frozen, so a frozen part is sharded too): three ranks save; two ranks at
+  // stage 2 (compute copies whole) load it and save; one rank loads that and
+  // saves; three ranks at stage 3 load the one rank's and go on exactly as
+  // the first run did.
+  const std::vector<std::string> frozen = {"l2.b"};
+  const Config c3 = stage3(config("cpu", OverlapMode::kDelayed), "nvme");
+  const Config c2 = config("cpu", OverlapMode::kDelayed);
+  const fs::path by_three = dir_ / "s3-by-three", by_two = dir_ / "s2-by-two", by_one = dir_ / "s3-by-one";
+  auto train = [](Engine& e, int r, int n, int from, int steps) {
+    Framework f;
+    for (int s = from; s < from + steps; ++s) micro_batch(e, f, s * n + r, true, nullptr).status().ignore_error();
+  };
+  auto save = [](Engine& e, const fs::path& root) {
+    const core::Status s = e.save_checkpoint(root.string(), {});
+    EXPECT_TRUE(s.ok()) << s;
+  };
+  auto load = [](Engine& e, const fs::path& root) {
+    const auto blob = e.load_checkpoint(root.string());
+    EXPECT_TRUE(blob.ok()) << blob.status();
+  };
+  const Outcome finished = on_ranks(
+      c3, 3, "s3-first",
+      [&](int r, Engine& e) {
+        train(e, r, 3, 0, kBefore);
+        save(e, by_three);
+        train(e, r, 3, kBefore, kAfter);
+      },
+      frozen);
+  const Outcome saved = on_ranks(c3, 3, "s3-reload", [&](int, Engine& e) { load(e, by_three); }, frozen);
+  ASSERT_FALSE(saved.master.empty());
+  const Outcome two = on_ranks(
+      c2, 2, "s2-two",
+      [&](int, Engine& e) {
+        load(e, by_three);
+        save(e, by_two);
+      },
+      frozen);
+  expect_same_outcome(two, saved, "stage 3 by 3 -> stage 2 by 2");
+  const Outcome one = on_ranks(
+      c3, 1, "s3-one",
+      [&](int, Engine& e) {
+        load(e, by_two);
+        save(e, by_one);
+      },
+      frozen);
+  expect_same_outcome(one, saved, "stage 3 by 3 -> stage 2 by 2 -> 1");
+  const Outcome resumed = on_ranks(
+      c3, 3, "s3-resumed",
+      [&](int r, Engine& e) {
+        load(e, by_one);
+        train(e, r, 3, kBefore, kAfter);
+      },
+      frozen);
+  expect_same_outcome(resumed, finished, "-> stage 3 by 3, resumed");
+}
+
 TEST_F(RanksTest, RangesThatDoNotMatchTheirFilesAreRefusedBeforeAnyChange) {
   // A manifest (checksummed anew) whose ranges still cover every element but
   // do not match the tensors in the files: l1.w's cut moved from 65,536 to

@@ -32,9 +32,14 @@ struct Outcome {
   std::vector<double> losses;  // per step, rank 0's micro-batch
 };
 
+// (Of the trainable tensors: a frozen one has no optimizer state.)
 inline std::map<std::string, std::vector<float>> read_array(Engine& e, int which) {
   std::map<std::string, std::vector<float>> out;
   for (const Tensor& t : kTensors) {
+    const std::size_t pi = static_cast<std::size_t>(
+        std::find_if(e.layout().params.begin(), e.layout().params.end(), [&](const ParamDesc& p) { return p.name == t.name; }) -
+        e.layout().params.begin());
+    if (pi < e.layout().params.size() && !e.layout().params[pi].trainable) continue;
     std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
     const core::Status s = e.read_state(t.name, which, v);
     EXPECT_TRUE(s.ok()) << s;
@@ -75,6 +80,16 @@ class RanksTest : public MlpTest {
     if (IsSkipped() || HasFatalFailure()) return;
     if (test_device().kind != DeviceKind::kHost) GTEST_SKIP() << "ranks as threads run on the host device";
     if (!partition::has_backend("gloo")) GTEST_SKIP() << "this build has no Gloo (libgloo-dev)";
+  }
+
+  // Stage 3 with the compute copies' home on `params` ("device": none
+  // offloaded, "cpu", "nvme"): with several ranks each keeps its shard.
+  static Config stage3(Config c, const std::string& params) {
+    c.zero.stage = 3;
+    c.zero.offload_param.device = params == "cpu"    ? OffloadDevice::kCpu
+                                  : params == "nvme" ? OffloadDevice::kNvme
+                                                     : OffloadDevice::kNone;
+    return c;
   }
 
   // The e2e config with `placement` of the optimizer state ("device", "cpu"
@@ -176,12 +191,14 @@ class RanksTest : public MlpTest {
   // (n == 1: one engine without ranks), then reads back what they hold
   // together: masters and moments from the rank that owns each element,
   // and each rank's compute copies.
-  Outcome on_ranks(const Config& c, int n, const std::string& run, const std::function<void(int, Engine&)>& body) {
+  Outcome on_ranks(const Config& c, int n, const std::string& run, const std::function<void(int, Engine&)>& body,
+                   const std::vector<std::string>& frozen = {}) {
     std::vector<Outcome> per(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
-        std::unique_ptr<Engine> e = n == 1 ? make_mlp_engine(c) : make_mlp_engine(c, ranks(r, n, run));
+        std::unique_ptr<Engine> e =
+            n == 1 ? make_mlp_engine(c, {}, frozen) : make_mlp_engine(c, ranks(r, n, run), frozen);
         if (e == nullptr) return;
         body(r, *e);
         Outcome& o = per[static_cast<std::size_t>(r)];

@@ -67,6 +67,80 @@ INSTANTIATE_TEST_SUITE_P(
       return "N" + std::to_string(i.param.ranks) + "_" + i.param.placement + "_" + std::string(to_string(i.param.overlap));
     });
 
+// Stage 3: each rank keeps its shard of the compute copies in their home
+// (`params`), a fetch gathers them; the outcome is the one rank's
+// accumulating, bit for bit, as at stage 2.
+struct Stage3Case {
+  int ranks;
+  std::string params, placement;
+  OverlapMode overlap;
+};
+
+class Stage3RanksMatchAccumulation : public RanksTest, public ::testing::WithParamInterface<Stage3Case> {};
+
+TEST_P(Stage3RanksMatchAccumulation, BitIdenticalToOneRankAccumulating) {
+  const Stage3Case k = GetParam();
+  const Config c = stage3(config(k.placement, k.overlap), k.params);
+  const Outcome one = accumulate(c, k.ranks);
+  const Outcome many = data_parallel(c, k.ranks, "stage3");
+  ASSERT_EQ(many.norms.size(), static_cast<std::size_t>(kRankSteps));
+  EXPECT_EQ(many.norms, one.norms);
+  expect_same(many.master, one.master, "masters");
+  expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
+  ASSERT_EQ(many.compute.size(), static_cast<std::size_t>(k.ranks));
+  for (int r = 0; r < k.ranks; ++r) {
+    expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Stage3, Stage3RanksMatchAccumulation,
+    ::testing::Values(Stage3Case{2, "cpu", "cpu", OverlapMode::kExact}, Stage3Case{3, "nvme", "nvme", OverlapMode::kDelayed},
+                      Stage3Case{3, "device", "cpu", OverlapMode::kNone}, Stage3Case{2, "nvme", "cpu", OverlapMode::kExact},
+                      Stage3Case{3, "cpu", "nvme", OverlapMode::kDelayed}),
+    [](const ::testing::TestParamInfo<Stage3Case>& i) {
+      return "N" + std::to_string(i.param.ranks) + "_params_" + i.param.params + "_state_" + i.param.placement + "_" +
+             std::string(to_string(i.param.overlap));
+    });
+
+TEST_F(RanksTest, Stage3ShardsTheComputeCopiesFrozenOnesToo) {
+  // l2.b frozen: three ranks at stage 3 (its elements in one rank's frozen
+  // shard, the others' padding) train as at stage 2, where every rank keeps
+  // the compute copies whole; each rank's homes are its shards only.
+  const std::vector<std::string> frozen = {"l2.b"};
+  auto train = [&](const Config& c, const std::string& run, std::vector<std::uint64_t>* home_bytes) {
+    return on_ranks(
+        c, 3, run,
+        [&](int r, Engine& e) {
+          Framework f;
+          for (int s = 0; s < 4; ++s) ASSERT_TRUE(micro_batch(e, f, s * 3 + r, true, nullptr).ok());
+          if (home_bytes == nullptr) return;
+          const Layout& l = e.layout();
+          EXPECT_TRUE(l.compute_sharded);
+          std::uint64_t bytes = 0;
+          for (const GroupPlace& g : l.groups) {
+            EXPECT_EQ(l.home_elems(g) * 3, g.trainable_elems + g.frozen_elems) << g.name;
+            bytes += l.home_bytes(g);
+          }
+          (*home_bytes)[static_cast<std::size_t>(r)] = bytes;
+          EXPECT_EQ(l.bytes().pinned - bytes, static_cast<std::uint64_t>(l.trainable_elems / 3 * l.grad_bytes))
+              << "the pinned state: the compute homes and the host gradients";
+        },
+        frozen);
+  };
+  Config two = config("nvme", OverlapMode::kExact);
+  two.zero.offload_param.device = OffloadDevice::kCpu;  // stage 2 keeps it whole on every rank
+  std::vector<std::uint64_t> homes(3);
+  const Outcome whole = train(two, "stage2", nullptr);
+  const Outcome sharded = train(stage3(config("nvme", OverlapMode::kExact), "cpu"), "stage3", &homes);
+  expect_same(sharded.master, whole.master, "masters");
+  ASSERT_EQ(sharded.compute.size(), 3u);
+  for (int r = 0; r < 3; ++r) {
+    expect_same(sharded.compute[static_cast<std::size_t>(r)], whole.compute[0], "compute copies of rank " + std::to_string(r));
+    EXPECT_EQ(homes[static_cast<std::size_t>(r)], homes[0]);
+  }
+}
+
 TEST_F(RanksTest, AccumulationOnEachRankStaysWithinFp32Rounding) {
   // Two micro-batches on each of two ranks against one rank accumulating the
   // four: each micro-batch's gradients are summed over the ranks, then over

@@ -301,6 +301,68 @@ TEST(Layout, AHugeModelsRunsAreBoundedByItsGroups) {
   EXPECT_EQ(b.nvme, elems / 4 * 3 * 12);
 }
 
+TEST(Layout, Stage3ShardsEveryParameterOnceAcrossTheRanks) {
+  // l0 mixes a frozen parameter with trainable ones. At stage 3 each rank's
+  // part of every parameter (Layout::shard_of) covers it exactly once over
+  // the ranks, and each rank's parts sit in its home without overlapping;
+  // at stage 2 the compute copies stay whole (a frozen parameter is held
+  // whole by rank param mod N, the checkpoint's rule).
+  std::vector<ParamDesc> model = small_model();
+  model.insert(model.begin() + 2, ParamDesc{"l0.frozen", {77}, "l0", false, 0});
+  for (int n : {2, 3, 5}) {
+    for (int stage : {2, 3}) {
+      Config c = config_with(OffloadDevice::kCpu, OffloadDevice::kCpu, 8 * kB);
+      c.zero.stage = stage;
+      std::vector<Layout> ranks;
+      for (int r = 0; r < n; ++r) {
+        auto l = plan_layout(model, {{"decay", 0.1}, {"no_decay", 0.0}}, c, {r, n});
+        ASSERT_TRUE(l.ok()) << l.status();
+        EXPECT_EQ(l->compute_sharded, stage == 3);
+        ranks.push_back(*std::move(l));
+      }
+      const Layout& l0 = ranks[0];
+      for (std::size_t g = 0; g < l0.groups.size(); ++g) {
+        const GroupPlace& gp = l0.groups[g];
+        EXPECT_EQ(l0.home_elems(gp), stage == 3 ? gp.shard_elems + gp.frozen_shard_elems : gp.compute_elems);
+        for (int r = 0; r < n; ++r) {
+          // This rank's parts of the group's parameters, as [home, home + size): disjoint, in the home.
+          std::vector<std::pair<std::int64_t, std::int64_t>> used;
+          for (std::size_t pi : gp.params) {
+            const Layout::ShardPiece s = ranks[static_cast<std::size_t>(r)].shard_of(pi, r);
+            if (s.lo == s.hi) continue;
+            if (stage == 3) {
+              EXPECT_LE(s.home + (s.hi - s.lo), l0.home_elems(gp)) << model[pi].name << " rank " << r;
+            } else {
+              EXPECT_EQ(s.home, l0.places[pi].compute_offset + s.lo);
+            }
+            used.push_back({s.home, s.home + (s.hi - s.lo)});
+          }
+          std::sort(used.begin(), used.end());
+          for (std::size_t k = 1; k < used.size(); ++k) EXPECT_LE(used[k - 1].second, used[k].first) << "rank " << r;
+        }
+      }
+      for (std::size_t pi = 0; pi < model.size(); ++pi) {
+        std::vector<std::pair<std::int64_t, std::int64_t>> parts;
+        for (int r = 0; r < n; ++r) {
+          const Layout::ShardPiece s = l0.shard_of(pi, r);
+          EXPECT_EQ(s.lo, ranks[static_cast<std::size_t>(r)].shard_of(pi, r).lo);  // every rank agrees
+          if (s.lo < s.hi) parts.push_back({s.lo, s.hi});
+          if (stage == 2 && !model[pi].trainable) {
+            EXPECT_EQ(s.hi - s.lo, static_cast<int>(pi) % n == r ? model[pi].numel() : 0) << model[pi].name;
+          }
+        }
+        std::sort(parts.begin(), parts.end());
+        std::int64_t at = 0;
+        for (const auto& [lo, hi] : parts) {
+          EXPECT_EQ(lo, at) << model[pi].name << ": a gap or an overlap with " << n << " ranks, stage " << stage;
+          at = hi;
+        }
+        EXPECT_EQ(at, model[pi].numel()) << model[pi].name;
+      }
+    }
+  }
+}
+
 TEST(Layout, BadRegistrationsNameTheParameter) {
   const Config c = config_with(OffloadDevice::kCpu, OffloadDevice::kNone, 4 * kB);
   struct Case {

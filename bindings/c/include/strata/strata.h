@@ -203,7 +203,9 @@ STRATA_API strata_status strata_engine_create_ex(const char* config_json, const 
  * same config and drives the same model through the same calls on its own
  * micro-batches; each keeps the optimizer state of its shard, the gradients
  * are averaged over every rank's micro-batches, and every rank gets the new
- * compute copies whole. */
+ * compute copies whole (at zero_optimization.stage 3 each keeps its shard of
+ * them, and each fetch gathers the group from every rank: strata_group_fetch
+ * is then a call every rank makes for the same groups in the same order). */
 typedef struct strata_ranks {
   uint32_t struct_size;  /* STRATA_RANKS_INIT */
   int32_t size;          /* ranks in the run; 0: from the launcher's environment (torchrun or
