@@ -351,6 +351,12 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
+  if (finalized_ && layout_.compute_sharded) {
+    // A gather every rank takes part in, whatever fails here first.
+    Status ready = step_->refuse_while_applying("read_compute");
+    if (ready.ok()) ready = step_->wait_optimizer("read_compute");
+    return read_compute_locked(param, out, std::move(ready));
+  }
   STRATA_RETURN_IF_ERROR(step_->refuse_while_applying("read_compute"));
   STRATA_RETURN_IF_ERROR(step_->wait_optimizer("read_compute"));
   // Between steps, the latest update (which "delayed" would show only at the
@@ -363,30 +369,30 @@ core::Status Engine::read_compute(std::string_view param, std::span<float> out) 
   return read_compute_locked(param, out);
 }
 
-core::Status Engine::read_compute_locked(std::string_view param, std::span<float> out) {
+core::Status Engine::read_compute_locked(std::string_view param, std::span<float> out, core::Status ready) {
   STRATA_RETURN_IF_ERROR(check_finalized("read_compute"));
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (layout_.params[pi].name != param) continue;
     const ParamPlace& pl = layout_.places[pi];
-    Status fits;
-    if (static_cast<std::int64_t>(out.size()) != layout_.params[pi].numel()) {
-      fits = Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
-                                              " elements, buffer of ", out.size()));
+    if (ready.ok() && static_cast<std::int64_t>(out.size()) != layout_.params[pi].numel()) {
+      ready = Status::invalid_argument(str_cat("read_compute('", param, "'): ", layout_.params[pi].numel(),
+                                               " elements, buffer of ", out.size()));
     }
     if (layout_.compute_sharded) {
       // Stage 3 over several ranks: a call every rank makes; the group's
-      // shards gathered (each rank's pending copy where one waits), whatever
-      // this rank's buffer, so that no rank waits for another.
+      // shards gathered (each rank's pending copy where one waits), a
+      // failure here carried into the gather, so that no rank waits for
+      // another.
       gpu::PinnedBuffer staging;
       const Step::TrafficPause pause(*step_);  // inspection is not step traffic
       STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host,
-                              homes_->gather(pl.group, staging, step_lane(), /*pending=*/true));
-      STRATA_RETURN_IF_ERROR(fits);
+                              homes_->gather(pl.group, staging, step_lane(), /*pending=*/true, std::move(ready)));
       from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes,
                    config_.precision);
+      pinned_cache_->put(std::move(staging));
       return Status();
     }
-    STRATA_RETURN_IF_ERROR(fits);
+    STRATA_RETURN_IF_ERROR(ready);
     if (const std::byte* pending = homes_->pending_copy(pl.group); pending != nullptr) {
       // "delayed" with several ranks: the newest copies, not yet home.
       from_compute(pending + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes, config_.precision);

@@ -326,7 +326,10 @@ class Engine {
   static core::Status finalize_running(const char* op);
   // The *_locked functions are the public ones' bodies, called with mu_ held.
   core::Status read_state_locked(std::string_view param, int which, std::span<float> out);
-  core::Status read_compute_locked(std::string_view param, std::span<float> out) STRATA_REQUIRES(mu_);
+  // `ready`: the caller's status so far; at stage 3 over several ranks a
+  // failure is carried into the gather every rank takes part in.
+  core::Status read_compute_locked(std::string_view param, std::span<float> out, core::Status ready = {})
+      STRATA_REQUIRES(mu_);
 
   core::Result<std::size_t> group_index(std::string_view name, const char* op) const;
   gpu::Device& dev() const { return *shared_device_->device; }
@@ -355,6 +358,12 @@ class Engine {
   // part, padding included); a failure reading this rank's own goes to
   // `local` (zeros sent instead), the collective's is returned.
   core::Status gather_masters(const char* op, std::size_t g, std::vector<float>& out, core::Status& local);
+  // Stage 3 over several ranks: group g's compute copies whole (each rank's
+  // pending copy where one waits) in `staging`, `whole` viewing them; a
+  // failure in `local` is carried into the gather every rank takes part in,
+  // and one there becomes `local` (`whole` then empty).
+  void gather_compute(std::size_t g, gpu::PinnedBuffer& staging, std::span<std::byte>& whole, core::Status& local)
+      STRATA_REQUIRES(mu_);
   // True when no micro-batch is under way: nothing fetched, no gradients pending.
   bool between_steps() const STRATA_REQUIRES(mu_);
   // Where device copies go and whose bytes they count (engine/state/copy_lane.h):

@@ -49,10 +49,10 @@ inline constexpr std::uint64_t kNoRoomLimit = core::MemoryBudget::kUnlimited;
 // once: one being passed into the host gradients, one landing.
 inline constexpr int kGradientCopiesInFlight = 2;
 
-// Stage 3 over several ranks: the bytes before each rank's home in a
-// fetch's gather (the group and the gather's number, which the ranks
-// compare: ComputeHomes::gather).
-inline constexpr std::uint64_t kGatherTagBytes = 16;
+// Stage 3 over several ranks: each rank's tag in a fetch's gather (the
+// group, the gather's number, its bytes and the rank's status, which the
+// ranks compare before the payload: ComputeHomes::gather), on the heap.
+inline constexpr std::uint64_t kGatherTagBytes = 32;
 
 // The largest buffers the step's pinned working memory is sized by, in bytes
 // (0 where the layout has none). The engine's come from its layout

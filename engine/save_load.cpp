@@ -39,6 +39,7 @@
 #include "engine/checkpoint/file_io.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_entry.h"
+#include "engine/internal/engine_util.h"
 #include "engine/io_options.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/checkpoint/code_tables.h"
@@ -846,6 +847,18 @@ core::Status Engine::gather_masters(const char* op, std::size_t g, std::vector<f
       .annotate(str_cat(op, ": gathering group '", gp.name, "' from the ranks"));
 }
 
+void Engine::gather_compute(std::size_t g, gpu::PinnedBuffer& staging, std::span<std::byte>& whole,
+                            core::Status& local) {
+  const Step::TrafficPause pause(*step_);  // not step traffic
+  core::Result<std::span<std::byte>> got = homes_->gather(g, staging, step_lane(), /*pending=*/true, local);
+  if (got.ok()) {
+    whole = *got;
+  } else {
+    whole = {};
+    if (local.ok()) local = std::move(got).status();
+  }
+}
+
 core::Status Engine::read_weights(std::span<const WeightRead> reads) {
   STRATA_ENGINE_ENTRY("read_weights");
   constexpr const char* kOp = "read_weights";
@@ -898,16 +911,27 @@ core::Status Engine::read_weights(std::span<const WeightRead> reads) {
     bool gather = false;
     for (std::size_t i : by_group[g]) gather = gather || layout_.places[index[i]].trainable_offset >= 0;
     if (gather) STRATA_RETURN_IF_ERROR(gather_masters(kOp, g, gathered, local));
+    // Stage 3: the group's compute copies gathered once for its frozen parameters.
+    gpu::PinnedBuffer staging;
+    std::span<std::byte> whole;
+    bool frozen = false;
+    for (std::size_t i : by_group[g]) frozen = frozen || layout_.places[index[i]].trainable_offset < 0;
+    if (frozen && layout_.compute_sharded) gather_compute(g, staging, whole, local);
     for (std::size_t i : by_group[g]) {
       const ParamPlace& pl = layout_.places[index[i]];
       if (pl.trainable_offset >= 0) {
         std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(pl.trainable_offset - gp.trainable_begin),
                     reads[i].out.size(), reads[i].out.begin());
-      } else if (local.ok() || layout_.compute_sharded) {  // (stage 3: a gather every rank takes part in)
-        Status read = read_compute_locked(reads[i].param, reads[i].out);
-        if (local.ok()) local = std::move(read);
+      } else if (layout_.compute_sharded) {
+        if (!whole.empty()) {
+          from_compute(whole.data() + pl.compute_offset * layout_.compute_bytes, reads[i].out, layout_.compute_bytes,
+                       config_.precision);
+        }
+      } else if (local.ok()) {
+        local = read_compute_locked(reads[i].param, reads[i].out);
       }
     }
+    pinned_cache_->put(std::move(staging));
   }
   return agree(kOp, "reading", std::move(local));
 }
@@ -949,6 +973,10 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
   }
   std::size_t gathered_group = layout_.groups.size();  // none yet
   std::vector<float> gathered;
+  // Stage 3: the last group whose compute copies were gathered (frozen parameters).
+  std::size_t compute_group = layout_.groups.size();
+  gpu::PinnedBuffer compute_staging;
+  std::span<std::byte> compute;
   for (std::size_t s = 0; s < shards.size(); ++s) {
     const std::string file = shards.size() == 1 ? "model.safetensors" : shard_file_name(s + 1, shards.size());
     std::optional<SafetensorsWriter> w;
@@ -975,8 +1003,16 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
           std::copy_n(gathered.begin() + static_cast<std::ptrdiff_t>(at), v.size(), v.begin());
         } else if (!p.trainable && layout_.compute_sharded) {
           // Stage 3: every rank takes part in gathering the group's compute copies.
-          Status read = read_compute_locked(p.name, v);
-          if (local.ok()) local = std::move(read);
+          if (compute_group != g) {
+            pinned_cache_->put(std::move(compute_staging));
+            compute_staging = {};
+            gather_compute(g, compute_staging, compute, local);
+            compute_group = g;
+          }
+          if (!compute.empty()) {
+            from_compute(compute.data() + layout_.places[pi].compute_offset * layout_.compute_bytes, v,
+                         layout_.compute_bytes, config_.precision);
+          }
         } else if (writes && local.ok()) {
           local = p.trainable ? read_state_locked(p.name, 0, v) : read_compute_locked(p.name, v);
         }

@@ -3,7 +3,8 @@
 # builds strata (CUDA compiled when nvcc exists) and runs every test suite but
 # `slow` (C++, C, Python: every case once), in minutes. `scripts/test.sh
 # --full` (what CI runs, .ci/run) adds an AddressSanitizer +
-# UndefinedBehaviorSanitizer build (no CUDA) running the same suites, clang's
+# UndefinedBehaviorSanitizer build (no CUDA, no benchmarks) running the same
+# suites but the longest end-to-end matrices (asan_slow below), clang's
 # thread-safety analysis, a ThreadSanitizer build of the threaded tests and the
 # libFuzzer targets. Both print the time of each stage and end with one line:
 # "N passed, N failed, N skipped".
@@ -98,12 +99,26 @@ fi
 rm -f build-tsa/thread-safety-log.json
 run_stage "thread-safety (clang)" /usr/bin/python3 scripts/thread_safety_check.py \
   --build-dir build-tsa --log build-tsa/thread-safety-log.json -j "$jobs"
-run_stage "configure (asan+ubsan)" meson_setup build-asan -Dcuda=disabled \
+# The asan build leaves out the benchmarks (their smoke tests run in the
+# normal build), and its gtest runs leave out the longest end-to-end
+# matrices (asan_slow: each walks every placement and schedule again, 30 s to
+# 3 minutes apiece under ASan; the normal build runs them, and the cases that
+# stay drive every placement, schedule, optimizer and format under ASan:
+# tests/README.md). GTEST_FILTER reaches only the gtest executables.
+asan_slow=(
+  OptimizersTest.TheyTrainAndEveryPlacementAndScheduleGivesTheSameBits
+  Placement.CertainStepsUpdateDuringTheBackwardWithTheSequentialBits
+  Placement.EveryPlacementGivesTheSameBitsAndItsOwnTraffic
+  Placement.OverlappedScheduleGivesTheSequentialBits
+  OptimizerState.CompressedMomentsGiveTheSameBitsUnderEveryPlacementScheduleAndKernel
+  RanksTest.AccumulationOnEachRankStaysWithinFp32Rounding
+)
+run_stage "configure (asan+ubsan)" meson_setup build-asan -Dcuda=disabled -Dbenchmarks=disabled \
   -Db_sanitize=address,undefined -Db_lundef=false
 run_stage "build (asan+ubsan)" ninja -C build-asan -j"$jobs"
 rm -f build-asan/meson-logs/testlog.json
-run_stage "test (asan+ubsan)" meson test -C build-asan --no-suite slow --print-errorlogs \
-  --num-processes "$jobs" --timeout-multiplier 3
+run_stage "test (asan+ubsan)" env GTEST_FILTER="-$(IFS=:; echo "${asan_slow[*]}")" \
+  meson test -C build-asan --no-suite slow --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
 
 # ThreadSanitizer (GCC, no CUDA): only the threaded tests, listed in tsan_tests
 # as "folder/test name" (the executable is tests/<folder>/<name>_test).

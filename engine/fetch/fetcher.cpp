@@ -73,6 +73,7 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream)
   const StageTimer timer(totals_.fetch_s);
   const GroupPlace& gp = parts_.layout.groups[g];
   TraceScope t(parts_.trace, TraceTrack::kStep, str_cat("fetch ", gp.name));
+  if (parts_.layout.compute_sharded) return fetch_gathered(g, stream);
   if (groups_[g].fetched) {
     return Status::failed_precondition(str_cat("fetch('", gp.name, "'): already fetched; release it first"));
   }
@@ -118,6 +119,43 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream)
   return hand_over(g, std::move(buffer), std::move(*landed), stream);
 }
 
+core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream* stream) {
+  const GroupPlace& gp = parts_.layout.groups[g];
+  // Whatever fails on this rank before the gather is carried into it, so
+  // that the others' fetches fail at once too, naming this rank (and a
+  // kResourceExhausted reaches every rank alike: a framework that makes
+  // room and fetches again does so on every rank).
+  Status ready;
+  if (groups_[g].fetched) {
+    ready = Status::failed_precondition(str_cat("fetch('", gp.name, "'): already fetched; release it first"));
+  } else if (waits_for_optimizer(g)) {
+    ready = parts_.runner.wait_group(g, "fetch");
+  } else {
+    ready = parts_.runner.error("fetch");
+  }
+  gpu::DeviceBuffer buffer;
+  if (ready.ok()) {
+    const std::uint64_t bytes =
+        static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
+    core::Result<gpu::DeviceBuffer> got = allocate_working(bytes, str_cat("fetched group '", gp.name, "'"));
+    if (got.ok()) buffer = std::move(got).value();
+    else ready = std::move(got).status();
+  }
+  gpu::PinnedBuffer staging;
+  core::Result<std::span<std::byte>> host = parts_.homes.gather(g, staging, lane(), /*pending=*/false, std::move(ready));
+  if (!host.ok()) {
+    parts_.device_cache.put(std::move(buffer));
+    return std::move(host).status();
+  }
+  sequence_.note_fetch(g);
+  core::Result<std::shared_ptr<gpu::Event>> landed = queue_host(*host, std::move(staging), buffer.span(), lane());
+  if (!landed.ok()) {
+    parts_.device_cache.put(std::move(buffer));
+    return std::move(landed).status();
+  }
+  return hand_over(g, std::move(buffer), std::move(*landed), stream);
+}
+
 core::Result<gpu::DeviceSpan> Fetcher::hand_over(std::size_t g, gpu::DeviceBuffer buffer,
                                                  std::shared_ptr<gpu::Event> landed, gpu::Stream* stream) {
   Fetched& f = groups_[g];
@@ -130,14 +168,19 @@ core::Result<gpu::DeviceSpan> Fetcher::hand_over(std::size_t g, gpu::DeviceBuffe
 
 core::Result<std::shared_ptr<gpu::Event>> Fetcher::queue_copy(std::size_t g, gpu::DeviceSpan dst,
                                                               const CopyLane& lane) {
-  gpu::PinnedBuffer staging;  // compute copies whose home is not pinned (or is a shard) pass through it
-  core::Result<std::span<std::byte>> host =
-      parts_.layout.compute_sharded ? parts_.homes.gather(g, staging, lane) : parts_.homes.load(g, staging, lane);
+  gpu::PinnedBuffer staging;  // compute copies whose home is not pinned pass through it
+  core::Result<std::span<std::byte>> host = parts_.homes.load(g, staging, lane);
   if (!host.ok()) {
     parts_.pinned_cache.put(std::move(staging));
     return std::move(host).status();
   }
-  core::Result<std::shared_ptr<gpu::Event>> landed = lane_h2d_queued(parts_.device, parts_.trace, lane, dst, *host);
+  return queue_host(*host, std::move(staging), dst, lane);
+}
+
+core::Result<std::shared_ptr<gpu::Event>> Fetcher::queue_host(std::span<const std::byte> host,
+                                                              gpu::PinnedBuffer staging, gpu::DeviceSpan dst,
+                                                              const CopyLane& lane) {
+  core::Result<std::shared_ptr<gpu::Event>> landed = lane_h2d_queued(parts_.device, parts_.trace, lane, dst, host);
   if (!landed.ok()) {
     parts_.device.synchronize(*lane.stream).ignore_error();  // nothing may still read the staging
     parts_.pinned_cache.put(std::move(staging));

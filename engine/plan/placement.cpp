@@ -228,7 +228,7 @@ void add_compute_copies(Evaluation& e) {
   if (e.fetches_copy) {
     e.window_groups = !e.threaded || e.sharded ? 1 : e.persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
     e.resident_groups = !e.threaded || e.sharded ? 0 : e.persistent_groups ? L : live_groups;
-    e.add("persistent_params", Tier::kDevice, sat_mul(u64(e.m.persistent_params), c),
+    e.add("persistent_params", Tier::kDevice, e.sharded ? 0 : sat_mul(u64(e.m.persistent_params), c),
           count_times(e.m.persistent_params, c,
                       str_cat("tensors under stage3_param_persistence_threshold = ",
                               group_digits(u64(e.cfg.zero.stage3_param_persistence_threshold)))));
@@ -246,10 +246,9 @@ void add_compute_copies(Evaluation& e) {
                     : str_cat(e.groups_of(1), " x ", c, " B (staging copy of a group read from nvme)"));
   }
   if (e.sharded) {
-    // A fetch gathers every rank's home (each with a 16-byte tag) and
-    // unpacks them whole (ComputeHomes::gather).
-    e.add("rank_fetch_gather", Tier::kPinned,
-          sat_add(sat_mul(u64(e.N), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c))), e.group_bytes),
+    // A fetch gathers every rank's home and unpacks them whole
+    // (ComputeHomes::gather).
+    e.add("rank_fetch_gather", Tier::kPinned, sat_add(sat_mul(u64(e.N), sat_mul(u64(e.home), c)), e.group_bytes),
           str_cat(e.N, " x ", group_digits(u64(e.home)), " x ", c, " B (every rank's shard of a fetched group) + ",
                   e.groups_of(1), " x ", c, " B (the group unpacked whole)"));
   }
@@ -378,7 +377,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
     if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
   if (e.sharded) {
-    w.ranks_compute_bytes = sat_add(sat_mul(u64(e.N), sat_add(kGatherTagBytes, sat_mul(u64(e.home), e.c))),
+    w.ranks_compute_bytes = sat_add(sat_mul(u64(e.N), sat_mul(u64(e.home), e.c)),
                                     core::align_up(e.group_bytes, core::kDirectIoAlignment));
   }
   return pinned_working(w, e.threaded, e.early_jobs());

@@ -1,11 +1,12 @@
 #include "engine/state/compute_homes.h"
 
+#include <array>
 #include <cstring>
+#include <vector>
 #include <utility>
 
 #include "core/aligned_buffer.h"
 #include "core/str.h"
-#include "engine/memory_model.h"
 
 namespace strata::engine {
 
@@ -64,54 +65,74 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
 }
 
 core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::PinnedBuffer& staging,
-                                                        const CopyLane& lane, bool pending) {
+                                                        const CopyLane& lane, bool pending, Status local) {
   const GroupPlace& gp = layout_.groups[g];
   const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
   const auto n = static_cast<std::uint64_t>(layout_.share.ranks);
-  // Each rank's block: a tag (the group and this call's number, which every
-  // rank must agree on) and its home.
-  constexpr std::uint64_t kTag = kGatherTagBytes;
-  const std::uint64_t home = bytes(g), block = kTag + home;
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer all, pinned_cache_.get(block * n, "compute copies gathered over ranks"));
-  std::byte* mine = all.data() + static_cast<std::uint64_t>(layout_.share.rank) * block;
-  const std::uint64_t tag[2] = {g, gathers_++};
-  std::memcpy(mine, tag, kTag);
-  Status s;
-  if (const std::byte* p = pending_copy(g); pending && p != nullptr) {
-    std::memcpy(mine + kTag, p, home);
-  } else {
-    gpu::PinnedBuffer own;
-    core::Result<std::span<std::byte>> loaded = load(g, own, lane);
-    if (loaded.ok()) std::memcpy(mine + kTag, loaded->data(), home);
-    else s = std::move(loaded).status();
-    pinned_cache_.put(std::move(own));
+  const auto me = static_cast<std::uint64_t>(layout_.share.rank);
+  const std::uint64_t home = bytes(g), whole = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+  const std::string what = str_cat("gathering the compute copies of group '", gp.name, "'");
+  // This rank's home into its place among every rank's, and the staging the
+  // group is unpacked into: a local failure (or the caller's) is carried to
+  // the others below instead of leaving them waiting.
+  gpu::PinnedBuffer all;
+  if (local.ok()) {
+    core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(home * n, "compute copies gathered over ranks");
+    if (got.ok()) all = std::move(got).value();
+    else local = std::move(got).status();
   }
-  if (s.ok()) {
-    TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), block * n);
-    s = ranks_->all_gather(mine, all.data(), block, partition::DType::kU8);
-  }
-  for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
-    std::uint64_t theirs[2];
-    std::memcpy(theirs, all.data() + r * block, kTag);
-    if (theirs[0] != tag[0] || theirs[1] != tag[1]) {
-      s = Status::failed_precondition(str_cat(
-          "rank ", r, " gathered group #", theirs[0], " as its gather #", theirs[1], " where rank ", layout_.share.rank,
-          " gathered group #", tag[0], " as #", tag[1], ": every rank fetches the same groups in the same order"));
-    }
-  }
-  if (s.ok()) {
-    const std::uint64_t whole = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+  if (local.ok()) {
     core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(core::align_up(whole, core::kDirectIoAlignment), "compute staging");
-    if (got.ok()) {
-      staging = std::move(got).value();
-      unpack_homes(layout_, g, all.bytes().first(block * n), block, kTag, staging.bytes().first(whole));
+    if (got.ok()) staging = std::move(got).value();
+    else local = std::move(got).status();
+  }
+  if (local.ok()) {
+    std::byte* mine = all.data() + me * home;
+    if (const std::byte* p = pending ? pending_copy(g) : nullptr; p != nullptr) {
+      std::memcpy(mine, p, home);
+    } else if (gp.compute_tier == Tier::kPinned) {
+      std::memcpy(mine, groups_[g].pinned_home.data(), home);
     } else {
-      s = std::move(got).status();
+      gpu::PinnedBuffer own;
+      core::Result<std::span<std::byte>> loaded = load(g, own, lane);
+      if (loaded.ok()) std::memcpy(mine, loaded->data(), home);
+      else local = std::move(loaded).status();
+      pinned_cache_.put(std::move(own));
     }
   }
+  // First every rank's tag (small, fixed size whatever the group): the
+  // group, this gather's number, the bytes and the rank's status. Ranks that
+  // gather other groups or failed stop here, every one of them, before the
+  // payload (whose size may differ between groups).
+  const std::array<std::uint64_t, 4> tag{g, gathers_++, home, static_cast<std::uint64_t>(local.code())};
+  std::vector<std::uint64_t> tags(4 * n);
+  Status s = ranks_->all_gather(tag.data(), tags.data(), 4, partition::DType::kI64);
+  for (std::uint64_t r = 0; s.ok() && local.ok() && r < n; ++r) {
+    const std::uint64_t* t = tags.data() + 4 * r;
+    if (t[3] != 0) {
+      const auto code = static_cast<core::StatusCode>(t[3]);
+      s = Status(code, str_cat("rank ", r, " failed before its part (", core::status_code_name(code),
+                               "; its own error names the cause), so this rank stops too"));
+    } else if (t[0] != tag[0] || t[1] != tag[1] || t[2] != tag[2]) {
+      const std::string theirs = t[0] < layout_.groups.size() ? layout_.groups[t[0]].name : str_cat("#", t[0]);
+      s = Status::failed_precondition(str_cat("rank ", r, " gathered group '", theirs, "' as its gather #", t[1],
+                                              " where rank ", me, " gathered '", gp.name, "' as #", tag[1],
+                                              ": every rank fetches the same groups in the same order"));
+    }
+  }
+  if (s.ok() && local.ok()) {
+    TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), home * n);
+    s = ranks_->all_gather(all.data() + me * home, all.data(), home, partition::DType::kU8);
+  }
+  if (s.ok() && local.ok()) unpack_homes(layout_, g, all.bytes().first(home * n), home, 0, staging.bytes().first(whole));
   pinned_cache_.put(std::move(all));
-  if (!s.ok()) return std::move(s).annotate(str_cat("gathering the compute copies of group '", gp.name, "'"));
-  return staging.bytes().first(static_cast<std::uint64_t>(gp.compute_elems) * cb);
+  if (!local.ok()) s = std::move(local);
+  if (!s.ok()) {
+    pinned_cache_.put(std::move(staging));
+    staging = {};
+    return std::move(s).annotate(what);
+  }
+  return staging.bytes().first(whole);
 }
 
 void pack_home(const Layout& layout, std::size_t g, int rank, std::span<const std::byte> whole,
@@ -120,6 +141,7 @@ void pack_home(const Layout& layout, std::size_t g, int rank, std::span<const st
   std::memset(home.data(), 0, home.size());
   for (std::size_t pi : layout.groups[g].params) {
     const Layout::ShardPiece s = layout.shard_of(pi, rank);
+    if (s.lo == s.hi) continue;
     std::memcpy(home.data() + static_cast<std::size_t>(s.home) * cb,
                 whole.data() + static_cast<std::size_t>(layout.places[pi].compute_offset + s.lo) * cb,
                 static_cast<std::size_t>(s.hi - s.lo) * cb);
@@ -133,6 +155,7 @@ void unpack_homes(const Layout& layout, std::size_t g, std::span<const std::byte
   for (int r = 0; r < layout.share.ranks; ++r) {
     for (std::size_t pi : layout.groups[g].params) {
       const Layout::ShardPiece s = layout.shard_of(pi, r);
+      if (s.lo == s.hi) continue;
       std::memcpy(whole.data() + static_cast<std::size_t>(layout.places[pi].compute_offset + s.lo) * cb,
                   blocks.data() + static_cast<std::size_t>(r) * block_bytes + home_at + static_cast<std::size_t>(s.home) * cb,
                   static_cast<std::size_t>(s.hi - s.lo) * cb);

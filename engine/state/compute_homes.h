@@ -59,10 +59,15 @@ class ComputeHomes {
   // from the pinned cache, as load's): every rank's home gathered over the
   // ranks and unpacked (padding zero). This rank gives its pending copy
   // where one waits when `pending` (read_compute), else its home. A
-  // collective: kUnavailable naming the group when a rank fails or leaves,
-  // kFailedPrecondition when the ranks gathered different groups.
+  // collective every rank calls for the same groups in the same order:
+  // first each rank's tag (the group, the gather's number, its status), so
+  // that a rank that failed, before (`local`, the caller's error: it takes
+  // part all the same) or in reading its home, fails every rank's gather at
+  // once with its status code, naming it, and ranks that gather other
+  // groups fail with kFailedPrecondition saying so; kUnavailable when a rank
+  // leaves. (The tags travel on the heap: 32 bytes a rank.)
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
-                                            bool pending = false);
+                                            bool pending = false, core::Status local = {});
   // Writes a host view of group g's compute copies home on `lane`.
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
 

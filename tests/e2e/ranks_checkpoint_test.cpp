@@ -205,6 +205,9 @@ TEST_F(RanksTest, Stage3CheckpointsLoadAcrossRankCountsAndStages) {
       frozen);
   const Outcome saved = on_ranks(c3, 3, "s3-reload", [&](int, Engine& e) { load(e, by_three); }, frozen);
   ASSERT_FALSE(saved.master.empty());
+  // Two ranks at stage 3: each one's part of a parameter from parts of two files.
+  const Outcome two3 = on_ranks(c3, 2, "s3-two", [&](int, Engine& e) { load(e, by_three); }, frozen);
+  expect_same_outcome(two3, saved, "stage 3 by 3 -> stage 3 by 2");
   const Outcome two = on_ranks(
       c2, 2, "s2-two",
       [&](int, Engine& e) {

@@ -97,7 +97,9 @@ INSTANTIATE_TEST_SUITE_P(
     Stage3, Stage3RanksMatchAccumulation,
     ::testing::Values(Stage3Case{2, "cpu", "cpu", OverlapMode::kExact}, Stage3Case{3, "nvme", "nvme", OverlapMode::kDelayed},
                       Stage3Case{3, "device", "cpu", OverlapMode::kNone}, Stage3Case{2, "nvme", "cpu", OverlapMode::kExact},
-                      Stage3Case{3, "cpu", "nvme", OverlapMode::kDelayed}),
+                      Stage3Case{3, "cpu", "nvme", OverlapMode::kDelayed},
+                      Stage3Case{2, "device", "nvme", OverlapMode::kDelayed},
+                      Stage3Case{2, "cpu", "device", OverlapMode::kNone}),
     [](const ::testing::TestParamInfo<Stage3Case>& i) {
       return "N" + std::to_string(i.param.ranks) + "_params_" + i.param.params + "_state_" + i.param.placement + "_" +
              std::string(to_string(i.param.overlap));
@@ -108,12 +110,24 @@ TEST_F(RanksTest, Stage3ShardsTheComputeCopiesFrozenOnesToo) {
   // shard, the others' padding) train as at stage 2, where every rank keeps
   // the compute copies whole; each rank's homes are its shards only.
   const std::vector<std::string> frozen = {"l2.b"};
+  std::vector<std::vector<std::vector<float>>> weights(3);
   auto train = [&](const Config& c, const std::string& run, std::vector<std::uint64_t>* home_bytes) {
     return on_ranks(
         c, 3, run,
         [&](int r, Engine& e) {
           Framework f;
           for (int s = 0; s < 4; ++s) ASSERT_TRUE(micro_batch(e, f, s * 3 + r, true, nullptr).ok());
+          // read_weights on every rank: the masters and the frozen compute copies whole.
+          std::vector<std::vector<float>> values;
+          std::vector<Engine::WeightRead> reads;
+          values.reserve(kTensors.size());
+          for (const Tensor& t : kTensors) {
+            values.emplace_back(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
+            reads.push_back({t.name, values.back()});
+          }
+          const core::Status read = e.read_weights(reads);
+          EXPECT_TRUE(read.ok()) << read;
+          weights[static_cast<std::size_t>(r)] = std::move(values);
           if (home_bytes == nullptr) return;
           const Layout& l = e.layout();
           EXPECT_TRUE(l.compute_sharded);
@@ -132,12 +146,58 @@ TEST_F(RanksTest, Stage3ShardsTheComputeCopiesFrozenOnesToo) {
   two.zero.offload_param.device = OffloadDevice::kCpu;  // stage 2 keeps it whole on every rank
   std::vector<std::uint64_t> homes(3);
   const Outcome whole = train(two, "stage2", nullptr);
+  const std::vector<std::vector<std::vector<float>>> whole_weights = weights;
   const Outcome sharded = train(stage3(config("nvme", OverlapMode::kExact), "cpu"), "stage3", &homes);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(weights[static_cast<std::size_t>(r)].size(), kTensors.size());
+    for (std::size_t k = 0; k < kTensors.size(); ++k) {
+      EXPECT_TRUE(bits_equal(weights[static_cast<std::size_t>(r)][k], whole_weights[0][k]))
+          << "rank " << r << ": read_weights of " << kTensors[k].name;
+    }
+  }
   expect_same(sharded.master, whole.master, "masters");
   ASSERT_EQ(sharded.compute.size(), 3u);
   for (int r = 0; r < 3; ++r) {
     expect_same(sharded.compute[static_cast<std::size_t>(r)], whole.compute[0], "compute copies of rank " + std::to_string(r));
     EXPECT_EQ(homes[static_cast<std::size_t>(r)], homes[0]);
+  }
+}
+
+TEST_F(RanksTest, Stage3FetchesThatDisagreeFailEveryRankAtOnce) {
+  // Stage 3: a fetch is a gather every rank takes part in. Rank 1 fetching
+  // l1 again without releasing it fails its fetch, and carries the failure
+  // into the gather: rank 0's fetch fails too, naming rank 1, at once (not
+  // at the 60 s timeout). Then rank 1 fetches l2 where rank 0 fetches l1:
+  // both fail saying the ranks gathered different groups (the groups'
+  // sizes differ: the tags, of one size, are compared first).
+  const Config c = stage3(config("cpu", OverlapMode::kExact), "nvme");
+  std::vector<core::Status> again(2), crossed(2);
+  std::vector<double> seconds(2);
+  on_ranks(c, 2, "disagree", [&](int r, Engine& e) {
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSERT_TRUE(e.fetch("l1").ok());
+    if (r == 0) {
+      ASSERT_TRUE(e.release("l1").ok());
+    }
+    again[static_cast<std::size_t>(r)] = e.fetch("l1").status();
+    if (r == 0 && again[0].ok()) {
+      ASSERT_TRUE(e.release("l1").ok());
+    }
+    if (r == 1) {
+      ASSERT_TRUE(e.release("l1").ok());
+    }
+    crossed[static_cast<std::size_t>(r)] = e.fetch(r == 0 ? "l1" : "l2").status();
+    seconds[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  });
+  EXPECT_EQ(again[1].code(), core::StatusCode::kFailedPrecondition) << again[1];
+  EXPECT_NE(again[1].message().find("already fetched"), std::string::npos) << again[1];
+  EXPECT_EQ(again[0].code(), core::StatusCode::kFailedPrecondition) << again[0];
+  EXPECT_NE(again[0].message().find("rank 1 failed before its part"), std::string::npos) << again[0];
+  for (int r = 0; r < 2; ++r) {
+    const core::Status& x = crossed[static_cast<std::size_t>(r)];
+    EXPECT_EQ(x.code(), core::StatusCode::kFailedPrecondition) << "rank " << r << ": " << x;
+    EXPECT_NE(x.message().find("every rank fetches the same groups in the same order"), std::string::npos) << x;
+    EXPECT_LT(seconds[static_cast<std::size_t>(r)], 30.0) << "rank " << r << " waited for the timeout";
   }
 }
 

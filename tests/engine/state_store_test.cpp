@@ -14,6 +14,7 @@
 #include "core/memory_budget.h"
 #include "core/numerics.h"
 #include "engine/layout.h"
+#include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "gpu/host_device.h"
 #include "nvme/swap_store.h"
@@ -215,6 +216,50 @@ TEST_F(StateStoreTest, BudgetsAreEnforcedWithTheirNames) {
   auto no_swap = StateStore::create(l, **roomy, nullptr);
   ASSERT_FALSE(no_swap.ok());
   EXPECT_NE(no_swap.status().message().find("no swap store"), std::string::npos) << no_swap.status();
+}
+
+TEST(ComputeHomesPacking, EveryRanksHomeUnpacksToTheGroupWithZeroPadding) {
+  // Stage 3 over three ranks, a group mixing trainable and frozen
+  // parameters of odd sizes: each rank's home packed from the whole group,
+  // the homes side by side (each after a gap, as gather lays them out),
+  // unpacked: the group back, its padding zero whatever the buffer held.
+  Config c;
+  c.precision = Precision::kBf16;
+  c.zero.stage = 3;
+  c.zero.offload_param.device = OffloadDevice::kCpu;
+  const std::vector<ParamDesc> params = {{"a", {70001}, "g", true, 0},
+                                         {"f1", {333}, "g", false, 0},
+                                         {"b", {5}, "g", true, 0},
+                                         {"f2", {65}, "g", false, 0}};
+  const int n = 3;
+  std::vector<Layout> ranks;
+  for (int r = 0; r < n; ++r) {
+    auto l = plan_layout(params, {}, c, {r, n});
+    ASSERT_TRUE(l.ok()) << l.status();
+    ranks.push_back(*std::move(l));
+  }
+  const GroupPlace& gp = ranks[0].groups[0];
+  const std::size_t cb = 2, whole = static_cast<std::size_t>(gp.compute_elems) * cb;
+  const std::size_t home = static_cast<std::size_t>(ranks[0].home_elems(gp)) * cb, gap = 24;
+  std::vector<std::byte> group(whole, std::byte{0});
+  std::uint16_t next = 1;
+  for (std::size_t pi = 0; pi < params.size(); ++pi) {
+    for (std::int64_t i = 0; i < params[pi].numel(); ++i, ++next) {
+      std::memcpy(group.data() + static_cast<std::size_t>(ranks[0].places[pi].compute_offset + i) * cb, &next, cb);
+    }
+  }
+  std::vector<std::byte> blocks(n * (gap + home), std::byte{0x5a});
+  for (int r = 0; r < n; ++r) {
+    std::span<std::byte> mine(blocks.data() + static_cast<std::size_t>(r) * (gap + home) + gap, home);
+    pack_home(ranks[static_cast<std::size_t>(r)], 0, r, group, mine);
+    // Every byte of the home written: packed into a buffer of other bytes, the same.
+    std::vector<std::byte> other(home, std::byte{0xff});
+    pack_home(ranks[static_cast<std::size_t>(r)], 0, r, group, other);
+    EXPECT_EQ(std::memcmp(other.data(), mine.data(), home), 0) << "rank " << r << ": bytes left unwritten";
+  }
+  std::vector<std::byte> back(whole, std::byte{0xff});
+  unpack_homes(ranks[0], 0, blocks, gap + home, gap, back);
+  EXPECT_EQ(std::memcmp(back.data(), group.data(), whole), 0);
 }
 
 }  // namespace

@@ -235,7 +235,9 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         parameters, the compute copies of frozen ones, in `dtype` on the CPU.
         With several ranks every rank calls it (the masters are gathered from
         the ranks' shards, each block's once); shard=True gives this rank's
-        own masters instead, without the others (their elements NaN)."""
+        own masters instead, without the others (their elements NaN). At
+        zero_optimization.stage 3 with several ranks every rank calls it
+        either way: the frozen parameters' compute copies are gathered."""
         return self._state_dict(dtype, gather=self.world_size > 1 and not shard)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
