@@ -4,7 +4,10 @@
 // of the facade lives beside it: finalize.cpp, save_load.cpp.
 #include "engine/engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <cmath>
 #include <cstring>
@@ -70,6 +73,18 @@ Engine::~Engine() {
   step_.reset();  // the gradient path, the optimizer and its staging ring, before the budgets they charge
   state_.reset();
   stream_.reset();
+  if (!made_swap_dirs_.empty()) {
+    // The rank's swap folders finalize made go once the swap files in them
+    // are removed (the store closes with the homes that hold its blocks);
+    // one that still holds something (kept files, another's) stays.
+    homes_.reset();
+    swap_.reset();
+    for (const std::string& d : made_swap_dirs_) {
+      if (::rmdir(d.c_str()) != 0 && errno != ENOTEMPTY && errno != EEXIST && errno != ENOENT) {
+        STRATA_LOG(kWarn) << "ranks: could not remove the swap folder " << d << ": " << std::strerror(errno);
+      }
+    }
+  }
 }
 
 core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config) {

@@ -462,6 +462,9 @@ class Engine {
   std::shared_ptr<SharedDevice> shared_device_;
   std::shared_ptr<ViewHolds> holds_;  // leases of lent views (engine/internal/view_holds.h)
   std::unique_ptr<nvme::SwapStore> swap_;
+  // The rank-<r> swap folders finalize created (several ranks), removed
+  // with the engine when empty.
+  std::vector<std::string> made_swap_dirs_;
   std::unique_ptr<adam::CpuAdam> cpu_adam_;
   // cpu_adam is one call at a time: gradient passes first, Adam in slices
   // between them (engine/internal/cpu_turns.h).

@@ -409,7 +409,9 @@ core::Status Engine::open_swap_store(const Needs& needs) {
     // Each rank swaps under its own folder of every swap path.
     for (std::string& p : o.paths) {
       p = str_cat(p, "/rank-", layout_.share.rank);
-      if (::mkdir(p.c_str(), 0700) != 0 && errno != EEXIST) {
+      if (::mkdir(p.c_str(), 0700) == 0) {
+        made_swap_dirs_.push_back(p);  // removed with the engine, once its files are
+      } else if (errno != EEXIST) {
         return Status::from_errno(errno, str_cat("rank ", layout_.share.rank, ": creating its swap folder ", p));
       }
     }

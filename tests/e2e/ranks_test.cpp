@@ -29,17 +29,22 @@
 namespace strata::engine::e2e {
 namespace {
 
+// `params` empty: stage 2 (the compute copies whole on every rank, their
+// home the device); else stage 3 with their home there ("device", "cpu",
+// "nvme"): each rank keeps its shard, a fetch gathers them; the outcome is
+// the one rank's accumulating, bit for bit, either way.
 struct Case {
   int ranks;
   std::string placement;
   OverlapMode overlap;
+  std::string params;
 };
 
 class RanksMatchAccumulation : public RanksTest, public ::testing::WithParamInterface<Case> {};
 
 TEST_P(RanksMatchAccumulation, BitIdenticalToOneRankAccumulating) {
   const Case k = GetParam();
-  const Config c = config(k.placement, k.overlap);
+  const Config c = k.params.empty() ? config(k.placement, k.overlap) : stage3(config(k.placement, k.overlap), k.params);
   const Outcome one = accumulate(c, k.ranks);
   const Outcome many = data_parallel(c, k.ranks, "run");
   ASSERT_EQ(one.norms.size(), static_cast<std::size_t>(kRankSteps));
@@ -57,53 +62,26 @@ TEST_P(RanksMatchAccumulation, BitIdenticalToOneRankAccumulating) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Placements, RanksMatchAccumulation,
-    ::testing::Values(Case{1, "cpu", OverlapMode::kExact}, Case{2, "device", OverlapMode::kNone},
-                      Case{2, "cpu", OverlapMode::kExact}, Case{2, "nvme", OverlapMode::kExact},
-                      Case{3, "cpu", OverlapMode::kNone}, Case{3, "nvme", OverlapMode::kExact},
-                      Case{2, "nvme", OverlapMode::kDelayed}, Case{3, "cpu", OverlapMode::kDelayed}),
-    [](const ::testing::TestParamInfo<Case>& i) {
-      return "N" + std::to_string(i.param.ranks) + "_" + i.param.placement + "_" + std::string(to_string(i.param.overlap));
-    });
-
-// Stage 3: each rank keeps its shard of the compute copies in their home
-// (`params`), a fetch gathers them; the outcome is the one rank's
-// accumulating, bit for bit, as at stage 2.
-struct Stage3Case {
-  int ranks;
-  std::string params, placement;
-  OverlapMode overlap;
-};
-
-class Stage3RanksMatchAccumulation : public RanksTest, public ::testing::WithParamInterface<Stage3Case> {};
-
-TEST_P(Stage3RanksMatchAccumulation, BitIdenticalToOneRankAccumulating) {
-  const Stage3Case k = GetParam();
-  const Config c = stage3(config(k.placement, k.overlap), k.params);
-  const Outcome one = accumulate(c, k.ranks);
-  const Outcome many = data_parallel(c, k.ranks, "stage3");
-  ASSERT_EQ(many.norms.size(), static_cast<std::size_t>(kRankSteps));
-  EXPECT_EQ(many.norms, one.norms);
-  expect_same(many.master, one.master, "masters");
-  expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
-  ASSERT_EQ(many.compute.size(), static_cast<std::size_t>(k.ranks));
-  for (int r = 0; r < k.ranks; ++r) {
-    expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
-  }
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  return "N" + std::to_string(i.param.ranks) + "_" + i.param.placement + "_" + std::string(to_string(i.param.overlap)) +
+         (i.param.params.empty() ? "" : "_params_" + i.param.params);
 }
 
 INSTANTIATE_TEST_SUITE_P(
-    Stage3, Stage3RanksMatchAccumulation,
-    ::testing::Values(Stage3Case{2, "cpu", "cpu", OverlapMode::kExact}, Stage3Case{3, "nvme", "nvme", OverlapMode::kDelayed},
-                      Stage3Case{3, "device", "cpu", OverlapMode::kNone}, Stage3Case{2, "nvme", "cpu", OverlapMode::kExact},
-                      Stage3Case{3, "cpu", "nvme", OverlapMode::kDelayed},
-                      Stage3Case{2, "device", "nvme", OverlapMode::kDelayed},
-                      Stage3Case{2, "cpu", "device", OverlapMode::kNone}),
-    [](const ::testing::TestParamInfo<Stage3Case>& i) {
-      return "N" + std::to_string(i.param.ranks) + "_params_" + i.param.params + "_state_" + i.param.placement + "_" +
-             std::string(to_string(i.param.overlap));
-    });
+    Placements, RanksMatchAccumulation,
+    ::testing::Values(Case{1, "cpu", OverlapMode::kExact, ""}, Case{2, "device", OverlapMode::kNone, ""},
+                      Case{2, "cpu", OverlapMode::kExact, ""}, Case{2, "nvme", OverlapMode::kExact, ""},
+                      Case{3, "cpu", OverlapMode::kNone, ""}, Case{3, "nvme", OverlapMode::kExact, ""},
+                      Case{2, "nvme", OverlapMode::kDelayed, ""}, Case{3, "cpu", OverlapMode::kDelayed, ""}),
+    case_name);
+
+INSTANTIATE_TEST_SUITE_P(
+    Stage3, RanksMatchAccumulation,
+    ::testing::Values(Case{2, "cpu", OverlapMode::kExact, "cpu"}, Case{3, "nvme", OverlapMode::kDelayed, "nvme"},
+                      Case{3, "cpu", OverlapMode::kNone, "device"}, Case{2, "cpu", OverlapMode::kExact, "nvme"},
+                      Case{3, "nvme", OverlapMode::kDelayed, "cpu"}, Case{2, "nvme", OverlapMode::kDelayed, "device"},
+                      Case{2, "device", OverlapMode::kNone, "cpu"}),
+    case_name);
 
 TEST_F(RanksTest, Stage3ShardsTheComputeCopiesFrozenOnesToo) {
   // l2.b frozen: three ranks at stage 3 (its elements in one rank's frozen
@@ -346,6 +324,9 @@ TEST_F(RanksTest, EachRankKeepsItsShardOfTheState) {
     });
   }
   for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {  // the engines are gone, and so are their swap folders
+    EXPECT_FALSE(std::filesystem::exists(dir_ / ("rank-" + std::to_string(r)))) << "rank " << r;
+  }
   // The MLP's groups: l1 three blocks, l2 one, so one rank of three holds
   // one block of each where one rank alone holds all four.
   for (int r = 0; r < 3; ++r) {

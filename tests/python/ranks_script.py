@@ -8,9 +8,10 @@ its state_dict() (gathered from every rank), the norm of every step, its losses;
 
 With a sixth argument "torch_distributed" the script initialises
 torch.distributed's process group (Gloo, from torchrun's environment) first,
-and strata.torch takes the ranks from it.
+and strata.torch takes the ranks from it; "torch_distributed_no_folder" does
+that where the rendezvous folder cannot be made, and writes each rank's error.
 
-usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed]"""
+usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed[_no_folder]]"""
 import os
 import sys
 
@@ -28,10 +29,20 @@ import strata.torch  # noqa: E402
 
 def main():
     out, swap, precision, steps, clip = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-    if len(sys.argv) > 6 and sys.argv[6] == "torch_distributed":
+    mode = sys.argv[6] if len(sys.argv) > 6 else ""
+    if mode.startswith("torch_distributed"):
         torch.distributed.init_process_group("gloo")
     model = helpers.tiny_llama(seed=0)
     cfg = helpers.config(swap, "optimizer_cpu", precision, gas=1, clip=clip, lr=3e-3, weight_decay=0.01)
+    if mode == "torch_distributed_no_folder":
+        # STRATA_RENDEZVOUS_DIR names a folder that is not there: every rank raises.
+        try:
+            strata.torch.initialize(model, cfg)
+            error = None
+        except strata.Unavailable as e:
+            error = str(e)
+        torch.save({"error": error}, os.path.join(out, f"rank{torch.distributed.get_rank()}.pt"))
+        return 0
     try:
         engine = strata.torch.initialize(model, cfg)
     except strata.Unimplemented as e:

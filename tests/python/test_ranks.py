@@ -30,7 +30,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(tmp_path, precision, *extra):
+def torchrun(tmp_path, precision, *extra, env_extra=None):
     """Runs ranks_script.py on WORLD ranks; returns every rank's result."""
     out = tmp_path / "out"
     out.mkdir()
@@ -42,7 +42,7 @@ def torchrun(tmp_path, precision, *extra):
            "127.0.0.1", "--master_port", str(free_port()), "--redirects", "1", "--tee", "1", "--log_dir",
            str(tmp_path / "logs"), os.path.join(HERE, "ranks_script.py"), str(out), str(swap), precision,
            str(STEPS), str(CLIP), *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     if (out / "skip").exists():
@@ -117,12 +117,24 @@ def test_ranks_taken_from_an_initialised_torch_distributed_group(tmp_path, swap_
     # The script initialises torch.distributed (Gloo) first: strata.torch takes
     # rank, size and a rendezvous folder broadcast over it, and trains as with
     # the launcher's environment: bit for bit one rank accumulating.
-    results = torchrun(tmp_path, "bf16", "torch_distributed")
+    meet = tmp_path / "meet"  # STRATA_RENDEZVOUS_DIR: the folder's parent
+    meet.mkdir()
+    results = torchrun(tmp_path, "bf16", "torch_distributed", env_extra={"STRATA_RENDEZVOUS_DIR": str(meet)})
+    assert list(meet.iterdir()) == [], f"left in STRATA_RENDEZVOUS_DIR: {list(meet.iterdir())}"
     want, want_norms = one_rank(swap_dir, "bf16")
     for k, r in enumerate(results):
         assert r["norms"] == want_norms, f"rank {k}: norms {r['norms']} vs one rank {want_norms}"
     helpers.assert_same_bits(merged(results), want, "two ranks from torch.distributed vs one rank accumulating")
     assert_no_rendezvous_left()
+
+
+def test_a_rendezvous_folder_rank_0_cannot_make_fails_every_rank(tmp_path):
+    # Not a wait in the broadcast until torch's timeout: rank 0 sends the error.
+    gone = tmp_path / "not-there"
+    results = torchrun(tmp_path, "bf16", "torch_distributed_no_folder", env_extra={"STRATA_RENDEZVOUS_DIR": str(gone)})
+    for k, r in enumerate(results):
+        assert r["error"] and "could not make a rendezvous folder" in r["error"] and str(gone) in r["error"], \
+            f"rank {k}: {r['error']}"
 
 
 def test_two_ranks_fp32_match_torch_adamw(tmp_path):

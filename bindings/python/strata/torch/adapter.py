@@ -36,6 +36,7 @@ How it works, in one place:
   to a plain one holding its compute copy. state_dict, export and
   checkpoints: checkpoints.py.
 """
+import os
 import shutil
 import tempfile
 import uuid
@@ -63,17 +64,28 @@ def _torch_distributed_ranks():
 
 def _ranks_from_torch_distributed():
     """strata's ranks from an initialised torch.distributed process group: its
-    rank and size, and a rendezvous folder (rank 0's, under the temporary
-    directory: the ranks share this machine's file system) and run id that
-    rank 0 makes and broadcasts over the group. Returns (ranks, rendezvous),
-    rendezvous to pass to _end_rendezvous once the engine is made."""
+    rank and size, and a rendezvous folder (rank 0's, under
+    STRATA_RENDEZVOUS_DIR when set, else the temporary directory: the ranks
+    share that file system) and run id that rank 0 makes and broadcasts over
+    the group; a folder rank 0 cannot make fails every rank, naming it.
+    Returns (ranks, rendezvous), rendezvous to pass to _end_rendezvous once
+    the engine is made."""
     dist = torch.distributed
     rank, size = dist.get_rank(), dist.get_world_size()
-    made = [tempfile.mkdtemp(prefix="strata-torch-rendezvous-"), uuid.uuid4().hex] if rank == 0 else [None, None]
+    made = [None, None]
+    if rank == 0:
+        parent = os.environ.get("STRATA_RENDEZVOUS_DIR") or None
+        try:
+            made = [tempfile.mkdtemp(prefix="strata-torch-rendezvous-", dir=parent), uuid.uuid4().hex]
+        except OSError as e:  # every rank hears of it, none waits for a folder
+            made = [None, f"rank 0 could not make a rendezvous folder under {parent or tempfile.gettempdir()}: {e}"]
     # broadcast_object_list sends through the group's backend (with NCCL, from
     # this rank's current CUDA device, which the caller has set).
     dist.broadcast_object_list(made, src=0)
     store_dir, run_id = made
+    if store_dir is None:
+        raise errors.Unavailable(f"strata.torch: meeting the other ranks over torch.distributed: {run_id} "
+                                 f"(STRATA_RENDEZVOUS_DIR names the folder's parent)", status="UNAVAILABLE")
     return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
 
 
