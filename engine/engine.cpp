@@ -25,6 +25,7 @@
 #include "engine/state/compute_homes.h"
 #include "engine/state/state_store.h"
 #include "gpu/cuda_device.h"
+#include "gpu/device_query.h"
 #include "gpu/host_device.h"
 #include "nvme/swap_store.h"
 
@@ -102,9 +103,13 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
                                          " ranks: the engine sums host buffers, over \"gloo\" only (NCCL on device "
                                          "buffers is not built into the step yet)"));
   }
-  if (ranks.size > 1 && config.strata.overlap == OverlapMode::kSpeculative) {
-    return Status::unimplemented(str_cat("strata.overlap \"speculative\" with ", ranks.size,
-                                         " ranks is not built yet; use \"exact\", \"delayed\" or \"none\""));
+  // This rank among its machine's: it picks the GPU and its share of the CPU
+  // optimizer's cores. Not given: every rank on this machine.
+  const int local_rank = ranks.local_rank >= 0 ? ranks.local_rank : ranks.rank;
+  const int local_ranks = ranks.local_size > 0 ? ranks.local_size : ranks.size;
+  if (local_rank >= local_ranks) {
+    return Status::invalid_argument(str_cat("ranks: local rank ", local_rank, " of ", local_ranks,
+                                            " on this machine: it must be below the count"));
   }
   STRATA_ASSIGN_OR_RETURN(LossScaler scaler,
                           LossScaler::create(config.precision == Precision::kFp16 ? config.fp16 : Fp16Config{}));
@@ -142,7 +147,21 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     o.timing.compute_tflops = config.strata.host_device.tflops;
     STRATA_ASSIGN_OR_RETURN(e->shared_device_->device, gpu::make_host_device(o));
   } else {
-    auto cuda = gpu::make_cuda_device({budgets});
+    // The rank's GPU: the one given, else its local rank's among those visible.
+    gpu::CudaDeviceOptions o{budgets};
+    o.ordinal = ranks.device;
+    if (o.ordinal < 0) {
+      core::Result<std::vector<gpu::GpuInfo>> visible = gpu::query_cuda_devices();
+      const int count = visible.ok() ? static_cast<int>(visible->size()) : 0;
+      if (count > 0) {
+        core::Result<int> mine = gpu::device_for_local_rank(local_rank, local_ranks, count);
+        if (!mine.ok()) return Status(mine.status()).annotate(str_cat("rank ", ranks.rank, ": choosing its GPU"));
+        o.ordinal = *mine;
+      } else {
+        o.ordinal = 0;  // make_cuda_device says why there is none
+      }
+    }
+    auto cuda = gpu::make_cuda_device(o);
     if (cuda.ok()) {
       e->shared_device_->device = std::move(cuda).value();
     } else if (config.strata.device == DeviceKind::kCuda) {
@@ -190,12 +209,8 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     }
     e->ranks_.grads = std::move(grads).value();
     e->ranks_.weights = std::move(weights).value();
-    e->ranks_.local_rank = ranks.local_rank >= 0 ? ranks.local_rank : ranks.rank;
-    e->ranks_.local_ranks = ranks.local_size > 0 ? ranks.local_size : ranks.size;
-    if (e->ranks_.local_rank >= e->ranks_.local_ranks) {
-      return Status::invalid_argument(str_cat("ranks: local rank ", e->ranks_.local_rank, " of ",
-                                              e->ranks_.local_ranks, " on this machine: it must be below the count"));
-    }
+    e->ranks_.local_rank = local_rank;
+    e->ranks_.local_ranks = local_ranks;
     if (ranks.store_is_the_runs) {
       // Every rank has met over both communicators: the run's private
       // rendezvous directory is not read again. Rank 0 removes it once all
@@ -399,9 +414,9 @@ core::Status Engine::read_compute_locked(std::string_view param, std::span<float
       // failure here carried into the gather, so that no rank waits for
       // another.
       gpu::PinnedBuffer staging;
-      const Step::TrafficPause pause(*step_);  // inspection is not step traffic
-      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host,
-                              homes_->gather(pl.group, staging, step_lane(), /*pending=*/true, std::move(ready)));
+      std::span<std::byte> host;
+      gather_compute(pl.group, staging, host, ready);
+      STRATA_RETURN_IF_ERROR(ready);
       from_compute(host.data() + pl.compute_offset * layout_.compute_bytes, out, layout_.compute_bytes,
                    config_.precision);
       pinned_cache_->put(std::move(staging));

@@ -367,8 +367,8 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   // the disk pipeline's ring (or the slots strata.budgets.staging asks for);
   // a derived ring takes what is left, up to its depth.
   const std::uint64_t pinned_limit = shared_device_->pinned_budget.limit_bytes();
-  // Early jobs as the step runs them (Step::early_jobs: none with several ranks).
-  const bool early_jobs = layout_.share.ranks == 1 && schedule_.early_jobs(StepRules::of(config_));
+  // Early jobs as the step runs them (Step::early_jobs).
+  const bool early_jobs = schedule_.early_jobs(StepRules::of(config_));
   const PinnedWorking pinned_working = pinned_working_bytes(layout_, schedule_.threaded(), early_jobs);
   const RingShape ring = ring_shape(layout_);
   const std::uint64_t slot = ring.slot_bytes;

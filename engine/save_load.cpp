@@ -763,23 +763,17 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
     StateArrays arrays;
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
-      if (!layout_.compute_sharded) {
-        // Every rank keeps whole compute copies: each piece from the file that holds it.
-        for (const Held& h : sources[pi]) {
-          const auto at = static_cast<std::size_t>(layout_.places[pi].compute_offset + h.lo);
-          STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw(
-              p.name + ".compute", host.subspan(at * cb, static_cast<std::size_t>(h.hi - h.lo) * cb)));
-        }
-      } else {
-        // Stage 3: this rank's part only, from the files that hold it.
-        const Layout::ShardPiece part = layout_.shard_of(pi, ranks_.share.rank);
-        for (const Held& h : sources[pi]) {
-          const std::int64_t x = std::max(part.lo, h.lo), y = std::min(part.hi, h.hi);
-          if (x >= y) continue;
-          STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw_range(
-              p.name + ".compute", static_cast<std::uint64_t>(x - h.lo) * static_cast<std::uint64_t>(cb),
-              host.subspan(static_cast<std::size_t>(part.home + (x - part.lo)) * cb, static_cast<std::size_t>(y - x) * cb)));
-        }
+      // This rank's compute copies (all of them; at stage 3 its part), each
+      // piece from the files that hold it.
+      const Layout::ShardPiece part = layout_.compute_sharded
+                                          ? layout_.shard_of(pi, ranks_.share.rank)
+                                          : Layout::ShardPiece{0, p.numel(), layout_.places[pi].compute_offset};
+      for (const Held& h : sources[pi]) {
+        const std::int64_t x = std::max(part.lo, h.lo), y = std::min(part.hi, h.hi);
+        if (x >= y) continue;
+        STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw_range(
+            p.name + ".compute", static_cast<std::uint64_t>(x - h.lo) * static_cast<std::uint64_t>(cb),
+            host.subspan(static_cast<std::size_t>(part.home + (x - part.lo)) * cb, static_cast<std::size_t>(y - x) * cb)));
       }
       // The optimizer's arrays of this rank's elements only.
       if (!p.trainable || own[pi].first == own[pi].second) continue;

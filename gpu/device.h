@@ -53,6 +53,7 @@ struct DeviceCaps {
   bool timing_model = false;                // copies and kernels take modeled time
   bool strict = false;                      // run-time checks: unrecorded events, freed buffers
   int compute_capability = 0;               // 90 for sm_90; 0 on the host device
+  int index = 0;                            // the CUDA device ordinal; 0 on the host device
 };
 
 class Device;

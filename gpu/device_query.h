@@ -30,4 +30,13 @@ bool cuda_built();
 // error name and text, e.g. cudaErrorInsufficientDriver).
 core::Result<std::vector<GpuInfo>> query_cuda_devices();
 
+// The CUDA device that local rank `local_rank` of the `local_ranks` ranks on
+// this machine drives, among the `visible` devices: the local rank's own
+// (torchrun's and DeepSpeed's rule), or, with one device visible, that one
+// (each rank's process given its GPU through CUDA_VISIBLE_DEVICES, as Slurm's
+// --gpus-per-task does). Errors: kUnavailable with no device visible;
+// kInvalidArgument when the machine's ranks outnumber its visible devices
+// (two ranks would share a GPU), or for a local rank outside [0, local_ranks).
+core::Result<int> device_for_local_rank(int local_rank, int local_ranks, int visible);
+
 }  // namespace strata::gpu

@@ -78,7 +78,8 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  // each collective
   // Meeting the others (make_communicator): across machines it may take minutes.
   std::chrono::milliseconds connect_timeout{std::chrono::minutes(5)};
-  // nccl: the CUDA device of this rank (-1: the calling thread's current one).
+  // nccl: the CUDA device of this rank (-1: the calling thread's current one;
+  // an Engine's: its local rank's, gpu::device_for_local_rank).
   // With several ranks NCCL's id goes from rank 0 to the others over a Gloo
   // communicator met through store_dir (prefix + "-nccl").
   int device = -1;

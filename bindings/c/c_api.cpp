@@ -274,11 +274,12 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
     const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
     STRATA_ASSIGN_OR_RETURN(const std::optional<partition::Launch> launch,
                             partition::launch_from_environment(getenv));
-    if (!launch.has_value()) return o;  // no launcher: one rank
-    STRATA_ASSIGN_OR_RETURN(o, partition::communicator_options(*launch, getenv, timeout));
-    if (r.backend != nullptr) o.backend = r.backend;
-    if (r.store_dir != nullptr) o.store_dir = r.store_dir;
-    if (r.run_id != nullptr) o.prefix = r.run_id;
+    if (launch.has_value()) {  // else one rank
+      STRATA_ASSIGN_OR_RETURN(o, partition::communicator_options(*launch, getenv, timeout));
+      if (r.backend != nullptr) o.backend = r.backend;
+      if (r.store_dir != nullptr) o.store_dir = r.store_dir;
+      if (r.run_id != nullptr) o.prefix = r.run_id;
+    }
   } else {
     if (r.size < 0 || r.rank < 0 || r.rank >= r.size) {
       return core::Status::invalid_argument(core::str_cat(fn, ": ranks->rank is ", r.rank, " and ranks->size ",
@@ -293,6 +294,17 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
           core::str_cat(fn, ": ranks->store_dir is NULL; ", r.size, " ranks need a directory to meet in"));
     }
     if (r.run_id != nullptr) o.prefix = r.run_id;
+  }
+  if (r.local_size < 0 || (r.local_size > 0 && (r.local_rank < 0 || r.local_rank >= r.local_size)) ||
+      (r.local_size == 0 && r.local_rank != 0)) {
+    return core::Status::invalid_argument(core::str_cat(fn, ": ranks->local_rank is ", r.local_rank,
+                                                        " and ranks->local_size ", r.local_size,
+                                                        "; the local rank must be in [0, local_size) (local_size 0: "
+                                                        "not given, local_rank 0)"));
+  }
+  if (r.local_size > 0) {
+    o.local_rank = r.local_rank;
+    o.local_size = r.local_size;
   }
   o.timeout = timeout;
   o.connect_timeout = timeout;
@@ -535,6 +547,7 @@ strata_status strata_group_info_get(strata_engine* engine, const char* group, st
     info.size_bytes = c_api::group_bytes(e, *g);
     info.dtype = c_api::dtype_of(e);
     info.device = c_api::device_of(e);
+    info.device_index = e.device().caps().index;
     info.param_count = static_cast<int32_t>(g->params.size());
     info.trainable = g->trainable_elems > 0 ? 1 : 0;
     c_api::write_struct(out, info);
@@ -726,7 +739,7 @@ strata_status strata_group_dlpack(strata_engine* engine, const char* group, stra
     t->lease = std::move(lent->lease);
     DLTensor& d = t->managed.dl_tensor;
     d.data = lent->span.data();
-    d.device = c_api::device_of(e) == STRATA_DEVICE_CUDA ? DLDevice{kDLCUDA, 0} : DLDevice{kDLCPU, 0};
+    d.device = c_api::device_of(e) == STRATA_DEVICE_CUDA ? DLDevice{kDLCUDA, e.device().caps().index} : DLDevice{kDLCPU, 0};
     d.ndim = 1;
     d.dtype = c_api::dl_dtype(dtype);
     d.shape = t->shape;

@@ -145,8 +145,8 @@ struct Evaluation {
   std::uint64_t state_of(std::int64_t n) const { return n >= (std::int64_t{1} << 58) ? UINT64_MAX : spec.state_bytes(n); }
   std::string prec;              // "bf16", "fp16", "fp32"
   bool threaded = false;         // Schedule::threaded
-  // Whether the step runs early jobs (Step::early_jobs: none with several ranks).
-  bool early_jobs() const { return N == 1 && schedule.early_jobs(StepRules::of(cfg)); }
+  // Whether the step runs early jobs (Step::early_jobs).
+  bool early_jobs() const { return schedule.early_jobs(StepRules::of(cfg)); }
   // The trainable parameters' optimizer state, by the layout's rule (tier.h).
   std::int64_t t_gpu = 0;
   std::int64_t t_keep = 0;  // CPU-updated and resident in pinned memory

@@ -90,10 +90,8 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     std::byte* mine = all.data() + me * home;
     if (const std::byte* p = pending ? pending_copy(g) : nullptr; p != nullptr) {
       std::memcpy(mine, p, home);
-    } else if (gp.compute_tier == Tier::kPinned) {
-      std::memcpy(mine, groups_[g].pinned_home.data(), home);
     } else {
-      gpu::PinnedBuffer own;
+      gpu::PinnedBuffer own;  // stays empty for a pinned home (load lends it)
       core::Result<std::span<std::byte>> loaded = load(g, own, lane);
       if (loaded.ok()) std::memcpy(mine, loaded->data(), home);
       else local = std::move(loaded).status();

@@ -193,6 +193,13 @@ class Optimizer::JobRun {
   // Several ranks: every rank's shard of group g's new compute copies into
   // its host view (all-gather, in the trainable layout).
   core::Status gather_over_ranks(std::size_t g);
+  // Several ranks with whole compute copies (stage 1-2): the optimizer
+  // gathers each group's new ones over the ranks.
+  bool gathers() const { return o_.parts_.ranks != nullptr && !layout().compute_sharded; }
+  // Gathers what may be gathered now: the updated groups in gather_order_,
+  // up to the first one not updated yet; each then committed, or left for
+  // the verdict. A speculative job gathers nothing before its verdict.
+  core::Status drain_gathers();
   // Group g's last chunk is done.
   core::Status group_updated(std::size_t g);
   core::Status commit_group(std::size_t g);
@@ -215,8 +222,15 @@ class Optimizer::JobRun {
   std::vector<std::size_t> chunks_;
   DiskPipeline::Pass disk_;
   std::map<std::size_t, Open> open_;
-  std::vector<std::size_t> waiting_;  // speculative: updated groups awaiting the verdict
-  std::int64_t updated_elems_ = 0;    // speculative: elements updated before the verdict
+  std::vector<std::size_t> waiting_;  // early: updated groups whose commit awaits the verdict
+  std::int64_t updated_elems_ = 0;    // early: elements updated before the verdict
+  // With gathers(): the groups with chunks in the layout's order, the order
+  // every rank gathers them in (an all-gather is matched by its place in the
+  // sequence of calls, and the order groups finish in is each rank's own:
+  // its reads, its verdict's arrival); how many are gathered; which are updated.
+  std::vector<std::size_t> gather_order_;
+  std::size_t gathered_ = 0;
+  std::vector<bool> updated_;
 };
 
 std::vector<Optimizer::JobRun::Item> Optimizer::JobRun::items_of(const Layout& layout,
@@ -243,6 +257,13 @@ Optimizer::JobRun::JobRun(Optimizer& o, OptimizerJob& job, const core::Stopwatch
       chunks_(items_.size()),
       disk_(*o.pipeline_, chunks_, job.read_ahead, job.write_behind, job.bytes, o.parts_.trace) {
   for (std::size_t i = 0; i < items_.size(); ++i) chunks_[i] = items_[i].chunk;
+  if (gathers()) {
+    updated_.assign(layout().groups.size(), false);
+    for (std::size_t g : job_.order) {
+      if (layout().groups[g].chunk_count > 0) gather_order_.push_back(g);
+    }
+    std::sort(gather_order_.begin(), gather_order_.end());
+  }
 }
 
 core::Status Optimizer::JobRun::run() {
@@ -284,6 +305,8 @@ core::Status Optimizer::JobRun::run() {
     if (gate == OptimizerRunner::Gate::kStop) return stop();
     STRATA_RETURN_IF_ERROR(on_apply(items_.size()));
   }
+  STRATA_CHECK(!gathers() || gathered_ == gather_order_.size())
+      << "the optimizer gathered " << gathered_ << " of " << gather_order_.size() << " groups";
   STRATA_RETURN_IF_ERROR(disk_.drain_writes());
   job_.seconds += clock_.elapsed_s();
   return Status();
@@ -442,13 +465,33 @@ core::Status Optimizer::JobRun::gather_over_ranks(std::size_t g) {
 }
 
 core::Status Optimizer::JobRun::group_updated(std::size_t g) {
-  // Each rank's home holds its own shard at stage 3: nothing to gather.
-  if (o_.parts_.ranks != nullptr && !layout().compute_sharded) STRATA_RETURN_IF_ERROR(gather_over_ranks(g));
+  if (gathers()) {
+    updated_[g] = true;
+    return drain_gathers();
+  }
   // Its new compute copies go home once the verdict says so, or at once when
   // the job may (OptimizerJob::commits_before_verdict); then the next step
   // may fetch it.
   if (decided_ || job_.commits_before_verdict(layout().groups[g].compute_tier)) return commit_group(g);
   waiting_.push_back(g);
+  return Status();
+}
+
+core::Status Optimizer::JobRun::drain_gathers() {
+  // A speculative job's verdict may stop it, and each rank learns it at a
+  // point of its own: gathers before it would leave the ranks' sequences of
+  // calls apart. A certain job is never stopped once it updated a group
+  // (Step::refuse_while_applying), so it gathers as it goes.
+  if (!decided_ && job_.kind != JobKind::kCertainEarly) return Status();
+  while (gathered_ < gather_order_.size() && updated_[gather_order_[gathered_]]) {
+    const std::size_t g = gather_order_[gathered_++];
+    STRATA_RETURN_IF_ERROR(gather_over_ranks(g));
+    if (decided_ || job_.commits_before_verdict(layout().groups[g].compute_tier)) {
+      STRATA_RETURN_IF_ERROR(commit_group(g));
+    } else {
+      waiting_.push_back(g);
+    }
+  }
   return Status();
 }
 
@@ -490,6 +533,7 @@ core::Status Optimizer::JobRun::on_apply(std::size_t current) {
   std::sort(waiting_.begin(), waiting_.end(), [&](std::size_t a, std::size_t b) { return rank[a] < rank[b]; });
   for (std::size_t g : waiting_) STRATA_RETURN_IF_ERROR(commit_group(g));
   waiting_.clear();
+  if (gathers()) STRATA_RETURN_IF_ERROR(drain_gathers());
   for (std::size_t g : job_.order) {
     if (layout().groups[g].chunk_count == 0) runner().mark_done(g, job_.id);
   }

@@ -170,9 +170,9 @@ class Step {
   // Schedule::defers_verdicts: step_end does not wait for the step's last
   // gradients; the step's job takes the verdict behind a gradient marker.
   bool deferred_verdicts() const { return parts_.schedule.defers_verdicts(rules()); }
-  // Not with several ranks: an early job's order follows its reads, and
-  // every rank must gather the groups' compute copies in one order.
-  bool early_jobs() const { return parts_.layout.share.ranks == 1 && parts_.schedule.early_jobs(rules()); }
+  // With several ranks too: the job gathers the groups' compute copies in
+  // the layout's order whatever order it updates them in (Optimizer::JobRun).
+  bool early_jobs() const { return parts_.schedule.early_jobs(rules()); }
   // step_end's checks: the gradients of every trainable group for the last
   // micro-batch, nothing fetched, the last micro-batch.
   core::Status check_step_end() const;

@@ -476,6 +476,7 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
   DeviceCaps caps;
   caps.kind = DeviceKind::kCuda;
   caps.name = prop.name;
+  caps.index = options.ordinal;
   caps.device_memory_bytes = arena_bytes;
   caps.allocation_alignment_bytes = kArenaAlignment;
   caps.page_locked_host_memory = true;

@@ -217,6 +217,7 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   CHECK_OK(strata_group_info_get(e, "weight", &wi));
   CHECK_OK(strata_group_info_get(e, "bias", &bi));
   CHECK(wi.dtype == STRATA_DTYPE_BF16 && wi.device == STRATA_DEVICE_HOST && wi.param_count == 1 && wi.trainable);
+  CHECK(wi.device_index == 0);
   CHECK(wi.size_bytes >= 2u * kOut * kIn && bi.size_bytes >= 2u * kOut);
   CHECK_STATUS(strata_group_info_get(e, "nope", &wi), STRATA_STATUS_NOT_FOUND, "nope");
   int64_t w_off = -1, b_off = -1;
@@ -629,15 +630,28 @@ static void ranks_checks(void) {
   r.timeout_ms = -1;
   CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &r, &e), STRATA_STATUS_INVALID_ARGUMENT,
                "ranks->timeout_ms is -1");
+  strata_ranks local = STRATA_RANKS_INIT;
+  local.size = 1;
+  local.local_size = 2;
+  local.local_rank = 2;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &local, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "ranks->local_rank is 2 and ranks->local_size 2");
+  local.local_size = 0;
+  local.local_rank = 1;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &local, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "ranks->local_rank is 1 and ranks->local_size 0");
   strata_ranks zero = STRATA_RANKS_INIT;
   zero.struct_size = 0;
   CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &zero, &e), STRATA_STATUS_INVALID_ARGUMENT,
                "ranks->struct_size is 0");
   CHECK(e == NULL);
 
-  /* One rank, said outright. */
+  /* One rank, said outright, the second of its machine's two (its GPU would be
+   * CUDA device 1). */
   strata_ranks one = STRATA_RANKS_INIT;
   one.size = 1;
+  one.local_size = 2;
+  one.local_rank = 1;
   CHECK_OK(strata_engine_create_ranked(cfg, NULL, &one, &e));
   int32_t rank = -1, size = -1;
   CHECK_OK(strata_engine_rank(e, &rank, &size));

@@ -101,6 +101,7 @@ def test_the_step_through_the_host_calls(swap_dir):
     with linear_engine(swap_dir) as e:
         info = e.group_info("layer")
         assert info.dtype == "f32" and info.device == "host" and info.param_count == 2 and info.trainable
+        assert info.device_index == 0
         assert not e.group_info("other").trainable
         off_w, group = e.param_offset("w")
         off_b, _ = e.param_offset("b")
@@ -257,3 +258,15 @@ def test_dlpack_views_on_the_host_device(swap_dir):
         e.step_end()
         with pytest.raises(ValueError, match="compute"):
             e.dlpack("layer", "weights")
+
+
+def test_ranks_with_a_local_rank(swap_dir):
+    """One rank said outright, the second of its machine's two (on CUDA it would
+    drive device 1); a local rank without its count, or outside it, is refused."""
+    cfg = helpers.config(swap_dir)
+    with strata.Engine(cfg, ranks={"rank": 0, "size": 1, "local_rank": 1, "local_size": 2}) as e:
+        assert e.rank == 0 and e.world_size == 1
+    with pytest.raises(TypeError, match="both 'local_rank' and 'local_size'"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 1, "local_rank": 1})
+    with pytest.raises(strata.InvalidArgument, match="local_rank is 2 and ranks->local_size 2"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 1, "local_rank": 2, "local_size": 2})

@@ -71,7 +71,7 @@ class ConfigOptions(ctypes.Structure):
 class Ranks(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("size", ctypes.c_int32), ("rank", ctypes.c_int32),
                 ("backend", ctypes.c_char_p), ("store_dir", ctypes.c_char_p), ("run_id", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int64)]
+                ("timeout_ms", ctypes.c_int64), ("local_size", ctypes.c_int32), ("local_rank", ctypes.c_int32)]
 
 
 class OptimizerGroupDesc(ctypes.Structure):
@@ -87,7 +87,8 @@ class ParamDesc(ctypes.Structure):
 
 class GroupInfo(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("size_bytes", ctypes.c_uint64), ("dtype", ctypes.c_int),
-                ("device", ctypes.c_int), ("param_count", ctypes.c_int32), ("trainable", ctypes.c_int32)]
+                ("device", ctypes.c_int), ("param_count", ctypes.c_int32), ("trainable", ctypes.c_int32),
+                ("device_index", ctypes.c_int32)]
 
 
 class GroupView(ctypes.Structure):

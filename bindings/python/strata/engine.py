@@ -83,18 +83,21 @@ def _options(total_num_steps, hidden_size, strict, world_size=None):
 def _ranks(ranks):
     """strata_ranks from Engine's `ranks` argument: "launcher" (the launcher's
     environment: torchrun, mpirun, srun; one rank without one), or a dict with
-    rank, size, store_dir and optionally run_id, backend, timeout_s. The
-    strings are kept alive by the returned tuple's second item."""
+    rank, size, store_dir and optionally run_id, backend, timeout_s,
+    local_rank and local_size (this rank among its machine's: its GPU and its
+    share of the cores; not given: every rank on this machine). The strings
+    are kept alive by the returned tuple's second item."""
     r = _capi.new(_capi.Ranks)
     keep = []
     if ranks == "launcher":
         return r, keep
     if not isinstance(ranks, dict):
         raise TypeError(f"strata: ranks must be \"launcher\" or a dict, not {type(ranks).__name__}")
-    unknown = set(ranks) - {"rank", "size", "store_dir", "run_id", "backend", "timeout_s"}
+    unknown = set(ranks) - {"rank", "size", "store_dir", "run_id", "backend", "timeout_s", "local_rank",
+                            "local_size"}
     if unknown:
         raise TypeError(f"strata: ranks has unknown keys {sorted(unknown)} (rank, size, store_dir, run_id, "
-                        f"backend, timeout_s)")
+                        f"backend, timeout_s, local_rank, local_size)")
     for key in ("rank", "size"):
         if key not in ranks:
             raise TypeError(f"strata: ranks needs '{key}'")
@@ -105,6 +108,11 @@ def _ranks(ranks):
             setattr(r, key, keep[-1])
     if ranks.get("timeout_s") is not None:
         r.timeout_ms = int(round(float(ranks["timeout_s"]) * 1000))
+    if (ranks.get("local_rank") is None) != (ranks.get("local_size") is None):
+        raise TypeError("strata: ranks needs both 'local_rank' and 'local_size', or neither")
+    if ranks.get("local_size") is not None:
+        r.local_size = int(ranks["local_size"])
+        r.local_rank = int(ranks["local_rank"])
     return r, keep
 
 
@@ -163,6 +171,7 @@ class GroupInfo:
     device: str         # "host", "cuda"
     param_count: int
     trainable: bool
+    device_index: int = 0  # the CUDA device's ordinal (0 on the host device)
 
     @property
     def numel(self):
@@ -362,7 +371,7 @@ class Engine:
         out = _capi.new(_capi.GroupInfo)
         check(_lib.strata_group_info_get(self.handle, group.encode(), ctypes.byref(out)))
         return GroupInfo(out.size_bytes, _DTYPE_NAMES[out.dtype], _DEVICE_NAMES[out.device], out.param_count,
-                         bool(out.trainable))
+                         bool(out.trainable), out.device_index)
 
     def param_offset(self, name):
         """(offset in elements of the group's dtype, group name) of a parameter."""

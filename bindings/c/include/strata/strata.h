@@ -219,17 +219,23 @@ typedef struct strata_ranks {
   const char* run_id;    /* names this run's keys in store_dir; NULL: "strata" (size > 0) or the
                             launcher's run (size 0) */
   int64_t timeout_ms;    /* each collective, and meeting the others; 0: 5 minutes */
+  int32_t local_size;    /* ranks on this machine; 0: not given (with size 0 the launcher's, else every
+                            rank on this machine, local_rank = rank) */
+  int32_t local_rank;    /* this engine's among them, in [0, local_size) (with local_size > 0): it drives
+                            CUDA device local_rank (the only one when its process sees one), and its CPU
+                            optimizer takes its share of the cores near that GPU */
 } strata_ranks;
-#define STRATA_RANKS_INIT {(uint32_t)sizeof(strata_ranks), 0, 0, NULL, NULL, NULL, 0}
+#define STRATA_RANKS_INIT {(uint32_t)sizeof(strata_ranks), 0, 0, NULL, NULL, NULL, 0, 0, 0}
 
 /* strata_engine_create_ex for one rank of several (0.5): meets the others
  * (every rank must call it; it returns once all arrived, or UNAVAILABLE when
  * they do not within the timeout). ranks is borrowed; NULL means
  * STRATA_RANKS_INIT. Errors as strata_engine_create_ex's; INVALID_ARGUMENT
- * for a rank outside [0, size), a negative timeout, or no store_dir with
- * size > 1; a launcher's variables half set or malformed, named;
- * UNIMPLEMENTED for what several ranks do not do yet (strata.overlap
- * "speculative"; checkpoints and export are refused later). */
+ * for a rank outside [0, size), a local_rank outside [0, local_size), a
+ * negative timeout, no store_dir with size > 1, or more ranks on this
+ * machine than CUDA devices visible to each (strata.device cuda or auto); a launcher's variables half set or malformed, named;
+ * UNIMPLEMENTED for what several ranks do not do yet (a backend other than
+ * "gloo"). */
 /* Every rank must register the same parameters with the same initial values
  * and hand the groups' gradients over in the same order; a step whose ranks
  * did not fails on every rank (FAILED_PRECONDITION) before anything is
@@ -350,8 +356,9 @@ typedef struct strata_group_info {
   strata_device_kind device; /* where strata_group_fetch's views live */
   int32_t param_count;       /* parameters in the group */
   int32_t trainable;         /* nonzero when some parameter of it is trainable (it needs gradients) */
+  int32_t device_index;      /* (since 0.5) the CUDA device's ordinal (0 on the host device) */
 } strata_group_info;
-#define STRATA_GROUP_INFO_INIT {(uint32_t)sizeof(strata_group_info), 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST, 0, 0}
+#define STRATA_GROUP_INFO_INIT {(uint32_t)sizeof(strata_group_info), 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST, 0, 0, 0}
 
 /* Writes the layout of a fetch group to *out (the caller sets
  * out->struct_size; strata writes only the fields that fit). Errors:
@@ -461,7 +468,7 @@ typedef enum strata_view_kind {
  * contiguous (strides {1}), of the group's dtype (kDLFloat 32, kDLBfloat 16,
  * kDLFloat 16) with strata_group_info.size_bytes / element size elements
  * (padding included; strata_param_offset places each parameter), on kDLCUDA
- * (the engine's device, ordinal 0 in this version) or, on the host device,
+ * (the engine's device, strata_group_info.device_index) or, on the host device,
  * kDLCPU (the emulated device's memory is host memory; the rules of
  * convention 8 still hold for it).
  *  - STRATA_VIEW_COMPUTE: the group must be fetched; the tensor views the

@@ -86,7 +86,13 @@ def _ranks_from_torch_distributed():
     if store_dir is None:
         raise errors.Unavailable(f"strata.torch: meeting the other ranks over torch.distributed: {run_id} "
                                  f"(STRATA_RENDEZVOUS_DIR names the folder's parent)", status="UNAVAILABLE")
-    return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
+    ranks = {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}
+    # This rank among its machine's, as the launcher says (torchrun's and
+    # DeepSpeed's variables): its GPU and its share of the cores.
+    local_rank, local_size = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+    if local_rank is not None and local_size is not None:
+        ranks.update(local_rank=int(local_rank), local_size=int(local_size))
+    return ranks, (rank, store_dir)
 
 
 def _end_rendezvous(rendezvous):

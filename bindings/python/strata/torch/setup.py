@@ -213,11 +213,13 @@ class Setup:
             if self._copy_views:
                 raise ValueError("strata.torch: copy_views is for the host device; on CUDA the adapter uses "
                                  "DLPack views of the engine's device memory")
-            if torch.cuda.current_device() != 0:
-                raise ValueError(f"strata.torch: the engine runs on CUDA device 0, but torch's current device is "
-                                 f"{torch.cuda.current_device()}; call torch.cuda.set_device(0) (or set "
-                                 f"CUDA_VISIBLE_DEVICES) before initialize")
-            self.torch_device = torch.device("cuda", 0)
+            index = self._group_list[0].info.device_index
+            if torch.cuda.current_device() != index:
+                raise ValueError(f"strata.torch: the engine runs on CUDA device {index} (its local rank's), but "
+                                 f"torch's current device is {torch.cuda.current_device()}; call "
+                                 f"torch.cuda.set_device({index}) (with several ranks: the LOCAL_RANK the "
+                                 f"launcher gives) before initialize")
+            self.torch_device = torch.device("cuda", index)
         else:
             self.torch_device = torch.device("cpu")
         # NaN, not zero: a value read from a parameter that is not fetched is loud.
