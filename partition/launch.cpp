@@ -1,5 +1,9 @@
 #include "partition/launch.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -55,6 +59,82 @@ std::string env_or(const GetEnv& getenv, const char* name, std::string fallback 
   return v != nullptr ? std::string(v) : fallback;
 }
 
+// The numeric address of `ai`.
+std::string numeric(const sockaddr* a, socklen_t len) {
+  char host[NI_MAXHOST] = {};
+  if (::getnameinfo(a, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) return {};
+  return host;
+}
+
+// This machine's address on the route to `host` (a UDP socket connected
+// there sends nothing; the kernel picks the source address).
+core::Result<std::string> address_toward(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0) {
+    return Status::unavailable(str_cat("the master's address '", host, "' does not resolve (", ::gai_strerror(rc),
+                                       "): set STRATA_HOST_ADDRESS to this machine's address the others reach"));
+  }
+  std::string mine;
+  for (const addrinfo* a = found; a != nullptr && mine.empty(); a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    sockaddr_storage own{};
+    socklen_t len = sizeof own;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&own), &len) == 0) {
+      mine = numeric(reinterpret_cast<sockaddr*>(&own), len);
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  if (mine.empty()) {
+    return Status::unavailable(str_cat("no route to the master's address '", host,
+                                       "': set STRATA_HOST_ADDRESS to this machine's address the others reach"));
+  }
+  return mine;
+}
+
+// The first address this machine's host name resolves to that is not a
+// loopback one.
+core::Result<std::string> address_of_hostname() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return Status::from_errno(errno, "gethostname");
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  std::string mine;
+  if (::getaddrinfo(name, nullptr, &hints, &found) == 0) {
+    for (const addrinfo* a = found; a != nullptr && mine.empty(); a = a->ai_next) {
+      const bool loopback =
+          (a->ai_family == AF_INET &&
+           (ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127) ||
+          (a->ai_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr));
+      if (!loopback) mine = numeric(a->ai_addr, a->ai_addrlen);
+    }
+    ::freeaddrinfo(found);
+  }
+  if (mine.empty()) {
+    return Status::unavailable(str_cat("the host name '", name, "' resolves to no address other machines reach: "
+                                       "set STRATA_HOST_ADDRESS to this machine's address"));
+  }
+  return mine;
+}
+
+// This rank's address for the transport (launch.h, communicator_options).
+core::Result<std::string> transport_address(const Launch& launch, const GetEnv& getenv) {
+  const std::string given = env_or(getenv, "STRATA_HOST_ADDRESS");
+  if (!given.empty()) return given;
+  if (!launch.spans_machines()) return std::string("127.0.0.1");
+  if (!launch.master.empty()) {
+    const std::string host = launch.master.substr(0, launch.master.rfind(':'));
+    if (!host.empty()) return address_toward(host);
+  }
+  return address_of_hostname();
+}
+
 }  // namespace
 
 core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv) {
@@ -94,6 +174,10 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
     } else {
       const std::string job = env_or(getenv, "SLURM_JOB_ID");
       if (!job.empty()) l.run_id = str_cat(job, ".", env_or(getenv, "SLURM_STEP_ID", "0"));
+      const std::string launching = env_or(getenv, "SLURM_LAUNCH_NODE_IPADDR");
+      if (!launching.empty()) l.master = str_cat(launching, ":0");
+      STRATA_ASSIGN_OR_RETURN(const std::optional<int> nodes, read_int(getenv, "SLURM_STEP_NUM_NODES"));
+      l.nodes = nodes.value_or(0);
     }
     return std::optional<Launch>(std::move(l));
   }
@@ -127,9 +211,11 @@ core::Result<CommunicatorOptions> communicator_options(const Launch& launch, con
     // One machine: a private directory of this user, named after the master
     // (or job) and the launcher's process, every rank's parent, so that each
     // run meets in a directory of its own.
-    if (launch.local_size > 0 && launch.local_size < launch.size) {
+    if (launch.spans_machines()) {
       return Status::invalid_argument(str_cat("the launcher (", launch.launcher, ") started ", launch.size,
-                                              " ranks, ", launch.local_size, " on this machine: set "
+                                              " ranks, ", launch.nodes > 1 ? str_cat("on ", launch.nodes, " machines")
+                                                                           : str_cat(launch.local_size, " on this machine"),
+                                              ": set "
                                               "STRATA_RENDEZVOUS_DIR to a directory every machine reaches (a "
                                               "shared file system) and STRATA_RUN_ID to a name unique to the run"));
     }
@@ -164,6 +250,7 @@ core::Result<CommunicatorOptions> communicator_options(const Launch& launch, con
   }
   o.store_dir = dir;
   o.prefix = str_cat("strata-", safe(run_id));
+  STRATA_ASSIGN_OR_RETURN(o.hostname, transport_address(launch, getenv));
   return o;
 }
 

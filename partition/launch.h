@@ -39,7 +39,13 @@ struct Launch {
   int local_rank = 0;   // the rank among this machine's (picks the GPU)
   int local_size = 1;   // 0 when the launcher does not say
   std::string run_id = {};  // the run or job id, when the launcher gives one
-  std::string master = {};  // "addr:port" (torchrun), for the default rendezvous directory
+  // "addr:port" (torchrun's MASTER_ADDR and MASTER_PORT; an srun step's
+  // launching node, SLURM_LAUNCH_NODE_IPADDR): names the default rendezvous
+  // directory, and across machines the route this rank's address is taken from.
+  std::string master = {};
+  int nodes = 0;  // machines, where the launcher says (SLURM_STEP_NUM_NODES); 0: not said
+  // More than one machine: more ranks than this machine's, or more nodes.
+  bool spans_machines() const { return nodes > 1 || (local_size > 0 && local_size < size); }
 };
 
 using GetEnv = std::function<const char*(const char*)>;
@@ -48,8 +54,13 @@ using GetEnv = std::function<const char*(const char*)>;
 core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv);
 
 // Gloo options for the launch (self for one rank): the rendezvous directory
-// (created when missing) and the run's key prefix; `timeout` for every
-// collective.
+// (created when missing), the run's key prefix, and this rank's address for
+// the transport: the loopback address on one machine; across machines
+// STRATA_HOST_ADDRESS when set, else this machine's address on the route to
+// the master (no packet is sent: the kernel's route lookup), else the first
+// address the host name resolves to that is not a loopback one; `timeout`
+// for every collective. UNAVAILABLE when the master's address does not
+// resolve or no address is found, saying to set STRATA_HOST_ADDRESS.
 core::Result<CommunicatorOptions> communicator_options(const Launch& launch, const GetEnv& getenv,
                                                        std::chrono::milliseconds timeout);
 

@@ -111,7 +111,7 @@ TEST(Launch, HalfSetOrWrongVariablesNameTheVariable) {
 TEST(Launch, AGivenRendezvousDirectoryNeedsARunId) {
   const testing_util::TempDir tmp;
   const std::string dir = tmp.path() + "/meet";
-  Launch two{.launcher = "torchrun", .rank = 1, .size = 2, .local_size = 1, .master = "h:1"};
+  Launch two{.launcher = "torchrun", .rank = 1, .size = 2, .local_size = 1, .master = "127.0.0.1:1"};
   Env no_id{{{"STRATA_RENDEZVOUS_DIR", dir}}};
   auto refused = communicator_options(two, no_id.get(), std::chrono::seconds(7));
   ASSERT_FALSE(refused.ok());
@@ -168,6 +168,57 @@ TEST(Launch, OneMachinesDefaultDirectoryIsThisUsersAndThisLaunchersAlone) {
   auto s = communicator_options(one, none.get(), std::chrono::seconds(1));
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(s->backend, "self");
+}
+
+TEST(Launch, TheTransportsAddressIsLoopbackOnOneMachineAndTowardTheMasterAcrossMachines) {
+  const testing_util::TempDir tmp;
+  const std::string dir = tmp.path() + "/meet";
+  const Env shared{{{"STRATA_RENDEZVOUS_DIR", dir}, {"STRATA_RUN_ID", "r"}}};
+  // One machine: loopback.
+  Launch two{.launcher = "torchrun", .rank = 0, .size = 2, .local_size = 2, .master = "10.9.8.7:1"};
+  auto local = communicator_options(two, shared.get(), std::chrono::seconds(1));
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  EXPECT_EQ(local->hostname, "127.0.0.1");
+  // Two machines: this machine's address on the route to the master (here
+  // the master is this machine: the loopback route).
+  Launch spread{.launcher = "torchrun", .rank = 0, .size = 4, .local_size = 2, .master = "127.0.0.1:29500"};
+  auto far = communicator_options(spread, shared.get(), std::chrono::seconds(1));
+  ASSERT_TRUE(far.ok()) << far.status().to_string();
+  EXPECT_EQ(far->hostname, "127.0.0.1");
+  // STRATA_HOST_ADDRESS chooses.
+  Env chosen = shared;
+  chosen.vars["STRATA_HOST_ADDRESS"] = "10.1.2.3";
+  auto given = communicator_options(spread, chosen.get(), std::chrono::seconds(1));
+  ASSERT_TRUE(given.ok()) << given.status().to_string();
+  EXPECT_EQ(given->hostname, "10.1.2.3");
+  // A master that does not resolve is named, with what to set.
+  spread.master = "no-such-host.invalid:29500";
+  auto lost = communicator_options(spread, shared.get(), std::chrono::seconds(1));
+  ASSERT_FALSE(lost.ok());
+  EXPECT_EQ(lost.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(lost.status().message().find("'no-such-host.invalid'"), std::string_view::npos) << lost.status().to_string();
+  EXPECT_NE(lost.status().message().find("STRATA_HOST_ADDRESS"), std::string_view::npos) << lost.status().to_string();
+}
+
+TEST(Launch, AnSrunStepOnSeveralNodesSpansMachines) {
+  Env slurm{{{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "9"},
+             {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"}}};
+  auto l = launch_from_environment(slurm.get());
+  ASSERT_TRUE(l.ok() && l->has_value()) << l.status().to_string();
+  EXPECT_EQ((*l)->nodes, 2);
+  EXPECT_EQ((*l)->master, "127.0.0.1:0");
+  EXPECT_TRUE((*l)->spans_machines());
+  // Without a shared directory it is refused (each machine would meet alone).
+  auto alone = communicator_options(**l, slurm.get(), std::chrono::seconds(1));
+  ASSERT_FALSE(alone.ok());
+  EXPECT_NE(alone.status().message().find("on 2 machines: set STRATA_RENDEZVOUS_DIR"), std::string_view::npos)
+      << alone.status().to_string();
+  const testing_util::TempDir tmp;
+  slurm.vars["STRATA_RENDEZVOUS_DIR"] = tmp.path() + "/meet";
+  auto met = communicator_options(**l, slurm.get(), std::chrono::seconds(1));
+  ASSERT_TRUE(met.ok()) << met.status().to_string();
+  EXPECT_EQ(met->hostname, "127.0.0.1");
+  EXPECT_EQ(met->prefix, "strata-9.0");
 }
 
 }  // namespace
