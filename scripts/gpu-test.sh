@@ -13,6 +13,9 @@
 #   cpu_adam     cpu_adam_bench --headline on this machine's CPU (256M elements, 1 thread and all):
 #                the fused step against its roofline on another CPU kind (the machine stage names it)
 #   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
+#   ranks_bound_* scale_bench --ranks 2 and 4 on the host device with this machine's cores (268M
+#                parameters on nvme, delayed): each rank's step against its bound (last: it runs
+#                when time is left, or in a call of its own with the other stages --skip'ped)
 # and writes one summary (stages with pass/fail/skip and test counts, GB/s per link, TFLOP/s,
 # step_bench rows, tokens/s, loss, bytes per link) after every stage, so that a call cut short
 # still returns one. Each stage runs under its own limit inside a deadline for the whole run.
@@ -30,8 +33,8 @@
 #          [--step-bench-scenarios LIST] [--deadline SECONDS] [--build-dir DIR] [--jobs N]
 #   --allow-skip     a GPU stage skipped for want of a GPU does not fail the run (the local run)
 #   --skip STAGES    leave out these stages (comma separated names from the list above;
-#                    step_bench leaves out every step_bench_* stage)
-#   --no-bench       --skip gpu_bench,cpu_adam,step_bench;  --no-python: --skip pytest,llama
+#                    step_bench leaves out every step_bench_* stage, ranks_bound every ranks_bound_*)
+#   --no-bench       --skip gpu_bench,cpu_adam,step_bench,ranks_bound;  --no-python: --skip pytest,llama
 #   --llama-size     train_llama.py's preset (default 7b); --llama-layers: its layer count, or auto
 #                    (default: the most that fit the RAM); --llama-steps: steps (default 6); --llama-lr:
 #                    train_llama's --lr (default 1e-4: the example config's 3e-3 suits the small presets
@@ -70,7 +73,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --allow-skip) allow_skip=1 ;;
     --skip) [[ $# -ge 2 ]] || usage; skip_list+="$2,"; shift ;;
-    --no-bench) skip_list+="gpu_bench,cpu_adam,step_bench," ;;
+    --no-bench) skip_list+="gpu_bench,cpu_adam,step_bench,ranks_bound," ;;
     --no-python) skip_list+="pytest,llama," ;;
     --llama-size) [[ $# -ge 2 ]] || usage; llama_size=$2; shift ;;
     --llama-layers) [[ $# -ge 2 && ( $2 == auto || $2 =~ ^[1-9][0-9]*$ ) ]] || usage; llama_layers=$2; shift ;;
@@ -97,7 +100,8 @@ mkdir -p "$work" || exit 1
 
 # --- the stages' bookkeeping --------------------------------------------------------------------
 left_out() {  # NAME: true when --skip names it (or its family: step_bench for step_bench_cpu_cpu)
-  [[ $skip_list == *",$1,"* || ( $1 == step_bench_* && $skip_list == *",step_bench,"* ) ]]
+  [[ $skip_list == *",$1,"* || ( $1 == step_bench_* && $skip_list == *",step_bench,"* ) ||
+     ( $1 == ranks_bound_* && $skip_list == *",ranks_bound,"* ) ]]
 }
 # record NAME RC SECONDS LIMIT LOG NOTE: one line of stages.tsv (RC "-": left out; "skip": not run
 # for want of a GPU, NOTE says why; "timeout": stopped at its limit; "deadline": not run, no time left).
@@ -306,6 +310,19 @@ if [[ $built -eq 1 ]]; then
   for sc in ${step_scenarios//,/ }; do
     run_stage "step_bench_$sc" 90 "$build/benchmarks/step_bench" --device cuda --scenarios "$sc" --layers 6 \
       --reps 2 --steps 2 --dir "$swap" --json "$work/step_bench_$sc.json"
+    summarize
+  done
+  rm -rf "$swap"
+fi
+
+# --- each rank against its bound on this machine's cores (the CI machine has 2 for all ranks) ----
+if [[ $built -eq 1 ]]; then
+  swap=$build/ranks_bound_swap
+  mkdir -p "$swap"
+  for n in 2 4; do
+    run_stage "ranks_bound_$n" 150 "$build/benchmarks/scale_bench" --params 256M --layers 32 --steps 5 \
+      --placement nvme --overlap delayed --tflops 4 --ranks "$n" --sample-params 64M --dir "$swap" \
+      --json "$work/ranks_bound_$n.json"
     summarize
   done
   rm -rf "$swap"

@@ -64,7 +64,7 @@ def cmd_targets(args):
     for t in targets.values():
         if (t["name"], t["type"]) in {("strata", "shared library"), ("strata", "executable"),
                                       ("gpu_bench", "executable"), ("step_bench", "executable"),
-                                      ("cpu_adam_bench", "executable")}:
+                                      ("cpu_adam_bench", "executable"), ("scale_bench", "executable")}:
             files.update(t["filename"])
     build = os.path.abspath(args.build)
     print("\n".join(sorted(os.path.relpath(f, build) for f in files)))
@@ -386,6 +386,17 @@ def cpu_adam_stage(st, work):
                       for r in doc.get("rows", [])]
 
 
+def ranks_bound_stage(st, work):
+    """scale_bench --ranks N on the host device with this machine's cores:
+    each rank's steady step against its bound."""
+    doc = load_json(os.path.join(work, st["stage"] + ".json"))
+    if doc and doc.get("bound"):
+        st["ranks"] = doc.get("ranks")
+        st["rows"] = [{"rank": k, "step_s": r["step_s"], "bound_s": r["bound_s"], "ratio_to_bound": r["ratio_to_bound"]}
+                      for k, r in enumerate(doc["bound"].get("ranks", []))]
+        st["collectives_s"] = doc["bound"].get("collectives_s")
+
+
 def gbps(row, link):
     """A link's rate in the step's isolated measurement (bytes / seconds)."""
     iso = row.get("isolated", {})
@@ -572,6 +583,13 @@ def render(doc):
                               [[r["kernel"], r["threads"], f"{r['n'] >> 20}M", r["moments"],
                                 f"{r['params_per_s']:.3e}", fmt(r["gbps"]), fmt(r["roofline_gbps"]),
                                 fmt(r["fraction_of_roofline"], ".3f")] for r in ca["rows"]]))
+    rb = [st for st in doc["stages"] if st["stage"].startswith("ranks_bound") and st.get("rows")]
+    if rb:
+        lines += ["", "## scale_bench --ranks N (the host device on this machine's cores; goal: each ratio <= 1.15)", ""]
+        lines.append(md_table(["N", "rank", "step s", "bound s", "step / bound", "collectives s"],
+                              [[st["ranks"], r["rank"], fmt(r["step_s"], ".3f"), fmt(r["bound_s"], ".3f"),
+                                fmt(r["ratio_to_bound"], ".3f"), fmt(st.get("collectives_s"), ".3f")]
+                               for st in rb for r in st["rows"]]))
     lines.append("")
     return "\n".join(lines)
 
@@ -592,6 +610,8 @@ def cmd_summary(args):
             llama_stage(st, work)
         elif st["stage"] == "cpu_adam":
             cpu_adam_stage(st, work)
+        elif st["stage"].startswith("ranks_bound"):
+            ranks_bound_stage(st, work)
     bad = [st["stage"] for st in stages if judge(st, args.allow_skip)]
     skipped = [st["stage"] for st in stages if st["status"] == "skip"]
     result = "FAIL (" + ", ".join(bad) + ")" if bad else ("PASS, GPU stages skipped: " + ", ".join(skipped)

@@ -70,6 +70,15 @@ def main():
             stages.append(("llama", "0", llama))
         except ImportError:
             print("torch is not installed: the train_llama.py part is left out")
+        # scale_bench --ranks 2: its JSON's bound per rank (the layout scale_bench --json writes).
+        rb_log = os.path.join(work, "ranks_bound_2.log")
+        open(rb_log, "w").close()
+        rb_ranks = [{"step_s": 4.64, "bound_s": 4.1, "ratio_to_bound": 1.132},
+                    {"step_s": 4.65, "bound_s": 4.2, "ratio_to_bound": 1.107}]
+        with open(os.path.join(work, "ranks_bound_2.json"), "w") as f:
+            json.dump({"ranks": 2, "bound": {"step_s": 4.64, "bound_s": 4.1, "ratio_to_bound": 1.132,
+                                             "collectives_s": 0.62, "ranks": rb_ranks}}, f)
+        stages.append(("ranks_bound_2", "0", rb_log))
         # A benchmark that refused the device, a stage stopped at its limit, one with no time left.
         refused = os.path.join(work, "gpu_bench.log")
         with open(refused, "w") as f:
@@ -105,6 +114,10 @@ def main():
             want = [(r["kernel"], r["threads"], r["params_per_s"], r["fraction_of_roofline"]) for r in ca_rows]
             check(got == want and len(got) == 2, f"cpu_adam rows {got}, the JSON has {want}")
             check("## cpu_adam_bench --headline" in md, "no cpu_adam table in summary.md")
+        got = [(r["rank"], r["ratio_to_bound"]) for r in by["ranks_bound_2"].get("rows", [])]
+        check(got == [(0, 1.132), (1, 1.107)], f"ranks_bound rows {got}")
+        check("## scale_bench --ranks N" in md and "| 2 | 1 | 4.650 | 4.200 | 1.107 | 0.620 |" in md,
+              f"no ranks_bound table in summary.md:\n{md}")
         # The machine stage's CPU probe.
         probe = subprocess.run([sys.executable, script, "machine", os.path.join(work, "machine_probe.json")],
                                capture_output=True, text=True)
