@@ -43,6 +43,7 @@
 #include "engine/config.h"
 #include "engine/internal/view_holds.h"
 #include "engine/state/copy_lane.h"
+#include "core/clock.h"
 #include "core/memory_budget.h"
 #include "core/mutex.h"
 #include "core/numerics.h"
@@ -388,6 +389,13 @@ class Engine {
   };
   // finalize's body; on failure finalize releases what it built.
   core::Status finalize_locked() STRATA_REQUIRES(mu_);
+  // What finalize builds before the initial values, and where its time went.
+  struct Prepared {
+    Needs needs;
+    std::unique_ptr<GradientPath> gradients;
+    double planned_s = 0.0, state_s = 0.0, zero_s = 0.0, homes_t0 = 0.0;
+  };
+  core::Status finalize_prepare(const core::Stopwatch& total, Prepared& out) STRATA_REQUIRES(mu_);
   void release_after_failed_finalize() STRATA_REQUIRES(mu_);
   core::Status check_initial_values() const STRATA_REQUIRES(mu_);
   core::Result<Needs> check_budgets() const STRATA_REQUIRES(mu_);
@@ -396,7 +404,8 @@ class Engine {
   // *fingerprint: with several ranks, the CRC64 of every parameter's initial
   // fp32 values in group order (check_same_start compares it across ranks).
   core::Status write_initial_values(double* sources_s, std::uint64_t* fingerprint) STRATA_REQUIRES(mu_);
-  // `written`: this rank's write_initial_values' outcome (every rank agrees on it first).
+  // `written`: this rank's write_initial_values' outcome, or a failure of what
+  // comes before them, every rank agreeing on it first.
   core::Status check_same_start(core::Status written, std::uint64_t fingerprint) STRATA_REQUIRES(mu_);
   core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).

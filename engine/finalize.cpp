@@ -207,21 +207,20 @@ void Engine::release_after_failed_finalize() {
   swap_.reset();  // its files and the swap paths' locks
 }
 
-core::Status Engine::finalize_locked() {
+core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& out) {
   // The layout's chunks are counted from their runs until the budgets and
   // the swap space are known to hold them; only then are they listed (one
   // entry per chunk), so a model far over the budgets is refused from memory
   // bounded by its parameters and groups.
-  core::Stopwatch total;
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_, ranks_.share));
   STRATA_RETURN_IF_ERROR(check_initial_values());
-  STRATA_ASSIGN_OR_RETURN(const Needs needs, check_budgets());
-  if (needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(needs));
+  STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
+  if (out.needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(out.needs));
   expand_chunks(layout_);
-  const double planned_s = total.elapsed_s();
+  out.planned_s = total.elapsed_s();
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version(),
                                                      /*defer_pinned_zero=*/true));
-  const double state_s = total.elapsed_s() - planned_s;
+  out.state_s = total.elapsed_s() - out.planned_s;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_), ranks_.local_rank,
                                                      ranks_.local_ranks));
   // The pinned state zero-filled by CpuAdam's threads, in parallel, where
@@ -235,11 +234,11 @@ core::Status Engine::finalize_locked() {
     });
     std::memset(b.data() + lines * kLine, 0, b.size() - static_cast<std::size_t>(lines * kLine));
   });
-  const double zero_s = zeroing.elapsed_s();
+  out.zero_s = zeroing.elapsed_s();
   cpu_threads_ = cpu_threads_of(cpu_adam_->binding());
   STRATA_LOG(kInfo) << "cpu_adam: " << cpu_threads_.description << " (strata.cpu_adam.bind \""
                     << to_string(config_.strata.cpu_adam.bind) << "\")";
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<GradientPath> gradients,
+  STRATA_ASSIGN_OR_RETURN(out.gradients,
                           GradientPath::create({.layout = layout_,
                                                 .precision = config_.precision,
                                                 .device = dev(),
@@ -255,11 +254,26 @@ core::Status Engine::finalize_locked() {
 
   // Compute homes, then the initial values group by group (the host holds one
   // group's fp32 values at a time).
-  const double homes_t0 = total.elapsed_s();
+  out.homes_t0 = total.elapsed_s();
   // A sharded home's gathers run on the caller's thread (fetch, read_compute,
   // export), over the communicator the caller's calls use.
   STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_,
                                                        layout_.compute_sharded ? ranks_.weights.get() : nullptr));
+  return Status();
+}
+
+core::Status Engine::finalize_locked() {
+  core::Stopwatch total;
+  Prepared p;
+  // With several ranks a failure before the initial values still takes part
+  // in their vote (check_same_start), so that the others fail at once,
+  // naming this rank, instead of waiting for it to the timeout.
+  if (Status prepared = finalize_prepare(total, p); !prepared.ok()) {
+    return ranks_.share.ranks > 1 ? check_same_start(std::move(prepared), 0) : prepared;
+  }
+  const double planned_s = p.planned_s, state_s = p.state_s, zero_s = p.zero_s, homes_t0 = p.homes_t0;
+  const Needs& needs = p.needs;
+  std::unique_ptr<GradientPath> gradients = std::move(p.gradients);
   const double values_t0 = total.elapsed_s();
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
@@ -299,7 +313,8 @@ core::Status Engine::check_same_start(core::Status written, std::uint64_t finger
   // rank agrees, whether its own values were written or not, so that a rank
   // whose init callback failed fails the others at once, naming it.
   std::vector<std::uint64_t> all;
-  STRATA_RETURN_IF_ERROR(agree("finalize", "writing its initial values", std::move(written), fingerprint, &all));
+  STRATA_RETURN_IF_ERROR(agree("finalize", "preparing its state or writing its initial values", std::move(written),
+                               fingerprint, &all));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (all[k] != all[0]) {
       return Status::failed_precondition(str_cat(

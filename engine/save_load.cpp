@@ -585,6 +585,7 @@ struct Engine::CheckpointToLoad {
   std::string dir;
   CheckpointManifest manifest;
   std::vector<CheckpointStateFile> files;
+  Sources sources;  // per parameter, the files' ranges that hold it (sources_of)
   LossScaler::State scaler;
   std::vector<std::byte> blob;
   // CRC64 of the step folder's name and the manifest: the ranks compare it.
@@ -650,7 +651,8 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
                                      " (the file is damaged or truncated)"));
   }
   // The optimizer's arrays, and no other optimizer's, before anything changes.
-  const Sources sources = sources_of(ck.files, layout_);
+  ck.sources = sources_of(ck.files, layout_);
+  const Sources& sources = ck.sources;
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (!layout_.params[pi].trainable) continue;
     for (const Held& h : sources[pi]) {
@@ -753,7 +755,7 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
   STRATA_RETURN_IF_ERROR(fetcher_->settle_copies());  // nothing may still read the homes it writes
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation("load_checkpoint"));  // it read state the load replaces
-  const Sources sources = sources_of(ck.files, layout_);
+  const Sources& sources = ck.sources;
   const HeldRanges own = held_ranges(layout_, ranks_.share.rank);
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {

@@ -447,7 +447,46 @@ TEST_F(RanksTest, AnInitCallbackFailingOnOneRankFailsEveryRanksFinalize) {
   for (std::thread& t : threads) t.join();
   EXPECT_NE(got[1].message().find("no weights for l2.w"), std::string::npos) << got[1];
   EXPECT_EQ(got[0].code(), core::StatusCode::kInvalidArgument) << got[0];
-  EXPECT_NE(got[0].message().find("rank 1 failed writing its initial values"), std::string::npos) << got[0];
+  EXPECT_NE(got[0].message().find("rank 1 failed preparing its state or writing its initial values"),
+            std::string::npos)
+      << got[0];
+}
+
+TEST_F(RanksTest, AFinalizeFailingBeforeTheInitialValuesFailsEveryRanksAtOnce) {
+  // Rank 1's pinned budget cannot hold its shard of the optimizer state:
+  // its finalize fails before any initial value, and rank 0's fails at once
+  // with it, naming rank 1, instead of waiting for it to the timeout.
+  std::vector<core::Status> got(2);
+  std::vector<double> seconds(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Config c = config("cpu", OverlapMode::kExact);
+      if (r == 1) c.strata.budgets.pinned_bytes = 4096;
+      partition::CommunicatorOptions o = ranks(r, 2, "prepare");
+      o.timeout = std::chrono::seconds(60);
+      auto created = Engine::create(c, o);
+      ASSERT_TRUE(created.ok()) << created.status();
+      std::unique_ptr<Engine> e = std::move(created).value();
+      for (const Tensor& t : kTensors) {
+        ParamDesc d{t.name, t.shape, t.group, true, 0};
+        ASSERT_TRUE(e->register_param(d, [t](std::span<float> out) {
+                       init_values(t, out);
+                       return core::Status();
+                     }).ok());
+      }
+      const auto start = std::chrono::steady_clock::now();
+      got[static_cast<std::size_t>(r)] = e->finalize();
+      seconds[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(got[1].code(), core::StatusCode::kResourceExhausted) << got[1];
+  EXPECT_NE(got[0].message().find("rank 1 failed preparing its state or writing its initial values"),
+            std::string::npos)
+      << got[0];
+  EXPECT_EQ(got[0].code(), core::StatusCode::kResourceExhausted) << got[0];
+  EXPECT_LT(seconds[0], 30.0) << "rank 0 waited for the timeout";
 }
 
 TEST_F(RanksTest, ARankThatLeavesFailsTheOthersWithinTheTimeout) {
