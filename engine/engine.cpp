@@ -151,8 +151,10 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     gpu::CudaDeviceOptions o{budgets};
     o.ordinal = ranks.device;
     if (o.ordinal < 0) {
-      core::Result<std::vector<gpu::GpuInfo>> visible = gpu::query_cuda_devices();
-      const int count = visible.ok() ? static_cast<int>(visible->size()) : 0;
+      // Counted without touching them (a context on every GPU would take
+      // memory from the other ranks' and fail on exclusive-process GPUs).
+      core::Result<int> visible = gpu::cuda_device_count();
+      const int count = visible.ok() ? *visible : 0;
       if (count > 0) {
         core::Result<int> mine = gpu::device_for_local_rank(local_rank, local_ranks, count);
         if (!mine.ok()) return Status(mine.status()).annotate(str_cat("rank ", ranks.rank, ": choosing its GPU"));

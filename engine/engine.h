@@ -73,6 +73,8 @@ struct SharedDevice;
 class ViewHolds;
 class Fetcher;
 class GradientPath;
+class Optimizer;
+class OptimizerRunner;
 class Step;
 class PretrainedWeights;
 class SerialQueue;
@@ -407,7 +409,15 @@ class Engine {
   // `written`: this rank's write_initial_values' outcome, or a failure of what
   // comes before them, every rank agreeing on it first.
   core::Status check_same_start(core::Status written, std::uint64_t fingerprint) STRATA_REQUIRES(mu_);
-  core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) STRATA_REQUIRES(mu_);
+  // The step's rooms built (build_step: the optimizer with its ring, its
+  // runner, the fetcher), every rank's `ready` (the initial values' outcome)
+  // and theirs voted on with the fingerprint (check_same_start), then handed
+  // to the step.
+  core::Status start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room, core::Status ready,
+                          std::uint64_t fingerprint) STRATA_REQUIRES(mu_);
+  core::Status build_step(GradientPath& gradients, std::uint64_t ring_room, std::unique_ptr<Optimizer>& optimizer,
+                          std::unique_ptr<OptimizerRunner>& runner, std::unique_ptr<Fetcher>& fetcher)
+      STRATA_REQUIRES(mu_);
   // Blocking copies on a lane (the step's by default).
   core::Status copy_h2d(gpu::DeviceSpan dst, std::span<const std::byte> src, const Lane& lane) {
     return lane_h2d(dev(), trace_, lane, dst, src);

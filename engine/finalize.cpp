@@ -281,7 +281,6 @@ core::Status Engine::finalize_locked() {
   std::uint64_t fingerprint = 0;
   Status s = write_initial_values(&sources_s, &fingerprint);
   finalizing_ = false;
-  if (layout_.share.ranks > 1) s = check_same_start(std::move(s), fingerprint);
   // Where finalize's time went (minutes for billions of parameters): one line.
   std::int64_t elems = 0;
   for (const auto& p : layout_.params) elems += p.numel();
@@ -303,8 +302,7 @@ core::Status Engine::finalize_locked() {
   // Last: the initial values' staging goes back first (the ring is
   // allocated directly, past the cache).
   if (s.ok()) s = pinned_cache_->clear();
-  if (s.ok()) s = start_step(std::move(gradients), needs.ring_room);
-  return s;
+  return start_step(std::move(gradients), needs.ring_room, std::move(s), fingerprint);
 }
 
 core::Status Engine::check_same_start(core::Status written, std::uint64_t fingerprint) {
@@ -469,8 +467,31 @@ core::Status Engine::open_swap_store(const Needs& needs) {
   return Status();
 }
 
-core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room) {
-  STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer,
+core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::uint64_t ring_room,
+                                core::Status ready, std::uint64_t fingerprint) {
+  // What may fail is built first; with several ranks every rank then votes
+  // (check_same_start), so that one failing here stops them all at once.
+  // (Declared in the order they are built: each is destroyed before what it uses.)
+  std::unique_ptr<Optimizer> optimizer;
+  std::unique_ptr<OptimizerRunner> runner;
+  std::unique_ptr<Fetcher> fetcher;
+  if (ready.ok()) ready = build_step(*gradients, ring_room, optimizer, runner, fetcher);
+  if (layout_.share.ranks > 1) ready = check_same_start(std::move(ready), fingerprint);
+  STRATA_RETURN_IF_ERROR(ready);
+  fetcher_ = std::move(fetcher);
+  step_->start({.gradients = std::move(gradients),
+                .optimizer = std::move(optimizer),
+                .runner = std::move(runner),
+                .fetcher = *fetcher_,
+                .homes = *homes_,
+                .state = *state_,
+                .swap = swap_.get()});
+  return Status();
+}
+
+core::Status Engine::build_step(GradientPath& gradients, std::uint64_t ring_room, std::unique_ptr<Optimizer>& optimizer,
+                                std::unique_ptr<OptimizerRunner>& runner, std::unique_ptr<Fetcher>& fetcher) {
+  STRATA_ASSIGN_OR_RETURN(optimizer,
                           Optimizer::create({.layout = layout_,
                                              .config = config_,
                                              .device = dev(),
@@ -478,7 +499,7 @@ core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::ui
                                              .turns = *cpu_turns_,
                                              .state = *state_,
                                              .homes = *homes_,
-                                             .gradients = *gradients,
+                                             .gradients = gradients,
                                              .device_cache = *device_cache_,
                                              .pinned_cache = *pinned_cache_,
                                              .trace = trace_,
@@ -487,27 +508,20 @@ core::Status Engine::start_step(std::unique_ptr<GradientPath> gradients, std::ui
                                              .ranks = ranks_.weights.get()},
                                             schedule_.ring_depth()));
   Optimizer* body = optimizer.get();
-  auto runner = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
+  runner = std::make_unique<OptimizerRunner>(layout_.groups.size(), schedule_.threaded(),
                                                   [body](OptimizerJob& job) { return body->run(job); });
   optimizer->set_runner(*runner);
-  STRATA_ASSIGN_OR_RETURN(fetcher_, Fetcher::create({.layout = layout_,
+  STRATA_ASSIGN_OR_RETURN(fetcher, Fetcher::create({.layout = layout_,
                                                        .config = config_,
                                                        .schedule = schedule_,
                                                        .device = dev(),
                                                        .homes = *homes_,
                                                        .runner = *runner,
-                                                       .gradients = *gradients,
+                                                       .gradients = gradients,
                                                        .device_cache = *device_cache_,
                                                        .pinned_cache = *pinned_cache_,
                                                        .trace = trace_,
                                                        .stream = stream_}));
-  step_->start({.gradients = std::move(gradients),
-                .optimizer = std::move(optimizer),
-                .runner = std::move(runner),
-                .fetcher = *fetcher_,
-                .homes = *homes_,
-                .state = *state_,
-                .swap = swap_.get()});
   return Status();
 }
 

@@ -523,6 +523,9 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   // same point and nothing is published unless every state file is written.
   constexpr const char* kOp = "save_checkpoint";
   const RankShare share = ranks_.share;
+  // Before any collective: a certain step's optimizer gathers over the same
+  // communicator during the backward (every rank is refused alike here).
+  STRATA_RETURN_IF_ERROR(step_->refuse_while_applying(kOp));
   STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
   // overlap "delayed": the checkpoint holds the latest update, and this run
   // goes on from it as a run resumed from it will.
@@ -804,6 +807,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   // loads: each rank reads whole compute copies and its own shard's state
   // from the files that hold them.
   constexpr const char* kOp = "load_checkpoint";
+  STRATA_RETURN_IF_ERROR(step_->refuse_while_applying(kOp));  // before any collective (save_checkpoint)
   STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
   CheckpointToLoad ck;
   std::vector<std::uint64_t> found;
@@ -858,6 +862,7 @@ void Engine::gather_compute(std::size_t g, gpu::PinnedBuffer& staging, std::span
 core::Status Engine::read_weights(std::span<const WeightRead> reads) {
   STRATA_ENGINE_ENTRY("read_weights");
   constexpr const char* kOp = "read_weights";
+  STRATA_RETURN_IF_ERROR(step_->refuse_while_applying(kOp));  // before any collective (save_checkpoint)
   Status ready = step_->wait_optimizer(kOp);
   if (ready.ok()) ready = step_->abandon_speculation(kOp);  // it may be reading the state read here
   if (ready.ok()) ready = check_finalized(kOp);
@@ -939,6 +944,7 @@ core::Status Engine::export_safetensors(const std::string& dir, Precision dtype,
   // memory at a time) and rank 0 writes the files.
   constexpr const char* kOp = "export_safetensors";
   const bool writes = ranks_.share.rank == 0;
+  STRATA_RETURN_IF_ERROR(step_->refuse_while_applying(kOp));  // before any collective (save_checkpoint)
   Status ready = step_->wait_optimizer(kOp);
   if (ready.ok()) ready = step_->abandon_speculation(kOp);  // it may be reading the state exported here
   if (ready.ok()) ready = check_finalized(kOp);

@@ -30,6 +30,10 @@ bool cuda_built();
 // error name and text, e.g. cudaErrorInsufficientDriver).
 core::Result<std::vector<GpuInfo>> query_cuda_devices();
 
+// How many CUDA devices are visible, without touching any of them (no
+// context is made, unlike query_cuda_devices). Errors as query_cuda_devices'.
+core::Result<int> cuda_device_count();
+
 // The CUDA device that local rank `local_rank` of the `local_ranks` ranks on
 // this machine drives, among the `visible` devices: the local rank's own
 // (torchrun's and DeepSpeed's rule), or, with one device visible, that one

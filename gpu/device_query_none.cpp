@@ -10,4 +10,6 @@ core::Result<std::vector<GpuInfo>> query_cuda_devices() {
       "this strata was built without CUDA (configure with nvcc on PATH and -Dcuda=enabled)");
 }
 
+core::Result<int> cuda_device_count() { return query_cuda_devices().status(); }
+
 }  // namespace strata::gpu

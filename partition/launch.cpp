@@ -66,8 +66,41 @@ std::string numeric(const sockaddr* a, socklen_t len) {
   return host;
 }
 
+// Node `node`'s task count in Slurm's compressed list ("2(x3),1": 2 tasks on
+// each of the first three nodes, 1 on the fourth); 0 when it is not there or
+// the list does not parse.
+int tasks_on_node(std::string_view list, int node) {
+  int first = 0;  // the first node of the entry read
+  while (!list.empty()) {
+    const std::size_t comma = list.find(',');
+    std::string_view entry = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    int tasks = 0, repeat = 1;
+    auto [end, ec] = std::from_chars(entry.data(), entry.data() + entry.size(), tasks);
+    if (ec != std::errc() || tasks < 1) return 0;
+    std::string_view rest(end, static_cast<std::size_t>(entry.data() + entry.size() - end));
+    if (!rest.empty()) {
+      if (rest.size() < 4 || !rest.starts_with("(x") || !rest.ends_with(")")) return 0;
+      auto [e2, ec2] = std::from_chars(rest.data() + 2, rest.data() + rest.size() - 1, repeat);
+      if (ec2 != std::errc() || e2 != rest.data() + rest.size() - 1 || repeat < 1) return 0;
+    }
+    if (node < first + repeat) return tasks;
+    first += repeat;
+  }
+  return 0;
+}
+
+bool is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  }
+  return a->sa_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr);
+}
+
 // This machine's address on the route to `host` (a UDP socket connected
-// there sends nothing; the kernel picks the source address).
+// there sends nothing; the kernel picks the source address); empty when
+// that is a loopback address (the master is this machine, named by a
+// loopback address such as Debian's 127.0.1.1 for the host name).
 core::Result<std::string> address_toward(const std::string& host) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -83,16 +116,15 @@ core::Result<std::string> address_toward(const std::string& host) {
     if (fd < 0) continue;
     sockaddr_storage own{};
     socklen_t len = sizeof own;
+    bool routed = false;
     if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0 && ::getsockname(fd, reinterpret_cast<sockaddr*>(&own), &len) == 0) {
-      mine = numeric(reinterpret_cast<sockaddr*>(&own), len);
+      routed = true;
+      if (!is_loopback(reinterpret_cast<sockaddr*>(&own))) mine = numeric(reinterpret_cast<sockaddr*>(&own), len);
     }
     ::close(fd);
+    if (routed && mine.empty()) break;  // a loopback route: the caller looks further
   }
   ::freeaddrinfo(found);
-  if (mine.empty()) {
-    return Status::unavailable(str_cat("no route to the master's address '", host,
-                                       "': set STRATA_HOST_ADDRESS to this machine's address the others reach"));
-  }
   return mine;
 }
 
@@ -108,11 +140,7 @@ core::Result<std::string> address_of_hostname() {
   std::string mine;
   if (::getaddrinfo(name, nullptr, &hints, &found) == 0) {
     for (const addrinfo* a = found; a != nullptr && mine.empty(); a = a->ai_next) {
-      const bool loopback =
-          (a->ai_family == AF_INET &&
-           (ntohl(reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr) >> 24) == 127) ||
-          (a->ai_family == AF_INET6 && IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr));
-      if (!loopback) mine = numeric(a->ai_addr, a->ai_addrlen);
+      if (!is_loopback(a->ai_addr)) mine = numeric(a->ai_addr, a->ai_addrlen);
     }
     ::freeaddrinfo(found);
   }
@@ -123,19 +151,23 @@ core::Result<std::string> address_of_hostname() {
   return mine;
 }
 
-// This rank's address for the transport (launch.h, communicator_options).
+}  // namespace
+
 core::Result<std::string> transport_address(const Launch& launch, const GetEnv& getenv) {
   const std::string given = env_or(getenv, "STRATA_HOST_ADDRESS");
   if (!given.empty()) return given;
   if (!launch.spans_machines()) return std::string("127.0.0.1");
   if (!launch.master.empty()) {
-    const std::string host = launch.master.substr(0, launch.master.rfind(':'));
-    if (!host.empty()) return address_toward(host);
+    std::string host = launch.master.substr(0, launch.master.rfind(':'));
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);  // [v6]
+    if (!host.empty()) {
+      STRATA_ASSIGN_OR_RETURN(std::string toward, address_toward(host));
+      if (!toward.empty()) return toward;
+    }
   }
   return address_of_hostname();
 }
 
-}  // namespace
 
 core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv) {
   for (const Names& n : kLaunchers) {
@@ -178,6 +210,10 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
       if (!launching.empty()) l.master = str_cat(launching, ":0");
       STRATA_ASSIGN_OR_RETURN(const std::optional<int> nodes, read_int(getenv, "SLURM_STEP_NUM_NODES"));
       l.nodes = nodes.value_or(0);
+      // This node's tasks: the step's per-node list at this node's index.
+      STRATA_ASSIGN_OR_RETURN(const std::optional<int> node, read_int(getenv, "SLURM_NODEID"));
+      const std::string per_node = env_or(getenv, "SLURM_STEP_TASKS_PER_NODE");
+      if (node.has_value() && !per_node.empty()) l.local_size = tasks_on_node(per_node, *node);
     }
     return std::optional<Launch>(std::move(l));
   }

@@ -64,4 +64,7 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
 core::Result<CommunicatorOptions> communicator_options(const Launch& launch, const GetEnv& getenv,
                                                        std::chrono::milliseconds timeout);
 
+// This rank's address for the transport, as communicator_options chooses it.
+core::Result<std::string> transport_address(const Launch& launch, const GetEnv& getenv);
+
 }  // namespace strata::partition

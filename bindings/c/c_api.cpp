@@ -294,6 +294,21 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
           core::str_cat(fn, ": ranks->store_dir is NULL; ", r.size, " ranks need a directory to meet in"));
     }
     if (r.run_id != nullptr) o.prefix = r.run_id;
+    // A launcher's environment that describes this same rank (torchrun's
+    // around a script that bootstraps from torch.distributed) gives its
+    // machine's share and, across machines, its address; else
+    // STRATA_HOST_ADDRESS, else loopback.
+    const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
+    const core::Result<std::optional<partition::Launch>> launch = partition::launch_from_environment(getenv);
+    if (launch.ok() && launch->has_value() && (*launch)->rank == r.rank && (*launch)->size == r.size) {
+      o.local_rank = (*launch)->local_rank;
+      o.local_size = (*launch)->local_size;
+      if (r.size > 1) {
+        STRATA_ASSIGN_OR_RETURN(o.hostname, partition::transport_address(**launch, getenv));
+      }
+    } else if (const char* host = std::getenv("STRATA_HOST_ADDRESS"); host != nullptr && *host != '\0') {
+      o.hostname = host;
+    }
   }
   if (r.local_size < 0 || (r.local_size > 0 && (r.local_rank < 0 || r.local_rank >= r.local_size)) ||
       (r.local_size == 0 && r.local_rank != 0)) {

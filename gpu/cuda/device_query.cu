@@ -16,6 +16,17 @@ core::Status cuda_error(cudaError_t err, const char* call) {
 
 bool cuda_built() { return true; }
 
+core::Result<int> cuda_device_count() {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky error for later calls
+    return cuda_error(err, "cudaGetDeviceCount");
+  }
+  if (count == 0) return core::Status::unavailable("no CUDA device is visible");
+  return count;
+}
+
 core::Result<std::vector<GpuInfo>> query_cuda_devices() {
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);

@@ -452,6 +452,60 @@ TEST_F(RanksTest, AnInitCallbackFailingOnOneRankFailsEveryRanksFinalize) {
       << got[0];
 }
 
+TEST_F(RanksTest, CallsThatGatherAreRefusedWhileACertainStepAppliesAndTheStepGoesOn) {
+  // A certain step (no clipping, nonfinite "apply") under "exact": the
+  // optimizer updates and gathers each group during the backward, over the
+  // communicator read_weights, checkpoints and export use; between the last
+  // grads_ready and step_end they are refused on every rank before any
+  // collective, and the step goes on on every rank.
+  Config c = config("cpu", OverlapMode::kExact);
+  c.gradient_clipping = 0.0;
+  c.strata.nonfinite = NonfinitePolicy::kApply;
+  std::vector<core::Status> refused(2), saved(2), stepped(2), after(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      partition::CommunicatorOptions o = ranks(r, 2, "mid-step");
+      o.timeout = std::chrono::seconds(30);
+      std::unique_ptr<Engine> e = make_mlp_engine(c, o);
+      ASSERT_NE(e, nullptr);
+      Framework f;
+      for (int s = 0; s < 2; ++s) {
+        f.cb = e->layout().compute_bytes;
+        f.precision = e->config().precision;
+        f.batch(2 * s + r);
+        f.load(*e, "l1");
+        f.load(*e, "l2");
+        f.forward();
+        const auto g = f.backward(1.0f);
+        f.load(*e, "l2");
+        f.give_grads(*e, "l2", g);
+        f.load(*e, "l1");
+        f.give_grads(*e, "l1", g);
+        if (s == 1) {
+          std::vector<float> w(static_cast<std::size_t>(kTensors[0].shape[0] * kTensors[0].shape[1]));
+          const std::vector<Engine::WeightRead> reads{{kTensors[0].name, w}};
+          refused[static_cast<std::size_t>(r)] = e->read_weights(reads);
+          saved[static_cast<std::size_t>(r)] = e->save_checkpoint((dir_ / "mid-step").string(), {});
+        }
+        stepped[static_cast<std::size_t>(r)] = e->step_end().status();
+      }
+      std::vector<float> w(static_cast<std::size_t>(kTensors[0].shape[0] * kTensors[0].shape[1]));
+      const std::vector<Engine::WeightRead> reads{{kTensors[0].name, w}};
+      after[static_cast<std::size_t>(r)] = e->read_weights(reads);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    const auto k = static_cast<std::size_t>(r);
+    EXPECT_EQ(refused[k].code(), core::StatusCode::kFailedPrecondition) << "rank " << r << ": " << refused[k];
+    EXPECT_NE(refused[k].message().find("during the backward"), std::string::npos) << refused[k];
+    EXPECT_EQ(saved[k].code(), core::StatusCode::kFailedPrecondition) << "rank " << r << ": " << saved[k];
+    EXPECT_TRUE(stepped[k].ok()) << "rank " << r << ": " << stepped[k];
+    EXPECT_TRUE(after[k].ok()) << "rank " << r << ": " << after[k];
+  }
+}
+
 TEST_F(RanksTest, AFinalizeFailingBeforeTheInitialValuesFailsEveryRanksAtOnce) {
   // Rank 1's pinned budget cannot hold its shard of the optimizer state:
   // its finalize fails before any initial value, and rank 0's fails at once

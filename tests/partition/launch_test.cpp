@@ -9,6 +9,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "tests/partition/temp_dir.h"
 
@@ -112,14 +113,15 @@ TEST(Launch, AGivenRendezvousDirectoryNeedsARunId) {
   const testing_util::TempDir tmp;
   const std::string dir = tmp.path() + "/meet";
   Launch two{.launcher = "torchrun", .rank = 1, .size = 2, .local_size = 1, .master = "127.0.0.1:1"};
-  Env no_id{{{"STRATA_RENDEZVOUS_DIR", dir}}};
+  // (Two machines: the transport's address is given, the point here is the run id.)
+  Env no_id{{{"STRATA_RENDEZVOUS_DIR", dir}, {"STRATA_HOST_ADDRESS", "10.0.0.1"}}};
   auto refused = communicator_options(two, no_id.get(), std::chrono::seconds(7));
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(refused.status().message().find("set STRATA_RUN_ID"), std::string_view::npos)
       << refused.status().to_string();
 
-  Env with_id{{{"STRATA_RENDEZVOUS_DIR", dir}, {"STRATA_RUN_ID", "r/1"}}};
+  Env with_id{{{"STRATA_RENDEZVOUS_DIR", dir}, {"STRATA_RUN_ID", "r/1"}, {"STRATA_HOST_ADDRESS", "10.0.0.1"}}};
   auto o = communicator_options(two, with_id.get(), std::chrono::seconds(7));
   ASSERT_TRUE(o.ok()) << o.status().to_string();
   EXPECT_EQ(o->backend, "gloo");
@@ -179,12 +181,24 @@ TEST(Launch, TheTransportsAddressIsLoopbackOnOneMachineAndTowardTheMasterAcrossM
   auto local = communicator_options(two, shared.get(), std::chrono::seconds(1));
   ASSERT_TRUE(local.ok()) << local.status().to_string();
   EXPECT_EQ(local->hostname, "127.0.0.1");
-  // Two machines: this machine's address on the route to the master (here
-  // the master is this machine: the loopback route).
+  // Two machines: this machine's address on the route to the master, never
+  // a loopback one (the others could not reach it): here the master is this
+  // machine, named by a loopback address (an IPv6 one in brackets too), so
+  // the host name's first other address, or an error saying what to set.
   Launch spread{.launcher = "torchrun", .rank = 0, .size = 4, .local_size = 2, .master = "127.0.0.1:29500"};
-  auto far = communicator_options(spread, shared.get(), std::chrono::seconds(1));
-  ASSERT_TRUE(far.ok()) << far.status().to_string();
-  EXPECT_EQ(far->hostname, "127.0.0.1");
+  for (const char* master : {"127.0.0.1:29500", "[::1]:29500"}) {
+    spread.master = master;
+    auto far = communicator_options(spread, shared.get(), std::chrono::seconds(1));
+    if (far.ok()) {
+      EXPECT_FALSE(far->hostname.starts_with("127.") || far->hostname == "::1") << far->hostname;
+      EXPECT_FALSE(far->hostname.empty());
+    } else {
+      EXPECT_EQ(far.status().code(), StatusCode::kUnavailable) << far.status().to_string();
+      EXPECT_NE(far.status().message().find("set STRATA_HOST_ADDRESS"), std::string_view::npos)
+          << far.status().to_string();
+      EXPECT_EQ(far.status().message().find("does not resolve"), std::string_view::npos) << far.status().to_string();
+    }
+  }
   // STRATA_HOST_ADDRESS chooses.
   Env chosen = shared;
   chosen.vars["STRATA_HOST_ADDRESS"] = "10.1.2.3";
@@ -201,11 +215,24 @@ TEST(Launch, TheTransportsAddressIsLoopbackOnOneMachineAndTowardTheMasterAcrossM
 }
 
 TEST(Launch, AnSrunStepOnSeveralNodesSpansMachines) {
-  Env slurm{{{"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "9"},
-             {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"}}};
+  // 5 tasks on 2 nodes, 3 on the first ("3,2"); this is the second node's.
+  Env slurm{{{"SLURM_PROCID", "4"}, {"SLURM_STEP_NUM_TASKS", "5"}, {"SLURM_LOCALID", "1"}, {"SLURM_JOB_ID", "9"},
+             {"SLURM_STEP_NUM_NODES", "2"}, {"SLURM_LAUNCH_NODE_IPADDR", "127.0.0.1"}, {"SLURM_NODEID", "1"},
+             {"SLURM_STEP_TASKS_PER_NODE", "3,2"}, {"STRATA_HOST_ADDRESS", "10.0.0.2"}}};
   auto l = launch_from_environment(slurm.get());
   ASSERT_TRUE(l.ok() && l->has_value()) << l.status().to_string();
   EXPECT_EQ((*l)->nodes, 2);
+  EXPECT_EQ((*l)->local_rank, 1);
+  EXPECT_EQ((*l)->local_size, 2);
+  // The compressed form: 2 tasks on each of 3 nodes, then 1.
+  for (auto [node, want] : {std::pair{0, 2}, std::pair{2, 2}, std::pair{3, 1}, std::pair{4, 0}}) {
+    Env packed = slurm;
+    packed.vars["SLURM_STEP_TASKS_PER_NODE"] = "2(x3),1";
+    packed.vars["SLURM_NODEID"] = std::to_string(node);
+    auto p = launch_from_environment(packed.get());
+    ASSERT_TRUE(p.ok() && p->has_value()) << p.status().to_string();
+    EXPECT_EQ((*p)->local_size, want) << "node " << node;
+  }
   EXPECT_EQ((*l)->master, "127.0.0.1:0");
   EXPECT_TRUE((*l)->spans_machines());
   // Without a shared directory it is refused (each machine would meet alone).
@@ -217,7 +244,8 @@ TEST(Launch, AnSrunStepOnSeveralNodesSpansMachines) {
   slurm.vars["STRATA_RENDEZVOUS_DIR"] = tmp.path() + "/meet";
   auto met = communicator_options(**l, slurm.get(), std::chrono::seconds(1));
   ASSERT_TRUE(met.ok()) << met.status().to_string();
-  EXPECT_EQ(met->hostname, "127.0.0.1");
+  EXPECT_EQ(met->hostname, "10.0.0.2");
+  EXPECT_EQ(met->local_size, 2);
   EXPECT_EQ(met->prefix, "strata-9.0");
 }
 

@@ -86,13 +86,9 @@ def _ranks_from_torch_distributed():
     if store_dir is None:
         raise errors.Unavailable(f"strata.torch: meeting the other ranks over torch.distributed: {run_id} "
                                  f"(STRATA_RENDEZVOUS_DIR names the folder's parent)", status="UNAVAILABLE")
-    ranks = {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}
-    # This rank among its machine's, as the launcher says (torchrun's and
-    # DeepSpeed's variables): its GPU and its share of the cores.
-    local_rank, local_size = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
-    if local_rank is not None and local_size is not None:
-        ranks.update(local_rank=int(local_rank), local_size=int(local_size))
-    return ranks, (rank, store_dir)
+    # This rank among its machine's (its GPU, its share of the cores) comes
+    # from the launcher's environment, read by the library (strata_ranks).
+    return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
 
 
 def _end_rendezvous(rendezvous):
@@ -115,6 +111,10 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         text = _engine._config_text(config)  # a path is read once
         known = dict(total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict)
         rendezvous = None
+        # torch's CUDA device, when torch has chosen one: the engine's must be
+        # it (making the engine sets the thread's current device to its own).
+        self._torch_cuda_device = (torch.cuda.current_device()
+                                   if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
         if ranks == "launcher" and _torch_distributed_ranks() > 1:
             ranks, rendezvous = _ranks_from_torch_distributed()
         try:

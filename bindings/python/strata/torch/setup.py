@@ -214,11 +214,12 @@ class Setup:
                 raise ValueError("strata.torch: copy_views is for the host device; on CUDA the adapter uses "
                                  "DLPack views of the engine's device memory")
             index = self._group_list[0].info.device_index
-            if torch.cuda.current_device() != index:
+            before = getattr(self, "_torch_cuda_device", None)
+            if before is not None and before != index:
                 raise ValueError(f"strata.torch: the engine runs on CUDA device {index} (its local rank's), but "
-                                 f"torch's current device is {torch.cuda.current_device()}; call "
-                                 f"torch.cuda.set_device({index}) (with several ranks: the LOCAL_RANK the "
-                                 f"launcher gives) before initialize")
+                                 f"torch's current device was {before}; call torch.cuda.set_device({index}) "
+                                 f"(with several ranks: the LOCAL_RANK the launcher gives) before initialize")
+            torch.cuda.set_device(index)
             self.torch_device = torch.device("cuda", index)
         else:
             self.torch_device = torch.device("cpu")
