@@ -196,10 +196,12 @@ class Optimizer::JobRun {
   // Several ranks with whole compute copies (stage 1-2): the optimizer
   // gathers each group's new ones over the ranks.
   bool gathers() const { return o_.parts_.ranks != nullptr && !layout().compute_sharded; }
-  // Gathers what may be gathered now: the updated groups in gather_order_,
-  // up to the first one not updated yet; each then committed, or left for
-  // the verdict. A speculative job gathers nothing before its verdict.
+  // Gathers what may be gathered now: the updated groups in the gather
+  // order, up to the first one not updated yet; each then committed, or left
+  // for the verdict. A speculative job gathers nothing before its verdict.
   core::Status drain_gathers();
+  // The i-th group to gather, or SIZE_MAX when not known yet.
+  std::size_t to_gather(std::size_t i);
   // Group g's last chunk is done.
   core::Status group_updated(std::size_t g);
   core::Status commit_group(std::size_t g);
@@ -224,10 +226,15 @@ class Optimizer::JobRun {
   std::map<std::size_t, Open> open_;
   std::vector<std::size_t> waiting_;  // early: updated groups whose commit awaits the verdict
   std::int64_t updated_elems_ = 0;    // early: elements updated before the verdict
-  // With gathers(): the groups with chunks in the layout's order, the order
-  // every rank gathers them in (an all-gather is matched by its place in the
-  // sequence of calls, and the order groups finish in is each rank's own:
-  // its reads, its verdict's arrival); how many are gathered; which are updated.
+  // With gathers(): every rank gathers the groups in one order (an
+  // all-gather is matched by its place in the sequence of calls, and the
+  // order groups finish in is each rank's own: its reads, its verdict's
+  // arrival). An early job's is the order its gradients came in (the gradient
+  // path's passes, whose reduce-scatters every rank issues alike), which its
+  // updates follow, so that few groups wait open for their turn; a decided
+  // job's, the layout's (its own order, Step::make_job). gather_order_ holds
+  // the groups with chunks in the layout's order; how many are gathered;
+  // which are updated.
   std::vector<std::size_t> gather_order_;
   std::size_t gathered_ = 0;
   std::vector<bool> updated_;
@@ -477,14 +484,21 @@ core::Status Optimizer::JobRun::group_updated(std::size_t g) {
   return Status();
 }
 
+std::size_t Optimizer::JobRun::to_gather(std::size_t i) {
+  if (i >= gather_order_.size()) return SIZE_MAX;
+  return job_.early() ? runner().arrival(job_.id, i) : gather_order_[i];
+}
+
 core::Status Optimizer::JobRun::drain_gathers() {
   // A speculative job's verdict may stop it, and each rank learns it at a
   // point of its own: gathers before it would leave the ranks' sequences of
   // calls apart. A certain job is never stopped once it updated a group
   // (Step::refuse_while_applying), so it gathers as it goes.
   if (!decided_ && job_.kind != JobKind::kCertainEarly) return Status();
-  while (gathered_ < gather_order_.size() && updated_[gather_order_[gathered_]]) {
-    const std::size_t g = gather_order_[gathered_++];
+  for (;;) {
+    const std::size_t g = to_gather(gathered_);
+    if (g == SIZE_MAX || !updated_[g]) break;
+    ++gathered_;
     STRATA_RETURN_IF_ERROR(gather_over_ranks(g));
     if (decided_ || job_.commits_before_verdict(layout().groups[g].compute_tier)) {
       STRATA_RETURN_IF_ERROR(commit_group(g));

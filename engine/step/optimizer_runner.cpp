@@ -73,6 +73,7 @@ void OptimizerRunner::finish(const OptimizerJob& job, const Status& s) {
   if (job.early()) {
     quiet_ = std::max(quiet_, job.id);
     reads_done_ = std::max(reads_done_, job.id);
+    arrivals_.erase(job.id);
   }
   if (s.ok() && job.deferred_verdict) verdicts_.push_back(job.verdict);
   if (!s.ok() && error_.ok()) error_ = Status(s).annotate(str_cat("the optimizer of step ", job.step));
@@ -138,7 +139,14 @@ std::int64_t OptimizerRunner::decided() {
 void OptimizerRunner::note_grads_in(std::size_t g, std::int64_t job) {
   const core::MutexLock lock(mu_);
   grads_in_[g] = job;
+  arrivals_[job].push_back(g);
   cv_.notify_all();
+}
+
+std::size_t OptimizerRunner::arrival(std::int64_t job, std::size_t k) {
+  const core::MutexLock lock(mu_);
+  const auto it = arrivals_.find(job);
+  return it != arrivals_.end() && k < it->second.size() ? it->second[k] : SIZE_MAX;
 }
 
 core::Status OptimizerRunner::settle(std::int64_t job, Settle verdict) {

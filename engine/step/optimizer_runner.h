@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -82,6 +83,10 @@ class OptimizerRunner {
   std::int64_t decided();
   // The gradient path: group g's gradients of early job `job` are in.
   void note_grads_in(std::size_t g, std::int64_t job);
+  // The k-th group whose gradients came in for early job `job` (the order of
+  // the gradient path's passes, which every rank's collectives share), or
+  // SIZE_MAX when fewer came in yet.
+  std::size_t arrival(std::int64_t job, std::size_t k);
   // An early job's verdict; the sticky error.
   enum class Settle {
     kApply,          // it becomes the decided job
@@ -115,6 +120,8 @@ class OptimizerRunner {
   std::int64_t finished_ STRATA_GUARDED_BY(mu_) = 0;  // the last job finished
   std::vector<std::int64_t> done_ STRATA_GUARDED_BY(mu_);      // per group: the last job done with it
   std::vector<std::int64_t> grads_in_ STRATA_GUARDED_BY(mu_);  // per group: the early job whose gradients are in
+  // Per early job until it finished: its groups in the order their gradients came in.
+  std::map<std::int64_t, std::vector<std::size_t>> arrivals_ STRATA_GUARDED_BY(mu_);
   std::int64_t verdict_job_ STRATA_GUARDED_BY(mu_) = 0;        // the early job with a verdict, and the verdict
   bool verdict_apply_ STRATA_GUARDED_BY(mu_) = false;
   std::int64_t quiet_ STRATA_GUARDED_BY(mu_) = 0;       // the last early job that stopped reading gradients

@@ -63,7 +63,10 @@ core::Status Step::start_early_job() {
   // fetches; the rest as their gradients arrive. A group with state on nvme
   // never waits: the disk works through both phases anyway.
   job->deferred.assign(n, false);
-  if (job->kind == JobKind::kCertainEarly && !fetcher_->sequence().empty()) {
+  // With several ranks none waits: the groups are gathered in the order
+  // their gradients come in, and one waiting for the verdict would hold the
+  // others open until then (Optimizer::JobRun::drain_gathers).
+  if (job->kind == JobKind::kCertainEarly && !fetcher_->sequence().empty() && parts_.layout.share.ranks == 1) {
     for (std::size_t g = 0; g < n; ++g) {
       const GroupPlace& gp = parts_.layout.groups[g];
       bool nvme = false;

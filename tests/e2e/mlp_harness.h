@@ -362,21 +362,27 @@ inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition:
   return s.ok() ? std::move(e) : nullptr;
 }
 
-// One training step (one micro-batch) on batch `step`: forward, backward,
-// gradients, step_end. Returns step_end's result; the loss goes to *loss.
-inline core::Result<StepStats> run_step(Engine& e, Framework& f, int step, double* loss = nullptr) {
-  f.cb = e.layout().compute_bytes;
-  f.precision = e.config().precision;
-  f.batch(step * 16);
+// One micro-batch on batch `b`: forward, backward, and each group's
+// gradients handed over (l2's, then l1's), no step_end. Returns the loss.
+inline double forward_backward(Engine& e, Framework& f, int b) {
+  f.bind(e);
+  f.batch(b);
   f.load(e, "l1");
   f.load(e, "l2");
   const double l = f.forward();
-  if (loss != nullptr) *loss = l;
   const auto g = f.backward(static_cast<float>(e.loss_scale()));
   f.load(e, "l2");
   f.give_grads(e, "l2", g);
   f.load(e, "l1");
   f.give_grads(e, "l1", g);
+  return l;
+}
+
+// One training step (one micro-batch) on batch `step`: forward, backward,
+// gradients, step_end. Returns step_end's result; the loss goes to *loss.
+inline core::Result<StepStats> run_step(Engine& e, Framework& f, int step, double* loss = nullptr) {
+  const double l = forward_backward(e, f, step * 16);
+  if (loss != nullptr) *loss = l;
   return e.step_end();
 }
 

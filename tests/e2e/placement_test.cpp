@@ -1083,15 +1083,7 @@ TEST_F(Placement, CopiesPrefetchedBeforeStepEndAreNotServedStale) {
     Framework f;
     f.bind(*e);
     for (int s = 0; s < 6; ++s) {
-      f.batch(s * 16);
-      f.load(*e, "l1");
-      f.load(*e, "l2");
-      losses[mode].push_back(f.forward());
-      const auto g = f.backward(static_cast<float>(e->loss_scale()));
-      f.load(*e, "l2");
-      f.give_grads(*e, "l2", g);
-      f.load(*e, "l1");
-      f.give_grads(*e, "l1", g);
+      losses[mode].push_back(forward_backward(*e, f, s * 16));
       if (s % 2 == 0) {  // an evaluation pass before step_end, on every other step
         f.load(*e, "l1");
         f.load(*e, "l2");

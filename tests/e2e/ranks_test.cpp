@@ -471,17 +471,7 @@ TEST_F(RanksTest, CallsThatGatherAreRefusedWhileACertainStepAppliesAndTheStepGoe
       ASSERT_NE(e, nullptr);
       Framework f;
       for (int s = 0; s < 2; ++s) {
-        f.cb = e->layout().compute_bytes;
-        f.precision = e->config().precision;
-        f.batch(2 * s + r);
-        f.load(*e, "l1");
-        f.load(*e, "l2");
-        f.forward();
-        const auto g = f.backward(1.0f);
-        f.load(*e, "l2");
-        f.give_grads(*e, "l2", g);
-        f.load(*e, "l1");
-        f.give_grads(*e, "l1", g);
+        forward_backward(*e, f, 2 * s + r);
         if (s == 1) {
           std::vector<float> w(static_cast<std::size_t>(kTensors[0].shape[0] * kTensors[0].shape[1]));
           const std::vector<Engine::WeightRead> reads{{kTensors[0].name, w}};

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <vector>
@@ -135,6 +137,38 @@ TEST(OptimizerRunner, AnEarlyJobGoesAsItsGradientsArriveAndCountsOnlyOnceApplied
   EXPECT_EQ(seen[0], OptimizerRunner::Gate::kGo);
   EXPECT_EQ(seen[1], OptimizerRunner::Gate::kGoDecided);
   EXPECT_TRUE(r.wait_group(1, "fetch").ok());
+}
+
+TEST(OptimizerRunner, AnEarlyJobsGroupsAreListedInTheOrderTheirGradientsCameIn) {
+  // The order several ranks gather an early job's groups in: each job's own,
+  // kept until the job finished.
+  std::promise<std::vector<std::size_t>> listed;
+  std::promise<void> go;
+  std::shared_future<void> gone = go.get_future().share();
+  OptimizerRunner* self = nullptr;
+  OptimizerRunner r(3, true, [&](OptimizerJob& j) {
+    gone.wait();
+    std::vector<std::size_t> order;
+    for (std::size_t k = 0; k < 4; ++k) order.push_back(self->arrival(j.id, k));
+    listed.set_value(order);
+    for (std::size_t g = 0; g < 3; ++g) self->mark_done(g, j.id);
+    return core::Status();
+  });
+  self = &r;
+  auto early = r.submit(job(1, JobKind::kCertainEarly));
+  ASSERT_TRUE(early.ok());
+  EXPECT_EQ(r.arrival(*early, 0), SIZE_MAX);
+  r.note_grads_in(2, *early);
+  r.note_grads_in(0, *early);
+  r.note_grads_in(1, *early);
+  r.note_grads_in(1, *early + 1);  // the next job's: a list of its own
+  EXPECT_EQ(r.arrival(*early + 1, 0), 1u);
+  go.set_value();
+  ASSERT_TRUE(r.settle(*early, OptimizerRunner::Settle::kApply).ok());
+  EXPECT_EQ(listed.get_future().get(), (std::vector<std::size_t>{2, 0, 1, SIZE_MAX}));
+  ASSERT_TRUE(r.wait_all("x").ok());
+  EXPECT_EQ(r.arrival(*early, 0), SIZE_MAX);  // gone with the job
+  EXPECT_EQ(r.arrival(*early + 1, 0), 1u);
 }
 
 TEST(OptimizerRunner, AStoppedEarlyJobIsWaitedForUntilItIsQuiet) {
