@@ -59,7 +59,7 @@ std::string env_or(const GetEnv& getenv, const char* name, std::string fallback 
   return v != nullptr ? std::string(v) : fallback;
 }
 
-// The numeric address of `ai`.
+// The numeric address of `a`.
 std::string numeric(const sockaddr* a, socklen_t len) {
   char host[NI_MAXHOST] = {};
   if (::getnameinfo(a, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST) != 0) return {};

@@ -270,12 +270,12 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
   const std::chrono::milliseconds timeout = r.timeout_ms > 0 ? std::chrono::milliseconds(r.timeout_ms)
                                                              : std::chrono::milliseconds(std::chrono::minutes(5));
   partition::CommunicatorOptions o;
+  const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
+  const core::Result<std::optional<partition::Launch>> launch = partition::launch_from_environment(getenv);
   if (r.size == 0) {
-    const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
-    STRATA_ASSIGN_OR_RETURN(const std::optional<partition::Launch> launch,
-                            partition::launch_from_environment(getenv));
-    if (launch.has_value()) {  // else one rank
-      STRATA_ASSIGN_OR_RETURN(o, partition::communicator_options(*launch, getenv, timeout));
+    STRATA_RETURN_IF_ERROR(launch.status());  // the launcher's variables, half set or malformed
+    if (launch->has_value()) {  // else one rank
+      STRATA_ASSIGN_OR_RETURN(o, partition::communicator_options(**launch, getenv, timeout));
       if (r.backend != nullptr) o.backend = r.backend;
       if (r.store_dir != nullptr) o.store_dir = r.store_dir;
       if (r.run_id != nullptr) o.prefix = r.run_id;
@@ -296,18 +296,16 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
     if (r.run_id != nullptr) o.prefix = r.run_id;
     // A launcher's environment that describes this same rank (torchrun's
     // around a script that bootstraps from torch.distributed) gives its
-    // machine's share and, across machines, its address; else
-    // STRATA_HOST_ADDRESS, else loopback.
-    const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
-    const core::Result<std::optional<partition::Launch>> launch = partition::launch_from_environment(getenv);
-    if (launch.ok() && launch->has_value() && (*launch)->rank == r.rank && (*launch)->size == r.size) {
+    // machine's share and, across machines, its address; without one the
+    // address is STRATA_HOST_ADDRESS's, else loopback (transport_address of
+    // a launch on one machine).
+    const bool same = launch.ok() && launch->has_value() && (*launch)->rank == r.rank && (*launch)->size == r.size;
+    if (same) {
       o.local_rank = (*launch)->local_rank;
       o.local_size = (*launch)->local_size;
-      if (r.size > 1) {
-        STRATA_ASSIGN_OR_RETURN(o.hostname, partition::transport_address(**launch, getenv));
-      }
-    } else if (const char* host = std::getenv("STRATA_HOST_ADDRESS"); host != nullptr && *host != '\0') {
-      o.hostname = host;
+    }
+    if (r.size > 1) {
+      STRATA_ASSIGN_OR_RETURN(o.hostname, partition::transport_address(same ? **launch : partition::Launch{}, getenv));
     }
   }
   if (r.local_size < 0 || (r.local_size > 0 && (r.local_rank < 0 || r.local_rank >= r.local_size)) ||
