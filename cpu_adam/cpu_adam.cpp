@@ -29,6 +29,7 @@
 #include "core/aligned_buffer.h"
 #include "core/check.h"
 #include "core/logging.h"
+#include "core/mutex.h"
 #include "core/str.h"
 
 namespace strata::adam {
@@ -222,7 +223,7 @@ struct Topology {
     } else if (!xml && !description.empty() &&
                hwloc_topology_set_synthetic(topology, std::string(description).c_str()) != 0) {
       error = str_cat("hwloc cannot read the synthetic topology \"", description, "\"");
-    } else if (hwloc_topology_load(topology) != 0) {
+    } else if (load(topology, io && description.empty()) != 0) {
       error = str_cat("hwloc_topology_load: ", std::generic_category().message(errno));
     }
     if (!error.empty()) {
@@ -235,6 +236,18 @@ struct Topology {
   }
   Topology(const Topology&) = delete;
   Topology& operator=(const Topology&) = delete;
+
+ private:
+  // hwloc_topology_load; with `machine_io` (this machine's PCI devices) one
+  // load at a time in the process: the discovery goes through libudev and
+  // libpciaccess, whose globals are not thread-safe (ranks as threads each
+  // create their CPU optimizer at once; ThreadSanitizer saw libudev race).
+  static int load(hwloc_topology_t t, bool machine_io) {
+    if (!machine_io) return hwloc_topology_load(t);
+    static core::Mutex mu;
+    const core::MutexLock lock(mu);
+    return hwloc_topology_load(t);
+  }
 };
 
 // The physical cores whose PUs all lie in `set`, in hwloc's (logical) order.
@@ -416,9 +429,12 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
   // Every core of a machine of one node is that node's (kCores there too).
   if (node == nullptr && nodes == 1) node = hwloc_get_obj_by_type(topology, HWLOC_OBJ_NUMANODE, 0);
   b.numa_node = node != nullptr ? static_cast<int>(node->os_index) : -1;
+  if (nodes > 1 && b.numa_node >= 0 && (b.node_from == "numa_node" || b.node_from.starts_with("GPU "))) {
+    b.memory_node = b.numa_node;
+  }
   if (cores.empty()) {
     if (strict) return Status::unavailable(str_cat("cpu_adam: ", mode, ": hwloc finds no cores on this machine"));
-    b.numa_node = -1;
+    b.numa_node = b.memory_node = -1;
     return unpinned(max_threads, "hwloc finds no cores");
   }
   // Several local ranks: the node's cores split among those that choose it

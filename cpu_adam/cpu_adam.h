@@ -221,6 +221,12 @@ struct CoreBinding {
   // cores split among them) and this rank's place among them; 1 and 0 alone.
   int sharing_ranks = 1;
   int share_index = 0;
+  // The NUMA node this rank's pinned memory belongs on, so that the threads
+  // and the memory they stream meet on one node: the chosen node when it was
+  // chosen for the GPU ("GPU <i>") or given ("numa_node"), on a machine of
+  // several nodes; -1 otherwise (first touch places the memory: a machine of
+  // one node, or a node chosen because the memory or the thread is there).
+  int memory_node = -1;
   // The chosen cores, one per thread in thread-slot order, each by its first
   // logical CPU (the OS's number, as taskset and lscpu count). cpus[0] is the
   // calling thread's, which is never pinned (it belongs to the embedder);

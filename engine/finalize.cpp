@@ -139,9 +139,8 @@ std::span<const std::byte> pinned_state_memory(StateStore& state) {
 // threads near `near_memory` (bind auto/numa without a numa_node), or near
 // the GPU of local rank `local_rank` of `local_ranks`, whose cores they
 // share with the machine's other ranks on that node.
-core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& config,
-                                                             std::span<const std::byte> near_memory, int local_rank,
-                                                             int local_ranks) {
+adam::CpuAdamOptions cpu_adam_options(const Config& config, std::span<const std::byte> near_memory, int local_rank,
+                                      int local_ranks) {
   adam::CpuAdamOptions ao;
   switch (config.strata.cpu_adam.isa) {
     case CpuAdamIsa::kAuto: ao.auto_isa = true; break;
@@ -162,7 +161,14 @@ core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& confi
   ao.near_memory = near_memory;
   ao.local_rank = local_rank;
   ao.local_ranks = local_ranks;
-  core::Result<std::unique_ptr<adam::CpuAdam>> created = adam::CpuAdam::create(ao);
+  return ao;
+}
+
+core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& config,
+                                                             std::span<const std::byte> near_memory, int local_rank,
+                                                             int local_ranks) {
+  core::Result<std::unique_ptr<adam::CpuAdam>> created =
+      adam::CpuAdam::create(cpu_adam_options(config, near_memory, local_rank, local_ranks));
   if (!created.ok()) {
     return Status(created.status()).annotate(
         str_cat("strata.cpu_adam (bind \"", to_string(config.strata.cpu_adam.bind), "\", numa_node ",
@@ -172,8 +178,24 @@ core::Result<std::unique_ptr<adam::CpuAdam>> create_cpu_adam(const Config& confi
 }
 
 // What the engine reports of the CPU optimizer's threads.
-CpuThreads cpu_threads_of(const adam::CoreBinding& b) {
-  return {.threads = b.threads, .pinned = b.bound, .numa_node = b.numa_node, .description = b.describe()};
+CpuThreads cpu_threads_of(const adam::CoreBinding& b, int pinned_memory_node) {
+  std::string description = b.describe();
+  if (pinned_memory_node >= 0) description += str_cat("; pinned memory on NUMA node ", pinned_memory_node);
+  return {.threads = b.threads,
+          .pinned = b.bound,
+          .numa_node = b.numa_node,
+          .pinned_memory_node = pinned_memory_node,
+          .description = std::move(description)};
+}
+
+// The NUMA node this rank's pinned memory goes on (CoreBinding::memory_node:
+// its GPU's node with several local ranks, or strata.cpu_adam.numa_node, on a
+// machine of several nodes), or -1 to leave it where first touched. The
+// binding's errors are create_cpu_adam's to report.
+int pinned_memory_node(const Config& config, int local_rank, int local_ranks) {
+  core::Result<adam::CoreBinding> plan =
+      adam::plan_core_binding(cpu_adam_options(config, {}, local_rank, local_ranks));
+  return plan.ok() ? plan->memory_node : -1;
 }
 
 }  // namespace
@@ -215,6 +237,11 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_, ranks_.share));
   STRATA_RETURN_IF_ERROR(check_initial_values());
   STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
+  // Every pinned buffer from here on (the swap's staging, the state, the
+  // caches) on the node the optimizer's threads will run on, where that node
+  // is known before the memory is (DESIGN.md section 10).
+  const int memory_node = pinned_memory_node(config_, ranks_.local_rank, ranks_.local_ranks);
+  dev().set_pinned_numa_node(memory_node);
   if (out.needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(out.needs));
   expand_chunks(layout_);
   out.planned_s = total.elapsed_s();
@@ -235,7 +262,7 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
     std::memset(b.data() + lines * kLine, 0, b.size() - static_cast<std::size_t>(lines * kLine));
   });
   out.zero_s = zeroing.elapsed_s();
-  cpu_threads_ = cpu_threads_of(cpu_adam_->binding());
+  cpu_threads_ = cpu_threads_of(cpu_adam_->binding(), memory_node);
   STRATA_LOG(kInfo) << "cpu_adam: " << cpu_threads_.description << " (strata.cpu_adam.bind \""
                     << to_string(config_.strata.cpu_adam.bind) << "\")";
   STRATA_ASSIGN_OR_RETURN(out.gradients,

@@ -63,6 +63,10 @@ struct CpuThreads {
   int threads = 0;       // threads of a CPU optimizer pass, the calling thread among them
   bool pinned = false;   // the worker threads are pinned, one per physical core
   int numa_node = -1;    // the NUMA node (the OS's number) whose cores were chosen; -1: none or several
+  // The node the pinned memory was placed on (its GPU's with several local
+  // ranks, or strata.cpu_adam.numa_node, on a machine of several nodes); -1:
+  // not placed (where the allocating thread first touched it).
+  int pinned_memory_node = -1;
   std::string description;  // one line saying the above, the CPUs and why not pinned
 };
 

@@ -11,7 +11,9 @@
 
 #include "core/aligned_buffer.h"
 #include "core/check.h"
+#include "core/logging.h"
 #include "core/str.h"
+#include "gpu/host_numa.h"
 
 namespace strata::gpu {
 
@@ -185,13 +187,14 @@ class Device::PinnedHostAllocator final : public core::HostAllocator {
 
   std::string_view name() const override { return name_; }
 
-  Result<void*> allocate(std::size_t size_bytes, std::size_t alignment, int /*numa_node*/) override {
+  // A node asked for here (nvme's buffer pool's) before the device's own.
+  Result<void*> allocate(std::size_t size_bytes, std::size_t alignment, int numa_node) override {
     if (size_bytes == 0) return Status::invalid_argument(str_cat(name_, ": allocation of 0 bytes"));
     if (alignment < sizeof(void*) || (alignment & (alignment - 1)) != 0 || alignment > kPageBytes) {
       return Status::invalid_argument(str_cat(name_, ": alignment ", alignment,
                                               " is not a power of two in [", sizeof(void*), ", ", kPageBytes, "]"));
     }
-    return device_->do_allocate_pinned(size_bytes);
+    return device_->do_allocate_pinned(size_bytes, numa_node >= 0 ? numa_node : device_->pinned_numa_node());
   }
 
   void deallocate(void* p, std::size_t size_bytes) noexcept override {
@@ -254,7 +257,7 @@ void Device::release_buffer(DeviceBuffer& buffer) noexcept {
 Result<PinnedBuffer> Device::allocate_pinned(std::size_t size_bytes, std::string_view what) {
   if (size_bytes == 0) return Status::invalid_argument(str_cat("pinned allocation of 0 bytes for ", what));
   STRATA_ASSIGN_OR_RETURN(core::BudgetCharge charge, budgets_.pinned->charge(size_bytes, what));
-  Result<void*> p = do_allocate_pinned(size_bytes);
+  Result<void*> p = do_allocate_pinned(size_bytes, pinned_numa_node());
   if (!p.ok()) return std::move(p).status().annotate(str_cat("allocating pinned memory for ", what));
   {
     core::MutexLock lock(mu_);
@@ -267,6 +270,26 @@ Result<PinnedBuffer> Device::allocate_pinned(std::size_t size_bytes, std::string
   b.registered_ = false;
   b.charge_ = std::move(charge);
   return b;
+}
+
+void Device::set_pinned_numa_node(int node) {
+  core::MutexLock lock(mu_);
+  pinned_numa_node_ = node < 0 ? -1 : node;
+}
+
+int Device::pinned_numa_node() const {
+  core::MutexLock lock(mu_);
+  return pinned_numa_node_;
+}
+
+void Device::place_on_numa_node(void* p, std::size_t size_bytes, int node) {
+  if (node < 0) return;
+  const Status placed = prefer_numa_node(p, size_bytes, node);
+  if (placed.ok()) return;
+  core::MutexLock lock(mu_);
+  if (std::exchange(numa_refusal_said_, true)) return;
+  STRATA_LOG(kWarn) << "pinned host memory (" << device_kind_name(kind()) << "): cannot place it on NUMA node "
+                    << node << " (" << placed.message() << "); it stays where first touched";
 }
 
 Result<PinnedBuffer> Device::register_host(std::span<std::byte> memory, std::string_view what) {

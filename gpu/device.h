@@ -203,6 +203,16 @@ class Device {
   // Errors as allocate() (kResourceExhausted names the pinned budget).
   core::Result<PinnedBuffer> allocate_pinned(std::size_t size_bytes, std::string_view what) STRATA_EXCLUDES(mu_);
 
+  // The NUMA node (the OS's number) pinned memory allocated from now on is
+  // placed on (preferred: another node's pages once it is full); -1 (the
+  // default): where the allocating thread first touches it. The engine sets
+  // it, before its pinned allocations, to the node of this device's GPU
+  // (several ranks on a machine of several nodes). A node the kernel refuses
+  // (a container that forbids mbind) leaves the memory where it falls, said
+  // once in a warning.
+  void set_pinned_numa_node(int node) STRATA_EXCLUDES(mu_);
+  int pinned_numa_node() const STRATA_EXCLUDES(mu_);
+
   // Pins existing host memory (the caller keeps owning it and must keep it
   // alive until the returned buffer is destroyed). Charged to the pinned budget.
   // Errors: kInvalidArgument for an empty range; kAlreadyExists when part of it
@@ -304,10 +314,14 @@ class Device {
   // device, of live buffers, aligned for their element type. -----------------
   virtual core::Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes) = 0;
   virtual void do_free(std::uint64_t buffer_id, void* p, std::uint64_t size_bytes) noexcept = 0;
-  virtual core::Result<void*> do_allocate_pinned(std::size_t size_bytes) = 0;
+  // `numa_node` >= 0: place the pages on that node (place_on_numa_node).
+  virtual core::Result<void*> do_allocate_pinned(std::size_t size_bytes, int numa_node) = 0;
   virtual void do_free_pinned(void* p, std::size_t size_bytes) noexcept = 0;
   virtual core::Status do_register_host(void* p, std::size_t size_bytes) = 0;
   virtual void do_unregister_host(void* p, std::size_t size_bytes) noexcept = 0;
+  // Places fresh pinned pages on `node` before they are touched or locked;
+  // the kernel's refusal is a warning (once per device), never an error.
+  void place_on_numa_node(void* p, std::size_t size_bytes, int node) STRATA_EXCLUDES(mu_);
 
   virtual core::Result<std::unique_ptr<StreamImpl>> do_create_stream(std::string_view name) = 0;
   virtual core::Result<std::unique_ptr<StreamImpl>> do_wrap_native_stream(void* native_stream,
@@ -375,6 +389,8 @@ class Device {
   };
   std::unordered_map<std::uint64_t, LiveBuffer> live_buffers_ STRATA_GUARDED_BY(mu_);
   std::int64_t live_pinned_ STRATA_GUARDED_BY(mu_) = 0;
+  int pinned_numa_node_ STRATA_GUARDED_BY(mu_) = -1;
+  bool numa_refusal_said_ STRATA_GUARDED_BY(mu_) = false;
   std::int64_t live_streams_ STRATA_GUARDED_BY(mu_) = 0;
   std::int64_t live_events_ STRATA_GUARDED_BY(mu_) = 0;
 };

@@ -237,6 +237,7 @@ void put_cpu_threads(const engine::Engine& e, strata_step_stats* r) {
   r->cpu_adam_threads = t.threads;
   r->cpu_adam_pinned = t.pinned ? 1 : 0;
   r->cpu_adam_numa_node = t.numa_node;
+  r->pinned_memory_numa_node = t.pinned_memory_node;
 }
 
 // A caller's strata_config_options (NULL: defaults) as the engine's ParseOptions.

@@ -3,6 +3,7 @@
 // CUDA streams and events, and the kernels of cuda_kernels.cu. Every CUDA call
 // is checked; an error names the call and CUDA's error name and text.
 #include <cuda_runtime.h>
+#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -199,9 +200,14 @@ class CudaDevice final : public Device {
   // boundaries, and every O_DIRECT read into them failed).
   // The size is rounded up to whole pages; an answer off a page boundary is given back and taken
   // again one page larger, the block's start kept to free it.
-  Result<void*> do_allocate_pinned(std::size_t size_bytes) override {
+  //
+  // On a NUMA node (numa_node >= 0) the pages are mapped here, placed on the node while none is
+  // touched, and then page-locked with cudaHostRegister (which faults them in there): memory
+  // cudaHostAlloc returns is locked already, where it fell, and locked pages do not move.
+  Result<void*> do_allocate_pinned(std::size_t size_bytes, int numa_node) override {
     STRATA_RETURN_IF_ERROR(activate());
     const std::size_t rounded = core::align_up(size_bytes, kPinnedAlignment);
+    if (numa_node >= 0) return allocate_pinned_on_node(rounded, numa_node);
     void* p = nullptr;
     STRATA_CUDA_RETURN_IF_ERROR(cudaHostAlloc, (&p, rounded, cudaHostAllocPortable));
     if (reinterpret_cast<std::uintptr_t>(p) % kPinnedAlignment == 0) return p;
@@ -216,14 +222,43 @@ class CudaDevice final : public Device {
 
   void do_free_pinned(void* p, std::size_t /*size_bytes*/) noexcept override {
     void* base = p;
+    std::size_t mapped = 0;
     {
       core::MutexLock lock(pinned_mu_);
       if (auto it = offset_pinned_.find(p); it != offset_pinned_.end()) {
         base = it->second;
         offset_pinned_.erase(it);
+      } else if (auto m = mapped_pinned_.find(p); m != mapped_pinned_.end()) {
+        mapped = m->second;
+        mapped_pinned_.erase(m);
       }
     }
-    log_if_error(cudaFreeHost(base), "cudaFreeHost");
+    if (mapped == 0) {
+      log_if_error(cudaFreeHost(base), "cudaFreeHost");
+      return;
+    }
+    log_if_error(cudaHostUnregister(p), "cudaHostUnregister");
+    if (::munmap(p, mapped) != 0) {
+      STRATA_LOG(kWarn) << "CUDA device: munmap of pinned memory failed";
+    }
+  }
+
+  // do_allocate_pinned's NUMA-placed memory: `bytes` (whole pages) mapped, placed, registered.
+  Result<void*> allocate_pinned_on_node(std::size_t bytes, int numa_node) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      return Status::out_of_memory(str_cat("CUDA device: cannot map ", core::format_bytes(bytes),
+                                           " of host memory to pin on NUMA node ", numa_node));
+    }
+    place_on_numa_node(p, bytes, numa_node);
+    const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+      ::munmap(p, bytes);
+      return cuda_status(e, "cudaHostRegister");
+    }
+    core::MutexLock lock(pinned_mu_);
+    mapped_pinned_.emplace(p, bytes);
+    return p;
   }
 
   Status do_register_host(void* p, std::size_t size_bytes) override {
@@ -433,6 +468,8 @@ class CudaDevice final : public Device {
   core::Mutex pinned_mu_;
   // Pinned blocks taken one page larger to align them: the address handed out -> cudaHostAlloc's.
   std::unordered_map<void*, void*> offset_pinned_ STRATA_GUARDED_BY(pinned_mu_);
+  // Pinned blocks mapped and registered (do_allocate_pinned on a NUMA node): start -> bytes.
+  std::unordered_map<void*, std::size_t> mapped_pinned_ STRATA_GUARDED_BY(pinned_mu_);
 };
 
 }  // namespace

@@ -289,12 +289,14 @@ class HostDevice final : public Device {
     by_address_.erase(reinterpret_cast<std::uintptr_t>(p));
   }
 
-  Result<void*> do_allocate_pinned(std::size_t size_bytes) override {
+  Result<void*> do_allocate_pinned(std::size_t size_bytes, int numa_node) override {
     void* p = nullptr;
     if (posix_memalign(&p, kPinnedAlignment, size_bytes) != 0) {
       return Status::out_of_memory(str_cat("host device: cannot allocate ", core::format_bytes(size_bytes),
                                            " of pinned (emulated) host memory"));
     }
+    // Pages a small block shares with others already placed move too.
+    place_on_numa_node(p, size_bytes, numa_node);
     return p;
   }
 

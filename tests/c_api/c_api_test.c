@@ -194,6 +194,8 @@ static void train(const char* config, int on_nvme, struct run_result* r, const c
   CHECK_OK(strata_stats(e, &threads));
   CHECK(threads.step == 0 && threads.cpu_adam_threads == 1 && threads.cpu_adam_pinned == 0);
   CHECK(threads.cpu_adam_numa_node >= -1);
+  /* One rank, no strata.cpu_adam.numa_node: the pinned memory is not placed. */
+  CHECK(threads.pinned_memory_numa_node == -1);
   CHECK(threads.cpu_adam_binding != NULL && strstr(threads.cpu_adam_binding, "1 thread, not pinned") != NULL);
   /* One swap path with the optimizer state on nvme, written already (zeroed
    * moments, initial masters); none without. */

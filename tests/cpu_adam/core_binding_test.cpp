@@ -120,6 +120,8 @@ TEST(CoreBinding, EachLocalRankTakesItsShareOfItsGpusNode) {
     // GPUs 0-3 sit on node 0, 4-7 on node 1; each node's 8 cores split 4 ways: 2 each.
     EXPECT_EQ(b->numa_node, l / 4) << "local rank " << l;
     EXPECT_EQ(b->node_from, "GPU " + std::to_string(l));
+    // The rank's pinned memory belongs on its GPU's node too.
+    EXPECT_EQ(b->memory_node, l / 4) << "local rank " << l;
     EXPECT_EQ(b->sharing_ranks, 4);
     EXPECT_EQ(b->share_index, l % 4);
     ASSERT_EQ(b->threads, 2) << "local rank " << l;
@@ -156,7 +158,20 @@ TEST(CoreBinding, EachLocalRankTakesItsShareOfItsGpusNode) {
   auto b = plan_core_binding(o, xml);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->numa_node, 1);
+  EXPECT_EQ(b->memory_node, 1);
   EXPECT_EQ(b->sharing_ranks, 2);
+  // Bind "cores" (every node's) and "none" place no memory; neither does one
+  // rank, whose GPU is not looked up (its memory's node is where it is).
+  for (BindMode mode : {BindMode::kCores, BindMode::kNone}) {
+    o.bind = mode;
+    auto every = plan_core_binding(o, xml);
+    ASSERT_TRUE(every.ok()) << every.status();
+    EXPECT_EQ(every->memory_node, -1) << bind_mode_name(mode);
+  }
+  CpuAdamOptions one = options(BindMode::kAuto);
+  auto alone = plan_core_binding(one, xml);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  EXPECT_EQ(alone->memory_node, -1) << alone->describe();
 }
 
 TEST(CoreBinding, LocalRanksWithoutGpusSplitTheNodeOfTheirMemory) {
@@ -170,6 +185,7 @@ TEST(CoreBinding, LocalRanksWithoutGpusSplitTheNodeOfTheirMemory) {
     ASSERT_TRUE(b.ok()) << b.status();
     EXPECT_EQ(b->sharing_ranks, 2);
     EXPECT_EQ(b->cpus, l == 0 ? (std::vector<int>{0, 2}) : (std::vector<int>{4, 6}));
+    EXPECT_EQ(b->memory_node, -1);  // one node: first touch places the memory
   }
   CpuAdamOptions bad = options(BindMode::kAuto);
   bad.local_rank = 2;
@@ -239,6 +255,7 @@ TEST(CoreBinding, GivenNodeTakesOneThreadPerPhysicalCore) {
   EXPECT_TRUE(b->bound);
   EXPECT_EQ(b->numa_node, 1);
   EXPECT_EQ(b->node_from, "numa_node");
+  EXPECT_EQ(b->memory_node, 1);  // the memory goes where the threads were told to run
   EXPECT_EQ(b->threads, 4);
   EXPECT_EQ(b->cpus, (std::vector<int>{8, 10, 12, 14}));  // never both hyperthreads of a core
   EXPECT_EQ(b->describe(), "4 threads pinned one per physical core of NUMA node 1 (numa_node): CPUs 8,10,12,14");

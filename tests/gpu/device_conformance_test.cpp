@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned_buffer.h"
 #include "core/host_allocator.h"
 #include "core/memory_budget.h"
 #include "core/numerics.h"
@@ -24,6 +25,7 @@
 #include "gpu/cuda_device.h"
 #include "gpu/device.h"
 #include "gpu/host_device.h"
+#include "gpu/host_numa.h"
 
 namespace strata::gpu {
 namespace {
@@ -536,6 +538,51 @@ TEST_P(DeviceTest, PinnedBuffersOfEverySizeStartOnAPage) {
   ASSERT_TRUE(device_->synchronize(stream_).ok());
   EXPECT_EQ(std::memcmp(src.data(), dst.data(), src.size_bytes()), 0);
   live.clear();
+  EXPECT_EQ(pinned_budget_.used_bytes(), 0u);
+}
+
+// A rank's pinned memory goes on its GPU's NUMA node (Device::set_pinned_numa_node): every page of
+// a block, small or large, on the node asked for; a node the kernel refuses leaves the memory usable
+// where it falls. Here the node is the one this thread's pages land on (the only one on a machine
+// of one node), so the test holds on any machine whose kernel says where pages live.
+TEST_P(DeviceTest, PinnedMemoryGoesOnTheNumaNodeAsked) {
+  auto probe = core::AlignedBuffer::allocate(4096, 4096);
+  ASSERT_TRUE(probe.ok());
+  std::memset(probe->data(), 1, 4096);
+  const int node = numa_node_of_page(probe->data());
+  if (node < 0) GTEST_SKIP() << "the kernel does not say where pages live (move_pages refused)";
+  EXPECT_EQ(device_->pinned_numa_node(), -1);
+  device_->set_pinned_numa_node(node);
+  EXPECT_EQ(device_->pinned_numa_node(), node);
+  for (std::size_t size : {std::size_t{4097}, 3 * kMiB + 5}) {
+    auto p = device_->allocate_pinned(size, "staging near the GPU");
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p->data()) % 4096, 0u);
+    for (std::size_t i = 0; i < size; ++i) p->data()[i] = static_cast<std::byte>(i * 11);
+    for (std::size_t at : {std::size_t{0}, (size / 2) & ~std::size_t{4095}, (size - 1) & ~std::size_t{4095}}) {
+      EXPECT_EQ(numa_node_of_page(p->data() + at), node) << size << " bytes, page at " << at;
+    }
+    DeviceBuffer d = alloc(size);
+    auto q = device_->allocate_pinned(size, "readback");
+    ASSERT_TRUE(q.ok()) << q.status();
+    ASSERT_TRUE(device_->copy_h2d(stream_, d.span(), p->bytes()).ok());
+    ASSERT_TRUE(device_->copy_d2h(stream_, q->bytes(), d.span()).ok());
+    ASSERT_TRUE(device_->synchronize(stream_).ok());
+    EXPECT_EQ(std::memcmp(p->data(), q->data(), size), 0);
+  }
+  // The allocator handed to nvme/ places its blocks the same way.
+  auto block = core::HostBlock::allocate(device_->pinned_allocator(), 2 * kMiB, 4096, -1);
+  ASSERT_TRUE(block.ok()) << block.status();
+  std::memset(block->data(), 3, 2 * kMiB);
+  EXPECT_EQ(numa_node_of_page(block->data() + kMiB), node);
+  // A node no machine has: the kernel refuses, the memory is still given (a warning says so once).
+  device_->set_pinned_numa_node(1000);
+  auto far = device_->allocate_pinned(kMiB, "staging on a node that is not there");
+  ASSERT_TRUE(far.ok()) << far.status();
+  std::memset(far->data(), 7, kMiB);
+  far->reset();
+  device_->set_pinned_numa_node(-1);
+  EXPECT_EQ(device_->pinned_numa_node(), -1);
   EXPECT_EQ(pinned_budget_.used_bytes(), 0u);
 }
 

@@ -190,6 +190,7 @@ def test_step_stats_say_where_the_cpu_optimizer_threads_run(swap_dir):
         before = e.stats()
         assert before.cpu_adam_threads == 2 and not before.cpu_adam_pinned
         assert before.cpu_adam_binding == "2 threads, not pinned (bind none)"
+        assert before.pinned_memory_numa_node == -1  # bind none: the pinned memory is not placed
         info = e.group_info("layer")
         e.fetch_host("layer", torch.empty(info.numel))
         e.grads_host("layer", torch.full((info.numel,), 0.01))

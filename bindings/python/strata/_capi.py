@@ -107,7 +107,8 @@ class StepStatsC(ctypes.Structure):
                 ("resident_bytes", ctypes.c_uint64), ("norm_step", ctypes.c_int64),
                 ("bytes_nvme_read_total", ctypes.c_uint64), ("bytes_nvme_write_total", ctypes.c_uint64),
                 ("cpu_adam_binding", ctypes.c_char_p), ("cpu_adam_threads", ctypes.c_int32),
-                ("cpu_adam_pinned", ctypes.c_int32), ("cpu_adam_numa_node", ctypes.c_int32)]
+                ("cpu_adam_pinned", ctypes.c_int32), ("cpu_adam_numa_node", ctypes.c_int32),
+                ("pinned_memory_numa_node", ctypes.c_int32)]
 
 
 class SwapStatsC(ctypes.Structure):

@@ -216,6 +216,9 @@ class StepStats:
     cpu_adam_threads: int = 0
     cpu_adam_pinned: bool = False
     cpu_adam_numa_node: int = -1
+    # The NUMA node the pinned memory was placed on (this rank's GPU's, several ranks on a machine of
+    # several nodes, or strata.cpu_adam.numa_node); -1: where first touched.
+    pinned_memory_numa_node: int = -1
     adapter_seconds: float = 0.0  # strata.torch: its own time in the step (hooks, copies); not from the C API
 
     @classmethod

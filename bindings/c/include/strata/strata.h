@@ -542,10 +542,14 @@ typedef struct strata_step_stats {
   int32_t cpu_adam_pinned;      /* nonzero: its worker threads are pinned, one per physical core */
   int32_t cpu_adam_numa_node;   /* the NUMA node (the OS's number) of the chosen cores; -1: none or
                                    several */
+  /* (0.5) The NUMA node the engine's pinned memory was placed on: the node of this rank's GPU (several
+   * local ranks) or strata.cpu_adam.numa_node, on a machine of several nodes; -1: not placed (the
+   * pages lie where the allocating thread first touched them). */
+  int32_t pinned_memory_numa_node;
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT                                                                             \
   {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
-   NULL, 0, 0, 0}
+   NULL, 0, 0, 0, -1}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
