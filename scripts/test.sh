@@ -126,7 +126,8 @@ run_stage "test (asan+ubsan)" env GTEST_FILTER="-$(IFS=:; echo "${asan_slow[*]}"
 # ThreadSanitizer (GCC, no CUDA): only the threaded tests, listed in tsan_tests
 # as "folder/test name" (the executable is tests/<folder>/<name>_test).
 tsan_tests=(
-  e2e/e2e_threads e2e/e2e_placement e2e/e2e_checkpoint
+  e2e/e2e_threads e2e/e2e_placement e2e/e2e_checkpoint e2e/e2e_ranks
+  partition/partition_communicator
   gpu/gpu_device_conformance gpu/gpu_host_timing
   nvme/nvme_io_backend nvme/nvme_swap_store nvme/nvme_fault_injection nvme/nvme_direct_file
   engine/engine_gradient_path engine/engine_optimizer_runner engine/engine_disk_pipeline
@@ -147,8 +148,14 @@ tsan_slow=(
   Placement.DelayedUpdateComputesWithTheWeightsFromBeforeTheLastStep
   Placement.EvaluationPassesBetweenStepsChangeNothing
   Placement.FineTunesFromASafetensorsFile
+  Placement.TheSmallestDeviceBudgetTheMessageNamesTrains
+  Placement.TheSmallestPinnedBudgetTheMessageNamesTrains
+  Placement.TheSmallestDiskBudgetTheMessageNamesTrains
   Checkpoint.ResumesBitIdenticallyUnderAnotherPlacement
   Checkpoint.CrashInsideSaveLeavesThePreviousOneLoadable
+  Checkpoint.FlippedBitsInStateOrFrameworkAreDataLossNamingTheFile
+  '*RanksMatchAccumulation*'
+  RanksTest.AccumulationOnEachRankStaysWithinFp32Rounding
 )
 tsan_filter="-$(IFS=:; echo "${tsan_slow[*]}")"
 tsan_targets=(tests/nvme/nvme_lock_probe)
