@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "core/aligned_buffer.h"
 #include "core/numerics.h"
 #include "core/str.h"
 
@@ -91,21 +92,35 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
                               : kParamAlignElems;
   l.places.resize(params.size());
   std::int64_t trainable = 0;
+  // A group's frozen parameters come first in its compute buffer and its
+  // trainable ones after them, from a direct-I/O boundary on when the group
+  // has both: the part a step rewrites is one aligned range, so only it is
+  // written home (a frozen base is never rewritten: LoRA) and only its
+  // gradients come down.
+  const std::int64_t tail_align = std::max<std::int64_t>(
+      kParamAlignElems, static_cast<std::int64_t>(core::kDirectIoAlignment) / l.compute_bytes);
   for (std::size_t gi = 0; gi < l.groups.size(); ++gi) {
     GroupPlace& g = l.groups[gi];
     std::int64_t compute = 0, own = 0, frozen = 0;
-    for (std::size_t pi : g.params) {
-      const std::int64_t n = params[pi].numel();
-      ParamPlace& place = l.places[pi];
-      place.group = gi;
-      place.compute_offset = compute;
-      compute = round_up(compute + n, kParamAlignElems);
-      if (params[pi].trainable) {
-        place.trainable_offset = trainable + own;
-        own = round_up(own + n, trainable_align);
-      } else if (l.compute_sharded) {
-        place.frozen_offset = frozen;
-        frozen = round_up(frozen + n, kParamAlignElems);
+    bool any_frozen = false, any_trainable = false;
+    for (std::size_t pi : g.params) (params[pi].trainable ? any_trainable : any_frozen) = true;
+    for (const bool trainable_pass : {false, true}) {
+      if (trainable_pass && any_frozen && any_trainable) compute = round_up(compute, tail_align);
+      if (trainable_pass) g.trainable_compute_begin = compute;
+      for (std::size_t pi : g.params) {
+        if (params[pi].trainable != trainable_pass) continue;
+        const std::int64_t n = params[pi].numel();
+        ParamPlace& place = l.places[pi];
+        place.group = gi;
+        place.compute_offset = compute;
+        compute = round_up(compute + n, kParamAlignElems);
+        if (params[pi].trainable) {
+          place.trainable_offset = trainable + own;
+          own = round_up(own + n, trainable_align);
+        } else if (l.compute_sharded) {
+          place.frozen_offset = frozen;
+          frozen = round_up(frozen + n, kParamAlignElems);
+        }
       }
     }
     g.compute_elems = compute;

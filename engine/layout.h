@@ -4,7 +4,11 @@
 //
 // - Each fetch group (usually a layer) packs its parameters' compute copies
 //   into one flat buffer, each parameter starting on a kParamAlignElems
-//   boundary, in registration order.
+//   boundary: its frozen parameters first, then its trainable ones from a
+//   direct-I/O boundary (4096 bytes) on, each kind in registration order
+//   (trainable_compute_begin), so that what a step rewrites is one range of
+//   the buffer: only it goes home (a frozen base is never rewritten) and
+//   only its gradients come down.
 // - With a blockwise optimizer state (strata.optimizer_state int8_blockwise)
 //   trainable parameters start on a quantization block boundary (256) of
 //   the trainable space instead, so that no block spans two parameters.
@@ -83,6 +87,10 @@ struct GroupPlace {
   std::string name;
   std::vector<std::size_t> params;   // in registration order
   std::int64_t compute_elems = 0;    // size of the compute buffer, padding included
+  // Where its trainable parameters start in the compute buffer: after the
+  // frozen ones, on a direct-I/O boundary when the group has both (0 when it
+  // has no frozen one; compute_elems when it has no trainable one).
+  std::int64_t trainable_compute_begin = 0;
   std::int64_t trainable_begin = 0;  // norm-block aligned
   std::int64_t trainable_elems = 0;  // padded to whole norm blocks; 0 when all frozen
   Tier compute_tier = Tier::kDevice;
@@ -175,6 +183,21 @@ struct Layout {
   }
   std::uint64_t home_bytes(const GroupPlace& g) const {
     return static_cast<std::uint64_t>(home_elems(g)) * static_cast<std::uint64_t>(compute_bytes);
+  }
+  // The bytes [lo, hi) of a group's home that a step rewrites: its trainable
+  // part (the whole home when every parameter trains; empty when none
+  // does), at one end of the home and starting on a direct-I/O boundary.
+  // The rest, the frozen parameters' copies, is written at finalize and by a
+  // checkpoint's load, never by a step.
+  struct ByteRange {
+    std::uint64_t lo = 0, hi = 0;
+    std::uint64_t size() const { return hi - lo; }
+  };
+  ByteRange trainable_home_range(const GroupPlace& g) const {
+    const auto cb = static_cast<std::uint64_t>(compute_bytes);
+    if (g.trainable_elems == 0) return {};
+    if (compute_sharded) return {0, static_cast<std::uint64_t>(g.shard_elems) * cb};
+    return {static_cast<std::uint64_t>(g.trainable_compute_begin) * cb, static_cast<std::uint64_t>(g.compute_elems) * cb};
   }
   // Whether a fetch hands out the group's home itself (a whole home on the
   // device), not a copy of it.

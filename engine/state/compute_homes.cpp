@@ -35,7 +35,14 @@ core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& l
       }
       case Tier::kNvme:
         home.block_id = str_cat("compute/", g);
-        STRATA_RETURN_IF_ERROR(swap->allocate(home.block_id, bytes));
+        if (h->frozen_apart(g)) {
+          const Layout::ByteRange t = layout.trainable_home_range(gp);
+          home.frozen_block_id = str_cat("compute/", g, "/frozen");
+          STRATA_RETURN_IF_ERROR(swap->allocate(home.block_id, t.size()));
+          STRATA_RETURN_IF_ERROR(swap->allocate(home.frozen_block_id, bytes - t.size()));
+        } else {
+          STRATA_RETURN_IF_ERROR(swap->allocate(home.block_id, bytes));
+        }
         break;
     }
   }
@@ -57,11 +64,22 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
   if (tier == Tier::kDevice) {
     STRATA_RETURN_IF_ERROR(lane_d2h(device_, trace_, lane, host, home.device_home.span()));
   } else {
-    STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(home.block_id, host));
-    STRATA_RETURN_IF_ERROR(io.wait());
-    lane.bytes->add_nvme_read(io.path_bytes());
+    for (const auto& [id, r] : nvme_parts(g)) {
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(*id, host.subspan(r.lo, r.size())));
+      STRATA_RETURN_IF_ERROR(io.wait());
+      lane.bytes->add_nvme_read(io.path_bytes());
+    }
   }
   return host;
+}
+
+std::vector<std::pair<const std::string*, Layout::ByteRange>> ComputeHomes::nvme_parts(std::size_t g) const {
+  const Group& home = groups_[g];
+  const std::uint64_t n = bytes(g);
+  if (home.frozen_block_id.empty()) return {{&home.block_id, {0, n}}};
+  const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
+  const Layout::ByteRange frozen = t.lo == 0 ? Layout::ByteRange{t.hi, n} : Layout::ByteRange{0, t.lo};
+  return {{&home.frozen_block_id, frozen}, {&home.block_id, t}};
 }
 
 core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::PinnedBuffer& staging,
@@ -169,6 +187,12 @@ bool ComputeHomes::rewritten_whole(std::size_t g) const {
   return !gp.params.empty();
 }
 
+bool ComputeHomes::frozen_apart(std::size_t g) const {
+  const GroupPlace& gp = layout_.groups[g];
+  const Layout::ByteRange t = layout_.trainable_home_range(gp);
+  return t.size() > 0 && t.size() < bytes(g);
+}
+
 core::Result<std::span<std::byte>> ComputeHomes::blank(std::size_t g, gpu::PinnedBuffer& staging) {
   if (layout_.groups[g].compute_tier == Tier::kPinned) return groups_[g].pinned_home.bytes();
   const std::uint64_t n = bytes(g);
@@ -187,7 +211,30 @@ core::Status ComputeHomes::commit(std::size_t g, std::span<const std::byte> host
     case Tier::kDevice:
       return lane_h2d(device_, trace_, lane, home.device_home.span(), host);
     case Tier::kNvme: {
-      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(home.block_id, host));
+      for (const auto& [id, r] : nvme_parts(g)) {
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(*id, host.subspan(r.lo, r.size())));
+        STRATA_RETURN_IF_ERROR(io.wait());
+        lane.bytes->add_nvme_write(io.path_bytes());
+      }
+      return Status();
+    }
+  }
+  return Status();
+}
+
+core::Status ComputeHomes::commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane) {
+  if (!frozen_apart(g)) return commit(g, host, lane);
+  Group& home = groups_[g];
+  const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
+  const std::span<const std::byte> part = host.subspan(t.lo, t.size());
+  switch (layout_.groups[g].compute_tier) {
+    case Tier::kPinned:
+      if (host.data() != home.pinned_home.data()) std::memcpy(home.pinned_home.data() + t.lo, part.data(), part.size());
+      return Status();
+    case Tier::kDevice:
+      return lane_h2d(device_, trace_, lane, home.device_home.span().subspan(t.lo, t.size()), part);
+    case Tier::kNvme: {
+      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(home.block_id, part));
       STRATA_RETURN_IF_ERROR(io.wait());
       lane.bytes->add_nvme_write(io.path_bytes());
       return Status();
@@ -219,7 +266,7 @@ core::Result<bool> ComputeHomes::commit_pending(const CopyLane& lane) {
     if (layout_.groups[g].compute_tier == Tier::kPinned && home.pending.size_bytes() == home.pinned_home.size_bytes()) {
       std::swap(home.pinned_home, home.pending);
     } else {
-      s = commit(g, home.pending.bytes().first(home.pending_bytes), lane);
+      s = commit_trainable(g, home.pending.bytes().first(home.pending_bytes), lane);
     }
     pinned_cache_.put(std::move(home.pending));
     home.pending = {};

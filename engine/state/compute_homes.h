@@ -55,6 +55,10 @@ class ComputeHomes {
   core::Result<std::span<std::byte>> blank(std::size_t g, gpu::PinnedBuffer& staging);
   // True when a step rewrites every parameter's compute copies in group g.
   bool rewritten_whole(std::size_t g) const;
+  // True when group g has frozen and trainable parameters: its home's
+  // trainable range (Layout::trainable_home_range) is all a step rewrites,
+  // and on nvme it is a swap block of its own, the frozen part another.
+  bool frozen_apart(std::size_t g) const;
   // compute_sharded: group g's compute copies whole in host memory (staging
   // from the pinned cache, as load's): every rank's home gathered over the
   // ranks and unpacked (padding zero). This rank gives its pending copy
@@ -70,6 +74,11 @@ class ComputeHomes {
                                             bool pending = false, core::Status local = {});
   // Writes a host view of group g's compute copies home on `lane`.
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
+  // A step's commit: of `host` (the whole home's view), the trainable range
+  // alone goes home; the frozen part of the home is neither read nor written
+  // (the frozen base of a LoRA run: no SSD write, no copy). The whole home
+  // when every parameter trains.
+  core::Status commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
 
   // The homes themselves (device: fetch's view; pinned: the optimizer's).
   gpu::DeviceBuffer& device_home(std::size_t g) { return groups_[g].device_home; }
@@ -85,7 +94,8 @@ class ComputeHomes {
     return groups_[g].pending_bytes > 0 ? groups_[g].pending.data() : nullptr;
   }
   // Sends every pending copy home (a pinned home of the same size is
-  // swapped with it); true when there was one. Errors name the group.
+  // swapped with it; else commit_trainable); true when there was one.
+  // Errors name the group.
   core::Result<bool> commit_pending(const CopyLane& lane);
   // Gives every pending copy back to the cache (load_checkpoint replaces them).
   void drop_pending();
@@ -98,10 +108,15 @@ class ComputeHomes {
   struct Group {
     gpu::DeviceBuffer device_home;
     gpu::PinnedBuffer pinned_home;
-    std::string block_id;  // nvme
+    std::string block_id;  // nvme: the home, or with frozen_apart its trainable range
+    std::string frozen_block_id;  // nvme, frozen_apart: the rest of the home
     gpu::PinnedBuffer pending;
     std::uint64_t pending_bytes = 0;
   };
+  // Group g's nvme blocks and the bytes of the home each holds: the home's
+  // one block, or with frozen_apart the frozen part's block, then the
+  // trainable range's.
+  std::vector<std::pair<const std::string*, Layout::ByteRange>> nvme_parts(std::size_t g) const;
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
                BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks)
       : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace), ranks_(ranks) {}

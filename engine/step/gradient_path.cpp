@@ -74,7 +74,7 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
       }
     }
     Status s = written != nullptr ? parts_.device.synchronize(*written) : Status();
-    core::Result<gpu::PinnedBuffer> wire = s.ok() ? copy_down(grad, parts_.inline_lane) : core::Result<gpu::PinnedBuffer>(s);
+    core::Result<gpu::PinnedBuffer> wire = s.ok() ? copy_down(g, grad, parts_.inline_lane) : core::Result<gpu::PinnedBuffer>(s);
     parts_.device_cache.put(std::move(grad));
     s = wire.ok() ? pass(g, std::move(wire).value(), micro_step) : wire.status();
     if (!s.ok() && parts_.ranks != nullptr) fail(s);
@@ -112,7 +112,7 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     const core::Stopwatch clock;
     Status s = written != nullptr ? parts_.device.wait(stream_, *written) : Status();
     core::Result<gpu::PinnedBuffer> wire =
-        s.ok() ? copy_down(*buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}) : core::Result<gpu::PinnedBuffer>(s);
+        s.ok() ? copy_down(g, *buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}) : core::Result<gpu::PinnedBuffer>(s);
     parts_.device_cache.put(std::move(*buffer));
     copy_seconds_ += clock.elapsed_s();
     {
@@ -151,10 +151,18 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
   return Status();
 }
 
-core::Result<gpu::PinnedBuffer> GradientPath::copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane) {
-  // Device -> host, in the compute dtype and the compute layout.
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, parts_.pinned_cache.get(grad.size_bytes(), "gradient staging"));
-  STRATA_RETURN_IF_ERROR(lane_d2h(parts_.device, parts_.trace, lane, wire.bytes(), grad.span()));
+core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,
+                                                         const CopyLane& lane) {
+  // Device -> host, in the compute dtype and the compute layout: the group's
+  // trainable part alone (its frozen parameters, first in the buffer, have
+  // no gradients).
+  const GroupPlace& gp = parts_.layout.groups[g];
+  const auto cb = static_cast<std::uint64_t>(parts_.layout.compute_bytes);
+  const std::uint64_t from = static_cast<std::uint64_t>(gp.trainable_compute_begin) * cb;
+  const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * cb - from;
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, parts_.pinned_cache.get(bytes, "gradient staging"));
+  STRATA_RETURN_IF_ERROR(
+      lane_d2h(parts_.device, parts_.trace, lane, wire.bytes().first(bytes), grad.span().subspan(from, bytes)));
   return wire;
 }
 
@@ -169,7 +177,8 @@ core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro
   for (std::size_t pi : gp.params) {
     const ParamPlace& pl = layout.places[pi];
     if (pl.trainable_offset < 0) continue;
-    std::memcpy(packed.data() + (pl.trainable_offset - gp.trainable_begin) * cb, wire.data() + pl.compute_offset * cb,
+    std::memcpy(packed.data() + (pl.trainable_offset - gp.trainable_begin) * cb,
+                wire.data() + (pl.compute_offset - gp.trainable_compute_begin) * cb,
                 static_cast<std::size_t>(layout.params[pi].numel()) * static_cast<std::size_t>(cb));
   }
   // With several ranks the pass writes this micro-batch's fp32 gradients

@@ -138,7 +138,7 @@ class GradientPath {
 
  private:
   GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
-  core::Result<gpu::PinnedBuffer> copy_down(const gpu::DeviceBuffer& grad, const CopyLane& lane);
+  core::Result<gpu::PinnedBuffer> copy_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   // Several ranks: the group's fp32 gradients of this micro-batch in
   // `local` (the trainable layout) summed over the ranks into the rank's

@@ -431,9 +431,11 @@ core::Status Optimizer::JobRun::open_group(std::size_t g) {
                                                                                : "speculative compute copies"));
     std::memcpy(o.buffer.data(), home.data(), home.size());
     o.compute = o.buffer.bytes();
-  } else if (homes.rewritten_whole(g)) {
-    // Every parameter's copies are written below: the old ones are not read
-    // (no disk read or device copy for a home on nvme or the device).
+  } else if (homes.rewritten_whole(g) || (homes.frozen_apart(g) && !job_.holds_compute_pending())) {
+    // Every trainable parameter's copies are written below and only they go
+    // home (commit_trainable): the old ones are not read (no disk read or
+    // device copy for a home on nvme or the device). A copy held pending
+    // (delayed) is whole, since the next forward's fetches read it.
     STRATA_ASSIGN_OR_RETURN(o.compute, homes.blank(g, o.buffer));
   } else {
     STRATA_ASSIGN_OR_RETURN(o.compute, homes.load(g, o.buffer, lane_));
@@ -529,7 +531,7 @@ core::Status Optimizer::JobRun::commit_group(std::size_t g) {
   } else if (job_.shadows_pinned_compute() && gp.compute_tier == Tier::kPinned) {
     std::swap(homes.pinned_home(g), o.buffer);  // the shadow is the new home
   } else {
-    STRATA_RETURN_IF_ERROR(homes.commit(g, o.compute, lane_));
+    STRATA_RETURN_IF_ERROR(homes.commit_trainable(g, o.compute, lane_));
   }
   o_.parts_.trace.span(TraceTrack::kOptimizer, str_cat("step ", job_.step, " group ", gp.name), o.begin_ns,
                        core::monotonic_ns());

@@ -64,13 +64,15 @@ void expect_same_state(const RunResult& got, const RunResult& want) {
 
 // One step's traffic, from the layout (every group fetched twice per micro-batch,
 // gradients for every trainable group): compute copies cross the link on each
-// fetch unless they live on the device, gradients come down once (2 B), the
-// optimizer commits each group's compute copies to their home (reading the
-// old ones first only when a frozen parameter's are among them), nvme chunks
-// are read and written once (the optimizer's state: AdamW 12 B per element,
-// 8 with bf16 moments), device chunks take their
+// fetch unless they live on the device, gradients come down once (2 B) for
+// the group's trainable part (its frozen parameters, first in its buffer,
+// have none), the optimizer commits the trainable part of each group's
+// compute copies to their home (reading the old ones first only under
+// "delayed", whose pending copy is whole, when a frozen parameter's are among
+// them), nvme chunks are read and written once (the optimizer's state: AdamW
+// 12 B per element, 8 with bf16 moments), device chunks take their
 // gradients up and send new compute copies down.
-StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
+StepBytes memory_model(const Layout& l, std::uint64_t micro_batches, bool delayed = false) {
   StepBytes b;
   const std::uint64_t cb = static_cast<std::uint64_t>(l.compute_bytes),
                       gb = static_cast<std::uint64_t>(l.grad_bytes);
@@ -81,15 +83,15 @@ StepBytes memory_model(const Layout& l, std::uint64_t micro_batches) {
     if (g.compute_tier != Tier::kDevice) b.h2d += fetches * compute;
     if (g.compute_tier == Tier::kNvme) b.nvme_read += fetches * compute;
     if (!trainable) continue;
-    b.d2h += micro_batches * compute;  // gradients, laid out like the compute copies
-    const bool reads_old = std::any_of(g.params.begin(), g.params.end(),
-                                       [&](std::size_t pi) { return !l.params[pi].trainable; });
+    const std::uint64_t rewritten = compute - static_cast<std::uint64_t>(g.trainable_compute_begin) * cb;
+    b.d2h += micro_batches * rewritten;  // gradients, laid out like the compute copies
+    const bool reads_old = delayed && rewritten < compute;
     if (g.compute_tier == Tier::kDevice) {
       b.d2h += reads_old ? compute : 0;
-      b.h2d += compute;
+      b.h2d += rewritten;
     } else if (g.compute_tier == Tier::kNvme) {
       b.nvme_read += reads_old ? compute : 0;
-      b.nvme_write += compute;
+      b.nvme_write += rewritten;
     }
   }
   for (const ChunkPlace& c : l.chunks) {
@@ -206,7 +208,8 @@ class Placement : public MlpTest {
       t.nvme_paths.clear();  // the memory model counts tiers; swap_traffic_test.cpp checks the paths
       r.traffic.push_back(t);
     }
-    r.expected_bytes = memory_model(e.layout(), static_cast<std::uint64_t>(c.gradient_accumulation_steps));
+    r.expected_bytes = memory_model(e.layout(), static_cast<std::uint64_t>(c.gradient_accumulation_steps),
+                                    c.strata.overlap == OverlapMode::kDelayed);
     for (const Tensor& t : kTensors) {
       std::vector<float> v(
           static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
@@ -441,10 +444,11 @@ TEST_F(Placement, FrozenBaseTrainsOnlyTheTrainablePart) {
   EXPECT_EQ(r.traffic.back(), r.expected_bytes);
 }
 
-// A group with a frozen parameter beside trainable ones: the optimizer reads
-// the group's old compute copies before writing the new ones (the frozen
-// one's stay as they were), in every compute home; a group with none frozen
-// is not read (the memory model counts both).
+// A group with a frozen parameter beside trainable ones: the frozen one's
+// compute copies stay as they were in every compute home; the optimizer
+// neither reads them nor writes them back (the group's trainable part goes
+// home alone), and only the trainable part's gradients come down (the memory
+// model counts it).
 TEST_F(Placement, AFrozenParameterKeepsItsComputeCopiesInAGroupThatTrains) {
   frozen_ = {"l1.w"};
   for (const OffloadDevice params : {OffloadDevice::kNone, OffloadDevice::kCpu, OffloadDevice::kNvme}) {

@@ -76,14 +76,15 @@ class GradientPathTest : public ::testing::Test {
   }
 
   // Group g's gradients for micro-batch `mb` (compute dtype, compute layout),
-  // in a device buffer; `poison` puts a NaN in.
+  // in a device buffer; `poison` puts a NaN in (in a trainable parameter's:
+  // a frozen one's, first in the buffer, never comes down).
   gpu::DeviceBuffer grads_of(std::size_t g, int mb, bool poison = false) {
     const GroupPlace& gp = layout_.groups[g];
     const int cb = layout_.compute_bytes;
     std::vector<std::byte> host(static_cast<std::size_t>(gp.compute_elems) * cb);
     for (std::int64_t i = 0; i < gp.compute_elems; ++i) {
       const float v = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(g) + 0.5f * mb);
-      const float x = poison && i == 7 ? std::numeric_limits<float>::quiet_NaN() : v;
+      const float x = poison && i == gp.trainable_compute_begin + 7 ? std::numeric_limits<float>::quiet_NaN() : v;
       if (cb == 2) {
         const std::uint16_t b = nx::fp32_to_bf16_bits(x);
         std::memcpy(host.data() + i * 2, &b, 2);
@@ -125,8 +126,12 @@ TEST_F(GradientPathTest, SameGradientsAndNormWhateverTheArrivalOrderAndThreads) 
   const double norm = reference->raw_norm();
   EXPECT_GT(norm, 0.0);
   EXPECT_FALSE(reference->take_nonfinite());
-  EXPECT_EQ(bytes_.d2h, (layout_.groups[0].compute_elems + layout_.groups[1].compute_elems +
-                         layout_.groups[2].compute_elems) * 2u);  // in line: the step's lane
+  // In line (the step's lane): each group's trainable part alone comes down; group 1's frozen
+  // parameter, first in its buffer, has no gradient.
+  std::int64_t down = 0;
+  for (const GroupPlace& gp : layout_.groups) down += gp.compute_elems - gp.trainable_compute_begin;
+  EXPECT_GT(layout_.groups[1].trainable_compute_begin, 0);
+  EXPECT_EQ(bytes_.d2h, static_cast<std::uint64_t>(down) * 2u);
   for (const std::vector<std::size_t>& order : {std::vector<std::size_t>{2, 1, 0}, {1, 2, 0}}) {
     auto p = make(/*threaded=*/true);
     for (std::size_t g : order) ASSERT_TRUE(p->submit(g, grads_of(g, 0), nullptr, 0, nullptr, nullptr).ok());

@@ -57,6 +57,42 @@ TEST(Layout, OffsetsAlignAndTheTrainableSpaceStartsGroupsOnNormBlocks) {
   EXPECT_EQ(l->grad_bytes, 2);  // bf16, no accumulation
 }
 
+// LoRA's shape: a group holding a frozen base weight and small trainable
+// adapters, registered interleaved. The frozen parameters come first in the
+// compute buffer, the trainable ones after them from a 4096-byte boundary, so
+// that what a step rewrites (and the gradients that come down) is one range.
+TEST(Layout, AGroupsFrozenParametersComeFirstAndItsTrainableOnesFromAnAlignedBoundary) {
+  const std::vector<ParamDesc> model = {
+      {"q.weight", {300, 100}, "l0", /*trainable=*/false, 0},
+      {"q.lora_A", {4, 100}, "l0", true, 0},
+      {"q.lora_B", {300, 4}, "l0", true, 0},
+      {"o.weight", {100, 300}, "l0", false, 0},
+      {"norm", {100}, "l1", true, 0},
+  };
+  auto l = plan_layout(model, {{"decay", 0.0}}, config_with(OffloadDevice::kCpu, OffloadDevice::kNvme, 8 * kB));
+  ASSERT_TRUE(l.ok()) << l.status();
+  const GroupPlace& g = l->groups[0];
+  // bf16 copies: 30000 + 30000 frozen elements (each on a 64 boundary: 30016 + 30000), then the
+  // adapters from the next multiple of 2048 elements (4096 bytes) on, in registration order.
+  EXPECT_EQ(l->places[0].compute_offset, 0);
+  EXPECT_EQ(l->places[3].compute_offset, 30016);
+  EXPECT_EQ(g.trainable_compute_begin, 61440);  // 60016 rounded up to 30 x 2048
+  EXPECT_EQ(l->places[1].compute_offset, 61440);
+  EXPECT_EQ(l->places[2].compute_offset, 61440 + 448);  // 400 rounded up to 64
+  EXPECT_EQ(g.compute_elems, 61440 + 448 + 1216);
+  // The trainable space is as before: the adapters in registration order.
+  EXPECT_EQ(l->places[1].trainable_offset, 0);
+  EXPECT_EQ(l->places[2].trainable_offset, 448);
+  const Layout::ByteRange t = l->trainable_home_range(g);
+  EXPECT_EQ(t.lo, 61440u * 2);
+  EXPECT_EQ(t.hi, static_cast<std::uint64_t>(g.compute_elems) * 2);
+  EXPECT_EQ(t.lo % 4096, 0u);
+  // A group wholly trainable or wholly frozen keeps its order, unpadded.
+  EXPECT_EQ(l->groups[1].trainable_compute_begin, 0);
+  EXPECT_EQ(l->trainable_home_range(l->groups[1]).lo, 0u);
+  EXPECT_EQ(l->trainable_home_range(l->groups[1]).hi, l->home_bytes(l->groups[1]));
+}
+
 TEST(Layout, ChunksAreWholeBlocksAndNeverCrossAGroup) {
   // chunk_bytes of 2 blocks of fp32 master: each 5-block group cuts 2, 2, 1.
   auto l = plan_layout(small_model(), {{"decay", 0.1}, {"no_decay", 0.0}},
