@@ -11,6 +11,9 @@ copies in pinned memory, optimizer state on NVMe under ./strata_swap).
     examples/python/train_llama.py --steps 300 --size base
     examples/python/train_llama.py --export out      # then fine-tune from it:
     examples/python/train_llama.py --init-from out --steps 50
+    examples/python/train_llama.py --init-from out --lora 16 --export adapter [--export-merged merged]
+                                                     # LoRA: the base frozen, the adapters trained and
+                                                     # exported as PEFT writes them
     examples/python/train_llama.py --checkpoint ckpt --save-every 50 [--resume]
     examples/python/train_llama.py --hf              # transformers.LlamaForCausalLM, same adapter
 
@@ -156,6 +159,18 @@ def parse_args(argv=None):
     ap.add_argument("--export", help="write the final weights (safetensors, Hugging Face names) here")
     ap.add_argument("--init-from", help="fine-tune: take the initial weights from this safetensors directory "
                                         "(built on the meta device: the host never holds the whole model)")
+    ap.add_argument("--lora", type=int_in(1, 1 << 16), metavar="RANK",
+                    help="LoRA: adapters of this rank on the attention and MLP projections (strata.torch.lora), "
+                         "the base frozen (compute copies only, no optimizer state); --export then writes the "
+                         "adapters alone, as PEFT does (adapter_model.safetensors, adapter_config.json)")
+    ap.add_argument("--lora-alpha", type=positive_float, metavar="ALPHA",
+                    help="with --lora: the adapters' scale is ALPHA / RANK (default: 2 x RANK)")
+    ap.add_argument("--lora-targets", metavar="NAMES",
+                    help="with --lora: the Linear layers (by name) that get adapters, comma-separated (default: "
+                         f"{','.join(strata.torch.lora.DEFAULT_TARGETS)})")
+    ap.add_argument("--export-merged", metavar="DIR",
+                    help="with --lora: also write the model with the adapters merged into the base (safetensors, "
+                         "Hugging Face names), loadable without strata or peft")
     ap.add_argument("--hf", action="store_true", help="train transformers.LlamaForCausalLM built from a config")
     ap.add_argument("--tie", action="store_true", help="tie the output projection to the embedding")
     ap.add_argument("--checkpointing", action="store_true", help="activation checkpointing of each layer")
@@ -184,6 +199,14 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     if (args.resume or args.save_every) and not args.checkpoint:
         ap.error("--resume and --save-every need --checkpoint DIR")
+    if args.lora is None and (args.lora_alpha is not None or args.lora_targets is not None or args.export_merged):
+        ap.error("--lora-alpha, --lora-targets and --export-merged need --lora RANK")
+    if args.export_merged and not args.export:
+        ap.error("--export-merged needs --export DIR (where the adapters go)")
+    names = args.lora_targets if args.lora_targets is not None else ",".join(strata.torch.lora.DEFAULT_TARGETS)
+    args.lora_targets = tuple(t for t in names.split(",") if t)
+    if not args.lora_targets:
+        ap.error("--lora-targets: give at least one layer name")
     if args.build_device == "cuda" and not torch.cuda.is_available():
         ap.error("--build-device cuda: torch sees no CUDA device")
     return args
@@ -267,9 +290,27 @@ def save(engine, args, stream, step):
                           f"--resume") from None
 
 
-def export(engine, args):
-    """The weights as safetensors under --export; a failure raises OutputError
-    naming the flag."""
+def export(engine, args, model=None):
+    """The weights as safetensors under --export (with --lora the adapters
+    alone, as PEFT writes them, and with --export-merged the merged model
+    too); a failure raises OutputError naming the flag."""
+    dtype = torch.bfloat16 if engine.dtype == torch.bfloat16 else torch.float32
+    if args.lora:
+        flag = "--export"
+        try:
+            while_signals_act(strata.torch.lora.save_adapter, args.export, model,
+                              engine.state_dict(trainable_only=True), dtype=dtype)
+            if args.export_merged:
+                flag = "--export-merged"
+                merged = strata.torch.lora.merged_state_dict(model, engine.state_dict())
+                os.makedirs(args.export_merged, exist_ok=True)
+                while_signals_act(strata.torch.safetensors.save_file, {k: v.to(dtype) for k, v in merged.items()},
+                                  os.path.join(args.export_merged, "model.safetensors"), {"format": "pt"})
+        except (strata.errors.Error, OSError) as e:
+            if args.debug:
+                raise
+            raise OutputError(f"{flag}: the export failed: {e}: free space there or point {flag} elsewhere") from None
+        return
     try:
         while_signals_act(engine.export, args.export, dtype="bf16" if engine.dtype == torch.bfloat16 else "f32")
     except strata.errors.Error as e:
@@ -543,7 +584,12 @@ def outputs(args, n, resolved):
         out.append(("--checkpoint", args.checkpoint, 16 * n, f"one checkpoint of {n} parameters (up to 16 bytes each)"))
     if args.export:
         per = 2 if resolved.get("bf16", {}).get("enabled") else 4
+        # (With --lora the adapters alone go there: far less, counted as the whole model all the same.)
         out.append(("--export", args.export, per * n, f"the export of {n} parameters ({per} bytes each)"))
+    if args.export_merged:
+        per = 2 if resolved.get("bf16", {}).get("enabled") else 4
+        out.append(("--export-merged", args.export_merged, per * n,
+                    f"the merged export of {n} parameters ({per} bytes each)"))
     return out
 
 
@@ -633,6 +679,15 @@ def run(args, stop):
     t0 = time.perf_counter()
     device = build_device(args, cfg)
     model = build_model(args, cfg, device)
+    if args.lora:
+        try:  # strata.torch.lora: adapters on the projections, everything else frozen
+            wrapped = strata.torch.lora.apply(model, args.lora, args.lora_alpha, args.lora_targets)
+        except ValueError as e:
+            raise UsageError(f"--lora-targets: {e}") from None
+        print(f"lora: rank {args.lora}, alpha {args.lora_alpha or 2 * args.lora:g}, {len(wrapped)} layers "
+              f"({', '.join(args.lora_targets)}); "
+              f"{sum(p.numel() for p in model.parameters() if p.requires_grad) / 1e6:.3f}M trainable of "
+              f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M")
     if args.checkpointing:
         model.gradient_checkpointing_enable()
     t1 = time.perf_counter()
@@ -762,8 +817,12 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
     if args.export:
         if stop.signum:
             return interrupted("during the final save, which completed: no export")
-        export(engine, args)
-        print(f"exported to {args.export}")
+        export(engine, args, model)
+        if args.lora:
+            print(f"exported the adapters to {args.export} (PEFT's adapter_model.safetensors, adapter_config.json)"
+                  + (f", the merged model to {args.export_merged}" if args.export_merged else ""))
+        else:
+            print(f"exported to {args.export}")
     if stop.signum:
         return interrupted("during the final save or the export, which completed")
     return 0

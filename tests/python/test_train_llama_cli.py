@@ -247,3 +247,39 @@ def test_lr_sets_the_optimizers_lr_and_the_schedules_peak(config, want_optimizer
     assert again["optimizer"]["params"]["lr"] == 3e-5
     if peak_key:
         assert again["scheduler"]["params"][peak_key] == 3e-5
+
+
+def test_lora_fine_tunes_a_base_and_exports_the_adapters_and_the_merged_model(tmp_path):
+    """--lora over a base exported by an earlier run: the adapters (PEFT's files) and the merged
+    model; a plain model given the base and the adapters computes what the merged model does."""
+    torch = pytest.importorskip("torch")
+    r = run(tmp_path, "--steps", "4", "--export", "base")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = run(tmp_path, "--init-from", "base", "--lora", "4", "--lora-targets", "q_proj,v_proj,down_proj", "--steps",
+            "4", "--lr", "0.01", "--export", "adapter", "--export-merged", "merged")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"lora: rank 4, alpha 8, 3 layers \(q_proj, v_proj, down_proj\)", r.stdout), r.stdout
+    assert "exported the adapters to adapter" in r.stdout
+    cfg = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert (cfg["r"], cfg["lora_alpha"], cfg["target_modules"]) == (4, 8.0, ["down_proj", "q_proj", "v_proj"])
+
+    sys.path.insert(0, os.path.join(ROOT, "examples", "python"))
+    import data  # noqa: E402
+    import llama  # noqa: E402
+    from strata.torch import lora, safetensors  # noqa: E402
+    cfg_model = llama.config_for("tiny", vocab_size=data.VOCAB_SIZE, max_position_embeddings=2048)
+    cfg_model.num_hidden_layers = 1
+    with_adapters = llama.LlamaForCausalLM(cfg_model)
+    with_adapters.load_state_dict(safetensors.load_dir(str(tmp_path / "base")))
+    lora.load_adapter(with_adapters, str(tmp_path / "adapter"))
+    assert any(p.abs().sum() > 0 for n, p in with_adapters.named_parameters() if ".lora_B." in n), "adapters trained"
+    merged = llama.LlamaForCausalLM(cfg_model)
+    merged.load_state_dict(safetensors.load_dir(str(tmp_path / "merged")))
+    batch = torch.tensor([data.encode("The quick brown fox")])
+    with torch.no_grad():
+        torch.testing.assert_close(merged(batch).float(), with_adapters(batch).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_lora_flags_need_lora(tmp_path):
+    assert_refused(run(tmp_path, "--lora-alpha", "8"), "need --lora RANK")
+    assert_refused(run(tmp_path, "--lora", "4", "--export-merged", "m"), "--export-merged needs --export")

@@ -22,10 +22,12 @@ beside this file has the table):
     write_check.py   ParameterWritten (writes inside gathered())
     checkpoints.py   state_dict, export, save/load_checkpoint
     meta.py          meta_init
-    safetensors.py   load_file, load_dir
+    safetensors.py   load_file, load_dir, save_file, tensor_names
+    lora.py          LoRA adapters in plain torch, saved and loaded under PEFT's names
 """
+from . import lora
 from .adapter import Engine, initialize
 from .meta import meta_init
-from .safetensors import load_file, load_dir
+from .safetensors import load_dir, load_file, save_file
 
-__all__ = ["Engine", "initialize", "meta_init", "load_file", "load_dir"]
+__all__ = ["Engine", "initialize", "meta_init", "load_file", "load_dir", "save_file", "lora"]

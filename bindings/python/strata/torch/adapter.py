@@ -247,7 +247,7 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         """The number of data-parallel ranks (1 alone)."""
         return self._engine.world_size
 
-    def state_dict(self, dtype=torch.float32, shard=False):
+    def state_dict(self, dtype=torch.float32, shard=False, trainable_only=False):
         """The model's weights under its own names (every alias of a tied weight,
         and buffers, as module.state_dict()): the fp32 masters of trainable
         parameters, the compute copies of frozen ones, in `dtype` on the CPU.
@@ -255,8 +255,10 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         the ranks' shards, each block's once); shard=True gives this rank's
         own masters instead, without the others (their elements NaN). At
         zero_optimization.stage 3 with several ranks every rank calls it
-        either way: the frozen parameters' compute copies are gathered."""
-        return self._state_dict(dtype, gather=self.world_size > 1 and not shard)
+        either way: the frozen parameters' compute copies are gathered.
+        trainable_only=True: the trainable parameters' masters alone (no
+        frozen weight is read, no buffer): LoRA's adapters without the base."""
+        return self._state_dict(dtype, gather=self.world_size > 1 and not shard, trainable_only=trainable_only)
 
     def export(self, directory, dtype="bf16", max_shard_bytes=0):
         """Writes the weights as safetensors under the model's parameter names

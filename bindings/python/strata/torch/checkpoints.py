@@ -17,7 +17,7 @@ class Checkpoints:
     model (`module`) and the groups; resets `_micro` and `_failed` (gradients.py)
     on load."""
 
-    def _state_dict(self, dtype, gather=False):
+    def _state_dict(self, dtype, gather=False, trainable_only=False):
         """Engine.state_dict(): the masters of trainable parameters, the compute
         copies of frozen ones, and the buffers, in model.state_dict()'s order.
         `gather`: the masters gathered from every rank's shard in one call
@@ -34,6 +34,8 @@ class Checkpoints:
                         masters.append((self._name_prefix + rec.name, t))
                     else:
                         self._engine.read_master(self._name_prefix + rec.name, t)
+                elif trainable_only:
+                    continue
                 else:
                     if flat is None:
                         flat = self._host_copy(g)
@@ -43,8 +45,9 @@ class Checkpoints:
         if gather:
             self._engine.read_weights(masters)
         out = {k: v.to(dtype) for k, v in out.items()}
-        for name, b in self.module.named_buffers():
-            out[name] = b.detach().to("cpu")
+        if not trainable_only:
+            for name, b in self.module.named_buffers():
+                out[name] = b.detach().to("cpu")
         order = self.module.state_dict(keep_vars=True).keys()
         return {k: out[k] for k in order if k in out}
 

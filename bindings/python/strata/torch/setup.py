@@ -8,6 +8,7 @@ import weakref
 
 import torch
 
+from . import safetensors as sf
 from .placeholders import _NAMES_ATTR, _as_internal, _guard_class, _guard_classes, _owner_of_param
 from .records import _Group, _Param, _Unit
 
@@ -179,10 +180,20 @@ class Setup:
             raise ValueError("strata.torch: the model's parameters are on the meta device; pass weights=DIR "
                              "(safetensors) to take their values from files")
         self._name_prefix = name_prefix
+        # With `weights`, a parameter the files do not hold keeps its own
+        # values when it has them (LoRA's adapters on a pretrained base);
+        # one on the meta device is left to the files (the engine names it).
+        in_files = set()
+        if weights is not None:
+            try:
+                in_files = sf.tensor_names(weights)
+            except (OSError, ValueError, KeyError):
+                pass  # the engine's reading of the files says what is wrong with them
         sources = {}
         for rec in order:
             init = None
-            if weights is None:
+            own = rec.p.device.type != "meta" and weights_prefix + name_prefix + rec.name not in in_files
+            if weights is None or own:
                 sources[rec.name] = rec.p
                 init = self._init_from_tensor
             e.register(name_prefix + rec.name, rec.shape, group=rec.group.name, frozen=not rec.trainable,
