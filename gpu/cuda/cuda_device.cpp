@@ -250,11 +250,19 @@ class CudaDevice final : public Device {
       return Status::out_of_memory(str_cat("CUDA device: cannot map ", core::format_bytes(bytes),
                                            " of host memory to pin on NUMA node ", numa_node));
     }
+    // A fork (a data loader's workers) must not copy the locked pages into the child, as it
+    // would private memory pinned for DMA; cudaHostAlloc's memory is kept out of children too.
+    (void)::madvise(p, bytes, MADV_DONTFORK);
     place_on_numa_node(p, bytes, numa_node);
     const cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
     if (e != cudaSuccess) {
+      // The node is a preference: the memory comes from cudaHostAlloc instead, wherever it falls.
       ::munmap(p, bytes);
-      return cuda_status(e, "cudaHostRegister");
+      (void)cudaGetLastError();  // the failed registration is not the next call's error
+      STRATA_LOG(kWarn) << "CUDA device: cannot lock " << core::format_bytes(bytes) << " placed on NUMA node "
+                        << numa_node << " (" << cuda_status(e, "cudaHostRegister").message()
+                        << "); allocating it with cudaHostAlloc, off that node";
+      return do_allocate_pinned(bytes, -1);
     }
     core::MutexLock lock(pinned_mu_);
     mapped_pinned_.emplace(p, bytes);

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import helpers
+import strata.errors
 import strata.torch
 from strata.torch import lora
 from strata.torch import safetensors as st
@@ -52,7 +53,7 @@ def test_apply_freezes_the_base_and_changes_nothing_until_trained():
     assert len(trainable) == 7 * 2 * 2
     with pytest.raises(ValueError, match="adapters already"):
         lora.apply(model, r=R)
-    with pytest.raises(ValueError, match="no nn.Linear named"):
+    with pytest.raises(ValueError, match="no nn.Linear matches"):
         lora.apply(helpers.tiny_llama(), r=R, targets=("query",))
     with pytest.raises(ValueError, match="rank must be"):
         lora.apply(helpers.tiny_llama(), r=0)
@@ -180,3 +181,39 @@ def test_peft_model_trains_through_the_adapter(swap_dir):
     trained = engine.state_dict(trainable_only=True)
     assert trained and all("lora_" in n for n in trained)
     engine.close()
+
+
+def test_a_parameter_the_files_lack_is_an_error_unless_it_is_an_adapter_or_kept(tmp_path, swap_dir):
+    """Only LoRA's adapters keep their own draws silently; any other parameter the
+    weights files lack is refused (a full fine-tune from a checkpoint missing a
+    tensor must not train from a random init), unless weights_missing="keep",
+    which names each one in a warning."""
+    donor = base_llama()
+    base_dir = tmp_path / "base"
+    base_dir.mkdir()
+    partial = {k: v for k, v in donor.state_dict().items() if k != "lm_head.weight"}
+    st.save_file(partial, str(base_dir / "model.safetensors"))
+    with pytest.raises(strata.errors.NotFound, match="lm_head.weight"):
+        strata.torch.initialize(helpers.tiny_llama(seed=0), helpers.config(swap_dir), weights=str(base_dir))
+    model = helpers.tiny_llama(seed=0)
+    own = model.lm_head.weight.detach().clone()
+    with pytest.warns(UserWarning, match="lm_head.weight"):
+        engine = strata.torch.initialize(model, helpers.config(swap_dir), weights=str(base_dir),
+                                         weights_missing="keep")
+    got = engine.state_dict()
+    assert torch.equal(got["lm_head.weight"], own)
+    assert torch.equal(got["model.embed_tokens.weight"], donor.state_dict()["model.embed_tokens.weight"])
+    engine.close()
+    with pytest.raises(ValueError, match="weights_missing"):
+        strata.torch.initialize(helpers.tiny_llama(seed=0), helpers.config(swap_dir), weights_missing="maybe")
+
+
+def test_targets_follow_peft_rules():
+    model = helpers.tiny_llama()
+    paths = lora.apply(model, r=2, targets=["self_attn.q_proj", "down_proj"])
+    assert paths == [f"model.layers.{i}.{t}" for i in range(2) for t in ("self_attn.q_proj", "mlp.down_proj")]
+    model = helpers.tiny_llama()
+    assert lora.apply(model, r=2, targets=r".*layers\.1\.self_attn\.(q|v)_proj") == [
+        "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.v_proj"]
+    with pytest.raises(ValueError, match="all-linear"):
+        lora.apply(helpers.tiny_llama(), r=2, targets="all-linear")

@@ -104,7 +104,10 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
                  name_prefix="", copy_views=False, total_num_steps=None, hidden_size=None, strict=False,
-                 ranks="launcher"):
+                 ranks="launcher", weights_missing="error"):
+        if weights_missing not in ("error", "keep"):
+            raise ValueError(f"strata.torch: weights_missing = {weights_missing!r}; it is \"error\" or \"keep\"")
+        self._weights_missing = weights_missing
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"strata.torch: model must be a torch.nn.Module, not {type(model).__name__}")
         self.module = model
@@ -300,7 +303,8 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
 
 
 def initialize(model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="", name_prefix="",
-               copy_views=False, total_num_steps=None, hidden_size=None, strict=False, ranks="launcher"):
+               copy_views=False, total_num_steps=None, hidden_size=None, strict=False, ranks="launcher",
+               weights_missing="error"):
     """Hands `model`'s parameters, gradients and optimizer to strata.
 
     model: an nn.Module (its parameters on the CPU, the GPU, or the meta device
@@ -313,6 +317,11 @@ def initialize(model, config, *, blocks=None, param_groups=None, weights=None, w
         "lr": y or "lr_scale": s}, ...]; the rest use the config's optimizer.
     weights: a directory (or file) of safetensors to take the initial weights
         from, streamed group by group (tensor name = weights_prefix + name).
+        A parameter the files lack is an error, except LoRA's adapters
+        (strata.torch.lora.apply), which keep their own draws; with
+        weights_missing="keep", every parameter that has real values (not on
+        the meta device) and that the files lack keeps them (a PEFT model's
+        adapters over a base checkpoint), each named in a warning.
     name_prefix: prepended to every parameter name in the engine (checkpoints,
         export).
     copy_views: on the host device, copy compute copies and gradients through
@@ -333,4 +342,5 @@ def initialize(model, config, *, blocks=None, param_groups=None, weights=None, w
     """
     return Engine(model, config, blocks=blocks, param_groups=param_groups, weights=weights,
                   weights_prefix=weights_prefix, name_prefix=name_prefix, copy_views=copy_views,
-                  total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict, ranks=ranks)
+                  total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict, ranks=ranks,
+                  weights_missing=weights_missing)

@@ -20,6 +20,7 @@ weights, no moments, never written back) and the adapters train.
 import json
 import math
 import os
+import re
 
 import torch
 from torch import nn
@@ -33,6 +34,9 @@ PEFT_PREFIX = "base_model.model."
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 _ATTR = "_strata_lora"
+# Set on the adapters' parameters: under strata.torch.initialize(weights=...)
+# they keep their own draws when the base's files do not hold them.
+OWN_VALUES_ATTR = "_strata_own_values"
 
 
 class _Adapter:
@@ -55,14 +59,28 @@ def _add_adapter(module, inputs, output):
     return output + module.lora_B(module.lora_A(x)) * a.scale
 
 
+def _matcher(targets):
+    """PEFT's rule for target_modules: a string is a regular expression the
+    whole module path must match; a list names modules by their path or by a
+    dotted suffix of it ("q_proj", "self_attn.q_proj")."""
+    if isinstance(targets, str):
+        if targets == "all-linear":
+            raise ValueError('lora: target_modules "all-linear" is not supported here; list the layers')
+        pattern = re.compile(targets)
+        return lambda path: pattern.fullmatch(path) is not None
+    names = list(targets)
+    return lambda path: any(path == t or path.endswith("." + t) for t in names)
+
+
 def targets_of(model):
     """{module path: module} of the Linears apply() gave adapters."""
     return {n: m for n, m in model.named_modules() if hasattr(m, _ATTR)}
 
 
 def apply(model, r, alpha=None, targets=DEFAULT_TARGETS, dropout=0.0, freeze=True):
-    """Gives every nn.Linear whose name (its last path component) is in
-    `targets` an adapter of rank r (lora_A drawn as nn.Linear draws its
+    """Gives every nn.Linear that `targets` names (as PEFT's target_modules:
+    names matching a path or its dotted suffix, or one string, a regular
+    expression the whole path matches) an adapter of rank r (lora_A drawn as nn.Linear draws its
     weight, lora_B zero, so the model computes as before), on the CPU (or the
     base weight's device when it is not the meta device) in the base weight's
     dtype; with `freeze`, every other parameter stops requiring gradients.
@@ -78,11 +96,11 @@ def apply(model, r, alpha=None, targets=DEFAULT_TARGETS, dropout=0.0, freeze=Tru
         raise ValueError(f"lora.apply: dropout = {dropout!r}; it must be in [0, 1)")
     if targets_of(model):
         raise ValueError("lora.apply: the model has adapters already")
-    wanted = set(targets)
-    found = [(n, m) for n, m in model.named_modules() if n.rsplit(".", 1)[-1] in wanted and isinstance(m, nn.Linear)]
+    match = _matcher(targets)
+    found = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) and match(n)]
     if not found:
         names = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)})
-        raise ValueError(f"lora.apply: no nn.Linear named {sorted(wanted)} in the model (its Linears: {names})")
+        raise ValueError(f"lora.apply: no nn.Linear matches {targets!r} in the model (its Linears: {names})")
     if freeze:
         for p in model.parameters():
             p.requires_grad_(False)
@@ -94,6 +112,8 @@ def apply(model, r, alpha=None, targets=DEFAULT_TARGETS, dropout=0.0, freeze=Tru
         m.lora_B = nn.Linear(r, m.out_features, bias=False, **kw)
         with torch.no_grad():
             m.lora_B.weight.zero_()
+        for p in (m.lora_A.weight, m.lora_B.weight):
+            setattr(p, OWN_VALUES_ATTR, True)
         handle = m.register_forward_hook(_add_adapter)
         setattr(m, _ATTR, _Adapter(r, float(alpha), float(dropout), handle))
     return [n for n, _ in found]
@@ -112,7 +132,7 @@ def config_of(model, base_model_name_or_path=None):
         "r": a.r,
         "lora_alpha": a.alpha,
         "lora_dropout": a.dropout,
-        "target_modules": sorted({n.rsplit(".", 1)[-1] for n in found}),
+        "target_modules": sorted({n.rsplit(".", 1)[-1] for n in found}),  # each a path's last part
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -176,8 +196,7 @@ def load_adapter(model, directory):
             raise ValueError(f"lora.load_adapter: {directory}: {key} = {cfg[key]!r} is not supported here")
     if cfg.get("rank_pattern") or cfg.get("alpha_pattern"):
         raise ValueError(f"lora.load_adapter: {directory}: per-module ranks or alphas are not supported here")
-    targets = cfg["target_modules"]
-    targets = [targets] if isinstance(targets, str) else targets
+    targets = cfg["target_modules"]  # a regex (str) or names, as PEFT reads them
     paths = apply(model, int(cfg["r"]), float(cfg["lora_alpha"]), targets, float(cfg.get("lora_dropout", 0.0)),
                   freeze=False)
     saved = st.load_file(os.path.join(directory, ADAPTER_WEIGHTS))

@@ -24,7 +24,7 @@ def save_file(tensors, path, metadata=None):
         t = tensors[name].detach().to("cpu").contiguous()
         if t.dtype not in _NAMES:
             raise ValueError(f"{path}: tensor {name} has dtype {t.dtype}, which this writer does not know")
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header[name] = {"dtype": _NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [at, at + len(raw)]}
         blobs.append(raw)
         at += len(raw)

@@ -4,10 +4,12 @@ optimizer groups, the initial values (from the parameters or safetensors
 files), and the parameters handed to the engine (placeholders, grad hooks,
 forward hooks)."""
 import ctypes
+import warnings
 import weakref
 
 import torch
 
+from . import lora
 from . import safetensors as sf
 from .placeholders import _NAMES_ATTR, _as_internal, _guard_class, _guard_classes, _owner_of_param
 from .records import _Group, _Param, _Unit
@@ -181,8 +183,9 @@ class Setup:
                              "(safetensors) to take their values from files")
         self._name_prefix = name_prefix
         # With `weights`, a parameter the files do not hold keeps its own
-        # values when it has them (LoRA's adapters on a pretrained base);
-        # one on the meta device is left to the files (the engine names it).
+        # values when it has them and may: LoRA's adapters (marked by
+        # lora.apply), or any with weights_missing="keep"; the others are
+        # left to the files, whose reading names what they lack.
         in_files = set()
         if weights is not None:
             try:
@@ -190,15 +193,24 @@ class Setup:
             except (OSError, ValueError, KeyError):
                 pass  # the engine's reading of the files says what is wrong with them
         sources = {}
+        kept = []
         for rec in order:
             init = None
-            own = rec.p.device.type != "meta" and weights_prefix + name_prefix + rec.name not in in_files
+            may_keep = self._weights_missing == "keep" or getattr(rec.p, lora.OWN_VALUES_ATTR, False)
+            own = (weights is not None and may_keep and rec.p.device.type != "meta"
+                   and weights_prefix + name_prefix + rec.name not in in_files)
+            if own and not getattr(rec.p, lora.OWN_VALUES_ATTR, False):
+                kept.append(rec.name)
             if weights is None or own:
                 sources[rec.name] = rec.p
                 init = self._init_from_tensor
             e.register(name_prefix + rec.name, rec.shape, group=rec.group.name, frozen=not rec.trainable,
                        optimizer_group=opt_of.get(id(rec.p), 0), init=init)
         self._sources = sources
+        if kept:
+            warnings.warn(f"strata.torch: {len(kept)} parameter(s) not in the weights files keep their own values "
+                          f"(weights_missing=\"keep\"): {', '.join(kept[:8])}{', ...' if len(kept) > 8 else ''}",
+                          stacklevel=4)
         if weights is not None:
             e.init_from_safetensors(weights, weights_prefix)
         e.finalize()
