@@ -10,6 +10,8 @@
 #   llama        examples/python/train_llama.py --hf: transformers' Llama at the largest size whose
 #                state fits the RAM (scripts/gpu_check.py llama-plan asks strata plan), a few steps at a
 #                peak learning rate for its width (--llama-lr)
+#   lora         the same model with LoRA of rank 16 (train_llama.py --lora 16): the base frozen, the
+#                adapters trained; tokens/s and bytes per step beside the llama stage's
 #   cpu_adam     cpu_adam_bench --headline on this machine's CPU (256M elements, 1 thread and all):
 #                the fused step against its roofline on another CPU kind (the machine stage names it)
 #   step_bench_* step_bench --device cuda (6 layers of 16M parameters), one stage per scenario
@@ -34,7 +36,7 @@
 #   --allow-skip     a GPU stage skipped for want of a GPU does not fail the run (the local run)
 #   --skip STAGES    leave out these stages (comma separated names from the list above;
 #                    step_bench leaves out every step_bench_* stage, ranks_bound every ranks_bound_*)
-#   --no-bench       --skip gpu_bench,cpu_adam,step_bench,ranks_bound;  --no-python: --skip pytest,llama
+#   --no-bench       --skip gpu_bench,cpu_adam,step_bench,ranks_bound;  --no-python: --skip pytest,llama,lora
 #   --llama-size     train_llama.py's preset (default 7b); --llama-layers: its layer count, or auto
 #                    (default: the most that fit the RAM); --llama-steps: steps (default 6); --llama-lr:
 #                    train_llama's --lr (default 1e-4: the example config's 3e-3 suits the small presets
@@ -74,7 +76,7 @@ while [[ $# -gt 0 ]]; do
     --allow-skip) allow_skip=1 ;;
     --skip) [[ $# -ge 2 ]] || usage; skip_list+="$2,"; shift ;;
     --no-bench) skip_list+="gpu_bench,cpu_adam,step_bench,ranks_bound," ;;
-    --no-python) skip_list+="pytest,llama," ;;
+    --no-python) skip_list+="pytest,llama,lora," ;;
     --llama-size) [[ $# -ge 2 ]] || usage; llama_size=$2; shift ;;
     --llama-layers) [[ $# -ge 2 && ( $2 == auto || $2 =~ ^[1-9][0-9]*$ ) ]] || usage; llama_layers=$2; shift ;;
     --llama-steps) [[ $# -ge 2 && $2 =~ ^[1-9][0-9]*$ ]] || usage; llama_steps=$2; shift ;;
@@ -287,6 +289,20 @@ else
         --eval-every 0 --eval-batches 1 --no-progress --log-every 1 --sample 0 --config "$llama_config" \
         --corpus "$corpus" "${ckpt[@]}"
       rm -rf "$work/llama_run"
+      # LoRA of rank 16 on the same model: the base frozen (compute copies only), the adapters trained;
+      # its bytes per step beside the full run's (the gradients and writes of the adapters alone).
+      if left_out lora; then
+        record lora - 0 0 "" "left out (--skip)"
+      else
+        mkdir -p "$work/lora_run/strata_swap"
+        run_stage lora 180 env -C "$work/lora_run" STRATA_LIBRARY="$(cd "$build" && pwd)/bindings/c/libstrata.so" \
+          "$py" "$root/examples/python/train_llama.py" "${hf[@]}" \
+          --size "$llama_size" --layers "$llama_layers" --build-dtype bf16 --seq-len 1024 --steps "$llama_steps" \
+          --lr 1e-3 --lora 16 \
+          --eval-every 0 --eval-batches 1 --no-progress --log-every 1 --sample 0 --config "$llama_config" \
+          --corpus "$corpus" "${ckpt[@]}"
+        rm -rf "$work/lora_run"
+      fi
     fi
   fi
 fi

@@ -576,6 +576,19 @@ def render(doc):
             lines.append(f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host "
                          f"{fmt_bytes(b['d2h'])}, nvme read {fmt_bytes(b['nvme_read'])}, write "
                          f"{fmt_bytes(b['nvme_write'])}")
+    lo = by.get("lora", {})
+    if lo.get("steps"):
+        lines += ["", "## LoRA r=16 on the same model (train_llama.py --lora 16)", ""]
+        if lo.get("model"):
+            lines.append(f"- {lo['model']}")
+        if "tokens_per_s" in lo:
+            lines.append(f"- {lo['steps_run']} steps in {lo['seconds_training']:.1f} s: {lo['tokens_per_s']} tokens/s "
+                         f"({lo.get('tokens_per_s_median_after_first', '-')} per step after the first, median); "
+                         f"loss {lo['loss_first']:.3f} -> {lo['loss_last']:.3f}")
+        b = lo["bytes_per_step"]
+        lines.append(f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host "
+                     f"{fmt_bytes(b['d2h'])} (the adapters' gradients), nvme read {fmt_bytes(b['nvme_read'])}, "
+                     f"write {fmt_bytes(b['nvme_write'])}")
     ca = by.get("cpu_adam", {})
     if ca.get("rows"):
         lines += ["", "## cpu_adam_bench --headline (this machine's CPU)", ""]
@@ -606,7 +619,7 @@ def cmd_summary(args):
             gpu_bench_stage(st, work)
         elif st["stage"].startswith("step_bench"):
             step_bench_stage(st, work)
-        elif st["stage"] == "llama":
+        elif st["stage"] in ("llama", "lora"):
             llama_stage(st, work)
         elif st["stage"] == "cpu_adam":
             cpu_adam_stage(st, work)

@@ -68,6 +68,16 @@ def main():
                                     stderr=subprocess.STDOUT, env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
             check(rc == 0, f"train_llama.py exited {rc}")
             stages.append(("llama", "0", llama))
+            # The lora stage: the same run with --lora 4, read by the same parser.
+            lora_log = os.path.join(work, "lora.log")
+            with open(lora_log, "w") as log:
+                rc = subprocess.run([sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--size",
+                                     "tiny", "--layers", "1", "--seq-len", "16", "--steps", "3", "--eval-every", "0",
+                                     "--eval-batches", "1", "--no-progress", "--log-every", "1", "--sample", "0",
+                                     "--lora", "4", "--lr", "0.002", "--corpus", corpus], cwd=run, stdout=log,
+                                    stderr=subprocess.STDOUT, env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
+            check(rc == 0, f"train_llama.py --lora exited {rc}")
+            stages.append(("lora", "0", lora_log))
         except ImportError:
             print("torch is not installed: the train_llama.py part is left out")
         # scale_bench --ranks 2: its JSON's bound per rank (the layout scale_bench --json writes).
@@ -163,6 +173,12 @@ def main():
                   ll["setup"].get("drawn_on") == "cpu", f"llama: setup {ll.get('setup')}; the run said "
                   f"{setup.group(0) if setup else None}")
             check("tokens/s" in md and "## Llama fine-tune" in md, "no Llama section in summary.md")
+            lo = by.get("lora", {})
+            check(len(lo.get("steps", [])) == 3 and "## LoRA r=16" in md,
+                  f"lora: {len(lo.get('steps', []))} steps read; LoRA section {'## LoRA r=16' in md}")
+            # Only the adapters' gradients come down: far fewer bytes than the full run's.
+            check(0 < lo.get("bytes_per_step", {}).get("d2h", 0) < ll.get("bytes_per_step", {}).get("d2h", 0),
+                  f"lora: d2h {lo.get('bytes_per_step')} vs the full run's {ll.get('bytes_per_step')}")
 
         # --allow-skip: the refusal passes; the timeout and the missing stage still fail.
         out = subprocess.run([sys.executable, script, "summary", "--work", work, "--allow-skip"],
