@@ -222,14 +222,27 @@ core::Status ComputeHomes::commit(std::size_t g, std::span<const std::byte> host
   return Status();
 }
 
-core::Status ComputeHomes::commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane) {
+core::Result<std::span<std::byte>> ComputeHomes::blank_trainable(std::size_t g, gpu::PinnedBuffer& staging) {
+  const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
+  if (layout_.groups[g].compute_tier == Tier::kPinned) return groups_[g].pinned_home.bytes().subspan(t.lo, t.size());
+  STRATA_ASSIGN_OR_RETURN(staging,
+                          pinned_cache_.get(core::align_up(t.size(), core::kDirectIoAlignment), "compute staging"));
+  const std::span<std::byte> host = staging.bytes().first(t.size());
+  std::memset(host.data(), 0, host.size());
+  return host;
+}
+
+core::Status ComputeHomes::commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane,
+                                            std::uint64_t host_lo) {
   if (!frozen_apart(g)) return commit(g, host, lane);
   Group& home = groups_[g];
   const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
-  const std::span<const std::byte> part = host.subspan(t.lo, t.size());
+  const std::span<const std::byte> part = host.subspan(t.lo - host_lo, t.size());
   switch (layout_.groups[g].compute_tier) {
     case Tier::kPinned:
-      if (host.data() != home.pinned_home.data()) std::memcpy(home.pinned_home.data() + t.lo, part.data(), part.size());
+      if (part.data() != home.pinned_home.data() + t.lo) {
+        std::memcpy(home.pinned_home.data() + t.lo, part.data(), part.size());
+      }
       return Status();
     case Tier::kDevice:
       return lane_h2d(device_, trace_, lane, home.device_home.span().subspan(t.lo, t.size()), part);

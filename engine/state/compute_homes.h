@@ -55,6 +55,10 @@ class ComputeHomes {
   core::Result<std::span<std::byte>> blank(std::size_t g, gpu::PinnedBuffer& staging);
   // True when a step rewrites every parameter's compute copies in group g.
   bool rewritten_whole(std::size_t g) const;
+  // frozen_apart groups: a zeroed host view of the trainable range alone
+  // (Layout::trainable_home_range; the pinned home's own range in place),
+  // for a step that rewrites it whole; staging from the pinned cache.
+  core::Result<std::span<std::byte>> blank_trainable(std::size_t g, gpu::PinnedBuffer& staging);
   // True when group g has frozen and trainable parameters: its home's
   // trainable range (Layout::trainable_home_range) is all a step rewrites,
   // and on nvme it is a swap block of its own, the frozen part another.
@@ -74,11 +78,13 @@ class ComputeHomes {
                                             bool pending = false, core::Status local = {});
   // Writes a host view of group g's compute copies home on `lane`.
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
-  // A step's commit: of `host` (the whole home's view), the trainable range
+  // A step's commit: of `host`, a view of the home's bytes from `host_lo`
+  // on (the whole home, or blank_trainable's range), the trainable range
   // alone goes home; the frozen part of the home is neither read nor written
   // (the frozen base of a LoRA run: no SSD write, no copy). The whole home
   // when every parameter trains.
-  core::Status commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
+  core::Status commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane,
+                                std::uint64_t host_lo = 0);
 
   // The homes themselves (device: fetch's view; pinned: the optimizer's).
   gpu::DeviceBuffer& device_home(std::size_t g) { return groups_[g].device_home; }

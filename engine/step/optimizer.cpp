@@ -174,7 +174,11 @@ class Optimizer::JobRun {
   // update, and when the group was opened.
   struct Open {
     gpu::PinnedBuffer buffer;
+    // The group's compute copies on the host: the whole home, or (a group
+    // with frozen parameters) its trainable range alone, starting at byte
+    // `compute_lo` of the home.
     std::span<std::byte> compute;
+    std::uint64_t compute_lo = 0;
     std::size_t left = 0;
     std::int64_t begin_ns = 0;
   };
@@ -188,7 +192,7 @@ class Optimizer::JobRun {
   core::Status update_device_chunk(std::size_t i);
   // Where piece p's compute copies sit in the host view `compute` (the
   // group's home: its compute buffer, or a sharded home).
-  std::byte* compute_at(std::span<std::byte> compute, const Layout::Piece& p) const;
+  std::byte* compute_at(const Open& o, const Layout::Piece& p) const;
   core::Status open_group(std::size_t g);
   // Several ranks: every rank's shard of group g's new compute copies into
   // its host view (all-gather, in the trainable layout).
@@ -319,17 +323,20 @@ core::Status Optimizer::JobRun::run() {
   return Status();
 }
 
-std::byte* Optimizer::JobRun::compute_at(std::span<std::byte> compute, const Layout::Piece& p) const {
+std::byte* Optimizer::JobRun::compute_at(const Open& o, const Layout::Piece& p) const {
   const ParamPlace& pl = layout().places[p.param];
   // A sharded home holds the rank's trainable shard in the trainable layout.
-  if (layout().compute_sharded) return compute.data() + (p.lo - layout().groups[pl.group].shard_begin) * cb_;
-  return compute.data() + (pl.compute_offset + (p.lo - pl.trainable_offset)) * cb_;
+  const std::uint64_t at =
+      layout().compute_sharded
+          ? static_cast<std::uint64_t>(p.lo - layout().groups[pl.group].shard_begin) * static_cast<std::uint64_t>(cb_)
+          : static_cast<std::uint64_t>(pl.compute_offset + (p.lo - pl.trainable_offset)) * static_cast<std::uint64_t>(cb_);
+  return o.compute.data() + (at - o.compute_lo);
 }
 
 core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
   const std::size_t g = items_[i].group, c = items_[i].chunk;
   const ChunkPlace& cp = layout().chunks[c];
-  const std::span<std::byte> compute = open_.at(g).compute;
+  const Open& open = open_.at(g);
   const std::int64_t shard_begin = layout().groups[g].shard_begin;  // where the host gradients of g start
   ChunkState st;
   if (cp.state_tier == Tier::kNvme) {
@@ -348,7 +355,7 @@ core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
       const std::int64_t hi = std::min(p.hi, lo + kAdamSliceElems);
       const auto off = static_cast<std::size_t>(lo - cp.begin);
       const auto n = static_cast<std::size_t>(hi - lo);
-      std::byte* out = compute_at(compute, p) + (lo - p.lo) * cb_;
+      std::byte* out = compute_at(open, p) + (lo - p.lo) * cb_;
       const CpuTurns::Turn turn(o_.parts_.turns, CpuTurns::kBackground);
       TraceScope tc(o_.parts_.trace, TraceTrack::kCpuAdam, label, static_cast<std::uint64_t>(n));
       const adam::ConstTypedSpan grad{o_.parts_.gradients.shard_grads(g) + (lo - shard_begin) * gb_, grad_type_,
@@ -407,9 +414,9 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
   }
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer back, parts.pinned_cache.get(n_all * cb_, "optimizer compute copies"));
   STRATA_RETURN_IF_ERROR(lane_d2h(parts.device, parts.trace, lane_, back.bytes().first(n_all * cb_), dcopy.span()));
-  const std::span<std::byte> compute = open_.at(g).compute;
+  const Open& open = open_.at(g);
   for (const Layout::Piece& p : pieces) {
-    std::memcpy(compute_at(compute, p), back.data() + (p.lo - cp.begin) * cb_,
+    std::memcpy(compute_at(open, p), back.data() + (p.lo - cp.begin) * cb_,
                 static_cast<std::size_t>(p.hi - p.lo) * cb_);
   }
   parts.device_cache.put(std::move(dgrad));
@@ -431,12 +438,17 @@ core::Status Optimizer::JobRun::open_group(std::size_t g) {
                                                                                : "speculative compute copies"));
     std::memcpy(o.buffer.data(), home.data(), home.size());
     o.compute = o.buffer.bytes();
-  } else if (homes.rewritten_whole(g) || (homes.frozen_apart(g) && !job_.holds_compute_pending())) {
-    // Every trainable parameter's copies are written below and only they go
-    // home (commit_trainable): the old ones are not read (no disk read or
-    // device copy for a home on nvme or the device). A copy held pending
-    // (delayed) is whole, since the next forward's fetches read it.
+  } else if (homes.rewritten_whole(g)) {
+    // Every parameter's copies are written below: the old ones are not read
+    // (no disk read or device copy for a home on nvme or the device).
     STRATA_ASSIGN_OR_RETURN(o.compute, homes.blank(g, o.buffer));
+  } else if (homes.frozen_apart(g) && !job_.holds_compute_pending()) {
+    // Every trainable parameter's copies are written below and only they go
+    // home (commit_trainable): the trainable range alone is opened, blank,
+    // and the frozen copies are neither read nor staged. (A copy held
+    // pending, under delayed, is whole: the next forward's fetches read it.)
+    o.compute_lo = layout().trainable_home_range(gp).lo;
+    STRATA_ASSIGN_OR_RETURN(o.compute, homes.blank_trainable(g, o.buffer));
   } else {
     STRATA_ASSIGN_OR_RETURN(o.compute, homes.load(g, o.buffer, lane_));
   }
@@ -447,7 +459,7 @@ core::Status Optimizer::JobRun::open_group(std::size_t g) {
 core::Status Optimizer::JobRun::gather_over_ranks(std::size_t g) {
   partition::Communicator& comm = *o_.parts_.ranks;
   const GroupPlace& gp = layout().groups[g];
-  const std::span<std::byte> compute = open_.at(g).compute;
+  const Open& open = open_.at(g);
   const std::size_t shard_bytes = static_cast<std::size_t>(gp.shard_elems) * static_cast<std::size_t>(cb_);
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer all,
                           o_.parts_.pinned_cache.get(shard_bytes * static_cast<std::size_t>(comm.size()),
@@ -455,7 +467,7 @@ core::Status Optimizer::JobRun::gather_over_ranks(std::size_t g) {
   std::byte* mine = all.data() + static_cast<std::size_t>(comm.rank()) * shard_bytes;  // gathered in place
   std::memset(mine, 0, shard_bytes);
   for (const Layout::Piece& p : layout().pieces({g, gp.shard_begin, gp.shard_elems, Tier::kDevice})) {
-    std::memcpy(mine + (p.lo - gp.shard_begin) * cb_, compute_at(compute, p), static_cast<std::size_t>(p.hi - p.lo) * cb_);
+    std::memcpy(mine + (p.lo - gp.shard_begin) * cb_, compute_at(open, p), static_cast<std::size_t>(p.hi - p.lo) * cb_);
   }
   {
     TraceScope t(o_.parts_.trace, TraceTrack::kRanks, str_cat("all-gather ", gp.name), shard_bytes * comm.size());
@@ -466,7 +478,7 @@ core::Status Optimizer::JobRun::gather_over_ranks(std::size_t g) {
     }
   }
   for (const Layout::Piece& p : layout().pieces({g, gp.trainable_begin, gp.trainable_elems, Tier::kDevice})) {
-    std::memcpy(compute_at(compute, p), all.data() + (p.lo - gp.trainable_begin) * cb_,
+    std::memcpy(compute_at(open, p), all.data() + (p.lo - gp.trainable_begin) * cb_,
                 static_cast<std::size_t>(p.hi - p.lo) * cb_);
   }
   o_.parts_.pinned_cache.put(std::move(all));
@@ -531,7 +543,7 @@ core::Status Optimizer::JobRun::commit_group(std::size_t g) {
   } else if (job_.shadows_pinned_compute() && gp.compute_tier == Tier::kPinned) {
     std::swap(homes.pinned_home(g), o.buffer);  // the shadow is the new home
   } else {
-    STRATA_RETURN_IF_ERROR(homes.commit_trainable(g, o.compute, lane_));
+    STRATA_RETURN_IF_ERROR(homes.commit_trainable(g, o.compute, lane_, o.compute_lo));
   }
   o_.parts_.trace.span(TraceTrack::kOptimizer, str_cat("step ", job_.step, " group ", gp.name), o.begin_ns,
                        core::monotonic_ns());
