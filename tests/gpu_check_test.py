@@ -60,22 +60,21 @@ def main():
                 f.write("\n%\n".join(f"The quick brown fox {i} jumps over the lazy dog." for i in range(200)))
             run = os.path.join(work, "run")
             os.makedirs(os.path.join(run, "strata_swap"))
-            with open(llama, "w") as log:
-                rc = subprocess.run([sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--size",
-                                     "tiny", "--layers", "1", "--seq-len", "16", "--steps", "3", "--eval-every", "0",
-                                     "--eval-batches", "1", "--no-progress", "--log-every", "1", "--sample", "0",
-                                     "--build-dtype", "bf16", "--lr", "0.002", "--corpus", corpus], cwd=run, stdout=log,
-                                    stderr=subprocess.STDOUT, env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
+            def tiny_run(path, *flags):  # train_llama.py's tiny model, 3 steps, its lines into path
+                with open(path, "w") as log:
+                    return subprocess.run(
+                        [sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--size", "tiny",
+                         "--layers", "1", "--seq-len", "16", "--steps", "3", "--eval-every", "0", "--eval-batches",
+                         "1", "--no-progress", "--log-every", "1", "--sample", "0", "--lr", "0.002", "--corpus",
+                         corpus, *flags], cwd=run, stdout=log, stderr=subprocess.STDOUT,
+                        env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
+
+            rc = tiny_run(llama, "--build-dtype", "bf16")
             check(rc == 0, f"train_llama.py exited {rc}")
             stages.append(("llama", "0", llama))
             # The lora stage: the same run with --lora 4, read by the same parser.
             lora_log = os.path.join(work, "lora.log")
-            with open(lora_log, "w") as log:
-                rc = subprocess.run([sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--size",
-                                     "tiny", "--layers", "1", "--seq-len", "16", "--steps", "3", "--eval-every", "0",
-                                     "--eval-batches", "1", "--no-progress", "--log-every", "1", "--sample", "0",
-                                     "--lora", "4", "--lr", "0.002", "--corpus", corpus], cwd=run, stdout=log,
-                                    stderr=subprocess.STDOUT, env=dict(os.environ, STRATA_LIBRARY=lib)).returncode
+            rc = tiny_run(lora_log, "--lora", "4")
             check(rc == 0, f"train_llama.py --lora exited {rc}")
             stages.append(("lora", "0", lora_log))
         except ImportError:

@@ -159,6 +159,18 @@ def train_strata(engine, model, data, steps, gas=1, on_step=None):
     return losses
 
 
+def train_hf(engine, model, data):
+    """One step per batch of `data` for a Hugging Face causal LM (its loss from
+    labels); returns the losses."""
+    losses = []
+    for b in data:
+        loss = model(input_ids=b, labels=b).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
 def assert_same_bits(a, b, what=""):
     assert a.keys() == b.keys()
     for k in a:

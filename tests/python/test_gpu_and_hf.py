@@ -84,12 +84,7 @@ def test_the_example_llama_is_hugging_faces(tmp_path):
 def test_hugging_face_llama_trains_through_the_adapter(swap_dir):
     ours, theirs = hf_twin()
     engine = strata.torch.initialize(theirs, helpers.config(swap_dir, lr=3e-3))
-    losses = []
-    for b in helpers.batches(8):
-        loss = theirs(input_ids=b, labels=b).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = helpers.train_hf(engine, theirs, helpers.batches(8))
     assert losses[-1] < losses[0]
     assert set(engine.state_dict()) >= {n for n, _ in ours.named_parameters()}
     engine.close()

@@ -171,12 +171,7 @@ def test_peft_model_trains_through_the_adapter(swap_dir):
     model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
                                 peft.LoraConfig(r=R, lora_alpha=ALPHA, target_modules=["q_proj", "v_proj"]))
     engine = strata.torch.initialize(model, helpers.config(swap_dir, "optimizer_cpu", "fp32", lr=LR))
-    losses = []
-    for b in helpers.batches(8):
-        loss = model(input_ids=b, labels=b).loss
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = helpers.train_hf(engine, model, helpers.batches(8))
     assert losses[-1] < losses[0]
     trained = engine.state_dict(trainable_only=True)
     assert trained and all("lora_" in n for n in trained)
