@@ -2,6 +2,10 @@
 // tiles, pinned with hwloc to the physical cores of the memory's NUMA node.
 #include "cpu_adam/cpu_adam.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <hwloc.h>
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
@@ -604,6 +608,22 @@ std::string_view elem_type_name(ElemType type) {
   return "?";
 }
 
+#if defined(__x86_64__)
+namespace {
+// F16C (CPUID leaf 1, ECX bit 29) and AVX512_BF16 (leaf 7 subleaf 1, EAX bit
+// 5), read from CPUID: clang 14 (the thread-safety check's compiler) knows
+// neither name that GCC's __builtin_cpu_supports takes.
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+}
+bool has_avx512_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 1, &a, &b, &c, &d) != 0 && (a & (1u << 5)) != 0;
+}
+}  // namespace
+#endif
+
 bool isa_supported(Isa isa) {
 #if defined(__x86_64__)
   __builtin_cpu_init();
@@ -611,14 +631,13 @@ bool isa_supported(Isa isa) {
     case Isa::kScalar:
       return true;
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case Isa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && has_f16c() &&
+             __builtin_cpu_supports("fma");
     case Isa::kAvx512Bf16:
-      return isa_supported(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+      return isa_supported(Isa::kAvx512) && has_avx512_bf16();
   }
   return false;
 #else

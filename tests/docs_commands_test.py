@@ -11,6 +11,7 @@ test stands in for it):
   bash scripts/run.sh plan ARGS      -> strata plan [--config examples/configs/strata_default.json] ARGS
   bash scripts/run.sh --native ARGS  -> strata-train [--config examples/configs/strata_default.json] ARGS
   bash scripts/run.sh ARGS           -> python3 examples/python/train_llama.py ARGS (needs torch)
+  examples/python/train_llama.py ARGS   the same
   strata COMMAND ARGS                -> this build's strata COMMAND ARGS (config paths made absolute)
 Shortening rule for training runs: --steps is capped at STEPS_CAP and
 --save-every at the (capped) step count, so a saving run still saves. The
@@ -49,6 +50,8 @@ SKIP = [
     (r"^\.\./shared/tools/device-debs\b", "downloads Debian packages for the GPU machine (network, apt)"),
     (r"^(bash )?scripts/gpu-test\.sh\b", "the GPU check: builds build-gpu/ and runs every GPU stage (minutes; on "
                                           "a GPU machine through the device tool)"),
+    (r"^cd \S+ && mkdir -p strata_swap$", "makes a scratch directory with ./strata_swap (the commands here run in "
+                                         "one)"),
 ]
 
 
@@ -103,6 +106,8 @@ def rewrite(cmd, root, strata, strata_train, have_torch):
         if re.search(pattern, cmd):
             return None, why
     argv = shlex.split(cmd)
+    if argv[:1] == ["examples/python/train_llama.py"]:  # the PyTorch example run directly: as run.sh runs it
+        argv = ["bash", "scripts/run.sh"] + argv[1:]
     if argv[:2] == ["bash", "scripts/run.sh"]:
         rest = argv[2:]
         if rest[:1] == ["plan"]:
@@ -118,8 +123,8 @@ def rewrite(cmd, root, strata, strata_train, have_torch):
         args = cap_steps(absolute_configs(rest, root))
         if "--init-from" in args and "--steps" not in args:
             args += ["--steps", str(STEPS_CAP)]
-        return [sys.executable, os.path.join(root, "examples/python/train_llama.py"), "--no-progress",
-                "--sample", "0", "--eval-every", "0"] + args, None
+        quiet = [f for f in (["--no-progress"], ["--sample", "0"], ["--eval-every", "0"]) if f[0] not in args]
+        return [sys.executable, os.path.join(root, "examples/python/train_llama.py")] + sum(quiet, []) + args, None
     if argv[:1] == ["strata"]:
         return [strata] + absolute_configs(argv[1:], root), None
     return None, None
