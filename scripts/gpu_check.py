@@ -482,6 +482,12 @@ def judge(st, allow_skip):
     return st["status"] == "skip" and not allow_skip
 
 
+def bytes_line(b, d2h_note=""):
+    """A train_llama stage's bytes of its last step, one summary line."""
+    return (f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host {fmt_bytes(b['d2h'])}"
+            f"{d2h_note}, nvme read {fmt_bytes(b['nvme_read'])}, write {fmt_bytes(b['nvme_write'])}")
+
+
 def md_table(header, rows):
     out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -573,9 +579,7 @@ def render(doc):
                          + ": a learning rate too high for this width (train_llama --lr) or a wrong gradient")
         if ll.get("bytes_per_step"):
             b = ll["bytes_per_step"]
-            lines.append(f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host "
-                         f"{fmt_bytes(b['d2h'])}, nvme read {fmt_bytes(b['nvme_read'])}, write "
-                         f"{fmt_bytes(b['nvme_write'])}")
+            lines.append(bytes_line(b))
     lo = by.get("lora", {})
     if lo.get("steps"):
         lines += ["", "## LoRA r=16 on the same model (train_llama.py --lora 16)", ""]
@@ -586,9 +590,7 @@ def render(doc):
                          f"({lo.get('tokens_per_s_median_after_first', '-')} per step after the first, median); "
                          f"loss {lo['loss_first']:.3f} -> {lo['loss_last']:.3f}")
         b = lo["bytes_per_step"]
-        lines.append(f"- bytes per step (the last): host->device {fmt_bytes(b['h2d'])}, device->host "
-                     f"{fmt_bytes(b['d2h'])} (the adapters' gradients), nvme read {fmt_bytes(b['nvme_read'])}, "
-                     f"write {fmt_bytes(b['nvme_write'])}")
+        lines.append(bytes_line(b, " (the adapters' gradients)"))
     ca = by.get("cpu_adam", {})
     if ca.get("rows"):
         lines += ["", "## cpu_adam_bench --headline (this machine's CPU)", ""]

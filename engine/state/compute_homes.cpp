@@ -203,23 +203,7 @@ core::Result<std::span<std::byte>> ComputeHomes::blank(std::size_t g, gpu::Pinne
 }
 
 core::Status ComputeHomes::commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane) {
-  Group& home = groups_[g];
-  switch (layout_.groups[g].compute_tier) {
-    case Tier::kPinned:
-      if (host.data() != home.pinned_home.data()) std::memcpy(home.pinned_home.data(), host.data(), host.size());
-      return Status();
-    case Tier::kDevice:
-      return lane_h2d(device_, trace_, lane, home.device_home.span(), host);
-    case Tier::kNvme: {
-      for (const auto& [id, r] : nvme_parts(g)) {
-        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(*id, host.subspan(r.lo, r.size())));
-        STRATA_RETURN_IF_ERROR(io.wait());
-        lane.bytes->add_nvme_write(io.path_bytes());
-      }
-      return Status();
-    }
-  }
-  return Status();
+  return write_home(g, host, 0, {0, bytes(g)}, lane);
 }
 
 core::Result<std::span<std::byte>> ComputeHomes::blank_trainable(std::size_t g, gpu::PinnedBuffer& staging) {
@@ -234,24 +218,30 @@ core::Result<std::span<std::byte>> ComputeHomes::blank_trainable(std::size_t g, 
 
 core::Status ComputeHomes::commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane,
                                             std::uint64_t host_lo) {
-  if (!frozen_apart(g)) return commit(g, host, lane);
+  const Layout::ByteRange r =
+      frozen_apart(g) ? layout_.trainable_home_range(layout_.groups[g]) : Layout::ByteRange{0, bytes(g)};
+  return write_home(g, host, host_lo, r, lane);
+}
+
+core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> host, std::uint64_t host_lo,
+                                      Layout::ByteRange r, const CopyLane& lane) {
   Group& home = groups_[g];
-  const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
-  const std::span<const std::byte> part = host.subspan(t.lo - host_lo, t.size());
+  const std::span<const std::byte> part = host.subspan(r.lo - host_lo, r.size());
   switch (layout_.groups[g].compute_tier) {
     case Tier::kPinned:
-      if (part.data() != home.pinned_home.data() + t.lo) {
-        std::memcpy(home.pinned_home.data() + t.lo, part.data(), part.size());
-      }
+      if (part.data() != home.pinned_home.data() + r.lo) std::memcpy(home.pinned_home.data() + r.lo, part.data(), part.size());
       return Status();
     case Tier::kDevice:
-      return lane_h2d(device_, trace_, lane, home.device_home.span().subspan(t.lo, t.size()), part);
-    case Tier::kNvme: {
-      STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(home.block_id, part));
-      STRATA_RETURN_IF_ERROR(io.wait());
-      lane.bytes->add_nvme_write(io.path_bytes());
+      return lane_h2d(device_, trace_, lane, home.device_home.span().subspan(r.lo, r.size()), part);
+    case Tier::kNvme:
+      // Each swap block the range holds (r is the whole home or one block's).
+      for (const auto& [id, b] : nvme_parts(g)) {
+        if (b.lo < r.lo || b.hi > r.hi) continue;
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_write(*id, host.subspan(b.lo - host_lo, b.size())));
+        STRATA_RETURN_IF_ERROR(io.wait());
+        lane.bytes->add_nvme_write(io.path_bytes());
+      }
       return Status();
-    }
   }
   return Status();
 }

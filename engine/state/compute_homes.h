@@ -123,6 +123,11 @@ class ComputeHomes {
   // one block, or with frozen_apart the frozen part's block, then the
   // trainable range's.
   std::vector<std::pair<const std::string*, Layout::ByteRange>> nvme_parts(std::size_t g) const;
+  // commit and commit_trainable: the home's bytes `r` from `host`, a view of
+  // the home's bytes from `host_lo` on (in place for a pinned home; the
+  // device's range; each nvme block within r).
+  core::Status write_home(std::size_t g, std::span<const std::byte> host, std::uint64_t host_lo, Layout::ByteRange r,
+                          const CopyLane& lane);
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
                BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks)
       : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace), ranks_(ranks) {}

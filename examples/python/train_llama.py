@@ -299,14 +299,14 @@ def export(engine, args, model=None):
         flag = "--export"
         try:
             # The adapters' fp32 masters (small), as PEFT keeps its adapters.
-            while_signals_act(strata.torch.lora.save_adapter, args.export, model,
-                              engine.state_dict(trainable_only=True))
+            adapters = engine.state_dict(trainable_only=True)
+            while_signals_act(strata.torch.lora.save_adapter, args.export, model, adapters)
             if args.export_merged:
                 # The whole model in host memory (the frozen base's copies are exact in `dtype`; each
                 # adapter is folded in fp32): about 2-3 bytes per parameter in bf16, one file.
                 flag = "--export-merged"
                 weights = engine.state_dict(dtype=dtype)
-                weights.update(engine.state_dict(trainable_only=True))  # the adapters in fp32
+                weights.update(adapters)
                 merged = strata.torch.lora.merged_state_dict(model, weights)
                 os.makedirs(args.export_merged, exist_ok=True)
                 while_signals_act(strata.torch.safetensors.save_file, merged,

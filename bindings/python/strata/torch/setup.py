@@ -186,20 +186,22 @@ class Setup:
         # values when it has them and may: LoRA's adapters (marked by
         # lora.apply), or any with weights_missing="keep"; the others are
         # left to the files, whose reading names what they lack.
+        adapters = {id(rec.p) for rec in order if getattr(rec.p, lora.OWN_VALUES_ATTR, False)}
+        may_keep = [] if weights is None else [rec for rec in order if rec.p.device.type != "meta" and (
+            id(rec.p) in adapters or self._weights_missing == "keep")]
         in_files = set()
-        if weights is not None:
+        if may_keep:  # the files' headers, to see which of them they lack
             try:
                 in_files = sf.tensor_names(weights)
             except (OSError, ValueError, KeyError):
                 pass  # the engine's reading of the files says what is wrong with them
+        keeps = {id(rec.p) for rec in may_keep if weights_prefix + name_prefix + rec.name not in in_files}
         sources = {}
         kept = []
         for rec in order:
             init = None
-            may_keep = self._weights_missing == "keep" or getattr(rec.p, lora.OWN_VALUES_ATTR, False)
-            own = (weights is not None and may_keep and rec.p.device.type != "meta"
-                   and weights_prefix + name_prefix + rec.name not in in_files)
-            if own and not getattr(rec.p, lora.OWN_VALUES_ATTR, False):
+            own = id(rec.p) in keeps
+            if own and id(rec.p) not in adapters:
                 kept.append(rec.name)
             if weights is None or own:
                 sources[rec.name] = rec.p
