@@ -42,6 +42,12 @@ enum class StateFormat { kFp32, kBf16, kInt8Blockwise };
 // "stochastic" (a counter-based draw per element, step and moment, seeded by
 // strata.seed: reruns, placements and thread counts stay bit-identical).
 enum class StateRounding { kNearestEven, kStochastic };
+// Where frozen parameters' compute copies live when the parameters' home is
+// nvme (zero_optimization.offload_param.device "nvme"): "swap" (a copy on
+// the swap drive, written once), "files" (read straight from the
+// safetensors files they were imported from: no copy, no write), or "auto"
+// (the files wherever they can be, else the swap drive).
+enum class FrozenBase { kAuto, kSwap, kFiles };
 
 
 std::string_view to_string(OffloadDevice v);
@@ -57,6 +63,7 @@ std::string_view to_string(DeviceKind v);
 std::string_view to_string(NonfinitePolicy v);
 std::string_view to_string(StateFormat v);
 std::string_view to_string(StateRounding v);
+std::string_view to_string(FrozenBase v);
 
 // "optimizer": {"type": ..., "params": {...}}. Absent: AdamW with these defaults.
 // Adagrad's defaults are DeepSpeed's CPU Adagrad's instead: lr 1e-2, eps 1e-10.
@@ -264,6 +271,8 @@ struct StrataConfig {
   IoConfig io;
   CheckpointConfig checkpoint;
   bool crc = true;
+  // Key "strata.frozen_base" (the enum's comment).
+  FrozenBase frozen_base = FrozenBase::kAuto;
   CpuAdamConfig cpu_adam;
   OverlapMode overlap = OverlapMode::kExact;
   DeviceKind device = DeviceKind::kAuto;

@@ -68,6 +68,7 @@ namespace strata::engine {
 
 class StateStore;
 class ComputeHomes;
+class FrozenFiles;
 struct ChunkState;
 struct SharedDevice;
 class ViewHolds;
@@ -496,6 +497,9 @@ class Engine {
   // The state in its tiers (engine/state/): each chunk's master and
   // moments, each group's compute copies.
   std::unique_ptr<StateStore> state_;
+  // The frozen parameters read from their safetensors files (null: none;
+  // strata.frozen_base), which homes_ borrows.
+  std::unique_ptr<FrozenFiles> frozen_files_;
   std::unique_ptr<ComputeHomes> homes_;
   // The training step (engine/step/step.h): the verdict, the step under
   // way, the early job, each group's gradient buffer, and the step's rooms

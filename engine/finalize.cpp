@@ -26,6 +26,7 @@
 #include "engine/plan/machine.h"
 #include "engine/checkpoint/pretrained.h"
 #include "engine/state/compute_homes.h"
+#include "engine/state/frozen_files.h"
 #include "engine/state/state_store.h"
 #include "engine/working_memory.h"
 #include "nvme/crc64.h"
@@ -62,16 +63,13 @@ ExtraShape extra_shape(const Layout& layout) {
 // two versions, rounded up to the direct-I/O alignment): the smallest
 // strata.budgets.disk that holds them on one swap path.
 std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
-  const auto aligned = [](std::int64_t elems, std::uint64_t bytes_per_elem) {
-    return core::align_up(static_cast<std::uint64_t>(elems) * bytes_per_elem, core::kDirectIoAlignment);
-  };
   const auto aligned_state = [&layout](std::int64_t elems) {
     return core::align_up(layout.optimizer.state_bytes(elems), core::kDirectIoAlignment);
   };
   std::uint64_t bytes = 0;
   for (const GroupPlace& g : layout.groups) {
     if (g.compute_tier == Tier::kNvme) {
-      bytes += aligned(layout.home_elems(g), static_cast<std::uint64_t>(layout.compute_bytes));
+      bytes += core::align_up(layout.tier_home_bytes(g), core::kDirectIoAlignment);
     }
   }
   for (const ChunkRun& r : layout.chunk_runs) {
@@ -236,6 +234,12 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   // bounded by its parameters and groups.
   STRATA_ASSIGN_OR_RETURN(layout_, plan_layout_runs(registry_.params, registry_.optimizer_groups, config_, ranks_.share));
   STRATA_RETURN_IF_ERROR(check_initial_values());
+  // A frozen base's home may be the safetensors files it comes from
+  // (strata.frozen_base), which the budgets then leave out.
+  std::vector<bool> from_files(layout_.params.size());
+  for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) from_files[pi] = !registry_.inits[pi];
+  STRATA_RETURN_IF_ERROR(FrozenFiles::choose(layout_, config_.strata.frozen_base, registry_.pretrained != nullptr,
+                                             from_files));
   STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
   // Every pinned buffer from here on (the swap's staging, the state, the
   // caches) on the node the optimizer's threads will run on, where that node
@@ -284,8 +288,10 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   out.homes_t0 = total.elapsed_s();
   // A sharded home's gathers run on the caller's thread (fetch, read_compute,
   // export), over the communicator the caller's calls use.
+  if (registry_.pretrained != nullptr) frozen_files_ = FrozenFiles::create(*registry_.pretrained, layout_, config_);
   STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_,
-                                                       layout_.compute_sharded ? ranks_.weights.get() : nullptr));
+                                                       layout_.compute_sharded ? ranks_.weights.get() : nullptr,
+                                                       frozen_files_.get()));
   return Status();
 }
 

@@ -269,7 +269,7 @@ TierBytes Layout::bytes() const {
     (t == Tier::kDevice ? b.device : t == Tier::kPinned ? b.pinned : b.nvme) += n;
   };
   for (const GroupPlace& g : groups) {
-    add(g.compute_tier, home_bytes(g));
+    add(g.compute_tier, tier_home_bytes(g));
   }
   for (const ChunkRun& r : chunk_runs) add(r.state_tier, r.count * state_bytes(r));
   // The host gradients (with several ranks, the rank's shards only).

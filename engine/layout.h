@@ -94,6 +94,10 @@ struct GroupPlace {
   std::int64_t trainable_begin = 0;  // norm-block aligned
   std::int64_t trainable_elems = 0;  // padded to whole norm blocks; 0 when all frozen
   Tier compute_tier = Tier::kDevice;
+  // Its frozen parameters' compute copies are read from the safetensors
+  // files they were imported from (strata.frozen_base; compute_tier nvme):
+  // that part of the home (frozen_home_range) is in no tier and no swap block.
+  bool frozen_in_files = false;
   std::size_t first_chunk = 0, chunk_count = 0;
   // This rank's shard of the trainable part (in the trainable space, whole
   // norm blocks): the whole part with one rank.
@@ -198,6 +202,19 @@ struct Layout {
     if (g.trainable_elems == 0) return {};
     if (compute_sharded) return {0, static_cast<std::uint64_t>(g.shard_elems) * cb};
     return {static_cast<std::uint64_t>(g.trainable_compute_begin) * cb, static_cast<std::uint64_t>(g.compute_elems) * cb};
+  }
+  // The rest of the home: the frozen parameters' copies (empty when every
+  // parameter trains).
+  ByteRange frozen_home_range(const GroupPlace& g) const {
+    const ByteRange t = trainable_home_range(g);
+    const std::uint64_t n = home_bytes(g);
+    if (t.size() == 0) return {0, n};
+    return t.lo == 0 ? ByteRange{t.hi, n} : ByteRange{0, t.lo};
+  }
+  // Bytes of the home its tier holds: home_bytes, less the frozen part
+  // with frozen_in_files.
+  std::uint64_t tier_home_bytes(const GroupPlace& g) const {
+    return g.frozen_in_files ? home_bytes(g) - frozen_home_range(g).size() : home_bytes(g);
   }
   // Whether a fetch hands out the group's home itself (a whole home on the
   // device), not a copy of it.

@@ -23,6 +23,9 @@ struct StepBytes {
   std::uint64_t d2h = 0;         // device -> host copies
   std::uint64_t nvme_read = 0;   // swap reads
   std::uint64_t nvme_write = 0;  // swap writes
+  // Frozen parameters read from the safetensors files they were imported
+  // from (strata.frozen_base): reads of the drive outside the swap paths.
+  std::uint64_t file_read = 0;
   // nvme_read and nvme_write by swap path (element i: Config::swap_paths()[i]),
   // each block's bytes where its extents lie (nvme::SwapStore::path_bytes):
   // the reads add up to nvme_read, the writes to nvme_write. Shorter than the
@@ -34,6 +37,7 @@ struct StepBytes {
     d2h += o.d2h;
     nvme_read += o.nvme_read;
     nvme_write += o.nvme_write;
+    file_read += o.file_read;
     if (nvme_paths.size() < o.nvme_paths.size()) nvme_paths.resize(o.nvme_paths.size());
     for (std::size_t i = 0; i < o.nvme_paths.size(); ++i) {
       nvme_paths[i].read += o.nvme_paths[i].read;

@@ -797,6 +797,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.bytes_d2h = st.bytes.d2h;
     r.bytes_nvme_read = st.bytes.nvme_read;
     r.bytes_nvme_write = st.bytes.nvme_write;
+    r.bytes_file_read = st.bytes.file_read;
     r.fetch_seconds = st.fetch_s;
     r.grads_seconds = st.grads_s;
     r.optimizer_seconds = st.optimizer_s;

@@ -49,6 +49,8 @@ class PretrainedWeights {
   // or SIZE_MAX when none does.
   std::size_t file_of(std::string_view param) const;
   const std::vector<std::string>& files() const { return files_.files; }
+  // The tensor that holds parameter `param`'s values (the name prefix + param).
+  std::string tensor_name(std::string_view param) const { return prefix_ + std::string(param); }
   const std::string& describe() const { return where_; }
 
   // Reads tensors through `backend` (borrowed; must outlive it) with direct
@@ -80,7 +82,6 @@ class PretrainedWeights {
     std::size_t file = 0;  // index into files_.files
     std::vector<std::int64_t> shape;
   };
-  std::string tensor_name(std::string_view param) const { return prefix_ + std::string(param); }
 
   SafetensorsFiles files_;
   std::string prefix_;

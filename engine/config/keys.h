@@ -61,5 +61,7 @@ inline constexpr EnumName<StateFormat> kStateFormatNames[] = {
     {"fp32", StateFormat::kFp32}, {"bf16", StateFormat::kBf16}, {"int8_blockwise", StateFormat::kInt8Blockwise}};
 inline constexpr EnumName<StateRounding> kStateRoundingNames[] = {{"nearest_even", StateRounding::kNearestEven},
                                                                   {"stochastic", StateRounding::kStochastic}};
+inline constexpr EnumName<FrozenBase> kFrozenBaseNames[] = {
+    {"auto", FrozenBase::kAuto}, {"swap", FrozenBase::kSwap}, {"files", FrozenBase::kFiles}};
 
 }  // namespace strata::engine::config_internal

@@ -16,8 +16,9 @@ using core::str_cat;
 core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& layout, gpu::Device& device,
                                                                  nvme::SwapStore* swap,
                                                                  BufferCache<gpu::PinnedBuffer>& pinned_cache,
-                                                                 Trace& trace, partition::Communicator* ranks) {
-  std::unique_ptr<ComputeHomes> h(new ComputeHomes(layout, device, swap, pinned_cache, trace, ranks));
+                                                                 Trace& trace, partition::Communicator* ranks,
+                                                                 FrozenFiles* files) {
+  std::unique_ptr<ComputeHomes> h(new ComputeHomes(layout, device, swap, pinned_cache, trace, ranks, files));
   h->groups_.resize(layout.groups.size());
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     const GroupPlace& gp = layout.groups[g];
@@ -35,7 +36,15 @@ core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& l
       }
       case Tier::kNvme:
         home.block_id = str_cat("compute/", g);
-        if (h->frozen_apart(g)) {
+        if (h->frozen_from_files(g)) {
+          // The frozen part's home is its files: a block for the trainable range alone.
+          const Layout::ByteRange t = layout.trainable_home_range(gp);
+          if (t.size() > 0) {
+            STRATA_RETURN_IF_ERROR(swap->allocate(home.block_id, t.size()));
+          } else {
+            home.block_id.clear();
+          }
+        } else if (h->frozen_apart(g)) {
           const Layout::ByteRange t = layout.trainable_home_range(gp);
           home.frozen_block_id = str_cat("compute/", g, "/frozen");
           STRATA_RETURN_IF_ERROR(swap->allocate(home.block_id, t.size()));
@@ -64,11 +73,26 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
   if (tier == Tier::kDevice) {
     STRATA_RETURN_IF_ERROR(lane_d2h(device_, trace_, lane, host, home.device_home.span()));
   } else {
+    // The swap block's read runs while the files are read.
+    std::vector<nvme::SwapIo> ios;
     for (const auto& [id, r] : nvme_parts(g)) {
       STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(*id, host.subspan(r.lo, r.size())));
-      STRATA_RETURN_IF_ERROR(io.wait());
-      lane.bytes->add_nvme_read(io.path_bytes());
+      ios.push_back(std::move(io));
     }
+    Status s;
+    if (frozen_from_files(g)) {
+      const Layout::ByteRange fr = files_->range(g);
+      TraceScope t(trace_, TraceTrack::kSwap, str_cat("read frozen ", layout_.groups[g].name), fr.size());
+      core::Result<std::uint64_t> read = files_->read(g, host.subspan(fr.lo, fr.size()));
+      if (read.ok()) lane.bytes->file_read += *read;
+      else s = std::move(read).status();
+    }
+    for (nvme::SwapIo& io : ios) {
+      Status waited = io.wait();
+      if (waited.ok()) lane.bytes->add_nvme_read(io.path_bytes());
+      else if (s.ok()) s = std::move(waited);
+    }
+    STRATA_RETURN_IF_ERROR(s);
   }
   return host;
 }
@@ -76,10 +100,13 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
 std::vector<std::pair<const std::string*, Layout::ByteRange>> ComputeHomes::nvme_parts(std::size_t g) const {
   const Group& home = groups_[g];
   const std::uint64_t n = bytes(g);
-  if (home.frozen_block_id.empty()) return {{&home.block_id, {0, n}}};
   const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
-  const Layout::ByteRange frozen = t.lo == 0 ? Layout::ByteRange{t.hi, n} : Layout::ByteRange{0, t.lo};
-  return {{&home.frozen_block_id, frozen}, {&home.block_id, t}};
+  if (frozen_from_files(g)) {
+    if (home.block_id.empty()) return {};
+    return {{&home.block_id, t}};
+  }
+  if (home.frozen_block_id.empty()) return {{&home.block_id, {0, n}}};
+  return {{&home.frozen_block_id, layout_.frozen_home_range(layout_.groups[g])}, {&home.block_id, t}};
 }
 
 core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::PinnedBuffer& staging,
@@ -234,6 +261,19 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
     case Tier::kDevice:
       return lane_h2d(device_, trace_, lane, home.device_home.span().subspan(r.lo, r.size()), part);
     case Tier::kNvme:
+      if (frozen_from_files(g)) {
+        // The files are not written: the first write of the frozen part (the
+        // initial values) is what later reads must give.
+        const Layout::ByteRange fr = files_->range(g);
+        if (fr.lo >= r.lo && fr.hi <= r.hi) {
+          const std::span<const std::byte> frozen = host.subspan(fr.lo - host_lo, fr.size());
+          if (!files_->recorded(g)) {
+            files_->record(g, frozen);
+          } else if (!files_->matches(g, frozen)) {
+            return check_frozen_part(g, frozen);
+          }
+        }
+      }
       // Each swap block the range holds (r is the whole home or one block's).
       for (const auto& [id, b] : nvme_parts(g)) {
         if (b.lo < r.lo || b.hi > r.hi) continue;
@@ -244,6 +284,20 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
       return Status();
   }
   return Status();
+}
+
+core::Status ComputeHomes::check_frozen(std::size_t g, std::span<const std::byte> home) const {
+  if (!frozen_from_files(g)) return Status();
+  const Layout::ByteRange fr = files_->range(g);
+  return check_frozen_part(g, home.subspan(fr.lo, fr.size()));
+}
+
+core::Status ComputeHomes::check_frozen_part(std::size_t g, std::span<const std::byte> frozen) const {
+  if (files_->matches(g, frozen)) return Status();
+  return Status::failed_precondition(str_cat(
+      "the compute copies of ", files_->describe(g), " differ from those files' values: a frozen base read from its "
+      "files is never written (strata.frozen_base \"files\" or \"auto\"); start from the files these values came "
+      "from, or set strata.frozen_base \"swap\" to keep a copy of the base that can take other values"));
 }
 
 void ComputeHomes::hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::uint64_t bytes) {

@@ -24,6 +24,7 @@
 #include "engine/internal/view_holds.h"
 #include "engine/layout.h"
 #include "engine/state/copy_lane.h"
+#include "engine/state/frozen_files.h"
 #include "gpu/device.h"
 #include "nvme/swap_store.h"
 #include "partition/communicator.h"
@@ -34,11 +35,14 @@ class ComputeHomes {
  public:
   // Allocates each group's home (`swap` may be null when no home is on nvme).
   // `ranks`: the communicator gather() uses (the caller's thread's), with
-  // compute_sharded; else null.
+  // compute_sharded; else null. `files` (may be null; borrowed, must outlive
+  // this): the groups whose frozen part is read from its safetensors files
+  // (strata.frozen_base), which then has no swap block.
   static core::Result<std::unique_ptr<ComputeHomes>> create(const Layout& layout, gpu::Device& device,
                                                             nvme::SwapStore* swap,
                                                             BufferCache<gpu::PinnedBuffer>& pinned_cache,
-                                                            Trace& trace, partition::Communicator* ranks);
+                                                            Trace& trace, partition::Communicator* ranks,
+                                                            FrozenFiles* files = nullptr);
   ComputeHomes(const ComputeHomes&) = delete;
   ComputeHomes& operator=(const ComputeHomes&) = delete;
 
@@ -76,8 +80,17 @@ class ComputeHomes {
   // leaves. (The tags travel on the heap: 32 bytes a rank.)
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
                                             bool pending = false, core::Status local = {});
-  // Writes a host view of group g's compute copies home on `lane`.
+  // Writes a host view of group g's compute copies home on `lane`. A frozen
+  // part read from files is not written: the first commit (the initial
+  // values) records its CRC64, a later one (a checkpoint's load) must give
+  // the same bytes (kFailedPrecondition: check_frozen first).
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
+  // A checkpoint's compute copies of group g (`home`, a host view of the
+  // whole home) fit its home: kFailedPrecondition when its frozen part is
+  // read from files that hold other values, naming the group and files.
+  core::Status check_frozen(std::size_t g, std::span<const std::byte> home) const;
+  // True when group g's frozen part is read from its safetensors files.
+  bool frozen_from_files(std::size_t g) const { return files_ != nullptr && layout_.groups[g].frozen_in_files; }
   // A step's commit: of `host`, a view of the home's bytes from `host_lo`
   // on (the whole home, or blank_trainable's range), the trainable range
   // alone goes home; the frozen part of the home is neither read nor written
@@ -121,16 +134,21 @@ class ComputeHomes {
   };
   // Group g's nvme blocks and the bytes of the home each holds: the home's
   // one block, or with frozen_apart the frozen part's block, then the
-  // trainable range's.
+  // trainable range's; with the frozen part read from files, the trainable
+  // range's block alone (none when the group has no trainable parameter).
   std::vector<std::pair<const std::string*, Layout::ByteRange>> nvme_parts(std::size_t g) const;
   // commit and commit_trainable: the home's bytes `r` from `host`, a view of
   // the home's bytes from `host_lo` on (in place for a pinned home; the
   // device's range; each nvme block within r).
   core::Status write_home(std::size_t g, std::span<const std::byte> host, std::uint64_t host_lo, Layout::ByteRange r,
                           const CopyLane& lane);
+  // check_frozen of the frozen part itself.
+  core::Status check_frozen_part(std::size_t g, std::span<const std::byte> frozen) const;
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
-               BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks)
-      : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace), ranks_(ranks) {}
+               BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks,
+               FrozenFiles* files)
+      : layout_(layout), device_(device), swap_(swap), pinned_cache_(pinned_cache), trace_(trace), ranks_(ranks),
+        files_(files) {}
 
   const Layout& layout_;
   gpu::Device& device_;
@@ -138,6 +156,7 @@ class ComputeHomes {
   BufferCache<gpu::PinnedBuffer>& pinned_cache_;
   Trace& trace_;
   partition::Communicator* ranks_;
+  FrozenFiles* files_;
   std::uint64_t gathers_ = 0;  // gather() calls so far: the ranks compare them
   std::vector<Group> groups_;
 };

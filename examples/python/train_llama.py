@@ -734,6 +734,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
     done = first_step  # the last step completed
     swap_step_bytes = {}  # swap path -> bytes written by the steps run (the SSD wear figures)
     nvme_written = 0
+    file_read = 0  # a frozen base read from its safetensors files (strata.frozen_base)
     seconds = dict.fromkeys(("fwd_bwd", "step", "fetch", "grads", "optimizer", "adapter"), 0.0)
     for step in range(first_step, args.steps):
         if stop.signum:
@@ -748,6 +749,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         t1 = time.perf_counter()
         stats = engine.step()           # strata: instead of optimizer.step()
         nvme_written += stats.bytes_nvme_write
+        file_read += stats.bytes_file_read
         for s in engine.swap_stats():   # strata: the step's writes per swap path
             swap_step_bytes[s.path] = swap_step_bytes.get(s.path, 0) + s.bytes_written
         if engine.torch_device.type == "cuda":
@@ -769,6 +771,8 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
                 "h2d": fmt_bytes(stats.bytes_h2d), "d2h": fmt_bytes(stats.bytes_d2h),
                 "nvme": f"{fmt_bytes(stats.bytes_nvme_read)}/{fmt_bytes(stats.bytes_nvme_write)}",
                 "lr": f"{stats.lr:.3g}"}
+        if stats.bytes_file_read:
+            info["files"] = fmt_bytes(stats.bytes_file_read)
         if val is not None:
             info["val"] = f"{val:.3f}"
         if bar is not None:
@@ -802,6 +806,9 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         # Where the CPU optimizer's threads ran (strata.cpu_adam.bind), as finalize chose them.
         print(f"cpu_adam: {engine.stats().cpu_adam_binding}")
         print_swap_wear(engine.swap_stats(), swap_step_bytes, nvme_written, steps_run)
+        if file_read:
+            print(f"frozen base: read from its safetensors files, {fmt_bytes(file_read / steps_run)} per step "
+                  f"(no copy on the swap paths, nothing written; strata.frozen_base)")
     if args.sample and not args.hf:
         prompt = torch.tensor([data.encode("The ")], device=engine.torch_device)
         with engine.resident():  # strata: groups stay fetched through the generation

@@ -300,6 +300,7 @@ TEST(Config, BooleansMustBeJsonBooleans) {
   expect_error(doc(R"("bf16": {"enabled": "true"})"),
                {"bf16.enabled: expected a boolean", "\"true\""});
   expect_error(doc(R"("strata": {"crc": null})"), {"strata.crc: expected a boolean", "null"});
+  expect_error(doc(R"("strata": {"frozen_base": "disk"})"), {"strata.frozen_base", "disk", "files"});
 }
 
 TEST(Config, WrongSectionTypesAreErrors) {
@@ -874,6 +875,7 @@ TEST(Config, StrataKeysParse) {
              "sqpoll": true, "keep_files": true},
       "checkpoint": {"keep_last": 3, "keep_every": 1000},
       "crc": false,
+      "frozen_base": "files",
       "cpu_adam": {"isa": "avx512", "threads": 12, "tile_elems": 262144, "bind": "numa", "numa_node": 1},
       "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
       "overlap": "delayed",
@@ -890,6 +892,7 @@ TEST(Config, StrataKeysParse) {
   EXPECT_EQ(s.budgets.staging_bytes, 1ull << 30);
   EXPECT_EQ(s.budgets.disk_bytes, 2'000'000'000'000ull);
   EXPECT_EQ(s.chunk_bytes, 32ull << 20);
+  EXPECT_EQ(s.frozen_base, FrozenBase::kFiles);
   EXPECT_EQ(s.optimizer_cpu_fraction, 0.25);
   EXPECT_EQ(s.io.backend, IoBackend::kIoUring);
   EXPECT_EQ(s.io.paths, (std::vector<std::string>{"/nvme0/swap", "/nvme1/swap"}));
@@ -1274,7 +1277,7 @@ TEST(Config, ToJsonRoundTripsFieldByField) {
                       "stripe_bytes": "16MiB", "block_bytes": "256KiB", "rings": 4,
                       "sqpoll": true, "keep_files": true},
                "checkpoint": {"keep_last": 5, "keep_every": 250},
-               "crc": false, "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072, "bind": "numa",
+               "crc": false, "frozen_base": "swap", "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072, "bind": "numa",
                                           "numa_node": 3},
                "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
                "overlap": "none", "device": "cuda",

@@ -162,6 +162,131 @@ def test_base_from_safetensors_and_adapters_of_their_own(tmp_path, swap_dir):
     engine.close()
 
 
+def _base_files(tmp_path, dtype=torch.float32, name="base"):
+    donor = base_llama()
+    base_dir = tmp_path / name
+    base_dir.mkdir()
+    st.save_file({k: v.to(dtype) for k, v in donor.state_dict().items()}, str(base_dir / "model.safetensors"))
+    return base_dir
+
+
+def _lora_from_files(base_dir, swap_dir, precision="fp32", frozen_base="auto", placement="base_nvme", **strata_keys):
+    with strata.torch.meta_init():
+        model = helpers.tiny_llama(seed=0)
+    torch.manual_seed(11)
+    lora.apply(model, r=R, alpha=ALPHA)
+    cfg = helpers.config(swap_dir, "params_nvme" if placement == "base_nvme" else placement, precision, gas=GAS,
+                         lr=LR, weight_decay=WD, frozen_base=frozen_base, **strata_keys)
+    if placement == "base_nvme":
+        cfg["zero_optimization"]["offload_optimizer"]["device"] = "cpu"
+    return model, strata.torch.initialize(model, cfg, weights=str(base_dir))
+
+
+@pytest.mark.parametrize("precision,file_dtype,overlap", [
+    ("fp32", torch.float32, "exact"), ("bf16", torch.bfloat16, "exact"), ("bf16", torch.float32, "exact"),
+    ("bf16", torch.bfloat16, "delayed"), ("fp32", torch.float32, "speculative")])
+def test_base_read_from_its_files_is_never_copied_or_written(tmp_path, swap_dir, precision, file_dtype, overlap):
+    """strata.frozen_base "files": the base's home is the safetensors files it was
+    imported from (no copy on the swap paths, not a byte written there for it,
+    at initialize or in a step; the wear counters), read on every fetch, and the
+    run is bit for bit the run with a copy on the swap drive ("swap")."""
+    base_dir = _base_files(tmp_path, file_dtype)
+    runs = {}
+    for mode in ("swap", "files"):
+        model, engine = _lora_from_files(base_dir, swap_dir, precision, mode, overlap=overlap)
+        written_at_init = sum(s.bytes_written_total for s in engine.swap_stats())
+        stats = []
+        losses = helpers.train_strata(engine, model, helpers.batches(STEPS * GAS), STEPS, GAS,
+                                      on_step=lambda s, st_: stats.append(st_))
+        runs[mode] = (losses, engine.state_dict(), written_at_init, stats,
+                      {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad})
+        engine.close()
+    (l_swap, w_swap, init_swap, st_swap, frozen), (l_files, w_files, init_files, st_files, _) = runs["swap"], runs["files"]
+    assert l_files == l_swap
+    assert l_files[-1] < l_files[0]
+    for name, w in w_swap.items():
+        assert torch.equal(w_files[name], w), name
+    cb = 4 if precision == "fp32" else 2
+    frozen_bytes = sum(frozen.values()) * cb
+    # The base is the run's bulk: "swap" writes it once at initialize, "files" never.
+    assert init_swap - init_files >= frozen_bytes, (init_swap, init_files, frozen_bytes)
+    assert [s.bytes_nvme_write for s in st_files] == [s.bytes_nvme_write for s in st_swap]
+    # Each fetch of a group not kept on the device reads its base from the files (the first step all
+    # of it), as "swap" reads its copy; "swap" reads nothing from the files.
+    file_bytes = frozen_bytes * (4 if file_dtype == torch.float32 else 2) // cb
+    assert st_files[0].bytes_file_read >= file_bytes, (st_files[0].bytes_file_read, file_bytes)
+    assert all(s.bytes_file_read > 0 for s in st_files)
+    assert all(s.bytes_file_read == 0 for s in st_swap)
+    for f, s in zip(st_files, st_swap):
+        assert f.resident == s.resident
+        assert f.bytes_nvme_read + f.bytes_file_read * cb // (4 if file_dtype == torch.float32 else 2) <= s.bytes_nvme_read
+        assert f.bytes_nvme_read < s.bytes_nvme_read
+
+
+def test_a_base_file_changed_during_the_run_is_data_loss_naming_it(tmp_path, swap_dir):
+    base_dir = _base_files(tmp_path)
+    model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="files")
+    helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+    path = base_dir / "model.safetensors"
+    # Every tensor's values, in place (groups kept on the device between steps are not read again).
+    with open(path, "r+b") as f:
+        header = int.from_bytes(f.read(8), "little")
+        size = os.fstat(f.fileno()).st_size
+        f.seek(8 + header)
+        f.write(b"\x3f" * (size - 8 - header))
+        f.flush()
+        os.fsync(f.fileno())
+    with pytest.raises(strata.errors.DataLoss, match=r"model\.safetensors.*changed during the run"):
+        helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+    engine.close()
+
+
+def test_files_mode_names_what_stands_in_its_way(tmp_path, swap_dir):
+    base_dir = _base_files(tmp_path)
+    with pytest.raises(strata.errors.FailedPrecondition, match=r"frozen_base \"files\".*not on nvme"):
+        _lora_from_files(base_dir, swap_dir, frozen_base="files", placement="params_cpu")
+    model = lora_llama()  # values of its own: nothing imported
+    with pytest.raises(strata.errors.FailedPrecondition, match=r"frozen_base \"files\".*no safetensors files"):
+        strata.torch.initialize(model, helpers.config(swap_dir, "params_nvme", frozen_base="files"))
+
+
+def test_checkpoint_of_a_base_read_from_files_resumes_and_refuses_another_base(tmp_path, swap_dir):
+    base_dir = _base_files(tmp_path)
+    model, engine = _lora_from_files(base_dir, swap_dir)
+    helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    saved = engine.state_dict()
+    engine.close()
+
+    model, engine = _lora_from_files(base_dir, swap_dir)
+    engine.load_checkpoint(str(tmp_path / "ck"))
+    got = engine.state_dict()
+    assert all(torch.equal(got[n], w) for n, w in saved.items())
+    engine.close()
+
+    # Another base (the same shapes): the checkpoint's frozen values are not the files', and a base
+    # read from its files is never written, so the load is refused before anything changes.
+    other = {k: v + 0.5 for k, v in base_llama().state_dict().items()}
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    st.save_file(other, str(other_dir / "model.safetensors"))
+    model, engine = _lora_from_files(other_dir, swap_dir)
+    before = engine.state_dict()
+    with pytest.raises(strata.errors.FailedPrecondition, match=r"differ from those files' values.*\"swap\""):
+        engine.load_checkpoint(str(tmp_path / "ck"))
+    after = engine.state_dict()
+    assert all(torch.equal(after[n], w) for n, w in before.items())
+    losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+    assert losses and all(l == l for l in losses)
+    engine.close()
+    # With a copy on the swap drive ("swap") the same load takes the checkpoint's base.
+    model, engine = _lora_from_files(other_dir, swap_dir, frozen_base="swap")
+    engine.load_checkpoint(str(tmp_path / "ck"))
+    got = engine.state_dict()
+    assert all(torch.equal(got[n], w) for n, w in saved.items())
+    engine.close()
+
+
 def test_peft_model_trains_through_the_adapter(swap_dir):
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")

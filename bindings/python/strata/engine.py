@@ -219,6 +219,9 @@ class StepStats:
     # The NUMA node the pinned memory was placed on (this rank's GPU's, several ranks on a machine of
     # several nodes, or strata.cpu_adam.numa_node); -1: where first touched.
     pinned_memory_numa_node: int = -1
+    # Bytes of a frozen base read from its safetensors files this step (strata.frozen_base), in
+    # none of the bytes_nvme_* figures (the swap paths').
+    bytes_file_read: int = 0
     adapter_seconds: float = 0.0  # strata.torch: its own time in the step (hooks, copies); not from the C API
 
     @classmethod

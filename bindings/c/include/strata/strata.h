@@ -546,10 +546,14 @@ typedef struct strata_step_stats {
    * local ranks) or strata.cpu_adam.numa_node, on a machine of several nodes; -1: not placed (the
    * pages lie where the allocating thread first touched them). */
   int32_t pinned_memory_numa_node;
+  /* (0.5) Bytes of frozen parameters read from the safetensors files they were imported from
+   * (strata.frozen_base: a frozen base whose home is its files) since the previous strata_step_end:
+   * reads of the drive outside the swap paths, in none of the bytes_nvme_* figures. */
+  uint64_t bytes_file_read;
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT                                                                             \
   {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
-   NULL, 0, 0, 0, -1}
+   NULL, 0, 0, 0, -1, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
