@@ -58,8 +58,9 @@ inline constexpr std::uint64_t kGatherTagBytes = 32;
 // (0 where the layout has none). The engine's come from its layout
 // (working_memory.h's pinned_working_bytes), the planner's from its estimate.
 struct WorkingShape {
-  // A trainable group's compute copies (the wire buffer a gradient copy down
-  // lands in), the largest.
+  // A trainable group's trainable range of its compute copies (the wire
+  // buffer a gradient copy down lands in: the whole group unless it has
+  // frozen parameters too), the largest.
   std::uint64_t wire_bytes = 0;
   // A trainable group's trainable elements in compute bytes (the packed
   // gradient pass), the largest.

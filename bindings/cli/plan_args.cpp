@@ -69,7 +69,7 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
   std::map<std::string, CLI::Option*, std::less<>> options;
   for (const char* flag :
        {"--config", "--params", "--layers", "--hidden", "--vocab", "--heads", "--seq", "--micro-batch",
-        "--checkpointing", "--frozen-fraction", "--gpu-memory", "--ram", "--disk", "--drive-tbw", "--drive-dwpd",
+        "--checkpointing", "--frozen-fraction", "--lora", "--gpu-memory", "--ram", "--disk", "--drive-tbw", "--drive-dwpd",
         "--drive-capacity", "--warranty-years", "--step-seconds", "--ranks", "--nodes"}) {
     // Every occurrence is kept so that a repeated flag is refused by name below.
     options[flag] = app.add_option(flag)->type_name("VALUE")->expected(1)->multi_option_policy(
@@ -141,6 +141,11 @@ core::Result<PlanArgs> parse_plan_args(const std::vector<std::string_view>& args
       out.model.activation_checkpointing = value == "on";
     } else if (flag == "--frozen-fraction") {
       STRATA_ASSIGN_OR_RETURN(out.model.frozen_fraction, fraction_value(flag, value));
+    } else if (flag == "--lora") {
+      STRATA_ASSIGN_OR_RETURN(out.model.lora_rank, count_value(flag, value));
+      if (out.model.lora_rank <= 0) {
+        return Status::invalid_argument(str_cat("lora_rank (--lora) must be positive, got '", value, "'"));
+      }
     } else if (flag == "--gpu-memory") {
       STRATA_ASSIGN_OR_RETURN(out.machine.gpu_bytes, size_value(flag, value));
     } else if (flag == "--ram") {
@@ -211,6 +216,11 @@ model
                          train_micro_batch_size_per_gpu)
   --checkpointing on|off full activation checkpointing (default on)
   --frozen-fraction F    share of parameters not trained, 0..1 (default 0)
+  --lora R               LoRA adapters of rank R on each block's projections
+                         (16 R H parameters a layer; needs --hidden, --vocab),
+                         the base frozen: every fetch group mixes the two, and
+                         with the parameters on nvme the base is read from its
+                         safetensors files unless strata.frozen_base is "swap"
 machine (each replaces its probe; sizes like 80GiB, 128GiB, 2TB, 1.5e12)
   --gpu-memory SIZE      GPU memory (required without a GPU unless the config
                          sets strata.budgets.device)

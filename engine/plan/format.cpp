@@ -61,7 +61,10 @@ class TextTable {
 std::string traffic_line(const StepTraffic& t) {
   return str_cat("host->device ", format_bytes(t.host_to_device_bytes), ", device->host ",
                  format_bytes(t.device_to_host_bytes), ", disk read ",
-                 format_bytes(t.disk_read_bytes), ", disk write ", format_bytes(t.disk_write_bytes),
+                 format_bytes(t.disk_read_bytes),
+                 t.file_read_bytes > 0 ? str_cat(" (", format_bytes(t.file_read_bytes), " of it the frozen base from its files)")
+                                       : std::string(),
+                 ", disk write ", format_bytes(t.disk_write_bytes),
                  "; total ", format_bytes(t.total_bytes()),
                  t.network_bytes > 0 ? str_cat("; collectives ", format_bytes(t.network_bytes), " sent (as much received)")
                                      : std::string());
@@ -234,6 +237,7 @@ Json traffic_json(const StepTraffic& t) {
               {"device_to_host_bytes", t.device_to_host_bytes},
               {"disk_read_bytes", t.disk_read_bytes},
               {"disk_write_bytes", t.disk_write_bytes},
+              {"file_read_bytes", t.file_read_bytes},
               {"total_bytes", t.total_bytes()},
               {"network_bytes", t.network_bytes}};
 }
@@ -276,6 +280,8 @@ Json model_json(const ModelSummary& m) {
   out["num_frozen_params"] = m.num_frozen_params;
   out["num_layers"] = m.num_layers;
   out["frozen_fraction"] = number(m.frozen_fraction);
+  out["lora_rank"] = m.lora_rank;
+  out["mixed_groups"] = m.mixed_groups;
   out["group_params"] = m.group_params;
   out["persistent_params"] = m.persistent_params;
   out["seq_len"] = m.seq_len;
@@ -390,8 +396,9 @@ std::string format_plan_table(const Plan& plan) {
   out += str_cat("model    ", group_digits(static_cast<std::uint64_t>(m.num_params)),
                  " parameters (trainable ",
                  group_digits(static_cast<std::uint64_t>(m.num_trainable_params)), ", frozen ",
-                 group_digits(static_cast<std::uint64_t>(m.num_frozen_params)), "), ", m.num_layers,
-                 " layers");
+                 group_digits(static_cast<std::uint64_t>(m.num_frozen_params)),
+                 m.lora_rank > 0 ? str_cat(": LoRA rank ", m.lora_rank, " in every layer") : std::string(), "), ",
+                 m.num_layers, " layers");
   if (m.has_shape) {
     out += str_cat(", hidden ", m.hidden_size, ", vocab ", m.vocab_size, ", heads ", m.num_heads);
   }

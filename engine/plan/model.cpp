@@ -94,6 +94,34 @@ core::Result<ModelSummary> resolve_model(const Config& config, const ModelSpec& 
   m.frozen_fraction = spec.frozen_fraction;
   m.num_frozen_params = share_of(m.num_params, spec.frozen_fraction);
   m.num_trainable_params = m.num_params - m.num_frozen_params;
+  if (spec.lora_rank != 0) {
+    if (spec.lora_rank < 0) return invalid(str_cat("lora_rank (--lora) must be positive, got ", spec.lora_rank));
+    if (!m.has_shape) {
+      return invalid("lora_rank (--lora) needs a transformer shape (--hidden, --vocab): the adapters' size follows "
+                     "the hidden size");
+    }
+    if (spec.frozen_fraction != 0.0) {
+      return invalid("give either lora_rank (--lora) or frozen_fraction (--frozen-fraction), not both: LoRA "
+                     "freezes every parameter but its adapters");
+    }
+    if (spec.lora_rank > spec.hidden_size) {
+      return invalid(str_cat("lora_rank (--lora) ", spec.lora_rank, " exceeds the hidden size ", spec.hidden_size));
+    }
+    // Adapters A (r x in) and B (out x r) on each block's qkv (h -> 3h),
+    // output (h -> h) and two MLP (h -> 4h, 4h -> h) matrices: r (4h + 2h
+    // + 5h + 5h) = 16 r h a layer. They add to the base's parameters.
+    const std::int64_t adapters = m.num_layers * 16 * spec.lora_rank * spec.hidden_size;
+    m.lora_rank = spec.lora_rank;
+    m.mixed_groups = true;
+    m.num_frozen_params = m.num_params;
+    m.num_trainable_params = adapters;
+    m.num_params += adapters;
+    m.frozen_fraction = static_cast<double>(m.num_frozen_params) / static_cast<double>(m.num_params);
+    if (m.num_params > kMaxParams) {
+      return invalid(str_cat("the model has ", m.num_params, " parameters with its adapters, beyond the planner's range (",
+                             kMaxParams, ")"));
+    }
+  }
   if (spec.seq_len <= 0) {
     return invalid(str_cat("seq_len (--seq) must be positive, got ", spec.seq_len));
   }
@@ -110,7 +138,8 @@ core::Result<ModelSummary> resolve_model(const Config& config, const ModelSpec& 
   const std::int64_t threshold = config.zero.stage3_param_persistence_threshold;
   if (m.has_shape) {
     const std::int64_t h = m.hidden_size;
-    m.group_params = std::max(12 * h * h + 13 * h, m.vocab_size * h);
+    const std::int64_t adapters_per_layer = m.mixed_groups ? m.num_trainable_params / m.num_layers : 0;
+    m.group_params = std::max(12 * h * h + 13 * h + adapters_per_layer, m.vocab_size * h);
     std::int64_t per_block = 0;
     for (std::int64_t elems : block_tensor_elems(h)) {
       if (elems < threshold) per_block += elems;

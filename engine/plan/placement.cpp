@@ -160,6 +160,14 @@ struct Evaluation {
   std::int64_t group = 0;
   std::uint64_t group_bytes = 0;
   std::int64_t trainable_groups = 0;
+  // What a step's gradients and new compute copies of one trainable group
+  // are: the group's compute copies, or with mixed groups (LoRA) its
+  // trainable part (the engine's copy down and optimizer view).
+  std::uint64_t trainable_part_bytes = 0;
+  // The frozen parameters' compute copies are read from the safetensors
+  // files they were imported from (strata.frozen_base not "swap", their
+  // home on nvme, not sharded): in no tier.
+  bool frozen_in_files = false;
   bool persistent_groups = false;  // every group under stage3_param_persistence_threshold
   LayoutShape shape;
   // Chosen by add_compute_copies and add_gradients, fitted to the device by
@@ -201,6 +209,13 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   group_bytes = sat_mul(u64(group), c);
   home = sharded ? (T > 0 ? shape.group_trainable : ceil_div(group, N)) : group;
   trainable_groups = T > 0 ? std::clamp<std::int64_t>(ceil_div(T, group), 1, L) : 0;
+  trainable_part_bytes = group_bytes;
+  if (m.mixed_groups && T > 0) {
+    trainable_groups = L;
+    trainable_part_bytes = sat_mul(u64(ceil_div(T, L)), c);
+  }
+  frozen_in_files = pl.param_device == OffloadDevice::kNvme && P > T && !sharded &&
+                    cfg.strata.frozen_base != FrozenBase::kSwap;
   persistent_groups = !m.has_shape && group <= cfg.zero.stage3_param_persistence_threshold;
 }
 
@@ -214,6 +229,11 @@ void add_compute_copies(Evaluation& e) {
     const std::int64_t own = e.T_rank + ceil_div(P - e.T, e.N);
     e.add("compute_copies", e.param_tier, sat_mul(u64(own), c),
           count_times(own, c, str_cat(e.prec, ", the rank's shards: stage 3 over ", e.N, " ranks")));
+  } else if (e.frozen_in_files) {
+    // The frozen base's home is its files: only the trainable parameters' copies live in the tier.
+    e.add("compute_copies", e.param_tier, sat_mul(u64(e.T), c),
+          count_times(e.T, c, str_cat(e.prec, "; the frozen ", group_digits(u64(P - e.T)),
+                                      " are read from their safetensors files (strata.frozen_base)")));
   } else {
     e.add("compute_copies", e.param_tier, sat_mul(u64(P), c), count_times(P, c, e.prec));
   }
@@ -306,8 +326,10 @@ void add_gradients(Evaluation& e) {
   // With several ranks the next group's gradients come down once the pass
   // has summed this one's over the ranks (the pass thread copies them).
   const std::int64_t staged = views_held ? 1 : e.N > 1 ? 2 : 3;
-  e.add("gradient_staging", Tier::kPinned, sat_mul(e.group_bytes, u64(staged)),
-        str_cat(e.groups_of(staged), " x ", c, " B (",
+  const bool part = e.trainable_part_bytes != e.group_bytes;  // mixed groups: their trainable part
+  e.add("gradient_staging", Tier::kPinned, sat_mul(e.trainable_part_bytes, u64(staged)),
+        str_cat(part ? str_cat(staged, " x ", group_digits(e.trainable_part_bytes), " B (a group's trainable part; ")
+                     : str_cat(e.groups_of(staged), " x ", c, " B ("),
                 views_held ? "the last group's in its pass, when every view is held"
                 : e.N > 1  ? "gradients in their pass, copied down and packed"
                            : "gradients in their pass, copied down and packed, and the next group's coming down",
@@ -318,6 +340,11 @@ void add_gradients(Evaluation& e) {
   } else if (e.pl.param_device != OffloadDevice::kCpu && e.sharded) {
     e.add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(e.home), c),
           count_times(e.home, c, "the optimizer's host copy of the rank's shard of the group it updates"));
+  } else if (e.pl.param_device != OffloadDevice::kCpu && part && e.cfg.strata.overlap != OverlapMode::kDelayed) {
+    // A mixed group's trainable range alone (ComputeHomes::blank_trainable).
+    e.add("optimizer_compute_view", Tier::kPinned, e.trainable_part_bytes,
+          str_cat(group_digits(e.trainable_part_bytes),
+                  " B (the optimizer's host copy of the trainable part of the group it updates)"));
   } else if (e.pl.param_device != OffloadDevice::kCpu) {
     e.add("optimizer_compute_view", Tier::kPinned, e.group_bytes,
           str_cat(e.groups_of(1), " x ", c, " B (the optimizer's host copy of the group it updates)"));
@@ -365,7 +392,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   const std::uint64_t chunk = u64(e.shape.chunk);
   WorkingShape w;
   if (e.T > 0) {
-    w.wire_bytes = e.group_bytes;
+    w.wire_bytes = e.trainable_part_bytes;  // the copy down: a group's trainable range
     w.packed_bytes = sat_mul(u64(e.shape.group_trainable), e.c);
   }
   if (e.pl.param_device == OffloadDevice::kNvme) w.nvme_compute_bytes = staged;
@@ -601,8 +628,8 @@ StepTraffic step_traffic(const Evaluation& e) {
   const std::uint64_t home_fetch = e.sharded ? sat_mul(fetches, sat_mul(u64(e.home), c)) : fetch;
   // Once per step the optimizer writes each trainable group's new compute
   // copies on the host (in place when their home is pinned) and sends them
-  // home; it does not read the old ones, every one of which it rewrites (the
-  // planner's groups are wholly trainable or wholly frozen). A chunk updated
+  // home; it does not read the old ones, every one of which it rewrites (a
+  // mixed group's trainable range alone: ComputeHomes::blank_trainable). A chunk updated
   // on the device takes its gradients up and its new compute copies down.
   const std::uint64_t view = sat_mul(c, u64(e.sharded ? e.T_rank : T));
   const bool home_device = e.pl.param_device == OffloadDevice::kNone;
@@ -628,6 +655,8 @@ StepTraffic step_traffic(const Evaluation& e) {
   if (home_nvme) {
     tr.disk_read_bytes = sat_add(tr.disk_read_bytes, home_fetch);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);
+    // Of the fetches' reads, the frozen parameters' come from their files.
+    if (e.frozen_in_files && P > 0) tr.file_read_bytes = home_fetch / u64(P) * u64(P - T);
   }
   return tr;
 }

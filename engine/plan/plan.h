@@ -53,6 +53,12 @@
 //  - the swap files: what lives on NVMe plus the room the engine reserves
 //    (1/16 + 64 MiB, rounded up to 1 MiB), or strata.budgets.disk when set.
 //  - checkpoint space on disk: c x P + (4 + moments) x T.
+//  - LoRA (ModelSpec::lora_rank): every group holds T / L adapter
+//    parameters beside its frozen ones, so gradient staging, the optimizer's
+//    host view and the gradients' wire buffer are a group's trainable part;
+//    with offload_param nvme (not sharded) and strata.frozen_base not
+//    "swap", the frozen compute copies are read from their safetensors files:
+//    in no tier, their fetches' reads StepTraffic::file_read_bytes.
 // Per optimizer step (G = gradient_accumulation_steps micro-batches), with R
 // the groups a kept copy serves (stage3_max_live_parameters / group, at most
 // L; L when groups are persistent; none with overlap "none"):
@@ -112,6 +118,11 @@ struct ModelSpec {
   std::int64_t micro_batch = 0;          // --micro-batch: 0 means train_micro_batch_size_per_gpu
   bool activation_checkpointing = true;  // --checkpointing on|off (full, per layer)
   double frozen_fraction = 0.0;  // --frozen-fraction: share of parameters not trained, [0, 1]
+  // --lora RANK: LoRA adapters of this rank on each block's four projection
+  // matrices (a transformer shape: 16 x RANK x H adapter parameters a layer),
+  // the rest frozen; every layer's fetch group mixes frozen and trainable
+  // parameters. 0: none. Not with frozen_fraction.
+  std::int64_t lora_rank = 0;
 };
 
 // Safety margins kept free on each tier whose capacity comes from the machine
@@ -241,6 +252,10 @@ struct StepTraffic {
   std::uint64_t device_to_host_bytes = 0;
   std::uint64_t disk_read_bytes = 0;
   std::uint64_t disk_write_bytes = 0;
+  // Of disk_read_bytes, the frozen parameters' compute copies read from the
+  // safetensors files they were imported from (strata.frozen_base): reads
+  // of the drive outside the swap files, no wear.
+  std::uint64_t file_read_bytes = 0;
   // With several ranks: what the rank sends over the collectives per step (it
   // receives as much): (N-1)/N of each micro-batch's fp32 gradients
   // (reduce-scatter) and of the new compute copies (all-gather), the norm
@@ -284,6 +299,12 @@ struct ModelSummary {
   std::int64_t micro_batch = 0;
   bool activation_checkpointing = true;
   double frozen_fraction = 0.0;
+  std::int64_t lora_rank = 0;
+  // Every group holds trainable parameters beside frozen ones (LoRA): its
+  // trainable part (num_trainable_params / num_layers) is what a step's
+  // gradients and new compute copies move; else groups are wholly
+  // trainable or wholly frozen.
+  bool mixed_groups = false;
   std::int64_t group_params = 0;                  // largest fetch group
   std::int64_t persistent_params = 0;             // kept on the GPU when parameters are offloaded
   std::optional<ActivationEstimate> activations;  // nullopt without a transformer shape

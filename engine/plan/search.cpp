@@ -97,6 +97,15 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   plan.ranks = options.ranks;
   plan.nodes = options.nodes;
   STRATA_ASSIGN_OR_RETURN(plan.model, resolve_model(config, model));
+  // strata.frozen_base "files" is refused by finalize where the frozen
+  // parameters' home is not nvme or stage 3 shards the compute copies.
+  if (config.strata.frozen_base == FrozenBase::kFiles && plan.model.num_frozen_params > 0 &&
+      (config.zero.offload_param.device != OffloadDevice::kNvme || (options.ranks > 1 && config.zero.stage == 3))) {
+    return Status::invalid_argument(str_cat(
+        "strata.frozen_base \"files\" reads the frozen parameters from their files only where their compute copies "
+        "live on nvme (zero_optimization.offload_param.device \"nvme\") and are not sharded over ranks (stage 3); "
+        "the engine refuses this config (\"auto\" keeps them in their tier)"));
+  }
   plan.state.precision = precision_label(config);
   plan.state.optimizer = std::string(optimizer_name(config.optimizer.type));
   plan.state.compute_bytes = static_cast<std::uint64_t>(config.compute_bytes());

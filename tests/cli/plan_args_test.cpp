@@ -38,6 +38,8 @@ TEST(PlanArgs, FlagsParseIntoModelAndMachine) {
                                                       "off",
                                                       "--frozen-fraction",
                                                       "0.25",
+                                                      "--lora",
+                                                      "16",
                                                       "--gpu-memory",
                                                       "80GiB",
                                                       "--ram",
@@ -54,6 +56,7 @@ TEST(PlanArgs, FlagsParseIntoModelAndMachine) {
   EXPECT_EQ(a->model.micro_batch, 2);
   EXPECT_FALSE(a->model.activation_checkpointing);
   EXPECT_DOUBLE_EQ(a->model.frozen_fraction, 0.25);
+  EXPECT_EQ(a->model.lora_rank, 16);
   EXPECT_EQ(a->machine.gpu_bytes, 80 * kGiB);
   EXPECT_EQ(a->machine.ram_bytes, 128 * kGiB);
   EXPECT_EQ(a->machine.disk_bytes, 2'000'000'000'000u);

@@ -524,6 +524,68 @@ TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
   EXPECT_EQ(plan->configured.traffic.device_to_host_bytes, 0u);
 }
 
+// LoRA (--lora 16): a 64.7B base (h 8192, 80 layers, V 32000) frozen and
+// adapters of 16 x 16 x 8192 = 2,097,152 in every layer (167,772,160 in
+// all): every group is mixed, so a step's gradients and optimizer view are a
+// group's trainable part (2,097,152 x 2 B), not whole groups, and with the
+// parameters on nvme the base's home is its files: the swap holds the
+// adapters' copies alone and the base is read from the files on every fetch;
+// strata.frozen_base "swap" puts it back on the swap drive.
+TEST(Planner, LoraMixesEveryGroupAndReadsTheBaseFromItsFiles) {
+  Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kCpu);
+  ModelSpec model;
+  model.num_layers = 80;
+  model.hidden_size = 8192;
+  model.vocab_size = 32000;
+  model.seq_len = 4096;
+  model.micro_batch = 1;
+  model.lora_rank = 16;
+  const MachineSpec m = machine(80 * kGiB, 128 * kGiB, 2'000'000'000'000);
+  core::Result<Plan> plan = make_plan(config, model, m);
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const std::int64_t base = 64'695'189'504, adapters = 80ll * 16 * 16 * 8192;
+  EXPECT_EQ(plan->model.num_trainable_params, adapters);
+  EXPECT_EQ(plan->model.num_frozen_params, base);
+  EXPECT_EQ(plan->model.num_params, base + adapters);
+  EXPECT_TRUE(plan->model.mixed_groups);
+  const PlacementPlan& p = plan->configured;
+  EXPECT_TRUE(p.fits);
+  const std::uint64_t part = adapters / 80 * 2;
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), static_cast<std::uint64_t>(adapters) * 2);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 3 * part);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_compute_view"), part);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), static_cast<std::uint64_t>(adapters) * 4);
+  EXPECT_EQ(p.traffic.device_to_host_bytes, static_cast<std::uint64_t>(adapters) * 2);
+  // Every fetch reads the base from its files: its share of the fetches' reads.
+  EXPECT_GT(p.traffic.file_read_bytes, 0u);
+  EXPECT_EQ(p.traffic.file_read_bytes,
+            (p.traffic.disk_read_bytes - 0) / static_cast<std::uint64_t>(base + adapters) * static_cast<std::uint64_t>(base));
+  EXPECT_EQ(p.traffic.disk_write_bytes, static_cast<std::uint64_t>(adapters) * 2);  // the adapters' new copies
+
+  // "files" where the engine cannot read the base from its files is refused, naming the key.
+  Config pinned_files = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  pinned_files.strata.frozen_base = FrozenBase::kFiles;
+  const core::Result<Plan> refused = make_plan(pinned_files, model, m);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(contains(std::string(refused.status().message()), "strata.frozen_base \"files\"")) << refused.status();
+
+  config.strata.frozen_base = FrozenBase::kSwap;
+  plan = make_plan(config, model, m);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kNvme, "compute_copies"), static_cast<std::uint64_t>(base + adapters) * 2);
+  EXPECT_EQ(plan->configured.traffic.file_read_bytes, 0u);
+  EXPECT_EQ(plan->configured.traffic.disk_read_bytes, p.traffic.disk_read_bytes);
+
+  // --frozen-fraction's groups are wholly frozen or wholly trainable: a
+  // trainable group moves whole.
+  ModelSpec frozen = params_model(10'000'000'000, 40);
+  frozen.frozen_fraction = 0.75;
+  plan = make_plan(config, frozen, m);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_FALSE(plan->model.mixed_groups);
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "gradient_staging"), 3u * 250'000'000 * 2);
+}
+
 // gradient_accumulation_steps > 1: host gradients are fp32 (4 B), and each
 // micro-batch fetches and sends gradients again. 1e9 params, params on the
 // GPU, optimizer on cpu, 4 steps: host grads 4e9; d2h 4 x 2 B x 1e9 = 8e9
@@ -1057,6 +1119,14 @@ TEST(Planner, BadModelInputIsAnErrorNamingTheFlag) {
   frozen_low.frozen_fraction = -0.1;
   ModelSpec frozen_nan = params_model(1000, 2);
   frozen_nan.frozen_fraction = std::nan("");
+  ModelSpec lora_without_shape = params_model(1000, 2);
+  lora_without_shape.lora_rank = 8;
+  ModelSpec lora_and_frozen;
+  lora_and_frozen.num_layers = 2;
+  lora_and_frozen.hidden_size = 64;
+  lora_and_frozen.vocab_size = 100;
+  lora_and_frozen.lora_rank = 8;
+  lora_and_frozen.frozen_fraction = 0.5;
   ModelSpec seq = params_model(1000, 2);
   seq.seq_len = 0;
   ModelSpec micro = params_model(1000, 2);
@@ -1075,6 +1145,8 @@ TEST(Planner, BadModelInputIsAnErrorNamingTheFlag) {
       {frozen_high, "frozen_fraction (--frozen-fraction) must be in [0, 1], got 1.5"},
       {frozen_low, "frozen_fraction (--frozen-fraction)"},
       {frozen_nan, "frozen_fraction (--frozen-fraction)"},
+      {lora_without_shape, "lora_rank (--lora) needs a transformer shape"},
+      {lora_and_frozen, "either lora_rank (--lora) or frozen_fraction"},
       {seq, "seq_len (--seq)"},
       {micro, "micro_batch (--micro-batch)"},
   };
