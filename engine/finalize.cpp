@@ -219,6 +219,7 @@ void Engine::release_after_failed_finalize() {
   finalized_ = false;
   fetcher_.reset();
   homes_.reset();
+  frozen_files_.reset();  // its open files (homes_ borrowed it)
   state_.reset();
   cpu_adam_.reset();
   cpu_threads_ = {};

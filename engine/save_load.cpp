@@ -714,23 +714,6 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
       }
     }
   }
-  // A frozen base read from its files is never written: the checkpoint's
-  // copies of it must be the files' values.
-  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    if (!homes_->frozen_from_files(g)) continue;
-    std::vector<std::byte> home(static_cast<std::size_t>(homes_->bytes(g)));
-    for (std::size_t pi : layout_.groups[g].params) {
-      if (layout_.params[pi].trainable) continue;
-      const std::size_t at = static_cast<std::size_t>(layout_.places[pi].compute_offset) * static_cast<std::size_t>(layout_.compute_bytes);
-      for (const Held& h : sources[pi]) {
-        STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw_range(
-            layout_.params[pi].name + ".compute", 0,
-            std::span<std::byte>(home).subspan(at + static_cast<std::size_t>(h.lo) * layout_.compute_bytes,
-                                               static_cast<std::size_t>(h.hi - h.lo) * layout_.compute_bytes)));
-      }
-    }
-    STRATA_RETURN_IF_ERROR(homes_->check_frozen(g, home).annotate(str_cat("load_checkpoint: ", dir)));
-  }
   // Moments saved in another format are converted as they come in (read_state_range).
   for (std::size_t pi = 0; pi < layout_.params.size() && layout_.optimizer.arrays >= 2; ++pi) {
     if (!layout_.params[pi].trainable || sources[pi].empty()) continue;
@@ -763,6 +746,25 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
   if (const Status fits = step_->verdict().check_restore(ck.scaler); !fits.ok()) {
     return Status::failed_precondition(str_cat(dir, "/manifest.json: ", fits.message(),
                                                ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
+  }
+  // Last (it reads the frozen base): a frozen base read from its files is
+  // never written, so the checkpoint's copies of it must be the files' values.
+  const auto cb = static_cast<std::size_t>(layout_.compute_bytes);
+  for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    if (!homes_->frozen_from_files(g)) continue;
+    const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);
+    std::vector<std::byte> frozen(static_cast<std::size_t>(fr.size()));
+    for (std::size_t pi : layout_.groups[g].params) {
+      if (layout_.params[pi].trainable) continue;
+      const std::size_t at = static_cast<std::size_t>(layout_.places[pi].compute_offset) * cb - fr.lo;
+      for (const Held& h : sources[pi]) {
+        STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw_range(
+            layout_.params[pi].name + ".compute", 0,
+            std::span<std::byte>(frozen).subspan(at + static_cast<std::size_t>(h.lo) * cb,
+                                                 static_cast<std::size_t>(h.hi - h.lo) * cb)));
+      }
+    }
+    STRATA_RETURN_IF_ERROR(homes_->check_frozen(g, frozen).annotate(str_cat("load_checkpoint: ", dir)));
   }
   const std::string seen = str_cat(fs::path(dir).filename().string(), "\n", format_checkpoint_manifest(m));
   ck.fingerprint = nvme::crc64(0, std::as_bytes(std::span<const char>(seen)));

@@ -269,8 +269,8 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
           const std::span<const std::byte> frozen = host.subspan(fr.lo - host_lo, fr.size());
           if (!files_->recorded(g)) {
             files_->record(g, frozen);
-          } else if (!files_->matches(g, frozen)) {
-            return check_frozen_part(g, frozen);
+          } else {
+            STRATA_RETURN_IF_ERROR(check_frozen(g, frozen));
           }
         }
       }
@@ -286,14 +286,8 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
   return Status();
 }
 
-core::Status ComputeHomes::check_frozen(std::size_t g, std::span<const std::byte> home) const {
-  if (!frozen_from_files(g)) return Status();
-  const Layout::ByteRange fr = files_->range(g);
-  return check_frozen_part(g, home.subspan(fr.lo, fr.size()));
-}
-
-core::Status ComputeHomes::check_frozen_part(std::size_t g, std::span<const std::byte> frozen) const {
-  if (files_->matches(g, frozen)) return Status();
+core::Status ComputeHomes::check_frozen(std::size_t g, std::span<const std::byte> frozen) const {
+  if (!frozen_from_files(g) || files_->matches(g, frozen)) return Status();
   return Status::failed_precondition(str_cat(
       "the compute copies of ", files_->describe(g), " differ from those files' values: a frozen base read from its "
       "files is never written (strata.frozen_base \"files\" or \"auto\"); start from the files these values came "

@@ -85,10 +85,11 @@ class ComputeHomes {
   // values) records its CRC64, a later one (a checkpoint's load) must give
   // the same bytes (kFailedPrecondition: check_frozen first).
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
-  // A checkpoint's compute copies of group g (`home`, a host view of the
-  // whole home) fit its home: kFailedPrecondition when its frozen part is
-  // read from files that hold other values, naming the group and files.
-  core::Status check_frozen(std::size_t g, std::span<const std::byte> home) const;
+  // A checkpoint's compute copies of group g's frozen part (`frozen`, the
+  // bytes of Layout::frozen_home_range) fit its home: kFailedPrecondition
+  // when that part is read from files that hold other values, naming the
+  // group and files.
+  core::Status check_frozen(std::size_t g, std::span<const std::byte> frozen) const;
   // True when group g's frozen part is read from its safetensors files.
   bool frozen_from_files(std::size_t g) const { return files_ != nullptr && layout_.groups[g].frozen_in_files; }
   // A step's commit: of `host`, a view of the home's bytes from `host_lo`
@@ -142,8 +143,6 @@ class ComputeHomes {
   // device's range; each nvme block within r).
   core::Status write_home(std::size_t g, std::span<const std::byte> host, std::uint64_t host_lo, Layout::ByteRange r,
                           const CopyLane& lane);
-  // check_frozen of the frozen part itself.
-  core::Status check_frozen_part(std::size_t g, std::span<const std::byte> frozen) const;
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
                BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks,
                FrozenFiles* files)

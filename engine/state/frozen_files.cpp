@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <utility>
 
@@ -80,7 +81,13 @@ core::Status FrozenFiles::choose(Layout& layout, FrozenBase mode, bool have_file
 std::unique_ptr<FrozenFiles> FrozenFiles::create(const PretrainedWeights& weights, const Layout& layout,
                                                  const Config& config) {
   std::unique_ptr<FrozenFiles> f(new FrozenFiles());
-  f->files_ = weights.files();
+  // Absolute: a reader closed to keep few files open reopens the same file
+  // whatever the working directory has become since.
+  for (const std::string& path : weights.files()) {
+    std::error_code ec;
+    const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+    f->files_.push_back(ec ? path : abs.lexically_normal().string());
+  }
   f->compute_bytes_ = layout.compute_bytes;
   f->precision_ = config.precision;
   f->verify_ = config.strata.crc;

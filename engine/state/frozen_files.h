@@ -69,7 +69,7 @@ class FrozenFiles {
   // True when `part` (group g's frozen range, as a checkpoint holds it)
   // equals what the files give (the recorded CRC64).
   bool matches(std::size_t g, std::span<const std::byte> part) const;
-  // "group 'g' (frozen parameters read from a.safetensors, b.safetensors)".
+  // "the frozen parameters of group 'g' (read from a.safetensors, b.safetensors)".
   std::string describe(std::size_t g) const;
 
  private:

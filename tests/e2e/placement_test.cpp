@@ -114,6 +114,9 @@ class Placement : public MlpTest {
   bool hold_in_backward_ = false;
   // train(): parameters frozen one by one (beside freeze_l1's whole group).
   std::set<std::string> frozen_;
+  // train(): when set, the frozen parameters take their values from the
+  // safetensors files here (init_from_safetensors), the others from init_values.
+  std::string weights_dir_;
 
   // The budget tests below: a budget too small is refused at finalize with the
   // smallest that works ("KEY >= N"); that budget trains, to the same bits as
@@ -158,10 +161,15 @@ class Placement : public MlpTest {
     for (const Tensor& t : kTensors) {
       ParamDesc d{t.name, t.shape, t.group, !(freeze_l1 && t.group == "l1") && frozen_.count(t.name) == 0,
                   t.name.back() == 'b' ? *no_decay : 0};
-      EXPECT_TRUE(e.register_param(d, [t](std::span<float> out) {
-                     init_values(t, out);
-                     return core::Status();
-                   }).ok());
+      InitFn init = [t](std::span<float> out) {
+        init_values(t, out);
+        return core::Status();
+      };
+      if (!weights_dir_.empty() && !d.trainable) init = nullptr;  // from the files
+      EXPECT_TRUE(e.register_param(d, init).ok());
+    }
+    if (!weights_dir_.empty()) {
+      EXPECT_TRUE(e.init_from_safetensors(weights_dir_, "").ok());
     }
     const core::Status fin = e.finalize();
     EXPECT_TRUE(fin.ok()) << fin;
@@ -490,6 +498,66 @@ TEST_F(Placement, AFrozenParameterKeepsItsComputeCopiesInAGroupThatTrains) {
     init_values(kTensors[1], b0);
     EXPECT_FALSE(bits_equal(r.compute.at("l1.b"), b0)) << "l1.b trains";
     EXPECT_EQ(r.traffic.back(), r.expected_bytes);
+  }
+}
+
+// The frozen parameter's compute copies read straight from the safetensors
+// file it was imported from (strata.frozen_base "files"; FrozenFiles, which
+// fetches on the prefetch thread and the step's read at once): the same bits
+// as with a copy on the swap drive ("swap") under the exact and the delayed
+// schedules, the file never written, read on every fetch of its group that
+// no device copy serves, and nothing of it on the swap drive. The file's l1.w
+// is bf16, the compute dtype: read as it is.
+TEST_F(Placement, AFrozenBaseReadFromItsFileGivesTheBitsOfASwapCopy) {
+  frozen_ = {"l1.w"};
+  const Tensor& w = kTensors[0];
+  ASSERT_EQ(w.name, "l1.w");
+  weights_dir_ = (dir_ / "base").string();
+  std::filesystem::create_directories(weights_dir_);
+  {
+    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
+    init_values(w, v);
+    auto writer = SafetensorsWriter::create(weights_dir_ + "/model.safetensors", {{w.name, TensorDtype::kBf16, w.shape}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
+    ASSERT_TRUE(writer->finish().ok());
+  }
+  for (const OverlapMode overlap : {OverlapMode::kExact, OverlapMode::kDelayed}) {
+    std::map<FrozenBase, RunResult> runs;
+    for (const FrozenBase mode : {FrozenBase::kSwap, FrozenBase::kFiles}) {
+      SCOPED_TRACE(core::str_cat("overlap ", static_cast<int>(overlap), ", frozen_base ", to_string(mode)));
+      Config c = base();
+      c.strata.overlap = overlap;
+      c.strata.frozen_base = mode;
+      c.zero.offload_param.device = OffloadDevice::kNvme;
+      c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+      runs[mode] = train(c);
+      ASSERT_EQ(runs[mode].losses.size(), static_cast<std::size_t>(kSteps));
+    }
+    const RunResult& swap = runs.at(FrozenBase::kSwap);
+    const RunResult& files = runs.at(FrozenBase::kFiles);
+    EXPECT_EQ(files.losses, swap.losses);
+    expect_same_state(files, swap);
+    std::vector<float> v(files.compute.at(w.name).size());
+    init_values(w, v);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      ASSERT_EQ(files.compute.at(w.name)[i], nx::bf16_bits_to_fp32(nx::fp32_to_bf16_bits(v[i]))) << i;
+    }
+    const std::uint64_t frozen_bytes = v.size() * 2;
+    for (std::size_t s = 0; s < swap.stats.size(); ++s) {
+      // A step writes the same either way (the trainable part), reads the
+      // frozen part from the file instead of the swap drive.
+      EXPECT_EQ(files.stats[s].bytes.nvme_write, swap.stats[s].bytes.nvme_write) << s;
+      EXPECT_EQ(swap.stats[s].bytes.file_read, 0u) << s;
+      EXPECT_EQ(files.stats[s].resident, swap.stats[s].resident) << s;
+      EXPECT_EQ(files.stats[s].bytes.file_read % frozen_bytes, 0u) << s;
+      // (The swap copy's reads are its block's aligned extents: at least the tensor's bytes.)
+      EXPECT_LE(files.stats[s].bytes.nvme_read + files.stats[s].bytes.file_read, swap.stats[s].bytes.nvme_read) << s;
+      EXPECT_LT(files.stats[s].bytes.nvme_read, swap.stats[s].bytes.nvme_read) << s;
+    }
+    std::uint64_t read = 0;
+    for (const StepStats& st : files.stats) read += st.bytes.file_read;
+    EXPECT_GE(read, frozen_bytes * kSteps) << "every step fetches l1 at least once";
   }
 }
 
