@@ -17,6 +17,8 @@ packages=(
   # The Python side: strata.torch, its tests, the Llama example and its text
   # (the fortunes collection: English quotations and literature, never committed).
   python3-torch python3-numpy python3-pytest python3-tqdm fortunes-min fortunes
+  # pip install . and the wheel (pyproject.toml on meson-python), and its test's venv.
+  python3-mesonpy python3-build python3-venv
 )
 if [[ "${1:-}" == "--with-tools" ]]; then
   packages+=(fio hwloc-nox)

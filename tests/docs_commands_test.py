@@ -50,6 +50,10 @@ SKIP = [
     (r"^\.\./shared/tools/device-debs\b", "downloads Debian packages for the GPU machine (network, apt)"),
     (r"^(bash )?scripts/gpu-test\.sh\b", "the GPU check: builds build-gpu/ and runs every GPU stage (minutes; on "
                                           "a GPU machine through the device tool)"),
+    (r"^python3 -m venv --system-site-packages \.venv$", "makes a venv for the pip install below"),
+    (r"^\.venv/bin/pip install --no-build-isolation \.$", "builds libstrata from scratch into a venv (minutes): "
+                                                        "tests/python/test_packaging.py does it from a copy of the "
+                                                        "tree (meson test --suite wheel, scripts/test.sh --full)"),
     (r"^cd \S+ && mkdir -p strata_swap$", "makes a scratch directory with ./strata_swap (the commands here run in "
                                          "one)"),
 ]
