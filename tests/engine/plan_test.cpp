@@ -48,6 +48,19 @@ ModelSpec params_model(std::int64_t num_params, std::int64_t num_layers) {
   return m;
 }
 
+// A transformer shape: L layers of hidden size h, vocabulary V; seq_len and
+// micro_batch when given (else the defaults: 2048, the config's).
+ModelSpec shape_model(std::int64_t num_layers, std::int64_t hidden_size, std::int64_t vocab_size,
+                      std::int64_t seq_len = 0, std::int64_t micro_batch = 0) {
+  ModelSpec m;
+  m.num_layers = num_layers;
+  m.hidden_size = hidden_size;
+  m.vocab_size = vocab_size;
+  if (seq_len > 0) m.seq_len = seq_len;
+  m.micro_batch = micro_batch;
+  return m;
+}
+
 const PlacementPlan& candidate(const Plan& plan, OffloadDevice params, OffloadDevice optimizer) {
   for (const PlacementPlan& c : plan.candidates) {
     if (c.placement.param_device == params && c.placement.optimizer_device == optimizer) return c;
@@ -376,10 +389,7 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
   config.zero.offload_optimizer.device = OffloadDevice::kCpu;
   config.gradient_accumulation_steps = 8;
   config.train_micro_batch_size_per_gpu = 4;
-  ModelSpec model;
-  model.num_layers = 32;
-  model.hidden_size = 4096;
-  model.vocab_size = 32000;
+  const ModelSpec model = shape_model(32, 4096, 32000);
   core::Result<Plan> plan =
       make_plan(config, model, machine(24 * kGiB, 256 * kGiB, 1'000'000'000'000));
   ASSERT_TRUE(plan.ok()) << plan.status().to_string();
@@ -533,12 +543,7 @@ TEST(Planner, FrozenParametersHaveOnlyComputeCopies) {
 // strata.frozen_base "swap" puts it back on the swap drive.
 TEST(Planner, LoraMixesEveryGroupAndReadsTheBaseFromItsFiles) {
   Config config = bf16_config(OffloadDevice::kNvme, OffloadDevice::kCpu);
-  ModelSpec model;
-  model.num_layers = 80;
-  model.hidden_size = 8192;
-  model.vocab_size = 32000;
-  model.seq_len = 4096;
-  model.micro_batch = 1;
+  ModelSpec model = shape_model(80, 8192, 32000, 4096, 1);
   model.lora_rank = 16;
   const MachineSpec m = machine(80 * kGiB, 128 * kGiB, 2'000'000'000'000);
   core::Result<Plan> plan = make_plan(config, model, m);
@@ -1005,13 +1010,8 @@ TEST(Planner, ActivationEstimateFollowsKorthikanti) {
 
   // Through the planner: --seq, --micro-batch and --checkpointing reach it,
   // and without a shape there is no estimate (and a note says so).
-  ModelSpec model;
-  model.num_layers = 2;
-  model.hidden_size = 256;
+  ModelSpec model = shape_model(2, 256, 1000, 128, 2);
   model.num_heads = 2;
-  model.vocab_size = 1000;
-  model.seq_len = 128;
-  model.micro_batch = 2;
   model.activation_checkpointing = false;
   const Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kNone);
   core::Result<Plan> plan = make_plan(config, model, machine(8 * kGiB, 16 * kGiB, kGiB << 10));
