@@ -190,18 +190,32 @@ core::Result<std::uint64_t> FrozenFiles::read(std::size_t g, std::span<std::byte
   }
   if (verify_ && fg.recorded) {
     if (const std::uint64_t crc = nvme::crc64(0, part); crc != fg.crc) {
-      return Status::data_loss(str_cat(describe(g), ": the bytes read give CRC64 ", crc64_hex(crc), ", not the ", crc64_hex(fg.crc),
-                                       " they gave when the run imported them: a file changed during the run (a "
-                                       "frozen base is read from its files on every fetch; keep them unchanged, or "
-                                       "set strata.frozen_base \"swap\" to copy them to the swap drive)"));
+      // The tensor whose bytes changed, by its own CRC64 taken at import.
+      std::string which = describe(g);
+      for (std::size_t i = 0; i < fg.tensors.size(); ++i) {
+        const Tensor& t = fg.tensors[i];
+        if (nvme::crc64(0, part.subspan(t.lo, t.hi - t.lo)) != fg.tensor_crcs[i]) {
+          which = str_cat(files_[t.file], ": tensor '", t.name, "' (frozen parameter '", t.param, "' of group '",
+                          fg.name, "')");
+          break;
+        }
+      }
+      return Status::data_loss(str_cat(which, ": the bytes read give CRC64 ", crc64_hex(crc), " for the group, not the ",
+                                       crc64_hex(fg.crc), " they gave when the run imported them: a file changed "
+                                       "during the run (a frozen base is read from its files on every fetch; keep "
+                                       "them unchanged, or set strata.frozen_base \"swap\" to copy them to the swap "
+                                       "drive)"));
     }
   }
   return read;
 }
 
 void FrozenFiles::record(std::size_t g, std::span<const std::byte> part) {
-  groups_[g].crc = nvme::crc64(0, part);
-  groups_[g].recorded = true;
+  Group& fg = groups_[g];
+  fg.crc = nvme::crc64(0, part);
+  fg.tensor_crcs.clear();
+  for (const Tensor& t : fg.tensors) fg.tensor_crcs.push_back(nvme::crc64(0, part.subspan(t.lo, t.hi - t.lo)));
+  fg.recorded = true;
 }
 
 bool FrozenFiles::matches(std::size_t g, std::span<const std::byte> part) const {

@@ -60,7 +60,7 @@ class FrozenFiles {
   // zero; then its CRC64 checked against record's (strata.crc). Returns the
   // bytes read from the files. Errors: the file's (naming it); kDataLoss
   // when a tensor is gone, changed shape, or the bytes differ from those
-  // recorded, naming the group and its files.
+  // recorded, naming the file and tensor that changed.
   core::Result<std::uint64_t> read(std::size_t g, std::span<std::byte> part);
   // The initial values' frozen range of group g (the engine's own
   // conversion of the files): its CRC64 is what later reads must give.
@@ -87,6 +87,7 @@ class FrozenFiles {
     Layout::ByteRange range;
     std::vector<Tensor> tensors;  // by offset
     std::uint64_t crc = 0;
+    std::vector<std::uint64_t> tensor_crcs;  // each tensor's, to name the one that changed
     bool recorded = false;
   };
   FrozenFiles() = default;
