@@ -1108,10 +1108,7 @@ TEST(Planner, BadModelInputIsAnErrorNamingTheFlag) {
   no_vocab.hidden_size = 64;
   ModelSpec heads_without_shape = params_model(1000, 2);
   heads_without_shape.num_heads = 4;
-  ModelSpec too_many_heads;
-  too_many_heads.num_layers = 2;
-  too_many_heads.hidden_size = 64;
-  too_many_heads.vocab_size = 100;
+  ModelSpec too_many_heads = shape_model(2, 64, 100);
   too_many_heads.num_heads = 65;
   ModelSpec frozen_high = params_model(1000, 2);
   frozen_high.frozen_fraction = 1.5;
@@ -1121,10 +1118,7 @@ TEST(Planner, BadModelInputIsAnErrorNamingTheFlag) {
   frozen_nan.frozen_fraction = std::nan("");
   ModelSpec lora_without_shape = params_model(1000, 2);
   lora_without_shape.lora_rank = 8;
-  ModelSpec lora_and_frozen;
-  lora_and_frozen.num_layers = 2;
-  lora_and_frozen.hidden_size = 64;
-  lora_and_frozen.vocab_size = 100;
+  ModelSpec lora_and_frozen = shape_model(2, 64, 100);
   lora_and_frozen.lora_rank = 8;
   lora_and_frozen.frozen_fraction = 0.5;
   ModelSpec seq = params_model(1000, 2);
