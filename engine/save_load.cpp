@@ -71,11 +71,6 @@ core::Result<std::unique_ptr<nvme::IoBackend>> file_backend(const Config& config
   return backend;
 }
 
-TensorDtype dtype_of(int bytes, Precision p) {
-  if (bytes == 4) return TensorDtype::kF32;
-  return p == Precision::kFp16 ? TensorDtype::kF16 : TensorDtype::kBf16;
-}
-
 // A whole parameter's optimizer arrays (the master, then the optimizer's), as
 // the chunks keep them (OptimizerSpec::elem_bytes bytes an element) and,
 // blockwise, their scales (one per block of the parameter: its trainable

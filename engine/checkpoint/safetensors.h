@@ -35,6 +35,11 @@ std::string_view to_string(TensorDtype d);  // "F32", "BF16", "F16", "U8" (the f
 inline std::size_t dtype_size(TensorDtype d) {
   return d == TensorDtype::kF32 ? 4 : d == TensorDtype::kU8 ? 1 : 2;
 }
+// The dtype of compute copies of `bytes` bytes an element under precision `p`.
+inline TensorDtype dtype_of(int bytes, Precision p) {
+  if (bytes == 4) return TensorDtype::kF32;
+  return p == Precision::kFp16 ? TensorDtype::kF16 : TensorDtype::kBf16;
+}
 
 struct TensorInfo {
   std::string name;

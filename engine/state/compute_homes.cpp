@@ -81,7 +81,7 @@ core::Result<std::span<std::byte>> ComputeHomes::load(std::size_t g, gpu::Pinned
     }
     Status s;
     if (frozen_from_files(g)) {
-      const Layout::ByteRange fr = files_->range(g);
+      const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);
       TraceScope t(trace_, TraceTrack::kSwap, str_cat("read frozen ", layout_.groups[g].name), fr.size());
       core::Result<std::uint64_t> read = files_->read(g, host.subspan(fr.lo, fr.size()));
       if (read.ok()) lane.bytes->file_read += *read;
@@ -264,7 +264,7 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
       if (frozen_from_files(g)) {
         // The files are not written: the first write of the frozen part (the
         // initial values) is what later reads must give.
-        const Layout::ByteRange fr = files_->range(g);
+        const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);
         if (fr.lo >= r.lo && fr.hi <= r.hi) {
           const std::span<const std::byte> frozen = host.subspan(fr.lo - host_lo, fr.size());
           if (!files_->recorded(g)) {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <utility>
 
 #include "core/str.h"
@@ -30,11 +29,6 @@ void quiet_nans(std::span<std::byte> bytes, Precision p) {
   for (std::size_t i = 0; i < n; ++i) {
     if ((h[i] & 0x7fffu) > inf) h[i] = static_cast<std::uint16_t>(h[i] | quiet);
   }
-}
-
-TensorDtype compute_dtype(int compute_bytes, Precision p) {
-  if (compute_bytes == 4) return TensorDtype::kF32;
-  return p == Precision::kFp16 ? TensorDtype::kF16 : TensorDtype::kBf16;
 }
 
 }  // namespace
@@ -99,13 +93,12 @@ std::unique_ptr<FrozenFiles> FrozenFiles::create(const PretrainedWeights& weight
     const GroupPlace& gp = layout.groups[g];
     if (!gp.frozen_in_files) continue;
     Group& fg = f->groups_[g];
-    fg.from_files = true;
     fg.name = gp.name;
-    fg.range = layout.frozen_home_range(gp);
+    const Layout::ByteRange range = layout.frozen_home_range(gp);
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout.params[pi];
       if (p.trainable) continue;
-      const std::uint64_t at = static_cast<std::uint64_t>(layout.places[pi].compute_offset) * cb - fg.range.lo;
+      const std::uint64_t at = static_cast<std::uint64_t>(layout.places[pi].compute_offset) * cb - range.lo;
       fg.tensors.push_back(Tensor{.file = weights.file_of(p.name),
                                   .name = weights.tensor_name(p.name),
                                   .param = p.name,
@@ -159,7 +152,7 @@ core::Status FrozenFiles::read_tensor(const Tensor& t, std::span<std::byte> out)
                                      " (frozen parameter '", t.param, "' is ", shape_string(t.shape),
                                      " and is read from this file)"));
   }
-  if (info->dtype == compute_dtype(compute_bytes_, precision_)) {
+  if (info->dtype == dtype_of(compute_bytes_, precision_)) {
     STRATA_RETURN_IF_ERROR(r->read_raw(t.name, out));
     if (compute_bytes_ == 2) quiet_nans(out, precision_);
   } else {

@@ -1,8 +1,7 @@
 // FrozenFiles: the read-only home of frozen parameters' compute copies (a
 // LoRA run's base) in the safetensors files they were imported from
 // (strata.frozen_base "files"): no copy on the swap drive and no write, ever.
-// A group's frozen range of its home (Layout::trainable_home_range's other
-// side, or the whole home when every parameter of the group is frozen) is
+// A group's frozen range of its home (Layout::frozen_home_range) is
 // read tensor by tensor with direct reads through the nvme layer, each tensor
 // converted to the compute dtype exactly as the initial values are (so that
 // every placement gives the same bytes), the padding zero. A CRC64 of the
@@ -51,11 +50,7 @@ class FrozenFiles {
   FrozenFiles(const FrozenFiles&) = delete;
   FrozenFiles& operator=(const FrozenFiles&) = delete;
 
-  bool from_files(std::size_t g) const { return g < groups_.size() && groups_[g].from_files; }
-  // The bytes of group g's home read from the files.
-  Layout::ByteRange range(std::size_t g) const { return groups_[g].range; }
-
-  // Group g's frozen range read into `part` (range(g).size() bytes): every
+  // Group g's frozen range (Layout::frozen_home_range) read into `part`: every
   // frozen parameter's tensor converted to the compute dtype, the padding
   // zero; then its CRC64 checked against record's (strata.crc). Returns the
   // bytes read from the files. Errors: the file's (naming it); kDataLoss
@@ -82,9 +77,7 @@ class FrozenFiles {
     std::uint64_t hi = 0;
   };
   struct Group {
-    bool from_files = false;
-    std::string name;  // the group's
-    Layout::ByteRange range;
+    std::string name;  // the group's (empty: not read from files)
     std::vector<Tensor> tensors;  // by offset
     std::uint64_t crc = 0;
     std::vector<std::uint64_t> tensor_crcs;  // each tensor's, to name the one that changed

@@ -7,6 +7,7 @@ trains through strata.torch with nothing of the source tree in reach.
 The wheel test builds libstrata from scratch (minutes on two cores): it runs
 where STRATA_TEST_WHEEL=1 (scripts/test.sh --full sets it) and skips
 elsewhere."""
+import json
 import os
 import pathlib
 import re
@@ -85,7 +86,6 @@ def test_wheel_installs_into_a_fresh_venv_and_trains(tmp_path):
     run = subprocess.run([str(venv / "bin" / "python"), "-c", LOOP], cwd=tmp_path, env=env, capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr
-    import json
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["library"].startswith(str(venv)), out["library"]
     assert out["losses"][-1] < 0.8 * out["losses"][0], out["losses"]
