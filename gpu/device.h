@@ -195,8 +195,9 @@ class Device {
   // aligned to caps().allocation_alignment_bytes and charged to the device
   // budget rounded up to it (what it takes); contents undefined.
   // Errors: kInvalidArgument for 0 bytes; kResourceExhausted naming the device
-  // budget when it would go over; kOutOfMemory when the backend has no room
-  // (the CUDA arena is fragmented or full).
+  // budget when it would go over, or when the arena has no free range that
+  // large (fragmented: freeing buffers makes room, as for the budget);
+  // kOutOfMemory when the backend's own memory fails it.
   core::Result<DeviceBuffer> allocate(std::uint64_t size_bytes, std::string_view what) STRATA_EXCLUDES(mu_);
 
   // Allocates pinned host memory (page-aligned), charged to the pinned budget.

@@ -2,7 +2,8 @@
 // (fetched groups, gradients, their host staging) kept for reuse by exact
 // size, so a step does not fault in fresh pages for every call. A cached
 // buffer stays charged to its budget; when an allocation is refused for
-// lack of budget, the cache gives everything back and tries again (while it
+// lack of budget (kResourceExhausted: the budget, or a device arena with no
+// free range that large), the cache gives everything back and tries again (while it
 // had anything to give), so caching never makes a placement fail. A buffer may come back with a fence:
 // an event after which nothing else reads it (the framework's last kernels
 // on a released group); get() hands it out only once the fence has passed,

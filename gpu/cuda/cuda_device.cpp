@@ -17,6 +17,7 @@
 #include "core/logging.h"
 #include "core/mutex.h"
 #include "core/str.h"
+#include "gpu/arena.h"
 #include "gpu/cuda/cuda_kernels.h"
 #include "gpu/cuda_device.h"
 
@@ -63,65 +64,6 @@ void log_if_error(cudaError_t err, std::string_view call) {
   }
 }
 
-// First-fit allocator over [0, size) of the arena, with neighbours coalesced
-// on free. Thread-safe.
-class Arena {
- public:
-  explicit Arena(std::uint64_t size_bytes) : size_bytes_(size_bytes) {
-    if (size_bytes > 0) free_.emplace(0, size_bytes);
-  }
-
-  // An offset, or -1 when no free range is large enough.
-  std::int64_t allocate(std::uint64_t size_bytes) {
-    const std::uint64_t need = round_up(size_bytes);
-    core::MutexLock lock(mu_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if (it->second < need) continue;
-      const std::uint64_t offset = it->first;
-      const std::uint64_t left = it->second - need;
-      free_.erase(it);
-      if (left > 0) free_.emplace(offset + need, left);
-      return static_cast<std::int64_t>(offset);
-    }
-    return -1;
-  }
-
-  void free(std::uint64_t offset, std::uint64_t size_bytes) {
-    std::uint64_t begin = offset;
-    std::uint64_t size = round_up(size_bytes);
-    core::MutexLock lock(mu_);
-    auto next = free_.lower_bound(begin);
-    if (next != free_.end() && begin + size == next->first) {
-      size += next->second;
-      next = free_.erase(next);
-    }
-    if (next != free_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == begin) {
-        begin = prev->first;
-        size += prev->second;
-        free_.erase(prev);
-      }
-    }
-    free_.emplace(begin, size);
-  }
-
-  std::uint64_t largest_free() {
-    core::MutexLock lock(mu_);
-    std::uint64_t best = 0;
-    for (const auto& [offset, size] : free_) best = std::max(best, size);
-    return best;
-  }
-  std::uint64_t size_bytes() const { return size_bytes_; }
-
- private:
-  static std::uint64_t round_up(std::uint64_t n) { return (n + kArenaAlignment - 1) / kArenaAlignment * kArenaAlignment; }
-
-  const std::uint64_t size_bytes_;
-  core::Mutex mu_;
-  std::map<std::uint64_t, std::uint64_t> free_ STRATA_GUARDED_BY(mu_);  // offset -> size
-};
-
 class CudaStream final : public StreamImpl {
  public:
   CudaStream(int ordinal, cudaStream_t stream, bool owned) : ordinal_(ordinal), stream_(stream), owned_(owned) {}
@@ -164,7 +106,7 @@ void host_func_trampoline(void* user_data) {
 class CudaDevice final : public Device {
  public:
   CudaDevice(DeviceCaps caps, DeviceBudgets budgets, int ordinal, void* arena_base, std::uint64_t arena_bytes)
-      : Device(std::move(caps), budgets), ordinal_(ordinal), arena_base_(arena_base), arena_(arena_bytes) {}
+      : Device(std::move(caps), budgets), ordinal_(ordinal), arena_base_(arena_base), arena_(arena_bytes, kArenaAlignment) {}
 
   ~CudaDevice() override {
     log_if_error(cudaSetDevice(ordinal_), "cudaSetDevice");
@@ -182,9 +124,11 @@ class CudaDevice final : public Device {
   Result<void*> do_allocate(std::uint64_t /*buffer_id*/, std::uint64_t size_bytes) override {
     const std::int64_t offset = arena_.allocate(size_bytes);
     if (offset < 0) {
-      return Status::out_of_memory(str_cat("CUDA device arena (", core::format_bytes(arena_.size_bytes()),
-                                           ") has no free range of ", core::format_bytes(size_bytes),
-                                           " (largest free range: ", core::format_bytes(arena_.largest_free()), ")"));
+      // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
+      // the caches give their buffers back and the allocation is tried again.
+      return Status::resource_exhausted(str_cat("CUDA device arena (", core::format_bytes(arena_.size_bytes()),
+                                                ") has no free range of ", core::format_bytes(size_bytes),
+                                                " (largest free range: ", core::format_bytes(arena_.largest_free()), ")"));
     }
     return static_cast<void*>(static_cast<std::byte*>(arena_base_) + offset);
   }

@@ -1,6 +1,7 @@
 // The emulated device (gpu/host_device.h): budgeted host memory as device
 // memory, one worker thread per stream, CUDA-like events, strict run-time
 // checks, and the timing model (sleeping, never spinning).
+#include "gpu/arena.h"
 #include "gpu/host_device.h"
 
 #include <algorithm>
@@ -226,7 +227,9 @@ void store(std::byte* p, ElemType type, std::int64_t i, float x) {
 class HostDevice final : public Device {
  public:
   HostDevice(DeviceCaps caps, DeviceBudgets budgets, TimingModel timing)
-      : Device(std::move(caps), budgets), timing_(timing) {
+      : Device(std::move(caps), budgets),
+        timing_(timing),
+        arena_(this->caps().device_memory_bytes / kAlignment * kAlignment, kAlignment) {
     for (auto& t : resource_free_at_) t = Clock::time_point::min();
   }
 
@@ -266,20 +269,32 @@ class HostDevice final : public Device {
 
  protected:
   // --- memory ---
+  // Each allocation takes a range of the arena as the CUDA device's would (the memory itself
+  // comes from the heap): a budget fragmented on CUDA is fragmented here too.
   Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes) override {
+    const std::int64_t offset = arena_.allocate(size_bytes);
+    if (offset < 0) {
+      // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
+      // the caches give their buffers back and the allocation is tried again.
+      return Status::resource_exhausted(str_cat("host device arena (", core::format_bytes(arena_.size_bytes()),
+                                                ") has no free range of ", core::format_bytes(size_bytes),
+                                                " (largest free range: ", core::format_bytes(arena_.largest_free()), ")"));
+    }
     const std::uint64_t rounded = (size_bytes + kAlignment - 1) / kAlignment * kAlignment;
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (p == nullptr) {
+      arena_.free(static_cast<std::uint64_t>(offset), size_bytes);
       return Status::out_of_memory(str_cat("host device: cannot allocate ", core::format_bytes(size_bytes)));
     }
     auto a = std::make_shared<Allocation>(static_cast<std::byte*>(p), size_bytes);
     core::MutexLock lock(mu_);
     by_address_.emplace(reinterpret_cast<std::uintptr_t>(p), a);
     allocations_.emplace(buffer_id, std::move(a));
+    arena_offsets_.emplace(buffer_id, static_cast<std::uint64_t>(offset));
     return p;
   }
 
-  void do_free(std::uint64_t buffer_id, void* p, std::uint64_t /*size_bytes*/) noexcept override {
+  void do_free(std::uint64_t buffer_id, void* p, std::uint64_t size_bytes) noexcept override {
     std::shared_ptr<Allocation> a;  // dropped after the lock: may free the memory
     core::MutexLock lock(mu_);
     auto it = allocations_.find(buffer_id);
@@ -287,6 +302,10 @@ class HostDevice final : public Device {
     a = std::move(it->second);
     allocations_.erase(it);
     by_address_.erase(reinterpret_cast<std::uintptr_t>(p));
+    if (const auto o = arena_offsets_.find(buffer_id); o != arena_offsets_.end()) {
+      arena_.free(o->second, size_bytes);
+      arena_offsets_.erase(o);
+    }
   }
 
   Result<void*> do_allocate_pinned(std::size_t size_bytes, int numa_node) override {
@@ -762,6 +781,8 @@ class HostDevice final : public Device {
   std::map<std::uintptr_t, std::shared_ptr<Allocation>> by_address_ STRATA_GUARDED_BY(mu_);
   std::map<std::uintptr_t, std::uintptr_t> registered_ STRATA_GUARDED_BY(mu_);  // begin -> end
   std::vector<std::shared_ptr<StreamState>> streams_ STRATA_GUARDED_BY(mu_);
+  Arena arena_;
+  std::unordered_map<std::uint64_t, std::uint64_t> arena_offsets_ STRATA_GUARDED_BY(mu_);  // buffer id -> offset
 };
 
 // --- HostStream --------------------------------------------------------------

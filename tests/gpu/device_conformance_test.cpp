@@ -498,6 +498,26 @@ TEST_P(DeviceTest, AllocationOverTheBudgetNamesIt) {
   EXPECT_EQ(pinned_budget_.used_bytes(), 0u);
 }
 
+// Device memory is one arena as large as the budget: a request the budget allows can still find
+// no free range that large (fragmented). That is refused as the budget is (kResourceExhausted,
+// which the engine's caches answer by giving buffers back), on the host device as on CUDA.
+TEST_P(DeviceTest, AFragmentedArenaIsRefusedAsTheBudgetIs) {
+  std::vector<DeviceBuffer> quarters;
+  for (int i = 0; i < 4; ++i) quarters.push_back(alloc(kBudgetBytes / 4));
+  quarters[0].reset();
+  quarters[2].reset();
+  auto half = device_->allocate(kBudgetBytes / 2, "layer 3 gradients");
+  ASSERT_FALSE(half.ok());
+  EXPECT_EQ(half.status().code(), StatusCode::kResourceExhausted) << half.status();
+  EXPECT_NE(half.status().message().find("no free range"), std::string_view::npos) << half.status();
+  EXPECT_NE(half.status().message().find("layer 3 gradients"), std::string_view::npos) << half.status();
+  EXPECT_EQ(device_budget_.used_bytes(), kBudgetBytes / 2);
+  // Neighbours coalesce: with the second quarter freed too, the first half is one range.
+  quarters[1].reset();
+  DeviceBuffer again = alloc(kBudgetBytes / 2);
+  EXPECT_FALSE(again.empty());
+}
+
 TEST_P(DeviceTest, ZeroByteAllocationIsInvalid) {
   EXPECT_EQ(device_->allocate(0, "nothing").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(device_->allocate_pinned(0, "nothing").status().code(), StatusCode::kInvalidArgument);

@@ -1,0 +1,54 @@
+#include "gpu/arena.h"
+
+#include <algorithm>
+#include <iterator>
+
+namespace strata::gpu {
+
+Arena::Arena(std::uint64_t size_bytes, std::uint64_t alignment)
+    : size_bytes_(size_bytes), alignment_(alignment) {
+  if (size_bytes > 0) free_.emplace(0, size_bytes);
+}
+
+std::int64_t Arena::allocate(std::uint64_t size_bytes) {
+  const std::uint64_t need = round_up(size_bytes);
+  core::MutexLock lock(mu_);
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < need) continue;
+    const std::uint64_t offset = it->first;
+    const std::uint64_t left = it->second - need;
+    free_.erase(it);
+    if (left > 0) free_.emplace(offset + need, left);
+    return static_cast<std::int64_t>(offset);
+  }
+  return -1;
+}
+
+void Arena::free(std::uint64_t offset, std::uint64_t size_bytes) {
+  std::uint64_t begin = offset;
+  std::uint64_t size = round_up(size_bytes);
+  core::MutexLock lock(mu_);
+  auto next = free_.lower_bound(begin);
+  if (next != free_.end() && begin + size == next->first) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == begin) {
+      begin = prev->first;
+      size += prev->second;
+      free_.erase(prev);
+    }
+  }
+  free_.emplace(begin, size);
+}
+
+std::uint64_t Arena::largest_free() const {
+  core::MutexLock lock(mu_);
+  std::uint64_t best = 0;
+  for (const auto& [offset, size] : free_) best = std::max(best, size);
+  return best;
+}
+
+}  // namespace strata::gpu
