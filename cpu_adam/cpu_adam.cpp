@@ -463,7 +463,10 @@ core::Result<CoreChoice> choose_cores(hwloc_topology_t topology, std::string_vie
         cores = std::vector<hwloc_obj_t>(cores.begin() + static_cast<std::ptrdiff_t>(i * c / k),
                                          cores.begin() + static_cast<std::ptrdiff_t>((i + 1) * c / k));
       } else {
-        cores = {cores[i % c]};
+        // Fewer cores than ranks: this rank takes one core, shared with others. Copied out first
+        // (GCC 13's -Warray-bounds misreads assigning a braced list built from the vector).
+        const hwloc_obj_t one = cores[i % c];
+        cores.assign(1, one);
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "partition/communicator.h"
@@ -81,7 +82,11 @@ TEST_F(NcclTest, HostBuffersAreRefusedNamingTheCall) {
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
   EXPECT_NE(s.message().find("all_reduce"), std::string_view::npos) << s.to_string();
   EXPECT_NE(s.message().find("device buffers"), std::string_view::npos) << s.to_string();
-  EXPECT_TRUE(comm_->barrier().ok());  // a refused call leaves it usable
+  // A refused call breaks the communicator as a failed one does (the other ranks' matching call
+  // would be left unpaired): the next call says so instead of hanging.
+  const core::Status after = comm_->barrier();
+  EXPECT_EQ(after.code(), StatusCode::kFailedPrecondition) << after.to_string();
+  EXPECT_NE(after.message().find("broke at an earlier call"), std::string_view::npos) << after.to_string();
 }
 
 }  // namespace
