@@ -167,14 +167,15 @@ setup() {
     for f in .debs/*.deb; do dpkg -x "$f" "$debs_root" || return 1; done
     local lib=$debs_root/usr/lib/x86_64-linux-gnu
     export PATH=$debs_root/usr/bin:$PATH
-    export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # Gloo's library sits in /usr/lib, not in the multiarch folder.
+    export LD_LIBRARY_PATH=$lib:$lib/openblas-pthread:$debs_root/usr/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     export PKG_CONFIG=$debs_root/usr/bin/pkgconf PKG_CONFIG_SYSROOT_DIR=$debs_root
     # openblas.pc sits in its own folder (Debian's alternatives link it elsewhere; dpkg -x does not).
     export PKG_CONFIG_LIBDIR=$lib/pkgconfig:$debs_root/usr/share/pkgconfig:$lib/openblas-pthread/pkgconfig
     # Headers as system headers (C_INCLUDE_PATH, CPLUS_INCLUDE_PATH: -isystem), as /usr/include is:
     # with CPATH (-I) liburing's io_uring.h fails the build's -Wpedantic -Werror.
     export C_INCLUDE_PATH=$debs_root/usr/include CPLUS_INCLUDE_PATH=$debs_root/usr/include
-    export LIBRARY_PATH=$lib:$lib/openblas-pthread
+    export LIBRARY_PATH=$lib:$lib/openblas-pthread:$debs_root/usr/lib
     # The text corpus of the Llama example and of the docs' commands.
     if [[ ! -e /usr/share/games/fortunes && -d $debs_root/usr/share/games/fortunes && -w /usr/share ]]; then
       mkdir -p /usr/share/games && ln -s "$debs_root/usr/share/games/fortunes" /usr/share/games/fortunes
@@ -209,7 +210,10 @@ summarize
 
 # --- configure and build (only the targets the stages run) ---------------------------------------
 configure() {
-  local opts=(-Dcuda=enabled -Dopenblas=enabled -Dtests=enabled -Dbenchmarks=enabled "-Dgpu_archs=$archs")
+  # -Dwerror=false: the lent machine's compiler (GCC 13 at /opt/gcc) is not the one CI holds the
+  # warnings to; a warning there must not cost the call. build.log keeps them to mend here.
+  local opts=(-Dcuda=enabled -Dopenblas=enabled -Dtests=enabled -Dbenchmarks=enabled -Dwerror=false
+              "-Dgpu_archs=$archs")
   if [[ -f $build/build.ninja ]]; then
     meson setup --reconfigure "$build" "${opts[@]}"
   else

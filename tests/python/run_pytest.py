@@ -11,9 +11,11 @@ summary line over all of them (the GPU check's machine runs the suite in a
 quarter of the time; most tests start a Python with torch). The other
 arguments go to pytest as they are."""
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -60,32 +62,65 @@ def run_sharded(jobs, extra):
     shards = [ids[k::jobs] for k in range(min(jobs, len(ids)))]
     totals = {"passed": 0, "failed": 0, "skipped": 0}
     worst = 0
+
+    def report(k, n, rc, text):
+        """Prints shard k's output (its summary line folded into the totals)."""
+        nonlocal worst
+        worst = max(worst, 1 if rc is None else rc)
+        print(f"--- shard {k + 1} of {len(shards)}: {n} tests, " + ("stopped" if rc is None else f"exit {rc}"))
+        seen = False
+        for line in text.splitlines():
+            if line.startswith("pytest-summary: ") and line[16:17].isdigit():
+                parts = line[16:].split(",")
+                for part, key in zip(parts, ("passed", "failed", "skipped")):
+                    totals[key] += int(part.split()[0])
+                seen = True
+            else:
+                print(line)
+        if not seen:
+            totals["failed"] += 1
+            print(f"(shard {k + 1} ended without its summary line: counted as one failure)")
+        sys.stdout.flush()
+
+    # A SIGTERM (the GPU check's stage limit) stops the shards and still prints
+    # what each had done, with the summary line.
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
     with tempfile.TemporaryDirectory(prefix="strata-pytest-") as tmp:
-        procs = []
+        procs = {}
         for k, shard in enumerate(shards):
             log = open(os.path.join(tmp, f"shard{k}.log"), "w+")
-            cmd = [sys.executable, os.path.abspath(__file__), *shard, *extra,
+            # -v (with run_one's -q: a line per file) and --durations: where the time goes.
+            cmd = [sys.executable, os.path.abspath(__file__), *shard, *extra, "-v", "--durations=5",
                    "--basetemp", os.path.join(tmp, f"base{k}")]
-            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, len(shard)))
-        for k, (p, log, n) in enumerate(procs):
-            rc = p.wait()
-            worst = max(worst, rc)
-            log.seek(0)
-            text = log.read()
-            log.close()
-            print(f"--- shard {k + 1} of {len(procs)}: {n} tests, exit {rc}")
-            seen = False
-            for line in text.splitlines():
-                if line.startswith("pytest-summary: ") and line[16:17].isdigit():
-                    parts = line[16:].split(",")
-                    for part, key in zip(parts, ("passed", "failed", "skipped")):
-                        totals[key] += int(part.split()[0])
-                    seen = True
-                else:
-                    print(line)
-            if not seen:
-                totals["failed"] += 1
-                print(f"(shard {k + 1} ended without its summary line: counted as one failure)")
+            # Unbuffered: a shard killed at the limit has still written where it was.
+            env = dict(os.environ, PYTHONUNBUFFERED="1")
+            procs[k] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, len(shard))
+        try:
+            while procs:  # each shard's output as it ends
+                for k in sorted(procs):
+                    p, log, n = procs[k]
+                    rc = p.poll()
+                    if rc is None:
+                        continue
+                    log.seek(0)
+                    report(k, n, rc, log.read())
+                    log.close()
+                    del procs[k]
+                time.sleep(0.2)
+        except KeyboardInterrupt:
+            for p, _, _ in procs.values():
+                p.kill()
+            for k in sorted(procs):
+                p, log, n = procs[k]
+                p.wait()
+                log.seek(0)
+                report(k, n, None, log.read())
+                log.close()
+            print(f"pytest-summary: {totals['passed']} passed, {totals['failed']} failed, "
+                  f"{totals['skipped']} skipped (stopped: {len(procs)} shard(s) still running)")
+            return 1
     print(f"pytest-summary: {totals['passed']} passed, {totals['failed']} failed, {totals['skipped']} skipped")
     return 0 if worst == 0 and totals["failed"] == 0 else 1
 
