@@ -613,6 +613,8 @@ bool parse_list(const char* text, std::vector<std::int64_t>* out) {
 }  // namespace strata::bench
 
 int main(int argc, char** argv) {
+  // A line at a time into a file too: a run stopped at a limit (the GPU check's stage) keeps its rows.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   strata::bench::Options opt;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];

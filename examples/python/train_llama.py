@@ -785,7 +785,17 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
             save(engine, args, stream, step + 1)
     if bar is not None:
         bar.close()
+    def print_times():
+        # Where a step's time goes (means over the steps run): the framework's forward and backward
+        # (the loss read back), engine.step(); and the engine's own parts, inside either.
+        per = {k: v / steps_run for k, v in seconds.items()}
+        print(f"time per step: forward+backward {per['fwd_bwd']:.3f} s, step() {per['step']:.3f} s; of them "
+              f"fetch {per['fetch']:.3f} s, gradients {per['grads']:.3f} s, optimizer {per['optimizer']:.3f} s, "
+              f"adapter {per['adapter']:.3f} s", flush=True)
+
     if stop.signum:
+        if steps_run:
+            print_times()  # a run stopped at a limit still says where its steps' time went
         print(f"train_llama: interrupted by {signal.Signals(stop.signum).name} at step {done}; "
               + ("the checkpoint named by `latest` is the last complete one (--resume continues)"
                  if args.save_every else "nothing saved"), flush=True)
@@ -797,12 +807,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
         print(f"summary: {steps_run} steps in {elapsed:.1f} s, {tps:.0f} tokens/s, "
               f"{flops_per_step * steps_run / elapsed / 1e12:.3f} model TFLOPS; "
               f"loss {first_loss:.3f} -> {last_loss:.3f}; held-out loss {val:.3f}")
-        # Where a step's time goes (means over the steps run): the framework's forward and backward
-        # (the loss read back), engine.step(); and the engine's own parts, inside either.
-        per = {k: v / steps_run for k, v in seconds.items()}
-        print(f"time per step: forward+backward {per['fwd_bwd']:.3f} s, step() {per['step']:.3f} s; of them "
-              f"fetch {per['fetch']:.3f} s, gradients {per['grads']:.3f} s, optimizer {per['optimizer']:.3f} s, "
-              f"adapter {per['adapter']:.3f} s")
+        print_times()
         # Where the CPU optimizer's threads ran (strata.cpu_adam.bind), as finalize chose them.
         print(f"cpu_adam: {engine.stats().cpu_adam_binding}")
         print_swap_wear(engine.swap_stats(), swap_step_bytes, nvme_written, steps_run)

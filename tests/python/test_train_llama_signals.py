@@ -56,6 +56,10 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
     m = re.search(r"interrupted by (SIG\w+) at step (\d+)", out)
     assert m and m.group(1) == signal.Signals(sig).name, out + err
     assert "summary" not in out and "Traceback" not in err
+    # Where the steps run spent their time, said before the stop (a run cut at a limit still says it).
+    assert re.search(r"^time per step: forward\+backward [0-9.]+ s, step\(\) [0-9.]+ s; of them fetch", out,
+                     re.M), out
+    assert out.index("time per step:") < out.index("interrupted by")
     assert swap_files(tmp_path) == []
     latest = open(os.path.join(ck, "latest")).read().split()[0]  # "step-<N> <crc64>"
     assert os.path.isfile(os.path.join(ck, latest, "manifest.json"))
