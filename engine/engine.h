@@ -354,7 +354,7 @@ class Engine {
   core::Status ready_between_steps(const char* op) STRATA_REQUIRES(mu_);
   core::Status write_state_file(const std::string& path, std::uint64_t* crc);
   core::Status publish_save(const std::string& root, const std::string& name, const std::string& tmp,
-                            std::span<const std::byte> blob, std::span<const std::uint64_t> state_crcs);
+                            std::span<const std::uint64_t> state_crcs, std::span<const std::uint64_t> blob_crcs);
   struct CheckpointToLoad;
   core::Status check_checkpoint(const std::string& root, CheckpointToLoad& ck);
   core::Status apply_checkpoint(CheckpointToLoad& ck);

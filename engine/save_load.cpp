@@ -5,7 +5,8 @@
 //                      (engine/optimizer_spec.h: AdamW ".exp_avg", ".exp_avg_sq";
 //                      Lion ".exp_avg"; Adagrad ".exp_avg_sq") in the format the
 //                      engine keeps them (strata.optimizer_state: F32 or BF16)
-//   framework.bin      the framework's blob
+//   framework.bin      the framework's blob (with several ranks rank 0's, and each
+//                      other rank's in framework-rank-<r>-of-<N>.bin)
 //   manifest.json      format version, step counters, loss scaler, lr override,
 //                      the parameter list, the config, CRC64 of the two files,
 //                      and its own CRC64 (engine/checkpoint/manifest.h)
@@ -162,10 +163,11 @@ std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout
 }
 
 // A checkpoint's manifest: the step counts, the loss scaler, the parameters,
-// the CRCs of the state file (`state_crc`) and of the framework's `blob`,
-// and the config.
+// the CRCs of the state files (`state_crcs`) and of the ranks' framework blobs
+// (`blob_crcs`, rank 0's first), and the config.
 CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& config, const Verdict& verdict,
-                                       std::span<const std::uint64_t> state_crcs, std::span<const std::byte> blob) {
+                                       std::span<const std::uint64_t> state_crcs,
+                                       std::span<const std::uint64_t> blob_crcs) {
   CheckpointManifest m;
   m.step = verdict.applied_steps();
   m.skipped_steps = verdict.skipped_steps();
@@ -201,7 +203,8 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
       m.shards.push_back(std::move(f));
     }
   }
-  m.framework_crc64 = nvme::crc64(0, blob);
+  m.framework_crc64 = blob_crcs[0];
+  if (blob_crcs.size() > 1) m.rank_framework_crc64.assign(blob_crcs.begin(), blob_crcs.end());
   m.config_json = to_json(config);
   return m;
 }
@@ -551,17 +554,24 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   std::vector<std::uint64_t> crcs;
   STRATA_RETURN_IF_ERROR(agree(kOp, "writing its state file", std::move(wrote), crc, &crcs));
   crash_point("state_written");
-  // Rank 0 writes the framework's blob (its own), the manifest, and makes the checkpoint latest.
+  // Every rank's framework blob (its RNG states, its data position: each
+  // rank's own), rank 0's as framework.bin.
+  const std::string blob_file = share.rank == 0 ? "framework.bin" : checkpoint_framework_file(share.rank, share.ranks);
+  Status wrote_blob = write_file_synced(tmp + "/" + blob_file, blob, config_.strata.io);
+  std::vector<std::uint64_t> blob_crcs;
+  STRATA_RETURN_IF_ERROR(
+      agree(kOp, "writing its framework blob", std::move(wrote_blob), nvme::crc64(0, blob), &blob_crcs));
+  // Rank 0 writes the manifest and makes the checkpoint latest.
   Status published;
-  if (share.rank == 0) published = publish_save(root, name, tmp, blob, crcs);
+  if (share.rank == 0) published = publish_save(root, name, tmp, crcs, blob_crcs);
   return agree(kOp, "publishing the checkpoint", std::move(published));
 }
 
 core::Status Engine::publish_save(const std::string& root, const std::string& name, const std::string& tmp,
-                                  std::span<const std::byte> blob, std::span<const std::uint64_t> state_crcs) {
-  STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/framework.bin", blob, config_.strata.io));
+                                  std::span<const std::uint64_t> state_crcs,
+                                  std::span<const std::uint64_t> blob_crcs) {
   const std::string text =
-      format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), state_crcs, blob));
+      format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), state_crcs, blob_crcs));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
@@ -642,10 +652,13 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     STRATA_RETURN_IF_ERROR(check_code_tables(reader));
     ck.readers.push_back(std::move(reader));
   }
-  STRATA_ASSIGN_OR_RETURN(ck.blob, read_file(dir + "/framework.bin", config_.strata.io));
-  if (const std::uint64_t crc = nvme::crc64(0, ck.blob); crc != m.framework_crc64) {
-    return Status::data_loss(str_cat(dir, "/framework.bin: CRC64 mismatch: its bytes give ", crc64_hex(crc),
-                                     ", the manifest records ", crc64_hex(m.framework_crc64),
+  // This rank's own framework blob when the checkpoint has one (saved by as
+  // many ranks), else rank 0's.
+  const auto [blob_file, blob_crc] = checkpoint_framework_file_for(m, share.rank, share.ranks);
+  STRATA_ASSIGN_OR_RETURN(ck.blob, read_file(dir + "/" + blob_file, config_.strata.io));
+  if (const std::uint64_t crc = nvme::crc64(0, ck.blob); crc != blob_crc) {
+    return Status::data_loss(str_cat(dir, "/", blob_file, ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
+                                     ", the manifest records ", crc64_hex(blob_crc),
                                      " (the file is damaged or truncated)"));
   }
   // The optimizer's arrays, and no other optimizer's, before anything changes.

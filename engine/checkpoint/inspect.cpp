@@ -144,7 +144,6 @@ core::Result<CheckpointInspection> inspect_checkpoint(const std::string& dir, bo
   out.manifest = std::move(loc.manifest);
   out.placement = placement_of(out.manifest.config_json);
   const std::string manifest_path = out.dir + "/manifest.json";
-  const std::string framework_path = out.dir + "/framework.bin";
   const std::vector<CheckpointStateFile> state_files = checkpoint_state_files(out.manifest);
   STRATA_ASSIGN_OR_RETURN(const std::uint64_t manifest_bytes, size_of(manifest_path));
   out.files.push_back({"manifest.json", manifest_bytes, 0});
@@ -152,12 +151,15 @@ core::Result<CheckpointInspection> inspect_checkpoint(const std::string& dir, bo
     STRATA_ASSIGN_OR_RETURN(const std::uint64_t bytes, size_of(out.dir + "/" + f.file));
     out.files.push_back({f.file, bytes, f.crc64});
   }
-  STRATA_ASSIGN_OR_RETURN(const std::uint64_t framework_bytes, size_of(framework_path));
-  out.files.push_back({"framework.bin", framework_bytes, out.manifest.framework_crc64});
+  const auto framework_files = checkpoint_framework_files(out.manifest);  // framework.bin, other ranks' blobs
+  for (const auto& [file, crc] : framework_files) {
+    STRATA_ASSIGN_OR_RETURN(const std::uint64_t bytes, size_of(out.dir + "/" + file));
+    out.files.push_back({file, bytes, crc});
+  }
   if (verify) {
     // The CRC64s first: a damaged header is reported as the file's mismatch.
     for (const CheckpointStateFile& f : state_files) STRATA_RETURN_IF_ERROR(check_crc(out.dir + "/" + f.file, f.crc64));
-    STRATA_RETURN_IF_ERROR(check_crc(framework_path, out.manifest.framework_crc64));
+    for (const auto& [file, crc] : framework_files) STRATA_RETURN_IF_ERROR(check_crc(out.dir + "/" + file, crc));
   }
   for (const CheckpointStateFile& f : state_files) {
     STRATA_ASSIGN_OR_RETURN(const SafetensorsReader reader, SafetensorsReader::open(out.dir + "/" + f.file));

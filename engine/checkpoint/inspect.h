@@ -38,7 +38,7 @@ struct CheckpointInspection {
   // strata.optimizer_cpu_fraction (when written), strata.device, strata.overlap.
   std::vector<std::pair<std::string, std::string>> placement;
   std::vector<InspectedTensor> tensors;  // state file by state file, each in file order
-  std::vector<InspectedFile> files;      // manifest.json, the state files (one per rank), framework.bin
+  std::vector<InspectedFile> files;      // manifest.json, the state files (one per rank), the ranks' blobs
   bool verified = false;                 // every file's CRC64 was computed and matched
 };
 

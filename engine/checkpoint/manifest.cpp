@@ -233,6 +233,26 @@ bool read_shards(const Json& doc, const Json& files, ManifestFields& f, std::str
   return true;
 }
 
+// Version 3's other ranks' framework blobs in "files": each rank's from 1 to
+// ranks - 1, or none (a checkpoint saved before they were kept).
+bool read_rank_frameworks(const Json& files, ManifestFields& f, std::string* error, CheckpointManifest* m) {
+  int present = 0;
+  for (int r = 1; r < m->ranks; ++r) present += files.contains(checkpoint_framework_file(r, m->ranks)) ? 1 : 0;
+  if (present == 0) return true;
+  if (present != m->ranks - 1) {
+    *error = str_cat("files names the framework blobs of ", present, " of the ", m->ranks - 1,
+                     " ranks after rank 0 (all or none)");
+    return false;
+  }
+  m->rank_framework_crc64.assign(1, m->framework_crc64);
+  for (int r = 1; r < m->ranks; ++r) {
+    std::uint64_t crc = 0;
+    if (!f.unsigned_integer(files, checkpoint_framework_file(r, m->ranks).c_str(), "files.", &crc)) return false;
+    m->rank_framework_crc64.push_back(crc);
+  }
+  return true;
+}
+
 // The element count of a shape, or -1 past 2^62 (no parameter is that large).
 std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
@@ -312,7 +332,7 @@ core::Result<CheckpointManifest> complete_checkpoint(const std::string& dir, con
   STRATA_ASSIGN_OR_RETURN(const std::vector<std::byte> bytes,
                           read_small_file(manifest, kMaxCheckpointManifestBytes, io));
   STRATA_ASSIGN_OR_RETURN(CheckpointManifest m, parse_checkpoint_manifest(bytes, manifest));
-  std::vector<std::pair<std::string, std::uint64_t>> files{{"framework.bin", m.framework_crc64}};
+  std::vector<std::pair<std::string, std::uint64_t>> files = checkpoint_framework_files(m);
   for (const CheckpointStateFile& f : checkpoint_state_files(m)) files.emplace_back(f.file, f.crc64);
   for (const auto& [file, want] : files) {
     const std::string path = dir + "/" + file;
@@ -416,6 +436,25 @@ std::string checkpoint_shard_file(int rank, int ranks) {
   return str_cat("state-rank-", rank, "-of-", ranks, ".safetensors");
 }
 
+std::string checkpoint_framework_file(int rank, int ranks) {
+  return str_cat("framework-rank-", rank, "-of-", ranks, ".bin");
+}
+
+std::vector<std::pair<std::string, std::uint64_t>> checkpoint_framework_files(const CheckpointManifest& m) {
+  std::vector<std::pair<std::string, std::uint64_t>> out{{"framework.bin", m.framework_crc64}};
+  for (std::size_t r = 1; r < m.rank_framework_crc64.size(); ++r) {
+    out.emplace_back(checkpoint_framework_file(static_cast<int>(r), m.ranks), m.rank_framework_crc64[r]);
+  }
+  return out;
+}
+
+std::pair<std::string, std::uint64_t> checkpoint_framework_file_for(const CheckpointManifest& m, int rank, int ranks) {
+  if (rank > 0 && ranks == m.ranks && static_cast<std::size_t>(rank) < m.rank_framework_crc64.size()) {
+    return {checkpoint_framework_file(rank, ranks), m.rank_framework_crc64[static_cast<std::size_t>(rank)]};
+  }
+  return {"framework.bin", m.framework_crc64};
+}
+
 std::vector<CheckpointStateFile> checkpoint_state_files(const CheckpointManifest& m) {
   if (!m.shards.empty()) return m.shards;
   return {CheckpointStateFile{.file = "state.safetensors", .crc64 = m.state_crc64, .ranges = {}, .whole = true}};
@@ -434,7 +473,8 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m) {
   j["params"] = checkpoint_params_json(m.params);
   if (ranked) {
     j["ranks"] = m.ranks;
-    nlohmann::ordered_json files = {{"framework.bin", m.framework_crc64}};
+    nlohmann::ordered_json files = nlohmann::ordered_json::object();
+    for (const auto& [file, crc] : checkpoint_framework_files(m)) files[file] = crc;
     nlohmann::ordered_json shards = nlohmann::ordered_json::array();
     for (const CheckpointStateFile& f : m.shards) {
       files[f.file] = f.crc64;
@@ -535,6 +575,7 @@ core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::
     ok = files != nullptr && f.unsigned_integer(*files, "framework.bin", "files.", &m.framework_crc64);
     if (ok && v < 3) ok = f.unsigned_integer(*files, "state.safetensors", "files.", &m.state_crc64);
     if (ok && v >= 3) ok = read_shards(doc, *files, f, &error, &m);
+    if (ok && v >= 3) ok = read_rank_frameworks(*files, f, &error, &m);
   }
   ok = ok && read_params(doc, f, &error, &m.params);
   if (ok && v >= 3) {

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/result.h"
@@ -80,6 +81,10 @@ struct CheckpointStateFile {
 // checkpoint saved by `ranks` ranks.
 std::string checkpoint_shard_file(int rank, int ranks);
 
+// "framework-rank-<rank>-of-<ranks>.bin": rank `rank`'s (>= 1) framework blob
+// in a checkpoint saved by `ranks` ranks (rank 0's is framework.bin).
+std::string checkpoint_framework_file(int rank, int ranks);
+
 // manifest.json's content.
 struct CheckpointManifest {
   int version = kCheckpointFormatOneRank;  // of the file parsed (format_... writes 3 with shards, else 2)
@@ -98,6 +103,11 @@ struct CheckpointManifest {
   int ranks = 1;
   std::vector<CheckpointStateFile> shards;
   std::uint64_t framework_crc64 = 0;  // of framework.bin
+  // Version 3: each rank's framework blob's CRC64, in rank order (rank 0's is
+  // framework_crc64, of framework.bin; rank r's file is
+  // checkpoint_framework_file(r, ranks)). Empty in a checkpoint saved before
+  // each rank's blob was kept: every rank then loads rank 0's.
+  std::vector<std::uint64_t> rank_framework_crc64;
   // The resolved config (engine/config.h: to_json), compact JSON; "{}" when unknown.
   std::string config_json = "{}";
 
@@ -106,6 +116,13 @@ struct CheckpointManifest {
 
 // The state files of `m`: its shards, or one state.safetensors (version <= 2).
 std::vector<CheckpointStateFile> checkpoint_state_files(const CheckpointManifest& m);
+// The framework blobs of `m` (file, CRC64): framework.bin, then each other
+// rank's when the ranks' blobs were kept.
+std::vector<std::pair<std::string, std::uint64_t>> checkpoint_framework_files(const CheckpointManifest& m);
+// The framework blob rank `rank` of `ranks` loads from `m` (file, CRC64): its
+// own when `m` was saved by as many ranks and kept each rank's, else rank 0's
+// (framework.bin; a checkpoint resharded to another rank count).
+std::pair<std::string, std::uint64_t> checkpoint_framework_file_for(const CheckpointManifest& m, int rank, int ranks);
 
 // manifest.json's bytes (version 3 when `m.shards` is not empty, else 2): indented JSON whose
 // last member is "manifest_crc64": the CRC64 of every byte of the file before

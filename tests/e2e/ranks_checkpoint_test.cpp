@@ -60,13 +60,17 @@ class RanksCheckpoint : public RanksTest, public ::testing::WithParamInterface<C
     Framework f;
     for (int s = from; s < from + steps; ++s) micro_batch(e, f, s * n + r, true, nullptr).status().ignore_error();
   }
-  static void load(Engine& e, const fs::path& root) {
+  // Each rank's framework blob is its own ("framework of rank R": its RNG
+  // states, its place in the data); a load by as many ranks gives each its
+  // own, one by another count rank 0's (`from`: the rank whose blob comes back).
+  static std::string blob_of(int r) { return "framework of rank " + std::to_string(r); }
+  static void load(Engine& e, const fs::path& root, int from) {
     const auto blob = e.load_checkpoint(root.string());
     ASSERT_TRUE(blob.ok()) << blob.status();
-    EXPECT_EQ(std::string(reinterpret_cast<const char*>(blob->data()), blob->size()), "framework");
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(blob->data()), blob->size()), blob_of(from));
   }
-  static void save(Engine& e, const fs::path& root) {
-    const std::string blob = "framework";
+  static void save(Engine& e, const fs::path& root, int r) {
+    const std::string blob = blob_of(r);
     const core::Status s = e.save_checkpoint(root.string(), std::as_bytes(std::span<const char>(blob)));
     EXPECT_TRUE(s.ok()) << s;
   }
@@ -78,41 +82,45 @@ TEST_P(RanksCheckpoint, ThreeRanksToFourToTwoToOneAndBackResumesExactly) {
   // Three ranks: l1.w is cut between ranks 0 and 1 (one norm block each), l1.b is rank 2's.
   const Outcome finished = on_ranks(c, 3, "first", [&](int r, Engine& e) {
     train(e, r, 3, 0, kBefore);
-    save(e, three);
+    save(e, three, r);
     train(e, r, 3, kBefore, kAfter);
   });
-  // What the save holds: three fresh ranks loading it.
-  const Outcome saved = on_ranks(c, 3, "reload", [&](int, Engine& e) { load(e, three); });
+  // What the save holds: three fresh ranks loading it, each its own blob.
+  const Outcome saved = on_ranks(c, 3, "reload", [&](int r, Engine& e) { load(e, three, r); });
   ASSERT_FALSE(saved.master.empty());
   auto inspected = inspect_checkpoint(three.string(), /*verify=*/true);
   ASSERT_TRUE(inspected.ok()) << inspected.status();
   EXPECT_EQ(inspected->manifest.version, kCheckpointFormatVersion);
   EXPECT_EQ(inspected->manifest.ranks, 3);
-  ASSERT_EQ(inspected->files.size(), 5u);  // manifest, three state files, framework.bin
+  // The manifest, three state files, framework.bin (rank 0's blob) and the other two ranks' blobs.
+  ASSERT_EQ(inspected->files.size(), 7u);
   EXPECT_EQ(inspected->files[2].name, "state-rank-1-of-3.safetensors");
+  EXPECT_EQ(inspected->files[4].name, "framework.bin");
+  EXPECT_EQ(inspected->files[6].name, "framework-rank-2-of-3.bin");
+  EXPECT_EQ(inspected->files[6].bytes, blob_of(2).size());
   EXPECT_TRUE(inspected->verified);
 
   // Four ranks load it (each reads its shards from the files that hold
   // them; rank 3's shards are all padding, so its file holds nothing) and
   // save it by four; two ranks load that and save it by two.
-  const Outcome by_four = on_ranks(c, 4, "four", [&](int, Engine& e) {
-    load(e, three);
-    save(e, four);
+  const Outcome by_four = on_ranks(c, 4, "four", [&](int r, Engine& e) {
+    load(e, three, 0);  // another rank count: rank 0's blob
+    save(e, four, r);
   });
   expect_same_outcome(by_four, saved, "3 -> 4");
   auto four_ranks = locate_checkpoint(four.string());
   ASSERT_TRUE(four_ranks.ok()) << four_ranks.status();
   ASSERT_EQ(four_ranks->manifest.shards.size(), 4u);
   EXPECT_TRUE(four_ranks->manifest.shards[3].ranges.empty());
-  const Outcome by_two = on_ranks(c, 2, "two", [&](int, Engine& e) {
-    load(e, four);
-    save(e, two);
+  const Outcome by_two = on_ranks(c, 2, "two", [&](int r, Engine& e) {
+    load(e, four, 0);
+    save(e, two, r);
   });
   expect_same_outcome(by_two, saved, "3 -> 4 -> 2");
   // One rank loads the two ranks' checkpoint and saves the one-rank format; it exports.
   const Outcome by_one = on_ranks(c, 1, "one", [&](int, Engine& e) {
-    load(e, two);
-    save(e, one);
+    load(e, two, 0);
+    save(e, one, 0);
     const core::Status x = e.export_safetensors((dir_ / "export-one").string(), Precision::kFp32, 0);
     EXPECT_TRUE(x.ok()) << x;
   });
@@ -123,7 +131,7 @@ TEST_P(RanksCheckpoint, ThreeRanksToFourToTwoToOneAndBackResumesExactly) {
   // Three ranks load the one-rank checkpoint, export (gathered, rank 0
   // writes) and train on: exactly where the first run went.
   const Outcome resumed = on_ranks(c, 3, "resumed", [&](int r, Engine& e) {
-    load(e, one);
+    load(e, one, 0);
     const core::Status x = e.export_safetensors((dir_ / "export-three").string(), Precision::kFp32, 0);
     EXPECT_TRUE(x.ok()) << x;
     train(e, r, 3, kBefore, kAfter);
@@ -139,7 +147,7 @@ TEST_P(RanksCheckpoint, ADamagedStateFileStopsEveryRankBeforeAnyChange) {
   const fs::path root = dir_ / "ckpt";
   on_ranks(c, 3, "save", [&](int r, Engine& e) {
     train(e, r, 3, 0, 1);
-    save(e, root);
+    save(e, root, r);
   });
   // One flipped bit in rank 1's file: with two ranks loading, rank 1 checks
   // it (file j is checked by rank j mod 2) and rank 0 hears of it.
@@ -160,6 +168,31 @@ TEST_P(RanksCheckpoint, ADamagedStateFileStopsEveryRankBeforeAnyChange) {
   EXPECT_NE(got[1].message().find("state-rank-1-of-3.safetensors"), std::string::npos) << got[1];
   EXPECT_NE(got[0].message().find("rank 1"), std::string::npos) << got[0];
   expect_same_outcome(after, fresh, "after a refused load");
+}
+
+// A damaged blob of rank 2 stops its load naming the file (the other
+// ranks' loads stop with it); a load by another rank count reads rank 0's
+// and goes on.
+TEST_P(RanksCheckpoint, ADamagedRankBlobIsNamedByTheRankThatReadsIt) {
+  const Config c = with_format(GetParam().format);
+  const fs::path root = dir_ / "ckpt";
+  on_ranks(c, 3, "save", [&](int r, Engine& e) {
+    train(e, r, 3, 0, 1);
+    save(e, root, r);
+  });
+  const fs::path victim = root / "step-1" / "framework-rank-2-of-3.bin";
+  std::string bytes = bytes_of_file(victim);
+  ASSERT_EQ(bytes, blob_of(2));
+  bytes[0] = static_cast<char>(bytes[0] ^ 0x01);
+  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  std::vector<core::Status> got(3);
+  on_ranks(c, 3, "damaged", [&](int r, Engine& e) {
+    got[static_cast<std::size_t>(r)] = e.load_checkpoint(root.string()).status();
+  });
+  EXPECT_EQ(got[2].code(), core::StatusCode::kDataLoss) << got[2];
+  EXPECT_NE(got[2].message().find("framework-rank-2-of-3.bin"), std::string::npos) << got[2];
+  for (int r = 0; r < 2; ++r) EXPECT_FALSE(got[static_cast<std::size_t>(r)].ok()) << "rank " << r;
+  on_ranks(c, 2, "two", [&](int, Engine& e) { load(e, root, 0); });
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/logging.h"
@@ -95,6 +96,35 @@ TEST(CheckpointManifest, SeveralRanksWriteVersionThreeWithTheirFilesAndRanges) {
   EXPECT_EQ(one[0].file, "state.safetensors");
   EXPECT_TRUE(one[0].whole);
   EXPECT_FALSE(files[0].whole);
+}
+
+// Each rank's framework blob (its RNG states, its data position): rank 0's
+// is framework.bin, the others' are named by rank in "files"; a checkpoint
+// saved before they were kept has framework.bin alone, and every rank loads it.
+TEST(CheckpointManifest, EachRanksFrameworkBlobIsNamedWithItsChecksum) {
+  CheckpointManifest m = ranked_manifest();
+  m.framework_crc64 = 11;
+  m.rank_framework_crc64 = {11, 13};
+  const std::string text = format_checkpoint_manifest(m);
+  EXPECT_NE(text.find("\"framework-rank-1-of-2.bin\": 13"), std::string::npos) << text;
+  auto parsed = parse_checkpoint_manifest(bytes_of(text), "/x/manifest.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->rank_framework_crc64, m.rank_framework_crc64);
+  const auto files = checkpoint_framework_files(*parsed);
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0], (std::pair<std::string, std::uint64_t>{"framework.bin", 11}));
+  EXPECT_EQ(files[1], (std::pair<std::string, std::uint64_t>{"framework-rank-1-of-2.bin", 13}));
+  // As many ranks: each its own; another count, or one rank: rank 0's.
+  EXPECT_EQ(checkpoint_framework_file_for(*parsed, 1, 2).first, "framework-rank-1-of-2.bin");
+  EXPECT_EQ(checkpoint_framework_file_for(*parsed, 0, 2).first, "framework.bin");
+  EXPECT_EQ(checkpoint_framework_file_for(*parsed, 1, 3).first, "framework.bin");
+  EXPECT_EQ(checkpoint_framework_file_for(*parsed, 0, 1).second, 11u);
+  // Saved before the ranks' blobs were kept: framework.bin for every rank.
+  m.rank_framework_crc64.clear();
+  auto older = parse_checkpoint_manifest(bytes_of(format_checkpoint_manifest(m)), "/x/manifest.json");
+  ASSERT_TRUE(older.ok()) << older.status();
+  EXPECT_TRUE(older->rank_framework_crc64.empty());
+  EXPECT_EQ(checkpoint_framework_file_for(*older, 1, 2).first, "framework.bin");
 }
 
 TEST(CheckpointManifest, ShardsThatDoNotCoverEveryElementOnceAreDamage) {

@@ -60,9 +60,15 @@ def main():
     # state_dict() on every rank: the masters gathered from both shards.
     torch.save({"state": engine.state_dict(shard=True), "gathered": engine.state_dict(), "norms": norms,
                 "losses": losses}, os.path.join(out, f"rank{rank}.pt"))
-    # Every rank saves its shard into one checkpoint (rank 0's client_state
-    # with it) and exports: the whole model, gathered, written by rank 0.
+    # Every rank saves its shard into one checkpoint (with its own
+    # client_state and RNG states) and exports: the whole model, gathered, written by rank 0.
+    torch.manual_seed(100 + rank)  # each rank's RNG its own
+    rng = torch.get_rng_state()
     engine.save_checkpoint(os.path.join(out, "ckpt"), client_state={"rank": rank})
+    # Loaded by as many ranks, each gets its own blob back: its client_state and its RNG.
+    torch.rand(3)
+    assert engine.load_checkpoint(os.path.join(out, "ckpt")) == {"rank": rank}, rank
+    assert torch.equal(torch.get_rng_state(), rng), f"rank {rank}: the RNG state is not the one it saved"
     engine.export(os.path.join(out, "export"), dtype="fp32")
     # A write inside gathered() on every rank: raised, and since only a rank's
     # own shard can be undone, every rank's next step refuses (none reaches
