@@ -1,8 +1,9 @@
 // The device-memory arena: offsets within [0, size) handed out first-fit,
 // neighbours coalesced on free. The CUDA device carves its one cudaMalloc
-// with it; the host device keeps one beside its allocations, so that a run
-// on the host device meets the same fragmentation a CUDA run does (a budget
-// the planner names must train on both).
+// with it; the host device can keep one beside its allocations
+// (HostDeviceOptions::arena), so that a run on the host device meets the
+// same fragmentation a CUDA run does (a budget the planner names must train
+// on both).
 #pragma once
 
 #include <cstdint>

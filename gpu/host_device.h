@@ -43,6 +43,14 @@ struct TimingModel {
 struct HostDeviceOptions {
   DeviceBudgets budgets;  // both required; borrowed, must outlive the device
   TimingModel timing;     // default: not modeled
+  // Each allocation also takes a range of an arena as large as the device
+  // budget, as the CUDA device's do (gpu/arena.h): a budget fragmented on
+  // CUDA is fragmented here too. Off by default for now: at the least device
+  // budget the planner names, the engine's buffers can fragment the arena
+  // (the H200 run of 2026-11-28; tests/python/test_adapter.py's least-budget
+  // case with it on), which the engine's placement of its buffers must
+  // answer first.
+  bool arena = false;
 };
 
 // Errors: kInvalidArgument for a missing budget or a negative or non-finite rate.

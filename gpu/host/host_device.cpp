@@ -226,10 +226,11 @@ void store(std::byte* p, ElemType type, std::int64_t i, float x) {
 
 class HostDevice final : public Device {
  public:
-  HostDevice(DeviceCaps caps, DeviceBudgets budgets, TimingModel timing)
+  HostDevice(DeviceCaps caps, DeviceBudgets budgets, TimingModel timing, bool arena)
       : Device(std::move(caps), budgets),
         timing_(timing),
-        arena_(this->caps().device_memory_bytes / kAlignment * kAlignment, kAlignment) {
+        use_arena_(arena),
+        arena_(arena ? this->caps().device_memory_bytes / kAlignment * kAlignment : 0, kAlignment) {
     for (auto& t : resource_free_at_) t = Clock::time_point::min();
   }
 
@@ -272,7 +273,7 @@ class HostDevice final : public Device {
   // Each allocation takes a range of the arena as the CUDA device's would (the memory itself
   // comes from the heap): a budget fragmented on CUDA is fragmented here too.
   Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes) override {
-    const std::int64_t offset = arena_.allocate(size_bytes);
+    const std::int64_t offset = use_arena_ ? arena_.allocate(size_bytes) : 0;
     if (offset < 0) {
       // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
       // the caches give their buffers back and the allocation is tried again.
@@ -283,14 +284,14 @@ class HostDevice final : public Device {
     const std::uint64_t rounded = (size_bytes + kAlignment - 1) / kAlignment * kAlignment;
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (p == nullptr) {
-      arena_.free(static_cast<std::uint64_t>(offset), size_bytes);
+      if (use_arena_) arena_.free(static_cast<std::uint64_t>(offset), size_bytes);
       return Status::out_of_memory(str_cat("host device: cannot allocate ", core::format_bytes(size_bytes)));
     }
     auto a = std::make_shared<Allocation>(static_cast<std::byte*>(p), size_bytes);
     core::MutexLock lock(mu_);
     by_address_.emplace(reinterpret_cast<std::uintptr_t>(p), a);
     allocations_.emplace(buffer_id, std::move(a));
-    arena_offsets_.emplace(buffer_id, static_cast<std::uint64_t>(offset));
+    if (use_arena_) arena_offsets_.emplace(buffer_id, static_cast<std::uint64_t>(offset));
     return p;
   }
 
@@ -781,6 +782,7 @@ class HostDevice final : public Device {
   std::map<std::uintptr_t, std::shared_ptr<Allocation>> by_address_ STRATA_GUARDED_BY(mu_);
   std::map<std::uintptr_t, std::uintptr_t> registered_ STRATA_GUARDED_BY(mu_);  // begin -> end
   std::vector<std::shared_ptr<StreamState>> streams_ STRATA_GUARDED_BY(mu_);
+  const bool use_arena_;  // HostDeviceOptions::arena
   Arena arena_;
   std::unordered_map<std::uint64_t, std::uint64_t> arena_offsets_ STRATA_GUARDED_BY(mu_);  // buffer id -> offset
 };
@@ -865,7 +867,7 @@ Result<std::unique_ptr<Device>> make_host_device(const HostDeviceOptions& option
   caps.declared_compute = options.timing.compute_tflops > 0;
   caps.timing_model = options.timing.enabled();
   caps.strict = true;
-  return std::unique_ptr<Device>(std::make_unique<HostDevice>(std::move(caps), options.budgets, options.timing));
+  return std::unique_ptr<Device>(std::make_unique<HostDevice>(std::move(caps), options.budgets, options.timing, options.arena));
 }
 
 }  // namespace strata::gpu

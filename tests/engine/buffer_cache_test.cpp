@@ -534,7 +534,7 @@ TEST(BufferCacheHostDevice, RetriesUnderTheDeviceBudgetAndWaitsForRecordedFences
 TEST(BufferCacheHostDevice, AFragmentedArenaIsAnsweredByGivingTheCacheBack) {
   core::MemoryBudget device_budget{"device memory", 1 << 20, "strata.budgets.device"};
   core::MemoryBudget pinned_budget{"pinned host memory", 1 << 20, "strata.budgets.pinned"};
-  auto device_or = gpu::make_host_device({{&device_budget, &pinned_budget}, {}});
+  auto device_or = gpu::make_host_device({{&device_budget, &pinned_budget}, {}, /*arena=*/true});
   ASSERT_TRUE(device_or.ok()) << device_or.status();
   gpu::Device* d = device_or->get();
   std::vector<std::uint64_t> requests;

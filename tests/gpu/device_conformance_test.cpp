@@ -288,6 +288,7 @@ class DeviceTest : public ::testing::TestWithParam<std::string> {
     if (GetParam() == "host") {
       HostDeviceOptions options;
       options.budgets = budgets;
+      options.arena = true;  // as the CUDA device's allocations (AFragmentedArenaIsRefusedAsTheBudgetIs)
       return make_host_device(options);
     }
     CudaDeviceOptions options;
