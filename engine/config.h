@@ -48,6 +48,12 @@ enum class StateRounding { kNearestEven, kStochastic };
 // safetensors files they were imported from: no copy, no write), or "auto"
 // (the files wherever they can be, else the swap drive).
 enum class FrozenBase { kAuto, kSwap, kFiles };
+// A trainable parameter the framework says got no gradient in any
+// micro-batch of a step (Engine::no_grads): "skip" leaves it as it is by that
+// step (its weights, moments and step count, as torch's optimizers do), "zero"
+// updates it with a zero gradient (its moments decay and weight decay
+// applies, as DeepSpeed does).
+enum class NoGradPolicy { kSkip, kZero };
 
 
 std::string_view to_string(OffloadDevice v);
@@ -64,6 +70,7 @@ std::string_view to_string(NonfinitePolicy v);
 std::string_view to_string(StateFormat v);
 std::string_view to_string(StateRounding v);
 std::string_view to_string(FrozenBase v);
+std::string_view to_string(NoGradPolicy v);
 
 // "optimizer": {"type": ..., "params": {...}}. Absent: AdamW with these defaults.
 // Adagrad's defaults are DeepSpeed's CPU Adagrad's instead: lr 1e-2, eps 1e-10.
@@ -273,6 +280,8 @@ struct StrataConfig {
   bool crc = true;
   // Key "strata.frozen_base" (the enum's comment).
   FrozenBase frozen_base = FrozenBase::kAuto;
+  // Key "strata.no_grad" (the enum's comment).
+  NoGradPolicy no_grad = NoGradPolicy::kSkip;
   CpuAdamConfig cpu_adam;
   OverlapMode overlap = OverlapMode::kExact;
   DeviceKind device = DeviceKind::kAuto;

@@ -513,6 +513,24 @@ core::Status Engine::grads_ready(std::string_view group, gpu::Stream* written_on
   return step_->grads_ready(g, written_on);
 }
 
+core::Status Engine::no_grads(std::string_view group, std::span<const std::string_view> params) {
+  STRATA_ENGINE_ENTRY("no_grads");
+  STRATA_ASSIGN_OR_RETURN(const std::size_t g, group_index(group, "no_grads"));
+  std::vector<std::size_t> indices;
+  indices.reserve(params.size());
+  for (std::string_view name : params) {
+    const std::vector<std::size_t>& in_group = layout_.groups[g].params;
+    const auto it = std::find_if(in_group.begin(), in_group.end(),
+                                 [&](std::size_t pi) { return layout_.params[pi].name == name; });
+    if (it == in_group.end()) {
+      return Status::invalid_argument(
+          str_cat("no_grads('", group, "'): the group has no parameter named '", name, "'"));
+    }
+    indices.push_back(*it);
+  }
+  return step_->no_grads(g, indices);
+}
+
 core::Status Engine::micro_step_end() {
   STRATA_ENGINE_ENTRY("micro_step_end");
   STRATA_RETURN_IF_ERROR(check_finalized("micro_step_end"));

@@ -224,6 +224,19 @@ class Engine {
   // waits for that stream's work so far (an event: the host does not block).
   // Null: the writes are complete when this is called.
   core::Status grads_ready(std::string_view group, gpu::Stream* written_on = nullptr);
+  // Trainable parameters `params` (names) of `group` got no gradient in the
+  // micro-batch under way; their slots in the gradient buffer hold zeros.
+  // Called before the group's grads_ready of that micro-batch (again adds to
+  // the list). With strata.no_grad "skip" (the default), a parameter without
+  // a gradient in every micro-batch of a step is left as it is by that step:
+  // its weights, optimizer state and step count (its bias correction counts
+  // the steps that updated it), as torch's optimizers skip a parameter whose
+  // grad is None; "zero" updates it with the zero gradient. With several
+  // ranks the zero gradient is used (a parameter's gradient is the ranks'
+  // sum). Errors: kFailedPrecondition before finalize or once the group's
+  // gradients of the micro-batch arrived; kInvalidArgument naming a
+  // parameter that is not a trainable one of the group; kNotFound.
+  core::Status no_grads(std::string_view group, std::span<const std::string_view> params);
   // The group's compute copies (kCompute: the group must be fetched; the
   // view fetch returned) or its gradient buffer (kGrads: what grad_buffer
   // does, with its errors), lent with a lease (see ViewLease). Errors:

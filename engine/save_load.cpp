@@ -166,6 +166,7 @@ std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout
 // the CRCs of the state files (`state_crcs`) and of the ranks' framework blobs
 // (`blob_crcs`, rank 0's first), and the config.
 CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& config, const Verdict& verdict,
+                                       std::span<const std::int64_t> missed_steps,
                                        std::span<const std::uint64_t> state_crcs,
                                        std::span<const std::uint64_t> blob_crcs) {
   CheckpointManifest m;
@@ -178,12 +179,14 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
                    .last_overflow_iteration = ls.last_overflow_iteration,
                    .hysteresis_left = ls.hysteresis_left};
   m.compute_dtype = std::string(to_string(dtype_of(layout.compute_bytes, config.precision)));
-  for (const ParamDesc& p : layout.params) {
+  for (std::size_t i = 0; i < layout.params.size(); ++i) {
+    const ParamDesc& p = layout.params[i];
     m.params.push_back({.name = p.name,
                         .shape = p.shape,
                         .group = p.group,
                         .trainable = p.trainable,
-                        .optimizer_group = static_cast<std::int64_t>(p.optimizer_group)});
+                        .optimizer_group = static_cast<std::int64_t>(p.optimizer_group),
+                        .missed_steps = missed_steps[i]});
   }
   const int ranks = static_cast<int>(state_crcs.size());
   if (ranks == 1) {
@@ -571,7 +574,8 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
                                   std::span<const std::uint64_t> state_crcs,
                                   std::span<const std::uint64_t> blob_crcs) {
   const std::string text =
-      format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), state_crcs, blob_crcs));
+      format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), step_->missed_steps(),
+                                                     state_crcs, blob_crcs));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
@@ -822,6 +826,10 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
   }
   const CheckpointManifest& m = ck.manifest;
   STRATA_RETURN_IF_ERROR(step_->verdict().restore(ck.scaler, m.step, m.skipped_steps, m.lr_override));
+  std::vector<std::int64_t> missed;
+  missed.reserve(m.params.size());
+  for (const CheckpointParam& p : m.params) missed.push_back(p.missed_steps);
+  step_->restore_missed_steps(std::move(missed));
   step_->forget_traffic();  // the load's traffic is not a step's
   return Status();
 }

@@ -708,6 +708,25 @@ strata_status strata_group_grads_ready(strata_engine* engine, const char* group,
   });
 }
 
+strata_status strata_group_no_grads(strata_engine* engine, const char* group, const char* const* params,
+                                   size_t count) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_group_no_grads";
+    STRATA_C_ENTER(fn, engine);
+    STRATA_C_NOT_NULL(fn, group);
+    if (count > 0) {
+      STRATA_C_NOT_NULL(fn, params);
+    }
+    std::vector<std::string_view> names;
+    names.reserve(count);
+    for (size_t i = 0; i < count; ++i) {
+      if (params[i] == nullptr) return core::Status::invalid_argument(str_cat(fn, ": params[", i, "] is NULL"));
+      names.emplace_back(params[i]);
+    }
+    return engine->engine->no_grads(group, names);
+  });
+}
+
 strata_status strata_group_grads_host(strata_engine* engine, const char* group, const void* host_src,
                                       size_t size) noexcept {
   return guard([&]() -> core::Status {

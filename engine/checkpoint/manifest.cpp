@@ -164,6 +164,7 @@ bool read_params(const Json& doc, ManifestFields& f, std::string* error, std::ve
         !f.integer(p, "optimizer_group", where.c_str(), &cp.optimizer_group)) {
       return false;
     }
+    if (p.contains("missed_steps") && !f.integer(p, "missed_steps", where.c_str(), &cp.missed_steps)) return false;
     const Json* shape = f.member(p, "shape", where.c_str());
     if (shape == nullptr) return false;
     if (!shape->is_array()) {
@@ -320,6 +321,9 @@ std::string impossible_value(const CheckpointManifest& m) {
   for (std::size_t i = 0; i < m.params.size(); ++i) {
     if (m.params[i].optimizer_group < 0) {
       return str_cat("params[", i, "].optimizer_group ", m.params[i].optimizer_group, " is below 0");
+    }
+    if (m.params[i].missed_steps < 0 || m.params[i].missed_steps > m.step) {
+      return str_cat("params[", i, "].missed_steps ", m.params[i].missed_steps, " is outside [0, step ", m.step, "]");
     }
   }
   return "";

@@ -39,6 +39,10 @@ struct CheckpointParam {
   std::string group;  // fetch group
   bool trainable = true;
   std::int64_t optimizer_group = 0;
+  // Applied steps that left it as it was (no gradient, strata.no_grad
+  // "skip"): its own step count is `step` less these. "missed_steps",
+  // absent when 0.
+  std::int64_t missed_steps = 0;
 
   friend bool operator==(const CheckpointParam&, const CheckpointParam&) = default;
 };

@@ -25,6 +25,7 @@ inline nlohmann::ordered_json checkpoint_params_json(const std::vector<Checkpoin
                    {"group", p.group},
                    {"trainable", p.trainable},
                    {"optimizer_group", p.optimizer_group}});
+    if (p.missed_steps != 0) out.back()["missed_steps"] = p.missed_steps;  // (written only when not 0)
   }
   return out;
 }

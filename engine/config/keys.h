@@ -63,5 +63,6 @@ inline constexpr EnumName<StateRounding> kStateRoundingNames[] = {{"nearest_even
                                                                   {"stochastic", StateRounding::kStochastic}};
 inline constexpr EnumName<FrozenBase> kFrozenBaseNames[] = {
     {"auto", FrozenBase::kAuto}, {"swap", FrozenBase::kSwap}, {"files", FrozenBase::kFiles}};
+inline constexpr EnumName<NoGradPolicy> kNoGradNames[] = {{"skip", NoGradPolicy::kSkip}, {"zero", NoGradPolicy::kZero}};
 
 }  // namespace strata::engine::config_internal

@@ -115,6 +115,7 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
 
   r.get_bool("crc", &s->crc);
   r.get_enum<FrozenBase>("frozen_base", kFrozenBaseNames, &s->frozen_base);
+  r.get_enum<NoGradPolicy>("no_grad", kNoGradNames, &s->no_grad);
   ObjectReader adam = r.child("cpu_adam");
   adam.get_enum<CpuAdamIsa>("isa", kCpuAdamIsaNames, &s->cpu_adam.isa);
   adam.get_int("threads", 0, 4096, &s->cpu_adam.threads);

@@ -114,6 +114,7 @@ OrderedJson strata_json(const StrataConfig& st, const ZeroConfig& z) {
   sj["checkpoint"] = {{"keep_last", st.checkpoint.keep_last}, {"keep_every", st.checkpoint.keep_every}};
   sj["crc"] = st.crc;
   sj["frozen_base"] = std::string(to_string(st.frozen_base));
+  sj["no_grad"] = std::string(to_string(st.no_grad));
   sj["cpu_adam"] = {{"isa", std::string(to_string(st.cpu_adam.isa))},
                     {"threads", st.cpu_adam.threads},
                     {"tile_elems", st.cpu_adam.tile_elems},
@@ -189,6 +190,8 @@ std::string_view to_string(CpuAdamIsa v) {
 std::string_view to_string(CpuAdamBind v) {
   return ci::name_of<CpuAdamBind>(ci::kCpuAdamBindNames, v);
 }
+std::string_view to_string(NoGradPolicy v) { return ci::name_of<NoGradPolicy>(ci::kNoGradNames, v); }
+
 std::string_view to_string(FrozenBase v) {
   return ci::name_of<FrozenBase>(ci::kFrozenBaseNames, v);
 }

@@ -42,7 +42,7 @@ core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& pa
 }
 
 GradientPath::GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks)
-    : parts_(parts), grads_(std::move(grads)), norm_partials_(blocks, 0.0) {
+    : parts_(parts), grads_(std::move(grads)), norm_partials_(blocks, 0.0), absent_(parts.layout.params.size(), 0) {
   std::int64_t at = 0;
   for (const GroupPlace& gp : parts.layout.groups) {
     shard_at_.push_back(at);
@@ -149,6 +149,14 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     return Status();
   });
   return Status();
+}
+
+void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const std::size_t> params) {
+  if (parts_.ranks != nullptr) return;
+  if (micro_step == 0) {
+    for (std::size_t pi : parts_.layout.groups[g].params) absent_[pi] = 0;
+  }
+  for (std::size_t pi : params) ++absent_[pi];
 }
 
 core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,

@@ -29,6 +29,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -105,6 +106,21 @@ class GradientPath {
   core::Status wait_down(std::size_t g, std::string_view group,
                          std::int64_t room_elems = std::numeric_limits<std::int64_t>::max());
 
+  // The framework's word that `params` of group g got no gradient in
+  // micro-batch `micro_step` (Engine::no_grads; their slots hold zeros),
+  // called for every micro-batch of every trainable group (an empty list:
+  // each had one), where that micro-batch's pass starts: on the pass thread
+  // once the last job's update of g is done, or inline (unthreaded). The
+  // counts start again at micro-batch 0. Ignored with several ranks (a
+  // parameter's gradient there is the sum over every rank's).
+  void note_absent(std::size_t g, int micro_step, std::span<const std::size_t> params);
+  // Whether `param` got no gradient in any micro-batch of the step whose
+  // gradients the host gradients hold: read by the optimizer's job for that
+  // step, after the group's gradients are in.
+  bool no_gradient(std::size_t param) const {
+    return absent_[param] >= parts_.micro_steps && parts_.micro_steps > 0;
+  }
+
   // After wait(): the step's raw norm (the square root of the block
   // partials' sum, in block order) and its inf/NaN flag, which is cleared.
   double raw_norm() const;
@@ -155,6 +171,8 @@ class GradientPath {
   // Several ranks: FNV-1a of the (group, micro-batch) sums so far (pass thread).
   std::uint64_t sequence_hash_ = 0xcbf29ce484222325ull;
   std::vector<double> norm_partials_;  // per norm block of the trainable space
+  // Per parameter: the step's micro-batches without its gradient (note_absent).
+  std::vector<std::int64_t> absent_;
   bool nonfinite_ = false;             // the passes' (pass thread, or after wait)
   // Threaded: the two threads and the copies' stream; the copies' traffic
   // and both threads' seconds, read after wait() or by a marker.

@@ -148,6 +148,8 @@ core::Result<bool> Optimizer::take_verdict(OptimizerJob& job) {
   Verdict::Deferred d = Verdict::decide_deferred(parts_.config, raw_norm, nonfinite, dv.hyper, job.step, dv.norm_step);
   job.verdict = d.record;
   job.constants = std::move(d.constants);
+  job.hyper = dv.hyper;
+  job.grad_scale = d.grad_scale;
   return !job.verdict.skipped;
 }
 
@@ -213,6 +215,19 @@ class Optimizer::JobRun {
   // stop (nothing it did counts).
   core::Status on_apply(std::size_t current);
   core::Status stop();
+  // strata.no_grad "skip": parameter pi got no gradient in any micro-batch of
+  // the job's step, and is left as it is (its new compute copies are its
+  // unchanged master's). Not with several ranks (their sum is the gradient).
+  bool skips(std::size_t pi) {
+    if (!skip_enabled_ || !o_.parts_.gradients.no_gradient(pi)) return false;
+    skipped_.push_back(pi);
+    return true;
+  }
+  // The constants of parameter pi: the job's, at the parameter's own step
+  // count when steps have left it as it was.
+  const UpdateConstants& constants_for(std::size_t pi);
+  // Compute copies of n elements of `master` into `out` (the compute dtype).
+  void copies_of_master(const float* master, std::byte* out, std::size_t n) const;
 
   Optimizer& o_;
   OptimizerJob& job_;
@@ -242,6 +257,9 @@ class Optimizer::JobRun {
   std::vector<std::size_t> gather_order_;
   std::size_t gathered_ = 0;
   std::vector<bool> updated_;
+  const bool skip_enabled_;
+  std::vector<std::size_t> skipped_;  // parameters left as they were (once per piece)
+  std::map<std::pair<int, std::int64_t>, UpdateConstants> other_steps_;  // (optimizer group, step) -> constants
 };
 
 std::vector<Optimizer::JobRun::Item> Optimizer::JobRun::items_of(const Layout& layout,
@@ -266,7 +284,8 @@ Optimizer::JobRun::JobRun(Optimizer& o, OptimizerJob& job, const core::Stopwatch
       items_(items_of(o.parts_.layout, job.order)),
       decided_(!job.early()),
       chunks_(items_.size()),
-      disk_(*o.pipeline_, chunks_, job.read_ahead, job.write_behind, job.bytes, o.parts_.trace) {
+      disk_(*o.pipeline_, chunks_, job.read_ahead, job.write_behind, job.bytes, o.parts_.trace),
+      skip_enabled_(o.parts_.config.strata.no_grad == NoGradPolicy::kSkip && o.parts_.ranks == nullptr) {
   for (std::size_t i = 0; i < items_.size(); ++i) chunks_[i] = items_[i].chunk;
   if (gathers()) {
     updated_.assign(layout().groups.size(), false);
@@ -319,8 +338,38 @@ core::Status Optimizer::JobRun::run() {
   STRATA_CHECK(!gathers() || gathered_ == gather_order_.size())
       << "the optimizer gathered " << gathered_ << " of " << gather_order_.size() << " groups";
   STRATA_RETURN_IF_ERROR(disk_.drain_writes());
+  // Applied: the parameters it left as they were count one step fewer.
+  std::sort(skipped_.begin(), skipped_.end());
+  skipped_.erase(std::unique(skipped_.begin(), skipped_.end()), skipped_.end());
+  for (std::size_t pi : skipped_) ++o_.missed_[pi];
   job_.seconds += clock_.elapsed_s();
   return Status();
+}
+
+const UpdateConstants& Optimizer::JobRun::constants_for(std::size_t pi) {
+  const int og = layout().params[pi].optimizer_group;
+  const std::int64_t missed = o_.missed_[pi];
+  if (missed == 0) return job_.constants[static_cast<std::size_t>(og)];
+  const std::int64_t step = job_.step - missed;
+  auto [it, inserted] = other_steps_.try_emplace({og, step});
+  if (inserted) {
+    STRATA_CHECK(static_cast<std::size_t>(og) < job_.hyper.size()) << "an optimizer job without its hyperparameters";
+    it->second = update_constants_at(o_.parts_.config, job_.hyper[static_cast<std::size_t>(og)], step, job_.grad_scale);
+  }
+  return it->second;
+}
+
+void Optimizer::JobRun::copies_of_master(const float* master, std::byte* out, std::size_t n) const {
+  if (cb_ == 4) {
+    std::memcpy(out, master, n * 4);
+    return;
+  }
+  const bool bf16 = compute_type_ == adam::ElemType::kBf16;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint16_t b =
+        bf16 ? core::numerics::fp32_to_bf16_bits(master[i]) : core::numerics::fp32_to_fp16_bits(master[i]);
+    std::memcpy(out + i * 2, &b, 2);
+  }
 }
 
 std::byte* Optimizer::JobRun::compute_at(const Open& o, const Layout::Piece& p) const {
@@ -350,7 +399,12 @@ core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
   const std::string label =
       str_cat(!decided_ && job_.updates_into_next_version() ? "adam (speculative) chunk " : "adam chunk ", c);
   for (const Layout::Piece& p : layout().pieces(cp)) {
-    const UpdateConstants& k = job_.constants[static_cast<std::size_t>(layout().params[p.param].optimizer_group)];
+    if (skips(p.param)) {  // no gradient in the step: its state stays, its copies are its master's
+      copies_of_master(st.master().data() + (p.lo - cp.begin), compute_at(open, p),
+                       static_cast<std::size_t>(p.hi - p.lo));
+      continue;
+    }
+    const UpdateConstants& k = constants_for(p.param);
     for (std::int64_t lo = p.lo; lo < p.hi; lo += kAdamSliceElems) {
       const std::int64_t hi = std::min(p.hi, lo + kAdamSliceElems);
       const auto off = static_cast<std::size_t>(lo - cp.begin);
@@ -401,7 +455,17 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
       return state.subspan(spec.scales_offset(k, cp.elems) + off / core::numerics::kQuantBlockElems * 4,
                            OptimizerSpec::blocks(static_cast<std::int64_t>(n)) * 4);
     };
-    const UpdateConstants& k = job_.constants[static_cast<std::size_t>(layout().params[p.param].optimizer_group)];
+    if (skips(p.param)) {  // no gradient in the step: its state stays, its copies are its master's
+      const gpu::DeviceTypedSpan master = gpu::typed(array(0), gpu::ElemType::kF32);
+      STRATA_RETURN_IF_ERROR(
+          cb_ == 4 ? parts.device.copy_d2d(o_.stream_, dcopy.subspan(off * 4, n * 4), array(0))
+                   : parts.device.convert(o_.stream_,
+                                          gpu::typed(dcopy.subspan(off * cb_, n * cb_),
+                                                     gpu_type(cb_, parts.config.precision)),
+                                          master));
+      continue;
+    }
+    const UpdateConstants& k = constants_for(p.param);
     const gpu::DeviceTypedSpan grad =
         gpu::typed(dgrad.subspan(off * gb_, n * gb_), gpu_type(gb_, parts.config.precision));
     const gpu::DeviceTypedSpan copy_out =

@@ -78,12 +78,18 @@ class Optimizer {
   // Runs one job to its end.
   core::Status run(OptimizerJob& job);
 
+  // Per parameter, the applied steps that left it as it was (no gradient in
+  // the step, strata.no_grad "skip"): its own step count is the steps
+  // applied less these. Read and restored between steps (checkpoints).
+  const std::vector<std::int64_t>& missed_steps() const { return missed_; }
+  void restore_missed_steps(std::vector<std::int64_t> missed) { missed_ = std::move(missed); }
+
  private:
   // One job's walk through its chunks, and the state its steps share
   // (optimizer.cpp).
   class JobRun;
 
-  explicit Optimizer(const Parts& parts) : parts_(parts) {}
+  explicit Optimizer(const Parts& parts) : parts_(parts), missed_(parts.layout.params.size(), 0) {}
   // A deferred verdict (a delayed job's): waits for the job's gradient
   // marker, decides as step_end would have (Verdict::decide_deferred) and
   // fills in the job's constants; false when the step is skipped.
@@ -114,6 +120,7 @@ class Optimizer {
   OptimizerRunner* runner_ = nullptr;
   gpu::Stream stream_;
   std::unique_ptr<DiskPipeline> pipeline_;
+  std::vector<std::int64_t> missed_;  // see missed_steps (the runner's thread, or between steps)
 };
 
 }  // namespace strata::engine

@@ -34,6 +34,10 @@ struct OptimizerJob {
   std::int64_t step = 0;  // the optimizer step it applies
   JobKind kind = JobKind::kOrdinary;
   std::vector<UpdateConstants> constants;  // per optimizer group (a deferred verdict fills them in)
+  // What they were made of (update_constants_at): the constants of a
+  // parameter whose step count is not `step` (strata.no_grad "skip").
+  std::vector<core::numerics::AdamHyperparams> hyper;  // per optimizer group
+  double grad_scale = 1.0;
   std::vector<std::size_t> order;                // groups, in the order the next forward needs them
   std::size_t read_ahead = 0;                    // nvme chunks read ahead of Adam
   bool write_behind = false;                     // false: each write is waited for at once

@@ -4,6 +4,7 @@
 // the optimizer's jobs: step_jobs.cpp.
 #include "engine/step/step.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -101,6 +102,23 @@ core::Result<gpu::DeviceSpan> Step::grad_buffer(std::size_t g) {
   return gs.grad.span();
 }
 
+core::Status Step::no_grads(std::size_t g, std::span<const std::size_t> params) {
+  const GroupPlace& gp = parts_.layout.groups[g];
+  GroupGradients& gs = grads_[g];
+  if (gs.micro_step == state_.micro_step) {
+    return Status::failed_precondition(str_cat("no_grads('", gp.name,
+                                               "'): its gradients for this micro-batch have arrived already"));
+  }
+  for (std::size_t pi : params) {
+    if (parts_.layout.places[pi].group != g || parts_.layout.places[pi].trainable_offset < 0) {
+      return Status::invalid_argument(str_cat("no_grads('", gp.name, "'): '", parts_.layout.params[pi].name,
+                                              "' is not a trainable parameter of the group"));
+    }
+    if (std::find(gs.absent.begin(), gs.absent.end(), pi) == gs.absent.end()) gs.absent.push_back(pi);
+  }
+  return Status();
+}
+
 core::Status Step::grads_ready(std::size_t g, gpu::Stream* written_on) {
   const GroupPlace& gp = parts_.layout.groups[g];
   const StageTimer timer(state_.grads_s);
@@ -139,10 +157,19 @@ core::Status Step::grads_ready(std::size_t g, gpu::Stream* written_on) {
     early_.applying_in_place = rules().certain();
   }
   gpu::DeviceBuffer grad = std::exchange(gs.grad, {});
+  // The parameters without a gradient are counted where the pass runs: the
+  // step's job reads the counts with the host gradients.
+  std::vector<std::size_t> absent = std::exchange(gs.absent, {});
+  GradientPath* gradients = gradients_.get();
+  if (!gradients->threaded()) gradients->note_absent(g, micro_step, absent);
   // The pass writes the host gradients the last step's job reads (under
   // "delayed" that job may still be running): it waits for the job's mark.
   OptimizerRunner* runner = runner_.get();
-  auto before = [runner, g, pass_after_job] { return runner->wait_group_job(g, pass_after_job, "the gradient pass"); };
+  auto before = [runner, gradients, g, pass_after_job, micro_step, absent = std::move(absent)] {
+    STRATA_RETURN_IF_ERROR(runner->wait_group_job(g, pass_after_job, "the gradient pass"));
+    gradients->note_absent(g, micro_step, absent);
+    return Status();
+  };
   auto after = [runner, g, early] {
     if (early != 0) runner->note_grads_in(g, early);
   };
@@ -287,7 +314,11 @@ core::Result<std::unique_ptr<OptimizerJob>> Step::decide(StepStats& stats, bool&
       STRATA_RETURN_IF_ERROR(runner_->settle(
           early_.job, speculated ? OptimizerRunner::Settle::kApply : OptimizerRunner::Settle::kStop));
     }
-    if (!speculated) job = make_job(std::move(constants), verdict_.applied_steps() + 1);
+    if (!speculated) {
+      job = make_job(std::move(constants), verdict_.applied_steps() + 1);
+      job->hyper = verdict_.hyperparams(parts_.layout.optimizer_groups);
+      job->grad_scale = verdict_.grad_scale(decision.clip);
+    }
     const double lr = verdict_.next_lr();
     if (job != nullptr && !parts_.schedule.threaded()) {
       // The sequential schedule: the optimizer runs here, to the end.

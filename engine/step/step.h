@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/numerics.h"
@@ -83,6 +84,10 @@ class Step {
   // --- the framework's step calls (group g; the facade found it) ---
   core::Result<gpu::DeviceSpan> grad_buffer(std::size_t g);
   core::Status grads_ready(std::size_t g, gpu::Stream* written_on);
+  // Trainable parameters `params` of group g got no gradient in the
+  // micro-batch under way (their slots in its gradient buffer hold zeros):
+  // before g's grads_ready of that micro-batch (Engine::no_grads).
+  core::Status no_grads(std::size_t g, std::span<const std::size_t> params);
   core::Status micro_step_end();
   core::Result<StepStats> step_end();
   // kFailedPrecondition when group g may not be fetched now: its gradients
@@ -114,6 +119,10 @@ class Step {
   core::Status flush_delayed(const char* op);
 
   Verdict& verdict() { return verdict_; }
+  // Per parameter, the applied steps that left it as it was
+  // (Optimizer::missed_steps); between steps.
+  const std::vector<std::int64_t>& missed_steps() const { return optimizer_->missed_steps(); }
+  void restore_missed_steps(std::vector<std::int64_t> missed) { optimizer_->restore_missed_steps(std::move(missed)); }
   const Verdict& verdict() const { return verdict_; }
   // The framework's calls' lane: the engine's stream, the step's bytes.
   CopyLane lane() { return {&parts_.stream, &state_.bytes, TraceTrack::kDevice}; }
@@ -164,6 +173,9 @@ class Step {
   struct GroupGradients {
     gpu::DeviceBuffer grad;
     int micro_step = -1;
+    // Its trainable parameters without a gradient in the micro-batch under
+    // way (no_grads), handed to the gradient path with its grads_ready.
+    std::vector<std::size_t> absent;
   };
 
   StepRules rules() const { return StepRules::of(parts_.config); }

@@ -50,6 +50,8 @@ core::Status Step::start_early_job() {
   // The constants of a step that is applied and not clipped.
   early_.constants = verdict_.constants(parts_.layout.optimizer_groups, 1.0);
   std::unique_ptr<OptimizerJob> job = make_job(early_.constants, verdict_.applied_steps() + 1);
+  job->hyper = verdict_.hyperparams(parts_.layout.optimizer_groups);
+  job->grad_scale = verdict_.grad_scale(1.0);
   job->kind = parts_.schedule.early_job_kind(rules());
   // Update in the order the backward hands gradients over; after the
   // verdict, in the next forward's order.

@@ -33,28 +33,32 @@ core::Result<bool> skip_nonfinite(NonfinitePolicy policy, std::int64_t step) {
 // hyperparameters carry every group's lr, betas, eps and weight decay).
 std::vector<UpdateConstants> update_constants(const Config& config, std::span<const nx::AdamHyperparams> hyper,
                                               std::int64_t step, double grad_scale) {
-  std::vector<UpdateConstants> constants(hyper.size());
-  for (std::size_t i = 0; i < hyper.size(); ++i) {
-    const nx::AdamHyperparams& h = hyper[i];
-    switch (config.optimizer.type) {
-      case OptimizerType::kAdam:
-      case OptimizerType::kAdamW:
-        constants[i].adam = nx::make_adam_constants(h, step, grad_scale);
-        break;
-      case OptimizerType::kLion:
-        constants[i].lion = nx::make_lion_constants(
-            {.lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .weight_decay = h.weight_decay}, grad_scale);
-        break;
-      case OptimizerType::kAdagrad:
-        constants[i].adagrad =
-            nx::make_adagrad_constants({.lr = h.lr, .eps = h.eps, .weight_decay = h.weight_decay}, grad_scale);
-        break;
-    }
-  }
+  std::vector<UpdateConstants> constants;
+  constants.reserve(hyper.size());
+  for (const nx::AdamHyperparams& h : hyper) constants.push_back(update_constants_at(config, h, step, grad_scale));
   return constants;
 }
 
 }  // namespace
+
+UpdateConstants update_constants_at(const Config& config, const nx::AdamHyperparams& h, std::int64_t step,
+                                    double grad_scale) {
+  UpdateConstants k;
+  switch (config.optimizer.type) {
+    case OptimizerType::kAdam:
+    case OptimizerType::kAdamW:
+      k.adam = nx::make_adam_constants(h, step, grad_scale);
+      break;
+    case OptimizerType::kLion:
+      k.lion = nx::make_lion_constants({.lr = h.lr, .beta1 = h.beta1, .beta2 = h.beta2, .weight_decay = h.weight_decay},
+                                       grad_scale);
+      break;
+    case OptimizerType::kAdagrad:
+      k.adagrad = nx::make_adagrad_constants({.lr = h.lr, .eps = h.eps, .weight_decay = h.weight_decay}, grad_scale);
+      break;
+  }
+  return k;
+}
 
 Verdict::Verdict(const Config& config, LossScaler scaler, LrSchedule lr_schedule)
     : config_(config), scaler_(std::move(scaler)), lr_schedule_(std::move(lr_schedule)) {}
@@ -95,8 +99,8 @@ Verdict::Deferred Verdict::decide_deferred(const Config& config, double raw_norm
     out.record.skipped = true;
     return out;
   }
-  out.constants =
-      update_constants(config, hyper, step, nx::combined_grad_scale(1.0, d->clip, config.micro_batches_per_step()));
+  out.grad_scale = nx::combined_grad_scale(1.0, d->clip, config.micro_batches_per_step());
+  out.constants = update_constants(config, hyper, step, out.grad_scale);
   out.record.lr = hyper.front().lr;
   return out;
 }
@@ -124,8 +128,11 @@ std::vector<nx::AdamHyperparams> Verdict::hyperparams(std::span<const OptimizerG
 std::vector<UpdateConstants> Verdict::constants(std::span<const OptimizerGroupDesc> groups, double clip) const {
   // The loss scale after this step's scaler update, as DeepSpeed's fp16
   // optimizers unscale (docs/training.md).
-  const double grad_scale = nx::combined_grad_scale(scaler_.scale(), clip, config_.micro_batches_per_step());
-  return update_constants(config_, hyperparams(groups), applied_ + 1, grad_scale);
+  return update_constants(config_, hyperparams(groups), applied_ + 1, grad_scale(clip));
+}
+
+double Verdict::grad_scale(double clip) const {
+  return nx::combined_grad_scale(scaler_.scale(), clip, config_.micro_batches_per_step());
 }
 
 core::Status Verdict::restore(const LossScaler::State& scaler, std::int64_t applied, std::int64_t skipped,

@@ -39,6 +39,13 @@ struct VerdictRecord {
   bool skipped = false;
 };
 
+// One optimizer group's constants of `config`'s optimizer for optimizer step
+// `step` (from 1: Adam's bias correction) with hyperparameters `hyper` and
+// the combined gradient factor `grad_scale`: what a parameter whose own step
+// count differs from the job's uses (strata.no_grad "skip").
+UpdateConstants update_constants_at(const Config& config, const core::numerics::AdamHyperparams& hyper,
+                                    std::int64_t step, double grad_scale);
+
 class Verdict {
  public:
   Verdict(const Config& config, LossScaler scaler, LrSchedule lr_schedule);
@@ -67,6 +74,7 @@ class Verdict {
   struct Deferred {
     VerdictRecord record;
     std::vector<UpdateConstants> constants;
+    double grad_scale = 1.0;  // the constants' (update_constants_at)
   };
   static Deferred decide_deferred(const Config& config, double raw_norm, bool nonfinite,
                                   std::span<const core::numerics::AdamHyperparams> hyper, std::int64_t step,
@@ -80,6 +88,9 @@ class Verdict {
   // scale and clipping coefficient `clip`.
   std::vector<UpdateConstants> constants(std::span<const OptimizerGroupDesc> groups,
                                                            double clip) const;
+  // The combined gradient factor those constants carry (the current loss
+  // scale, `clip`, the micro-batches).
+  double grad_scale(double clip) const;
 
   // The step counts: step_end counts its own verdict; deferred verdicts are
   // folded in when their jobs have finished (fold).

@@ -114,6 +114,9 @@ class Placement : public MlpTest {
   bool hold_in_backward_ = false;
   // train(): parameters frozen one by one (beside freeze_l1's whole group).
   std::set<std::string> frozen_;
+  // Trainable parameters that get no gradient in any step: their gradients
+  // zeroed and said so (Engine::no_grads) in every micro-batch.
+  std::set<std::string> absent_;
   // train(): when set, the frozen parameters take their values from the
   // safetensors files here (init_from_safetensors), the others from init_values.
   std::string weights_dir_;
@@ -192,6 +195,16 @@ class Placement : public MlpTest {
         for (const char* group : {"l2", "l1"}) {
           if (freeze_l1 && std::string(group) == "l1") continue;
           f.load(e, group, hold_in_backward_);
+          std::vector<std::string_view> absent;
+          for (const std::string& name : absent_) {
+            if (name.starts_with(std::string(group) + ".")) {
+              std::fill(g.at(name).begin(), g.at(name).end(), 0.0f);
+              absent.push_back(name);
+            }
+          }
+          if (!absent.empty()) {
+            EXPECT_TRUE(e.no_grads(group, absent).ok());
+          }
           f.give_grads(e, group, g);
           if (hold_in_backward_) {
             EXPECT_TRUE(e.release(group).ok());
@@ -499,6 +512,73 @@ TEST_F(Placement, AFrozenParameterKeepsItsComputeCopiesInAGroupThatTrains) {
     EXPECT_FALSE(bits_equal(r.compute.at("l1.b"), b0)) << "l1.b trains";
     EXPECT_EQ(r.traffic.back(), r.expected_bytes);
   }
+}
+
+// A trainable parameter that never gets a gradient (Engine::no_grads in
+// every micro-batch, its slots zero): under strata.no_grad "skip" every step
+// leaves it as it was (its initial master, zero moments), and every other
+// parameter trains to the bits of a run where it is frozen (the forward sees
+// the same copies; zeros add nothing to the norm), in every compute home and
+// schedule; under "zero" its weight decay applies. The calls out of order are
+// refused, naming what is wrong.
+TEST_F(Placement, AParameterWithoutGradientsIsLeftAsItWas) {
+  const std::pair<OffloadDevice, OverlapMode> cases[] = {
+      {OffloadDevice::kNone, OverlapMode::kExact},
+      {OffloadDevice::kNvme, OverlapMode::kSpeculative},
+      {OffloadDevice::kNvme, OverlapMode::kDelayed},
+      {OffloadDevice::kCpu, OverlapMode::kNone}};
+  for (const auto& [params, overlap] : cases) {
+    SCOPED_TRACE(core::str_cat("offload_param ", static_cast<int>(params), ", overlap ", static_cast<int>(overlap)));
+    Config c = base();
+    c.strata.overlap = overlap;
+    c.zero.offload_param.device = params;
+    c.zero.offload_optimizer.device = params == OffloadDevice::kNone ? OffloadDevice::kNone : OffloadDevice::kCpu;
+    c.gradient_accumulation_steps = 2;
+    frozen_ = {"l1.w"};
+    absent_ = {};
+    const RunResult frozen = train(c);
+    frozen_ = {};
+    absent_ = {"l1.w"};
+    const RunResult skipped = train(c);
+    ASSERT_EQ(skipped.losses.size(), static_cast<std::size_t>(kSteps));
+    EXPECT_EQ(skipped.losses, frozen.losses);
+    for (const auto& [name, v] : frozen.master) EXPECT_TRUE(bits_equal(skipped.master.at(name), v)) << name;
+    std::vector<float> init(skipped.master.at("l1.w").size());
+    init_values(kTensors[0], init);
+    EXPECT_TRUE(bits_equal(skipped.master.at("l1.w"), init));
+    EXPECT_TRUE(std::all_of(skipped.exp_avg_sq.at("l1.w").begin(), skipped.exp_avg_sq.at("l1.w").end(),
+                            [](float x) { return x == 0.0f; }));
+    if (overlap == OverlapMode::kExact) {
+      c.strata.no_grad = NoGradPolicy::kZero;
+      const RunResult zero = train(c);
+      EXPECT_FALSE(bits_equal(zero.master.at("l1.w"), init)) << "weight decay applies";
+    }
+  }
+  absent_ = {};
+  // Out of order, or naming what is not a trainable parameter of the group.
+  frozen_ = {"l1.w"};
+  auto created = Engine::create(base());
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  for (const Tensor& t : kTensors) {
+    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, frozen_.count(t.name) == 0, 0},
+                                 [t](std::span<float> out) {
+                                   init_values(t, out);
+                                   return core::Status();
+                                 })
+                    .ok());
+  }
+  const std::string_view w[] = {"l1.w"}, nothing[] = {"l9.w"}, other[] = {"l2.w"};
+  EXPECT_EQ(e.no_grads("l1", w).code(), core::StatusCode::kFailedPrecondition);  // before finalize
+  ASSERT_TRUE(e.finalize().ok());
+  core::Status s = e.no_grads("l1", w);
+  EXPECT_EQ(s.code(), core::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("'l1.w' is not a trainable parameter"), std::string::npos) << s;
+  s = e.no_grads("l1", nothing);
+  EXPECT_NE(s.message().find("no parameter named 'l9.w'"), std::string::npos) << s;
+  s = e.no_grads("l1", other);
+  EXPECT_EQ(s.code(), core::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(e.no_grads("l9", w).code(), core::StatusCode::kNotFound);
 }
 
 // The frozen parameter's compute copies read straight from the safetensors

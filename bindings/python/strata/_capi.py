@@ -156,6 +156,7 @@ _PROTOTYPES = {
     "strata_group_grad_buffer": (c_status, [c_engine_p, _s, _P(GroupView)]),
     "strata_group_grads_ready": (c_status, [c_engine_p, _s, _u]),
     "strata_group_grads_host": (c_status, [c_engine_p, _s, _u, ctypes.c_size_t]),
+    "strata_group_no_grads": (c_status, [c_engine_p, _s, _P(ctypes.c_char_p), ctypes.c_size_t]),
     "strata_micro_step_end": (c_status, [c_engine_p]),
     "strata_step_end": (c_status, [c_engine_p, _P(StepStatsC)]),
     "strata_stats": (c_status, [c_engine_p, _P(StepStatsC)]),

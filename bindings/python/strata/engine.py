@@ -416,6 +416,15 @@ class Engine:
     def grads_ready(self, group, stream=None):
         check(_lib.strata_group_grads_ready(self.handle, group.encode(), stream))
 
+    def no_grads(self, group, params):
+        """`params` (names) of `group` got no gradient in the micro-batch under
+        way (their slots hold zeros): before its grads_ready of that
+        micro-batch. Under strata.no_grad "skip" a parameter without one in
+        every micro-batch of a step keeps its weights, moments and step count."""
+        names = [p.encode() for p in params]
+        arr = (ctypes.c_char_p * max(1, len(names)))(*names)
+        check(_lib.strata_group_no_grads(self.handle, group.encode(), arr, len(names)))
+
     def grads_host(self, group, src):
         """Copies a group's gradients (its layout and dtype, times loss_scale) in
         and hands them over."""

@@ -445,6 +445,22 @@ STRATA_API strata_status strata_group_grad_buffer(strata_engine* engine, const c
 STRATA_API strata_status strata_group_grads_ready(strata_engine* engine, const char* group,
                                                   void* stream) STRATA_NOEXCEPT;
 
+/* (0.5) The trainable parameters params[0..count) (names) of group got no
+ * gradient in the micro-batch under way: their slots in its gradient buffer
+ * hold zeros. Call it before the group's strata_group_grads_ready (or
+ * strata_group_grads_host) of that micro-batch; calling it again adds to the
+ * list. With strata.no_grad "skip" (the default) a parameter without a
+ * gradient in every micro-batch of a step is left as it is by that step:
+ * its weights, optimizer state and step count (its bias correction counts
+ * the steps that updated it), as torch's optimizers skip a parameter whose
+ * grad is None; "zero" updates it with the zero gradient (DeepSpeed's way).
+ * With several ranks the zero gradient is used. Errors: INVALID_ARGUMENT
+ * (a NULL argument, a name that is not a trainable parameter of the group),
+ * FAILED_PRECONDITION (before finalize; the group's gradients for this
+ * micro-batch arrived already), NOT_FOUND for an unknown group. */
+STRATA_API strata_status strata_group_no_grads(strata_engine* engine, const char* group, const char* const* params,
+                                               size_t count) STRATA_NOEXCEPT;
+
 /* For frameworks that compute on the CPU: copies size bytes of gradients
  * (laid out like the group's compute copies, its dtype, scaled by
  * strata_loss_scale) from host_src into the engine's gradient buffer and

@@ -60,10 +60,16 @@ class Gradients:
         if g.grads is None:
             g.grads = self._grad_buffer(g)
             g.got = set()
+        absent = []
         with torch.no_grad():
             for rec in g.params:  # trainable parameters without a gradient this micro-batch: zeros
                 if rec.trainable and id(rec) not in g.got:
                     g.grads[rec.offset:rec.offset + rec.numel].zero_()
+                    absent.append(self._name_prefix + rec.name)
+        if absent:
+            # Said to the engine: under strata.no_grad "skip" one without a gradient in every
+            # micro-batch of the step is left as it is, as torch's optimizers skip a None grad.
+            self._engine.no_grads(g.name, absent)
         if self._zero_copy:
             # End the view first: a view still alive at grads_ready makes the
             # engine set the buffer aside (and take a new one for the next group).
