@@ -109,13 +109,15 @@ core::Status Step::no_grads(std::size_t g, std::span<const std::size_t> params) 
     return Status::failed_precondition(str_cat("no_grads('", gp.name,
                                                "'): its gradients for this micro-batch have arrived already"));
   }
-  for (std::size_t pi : params) {
+  for (std::size_t pi : params) {  // all checked before any is taken
     if (parts_.layout.places[pi].group != g || parts_.layout.places[pi].trainable_offset < 0) {
       return Status::invalid_argument(str_cat("no_grads('", gp.name, "'): '", parts_.layout.params[pi].name,
                                               "' is not a trainable parameter of the group"));
     }
-    if (std::find(gs.absent.begin(), gs.absent.end(), pi) == gs.absent.end()) gs.absent.push_back(pi);
   }
+  gs.absent.insert(gs.absent.end(), params.begin(), params.end());
+  std::sort(gs.absent.begin(), gs.absent.end());
+  gs.absent.erase(std::unique(gs.absent.begin(), gs.absent.end()), gs.absent.end());
   return Status();
 }
 
@@ -127,6 +129,9 @@ core::Status Step::grads_ready(std::size_t g, gpu::Stream* written_on) {
   if (gs.grad.empty()) {
     return Status::failed_precondition(str_cat("grads_ready('", gp.name, "') without grad_buffer('", gp.name, "')"));
   }
+  // The parameters without a gradient go with this micro-batch whatever
+  // becomes of it (none is carried into a later one).
+  std::vector<std::size_t> absent = std::exchange(gs.absent, {});
   // The host gradients of this group are the last step optimizer's input:
   // the pass that writes them waits for its update. Here, except under
   // "delayed", where the framework goes on (nothing it reads changes) and
@@ -159,7 +164,6 @@ core::Status Step::grads_ready(std::size_t g, gpu::Stream* written_on) {
   gpu::DeviceBuffer grad = std::exchange(gs.grad, {});
   // The parameters without a gradient are counted where the pass runs: the
   // step's job reads the counts with the host gradients.
-  std::vector<std::size_t> absent = std::exchange(gs.absent, {});
   GradientPath* gradients = gradients_.get();
   if (!gradients->threaded()) gradients->note_absent(g, micro_step, absent);
   // The pass writes the host gradients the last step's job reads (under
