@@ -74,6 +74,21 @@ class RanksCheckpoint : public RanksTest, public ::testing::WithParamInterface<C
     const core::Status s = e.save_checkpoint(root.string(), std::as_bytes(std::span<const char>(blob)));
     EXPECT_TRUE(s.ok()) << s;
   }
+  // A checkpoint of one step saved by three ranks, at `root`.
+  void save_one_step(const Config& c, const fs::path& root) {
+    on_ranks(c, 3, "save", [&](int r, Engine& e) {
+      train(e, r, 3, 0, 1);
+      save(e, root, r);
+    });
+  }
+  // Flips the bits `mask` of byte `at` of the file (its bytes before, returned).
+  static std::string flip(const fs::path& file, std::size_t at, char mask) {
+    std::string bytes = bytes_of_file(file);
+    const std::string before = bytes;
+    if (at < bytes.size()) bytes[at] = static_cast<char>(bytes[at] ^ mask);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    return before;
+  }
 };
 
 TEST_P(RanksCheckpoint, ThreeRanksToFourToTwoToOneAndBackResumesExactly) {
@@ -145,17 +160,11 @@ TEST_P(RanksCheckpoint, ThreeRanksToFourToTwoToOneAndBackResumesExactly) {
 TEST_P(RanksCheckpoint, ADamagedStateFileStopsEveryRankBeforeAnyChange) {
   const Config c = with_format(GetParam().format);
   const fs::path root = dir_ / "ckpt";
-  on_ranks(c, 3, "save", [&](int r, Engine& e) {
-    train(e, r, 3, 0, 1);
-    save(e, root, r);
-  });
+  save_one_step(c, root);
   // One flipped bit in rank 1's file: with two ranks loading, rank 1 checks
   // it (file j is checked by rank j mod 2) and rank 0 hears of it.
   const fs::path victim = root / "step-1" / "state-rank-1-of-3.safetensors";
-  std::string bytes = bytes_of_file(victim);
-  ASSERT_FALSE(bytes.empty());
-  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x10);
-  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  ASSERT_FALSE(flip(victim, fs::file_size(victim) / 2, 0x10).empty());
   const Outcome fresh = on_ranks(c, 2, "fresh", [](int, Engine&) {});
   std::vector<core::Status> got(2);
   const Outcome after = on_ranks(c, 2, "damaged", [&](int r, Engine& e) {
@@ -176,15 +185,8 @@ TEST_P(RanksCheckpoint, ADamagedStateFileStopsEveryRankBeforeAnyChange) {
 TEST_P(RanksCheckpoint, ADamagedRankBlobIsNamedByTheRankThatReadsIt) {
   const Config c = with_format(GetParam().format);
   const fs::path root = dir_ / "ckpt";
-  on_ranks(c, 3, "save", [&](int r, Engine& e) {
-    train(e, r, 3, 0, 1);
-    save(e, root, r);
-  });
-  const fs::path victim = root / "step-1" / "framework-rank-2-of-3.bin";
-  std::string bytes = bytes_of_file(victim);
-  ASSERT_EQ(bytes, blob_of(2));
-  bytes[0] = static_cast<char>(bytes[0] ^ 0x01);
-  std::ofstream(victim, std::ios::binary | std::ios::trunc) << bytes;
+  save_one_step(c, root);
+  ASSERT_EQ(flip(root / "step-1" / "framework-rank-2-of-3.bin", 0, 0x01), blob_of(2));
   std::vector<core::Status> got(3);
   on_ranks(c, 3, "damaged", [&](int r, Engine& e) {
     got[static_cast<std::size_t>(r)] = e.load_checkpoint(root.string()).status();
