@@ -165,6 +165,7 @@ tsan_slow=(
   Placement.TheSmallestDeviceBudgetTheMessageNamesTrains
   Placement.TheSmallestPinnedBudgetTheMessageNamesTrains
   Placement.TheSmallestDiskBudgetTheMessageNamesTrains
+  Placement.AParameterWithoutGradientsIsLeftAsItWas
   Checkpoint.ResumesBitIdenticallyUnderAnotherPlacement
   Checkpoint.CrashInsideSaveLeavesThePreviousOneLoadable
   Checkpoint.FlippedBitsInStateOrFrameworkAreDataLossNamingTheFile
