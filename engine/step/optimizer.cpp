@@ -12,6 +12,7 @@
 #include "core/clock.h"
 #include "core/str.h"
 #include "engine/internal/elem_types.h"
+#include "engine/internal/engine_util.h"
 #include "engine/step/verdict.h"
 
 namespace strata::engine {
@@ -226,8 +227,6 @@ class Optimizer::JobRun {
   // The constants of parameter pi: the job's, at the parameter's own step
   // count when steps have left it as it was.
   const UpdateConstants& constants_for(std::size_t pi);
-  // Compute copies of n elements of `master` into `out` (the compute dtype).
-  void copies_of_master(const float* master, std::byte* out, std::size_t n) const;
 
   Optimizer& o_;
   OptimizerJob& job_;
@@ -359,19 +358,6 @@ const UpdateConstants& Optimizer::JobRun::constants_for(std::size_t pi) {
   return it->second;
 }
 
-void Optimizer::JobRun::copies_of_master(const float* master, std::byte* out, std::size_t n) const {
-  if (cb_ == 4) {
-    std::memcpy(out, master, n * 4);
-    return;
-  }
-  const bool bf16 = compute_type_ == adam::ElemType::kBf16;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint16_t b =
-        bf16 ? core::numerics::fp32_to_bf16_bits(master[i]) : core::numerics::fp32_to_fp16_bits(master[i]);
-    std::memcpy(out + i * 2, &b, 2);
-  }
-}
-
 std::byte* Optimizer::JobRun::compute_at(const Open& o, const Layout::Piece& p) const {
   const ParamPlace& pl = layout().places[p.param];
   // A sharded home holds the rank's trainable shard in the trainable layout.
@@ -400,8 +386,8 @@ core::Status Optimizer::JobRun::update_host_chunk(std::size_t i) {
       str_cat(!decided_ && job_.updates_into_next_version() ? "adam (speculative) chunk " : "adam chunk ", c);
   for (const Layout::Piece& p : layout().pieces(cp)) {
     if (skips(p.param)) {  // no gradient in the step: its state stays, its copies are its master's
-      copies_of_master(st.master().data() + (p.lo - cp.begin), compute_at(open, p),
-                       static_cast<std::size_t>(p.hi - p.lo));
+      to_compute(st.master().subspan(static_cast<std::size_t>(p.lo - cp.begin), static_cast<std::size_t>(p.hi - p.lo)),
+                 compute_at(open, p), cb_, o_.parts_.config.precision);
       continue;
     }
     const UpdateConstants& k = constants_for(p.param);
