@@ -179,6 +179,7 @@ TEST(Config, DefaultsEqualDeepSpeedWhenOnlyTheBatchIsGiven) {
   EXPECT_TRUE(c.strata.crc);
   EXPECT_FALSE(c.strata.strict);
   EXPECT_EQ(c.strata.cpu_adam.bind, CpuAdamBind::kAuto);
+  EXPECT_EQ(c.strata.no_grad, NoGradPolicy::kSkip);  // torch.optim.AdamW's: a parameter without gradient is left as it is
   EXPECT_EQ(c.strata.cpu_adam.numa_node, -1);
   EXPECT_TRUE(c.warnings.empty()) << all_warnings(c);
   EXPECT_TRUE(c.swap_paths().empty());
@@ -883,6 +884,7 @@ TEST(Config, StrataKeysParse) {
       "host_device": {"memory_bytes": "24GiB", "h2d_gbps": 25, "d2h_gbps": 24.5,
                       "d2d_gbps": 1500, "tflops": 400},
       "nonfinite": "error",
+      "no_grad": "zero",
       "trace": "/tmp/trace.json"
     })"));
   const StrataConfig& s = c.strata;
@@ -920,6 +922,7 @@ TEST(Config, StrataKeysParse) {
   EXPECT_EQ(s.host_device.d2d_gbps, 1500.0);
   EXPECT_EQ(s.host_device.tflops, 400.0);
   EXPECT_EQ(s.nonfinite, NonfinitePolicy::kError);
+  EXPECT_EQ(s.no_grad, NoGradPolicy::kZero);
   EXPECT_EQ(s.trace, "/tmp/trace.json");
   EXPECT_EQ(c.swap_paths(), s.io.paths);
   EXPECT_TRUE(c.warnings.empty()) << all_warnings(c);
@@ -994,6 +997,8 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
                {"strata.device: \"gpu\" is not one of auto, cuda, host"});
   expect_error(doc(R"("strata": {"nonfinite": "ignore"})"),
                {"strata.nonfinite: \"ignore\" is not one of skip, error, apply"});
+  expect_error(doc(R"("strata": {"no_grad": "accumulate"})"),
+               {"strata.no_grad: \"accumulate\" is not one of skip, zero"});
   expect_error(doc(R"("strata": {"seed": -1})"), {"strata.seed: -1 must be >= 0"});
   expect_error(doc(R"("strata": {"optimizer_state": {"format": "int4"}})"),
                {"strata.optimizer_state.format: \"int4\" is not one of fp32, bf16, int8_blockwise"});
