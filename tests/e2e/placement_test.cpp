@@ -206,6 +206,12 @@ class Placement : public MlpTest {
             EXPECT_TRUE(e.no_grads(group, absent).ok());
           }
           f.give_grads(e, group, g);
+          if (!absent.empty()) {
+            // Said after the group's gradients arrived: refused, naming why (it would count for no micro-batch).
+            const core::Status late = e.no_grads(group, absent);
+            EXPECT_EQ(late.code(), core::StatusCode::kFailedPrecondition) << late;
+            EXPECT_NE(late.message().find("have arrived already"), std::string::npos) << late;
+          }
           if (hold_in_backward_) {
             EXPECT_TRUE(e.release(group).ok());
           }
