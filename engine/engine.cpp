@@ -187,14 +187,15 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
   gpu::Device* d = e->shared_device_->device.get();
   ViewHolds* holds = e->holds_.get();
   e->device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
-      [d](std::uint64_t bytes, const std::string& what) { return d->allocate(bytes, what); },
+      [d](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) { return d->allocate(bytes, what, end); },
       [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); },
       // A lent buffer is parked, never reused, until its last lease ends.
       [holds](gpu::DeviceBuffer& b, std::shared_ptr<gpu::Event>& fence) { return holds->park(b, fence); });
+  e->device_cache_->set_headroom([d] { return d->device_budget().available_bytes(); });
   e->holds_->set_home(e->device_cache_.get());
   // Pinned staging put back with a fence: a queued copy still reads it (fetch's copies).
   e->pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
-      [d](std::uint64_t bytes, const std::string& what) { return d->allocate_pinned(bytes, what); },
+      [d](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd) { return d->allocate_pinned(bytes, what); },
       [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
   e->ranks_.share = {ranks.rank, ranks.size};
   if (ranks.size > 1) {

@@ -10,15 +10,25 @@ Arena::Arena(std::uint64_t size_bytes, std::uint64_t alignment)
   if (size_bytes > 0) free_.emplace(0, size_bytes);
 }
 
-std::int64_t Arena::allocate(std::uint64_t size_bytes) {
+std::int64_t Arena::allocate(std::uint64_t size_bytes, ArenaEnd end) {
   const std::uint64_t need = round_up(size_bytes);
   core::MutexLock lock(mu_);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
+  if (end == ArenaEnd::kLow) {
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->second < need) continue;
+      const std::uint64_t offset = it->first;
+      const std::uint64_t left = it->second - need;
+      free_.erase(it);
+      if (left > 0) free_.emplace(offset + need, left);
+      return static_cast<std::int64_t>(offset);
+    }
+    return -1;
+  }
+  for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
     if (it->second < need) continue;
-    const std::uint64_t offset = it->first;
-    const std::uint64_t left = it->second - need;
-    free_.erase(it);
-    if (left > 0) free_.emplace(offset + need, left);
+    it->second -= need;  // the range keeps its start; the allocation takes its top
+    const std::uint64_t offset = it->first + it->second;
+    if (it->second == 0) free_.erase(std::next(it).base());
     return static_cast<std::int64_t>(offset);
   }
   return -1;

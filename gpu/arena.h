@@ -1,5 +1,5 @@
-// The device-memory arena: offsets within [0, size) handed out first-fit,
-// neighbours coalesced on free. The CUDA device carves its one cudaMalloc
+// The device-memory arena: offsets within [0, size) handed out first-fit
+// from either end (gpu::ArenaEnd), neighbours coalesced on free. The CUDA device carves its one cudaMalloc
 // with it; the host device can keep one beside its allocations
 // (HostDeviceOptions::arena), so that a run on the host device meets the
 // same fragmentation a CUDA run does (a budget the planner names must train
@@ -10,6 +10,7 @@
 #include <map>
 
 #include "core/mutex.h"
+#include "gpu/device.h"
 
 namespace strata::gpu {
 
@@ -17,8 +18,9 @@ class Arena {
  public:
   Arena(std::uint64_t size_bytes, std::uint64_t alignment);
 
-  // An offset, or -1 when no free range is large enough.
-  std::int64_t allocate(std::uint64_t size_bytes);
+  // An offset, or -1 when no free range is large enough. kLow: the lowest
+  // free range that fits, from its start; kHigh: the highest, from its end.
+  std::int64_t allocate(std::uint64_t size_bytes, ArenaEnd end = ArenaEnd::kLow);
   void free(std::uint64_t offset, std::uint64_t size_bytes);
 
   std::uint64_t largest_free() const;

@@ -88,6 +88,7 @@ std::string_view device_kind_name(DeviceKind kind) {
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
     : device_(std::exchange(other.device_, nullptr)),
       span_(std::exchange(other.span_, DeviceSpan())),
+      end_(other.end_),
       charge_(std::move(other.charge_)) {}
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
@@ -95,6 +96,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
     reset();
     device_ = std::exchange(other.device_, nullptr);
     span_ = std::exchange(other.span_, DeviceSpan());
+    end_ = other.end_;
     charge_ = std::move(other.charge_);
   }
   return *this;
@@ -226,14 +228,14 @@ core::HostAllocator& Device::pinned_allocator() {
   return *pinned_allocator_;
 }
 
-Result<DeviceBuffer> Device::allocate(std::uint64_t size_bytes, std::string_view what) {
+Result<DeviceBuffer> Device::allocate(std::uint64_t size_bytes, std::string_view what, ArenaEnd end) {
   if (size_bytes == 0) return Status::invalid_argument(str_cat("device allocation of 0 bytes for ", what));
   // Charged as the memory it takes: rounded up to the allocation alignment
   // (the CUDA arena hands out whole 256-byte units).
   STRATA_ASSIGN_OR_RETURN(core::BudgetCharge charge,
                           budgets_.device->charge(core::align_up(size_bytes, caps_.allocation_alignment_bytes), what));
   const std::uint64_t id = g_next_buffer_id.fetch_add(1, std::memory_order_relaxed);
-  Result<void*> p = do_allocate(id, size_bytes);
+  Result<void*> p = do_allocate(id, size_bytes, end);
   if (!p.ok()) return std::move(p).status().annotate(str_cat("allocating ", what));
   {
     core::MutexLock lock(mu_);
@@ -242,6 +244,7 @@ Result<DeviceBuffer> Device::allocate(std::uint64_t size_bytes, std::string_view
   DeviceBuffer b;
   b.device_ = this;
   b.span_ = DeviceSpan(this, id, *p, size_bytes);
+  b.end_ = end;
   b.charge_ = std::move(charge);
   return b;
 }

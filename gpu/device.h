@@ -72,6 +72,15 @@ class EventImpl {
 // memory and returns its charge when destroyed or reset. Work still queued
 // that uses the buffer must finish first (the host device reports a buffer
 // freed under queued work as an error of that work's stream).
+// Which end of the device's memory an allocation is placed from. Buffers
+// that live long or are fetched (state, compute copies) come from the low end,
+// buffers a step takes and gives back (gradients, an update's working copies)
+// from the high end: the two kinds come and go interleaved, and a small one
+// left below a large one would keep the large one's successor from the room
+// the budget says it has (an arena, as the CUDA device's, does not move
+// what it has placed). A device without an arena ignores it.
+enum class ArenaEnd : std::uint8_t { kLow, kHigh };
+
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -89,12 +98,14 @@ class DeviceBuffer {
   std::uint64_t size_bytes() const { return span_.size_bytes(); }
   std::uint64_t id() const { return span_.buffer_id(); }
   bool empty() const { return device_ == nullptr; }
+  ArenaEnd arena_end() const { return end_; }
   void reset() noexcept;
 
  private:
   friend class Device;
   Device* device_ = nullptr;
   DeviceSpan span_;
+  ArenaEnd end_ = ArenaEnd::kLow;
   core::BudgetCharge charge_;
 };
 
@@ -197,8 +208,10 @@ class Device {
   // Errors: kInvalidArgument for 0 bytes; kResourceExhausted naming the device
   // budget when it would go over, or when the arena has no free range that
   // large (fragmented: freeing buffers makes room, as for the budget);
-  // kOutOfMemory when the backend's own memory fails it.
-  core::Result<DeviceBuffer> allocate(std::uint64_t size_bytes, std::string_view what) STRATA_EXCLUDES(mu_);
+  // kOutOfMemory when the backend's own memory fails it. `end`: where an
+  // arena places it (ArenaEnd above).
+  core::Result<DeviceBuffer> allocate(std::uint64_t size_bytes, std::string_view what,
+                                      ArenaEnd end = ArenaEnd::kLow) STRATA_EXCLUDES(mu_);
 
   // Allocates pinned host memory (page-aligned), charged to the pinned budget.
   // Errors as allocate() (kResourceExhausted names the pinned budget).
@@ -313,7 +326,7 @@ class Device {
 
   // --- backend hooks. Arguments are validated; views are in bounds, of this
   // device, of live buffers, aligned for their element type. -----------------
-  virtual core::Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes) = 0;
+  virtual core::Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes, ArenaEnd end) = 0;
   virtual void do_free(std::uint64_t buffer_id, void* p, std::uint64_t size_bytes) noexcept = 0;
   // `numa_node` >= 0: place the pages on that node (place_on_numa_node).
   virtual core::Result<void*> do_allocate_pinned(std::size_t size_bytes, int numa_node) = 0;

@@ -45,12 +45,11 @@ struct HostDeviceOptions {
   TimingModel timing;     // default: not modeled
   // Each allocation also takes a range of an arena as large as the device
   // budget, as the CUDA device's do (gpu/arena.h): a budget fragmented on
-  // CUDA is fragmented here too. Off by default for now: at the least device
-  // budget the planner names, the engine's buffers can fragment the arena
-  // (the H200 run of 2026-11-28; tests/python/test_adapter.py's least-budget
-  // case with it on), which the engine's placement of its buffers must
-  // answer first.
-  bool arena = false;
+  // CUDA is fragmented here too, so every test of the host device meets what
+  // a CUDA run meets (the least device budget the planner names trains on
+  // both: the engine places its buffers from the arena's two ends, and under
+  // a tight budget afresh; engine/internal/buffer_cache.h).
+  bool arena = true;
 };
 
 // Errors: kInvalidArgument for a missing budget or a negative or non-finite rate.

@@ -288,26 +288,27 @@ core::Result<const gpu::DeviceBuffer*> Fetcher::fetched_buffer(std::size_t g) co
   return parts_.layout.fetched_in_place(gp) ? &parts_.homes.device_home(g) : &groups_[g].working;
 }
 
-core::Result<gpu::DeviceBuffer> Fetcher::allocate_working(std::uint64_t bytes, const std::string& what) {
+core::Result<gpu::DeviceBuffer> Fetcher::allocate_working(std::uint64_t bytes, const std::string& what,
+                                                          gpu::ArenaEnd end) {
   BufferCache<gpu::DeviceBuffer>& cache = parts_.device_cache;
-  core::Result<gpu::DeviceBuffer> b = cache.get(bytes, what);
+  core::Result<gpu::DeviceBuffer> b = cache.get(bytes, what, end);
   if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   if (!resident_->empty()) {  // resident copies give their memory back first
     resident_->drop(DropCopies::kAll);
-    b = cache.get(bytes, what);
+    b = cache.get(bytes, what, end);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
   if (parts_.schedule.threaded()) {
     // Gradient passes in flight hold device buffers: let them finish, then try again.
     STRATA_RETURN_IF_ERROR(parts_.gradients.wait(what.c_str()));
-    b = cache.get(bytes, what);
+    b = cache.get(bytes, what, end);
     if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
   }
   if (prefetcher_ == nullptr || prefetcher_->empty()) return b;
   // Prefetched copies only save a later copy: they give their memory back
   // last, to what is needed now (a fetch, a gradient buffer).
   prefetcher_->drop(DropCopies::kAll);
-  return cache.get(bytes, what);
+  return cache.get(bytes, what, end);
 }
 
 void Fetcher::issue_prefetches() {

@@ -96,8 +96,10 @@ class Fetcher {
   // A fetch's or gradients' device buffer; when the device budget is short,
   // drops resident copies, waits for the gradient passes in flight (which
   // hold such buffers) and, last, drops the prefetched copies, trying again
-  // after each.
-  core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what);
+  // after each. Fetched copies come from the arena's low end, gradients from
+  // its high end (gpu::ArenaEnd).
+  core::Result<gpu::DeviceBuffer> allocate_working(std::uint64_t bytes, const std::string& what,
+                                                   gpu::ArenaEnd end = gpu::ArenaEnd::kLow);
   // Waits for every copy fetch queued for a framework's stream since the
   // last call: before the compute copies' homes are written (step_end,
   // load_checkpoint, delayed's commit), nothing may still read them.

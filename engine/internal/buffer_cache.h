@@ -12,15 +12,31 @@
 // (and prefers a buffer whose fence has passed). An optional divert takes
 // buffers put() is given before the cache keeps them (the device memory of
 // views lent to the framework: engine/internal/view_holds.h), and hands
-// them back later through put_returned(). Thread-safe. Private to engine/.
+// them back later through put_returned().
+//
+// Device buffers come from either end of the device's arena (gpu::ArenaEnd:
+// fetched copies from the low end, gradients and an update's working
+// copies from the high end), and the cache keeps them apart by end. An
+// optional headroom (the device budget's bytes left) makes a get() under a
+// tight budget give back the cached buffers of its end first, each once its
+// fence has passed, and place its buffer afresh, lowest (or highest) first:
+// a cached buffer left below a new one would, once given back, leave a range
+// too small for the next large one, and a cached buffer placed while another
+// was in use may sit above the room that one left (the least budget the
+// planner names has none to spare). A device runs behind the host: the group
+// released last is still read when the next is fetched; waiting for it
+// there, under a tight budget only, is what places the next where the one
+// after can fit. Thread-safe. Private to engine/.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "core/mutex.h"
 #include "core/result.h"
@@ -28,10 +44,22 @@
 
 namespace strata::engine {
 
+// The arena end a buffer came from: its own for a device buffer, the low end
+// for any other kind.
+template <typename Buffer>
+gpu::ArenaEnd arena_end_of(const Buffer& b) {
+  if constexpr (requires { b.arena_end(); }) {
+    return b.arena_end();
+  } else {
+    return gpu::ArenaEnd::kLow;
+  }
+}
+
 template <typename Buffer>
 class BufferCache {
  public:
-  using Allocate = std::function<core::Result<Buffer>(std::uint64_t bytes, const std::string& what)>;
+  using Allocate =
+      std::function<core::Result<Buffer>(std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end)>;
   // Blocks until the fence's work is done (the device's synchronize).
   using Wait = std::function<core::Status(gpu::Event& fence)>;
   // Whether the fence's work is done, without waiting (the device's query).
@@ -42,8 +70,16 @@ class BufferCache {
   // (returns true; it then owns both), or leaves both as they are (false).
   // Called without the cache's lock.
   using Divert = std::function<bool(Buffer& b, std::shared_ptr<gpu::Event>& fence)>;
+  // The bytes the budget behind the allocator still allows.
+  using Headroom = std::function<std::uint64_t()>;
   explicit BufferCache(Allocate allocate, Wait wait = nullptr, Query query = nullptr, Divert divert = nullptr)
       : allocate_(std::move(allocate)), wait_(std::move(wait)), query_(std::move(query)), divert_(std::move(divert)) {}
+
+  // With a headroom, a get() that would leave less room than the largest
+  // buffer this cache has handed out gives back the cached buffers of its
+  // end (each after its fence), a hit among them, and allocates afresh. Set
+  // before first use.
+  void set_headroom(Headroom headroom) { headroom_ = std::move(headroom); }
 
   struct Fenced {
     Buffer buffer;
@@ -54,10 +90,12 @@ class BufferCache {
   // cached fences of that size while holding the cache's lock (a
   // non-blocking device call; the lock order is the cache's lock, then
   // whatever the device's query takes).
-  core::Result<Fenced> get_fenced(std::uint64_t bytes, const std::string& what) STRATA_EXCLUDES(mu_) {
+  core::Result<Fenced> get_fenced(std::uint64_t bytes, const std::string& what,
+                                  gpu::ArenaEnd end = gpu::ArenaEnd::kLow) STRATA_EXCLUDES(mu_) {
     {
       const core::MutexLock lock(mu_);
-      auto [lo, hi] = free_.equal_range(bytes);
+      auto [lo, hi] = free_.equal_range(Key{end, bytes});
+      if (tight(bytes, lo != hi)) hi = lo;  // get() places it afresh
       auto pick = hi;
       for (auto it = lo; it != hi; ++it) {
         if (it->second.fence == nullptr || query_ == nullptr) {
@@ -78,18 +116,21 @@ class BufferCache {
         return f;
       }
     }
-    STRATA_ASSIGN_OR_RETURN(Buffer b, get(bytes, what));
+    STRATA_ASSIGN_OR_RETURN(Buffer b, get(bytes, what, end));
     return Fenced{std::move(b), nullptr};
   }
 
   // A cached buffer of exactly `bytes` (after its fence; one whose fence has
   // passed first), or a new one.
-  core::Result<Buffer> get(std::uint64_t bytes, const std::string& what) STRATA_EXCLUDES(mu_) {
+  core::Result<Buffer> get(std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end = gpu::ArenaEnd::kLow)
+      STRATA_EXCLUDES(mu_) {
     Entry e;
     bool cached = false;
+    std::multimap<Key, Entry> drop;  // given back below, without the lock
     {
       const core::MutexLock lock(mu_);
-      auto [lo, hi] = free_.equal_range(bytes);
+      largest_ = std::max(largest_, bytes);
+      auto [lo, hi] = free_.equal_range(Key{end, bytes});
       auto it = lo;
       for (auto c = lo; query_ != nullptr && c != hi; ++c) {
         if (c->second.fence == nullptr) {
@@ -103,12 +144,18 @@ class BufferCache {
           break;
         }
       }
-      if (it != hi) {
+      if (tight(bytes, it != hi)) {
+        // Placed afresh, after the end's cached buffers are given back: a
+        // cached one may sit above a range that has come free since.
+        auto c = free_.lower_bound(Key{end, 0});
+        while (c != free_.end() && c->first.first == end) drop.insert(free_.extract(c++));
+      } else if (it != hi) {
         e = std::move(it->second);
         free_.erase(it);
         cached = true;
       }
     }
+    STRATA_RETURN_IF_ERROR(give_back(drop));
     if (cached) {
       STRATA_RETURN_IF_ERROR(pass(e));
       return std::move(e.buffer);
@@ -117,7 +164,7 @@ class BufferCache {
     // as long as there was something to give back (another thread may have
     // put buffers back since the last clear; those were charged while in use).
     for (;;) {
-      core::Result<Buffer> b = allocate_(bytes, what);
+      core::Result<Buffer> b = allocate_(bytes, what, end);
       if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
       bool had_cached = false;
       {
@@ -139,31 +186,45 @@ class BufferCache {
   // As put(), past the divert: for the buffers it hands back.
   void put_returned(Buffer b, std::shared_ptr<gpu::Event> fence = nullptr) STRATA_EXCLUDES(mu_) {
     if (b.empty()) return;
-    const std::uint64_t bytes = b.size_bytes();
+    const Key key{arena_end_of(b), b.size_bytes()};
     const core::MutexLock lock(mu_);
-    free_.emplace(bytes, Entry{std::move(b), std::move(fence)});
+    free_.emplace(key, Entry{std::move(b), std::move(fence)});
   }
   // Frees every cached buffer, each once its fence has passed; the first
   // error of those waits.
   core::Status clear() STRATA_EXCLUDES(mu_) {
-    std::multimap<std::uint64_t, Entry> drop;
+    std::multimap<Key, Entry> drop;
     {
       const core::MutexLock lock(mu_);
       drop.swap(free_);
     }
-    core::Status first;
-    for (auto& [bytes, e] : drop) {
-      core::Status s = pass(e);
-      if (first.ok() && !s.ok()) first = std::move(s);
-    }
-    return first;
+    return give_back(drop);
   }
 
  private:
+  using Key = std::pair<gpu::ArenaEnd, std::uint64_t>;  // end, bytes
   struct Entry {
     Buffer buffer;
     std::shared_ptr<gpu::Event> fence;
   };
+  // Under a tight budget (a headroom, and after this buffer less room than
+  // the largest asked for), the cache gives back its end's buffers and places
+  // this one afresh. `hit`: a cached buffer of this size (already charged).
+  bool tight(std::uint64_t bytes, bool hit) const STRATA_REQUIRES(mu_) {
+    if (headroom_ == nullptr) return false;
+    return headroom_() < (hit ? 0 : bytes) + largest_;
+  }
+  // Frees the buffers taken out of the cache, each once its fence has
+  // passed; the first error of those waits.
+  core::Status give_back(std::multimap<Key, Entry>& drop) STRATA_EXCLUDES(mu_) {
+    core::Status first;
+    for (auto& [key, e] : drop) {
+      core::Status s = pass(e);
+      if (first.ok() && !s.ok()) first = std::move(s);
+    }
+    drop.clear();
+    return first;
+  }
   core::Status pass(Entry& e) STRATA_EXCLUDES(mu_) {
     if (e.fence == nullptr || wait_ == nullptr) return core::Status();
     core::Status s = wait_(*e.fence);
@@ -175,8 +236,10 @@ class BufferCache {
   Wait wait_;
   Query query_;
   Divert divert_;
+  Headroom headroom_;
   core::Mutex mu_;
-  std::multimap<std::uint64_t, Entry> free_ STRATA_GUARDED_BY(mu_);
+  std::multimap<Key, Entry> free_ STRATA_GUARDED_BY(mu_);
+  std::uint64_t largest_ STRATA_GUARDED_BY(mu_) = 0;  // the largest get() asked for
 };
 
 }  // namespace strata::engine

@@ -420,11 +420,12 @@ core::Status Optimizer::JobRun::update_device_chunk(std::size_t i) {
   const std::vector<Layout::Piece> pieces = layout().pieces(cp);
   STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan state, parts.state.device_state(c));
   const std::uint64_t n_all = static_cast<std::uint64_t>(cp.elems);
-  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, parts.device_cache.get(n_all * gb_, "optimizer gradients"));
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dgrad, parts.device_cache.get(n_all * gb_, "optimizer gradients", gpu::ArenaEnd::kHigh));
   STRATA_RETURN_IF_ERROR(lane_h2d(parts.device, parts.trace, lane_, dgrad.span(),
                                   {parts.gradients.shard_grads(g) + (cp.begin - layout().groups[g].shard_begin) * gb_,
                                    n_all * gb_}));
-  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, parts.device_cache.get(n_all * cb_, "optimizer compute copies"));
+  STRATA_ASSIGN_OR_RETURN(gpu::DeviceBuffer dcopy, parts.device_cache.get(n_all * cb_, "optimizer compute copies",
+                                                                                   gpu::ArenaEnd::kHigh));
   for (const Layout::Piece& p : pieces) {
     const auto off = static_cast<std::uint64_t>(p.lo - cp.begin);
     const auto n = static_cast<std::uint64_t>(p.hi - p.lo);

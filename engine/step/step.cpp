@@ -97,7 +97,8 @@ core::Result<gpu::DeviceSpan> Step::grad_buffer(std::size_t g) {
   if (gs.grad.empty()) {
     const std::uint64_t bytes =
         static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
-    STRATA_ASSIGN_OR_RETURN(gs.grad, fetcher_->allocate_working(bytes, str_cat("gradients of group '", gp.name, "'")));
+    STRATA_ASSIGN_OR_RETURN(gs.grad, fetcher_->allocate_working(bytes, str_cat("gradients of group '", gp.name, "'"),
+                                                                    gpu::ArenaEnd::kHigh));
   }
   return gs.grad.span();
 }

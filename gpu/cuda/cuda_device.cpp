@@ -121,8 +121,8 @@ class CudaDevice final : public Device {
   }
 
   // --- memory ---
-  Result<void*> do_allocate(std::uint64_t /*buffer_id*/, std::uint64_t size_bytes) override {
-    const std::int64_t offset = arena_.allocate(size_bytes);
+  Result<void*> do_allocate(std::uint64_t /*buffer_id*/, std::uint64_t size_bytes, ArenaEnd end) override {
+    const std::int64_t offset = arena_.allocate(size_bytes, end);
     if (offset < 0) {
       // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
       // the caches give their buffers back and the allocation is tried again.

@@ -272,8 +272,8 @@ class HostDevice final : public Device {
   // --- memory ---
   // Each allocation takes a range of the arena as the CUDA device's would (the memory itself
   // comes from the heap): a budget fragmented on CUDA is fragmented here too.
-  Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes) override {
-    const std::int64_t offset = use_arena_ ? arena_.allocate(size_bytes) : 0;
+  Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes, ArenaEnd end) override {
+    const std::int64_t offset = use_arena_ ? arena_.allocate(size_bytes, end) : 0;
     if (offset < 0) {
       // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
       // the caches give their buffers back and the allocation is tried again.

@@ -58,7 +58,7 @@ class FakeAllocator {
   static constexpr std::uint64_t kLimitBytes = 1000;
 
   Cache::Allocate fn() {
-    return [this](std::uint64_t bytes, const std::string& what) -> core::Result<FakeBuffer> {
+    return [this](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd) -> core::Result<FakeBuffer> {
       const std::lock_guard<std::mutex> lock(mu_);
       requests_.push_back(bytes);
       whats_.push_back(what);
@@ -147,7 +147,7 @@ class BufferCacheTest : public ::testing::Test {
  protected:
   // A buffer straight from the allocator, as a caller would have got it.
   FakeBuffer fresh(std::uint64_t bytes) {
-    core::Result<FakeBuffer> b = alloc_.fn()(bytes, "fresh");
+    core::Result<FakeBuffer> b = alloc_.fn()(bytes, "fresh", gpu::ArenaEnd::kLow);
     EXPECT_TRUE(b.ok()) << b.status();
     return b.ok() ? std::move(b).value() : FakeBuffer();
   }
@@ -442,6 +442,31 @@ TEST_F(BufferCacheTest, DivertTakesBuffersUntilTheyArePutReturned) {
   EXPECT_EQ(fences_.waited(), std::vector<const gpu::Event*>{fence.get()});
 }
 
+// Under a tight budget (the headroom), a miss gives back the cached buffers
+// first, waiting for a fence that has not passed: no cached buffer is left
+// below the new one. With room to spare, the cache keeps them.
+TEST_F(BufferCacheTest, AMissUnderATightBudgetGivesBackTheCacheFirst) {
+  Cache cache(alloc_.fn(), fences_.wait_fn(), fences_.query_fn());
+  cache.set_headroom([this] { return FakeAllocator::kLimitBytes - alloc_.used_bytes(); });
+  for (std::uint64_t bytes : {100, 150, 200}) {
+    core::Result<FakeBuffer> b = cache.get(bytes, "x");
+    ASSERT_TRUE(b.ok()) << b.status();
+    cache.put(std::move(b).value(), bytes == 150 ? fences_.make(/*passed=*/false) : nullptr);
+  }
+  // 450 cached; 250 more leaves 300, no less than the largest asked for (250 now): kept.
+  core::Result<FakeBuffer> roomy = cache.get(250, "roomy");
+  ASSERT_TRUE(roomy.ok()) << roomy.status();
+  EXPECT_EQ(alloc_.used_bytes(), 700u);
+  cache.put(std::move(roomy).value());
+  EXPECT_TRUE(fences_.waited().empty());
+  // 400 more would leave less than that: all four go first, the fenced 150 after its fence.
+  core::Result<FakeBuffer> tight = cache.get(400, "tight");
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  EXPECT_EQ(alloc_.used_bytes(), 400u);
+  EXPECT_EQ(fences_.waited().size(), 1u);
+  EXPECT_EQ(alloc_.requests(), (std::vector<std::uint64_t>{100, 150, 200, 250, 400})) << "no refusal, no retry";
+}
+
 TEST_F(BufferCacheTest, ConcurrentGetAndPutNeverHandOutABufferTwice) {
   Cache cache(alloc_.fn());
   constexpr int kThreads = 4;
@@ -491,9 +516,9 @@ TEST(BufferCacheHostDevice, RetriesUnderTheDeviceBudgetAndWaitsForRecordedFences
   int waits = 0;
   std::vector<std::uint64_t> requests;
   BufferCache<gpu::DeviceBuffer> cache(
-      [&](std::uint64_t bytes, const std::string& what) {
+      [&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
         requests.push_back(bytes);
-        return d->allocate(bytes, what);
+        return d->allocate(bytes, what, end);
       },
       [&](gpu::Event& fence) {
         ++waits;
@@ -538,9 +563,9 @@ TEST(BufferCacheHostDevice, AFragmentedArenaIsAnsweredByGivingTheCacheBack) {
   ASSERT_TRUE(device_or.ok()) << device_or.status();
   gpu::Device* d = device_or->get();
   std::vector<std::uint64_t> requests;
-  BufferCache<gpu::DeviceBuffer> cache([&](std::uint64_t bytes, const std::string& what) {
+  BufferCache<gpu::DeviceBuffer> cache([&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
     requests.push_back(bytes);
-    return d->allocate(bytes, what);
+    return d->allocate(bytes, what, end);
   });
   constexpr std::uint64_t kQuarter = 256 << 10;
   std::vector<gpu::DeviceBuffer> held;
@@ -560,6 +585,58 @@ TEST(BufferCacheHostDevice, AFragmentedArenaIsAnsweredByGivingTheCacheBack) {
   ASSERT_TRUE(half.ok()) << half.status();
   EXPECT_EQ(requests, (std::vector<std::uint64_t>{2 * kQuarter, 2 * kQuarter}));  // refused once, then it fits
   EXPECT_EQ(device_budget.used_bytes(), 3 * kQuarter);
+}
+
+// The least device budget of a step (tests/python/test_adapter.py's): one
+// group's fetched copies with its gradients, no byte to spare. A smaller
+// group's copies, cached at the bottom, would push the large group's copies
+// up, and once given back leave a range too small for its gradients. The
+// headroom gives the small one back (after its fence: the framework still
+// reads it) before the large one is placed; the gradients come from the
+// high end, away from the fetched copies.
+TEST(BufferCacheHostDevice, TheLeastBudgetFitsAGroupsCopiesAndItsGradients) {
+  constexpr std::uint64_t kSmall = 8 << 10, kLarge = 36 << 10;
+  core::MemoryBudget device_budget{"device memory", 2 * kLarge, "strata.budgets.device"};
+  core::MemoryBudget pinned_budget{"pinned host memory", 1 << 20, "strata.budgets.pinned"};
+  auto device_or = gpu::make_host_device({{&device_budget, &pinned_budget}, {}, /*arena=*/true});
+  ASSERT_TRUE(device_or.ok()) << device_or.status();
+  gpu::Device* d = device_or->get();
+  auto stream = d->create_stream("framework");
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  BufferCache<gpu::DeviceBuffer> cache(
+      [&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) { return d->allocate(bytes, what, end); },
+      [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
+  cache.set_headroom([&] { return device_budget.available_bytes(); });
+  for (int step = 0; step < 3; ++step) {
+    core::Result<gpu::DeviceBuffer> embed = cache.get(kSmall, "fetched group 'embed'");
+    ASSERT_TRUE(embed.ok()) << embed.status();
+    // Released with a fence the framework's stream has not reached yet.
+    auto fence = d->create_event();
+    ASSERT_TRUE(fence.ok()) << fence.status();
+    ASSERT_TRUE(d->host_callback(*stream, [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }).ok());
+    ASSERT_TRUE(d->record(*fence, *stream).ok());
+    cache.put(std::move(embed).value(), std::make_shared<gpu::Event>(std::move(fence).value()));
+    core::Result<gpu::DeviceBuffer> layer = cache.get(kLarge, "fetched group 'layer'");
+    ASSERT_TRUE(layer.ok()) << layer.status();
+    core::Result<gpu::DeviceBuffer> grads = cache.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
+    ASSERT_TRUE(grads.ok()) << "step " << step << ": " << grads.status();
+    EXPECT_EQ(grads->arena_end(), gpu::ArenaEnd::kHigh);
+    cache.put(std::move(grads).value());
+    cache.put(std::move(layer).value());
+  }
+  // Without the headroom the same sequence fails: the small buffer stays below the large one.
+  ASSERT_TRUE(cache.clear().ok());
+  BufferCache<gpu::DeviceBuffer> plain([&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
+    return d->allocate(bytes, what, end);
+  });
+  core::Result<gpu::DeviceBuffer> embed = plain.get(kSmall, "fetched group 'embed'");
+  ASSERT_TRUE(embed.ok()) << embed.status();
+  plain.put(std::move(embed).value());
+  core::Result<gpu::DeviceBuffer> layer = plain.get(kLarge, "fetched group 'layer'");
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  core::Result<gpu::DeviceBuffer> grads = plain.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
+  ASSERT_FALSE(grads.ok());
+  EXPECT_NE(grads.status().message().find("no free range"), std::string_view::npos) << grads.status();
 }
 
 }  // namespace

@@ -161,7 +161,7 @@ class ResidentSetTest : public ::testing::Test {
     device_ = std::move(d).value();
     gpu::Device* dev = device_.get();
     cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
-        [dev](std::uint64_t bytes, const std::string& what) { return dev->allocate(bytes, what); });
+        [dev](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) { return dev->allocate(bytes, what, end); });
   }
   gpu::DeviceBuffer buffer(std::uint64_t bytes) {
     auto b = device_->allocate(bytes, "test");

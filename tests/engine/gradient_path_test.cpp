@@ -52,9 +52,9 @@ class GradientPathTest : public ::testing::Test {
     cpu_adam_ = std::move(a).value();
     gpu::Device* dev = device_.get();
     device_cache_ = std::make_unique<BufferCache<gpu::DeviceBuffer>>(
-        [dev](std::uint64_t bytes, const std::string& what) { return dev->allocate(bytes, what); });
+        [dev](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) { return dev->allocate(bytes, what, end); });
     pinned_cache_ = std::make_unique<BufferCache<gpu::PinnedBuffer>>(
-        [dev](std::uint64_t bytes, const std::string& what) { return dev->allocate_pinned(bytes, what); });
+        [dev](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd) { return dev->allocate_pinned(bytes, what); });
     auto s = device_->create_stream("test");
     ASSERT_TRUE(s.ok());
     stream_ = std::move(s).value();

@@ -519,6 +519,35 @@ TEST_P(DeviceTest, AFragmentedArenaIsRefusedAsTheBudgetIs) {
   EXPECT_FALSE(again.empty());
 }
 
+// The two ends (ArenaEnd): a buffer taken from the high end and given back leaves the low end's
+// buffer at the bottom, so the rest of the arena is one range. Placed from the low end, the
+// first buffer would have pushed the second up, leaving two ranges, neither three quarters.
+TEST_P(DeviceTest, TheArenasTwoEndsKeepTheMiddleWhole) {
+  auto high = device_->allocate(kBudgetBytes / 4, "gradients", ArenaEnd::kHigh);
+  ASSERT_TRUE(high.ok()) << high.status();
+  EXPECT_EQ(high->arena_end(), ArenaEnd::kHigh);
+  DeviceBuffer low = alloc(kBudgetBytes / 4);
+  EXPECT_EQ(low.arena_end(), ArenaEnd::kLow);
+  high->reset();
+  auto rest = device_->allocate(kBudgetBytes / 4 * 3, "the rest", ArenaEnd::kHigh);
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  EXPECT_EQ(device_budget_.used_bytes(), kBudgetBytes);
+  // High-end buffers stack down from the top: with the lower of two given back, it and the
+  // free range below it (above a low-end buffer) make one half.
+  low.reset();
+  rest->reset();
+  std::vector<DeviceBuffer> tops;
+  for (int i = 0; i < 2; ++i) {
+    auto t = device_->allocate(kBudgetBytes / 4, "update copies", ArenaEnd::kHigh);
+    ASSERT_TRUE(t.ok()) << t.status();
+    tops.push_back(std::move(*t));
+  }
+  DeviceBuffer bottom = alloc(kBudgetBytes / 4);
+  tops[1].reset();  // the lower of the two
+  auto half = device_->allocate(kBudgetBytes / 2, "fetched copies");
+  EXPECT_TRUE(half.ok()) << half.status();
+}
+
 TEST_P(DeviceTest, ZeroByteAllocationIsInvalid) {
   EXPECT_EQ(device_->allocate(0, "nothing").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(device_->allocate_pinned(0, "nothing").status().code(), StatusCode::kInvalidArgument);
