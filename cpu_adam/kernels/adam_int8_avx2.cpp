@@ -119,20 +119,25 @@ inline int guess(const QuantAllLines& l, __m256 xn, __m256i& code) {
 // count of thresholds below xn = |x| / scale (m: with 0x80 for a negative x
 // whose count is not zero). The lines' guesses, and where any lane of the kN
 // vectors is near a threshold, quant_search's probes for all of them.
-template <bool kExpAvg, int kN>
+// kReciprocal: the guesses take |x| times the scale's reciprocal, the search
+// the division (adam_int8_avx512.cpp's quantize says why that holds).
+template <bool kExpAvg, bool kReciprocal, int kN>
 [[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m256 (&x)[kN], __m256 scale,
-                                            __m256i (&code)[kN]) {
+                                            __m256 rcp, __m256i (&code)[kN]) {
   const QuantAllLines& lines = kExpAvg ? t.m_all_lines : t.v_all_lines;
   __m256 xn[kN];
   int near = 0;
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
-    xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
+    xn[k] = kReciprocal ? _mm256_mul_ps(abs_ps(x[k]), rcp) : _mm256_div_ps(abs_ps(x[k]), scale);
     near |= guess<kExpAvg ? 7 : 8>(lines, xn[k], code[k]);  // lines.count
   }
   if (near != 0) [[unlikely]] {
 #pragma GCC unroll 16
-    for (int k = 0; k < kN; ++k) code[k] = _mm256_setzero_si256();
+    for (int k = 0; k < kN; ++k) {
+      code[k] = _mm256_setzero_si256();
+      if constexpr (kReciprocal) xn[k] = _mm256_div_ps(abs_ps(x[k]), scale);
+    }
     if constexpr (kExpAvg) {
       search<0, 7, kN>(&t.m_levels[0][0], xn, code);
     } else {
@@ -156,6 +161,9 @@ template <bool kExpAvg, int kN>
 inline float block_scale(std::uint32_t bits) {
   return bits >= 0x7f800000u ? std::bit_cast<float>(0x7fc00000u) : std::bit_cast<float>(bits);
 }
+
+// As adam_int8_avx512.cpp's: the scale and its reciprocal normal floats.
+inline bool reciprocal_holds(float scale) { return scale >= 0x1p-126f && scale < 0x1p126f; }
 
 // numerics::usable_scale: positive and finite.
 inline bool usable(float scale) {
@@ -191,12 +199,18 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     return;
   }
   const __m256 s = _mm256_set1_ps(scale);
+  const bool reciprocal = reciprocal_holds(scale);
+  const __m256 rcp = _mm256_set1_ps(reciprocal ? 1.0f / scale : 0.0f);
   for (std::int64_t j = 0; j < kBlock; j += kInterleave * kWidth) {
     __m256 x[kInterleave];
     __m256i r[kInterleave];
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) x[k] = _mm256_load_ps(values + j + k * kWidth);
-    quantize<kExpAvg>(t, x, s, r);
+    if (reciprocal) [[likely]] {
+      quantize<kExpAvg, true>(t, x, s, rcp, r);
+    } else {
+      quantize<kExpAvg, false>(t, x, s, rcp, r);
+    }
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) store_codes(codes, j + k * kWidth, r[k]);
   }

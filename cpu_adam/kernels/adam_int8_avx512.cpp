@@ -134,16 +134,26 @@ inline __m512 guess(const QuantLines& l, __m512 q, __m512i& code) {
 // negative x whose count is not zero). The lines' guesses, and where any
 // lane of the kN vectors is near a threshold (the least fraction below
 // 2 delta), quant_search's probes for all of them.
-template <bool kExpAvg, bool kSign, int kN>
+//
+// kReciprocal: the guesses take q' = x * rcp (rcp = 1 / scale rounded, a
+// normal float) instead of the contract's q = x / scale, a multiply for a
+// division. q' is within a relative 3 * 2^-24 of q (three roundings), which
+// moves r (kernels.h) by at most that times q * r'(q) <= 2^k / 0.9 < 143
+// (the 128 codes of v's top decade): under 2^-15.2. With the guess's own
+// error under 2^-15, a lane whose fraction of y is at least 2 delta has
+// r(q) + 1/2 at least delta - 2^-14 (> 0) from every integer, so its guess
+// is q's count. Lanes near a step search, as before, with q itself (the
+// divisions are done there only: about one group in 30).
+template <bool kExpAvg, bool kSign, bool kReciprocal, int kN>
 [[gnu::always_inline]] inline void quantize(const QuantKernelTables& t, const __m512 (&x)[kN], __m512 scale,
-                                            __m512i (&code)[kN]) {
+                                            __m512 rcp, __m512i (&code)[kN]) {
   const QuantLines& lines = kExpAvg ? t.m_lines : t.v_lines;
   // q = x / scale = +-(|x| / scale) exactly (the rounding is symmetric).
   __m512 q[kN];
   __m512 fraction = _mm512_set1_ps(1.0f);
 #pragma GCC unroll 16
   for (int k = 0; k < kN; ++k) {
-    q[k] = _mm512_div_ps(x[k], scale);
+    q[k] = kReciprocal ? _mm512_mul_ps(x[k], rcp) : _mm512_div_ps(x[k], scale);
     fraction = _mm512_min_ps(fraction, guess(lines, q[k], code[k]));
   }
   const __mmask16 near = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(2.0f * kQuantGuessDelta), _CMP_LT_OQ);
@@ -151,7 +161,7 @@ template <bool kExpAvg, bool kSign, int kN>
     __m512 xn[kN];
 #pragma GCC unroll 16
     for (int k = 0; k < kN; ++k) {
-      xn[k] = abs_ps(q[k]);
+      xn[k] = abs_ps(kReciprocal ? _mm512_div_ps(x[k], scale) : q[k]);
       code[k] = _mm512_setzero_si512();
     }
     if constexpr (kExpAvg) {
@@ -183,6 +193,11 @@ inline bool usable(float scale) {
   return scale > 0.0f && (std::bit_cast<std::uint32_t>(scale) & 0x7f800000u) != 0x7f800000u;
 }
 
+// Whether quantize's reciprocal path holds for a usable scale: the scale and
+// its reciprocal both normal floats (2^-126 <= scale < 2^126), so that
+// 1 / scale is rounded once, as the bound there assumes.
+inline bool reciprocal_holds(float scale) { return scale >= 0x1p-126f && scale < 0x1p126f; }
+
 // Quantizes a block's 256 new values of one moment into codes against its
 // new scale; a scale that cannot scale (zero, or the NaN of a non-finite
 // absmax) gives code 0 everywhere.
@@ -194,12 +209,18 @@ inline void quantize_block(const QuantKernelTables& t, const float* values, floa
     return;
   }
   const __m512 s = _mm512_set1_ps(scale);
+  const bool reciprocal = reciprocal_holds(scale);
+  const __m512 rcp = _mm512_set1_ps(reciprocal ? 1.0f / scale : 0.0f);
   for (std::int64_t j = 0; j < kBlock; j += kInterleave * kWidth) {
     __m512 x[kInterleave];
     __m512i r[kInterleave];
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) x[k] = _mm512_load_ps(values + j + k * kWidth);
-    quantize<kExpAvg, true>(t, x, s, r);
+    if (reciprocal) [[likely]] {
+      quantize<kExpAvg, true, true>(t, x, s, rcp, r);
+    } else {
+      quantize<kExpAvg, true, false>(t, x, s, rcp, r);
+    }
 #pragma GCC unroll 16
     for (int k = 0; k < kInterleave; ++k) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + j + k * kWidth), _mm512_cvtepi32_epi8(r[k]));
@@ -227,12 +248,18 @@ template <bool kExpAvg>
                                             80, 76, 72, 68, 64, 60, 56, 52, 48, 44, 40, 36, 32, 28, 24, 20, 16, 12, 8, 4,
                                             0);
   const __m512i high_bytes = _mm512_add_epi8(low_bytes, _mm512_set1_epi8(3));
+  const bool reciprocal = reciprocal_holds(scale);
+  const __m512 rcp = _mm512_set1_ps(reciprocal ? 1.0f / scale : 0.0f);
   for (std::int64_t j = 0; j < kBlock; j += 4 * kWidth) {
     __m512 x[4];
     __m512i r[4];
 #pragma GCC unroll 4
     for (int k = 0; k < 4; ++k) x[k] = _mm512_load_ps(values + j + k * kWidth);
-    quantize<kExpAvg, false>(t, x, s, r);
+    if (reciprocal) [[likely]] {
+      quantize<kExpAvg, false, true>(t, x, s, rcp, r);
+    } else {
+      quantize<kExpAvg, false, false>(t, x, s, rcp, r);
+    }
     const __m512i lo = _mm512_permutex2var_epi8(r[0], low_bytes, r[1]);
     const __m512i hi = _mm512_permutex2var_epi8(r[2], low_bytes, r[3]);
     __m512i packed = _mm512_inserti64x4(lo, _mm512_castsi512_si256(hi), 1);

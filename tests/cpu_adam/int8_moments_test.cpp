@@ -441,6 +441,56 @@ TEST_P(Int8MomentsIsa, EveryThresholdAndItsNeighboursQuantizeAsTheReference) {
   }
 }
 
+// The same at scales other than 1, where x / scale is a rounded division
+// (the AVX-512 quantizer guesses from x times the scale's reciprocal and
+// divides only near a step): every threshold times the scale and its
+// neighbours two ulps either way, at scales whose v scale (their square) is
+// a normal float, and at scales whose m or v scale or its reciprocal is not
+// (the division throughout).
+TEST_P(Int8MomentsIsa, EveryThresholdAtScalesOtherThanOneQuantizesAsTheReference) {
+  const nx::QuantTables& t = nx::kQuantTables;
+  auto adam = make(GetParam());
+  for (float s : {0.3f, 1.7f, 3.14159e-3f, 12345.678f, 7.1e-19f, 0x1p-62f * 1.37f, 0x1p-70f * 1.11f, 0x1p62f * 1.21f,
+                  0x1p64f * 1.5f, 0x1p126f * 1.5f}) {
+    std::vector<float> values;
+    const auto around = [&](float x, bool both_signs) {
+      float lo = x, hi = x;
+      for (int k = 0; k < 2; ++k) {
+        lo = std::nextafter(lo, 0.0f);
+        hi = std::nextafter(hi, 2.0f * x);
+      }
+      for (float y = lo; y <= hi; y = std::nextafter(y, 2.0f * x)) {
+        values.push_back(y);
+        if (both_signs) values.push_back(-y);
+      }
+    };
+    for (int i = 0; i < 127; ++i) around(t.m_thresholds[i] * s, true);
+    if (std::isfinite(s * s)) {
+      for (int i = 0; i < 255; ++i) around(std::sqrt(t.v_thresholds[i]) * s, false);
+    }
+    std::vector<float> grads;
+    for (float x : values) {
+      if (grads.size() % kBlock == 0) grads.push_back(s);  // the block's absmax: m's scale s, v's s * s
+      grads.push_back(std::fabs(x) < s ? x : std::copysign(s, x));
+    }
+    const auto n = static_cast<std::int64_t>(grads.size());
+    nx::AdamStepConstants c0;
+    c0.beta1 = 0.0f;
+    c0.beta2 = 0.0f;
+    c0.one_minus_beta1 = 1.0f;
+    c0.one_minus_beta2 = 1.0f;
+    State got = random_state(n, 27, false);
+    got.g32 = grads;
+    got.set_grad_type(ElemType::kF32);
+    State want = got;
+    Call c;
+    c.constants = c0;
+    ASSERT_TRUE(run(*adam, got, c).ok());
+    reference(want, c);
+    ASSERT_TRUE(states_equal(got, want, ElemType::kBf16)) << isa_name(GetParam()) << " scale " << s;
+  }
+}
+
 // The first step from the zero state computes with the fp32 moments: its
 // masters are those of numerics::adam_step with zero moments (checked
 // without adam_step_int8_block).
