@@ -383,6 +383,27 @@ TEST_P(Int8MomentsIsa, SubnormalGradientsAndMomentsAreKept) {
   EXPECT_GT(nonzero_m, kN / 2);
 }
 
+// Blocks of `values` as gradients, each block led by `absmax` (its m's
+// scale; v's is its square), values beyond it clamped to it.
+std::vector<float> blocks_led_by(const std::vector<float>& values, float absmax) {
+  std::vector<float> grads;
+  for (float x : values) {
+    if (grads.size() % kBlock == 0) grads.push_back(absmax);
+    grads.push_back(std::fabs(x) < absmax ? x : std::copysign(absmax, x));
+  }
+  return grads;
+}
+
+// Constants under which the new m is the gradient and the new v its square.
+nx::AdamStepConstants moments_are_the_gradient() {
+  nx::AdamStepConstants c;
+  c.beta1 = 0.0f;
+  c.beta2 = 0.0f;
+  c.one_minus_beta1 = 1.0f;
+  c.one_minus_beta2 = 1.0f;
+  return c;
+}
+
 // With beta1 = beta2 = 0 and grad_scale 1, the new m is the gradient itself,
 // so a block whose absmax is 1 quantizes the gradient directly: every m
 // threshold, its neighbours above and below, and both signs; v = g * g lands
@@ -403,17 +424,9 @@ TEST_P(Int8MomentsIsa, EveryThresholdAndItsNeighboursQuantizeAsTheReference) {
   }
   for (int r = 0; r < 128; ++r) values.push_back(t.m_values[r]);
   // Blocks of 255 such gradients after a 1: the absmax, so the scale, is 1.
-  std::vector<float> grads;
-  for (std::size_t k = 0; k < values.size(); ++k) {
-    if (grads.size() % kBlock == 0) grads.push_back(1.0f);
-    grads.push_back(values[k]);
-  }
+  const std::vector<float> grads = blocks_led_by(values, 1.0f);
   const auto n = static_cast<std::int64_t>(grads.size());
-  nx::AdamStepConstants c0;
-  c0.beta1 = 0.0f;
-  c0.beta2 = 0.0f;
-  c0.one_minus_beta1 = 1.0f;
-  c0.one_minus_beta2 = 1.0f;
+  const nx::AdamStepConstants c0 = moments_are_the_gradient();
   auto adam = make(GetParam());
   for (ElemType gt : {ElemType::kF32, ElemType::kBf16}) {
     State got = random_state(n, 26, false);
@@ -468,23 +481,14 @@ TEST_P(Int8MomentsIsa, EveryThresholdAtScalesOtherThanOneQuantizesAsTheReference
     if (std::isfinite(s * s)) {
       for (int i = 0; i < 255; ++i) around(std::sqrt(t.v_thresholds[i]) * s, false);
     }
-    std::vector<float> grads;
-    for (float x : values) {
-      if (grads.size() % kBlock == 0) grads.push_back(s);  // the block's absmax: m's scale s, v's s * s
-      grads.push_back(std::fabs(x) < s ? x : std::copysign(s, x));
-    }
+    const std::vector<float> grads = blocks_led_by(values, s);
     const auto n = static_cast<std::int64_t>(grads.size());
-    nx::AdamStepConstants c0;
-    c0.beta1 = 0.0f;
-    c0.beta2 = 0.0f;
-    c0.one_minus_beta1 = 1.0f;
-    c0.one_minus_beta2 = 1.0f;
     State got = random_state(n, 27, false);
     got.g32 = grads;
     got.set_grad_type(ElemType::kF32);
     State want = got;
     Call c;
-    c.constants = c0;
+    c.constants = moments_are_the_gradient();
     ASSERT_TRUE(run(*adam, got, c).ok());
     reference(want, c);
     ASSERT_TRUE(states_equal(got, want, ElemType::kBf16)) << isa_name(GetParam()) << " scale " << s;

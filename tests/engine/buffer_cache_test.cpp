@@ -504,6 +504,24 @@ TEST_F(BufferCacheTest, ConcurrentGetAndPutNeverHandOutABufferTwice) {
 
 // The same over the host device: its budget refuses, the cache gives back
 // what it holds, and a fence recorded on a stream is waited for.
+// A fence recorded on `stream` behind `ms` of work still running: it has not
+// passed when the caller goes on. Null (with a test failure) on an error.
+std::shared_ptr<gpu::Event> fence_behind_work(gpu::Device& d, gpu::Stream& stream, int ms) {
+  auto fence = d.create_event();
+  if (!fence.ok()) {
+    ADD_FAILURE() << fence.status();
+    return nullptr;
+  }
+  const core::Status queued =
+      d.host_callback(stream, [ms] { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); });
+  const core::Status recorded = queued.ok() ? d.record(*fence, stream) : queued;
+  if (!recorded.ok()) {
+    ADD_FAILURE() << recorded;
+    return nullptr;
+  }
+  return std::make_shared<gpu::Event>(std::move(fence).value());
+}
+
 TEST(BufferCacheHostDevice, RetriesUnderTheDeviceBudgetAndWaitsForRecordedFences) {
   core::MemoryBudget device_budget{"device memory", 1 << 20, "strata.budgets.device"};
   core::MemoryBudget pinned_budget{"pinned host memory", 1 << 20, "strata.budgets.pinned"};
@@ -531,12 +549,10 @@ TEST(BufferCacheHostDevice, RetriesUnderTheDeviceBudgetAndWaitsForRecordedFences
   core::Result<gpu::DeviceBuffer> big = cache.get(kBig, "big");
   ASSERT_TRUE(big.ok()) << big.status();
   const std::uint64_t big_id = big->id();
-  auto fence = d->create_event();
-  ASSERT_TRUE(fence.ok()) << fence.status();
   // Work still running when get() comes (a fence that has passed is not waited for).
-  ASSERT_TRUE(d->host_callback(*stream, [] { std::this_thread::sleep_for(std::chrono::milliseconds(200)); }).ok());
-  ASSERT_TRUE(d->record(*fence, *stream).ok());
-  cache.put(std::move(big).value(), std::make_shared<gpu::Event>(std::move(fence).value()));
+  std::shared_ptr<gpu::Event> fence = fence_behind_work(*d, *stream, 200);
+  ASSERT_NE(fence, nullptr);
+  cache.put(std::move(big).value(), std::move(fence));
 
   core::Result<gpu::DeviceBuffer> again = cache.get(kBig, "big");
   ASSERT_TRUE(again.ok()) << again.status();
@@ -611,11 +627,9 @@ TEST(BufferCacheHostDevice, TheLeastBudgetFitsAGroupsCopiesAndItsGradients) {
     core::Result<gpu::DeviceBuffer> embed = cache.get(kSmall, "fetched group 'embed'");
     ASSERT_TRUE(embed.ok()) << embed.status();
     // Released with a fence the framework's stream has not reached yet.
-    auto fence = d->create_event();
-    ASSERT_TRUE(fence.ok()) << fence.status();
-    ASSERT_TRUE(d->host_callback(*stream, [] { std::this_thread::sleep_for(std::chrono::milliseconds(50)); }).ok());
-    ASSERT_TRUE(d->record(*fence, *stream).ok());
-    cache.put(std::move(embed).value(), std::make_shared<gpu::Event>(std::move(fence).value()));
+    std::shared_ptr<gpu::Event> fence = fence_behind_work(*d, *stream, 50);
+    ASSERT_NE(fence, nullptr);
+    cache.put(std::move(embed).value(), std::move(fence));
     core::Result<gpu::DeviceBuffer> layer = cache.get(kLarge, "fetched group 'layer'");
     ASSERT_TRUE(layer.ok()) << layer.status();
     core::Result<gpu::DeviceBuffer> grads = cache.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
