@@ -6,8 +6,11 @@
 // for bit. Tails shorter than a vector go to the scalar kernel. The
 // avx512_bf16 entry point is the same loop with the hardware nearest-even
 // conversion (vec_avx512.h's to_bf16<true>) for the moments and the compute
-// copy. Compiled with the AVX-512 flags (cpu_adam/meson.build); called only
-// after isa_supported(Isa::kAvx512) (kAvx512Bf16 for the second entry point).
+// copy. The compute copy, written and not read, goes out with non-temporal
+// stores when it is 32-byte aligned (as the fp32 kernel's: no read for
+// ownership), the moments, read first, with ordinary ones. Compiled with the
+// AVX-512 flags (cpu_adam/meson.build); called only after
+// isa_supported(Isa::kAvx512) (kAvx512Bf16 for the second entry point).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -24,6 +27,7 @@ using avx512::AdamVectors;
 using avx512::adam_update;
 using avx512::load16;
 using avx512::store16;
+using avx512::stream_copy;
 using avx512::to_bf16;
 
 // numerics::hash32 (lowbias32) on 16 lanes; vpmulld keeps the low 32 bits of
@@ -70,7 +74,7 @@ inline __m256i round_stochastic(__m512 x, __m512i rand16) {
 
 // kCopy: kF32 means "no copy-out". The pointers are copied out of the
 // argument struct so the compiler knows the stores cannot change them.
-template <ElemType kGrad, ElemType kCopy, bool kStochastic, bool kNativeBf16>
+template <ElemType kGrad, ElemType kCopy, bool kStreamCopy, bool kStochastic, bool kNativeBf16>
 void loop(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
   const AdamVectors k(*a.constants);
   const bool has_l2 = a.constants->l2_decay != 0.0f;
@@ -101,15 +105,28 @@ void loop(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(exp_avg + i), m16);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(exp_avg_sq + i), v16);
-    if constexpr (kCopy != ElemType::kF32) store16<kCopy, kNativeBf16>(copy_out, i, p);
+    if constexpr (kCopy != ElemType::kF32) {
+      if constexpr (kStreamCopy) {
+        stream_copy<kCopy, kNativeBf16>(copy_out, i, p);
+      } else {
+        store16<kCopy, kNativeBf16>(copy_out, i, p);
+      }
+    }
   }
 }
 
 template <ElemType kGrad, bool kStochastic, bool kNativeBf16>
 void dispatch_copy(const AdamBf16MomentsKernelArgs& a, std::int64_t n_vec) {
-  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, kStochastic, kNativeBf16>(a, n_vec);
-  if (a.copy_type == ElemType::kBf16) return loop<kGrad, ElemType::kBf16, kStochastic, kNativeBf16>(a, n_vec);
-  return loop<kGrad, ElemType::kF16, kStochastic, kNativeBf16>(a, n_vec);
+  if (a.copy_out == nullptr) return loop<kGrad, ElemType::kF32, false, kStochastic, kNativeBf16>(a, n_vec);
+  const bool stream = reinterpret_cast<std::uintptr_t>(a.copy_out) % 32 == 0;
+  if (a.copy_type == ElemType::kBf16) {
+    stream ? loop<kGrad, ElemType::kBf16, true, kStochastic, kNativeBf16>(a, n_vec)
+           : loop<kGrad, ElemType::kBf16, false, kStochastic, kNativeBf16>(a, n_vec);
+  } else {
+    stream ? loop<kGrad, ElemType::kF16, true, kStochastic, kNativeBf16>(a, n_vec)
+           : loop<kGrad, ElemType::kF16, false, kStochastic, kNativeBf16>(a, n_vec);
+  }
+  if (stream) _mm_sfence();  // order the streaming stores before the caller reads or hands off the copy
 }
 
 template <bool kStochastic, bool kNativeBf16>
