@@ -3,14 +3,18 @@
 #include <algorithm>
 #include <iterator>
 
+#include "core/check.h"
+
 namespace strata::gpu {
 
 Arena::Arena(std::uint64_t size_bytes, std::uint64_t alignment)
     : size_bytes_(size_bytes), alignment_(alignment) {
+  STRATA_CHECK(alignment > 0 && size_bytes % alignment == 0) << "arena of " << size_bytes << " bytes, alignment "
+                                                             << alignment;
   if (size_bytes > 0) free_.emplace(0, size_bytes);
 }
 
-std::int64_t Arena::allocate(std::uint64_t size_bytes, ArenaEnd end) {
+std::optional<std::uint64_t> Arena::allocate(std::uint64_t size_bytes, ArenaEnd end) {
   const std::uint64_t need = round_up(size_bytes);
   core::MutexLock lock(mu_);
   if (end == ArenaEnd::kLow) {
@@ -20,18 +24,18 @@ std::int64_t Arena::allocate(std::uint64_t size_bytes, ArenaEnd end) {
       const std::uint64_t left = it->second - need;
       free_.erase(it);
       if (left > 0) free_.emplace(offset + need, left);
-      return static_cast<std::int64_t>(offset);
+      return offset;
     }
-    return -1;
+    return std::nullopt;
   }
   for (auto it = free_.rbegin(); it != free_.rend(); ++it) {
     if (it->second < need) continue;
     it->second -= need;  // the range keeps its start; the allocation takes its top
     const std::uint64_t offset = it->first + it->second;
     if (it->second == 0) free_.erase(std::next(it).base());
-    return static_cast<std::int64_t>(offset);
+    return offset;
   }
-  return -1;
+  return std::nullopt;
 }
 
 void Arena::free(std::uint64_t offset, std::uint64_t size_bytes) {

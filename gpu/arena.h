@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 
 #include "core/mutex.h"
 #include "gpu/device.h"
@@ -16,11 +17,12 @@ namespace strata::gpu {
 
 class Arena {
  public:
+  // size_bytes: a multiple of the alignment (a high-end range's start stays aligned).
   Arena(std::uint64_t size_bytes, std::uint64_t alignment);
 
-  // An offset, or -1 when no free range is large enough. kLow: the lowest
+  // An offset, or none when no free range is large enough. kLow: the lowest
   // free range that fits, from its start; kHigh: the highest, from its end.
-  std::int64_t allocate(std::uint64_t size_bytes, ArenaEnd end = ArenaEnd::kLow);
+  std::optional<std::uint64_t> allocate(std::uint64_t size_bytes, ArenaEnd end = ArenaEnd::kLow);
   void free(std::uint64_t offset, std::uint64_t size_bytes);
 
   std::uint64_t largest_free() const;

@@ -68,10 +68,6 @@ class EventImpl {
   virtual ~EventImpl() = default;
 };
 
-// One device allocation, charged to the device budget. Move-only; frees its
-// memory and returns its charge when destroyed or reset. Work still queued
-// that uses the buffer must finish first (the host device reports a buffer
-// freed under queued work as an error of that work's stream).
 // Which end of the device's memory an allocation is placed from. Buffers
 // that live long or are fetched (state, compute copies) come from the low end,
 // buffers a step takes and gives back (gradients, an update's working copies)
@@ -81,6 +77,10 @@ class EventImpl {
 // what it has placed). A device without an arena ignores it.
 enum class ArenaEnd : std::uint8_t { kLow, kHigh };
 
+// One device allocation, charged to the device budget. Move-only; frees its
+// memory and returns its charge when destroyed or reset. Work still queued
+// that uses the buffer must finish first (the host device reports a buffer
+// freed under queued work as an error of that work's stream).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -48,7 +48,8 @@ struct HostDeviceOptions {
   // CUDA is fragmented here too, so every test of the host device meets what
   // a CUDA run meets (the least device budget the planner names trains on
   // both: the engine places its buffers from the arena's two ends, and under
-  // a tight budget afresh; engine/internal/buffer_cache.h).
+  // a tight budget afresh; engine/internal/buffer_cache.h). An unlimited
+  // device budget has none (nothing to fragment).
   bool arena = true;
 };
 

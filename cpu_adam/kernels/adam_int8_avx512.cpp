@@ -15,7 +15,8 @@
 // the new m and v in the buffer while their absmax is reduced (an unsigned
 // max of the magnitudes' bit patterns, in which a NaN sorts above inf); then
 // quantize against the new scales: q = x / scale (the division of the
-// contract) and QuantLines' guess (kernels.h): the bin of |q| picks two
+// contract; the guess takes x times the scale's reciprocal, quantize says
+// why that gives q's codes) and QuantLines' guess (kernels.h): the bin of |q| picks two
 // lines (vpermps), the code is trunc(min of the two fmas). A group of four
 // vectors with a lane within 2^-12 of a threshold (the guess's fraction below
 // 2 kQuantGuessDelta; about one group in 30) takes quant_search's probes
@@ -137,7 +138,8 @@ inline __m512 guess(const QuantLines& l, __m512 q, __m512i& code) {
 //
 // kReciprocal: the guesses take q' = x * rcp (rcp = 1 / scale rounded, a
 // normal float) instead of the contract's q = x / scale, a multiply for a
-// division. q' is within a relative 3 * 2^-24 of q (three roundings), which
+// division. q' is within a relative 3 * 2^-24 + O(2^-48) of q (three
+// roundings), which
 // moves r (kernels.h) by at most that times q * r'(q) <= 2^k / 0.9 < 143
 // (the 128 codes of v's top decade): under 2^-15.2. With the guess's own
 // error under 2^-15, a lane whose fraction of y is at least 2 delta has

@@ -17,16 +17,21 @@
 // Device buffers come from either end of the device's arena (gpu::ArenaEnd:
 // fetched copies from the low end, gradients and an update's working
 // copies from the high end), and the cache keeps them apart by end. An
-// optional headroom (the device budget's bytes left) makes a get() under a
-// tight budget give back the cached buffers of its end first, each once its
-// fence has passed, and place its buffer afresh, lowest (or highest) first:
-// a cached buffer left below a new one would, once given back, leave a range
-// too small for the next large one, and a cached buffer placed while another
-// was in use may sit above the room that one left (the least budget the
-// planner names has none to spare). A device runs behind the host: the group
-// released last is still read when the next is fetched; waiting for it
-// there, under a tight budget only, is what places the next where the one
-// after can fit. Thread-safe. Private to engine/.
+// optional headroom (the device budget's bytes left) tells the cache when
+// the budget is tight: when the memory in use (charged, less what the cache
+// holds) leaves no more room than this buffer and the largest one allocated
+// so far. Then a get() gives back the cached buffers of its end first, each
+// once its fence has passed, and places its buffer afresh, lowest (or
+// highest) first; a low-end hit too: a cached buffer left below a new one
+// would, once given back, leave a range too small for the next large one,
+// and a fetched group's cached buffer placed while another group was still
+// read may sit above the room that one left (the least budget the planner
+// names has none to spare). A device runs behind the host: the group released
+// last is still read when the next is fetched; waiting for it there, under a
+// tight budget only, is what places the next where the one after can fit.
+// A high-end hit (gradients, an update's working copies) is kept: the
+// optimizer's update has no fallback if a fresh one were refused. Thread-safe.
+// Private to engine/.
 #pragma once
 
 #include <algorithm>
@@ -75,10 +80,9 @@ class BufferCache {
   explicit BufferCache(Allocate allocate, Wait wait = nullptr, Query query = nullptr, Divert divert = nullptr)
       : allocate_(std::move(allocate)), wait_(std::move(wait)), query_(std::move(query)), divert_(std::move(divert)) {}
 
-  // With a headroom, a get() that would leave less room than the largest
-  // buffer this cache has handed out gives back the cached buffers of its
-  // end (each after its fence), a hit among them, and allocates afresh. Set
-  // before first use.
+  // With a headroom, a get() under a tight budget (above) gives back the
+  // cached buffers of its end (each after its fence), a low-end hit among
+  // them, and allocates afresh. Set before first use.
   void set_headroom(Headroom headroom) { headroom_ = std::move(headroom); }
 
   struct Fenced {
@@ -95,7 +99,6 @@ class BufferCache {
     {
       const core::MutexLock lock(mu_);
       auto [lo, hi] = free_.equal_range(Key{end, bytes});
-      if (tight(bytes, lo != hi)) hi = lo;  // get() places it afresh
       auto pick = hi;
       for (auto it = lo; it != hi; ++it) {
         if (it->second.fence == nullptr || query_ == nullptr) {
@@ -112,6 +115,7 @@ class BufferCache {
       }
       if (pick != hi) {
         Fenced f{std::move(pick->second.buffer), std::move(pick->second.fence)};
+        cached_bytes_ -= bytes;
         free_.erase(pick);
         return f;
       }
@@ -129,7 +133,6 @@ class BufferCache {
     std::multimap<Key, Entry> drop;  // given back below, without the lock
     {
       const core::MutexLock lock(mu_);
-      largest_ = std::max(largest_, bytes);
       auto [lo, hi] = free_.equal_range(Key{end, bytes});
       auto it = lo;
       for (auto c = lo; query_ != nullptr && c != hi; ++c) {
@@ -144,13 +147,17 @@ class BufferCache {
           break;
         }
       }
-      if (tight(bytes, it != hi)) {
+      if (tight(bytes) && (it == hi || end == gpu::ArenaEnd::kLow)) {
         // Placed afresh, after the end's cached buffers are given back: a
         // cached one may sit above a range that has come free since.
         auto c = free_.lower_bound(Key{end, 0});
-        while (c != free_.end() && c->first.first == end) drop.insert(free_.extract(c++));
+        while (c != free_.end() && c->first.first == end) {
+          cached_bytes_ -= c->first.second;
+          drop.insert(free_.extract(c++));
+        }
       } else if (it != hi) {
         e = std::move(it->second);
+        cached_bytes_ -= bytes;
         free_.erase(it);
         cached = true;
       }
@@ -165,6 +172,10 @@ class BufferCache {
     // put buffers back since the last clear; those were charged while in use).
     for (;;) {
       core::Result<Buffer> b = allocate_(bytes, what, end);
+      if (b.ok()) {
+        const core::MutexLock lock(mu_);
+        largest_ = std::max(largest_, bytes);
+      }
       if (b.ok() || b.status().code() != core::StatusCode::kResourceExhausted) return b;
       bool had_cached = false;
       {
@@ -188,6 +199,7 @@ class BufferCache {
     if (b.empty()) return;
     const Key key{arena_end_of(b), b.size_bytes()};
     const core::MutexLock lock(mu_);
+    cached_bytes_ += key.second;
     free_.emplace(key, Entry{std::move(b), std::move(fence)});
   }
   // Frees every cached buffer, each once its fence has passed; the first
@@ -197,6 +209,7 @@ class BufferCache {
     {
       const core::MutexLock lock(mu_);
       drop.swap(free_);
+      cached_bytes_ = 0;
     }
     return give_back(drop);
   }
@@ -207,12 +220,14 @@ class BufferCache {
     Buffer buffer;
     std::shared_ptr<gpu::Event> fence;
   };
-  // Under a tight budget (a headroom, and after this buffer less room than
-  // the largest asked for), the cache gives back its end's buffers and places
-  // this one afresh. `hit`: a cached buffer of this size (already charged).
-  bool tight(std::uint64_t bytes, bool hit) const STRATA_REQUIRES(mu_) {
+  // A tight budget (the class comment): the room the memory in use leaves
+  // (the headroom plus what the cache holds) is no more than `bytes` and the
+  // largest buffer allocated so far.
+  bool tight(std::uint64_t bytes) const STRATA_REQUIRES(mu_) {
     if (headroom_ == nullptr) return false;
-    return headroom_() < (hit ? 0 : bytes) + largest_;
+    const std::uint64_t headroom = headroom_();
+    const std::uint64_t room = headroom > UINT64_MAX - cached_bytes_ ? UINT64_MAX : headroom + cached_bytes_;
+    return room <= bytes + largest_;
   }
   // Frees the buffers taken out of the cache, each once its fence has
   // passed; the first error of those waits.
@@ -239,7 +254,8 @@ class BufferCache {
   Headroom headroom_;
   core::Mutex mu_;
   std::multimap<Key, Entry> free_ STRATA_GUARDED_BY(mu_);
-  std::uint64_t largest_ STRATA_GUARDED_BY(mu_) = 0;  // the largest get() asked for
+  std::uint64_t cached_bytes_ STRATA_GUARDED_BY(mu_) = 0;  // of the buffers in free_
+  std::uint64_t largest_ STRATA_GUARDED_BY(mu_) = 0;       // the largest buffer allocated
 };
 
 }  // namespace strata::engine

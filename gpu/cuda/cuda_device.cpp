@@ -122,15 +122,15 @@ class CudaDevice final : public Device {
 
   // --- memory ---
   Result<void*> do_allocate(std::uint64_t /*buffer_id*/, std::uint64_t size_bytes, ArenaEnd end) override {
-    const std::int64_t offset = arena_.allocate(size_bytes, end);
-    if (offset < 0) {
+    const std::optional<std::uint64_t> offset = arena_.allocate(size_bytes, end);
+    if (!offset) {
       // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
       // the caches give their buffers back and the allocation is tried again.
       return Status::resource_exhausted(str_cat("CUDA device arena (", core::format_bytes(arena_.size_bytes()),
                                                 ") has no free range of ", core::format_bytes(size_bytes),
                                                 " (largest free range: ", core::format_bytes(arena_.largest_free()), ")"));
     }
-    return static_cast<void*>(static_cast<std::byte*>(arena_base_) + offset);
+    return static_cast<void*>(static_cast<std::byte*>(arena_base_) + *offset);
   }
 
   void do_free(std::uint64_t /*buffer_id*/, void* p, std::uint64_t size_bytes) noexcept override {

@@ -229,8 +229,9 @@ class HostDevice final : public Device {
   HostDevice(DeviceCaps caps, DeviceBudgets budgets, TimingModel timing, bool arena)
       : Device(std::move(caps), budgets),
         timing_(timing),
-        use_arena_(arena),
-        arena_(arena ? this->caps().device_memory_bytes / kAlignment * kAlignment : 0, kAlignment) {
+        // An unlimited budget has nothing to fragment: no arena.
+        use_arena_(arena && this->caps().device_memory_bytes != core::MemoryBudget::kUnlimited),
+        arena_(use_arena_ ? this->caps().device_memory_bytes / kAlignment * kAlignment : 0, kAlignment) {
     for (auto& t : resource_free_at_) t = Clock::time_point::min();
   }
 
@@ -273,8 +274,9 @@ class HostDevice final : public Device {
   // Each allocation takes a range of the arena as the CUDA device's would (the memory itself
   // comes from the heap): a budget fragmented on CUDA is fragmented here too.
   Result<void*> do_allocate(std::uint64_t buffer_id, std::uint64_t size_bytes, ArenaEnd end) override {
-    const std::int64_t offset = use_arena_ ? arena_.allocate(size_bytes, end) : 0;
-    if (offset < 0) {
+    const std::optional<std::uint64_t> offset =
+        use_arena_ ? arena_.allocate(size_bytes, end) : std::optional<std::uint64_t>(0);
+    if (!offset) {
       // Fragmented (the budget allowed it): kResourceExhausted, as a budget refusal, so that
       // the caches give their buffers back and the allocation is tried again.
       return Status::resource_exhausted(str_cat("host device arena (", core::format_bytes(arena_.size_bytes()),
@@ -284,14 +286,14 @@ class HostDevice final : public Device {
     const std::uint64_t rounded = (size_bytes + kAlignment - 1) / kAlignment * kAlignment;
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (p == nullptr) {
-      if (use_arena_) arena_.free(static_cast<std::uint64_t>(offset), size_bytes);
+      if (use_arena_) arena_.free(*offset, size_bytes);
       return Status::out_of_memory(str_cat("host device: cannot allocate ", core::format_bytes(size_bytes)));
     }
     auto a = std::make_shared<Allocation>(static_cast<std::byte*>(p), size_bytes);
     core::MutexLock lock(mu_);
     by_address_.emplace(reinterpret_cast<std::uintptr_t>(p), a);
     allocations_.emplace(buffer_id, std::move(a));
-    if (use_arena_) arena_offsets_.emplace(buffer_id, static_cast<std::uint64_t>(offset));
+    if (use_arena_) arena_offsets_.emplace(buffer_id, *offset);
     return p;
   }
 

@@ -455,8 +455,8 @@ TEST_P(Int8MomentsIsa, EveryThresholdAndItsNeighboursQuantizeAsTheReference) {
 }
 
 // The same at scales other than 1, where x / scale is a rounded division
-// (the AVX-512 quantizer guesses from x times the scale's reciprocal and
-// divides only near a step): every threshold times the scale and its
+// (the AVX-512 and AVX2 quantizers guess from x times the scale's
+// reciprocal and divide only near a step): every threshold times the scale and its
 // neighbours two ulps either way, at scales whose v scale (their square) is
 // a normal float, and at scales whose m or v scale or its reciprocal is not
 // (the division throughout).
@@ -464,7 +464,7 @@ TEST_P(Int8MomentsIsa, EveryThresholdAtScalesOtherThanOneQuantizesAsTheReference
   const nx::QuantTables& t = nx::kQuantTables;
   auto adam = make(GetParam());
   for (float s : {0.3f, 1.7f, 3.14159e-3f, 12345.678f, 7.1e-19f, 0x1p-62f * 1.37f, 0x1p-70f * 1.11f, 0x1p62f * 1.21f,
-                  0x1p64f * 1.5f, 0x1p126f * 1.5f}) {
+                  0x1p64f * 1.5f, 0x1p126f * 1.5f, 0x1p-126f, std::nextafter(0x1p126f, 0.0f), 0x1p-127f * 1.5f}) {
     std::vector<float> values;
     const auto around = [&](float x, bool both_signs) {
       float lo = x, hi = x;

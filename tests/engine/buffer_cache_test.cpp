@@ -442,10 +442,12 @@ TEST_F(BufferCacheTest, DivertTakesBuffersUntilTheyArePutReturned) {
   EXPECT_EQ(fences_.waited(), std::vector<const gpu::Event*>{fence.get()});
 }
 
-// Under a tight budget (the headroom), a miss gives back the cached buffers
-// first, waiting for a fence that has not passed: no cached buffer is left
-// below the new one. With room to spare, the cache keeps them.
-TEST_F(BufferCacheTest, AMissUnderATightBudgetGivesBackTheCacheFirst) {
+// Under a tight budget (the headroom: the memory in use leaves no more room
+// than the buffer asked for and the largest one allocated), a get() gives
+// back its end's cached buffers first, waiting for a fence that has not
+// passed, and places its buffer afresh, a (low-end) hit too. With room to
+// spare, the cache keeps them and hands a hit out.
+TEST_F(BufferCacheTest, UnderATightBudgetGetGivesBackTheCacheAndPlacesAfresh) {
   Cache cache(alloc_.fn(), fences_.wait_fn(), fences_.query_fn());
   cache.set_headroom([this] { return FakeAllocator::kLimitBytes - alloc_.used_bytes(); });
   for (std::uint64_t bytes : {100, 150, 200}) {
@@ -453,18 +455,33 @@ TEST_F(BufferCacheTest, AMissUnderATightBudgetGivesBackTheCacheFirst) {
     ASSERT_TRUE(b.ok()) << b.status();
     cache.put(std::move(b).value(), bytes == 150 ? fences_.make(/*passed=*/false) : nullptr);
   }
-  // 450 cached; 250 more leaves 300, no less than the largest asked for (250 now): kept.
+  core::Result<FakeBuffer> held = cache.get(300, "held");  // in use throughout: 700 of room left
+  ASSERT_TRUE(held.ok()) << held.status();
+  // 250 and the largest (300) fit in 700 with room to spare: the cache is kept.
   core::Result<FakeBuffer> roomy = cache.get(250, "roomy");
   ASSERT_TRUE(roomy.ok()) << roomy.status();
-  EXPECT_EQ(alloc_.used_bytes(), 700u);
+  EXPECT_EQ(alloc_.used_bytes(), 1000u);
   cache.put(std::move(roomy).value());
+  core::Result<FakeBuffer> hit = cache.get(200, "hit");
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  EXPECT_EQ(alloc_.requests().size(), 5u) << "a hit with room to spare";
+  cache.put(std::move(hit).value());
   EXPECT_TRUE(fences_.waited().empty());
-  // 400 more would leave less than that: all four go first, the fenced 150 after its fence.
-  core::Result<FakeBuffer> tight = cache.get(400, "tight");
+  // 450 and the largest leave no room: all four cached go first, the fenced 150 after its
+  // fence, and the new one is allocated with no refusal (cleared by a refusal, it would be
+  // asked for twice).
+  core::Result<FakeBuffer> tight = cache.get(450, "tight");
   ASSERT_TRUE(tight.ok()) << tight.status();
-  EXPECT_EQ(alloc_.used_bytes(), 400u);
+  EXPECT_EQ(alloc_.used_bytes(), 300u + 450u);
   EXPECT_EQ(fences_.waited().size(), 1u);
-  EXPECT_EQ(alloc_.requests(), (std::vector<std::uint64_t>{100, 150, 200, 250, 400})) << "no refusal, no retry";
+  EXPECT_EQ(alloc_.requests(), (std::vector<std::uint64_t>{100, 150, 200, 300, 250, 450}));
+  // A hit under the tight budget is placed afresh: a new buffer, not the cached one.
+  const std::uint64_t cached_id = tight->id();
+  cache.put(std::move(tight).value());
+  core::Result<FakeBuffer> again = cache.get(450, "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->id(), cached_id);
+  EXPECT_EQ(alloc_.used_bytes(), 300u + 450u);
 }
 
 TEST_F(BufferCacheTest, ConcurrentGetAndPutNeverHandOutABufferTwice) {
@@ -603,13 +620,38 @@ TEST(BufferCacheHostDevice, AFragmentedArenaIsAnsweredByGivingTheCacheBack) {
   EXPECT_EQ(device_budget.used_bytes(), 3 * kQuarter);
 }
 
+// An unlimited device budget (strata.device "auto" falling back to the host
+// device with no strata.budgets.device) keeps no arena: both ends allocate,
+// the cache with its headroom is never tight.
+TEST(BufferCacheHostDevice, AnUnlimitedBudgetAllocatesFromBothEnds) {
+  core::MemoryBudget device_budget{"device memory", core::MemoryBudget::kUnlimited, "strata.budgets.device"};
+  core::MemoryBudget pinned_budget{"pinned host memory", 1 << 20, "strata.budgets.pinned"};
+  auto device_or = gpu::make_host_device({{&device_budget, &pinned_budget}, {}});
+  ASSERT_TRUE(device_or.ok()) << device_or.status();
+  gpu::Device* d = device_or->get();
+  std::vector<std::uint64_t> requests;
+  BufferCache<gpu::DeviceBuffer> cache([&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
+    requests.push_back(bytes);
+    return d->allocate(bytes, what, end);
+  });
+  cache.set_headroom([&] { return device_budget.available_bytes(); });
+  for (gpu::ArenaEnd end : {gpu::ArenaEnd::kHigh, gpu::ArenaEnd::kLow, gpu::ArenaEnd::kHigh}) {
+    core::Result<gpu::DeviceBuffer> b = cache.get(64 << 10, "gradients", end);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->arena_end(), end);
+    cache.put(std::move(b).value());
+  }
+  EXPECT_EQ(requests.size(), 2u) << "one buffer per end, the second high one a hit";
+}
+
 // The least device budget of a step (tests/python/test_adapter.py's): one
 // group's fetched copies with its gradients, no byte to spare. A smaller
 // group's copies, cached at the bottom, would push the large group's copies
-// up, and once given back leave a range too small for its gradients. The
-// headroom gives the small one back (after its fence: the framework still
-// reads it) before the large one is placed; the gradients come from the
-// high end, away from the fetched copies.
+// up, and once given back leave a range too small for its gradients. With
+// the headroom, the large group's fetch for the backward is placed afresh
+// once the small one is given back (after its fence: the framework still
+// reads it); the gradients come from the high end, away from the fetched
+// copies.
 TEST(BufferCacheHostDevice, TheLeastBudgetFitsAGroupsCopiesAndItsGradients) {
   constexpr std::uint64_t kSmall = 8 << 10, kLarge = 36 << 10;
   core::MemoryBudget device_budget{"device memory", 2 * kLarge, "strata.budgets.device"};
@@ -624,12 +666,18 @@ TEST(BufferCacheHostDevice, TheLeastBudgetFitsAGroupsCopiesAndItsGradients) {
       [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
   cache.set_headroom([&] { return device_budget.available_bytes(); });
   for (int step = 0; step < 3; ++step) {
+    // The forward: the small group, released with a fence the framework's stream has not
+    // reached yet, then the large one.
     core::Result<gpu::DeviceBuffer> embed = cache.get(kSmall, "fetched group 'embed'");
     ASSERT_TRUE(embed.ok()) << embed.status();
-    // Released with a fence the framework's stream has not reached yet.
     std::shared_ptr<gpu::Event> fence = fence_behind_work(*d, *stream, 50);
     ASSERT_NE(fence, nullptr);
     cache.put(std::move(embed).value(), std::move(fence));
+    core::Result<gpu::DeviceBuffer> forward = cache.get(kLarge, "fetched group 'layer'");
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    cache.put(std::move(forward).value());
+    // The backward: the large group fetched again (the cached buffer, placed afresh), then its
+    // gradients.
     core::Result<gpu::DeviceBuffer> layer = cache.get(kLarge, "fetched group 'layer'");
     ASSERT_TRUE(layer.ok()) << layer.status();
     core::Result<gpu::DeviceBuffer> grads = cache.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
@@ -646,6 +694,9 @@ TEST(BufferCacheHostDevice, TheLeastBudgetFitsAGroupsCopiesAndItsGradients) {
   core::Result<gpu::DeviceBuffer> embed = plain.get(kSmall, "fetched group 'embed'");
   ASSERT_TRUE(embed.ok()) << embed.status();
   plain.put(std::move(embed).value());
+  core::Result<gpu::DeviceBuffer> forward = plain.get(kLarge, "fetched group 'layer'");
+  ASSERT_TRUE(forward.ok()) << forward.status();
+  plain.put(std::move(forward).value());
   core::Result<gpu::DeviceBuffer> layer = plain.get(kLarge, "fetched group 'layer'");
   ASSERT_TRUE(layer.ok()) << layer.status();
   core::Result<gpu::DeviceBuffer> grads = plain.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
