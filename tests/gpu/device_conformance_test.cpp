@@ -548,6 +548,24 @@ TEST_P(DeviceTest, TheArenasTwoEndsKeepTheMiddleWhole) {
   EXPECT_TRUE(half.ok()) << half.status();
 }
 
+// The high end takes the highest free range that fits, not the top of the lowest: with the
+// second and fourth quarters free, a high-end quarter goes in the fourth, so that once the first
+// quarter and it are given back the free quarters are apart.
+TEST_P(DeviceTest, TheHighEndTakesTheHighestRangeThatFits) {
+  std::vector<DeviceBuffer> quarters;
+  for (int i = 0; i < 4; ++i) quarters.push_back(alloc(kBudgetBytes / 4));
+  quarters[1].reset();
+  quarters[3].reset();
+  auto high = device_->allocate(kBudgetBytes / 4, "gradients", ArenaEnd::kHigh);
+  ASSERT_TRUE(high.ok()) << high.status();
+  DeviceBuffer low = alloc(kBudgetBytes / 4);  // the second quarter
+  quarters[0].reset();
+  high->reset();
+  auto half = device_->allocate(kBudgetBytes / 2, "fetched copies");
+  ASSERT_FALSE(half.ok()) << "the high-end quarter went below the low one";
+  EXPECT_NE(half.status().message().find("no free range"), std::string_view::npos) << half.status();
+}
+
 TEST_P(DeviceTest, ZeroByteAllocationIsInvalid) {
   EXPECT_EQ(device_->allocate(0, "nothing").status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(device_->allocate_pinned(0, "nothing").status().code(), StatusCode::kInvalidArgument);
