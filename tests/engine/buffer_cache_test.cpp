@@ -665,43 +665,41 @@ TEST(BufferCacheHostDevice, TheLeastBudgetFitsAGroupsCopiesAndItsGradients) {
       [&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) { return d->allocate(bytes, what, end); },
       [d](gpu::Event& fence) { return d->synchronize(fence); }, [d](gpu::Event& fence) { return d->query(fence); });
   cache.set_headroom([&] { return device_budget.available_bytes(); });
-  for (int step = 0; step < 3; ++step) {
-    // The forward: the small group, released with a fence the framework's stream has not
-    // reached yet, then the large one.
-    core::Result<gpu::DeviceBuffer> embed = cache.get(kSmall, "fetched group 'embed'");
-    ASSERT_TRUE(embed.ok()) << embed.status();
+  // One step: the forward (the small group, released with a fence the framework's stream has
+  // not reached yet, then the large one), the backward (the large group fetched again, then its
+  // gradients). The status of the gradients' allocation.
+  const auto step = [&](BufferCache<gpu::DeviceBuffer>& c) -> core::Status {
+    core::Result<gpu::DeviceBuffer> embed = c.get(kSmall, "fetched group 'embed'");
+    if (!embed.ok()) return embed.status();
     std::shared_ptr<gpu::Event> fence = fence_behind_work(*d, *stream, 50);
-    ASSERT_NE(fence, nullptr);
-    cache.put(std::move(embed).value(), std::move(fence));
-    core::Result<gpu::DeviceBuffer> forward = cache.get(kLarge, "fetched group 'layer'");
-    ASSERT_TRUE(forward.ok()) << forward.status();
-    cache.put(std::move(forward).value());
-    // The backward: the large group fetched again (the cached buffer, placed afresh), then its
-    // gradients.
-    core::Result<gpu::DeviceBuffer> layer = cache.get(kLarge, "fetched group 'layer'");
-    ASSERT_TRUE(layer.ok()) << layer.status();
-    core::Result<gpu::DeviceBuffer> grads = cache.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
-    ASSERT_TRUE(grads.ok()) << "step " << step << ": " << grads.status();
+    if (fence == nullptr) return core::Status::internal("no fence");
+    c.put(std::move(embed).value(), std::move(fence));
+    core::Result<gpu::DeviceBuffer> forward = c.get(kLarge, "fetched group 'layer'");
+    if (!forward.ok()) return forward.status();
+    c.put(std::move(forward).value());
+    core::Result<gpu::DeviceBuffer> layer = c.get(kLarge, "fetched group 'layer'");
+    if (!layer.ok()) return layer.status();
+    core::Result<gpu::DeviceBuffer> grads = c.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
+    if (!grads.ok()) return grads.status();
     EXPECT_EQ(grads->arena_end(), gpu::ArenaEnd::kHigh);
-    cache.put(std::move(grads).value());
-    cache.put(std::move(layer).value());
+    c.put(std::move(grads).value());
+    c.put(std::move(layer).value());
+    return core::Status();
+  };
+  for (int i = 0; i < 3; ++i) {
+    const core::Status s = step(cache);
+    ASSERT_TRUE(s.ok()) << "step " << i << ": " << s;
   }
-  // Without the headroom the same sequence fails: the small buffer stays below the large one.
+  // Without the headroom the same step fails: the small buffer stays below the large one.
   ASSERT_TRUE(cache.clear().ok());
   BufferCache<gpu::DeviceBuffer> plain([&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
     return d->allocate(bytes, what, end);
   });
-  core::Result<gpu::DeviceBuffer> embed = plain.get(kSmall, "fetched group 'embed'");
-  ASSERT_TRUE(embed.ok()) << embed.status();
-  plain.put(std::move(embed).value());
-  core::Result<gpu::DeviceBuffer> forward = plain.get(kLarge, "fetched group 'layer'");
-  ASSERT_TRUE(forward.ok()) << forward.status();
-  plain.put(std::move(forward).value());
-  core::Result<gpu::DeviceBuffer> layer = plain.get(kLarge, "fetched group 'layer'");
-  ASSERT_TRUE(layer.ok()) << layer.status();
-  core::Result<gpu::DeviceBuffer> grads = plain.get(kLarge, "gradients of group 'layer'", gpu::ArenaEnd::kHigh);
-  ASSERT_FALSE(grads.ok());
-  EXPECT_NE(grads.status().message().find("no free range"), std::string_view::npos) << grads.status();
+  const core::Status s = step(plain);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("no free range"), std::string_view::npos) << s;
+  ASSERT_TRUE(d->synchronize(*stream).ok());
+  ASSERT_TRUE(plain.clear().ok());
 }
 
 }  // namespace
