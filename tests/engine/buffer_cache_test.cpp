@@ -521,6 +521,14 @@ TEST_F(BufferCacheTest, ConcurrentGetAndPutNeverHandOutABufferTwice) {
 
 // The same over the host device: its budget refuses, the cache gives back
 // what it holds, and a fence recorded on a stream is waited for.
+// The device's allocate, each request's size appended to `requests`.
+BufferCache<gpu::DeviceBuffer>::Allocate recording_allocator(gpu::Device& d, std::vector<std::uint64_t>& requests) {
+  return [&d, &requests](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
+    requests.push_back(bytes);
+    return d.allocate(bytes, what, end);
+  };
+}
+
 // A fence recorded on `stream` behind `ms` of work still running: it has not
 // passed when the caller goes on. Null (with a test failure) on an error.
 std::shared_ptr<gpu::Event> fence_behind_work(gpu::Device& d, gpu::Stream& stream, int ms) {
@@ -551,10 +559,7 @@ TEST(BufferCacheHostDevice, RetriesUnderTheDeviceBudgetAndWaitsForRecordedFences
   int waits = 0;
   std::vector<std::uint64_t> requests;
   BufferCache<gpu::DeviceBuffer> cache(
-      [&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
-        requests.push_back(bytes);
-        return d->allocate(bytes, what, end);
-      },
+      recording_allocator(*d, requests),
       [&](gpu::Event& fence) {
         ++waits;
         return d->synchronize(fence);
@@ -596,10 +601,7 @@ TEST(BufferCacheHostDevice, AFragmentedArenaIsAnsweredByGivingTheCacheBack) {
   ASSERT_TRUE(device_or.ok()) << device_or.status();
   gpu::Device* d = device_or->get();
   std::vector<std::uint64_t> requests;
-  BufferCache<gpu::DeviceBuffer> cache([&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
-    requests.push_back(bytes);
-    return d->allocate(bytes, what, end);
-  });
+  BufferCache<gpu::DeviceBuffer> cache(recording_allocator(*d, requests));
   constexpr std::uint64_t kQuarter = 256 << 10;
   std::vector<gpu::DeviceBuffer> held;
   for (int i = 0; i < 4; ++i) {
@@ -630,10 +632,7 @@ TEST(BufferCacheHostDevice, AnUnlimitedBudgetAllocatesFromBothEnds) {
   ASSERT_TRUE(device_or.ok()) << device_or.status();
   gpu::Device* d = device_or->get();
   std::vector<std::uint64_t> requests;
-  BufferCache<gpu::DeviceBuffer> cache([&](std::uint64_t bytes, const std::string& what, gpu::ArenaEnd end) {
-    requests.push_back(bytes);
-    return d->allocate(bytes, what, end);
-  });
+  BufferCache<gpu::DeviceBuffer> cache(recording_allocator(*d, requests));
   cache.set_headroom([&] { return device_budget.available_bytes(); });
   for (gpu::ArenaEnd end : {gpu::ArenaEnd::kHigh, gpu::ArenaEnd::kLow, gpu::ArenaEnd::kHigh}) {
     core::Result<gpu::DeviceBuffer> b = cache.get(64 << 10, "gradients", end);
