@@ -23,12 +23,12 @@
 
 #include "core/numerics.h"
 #include "engine/engine.h"
+#include "tests/e2e/mlp_kernels.h"
 
 namespace strata::engine::e2e {
 
 namespace nx = core::numerics;
 
-inline constexpr int kIn = 256, kHidden = 512, kOut = 32, kBatch = 32;
 inline constexpr int kSteps = 20;
 
 // --- The device the engine runs on -------------------------------------------
@@ -142,17 +142,6 @@ inline core::Status queue_busy_work(gpu::Device& dev, gpu::Stream& stream, doubl
 }
 
 // splitmix64: the same stream on every platform.
-struct Rng {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f; }  // [-1, 1)
-};
-
 struct Tensor {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -188,21 +177,9 @@ struct Framework {
   }
 
   void batch(int step) {
-    Rng r{static_cast<std::uint64_t>(step) * 7919 + 1};
     x.resize(kBatch * kIn);
-    for (float& v : x) v = r.uniform();
-    // teacher: a fixed linear map of x, mildly nonlinear
-    y.assign(kBatch * kOut, 0.0f);
-    Rng t{424242};
-    std::vector<float> teacher(kOut * kIn);
-    for (float& v : teacher) v = t.uniform() / 16.0f;
-    for (int b = 0; b < kBatch; ++b) {
-      for (int o = 0; o < kOut; ++o) {
-        float s = 0.0f;
-        for (int i = 0; i < kIn; ++i) s += teacher[o * kIn + i] * x[b * kIn + i];
-        y[b * kOut + o] = std::tanh(s);
-      }
-    }
+    y.resize(kBatch * kOut);
+    mlp_batch(static_cast<std::uint64_t>(step) * 7919 + 1, x.data(), y.data());
   }
   // As a GPU framework: fetch passes the framework's stream (the copy is
   // queued, the stream waits for it), and the reads below are queued on it.
@@ -219,42 +196,19 @@ struct Framework {
       const ParamDesc& p = e.layout().params[pi];
       std::vector<float>& dst = w[p.name];
       dst.resize(static_cast<std::size_t>(p.numel()));
-      const std::byte* src = host.data() + e.layout().places[pi].compute_offset * cb;
-      for (std::size_t i = 0; i < dst.size(); ++i) {
-        if (cb == 4) {
-          std::memcpy(&dst[i], src + 4 * i, 4);
-        } else {
-          std::uint16_t hb;
-          std::memcpy(&hb, src + 2 * i, 2);
-          dst[i] = precision == Precision::kFp16 ? nx::fp16_bits_to_fp32(hb) : nx::bf16_bits_to_fp32(hb);
-        }
-      }
+      copies_to_fp32(host.data() + e.layout().places[pi].compute_offset * cb, dst.size(), cb,
+                     precision == Precision::kFp16, dst.data());
     }
     if (!keep) {
       ASSERT_TRUE(e.release(group).ok());
     }
   }
   double forward() {
-    const auto& w1 = w["l1.w"];
-    const auto& b1 = w["l1.b"];
-    const auto& w2 = w["l2.w"];
-    const auto& b2 = w["l2.b"];
     pre.assign(kBatch * kHidden, 0.0f);
     h.assign(kBatch * kHidden, 0.0f);
     out.assign(kBatch * kOut, 0.0f);
-    for (int b = 0; b < kBatch; ++b) {
-      for (int j = 0; j < kHidden; ++j) {
-        float s = b1[j];
-        for (int i = 0; i < kIn; ++i) s += w1[j * kIn + i] * x[b * kIn + i];
-        pre[b * kHidden + j] = s;
-        h[b * kHidden + j] = s > 0.0f ? s : 0.0f;
-      }
-      for (int o = 0; o < kOut; ++o) {
-        float s = b2[o];
-        for (int j = 0; j < kHidden; ++j) s += w2[o * kHidden + j] * h[b * kHidden + j];
-        out[b * kOut + o] = s;
-      }
-    }
+    mlp_forward(w["l1.w"].data(), w["l1.b"].data(), w["l2.w"].data(), w["l2.b"].data(), x.data(), pre.data(),
+                h.data(), out.data());
     double loss = 0.0;
     for (int k = 0; k < kBatch * kOut; ++k) loss += 0.5 * double(out[k] - y[k]) * double(out[k] - y[k]);
     return loss / kBatch;
@@ -267,24 +221,11 @@ struct Framework {
     g["l2.w"].assign(kOut * kHidden, 0.0f);
     g["l2.b"].assign(kOut, 0.0f);
     std::vector<float> dh(kBatch * kHidden, 0.0f);
-    const auto& w2 = w["l2.w"];
-    for (int b = 0; b < kBatch; ++b) {
-      for (int o = 0; o < kOut; ++o) {
-        const float d = (out[b * kOut + o] - y[b * kOut + o]) * scale / kBatch;
-        g["l2.b"][o] += d;
-        for (int j = 0; j < kHidden; ++j) {
-          g["l2.w"][o * kHidden + j] += d * h[b * kHidden + j];
-          dh[b * kHidden + j] += d * w2[o * kHidden + j];
-        }
-      }
-      for (int j = 0; j < kHidden; ++j) {
-        const float d = pre[b * kHidden + j] > 0.0f ? dh[b * kHidden + j] : 0.0f;
-        g["l1.b"][j] += d;
-        for (int i = 0; i < kIn; ++i) g["l1.w"][j * kIn + i] += d * x[b * kIn + i];
-      }
-    }
+    mlp_backward(scale, w["l2.w"].data(), x.data(), pre.data(), h.data(), out.data(), y.data(), dh.data(),
+                 g["l1.w"].data(), g["l1.b"].data(), g["l2.w"].data(), g["l2.b"].data());
     return g;
   }
+
   void give_grads(Engine& e, const std::string& group, const std::map<std::string, std::vector<float>>& g) {
     auto span = e.grad_buffer(group);
     ASSERT_TRUE(span.ok()) << span.status();
@@ -292,17 +233,9 @@ struct Framework {
     const GroupPlace* gp = e.layout().find_group(group);
     for (std::size_t pi : gp->params) {
       const ParamDesc& p = e.layout().params[pi];
-      std::byte* dst = host.data() + e.layout().places[pi].compute_offset * cb;
       const auto& src = g.at(p.name);
-      for (std::size_t i = 0; i < src.size(); ++i) {
-        if (cb == 4) {
-          std::memcpy(dst + 4 * i, &src[i], 4);
-        } else {
-          const std::uint16_t hb =
-              precision == Precision::kFp16 ? nx::fp32_to_fp16_bits(src[i]) : nx::fp32_to_bf16_bits(src[i]);
-          std::memcpy(dst + 2 * i, &hb, 2);
-        }
-      }
+      fp32_to_copies(src.data(), src.size(), cb, precision == Precision::kFp16,
+                     host.data() + e.layout().places[pi].compute_offset * cb);
     }
     if (async_grads_flops > 0) {
       // As a GPU framework: the backward's work and the gradient writes are
