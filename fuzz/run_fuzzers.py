@@ -5,9 +5,12 @@ new inputs go to <build-dir>/fuzz-corpus/<name>/, crash, leak, timeout and out-o
 <build-dir>/fuzz-artifacts/<name>/). Writes one meson-testlog-style line per target to --log
 ("fuzz <name>", OK, FAIL or SKIP) so that scripts/test_summary.py counts each target as one test.
 Without clang++ every target is a SKIP; a target whose binary is missing (the build failed) is a FAIL.
-Usage: fuzz/run_fuzzers.py [--build-dir build-fuzz] [--seconds 25] [--log FILE] [NAME ...]
+--jobs N runs N targets side by side (each is one libFuzzer process on one core); their reports
+are printed and logged in target order.
+Usage: fuzz/run_fuzzers.py [--build-dir build-fuzz] [--seconds 25] [--jobs 1] [--log FILE] [NAME ...]
 Exit status 1 when a target failed."""
 import argparse
+import concurrent.futures
 import json
 import os
 import shutil
@@ -30,19 +33,16 @@ def log_line(log, name, result, text, seconds):
                                 "stdout": text}) + "\n")
 
 
-def run(name, build_dir, seconds, log):
+def run(name, build_dir, seconds):
+    """Runs one target: (passed, what to print, (result, log text, seconds))."""
     binary = os.path.join(build_dir, "fuzz", f"{name}_fuzzer")
     seeds = os.path.join(FUZZ, "corpus", name)
     if not os.path.isfile(binary):
         msg = f"{binary} is missing (the fuzz build failed?)"
-        print(f"  fuzz {name}: FAIL: {msg}")
-        log_line(log, name, "FAIL", msg, 0.0)
-        return False
+        return False, f"  fuzz {name}: FAIL: {msg}", ("FAIL", msg, 0.0)
     if not os.path.isdir(seeds):
         msg = f"no seed corpus {seeds}"
-        print(f"  fuzz {name}: FAIL: {msg}")
-        log_line(log, name, "FAIL", msg, 0.0)
-        return False
+        return False, f"  fuzz {name}: FAIL: {msg}", ("FAIL", msg, 0.0)
     work = os.path.join(build_dir, "fuzz-corpus", name)
     artifacts = os.path.join(build_dir, "fuzz-artifacts", name)
     os.makedirs(work, exist_ok=True)
@@ -68,18 +68,18 @@ def run(name, build_dir, seconds, log):
     stats = [l for l in out.splitlines() if l.startswith("stat::number_of_executed_units")]
     runs = stats[-1].split(":")[-1].strip() if stats else "?"
     ok = rc == 0
-    print(f"  fuzz {name}: {'OK' if ok else 'FAIL'} ({runs} runs in {secs:.0f} s)")
+    text = [f"  fuzz {name}: {'OK' if ok else 'FAIL'} ({runs} runs in {secs:.0f} s)"]
     if not ok:
-        print("\n".join(out.splitlines()[-60:]))
-        print(f"  inputs that failed are in {artifacts}/; reproduce with {binary} FILE")
-    log_line(log, name, "OK" if ok else "FAIL", out[-20000:], secs)
-    return ok
+        text += out.splitlines()[-60:]
+        text.append(f"  inputs that failed are in {artifacts}/; reproduce with {binary} FILE")
+    return ok, "\n".join(text), ("OK" if ok else "FAIL", out[-20000:], secs)
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build-fuzz"))
     ap.add_argument("--seconds", type=int, default=25)
+    ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--log", default="")
     ap.add_argument("names", nargs="*")
     args = ap.parse_args()
@@ -93,7 +93,15 @@ def main():
             print(f"  fuzz {name}: SKIP (no clang++)")
             log_line(args.log, name, "SKIP", "no clang++ on PATH", 0.0)
         return 0
-    failed = [n for n in names if not run(n, os.path.abspath(args.build_dir), args.seconds, args.log)]
+    build_dir = os.path.abspath(args.build_dir)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        runs = [pool.submit(run, n, build_dir, args.seconds) for n in names]
+        failed = 0
+        for name, done in zip(names, runs):
+            ok, text, (result, logged, secs) = done.result()
+            print(text, flush=True)
+            log_line(args.log, name, result, logged, secs)
+            failed += not ok
     return 1 if failed else 0
 
 
