@@ -532,6 +532,16 @@ core::Status Engine::save_checkpoint(const std::string& root, std::span<const st
   // goes on from it as a run resumed from it will.
   STRATA_RETURN_IF_ERROR(agree(kOp, "applying the delayed update", step_->flush_delayed(kOp)));
   fetcher_->settle_prefetches();  // the compute copies' homes are read below
+  // The steps that left each parameter as it was (strata.no_grad "skip"):
+  // with several ranks only those holding a piece of a parameter count them,
+  // so every rank takes the largest count of any (the manifest's).
+  if (share.ranks > 1 && !step_->missed_steps().empty()) {
+    std::vector<std::int64_t> missed = step_->missed_steps();
+    STRATA_RETURN_IF_ERROR(
+        ranks_.weights->all_reduce(missed.data(), missed.size(), partition::DType::kI64, partition::ReduceOp::kMax)
+            .annotate(str_cat(kOp, ": the steps each parameter missed, over the ranks")));
+    step_->restore_missed_steps(std::move(missed));
+  }
   const std::string name = str_cat("step-", step_->verdict().applied_steps());
   const std::string tmp = str_cat(root, "/.", name, ".tmp");
   // Rank 0 prepares the folder the ranks write into (a file system they share).

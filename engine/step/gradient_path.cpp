@@ -152,7 +152,6 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
 }
 
 void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const std::size_t> params) {
-  if (parts_.ranks != nullptr) return;
   if (micro_step == 0) {
     for (std::size_t pi : parts_.layout.groups[g].params) absent_[pi] = 0;
   }
@@ -271,15 +270,19 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
   parts_.pinned_cache.put(std::move(sum));
   STRATA_RETURN_IF_ERROR(r.status());
   if (micro_step + 1 < parts_.micro_steps) return Status();
-  // Per rank: its blocks' partials, its flag, then the group and the hash
-  // of its sums so far (in two exact 32-bit halves).
-  const std::size_t per_rank = blocks + 4;
+  // Per rank: its blocks' partials, its flag, the group and the hash of its
+  // sums so far (in two exact 32-bit halves), then for each of the group's
+  // parameters whether it got no gradient in any of the rank's micro-batches
+  // (note_absent): it got none in the step only if no rank gave it one.
+  const std::vector<std::size_t>& params = gp.params;
+  const std::size_t per_rank = blocks + 4 + params.size();
   std::vector<double> mine(per_rank);
   std::copy_n(partials.begin() + static_cast<std::ptrdiff_t>(own_block), blocks, mine.begin());
   mine[blocks] = r->nonfinite ? 1.0 : 0.0;
   mine[blocks + 1] = static_cast<double>(g);
   mine[blocks + 2] = static_cast<double>(sequence_hash_ >> 32);
   mine[blocks + 3] = static_cast<double>(sequence_hash_ & 0xffffffffull);
+  for (std::size_t i = 0; i < params.size(); ++i) mine[blocks + 4 + i] = no_gradient(params[i]) ? 1.0 : 0.0;
   std::vector<double> all(per_rank * static_cast<std::size_t>(comm.size()));
   {
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("norm partials ", gp.name), all.size() * 8);
@@ -301,6 +304,9 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
     std::copy_n(all.begin() + static_cast<std::ptrdiff_t>(k * per_rank), blocks,
                 partials.begin() + static_cast<std::ptrdiff_t>(first_block + k * blocks));
     nonfinite_ = nonfinite_ || all[k * per_rank + blocks] != 0.0;
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      if (all[k * per_rank + blocks + 4 + i] == 0.0) absent_[params[i]] = 0;  // rank k gave it a gradient
+    }
   }
   return Status();
 }

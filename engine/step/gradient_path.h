@@ -111,8 +111,10 @@ class GradientPath {
   // called for every micro-batch of every trainable group (an empty list:
   // each had one), where that micro-batch's pass starts: on the pass thread
   // once the last job's update of g is done, or inline (unthreaded). The
-  // counts start again at micro-batch 0. Ignored with several ranks (a
-  // parameter's gradient there is the sum over every rank's).
+  // counts start again at micro-batch 0. With several ranks a parameter's
+  // gradient is the sum over every rank's: it got none only if no rank gave
+  // it one, which the last micro-batch's gather of the norm partials settles
+  // (reduce_over_ranks), so that every rank skips the same parameters.
   void note_absent(std::size_t g, int micro_step, std::span<const std::size_t> params);
   // Whether `param` got no gradient in any micro-batch of the step whose
   // gradients the host gradients hold: read by the optimizer's job for that

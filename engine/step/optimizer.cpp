@@ -217,8 +217,8 @@ class Optimizer::JobRun {
   core::Status on_apply(std::size_t current);
   core::Status stop();
   // strata.no_grad "skip": parameter pi got no gradient in any micro-batch of
-  // the job's step, and is left as it is (its new compute copies are its
-  // unchanged master's). Not with several ranks (their sum is the gradient).
+  // the job's step (on any rank), and is left as it is (its new compute
+  // copies are its unchanged master's).
   bool skips(std::size_t pi) {
     if (!skip_enabled_ || !o_.parts_.gradients.no_gradient(pi)) return false;
     skipped_.push_back(pi);
@@ -284,7 +284,7 @@ Optimizer::JobRun::JobRun(Optimizer& o, OptimizerJob& job, const core::Stopwatch
       decided_(!job.early()),
       chunks_(items_.size()),
       disk_(*o.pipeline_, chunks_, job.read_ahead, job.write_behind, job.bytes, o.parts_.trace),
-      skip_enabled_(o.parts_.config.strata.no_grad == NoGradPolicy::kSkip && o.parts_.ranks == nullptr) {
+      skip_enabled_(o.parts_.config.strata.no_grad == NoGradPolicy::kSkip) {
   for (std::size_t i = 0; i < items_.size(); ++i) chunks_[i] = items_[i].chunk;
   if (gathers()) {
     updated_.assign(layout().groups.size(), false);

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/checkpoint/manifest.h"
 #include "tests/e2e/ranks_harness.h"
 
 namespace strata::engine::e2e {
@@ -311,6 +312,88 @@ TEST_F(RanksTest, RanksThatStartFromOtherValuesFailFinalize) {
     const core::Status& s = got[static_cast<std::size_t>(r)];
     EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << "rank " << r << ": " << s;
     EXPECT_NE(s.message().find("rank 1's initial values differ from rank 0's"), std::string::npos) << s;
+  }
+}
+
+// strata.no_grad "skip" with ranks: a parameter is skipped only when no rank
+// gave it a gradient. l1.w and l1.b get none on any rank: left as they were
+// (l1.w's weight decay would show an update); l2.w gets none on rank 0
+// only: updated with rank 1's gradient. Two ranks give the bits of one rank
+// accumulating their two micro-batches with the same parameters absent, and
+// the checkpoint counts the skipped steps of l1.b, which only the last rank
+// holds (the manifest takes every rank's count).
+TEST_F(RanksTest, AParameterIsSkippedOnlyWhenNoRankGaveItAGradient) {
+  constexpr int kN = 2;
+  const auto absent_in = [](int micro) {
+    std::vector<std::string> names = {"l1.w", "l1.b"};
+    if (micro == 0) names.push_back("l2.w");
+    return names;
+  };
+  // One micro-batch on batch `batch`, `absent`'s gradients zeroed and said so.
+  const auto micro_batch_without = [](Engine& e, Framework& f, int batch, const std::vector<std::string>& absent) {
+    f.bind(e);
+    f.batch(batch * 16);
+    f.load(e, "l1");
+    f.load(e, "l2");
+    f.forward();
+    auto g = f.backward(static_cast<float>(e.loss_scale()));
+    for (const std::string group : {"l2", "l1"}) {
+      f.load(e, group);
+      std::vector<std::string_view> names;
+      for (const std::string& name : absent) {
+        if (!name.starts_with(group + ".")) continue;
+        std::fill(g.at(name).begin(), g.at(name).end(), 0.0f);
+        names.push_back(name);
+      }
+      const core::Status said = e.no_grads(group, names);
+      ASSERT_TRUE(said.ok()) << said;
+      f.give_grads(e, group, g);
+    }
+  };
+  for (const std::string placement : {"cpu", "nvme"}) {
+    SCOPED_TRACE(placement);
+    Config ranks_config = config(placement, OverlapMode::kExact);
+    ranks_config.train_batch_size = kBatch;
+    Config one = ranks_config;
+    one.gradient_accumulation_steps = kN;
+    one.train_batch_size = kBatch * kN;
+    const Outcome single = on_ranks(one, 1, "single-" + placement, [&](int, Engine& e) {
+      Framework f;
+      for (int s = 0; s < kRankSteps; ++s) {
+        for (int m = 0; m < kN; ++m) {
+          if (m > 0) {
+            ASSERT_TRUE(e.micro_step_end().ok());
+          }
+          micro_batch_without(e, f, s * kN + m, absent_in(m));
+        }
+        const auto st = e.step_end();
+        ASSERT_TRUE(st.ok()) << st.status();
+      }
+    });
+    const std::string root = (dir_ / ("ckpt-" + placement)).string();
+    const Outcome ranked = on_ranks(ranks_config, kN, "ranks-" + placement, [&](int r, Engine& e) {
+      Framework f;
+      for (int s = 0; s < kRankSteps; ++s) {
+        micro_batch_without(e, f, s * kN + r, absent_in(r));
+        const auto st = e.step_end();
+        ASSERT_TRUE(st.ok()) << st.status();
+      }
+      const core::Status saved = e.save_checkpoint(root, {});
+      ASSERT_TRUE(saved.ok()) << saved;
+    });
+    expect_same(ranked.master, single.master, "masters");
+    expect_same(ranked.exp_avg, single.exp_avg, "exp_avg");
+    expect_same(ranked.exp_avg_sq, single.exp_avg_sq, "exp_avg_sq");
+    for (const Tensor& t : kTensors) {
+      std::vector<float> init(ranked.master.at(t.name).size());
+      init_values(t, init);
+      EXPECT_EQ(bits_equal(ranked.master.at(t.name), init), t.group == "l1") << t.name;
+    }
+    auto found = locate_checkpoint(root);
+    ASSERT_TRUE(found.ok()) << found.status();
+    for (const CheckpointParam& p : found->manifest.params) {
+      EXPECT_EQ(p.missed_steps, p.group == "l1" ? kRankSteps : 0) << p.name;
+    }
   }
 }
 

@@ -454,7 +454,8 @@ STRATA_API strata_status strata_group_grads_ready(strata_engine* engine, const c
  * its weights, optimizer state and step count (its bias correction counts
  * the steps that updated it), as torch's optimizers skip a parameter whose
  * grad is None; "zero" updates it with the zero gradient (DeepSpeed's way).
- * With several ranks the zero gradient is used. Errors: INVALID_ARGUMENT
+ * With several ranks a parameter is skipped when no rank gave it a gradient
+ * (each rank says what it did; every rank skips the same). Errors: INVALID_ARGUMENT
  * (a NULL argument, a name that is not a trainable parameter of the group),
  * FAILED_PRECONDITION (before finalize; the group's gradients for this
  * micro-batch arrived already), NOT_FOUND for an unknown group. */
