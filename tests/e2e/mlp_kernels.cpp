@@ -15,6 +15,15 @@ namespace strata::engine::e2e {
 
 namespace nx = core::numerics;
 
+namespace {
+// bias + w . x over n elements, summed in index order.
+STRATA_E2E_UNSANITIZED float affine(float bias, const float* w, const float* x, int n) {
+  float s = bias;
+  for (int i = 0; i < n; ++i) s += w[i] * x[i];
+  return s;
+}
+}  // namespace
+
 STRATA_E2E_UNSANITIZED void mlp_batch(std::uint64_t seed, float* x, float* y) {
   Rng r{seed};
   for (int k = 0; k < kBatch * kIn; ++k) x[k] = r.uniform();
@@ -24,12 +33,7 @@ STRATA_E2E_UNSANITIZED void mlp_batch(std::uint64_t seed, float* x, float* y) {
   for (float& v : teacher) v = t.uniform() / 16.0f;
   for (int b = 0; b < kBatch; ++b) {
     const float* xb = x + b * kIn;
-    for (int o = 0; o < kOut; ++o) {
-      const float* to = teacher.data() + o * kIn;
-      float s = 0.0f;
-      for (int i = 0; i < kIn; ++i) s += to[i] * xb[i];
-      y[b * kOut + o] = std::tanh(s);
-    }
+    for (int o = 0; o < kOut; ++o) y[b * kOut + o] = std::tanh(affine(0.0f, teacher.data() + o * kIn, xb, kIn));
   }
 }
 
@@ -38,19 +42,12 @@ STRATA_E2E_UNSANITIZED void mlp_forward(const float* w1, const float* b1, const 
   for (int b = 0; b < kBatch; ++b) {
     const float* xb = x + b * kIn;
     for (int j = 0; j < kHidden; ++j) {
-      float s = b1[j];
-      const float* w1j = w1 + j * kIn;
-      for (int i = 0; i < kIn; ++i) s += w1j[i] * xb[i];
+      const float s = affine(b1[j], w1 + j * kIn, xb, kIn);
       pre[b * kHidden + j] = s;
       h[b * kHidden + j] = s > 0.0f ? s : 0.0f;
     }
     const float* hb = h + b * kHidden;
-    for (int o = 0; o < kOut; ++o) {
-      float s = b2[o];
-      const float* w2o = w2 + o * kHidden;
-      for (int j = 0; j < kHidden; ++j) s += w2o[j] * hb[j];
-      out[b * kOut + o] = s;
-    }
+    for (int o = 0; o < kOut; ++o) out[b * kOut + o] = affine(b2[o], w2 + o * kHidden, hb, kHidden);
   }
 }
 
