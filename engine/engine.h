@@ -233,9 +233,10 @@ class Engine {
   // the steps that updated it), as torch's optimizers skip a parameter whose
   // grad is None; "zero" updates it with the zero gradient. With several
   // ranks a parameter's gradient is the ranks' sum: it is skipped when no
-  // rank gave it one (every rank skips the same). Errors: kFailedPrecondition before finalize or once the group's
-  // gradients of the micro-batch arrived; kInvalidArgument naming a
-  // parameter that is not a trainable one of the group; kNotFound.
+  // rank gave it one (every rank skips the same). Errors:
+  // kFailedPrecondition before finalize or once the group's gradients of the
+  // micro-batch arrived; kInvalidArgument naming a parameter that is not a
+  // trainable one of the group; kNotFound.
   core::Status no_grads(std::string_view group, std::span<const std::string_view> params);
   // The group's compute copies (kCompute: the group must be fetched; the
   // view fetch returned) or its gradient buffer (kGrads: what grad_buffer

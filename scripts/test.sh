@@ -4,7 +4,7 @@
 # `slow` (C++, C, Python: every case once), in minutes. `scripts/test.sh
 # --full` (what CI runs, .ci/run) adds an AddressSanitizer +
 # UndefinedBehaviorSanitizer build (no CUDA, no benchmarks) running the same
-# suites but the longest end-to-end matrices (asan_slow below), clang's
+# suites, every case of them, clang's
 # thread-safety analysis, a ThreadSanitizer build of the threaded tests and the
 # libFuzzer targets. Both print the time of each stage and end with one line:
 # "N passed, N failed, N skipped".
@@ -120,7 +120,8 @@ run_stage "configure (asan+ubsan)" meson_setup build-asan -Dcuda=disabled -Dbenc
   -Db_sanitize=address,undefined -Db_lundef=false "${sanitizer_options[@]}"
 run_stage "build (asan+ubsan)" ninja -C build-asan -j"$jobs"
 rm -f build-asan/meson-logs/testlog.json
-run_stage "test (asan+ubsan)" meson test -C build-asan --no-suite slow --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
+run_stage "test (asan+ubsan)" meson test -C build-asan --no-suite slow --print-errorlogs --num-processes "$jobs" \
+  --timeout-multiplier 3
 
 # ThreadSanitizer (GCC, no CUDA): only the threaded tests, listed in tsan_tests
 # as "folder/test name" (the executable is tests/<folder>/<name>_test).

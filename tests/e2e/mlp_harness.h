@@ -141,7 +141,6 @@ inline core::Status queue_busy_work(gpu::Device& dev, gpu::Stream& stream, doubl
   return core::Status();
 }
 
-// splitmix64: the same stream on every platform.
 struct Tensor {
   std::string name;
   std::vector<std::int64_t> shape;
@@ -226,6 +225,24 @@ struct Framework {
     return g;
   }
 
+  // The framework's word that `absent`'s parameters of `group` got no
+  // gradient in this micro-batch: their gradients in `g` zeroed and said so
+  // (Engine::no_grads, when there are any). Returns their names.
+  template <class Names>
+  std::vector<std::string_view> drop_grads(Engine& e, const std::string& group,
+                                           std::map<std::string, std::vector<float>>& g, const Names& absent) {
+    std::vector<std::string_view> names;
+    for (const std::string& name : absent) {
+      if (!name.starts_with(group + ".")) continue;
+      std::fill(g.at(name).begin(), g.at(name).end(), 0.0f);
+      names.push_back(name);
+    }
+    if (!names.empty()) {
+      const core::Status said = e.no_grads(group, names);
+      EXPECT_TRUE(said.ok()) << said;
+    }
+    return names;
+  }
   void give_grads(Engine& e, const std::string& group, const std::map<std::string, std::vector<float>>& g) {
     auto span = e.grad_buffer(group);
     ASSERT_TRUE(span.ok()) << span.status();

@@ -14,7 +14,7 @@ namespace strata::engine::e2e {
 
 inline constexpr int kIn = 256, kHidden = 512, kOut = 32, kBatch = 32;
 
-// splitmix64: the tests' deterministic numbers.
+// splitmix64: the same stream on every platform.
 struct Rng {
   std::uint64_t s;
   std::uint64_t next() {

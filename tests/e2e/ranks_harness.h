@@ -219,21 +219,24 @@ class RanksTest : public MlpTest {
     return out;
   }
 
-  // One micro-batch on batch `batch`: forward, backward, gradients, and
+  // One micro-batch on batch `batch`: forward, backward, gradients (those
+  // of `absent`'s parameters zeroed and said so: Framework::drop_grads), and
   // step_end when `last` (else the caller's micro_step_end follows).
   static core::Result<StepStats> micro_batch(Engine& e, Framework& f, int batch, bool last,
-                                             std::vector<double>* losses) {
+                                             std::vector<double>* losses,
+                                             const std::vector<std::string>& absent = {}) {
     f.bind(e);
     f.batch(batch * 16);
     f.load(e, "l1");
     f.load(e, "l2");
     const double loss = f.forward();
     if (losses != nullptr) losses->push_back(loss);
-    const auto g = f.backward(static_cast<float>(e.loss_scale()));
-    f.load(e, "l2");
-    f.give_grads(e, "l2", g);
-    f.load(e, "l1");
-    f.give_grads(e, "l1", g);
+    auto g = f.backward(static_cast<float>(e.loss_scale()));
+    for (const std::string group : {"l2", "l1"}) {
+      f.load(e, group);
+      f.drop_grads(e, group, g, absent);
+      f.give_grads(e, group, g);
+    }
     if (!last) return StepStats{};
     auto st = e.step_end();
     EXPECT_TRUE(st.ok()) << st.status();
