@@ -10,12 +10,14 @@ else
   echo "note: no nvcc found (looked on PATH and in /usr/local/cuda/bin): building without the CUDA backend"
 fi
 
-# meson_setup DIR [options...]: configures DIR, or reconfigures it when it exists.
+# meson_setup DIR [options...]: configures DIR, or sets the options of an
+# existing one (`meson configure`: Meson 1.0's `setup --reconfigure` keeps the
+# old c_args and cpp_args whatever it is given; ninja regenerates).
 meson_setup() {
   local dir=$1
   shift
   if [[ -f "$dir/build.ninja" ]]; then
-    meson setup --reconfigure "$dir" "$@" >/dev/null
+    meson configure "$dir" "$@" >/dev/null
   else
     meson setup "$dir" "$@" >/dev/null
   fi

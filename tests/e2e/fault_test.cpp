@@ -150,7 +150,7 @@ Status try_step(Engine& e, Framework& f, int step, double* loss) {
   STRATA_RETURN_IF_ERROR(load_group(e, f, "l1"));
   STRATA_RETURN_IF_ERROR(load_group(e, f, "l2"));
   *loss = f.forward();
-  const auto g = f.backward(static_cast<float>(e.loss_scale()));
+  const auto& g = f.backward(static_cast<float>(e.loss_scale()));
   STRATA_RETURN_IF_ERROR(load_group(e, f, "l2"));
   STRATA_RETURN_IF_ERROR(give_grads(e, f, "l2", g));
   STRATA_RETURN_IF_ERROR(load_group(e, f, "l1"));

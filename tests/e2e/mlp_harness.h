@@ -187,7 +187,7 @@ struct Framework {
   void load(Engine& e, const std::string& group, bool keep = false) {
     auto span = e.fetch(group, fetch_on_stream ? &stream(e) : nullptr);
     ASSERT_TRUE(span.ok()) << span.status();
-    std::vector<std::byte> host(span->size_bytes());
+    const std::span<std::byte> host = staging(span->size_bytes());
     ASSERT_TRUE(e.device().copy_d2h(stream(e), host, *span).ok());
     ASSERT_TRUE(e.device().synchronize(stream(e)).ok());
     const GroupPlace* g = e.layout().find_group(group);
@@ -203,26 +203,29 @@ struct Framework {
     }
   }
   double forward() {
-    pre.assign(kBatch * kHidden, 0.0f);
-    h.assign(kBatch * kHidden, 0.0f);
-    out.assign(kBatch * kOut, 0.0f);
+    pre.resize(kBatch * kHidden);  // all written by mlp_forward
+    h.resize(kBatch * kHidden);
+    out.resize(kBatch * kOut);
     mlp_forward(w["l1.w"].data(), w["l1.b"].data(), w["l2.w"].data(), w["l2.b"].data(), x.data(), pre.data(),
                 h.data(), out.data());
     double loss = 0.0;
     for (int k = 0; k < kBatch * kOut; ++k) loss += 0.5 * double(out[k] - y[k]) * double(out[k] - y[k]);
     return loss / kBatch;
   }
-  // Gradients of loss * scale, per parameter.
-  std::map<std::string, std::vector<float>> backward(float scale) {
-    std::map<std::string, std::vector<float>> g;
-    g["l1.w"].assign(kHidden * kIn, 0.0f);
-    g["l1.b"].assign(kHidden, 0.0f);
-    g["l2.w"].assign(kOut * kHidden, 0.0f);
-    g["l2.b"].assign(kOut, 0.0f);
-    std::vector<float> dh(kBatch * kHidden, 0.0f);
-    mlp_backward(scale, w["l2.w"].data(), x.data(), pre.data(), h.data(), out.data(), y.data(), dh.data(),
-                 g["l1.w"].data(), g["l1.b"].data(), g["l2.w"].data(), g["l2.b"].data());
-    return g;
+  // Gradients of loss * scale, per parameter: the framework's buffers, which
+  // the next backward overwrites (reused: under the sanitizers a fresh
+  // buffer per call was most of the e2e suites' time).
+  std::map<std::string, std::vector<float>>& backward(float scale) {
+    if (grads_.empty()) {
+      grads_["l1.w"].resize(kHidden * kIn);
+      grads_["l1.b"].resize(kHidden);
+      grads_["l2.w"].resize(kOut * kHidden);
+      grads_["l2.b"].resize(kOut);
+      dh_.resize(kBatch * kHidden);
+    }
+    mlp_backward(scale, w["l2.w"].data(), x.data(), pre.data(), h.data(), out.data(), y.data(), dh_.data(),
+                 grads_["l1.w"].data(), grads_["l1.b"].data(), grads_["l2.w"].data(), grads_["l2.b"].data());
+    return grads_;
   }
 
   // The framework's word that `absent`'s parameters of `group` got no
@@ -246,7 +249,8 @@ struct Framework {
   void give_grads(Engine& e, const std::string& group, const std::map<std::string, std::vector<float>>& g) {
     auto span = e.grad_buffer(group);
     ASSERT_TRUE(span.ok()) << span.status();
-    std::vector<std::byte> host(span->size_bytes());
+    const std::span<std::byte> host = staging(span->size_bytes());
+    zero_bytes(host.data(), host.size());  // the padding between parameters
     const GroupPlace* gp = e.layout().find_group(group);
     for (std::size_t pi : gp->params) {
       const ParamDesc& p = e.layout().params[pi];
@@ -284,6 +288,16 @@ struct Framework {
     return s;
   }
   gpu::Stream s;
+
+ private:
+  // The first n bytes of a host buffer kept between calls (load, give_grads).
+  std::span<std::byte> staging(std::size_t n) {
+    if (host_.size() < n) host_.resize(n);
+    return std::span<std::byte>(host_).first(n);
+  }
+  std::map<std::string, std::vector<float>> grads_;  // backward's
+  std::vector<float> dh_;
+  std::vector<std::byte> host_;
 };
 
 
@@ -320,7 +334,7 @@ inline double forward_backward(Engine& e, Framework& f, int b) {
   f.load(e, "l1");
   f.load(e, "l2");
   const double l = f.forward();
-  const auto g = f.backward(static_cast<float>(e.loss_scale()));
+  const auto& g = f.backward(static_cast<float>(e.loss_scale()));
   f.load(e, "l2");
   f.give_grads(e, "l2", g);
   f.load(e, "l1");

@@ -32,8 +32,8 @@ void mlp_batch(std::uint64_t seed, float* x, float* y);
 // pre, h: kBatch x kHidden; out: kBatch x kOut; all written.
 void mlp_forward(const float* w1, const float* b1, const float* w2, const float* b2, const float* x, float* pre,
                  float* h, float* out);
-// The gradients of the loss times `scale`; dh (kBatch x kHidden) and every g*
-// must hold zeros on entry.
+// The gradients of the loss times `scale` into every g*; dh (kBatch x kHidden)
+// is scratch. All of them written.
 void mlp_backward(float scale, const float* w2, const float* x, const float* pre, const float* h, const float* out,
                   const float* y, float* dh, float* g1w, float* g1b, float* g2w, float* g2b);
 
@@ -41,5 +41,7 @@ void mlp_backward(float scale, const float* w2, const float* x, const float* pre
 // else bf16) to fp32, and back (round to nearest even).
 void copies_to_fp32(const std::byte* src, std::size_t n, int bytes, bool fp16, float* dst);
 void fp32_to_copies(const float* src, std::size_t n, int bytes, bool fp16, std::byte* dst);
+// n zero bytes at p.
+void zero_bytes(std::byte* p, std::size_t n);
 
 }  // namespace strata::engine::e2e

@@ -187,7 +187,7 @@ class Placement : public MlpTest {
         f.load(e, "l2");
         const double loss = f.forward();
         if (micro == 0) r.losses.push_back(loss);
-        auto g = f.backward(static_cast<float>(e.loss_scale()));
+        auto& g = f.backward(static_cast<float>(e.loss_scale()));
         if (tamper) tamper(step, g);
         // Fetched again for backward, as a framework does; with
         // hold_in_backward_ each group's compute copies stay held while its
@@ -266,7 +266,7 @@ class Placement : public MlpTest {
       seen.push_back(f.w);
       f.w = seen[static_cast<std::size_t>(std::max(0, step - 1))];
       stale.losses.push_back(f.forward());
-      auto g = f.backward(1.0f);
+      auto& g = f.backward(1.0f);
       if (tamper) tamper(step, g);
       f.load(*e, "l2");
       f.give_grads(*e, "l2", g);
@@ -858,7 +858,7 @@ TEST_F(Placement, CallsThatWouldSeeAStepHalfAppliedAreRefused) {
     f.load(*e, "l1");
     f.load(*e, "l2");
     f.forward();
-    const auto g = f.backward(1.0f);
+    const auto& g = f.backward(1.0f);
     f.load(*e, "l2");
     f.give_grads(*e, "l2", g);
     if (probe) {
@@ -1516,7 +1516,7 @@ TEST_F(Placement, FineTunesFromASafetensorsFile) {
     f.load(e, "l1");
     f.load(e, "l2");
     losses.push_back(f.forward());
-    const auto g = f.backward(1.0f);
+    const auto& g = f.backward(1.0f);
     f.load(e, "l2");
     f.give_grads(e, "l2", g);
     ASSERT_TRUE(e.step_end().ok());

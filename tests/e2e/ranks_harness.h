@@ -231,7 +231,7 @@ class RanksTest : public MlpTest {
     f.load(e, "l2");
     const double loss = f.forward();
     if (losses != nullptr) losses->push_back(loss);
-    auto g = f.backward(static_cast<float>(e.loss_scale()));
+    auto& g = f.backward(static_cast<float>(e.loss_scale()));
     for (const std::string group : {"l2", "l1"}) {
       f.load(e, group);
       f.drop_grads(e, group, g, absent);

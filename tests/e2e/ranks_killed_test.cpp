@@ -64,7 +64,7 @@ class RanksKilled : public RanksTest {
       ::raise(sig);
       std::_Exit(0);  // (SIGSTOP: the parent kills it once rank 0 is done)
     }
-    const auto g = f.backward(1.0f);
+    const auto& g = f.backward(1.0f);
     const auto start = std::chrono::steady_clock::now();
     f.load(*e, "l2");
     f.give_grads(*e, "l2", g);  // its pass waits for rank 1, which is gone

@@ -252,7 +252,7 @@ TEST_F(RanksTest, GroupsHandedOverInAnotherOrderFailTheStepOnEveryRank) {
       f.load(*e, "l1");
       f.load(*e, "l2");
       f.forward();
-      const auto g = f.backward(1.0f);
+      const auto& g = f.backward(1.0f);
       got[static_cast<std::size_t>(r)] = [&]() -> core::Status {
         for (const char* group : r == 2 ? std::vector<const char*>{"l1", "l2"} : std::vector<const char*>{"l2", "l1"}) {
           STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, e->grad_buffer(group));
@@ -612,7 +612,7 @@ TEST_F(RanksTest, ARankThatLeavesFailsTheOthersWithinTheTimeout) {
       f.load(*e, "l1");
       f.load(*e, "l2");
       f.forward();
-      const auto g = f.backward(1.0f);
+      const auto& g = f.backward(1.0f);
       f.load(*e, "l2");
       f.give_grads(*e, "l2", g);  // its pass waits for rank 1 in vain
       // l1's gradients (their values do not matter): any call may see the failure.

@@ -111,7 +111,7 @@ TEST_F(Threads, GradientsFromABackwardThreadGiveTheSameBits) {
       f.load(*e, "l1");
       f.load(*e, "l2");
       losses_two.push_back(f.forward());
-      const auto g = f.backward(static_cast<float>(e->loss_scale()));
+      const auto& g = f.backward(static_cast<float>(e->loss_scale()));
       for (const char* group : {"l2", "l1"}) {
         f.load(*e, group);  // fetch + release for backward, on this thread
         worker.post([&, group, g] { back.give_grads(*e, group, g); });

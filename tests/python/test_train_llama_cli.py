@@ -7,12 +7,11 @@ traceback). A resumed run's losses equal an uninterrupted run's."""
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
 
-from llama_script import DEFAULT_CONFIG, ROOT, SCRIPT, corpus, tiny
+from llama_script import DEFAULT_CONFIG, ROOT, corpus, run_script, tiny
 
 TINY = tiny(1)
 
@@ -21,8 +20,7 @@ TINY = tiny(1)
 def run(tmp_path, *args, tiny=True):
     """train_llama.py with `args` (after the tiny model's flags unless tiny is False), in tmp_path."""
     base = [*TINY] if tiny else []
-    return subprocess.run([sys.executable, SCRIPT, *base, "--corpus", corpus(tmp_path), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    return run_script([*base, "--corpus", corpus(tmp_path), *args], cwd=tmp_path)
 
 
 def assert_refused(r, *parts, code=2):

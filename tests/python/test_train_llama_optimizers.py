@@ -9,12 +9,10 @@ torch's in test_optimizers_oracle.py.)"""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from llama_script import ROOT, SCRIPT, corpus, tiny
+from llama_script import ROOT, corpus, run_script, tiny
 
 TINY = tiny(10) + ["--steps", "20"]
 OPTIMIZERS = {
@@ -39,8 +37,7 @@ def train(tmp_path, kind):
     (run_dir / "config.json").write_text(json.dumps(config))
     for path in config["strata"]["io"]["paths"]:  # the config's relative swap paths, inside the run's folder
         (run_dir / path).mkdir(parents=True, exist_ok=True)
-    r = subprocess.run([sys.executable, SCRIPT, *TINY, "--corpus", corpus(tmp_path), "--config", str(run_dir / "config.json")],
-                       cwd=run_dir, capture_output=True, text=True, timeout=300)
+    r = run_script([*TINY, "--corpus", corpus(tmp_path), "--config", str(run_dir / "config.json")], cwd=run_dir)
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
 

@@ -14,15 +14,19 @@ import time
 
 import pytest
 
-from llama_script import DEFAULT_CONFIG, SCRIPT, corpus, tiny
+from llama_script import DEFAULT_CONFIG, SCRIPT, corpus, run_script, tiny
 
 TINY = tiny(1)
 
 
+def script_args(tmp_path, *extra):
+    (tmp_path / "strata_swap").mkdir(exist_ok=True)  # the default config's swap directory
+    return [*TINY, "--corpus", corpus(tmp_path), *extra]
+
 
 def command(tmp_path, *extra):
-    (tmp_path / "strata_swap").mkdir(exist_ok=True)  # the default config's swap directory
-    return [sys.executable, SCRIPT, *TINY, "--corpus", corpus(tmp_path), *extra]
+    """A process of its own, for the tests that signal it."""
+    return [sys.executable, SCRIPT, *script_args(tmp_path, *extra)]
 
 
 def swap_files(tmp_path):
@@ -65,8 +69,7 @@ def test_signal_stops_cleanly_and_resumes(tmp_path, sig):
     assert os.path.isfile(os.path.join(ck, latest, "manifest.json"))
     step = int(latest.split("-")[1])
     assert step <= int(m.group(2))
-    r = subprocess.run(command(tmp_path, "--steps", str(step + 1), "--checkpoint", ck, "--resume"), cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
+    r = run_script(script_args(tmp_path, "--steps", str(step + 1), "--checkpoint", ck, "--resume"), cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"resumed from {ck} at step {step}" in r.stdout
     assert "summary: 1 steps" in r.stdout
@@ -140,6 +143,6 @@ def test_second_signal_during_a_save_ends_the_process_at_once(tmp_path):
 
 @pytest.mark.parametrize("flags", [["--resume"], ["--save-every", "5"]])
 def test_resume_or_save_every_without_checkpoint_is_an_error(tmp_path, flags):
-    r = subprocess.run(command(tmp_path, *flags), cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = run_script(script_args(tmp_path, *flags), cwd=tmp_path, timeout=120)
     assert r.returncode == 2
     assert "need --checkpoint" in r.stderr

@@ -5,12 +5,10 @@ line saying where the CPU optimizer's threads ran."""
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from llama_script import ROOT, SCRIPT, corpus, tiny
+from llama_script import ROOT, corpus, run_script, tiny
 
 TINY = tiny(1)
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -30,9 +28,8 @@ def run(tmp_path, paths, steps):
     config["strata"]["io"]["paths"] = paths
     config["strata"]["io"]["stripe_bytes"] = 65536  # the optimizer state's blocks are striped over both
     (tmp_path / "config.json").write_text(json.dumps(config))
-    return subprocess.run([sys.executable, SCRIPT, *TINY, "--corpus", corpus(tmp_path), "--steps", str(steps),
-                           "--config", str(tmp_path / "config.json")],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    return run_script([*TINY, "--corpus", corpus(tmp_path), "--steps", str(steps), "--config",
+                       str(tmp_path / "config.json")], cwd=tmp_path)
 
 
 def test_summary_shows_swap_writes_per_path(tmp_path):
@@ -70,8 +67,7 @@ def test_build_device_cuda_without_a_gpu_is_a_one_line_error(tmp_path):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("the flag is valid where torch sees a GPU")
-    proc = subprocess.run([sys.executable, SCRIPT, *TINY, "--build-device", "cuda"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_script([*TINY, "--build-device", "cuda"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "--build-device cuda: torch sees no CUDA device" in proc.stderr
     assert "Traceback" not in proc.stderr
