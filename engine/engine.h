@@ -70,6 +70,7 @@ class StateStore;
 class ComputeHomes;
 class FrozenFiles;
 struct ChunkState;
+struct CheckpointManifest;
 struct SharedDevice;
 class ViewHolds;
 class Fetcher;
@@ -371,6 +372,7 @@ class Engine {
                             std::span<const std::uint64_t> state_crcs, std::span<const std::uint64_t> blob_crcs);
   struct CheckpointToLoad;
   core::Status check_checkpoint(const std::string& root, CheckpointToLoad& ck);
+  core::Status check_frozen_base(const std::string& dir, const CheckpointManifest& m);
   core::Status apply_checkpoint(CheckpointToLoad& ck);
   // Group g's fp32 masters gathered from every rank's shard (its trainable
   // part, padding included); a failure reading this rank's own goes to

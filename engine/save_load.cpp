@@ -10,6 +10,10 @@
 //   manifest.json      format version, step counters, loss scaler, lr override,
 //                      the parameter list, the config, CRC64 of the two files,
 //                      and its own CRC64 (engine/checkpoint/manifest.h)
+// A frozen base read from its safetensors files (strata.frozen_base) is left
+// out of the state files: the manifest's "frozen_base" names each such group,
+// its files and the CRC64 of its values, and a load takes them from the same
+// files (a LoRA run's checkpoint holds the adapters, not the base).
 // Written into <root>/.step-<N>.tmp, fsynced, renamed; then <root>/latest
 // ("step-<N> <CRC64>") is replaced (write aside, fsync, rename), and the
 // retention policy (strata.checkpoint) removes old checkpoints. Loading
@@ -119,12 +123,37 @@ using HeldRanges = std::vector<std::pair<std::int64_t, std::int64_t>>;
 // (Layout::shard_of): with one rank every parameter whole; with several, of
 // a trainable parameter the elements in the rank's shard of its group, and
 // of a frozen one its shard of the group's frozen part at stage 3, else the
-// whole parameter in the file of rank (its index mod ranks).
-HeldRanges held_ranges(const Layout& layout, int rank) {
+// whole parameter in the file of rank (its index mod ranks). Nothing of a
+// parameter `left_out` names (base_left_out).
+HeldRanges held_ranges(const Layout& layout, int rank, const std::vector<bool>& left_out = {}) {
   HeldRanges out(layout.params.size());
   for (std::size_t pi = 0; pi < layout.params.size(); ++pi) {
+    if (!left_out.empty() && left_out[pi]) continue;
     const Layout::ShardPiece s = layout.shard_of(pi, rank);
     out[pi] = {s.lo, s.hi};
+  }
+  return out;
+}
+
+// The frozen parameters whose compute copies a checkpoint leaves out: those
+// of the groups read from their safetensors files (ComputeHomes::frozen_from_files).
+std::vector<bool> base_left_out(const Layout& layout, const ComputeHomes& homes) {
+  std::vector<bool> out(layout.params.size(), false);
+  for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+    if (!homes.frozen_from_files(g)) continue;
+    for (std::size_t pi : layout.groups[g].params) out[pi] = !layout.params[pi].trainable;
+  }
+  return out;
+}
+
+// The manifest's "frozen_base": each group read from its files, its files and
+// the CRC64 of its frozen range in the compute dtype.
+std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const ComputeHomes& homes) {
+  std::vector<CheckpointFrozenBase> out;
+  for (std::size_t g = 0; g < layout.groups.size(); ++g) {
+    if (!homes.frozen_from_files(g)) continue;
+    const FrozenFiles& files = homes.frozen_files();
+    out.push_back({.group = layout.groups[g].name, .crc64 = files.crc(g), .files = files.files_of(g)});
   }
   return out;
 }
@@ -168,7 +197,9 @@ std::vector<SafetensorsWriter::Declared> checkpoint_tensors(const Layout& layout
 CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& config, const Verdict& verdict,
                                        std::span<const std::int64_t> missed_steps,
                                        std::span<const std::uint64_t> state_crcs,
-                                       std::span<const std::uint64_t> blob_crcs) {
+                                       std::span<const std::uint64_t> blob_crcs,
+                                       std::vector<CheckpointFrozenBase> frozen_base,
+                                       const std::vector<bool>& left_out) {
   CheckpointManifest m;
   m.step = verdict.applied_steps();
   m.skipped_steps = verdict.skipped_steps();
@@ -192,12 +223,12 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
   if (ranks == 1) {
     m.state_crc64 = state_crcs[0];
   } else {
-    m.version = kCheckpointFormatVersion;
+    m.version = kCheckpointFormatRanks;
     m.ranks = ranks;
     for (int r = 0; r < ranks; ++r) {
       CheckpointStateFile f{
           .file = checkpoint_shard_file(r, ranks), .crc64 = state_crcs[static_cast<std::size_t>(r)], .ranges = {}, .whole = false};
-      const HeldRanges held = held_ranges(layout, r);
+      const HeldRanges held = held_ranges(layout, r, left_out);
       for (std::size_t pi = 0; pi < held.size(); ++pi) {
         if (held[pi].first < held[pi].second) {
           f.ranges.push_back({static_cast<std::int64_t>(pi), held[pi].first, held[pi].second});
@@ -209,6 +240,8 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
   m.framework_crc64 = blob_crcs[0];
   if (blob_crcs.size() > 1) m.rank_framework_crc64.assign(blob_crcs.begin(), blob_crcs.end());
   m.config_json = to_json(config);
+  m.frozen_base = std::move(frozen_base);
+  if (!m.frozen_base.empty()) m.version = kCheckpointFormatVersion;
   return m;
 }
 
@@ -271,11 +304,14 @@ struct Held {
 };
 using Sources = std::vector<std::vector<Held>>;  // per parameter
 
-Sources sources_of(const std::vector<CheckpointStateFile>& files, const Layout& layout) {
+Sources sources_of(const CheckpointManifest& m, const std::vector<CheckpointStateFile>& files,
+                   const Layout& layout) {
   Sources out(layout.params.size());
   for (std::size_t f = 0; f < files.size(); ++f) {
     if (files[f].whole) {
-      for (std::size_t pi = 0; pi < layout.params.size(); ++pi) out[pi].push_back({f, 0, layout.params[pi].numel()});
+      for (std::size_t pi = 0; pi < layout.params.size(); ++pi) {
+        if (!m.compute_in_base(pi)) out[pi].push_back({f, 0, layout.params[pi].numel()});
+      }
     }
     for (const CheckpointRange& r : files[f].ranges) out[static_cast<std::size_t>(r.param)].push_back({f, r.lo, r.hi});
   }
@@ -458,7 +494,7 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
   // declared in that order, so the header and then the data go out front
   // to back.
   const RankShare share = ranks_.share;
-  const HeldRanges held = held_ranges(layout_, share.rank);
+  const HeldRanges held = held_ranges(layout_, share.rank, base_left_out(layout_, *homes_));
   const int cb = layout_.compute_bytes;
   // Destruction order: the writer (which waits for its writes) before the backend.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
@@ -585,7 +621,8 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
                                   std::span<const std::uint64_t> blob_crcs) {
   const std::string text =
       format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), step_->missed_steps(),
-                                                     state_crcs, blob_crcs));
+                                                     state_crcs, blob_crcs, frozen_base_of(layout_, *homes_),
+                                                     base_left_out(layout_, *homes_)));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));
@@ -598,6 +635,51 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
   if (auto removed = apply_retention(root, step_->verdict().applied_steps(), policy); !removed.ok()) {
     STRATA_LOG(kWarn) << "save_checkpoint: " << name
                       << " is saved, but removing older checkpoints failed: " << removed.status();
+  }
+  return Status();
+}
+
+// The frozen base a checkpoint leaves out (its manifest's frozen_base) must be
+// this engine's, byte for byte: the CRC64 of each such group's frozen range
+// (Layout::frozen_home_range) in the compute dtype, which the save recorded,
+// is that of the engine's values: those its files give (FrozenFiles' record)
+// where the group is read from its files, else its home's, read here. The
+// frozen values never change in training, so a run that imported the same
+// base loads it, wherever its base lives.
+core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointManifest& m) {
+  for (const CheckpointFrozenBase& b : m.frozen_base) {
+    std::string saved_from;
+    for (const std::string& f : b.files) saved_from += (saved_from.empty() ? "" : ", ") + f;
+    const std::string what = str_cat(dir, ": the checkpoint does not hold the compute copies of the frozen "
+                                          "parameters of group '", b.group, "', which the run that saved it read from ",
+                                      saved_from, " (strata.frozen_base), CRC64 ", crc64_hex(b.crc64),
+                                      " in the compute dtype; ");
+    const GroupPlace* gp = layout_.find_group(b.group);
+    if (gp == nullptr) return Status::failed_precondition(str_cat(what, "this engine has no such group"));
+    const auto g = static_cast<std::size_t>(gp - layout_.groups.data());
+    std::uint64_t have = 0;
+    std::string here;
+    if (homes_->frozen_from_files(g)) {
+      const FrozenFiles& files = homes_->frozen_files();
+      if (!files.recorded(g)) return Status::internal(str_cat(what, "this engine has not read its own yet"));
+      have = files.crc(g);
+      here = files.describe(g);
+    } else if (layout_.compute_sharded) {
+      return Status::failed_precondition(str_cat(
+          what, "this engine shards the compute copies over its ranks (stage 3), so it cannot check its own "
+                "against them: load it with strata.frozen_base \"files\" over the same files, or with fewer "
+                "ranks or a lower stage"));
+    } else {
+      gpu::PinnedBuffer staging;
+      STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
+      const Layout::ByteRange fr = layout_.frozen_home_range(*gp);
+      have = nvme::crc64(0, host.subspan(static_cast<std::size_t>(fr.lo), static_cast<std::size_t>(fr.size())));
+      here = str_cat("the frozen parameters of group '", b.group, "' (its compute copies)");
+    }
+    if (have != b.crc64) {
+      return Status::failed_precondition(str_cat(what, "this engine's values of ", here, " give CRC64 ",
+                                                 crc64_hex(have), ": load it over the base it was trained on"));
+    }
   }
   return Status();
 }
@@ -643,6 +725,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
                                                " in the checkpoint; this engine uses ", compute_dtype));
   }
+  STRATA_RETURN_IF_ERROR(check_frozen_base(dir, m));
   // Integrity before anything changes: the state files' CRC64s, each read
   // front to back with direct reads (read-ahead); with several ranks each
   // rank checks every ranks-th file and they agree before any rank loads.
@@ -676,7 +759,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
                                      " (the file is damaged or truncated)"));
   }
   // The optimizer's arrays, and no other optimizer's, before anything changes.
-  ck.sources = sources_of(ck.files, layout_);
+  ck.sources = sources_of(m, ck.files, layout_);
   const Sources& sources = ck.sources;
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) {
     if (!layout_.params[pi].trainable) continue;
@@ -770,10 +853,13 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
                                                ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
   }
   // Last (it reads the frozen base): a frozen base read from its files is
-  // never written, so the checkpoint's copies of it must be the files' values.
+  // never written, so the checkpoint's copies of it must be the files' values
+  // (a checkpoint that leaves them out named them: check_frozen_base).
   const auto cb = static_cast<std::size_t>(layout_.compute_bytes);
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     if (!homes_->frozen_from_files(g)) continue;
+    const auto left_out = [&](const CheckpointFrozenBase& b) { return b.group == layout_.groups[g].name; };
+    if (std::any_of(m.frozen_base.begin(), m.frozen_base.end(), left_out)) continue;
     const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);
     std::vector<std::byte> frozen(static_cast<std::size_t>(fr.size()));
     for (std::size_t pi : layout_.groups[g].params) {

@@ -43,6 +43,13 @@ void print_table(const engine::CheckpointInspection& in, std::ostream& out) {
   std::size_t trainable = 0;
   for (const engine::CheckpointParam& p : m.params) trainable += p.trainable ? 1 : 0;
   row("parameters", core::str_cat(m.params.size(), " (", trainable, " trainable)"));
+  for (const engine::CheckpointFrozenBase& b : m.frozen_base) {
+    std::string files;
+    for (const std::string& f : b.files) files += (files.empty() ? "" : ", ") + f;
+    row(&b == &m.frozen_base.front() ? "frozen base" : "",
+        core::str_cat("group ", b.group, ": not in the state files; read from ", files, " (CRC64 ",
+                      engine::crc64_hex(b.crc64), " in the compute dtype)"));
+  }
   for (const engine::InspectedFile& f : in.files) {
     row(&f == &in.files.front() ? "files" : "",
         core::str_cat(f.name, "  ", f.bytes, " bytes (", core::format_bytes(f.bytes), ")",

@@ -99,6 +99,11 @@ std::string format_inspection_json(const CheckpointInspection& in) {
   }
   j["placement"] = std::move(placement);
   j["params"] = checkpoint_params_json(m.params);
+  OJson frozen = OJson::array();
+  for (const CheckpointFrozenBase& b : m.frozen_base) {
+    frozen.push_back({{"group", b.group}, {"crc64", crc64_hex(b.crc64)}, {"files", b.files}});
+  }
+  j["frozen_base"] = std::move(frozen);
   OJson files = OJson::array();
   for (const InspectedFile& f : in.files) {
     OJson e = {{"name", f.name}, {"bytes", f.bytes}};

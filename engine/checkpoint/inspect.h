@@ -55,7 +55,8 @@ core::Result<CheckpointInspection> inspect_checkpoint(const std::string& dir, bo
 // The inspection as JSON (`strata inspect --json`): {"dir", "latest" (or
 // null), "format_version", "step", "skipped_steps", "lr_override" (null when
 // none), "loss_scaler": {...}, "compute_dtype", "placement": {key: value},
-// "ranks", "params": [...], "files": [{"name", "bytes", "crc64" (hex; absent for
+// "ranks", "params": [...], "frozen_base": [{"group", "crc64" (hex), "files"}] (empty
+// unless the frozen base was read from its files), "files": [{"name", "bytes", "crc64" (hex; absent for
 // manifest.json)}], "tensors": [{"file", "name", "dtype", "shape", "bytes"}],
 // "verified", "config": {...}}, indented, with a final newline.
 std::string format_inspection_json(const CheckpointInspection& inspection);

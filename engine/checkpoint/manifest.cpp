@@ -234,6 +234,57 @@ bool read_shards(const Json& doc, const Json& files, ManifestFields& f, std::str
   return true;
 }
 
+// Version 4's "frozen_base": [{"group", "crc64", "files": [...]}, ...], at
+// least one, each group named once and holding a frozen parameter.
+bool read_frozen_base(const Json& doc, ManifestFields& f, std::string* error, CheckpointManifest* m) {
+  const Json* groups = f.member(doc, "frozen_base", "");
+  if (groups == nullptr) return false;
+  if (!groups->is_array() || groups->empty()) {
+    *error = "frozen_base is not an array of at least one group";
+    return false;
+  }
+  for (std::size_t i = 0; i < groups->size(); ++i) {
+    const Json& g = (*groups)[i];
+    const std::string where = str_cat("frozen_base[", i, "].");
+    if (!g.is_object()) {
+      *error = str_cat("frozen_base[", i, "] is not an object");
+      return false;
+    }
+    CheckpointFrozenBase b;
+    if (!f.string(g, "group", where.c_str(), &b.group) || !f.unsigned_integer(g, "crc64", where.c_str(), &b.crc64)) {
+      return false;
+    }
+    const Json* files = f.member(g, "files", where.c_str());
+    if (files == nullptr) return false;
+    if (!files->is_array()) {
+      *error = str_cat(where, "files is not an array");
+      return false;
+    }
+    for (const Json& file : *files) {
+      if (!file.is_string()) {
+        *error = str_cat(where, "files holds something other than a file name");
+        return false;
+      }
+      b.files.push_back(file.get<std::string>());
+    }
+    for (const CheckpointFrozenBase& seen : m->frozen_base) {
+      if (seen.group == b.group) {
+        *error = str_cat(where, "group \"", preview(b.group), "\" is named twice");
+        return false;
+      }
+    }
+    const bool holds_frozen = std::any_of(m->params.begin(), m->params.end(), [&](const CheckpointParam& p) {
+      return p.group == b.group && !p.trainable;
+    });
+    if (!holds_frozen) {
+      *error = str_cat(where, "group \"", preview(b.group), "\" has no frozen parameter");
+      return false;
+    }
+    m->frozen_base.push_back(std::move(b));
+  }
+  return true;
+}
+
 // Version 3's other ranks' framework blobs in "files": each rank's from 1 to
 // ranks - 1, or none (a checkpoint saved before they were kept).
 bool read_rank_frameworks(const Json& files, ManifestFields& f, std::string* error, CheckpointManifest* m) {
@@ -273,6 +324,11 @@ std::string uncovered_elements(const CheckpointManifest& m) {
       if (range.param < 0 || static_cast<std::size_t>(range.param) >= m.params.size()) {
         return str_cat("shards[", r, "] holds a range of parameter #", range.param, "; there are ", m.params.size());
       }
+      if (m.compute_in_base(static_cast<std::size_t>(range.param))) {
+        return str_cat("shards[", r, "] holds a range of parameter #", range.param, " (",
+                       preview(m.params[static_cast<std::size_t>(range.param)].name),
+                       "), whose compute copies frozen_base says no state file holds");
+      }
       if (range.lo < 0 || range.lo >= range.hi) {
         return str_cat("shards[", r, "] holds an empty or reversed range [", range.lo, ", ", range.hi,
                        ") of parameter #", range.param);
@@ -281,6 +337,7 @@ std::string uncovered_elements(const CheckpointManifest& m) {
     }
   }
   for (std::size_t i = 0; i < by_param.size(); ++i) {
+    if (m.compute_in_base(i)) continue;
     auto& ranges = by_param[i];
     std::sort(ranges.begin(), ranges.end());
     std::int64_t next = 0;
@@ -459,6 +516,13 @@ std::pair<std::string, std::uint64_t> checkpoint_framework_file_for(const Checkp
   return {"framework.bin", m.framework_crc64};
 }
 
+bool CheckpointManifest::compute_in_base(std::size_t i) const {
+  const CheckpointParam& p = params[i];
+  if (p.trainable) return false;
+  return std::any_of(frozen_base.begin(), frozen_base.end(),
+                     [&](const CheckpointFrozenBase& b) { return b.group == p.group; });
+}
+
 std::vector<CheckpointStateFile> checkpoint_state_files(const CheckpointManifest& m) {
   if (!m.shards.empty()) return m.shards;
   return {CheckpointStateFile{.file = "state.safetensors", .crc64 = m.state_crc64, .ranges = {}, .whole = true}};
@@ -468,7 +532,9 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m) {
   nlohmann::ordered_json j;
   j["format"] = "strata-checkpoint";
   const bool ranked = !m.shards.empty();
-  j["version"] = ranked ? kCheckpointFormatVersion : kCheckpointFormatOneRank;
+  j["version"] = !m.frozen_base.empty() ? kCheckpointFormatVersion
+                 : ranked               ? kCheckpointFormatRanks
+                                        : kCheckpointFormatOneRank;
   j["step"] = m.step;
   j["skipped_steps"] = m.skipped_steps;
   j["lr_override"] = m.lr_override;
@@ -490,6 +556,13 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m) {
     j["shards"] = std::move(shards);
   } else {
     j["files"] = {{"state.safetensors", m.state_crc64}, {"framework.bin", m.framework_crc64}};
+  }
+  if (!m.frozen_base.empty()) {
+    nlohmann::ordered_json groups = nlohmann::ordered_json::array();
+    for (const CheckpointFrozenBase& b : m.frozen_base) {
+      groups.push_back({{"group", b.group}, {"crc64", b.crc64}, {"files", b.files}});
+    }
+    j["frozen_base"] = std::move(groups);
   }
   nlohmann::ordered_json config;
   if (!json_bounds::parse_bounded(m.config_json, &config).ok() || !config.is_object()) {
@@ -577,12 +650,14 @@ core::Result<CheckpointManifest> parse_checkpoint_manifest(std::span<const std::
   if (ok) {
     const Json* files = f.object(doc, "files", "");
     ok = files != nullptr && f.unsigned_integer(*files, "framework.bin", "files.", &m.framework_crc64);
-    if (ok && v < 3) ok = f.unsigned_integer(*files, "state.safetensors", "files.", &m.state_crc64);
-    if (ok && v >= 3) ok = read_shards(doc, *files, f, &error, &m);
-    if (ok && v >= 3) ok = read_rank_frameworks(*files, f, &error, &m);
+    const bool ranked = v == 3 || (v >= 4 && doc.contains("shards"));
+    if (ok && !ranked) ok = f.unsigned_integer(*files, "state.safetensors", "files.", &m.state_crc64);
+    if (ok && ranked) ok = read_shards(doc, *files, f, &error, &m);
+    if (ok && ranked) ok = read_rank_frameworks(*files, f, &error, &m);
   }
   ok = ok && read_params(doc, f, &error, &m.params);
-  if (ok && v >= 3) {
+  if (ok && v >= 4) ok = read_frozen_base(doc, f, &error, &m);
+  if (ok && !m.shards.empty()) {
     if (const std::string uncovered = uncovered_elements(m); !uncovered.empty()) {
       return corrupt(str_cat("damaged: ", preview(uncovered, json_bounds::kMaxParserMessageChars)));
     }

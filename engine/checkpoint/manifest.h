@@ -21,12 +21,17 @@ namespace strata::engine {
 // The newest format this build reads and writes: version 3 is a checkpoint
 // saved by several data-parallel ranks (one state file per rank, each
 // holding ranges of the parameters); one rank writes version 2 (one
-// state.safetensors holding every parameter whole). Version 1 (no checksum
-// on manifest.json and latest) is still read, with a warning; newer
-// versions are refused.
-inline constexpr int kCheckpointFormatVersion = 3;
-// The version a save writes: 3 with several ranks, else 2.
+// state.safetensors holding every parameter whole). Version 4 is either
+// with "frozen_base": groups whose frozen parameters' compute copies the
+// state files leave out (read from their safetensors files: a LoRA run's
+// base), and "shards" present when several ranks saved it. Version 1 (no
+// checksum on manifest.json and latest) is still read, with a warning;
+// newer versions are refused.
+inline constexpr int kCheckpointFormatVersion = 4;
+// The version a save writes: 4 with a frozen base left out, else 3 with
+// several ranks, else 2.
 inline constexpr int kCheckpointFormatOneRank = 2;
+inline constexpr int kCheckpointFormatRanks = 3;
 // A version-3 manifest naming more ranks than this is refused as damaged.
 inline constexpr std::int64_t kMaxCheckpointRanks = 1 << 16;
 // manifest.json and latest files larger than this are refused before they are read whole.
@@ -89,9 +94,22 @@ std::string checkpoint_shard_file(int rank, int ranks);
 // in a checkpoint saved by `ranks` ranks (rank 0's is framework.bin).
 std::string checkpoint_framework_file(int rank, int ranks);
 
+// A fetch group whose frozen parameters' compute copies a checkpoint leaves
+// out (strata.frozen_base "files": they are read from the safetensors files
+// they were imported from, and never change): a load takes them from the
+// same files, whose values in the compute dtype (the group's frozen range,
+// Layout::frozen_home_range) have CRC64 `crc64`.
+struct CheckpointFrozenBase {
+  std::string group;
+  std::uint64_t crc64 = 0;
+  std::vector<std::string> files;  // the files the run read them from, as it named them
+
+  friend bool operator==(const CheckpointFrozenBase&, const CheckpointFrozenBase&) = default;
+};
+
 // manifest.json's content.
 struct CheckpointManifest {
-  int version = kCheckpointFormatOneRank;  // of the file parsed (format_... writes 3 with shards, else 2)
+  int version = kCheckpointFormatOneRank;  // of the file parsed (format_... writes 4 with frozen_base, else 3 with shards, else 2)
   std::int64_t step = 0;                   // applied optimizer steps
   std::int64_t skipped_steps = 0;
   double lr_override = -1.0;  // set_lr's rate; < 0: none
@@ -99,11 +117,12 @@ struct CheckpointManifest {
   std::string compute_dtype;  // "F32", "BF16", "F16"
   std::vector<CheckpointParam> params;
   std::uint64_t state_crc64 = 0;      // CRC64 (nvme/crc64.h) of state.safetensors (one rank)
-  // Version 3: the ranks that saved it (>= 2) and their state files, in rank
-  // order (rank r's is checkpoint_shard_file(r, ranks)), whose ranges cover
-  // every element of every parameter exactly once (the parser checks it);
-  // each rank's trainable ranges are its shards, and a frozen parameter is
-  // whole in one file. One rank (version <= 2): ranks 1, shards empty.
+  // Version 3 (or 4 with "shards"): the ranks that saved it (>= 2) and their
+  // state files, in rank order (rank r's is checkpoint_shard_file(r, ranks)),
+  // whose ranges cover every element of every parameter exactly once (the
+  // parser checks it), but for those compute_in_base names (no range); each
+  // rank's trainable ranges are its shards, and a frozen parameter is whole
+  // in one file. One rank: ranks 1, shards empty.
   int ranks = 1;
   std::vector<CheckpointStateFile> shards;
   std::uint64_t framework_crc64 = 0;  // of framework.bin
@@ -114,11 +133,18 @@ struct CheckpointManifest {
   std::vector<std::uint64_t> rank_framework_crc64;
   // The resolved config (engine/config.h: to_json), compact JSON; "{}" when unknown.
   std::string config_json = "{}";
+  // Version 4: the groups whose frozen parameters' compute copies no state
+  // file holds (the shards' ranges leave those parameters out).
+  std::vector<CheckpointFrozenBase> frozen_base;
+
+  // True when parameter i's compute copies are left out: frozen, in a group
+  // of frozen_base.
+  bool compute_in_base(std::size_t i) const;
 
   friend bool operator==(const CheckpointManifest&, const CheckpointManifest&) = default;
 };
 
-// The state files of `m`: its shards, or one state.safetensors (version <= 2).
+// The state files of `m`: its shards, or one state.safetensors (one rank).
 std::vector<CheckpointStateFile> checkpoint_state_files(const CheckpointManifest& m);
 // The framework blobs of `m` (file, CRC64): framework.bin, then each other
 // rank's when the ranks' blobs were kept.
@@ -128,7 +154,8 @@ std::vector<std::pair<std::string, std::uint64_t>> checkpoint_framework_files(co
 // (framework.bin; a checkpoint resharded to another rank count).
 std::pair<std::string, std::uint64_t> checkpoint_framework_file_for(const CheckpointManifest& m, int rank, int ranks);
 
-// manifest.json's bytes (version 3 when `m.shards` is not empty, else 2): indented JSON whose
+// manifest.json's bytes (version 4 when `m.frozen_base` is not empty, else 3
+// when `m.shards` is not empty, else 2): indented JSON whose
 // last member is "manifest_crc64": the CRC64 of every byte of the file before
 // the comma that precedes it, as 16 lowercase hex digits. The file ends with
 // exactly ",\n  \"manifest_crc64\": \"<16 hex>\"\n}\n". `m.config_json` must be

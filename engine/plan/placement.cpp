@@ -522,9 +522,14 @@ void add_disk_reserves(Evaluation& e) {
   e.add("swap_reserve", Tier::kNvme, files > swap ? files - swap : 0,
         budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
   if (e.in.options.include_checkpoint) {
-    const std::uint64_t whole = sat_add(sat_mul(u64(P), e.c), e.state_of(T));
-    const std::string what = str_cat(group_digits(u64(P)), " x ", e.c, " B + ", state_times(e.spec, T, true),
-                                     " (compute copies, master, moments)");
+    // A frozen base read from its files is left out of a checkpoint (the
+    // manifest names the files): the trainable parameters' copies alone.
+    const std::int64_t copies = e.frozen_in_files ? T : P;
+    const std::uint64_t whole = sat_add(sat_mul(u64(copies), e.c), e.state_of(T));
+    const std::string what =
+        str_cat(group_digits(u64(copies)), " x ", e.c, " B + ", state_times(e.spec, T, true),
+                e.frozen_in_files ? " (the trainable compute copies, master, moments; the base stays in its files)"
+                                  : " (compute copies, master, moments)");
     if (e.N == 1) {
       e.add("checkpoint", Tier::kNvme, whole, what);
     } else {

@@ -52,7 +52,8 @@
 //    estimate_activations().
 //  - the swap files: what lives on NVMe plus the room the engine reserves
 //    (1/16 + 64 MiB, rounded up to 1 MiB), or strata.budgets.disk when set.
-//  - checkpoint space on disk: c x P + (4 + moments) x T.
+//  - checkpoint space on disk: c x P + (4 + moments) x T; c x T + (4 +
+//    moments) x T when the frozen base is read from its files (left out).
 //  - LoRA (ModelSpec::lora_rank): every group holds T / L adapter
 //    parameters beside its frozen ones, so gradient staging, the optimizer's
 //    host view and the gradients' wire buffer are a group's trainable part;

@@ -92,6 +92,9 @@ class ComputeHomes {
   core::Status check_frozen(std::size_t g, std::span<const std::byte> frozen) const;
   // True when group g's frozen part is read from its safetensors files.
   bool frozen_from_files(std::size_t g) const { return files_ != nullptr && layout_.groups[g].frozen_in_files; }
+  // The files' record of group g's frozen part (frozen_from_files(g)): what
+  // a checkpoint that leaves the part out names.
+  const FrozenFiles& frozen_files() const { return *files_; }
   // A step's commit: of `host`, a view of the home's bytes from `host_lo`
   // on (the whole home, or blank_trainable's range), the trainable range
   // alone goes home; the frozen part of the home is neither read nor written

@@ -215,13 +215,18 @@ bool FrozenFiles::matches(std::size_t g, std::span<const std::byte> part) const 
   return groups_[g].recorded && nvme::crc64(0, part) == groups_[g].crc;
 }
 
-std::string FrozenFiles::describe(std::size_t g) const {
-  std::vector<std::size_t> files;
+std::vector<std::string> FrozenFiles::files_of(std::size_t g) const {
+  std::vector<std::string> files;
   for (const Tensor& t : groups_[g].tensors) {
-    if (std::find(files.begin(), files.end(), t.file) == files.end()) files.push_back(t.file);
+    if (std::find(files.begin(), files.end(), files_[t.file]) == files.end()) files.push_back(files_[t.file]);
   }
+  return files;
+}
+
+std::string FrozenFiles::describe(std::size_t g) const {
+  const std::vector<std::string> files = files_of(g);
   std::string s = str_cat("the frozen parameters of group '", groups_[g].name, "' (read from ");
-  for (std::size_t i = 0; i < files.size(); ++i) s += str_cat(i == 0 ? "" : ", ", files_[files[i]]);
+  for (std::size_t i = 0; i < files.size(); ++i) s += str_cat(i == 0 ? "" : ", ", files[i]);
   return s + ")";
 }
 

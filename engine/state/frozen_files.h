@@ -66,6 +66,10 @@ class FrozenFiles {
   bool matches(std::size_t g, std::span<const std::byte> part) const;
   // "the frozen parameters of group 'g' (read from a.safetensors, b.safetensors)".
   std::string describe(std::size_t g) const;
+  // Group g's record (recorded(g) must hold): the CRC64 of its frozen range,
+  // and the files its tensors are read from, in the order first read.
+  std::uint64_t crc(std::size_t g) const { return groups_[g].crc; }
+  std::vector<std::string> files_of(std::size_t g) const;
 
  private:
   struct Tensor {

@@ -105,7 +105,7 @@ TEST_P(RanksCheckpoint, ThreeRanksToFourToTwoToOneAndBackResumesExactly) {
   ASSERT_FALSE(saved.master.empty());
   auto inspected = inspect_checkpoint(three.string(), /*verify=*/true);
   ASSERT_TRUE(inspected.ok()) << inspected.status();
-  EXPECT_EQ(inspected->manifest.version, kCheckpointFormatVersion);
+  EXPECT_EQ(inspected->manifest.version, kCheckpointFormatRanks);
   EXPECT_EQ(inspected->manifest.ranks, 3);
   // The manifest, three state files, framework.bin (rank 0's blob) and the other two ranks' blobs.
   ASSERT_EQ(inspected->files.size(), 7u);

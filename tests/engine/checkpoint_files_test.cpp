@@ -69,7 +69,7 @@ std::string replace_once(std::string text, const std::string& from, const std::s
 // sample_manifest as two ranks save it: l1.w cut between them, frozen l1.b whole in rank 1's file.
 CheckpointManifest ranked_manifest() {
   CheckpointManifest m = sample_manifest();
-  m.version = kCheckpointFormatVersion;
+  m.version = kCheckpointFormatRanks;
   m.state_crc64 = 0;
   m.ranks = 2;
   m.shards = {{.file = "state-rank-0-of-2.safetensors", .crc64 = 7, .ranges = {{0, 0, 1024}}},
@@ -210,12 +210,60 @@ TEST(CheckpointManifest, VersionsOneAndNewer) {
   EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
   EXPECT_NE(r.status().message().find("manifest_crc64"), std::string::npos) << r.status();
   // A newer version is refused, both versions named.
-  const std::string v4 = rechecksum(
-      replace_once(format_checkpoint_manifest(sample_manifest()), "\"version\": 2", "\"version\": 4"));
-  r = parse_checkpoint_manifest(bytes_of(v4), "m.json");
+  const std::string v5 = rechecksum(
+      replace_once(format_checkpoint_manifest(sample_manifest()), "\"version\": 2", "\"version\": 5"));
+  r = parse_checkpoint_manifest(bytes_of(v5), "m.json");
   EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition) << r.status();
-  EXPECT_NE(r.status().message().find("version 4; this build reads versions 1 to 3"), std::string::npos)
+  EXPECT_NE(r.status().message().find("version 5; this build reads versions 1 to 4"), std::string::npos)
       << r.status();
+}
+
+// A frozen base read from its files (a LoRA run's) is left out of the state
+// files: version 4 names each such group with its files and CRC64, for one
+// rank and for several (whose ranges then leave its frozen parameters out).
+TEST(CheckpointManifest, AFrozenBaseLeftOutIsVersionFourNamingItsGroupsFilesAndChecksum) {
+  for (const bool ranked : {false, true}) {
+    SCOPED_TRACE(ranked ? "two ranks" : "one rank");
+    CheckpointManifest m = ranked ? ranked_manifest() : sample_manifest();
+    if (ranked) m.shards[1].ranges = {{0, 1024, 2048}};  // l1.b (frozen) is in no file
+    m.version = kCheckpointFormatVersion;
+    m.frozen_base = {{.group = "l1", .crc64 = 0xfeedull, .files = {"/base/model-1.safetensors", "/base/model-2.safetensors"}}};
+    EXPECT_FALSE(m.compute_in_base(0));  // l1.w trains
+    EXPECT_TRUE(m.compute_in_base(1));
+    const std::string text = format_checkpoint_manifest(m);
+    EXPECT_NE(text.find("\"version\": 4"), std::string::npos) << text;
+    EXPECT_NE(text.find("\"frozen_base\""), std::string::npos) << text;
+    auto parsed = parse_checkpoint_manifest(bytes_of(text), "/x/manifest.json");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    CheckpointManifest want = m;
+    want.config_json = parsed->config_json;
+    EXPECT_EQ(*parsed, want);
+    EXPECT_EQ(checkpoint_state_files(*parsed).size(), ranked ? 2u : 1u);
+    // Each edit keeps the checksum right: the parser's own checks refuse it, naming the fault.
+    const std::pair<std::string, std::string> edits[] = {
+        {"\"group\": \"l1\",\n      \"crc64\"", "\"group\": \"l9\",\n      \"crc64\""},
+        {"\"frozen_base\": [", "\"frozen_base\": [{\"group\": \"l1\", \"crc64\": 1, \"files\": []}, "},
+        {"\"crc64\": 65261", "\"crc64\": \"feed\""},
+        {"\"frozen_base\"", "\"frozen_based\""},
+    };
+    const char* why[] = {"group \"l9\" has no frozen parameter", "group \"l1\" is named twice",
+                         "frozen_base[0].crc64", "frozen_base is missing"};
+    for (std::size_t i = 0; i < std::size(edits); ++i) {
+      const std::string bad = rechecksum(replace_once(text, edits[i].first, edits[i].second));
+      auto r = parse_checkpoint_manifest(bytes_of(bad), "m.json");
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << i << ": " << r.status();
+      EXPECT_NE(r.status().message().find(why[i]), std::string::npos) << i << ": " << r.status();
+    }
+    if (ranked) {
+      // A range of a parameter left out is damage.
+      const std::string bad = rechecksum(replace_once(
+          text, "[\n          0,\n          1024,\n          2048\n        ]",
+          "[\n          0,\n          1024,\n          2048\n        ],\n        [\n          1,\n          0,\n          64\n        ]"));
+      auto r = parse_checkpoint_manifest(bytes_of(bad), "m.json");
+      EXPECT_EQ(r.status().code(), StatusCode::kDataLoss) << r.status();
+      EXPECT_NE(r.status().message().find("frozen_base says no state file holds"), std::string::npos) << r.status();
+    }
+  }
 }
 
 TEST(CheckpointManifest, ParsingIsBounded) {

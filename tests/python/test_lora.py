@@ -250,40 +250,73 @@ def test_files_mode_names_what_stands_in_its_way(tmp_path, swap_dir):
         strata.torch.initialize(model, helpers.config(swap_dir, "params_nvme", frozen_base="files"))
 
 
-def test_checkpoint_of_a_base_read_from_files_resumes_and_refuses_another_base(tmp_path, swap_dir):
+def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_another_base(tmp_path, swap_dir):
+    """A checkpoint of a run whose base is read from its files holds the adapters and their
+    optimizer state, not the base: the manifest names the files and the CRC64 of the base's values
+    (format version 4), and a load takes the base from the run's own files (or its copy on the
+    swap drive), refusing any other base before anything changes."""
     base_dir = _base_files(tmp_path)
     model, engine = _lora_from_files(base_dir, swap_dir)
+    frozen = {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}
     helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
     engine.save_checkpoint(str(tmp_path / "ck"))
     saved = engine.state_dict()
     engine.close()
 
-    model, engine = _lora_from_files(base_dir, swap_dir)
-    engine.load_checkpoint(str(tmp_path / "ck"))
-    got = engine.state_dict()
-    assert all(torch.equal(got[n], w) for n, w in saved.items())
-    engine.close()
+    step = (tmp_path / "ck" / "latest").read_text().split()[0]
+    manifest = json.loads((tmp_path / "ck" / step / "manifest.json").read_text())
+    assert manifest["version"] == 4
+    groups = {p["group"] for p in manifest["params"] if not p["trainable"]}
+    assert {b["group"] for b in manifest["frozen_base"]} == groups
+    assert all(b["files"] == [str(base_dir / "model.safetensors")] for b in manifest["frozen_base"])
+    state = tmp_path / "ck" / step / "state.safetensors"
+    names = set(st.tensor_names(str(state)))
+    assert not any(f"{n}.compute" in names for n in frozen)
+    assert all(f"{n}.compute" in names for n, p in model.named_parameters() if p.requires_grad)
+    assert state.stat().st_size < sum(frozen.values()) * 4, "the base (fp32) is not in the state file"
 
-    # Another base (the same shapes): the checkpoint's frozen values are not the files', and a base
-    # read from its files is never written, so the load is refused before anything changes.
+    # Over the same base: read from its files, or from its copy on the swap drive.
+    for mode in ("auto", "swap"):
+        model, engine = _lora_from_files(base_dir, swap_dir, frozen_base=mode)
+        engine.load_checkpoint(str(tmp_path / "ck"))
+        got = engine.state_dict()
+        assert all(torch.equal(got[n], w) for n, w in saved.items()), mode
+        losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+        assert losses and all(l == l for l in losses)
+        engine.close()
+
+    # Another base (the same shapes): the checkpoint was not trained on it, and holds no base of its
+    # own to put in its place, so the load is refused before anything changes, either way.
     other = {k: v + 0.5 for k, v in base_llama().state_dict().items()}
     other_dir = tmp_path / "other"
     other_dir.mkdir()
     st.save_file(other, str(other_dir / "model.safetensors"))
-    model, engine = _lora_from_files(other_dir, swap_dir)
-    before = engine.state_dict()
-    with pytest.raises(strata.errors.FailedPrecondition, match=r"differ from those files' values.*\"swap\""):
-        engine.load_checkpoint(str(tmp_path / "ck"))
-    after = engine.state_dict()
-    assert all(torch.equal(after[n], w) for n, w in before.items())
-    losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
-    assert losses and all(l == l for l in losses)
+    for mode in ("auto", "swap"):
+        model, engine = _lora_from_files(other_dir, swap_dir, frozen_base=mode)
+        before = engine.state_dict()
+        with pytest.raises(strata.errors.FailedPrecondition,
+                           match=r"does not hold the compute copies of the frozen parameters of group .*"
+                                 r"model\.safetensors.*load it over the base it was trained on"):
+            engine.load_checkpoint(str(tmp_path / "ck"))
+        after = engine.state_dict()
+        assert all(torch.equal(after[n], w) for n, w in before.items()), mode
+        losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+        assert losses and all(l == l for l in losses)
+        engine.close()
+
+    # A checkpoint that holds its base (saved with a copy on the swap drive) loads into a run that
+    # reads the base from its files only when the values are those files' (a base read from its
+    # files is never written).
+    model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="swap")
+    helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+    engine.save_checkpoint(str(tmp_path / "ck_swap"))
     engine.close()
-    # With a copy on the swap drive ("swap") the same load takes the checkpoint's base.
-    model, engine = _lora_from_files(other_dir, swap_dir, frozen_base="swap")
-    engine.load_checkpoint(str(tmp_path / "ck"))
-    got = engine.state_dict()
-    assert all(torch.equal(got[n], w) for n, w in saved.items())
+    model, engine = _lora_from_files(other_dir, swap_dir)
+    with pytest.raises(strata.errors.FailedPrecondition, match=r"differ from those files' values.*\"swap\""):
+        engine.load_checkpoint(str(tmp_path / "ck_swap"))
+    engine.close()
+    model, engine = _lora_from_files(base_dir, swap_dir)
+    engine.load_checkpoint(str(tmp_path / "ck_swap"))
     engine.close()
 
 
