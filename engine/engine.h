@@ -265,6 +265,8 @@ class Engine {
   // info level; a failure there is a warning, the save stands). `blob` is the
   // framework's own state (data loader, RNG), returned by load_checkpoint.
   // Placement-independent: values are stored per parameter, not per chunk or tier.
+  // A frozen base read from its safetensors files (strata.frozen_base) is left
+  // out: the manifest names its groups, files and CRC64 (docs/checkpoints.md).
   // Errors: kFailedPrecondition mid-step; I/O errors naming the file.
   core::Status save_checkpoint(const std::string& root, std::span<const std::byte> blob);
   // Loads <root>/latest (or <root> itself when it is a step directory) into
@@ -274,7 +276,9 @@ class Engine {
   // A version-1 checkpoint (no checksum on manifest and pointer) loads with a
   // warning. Errors: kNotFound; kDataLoss naming the file for any flipped bit,
   // truncation or damage in any of them; kFailedPrecondition for a newer
-  // format version or a parameter set that differs (naming the first difference).
+  // format version or a parameter set that differs (naming the first difference),
+  // or a checkpoint that left its frozen base out loaded over another base
+  // (naming the group, the files and both CRC64s).
   core::Result<std::vector<std::byte>> load_checkpoint(const std::string& root);
   // Writes the current weights (the fp32 masters of trainable parameters,
   // the compute copies of frozen ones) as safetensors in `dtype` into `dir`:

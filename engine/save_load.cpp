@@ -140,7 +140,7 @@ HeldRanges held_ranges(const Layout& layout, int rank, const std::vector<bool>& 
 std::vector<bool> base_left_out(const Layout& layout, const ComputeHomes& homes) {
   std::vector<bool> out(layout.params.size(), false);
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
-    if (!homes.frozen_from_files(g)) continue;
+    if (!homes.frozen_from_files(g) || !homes.frozen_files().recorded(g)) continue;
     for (std::size_t pi : layout.groups[g].params) out[pi] = !layout.params[pi].trainable;
   }
   return out;
@@ -153,7 +153,10 @@ std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const Com
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     if (!homes.frozen_from_files(g)) continue;
     const FrozenFiles& files = homes.frozen_files();
-    out.push_back({.group = layout.groups[g].name, .crc64 = files.crc(g), .files = files.files_of(g)});
+    // (Recorded when the initial values were written, at finalize.)
+    if (files.recorded(g)) {
+      out.push_back({.group = layout.groups[g].name, .crc64 = files.crc(g), .files = files.files_of(g)});
+    }
   }
   return out;
 }
@@ -657,6 +660,23 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
     const GroupPlace* gp = layout_.find_group(b.group);
     if (gp == nullptr) return Status::failed_precondition(str_cat(what, "this engine has no such group"));
     const auto g = static_cast<std::size_t>(gp - layout_.groups.data());
+    // The same frozen parameters in the group (else the fetch groups differ
+    // and the bytes compared would not be the same parameters').
+    std::vector<std::string> saved_names, names;
+    for (const CheckpointParam& p : m.params) {
+      if (p.group == b.group && !p.trainable) saved_names.push_back(p.name);
+    }
+    for (std::size_t pi : gp->params) {
+      if (!layout_.params[pi].trainable) names.push_back(layout_.params[pi].name);
+    }
+    std::sort(saved_names.begin(), saved_names.end());
+    std::sort(names.begin(), names.end());
+    if (saved_names != names) {
+      return Status::failed_precondition(str_cat(what, "this engine's group '", b.group, "' holds ", names.size(),
+                                                 " frozen parameters, the checkpoint's ", saved_names.size(),
+                                                 " others (the fetch groups differ: the same config and model "
+                                                 "give the same groups)"));
+    }
     std::uint64_t have = 0;
     std::string here;
     if (homes_->frozen_from_files(g)) {
@@ -666,10 +686,14 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
       here = files.describe(g);
     } else if (layout_.compute_sharded) {
       return Status::failed_precondition(str_cat(
-          what, "this engine shards the compute copies over its ranks (stage 3), so it cannot check its own "
-                "against them: load it with strata.frozen_base \"files\" over the same files, or with fewer "
-                "ranks or a lower stage"));
+          what, "this engine shards the compute copies over its ", ranks_.share.ranks,
+          " ranks (stage 3), and cannot compare its shards of the base with it yet: resume it with one rank "
+          "over the same files, or from a checkpoint that holds its base (saved with strata.frozen_base "
+          "\"swap\")"));
     } else {
+      // Nothing may still read the home, and these reads are not a step's.
+      fetcher_->settle_prefetches();
+      const Step::TrafficPause pause(*step_);
       gpu::PinnedBuffer staging;
       STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
       const Layout::ByteRange fr = layout_.frozen_home_range(*gp);
@@ -886,12 +910,23 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
   homes_->drop_pending();  // overlap "delayed": so does the last step's update
   STRATA_RETURN_IF_ERROR(step_->abandon_speculation("load_checkpoint"));  // it read state the load replaces
   const Sources& sources = ck.sources;
+  const CheckpointManifest& m = ck.manifest;
   const HeldRanges own = held_ranges(layout_, ranks_.share.rank);
   const int cb = layout_.compute_bytes;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
+    // A group whose frozen part the checkpoint left out (the base, which
+    // check_frozen_base found equal to this engine's): the trainable range
+    // alone is read from the checkpoint and goes home; the frozen part is
+    // neither read nor written (nothing at all when the group is all frozen).
+    bool left_out = false;
+    for (std::size_t pi : gp.params) left_out = left_out || m.compute_in_base(pi);
+    if (left_out && gp.trainable_elems == 0) continue;
+    const bool trainable_only = left_out && !layout_.compute_sharded;
+    const std::uint64_t host_lo = trainable_only ? layout_.trainable_home_range(gp).lo : 0;
     gpu::PinnedBuffer staging;
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
+    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, trainable_only ? homes_->blank_trainable(g, staging)
+                                                                      : homes_->load(g, staging, step_lane()));
     StateArrays arrays;
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
@@ -905,7 +940,8 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
         if (x >= y) continue;
         STRATA_RETURN_IF_ERROR(ck.readers[h.file].read_raw_range(
             p.name + ".compute", static_cast<std::uint64_t>(x - h.lo) * static_cast<std::uint64_t>(cb),
-            host.subspan(static_cast<std::size_t>(part.home + (x - part.lo)) * cb, static_cast<std::size_t>(y - x) * cb)));
+            host.subspan(static_cast<std::size_t>(part.home + (x - part.lo)) * cb - host_lo,
+                         static_cast<std::size_t>(y - x) * cb)));
       }
       // The optimizer's arrays of this rank's elements only.
       if (!p.trainable || own[pi].first == own[pi].second) continue;
@@ -914,13 +950,13 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
                                                 own[pi].second, arrays[pi]));
       }
     }
-    STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
+    STRATA_RETURN_IF_ERROR(trainable_only ? homes_->commit_trainable(g, host, step_lane(), host_lo)
+                                          : homes_->commit(g, host, step_lane()));
     STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kYes, [&](const ChunkPlace& cp, ChunkState& st) {
       exchange_chunk_arrays(layout_, cp, st, arrays, Exchange::kIntoChunk);
       return Status();
     }));
   }
-  const CheckpointManifest& m = ck.manifest;
   STRATA_RETURN_IF_ERROR(step_->verdict().restore(ck.scaler, m.step, m.skipped_steps, m.lr_override));
   std::vector<std::int64_t> missed;
   missed.reserve(m.params.size());

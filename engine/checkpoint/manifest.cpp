@@ -757,7 +757,8 @@ core::Result<CheckpointLocation> locate_checkpoint(const std::string& root_or_di
         << ": a version-1 checkpoint: its manifest.json and latest carry no checksum of their own, so "
            "they are read unverified (the state and framework files are still checked); the next save "
            "writes a checksummed version ("
-        << kCheckpointFormatOneRank << ", or " << kCheckpointFormatVersion << " with several ranks)";
+        << kCheckpointFormatOneRank << ", or " << kCheckpointFormatRanks << " with several ranks, "
+        << kCheckpointFormatVersion << " with a frozen base left out)";
   }
   return loc;
 }

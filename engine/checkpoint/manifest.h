@@ -102,7 +102,7 @@ std::string checkpoint_framework_file(int rank, int ranks);
 struct CheckpointFrozenBase {
   std::string group;
   std::uint64_t crc64 = 0;
-  std::vector<std::string> files;  // the files the run read them from, as it named them
+  std::vector<std::string> files;  // the files the run read them from (absolute paths)
 
   friend bool operator==(const CheckpointFrozenBase&, const CheckpointFrozenBase&) = default;
 };
@@ -170,8 +170,11 @@ std::string format_checkpoint_manifest(const CheckpointManifest& m);
 // content of the wrong shape, or a value no save writes (step or
 // skipped_steps below 0, lr_override neither -1 nor finite and >= 0, a loss
 // scale not finite and > 0, loss_scaler.iteration below 0, in version 3
-// ranks below 2 or shards that are not one file per rank with ranges
-// covering every parameter's elements exactly once,
+// (or 4 with shards) ranks below 2 or shards that are not one file per rank
+// with ranges covering every parameter's elements exactly once (but for
+// those frozen_base leaves out, which no range may hold), in version 4 a
+// frozen_base missing or empty, naming a group twice or a group without a
+// frozen parameter,
 // last_overflow_iteration outside [-1, iteration), hysteresis_left below 1,
 // an optimizer_group below 0, a compute_dtype other than F32, BF16, F16: the
 // message names the field and its value); kFailedPrecondition for a version newer than

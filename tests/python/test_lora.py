@@ -275,9 +275,11 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
     assert all(f"{n}.compute" in names for n, p in model.named_parameters() if p.requires_grad)
     assert state.stat().st_size < sum(frozen.values()) * 4, "the base (fp32) is not in the state file"
 
-    # Over the same base: read from its files, or from its copy on the swap drive.
+    # Over the same base: read from its files, or from its copy on the swap drive; in the middle of a
+    # run (a step taken first, a prefetch maybe in flight).
     for mode in ("auto", "swap"):
         model, engine = _lora_from_files(base_dir, swap_dir, frozen_base=mode)
+        helpers.train_strata(engine, model, helpers.batches(GAS, seed=3), 1, GAS)
         engine.load_checkpoint(str(tmp_path / "ck"))
         got = engine.state_dict()
         assert all(torch.equal(got[n], w) for n, w in saved.items()), mode
@@ -310,6 +312,7 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
     model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="swap")
     helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
     engine.save_checkpoint(str(tmp_path / "ck_swap"))
+    saved_swap = engine.state_dict()
     engine.close()
     model, engine = _lora_from_files(other_dir, swap_dir)
     with pytest.raises(strata.errors.FailedPrecondition, match=r"differ from those files' values.*\"swap\""):
@@ -317,6 +320,8 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
     engine.close()
     model, engine = _lora_from_files(base_dir, swap_dir)
     engine.load_checkpoint(str(tmp_path / "ck_swap"))
+    got = engine.state_dict()
+    assert all(torch.equal(got[n], w) for n, w in saved_swap.items())
     engine.close()
 
 

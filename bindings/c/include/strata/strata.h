@@ -663,7 +663,9 @@ STRATA_API strata_status strata_checkpoint_save(strata_engine* engine, const cha
  * placement. Errors: NOT_FOUND (no complete checkpoint); DATA_LOSS naming the file for a damaged or truncated one (every
  * file of a checkpoint, latest included, carries a CRC64, checked before
  * anything changes); FAILED_PRECONDITION for a newer format version, another
- * parameter set (naming the first difference), or mid-step. */
+ * parameter set (naming the first difference), a checkpoint that left its
+ * frozen base out (strata.frozen_base) loaded over another base, or
+ * mid-step. */
 STRATA_API strata_status strata_checkpoint_load(strata_engine* engine, const char* root) STRATA_NOEXCEPT;
 
 /* The framework blob of the last strata_checkpoint_load: *data_out (owned by
