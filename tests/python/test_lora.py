@@ -255,6 +255,13 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
     optimizer state, not the base: the manifest names the files and the CRC64 of the base's values
     (format version 4), and a load takes the base from the run's own files (or its copy on the
     swap drive), refusing any other base before anything changes."""
+    def same(got, want):
+        return all(torch.equal(got[n], w) for n, w in want.items())
+
+    def trains_on(engine, model):
+        losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
+        assert losses and all(l == l for l in losses)
+
     base_dir = _base_files(tmp_path)
     model, engine = _lora_from_files(base_dir, swap_dir)
     frozen = {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}
@@ -281,10 +288,8 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
         model, engine = _lora_from_files(base_dir, swap_dir, frozen_base=mode)
         helpers.train_strata(engine, model, helpers.batches(GAS, seed=3), 1, GAS)
         engine.load_checkpoint(str(tmp_path / "ck"))
-        got = engine.state_dict()
-        assert all(torch.equal(got[n], w) for n, w in saved.items()), mode
-        losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
-        assert losses and all(l == l for l in losses)
+        assert same(engine.state_dict(), saved), mode
+        trains_on(engine, model)
         engine.close()
 
     # Another base (the same shapes): the checkpoint was not trained on it, and holds no base of its
@@ -300,10 +305,8 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
                            match=r"does not hold the compute copies of the frozen parameters of group .*"
                                  r"model\.safetensors.*load it over the base it was trained on"):
             engine.load_checkpoint(str(tmp_path / "ck"))
-        after = engine.state_dict()
-        assert all(torch.equal(after[n], w) for n, w in before.items()), mode
-        losses = helpers.train_strata(engine, model, helpers.batches(GAS), 1, GAS)
-        assert losses and all(l == l for l in losses)
+        assert same(engine.state_dict(), before), mode
+        trains_on(engine, model)
         engine.close()
 
     # A checkpoint that holds its base (saved with a copy on the swap drive) loads into a run that
@@ -320,8 +323,7 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
     engine.close()
     model, engine = _lora_from_files(base_dir, swap_dir)
     engine.load_checkpoint(str(tmp_path / "ck_swap"))
-    got = engine.state_dict()
-    assert all(torch.equal(got[n], w) for n, w in saved_swap.items())
+    assert same(engine.state_dict(), saved_swap)
     engine.close()
 
 
