@@ -124,7 +124,7 @@ using HeldRanges = std::vector<std::pair<std::int64_t, std::int64_t>>;
 // a trainable parameter the elements in the rank's shard of its group, and
 // of a frozen one its shard of the group's frozen part at stage 3, else the
 // whole parameter in the file of rank (its index mod ranks). Nothing of a
-// parameter `left_out` names (base_left_out).
+// parameter `left_out` names (left_out_by).
 HeldRanges held_ranges(const Layout& layout, int rank, const std::vector<bool>& left_out = {}) {
   HeldRanges out(layout.params.size());
   for (std::size_t pi = 0; pi < layout.params.size(); ++pi) {
@@ -135,28 +135,25 @@ HeldRanges held_ranges(const Layout& layout, int rank, const std::vector<bool>& 
   return out;
 }
 
-// The frozen parameters whose compute copies a checkpoint leaves out: those
-// of the groups read from their safetensors files (ComputeHomes::frozen_from_files).
-std::vector<bool> base_left_out(const Layout& layout, const ComputeHomes& homes) {
-  std::vector<bool> out(layout.params.size(), false);
+// The manifest's "frozen_base": each group read from its files (recorded
+// when the initial values were written, at finalize), its files and the
+// CRC64 of its frozen range in the compute dtype.
+std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const ComputeHomes& homes) {
+  std::vector<CheckpointFrozenBase> out;
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     if (!homes.frozen_from_files(g) || !homes.frozen_files().recorded(g)) continue;
-    for (std::size_t pi : layout.groups[g].params) out[pi] = !layout.params[pi].trainable;
+    const FrozenFiles& files = homes.frozen_files();
+    out.push_back({.group = layout.groups[g].name, .crc64 = files.crc(g), .files = files.files_of(g)});
   }
   return out;
 }
 
-// The manifest's "frozen_base": each group read from its files, its files and
-// the CRC64 of its frozen range in the compute dtype.
-std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const ComputeHomes& homes) {
-  std::vector<CheckpointFrozenBase> out;
-  for (std::size_t g = 0; g < layout.groups.size(); ++g) {
-    if (!homes.frozen_from_files(g)) continue;
-    const FrozenFiles& files = homes.frozen_files();
-    // (Recorded when the initial values were written, at finalize.)
-    if (files.recorded(g)) {
-      out.push_back({.group = layout.groups[g].name, .crc64 = files.crc(g), .files = files.files_of(g)});
-    }
+// The parameters whose compute copies a checkpoint with `frozen_base` leaves
+// out, by index: the frozen ones of its groups (CheckpointManifest::compute_in_base).
+std::vector<bool> left_out_by(const Layout& layout, const std::vector<CheckpointFrozenBase>& frozen_base) {
+  std::vector<bool> out(layout.params.size(), false);
+  for (const CheckpointFrozenBase& b : frozen_base) {
+    for (std::size_t pi : layout.find_group(b.group)->params) out[pi] = !layout.params[pi].trainable;
   }
   return out;
 }
@@ -201,8 +198,7 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
                                        std::span<const std::int64_t> missed_steps,
                                        std::span<const std::uint64_t> state_crcs,
                                        std::span<const std::uint64_t> blob_crcs,
-                                       std::vector<CheckpointFrozenBase> frozen_base,
-                                       const std::vector<bool>& left_out) {
+                                       std::vector<CheckpointFrozenBase> frozen_base) {
   CheckpointManifest m;
   m.step = verdict.applied_steps();
   m.skipped_steps = verdict.skipped_steps();
@@ -228,6 +224,7 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
   } else {
     m.version = kCheckpointFormatRanks;
     m.ranks = ranks;
+    const std::vector<bool> left_out = left_out_by(layout, frozen_base);
     for (int r = 0; r < ranks; ++r) {
       CheckpointStateFile f{
           .file = checkpoint_shard_file(r, ranks), .crc64 = state_crcs[static_cast<std::size_t>(r)], .ranges = {}, .whole = false};
@@ -243,8 +240,8 @@ CheckpointManifest checkpoint_manifest(const Layout& layout, const Config& confi
   m.framework_crc64 = blob_crcs[0];
   if (blob_crcs.size() > 1) m.rank_framework_crc64.assign(blob_crcs.begin(), blob_crcs.end());
   m.config_json = to_json(config);
+  if (!frozen_base.empty()) m.version = kCheckpointFormatVersion;
   m.frozen_base = std::move(frozen_base);
-  if (!m.frozen_base.empty()) m.version = kCheckpointFormatVersion;
   return m;
 }
 
@@ -497,7 +494,7 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
   // declared in that order, so the header and then the data go out front
   // to back.
   const RankShare share = ranks_.share;
-  const HeldRanges held = held_ranges(layout_, share.rank, base_left_out(layout_, *homes_));
+  const HeldRanges held = held_ranges(layout_, share.rank, left_out_by(layout_, frozen_base_of(layout_, *homes_)));
   const int cb = layout_.compute_bytes;
   // Destruction order: the writer (which waits for its writes) before the backend.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
@@ -624,8 +621,7 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
                                   std::span<const std::uint64_t> blob_crcs) {
   const std::string text =
       format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), step_->missed_steps(),
-                                                     state_crcs, blob_crcs, frozen_base_of(layout_, *homes_),
-                                                     base_left_out(layout_, *homes_)));
+                                                     state_crcs, blob_crcs, frozen_base_of(layout_, *homes_)));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));

@@ -1,6 +1,13 @@
 """What the tests of examples/python/train_llama.py share: the script's path,
-the tiny model's flags, and a small corpus written into a test's folder."""
+the tiny model's flags, a small corpus written into a test's folder, and
+run_script, which runs the script as its own process would run."""
+import json
 import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "examples", "python", "train_llama.py")
@@ -78,9 +85,6 @@ _zygote = None
 def _reply(timeout):
     """The zygote's next line (JSON), or None after `timeout` seconds without one. Read a byte at a time
     from the pipe itself: a buffered reader could hold the next line where select() cannot see it."""
-    import json
-    import select
-
     line = b""
     while not line.endswith(b"\n"):
         if not select.select([_zygote.stdout], [], [], timeout)[0]:
@@ -94,12 +98,6 @@ def _reply(timeout):
 
 def run_script(args, cwd, timeout=300):
     """`python3 SCRIPT *args` in cwd, as subprocess.run(..., capture_output=True, text=True) returns it."""
-    import json
-    import signal
-    import subprocess
-    import sys
-    import tempfile
-
     global _zygote
     if _zygote is None or _zygote.poll() is not None:
         _zygote = subprocess.Popen([sys.executable, "-c", _ZYGOTE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
