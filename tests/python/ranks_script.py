@@ -90,5 +90,18 @@ def main():
     return 0
 
 
+def run():
+    """main(), then, where this script initialised torch.distributed, a barrier
+    and destroy_process_group: a process that exits with its group alive can
+    abort in torch's teardown ("terminate called without an active
+    exception" from rank 0, which hosts the group's store) while the others
+    still use it."""
+    code = main()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())
