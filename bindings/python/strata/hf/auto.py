@@ -1,0 +1,157 @@
+"""A strata config's "auto" values filled from a Hugging Face Trainer's
+TrainingArguments, the way transformers fills a DeepSpeed config's
+(transformers' integrations/deepspeed.py), plus what strata.hf adds: an
+optimizer section written from the arguments when the config has none.
+
+Pure Python on purpose: no transformers import, so that the mapping is
+tested wherever strata is (tests/python/test_hf_auto.py), with any object
+that has TrainingArguments' attributes."""
+import copy
+import math
+
+from .. import errors
+
+# The AdamW variants of TrainingArguments.optim that strata's AdamW is (the
+# fused, torch and apex kernels of one algorithm); others have no strata
+# equivalent and are refused when the config names no optimizer.
+ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_torch_xla",
+                "adamw_torch_npu_fused")
+
+
+def _optim_name(args):
+    optim = getattr(args, "optim", "adamw_torch")
+    return getattr(optim, "value", optim)  # an OptimizerNames enum member, or its string
+
+
+def warmup_steps(args, num_training_steps):
+    """TrainingArguments.get_warmup_steps where the arguments have it, else its
+    rule: warmup_steps >= 1 is a count, below 1 a fraction of the run (rounded
+    up); warmup_ratio where only that is set (older transformers)."""
+    if hasattr(args, "get_warmup_steps"):
+        return int(args.get_warmup_steps(num_training_steps))
+    steps = getattr(args, "warmup_steps", 0) or 0
+    if steps >= 1:
+        return int(steps)
+    if steps > 0:
+        return math.ceil(num_training_steps * steps)
+    ratio = getattr(args, "warmup_ratio", 0.0) or 0.0
+    return math.ceil(num_training_steps * ratio)
+
+
+class _Filler:
+    """Fills "auto" at a key path and records, for a value already written,
+    where it disagrees with the arguments (every disagreement is reported at
+    once, as transformers does for DeepSpeed's)."""
+
+    def __init__(self, config):
+        self.config = config
+        self.filled = []      # (key path, value, source)
+        self.mismatches = []  # (key path, config's value, source, argument's value)
+
+    def _node(self, path, make):
+        *parents, leaf = path.split(".")
+        node = self.config
+        for p in parents:
+            if not isinstance(node.get(p), dict):
+                if not make:
+                    return None, leaf
+                node[p] = {}
+            node = node[p]
+        return node, leaf
+
+    def match(self, path, value, source, must_match=True):
+        node, leaf = self._node(path, make=False)
+        if node is None or leaf not in node:
+            return
+        if node[leaf] == "auto":
+            node[leaf] = value
+            self.filled.append((path, value, source))
+        elif must_match and not _same(node[leaf], value):
+            self.mismatches.append((path, node[leaf], source, value))
+
+
+def _same(a, b):
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b or math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def trainer_config(config, args, *, num_training_steps=None, hidden_size=None, world_size=1):
+    """Returns (config, filled): a copy of `config` (a dict: DeepSpeed's keys
+    and strata's) with its "auto" values filled from `args` (TrainingArguments,
+    or any object with its attributes), and the list of (key, value, source)
+    filled. A value written in the config that the arguments contradict (a
+    learning rate, a batch size, the precision) raises strata.InvalidArgument
+    listing every such key with both values: one source of truth per run,
+    as transformers insists for DeepSpeed's configs.
+
+    The keys and their sources (transformers' DeepSpeed integration, the same
+    names and rules):
+      train_micro_batch_size_per_gpu   per_device_train_batch_size
+      gradient_accumulation_steps      gradient_accumulation_steps
+      train_batch_size                 world_size x per_device x accumulation
+      gradient_clipping                max_grad_norm
+      optimizer.params.lr              learning_rate
+      optimizer.params.betas           [adam_beta1, adam_beta2]
+      optimizer.params.eps             adam_epsilon
+      optimizer.params.weight_decay    weight_decay
+      scheduler.params.warmup_min_lr   0 (never checked)
+      scheduler.params.warmup_max_lr   learning_rate
+      scheduler.params.warmup_num_steps   args.get_warmup_steps(num_training_steps)
+      scheduler.params.total_num_steps    num_training_steps
+      fp16.enabled                     fp16 (or fp16_full_eval)
+      bf16.enabled                     bf16 (or bf16_full_eval)
+    With num_training_steps None the two step counts stay "auto" (strata
+    then resolves them or says what to write). hidden_size is passed on to
+    strata for the bucket sizes (strata.torch.initialize(hidden_size=)).
+
+    Without an "optimizer" section one is written from the arguments: AdamW
+    (for TrainingArguments.optim's AdamW variants; another optim raises
+    strata.Unimplemented naming it) with learning_rate, the betas, epsilon
+    and weight_decay, as the Trainer would build torch's."""
+    if not isinstance(config, dict):
+        raise TypeError(f"strata.hf: the config must be a dict here, not {type(config).__name__}")
+    config = copy.deepcopy(config)
+    f = _Filler(config)
+    micro = int(args.per_device_train_batch_size)
+    gas = int(args.gradient_accumulation_steps)
+    f.match("train_micro_batch_size_per_gpu", micro, "per_device_train_batch_size")
+    f.match("gradient_accumulation_steps", gas, "gradient_accumulation_steps")
+    f.match("train_batch_size", world_size * micro * gas,
+            f"world_size ({world_size}) x per_device_train_batch_size x gradient_accumulation_steps")
+    f.match("gradient_clipping", float(args.max_grad_norm or 0.0), "max_grad_norm")
+    if "optimizer" not in config:
+        optim = _optim_name(args)
+        if optim not in ADAMW_OPTIMS:
+            raise errors.Unimplemented(
+                f"strata.hf: TrainingArguments.optim = {optim!r} has no strata optimizer; use an AdamW one "
+                f"({', '.join(ADAMW_OPTIMS[:2])}) or write an \"optimizer\" section in the strata config "
+                f"(docs/config.md: Adam, AdamW, Lion, Adagrad)", status="UNIMPLEMENTED")
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                          "weight_decay": "auto"}}
+        f.filled.append(("optimizer.type", "AdamW", f"optim ({optim})"))
+    f.match("optimizer.params.lr", float(args.learning_rate), "learning_rate")
+    f.match("optimizer.params.betas", [float(args.adam_beta1), float(args.adam_beta2)], "adam_beta1, adam_beta2")
+    f.match("optimizer.params.eps", float(args.adam_epsilon), "adam_epsilon")
+    f.match("optimizer.params.weight_decay", float(args.weight_decay), "weight_decay")
+    f.match("scheduler.params.warmup_min_lr", 0.0, "0", must_match=False)
+    f.match("scheduler.params.warmup_max_lr", float(args.learning_rate), "learning_rate")
+    if num_training_steps is not None:
+        f.match("scheduler.params.total_num_steps", int(num_training_steps), "the run's optimizer steps")
+        f.match("scheduler.params.warmup_num_steps", warmup_steps(args, num_training_steps),
+                "warmup_steps (TrainingArguments.get_warmup_steps)")
+    fp16 = bool(getattr(args, "fp16", False) or getattr(args, "fp16_full_eval", False))
+    bf16 = bool(getattr(args, "bf16", False) or getattr(args, "bf16_full_eval", False))
+    f.match("fp16.enabled", fp16, "fp16")
+    f.match("bf16.enabled", bf16, "bf16")
+    if f.mismatches:
+        lines = "\n".join(f"  {path}: the config says {mine!r}, {source} says {theirs!r}"
+                          for path, mine, source, theirs in f.mismatches)
+        raise errors.InvalidArgument(
+            f"strata.hf: the strata config and the TrainingArguments disagree (write \"auto\" in the config "
+            f"or change the argument):\n{lines}", status="INVALID_ARGUMENT")
+    return config, f.filled

@@ -1,0 +1,461 @@
+"""strata.hf.Trainer: transformers.Trainer with strata owning the model's
+weights, gradients, optimizer and schedule (the contract: docs/python.md,
+"The Hugging Face Trainer").
+
+How it hooks into the Trainer (transformers 5.x; the DeepSpeed integration's
+pattern, where the engine steps inside the backward and the optimizer and
+scheduler the loop holds are shims):
+- The model is never moved or wrapped by the Trainer or accelerate:
+  `_move_model_to_device` does nothing and `_wrap_model` returns a thin
+  module around the model (so `accelerator.prepare` sees no model of its
+  own: no device move, no DataParallel, no autocast wrapper).
+- `create_scheduler` (called once the loop knows its step count) makes the
+  engine: the config's "auto" values filled from the arguments (auto.py),
+  `strata.torch.initialize` with the model's hidden size and the run's
+  steps. `create_optimizer` returns a shim the loop may call step() on.
+- `training_step`: forward (the Trainer's `compute_loss`), `engine.backward`
+  and `engine.step()` (which ends the step after the last micro-batch). The
+  loss handed to strata is the mean a micro-batch contributes (strata
+  averages the accumulation steps itself); the loss returned is the one the
+  Trainer logs, scaled as the Trainer scales it.
+- Clipping is strata's (`gradient_clipping` from max_grad_norm): the
+  Trainer's own is turned off in the arguments it holds, and the logs carry
+  strata's gradient norm.
+- The schedule: the config's "scheduler" when it has one (run by strata),
+  else the Trainer's (`lr_scheduler_type`, warmup) computed over a stand-in
+  optimizer and handed to strata with set_lr before each step.
+- Checkpoints: the Trainer's checkpoint-N folder holds strata's checkpoint
+  (strata/, every rank's state, the schedule in its client_state) beside
+  trainer_state.json and the RNG states; resuming loads it. save_model
+  exports the weights (safetensors, the model's names) with the config.
+"""
+import copy
+import json
+import math
+import os
+
+import torch
+import transformers
+
+from .. import errors
+from .. import torch as strata_torch
+from ..engine import _config_text
+from .auto import trainer_config
+
+_CHECKPOINT_DIR = "strata"  # inside the Trainer's checkpoint-N folder
+
+# The Trainer's methods this module replaces: a transformers that renamed one
+# would silently run its own (an empty optimizer state saved, the model moved).
+_REPLACED = ("_move_model_to_device", "_wrap_model", "create_optimizer", "create_scheduler", "training_step",
+             "prediction_step", "get_train_dataloader", "save_model", "_save_optimizer_and_scheduler",
+             "_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_best_model", "log")
+_missing = [m for m in _REPLACED if not hasattr(transformers.Trainer, m)]
+if _missing:
+    raise ImportError(f"strata.hf: this transformers ({transformers.__version__}) has no Trainer.{', '.join(_missing)}; "
+                      f"strata.hf.Trainer is written for transformers 5.x")
+
+
+class _Model(torch.nn.Module):
+    """The model as the Trainer's loop holds it: forward is the model's. It is
+    not the model, so the Trainer does not hand the model to accelerate
+    (which would move it, wrap it in DataParallel or DDP, or autocast it)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+class _Optimizer:
+    """What the Trainer's loop holds as its optimizer: strata steps inside
+    training_step, so step() and zero_grad() do nothing. param_groups shows
+    the learning rate of the last step (the Trainer reads it for
+    ReduceLROnPlateau only)."""
+
+    def __init__(self, trainer):
+        self._trainer = trainer
+        self.defaults = {}
+        self.state = {}
+
+    @property
+    def param_groups(self):
+        return [{"lr": self._trainer._strata_lr(), "params": []}]
+
+    def step(self, closure=None):
+        return None
+
+    def zero_grad(self, set_to_none=True):
+        return None
+
+    def state_dict(self):
+        return {}
+
+    def load_state_dict(self, state):
+        return None
+
+
+class _Scheduler:
+    """The schedule the Trainer's loop steps after each optimizer step. With
+    the config's own "scheduler" strata runs it: step() does nothing and the
+    learning rate shown is the last step's. Without one, the Trainer's
+    schedule (get_scheduler over a stand-in optimizer) gives each step's
+    learning rate, set in the engine before the step runs; a step strata
+    skipped (fp16 overflow, strata.nonfinite "skip") does not advance it."""
+
+    def __init__(self, trainer, inner):
+        self._trainer = trainer
+        self._inner = inner
+        if inner is not None:
+            trainer._strata.set_lr(inner.get_last_lr()[0])
+
+    def step(self, *args, **kwargs):
+        stats = self._trainer._strata_stats
+        if self._inner is None or stats is None or stats.skipped:
+            return
+        self._inner.step()
+        self._trainer._strata.set_lr(self._inner.get_last_lr()[0])
+
+    def get_last_lr(self):
+        if self._inner is not None:
+            return self._inner.get_last_lr()
+        return [self._trainer._strata_lr()]
+
+    def state_dict(self):
+        return self._inner.state_dict() if self._inner is not None else {}
+
+    def load_state_dict(self, state):
+        if self._inner is not None and state:
+            self._inner.load_state_dict(state)
+            self._trainer._strata.set_lr(self._inner.get_last_lr()[0])
+
+
+def _hidden_size(model):
+    cfg = getattr(model, "config", None)
+    for c in (cfg, getattr(cfg, "text_config", None)):
+        if c is None:
+            continue
+        h = getattr(c, "hidden_size", None) or max(getattr(c, "hidden_sizes", None) or [0]) or None
+        if h:
+            return int(h)
+    return None
+
+
+def from_pretrained(model_class, path, **config_kwargs):
+    """A transformers model built on the meta device (no memory) from the
+    checkpoint folder `path` (config.json and safetensors), its weights to be
+    streamed from those files, group by group, when strata.hf.Trainer hands
+    it to strata: the host never holds the whole model. model_class is a
+    model class (LlamaForCausalLM) or an Auto class (AutoModelForCausalLM)."""
+    config_class = getattr(model_class, "config_class", None) or transformers.AutoConfig
+    config = config_class.from_pretrained(path, **config_kwargs)
+    with strata_torch.meta_init():
+        if hasattr(model_class, "from_config"):
+            model = model_class.from_config(config)
+        else:
+            model = model_class(config)
+    model._strata_weights = os.fspath(path)
+    return model
+
+
+class Trainer(transformers.Trainer):
+    """transformers.Trainer trained by strata: `strata_config` is a strata
+    config (dict, JSON text or path; DeepSpeed's keys and strata's), its
+    "auto" values filled from `args` as the Trainer's DeepSpeed integration
+    fills them. Everything else is the Trainer's: datasets, collators,
+    callbacks, evaluation, logging, save and resume. strata_kwargs go to
+    strata.torch.initialize (blocks, param_groups, ...). A model made by
+    strata.hf.from_pretrained takes its weights from its files."""
+
+    def __init__(self, model=None, args=None, *pos, strata_config=None, strata_kwargs=None, **kwargs):
+        if strata_config is None:
+            raise errors.InvalidArgument("strata.hf.Trainer: strata_config is required (a dict, JSON text or a "
+                                         "path: docs/config.md)", status="INVALID_ARGUMENT")
+        if model is None:
+            raise errors.Unimplemented("strata.hf.Trainer: model_init is not supported; pass the model",
+                                       status="UNIMPLEMENTED")
+        if any(o is not None for o in kwargs.get("optimizers") or ()) or kwargs.get("optimizer_cls_and_kwargs"):
+            raise errors.InvalidArgument(
+                "strata.hf.Trainer: the optimizer and schedule are strata's (the config's \"optimizer\" and "
+                "\"scheduler\", or TrainingArguments' values): do not pass optimizers= or "
+                "optimizer_cls_and_kwargs=", status="INVALID_ARGUMENT")
+        if args is None:
+            args = transformers.TrainingArguments(output_dir="trainer_output")
+        for flag in ("fp16_full_eval", "bf16_full_eval"):
+            if getattr(args, flag, False):
+                raise errors.InvalidArgument(
+                    f"strata.hf.Trainer: {flag} casts and moves the model for evaluation; strata keeps its "
+                    f"compute copies in the config's precision (bf16.enabled / fp16.enabled): leave {flag} off",
+                    status="INVALID_ARGUMENT")
+        refused = {
+            "auto_find_batch_size": "strata's engine keeps the micro-batch size it was made with; set "
+                                    "per_device_train_batch_size",
+            "torch_compile": "strata's hooks run on the model's modules as they are (torch.compile of the hooked "
+                             "modules is not supported)",
+        }
+        for flag, why in refused.items():
+            if getattr(args, flag, False):
+                raise errors.InvalidArgument(f"strata.hf.Trainer: {flag} is not supported: {why}",
+                                             status="INVALID_ARGUMENT")
+        if getattr(args, "load_best_model_at_end", False) and getattr(args, "save_only_model", False):
+            raise errors.InvalidArgument(
+                "strata.hf.Trainer: load_best_model_at_end loads the best checkpoint's strata state, which "
+                "save_only_model=True does not save; drop one of them", status="INVALID_ARGUMENT")
+        if getattr(args, "n_gpu", 1) > 1:
+            raise errors.InvalidArgument(
+                f"strata.hf.Trainer: this process sees {args.n_gpu} GPUs and the Trainer would split batches over "
+                f"them with DataParallel; strata trains on one GPU per process (set CUDA_VISIBLE_DEVICES, or "
+                f"launch a process per GPU)", status="INVALID_ARGUMENT")
+        text = _config_text(strata_config)
+        self._strata_config_dict = json.loads(text)
+        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
+        if schedule == "reduce_lr_on_plateau" and "scheduler" not in self._strata_config_dict:
+            raise errors.Unimplemented(
+                "strata.hf.Trainer: lr_scheduler_type reduce_lr_on_plateau is not supported (it steps on "
+                "evaluation metrics); choose another, or a \"scheduler\" in the strata config",
+                status="UNIMPLEMENTED")
+        self._strata_kwargs = dict(strata_kwargs or {})
+        self._strata = None
+        self._strata_stats = None
+        self._strata_filled = []
+        self._strata_max_grad_norm = args.max_grad_norm
+        # The Trainer's own clipping off (strata clips, from max_grad_norm in
+        # the config); a copy, so the caller's arguments stay as written (and
+        # are the ones saved as training_args.bin).
+        self._strata_user_args = args
+        args = copy.copy(args)
+        args.max_grad_norm = 0.0
+        super().__init__(model, args, *pos, **kwargs)
+
+    # --- the engine -------------------------------------------------------------------------------------
+    @property
+    def strata(self):
+        """The strata.torch engine (None before training or evaluation starts)."""
+        return self._strata
+
+    def _strata_make(self, num_training_steps):
+        if self._strata is not None:
+            return self._strata
+        args = copy.copy(self.args)
+        args.max_grad_norm = self._strata_max_grad_norm
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if world > 1:
+            raise errors.Unimplemented(
+                "strata.hf.Trainer: several ranks (WORLD_SIZE > 1) are not supported yet; train with one process "
+                "(strata.torch.initialize with torchrun supports several ranks: docs/distributed.md)",
+                status="UNIMPLEMENTED")
+        hidden = _hidden_size(self.model)
+        config, self._strata_filled = trainer_config(self._strata_config_dict, args,
+                                                     num_training_steps=num_training_steps, hidden_size=hidden)
+        kwargs = dict(self._strata_kwargs)
+        if "optimizer" not in self._strata_config_dict and "param_groups" not in kwargs:
+            groups = self._strata_decay_groups(args)
+            if groups:
+                kwargs["param_groups"] = groups
+        weights = getattr(self.model, "_strata_weights", None)
+        if weights is not None and "weights" not in kwargs:
+            kwargs["weights"] = weights
+        self._strata = strata_torch.initialize(self.model, config, total_num_steps=num_training_steps,
+                                               hidden_size=hidden, **kwargs)
+        return self._strata
+
+    def _strata_decay_groups(self, args):
+        """The Trainer's weight-decay split (no decay for biases and norm
+        weights: get_decay_parameter_names) as strata.torch param_groups; None
+        when every trainable parameter decays alike."""
+        if not args.weight_decay:
+            return None
+        decay = set(self.get_decay_parameter_names(self.model))
+        no_decay = [p for n, p in self.model.named_parameters() if p.requires_grad and n not in decay]
+        return [{"params": no_decay, "weight_decay": 0.0}] if no_decay else None
+
+    def _strata_base_lr(self):
+        """The optimizer's learning rate as configured (the schedule's base)."""
+        lr = self._strata_config_dict.get("optimizer", {}).get("params", {}).get("lr", "auto")
+        return float(self.args.learning_rate if lr == "auto" else lr)
+
+    def _strata_lr(self):
+        """The learning rate of the last step (the configured one before any)."""
+        return self._strata_stats.lr if self._strata_stats is not None else self._strata_base_lr()
+
+    def _strata_planned_steps(self):
+        """The optimizer steps train() will run, as the Trainer counts them
+        (max_steps, else the epochs over the training data's whole steps);
+        None when that cannot be known (no dataset, or one without a length)."""
+        if self.args.max_steps > 0:
+            return self.args.max_steps
+        if self.train_dataset is None or not hasattr(self.train_dataset, "__len__"):
+            return None
+        per_epoch = max(len(self.get_train_dataloader()) // self.args.gradient_accumulation_steps, 1)
+        return math.ceil(self.args.num_train_epochs * per_epoch)
+
+    def _move_model_to_device(self, model, device):
+        """strata places the model's weights (its compute copies on its device)."""
+
+    def _wrap_model(self, model, training=True, dataloader=None):
+        if self._strata is None and not training:
+            # evaluate() before train(): the engine is made with the step count
+            # training will have (in training create_scheduler makes it).
+            self._strata_make(self._strata_planned_steps())
+        if isinstance(model, _Model):
+            return model
+        return _Model(self.model)
+
+    def create_optimizer(self):
+        if self.optimizer is None:
+            self.optimizer = _Optimizer(self)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        self._strata_make(num_training_steps)
+        if self.lr_scheduler is None or not isinstance(self.lr_scheduler, _Scheduler):
+            inner = None
+            if "scheduler" not in self._strata_config_dict:
+                # The Trainer's schedule over a stand-in optimizer holding the learning rate alone.
+                stand_in = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=self._strata_base_lr())
+                inner = transformers.get_scheduler(
+                    self.args.lr_scheduler_type, optimizer=stand_in,
+                    num_warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                    num_training_steps=num_training_steps,
+                    scheduler_specific_kwargs=getattr(self.args, "lr_scheduler_kwargs", None) or {})
+            self.lr_scheduler = _Scheduler(self, inner)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def get_train_dataloader(self):
+        """The Trainer's, checked: strata's step takes exactly
+        gradient_accumulation_steps micro-batches, so an epoch whose count of
+        micro-batches is not a multiple of it (the Trainer would end its last
+        step short) is an error before training starts."""
+        loader = super().get_train_dataloader()
+        gas = self.args.gradient_accumulation_steps
+        try:
+            n = len(loader)
+        except TypeError:
+            return loader
+        if n % gas and not 0 < self.args.max_steps <= n // gas:
+            raise errors.InvalidArgument(
+                f"strata.hf.Trainer: an epoch has {n} micro-batches, not a multiple of gradient_accumulation_steps "
+                f"({gas}): the Trainer would end each epoch with a step of {n % gas} micro-batch(es), and a strata "
+                f"step takes exactly {gas}; set dataloader_drop_last=True with a dataset whose size makes whole "
+                f"steps, or change per_device_train_batch_size or gradient_accumulation_steps",
+                status="INVALID_ARGUMENT")
+        return loader
+
+    # --- the step ---------------------------------------------------------------------------------------
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        gas = self.args.gradient_accumulation_steps
+        current = getattr(self, "current_gradient_accumulation_steps", gas)
+        if current != gas:
+            raise errors.FailedPrecondition(
+                f"strata.hf.Trainer: the Trainer ends this step after {current} micro-batches; a strata step takes "
+                f"gradient_accumulation_steps ({gas}): make every epoch a whole number of steps",
+                status="FAILED_PRECONDITION")
+        # The model itself to compute_loss (its class decides the label
+        # smoother's shift, PEFT's handling), not the loop's wrapper.
+        model = model.module if isinstance(model, _Model) else model
+        model.train()
+        inputs = self._prepare_inputs(inputs)
+        with self.compute_loss_context_manager():
+            loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        del inputs
+        token_scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
+            self.compute_loss_func is not None
+        # strata averages the step's micro-batches (it divides their sum by
+        # gradient_accumulation_steps); a loss already divided by the
+        # window's token count (num_items_in_batch) is that micro-batch's
+        # share of the sum, so it goes in times the accumulation steps.
+        self._strata.backward(loss * gas if token_scaled and gas != 1 else loss)
+        stats = self._strata.step()
+        if stats is not None:
+            self._strata_stats = stats
+        logged = loss.detach()
+        return logged if token_scaled else logged / gas
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        model = model.module if isinstance(model, _Model) else model
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys)
+
+    def log(self, logs, *args, **kwargs):
+        """The Trainer's logs with strata's view of the last step: its gradient
+        norm (strata clips) and, under fp16, its loss scale. The learning rate
+        is the Trainer's reading of the scheduler's get_last_lr, taken before
+        it steps the schedule: the learning rate of the step just taken."""
+        if "loss" in logs and self._strata_stats is not None:
+            s = self._strata_stats
+            logs["grad_norm"] = s.grad_norm
+            if self.args.fp16:
+                logs["loss_scale"] = s.loss_scale
+        return super().log(logs, *args, **kwargs)
+
+    # --- save and resume --------------------------------------------------------------------------------
+    def save_model(self, output_dir=None, _internal_call=False):
+        """The trained weights as a Hugging Face folder: safetensors under the
+        model's names (strata's export: every rank calls it, rank 0 writes),
+        config.json, the tokenizer or processor, the training arguments. A
+        PEFT model saves its adapters alone, as PEFT does."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if self._strata is None:
+            return super().save_model(output_dir, _internal_call)
+        os.makedirs(output_dir, exist_ok=True)
+        if hasattr(self.model, "peft_config"):
+            state = self._strata.state_dict(trainable_only=True)
+            if self.args.should_save:
+                self.model.save_pretrained(output_dir, state_dict=state)
+        else:
+            dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self._strata.dtype, "fp32")
+            self._strata.export(output_dir, dtype=dtype)
+            if self.args.should_save:
+                if getattr(self.model, "config", None) is not None:
+                    config = copy.deepcopy(self.model.config)
+                    config.architectures = [type(self.model).__name__]
+                    config.save_pretrained(output_dir)
+                gen = getattr(self.model, "generation_config", None)
+                if gen is not None and hasattr(gen, "save_pretrained"):
+                    gen.save_pretrained(output_dir)
+        if self.args.should_save:
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(output_dir)
+            torch.save(self._strata_user_args, os.path.join(output_dir, "training_args.bin"))
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=getattr(self.args, "hub_revision", None))
+
+    def _save_optimizer_and_scheduler(self, output_dir):
+        """strata's checkpoint (weights, optimizer state, step, loss scale:
+        every rank's) under output_dir/strata, the Trainer's schedule in its
+        client_state; the Trainer writes trainer_state.json and the RNG
+        states beside it."""
+        client = {"scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler is not None else {}}
+        self._strata.save_checkpoint(os.path.join(output_dir, _CHECKPOINT_DIR), client_state=client,
+                                     save_rng=False)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """The weights come back with strata's checkpoint, once the engine is
+        made (_load_optimizer_and_scheduler); a folder without one is an
+        error naming it."""
+        if not os.path.isdir(os.path.join(resume_from_checkpoint, _CHECKPOINT_DIR)):
+            raise errors.NotFound(
+                f"strata.hf.Trainer: {resume_from_checkpoint} holds no strata checkpoint ({_CHECKPOINT_DIR}/); "
+                f"resume from a checkpoint strata.hf.Trainer saved", status="NOT_FOUND")
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        if checkpoint is None:
+            return
+        if self._strata is None:
+            raise errors.FailedPrecondition("strata.hf.Trainer: the Trainer loads a checkpoint before its "
+                                            "scheduler (and strata's engine) is made; this transformers' order is "
+                                            "not the one strata.hf was written for", status="FAILED_PRECONDITION")
+        client = self._strata.load_checkpoint(os.path.join(checkpoint, _CHECKPOINT_DIR), load_rng=False)
+        if isinstance(client, dict) and self.lr_scheduler is not None:
+            self.lr_scheduler.load_state_dict(client.get("scheduler") or {})
+
+    def _load_best_model(self):
+        best = self.state.best_model_checkpoint
+        if not best:
+            return
+        root = os.path.join(best, _CHECKPOINT_DIR)
+        if not os.path.isdir(root):
+            raise errors.NotFound(f"strata.hf.Trainer: the best checkpoint {best} holds no strata checkpoint "
+                                  f"({_CHECKPOINT_DIR}/) to load", status="NOT_FOUND")
+        self._strata.load_checkpoint(root, load_rng=False)

@@ -1,0 +1,126 @@
+"""strata.hf.trainer_config: a config's "auto" values filled from a Hugging
+Face Trainer's arguments as transformers fills a DeepSpeed config's (any
+object with TrainingArguments' attributes: this test needs no transformers),
+checked through strata's own config resolution."""
+import math
+from types import SimpleNamespace
+
+import pytest
+
+import strata
+import strata.hf
+
+
+def training_args(**over):
+    a = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, max_grad_norm=0.5, learning_rate=3e-4,
+             adam_beta1=0.85, adam_beta2=0.98, adam_epsilon=1e-7, weight_decay=0.05, warmup_steps=0.1,
+             fp16=False, bf16=True, fp16_full_eval=False, bf16_full_eval=False, optim="adamw_torch")
+    a.update(over)
+    return SimpleNamespace(**a)
+
+
+def auto_config(swap):
+    return {
+        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto", "gradient_clipping": "auto",
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto",
+                                                  "weight_decay": "auto"}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                                                          "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+        "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto"},
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "strata": {"device": "host", "io": {"paths": [str(swap)]}},
+    }
+
+
+def test_every_auto_key_takes_the_arguments_value_and_strata_resolves_them(tmp_path):
+    cfg, filled = strata.hf.trainer_config(auto_config(tmp_path), training_args(), num_training_steps=95,
+                                           world_size=2)
+    assert cfg["train_micro_batch_size_per_gpu"] == 4 and cfg["gradient_accumulation_steps"] == 2
+    assert cfg["train_batch_size"] == 16  # ranks x micro x accumulation
+    assert cfg["gradient_clipping"] == 0.5
+    assert cfg["optimizer"]["params"] == {"lr": 3e-4, "betas": [0.85, 0.98], "eps": 1e-7, "weight_decay": 0.05}
+    sched = cfg["scheduler"]["params"]
+    # warmup_steps below 1 is a fraction of the run, rounded up (TrainingArguments.get_warmup_steps).
+    assert sched == {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-4, "warmup_num_steps": math.ceil(95 * 0.1),
+                     "total_num_steps": 95}
+    assert cfg["bf16"]["enabled"] is True and cfg["fp16"]["enabled"] is False
+    assert {k for k, _, _ in filled} >= {"train_batch_size", "optimizer.params.betas", "scheduler.params.total_num_steps"}
+    # strata takes the filled config as written: nothing left "auto", the values kept.
+    r = strata.config_resolve(cfg, world_size=2)
+    assert r["train_batch_size"] == 16 and r["gradient_accumulation_steps"] == 2
+    assert r["optimizer"]["params"]["lr"] == pytest.approx(3e-4)
+    assert r["scheduler"]["params"]["warmup_num_steps"] == 10
+    assert r["bf16"]["enabled"] is True
+
+
+def test_the_callers_config_is_not_changed(tmp_path):
+    cfg = auto_config(tmp_path)
+    strata.hf.trainer_config(cfg, training_args(), num_training_steps=10)
+    assert cfg["optimizer"]["params"]["lr"] == "auto" and cfg["train_batch_size"] == "auto"
+
+
+def test_values_written_in_the_config_that_the_arguments_contradict_are_all_named_at_once(tmp_path):
+    cfg = auto_config(tmp_path)
+    cfg["optimizer"]["params"]["lr"] = 1e-3
+    cfg["gradient_accumulation_steps"] = 4
+    cfg["scheduler"]["params"]["warmup_min_lr"] = 1e-6  # never checked, as transformers does
+    with pytest.raises(strata.InvalidArgument) as e:
+        strata.hf.trainer_config(cfg, training_args(), num_training_steps=10)
+    msg = str(e.value)
+    assert "optimizer.params.lr: the config says 0.001, learning_rate says 0.0003" in msg
+    assert "gradient_accumulation_steps: the config says 4" in msg
+    assert "warmup_min_lr" not in msg
+    # Values that agree are fine.
+    cfg = auto_config(tmp_path)
+    cfg["optimizer"]["params"]["lr"] = 3e-4
+    cfg["optimizer"]["params"]["betas"] = [0.85, 0.98]
+    got, _ = strata.hf.trainer_config(cfg, training_args(), num_training_steps=10)
+    assert got["optimizer"]["params"]["lr"] == 3e-4
+
+
+def test_without_the_run_length_the_step_counts_stay_auto_and_strata_asks_for_them(tmp_path):
+    cfg, _ = strata.hf.trainer_config(auto_config(tmp_path), training_args())
+    assert cfg["scheduler"]["params"]["total_num_steps"] == "auto"
+    with pytest.raises(strata.Error, match="total_num_steps"):
+        strata.config_resolve(cfg)
+    assert strata.config_resolve(cfg, total_num_steps=40)["scheduler"]["params"]["total_num_steps"] == 40
+
+
+def test_an_optimizer_section_is_written_from_the_arguments_when_the_config_has_none(tmp_path):
+    cfg = auto_config(tmp_path)
+    del cfg["optimizer"]
+    got, filled = strata.hf.trainer_config(cfg, training_args(optim="adamw_torch_fused"), num_training_steps=10)
+    assert got["optimizer"] == {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.85, 0.98], "eps": 1e-7,
+                                                            "weight_decay": 0.05}}
+    assert ("optimizer.type", "AdamW", "optim (adamw_torch_fused)") in filled
+    with pytest.raises(strata.Unimplemented, match="'adafactor' has no strata optimizer"):
+        strata.hf.trainer_config(cfg, training_args(optim="adafactor"), num_training_steps=10)
+    # With an optimizer section of its own, the arguments' optim does not matter.
+    strata.hf.trainer_config(auto_config(tmp_path), training_args(optim="adafactor"), num_training_steps=10)
+
+
+def test_warmup_counts_and_fractions():
+    assert strata.hf.warmup_steps(SimpleNamespace(warmup_steps=7), 100) == 7
+    assert strata.hf.warmup_steps(SimpleNamespace(warmup_steps=0.25), 10) == 3
+    assert strata.hf.warmup_steps(SimpleNamespace(warmup_steps=0, warmup_ratio=0.05), 30) == 2
+    # TrainingArguments' own rule wins where the arguments have it.
+    assert strata.hf.warmup_steps(SimpleNamespace(get_warmup_steps=lambda n: n // 3), 30) == 10
+
+
+def test_fp16_from_the_arguments_and_no_clipping(tmp_path):
+    cfg = auto_config(tmp_path)
+    got, _ = strata.hf.trainer_config(cfg, training_args(fp16=True, bf16=False, max_grad_norm=None),
+                                      num_training_steps=5)
+    assert got["fp16"]["enabled"] is True and got["bf16"]["enabled"] is False
+    assert got["gradient_clipping"] == 0.0
+
+
+def test_the_trainer_says_it_needs_transformers_where_there_is_none():
+    try:
+        import transformers  # noqa: F401
+        pytest.skip("transformers is installed here: test_hf_trainer.py runs the Trainer")
+    except ImportError:
+        pass
+    with pytest.raises(ImportError, match="strata.hf.Trainer needs transformers"):
+        strata.hf.Trainer

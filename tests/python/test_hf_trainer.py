@@ -1,0 +1,173 @@
+"""strata.hf.Trainer against its oracle, transformers.Trainer with torch's
+AdamW: the same tiny Llama, data order, schedule, weight-decay split and
+clipping give the same losses and weights; resuming from a checkpoint the
+Trainer saved gives the uninterrupted run's weights bit for bit; save_model
+writes a folder from_pretrained loads; strata.hf.from_pretrained streams the
+weights from a checkpoint's safetensors. Runs where transformers is
+importable (the GPU machine); skipped elsewhere (test_hf_auto.py tests the
+"auto" mapping everywhere)."""
+import os
+
+import pytest
+import torch
+
+import strata
+import strata.hf
+
+try:
+    import transformers
+except ImportError:
+    transformers = None
+
+# Every test marked (not a module-level skip), so each counts in the run's summary.
+pytestmark = pytest.mark.skipif(transformers is None, reason="transformers is not installed (pip install transformers)")
+
+SEQ, VOCAB, MICRO, GAS, STEPS = 16, 64, 2, 2, 6
+
+
+def llama(seed=0):
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+                                   max_position_embeddings=SEQ)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+class Tokens(torch.utils.data.Dataset):
+    """n sequences of SEQ tokens; with masked, about a third of the labels
+    are -100 (ignored), so micro-batches count different numbers of tokens."""
+
+    def __init__(self, n, seed=1, masked=False):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randint(0, VOCAB, (n, SEQ), generator=g)
+        self.y = self.x.clone()
+        if masked:
+            self.y[torch.rand((n, SEQ), generator=g) < 0.33] = -100
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.x[i], "labels": self.y[i]}
+
+
+def args(out, **over):
+    a = dict(output_dir=str(out), per_device_train_batch_size=MICRO, gradient_accumulation_steps=GAS,
+             max_steps=STEPS, learning_rate=3e-3, weight_decay=0.01, max_grad_norm=0.5, warmup_steps=2,
+             lr_scheduler_type="linear", logging_steps=1, save_strategy="no", report_to="none", seed=0,
+             disable_tqdm=True, use_cpu=not torch.cuda.is_available(), optim="adamw_torch")
+    a.update(over)
+    return transformers.TrainingArguments(**a)
+
+
+def strata_config(swap):
+    return {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "train_batch_size": "auto", "gradient_clipping": "auto", "bf16": {"enabled": "auto"},
+            "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+            "strata": {"io": {"paths": [str(swap)]}}}
+
+
+def losses(trainer, key="loss"):
+    return [h[key] for h in trainer.state.log_history if "loss" in h]
+
+
+@pytest.fixture
+def swap(tmp_path):
+    d = tmp_path / "swap"
+    d.mkdir()
+    return d
+
+
+@pytest.mark.parametrize("loss", ["tokens", "mean"])
+def test_the_trainer_matches_transformers_trainer_with_torch_adamw(tmp_path, swap, loss):
+    # "tokens": the model takes num_items_in_batch (each micro-batch's loss a share of the step's
+    # token sum, the Trainer's default for causal LMs); "mean": each micro-batch's own mean,
+    # divided by the accumulation steps. Labels partly ignored: the two differ.
+    data = Tokens(MICRO * GAS * STEPS, masked=True)
+    oracle = transformers.Trainer(model=llama(), args=args(tmp_path / "oracle"), train_dataset=data)
+    model = llama()
+    ours = strata.hf.Trainer(model=model, args=args(tmp_path / "ours"), train_dataset=data,
+                             strata_config=strata_config(swap))
+    if loss == "mean":
+        oracle.model_accepts_loss_kwargs = ours.model_accepts_loss_kwargs = False
+    oracle.train()
+    ours.train()
+    want, got = losses(oracle), losses(ours)
+    assert len(got) == STEPS and got == pytest.approx(want, rel=1e-3)
+    # The gradients' scale too (Adam's update hardly sees it): strata's norm, before clipping,
+    # is the one the Trainer's clip_grad_norm_ returns.
+    assert losses(ours, "grad_norm") == pytest.approx(losses(oracle, "grad_norm"), rel=1e-3)
+    theirs = {n: p.detach().float().cpu() for n, p in oracle.model.named_parameters()}
+    mine = ours.strata.state_dict()
+    for name, w in theirs.items():
+        torch.testing.assert_close(mine[name], w, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
+    # The logs carry strata's view: its gradient norm (it clips) and learning rate.
+    last = [h for h in ours.state.log_history if "loss" in h][-1]
+    assert last["grad_norm"] > 0 and last["learning_rate"] == pytest.approx(
+        [h for h in oracle.state.log_history if "loss" in h][-1]["learning_rate"], rel=1e-6)
+    ours.strata.close()
+
+
+def test_resuming_from_a_checkpoint_gives_the_uninterrupted_run_bit_for_bit(tmp_path, swap):
+    data = Tokens(MICRO * GAS * STEPS)
+    whole = strata.hf.Trainer(model=llama(), args=args(tmp_path / "whole", save_strategy="steps", save_steps=3),
+                              train_dataset=data, strata_config=strata_config(swap))
+    whole.train()
+    want = whole.strata.state_dict()
+    checkpoint = tmp_path / "whole" / "checkpoint-3"
+    assert (checkpoint / "strata").is_dir() and (checkpoint / "trainer_state.json").exists()
+    whole.strata.close()
+    resumed = strata.hf.Trainer(model=llama(seed=5), args=args(tmp_path / "resumed"), train_dataset=data,
+                                strata_config=strata_config(swap))
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    got = resumed.strata.state_dict()
+    for name, w in want.items():
+        assert torch.equal(got[name], w), name
+    # The Trainer's log history comes back with its state (trainer_state.json): the first three
+    # steps as logged before the save, the last three as the resumed run logged them.
+    assert losses(resumed) == losses(whole)
+    resumed.strata.close()
+
+
+def test_save_model_writes_a_folder_from_pretrained_loads(tmp_path, swap):
+    trainer = strata.hf.Trainer(model=llama(), args=args(tmp_path / "run", max_steps=2),
+                                train_dataset=Tokens(MICRO * GAS * 2), strata_config=strata_config(swap))
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    loaded = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "saved"))
+    mine = trainer.strata.state_dict()
+    for name, w in loaded.state_dict().items():
+        assert torch.equal(w.float(), mine[name]), name
+    trainer.strata.close()
+
+
+def test_from_pretrained_streams_the_weights_from_the_checkpoint(tmp_path, swap):
+    base = llama()
+    base.save_pretrained(str(tmp_path / "base"))
+    data = Tokens(MICRO * GAS * 2)
+    plain = strata.hf.Trainer(model=llama(), args=args(tmp_path / "a", max_steps=2), train_dataset=data,
+                              strata_config=strata_config(swap))
+    plain.train()
+    plain.strata.close()
+    model = strata.hf.from_pretrained(transformers.LlamaForCausalLM, tmp_path / "base")
+    assert all(p.device.type == "meta" for p in model.parameters())
+    streamed = strata.hf.Trainer(model=model, args=args(tmp_path / "b", max_steps=2), train_dataset=data,
+                                 strata_config=strata_config(swap))
+    streamed.train()
+    assert losses(streamed) == losses(plain)
+    streamed.strata.close()
+
+
+def test_an_epoch_that_is_not_whole_steps_is_an_error_before_training(tmp_path, swap):
+    trainer = strata.hf.Trainer(model=llama(), args=args(tmp_path / "run", gradient_accumulation_steps=3),
+                                train_dataset=Tokens(MICRO * 5), strata_config=strata_config(swap))
+    with pytest.raises(strata.InvalidArgument, match="an epoch has 5 micro-batches, not a multiple"):
+        trainer.train()
+
+
+def test_an_optimizer_given_to_the_trainer_is_refused(tmp_path, swap):
+    model = llama()
+    opt = torch.optim.AdamW(model.parameters())
+    with pytest.raises(strata.InvalidArgument, match="do not pass optimizers="):
+        strata.hf.Trainer(model=model, args=args(tmp_path / "run"), train_dataset=Tokens(8),
+                          strata_config=strata_config(swap), optimizers=(opt, None))
