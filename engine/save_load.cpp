@@ -506,15 +506,33 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
     const Step::TrafficPause pause(*step_);  // checkpoint traffic is not step traffic
+    // What of the group's home the file takes: nothing (a group of a base
+    // left out, or none of it this rank's), the trainable range alone (a
+    // LoRA block over a base read from its files: the base is not read), or
+    // the whole home.
+    bool any_held = false, frozen_held = false;
+    for (std::size_t pi : gp.params) {
+      if (held[pi].first == held[pi].second) continue;
+      any_held = true;
+      frozen_held = frozen_held || !layout_.params[pi].trainable;
+    }
     gpu::PinnedBuffer staging;
-    STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, homes_->load(g, staging, step_lane()));
+    std::span<std::byte> host;
+    std::size_t host_lo = 0;  // the home's byte at host[0]
+    if (any_held && !frozen_held && homes_->frozen_from_files(g) && homes_->frozen_apart(g) &&
+        !layout_.compute_sharded) {
+      STRATA_ASSIGN_OR_RETURN(host, homes_->load_trainable(g, staging, step_lane()));
+      host_lo = static_cast<std::size_t>(layout_.trainable_home_range(gp).lo);
+    } else if (any_held) {
+      STRATA_ASSIGN_OR_RETURN(host, homes_->load(g, staging, step_lane()));
+    }
     for (std::size_t pi : gp.params) {
       const auto [lo, hi] = held[pi];
       if (lo == hi) continue;
       // Where element lo sits in the home (the whole buffer, or a shard at stage 3).
       const auto at = static_cast<std::size_t>(layout_.shard_of(pi, share.rank).home);
       STRATA_RETURN_IF_ERROR(writer.write_raw(layout_.params[pi].name + ".compute",
-                                              host.subspan(at * cb, static_cast<std::size_t>(hi - lo) * cb)));
+                                              host.subspan(at * cb - host_lo, static_cast<std::size_t>(hi - lo) * cb)));
     }
     // Gather each trainable parameter's arrays (what this rank holds) from the chunks.
     StateArrays arrays;

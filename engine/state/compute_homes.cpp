@@ -243,6 +243,42 @@ core::Result<std::span<std::byte>> ComputeHomes::blank_trainable(std::size_t g, 
   return host;
 }
 
+core::Result<std::span<std::byte>> ComputeHomes::load_trainable(std::size_t g, gpu::PinnedBuffer& staging,
+                                                                const CopyLane& lane) {
+  if (!frozen_apart(g)) {
+    return Status::internal(str_cat("load_trainable: group '", layout_.groups[g].name, "' has no frozen part apart"));
+  }
+  const Layout::ByteRange t = layout_.trainable_home_range(layout_.groups[g]);
+  Group& home = groups_[g];
+  switch (layout_.groups[g].compute_tier) {
+    case Tier::kPinned:
+      return home.pinned_home.bytes().subspan(t.lo, t.size());
+    case Tier::kDevice: {
+      STRATA_ASSIGN_OR_RETURN(staging,
+                              pinned_cache_.get(core::align_up(t.size(), core::kDirectIoAlignment), "compute staging"));
+      const std::span<std::byte> host = staging.bytes().first(t.size());
+      STRATA_RETURN_IF_ERROR(lane_d2h(device_, trace_, lane, host, home.device_home.span().subspan(t.lo, t.size())));
+      return host;
+    }
+    case Tier::kNvme: {
+      STRATA_ASSIGN_OR_RETURN(staging,
+                              pinned_cache_.get(core::align_up(t.size(), core::kDirectIoAlignment), "compute staging"));
+      const std::span<std::byte> host = staging.bytes().first(t.size());
+      // The trainable part's own block (frozen_apart: the frozen part is another, or the files).
+      for (const auto& [id, r] : nvme_parts(g)) {
+        if (r.lo != t.lo || r.hi != t.hi) continue;
+        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap_->start_read(*id, host));
+        STRATA_RETURN_IF_ERROR(io.wait());
+        lane.bytes->add_nvme_read(io.path_bytes());
+        return host;
+      }
+      return Status::internal(str_cat("load_trainable: group '", layout_.groups[g].name,
+                                      "' has no swap block of its trainable part"));
+    }
+  }
+  return Status::internal("load_trainable: unknown tier");
+}
+
 core::Status ComputeHomes::commit_trainable(std::size_t g, std::span<const std::byte> host, const CopyLane& lane,
                                             std::uint64_t host_lo) {
   const Layout::ByteRange r =

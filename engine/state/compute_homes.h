@@ -63,6 +63,13 @@ class ComputeHomes {
   // (Layout::trainable_home_range; the pinned home's own range in place),
   // for a step that rewrites it whole; staging from the pinned cache.
   core::Result<std::span<std::byte>> blank_trainable(std::size_t g, gpu::PinnedBuffer& staging);
+  // frozen_apart groups: a host view of the trainable range alone
+  // (Layout::trainable_home_range; element 0 is the home's byte t.lo): the
+  // pinned home's own range, else a staging copy read from the device or
+  // the trainable part's swap block on `lane`. The frozen part is not read
+  // (a checkpoint that leaves out a base read from its files).
+  core::Result<std::span<std::byte>> load_trainable(std::size_t g, gpu::PinnedBuffer& staging,
+                                                    const CopyLane& lane);
   // True when group g has frozen and trainable parameters: its home's
   // trainable range (Layout::trainable_home_range) is all a step rewrites,
   // and on nvme it is a swap block of its own, the frozen part another.

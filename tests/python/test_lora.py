@@ -327,6 +327,37 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
     engine.close()
 
 
+def test_a_save_reads_nothing_of_a_base_it_leaves_out(tmp_path, swap_dir):
+    """A checkpoint that leaves out a base read from its files reads none of it: the
+    adapters' compute copies come from their own part of each group's home. Shown by
+    changing the base's values in the file before the save (a read would be data loss);
+    put back, the checkpoint resumes a fresh run to the saved state."""
+    base_dir = _base_files(tmp_path)
+    path = base_dir / "model.safetensors"
+    original = path.read_bytes()
+    model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="files")
+    helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
+    saved = engine.state_dict(trainable_only=True)
+    with open(path, "r+b") as f:
+        header = int.from_bytes(f.read(8), "little")
+        f.seek(8 + header)
+        f.write(b"\x3f" * (len(original) - 8 - header))
+        f.flush()
+        os.fsync(f.fileno())
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    engine.close()
+    path.write_bytes(original)
+    model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="files")
+    engine.load_checkpoint(str(tmp_path / "ck"))
+    got = engine.state_dict(trainable_only=True)
+    assert set(got) == set(saved)
+    for name, w in saved.items():
+        assert torch.equal(got[name], w), name
+    losses = helpers.train_strata(engine, model, helpers.batches(GAS, seed=3), 1, GAS)
+    assert losses and losses[0] == losses[0]
+    engine.close()
+
+
 def test_peft_model_trains_through_the_adapter(swap_dir):
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
