@@ -19,6 +19,7 @@ packages=(
   python3-torch python3-numpy python3-pytest python3-tqdm fortunes-min fortunes
   # pip install . and the wheel (pyproject.toml on meson-python), and its test's venv.
   python3-mesonpy python3-build python3-venv
+  patchelf  # meson-python needs it for a wheel with a compiled library (only recommended)
 )
 if [[ "${1:-}" == "--with-tools" ]]; then
   packages+=(fio hwloc-nox)
