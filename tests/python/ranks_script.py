@@ -9,9 +9,10 @@ its state_dict() (gathered from every rank), the norm of every step, its losses;
 With a sixth argument "torch_distributed" the script initialises
 torch.distributed's process group (Gloo, from torchrun's environment) first,
 and strata.torch takes the ranks from it; "torch_distributed_no_folder" does
-that where the rendezvous folder cannot be made, and writes each rank's error.
+that where the rendezvous folder cannot be made, and writes each rank's error;
+"no_grad" trains test_no_grad.py's model instead (no_grad_run).
 
-usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed[_no_folder]]"""
+usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed[_no_folder] | no_grad]"""
 import os
 import sys
 
@@ -32,6 +33,8 @@ def main():
     mode = sys.argv[6] if len(sys.argv) > 6 else ""
     if mode.startswith("torch_distributed"):
         torch.distributed.init_process_group("gloo")
+    if mode == "no_grad":
+        return no_grad_run(out, swap, precision, clip)
     model = helpers.tiny_llama(seed=0)
     cfg = helpers.config(swap, "optimizer_cpu", precision, gas=1, clip=clip, lr=3e-3, weight_decay=0.01)
     if mode == "torch_distributed_no_folder":
@@ -86,6 +89,27 @@ def main():
         raise AssertionError("step() after a write with several ranks must refuse")
     except strata.FailedPrecondition as e:
         assert "differ from the other ranks'" in str(e), str(e)
+    engine.close()
+    return 0
+
+
+def no_grad_run(out, swap, precision, clip):
+    """test_no_grad.py's branchy model, rank r taking micro-batch r of each
+    step: some parameters get a gradient from no rank in a step (skipped,
+    strata.no_grad "skip"), one from rank 0 alone in step 3 (not skipped)."""
+    import test_no_grad as ng
+    model = ng.Branchy()
+    cfg = helpers.config(swap, "optimizer_cpu", precision, gas=1, clip=clip, lr=ng.LR, weight_decay=ng.WD,
+                         no_grad="skip")
+    engine = strata.torch.initialize(model, cfg, blocks=[model.inp, model.mixed, model.branch, model.out])
+    rank = engine.rank
+    assert engine.world_size == ng.GAS, (engine.world_size, ng.GAS)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    data = ng.data()
+    for step in range(ng.STEPS):
+        engine.backward(ng.loss_of(model, data[step * ng.GAS + rank], step, rank, dtype))
+        engine.step()
+    torch.save({"state": engine.state_dict(shard=True)}, os.path.join(out, f"rank{rank}.pt"))
     engine.close()
     return 0
 

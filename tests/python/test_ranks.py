@@ -146,3 +146,15 @@ def test_two_ranks_fp32_match_torch_adamw(tmp_path):
         # The oracle's tolerance (test_oracle.py): the formula order differs in the last bits.
         torch.testing.assert_close(got[name], w, rtol=1e-4, atol=2e-6, msg=lambda m: f"{name}: {m}")
     assert all(math.isfinite(n) for n in results[0]["norms"])
+
+
+def test_a_parameter_is_skipped_only_when_no_rank_gave_it_a_gradient(tmp_path, swap_dir):
+    # strata.no_grad "skip" with ranks: rank r takes micro-batch r of each step of
+    # test_no_grad.py's model (a branch used every other step; `mixed.v` used by rank 0
+    # alone in step 3): two ranks give, bit for bit, the one rank accumulating both
+    # micro-batches, which test_no_grad.py checks against torch's AdamW. A rank that
+    # skipped its shard of `mixed.v` in step 3 (it had no gradient of its own) would not.
+    import test_no_grad as ng
+    results = torchrun(tmp_path, "bf16", "no_grad")
+    want = ng.train_strata(swap_dir, "optimizer_cpu", "skip", precision="bf16", clip=CLIP)
+    helpers.assert_same_bits(merged(results), want, "two ranks vs one rank accumulating, parameters without gradients")
