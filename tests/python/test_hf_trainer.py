@@ -158,11 +158,24 @@ def test_from_pretrained_streams_the_weights_from_the_checkpoint(tmp_path, swap)
     streamed.strata.close()
 
 
-def test_an_epoch_that_is_not_whole_steps_is_an_error_before_training(tmp_path, swap):
-    trainer = strata.hf.Trainer(model=llama(), args=args(tmp_path / "run", gradient_accumulation_steps=3),
-                                train_dataset=Tokens(MICRO * 5), strata_config=strata_config(swap))
-    with pytest.raises(strata.InvalidArgument, match="an epoch has 5 micro-batches, not a multiple"):
-        trainer.train()
+def test_an_epoch_that_ends_with_a_short_step_trains_as_transformers_trainer(tmp_path, swap):
+    # 5 micro-batches an epoch, 2 a step: each epoch ends with a step of one (the Trainer does
+    # not drop it); strata ends it with step(partial=True), the loss scaled for the step's mean.
+    data = Tokens(MICRO * 5, masked=True)
+    over = dict(max_steps=-1, num_train_epochs=2)
+    oracle = transformers.Trainer(model=llama(), args=args(tmp_path / "oracle", **over), train_dataset=data)
+    ours = strata.hf.Trainer(model=llama(), args=args(tmp_path / "ours", **over), train_dataset=data,
+                             strata_config=strata_config(swap))
+    oracle.model_accepts_loss_kwargs = ours.model_accepts_loss_kwargs = False  # each micro-batch's mean
+    oracle.train()
+    ours.train()
+    assert len(losses(ours)) == 6 and losses(ours) == pytest.approx(losses(oracle), rel=1e-3)
+    assert losses(ours, "grad_norm") == pytest.approx(losses(oracle, "grad_norm"), rel=1e-3)
+    mine = ours.strata.state_dict()
+    for name, w in oracle.model.named_parameters():
+        torch.testing.assert_close(mine[name], w.detach().float().cpu(), rtol=1e-3, atol=1e-5,
+                                   msg=lambda m: f"{name}: {m}")
+    ours.strata.close()
 
 
 def test_an_optimizer_given_to_the_trainer_is_refused(tmp_path, swap):

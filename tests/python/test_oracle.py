@@ -132,3 +132,49 @@ def test_stochastically_rounded_bf16_moments_track_torch_adamw(oracle, swap_dir)
     for name, w in want.items():
         torch.testing.assert_close(got_w[name], w, rtol=0, atol=1e-2, msg=lambda m: f"{name}: {m}")
     engine.close()
+
+
+@pytest.mark.parametrize("overlap", ["none", "exact", "speculative"])
+def test_a_step_ended_short_is_torchs_step_over_its_micro_batches(overlap, swap_dir):
+    # step(partial=True): an epoch's last step of one micro-batch of three, its loss scaled
+    # by 3 / 1, is torch's step over that micro-batch alone (its mean: loss / 1); the steps
+    # around it take all three. The embeddings of tokens only the missing micro-batches would
+    # have seen are updated by weight decay, as torch's (their gradients are zero, not absent).
+    # ("delayed" computes each step with the weights of the step before last: not torch's.)
+    gas, steps = 3, 5
+    data = helpers.batches(steps * gas)
+    windows = [gas, gas, 1, gas, 2]  # micro-batches per step
+    torch_model = helpers.tiny_llama(seed=0)
+    opt = torch.optim.AdamW(torch_model.parameters(), lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
+    it = iter(data)
+    want_norms = []
+    for k in windows:
+        opt.zero_grad()
+        for _ in range(k):
+            b = next(it)
+            loss, _ = torch_model(b, labels=b)
+            (loss / k).backward()
+        want_norms.append(torch.nn.utils.clip_grad_norm_(torch_model.parameters(), CLIP).item())
+        opt.step()
+    model = helpers.tiny_llama(seed=0)
+    engine = strata.torch.initialize(model, helpers.config(swap_dir, "optimizer_cpu", "fp32", gas=gas, clip=CLIP,
+                                                           lr=LR, weight_decay=WD, betas=BETAS, eps=EPS,
+                                                           overlap=overlap))
+    it = iter(data)
+    norms = []
+    for k in windows:
+        for i in range(k):
+            b = next(it)
+            loss, _ = model(b, labels=b)
+            engine.backward(loss * (gas / k))
+            stats = engine.step(partial=i + 1 == k)
+        assert stats is not None
+        norms.append(stats.grad_norm)
+    assert norms == pytest.approx(want_norms, rel=1e-5)
+    got = engine.state_dict()
+    for name, w in torch_model.named_parameters():
+        torch.testing.assert_close(got[name], w.detach(), rtol=1e-4, atol=2e-6, msg=lambda m: f"{name}: {m}")
+    # A step with no backward in it cannot be ended short.
+    with pytest.raises(strata.FailedPrecondition, match="no backward in the step"):
+        engine.step(partial=True)
+    engine.close()

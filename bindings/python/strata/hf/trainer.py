@@ -14,10 +14,11 @@ scheduler the loop holds are shims):
   `strata.torch.initialize` with the model's hidden size and the run's
   steps. `create_optimizer` returns a shim the loop may call step() on.
 - `training_step`: forward (the Trainer's `compute_loss`), `engine.backward`
-  and `engine.step()` (which ends the step after the last micro-batch). The
-  loss handed to strata is the mean a micro-batch contributes (strata
-  averages the accumulation steps itself); the loss returned is the one the
-  Trainer logs, scaled as the Trainer scales it.
+  and `engine.step()` (which ends the step after the last micro-batch; an
+  epoch's last step, shorter, with step(partial=True)). The loss handed to
+  strata is scaled so that strata's sum over gradient_accumulation_steps is
+  the Trainer's (token-weighted, or the mean of the step's micro-batches);
+  the loss returned is the one the Trainer logs, scaled as it scales it.
 - Clipping is strata's (`gradient_clipping` from max_grad_norm): the
   Trainer's own is turned off in the arguments it holds, and the logs carry
   strata's gradient norm.
@@ -47,7 +48,7 @@ _CHECKPOINT_DIR = "strata"  # inside the Trainer's checkpoint-N folder
 # The Trainer's methods this module replaces: a transformers that renamed one
 # would silently run its own (an empty optimizer state saved, the model moved).
 _REPLACED = ("_move_model_to_device", "_wrap_model", "create_optimizer", "create_scheduler", "training_step",
-             "prediction_step", "get_train_dataloader", "save_model", "_save_optimizer_and_scheduler",
+             "prediction_step", "save_model", "_save_optimizer_and_scheduler",
              "_load_from_checkpoint", "_load_optimizer_and_scheduler", "_load_best_model", "log")
 _missing = [m for m in _REPLACED if not hasattr(transformers.Trainer, m)]
 if _missing:
@@ -218,6 +219,7 @@ class Trainer(transformers.Trainer):
         self._strata_kwargs = dict(strata_kwargs or {})
         self._strata = None
         self._strata_stats = None
+        self._strata_in_step = 0  # micro-batches of the optimizer step under way
         self._strata_filled = []
         self._strata_max_grad_norm = args.max_grad_norm
         # The Trainer's own clipping off (strata clips, from max_grad_norm in
@@ -281,13 +283,14 @@ class Trainer(transformers.Trainer):
 
     def _strata_planned_steps(self):
         """The optimizer steps train() will run, as the Trainer counts them
-        (max_steps, else the epochs over the training data's whole steps);
+        (max_steps, else the epochs over the training data's steps);
         None when that cannot be known (no dataset, or one without a length)."""
         if self.args.max_steps > 0:
             return self.args.max_steps
         if self.train_dataset is None or not hasattr(self.train_dataset, "__len__"):
             return None
-        per_epoch = max(len(self.get_train_dataloader()) // self.args.gradient_accumulation_steps, 1)
+        n, gas = len(self.get_train_dataloader()), self.args.gradient_accumulation_steps
+        per_epoch = max(n // gas + int(n % gas > 0), 1)  # an epoch's last step may be short
         return math.ceil(self.args.num_train_epochs * per_epoch)
 
     def _move_model_to_device(self, model, device):
@@ -323,35 +326,12 @@ class Trainer(transformers.Trainer):
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
-    def get_train_dataloader(self):
-        """The Trainer's, checked: strata's step takes exactly
-        gradient_accumulation_steps micro-batches, so an epoch whose count of
-        micro-batches is not a multiple of it (the Trainer would end its last
-        step short) is an error before training starts."""
-        loader = super().get_train_dataloader()
-        gas = self.args.gradient_accumulation_steps
-        try:
-            n = len(loader)
-        except TypeError:
-            return loader
-        if n % gas and not 0 < self.args.max_steps <= n // gas:
-            raise errors.InvalidArgument(
-                f"strata.hf.Trainer: an epoch has {n} micro-batches, not a multiple of gradient_accumulation_steps "
-                f"({gas}): the Trainer would end each epoch with a step of {n % gas} micro-batch(es), and a strata "
-                f"step takes exactly {gas}; set dataloader_drop_last=True with a dataset whose size makes whole "
-                f"steps, or change per_device_train_batch_size or gradient_accumulation_steps",
-                status="INVALID_ARGUMENT")
-        return loader
-
     # --- the step ---------------------------------------------------------------------------------------
     def training_step(self, model, inputs, num_items_in_batch=None):
         gas = self.args.gradient_accumulation_steps
-        current = getattr(self, "current_gradient_accumulation_steps", gas)
-        if current != gas:
-            raise errors.FailedPrecondition(
-                f"strata.hf.Trainer: the Trainer ends this step after {current} micro-batches; a strata step takes "
-                f"gradient_accumulation_steps ({gas}): make every epoch a whole number of steps",
-                status="FAILED_PRECONDITION")
+        # The micro-batches of this optimizer step: gas, or fewer in an
+        # epoch's last step (the Trainer does not drop it).
+        current = min(getattr(self, "current_gradient_accumulation_steps", gas), gas)
         # The model itself to compute_loss (its class decides the label
         # smoother's shift, PEFT's handling), not the loop's wrapper.
         model = model.module if isinstance(model, _Model) else model
@@ -362,16 +342,23 @@ class Trainer(transformers.Trainer):
         del inputs
         token_scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
             self.compute_loss_func is not None
-        # strata averages the step's micro-batches (it divides their sum by
-        # gradient_accumulation_steps); a loss already divided by the
-        # window's token count (num_items_in_batch) is that micro-batch's
-        # share of the sum, so it goes in times the accumulation steps.
-        self._strata.backward(loss * gas if token_scaled and gas != 1 else loss)
-        stats = self._strata.step()
+        # strata divides the step's sum of gradients by
+        # gradient_accumulation_steps: a loss already divided by the step's
+        # token count (num_items_in_batch) is that micro-batch's share of the
+        # sum, so it goes in times gas; a micro-batch's own mean goes in
+        # times gas / current, the mean of the step's micro-batches. A short
+        # step ends with step(partial=True) (the missing micro-batches empty).
+        scale = gas if token_scaled else gas / current
+        self._strata.backward(loss * scale if scale != 1 else loss)
+        self._strata_in_step += 1
+        last = self._strata_in_step >= current
+        if last:
+            self._strata_in_step = 0
+        stats = self._strata.step(partial=last and current < gas)
         if stats is not None:
             self._strata_stats = stats
         logged = loss.detach()
-        return logged if token_scaled else logged / gas
+        return logged if token_scaled else logged / current
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         model = model.module if isinstance(model, _Model) else model

@@ -173,10 +173,20 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         trainable group's gradients to the engine. Call step() after it."""
         self._backward(loss, retain_graph)
 
-    def step(self):
+    def step(self, partial=False):
         """Ends the step once gradient_accumulation_steps backward passes are in
         (strata_step_end) and returns its StepStats; before that returns None
-        (call it after every backward, as with DeepSpeed, or once per step)."""
+        (call it after every backward, as with DeepSpeed, or once per step).
+
+        partial=True ends it now, after k >= 1 backward passes of the
+        gradient_accumulation_steps G (an epoch's last step, under a loop
+        that does not drop it): the G - k missing micro-batches are empty
+        (zero gradients, no parameter counted as having one, so strata.no_grad
+        "skip" skips only a parameter none of the k gave a gradient). The
+        gradients are, as in every step, the micro-batches' sum divided by G:
+        scale the k losses by G / k for their mean."""
+        if partial and self._micro < self.gradient_accumulation_steps:
+            self._pad_step()
         if self._micro < self.gradient_accumulation_steps:
             return None
         if self._diverged:

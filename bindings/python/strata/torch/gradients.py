@@ -118,6 +118,24 @@ class Gradients:
         self._end_backward()
         self._close_micro_batch()
 
+    def _pad_step(self):
+        """step(partial=True): the step's missing micro-batches, empty (every
+        trainable group's gradients zero, its parameters counted as without
+        one), each closed as a backward closes its own."""
+        if self._micro == 0:
+            raise errors.FailedPrecondition(
+                "strata.torch: step(partial=True) with no backward in the step: a step needs at least one "
+                "micro-batch's gradients", status="FAILED_PRECONDITION")
+        if self._in_backward:
+            raise errors.FailedPrecondition("strata.torch: step() inside a backward", status="FAILED_PRECONDITION")
+        if self._failed:
+            raise errors.FailedPrecondition(
+                f"strata.torch: an earlier backward failed part-way ({self._failed}); this step cannot be "
+                f"completed", status="FAILED_PRECONDITION")
+        while self._micro < self.gradient_accumulation_steps:
+            self._end_backward()
+            self._close_micro_batch()
+
     def _close_micro_batch(self):
         self._micro += 1
         if self._micro < self.gradient_accumulation_steps:
