@@ -221,10 +221,11 @@ struct IoConfig {
 };
 
 // "strata.checkpoint": retention, applied after each save has become `latest`
-// (docs/checkpoints.md).
+// (docs/checkpoints.md), and what a checkpoint holds.
 struct CheckpointConfig {
   std::int64_t keep_last = 0;   // keep the newest K checkpoints (by step); 0: keep all
   std::int64_t keep_every = 0;  // also keep every checkpoint whose step is a multiple of M; 0: none
+  bool keep_base = false;       // save a frozen base read from its files too (else left out, named)
 
   friend bool operator==(const CheckpointConfig&, const CheckpointConfig&) = default;
 };

@@ -137,9 +137,12 @@ HeldRanges held_ranges(const Layout& layout, int rank, const std::vector<bool>& 
 
 // The manifest's "frozen_base": each group read from its files (recorded
 // when the initial values were written, at finalize), its files and the
-// CRC64 of its frozen range in the compute dtype.
-std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const ComputeHomes& homes) {
+// CRC64 of its frozen range in the compute dtype; none with
+// strata.checkpoint.keep_base (the checkpoint then holds the base).
+std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const ComputeHomes& homes,
+                                                 const Config& config) {
   std::vector<CheckpointFrozenBase> out;
+  if (config.strata.checkpoint.keep_base) return out;
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     if (!homes.frozen_from_files(g) || !homes.frozen_files().recorded(g)) continue;
     const FrozenFiles& files = homes.frozen_files();
@@ -494,7 +497,7 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
   // declared in that order, so the header and then the data go out front
   // to back.
   const RankShare share = ranks_.share;
-  const HeldRanges held = held_ranges(layout_, share.rank, left_out_by(layout_, frozen_base_of(layout_, *homes_)));
+  const HeldRanges held = held_ranges(layout_, share.rank, left_out_by(layout_, frozen_base_of(layout_, *homes_, config_)));
   const int cb = layout_.compute_bytes;
   // Destruction order: the writer (which waits for its writes) before the backend.
   STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::IoBackend> backend, file_backend(config_, "save_checkpoint"));
@@ -639,7 +642,7 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
                                   std::span<const std::uint64_t> blob_crcs) {
   const std::string text =
       format_checkpoint_manifest(checkpoint_manifest(layout_, config_, step_->verdict(), step_->missed_steps(),
-                                                     state_crcs, blob_crcs, frozen_base_of(layout_, *homes_)));
+                                                     state_crcs, blob_crcs, frozen_base_of(layout_, *homes_, config_)));
   STRATA_RETURN_IF_ERROR(write_file_synced(tmp + "/manifest.json", std::as_bytes(std::span<const char>(text)),
                                            config_.strata.io));
   STRATA_RETURN_IF_ERROR(fsync_dir(tmp));

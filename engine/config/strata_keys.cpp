@@ -111,6 +111,7 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
   ObjectReader ck = r.child("checkpoint");
   ck.get_int("keep_last", 0, kMaxI64, &s->checkpoint.keep_last);
   ck.get_int("keep_every", 0, kMaxI64, &s->checkpoint.keep_every);
+  ck.get_bool("keep_base", &s->checkpoint.keep_base);
   STRATA_RETURN_IF_ERROR(ck.finish());
 
   r.get_bool("crc", &s->crc);

@@ -111,7 +111,9 @@ OrderedJson strata_json(const StrataConfig& st, const ZeroConfig& z) {
   io["sqpoll"] = st.io.sqpoll;
   io["keep_files"] = st.io.keep_files;
   sj["io"] = io;
-  sj["checkpoint"] = {{"keep_last", st.checkpoint.keep_last}, {"keep_every", st.checkpoint.keep_every}};
+  sj["checkpoint"] = {{"keep_last", st.checkpoint.keep_last},
+                      {"keep_every", st.checkpoint.keep_every},
+                      {"keep_base", st.checkpoint.keep_base}};
   sj["crc"] = st.crc;
   sj["frozen_base"] = std::string(to_string(st.frozen_base));
   sj["no_grad"] = std::string(to_string(st.no_grad));

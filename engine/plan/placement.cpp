@@ -523,13 +523,15 @@ void add_disk_reserves(Evaluation& e) {
         budget > 0 ? "strata.budgets.disk beyond the blocks" : "1/16 + 64 MiB beyond the blocks, rounded to 1 MiB");
   if (e.in.options.include_checkpoint) {
     // A frozen base read from its files is left out of a checkpoint (the
-    // manifest names the files): the trainable parameters' copies alone.
-    const std::int64_t copies = e.frozen_in_files ? T : P;
+    // manifest names the files): the trainable parameters' copies alone,
+    // unless strata.checkpoint.keep_base.
+    const bool base_left_out = e.frozen_in_files && !e.cfg.strata.checkpoint.keep_base;
+    const std::int64_t copies = base_left_out ? T : P;
     const std::uint64_t whole = sat_add(sat_mul(u64(copies), e.c), e.state_of(T));
     const std::string what =
         str_cat(group_digits(u64(copies)), " x ", e.c, " B + ", state_times(e.spec, T, true),
-                e.frozen_in_files ? " (the trainable compute copies, master, moments; the base stays in its files)"
-                                  : " (compute copies, master, moments)");
+                base_left_out ? " (the trainable compute copies, master, moments; the base stays in its files)"
+                              : " (compute copies, master, moments)");
     if (e.N == 1) {
       e.add("checkpoint", Tier::kNvme, whole, what);
     } else {

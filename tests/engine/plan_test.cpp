@@ -566,6 +566,13 @@ TEST(Planner, LoraMixesEveryGroupAndReadsTheBaseFromItsFiles) {
   EXPECT_EQ(p.traffic.file_read_bytes,
             (p.traffic.disk_read_bytes - 0) / static_cast<std::uint64_t>(base + adapters) * static_cast<std::uint64_t>(base));
   EXPECT_EQ(p.traffic.disk_write_bytes, static_cast<std::uint64_t>(adapters) * 2);  // the adapters' new copies
+  // A checkpoint leaves the base out (its files are named), unless strata.checkpoint.keep_base.
+  const std::uint64_t checkpoint = p.item_bytes(Tier::kNvme, "checkpoint");
+  Config keep = config;
+  keep.strata.checkpoint.keep_base = true;
+  const core::Result<Plan> kept = make_plan(keep, model, m);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->configured.item_bytes(Tier::kNvme, "checkpoint") - checkpoint, static_cast<std::uint64_t>(base) * 2);
 
   // "files" where the engine cannot read the base from its files is refused, naming the key.
   Config pinned_files = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);

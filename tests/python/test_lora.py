@@ -358,6 +358,36 @@ def test_a_save_reads_nothing_of_a_base_it_leaves_out(tmp_path, swap_dir):
     engine.close()
 
 
+def test_keep_base_saves_the_base_read_from_its_files_in_the_checkpoint(tmp_path, swap_dir):
+    """strata.checkpoint.keep_base: the checkpoint holds the base's compute copies (no
+    "frozen_base" in the manifest, version 2), so it resumes a run whose base lives on the
+    swap drive with no file of the base left."""
+    base_dir = _base_files(tmp_path)
+    model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="files",
+                                     checkpoint={"keep_base": True})
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    saved = engine.state_dict()
+    engine.close()
+    step = (tmp_path / "ck" / "latest").read_text().split()[0]
+    manifest = json.loads((tmp_path / "ck" / step / "manifest.json").read_text())
+    assert "frozen_base" not in manifest and manifest["version"] == 2
+    names = set(st.tensor_names(str(tmp_path / "ck" / step / "state.safetensors")))
+    assert all(f"{n}.compute" in names for n in frozen)
+    # Another base on the swap drive (the files' values + 0.5): the checkpoint's base replaces it.
+    other = {k: v + 0.5 for k, v in base_llama().state_dict().items()}
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    st.save_file(other, str(other_dir / "model.safetensors"))
+    model, engine = _lora_from_files(other_dir, swap_dir, frozen_base="swap")
+    engine.load_checkpoint(str(tmp_path / "ck"))
+    got = engine.state_dict()
+    for name, w in saved.items():
+        assert torch.equal(got[name], w), name
+    engine.close()
+
+
 def test_peft_model_trains_through_the_adapter(swap_dir):
     peft = pytest.importorskip("peft")
     transformers = pytest.importorskip("transformers")
