@@ -266,7 +266,8 @@ class Engine {
   // framework's own state (data loader, RNG), returned by load_checkpoint.
   // Placement-independent: values are stored per parameter, not per chunk or tier.
   // A frozen base read from its safetensors files (strata.frozen_base) is left
-  // out: the manifest names its groups, files and CRC64 (docs/checkpoints.md).
+  // out, unless strata.checkpoint.keep_base: the manifest names its groups,
+  // files and CRC64 (docs/checkpoints.md).
   // Errors: kFailedPrecondition mid-step; I/O errors naming the file.
   core::Status save_checkpoint(const std::string& root, std::span<const std::byte> blob);
   // Loads <root>/latest (or <root> itself when it is a step directory) into

@@ -706,7 +706,7 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
           what, "this engine shards the compute copies over its ", ranks_.share.ranks,
           " ranks (stage 3), and cannot compare its shards of the base with it yet: resume it with one rank "
           "over the same files, or from a checkpoint that holds its base (saved with strata.frozen_base "
-          "\"swap\")"));
+          "\"swap\" or strata.checkpoint.keep_base)"));
     } else {
       // Nothing may still read the home, and these reads are not a step's.
       fetcher_->settle_prefetches();

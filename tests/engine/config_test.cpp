@@ -874,7 +874,7 @@ TEST(Config, StrataKeysParse) {
       "io": {"backend": "io_uring", "paths": ["/nvme0/swap", "/nvme1/swap"],
              "stripe_bytes": "4MiB", "queue_depth": 128, "block_bytes": 524288, "rings": 2,
              "sqpoll": true, "keep_files": true},
-      "checkpoint": {"keep_last": 3, "keep_every": 1000},
+      "checkpoint": {"keep_last": 3, "keep_every": 1000, "keep_base": true},
       "crc": false,
       "frozen_base": "files",
       "cpu_adam": {"isa": "avx512", "threads": 12, "tile_elems": 262144, "bind": "numa", "numa_node": 1},
@@ -906,6 +906,7 @@ TEST(Config, StrataKeysParse) {
   EXPECT_TRUE(s.io.keep_files);
   EXPECT_EQ(s.checkpoint.keep_last, 3);
   EXPECT_EQ(s.checkpoint.keep_every, 1000);
+  EXPECT_TRUE(s.checkpoint.keep_base);
   EXPECT_FALSE(s.crc);
   EXPECT_EQ(s.cpu_adam.isa, CpuAdamIsa::kAvx512);
   EXPECT_EQ(s.cpu_adam.threads, 12);
@@ -1281,7 +1282,7 @@ TEST(Config, ToJsonRoundTripsFieldByField) {
                "io": {"backend": "libaio", "paths": ["/mnt/opt", "/mnt/two"],
                       "stripe_bytes": "16MiB", "block_bytes": "256KiB", "rings": 4,
                       "sqpoll": true, "keep_files": true},
-               "checkpoint": {"keep_last": 5, "keep_every": 250},
+               "checkpoint": {"keep_last": 5, "keep_every": 250, "keep_base": true},
                "crc": false, "frozen_base": "swap", "cpu_adam": {"isa": "avx2", "threads": 7, "tile_elems": 131072, "bind": "numa",
                                           "numa_node": 3},
                "optimizer_state": {"format": "bf16", "rounding": "stochastic"},
@@ -1317,7 +1318,7 @@ TEST(Config, ToJsonWritesCurrentNamesAndEveryKey) {
   for (const char* key :
        {"\"intra_op_parallelism\"", "\"stage3_gather_16bit_weights_on_model_save\"",
         "\"adam_w_mode\"", "\"overlap_comm\"", "\"strata\"", "\"block_bytes\"", "\"host_device\"",
-        "\"total_num_steps\"", "\"sub_group_size\"", "\"keep_last\"", "\"keep_every\""}) {
+        "\"total_num_steps\"", "\"sub_group_size\"", "\"keep_last\"", "\"keep_every\"", "\"keep_base\""}) {
     EXPECT_NE(json.find(key), std::string::npos) << key << "\n" << json;
   }
   EXPECT_EQ(json.find("thread_count"), std::string::npos) << json;

@@ -34,6 +34,7 @@ import copy
 import json
 import math
 import os
+import weakref
 
 import torch
 import transformers
@@ -132,6 +133,20 @@ class _Scheduler:
             self._trainer._strata.set_lr(self._inner.get_last_lr()[0])
 
 
+class _StepBegins(transformers.TrainerCallback):
+    """Tells the Trainer (held weakly) where the loop begins an optimizer
+    step (on_step_begin: its first micro-batch), so that a step the loop
+    broke off part-way is found there, not merged into the next."""
+
+    def __init__(self, trainer):
+        self._trainer = weakref.ref(trainer)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        trainer = self._trainer()
+        if trainer is not None:
+            trainer._strata_step_starts = True
+
+
 def _hidden_size(model):
     cfg = getattr(model, "config", None)
     for c in (cfg, getattr(cfg, "text_config", None)):
@@ -219,7 +234,7 @@ class Trainer(transformers.Trainer):
         self._strata_kwargs = dict(strata_kwargs or {})
         self._strata = None
         self._strata_stats = None
-        self._strata_in_step = 0  # micro-batches of the optimizer step under way
+        self._strata_step_starts = True  # the next training_step begins an optimizer step (_StepBegins)
         self._strata_filled = []
         self._strata_max_grad_norm = args.max_grad_norm
         # The Trainer's own clipping off (strata clips, from max_grad_norm in
@@ -229,6 +244,7 @@ class Trainer(transformers.Trainer):
         args = copy.copy(args)
         args.max_grad_norm = 0.0
         super().__init__(model, args, *pos, **kwargs)
+        self.add_callback(_StepBegins(self))
 
     # --- the engine -------------------------------------------------------------------------------------
     @property
@@ -332,6 +348,12 @@ class Trainer(transformers.Trainer):
         # The micro-batches of this optimizer step: gas, or fewer in an
         # epoch's last step (the Trainer does not drop it).
         current = min(getattr(self, "current_gradient_accumulation_steps", gas), gas)
+        if self._strata_step_starts and self._strata.micro_batches != 0:
+            raise errors.FailedPrecondition(
+                f"strata.hf.Trainer: an optimizer step begins with {self._strata.micro_batches} backward passes of an "
+                f"earlier one still in strata's step (the Trainer broke that step off part-way: a callback that "
+                f"stopped the epoch or the training mid-step)", status="FAILED_PRECONDITION")
+        self._strata_step_starts = False
         # The model itself to compute_loss (its class decides the label
         # smoother's shift, PEFT's handling), not the loop's wrapper.
         model = model.module if isinstance(model, _Model) else model
@@ -346,15 +368,21 @@ class Trainer(transformers.Trainer):
         # gradient_accumulation_steps: a loss already divided by the step's
         # token count (num_items_in_batch) is that micro-batch's share of the
         # sum, so it goes in times gas; a micro-batch's own mean goes in
-        # times gas / current, the mean of the step's micro-batches. A short
-        # step ends with step(partial=True) (the missing micro-batches empty).
+        # times gas / current, the mean of the step's micro-batches. The step
+        # ends with step(partial=True): a short one (an epoch's last) with its
+        # missing micro-batches empty.
         scale = gas if token_scaled else gas / current
+        # The loop's own flag says which micro-batch ends its optimizer step
+        # (accelerate's sync_gradients, set before each training_step).
+        last = bool(getattr(self.accelerator, "sync_gradients", True))
         self._strata.backward(loss * scale if scale != 1 else loss)
-        self._strata_in_step += 1
-        last = self._strata_in_step >= current
-        if last:
-            self._strata_in_step = 0
-        stats = self._strata.step(partial=last and current < gas)
+        stats = self._strata.step(partial=last)
+        if last != (stats is not None):
+            raise errors.FailedPrecondition(
+                f"strata.hf.Trainer: the Trainer {'ends' if last else 'goes on with'} its optimizer step after "
+                f"this micro-batch and strata {'does not' if last else 'ended its'} ({self._strata.micro_batches} "
+                f"backward passes in strata's step): a step the Trainer broke off part-way (a callback that stopped "
+                f"the epoch or the training mid-step) cannot be carried into the next", status="FAILED_PRECONDITION")
         if stats is not None:
             self._strata_stats = stats
         logged = loss.detach()

@@ -184,7 +184,9 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         (zero gradients, no parameter counted as having one, so strata.no_grad
         "skip" skips only a parameter none of the k gave a gradient). The
         gradients are, as in every step, the micro-batches' sum divided by G:
-        scale the k losses by G / k for their mean."""
+        scale the k losses by G / k for their mean. With several ranks every
+        rank ends the step after the same k (the ranks sum each micro-batch's
+        gradients group by group, in one order)."""
         if partial and self._micro < self.gradient_accumulation_steps:
             self._pad_step()
         if self._micro < self.gradient_accumulation_steps:
@@ -197,6 +199,11 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         stats = self._engine.step_end()
         stats.adapter_seconds, self.adapter_seconds = self.adapter_seconds, 0.0
         return stats
+
+    @property
+    def micro_batches(self):
+        """Backward passes of the step under way (0 between steps)."""
+        return self._micro
 
     def zero_grad(self, set_to_none=True):
         """Nothing to do: the engine owns the gradients (kept for loops that call it)."""

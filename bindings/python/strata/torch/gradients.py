@@ -132,9 +132,15 @@ class Gradients:
             raise errors.FailedPrecondition(
                 f"strata.torch: an earlier backward failed part-way ({self._failed}); this step cannot be "
                 f"completed", status="FAILED_PRECONDITION")
-        while self._micro < self.gradient_accumulation_steps:
-            self._end_backward()
-            self._close_micro_batch()
+        try:
+            while self._micro < self.gradient_accumulation_steps:
+                self._end_backward()
+                self._close_micro_batch()
+        except BaseException as e:
+            # Part of a micro-batch may have reached the engine: not to be sent again.
+            self._abandon_backward()
+            self._failed = f"step(partial=True): {type(e).__name__}: {e}"
+            raise
 
     def _close_micro_batch(self):
         self._micro += 1
