@@ -184,3 +184,25 @@ def test_an_optimizer_given_to_the_trainer_is_refused(tmp_path, swap):
     with pytest.raises(strata.InvalidArgument, match="do not pass optimizers="):
         strata.hf.Trainer(model=model, args=args(tmp_path / "run"), train_dataset=Tokens(8),
                           strata_config=strata_config(swap), optimizers=(opt, None))
+
+
+def test_the_example_trains_saves_and_fine_tunes_from_its_save(tmp_path):
+    # examples/python/hf_trainer.py: the Trainer on the example text, its save_model folder
+    # the start of a second run (strata.hf.from_pretrained streams it).
+    import json
+    import subprocess
+    import sys
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "examples", "python", "hf_trainer.py")
+    small = ["--micro", "2", "--gas", "2", "--seq-len", "32"]
+    first = subprocess.run([sys.executable, script, "--steps", "10", "--out", str(tmp_path / "a")] + small,
+                           capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    got = json.loads(first.stdout.strip().splitlines()[-1])
+    assert got["steps"] == 10 and got["last_loss"] < got["first_loss"], got
+    final = tmp_path / "a" / "final"
+    assert (final / "model.safetensors").exists() and (final / "config.json").exists()
+    second = subprocess.run([sys.executable, script, "--init-from", str(final), "--steps", "2", "--out",
+                             str(tmp_path / "b")] + small, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert json.loads(second.stdout.strip().splitlines()[-1])["steps"] == 2
