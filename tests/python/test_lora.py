@@ -182,6 +182,18 @@ def _lora_from_files(base_dir, swap_dir, precision="fp32", frozen_base="auto", p
     return model, strata.torch.initialize(model, cfg, weights=str(base_dir))
 
 
+def _saved_checkpoint(tmp_path, swap_dir, base_dir, **lora_keys):
+    """Two steps of a LoRA run over base_dir, a checkpoint saved under tmp_path/ck: (model, the
+    engine's state_dict, the manifest, the step folder)."""
+    model, engine = _lora_from_files(base_dir, swap_dir, **lora_keys)
+    helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
+    engine.save_checkpoint(str(tmp_path / "ck"))
+    saved = engine.state_dict()
+    engine.close()
+    step = tmp_path / "ck" / (tmp_path / "ck" / "latest").read_text().split()[0]
+    return model, saved, json.loads((step / "manifest.json").read_text()), step
+
+
 @pytest.mark.parametrize("precision,file_dtype,overlap", [
     ("fp32", torch.float32, "exact"), ("bf16", torch.bfloat16, "exact"), ("bf16", torch.float32, "exact"),
     ("bf16", torch.bfloat16, "delayed"), ("fp32", torch.float32, "speculative")])
@@ -263,20 +275,13 @@ def test_checkpoint_of_a_base_read_from_files_leaves_it_out_resumes_and_refuses_
         assert losses and all(l == l for l in losses)
 
     base_dir = _base_files(tmp_path)
-    model, engine = _lora_from_files(base_dir, swap_dir)
+    model, saved, manifest, step = _saved_checkpoint(tmp_path, swap_dir, base_dir)
     frozen = {n: p.numel() for n, p in model.named_parameters() if not p.requires_grad}
-    helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
-    engine.save_checkpoint(str(tmp_path / "ck"))
-    saved = engine.state_dict()
-    engine.close()
-
-    step = (tmp_path / "ck" / "latest").read_text().split()[0]
-    manifest = json.loads((tmp_path / "ck" / step / "manifest.json").read_text())
     assert manifest["version"] == 4
     groups = {p["group"] for p in manifest["params"] if not p["trainable"]}
     assert {b["group"] for b in manifest["frozen_base"]} == groups
     assert all(b["files"] == [str(base_dir / "model.safetensors")] for b in manifest["frozen_base"])
-    state = tmp_path / "ck" / step / "state.safetensors"
+    state = step / "state.safetensors"
     names = set(st.tensor_names(str(state)))
     assert not any(f"{n}.compute" in names for n in frozen)
     assert all(f"{n}.compute" in names for n, p in model.named_parameters() if p.requires_grad)
@@ -363,17 +368,11 @@ def test_keep_base_saves_the_base_read_from_its_files_in_the_checkpoint(tmp_path
     "frozen_base" in the manifest, version 2), so it resumes a run whose base lives on the
     swap drive with no file of the base left."""
     base_dir = _base_files(tmp_path)
-    model, engine = _lora_from_files(base_dir, swap_dir, frozen_base="files",
-                                     checkpoint={"keep_base": True})
+    model, saved, manifest, step = _saved_checkpoint(tmp_path, swap_dir, base_dir, frozen_base="files",
+                                                     checkpoint={"keep_base": True})
     frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
-    helpers.train_strata(engine, model, helpers.batches(2 * GAS), 2, GAS)
-    engine.save_checkpoint(str(tmp_path / "ck"))
-    saved = engine.state_dict()
-    engine.close()
-    step = (tmp_path / "ck" / "latest").read_text().split()[0]
-    manifest = json.loads((tmp_path / "ck" / step / "manifest.json").read_text())
     assert "frozen_base" not in manifest and manifest["version"] == 2
-    names = set(st.tensor_names(str(tmp_path / "ck" / step / "state.safetensors")))
+    names = set(st.tensor_names(str(step / "state.safetensors")))
     assert all(f"{n}.compute" in names for n in frozen)
     # Another base on the swap drive (the files' values + 0.5): the checkpoint's base replaces it.
     other = {k: v + 0.5 for k, v in base_llama().state_dict().items()}
