@@ -377,7 +377,11 @@ class Engine {
                             std::span<const std::uint64_t> state_crcs, std::span<const std::uint64_t> blob_crcs);
   struct CheckpointToLoad;
   core::Status check_checkpoint(const std::string& root, CheckpointToLoad& ck);
-  core::Status check_frozen_base(const std::string& dir, const CheckpointManifest& m);
+  core::Status check_frozen_base(const std::string& dir, const CheckpointManifest& m, CheckpointToLoad& ck);
+  // Stage 3 over several ranks: the frozen bases check_frozen_base left for
+  // later, each group gathered (a collective every rank takes part in, in
+  // the manifest's order) and its base's CRC64 compared.
+  core::Status compare_sharded_base(const CheckpointToLoad& ck) STRATA_REQUIRES(mu_);
   core::Status apply_checkpoint(CheckpointToLoad& ck);
   // Group g's fp32 masters gathered from every rank's shard (its trainable
   // part, padding included); a failure reading this rank's own goes to

@@ -659,14 +659,39 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
   return Status();
 }
 
+// A checkpoint read and checked, ready to replace the engine's state.
+struct Engine::CheckpointToLoad {
+  std::string dir;
+  CheckpointManifest manifest;
+  std::vector<CheckpointStateFile> files;
+  Sources sources;  // per parameter, the files' ranges that hold it (sources_of)
+  LossScaler::State scaler;
+  std::vector<std::byte> blob;
+  // CRC64 of the step folder's name and the manifest: the ranks compare it.
+  std::uint64_t fingerprint = 0;
+  // Stage 3 over several ranks: the groups whose left-out base each rank
+  // holds a shard of, their CRC64 and the message's start (compare_sharded_base).
+  struct ShardedBase {
+    std::size_t group;
+    std::uint64_t crc64;
+    std::string what;
+  };
+  std::vector<ShardedBase> sharded_base;
+  // Destruction order: the readers (they own their files) before the backend.
+  std::unique_ptr<nvme::IoBackend> backend;
+  std::vector<SafetensorsReader> readers;  // one per file
+};
+
 // The frozen base a checkpoint leaves out (its manifest's frozen_base) must be
 // this engine's, byte for byte: the CRC64 of each such group's frozen range
 // (Layout::frozen_home_range) in the compute dtype, which the save recorded,
 // is that of the engine's values: those its files give (FrozenFiles' record)
-// where the group is read from its files, else its home's, read here. The
-// frozen values never change in training, so a run that imported the same
-// base loads it, wherever its base lives.
-core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointManifest& m) {
+// where the group is read from its files, else its home's, read here (with
+// the compute copies sharded over ranks at stage 3: gathered later, in a
+// phase every rank reaches, compare_sharded_base). The frozen values never
+// change in training, so a run that imported the same base loads it,
+// wherever its base lives.
+core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointManifest& m, CheckpointToLoad& ck) {
   for (const CheckpointFrozenBase& b : m.frozen_base) {
     std::string saved_from;
     for (const std::string& f : b.files) saved_from += (saved_from.empty() ? "" : ", ") + f;
@@ -702,11 +727,10 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
       have = files.crc(g);
       here = files.describe(g);
     } else if (layout_.compute_sharded) {
-      return Status::failed_precondition(str_cat(
-          what, "this engine shards the compute copies over its ", ranks_.share.ranks,
-          " ranks (stage 3), and cannot compare its shards of the base with it yet: resume it with one rank "
-          "over the same files, or from a checkpoint that holds its base (saved with strata.frozen_base "
-          "\"swap\" or strata.checkpoint.keep_base)"));
+      // Each rank holds a shard of the base: gathered and compared once
+      // every rank found the checkpoint fit (a gather is a collective).
+      ck.sharded_base.push_back({g, b.crc64, what});
+      continue;
     } else {
       // Nothing may still read the home, and these reads are not a step's.
       fetcher_->settle_prefetches();
@@ -724,21 +748,6 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
   }
   return Status();
 }
-
-// A checkpoint read and checked, ready to replace the engine's state.
-struct Engine::CheckpointToLoad {
-  std::string dir;
-  CheckpointManifest manifest;
-  std::vector<CheckpointStateFile> files;
-  Sources sources;  // per parameter, the files' ranges that hold it (sources_of)
-  LossScaler::State scaler;
-  std::vector<std::byte> blob;
-  // CRC64 of the step folder's name and the manifest: the ranks compare it.
-  std::uint64_t fingerprint = 0;
-  // Destruction order: the readers (they own their files) before the backend.
-  std::unique_ptr<nvme::IoBackend> backend;
-  std::vector<SafetensorsReader> readers;  // one per file
-};
 
 core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad& ck) {
   const RankShare share = ranks_.share;
@@ -766,7 +775,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
                                                " in the checkpoint; this engine uses ", compute_dtype));
   }
-  STRATA_RETURN_IF_ERROR(check_frozen_base(dir, m));
+  STRATA_RETURN_IF_ERROR(check_frozen_base(dir, m, ck));
   // Integrity before anything changes: the state files' CRC64s, each read
   // front to back with direct reads (read-ahead); with several ranks each
   // rank checks every ranks-th file and they agree before any rank loads.
@@ -920,6 +929,30 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
   return Status();
 }
 
+core::Status Engine::compare_sharded_base(const CheckpointToLoad& ck) {
+  fetcher_->settle_prefetches();  // nothing may still read the homes
+  const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
+  Status local;
+  for (const CheckpointToLoad::ShardedBase& b : ck.sharded_base) {
+    gpu::PinnedBuffer staging;
+    std::span<std::byte> whole;
+    gather_compute(b.group, staging, whole, local);  // every rank, even after a failure (carried in it)
+    if (!local.ok()) continue;
+    // The group whole, as one rank's home holds it: the frozen parameters
+    // first, up to the trainable ones (Layout: trainable_compute_begin).
+    const GroupPlace& gp = layout_.groups[b.group];
+    const std::uint64_t n = gp.trainable_elems == 0 ? whole.size() : static_cast<std::uint64_t>(gp.trainable_compute_begin) * cb;
+    const std::uint64_t have = nvme::crc64(0, whole.first(static_cast<std::size_t>(n)));
+    if (have != b.crc64) {
+      local = Status::failed_precondition(str_cat(
+          b.what, "this engine's values of the frozen parameters of group '", gp.name, "' (gathered from its ",
+          ranks_.share.ranks, " ranks' shards) give CRC64 ", crc64_hex(have), ": load it over the base it was "
+          "trained on"));
+    }
+  }
+  return local;
+}
+
 core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
   // From here on the load replaces the engine's state.
   fetcher_->drop_copies(DropCopies::kAll);  // they hold compute copies the load replaces
@@ -967,8 +1000,10 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
                                                 own[pi].second, arrays[pi]));
       }
     }
-    STRATA_RETURN_IF_ERROR(trainable_only ? homes_->commit_trainable(g, host, step_lane(), host_lo)
-                                          : homes_->commit(g, host, step_lane()));
+    // A left-out base is not written back (at stage 3 over ranks the home
+    // was read whole, its shard of the base kept as it was).
+    STRATA_RETURN_IF_ERROR(left_out ? homes_->commit_trainable(g, host, step_lane(), host_lo)
+                                    : homes_->commit(g, host, step_lane()));
     STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kYes, [&](const ChunkPlace& cp, ChunkState& st) {
       exchange_chunk_arrays(layout_, cp, st, arrays, Exchange::kIntoChunk);
       return Status();
@@ -1002,6 +1037,9 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
           "load_checkpoint: rank ", k, " found another checkpoint at ", root, " than rank 0 (another step folder or "
           "manifest): the ranks must load one checkpoint from a file system they share"));
     }
+  }
+  if (!ck.sharded_base.empty()) {  // the same list on every rank (the manifest and layout agree)
+    STRATA_RETURN_IF_ERROR(agree(kOp, "comparing the frozen base", compare_sharded_base(ck)));
   }
   // From here a failure leaves the state part old, part new (on some ranks):
   // training is refused until a load succeeds.

@@ -305,8 +305,11 @@ struct Framework {
 // group) and finalized; null (with a test failure) on error.
 // `ranks`: the engine is one of several data-parallel ranks (Engine::create).
 // `frozen`: the tensors registered frozen (the others are trained).
+// `weights_dir`: the frozen parameters' values from the safetensors files
+// there (init_from_safetensors), not from init_values.
 inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition::CommunicatorOptions& ranks = {},
-                                               const std::vector<std::string>& frozen = {}) {
+                                               const std::vector<std::string>& frozen = {},
+                                               const std::string& weights_dir = "") {
   auto created = Engine::create(c, ranks);
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return nullptr;
@@ -316,10 +319,15 @@ inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition:
   for (const Tensor& t : kTensors) {
     const bool trains = std::find(frozen.begin(), frozen.end(), t.name) == frozen.end();
     ParamDesc d{t.name, t.shape, t.group, trains, t.name.back() == 'b' ? *no_decay : 0};
-    EXPECT_TRUE(e->register_param(d, [t](std::span<float> out) {
-                   init_values(t, out);
-                   return core::Status();
-                 }).ok());
+    InitFn init = [t](std::span<float> out) {
+      init_values(t, out);
+      return core::Status();
+    };
+    if (!weights_dir.empty() && !trains) init = nullptr;  // from the files
+    EXPECT_TRUE(e->register_param(d, init).ok());
+  }
+  if (!weights_dir.empty()) {
+    EXPECT_TRUE(e->init_from_safetensors(weights_dir, "").ok());
   }
   const core::Status s = e->finalize();
   EXPECT_TRUE(s.ok()) << s;

@@ -12,6 +12,7 @@
 
 #include "engine/checkpoint/inspect.h"
 #include "engine/checkpoint/manifest.h"
+#include "engine/checkpoint/safetensors.h"
 #include "tests/e2e/ranks_harness.h"
 
 namespace strata::engine::e2e {
@@ -267,6 +268,69 @@ TEST_F(RanksTest, Stage3CheckpointsLoadAcrossRankCountsAndStages) {
       },
       frozen);
   expect_same_outcome(resumed, finished, "-> stage 3 by 3, resumed");
+}
+
+TEST_F(RanksTest, ABaseOneRankLeftOutLoadsIntoStage3RanksThatGatherAndCompareIt) {
+  // One rank reads its frozen base (l1.w) from a safetensors file and leaves
+  // it out of its checkpoint (manifest version 4, the base's CRC64). Two
+  // ranks at stage 3 hold that base in shards on the swap drive: the load
+  // gathers it, compares its CRC64 in a phase of its own, and gives every
+  // master, moment and compute copy of the one rank's; a base of other
+  // values is refused, every rank unchanged.
+  const std::vector<std::string> frozen = {"l1.w"};
+  const Tensor& w = kTensors[0];
+  ASSERT_EQ(w.name, "l1.w");
+  auto write_base = [&](const fs::path& d, float add) {
+    fs::create_directories(d);
+    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
+    init_values(w, v);
+    for (float& x : v) x += add;
+    auto writer = SafetensorsWriter::create((d / "model.safetensors").string(), {{w.name, TensorDtype::kBf16, w.shape}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
+    ASSERT_TRUE(writer->finish().ok());
+  };
+  write_base(dir_ / "base", 0.0f);
+  write_base(dir_ / "other", 0.5f);
+  Config one = stage3(config("cpu", OverlapMode::kExact), "nvme");
+  one.strata.frozen_base = FrozenBase::kFiles;
+  const fs::path ck = dir_ / "ck-one";
+  const Outcome saved = on_ranks(
+      one, 1, "one",
+      [&](int, Engine& e) {
+        Framework f;
+        for (int s = 0; s < kBefore; ++s) micro_batch(e, f, s, true, nullptr).status().ignore_error();
+        const core::Status st = e.save_checkpoint(ck.string(), {});
+        EXPECT_TRUE(st.ok()) << st;
+      },
+      frozen, (dir_ / "base").string());
+  auto located = locate_checkpoint(ck.string());
+  ASSERT_TRUE(located.ok()) << located.status();
+  ASSERT_EQ(located->manifest.frozen_base.size(), 1u);
+  EXPECT_EQ(located->manifest.frozen_base[0].group, "l1");
+
+  const Config three = stage3(config("cpu", OverlapMode::kExact), "nvme");  // the base on the swap drive
+  const Outcome two = on_ranks(
+      three, 2, "two",
+      [&](int, Engine& e) {
+        const auto blob = e.load_checkpoint(ck.string());
+        EXPECT_TRUE(blob.ok()) << blob.status();
+      },
+      frozen, (dir_ / "base").string());
+  expect_same_outcome(two, saved, "one rank without its base -> stage 3 by 2");
+
+  const Outcome before = on_ranks(three, 2, "other-before", [](int, Engine&) {}, frozen, (dir_ / "other").string());
+  const Outcome refused = on_ranks(
+      three, 2, "other",
+      [&](int, Engine& e) {
+        const auto blob = e.load_checkpoint(ck.string());
+        ASSERT_FALSE(blob.ok());
+        EXPECT_EQ(blob.status().code(), core::StatusCode::kFailedPrecondition) << blob.status();
+        EXPECT_NE(blob.status().message().find("gathered from its 2 ranks' shards"), std::string::npos)
+            << blob.status();
+      },
+      frozen, (dir_ / "other").string());
+  expect_same_outcome(refused, before, "a refused load changes nothing");
 }
 
 TEST_F(RanksTest, RangesThatDoNotMatchTheirFilesAreRefusedBeforeAnyChange) {

@@ -192,13 +192,14 @@ class RanksTest : public MlpTest {
   // together: masters and moments from the rank that owns each element,
   // and each rank's compute copies.
   Outcome on_ranks(const Config& c, int n, const std::string& run, const std::function<void(int, Engine&)>& body,
-                   const std::vector<std::string>& frozen = {}) {
+                   const std::vector<std::string>& frozen = {}, const std::string& weights_dir = "") {
     std::vector<Outcome> per(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
         std::unique_ptr<Engine> e =
-            n == 1 ? make_mlp_engine(c, {}, frozen) : make_mlp_engine(c, ranks(r, n, run), frozen);
+            n == 1 ? make_mlp_engine(c, {}, frozen, weights_dir)
+                   : make_mlp_engine(c, ranks(r, n, run), frozen, weights_dir);
         if (e == nullptr) return;
         body(r, *e);
         Outcome& o = per[static_cast<std::size_t>(r)];
