@@ -510,9 +510,10 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
     const GroupPlace& gp = layout_.groups[g];
     const Step::TrafficPause pause(*step_);  // checkpoint traffic is not step traffic
     // What of the group's home the file takes: nothing (a group of a base
-    // left out, or none of it this rank's), the trainable range alone (a
-    // LoRA block over a base read from its files: the base is not read), or
-    // the whole home.
+    // left out, or none of it this rank's), the trainable range alone when
+    // no frozen parameter of the group is written (a LoRA block over a base
+    // left out, or whose frozen parameters other ranks' files hold: the
+    // frozen part is not read), or the whole home.
     bool any_held = false, frozen_held = false;
     for (std::size_t pi : gp.params) {
       if (held[pi].first == held[pi].second) continue;
@@ -522,8 +523,7 @@ core::Status Engine::write_state_file(const std::string& path, std::uint64_t* cr
     gpu::PinnedBuffer staging;
     std::span<std::byte> host;
     std::size_t host_lo = 0;  // the home's byte at host[0]
-    if (any_held && !frozen_held && homes_->frozen_from_files(g) && homes_->frozen_apart(g) &&
-        !layout_.compute_sharded) {
+    if (any_held && !frozen_held && homes_->frozen_apart(g) && !layout_.compute_sharded) {
       STRATA_ASSIGN_OR_RETURN(host, homes_->load_trainable(g, staging, step_lane()));
       host_lo = static_cast<std::size_t>(layout_.trainable_home_range(gp).lo);
     } else if (any_held) {
