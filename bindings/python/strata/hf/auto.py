@@ -48,19 +48,18 @@ class _Filler:
         self.filled = []      # (key path, value, source)
         self.mismatches = []  # (key path, config's value, source, argument's value)
 
-    def _node(self, path, make):
+    def _node(self, path):
+        """The dict holding path's last key, and that key (None: a section on the way is missing)."""
         *parents, leaf = path.split(".")
         node = self.config
         for p in parents:
             if not isinstance(node.get(p), dict):
-                if not make:
-                    return None, leaf
-                node[p] = {}
+                return None, leaf
             node = node[p]
         return node, leaf
 
     def match(self, path, value, source, must_match=True):
-        node, leaf = self._node(path, make=False)
+        node, leaf = self._node(path)
         if node is None or leaf not in node:
             return
         if node[leaf] == "auto":

@@ -235,7 +235,6 @@ class Trainer(transformers.Trainer):
         self._strata = None
         self._strata_stats = None
         self._strata_step_starts = True  # the next training_step begins an optimizer step (_StepBegins)
-        self._strata_filled = []
         self._strata_max_grad_norm = args.max_grad_norm
         # The Trainer's own clipping off (strata clips, from max_grad_norm in
         # the config); a copy, so the caller's arguments stay as written (and
@@ -264,8 +263,8 @@ class Trainer(transformers.Trainer):
                 "(strata.torch.initialize with torchrun supports several ranks: docs/distributed.md)",
                 status="UNIMPLEMENTED")
         hidden = _hidden_size(self.model)
-        config, self._strata_filled = trainer_config(self._strata_config_dict, args,
-                                                     num_training_steps=num_training_steps, hidden_size=hidden)
+        config, _ = trainer_config(self._strata_config_dict, args, num_training_steps=num_training_steps,
+                                   hidden_size=hidden)
         kwargs = dict(self._strata_kwargs)
         if "optimizer" not in self._strata_config_dict and "param_groups" not in kwargs:
             groups = self._strata_decay_groups(args)
