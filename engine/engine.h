@@ -218,7 +218,9 @@ class Engine {
   // Null: that work is done when this is called.
   core::Status release(std::string_view group, gpu::Stream* used_on = nullptr);
   // A device buffer for the group's gradients, laid out like its compute
-  // copies (frozen parameters' slots are ignored); valid until grads_ready.
+  // copies from the group's first trainable slot on (GroupPlace::
+  // trainable_compute_begin: the frozen parameters, first in a group, have
+  // no slots), gradient_elems() elements; valid until grads_ready.
   core::Result<gpu::DeviceSpan> grad_buffer(std::string_view group);
   // The framework has written the group's gradients (scaled by loss_scale()).
   // `written_on`: the stream the framework wrote them on; the engine's copy

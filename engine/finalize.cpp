@@ -93,7 +93,8 @@ std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
   for (const GroupPlace& gp : layout.groups) {
     const auto elems = static_cast<std::uint64_t>(gp.compute_elems);
     const std::uint64_t fetched = layout.fetched_in_place(gp) ? 0 : buffer(elems * cb);
-    const std::uint64_t grads = gp.trainable_elems > 0 ? buffer(elems * cb) : 0;
+    const std::uint64_t grads =
+        gp.trainable_elems > 0 ? buffer(static_cast<std::uint64_t>(gp.gradient_elems()) * cb) : 0;
     backward = std::max(backward, fetched + grads);
   }
   std::uint64_t chunk_step = 0;

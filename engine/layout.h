@@ -107,6 +107,10 @@ struct GroupPlace {
   // each rank's shard of it; 0 otherwise.
   std::int64_t frozen_elems = 0;
   std::int64_t frozen_shard_elems = 0;
+
+  // Its gradient buffer: the compute layout from trainable_compute_begin on
+  // (a frozen parameter has no slot; 0 when none trains).
+  std::int64_t gradient_elems() const { return compute_elems - trainable_compute_begin; }
 };
 
 // Which share of the model this layout's rank keeps (DESIGN.md section 10).

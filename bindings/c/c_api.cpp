@@ -164,6 +164,25 @@ core::Status check_size(const engine::Engine& e, const engine::GroupPlace& g, st
   return core::Status();
 }
 
+// Where a group's gradient buffer begins in its compute layout (its first
+// trainable slot), in bytes.
+std::uint64_t grad_offset_bytes(const engine::Engine& e, const engine::GroupPlace& g) {
+  return static_cast<std::uint64_t>(g.trainable_compute_begin) * static_cast<std::uint64_t>(e.layout().compute_bytes);
+}
+
+// Whether the caller's view struct has room for offset_bytes: one built
+// against a header without it would place every gradient at its slot in the
+// whole layout.
+core::Status check_view_has_offset(const strata_group_view* out, std::uint64_t offset, const engine::GroupPlace& g,
+                                   const char* fn) {
+  constexpr std::size_t kNeeds = offsetof(strata_group_view, offset_bytes) + sizeof(out->offset_bytes);
+  if (offset == 0 || out->struct_size >= kNeeds) return core::Status();
+  return core::Status::invalid_argument(core::str_cat(
+      fn, "('", g.name, "'): the gradient buffer of this group begins ", offset,
+      " bytes into its layout (its frozen parameters have no slots), and out->struct_size (", out->struct_size,
+      ") has no room for offset_bytes to say so: build against strata.h 0.5 or later (STRATA_GROUP_VIEW_INIT)"));
+}
+
 core::Result<gpu::Stream*> copy_stream(strata_engine& h) STRATA_REQUIRES(h.mu) {
   if (h.copies.empty()) {
     STRATA_ASSIGN_OR_RETURN(h.copies, h.engine->device().create_stream("c_api host copies"));
@@ -564,6 +583,7 @@ strata_status strata_group_info_get(strata_engine* engine, const char* group, st
     info.device_index = e.device().caps().index;
     info.param_count = static_cast<int32_t>(g->params.size());
     info.trainable = g->trainable_elems > 0 ? 1 : 0;
+    info.grad_offset_bytes = c_api::grad_offset_bytes(e, *g);
     c_api::write_struct(out, info);
     return core::Status();
   });
@@ -686,8 +706,13 @@ strata_status strata_group_grad_buffer(strata_engine* engine, const char* group,
     STRATA_C_NOT_NULL(fn, group);
     STRATA_RETURN_IF_ERROR(c_api::check_out_struct(out, fn, "out"));
     se::Engine& e = *engine->engine;
+    STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
+    const std::uint64_t offset = c_api::grad_offset_bytes(e, *g);
+    STRATA_RETURN_IF_ERROR(c_api::check_view_has_offset(out, offset, *g, fn));
     STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, e.grad_buffer(group));
-    c_api::write_struct(out, c_api::view_of(e, span));
+    strata_group_view view = c_api::view_of(e, span);
+    view.offset_bytes = offset;
+    c_api::write_struct(out, view);
     return core::Status();
   });
 }
@@ -736,10 +761,18 @@ strata_status strata_group_grads_host(strata_engine* engine, const char* group, 
     STRATA_C_NOT_NULL(fn, host_src);
     se::Engine& e = *engine->engine;
     STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
-    STRATA_RETURN_IF_ERROR(c_api::check_size(e, *g, size, fn));
+    // The whole layout, or the gradient buffer's part of it.
+    const std::uint64_t whole = c_api::group_bytes(e, *g), offset = c_api::grad_offset_bytes(e, *g);
+    if (size != whole && size != whole - offset) {
+      return core::Status::invalid_argument(
+          str_cat(fn, "('", g->name, "'): size is ", size, " bytes; the group's layout is ", whole,
+                  " bytes, its gradients' part of it ", whole - offset,
+                  " (from grad_offset_bytes on; strata_group_info_get)"));
+    }
     STRATA_ASSIGN_OR_RETURN(gpu::Stream * s, c_api::copy_stream(*engine));
     STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan span, e.grad_buffer(group));
-    const std::span<const std::byte> src(static_cast<const std::byte*>(host_src), size);
+    const std::size_t skip = size == whole ? static_cast<std::size_t>(offset) : 0;
+    const std::span<const std::byte> src(static_cast<const std::byte*>(host_src) + skip, size - skip);
     STRATA_RETURN_IF_ERROR(e.device().copy_h2d(*s, span, src));
     STRATA_RETURN_IF_ERROR(e.device().synchronize(*s));
     return e.grads_ready(group);

@@ -113,8 +113,11 @@ struct Evaluation {
                    n < window_groups ? " and the device budget" : "", ")");
   }
   std::string grads_detail(std::int64_t n) const {
-    return str_cat(groups_of(n), " x ", c, " B (",
-                   threaded ? "on their way down, within reduce_bucket_size" : "one at a time",
+    const std::string what = trainable_part_bytes != group_bytes
+                                 ? str_cat(n, " x ", group_digits(trainable_part_bytes),
+                                           " B (a group's trainable part: its frozen parameters have no slots; ")
+                                 : str_cat(groups_of(n), " x ", c, " B (");
+    return str_cat(what, threaded ? "on their way down, within reduce_bucket_size" : "one at a time",
                    n < grad_buffers ? " and the device budget" : "", ")");
   }
 
@@ -277,7 +280,7 @@ void add_compute_copies(Evaluation& e) {
 // The gradients: on the host, in the device's buffers, in pinned staging, and
 // the optimizer's host view of the compute copies it writes.
 void add_gradients(Evaluation& e) {
-  const std::int64_t T = e.T, group = e.group;
+  const std::int64_t T = e.T;
   const std::uint64_t c = e.c, g = e.g;
   if (T == 0) return;
   // Every trainable group's gradients come down to the host, whatever the
@@ -304,13 +307,15 @@ void add_gradients(Evaluation& e) {
             count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
     }
   }
-  // The framework writes each group's gradients into a device buffer; the
-  // threaded schedules hold those on their way down within
-  // reduce_bucket_size elements (two groups at least).
-  e.grad_buffers =
-      !e.threaded ? 1
-                  : std::min(e.trainable_groups, std::max<std::int64_t>(2, e.cfg.zero.reduce_bucket_size / group));
-  e.add("device_gradient_buffers", Tier::kDevice, sat_mul(e.group_bytes, u64(e.grad_buffers)),
+  // The framework writes each group's gradients into a device buffer (a
+  // mixed group's trainable part: Step::grad_buffer); the threaded
+  // schedules hold those on their way down within reduce_bucket_size
+  // elements (two groups at least).
+  const std::int64_t grad_elems = static_cast<std::int64_t>(e.trainable_part_bytes / c);
+  e.grad_buffers = !e.threaded ? 1
+                               : std::min(e.trainable_groups,
+                                          std::max<std::int64_t>(2, e.cfg.zero.reduce_bucket_size / grad_elems));
+  e.add("device_gradient_buffers", Tier::kDevice, sat_mul(e.trainable_part_bytes, u64(e.grad_buffers)),
         e.grads_detail(e.grad_buffers));
   // The optimizer's host copy of the group it updates, unless the home is
   // pinned; when a certain step's early job updates groups whose home is
@@ -556,17 +561,18 @@ void fit_device_budget(Evaluation& e) {
   while (device > room && group_bytes > 0 && (window > 1 || grads > 1)) {
     if (window > 1) {
       --window;
+      device -= group_bytes;
     } else {
       --grads;
+      device -= e.trainable_part_bytes;
     }
-    device -= group_bytes;
   }
   for (PlanItem& item : e.plan.items) {
     if (item.name == "fetch_window" && window < e.window_groups) {
       item.size_bytes = sat_mul(group_bytes, u64(window));
       item.detail = e.window_detail(window);
     } else if (item.name == "device_gradient_buffers" && grads < e.grad_buffers) {
-      item.size_bytes = sat_mul(group_bytes, u64(grads));
+      item.size_bytes = sat_mul(e.trainable_part_bytes, u64(grads));
       item.detail = e.grads_detail(grads);
     }
   }

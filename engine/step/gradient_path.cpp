@@ -88,7 +88,7 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     cache->put(std::move(*b));
     delete b;
   });
-  const std::int64_t elems = parts_.layout.groups[g].compute_elems;
+  const std::int64_t elems = parts_.layout.groups[g].gradient_elems();
   {
     const core::MutexLock lock(mu_);
     ++posted_[g];
@@ -160,16 +160,14 @@ void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const st
 
 core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,
                                                          const CopyLane& lane) {
-  // Device -> host, in the compute dtype and the compute layout: the group's
-  // trainable part alone (its frozen parameters, first in the buffer, have
-  // no gradients).
+  // Device -> host, in the compute dtype and the compute layout of the
+  // group's trainable part (the buffer holds that alone: gradient_elems).
   const GroupPlace& gp = parts_.layout.groups[g];
-  const auto cb = static_cast<std::uint64_t>(parts_.layout.compute_bytes);
-  const std::uint64_t from = static_cast<std::uint64_t>(gp.trainable_compute_begin) * cb;
-  const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * cb - from;
+  const std::uint64_t bytes =
+      static_cast<std::uint64_t>(gp.gradient_elems()) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, parts_.pinned_cache.get(bytes, "gradient staging"));
   STRATA_RETURN_IF_ERROR(
-      lane_d2h(parts_.device, parts_.trace, lane, wire.bytes().first(bytes), grad.span().subspan(from, bytes)));
+      lane_d2h(parts_.device, parts_.trace, lane, wire.bytes().first(bytes), grad.subspan(0, bytes)));
   return wire;
 }
 
@@ -334,7 +332,7 @@ core::Status GradientPath::wait(const char* op) {
 }
 
 core::Status GradientPath::wait_down(std::size_t g, std::string_view group, std::int64_t room_elems) {
-  const std::int64_t elems = parts_.layout.groups[g].compute_elems;
+  const std::int64_t elems = parts_.layout.groups[g].gradient_elems();
   const core::MutexLock lock(mu_);
   cv_.wait(mu_, [&]() STRATA_REQUIRES(mu_) {
     const bool room = in_flight_ <= 1 || in_flight_elems_ <= room_elems - elems;

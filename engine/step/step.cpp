@@ -96,7 +96,7 @@ core::Result<gpu::DeviceSpan> Step::grad_buffer(std::size_t g) {
   fetcher_->sequence().note_backward(g);
   if (gs.grad.empty()) {
     const std::uint64_t bytes =
-        static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
+        static_cast<std::uint64_t>(gp.gradient_elems()) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
     STRATA_ASSIGN_OR_RETURN(gs.grad, fetcher_->allocate_working(bytes, str_cat("gradients of group '", gp.name, "'"),
                                                                     gpu::ArenaEnd::kHigh));
   }

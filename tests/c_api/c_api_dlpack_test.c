@@ -7,6 +7,7 @@
  * check holds; prints each failure. */
 #include <dlpack/dlpack.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -412,6 +413,90 @@ static void trains_as_the_host_calls(const char* compute_home) {
   CHECK(memcmp(host.b, dlpack.b, sizeof host.b) == 0);
 }
 
+/* --- a group of frozen and trainable parameters (a LoRA block's shape) ---- */
+
+enum { kBase = 64 };
+
+/* A mixed group "m": a frozen kBase x kBase "Base" and a trainable "A".
+ * how: 0 gradients through a GRADS tensor, 1 strata_group_grads_host with
+ * the whole layout, 2 with the gradient buffer's part of it. Trains
+ * kSteps steps on a fixed gradient and writes A's master to a_out. */
+static void train_mixed(int how, float* a_out) {
+  char config[1024];
+  snprintf(config, sizeof config, kConfig, "", "exact");
+  strata_engine* e = NULL;
+  CHECK_OK(strata_engine_create(config, &e));
+  if (e == NULL) return;
+  const int64_t base_shape[2] = {kBase, kBase}, wshape[2] = {kOut, kIn};
+  strata_param_desc d = STRATA_PARAM_DESC_INIT;
+  d.name = "Base";
+  d.shape = base_shape;
+  d.ndim = 2;
+  d.group = "m";
+  d.frozen = 1;
+  CHECK_OK(strata_param_register(e, &d, init_param, NULL));
+  d.name = "A";
+  d.shape = wshape;
+  d.frozen = 0;
+  CHECK_OK(strata_param_register(e, &d, init_param, NULL));
+  CHECK_OK(strata_engine_finalize(e));
+  strata_group_info info = STRATA_GROUP_INFO_INIT;
+  CHECK_OK(strata_group_info_get(e, "m", &info));
+  int64_t off_base = -1, off_a = -1;
+  CHECK_OK(strata_param_offset(e, "Base", &off_base, NULL));
+  CHECK_OK(strata_param_offset(e, "A", &off_a, NULL));
+  /* The frozen part first; the gradients begin at A's slot's part of the layout. */
+  CHECK(off_base == 0 && info.grad_offset_bytes >= (uint64_t)kBase * kBase * 2);
+  CHECK(info.grad_offset_bytes <= (uint64_t)off_a * 2 && info.grad_offset_bytes < info.size_bytes);
+  const size_t whole = info.size_bytes, part = info.size_bytes - info.grad_offset_bytes;
+  uint16_t* g = calloc(1, whole);
+  if (g == NULL) abort();
+  for (int step = 0; step < kSteps; ++step) {
+    memset(g, 0, whole);
+    for (int j = 0; j < kOut * kIn; ++j) g[off_a + j] = f32_to_bf16(0.01f * (float)((j + step) % 7 - 3));
+    /* (Base's slots hold garbage: never read.) */
+    for (int j = 0; j < kBase * kBase; ++j) g[off_base + j] = 0x7fc0;
+    if (how == 0) {
+      strata_group_view v = STRATA_GROUP_VIEW_INIT;
+      CHECK_OK(strata_group_grad_buffer(e, "m", &v));
+      CHECK(v.offset_bytes == info.grad_offset_bytes && v.size_bytes == part);
+      DLManagedTensor* t = export_view(e, "m", STRATA_VIEW_GRADS);
+      if (t != NULL) {
+        CHECK(t->dl_tensor.data == v.data && t->dl_tensor.shape[0] == (int64_t)(part / 2));
+        copy_to_device(t, (const char*)g + info.grad_offset_bytes, part);
+        delete_tensor(t);
+      }
+      CHECK_OK(strata_group_grads_ready(e, "m", NULL));
+    } else if (how == 1) {
+      CHECK_OK(strata_group_grads_host(e, "m", g, whole));
+    } else {
+      CHECK_OK(strata_group_grads_host(e, "m", (const char*)g + info.grad_offset_bytes, part));
+    }
+    strata_step_stats stats = STRATA_STEP_STATS_INIT;
+    CHECK_OK(strata_step_end(e, &stats));
+    CHECK(!stats.skipped);
+  }
+  /* Any other size is refused, naming both; so is a view struct from before offset_bytes. */
+  CHECK_STATUS(strata_group_grads_host(e, "m", g, part + 2), STRATA_STATUS_INVALID_ARGUMENT, "gradients' part");
+  strata_group_view old = STRATA_GROUP_VIEW_INIT;
+  old.struct_size = (uint32_t)offsetof(strata_group_view, offset_bytes);
+  CHECK_STATUS(strata_group_grad_buffer(e, "m", &old), STRATA_STATUS_INVALID_ARGUMENT, "offset_bytes");
+  CHECK_OK(strata_param_read_master(e, "A", a_out, kOut * kIn));
+  free(g);
+  strata_engine_destroy(e);
+}
+
+static void mixed_group_gradients_begin_at_the_first_trainable_slot(void) {
+  static float through_tensor[kOut * kIn], whole[kOut * kIn], part[kOut * kIn], init[kOut * kIn];
+  train_mixed(0, through_tensor);
+  train_mixed(1, whole);
+  train_mixed(2, part);
+  CHECK(memcmp(through_tensor, whole, sizeof whole) == 0);
+  CHECK(memcmp(part, whole, sizeof whole) == 0);
+  CHECK(init_param("A", init, kOut * kIn, NULL) == STRATA_STATUS_OK);
+  CHECK(memcmp(init, whole, sizeof whole) != 0); /* it trained */
+}
+
 int main(void) {
   describes_the_view("cpu");
   describes_the_view("device");
@@ -419,6 +504,7 @@ int main(void) {
   keeps_memory_until_deleted();
   trains_as_the_host_calls("cpu");
   trains_as_the_host_calls("device");
+  mixed_group_gradients_begin_at_the_first_trainable_slot();
   if (failures == 0) printf("c_api_dlpack_test: all checks passed\n");
   return failures == 0 ? 0 : 1;
 }

@@ -252,11 +252,14 @@ struct Framework {
     const std::span<std::byte> host = staging(span->size_bytes());
     zero_bytes(host.data(), host.size());  // the padding between parameters
     const GroupPlace* gp = e.layout().find_group(group);
+    ASSERT_EQ(span->size_bytes(), static_cast<std::uint64_t>(gp->gradient_elems()) * static_cast<std::uint64_t>(cb));
     for (std::size_t pi : gp->params) {
       const ParamDesc& p = e.layout().params[pi];
+      const ParamPlace& pl = e.layout().places[pi];
+      if (pl.trainable_offset < 0) continue;  // frozen: no slot (the buffer begins at the first trainable one)
       const auto& src = g.at(p.name);
       fp32_to_copies(src.data(), src.size(), cb, precision == Precision::kFp16,
-                     host.data() + e.layout().places[pi].compute_offset * cb);
+                     host.data() + (pl.compute_offset - gp->trainable_compute_begin) * cb);
     }
     if (async_grads_flops > 0) {
       // As a GPU framework: the backward's work and the gradient writes are

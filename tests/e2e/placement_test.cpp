@@ -578,6 +578,38 @@ TEST_F(Placement, AParameterWithoutGradientsIsLeftAsItWas) {
   EXPECT_EQ(e.no_grads("l9", w).code(), core::StatusCode::kNotFound);
 }
 
+// A group's gradient buffer begins at its first trainable slot: l1's frozen
+// l1.w (first in the group) has none, so the buffer and the device memory it
+// takes are l1.b's part (a LoRA block's buffer is its adapters', not its
+// base's); the planner's device_gradient_buffers counts the same.
+TEST_F(Placement, AGroupsGradientBufferHoldsItsTrainablePartAlone) {
+  frozen_ = {"l1.w"};
+  auto created = Engine::create(base());
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& e = **created;
+  for (const Tensor& t : kTensors) {
+    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, frozen_.count(t.name) == 0, 0},
+                                 [t](std::span<float> out) {
+                                   init_values(t, out);
+                                   return core::Status();
+                                 })
+                    .ok());
+  }
+  ASSERT_TRUE(e.finalize().ok());
+  const GroupPlace* l1 = e.layout().find_group("l1");
+  ASSERT_NE(l1, nullptr);
+  const auto cb = static_cast<std::uint64_t>(e.layout().compute_bytes);
+  EXPECT_GT(l1->trainable_compute_begin, 0);
+  const std::uint64_t before = e.device_budget().used_bytes();
+  auto grads = e.grad_buffer("l1");
+  ASSERT_TRUE(grads.ok()) << grads.status();
+  EXPECT_EQ(grads->size_bytes(), static_cast<std::uint64_t>(l1->gradient_elems()) * cb);
+  EXPECT_LT(grads->size_bytes(), static_cast<std::uint64_t>(l1->compute_elems) * cb / 4);
+  const std::uint64_t taken = e.device_budget().used_bytes() - before;
+  EXPECT_GE(taken, grads->size_bytes());
+  EXPECT_LT(taken, static_cast<std::uint64_t>(l1->compute_elems) * cb / 2) << "the device memory is the part's";
+}
+
 // The frozen parameter's compute copies read straight from the safetensors
 // file it was imported from (strata.frozen_base "files"; FrozenFiles, which
 // fetches on the prefetch thread and the step's read at once): the same bits

@@ -75,16 +75,19 @@ class GradientPathTest : public ::testing::Test {
     return std::move(p).value();
   }
 
-  // Group g's gradients for micro-batch `mb` (compute dtype, compute layout),
-  // in a device buffer; `poison` puts a NaN in (in a trainable parameter's:
-  // a frozen one's, first in the buffer, never comes down).
+  // Group g's gradients for micro-batch `mb` (compute dtype, compute layout
+  // from the group's first trainable slot on, as Step::grad_buffer's: the
+  // frozen parameters, first in the group, have no slots), in a device
+  // buffer, the value of compute slot c a function of c; `poison` puts a NaN
+  // in a trainable parameter's slot.
   gpu::DeviceBuffer grads_of(std::size_t g, int mb, bool poison = false) {
     const GroupPlace& gp = layout_.groups[g];
     const int cb = layout_.compute_bytes;
-    std::vector<std::byte> host(static_cast<std::size_t>(gp.compute_elems) * cb);
-    for (std::int64_t i = 0; i < gp.compute_elems; ++i) {
-      const float v = std::sin(0.001f * static_cast<float>(i) + static_cast<float>(g) + 0.5f * mb);
-      const float x = poison && i == gp.trainable_compute_begin + 7 ? std::numeric_limits<float>::quiet_NaN() : v;
+    std::vector<std::byte> host(static_cast<std::size_t>(gp.gradient_elems()) * cb);
+    for (std::int64_t i = 0; i < gp.gradient_elems(); ++i) {
+      const std::int64_t c = gp.trainable_compute_begin + i;
+      const float v = std::sin(0.001f * static_cast<float>(c) + static_cast<float>(g) + 0.5f * mb);
+      const float x = poison && i == 7 ? std::numeric_limits<float>::quiet_NaN() : v;
       if (cb == 2) {
         const std::uint16_t b = nx::fp32_to_bf16_bits(x);
         std::memcpy(host.data() + i * 2, &b, 2);
@@ -129,7 +132,7 @@ TEST_F(GradientPathTest, SameGradientsAndNormWhateverTheArrivalOrderAndThreads) 
   // In line (the step's lane): each group's trainable part alone comes down; group 1's frozen
   // parameter, first in its buffer, has no gradient.
   std::int64_t down = 0;
-  for (const GroupPlace& gp : layout_.groups) down += gp.compute_elems - gp.trainable_compute_begin;
+  for (const GroupPlace& gp : layout_.groups) down += gp.gradient_elems();
   EXPECT_GT(layout_.groups[1].trainable_compute_begin, 0);
   EXPECT_EQ(bytes_.d2h, static_cast<std::uint64_t>(down) * 2u);
   for (const std::vector<std::size_t>& order : {std::vector<std::size_t>{2, 1, 0}, {1, 2, 0}}) {
@@ -242,8 +245,8 @@ TEST_F(GradientPathTest, GradientsOnTheirWayDownStayWithinTheRoom) {
   ASSERT_TRUE(ev.ok());
   ASSERT_TRUE(device_->record(*ev, *framework).ok());
   auto written = std::make_shared<gpu::Event>(std::move(ev).value());
-  const std::int64_t e0 = layout_.groups[0].compute_elems, e1 = layout_.groups[1].compute_elems;
-  const std::int64_t e2 = layout_.groups[2].compute_elems;
+  const std::int64_t e0 = layout_.groups[0].gradient_elems(), e1 = layout_.groups[1].gradient_elems();
+  const std::int64_t e2 = layout_.groups[2].gradient_elems();
   auto g0 = grads_of(0, 0);
   ASSERT_TRUE(p->submit(0, std::move(g0), written, 0, nullptr, nullptr).ok());
   // One group on its way: another always fits, whatever the room.

@@ -559,6 +559,13 @@ TEST(Planner, LoraMixesEveryGroupAndReadsTheBaseFromItsFiles) {
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), static_cast<std::uint64_t>(adapters) * 2);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 3 * part);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_compute_view"), part);
+  // The device's gradient buffers are trainable parts too, as many as
+  // reduce_bucket_size holds (its elements over a part's, two at least, one
+  // per group at most).
+  const auto buffers = std::min<std::int64_t>(
+      80, std::max<std::int64_t>(2, config.zero.reduce_bucket_size / static_cast<std::int64_t>(adapters / 80)));
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), static_cast<std::uint64_t>(buffers) * part);
+  EXPECT_LT(p.item_bytes(Tier::kDevice, "device_gradient_buffers"), p.item_bytes(Tier::kDevice, "fetch_window"));
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), static_cast<std::uint64_t>(adapters) * 4);
   EXPECT_EQ(p.traffic.device_to_host_bytes, static_cast<std::uint64_t>(adapters) * 2);
   // Every fetch reads the base from its files: its share of the fetches' reads.

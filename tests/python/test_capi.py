@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+import torch.utils.dlpack
 
 import helpers
 import strata
@@ -133,6 +134,46 @@ def test_the_step_through_the_host_calls(swap_dir):
         with pytest.raises(strata.NotFound, match="no parameter named 'nope'"):
             e.read_weights([("nope", torch.empty(1))])
         e.read_weights([])  # nothing asked, nothing read
+
+
+def test_a_mixed_groups_gradients_begin_at_its_first_trainable_slot(swap_dir):
+    """A group of a frozen "base" and a trainable "lora" (a LoRA block's shape): its gradient buffer,
+    a GRADS tensor and grads_host's shorter form begin at grad_offset_bytes; the whole layout works too."""
+    masters = []
+    for how in ("dlpack", "whole", "part"):
+        e = strata.Engine(helpers.config(swap_dir, "optimizer_cpu", lr=0.1, weight_decay=0.0))
+        e.register("base", (64, 64), group="m", frozen=True, init=lambda name, out: None)
+        e.register("lora", (4, 8), group="m", init=lambda name, out: None)
+        e.finalize()
+        with e:
+            info = e.group_info("m")
+            off_base, _ = e.param_offset("base")
+            off_lora, _ = e.param_offset("lora")
+            assert off_base == 0 and 64 * 64 <= info.grad_offset <= off_lora < info.numel
+            assert info.grad_offset_bytes == info.grad_offset * 4
+            grads = torch.full((info.numel,), float("nan"))  # the frozen slots: never read
+            grads[off_lora:off_lora + 32] = torch.arange(32, dtype=torch.float32) / 32
+            grads[info.grad_offset:off_lora] = 0.0
+            grads[off_lora + 32:] = 0.0
+            if how == "dlpack":
+                view = e.grad_buffer("m")
+                assert view.offset_bytes == info.grad_offset_bytes
+                assert view.size_bytes == info.size_bytes - info.grad_offset_bytes
+                t = torch.utils.dlpack.from_dlpack(e.dlpack("m", "grads"))
+                assert t.numel() == info.numel - info.grad_offset
+                t.copy_(grads[info.grad_offset:])
+                del t
+                e.grads_ready("m")
+            else:
+                e.grads_host("m", grads if how == "whole" else grads[info.grad_offset:].clone())
+            assert not e.step_end().skipped
+            with pytest.raises(strata.InvalidArgument, match=r"gradients' part of it"):
+                e.grads_host("m", grads[1:].clone())
+            master = torch.empty(32)
+            e.read_master("lora", master)
+            masters.append(master)
+    assert torch.equal(masters[0], masters[1]) and torch.equal(masters[1], masters[2])
+    assert master[1].item() == pytest.approx(-0.1, rel=1e-4)  # trained: Adam's first step moves by lr
 
 
 def test_swap_stats_split_the_steps_nvme_bytes_over_the_paths(tmp_path):

@@ -88,12 +88,12 @@ class ParamDesc(ctypes.Structure):
 class GroupInfo(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("size_bytes", ctypes.c_uint64), ("dtype", ctypes.c_int),
                 ("device", ctypes.c_int), ("param_count", ctypes.c_int32), ("trainable", ctypes.c_int32),
-                ("device_index", ctypes.c_int32)]
+                ("device_index", ctypes.c_int32), ("grad_offset_bytes", ctypes.c_uint64)]
 
 
 class GroupView(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("data", ctypes.c_void_p), ("size_bytes", ctypes.c_uint64),
-                ("dtype", ctypes.c_int), ("device", ctypes.c_int)]
+                ("dtype", ctypes.c_int), ("device", ctypes.c_int), ("offset_bytes", ctypes.c_uint64)]
 
 
 class StepStatsC(ctypes.Structure):

@@ -172,10 +172,18 @@ class GroupInfo:
     param_count: int
     trainable: bool
     device_index: int = 0  # the CUDA device's ordinal (0 on the host device)
+    # Where its gradient buffer begins in its layout: the first trainable slot (frozen
+    # parameters come first and have none; size_bytes when none trains).
+    grad_offset_bytes: int = 0
 
     @property
     def numel(self):
         return self.size_bytes // DTYPE_SIZE[self.dtype]
+
+    @property
+    def grad_offset(self):
+        """grad_offset_bytes in elements: parameter p's gradient is at its offset less this."""
+        return self.grad_offset_bytes // DTYPE_SIZE[self.dtype]
 
 
 @dataclasses.dataclass
@@ -186,6 +194,7 @@ class View:
     size_bytes: int
     dtype: str
     device: str
+    offset_bytes: int = 0  # where data sits in the group's layout (a gradient buffer's grad_offset_bytes)
 
 
 @dataclasses.dataclass
@@ -377,7 +386,7 @@ class Engine:
         out = _capi.new(_capi.GroupInfo)
         check(_lib.strata_group_info_get(self.handle, group.encode(), ctypes.byref(out)))
         return GroupInfo(out.size_bytes, _DTYPE_NAMES[out.dtype], _DEVICE_NAMES[out.device], out.param_count,
-                         bool(out.trainable), out.device_index)
+                         bool(out.trainable), out.device_index, out.grad_offset_bytes)
 
     def param_offset(self, name):
         """(offset in elements of the group's dtype, group name) of a parameter."""
@@ -411,7 +420,7 @@ class Engine:
     def grad_buffer(self, group):
         v = _capi.new(_capi.GroupView)
         check(_lib.strata_group_grad_buffer(self.handle, group.encode(), ctypes.byref(v)))
-        return View(v.data, v.size_bytes, _DTYPE_NAMES[v.dtype], _DEVICE_NAMES[v.device])
+        return View(v.data, v.size_bytes, _DTYPE_NAMES[v.dtype], _DEVICE_NAMES[v.device], v.offset_bytes)
 
     def grads_ready(self, group, stream=None):
         check(_lib.strata_group_grads_ready(self.handle, group.encode(), stream))
@@ -426,8 +435,9 @@ class Engine:
         check(_lib.strata_group_no_grads(self.handle, group.encode(), arr, len(names)))
 
     def grads_host(self, group, src):
-        """Copies a group's gradients (its layout and dtype, times loss_scale) in
-        and hands them over."""
+        """Copies a group's gradients (its dtype, times loss_scale) in and hands
+        them over: src laid out like the group (size_bytes), or like its
+        gradient buffer (from grad_offset_bytes on)."""
         addr, nbytes, _keep = _address(src, writable=False)
         check(_lib.strata_group_grads_host(self.handle, group.encode(), addr, nbytes))
 

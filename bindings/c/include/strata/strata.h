@@ -357,8 +357,11 @@ typedef struct strata_group_info {
   int32_t param_count;       /* parameters in the group */
   int32_t trainable;         /* nonzero when some parameter of it is trainable (it needs gradients) */
   int32_t device_index;      /* (since 0.5) the CUDA device's ordinal (0 on the host device) */
+  uint64_t grad_offset_bytes; /* (since 0.5) where its gradient buffer begins in this layout: its first
+                                 trainable parameter's slot (frozen parameters come first and have
+                                 none; 0 when every parameter trains, size_bytes when none does) */
 } strata_group_info;
-#define STRATA_GROUP_INFO_INIT {(uint32_t)sizeof(strata_group_info), 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST, 0, 0, 0}
+#define STRATA_GROUP_INFO_INIT {(uint32_t)sizeof(strata_group_info), 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST, 0, 0, 0, 0}
 
 /* Writes the layout of a fetch group to *out (the caller sets
  * out->struct_size; strata writes only the fields that fit). Errors:
@@ -382,8 +385,10 @@ typedef struct strata_group_view {
   uint64_t size_bytes;
   strata_dtype dtype;
   strata_device_kind device;
+  uint64_t offset_bytes;     /* (since 0.5) where data sits in the group's layout: 0 for the compute
+                                copies; a gradient buffer's grad_offset_bytes (strata_group_info) */
 } strata_group_view;
-#define STRATA_GROUP_VIEW_INIT {(uint32_t)sizeof(strata_group_view), NULL, 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST}
+#define STRATA_GROUP_VIEW_INIT {(uint32_t)sizeof(strata_group_view), NULL, 0, STRATA_DTYPE_F32, STRATA_DEVICE_HOST, 0}
 
 /* Fetches a group's compute copies to the device and writes a view of them to
  * *out (the caller sets out->struct_size). The view is valid until
@@ -427,11 +432,17 @@ STRATA_API strata_status strata_group_release_on(strata_engine* engine, const ch
                                                  void* stream) STRATA_NOEXCEPT;
 
 /* A device buffer for a trainable group's gradients of the current
- * micro-batch, laid out like its compute copies (the slots of frozen
- * parameters are ignored), scaled by strata_loss_scale. Valid until
- * strata_group_grads_ready(group). Errors: INVALID_ARGUMENT,
- * FAILED_PRECONDITION (before finalize, a group without trainable
- * parameters, its gradients for this micro-batch arrived already),
+ * micro-batch, scaled by strata_loss_scale, laid out like its compute copies
+ * from the group's first trainable slot on: out->offset_bytes (the group's
+ * grad_offset_bytes) is where it begins, so parameter p's gradient goes to
+ * data + strata_param_offset(p) x element size - offset_bytes, and
+ * size_bytes is size_bytes - grad_offset_bytes of the group. Frozen
+ * parameters, first in a group, have no slots: a LoRA block's gradient
+ * buffer is the size of its adapters, not of its base. Valid until
+ * strata_group_grads_ready(group). Errors: INVALID_ARGUMENT (also an `out`
+ * whose struct_size ends before offset_bytes, for a group whose buffer does
+ * not begin at 0), FAILED_PRECONDITION (before finalize, a group without
+ * trainable parameters, its gradients for this micro-batch arrived already),
  * NOT_FOUND. */
 STRATA_API strata_status strata_group_grad_buffer(strata_engine* engine, const char* group,
                                                   strata_group_view* out) STRATA_NOEXCEPT;
@@ -463,11 +474,13 @@ STRATA_API strata_status strata_group_no_grads(strata_engine* engine, const char
                                                size_t count) STRATA_NOEXCEPT;
 
 /* For frameworks that compute on the CPU: copies size bytes of gradients
- * (laid out like the group's compute copies, its dtype, scaled by
- * strata_loss_scale) from host_src into the engine's gradient buffer and
- * calls strata_group_grads_ready. host_src is borrowed. Errors: as
- * strata_group_grad_buffer; INVALID_ARGUMENT naming both sizes when size is
- * not the group's. */
+ * (its dtype, scaled by strata_loss_scale) from host_src into the engine's
+ * gradient buffer and calls strata_group_grads_ready. host_src is laid out
+ * like the group's compute copies, either whole (size = size_bytes; the
+ * frozen parameters' slots are not read) or from grad_offset_bytes on as
+ * strata_group_grad_buffer's buffer (size = size_bytes - grad_offset_bytes).
+ * host_src is borrowed. Errors: as strata_group_grad_buffer; INVALID_ARGUMENT
+ * naming the sizes when size is neither. */
 STRATA_API strata_status strata_group_grads_host(strata_engine* engine, const char* group, const void* host_src,
                                                  size_t size) STRATA_NOEXCEPT;
 
@@ -483,8 +496,9 @@ typedef enum strata_view_kind {
  * DLManagedTensor* (DLPack 0.6 ABI, the unversioned struct of
  * <dlpack/dlpack.h>, which this header does not include). The tensor is 1-D,
  * contiguous (strides {1}), of the group's dtype (kDLFloat 32, kDLBfloat 16,
- * kDLFloat 16) with strata_group_info.size_bytes / element size elements
- * (padding included; strata_param_offset places each parameter), on kDLCUDA
+ * kDLFloat 16) with as many elements as its view has (padding included;
+ * strata_param_offset places each parameter; a gradient buffer begins at
+ * the group's grad_offset_bytes, as strata_group_grad_buffer's), on kDLCUDA
  * (the engine's device, strata_group_info.device_index) or, on the host device,
  * kDLCPU (the emulated device's memory is host memory; the rules of
  * convention 8 still hold for it).

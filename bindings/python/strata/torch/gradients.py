@@ -43,7 +43,8 @@ class Gradients:
         if g.grads is None:
             g.grads = self._grad_buffer(g)
             g.got = set()
-        slot = g.grads[rec.offset:rec.offset + rec.numel].view(rec.shape)
+        at = rec.offset - g.grad_begin  # the buffer begins at the group's first trainable slot
+        slot = g.grads[at:at + rec.numel].view(rec.shape)
         with torch.no_grad():
             if id(rec) in g.got:
                 slot.add_(grad.to(self.dtype))
@@ -54,7 +55,7 @@ class Gradients:
     def _grad_buffer(self, g):
         if self._zero_copy:
             return torch.utils.dlpack.from_dlpack(self._engine.dlpack(g.name, "grads"))
-        return torch.empty(g.numel, dtype=self.dtype)
+        return torch.empty(g.numel - g.grad_begin, dtype=self.dtype)
 
     def _send(self, g):
         if g.grads is None:
@@ -64,7 +65,7 @@ class Gradients:
         with torch.no_grad():
             for rec in g.params:  # trainable parameters without a gradient this micro-batch: zeros
                 if rec.trainable and id(rec) not in g.got:
-                    g.grads[rec.offset:rec.offset + rec.numel].zero_()
+                    g.grads[rec.offset - g.grad_begin:rec.offset - g.grad_begin + rec.numel].zero_()
                     absent.append(self._name_prefix + rec.name)
         if absent:
             # Said to the engine: under strata.no_grad "skip" one without a gradient in every

@@ -23,7 +23,7 @@ class _Group:
     """One fetch group: its parameters, its fetched copy (fetch.py) and this
     micro-batch's gradients (gradients.py)."""
     __slots__ = ("name", "params", "info", "refs", "flat", "grads", "got", "sent", "outstanding", "backward_refs",
-                 "handover", "trainable", "numel")
+                 "handover", "trainable", "numel", "grad_begin")
 
     def __init__(self, name):
         self.name = name
@@ -39,6 +39,7 @@ class _Group:
         self.handover = 0          # fetches of a recomputation that its backward's _PreBackward takes over
         self.trainable = False
         self.numel = 0
+        self.grad_begin = 0        # where the gradient buffer begins in the layout (its first trainable slot)
 
 
 class _Unit:

@@ -232,6 +232,7 @@ class Setup:
             g.info = self._engine.group_info(g.name)
             g.numel = g.info.numel
             g.trainable = g.info.trainable
+            g.grad_begin = g.info.grad_offset
         self.device = self._group_list[0].info.device
         self.dtype = _TORCH_DTYPES[self._group_list[0].info.dtype]
         if self.device == "cuda":
