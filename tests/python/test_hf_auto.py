@@ -124,3 +124,41 @@ def test_the_trainer_says_it_needs_transformers_where_there_is_none():
         pass
     with pytest.raises(ImportError, match="strata.hf.Trainer needs transformers"):
         strata.hf.Trainer
+
+
+def test_what_the_trainer_refuses_is_named():
+    """strata.hf.check_arguments, which strata.hf.Trainer runs before anything else: each argument strata
+    cannot honour refused with an error naming it and what to do; the arguments it can, accepted."""
+    ok = training_args(lr_scheduler_type="linear", n_gpu=1)
+    strata.hf.check_arguments(ok, {})  # nothing to refuse
+    cases = [
+        (dict(), dict(model_given=False), strata.Unimplemented, r"model_init is not supported; pass the model"),
+        (dict(), dict(optimizers=(object(), None)), strata.InvalidArgument, r"do not pass optimizers="),
+        (dict(), dict(optimizer_cls_and_kwargs=(object, {})), strata.InvalidArgument, r"optimizer_cls_and_kwargs="),
+        (dict(fp16_full_eval=True), {}, strata.InvalidArgument, r"fp16_full_eval casts and moves the model"),
+        (dict(bf16_full_eval=True), {}, strata.InvalidArgument, r"leave bf16_full_eval off"),
+        (dict(auto_find_batch_size=True), {}, strata.InvalidArgument,
+         r"auto_find_batch_size is not supported: .*set per_device_train_batch_size"),
+        (dict(torch_compile=True), {}, strata.InvalidArgument, r"torch_compile is not supported"),
+        (dict(load_best_model_at_end=True, save_only_model=True), {}, strata.InvalidArgument,
+         r"save_only_model=True does not save; drop one of them"),
+        (dict(n_gpu=2), {}, strata.InvalidArgument, r"sees 2 GPUs .*DataParallel.*CUDA_VISIBLE_DEVICES"),
+        (dict(), dict(world_size=2), strata.Unimplemented, r"several ranks \(WORLD_SIZE 2\) are not supported yet"),
+        (dict(lr_scheduler_type="reduce_lr_on_plateau"), {}, strata.Unimplemented,
+         r"reduce_lr_on_plateau is not supported .*a \"scheduler\" in the strata config"),
+    ]
+    for over, kw, error, message in cases:
+        args = training_args(**dict(dict(lr_scheduler_type="linear", n_gpu=1), **over))
+        with pytest.raises(error, match=message):
+            strata.hf.check_arguments(args, {}, **kw)
+    # Each alone is what is refused: the same arguments with it undone pass; a plateau schedule with the
+    # config's own scheduler is strata's to run; optimizers=(None, None) is the Trainer's default.
+    strata.hf.check_arguments(training_args(lr_scheduler_type="reduce_lr_on_plateau", n_gpu=1),
+                              {"scheduler": {"type": "WarmupLR"}})
+    strata.hf.check_arguments(ok, {}, optimizers=(None, None), world_size=1)
+    strata.hf.check_arguments(training_args(load_best_model_at_end=True, save_only_model=False, n_gpu=1), {})
+
+    class Schedule:  # transformers' SchedulerType: an enum whose value is the name
+        value = "reduce_lr_on_plateau"
+    with pytest.raises(strata.Unimplemented, match="reduce_lr_on_plateau"):
+        strata.hf.check_arguments(training_args(lr_scheduler_type=Schedule(), n_gpu=1), {})

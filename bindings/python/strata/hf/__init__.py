@@ -10,10 +10,11 @@ Face Trainer").
                       streamed from its safetensors by strata (trainer.py)
     trainer_config    a config's "auto" values filled from TrainingArguments
                       (auto.py; needs no transformers)
+    check_arguments   what the Trainer refuses, named (auto.py; likewise)
 
 Trainer and from_pretrained import transformers when first used; without it
 they raise ImportError saying so."""
-from .auto import trainer_config, warmup_steps  # noqa: F401
+from .auto import check_arguments, trainer_config, warmup_steps  # noqa: F401
 
 
 def __getattr__(name):

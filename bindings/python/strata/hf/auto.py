@@ -154,3 +154,63 @@ def trainer_config(config, args, *, num_training_steps=None, hidden_size=None, w
             f"strata.hf: the strata config and the TrainingArguments disagree (write \"auto\" in the config "
             f"or change the argument):\n{lines}", status="INVALID_ARGUMENT")
     return config, f.filled
+
+
+def check_arguments(args, config, *, model_given=True, optimizers=None, optimizer_cls_and_kwargs=None,
+                    world_size=1):
+    """What strata.hf.Trainer refuses, as one error naming the first thing it
+    cannot honour: no model (model_init), an optimizer of the caller's,
+    evaluation in another precision (*_full_eval), arguments that change the
+    model or the batch under strata's feet (auto_find_batch_size,
+    torch_compile), a best-model load from checkpoints without strata's state
+    (load_best_model_at_end with save_only_model), several GPUs in one
+    process (DataParallel), several ranks (not yet), and a plateau schedule
+    strata cannot step (reduce_lr_on_plateau without a "scheduler" in the
+    config). `args` is any object with TrainingArguments' attributes;
+    `config` the strata config as a dict."""
+    if not model_given:
+        raise errors.Unimplemented("strata.hf.Trainer: model_init is not supported; pass the model",
+                                   status="UNIMPLEMENTED")
+    if any(o is not None for o in optimizers or ()) or optimizer_cls_and_kwargs:
+        raise errors.InvalidArgument(
+            "strata.hf.Trainer: the optimizer and schedule are strata's (the config's \"optimizer\" and "
+            "\"scheduler\", or TrainingArguments' values): do not pass optimizers= or "
+            "optimizer_cls_and_kwargs=", status="INVALID_ARGUMENT")
+    for flag in ("fp16_full_eval", "bf16_full_eval"):
+        if getattr(args, flag, False):
+            raise errors.InvalidArgument(
+                f"strata.hf.Trainer: {flag} casts and moves the model for evaluation; strata keeps its "
+                f"compute copies in the config's precision (bf16.enabled / fp16.enabled): leave {flag} off",
+                status="INVALID_ARGUMENT")
+    refused = {
+        "auto_find_batch_size": "strata's engine keeps the micro-batch size it was made with; set "
+                                "per_device_train_batch_size",
+        "torch_compile": "strata's hooks run on the model's modules as they are (torch.compile of the hooked "
+                         "modules is not supported)",
+    }
+    for flag, why in refused.items():
+        if getattr(args, flag, False):
+            raise errors.InvalidArgument(f"strata.hf.Trainer: {flag} is not supported: {why}",
+                                         status="INVALID_ARGUMENT")
+    if getattr(args, "load_best_model_at_end", False) and getattr(args, "save_only_model", False):
+        raise errors.InvalidArgument(
+            "strata.hf.Trainer: load_best_model_at_end loads the best checkpoint's strata state, which "
+            "save_only_model=True does not save; drop one of them", status="INVALID_ARGUMENT")
+    n_gpu = getattr(args, "n_gpu", 1)
+    if n_gpu > 1:
+        raise errors.InvalidArgument(
+            f"strata.hf.Trainer: this process sees {n_gpu} GPUs and the Trainer would split batches over "
+            f"them with DataParallel; strata trains on one GPU per process (set CUDA_VISIBLE_DEVICES, or "
+            f"launch a process per GPU)", status="INVALID_ARGUMENT")
+    if world_size > 1:
+        raise errors.Unimplemented(
+            f"strata.hf.Trainer: several ranks (WORLD_SIZE {world_size}) are not supported yet; train with one "
+            f"process (strata.torch.initialize with torchrun supports several ranks: docs/distributed.md)",
+            status="UNIMPLEMENTED")
+    schedule = getattr(args, "lr_scheduler_type", "linear")
+    schedule = getattr(schedule, "value", schedule)  # a SchedulerType enum member, or its string
+    if schedule == "reduce_lr_on_plateau" and "scheduler" not in config:
+        raise errors.Unimplemented(
+            "strata.hf.Trainer: lr_scheduler_type reduce_lr_on_plateau is not supported (it steps on "
+            "evaluation metrics); choose another, or a \"scheduler\" in the strata config",
+            status="UNIMPLEMENTED")

@@ -42,7 +42,7 @@ import transformers
 from .. import errors
 from .. import torch as strata_torch
 from ..engine import _config_text
-from .auto import trainer_config
+from .auto import check_arguments, trainer_config
 
 _CHECKPOINT_DIR = "strata"  # inside the Trainer's checkpoint-N folder
 
@@ -188,49 +188,14 @@ class Trainer(transformers.Trainer):
         if strata_config is None:
             raise errors.InvalidArgument("strata.hf.Trainer: strata_config is required (a dict, JSON text or a "
                                          "path: docs/config.md)", status="INVALID_ARGUMENT")
-        if model is None:
-            raise errors.Unimplemented("strata.hf.Trainer: model_init is not supported; pass the model",
-                                       status="UNIMPLEMENTED")
-        if any(o is not None for o in kwargs.get("optimizers") or ()) or kwargs.get("optimizer_cls_and_kwargs"):
-            raise errors.InvalidArgument(
-                "strata.hf.Trainer: the optimizer and schedule are strata's (the config's \"optimizer\" and "
-                "\"scheduler\", or TrainingArguments' values): do not pass optimizers= or "
-                "optimizer_cls_and_kwargs=", status="INVALID_ARGUMENT")
         if args is None:
             args = transformers.TrainingArguments(output_dir="trainer_output")
-        for flag in ("fp16_full_eval", "bf16_full_eval"):
-            if getattr(args, flag, False):
-                raise errors.InvalidArgument(
-                    f"strata.hf.Trainer: {flag} casts and moves the model for evaluation; strata keeps its "
-                    f"compute copies in the config's precision (bf16.enabled / fp16.enabled): leave {flag} off",
-                    status="INVALID_ARGUMENT")
-        refused = {
-            "auto_find_batch_size": "strata's engine keeps the micro-batch size it was made with; set "
-                                    "per_device_train_batch_size",
-            "torch_compile": "strata's hooks run on the model's modules as they are (torch.compile of the hooked "
-                             "modules is not supported)",
-        }
-        for flag, why in refused.items():
-            if getattr(args, flag, False):
-                raise errors.InvalidArgument(f"strata.hf.Trainer: {flag} is not supported: {why}",
-                                             status="INVALID_ARGUMENT")
-        if getattr(args, "load_best_model_at_end", False) and getattr(args, "save_only_model", False):
-            raise errors.InvalidArgument(
-                "strata.hf.Trainer: load_best_model_at_end loads the best checkpoint's strata state, which "
-                "save_only_model=True does not save; drop one of them", status="INVALID_ARGUMENT")
-        if getattr(args, "n_gpu", 1) > 1:
-            raise errors.InvalidArgument(
-                f"strata.hf.Trainer: this process sees {args.n_gpu} GPUs and the Trainer would split batches over "
-                f"them with DataParallel; strata trains on one GPU per process (set CUDA_VISIBLE_DEVICES, or "
-                f"launch a process per GPU)", status="INVALID_ARGUMENT")
         text = _config_text(strata_config)
         self._strata_config_dict = json.loads(text)
-        schedule = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)
-        if schedule == "reduce_lr_on_plateau" and "scheduler" not in self._strata_config_dict:
-            raise errors.Unimplemented(
-                "strata.hf.Trainer: lr_scheduler_type reduce_lr_on_plateau is not supported (it steps on "
-                "evaluation metrics); choose another, or a \"scheduler\" in the strata config",
-                status="UNIMPLEMENTED")
+        check_arguments(args, self._strata_config_dict, model_given=model is not None,
+                        optimizers=kwargs.get("optimizers"),
+                        optimizer_cls_and_kwargs=kwargs.get("optimizer_cls_and_kwargs"),
+                        world_size=int(os.environ.get("WORLD_SIZE", "1")))
         self._strata_kwargs = dict(strata_kwargs or {})
         self._strata = None
         self._strata_stats = None
@@ -256,12 +221,6 @@ class Trainer(transformers.Trainer):
             return self._strata
         args = copy.copy(self.args)
         args.max_grad_norm = self._strata_max_grad_norm
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        if world > 1:
-            raise errors.Unimplemented(
-                "strata.hf.Trainer: several ranks (WORLD_SIZE > 1) are not supported yet; train with one process "
-                "(strata.torch.initialize with torchrun supports several ranks: docs/distributed.md)",
-                status="UNIMPLEMENTED")
         hidden = _hidden_size(self.model)
         config, _ = trainer_config(self._strata_config_dict, args, num_training_steps=num_training_steps,
                                    hidden_size=hidden)
