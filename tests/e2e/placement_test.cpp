@@ -670,6 +670,77 @@ TEST_F(Placement, AFrozenBaseReadFromItsFileGivesTheBitsOfASwapCopy) {
   }
 }
 
+// A checkpoint that leaves its frozen base out (strata.frozen_base "files")
+// names the groups whose base it left out, with their frozen parameters; an
+// engine whose group of that name holds other frozen parameters (the same
+// model grouped otherwise: l1.w moved to l2) cannot compare that base and is
+// refused, naming both counts, before anything changes; the same grouping
+// loads.
+TEST_F(Placement, ABaseLeftOutOfACheckpointIsRefusedWhereTheGroupsDiffer) {
+  const Tensor& w = kTensors[0];
+  ASSERT_EQ(w.name, "l1.w");
+  const std::string dir = (dir_ / "base").string();
+  std::filesystem::create_directories(dir);
+  {
+    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
+    init_values(w, v);
+    auto writer = SafetensorsWriter::create(dir + "/model.safetensors", {{w.name, TensorDtype::kBf16, w.shape}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
+    ASSERT_TRUE(writer->finish().ok());
+  }
+  Config c = base();
+  c.strata.frozen_base = FrozenBase::kFiles;
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  c.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  // The model with l1.w (frozen, read from its file) in group `w_group`.
+  const auto make = [&](const std::string& w_group) -> std::unique_ptr<Engine> {
+    auto created = Engine::create(c);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (!created.ok()) return nullptr;
+    for (const Tensor& t : kTensors) {
+      const bool frozen = t.name == w.name;
+      InitFn init = [t](std::span<float> out) {
+        init_values(t, out);
+        return core::Status();
+      };
+      EXPECT_TRUE((*created)->register_param({t.name, t.shape, frozen ? w_group : t.group, !frozen, 0},
+                                             frozen ? nullptr : init)
+                      .ok());
+    }
+    EXPECT_TRUE((*created)->init_from_safetensors(dir, "").ok());
+    const core::Status fin = (*created)->finalize();
+    EXPECT_TRUE(fin.ok()) << fin;
+    return fin.ok() ? std::move(created).value() : nullptr;
+  };
+  const std::string ck = (dir_ / "ck").string();
+  {
+    std::unique_ptr<Engine> saver = make("l1");
+    ASSERT_NE(saver, nullptr);
+    const core::Status saved = saver->save_checkpoint(ck, {});
+    ASSERT_TRUE(saved.ok()) << saved;
+  }
+  std::unique_ptr<Engine> other = make("l2");
+  ASSERT_NE(other, nullptr);
+  std::vector<float> before(static_cast<std::size_t>(kTensors[1].shape[0]));
+  ASSERT_TRUE(other->read_master("l1.b", before).ok());
+  const auto refused = other->load_checkpoint(ck);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), core::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("group 'l1' holds 0 frozen parameters, the checkpoint's 1 others "
+                                            "(the fetch groups differ"),
+            std::string::npos)
+      << refused.status();
+  std::vector<float> after(before.size());
+  ASSERT_TRUE(other->read_master("l1.b", after).ok());
+  EXPECT_TRUE(bits_equal(after, before));
+  other.reset();  // (its swap path is the next engine's)
+  std::unique_ptr<Engine> same = make("l1");
+  ASSERT_NE(same, nullptr);
+  const auto loaded = same->load_checkpoint(ck);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+}
+
 TEST_F(Placement, Bf16NonFiniteGradientsSkipTheStepAndCount) {
   Config c = base();
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
