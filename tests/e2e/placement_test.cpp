@@ -149,6 +149,49 @@ class Placement : public MlpTest {
     EXPECT_NE(s.message().find(core::str_cat(says, least)), std::string::npos) << s;
   }
 
+  // l1.w's initial values as bf16 in `dir`/model.safetensors (a pretrained
+  // base to read from its file).
+  void write_base(const std::string& dir) {
+    const Tensor& w = kTensors[0];
+    ASSERT_EQ(w.name, "l1.w");
+    std::filesystem::create_directories(dir);
+    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
+    init_values(w, v);
+    auto writer = SafetensorsWriter::create(dir + "/model.safetensors", {{w.name, TensorDtype::kBf16, w.shape}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
+    ASSERT_TRUE(writer->finish().ok());
+  }
+
+  // An engine of the MLP with its parameters registered (frozen_'s frozen,
+  // the others' initial values from init_values; `group_of` may move a
+  // parameter to another group), not finalized; null after a failure.
+  std::unique_ptr<Engine> registered(const Config& c,
+                                     const std::map<std::string, std::string>& group_of = {}) {
+    auto created = Engine::create(c);
+    EXPECT_TRUE(created.ok()) << created.status();
+    if (!created.ok()) return nullptr;
+    for (const Tensor& t : kTensors) {
+      const auto moved = group_of.find(t.name);
+      const bool trainable = frozen_.count(t.name) == 0;
+      InitFn init = [t](std::span<float> out) {
+        init_values(t, out);
+        return core::Status();
+      };
+      if (!weights_dir_.empty() && !trainable) init = nullptr;  // from the files
+      const core::Status s = (*created)->register_param(
+          {t.name, t.shape, moved == group_of.end() ? t.group : moved->second, trainable, 0}, init);
+      EXPECT_TRUE(s.ok()) << s;
+      if (!s.ok()) return nullptr;
+    }
+    if (!weights_dir_.empty()) {
+      const core::Status s = (*created)->init_from_safetensors(weights_dir_, "");
+      EXPECT_TRUE(s.ok()) << s;
+      if (!s.ok()) return nullptr;
+    }
+    return std::move(created).value();
+  }
+
   // `tamper(step, grads)` may change the gradients a step hands over.
   using Tamper = std::function<void(int step, std::map<std::string, std::vector<float>>& grads)>;
   // With `error_at` >= 0, step_end of that step must fail (and training stops there).
@@ -554,17 +597,9 @@ TEST_F(Placement, AParameterWithoutGradientsIsLeftAsItWas) {
   absent_ = {};
   // Out of order, or naming what is not a trainable parameter of the group.
   frozen_ = {"l1.w"};
-  auto created = Engine::create(base());
-  ASSERT_TRUE(created.ok()) << created.status();
-  Engine& e = **created;
-  for (const Tensor& t : kTensors) {
-    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, frozen_.count(t.name) == 0, 0},
-                                 [t](std::span<float> out) {
-                                   init_values(t, out);
-                                   return core::Status();
-                                 })
-                    .ok());
-  }
+  std::unique_ptr<Engine> made = registered(base());
+  ASSERT_NE(made, nullptr);
+  Engine& e = *made;
   const std::string_view w[] = {"l1.w"}, nothing[] = {"l9.w"}, other[] = {"l2.w"};
   EXPECT_EQ(e.no_grads("l1", w).code(), core::StatusCode::kFailedPrecondition);  // before finalize
   ASSERT_TRUE(e.finalize().ok());
@@ -584,17 +619,9 @@ TEST_F(Placement, AParameterWithoutGradientsIsLeftAsItWas) {
 // base's); the planner's device_gradient_buffers counts the same.
 TEST_F(Placement, AGroupsGradientBufferHoldsItsTrainablePartAlone) {
   frozen_ = {"l1.w"};
-  auto created = Engine::create(base());
-  ASSERT_TRUE(created.ok()) << created.status();
-  Engine& e = **created;
-  for (const Tensor& t : kTensors) {
-    ASSERT_TRUE(e.register_param({t.name, t.shape, t.group, frozen_.count(t.name) == 0, 0},
-                                 [t](std::span<float> out) {
-                                   init_values(t, out);
-                                   return core::Status();
-                                 })
-                    .ok());
-  }
+  std::unique_ptr<Engine> made = registered(base());
+  ASSERT_NE(made, nullptr);
+  Engine& e = *made;
   ASSERT_TRUE(e.finalize().ok());
   const GroupPlace* l1 = e.layout().find_group("l1");
   ASSERT_NE(l1, nullptr);
@@ -622,15 +649,7 @@ TEST_F(Placement, AFrozenBaseReadFromItsFileGivesTheBitsOfASwapCopy) {
   const Tensor& w = kTensors[0];
   ASSERT_EQ(w.name, "l1.w");
   weights_dir_ = (dir_ / "base").string();
-  std::filesystem::create_directories(weights_dir_);
-  {
-    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
-    init_values(w, v);
-    auto writer = SafetensorsWriter::create(weights_dir_ + "/model.safetensors", {{w.name, TensorDtype::kBf16, w.shape}});
-    ASSERT_TRUE(writer.ok()) << writer.status();
-    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
-    ASSERT_TRUE(writer->finish().ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(write_base(weights_dir_));
   for (const OverlapMode overlap : {OverlapMode::kExact, OverlapMode::kDelayed}) {
     std::map<FrozenBase, RunResult> runs;
     for (const FrozenBase mode : {FrozenBase::kSwap, FrozenBase::kFiles}) {
@@ -680,38 +699,20 @@ TEST_F(Placement, ABaseLeftOutOfACheckpointIsRefusedWhereTheGroupsDiffer) {
   const Tensor& w = kTensors[0];
   ASSERT_EQ(w.name, "l1.w");
   const std::string dir = (dir_ / "base").string();
-  std::filesystem::create_directories(dir);
-  {
-    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
-    init_values(w, v);
-    auto writer = SafetensorsWriter::create(dir + "/model.safetensors", {{w.name, TensorDtype::kBf16, w.shape}});
-    ASSERT_TRUE(writer.ok()) << writer.status();
-    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
-    ASSERT_TRUE(writer->finish().ok());
-  }
+  ASSERT_NO_FATAL_FAILURE(write_base(dir));
   Config c = base();
   c.strata.frozen_base = FrozenBase::kFiles;
   c.zero.offload_param.device = OffloadDevice::kNvme;
   c.zero.offload_optimizer.device = OffloadDevice::kCpu;
   // The model with l1.w (frozen, read from its file) in group `w_group`.
+  frozen_ = {w.name};
+  weights_dir_ = dir;
   const auto make = [&](const std::string& w_group) -> std::unique_ptr<Engine> {
-    auto created = Engine::create(c);
-    EXPECT_TRUE(created.ok()) << created.status();
-    if (!created.ok()) return nullptr;
-    for (const Tensor& t : kTensors) {
-      const bool frozen = t.name == w.name;
-      InitFn init = [t](std::span<float> out) {
-        init_values(t, out);
-        return core::Status();
-      };
-      EXPECT_TRUE((*created)->register_param({t.name, t.shape, frozen ? w_group : t.group, !frozen, 0},
-                                             frozen ? nullptr : init)
-                      .ok());
-    }
-    EXPECT_TRUE((*created)->init_from_safetensors(dir, "").ok());
-    const core::Status fin = (*created)->finalize();
+    std::unique_ptr<Engine> e = registered(c, {{w.name, w_group}});
+    if (e == nullptr) return nullptr;
+    const core::Status fin = e->finalize();
     EXPECT_TRUE(fin.ok()) << fin;
-    return fin.ok() ? std::move(created).value() : nullptr;
+    return fin.ok() ? std::move(e) : nullptr;
   };
   const std::string ck = (dir_ / "ck").string();
   {
