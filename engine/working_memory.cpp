@@ -14,8 +14,8 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     const std::uint64_t staged = core::align_up(layout.home_bytes(gp), core::kDirectIoAlignment);  // ComputeHomes::load
     if (gp.trainable_elems > 0) {
-      // The gradients' copy down: the group's trainable range (GradientPath::copy_down).
-      wire = std::max(wire, compute - static_cast<std::uint64_t>(gp.trainable_compute_begin) * cb);
+      // The gradients' copy down: the group's gradient buffer (GradientPath::copy_down).
+      wire = std::max(wire, static_cast<std::uint64_t>(gp.gradient_elems()) * cb);
       packed = std::max(packed, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
       if (layout.share.ranks > 1) {
         ranks_gradient = std::max(ranks_gradient, static_cast<std::uint64_t>(gp.trainable_elems + gp.shard_elems) * 4);

@@ -133,10 +133,28 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
   } else {
     ready = parts_.runner.error("fetch");
   }
+  // Under the threaded schedules (the same on every rank) a copy kept since
+  // its release is taken back when every rank kept its own: no gather, no
+  // read of the homes. Else it goes (its memory to this fetch) and every
+  // rank gathers.
+  if (parts_.schedule.threaded()) {
+    core::Result<bool> all_kept = parts_.homes.every_rank_kept(g, ready.ok() && resident_->contains(g));
+    if (!all_kept.ok()) return std::move(all_kept).status();
+    std::optional<ResidentSet::Taken> kept = resident_->take(g);
+    if (*all_kept) {
+      ++totals_.resident;
+      totals_.resident_bytes += kept->buffer.size_bytes();
+      sequence_.note_fetch(g);
+      return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
+    }
+    if (kept) parts_.device_cache.put(std::move(kept->buffer), std::move(kept->fence));
+  }
   gpu::DeviceBuffer buffer;
   if (ready.ok()) {
     const std::uint64_t bytes =
         static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
+    // Room within stage3_max_live_parameters first, as fetch makes it.
+    resident_->make_room(live_bytes(), bytes, SIZE_MAX, sequence_);
     core::Result<gpu::DeviceBuffer> got = allocate_working(bytes, str_cat("fetched group '", gp.name, "'"));
     if (got.ok()) buffer = std::move(got).value();
     else ready = std::move(got).status();
@@ -256,11 +274,11 @@ core::Status Fetcher::release(std::size_t g, gpu::Stream* used_on) {
   }
   f.landed.reset();
   const GroupPlace& gp = parts_.layout.groups[g];
-  if (parts_.schedule.threaded() && !parts_.layout.fetched_in_place(gp) && !parts_.layout.compute_sharded) {
-    // The threaded schedules keep it while current, within the room (not a
-    // sharded group's: whether a copy is still kept depends on the device
-    // budget's state, which can differ between the ranks, and every rank
-    // must gather the same groups).
+  if (parts_.schedule.threaded() && !parts_.layout.fetched_in_place(gp)) {
+    // The threaded schedules keep it while current, within the room. (A
+    // sharded group's too: whether a copy is still kept depends on the
+    // device budget's state, which can differ between the ranks, so its next
+    // fetch takes it back only when every rank kept its own: fetch_gathered.)
     resident_->keep(g, std::move(f.working), std::move(fence));
     f.working = {};
     resident_->make_room(live_bytes(), 0, SIZE_MAX, sequence_);

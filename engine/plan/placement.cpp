@@ -107,8 +107,9 @@ struct Evaluation {
   std::string window_detail(std::int64_t n) const {
     return str_cat(groups_of(n), " x ", c, " B (",
                    !threaded           ? "the fetched one: strata.overlap \"none\" keeps none"
-                   : sharded           ? "the fetched one: at stage 3 with ranks each fetch gathers the group anew"
                    : persistent_groups ? "all: each under stage3_param_persistence_threshold"
+                   : sharded           ? "fetched and kept, within stage3_max_live_parameters (with ranks at stage 3 "
+                                         "none is prefetched)"
                                        : "fetched, prefetched and kept, within stage3_max_live_parameters",
                    n < window_groups ? " and the device budget" : "", ")");
   }
@@ -249,9 +250,11 @@ void add_compute_copies(Evaluation& e) {
   // (fitted at the end).
   const std::int64_t live_groups = std::min<std::int64_t>(L, e.cfg.zero.stage3_max_live_parameters / group);
   if (e.fetches_copy) {
-    e.window_groups = !e.threaded || e.sharded ? 1 : e.persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
-    e.resident_groups = !e.threaded || e.sharded ? 0 : e.persistent_groups ? L : live_groups;
-    e.add("persistent_params", Tier::kDevice, e.sharded ? 0 : sat_mul(u64(e.m.persistent_params), c),
+    // (With stage 3 over ranks a copy kept since its release is taken back
+    // when every rank kept its own, as every rank does under one plan.)
+    e.window_groups = !e.threaded ? 1 : e.persistent_groups ? L : std::max<std::int64_t>(1, live_groups);
+    e.resident_groups = !e.threaded ? 0 : e.persistent_groups ? L : live_groups;
+    e.add("persistent_params", Tier::kDevice, sat_mul(u64(e.m.persistent_params), c),
           count_times(e.m.persistent_params, c,
                       str_cat("tensors under stage3_param_persistence_threshold = ",
                               group_digits(u64(e.cfg.zero.stage3_param_persistence_threshold)))));
@@ -659,8 +662,13 @@ StepTraffic step_traffic(const Evaluation& e) {
     // The gradients' sums, and the optimizer's gather of the new compute
     // copies; at stage 3 instead each fetch's gather of the group's shards.
     const std::uint64_t padded = sat_mul(u64(e.shape.group_padded), u64(L));
+    // (Under the threaded schedules every fetch, a kept copy's too, begins
+    // with the ranks' votes on whether each kept it.)
+    const std::uint64_t votes =
+        e.threaded ? sat_mul(sat_mul(u64(L), passes), sat_mul(u64(e.N), kKeptVoteBytes)) : 0;
     const std::uint64_t copies =
-        e.sharded ? sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c)))
+        e.sharded ? sat_add(sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c))),
+                            votes)
                   : sat_mul(padded, c);
     const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, 4), accum), copies);
     tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);

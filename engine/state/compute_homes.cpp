@@ -109,6 +109,19 @@ std::vector<std::pair<const std::string*, Layout::ByteRange>> ComputeHomes::nvme
   return {{&home.frozen_block_id, layout_.frozen_home_range(layout_.groups[g])}, {&home.block_id, t}};
 }
 
+core::Result<bool> ComputeHomes::every_rank_kept(std::size_t g, bool kept) {
+  const auto n = static_cast<std::size_t>(layout_.share.ranks);
+  const std::array<std::uint64_t, 2> vote{g, kept ? 1u : 0u};
+  std::vector<std::uint64_t> votes(2 * n);
+  STRATA_RETURN_IF_ERROR(ranks_->all_gather(vote.data(), votes.data(), 2, partition::DType::kI64)
+                             .annotate(str_cat("fetch('", layout_.groups[g].name,
+                                               "'): asking the ranks whether each kept its copy")));
+  for (std::size_t r = 0; r < n; ++r) {
+    if (votes[2 * r] != g || votes[2 * r + 1] == 0) return false;
+  }
+  return true;
+}
+
 core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::PinnedBuffer& staging,
                                                         const CopyLane& lane, bool pending, Status local) {
   const GroupPlace& gp = layout_.groups[g];

@@ -87,6 +87,14 @@ class ComputeHomes {
   // leaves. (The tags travel on the heap: 32 bytes a rank.)
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
                                             bool pending = false, core::Status local = {});
+  // compute_sharded, before a fetch's gather: whether every rank still holds
+  // group g's copy on the device since its last release (`kept`: this
+  // rank's), so that none gathers it. A collective, as gather (a small
+  // all-gather of each rank's group and vote, 16 bytes a rank): ranks that
+  // fetch other groups all read false here, and their gather names the
+  // disagreement. What each rank kept depends on its device budget's
+  // state, so the ranks agree rather than each deciding alone.
+  core::Result<bool> every_rank_kept(std::size_t g, bool kept);
   // Writes a host view of group g's compute copies home on `lane`. A frozen
   // part read from files is not written: the first commit (the initial
   // values) records its CRC64, a later one (a checkpoint's load) must give

@@ -191,15 +191,20 @@ class RanksTest : public MlpTest {
   // (n == 1: one engine without ranks), then reads back what they hold
   // together: masters and moments from the rank that owns each element,
   // and each rank's compute copies.
+  // `per_rank` (optional) changes rank r's config: settings that may differ
+  // between the ranks (a device budget, stage3_max_live_parameters).
   Outcome on_ranks(const Config& c, int n, const std::string& run, const std::function<void(int, Engine&)>& body,
-                   const std::vector<std::string>& frozen = {}, const std::string& weights_dir = "") {
+                   const std::vector<std::string>& frozen = {}, const std::string& weights_dir = "",
+                   const std::function<void(int, Config&)>& per_rank = nullptr) {
     std::vector<Outcome> per(static_cast<std::size_t>(n));
     std::vector<std::thread> threads;
     for (int r = 0; r < n; ++r) {
       threads.emplace_back([&, r] {
+        Config rc = c;
+        if (per_rank) per_rank(r, rc);
         std::unique_ptr<Engine> e =
-            n == 1 ? make_mlp_engine(c, {}, frozen, weights_dir)
-                   : make_mlp_engine(c, ranks(r, n, run), frozen, weights_dir);
+            n == 1 ? make_mlp_engine(rc, {}, frozen, weights_dir)
+                   : make_mlp_engine(rc, ranks(r, n, run), frozen, weights_dir);
         if (e == nullptr) return;
         body(r, *e);
         Outcome& o = per[static_cast<std::size_t>(r)];

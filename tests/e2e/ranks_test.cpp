@@ -167,6 +167,50 @@ TEST_F(RanksTest, Stage3ShardsTheComputeCopiesFrozenOnesToo) {
   }
 }
 
+TEST_F(RanksTest, Stage3KeptCopiesServeAFetchOnlyWhenEveryRankKeptOne) {
+  // Stage 3 under a threaded schedule: a group's copy stays on the device
+  // after its release, and its next fetch takes it back without gathering
+  // when every rank kept its own (they vote before each fetch). Here l2 (a
+  // group under stage3_param_persistence_threshold) always stays; l1 stays
+  // within stage3_max_live_parameters, which may differ between the ranks:
+  // with rank 1's at one element it keeps no l1, and every rank gathers l1
+  // in the backward. Bits as one rank accumulating, either way.
+  const Config c = stage3(config("cpu", OverlapMode::kExact), "nvme");
+  const Outcome one = accumulate(c, 2);
+  for (const bool rank1_keeps_l1 : {true, false}) {
+    SCOPED_TRACE(rank1_keeps_l1 ? "every rank keeps l1" : "rank 1 keeps no l1");
+    std::vector<std::vector<StepStats>> stats(2);
+    const Outcome many = on_ranks(
+        c, 2, rank1_keeps_l1 ? "kept" : "dropped",
+        [&](int r, Engine& e) {
+          Framework f;
+          for (int s = 0; s < kRankSteps; ++s) {
+            const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
+            ASSERT_TRUE(st.ok()) << st.status();
+            stats[static_cast<std::size_t>(r)].push_back(*st);
+          }
+        },
+        {}, "", [&](int r, Config& rc) {
+          if (r == 1 && !rank1_keeps_l1) rc.zero.stage3_max_live_parameters = 1;
+        });
+    ASSERT_EQ(stats[0].size(), static_cast<std::size_t>(kRankSteps));
+    ASSERT_EQ(stats[1].size(), static_cast<std::size_t>(kRankSteps));
+    for (int s = 0; s < kRankSteps; ++s) {
+      // The backward's two fetches: both from kept copies, or l2's alone (each step's update drops them).
+      EXPECT_EQ(stats[0][static_cast<std::size_t>(s)].resident, rank1_keeps_l1 ? 2 : 1) << "step " << s;
+      EXPECT_EQ(stats[1][static_cast<std::size_t>(s)].resident, stats[0][static_cast<std::size_t>(s)].resident)
+          << "step " << s;
+    }
+    expect_same(many.master, one.master, "masters");
+    expect_same(many.exp_avg, one.exp_avg, "exp_avg");
+    expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
+    ASSERT_EQ(many.compute.size(), 2u);
+    for (int r = 0; r < 2; ++r) {
+      expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
+    }
+  }
+}
+
 TEST_F(RanksTest, Stage3FetchesThatDisagreeFailEveryRankAtOnce) {
   // Stage 3: a fetch is a gather every rank takes part in. Rank 1 fetching
   // l1 again without releasing it fails its fetch, and carries the failure
