@@ -162,3 +162,15 @@ def test_what_the_trainer_refuses_is_named():
         value = "reduce_lr_on_plateau"
     with pytest.raises(strata.Unimplemented, match="reduce_lr_on_plateau"):
         strata.hf.check_arguments(training_args(lr_scheduler_type=Schedule(), n_gpu=1), {})
+
+
+def test_deepspeed_or_fsdp_in_the_arguments_is_refused():
+    """TrainingArguments(deepspeed=...) or fsdp would hand the model to DeepSpeed or FSDP: strata.hf.Trainer
+    refuses them, saying to pass the DeepSpeed config as strata_config."""
+    for flag, value, what in (("deepspeed", "ds.json", "DeepSpeed"), ("fsdp", "full_shard", "FSDP")):
+        args = training_args(lr_scheduler_type="linear", n_gpu=1, **{flag: value})
+        with pytest.raises(strata.InvalidArgument, match=rf"TrainingArguments\.{flag} hands the model to {what}.*"
+                                                         rf"strata_config="):
+            strata.hf.check_arguments(args, {})
+        strata.hf.check_arguments(training_args(lr_scheduler_type="linear", n_gpu=1, **{flag: None}), {})
+    strata.hf.check_arguments(training_args(lr_scheduler_type="linear", n_gpu=1, fsdp=[]), {})  # 5.x: a list

@@ -178,6 +178,56 @@ def test_an_epoch_that_ends_with_a_short_step_trains_as_transformers_trainer(tmp
     ours.strata.close()
 
 
+class Stream(torch.utils.data.IterableDataset):
+    """Tokens without a length: the Trainer cannot know an epoch's steps."""
+
+    def __init__(self, n):
+        self.data = Tokens(n)
+
+    def __iter__(self):
+        return (self.data[i] for i in range(len(self.data)))
+
+
+def test_an_epoch_that_ends_inside_a_step_is_named(tmp_path, swap):
+    # A dataset without a length of 5 micro-batches, 2 a step: the first epoch runs out one
+    # micro-batch into its third step, which strata cannot carry into the next epoch (the Trainer
+    # would); the error says so when the epoch ends, and what to do.
+    trainer = strata.hf.Trainer(model=llama(), args=args(tmp_path / "run", max_steps=4), train_dataset=Stream(MICRO * 5),
+                                strata_config=strata_config(swap))
+    with pytest.raises(strata.FailedPrecondition, match=r"the epoch ended 1 micro-batches into an optimizer step "
+                                                        r"of 2 .*repeat it endlessly and set max_steps"):
+        trainer.train()
+    trainer.strata.close()
+
+
+def test_save_model_says_the_dtype_the_files_hold_and_saves_the_collators_tokenizer(tmp_path, swap):
+    # bf16 weights under a config that said float32: config.json says bfloat16, as save_pretrained
+    # would; a tokenizer given only to the collator is saved beside them, as the Trainer's _save does.
+    class Tok:
+        def save_pretrained(self, d):
+            open(os.path.join(d, "tok.json"), "w").write("{}")
+
+    class Collator:
+        tokenizer = Tok()
+
+        def __call__(self, rows):
+            return torch.utils.data.default_collate(rows)
+
+    model = llama()
+    model.config.dtype = "float32"
+    trainer = strata.hf.Trainer(model=model, args=args(tmp_path / "run", max_steps=1, bf16=True),
+                                train_dataset=Tokens(MICRO * GAS), data_collator=Collator(),
+                                strata_config=strata_config(swap))
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    import json
+    assert json.load(open(tmp_path / "saved" / "config.json"))["dtype"] == "bfloat16"
+    assert (tmp_path / "saved" / "tok.json").exists()
+    loaded = transformers.LlamaForCausalLM.from_pretrained(str(tmp_path / "saved"), dtype="auto")
+    assert next(loaded.parameters()).dtype == torch.bfloat16
+    trainer.strata.close()
+
+
 def test_an_optimizer_given_to_the_trainer_is_refused(tmp_path, swap):
     model = llama()
     opt = torch.optim.AdamW(model.parameters())

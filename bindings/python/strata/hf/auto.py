@@ -163,8 +163,9 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
     evaluation in another precision (*_full_eval), arguments that change the
     model or the batch under strata's feet (auto_find_batch_size,
     torch_compile), a best-model load from checkpoints without strata's state
-    (load_best_model_at_end with save_only_model), several GPUs in one
-    process (DataParallel), several ranks (not yet), and a plateau schedule
+    (load_best_model_at_end with save_only_model), DeepSpeed or FSDP in the
+    arguments (they would take the model), several GPUs in one process
+    (DataParallel), several ranks (not yet), and a plateau schedule
     strata cannot step (reduce_lr_on_plateau without a "scheduler" in the
     config). `args` is any object with TrainingArguments' attributes;
     `config` the strata config as a dict."""
@@ -196,6 +197,12 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
         raise errors.InvalidArgument(
             "strata.hf.Trainer: load_best_model_at_end loads the best checkpoint's strata state, which "
             "save_only_model=True does not save; drop one of them", status="INVALID_ARGUMENT")
+    for flag, what in (("deepspeed", "DeepSpeed"), ("fsdp", "FSDP")):
+        if getattr(args, flag, None):
+            raise errors.InvalidArgument(
+                f"strata.hf.Trainer: TrainingArguments.{flag} hands the model to {what}, and strata trains it: "
+                f"pass the config as strata_config= (DeepSpeed's keys are accepted) and leave {flag} unset",
+                status="INVALID_ARGUMENT")
     n_gpu = getattr(args, "n_gpu", 1)
     if n_gpu > 1:
         raise errors.InvalidArgument(

@@ -146,6 +146,22 @@ class _StepBegins(transformers.TrainerCallback):
         if trainer is not None:
             trainer._strata_step_starts = True
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # An epoch that ends inside an optimizer step: a dataset without a
+        # length that ran out mid-step (the Trainer would carry those
+        # gradients into the next epoch's first step, or drop them at the
+        # end), or a callback that stopped the epoch. strata's step cannot be
+        # merged into another: said here, where it happens.
+        trainer = self._trainer()
+        engine = trainer._strata if trainer is not None else None
+        if engine is not None and engine.micro_batches != 0:
+            raise errors.FailedPrecondition(
+                f"strata.hf.Trainer: the epoch ended {engine.micro_batches} micro-batches into an optimizer step "
+                f"of {args.gradient_accumulation_steps} (a dataset without a length that ran out mid-step, or a "
+                f"callback that stopped the epoch); give the dataset a length, make its batches per epoch a "
+                f"multiple of gradient_accumulation_steps, or repeat it endlessly and set max_steps",
+                status="FAILED_PRECONDITION")
+
 
 def _hidden_size(model):
     cfg = getattr(model, "config", None)
@@ -208,6 +224,11 @@ class Trainer(transformers.Trainer):
         args = copy.copy(args)
         args.max_grad_norm = 0.0
         super().__init__(model, args, *pos, **kwargs)
+        if getattr(self, "is_deepspeed_enabled", False) or getattr(self, "is_fsdp_enabled", False):
+            raise errors.InvalidArgument(
+                "strata.hf.Trainer: accelerate is set up for DeepSpeed or FSDP (accelerate config, or an "
+                "ACCELERATE_USE_* variable), which would take the model strata trains: launch without it",
+                status="INVALID_ARGUMENT")
         self.add_callback(_StepBegins(self))
 
     # --- the engine -------------------------------------------------------------------------------------
@@ -309,8 +330,9 @@ class Trainer(transformers.Trainer):
         if self._strata_step_starts and self._strata.micro_batches != 0:
             raise errors.FailedPrecondition(
                 f"strata.hf.Trainer: an optimizer step begins with {self._strata.micro_batches} backward passes of an "
-                f"earlier one still in strata's step (the Trainer broke that step off part-way: a callback that "
-                f"stopped the epoch or the training mid-step)", status="FAILED_PRECONDITION")
+                f"earlier one still in strata's step (the Trainer broke that step off part-way: a dataset without a "
+                f"length that ran out mid-step, or a callback that stopped the epoch or the training mid-step)",
+                status="FAILED_PRECONDITION")
         self._strata_step_starts = False
         # The model itself to compute_loss (its class decides the label
         # smoother's shift, PEFT's handling), not the loop's wrapper.
@@ -320,6 +342,10 @@ class Trainer(transformers.Trainer):
         with self.compute_loss_context_manager():
             loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
         del inputs
+        steps = self.args.torch_empty_cache_steps
+        if steps is not None and self.state.global_step % steps == 0:  # as the Trainer's training_step
+            from accelerate.utils.memory import clear_device_cache
+            clear_device_cache()
         token_scaled = (self.model_accepts_loss_kwargs and num_items_in_batch is not None) or \
             self.compute_loss_func is not None
         # strata divides the step's sum of gradients by
@@ -383,6 +409,8 @@ class Trainer(transformers.Trainer):
                 if getattr(self.model, "config", None) is not None:
                     config = copy.deepcopy(self.model.config)
                     config.architectures = [type(self.model).__name__]
+                    # The dtype the files hold (from_pretrained(dtype="auto") reads it), as save_pretrained says.
+                    config.dtype = {"bf16": "bfloat16", "fp16": "float16"}.get(dtype, "float32")
                     config.save_pretrained(output_dir)
                 gen = getattr(self.model, "generation_config", None)
                 if gen is not None and hasattr(gen, "save_pretrained"):
@@ -390,6 +418,8 @@ class Trainer(transformers.Trainer):
         if self.args.should_save:
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(output_dir)
+            elif getattr(self.data_collator, "tokenizer", None) is not None:  # as the Trainer's _save
+                self.data_collator.tokenizer.save_pretrained(output_dir)
             torch.save(self._strata_user_args, os.path.join(output_dir, "training_args.bin"))
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=getattr(self.args, "hub_revision", None))
