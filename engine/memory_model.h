@@ -53,9 +53,8 @@ inline constexpr int kGradientCopiesInFlight = 2;
 // group, the gather's number, its bytes and the rank's status, which the
 // ranks compare before the payload: ComputeHomes::gather), on the heap.
 inline constexpr std::uint64_t kGatherTagBytes = 32;
-// And each rank's vote before every such fetch under the threaded schedules
-// (the group and whether it kept its copy since its release:
-// ComputeHomes::every_rank_kept).
+// And each rank's vote before every such fetch (the group and whether it
+// kept its copy since its release: ComputeHomes::every_rank_kept).
 inline constexpr std::uint64_t kKeptVoteBytes = 16;
 
 // The largest buffers the step's pinned working memory is sized by, in bytes

@@ -176,7 +176,8 @@ std::uint64_t grad_offset_bytes(const engine::Engine& e, const engine::GroupPlac
 core::Status check_view_has_offset(const strata_group_view* out, std::uint64_t offset, const engine::GroupPlace& g,
                                    const char* fn) {
   constexpr std::size_t kNeeds = offsetof(strata_group_view, offset_bytes) + sizeof(out->offset_bytes);
-  if (offset == 0 || out->struct_size >= kNeeds) return core::Status();
+  // (A group with no trainable parameter has no buffer: grad_buffer says so.)
+  if (offset == 0 || g.trainable_elems == 0 || out->struct_size >= kNeeds) return core::Status();
   return core::Status::invalid_argument(core::str_cat(
       fn, "('", g.name, "'): the gradient buffer of this group begins ", offset,
       " bytes into its layout (its frozen parameters have no slots), and out->struct_size (", out->struct_size,
@@ -789,14 +790,28 @@ strata_status strata_group_dlpack(strata_engine* engine, const char* group, stra
     int raw = 0;  // a C caller may pass any int: read its bytes, not an out-of-range enum
     static_assert(sizeof raw == sizeof kind);
     std::memcpy(&raw, &kind, sizeof raw);
-    if (raw != STRATA_VIEW_COMPUTE && raw != STRATA_VIEW_GRADS) {
+    if (raw != STRATA_VIEW_COMPUTE && raw != STRATA_VIEW_GRADS && raw != STRATA_VIEW_GRAD_BUFFER) {
       return core::Status::invalid_argument(str_cat(fn, "('", group, "'): kind ", raw,
-                                                    " is not a strata_view_kind (STRATA_VIEW_COMPUTE or "
-                                                    "STRATA_VIEW_GRADS)"));
+                                                    " is not a strata_view_kind (STRATA_VIEW_COMPUTE, "
+                                                    "STRATA_VIEW_GRADS or STRATA_VIEW_GRAD_BUFFER)"));
     }
-    const char* kind_name = raw == STRATA_VIEW_COMPUTE ? "STRATA_VIEW_COMPUTE" : "STRATA_VIEW_GRADS";
+    const char* kind_name = raw == STRATA_VIEW_COMPUTE ? "STRATA_VIEW_COMPUTE"
+                            : raw == STRATA_VIEW_GRADS ? "STRATA_VIEW_GRADS"
+                                                       : "STRATA_VIEW_GRAD_BUFFER";
 #if STRATA_HAVE_DLPACK
     se::Engine& e = *engine->engine;
+    if (raw == STRATA_VIEW_GRADS) {
+      // The whole-layout kind of 0.2-0.4, whose callers place a gradient at
+      // its parameter's offset: refused where the buffer does not begin at 0.
+      STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
+      if (g->trainable_elems > 0 && c_api::grad_offset_bytes(e, *g) != 0) {
+        return core::Status::failed_precondition(str_cat(
+            fn, "('", group, "', STRATA_VIEW_GRADS): the group's gradient buffer begins ",
+            c_api::grad_offset_bytes(e, *g),
+            " bytes into its layout (its frozen parameters have no slots), which a STRATA_VIEW_GRADS tensor cannot "
+            "say: ask for STRATA_VIEW_GRAD_BUFFER and place each gradient at its offset less grad_offset_bytes"));
+      }
+    }
     auto lent = e.lend_view(group, raw == STRATA_VIEW_COMPUTE ? se::ViewKind::kCompute : se::ViewKind::kGrads);
     if (!lent.ok()) return std::move(lent).status().annotate(str_cat(fn, "('", group, "', ", kind_name, ")"));
     const strata_dtype dtype = c_api::dtype_of(e);

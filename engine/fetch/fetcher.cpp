@@ -133,11 +133,12 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
   } else {
     ready = parts_.runner.error("fetch");
   }
-  // Under the threaded schedules (the same on every rank) a copy kept since
-  // its release is taken back when every rank kept its own: no gather, no
-  // read of the homes. Else it goes (its memory to this fetch) and every
-  // rank gathers.
-  if (parts_.schedule.threaded()) {
+  // A copy kept since its release (the threaded schedules keep them) is
+  // taken back when every rank kept its own: no gather, no read of the
+  // homes. Else it goes (its memory to this fetch) and every rank gathers.
+  // The vote runs on every fetch whatever the schedule, so that ranks whose
+  // configs differ still issue the same collectives.
+  {
     core::Result<bool> all_kept = parts_.homes.every_rank_kept(g, ready.ok() && resident_->contains(g));
     if (!all_kept.ok()) return std::move(all_kept).status();
     std::optional<ResidentSet::Taken> kept = resident_->take(g);

@@ -662,10 +662,9 @@ StepTraffic step_traffic(const Evaluation& e) {
     // The gradients' sums, and the optimizer's gather of the new compute
     // copies; at stage 3 instead each fetch's gather of the group's shards.
     const std::uint64_t padded = sat_mul(u64(e.shape.group_padded), u64(L));
-    // (Under the threaded schedules every fetch, a kept copy's too, begins
-    // with the ranks' votes on whether each kept it.)
-    const std::uint64_t votes =
-        e.threaded ? sat_mul(sat_mul(u64(L), passes), sat_mul(u64(e.N), kKeptVoteBytes)) : 0;
+    // (Every fetch, a kept copy's too, begins with the ranks' votes on
+    // whether each kept it.)
+    const std::uint64_t votes = sat_mul(sat_mul(u64(L), passes), sat_mul(u64(e.N), kKeptVoteBytes));
     const std::uint64_t copies =
         e.sharded ? sat_add(sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c))),
                             votes)

@@ -460,7 +460,12 @@ static void train_mixed(int how, float* a_out) {
       strata_group_view v = STRATA_GROUP_VIEW_INIT;
       CHECK_OK(strata_group_grad_buffer(e, "m", &v));
       CHECK(v.offset_bytes == info.grad_offset_bytes && v.size_bytes == part);
-      DLManagedTensor* t = export_view(e, "m", STRATA_VIEW_GRADS);
+      /* The whole-layout kind cannot say where the buffer begins: refused, naming the one that can. */
+      void* refused = NULL;
+      CHECK_STATUS(strata_group_dlpack(e, "m", STRATA_VIEW_GRADS, &refused), STRATA_STATUS_FAILED_PRECONDITION,
+                   "STRATA_VIEW_GRAD_BUFFER");
+      CHECK(refused == NULL);
+      DLManagedTensor* t = export_view(e, "m", STRATA_VIEW_GRAD_BUFFER);
       if (t != NULL) {
         CHECK(t->dl_tensor.data == v.data && t->dl_tensor.shape[0] == (int64_t)(part / 2));
         copy_to_device(t, (const char*)g + info.grad_offset_bytes, part);

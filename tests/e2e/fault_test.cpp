@@ -131,7 +131,9 @@ Status give_grads(Engine& e, Framework& f, const std::string& group,
   const GroupPlace* gp = e.layout().find_group(group);
   for (std::size_t pi : gp->params) {
     const ParamDesc& p = e.layout().params[pi];
-    std::byte* dst = host.data() + e.layout().places[pi].compute_offset * f.cb;
+    // (The buffer begins at the group's first trainable slot; a frozen parameter has none.)
+    if (e.layout().places[pi].trainable_offset < 0) continue;
+    std::byte* dst = host.data() + (e.layout().places[pi].compute_offset - gp->trainable_compute_begin) * f.cb;
     const auto& src = g.at(p.name);
     for (std::size_t i = 0; i < src.size(); ++i) {
       const std::uint16_t hb = nx::fp32_to_bf16_bits(src[i]);

@@ -446,7 +446,7 @@ class Engine:
         (kind "compute") or its gradient buffer (kind "grads", as grad_buffer):
         1-D, the group's dtype, zero-copy. The memory stays the tensor's while
         it lives."""
-        code = {"compute": _capi.VIEW_COMPUTE, "grads": _capi.VIEW_GRADS}.get(kind)
+        code = {"compute": _capi.VIEW_COMPUTE, "grads": _capi.VIEW_GRAD_BUFFER}.get(kind)
         if code is None:
             raise ValueError(f"strata: dlpack kind must be 'compute' or 'grads', not {kind!r}")
         managed = ctypes.c_void_p()

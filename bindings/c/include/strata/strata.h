@@ -488,8 +488,11 @@ STRATA_API strata_status strata_group_grads_host(strata_engine* engine, const ch
 
 /* Which of a group's buffers strata_group_dlpack exports. */
 typedef enum strata_view_kind {
-  STRATA_VIEW_COMPUTE = 0, /* the fetched compute copies (strata_group_fetch's view) */
-  STRATA_VIEW_GRADS = 1    /* the gradient buffer (strata_group_grad_buffer's) */
+  STRATA_VIEW_COMPUTE = 0,    /* the fetched compute copies (strata_group_fetch's view) */
+  STRATA_VIEW_GRADS = 1,      /* the gradient buffer of a group whose buffer begins at 0 (every parameter
+                                 in the layout from its start: none frozen before a trainable one) */
+  STRATA_VIEW_GRAD_BUFFER = 2 /* (since 0.5) the gradient buffer, any group: strata_group_grad_buffer's,
+                                 from the group's grad_offset_bytes on */
 } strata_view_kind;
 
 /* Exports a view of a group's buffer as a DLPack tensor: *managed_out is a
@@ -504,9 +507,14 @@ typedef enum strata_view_kind {
  * convention 8 still hold for it).
  *  - STRATA_VIEW_COMPUTE: the group must be fetched; the tensor views the
  *    compute copies strata_group_fetch returned, to be read only.
- *  - STRATA_VIEW_GRADS: does what strata_group_grad_buffer does (same
- *    preconditions and errors) and views that buffer; write the gradients
- *    into it, then call strata_group_grads_ready.
+ *  - STRATA_VIEW_GRAD_BUFFER: does what strata_group_grad_buffer does (same
+ *    preconditions and errors) and views that buffer (from the group's
+ *    grad_offset_bytes on); write the gradients into it, then call
+ *    strata_group_grads_ready.
+ *  - STRATA_VIEW_GRADS: as STRATA_VIEW_GRAD_BUFFER for a group whose buffer
+ *    begins at 0, the only kind before 0.5 (whose callers place gradients
+ *    at their parameters' offsets); FAILED_PRECONDITION for another group,
+ *    naming STRATA_VIEW_GRAD_BUFFER.
  * Ownership: the caller owns the tensor and ends it by calling its deleter
  * exactly once (a framework's from_dlpack takes it over), on any thread, at
  * any time, also after strata_engine_destroy. Until then strata neither
