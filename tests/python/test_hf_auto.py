@@ -143,7 +143,6 @@ def test_what_the_trainer_refuses_is_named():
         (dict(load_best_model_at_end=True, save_only_model=True), {}, strata.InvalidArgument,
          r"save_only_model=True does not save; drop one of them"),
         (dict(n_gpu=2), {}, strata.InvalidArgument, r"sees 2 GPUs .*DataParallel.*CUDA_VISIBLE_DEVICES"),
-        (dict(), dict(world_size=2), strata.Unimplemented, r"several ranks \(WORLD_SIZE 2\) are not supported yet"),
         (dict(lr_scheduler_type="reduce_lr_on_plateau"), {}, strata.Unimplemented,
          r"reduce_lr_on_plateau is not supported .*a \"scheduler\" in the strata config"),
     ]
@@ -155,7 +154,7 @@ def test_what_the_trainer_refuses_is_named():
     # config's own scheduler is strata's to run; optimizers=(None, None) is the Trainer's default.
     strata.hf.check_arguments(training_args(lr_scheduler_type="reduce_lr_on_plateau", n_gpu=1),
                               {"scheduler": {"type": "WarmupLR"}})
-    strata.hf.check_arguments(ok, {}, optimizers=(None, None), world_size=1)
+    strata.hf.check_arguments(ok, {}, optimizers=(None, None))
     strata.hf.check_arguments(training_args(load_best_model_at_end=True, save_only_model=False, n_gpu=1), {})
 
     class Schedule:  # transformers' SchedulerType: an enum whose value is the name

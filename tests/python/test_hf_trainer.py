@@ -236,6 +236,31 @@ def test_an_optimizer_given_to_the_trainer_is_refused(tmp_path, swap):
                           strata_config=strata_config(swap), optimizers=(opt, None))
 
 
+def test_two_ranks_under_torchrun_train_as_transformers_trainer_with_ddp(tmp_path, swap):
+    # hf_ranks_script.py on two ranks (torchrun, the CPU, Gloo): transformers.Trainer with torch AdamW
+    # under DDP, and strata.hf.Trainer with strata's ranks (its batch counts both ranks: each micro-batch
+    # a share of the step's tokens over the two, as DDP averages), on the same data and arguments.
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "out"
+    out.mkdir()
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_ranks_script.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+           "--master_port", str(port), script, str(out), str(swap)]
+    r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    got = torch.load(out / "result.pt")
+    assert len(got["losses"]) == STEPS and got["losses"] == pytest.approx(got["oracle_losses"], rel=1e-3)
+    assert got["norms"] == pytest.approx(got["oracle_norms"], rel=1e-3)
+    for name, w in got["oracle"].items():
+        torch.testing.assert_close(got["ours"][name], w, rtol=1e-3, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
 def test_the_example_trains_saves_and_fine_tunes_from_its_save(tmp_path):
     # examples/python/hf_trainer.py: the Trainer on the example text, its save_model folder
     # the start of a second run (strata.hf.from_pretrained streams it).

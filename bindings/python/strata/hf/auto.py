@@ -156,8 +156,7 @@ def trainer_config(config, args, *, num_training_steps=None, hidden_size=None, w
     return config, f.filled
 
 
-def check_arguments(args, config, *, model_given=True, optimizers=None, optimizer_cls_and_kwargs=None,
-                    world_size=1):
+def check_arguments(args, config, *, model_given=True, optimizers=None, optimizer_cls_and_kwargs=None):
     """What strata.hf.Trainer refuses, as one error naming the first thing it
     cannot honour: no model (model_init), an optimizer of the caller's,
     evaluation in another precision (*_full_eval), arguments that change the
@@ -165,7 +164,7 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
     torch_compile), a best-model load from checkpoints without strata's state
     (load_best_model_at_end with save_only_model), DeepSpeed or FSDP in the
     arguments (they would take the model), several GPUs in one process
-    (DataParallel), several ranks (not yet), and a plateau schedule
+    (DataParallel: one process per GPU is how strata runs ranks), and a plateau schedule
     strata cannot step (reduce_lr_on_plateau without a "scheduler" in the
     config). `args` is any object with TrainingArguments' attributes;
     `config` the strata config as a dict."""
@@ -209,11 +208,6 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
             f"strata.hf.Trainer: this process sees {n_gpu} GPUs and the Trainer would split batches over "
             f"them with DataParallel; strata trains on one GPU per process (set CUDA_VISIBLE_DEVICES, or "
             f"launch a process per GPU)", status="INVALID_ARGUMENT")
-    if world_size > 1:
-        raise errors.Unimplemented(
-            f"strata.hf.Trainer: several ranks (WORLD_SIZE {world_size}) are not supported yet; train with one "
-            f"process (strata.torch.initialize with torchrun supports several ranks: docs/distributed.md)",
-            status="UNIMPLEMENTED")
     schedule = getattr(args, "lr_scheduler_type", "linear")
     schedule = getattr(schedule, "value", schedule)  # a SchedulerType enum member, or its string
     if schedule == "reduce_lr_on_plateau" and "scheduler" not in config:

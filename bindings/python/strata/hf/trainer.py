@@ -210,8 +210,7 @@ class Trainer(transformers.Trainer):
         self._strata_config_dict = json.loads(text)
         check_arguments(args, self._strata_config_dict, model_given=model is not None,
                         optimizers=kwargs.get("optimizers"),
-                        optimizer_cls_and_kwargs=kwargs.get("optimizer_cls_and_kwargs"),
-                        world_size=int(os.environ.get("WORLD_SIZE", "1")))
+                        optimizer_cls_and_kwargs=kwargs.get("optimizer_cls_and_kwargs"))
         self._strata_kwargs = dict(strata_kwargs or {})
         self._strata = None
         self._strata_stats = None
@@ -243,7 +242,11 @@ class Trainer(transformers.Trainer):
         args = copy.copy(self.args)
         args.max_grad_norm = self._strata_max_grad_norm
         hidden = _hidden_size(self.model)
-        config, _ = trainer_config(self._strata_config_dict, args, num_training_steps=num_training_steps,
+        # Several ranks (torchrun, accelerate launch): the batch is the ranks' (train_batch_size
+        # "auto" counts them) and strata.torch takes the ranks from torch.distributed, which
+        # accelerate has set up by now.
+        world = max(int(getattr(args, "world_size", 1)), 1)
+        config, _ = trainer_config(self._strata_config_dict, args, world_size=world, num_training_steps=num_training_steps,
                                    hidden_size=hidden)
         kwargs = dict(self._strata_kwargs)
         if "optimizer" not in self._strata_config_dict and "param_groups" not in kwargs:
