@@ -50,12 +50,12 @@ inline constexpr std::uint64_t kNoRoomLimit = core::MemoryBudget::kUnlimited;
 inline constexpr int kGradientCopiesInFlight = 2;
 
 // Stage 3 over several ranks: each rank's tag in a fetch's gather (the
-// group, the gather's number, its bytes and the rank's status, which the
-// ranks compare before the payload: ComputeHomes::gather), on the heap.
-inline constexpr std::uint64_t kGatherTagBytes = 32;
-// And each rank's vote before every such fetch (the group and whether it
-// kept its copy since its release: ComputeHomes::every_rank_kept).
-inline constexpr std::uint64_t kKeptVoteBytes = 16;
+// group, the gather's number, its bytes, the rank's status and whether it
+// kept the group's copy since its release, which the ranks compare before
+// the payload: ComputeHomes::gather), on the heap; and the trailer of each
+// rank's block of the payload (its status after the tags).
+inline constexpr std::uint64_t kGatherTagBytes = 40;
+inline constexpr std::uint64_t kGatherTrailerBytes = 8;
 
 // The largest buffers the step's pinned working memory is sized by, in bytes
 // (0 where the layout has none). The engine's come from its layout

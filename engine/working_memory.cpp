@@ -28,8 +28,8 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
       // A fetch gathers every rank's home and unpacks them whole
       // (ComputeHomes::gather).
       const auto n = static_cast<std::uint64_t>(layout.share.ranks);
-      ranks_compute = std::max(ranks_compute,
-                               n * layout.home_bytes(gp) + core::align_up(compute, core::kDirectIoAlignment));
+      ranks_compute = std::max(ranks_compute, n * (layout.home_bytes(gp) + kGatherTrailerBytes) +
+                                                  core::align_up(compute, core::kDirectIoAlignment));
     }
     if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);
     if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);

@@ -134,37 +134,38 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
     ready = parts_.runner.error("fetch");
   }
   // A copy kept since its release (the threaded schedules keep them) is
-  // taken back when every rank kept its own: no gather, no read of the
-  // homes. Else it goes (its memory to this fetch) and every rank gathers.
-  // The vote runs on every fetch whatever the schedule, so that ranks whose
-  // configs differ still issue the same collectives.
-  {
-    core::Result<bool> all_kept = parts_.homes.every_rank_kept(g, ready.ok() && resident_->contains(g));
-    if (!all_kept.ok()) return std::move(all_kept).status();
-    std::optional<ResidentSet::Taken> kept = resident_->take(g);
-    if (*all_kept) {
-      ++totals_.resident;
-      totals_.resident_bytes += kept->buffer.size_bytes();
-      sequence_.note_fetch(g);
-      return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
-    }
-    if (kept) parts_.device_cache.put(std::move(kept->buffer), std::move(kept->fence));
-  }
+  // taken back when every rank kept its own (the gather's tags say so): no
+  // read of the homes, no payload. Else it goes (its memory to this fetch),
+  // and the working buffer is made after the tags: a failure then travels
+  // with this rank's part of the payload.
+  ComputeHomes::FetchVote vote;
+  vote.kept = ready.ok() && resident_->contains(g);
   gpu::DeviceBuffer buffer;
-  if (ready.ok()) {
+  vote.prepare = [&]() -> Status {
+    if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {
+      parts_.device_cache.put(std::move(kept->buffer), std::move(kept->fence));
+    }
     const std::uint64_t bytes =
         static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(parts_.layout.compute_bytes);
     // Room within stage3_max_live_parameters first, as fetch makes it.
     resident_->make_room(live_bytes(), bytes, SIZE_MAX, sequence_);
-    core::Result<gpu::DeviceBuffer> got = allocate_working(bytes, str_cat("fetched group '", gp.name, "'"));
-    if (got.ok()) buffer = std::move(got).value();
-    else ready = std::move(got).status();
-  }
+    STRATA_ASSIGN_OR_RETURN(buffer, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
+    return Status();
+  };
   gpu::PinnedBuffer staging;
-  core::Result<std::span<std::byte>> host = parts_.homes.gather(g, staging, lane(), /*pending=*/false, std::move(ready));
+  core::Result<std::span<std::byte>> host =
+      parts_.homes.gather(g, staging, lane(), /*pending=*/false, std::move(ready), &vote);
   if (!host.ok()) {
     parts_.device_cache.put(std::move(buffer));
     return std::move(host).status();
+  }
+  if (vote.all_kept) {
+    std::optional<ResidentSet::Taken> kept = resident_->take(g);
+    STRATA_CHECK(kept.has_value()) << "fetch('" << gp.name << "'): every rank kept it, this one has no copy";
+    ++totals_.resident;
+    totals_.resident_bytes += kept->buffer.size_bytes();
+    sequence_.note_fetch(g);
+    return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
   }
   sequence_.note_fetch(g);
   core::Result<std::shared_ptr<gpu::Event>> landed = queue_host(*host, std::move(staging), buffer.span(), lane());

@@ -148,14 +148,14 @@ class Fetcher {
   // by it) into `dst`, queued on `lane`; the event after it.
   core::Result<std::shared_ptr<gpu::Event>> queue_host(std::span<const std::byte> host, gpu::PinnedBuffer staging,
                                                        gpu::DeviceSpan dst, const CopyLane& lane);
-  // fetch at stage 3 over several ranks (Layout::compute_sharded): first
-  // the ranks' vote on whether each kept the group's copy since its release
-  // (ComputeHomes::every_rank_kept, on every fetch whatever the schedule);
-  // when all did, the kept copy; else the group's shards gathered from
-  // every rank (ComputeHomes::gather) into a working buffer; a failure on
-  // this rank before the gather (the group already fetched, the optimizer's
-  // error, no device memory) is carried into it, so every rank's fetch
-  // fails alike.
+  // fetch at stage 3 over several ranks (Layout::compute_sharded):
+  // ComputeHomes::gather with this rank's vote on whether it kept the
+  // group's copy since its release (on every fetch whatever the schedule);
+  // when every rank did, the kept copy; else the group's shards gathered
+  // from every rank into a working buffer (made after the tags); a failure
+  // on this rank (the group already fetched, the optimizer's error, no
+  // device memory, reading its home) is carried into the gather, so every
+  // rank's fetch fails alike.
   core::Result<gpu::DeviceSpan> fetch_gathered(std::size_t g, gpu::Stream* stream);
   // After the copy into f.working (`landed`; null: complete): the framework's
   // `stream` waits for it, noted in `f` and among the unsettled copies; with

@@ -274,9 +274,11 @@ void add_compute_copies(Evaluation& e) {
   if (e.sharded) {
     // A fetch gathers every rank's home and unpacks them whole
     // (ComputeHomes::gather).
-    e.add("rank_fetch_gather", Tier::kPinned, sat_add(sat_mul(u64(e.N), sat_mul(u64(e.home), c)), e.group_bytes),
-          str_cat(e.N, " x ", group_digits(u64(e.home)), " x ", c, " B (every rank's shard of a fetched group) + ",
-                  e.groups_of(1), " x ", c, " B (the group unpacked whole)"));
+    e.add("rank_fetch_gather", Tier::kPinned,
+          sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), c), kGatherTrailerBytes)), e.group_bytes),
+          str_cat(e.N, " x (", group_digits(u64(e.home)), " x ", c, " + ", kGatherTrailerBytes,
+                  ") B (every rank's shard of a fetched group and its status) + ", e.groups_of(1), " x ", c,
+                  " B (the group unpacked whole)"));
   }
 }
 
@@ -412,7 +414,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
     if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
   if (e.sharded) {
-    w.ranks_compute_bytes = sat_add(sat_mul(u64(e.N), sat_mul(u64(e.home), e.c)),
+    w.ranks_compute_bytes = sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes)),
                                     core::align_up(e.group_bytes, core::kDirectIoAlignment));
   }
   return pinned_working(w, e.threaded, e.early_jobs());
@@ -662,12 +664,12 @@ StepTraffic step_traffic(const Evaluation& e) {
     // The gradients' sums, and the optimizer's gather of the new compute
     // copies; at stage 3 instead each fetch's gather of the group's shards.
     const std::uint64_t padded = sat_mul(u64(e.shape.group_padded), u64(L));
-    // (Every fetch, a kept copy's too, begins with the ranks' votes on
-    // whether each kept it.)
-    const std::uint64_t votes = sat_mul(sat_mul(u64(L), passes), sat_mul(u64(e.N), kKeptVoteBytes));
+    // (Every fetch exchanges the ranks' tags; a gathered one then each
+    // rank's home and trailer, one every rank kept nothing more.)
+    const std::uint64_t tags = sat_mul(sat_mul(u64(L), passes), sat_mul(u64(e.N), kGatherTagBytes));
     const std::uint64_t copies =
-        e.sharded ? sat_add(sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTagBytes, sat_mul(u64(e.home), c))),
-                            votes)
+        e.sharded ? sat_add(sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTrailerBytes, sat_mul(u64(e.home), c))),
+                            tags)
                   : sat_mul(padded, c);
     const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, 4), accum), copies);
     tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);

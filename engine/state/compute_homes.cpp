@@ -7,6 +7,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/str.h"
+#include "engine/memory_model.h"
 
 namespace strata::engine {
 
@@ -109,33 +110,24 @@ std::vector<std::pair<const std::string*, Layout::ByteRange>> ComputeHomes::nvme
   return {{&home.frozen_block_id, layout_.frozen_home_range(layout_.groups[g])}, {&home.block_id, t}};
 }
 
-core::Result<bool> ComputeHomes::every_rank_kept(std::size_t g, bool kept) {
-  const auto n = static_cast<std::size_t>(layout_.share.ranks);
-  const std::array<std::uint64_t, 2> vote{g, kept ? 1u : 0u};
-  std::vector<std::uint64_t> votes(2 * n);
-  STRATA_RETURN_IF_ERROR(ranks_->all_gather(vote.data(), votes.data(), 2, partition::DType::kI64)
-                             .annotate(str_cat("fetch('", layout_.groups[g].name,
-                                               "'): asking the ranks whether each kept its copy")));
-  for (std::size_t r = 0; r < n; ++r) {
-    if (votes[2 * r] != g || votes[2 * r + 1] == 0) return false;
-  }
-  return true;
-}
-
 core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::PinnedBuffer& staging,
-                                                        const CopyLane& lane, bool pending, Status local) {
+                                                        const CopyLane& lane, bool pending, Status local,
+                                                        FetchVote* vote) {
   const GroupPlace& gp = layout_.groups[g];
   const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
   const auto n = static_cast<std::uint64_t>(layout_.share.ranks);
   const auto me = static_cast<std::uint64_t>(layout_.share.rank);
   const std::uint64_t home = bytes(g), whole = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+  // Each rank's block of the payload: its home, then its status after the
+  // tags (reading the home, the caller's preparation).
+  const std::uint64_t block = home + kGatherTrailerBytes;
   const std::string what = str_cat("gathering the compute copies of group '", gp.name, "'");
-  // This rank's home into its place among every rank's, and the staging the
-  // group is unpacked into: a local failure (or the caller's) is carried to
-  // the others below instead of leaving them waiting.
+  // Every rank's blocks, and the staging the group is unpacked into: a
+  // local failure (or the caller's) is carried to the others below instead
+  // of leaving them waiting.
   gpu::PinnedBuffer all;
   if (local.ok()) {
-    core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(home * n, "compute copies gathered over ranks");
+    core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(block * n, "compute copies gathered over ranks");
     if (got.ok()) all = std::move(got).value();
     else local = std::move(got).status();
   }
@@ -144,27 +136,19 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     if (got.ok()) staging = std::move(got).value();
     else local = std::move(got).status();
   }
-  if (local.ok()) {
-    std::byte* mine = all.data() + me * home;
-    if (const std::byte* p = pending ? pending_copy(g) : nullptr; p != nullptr) {
-      std::memcpy(mine, p, home);
-    } else {
-      gpu::PinnedBuffer own;  // stays empty for a pinned home (load lends it)
-      core::Result<std::span<std::byte>> loaded = load(g, own, lane);
-      if (loaded.ok()) std::memcpy(mine, loaded->data(), home);
-      else local = std::move(loaded).status();
-      pinned_cache_.put(std::move(own));
-    }
-  }
   // First every rank's tag (small, fixed size whatever the group): the
-  // group, this gather's number, the bytes and the rank's status. Ranks that
-  // gather other groups or failed stop here, every one of them, before the
-  // payload (whose size may differ between groups).
-  const std::array<std::uint64_t, 4> tag{g, gathers_++, home, static_cast<std::uint64_t>(local.code())};
-  std::vector<std::uint64_t> tags(4 * n);
-  Status s = ranks_->all_gather(tag.data(), tags.data(), 4, partition::DType::kI64);
+  // group, this gather's number, the bytes, the rank's status and its vote.
+  // Ranks that gather other groups or failed stop here, every one of them,
+  // before the payload (whose size may differ between groups); ranks that
+  // all kept the group's copy stop here too.
+  const bool kept = vote != nullptr && vote->kept;
+  const std::array<std::uint64_t, 5> tag{g, gathers_++, home, static_cast<std::uint64_t>(local.code()), kept ? 1u : 0u};
+  std::vector<std::uint64_t> tags(5 * n);
+  Status s = ranks_->all_gather(tag.data(), tags.data(), 5, partition::DType::kI64);
+  bool all_kept = vote != nullptr;
   for (std::uint64_t r = 0; s.ok() && local.ok() && r < n; ++r) {
-    const std::uint64_t* t = tags.data() + 4 * r;
+    const std::uint64_t* t = tags.data() + 5 * r;
+    all_kept = all_kept && t[4] != 0;
     if (t[3] != 0) {
       const auto code = static_cast<core::StatusCode>(t[3]);
       s = Status(code, str_cat("rank ", r, " failed before its part (", core::status_code_name(code),
@@ -176,11 +160,47 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
                                               ": every rank fetches the same groups in the same order"));
     }
   }
-  if (s.ok() && local.ok()) {
-    TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), home * n);
-    s = ranks_->all_gather(all.data() + me * home, all.data(), home, partition::DType::kU8);
+  if (s.ok() && local.ok() && all_kept) {
+    vote->all_kept = true;
+    pinned_cache_.put(std::move(all));
+    pinned_cache_.put(std::move(staging));
+    staging = {};
+    return std::span<std::byte>();
   }
-  if (s.ok() && local.ok()) unpack_homes(layout_, g, all.bytes().first(home * n), home, 0, staging.bytes().first(whole));
+  if (s.ok() && local.ok()) {
+    // This rank's part: the caller's preparation, then its home (or its
+    // pending copy) into its block; a failure goes in the block's trailer.
+    std::byte* mine = all.data() + me * block;
+    Status part = vote != nullptr && vote->prepare ? vote->prepare() : Status();
+    if (part.ok()) {
+      if (const std::byte* p = pending ? pending_copy(g) : nullptr; p != nullptr) {
+        std::memcpy(mine, p, home);
+      } else {
+        gpu::PinnedBuffer own;  // stays empty for a pinned home (load lends it)
+        core::Result<std::span<std::byte>> loaded = load(g, own, lane);
+        if (loaded.ok()) std::memcpy(mine, loaded->data(), home);
+        else part = std::move(loaded).status();
+        pinned_cache_.put(std::move(own));
+      }
+    }
+    const auto code = static_cast<std::uint64_t>(part.code());
+    std::memcpy(mine + home, &code, sizeof code);
+    {
+      TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), block * n);
+      s = ranks_->all_gather(mine, all.data(), block, partition::DType::kU8);
+    }
+    for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
+      std::uint64_t theirs = 0;
+      std::memcpy(&theirs, all.data() + r * block + home, sizeof theirs);
+      if (theirs == 0) continue;
+      s = r == me ? part
+                  : Status(static_cast<core::StatusCode>(theirs),
+                           str_cat("rank ", r, " failed reading its part (",
+                                   core::status_code_name(static_cast<core::StatusCode>(theirs)),
+                                   "; its own error names the cause), so this rank stops too"));
+    }
+  }
+  if (s.ok() && local.ok()) unpack_homes(layout_, g, all.bytes().first(block * n), block, 0, staging.bytes().first(whole));
   pinned_cache_.put(std::move(all));
   if (!local.ok()) s = std::move(local);
   if (!s.ok()) {

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -79,22 +80,30 @@ class ComputeHomes {
   // ranks and unpacked (padding zero). This rank gives its pending copy
   // where one waits when `pending` (read_compute), else its home. A
   // collective every rank calls for the same groups in the same order:
-  // first each rank's tag (the group, the gather's number, its status), so
-  // that a rank that failed, before (`local`, the caller's error: it takes
-  // part all the same) or in reading its home, fails every rank's gather at
-  // once with its status code, naming it, and ranks that gather other
-  // groups fail with kFailedPrecondition saying so; kUnavailable when a rank
-  // leaves. (The tags travel on the heap: 32 bytes a rank.)
+  // first each rank's tag (the group, the gather's number, its bytes, its
+  // status, its vote), so that a rank that failed, before (`local`, the
+  // caller's error: it takes part all the same) or in reading its home
+  // (carried with the payload), fails every rank's gather at once with its
+  // status code, naming it, and ranks that gather other groups fail with
+  // kFailedPrecondition saying so; kUnavailable when a rank leaves. (The
+  // tags travel on the heap: kGatherTagBytes a rank.)
+  //
+  // A fetch's gather takes a vote (`vote`): whether this rank still holds
+  // group g's copy on the device since its release (`kept`, in its tag).
+  // When every rank does, `all_kept` comes back true and nothing is read or
+  // gathered (the span is empty): what each rank kept depends on its device
+  // budget's state, so the ranks agree rather than each deciding alone.
+  // Else `prepare` runs (the fetch's device buffer) and the home is read
+  // after the tags; a failure of either travels to the others in the last
+  // kGatherTrailerBytes of the rank's block of the payload.
+  struct FetchVote {
+    bool kept = false;
+    bool all_kept = false;
+    std::function<core::Status()> prepare;
+  };
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
-                                            bool pending = false, core::Status local = {});
-  // compute_sharded, before a fetch's gather: whether every rank still holds
-  // group g's copy on the device since its last release (`kept`: this
-  // rank's), so that none gathers it. A collective, as gather (a small
-  // all-gather of each rank's group and vote, 16 bytes a rank): ranks that
-  // fetch other groups all read false here, and their gather names the
-  // disagreement. What each rank kept depends on its device budget's
-  // state, so the ranks agree rather than each deciding alone.
-  core::Result<bool> every_rank_kept(std::size_t g, bool kept);
+                                            bool pending = false, core::Status local = {},
+                                            FetchVote* vote = nullptr);
   // Writes a host view of group g's compute copies home on `lane`. A frozen
   // part read from files is not written: the first commit (the initial
   // values) records its CRC64, a later one (a checkpoint's load) must give

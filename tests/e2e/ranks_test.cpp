@@ -26,6 +26,7 @@
 
 #include "core/str.h"
 #include "engine/checkpoint/manifest.h"
+#include "engine/io_faults.h"
 #include "tests/e2e/ranks_harness.h"
 
 namespace strata::engine::e2e {
@@ -171,7 +172,7 @@ TEST_F(RanksTest, Stage3ShardsTheComputeCopiesFrozenOnesToo) {
 TEST_F(RanksTest, Stage3KeptCopiesServeAFetchOnlyWhenEveryRankKeptOne) {
   // Stage 3 under a threaded schedule: a group's copy stays on the device
   // after its release, and its next fetch takes it back without gathering
-  // when every rank kept its own (they vote before each fetch). Here l2 (a
+  // when every rank kept its own (each says so in its gather's tag). Here l2 (a
   // group under stage3_param_persistence_threshold) always stays; l1 stays
   // within stage3_max_live_parameters, which may differ between the ranks:
   // with rank 1's at one element it keeps no l1, and every rank gathers l1
@@ -230,6 +231,39 @@ TEST_F(RanksTest, Stage3KeptCopiesServeAFetchOnlyWhenEveryRankKeptOne) {
     }
   }
   }
+}
+
+TEST_F(RanksTest, Stage3AHomeThatCannotBeReadFailsEveryRanksFetchNamingTheRank) {
+  // Stage 3, the compute copies' homes on nvme: rank 1's reads fail (EIO)
+  // once it is finalized. A fetch reads each rank's home after the gather's
+  // tags, and a failure travels with the rank's part of the payload: rank
+  // 0's fetch fails naming rank 1 and its code, rank 1's with its own
+  // error, both at once (not at the timeout).
+  const Config c = stage3(config("cpu", OverlapMode::kExact), "nvme");
+  FaultInjector faults;
+  std::vector<core::Status> got(2);
+  std::vector<double> seconds(2);
+  std::uint64_t hits = 0;
+  on_ranks(
+      c, 2, "unreadable",
+      [&](int r, Engine& e) {
+        if (r == 1) faults.add(FaultRule{.kind = FaultKind::kEio, .ops = FaultOps::kReads, .times = -1});
+        const auto t0 = std::chrono::steady_clock::now();
+        got[static_cast<std::size_t>(r)] = e.fetch("l1").status();
+        seconds[static_cast<std::size_t>(r)] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r == 1) {
+          hits = faults.total_hits();
+          faults.clear();  // (the harness reads every rank's state afterwards)
+        }
+      },
+      {}, "", [&](int r, Config& rc) {
+        if (r == 1) rc.strata.io.fault_injector = &faults;
+      });
+  EXPECT_EQ(got[1].code(), core::StatusCode::kIoError) << got[1];
+  EXPECT_EQ(got[0].code(), core::StatusCode::kIoError) << got[0];
+  EXPECT_NE(got[0].message().find("rank 1 failed reading its part"), std::string::npos) << got[0];
+  EXPECT_GT(hits, 0u);
+  for (int r = 0; r < 2; ++r) EXPECT_LT(seconds[static_cast<std::size_t>(r)], 30.0) << "rank " << r;
 }
 
 TEST_F(RanksTest, Stage3FetchesThatDisagreeFailEveryRankAtOnce) {
