@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <span>
+#include <vector>
 
 #include "core/aligned_buffer.h"
 #include "core/clock.h"
@@ -340,14 +342,76 @@ core::Status Engine::finalize_locked() {
   return start_step(std::move(gradients), needs.ring_room, std::move(s), fingerprint);
 }
 
+namespace {
+
+// The settings every rank of a run must share: the collectives each step and
+// fetch issues, and the verdicts every rank takes alike, follow from them
+// (another placement, budget or live limit on a rank is its own business).
+struct SharedSetting {
+  const char* key;
+  std::uint64_t bits;  // the value, compared
+  std::string shown;
+};
+
+std::vector<SharedSetting> shared_settings(const Config& c) {
+  const auto d = [](double x) { return std::bit_cast<std::uint64_t>(x); };
+  const auto u = [](auto x) { return static_cast<std::uint64_t>(x); };
+  return {
+      {"zero_optimization.stage", u(c.zero.stage), str_cat(c.zero.stage)},
+      {"strata.overlap", u(c.strata.overlap), std::string(to_string(c.strata.overlap))},
+      {"the precision (bf16.enabled, fp16.enabled)", u(c.precision), std::string(to_string(c.precision))},
+      {"gradient_accumulation_steps", u(c.gradient_accumulation_steps), str_cat(c.gradient_accumulation_steps)},
+      {"train_micro_batch_size_per_gpu", u(c.train_micro_batch_size_per_gpu),
+       str_cat(c.train_micro_batch_size_per_gpu)},
+      {"gradient_clipping", d(c.gradient_clipping), str_cat(c.gradient_clipping)},
+      {"strata.nonfinite", u(c.strata.nonfinite), std::string(to_string(c.strata.nonfinite))},
+      {"strata.no_grad", u(c.strata.no_grad), std::string(to_string(c.strata.no_grad))},
+      {"optimizer.type", u(c.optimizer.type), std::string(to_string(c.optimizer.type))},
+      {"optimizer.params.lr", d(c.optimizer.lr), str_cat(c.optimizer.lr)},
+      {"optimizer.params.weight_decay", d(c.optimizer.weight_decay), str_cat(c.optimizer.weight_decay)},
+      {"strata.optimizer_state.format", u(c.strata.optimizer_state.format),
+       std::string(to_string(c.strata.optimizer_state.format))},
+  };
+}
+
+}  // namespace
+
 core::Status Engine::check_same_start(core::Status written, std::uint64_t fingerprint) {
   // Each rank wrote its own compute copies and its shard's masters: they
-  // train one model only if they all started from the same values. Every
-  // rank agrees, whether its own values were written or not, so that a rank
-  // whose init callback failed fails the others at once, naming it.
+  // train one model only if they all started from the same values, with the
+  // same settings. Every rank agrees, whether its own values were written or
+  // not, so that a rank whose init callback failed fails the others at once,
+  // naming it; then the shared settings (a rank configured otherwise would
+  // issue other collectives: named here rather than hanging later), then
+  // the values.
+  const std::vector<SharedSetting> settings = shared_settings(config_);
+  std::uint64_t settings_crc = 0;
+  for (const SharedSetting& s : settings) {
+    settings_crc = nvme::crc64(settings_crc, std::as_bytes(std::span<const std::uint64_t>(&s.bits, 1)));
+  }
+  std::vector<std::uint64_t> theirs;
+  STRATA_RETURN_IF_ERROR(agree("finalize", "preparing its state or writing its initial values", written,
+                               settings_crc, &theirs));
+  for (std::size_t k = 0; k < theirs.size(); ++k) {
+    if (theirs[k] == settings_crc) continue;
+    // Which setting: every rank's values gathered (each rank reaches this, as
+    // every rank saw the same CRCs).
+    std::vector<std::uint64_t> mine, all(settings.size() * theirs.size());
+    for (const SharedSetting& s : settings) mine.push_back(s.bits);
+    STRATA_RETURN_IF_ERROR(ranks_.weights->all_gather(mine.data(), all.data(), mine.size(), partition::DType::kI64)
+                               .annotate("finalize: comparing the ranks' settings"));
+    for (std::size_t r = 0; r < theirs.size(); ++r) {
+      for (std::size_t i = 0; i < settings.size(); ++i) {
+        if (all[r * settings.size() + i] == all[i]) continue;
+        return Status::failed_precondition(str_cat(
+            "finalize: rank ", r, "'s ", settings[i].key, " differs from rank 0's (", settings[i].shown, " on rank ",
+            ranks_.share.rank, "): every rank must run with the same config (the steps' collectives and verdicts "
+            "follow from it)"));
+      }
+    }
+  }
   std::vector<std::uint64_t> all;
-  STRATA_RETURN_IF_ERROR(agree("finalize", "preparing its state or writing its initial values", std::move(written),
-                               fingerprint, &all));
+  STRATA_RETURN_IF_ERROR(agree("finalize", "writing its initial values", Status(), fingerprint, &all));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (all[k] != all[0]) {
       return Status::failed_precondition(str_cat(

@@ -416,6 +416,55 @@ TEST_F(RanksTest, RanksThatStartFromOtherValuesFailFinalize) {
   }
 }
 
+TEST_F(RanksTest, RanksConfiguredOtherwiseFailFinalizeNamingTheSetting) {
+  // Rank 1 runs under another strata.overlap, then with another learning
+  // rate: finalize compares the settings every rank must share and fails on
+  // every rank, naming the key (a rank configured otherwise would issue
+  // other collectives later). A setting that is a rank's own (its
+  // stage3_max_live_parameters) is not compared.
+  struct Case {
+    std::function<void(Config&)> change;
+    const char* key;
+  };
+  const Case cases[] = {
+      {[](Config& c) { c.strata.overlap = OverlapMode::kNone; }, "rank 1's strata.overlap differs from rank 0's"},
+      {[](Config& c) { c.optimizer.lr *= 2.0; }, "rank 1's optimizer.params.lr differs from rank 0's"},
+      {[](Config& c) { c.zero.stage3_max_live_parameters = 1; }, nullptr},
+  };
+  int n = 0;
+  for (const Case& k : cases) {
+    std::vector<core::Status> got(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        Config c = config("cpu", OverlapMode::kExact);
+        if (r == 1) k.change(c);
+        auto created = Engine::create(c, ranks(r, 2, core::str_cat("settings", n)));
+        ASSERT_TRUE(created.ok()) << created.status();
+        std::unique_ptr<Engine> e = std::move(created).value();
+        for (const Tensor& t : kTensors) {
+          ASSERT_TRUE(e->register_param({t.name, t.shape, t.group, true, 0}, [t](std::span<float> out) {
+                         init_values(t, out);
+                         return core::Status();
+                       }).ok());
+        }
+        got[static_cast<std::size_t>(r)] = e->finalize();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    ++n;
+    for (int r = 0; r < 2; ++r) {
+      const core::Status& s = got[static_cast<std::size_t>(r)];
+      if (k.key == nullptr) {
+        EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s;
+        continue;
+      }
+      EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << "rank " << r << ": " << s;
+      EXPECT_NE(s.message().find(k.key), std::string::npos) << s;
+    }
+  }
+}
+
 // strata.no_grad "skip" with ranks: a parameter is skipped only when no rank
 // gave it a gradient. l1.w and l1.b get none on any rank: left as they were
 // (l1.w's weight decay would show an update); l2.w gets none on rank 0
