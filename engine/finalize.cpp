@@ -350,13 +350,36 @@ namespace {
 struct SharedSetting {
   const char* key;
   std::uint64_t bits;  // the value, compared
-  std::string shown;
+  std::string shown;  // the value as the config says it; empty for a setting of several values
 };
 
-std::vector<SharedSetting> shared_settings(const Config& c) {
+// A CRC64 of values, for a setting of several.
+std::uint64_t crc_of(std::initializer_list<std::uint64_t> values, std::uint64_t crc = 0) {
+  for (const std::uint64_t v : values) crc = nvme::crc64(crc, std::as_bytes(std::span<const std::uint64_t>(&v, 1)));
+  return crc;
+}
+
+std::vector<SharedSetting> shared_settings(const Config& c, const std::vector<OptimizerGroupDesc>& groups) {
   const auto d = [](double x) { return std::bit_cast<std::uint64_t>(x); };
   const auto u = [](auto x) { return static_cast<std::uint64_t>(x); };
+  const OptimizerConfig& o = c.optimizer;
+  const SchedulerConfig& s = c.scheduler;
+  const Fp16Config& f = c.fp16;
+  std::uint64_t group_crc = crc_of({groups.size()});
+  for (const OptimizerGroupDesc& g : groups) group_crc = crc_of({d(g.weight_decay), d(g.lr_scale)}, group_crc);
   return {
+      {"optimizer.params (betas, eps, adam_w_mode, bias_correction)",
+       crc_of({d(o.beta1), d(o.beta2), d(o.eps), u(o.adam_w_mode), u(o.bias_correction)}), ""},
+      {"scheduler", crc_of({u(s.type), d(s.warmup_min_lr), d(s.warmup_max_lr), u(s.warmup_num_steps),
+                            u(s.warmup_type), u(s.total_num_steps), d(s.warmup_min_ratio), d(s.cos_min_ratio)}),
+       ""},
+      {"fp16 (the loss scaler's settings)",
+       c.precision != Precision::kFp16
+           ? 0
+           : crc_of({d(f.loss_scale), u(f.initial_scale_power), u(f.loss_scale_window), u(f.hysteresis),
+                     u(f.consecutive_hysteresis), d(f.min_loss_scale)}),
+       ""},
+      {"the optimizer groups (add_optimizer_group: weight_decay, lr_scale)", group_crc, ""},
       {"zero_optimization.stage", u(c.zero.stage), str_cat(c.zero.stage)},
       {"strata.overlap", u(c.strata.overlap), std::string(to_string(c.strata.overlap))},
       {"the precision (bf16.enabled, fp16.enabled)", u(c.precision), std::string(to_string(c.precision))},
@@ -384,7 +407,7 @@ core::Status Engine::check_same_start(core::Status written, std::uint64_t finger
   // naming it; then the shared settings (a rank configured otherwise would
   // issue other collectives: named here rather than hanging later), then
   // the values.
-  const std::vector<SharedSetting> settings = shared_settings(config_);
+  const std::vector<SharedSetting> settings = shared_settings(config_, registry_.optimizer_groups);
   std::uint64_t settings_crc = 0;
   for (const SharedSetting& s : settings) {
     settings_crc = nvme::crc64(settings_crc, std::as_bytes(std::span<const std::uint64_t>(&s.bits, 1)));
@@ -404,9 +427,9 @@ core::Status Engine::check_same_start(core::Status written, std::uint64_t finger
       for (std::size_t i = 0; i < settings.size(); ++i) {
         if (all[r * settings.size() + i] == all[i]) continue;
         return Status::failed_precondition(str_cat(
-            "finalize: rank ", r, "'s ", settings[i].key, " differs from rank 0's (", settings[i].shown, " on rank ",
-            ranks_.share.rank, "): every rank must run with the same config (the steps' collectives and verdicts "
-            "follow from it)"));
+            "finalize: rank ", r, "'s ", settings[i].key, " differs from rank 0's",
+            settings[i].shown.empty() ? std::string() : str_cat(" (", settings[i].shown, " on rank ", ranks_.share.rank, ")"),
+            ": every rank must run with the same config (the steps' collectives and verdicts follow from it)"));
       }
     }
   }

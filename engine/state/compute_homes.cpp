@@ -124,24 +124,24 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
   const std::string what = str_cat("gathering the compute copies of group '", gp.name, "'");
   // Every rank's blocks, and the staging the group is unpacked into: a
   // local failure (or the caller's) is carried to the others below instead
-  // of leaving them waiting.
+  // of leaving them waiting. A rank that kept the group takes them only
+  // once the tags say it is gathered (a fetch every rank kept needs none);
+  // should the pinned cache fail it then, its blocks go through the heap
+  // and the failure in its trailer.
   gpu::PinnedBuffer all;
-  if (local.ok()) {
-    core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(block * n, "compute copies gathered over ranks");
-    if (got.ok()) all = std::move(got).value();
-    else local = std::move(got).status();
-  }
-  if (local.ok()) {
-    core::Result<gpu::PinnedBuffer> got = pinned_cache_.get(core::align_up(whole, core::kDirectIoAlignment), "compute staging");
-    if (got.ok()) staging = std::move(got).value();
-    else local = std::move(got).status();
-  }
+  const auto take_buffers = [&]() -> Status {
+    STRATA_ASSIGN_OR_RETURN(all, pinned_cache_.get(block * n, "compute copies gathered over ranks"));
+    STRATA_ASSIGN_OR_RETURN(staging,
+                            pinned_cache_.get(core::align_up(whole, core::kDirectIoAlignment), "compute staging"));
+    return Status();
+  };
+  const bool kept = vote != nullptr && vote->kept;
+  if (local.ok() && !kept) local = take_buffers();
   // First every rank's tag (small, fixed size whatever the group): the
   // group, this gather's number, the bytes, the rank's status and its vote.
   // Ranks that gather other groups or failed stop here, every one of them,
   // before the payload (whose size may differ between groups); ranks that
   // all kept the group's copy stop here too.
-  const bool kept = vote != nullptr && vote->kept;
   const std::array<std::uint64_t, 5> tag{g, gathers_++, home, static_cast<std::uint64_t>(local.code()), kept ? 1u : 0u};
   std::vector<std::uint64_t> tags(5 * n);
   Status s = ranks_->all_gather(tag.data(), tags.data(), 5, partition::DType::kI64);
@@ -170,8 +170,12 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
   if (s.ok() && local.ok()) {
     // This rank's part: the caller's preparation, then its home (or its
     // pending copy) into its block; a failure goes in the block's trailer.
-    std::byte* mine = all.data() + me * block;
-    Status part = vote != nullptr && vote->prepare ? vote->prepare() : Status();
+    Status part = kept ? take_buffers() : Status();
+    std::vector<std::byte> heap;
+    if (all.empty()) heap.resize(block * n);
+    std::byte* const blocks = all.empty() ? heap.data() : all.data();
+    std::byte* mine = blocks + me * block;
+    if (part.ok() && vote != nullptr && vote->prepare) part = vote->prepare();
     if (part.ok()) {
       if (const std::byte* p = pending ? pending_copy(g) : nullptr; p != nullptr) {
         std::memcpy(mine, p, home);
@@ -187,17 +191,17 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     std::memcpy(mine + home, &code, sizeof code);
     {
       TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), block * n);
-      s = ranks_->all_gather(mine, all.data(), block, partition::DType::kU8);
+      s = ranks_->all_gather(mine, blocks, block, partition::DType::kU8);
     }
+    if (s.ok() && !part.ok()) s = part;  // this rank's own failure, named by its own error
     for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
       std::uint64_t theirs = 0;
-      std::memcpy(&theirs, all.data() + r * block + home, sizeof theirs);
+      std::memcpy(&theirs, blocks + r * block + home, sizeof theirs);
       if (theirs == 0) continue;
-      s = r == me ? part
-                  : Status(static_cast<core::StatusCode>(theirs),
-                           str_cat("rank ", r, " failed reading its part (",
-                                   core::status_code_name(static_cast<core::StatusCode>(theirs)),
-                                   "; its own error names the cause), so this rank stops too"));
+      s = Status(static_cast<core::StatusCode>(theirs),
+                 str_cat("rank ", r, " failed reading its part (",
+                         core::status_code_name(static_cast<core::StatusCode>(theirs)),
+                         "; its own error names the cause), so this rank stops too"));
     }
   }
   if (s.ok() && local.ok()) unpack_homes(layout_, g, all.bytes().first(block * n), block, 0, staging.bytes().first(whole));

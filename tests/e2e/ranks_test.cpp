@@ -429,6 +429,7 @@ TEST_F(RanksTest, RanksConfiguredOtherwiseFailFinalizeNamingTheSetting) {
   const Case cases[] = {
       {[](Config& c) { c.strata.overlap = OverlapMode::kNone; }, "rank 1's strata.overlap differs from rank 0's"},
       {[](Config& c) { c.optimizer.lr *= 2.0; }, "rank 1's optimizer.params.lr differs from rank 0's"},
+      {[](Config& c) { c.scheduler.type = SchedulerType::kWarmupLR; }, "rank 1's scheduler differs from rank 0's:"},
       {[](Config& c) { c.zero.stage3_max_live_parameters = 1; }, nullptr},
   };
   int n = 0;

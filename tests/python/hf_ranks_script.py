@@ -17,6 +17,7 @@ for sub in ("bindings/python", "tests/python"):
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+import strata  # noqa: E402
 import strata.hf  # noqa: E402
 from test_hf_trainer import GAS, MICRO, STEPS, Tokens, args, llama, losses, strata_config  # noqa: E402
 
@@ -32,15 +33,24 @@ def main():
     cfg["strata"]["device"] = "host"  # the ranks share no GPU: each its host device
     ours = strata.hf.Trainer(model=llama(), args=args(os.path.join(out, "ours"), use_cpu=True), train_dataset=data,
                              strata_config=cfg)
-    ours.train()
-    assert ours.strata.world_size == world, ours.strata.world_size
-    mine = ours.strata.state_dict()  # every rank calls it: the masters gathered
-    if int(os.environ["RANK"]) == 0:
-        theirs = {n: p.detach().float().cpu() for n, p in oracle.model.named_parameters()}
-        torch.save({"oracle_losses": losses(oracle), "losses": losses(ours),
-                    "oracle_norms": losses(oracle, "grad_norm"), "norms": losses(ours, "grad_norm"),
-                    "oracle": theirs, "ours": mine}, os.path.join(out, "result.pt"))
-    ours.strata.close()
+    try:
+        ours.train()
+    except strata.Unimplemented as e:  # a libstrata built without Gloo: the test skips, saying so
+        if "gloo" not in str(e).lower():
+            raise
+        if int(os.environ["RANK"]) == 0:
+            with open(os.path.join(out, "skip"), "w") as f:
+                f.write(str(e))
+    else:
+        assert ours.strata.world_size == world, ours.strata.world_size
+        mine = ours.strata.state_dict()  # every rank calls it: the masters gathered
+        if int(os.environ["RANK"]) == 0:
+            theirs = {n: p.detach().float().cpu() for n, p in oracle.model.named_parameters()}
+            torch.save({"oracle_losses": losses(oracle), "losses": losses(ours),
+                        "oracle_norms": losses(oracle, "grad_norm"), "norms": losses(ours, "grad_norm"),
+                        "oracle": theirs, "ours": mine}, os.path.join(out, "result.pt"))
+        ours.strata.close()
+    # Every rank ends the process group (torch's Gloo group left alive at exit can abort the process).
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -143,6 +143,8 @@ def test_what_the_trainer_refuses_is_named():
         (dict(load_best_model_at_end=True, save_only_model=True), {}, strata.InvalidArgument,
          r"save_only_model=True does not save; drop one of them"),
         (dict(n_gpu=2), {}, strata.InvalidArgument, r"sees 2 GPUs .*DataParallel.*CUDA_VISIBLE_DEVICES"),
+        (dict(world_size=2, accelerator_config={"even_batches": False}), {}, strata.InvalidArgument,
+         r"even_batches=False gives the ranks different numbers of batches"),
         (dict(lr_scheduler_type="reduce_lr_on_plateau"), {}, strata.Unimplemented,
          r"reduce_lr_on_plateau is not supported .*a \"scheduler\" in the strata config"),
     ]
@@ -156,6 +158,8 @@ def test_what_the_trainer_refuses_is_named():
                               {"scheduler": {"type": "WarmupLR"}})
     strata.hf.check_arguments(ok, {}, optimizers=(None, None))
     strata.hf.check_arguments(training_args(load_best_model_at_end=True, save_only_model=False, n_gpu=1), {})
+    strata.hf.check_arguments(training_args(n_gpu=1, accelerator_config={"even_batches": False}), {})  # one rank
+    strata.hf.check_arguments(training_args(n_gpu=1, world_size=2, accelerator_config={"even_batches": True}), {})
 
     class Schedule:  # transformers' SchedulerType: an enum whose value is the name
         value = "reduce_lr_on_plateau"

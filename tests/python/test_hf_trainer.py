@@ -254,6 +254,8 @@ def test_two_ranks_under_torchrun_train_as_transformers_trainer_with_ddp(tmp_pat
     r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    if (out / "skip").exists():
+        pytest.skip((out / "skip").read_text())
     got = torch.load(out / "result.pt")
     assert len(got["losses"]) == STEPS and got["losses"] == pytest.approx(got["oracle_losses"], rel=1e-3)
     assert got["norms"] == pytest.approx(got["oracle_norms"], rel=1e-3)

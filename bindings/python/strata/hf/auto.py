@@ -202,6 +202,13 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
                 f"strata.hf.Trainer: TrainingArguments.{flag} hands the model to {what}, and strata trains it: "
                 f"pass the config as strata_config= (DeepSpeed's keys are accepted) and leave {flag} unset",
                 status="INVALID_ARGUMENT")
+    accel = getattr(args, "accelerator_config", None)
+    even = accel.get("even_batches", True) if isinstance(accel, dict) else getattr(accel, "even_batches", True)
+    if getattr(args, "world_size", 1) > 1 and even is False:
+        raise errors.InvalidArgument(
+            "strata.hf.Trainer: accelerator_config even_batches=False gives the ranks different numbers of batches; "
+            "strata's steps (and at stage 3 every forward's fetches) are collectives every rank takes part in: "
+            "leave even_batches on", status="INVALID_ARGUMENT")
     n_gpu = getattr(args, "n_gpu", 1)
     if n_gpu > 1:
         raise errors.InvalidArgument(
