@@ -754,6 +754,18 @@ Status Device::adagrad_step(Stream& stream, const AdagradStepArgs& args) {
   return do_adagrad_step(*stream.impl_, args);
 }
 
+Status Device::run_on_stream(Stream& stream, std::span<const DeviceSpan> spans, StreamWork fn) {
+  STRATA_RETURN_IF_ERROR(check_stream(stream));
+  if (!fn) return Status::invalid_argument("run_on_stream: empty function");
+  if (spans.size() > 8) {
+    return Status::invalid_argument(str_cat("run_on_stream: ", spans.size(), " spans (at most 8)"));
+  }
+  for (std::size_t i = 0; i < spans.size(); ++i) {
+    STRATA_RETURN_IF_ERROR(check_span(spans[i], str_cat("run_on_stream span ", i)));
+  }
+  return do_run_on_stream(*stream.impl_, std::vector<DeviceSpan>(spans.begin(), spans.end()), std::move(fn));
+}
+
 Status Device::declare_compute(Stream& stream, double flops, std::string_view what) {
   STRATA_RETURN_IF_ERROR(check_stream(stream));
   if (!(flops >= 0.0) || !std::isfinite(flops)) {

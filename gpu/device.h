@@ -310,6 +310,19 @@ class Device {
   core::Status lion_step(Stream& stream, const LionStepArgs& args);
   core::Status adagrad_step(Stream& stream, const AdagradStepArgs& args);
 
+  // Another library's work over device memory in stream order (a
+  // collective: NCCL on CUDA, Gloo on the host device). `fn` gets the
+  // stream's native handle (a cudaStream_t on CUDA; null on the host device)
+  // and the spans' device addresses, in order. On CUDA fn runs now, on the
+  // calling thread, and may only queue work on that stream; its failure is
+  // returned. On the host device it runs once the stream's earlier work is
+  // done, on the stream's thread, the spans' memory the host's to read and
+  // write while it runs; its failure becomes the stream's error (sticky,
+  // returned by the next synchronize). Errors: as the copies' for the
+  // spans; kInvalidArgument for an empty fn or more than 8 spans.
+  using StreamWork = std::function<core::Status(void* native_stream, std::span<void* const> ptrs)>;
+  core::Status run_on_stream(Stream& stream, std::span<const DeviceSpan> spans, StreamWork fn);
+
   // A compute operation of `flops` floating-point operations that does
   // nothing but take the time the timing model gives it, so a pipeline can be
   // measured without a GPU. (optional) default: kUnimplemented (see
@@ -365,6 +378,7 @@ class Device {
   virtual core::Status do_lion_step(StreamImpl& stream, const LionStepArgs& args) = 0;
   virtual core::Status do_adagrad_step(StreamImpl& stream, const AdagradStepArgs& args) = 0;
   virtual core::Status do_declare_compute(StreamImpl& stream, double flops);
+  virtual core::Status do_run_on_stream(StreamImpl& stream, std::vector<DeviceSpan> spans, StreamWork fn) = 0;
 
  private:
   friend class DeviceBuffer;

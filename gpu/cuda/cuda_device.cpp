@@ -290,6 +290,13 @@ class CudaDevice final : public Device {
     return Status();
   }
 
+  Status do_run_on_stream(StreamImpl& stream, std::vector<DeviceSpan> spans, StreamWork fn) override {
+    STRATA_RETURN_IF_ERROR(activate());
+    void* ptrs[8] = {};
+    for (std::size_t i = 0; i < spans.size(); ++i) ptrs[i] = spans[i].data();
+    return fn(stream_of(stream), std::span<void* const>(ptrs, spans.size()));
+  }
+
   // --- copies ---
   Status do_copy_h2d(StreamImpl& stream, const DeviceSpan& dst, const void* src) override {
     STRATA_RETURN_IF_ERROR(activate());

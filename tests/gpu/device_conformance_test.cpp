@@ -781,6 +781,68 @@ TEST_P(DeviceTest, StreamRunsItsWorkInOrder) {
   EXPECT_EQ(seen_by_callback, 9.0f);
 }
 
+// run_on_stream: another library's work in stream order over device memory.
+// It gets the spans' device addresses in order and the stream's native handle
+// (a cudaStream_t on CUDA, null on the host device); on the host device it
+// runs after the stream's earlier work and before its later work, reading and
+// writing the memory as a collective over host buffers would, and its failure
+// is the stream's (sticky) error. Bad spans are refused before anything runs.
+TEST_P(DeviceTest, RunOnStreamGetsTheSpansInStreamOrder) {
+  DeviceBuffer a = alloc(4 * 256), b = alloc(4 * 64);
+  ASSERT_TRUE(device_->fill(stream_, typed(a.span(), ElemType::kF32), 2.0f).ok());
+  std::vector<void*> seen;
+  void* native = reinterpret_cast<void*>(1);
+  const DeviceSpan spans[] = {a.span(), b.subspan(0, 4 * 32)};
+  const bool host = device_->kind() == DeviceKind::kHost;
+  ASSERT_TRUE(device_
+                  ->run_on_stream(stream_, spans,
+                                  [&](void* stream, std::span<void* const> ptrs) -> core::Status {
+                                    native = stream;
+                                    seen.assign(ptrs.begin(), ptrs.end());
+                                    if (host) {  // the host's memory while it runs: a collective's work
+                                      const auto* src = static_cast<const float*>(ptrs[0]);
+                                      auto* dst = static_cast<float*>(ptrs[1]);
+                                      for (int i = 0; i < 32; ++i) dst[i] = src[i] + src[i + 32];
+                                    }
+                                    return core::Status();
+                                  })
+                  .ok());
+  ASSERT_TRUE(device_->synchronize(stream_).ok());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0], a.span().data());
+  EXPECT_EQ(seen[1], b.span().data());
+  EXPECT_EQ(native, stream_.native_handle());
+  if (host) {
+    EXPECT_EQ(native, nullptr);
+    std::vector<float> out(32, 0.0f);
+    ASSERT_TRUE(device_->copy_d2h(stream_, as_writable(out), b.subspan(0, 4 * 32)).ok());
+    ASSERT_TRUE(device_->synchronize(stream_).ok());
+    for (float v : out) ASSERT_EQ(v, 4.0f);  // after the fill before it
+    // A failure is the stream's, sticky: the work queued after it does not run.
+    auto s = device_->create_stream("failing");
+    ASSERT_TRUE(s.ok());
+    bool later = false;
+    ASSERT_TRUE(device_->run_on_stream(*s, {}, [](void*, std::span<void* const>) {
+                  return core::Status::unavailable("a peer left");
+                }).ok());
+    ASSERT_TRUE(device_->host_callback(*s, [&] { later = true; }).ok());
+    const core::Status synced = device_->synchronize(*s);
+    EXPECT_EQ(synced.code(), core::StatusCode::kUnavailable) << synced;
+    EXPECT_NE(synced.message().find("a peer left"), std::string::npos) << synced;
+    EXPECT_FALSE(later);
+  }
+  // Refused before anything runs: no function, too many spans, a freed buffer.
+  EXPECT_EQ(device_->run_on_stream(stream_, spans, nullptr).code(), core::StatusCode::kInvalidArgument);
+  const std::vector<DeviceSpan> nine(9, a.span());
+  EXPECT_EQ(device_->run_on_stream(stream_, nine, [](void*, std::span<void* const>) { return core::Status(); }).code(),
+            core::StatusCode::kInvalidArgument);
+  const DeviceSpan gone = b.span();
+  b.reset();
+  const DeviceSpan dead[] = {gone};
+  EXPECT_EQ(device_->run_on_stream(stream_, dead, [](void*, std::span<void* const>) { return core::Status(); }).code(),
+            core::StatusCode::kFailedPrecondition);
+}
+
 TEST_P(DeviceTest, StreamsRunIndependentlyWithoutEvents) {
   // Stream A is blocked by a host callback; stream B still finishes its work.
   Stream a = new_stream("a");
