@@ -409,9 +409,7 @@ core::Status Engine::check_same_start(core::Status written, std::uint64_t finger
   // the values.
   const std::vector<SharedSetting> settings = shared_settings(config_, registry_.optimizer_groups);
   std::uint64_t settings_crc = 0;
-  for (const SharedSetting& s : settings) {
-    settings_crc = nvme::crc64(settings_crc, std::as_bytes(std::span<const std::uint64_t>(&s.bits, 1)));
-  }
+  for (const SharedSetting& s : settings) settings_crc = crc_of({s.bits}, settings_crc);
   std::vector<std::uint64_t> theirs;
   STRATA_RETURN_IF_ERROR(agree("finalize", "preparing its state or writing its initial values", written,
                                settings_crc, &theirs));

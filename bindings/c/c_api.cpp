@@ -804,10 +804,10 @@ strata_status strata_group_dlpack(strata_engine* engine, const char* group, stra
       // The whole-layout kind of 0.2-0.4, whose callers place a gradient at
       // its parameter's offset: refused where the buffer does not begin at 0.
       STRATA_ASSIGN_OR_RETURN(const se::GroupPlace* g, c_api::find_group(e, group, fn));
-      if (g->trainable_elems > 0 && c_api::grad_offset_bytes(e, *g) != 0) {
+      const std::uint64_t offset = c_api::grad_offset_bytes(e, *g);
+      if (g->trainable_elems > 0 && offset != 0) {
         return core::Status::failed_precondition(str_cat(
-            fn, "('", group, "', STRATA_VIEW_GRADS): the group's gradient buffer begins ",
-            c_api::grad_offset_bytes(e, *g),
+            fn, "('", group, "', STRATA_VIEW_GRADS): the group's gradient buffer begins ", offset,
             " bytes into its layout (its frozen parameters have no slots), which a STRATA_VIEW_GRADS tensor cannot "
             "say: ask for STRATA_VIEW_GRAD_BUFFER and place each gradient at its offset less grad_offset_bytes"));
       }

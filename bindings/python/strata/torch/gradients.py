@@ -43,14 +43,19 @@ class Gradients:
         if g.grads is None:
             g.grads = self._grad_buffer(g)
             g.got = set()
-        at = rec.offset - g.grad_begin  # the buffer begins at the group's first trainable slot
-        slot = g.grads[at:at + rec.numel].view(rec.shape)
+        slot = self._grad_slot(g, rec).view(rec.shape)
         with torch.no_grad():
             if id(rec) in g.got:
                 slot.add_(grad.to(self.dtype))
             else:
                 slot.copy_(grad)
                 g.got.add(id(rec))
+
+    @staticmethod
+    def _grad_slot(g, rec):
+        """rec's elements of g's gradient buffer, which begins at the group's first trainable slot."""
+        at = rec.offset - g.grad_begin
+        return g.grads[at:at + rec.numel]
 
     def _grad_buffer(self, g):
         if self._zero_copy:
@@ -65,7 +70,7 @@ class Gradients:
         with torch.no_grad():
             for rec in g.params:  # trainable parameters without a gradient this micro-batch: zeros
                 if rec.trainable and id(rec) not in g.got:
-                    g.grads[rec.offset - g.grad_begin:rec.offset - g.grad_begin + rec.numel].zero_()
+                    self._grad_slot(g, rec).zero_()
                     absent.append(self._name_prefix + rec.name)
         if absent:
             # Said to the engine: under strata.no_grad "skip" one without a gradient in every
