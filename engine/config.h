@@ -54,6 +54,14 @@ enum class FrozenBase { kAuto, kSwap, kFiles };
 // updates it with a zero gradient (its moments decay and weight decay
 // applies, as DeepSpeed does).
 enum class NoGradPolicy { kSkip, kZero };
+// Several data-parallel ranks: where each micro-batch's gradients are summed
+// over the ranks. "auto" and "on": on the device, by the device's collective
+// library (NCCL on CUDA, Gloo on the host device), so that only the rank's
+// fp32 shard of the sum comes down its link; "auto" falls back to the host
+// where the build has no such library (CUDA without NCCL), "on" refuses
+// then. "off": every rank's gradients come down whole and are summed on the
+// host (Gloo over host buffers).
+enum class DeviceCollectives { kAuto, kOn, kOff };
 
 
 std::string_view to_string(OffloadDevice v);
@@ -71,6 +79,7 @@ std::string_view to_string(StateFormat v);
 std::string_view to_string(StateRounding v);
 std::string_view to_string(FrozenBase v);
 std::string_view to_string(NoGradPolicy v);
+std::string_view to_string(DeviceCollectives v);
 
 // "optimizer": {"type": ..., "params": {...}}. Absent: AdamW with these defaults.
 // Adagrad's defaults are DeepSpeed's CPU Adagrad's instead: lr 1e-2, eps 1e-10.
@@ -286,6 +295,8 @@ struct StrataConfig {
   CpuAdamConfig cpu_adam;
   OverlapMode overlap = OverlapMode::kExact;
   DeviceKind device = DeviceKind::kAuto;
+  // Key "strata.device_collectives" (the enum's comment).
+  DeviceCollectives device_collectives = DeviceCollectives::kAuto;
   HostDeviceConfig host_device;
   NonfinitePolicy nonfinite = NonfinitePolicy::kSkip;  // bf16 / fp32 non-finite gradients
   std::string trace;  // path of a Chrome trace JSON to write; empty: no trace

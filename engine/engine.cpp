@@ -36,6 +36,23 @@ using core::str_cat;
 
 namespace {
 constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
+
+// Several ranks: the collective library that sums the gradients on this
+// rank's device (strata.device_collectives), or "" for none (on the host).
+core::Result<std::string> device_collectives_backend(const gpu::Device& device, DeviceCollectives mode) {
+  if (mode == DeviceCollectives::kOff) return std::string();
+  if (device.kind() == gpu::DeviceKind::kHost) return std::string("gloo");  // its memory is the host's
+  if (partition::has_backend("nccl")) return std::string("nccl");
+  if (mode == DeviceCollectives::kOn) {
+    return Status::unimplemented(
+        "strata.device_collectives is \"on\" and this build has no NCCL to sum the gradients on the GPU (it comes "
+        "with the CUDA toolkit: put nvcc on PATH and reconfigure), or set it to \"auto\" or \"off\" (summed on "
+        "the host)");
+  }
+  STRATA_LOG(kInfo) << "strata.device_collectives auto: this build has no NCCL; the ranks' gradients come down "
+                       "whole and are summed on the host";
+  return std::string();
+}
 }  // namespace
 
 Engine::Engine(const Config& config)
@@ -100,8 +117,9 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
   }
   if (ranks.size > 1 && ranks.backend != "gloo") {
     return Status::unimplemented(str_cat("ranks: backend \"", ranks.backend, "\" with ", ranks.size,
-                                         " ranks: the engine sums host buffers, over \"gloo\" only (NCCL on device "
-                                         "buffers is not built into the step yet)"));
+                                         " ranks: the ranks meet and exchange host buffers over \"gloo\" (the "
+                                         "gradients' sums on a GPU take NCCL by themselves: "
+                                         "strata.device_collectives)"));
   }
   // This rank among its machine's: it picks the GPU and its share of the CPU
   // optimizer's cores. Not given: every rank on this machine.
@@ -212,6 +230,36 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     }
     e->ranks_.grads = std::move(grads).value();
     e->ranks_.weights = std::move(weights).value();
+    // Where the gradients are summed: every rank must choose alike (each
+    // would meet the others over another library, or issue other
+    // collectives), so the choices are compared first.
+    STRATA_ASSIGN_OR_RETURN(const std::string backend,
+                            device_collectives_backend(e->dev(), config.strata.device_collectives));
+    const auto code = [](std::string_view b) { return b.empty() ? 0 : b == "gloo" ? 1 : 2; };
+    std::vector<std::int64_t> choices(static_cast<std::size_t>(ranks.size));
+    const std::int64_t mine = code(backend);
+    STRATA_RETURN_IF_ERROR(
+        e->ranks_.weights->all_gather(&mine, choices.data(), 1, partition::DType::kI64)
+            .annotate(str_cat("rank ", ranks.rank, ": comparing where the ranks sum their gradients")));
+    for (std::size_t k = 0; k < choices.size(); ++k) {
+      if (choices[k] == mine) continue;
+      constexpr const char* kWhere[] = {"on the host", "on its device over Gloo (the host device)",
+                                        "on its GPU over NCCL"};
+      return Status::failed_precondition(str_cat(
+          "ranks: rank ", ranks.rank, " sums the gradients ", kWhere[mine], " and rank ", k, " ", kWhere[choices[k]],
+          " (strata.device, strata.device_collectives and the build must agree on every rank)"));
+    }
+    if (!backend.empty()) {
+      o.prefix = ranks.prefix + "-device";
+      o.backend = backend;
+      o.device = e->dev().caps().index;
+      auto device = partition::make_communicator(o);
+      if (!device.ok()) {
+        return Status(device.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks' devices"));
+      }
+      e->ranks_.device = std::move(device).value();
+      e->ranks_.share.sums_on_device = true;
+    }
     e->ranks_.local_rank = local_rank;
     e->ranks_.local_ranks = local_ranks;
     if (ranks.store_is_the_runs) {

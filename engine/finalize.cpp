@@ -110,7 +110,8 @@ std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
 
 // The device memory the placement's state takes as the device allocates it:
 // each compute home and chunk one buffer, charged rounded up to `align`
-// (gpu::Device::allocate).
+// (gpu::Device::allocate); with the ranks' gradients summed on the device,
+// the gradient path's buffer for it too (held as long as the engine).
 std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
   std::uint64_t bytes = 0;
   for (const GroupPlace& gp : layout.groups) {
@@ -120,7 +121,7 @@ std::uint64_t device_state_bytes(const Layout& layout, std::uint64_t align) {
   for (const ChunkRun& r : layout.chunk_runs) {
     if (r.state_tier == Tier::kDevice) bytes += r.count * core::align_up(layout.state_bytes(r), align);
   }
-  return bytes;
+  return bytes + device_sums_bytes(layout, align);
 }
 
 // A pinned chunk's optimizer state (zero-filled when the store was created,
@@ -284,7 +285,8 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
                                                 .trace = trace_,
                                                 .inline_lane = step_lane(),
                                                 .ranks = ranks_.grads.get(),
-                                                .micro_steps = config_.gradient_accumulation_steps},
+                                                .micro_steps = config_.gradient_accumulation_steps,
+                                                .device_ranks = ranks_.device.get()},
                                                schedule_.threaded()));
 
   // Compute homes, then the initial values group by group (the host holds one

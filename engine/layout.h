@@ -117,6 +117,10 @@ struct GroupPlace {
 struct RankShare {
   int rank = 0;
   int ranks = 1;
+  // Several ranks: each micro-batch's gradients are summed over the ranks on
+  // the device, and only the rank's fp32 shard of the sum comes down
+  // (strata.device_collectives); else they come down whole, summed on the host.
+  bool sums_on_device = false;
 };
 
 struct ChunkPlace {

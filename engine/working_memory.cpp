@@ -13,16 +13,20 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
   for (const GroupPlace& gp : layout.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     const std::uint64_t staged = core::align_up(layout.home_bytes(gp), core::kDirectIoAlignment);  // ComputeHomes::load
-    if (gp.trainable_elems > 0) {
+    if (gp.trainable_elems > 0 && layout.share.ranks > 1 && layout.share.sums_on_device) {
+      // The rank's shard of the sum comes down in fp32 and is passed as it is
+      // (GradientPath::sum_down).
+      wire = std::max(wire, static_cast<std::uint64_t>(gp.shard_elems) * 4);
+    } else if (gp.trainable_elems > 0) {
       // The gradients' copy down: the group's gradient buffer (GradientPath::copy_down).
       wire = std::max(wire, static_cast<std::uint64_t>(gp.gradient_elems()) * cb);
       packed = std::max(packed, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
       if (layout.share.ranks > 1) {
         ranks_gradient = std::max(ranks_gradient, static_cast<std::uint64_t>(gp.trainable_elems + gp.shard_elems) * 4);
       }
-      if (layout.share.ranks > 1 && !layout.compute_sharded) {  // the optimizer's gather of the new copies
-        ranks_compute = std::max(ranks_compute, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
-      }
+    }
+    if (gp.trainable_elems > 0 && layout.share.ranks > 1 && !layout.compute_sharded) {
+      ranks_compute = std::max(ranks_compute, static_cast<std::uint64_t>(gp.trainable_elems) * cb);
     }
     if (layout.compute_sharded) {
       // A fetch gathers every rank's home and unpacks them whole
@@ -49,6 +53,13 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
                          .ranks_gradient_bytes = ranks_gradient,
                          .ranks_compute_bytes = ranks_compute},
                         threaded, early_jobs);
+}
+
+std::uint64_t device_sums_bytes(const Layout& layout, std::uint64_t align) {
+  if (layout.share.ranks <= 1 || !layout.share.sums_on_device) return 0;
+  std::int64_t largest = 0;
+  for (const GroupPlace& gp : layout.groups) largest = std::max(largest, gp.trainable_elems);
+  return largest > 0 ? core::align_up(static_cast<std::uint64_t>(largest) * 4, align) : 0;
 }
 
 RingShape ring_shape(const Layout& layout) {

@@ -17,6 +17,12 @@ namespace strata::engine {
 // uncertain (speculative), holding shadow copies.
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs);
 
+// Several ranks summing their gradients on the device
+// (RankShare::sums_on_device): the gradient path's device buffer, the
+// largest group's trainable elements in fp32, rounded up to `align`
+// (gpu::Device::allocate); 0 otherwise.
+std::uint64_t device_sums_bytes(const Layout& layout, std::uint64_t align);
+
 // The disk pipeline's staging ring's shape for this layout (RingShape,
 // memory_model.h: one slot holds the largest nvme chunk's master and
 // moments, ring_slot_bytes); its slots are memory_model.h's ring_slots.

@@ -64,5 +64,7 @@ inline constexpr EnumName<StateRounding> kStateRoundingNames[] = {{"nearest_even
 inline constexpr EnumName<FrozenBase> kFrozenBaseNames[] = {
     {"auto", FrozenBase::kAuto}, {"swap", FrozenBase::kSwap}, {"files", FrozenBase::kFiles}};
 inline constexpr EnumName<NoGradPolicy> kNoGradNames[] = {{"skip", NoGradPolicy::kSkip}, {"zero", NoGradPolicy::kZero}};
+inline constexpr EnumName<DeviceCollectives> kDeviceCollectivesNames[] = {
+    {"auto", DeviceCollectives::kAuto}, {"on", DeviceCollectives::kOn}, {"off", DeviceCollectives::kOff}};
 
 }  // namespace strata::engine::config_internal

@@ -135,6 +135,7 @@ Status parse_strata(ObjectReader& root, Context& ctx, const AioConfig& aio,
 
   r.get_enum<OverlapMode>("overlap", kOverlapNames, &s->overlap);
   r.get_enum<DeviceKind>("device", kDeviceNames, &s->device);
+  r.get_enum<DeviceCollectives>("device_collectives", kDeviceCollectivesNames, &s->device_collectives);
   ObjectReader hd = r.child("host_device");
   hd.get_bytes("memory_bytes", 1, &s->host_device.memory_bytes);
   hd.get_double("h2d_gbps", at_least(0), &s->host_device.h2d_gbps);

@@ -124,6 +124,7 @@ OrderedJson strata_json(const StrataConfig& st, const ZeroConfig& z) {
                     {"numa_node", st.cpu_adam.numa_node}};
   sj["overlap"] = std::string(to_string(st.overlap));
   sj["device"] = std::string(to_string(st.device));
+  sj["device_collectives"] = std::string(to_string(st.device_collectives));
   sj["host_device"] = {{"memory_bytes", st.host_device.memory_bytes},
                        {"h2d_gbps", st.host_device.h2d_gbps},
                        {"d2h_gbps", st.host_device.d2h_gbps},
@@ -199,6 +200,9 @@ std::string_view to_string(FrozenBase v) {
 }
 std::string_view to_string(OverlapMode v) {
   return ci::name_of<OverlapMode>(ci::kOverlapNames, v);
+}
+std::string_view to_string(DeviceCollectives v) {
+  return ci::name_of<DeviceCollectives>(ci::kDeviceCollectivesNames, v);
 }
 std::string_view to_string(DeviceKind v) {
   return ci::name_of<DeviceKind>(ci::kDeviceNames, v);

@@ -137,6 +137,10 @@ struct Evaluation {
   // compute homes hold its shard, each fetch gathers the group whole (no
   // prefetched or kept copies), the optimizer gathers nothing.
   bool sharded = false;
+  // Several ranks summing their gradients on the device
+  // (strata.device_collectives not "off": the plan takes NCCL or the host
+  // device's Gloo to be there): each rank's fp32 shard of the sum comes down.
+  bool sums_on_device = false;
   std::int64_t home = 0;         // a trainable group's home on this rank (elements): the group, or its shard
   std::int64_t L = 0;            // layers (fetch groups)
   std::uint64_t c = 0;           // bytes of a compute copy's element
@@ -201,6 +205,7 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   T_rank = N == 1 ? T : shape.group_trainable * L;
   if (N > 1) g = 4;  // host gradients summed over the ranks: fp32
   sharded = N > 1 && cfg.zero.stage == 3;
+  sums_on_device = N > 1 && cfg.strata.device_collectives != DeviceCollectives::kOff;
   const OptimizerSplit split = split_optimizer_state(T_rank, pl.optimizer_device, pl.optimizer_ratio,
                                                      pl.optimizer_cpu_fraction);
   t_gpu = split.device_elems;
@@ -296,18 +301,25 @@ void add_gradients(Evaluation& e) {
   } else {
     e.add("host_gradients", Tier::kPinned, sat_mul(u64(e.T_rank), g),
           count_times(e.T_rank, g, str_cat("the rank's shards, fp32: summed over ", e.N, " ranks")));
-    // The pass writes a group's fp32 gradients to sum over the ranks, and
-    // takes the rank's shard of the sum; the optimizer gathers a group's new
-    // compute copies from every rank. The staging cache reuses buffers by
-    // exact size: a sum or a gather the size of a group's compute copies
-    // takes a gradient staging buffer (returned by then), not memory of its own.
+    // Summed on the device, a group's fp32 gradients are packed into a
+    // device buffer kept for it and summed there in place. On the host the
+    // pass writes them to pinned memory and takes the rank's shard of the
+    // sum. The optimizer gathers a group's new compute copies from every
+    // rank. The staging cache reuses buffers by exact size: on the host a
+    // sum or a gather the size of a group's compute copies takes a gradient
+    // staging buffer (returned by then), not memory of its own.
     const std::uint64_t padded = u64(e.shape.group_padded), shard = u64(e.shape.group_trainable);
-    const std::uint64_t sum = sat_mul(shard, 4) == e.group_bytes ? 0 : sat_mul(shard, 4);
-    e.add("rank_gradient_sums", Tier::kPinned, sat_add(sat_mul(padded, 4), sum),
-          str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients to sum over the ranks)",
-                  sum > 0 ? str_cat(" + ", group_digits(shard), " x 4 B (the rank's shard of the sum)")
-                          : std::string(" (the shard of the sum reuses a staging buffer)")));
-    if (!e.sharded && sat_mul(padded, c) != e.group_bytes) {
+    if (e.sums_on_device) {
+      e.add("device_gradient_sums", Tier::kDevice, sat_mul(padded, 4),
+            str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients, summed over the ranks in place)"));
+    } else {
+      const std::uint64_t sum = sat_mul(shard, 4) == e.group_bytes ? 0 : sat_mul(shard, 4);
+      e.add("rank_gradient_sums", Tier::kPinned, sat_add(sat_mul(padded, 4), sum),
+            str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients to sum over the ranks)",
+                    sum > 0 ? str_cat(" + ", group_digits(shard), " x 4 B (the rank's shard of the sum)")
+                            : std::string(" (the shard of the sum reuses a staging buffer)")));
+    }
+    if (!e.sharded && (e.sums_on_device || sat_mul(padded, c) != e.group_bytes)) {
       e.add("rank_compute_gather", Tier::kPinned, sat_mul(padded, c),
             count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
     }
@@ -335,9 +347,18 @@ void add_gradients(Evaluation& e) {
   // in use, so the peak counts the last group's only.
   // With several ranks the next group's gradients come down once the pass
   // has summed this one's over the ranks (the pass thread copies them).
-  const std::int64_t staged = views_held ? 1 : e.N > 1 ? 2 : 3;
   const bool part = e.trainable_part_bytes != e.group_bytes;  // mixed groups: their trainable part
-  e.add("gradient_staging", Tier::kPinned, sat_mul(e.trainable_part_bytes, u64(staged)),
+  if (e.sums_on_device) {
+    // The rank's fp32 shard of a group's sum, in its pass, and threaded the
+    // next one's landing.
+    const std::int64_t shards = views_held || !e.threaded ? 1 : 2;
+    e.add("gradient_staging", Tier::kPinned, sat_mul(u64(e.shape.group_trainable), u64(4 * shards)),
+          str_cat(shards, " x ", group_digits(e.shape.group_trainable),
+                  " x 4 B (the rank's shard of a group's gradients summed on the device, in its pass",
+                  shards > 1 ? ", and the next one's coming down)" : ")"));
+  }
+  const std::int64_t staged = e.sums_on_device ? 0 : views_held ? 1 : e.N > 1 ? 2 : 3;
+  if (staged > 0) e.add("gradient_staging", Tier::kPinned, sat_mul(e.trainable_part_bytes, u64(staged)),
         str_cat(part ? str_cat(staged, " x ", group_digits(e.trainable_part_bytes), " B (a group's trainable part; ")
                      : str_cat(e.groups_of(staged), " x ", c, " B ("),
                 views_held ? "the last group's in its pass, when every view is held"
@@ -401,7 +422,9 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   const std::uint64_t staged = core::align_up(sat_mul(u64(e.home), e.c), core::kDirectIoAlignment);  // ComputeHomes::load
   const std::uint64_t chunk = u64(e.shape.chunk);
   WorkingShape w;
-  if (e.T > 0) {
+  if (e.T > 0 && e.sums_on_device) {
+    w.wire_bytes = sat_mul(u64(e.shape.group_trainable), 4);  // the rank's shard of the sum, fp32
+  } else if (e.T > 0) {
     w.wire_bytes = e.trainable_part_bytes;  // the copy down: a group's trainable range
     w.packed_bytes = sat_mul(u64(e.shape.group_trainable), e.c);
   }
@@ -410,7 +433,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = e.state_of(e.shape.chunk);
   if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
   if (e.N > 1 && e.T > 0) {
-    w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
+    if (!e.sums_on_device) w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
     if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
   if (e.sharded) {
@@ -639,7 +662,9 @@ StepTraffic step_traffic(const Evaluation& e) {
       e.fetches_copy
           ? sat_mul(c, sat_mul(u64(P), passes) - std::min(sat_mul(u64(P), passes), u64(P) / u64(L) * kept))
           : 0;
-  const std::uint64_t gradients_down = sat_mul(sat_mul(c, u64(T)), accum);
+  // Summed on the device, the rank's fp32 shard of each micro-batch's sum.
+  const std::uint64_t gradients_down =
+      sat_mul(e.sums_on_device ? sat_mul(4, u64(e.T_rank)) : sat_mul(c, u64(T)), accum);
   // Stage 3 over ranks: a fetch reads the rank's shard from its home (and
   // gathers the others' over the network); the optimizer writes its shard.
   const std::uint64_t fetches = e.fetches_copy && e.group > 0 ? fetch / sat_mul(u64(e.group), c) : 0;

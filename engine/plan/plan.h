@@ -79,9 +79,12 @@
 // as the engine lays it out (engine/layout.h): each group's trainable part
 // padded to N norm blocks, the rank's shard (T_r = L x that / N) carries
 // the master, the moments and fp32 host gradients (4 B x T_r: summed over
-// ranks); compute copies stay whole (stage 3 does not shard them yet); the
-// pass sums a group's fp32 gradients with its shard in pinned memory
-// (rank_gradient_sums) and the optimizer gathers a group's new compute
+// ranks); compute copies stay whole but at stage 3 (each rank's home its
+// shard); a group's fp32 gradients are summed on the device in a buffer kept
+// for it (device_gradient_sums), only the rank's shard coming down (4 B x
+// T_r per micro-batch), or with strata.device_collectives "off" on the host:
+// they come down whole and the pass sums them with its shard in pinned
+// memory (rank_gradient_sums); the optimizer gathers a group's new compute
 // copies (rank_compute_gather); a checkpoint is 1/N of one rank's. RAM and
 // disk are a machine's, shared by its N / M ranks: each rank's capacity is
 // 1/(N/M) of them (a budget is already one engine's). Per step each rank
@@ -230,7 +233,8 @@ struct PlanItem {
   // optimizer_device_buffers, optimizer_device_copies, optimizer_staging,
   // param_staging, speculative_state, speculative_compute_copies,
   // delayed_compute_copies, activations, logits, swap_reserve, checkpoint,
-  // rank_gradient_sums, rank_compute_gather (several ranks).
+  // rank_gradient_sums or device_gradient_sums, rank_compute_gather
+  // (several ranks).
   std::string name;
   Tier tier = Tier::kDevice;
   std::uint64_t size_bytes = 0;

@@ -33,6 +33,16 @@ core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& pa
   }
   std::unique_ptr<GradientPath> p(
       new GradientPath(parts, std::move(grads), static_cast<std::size_t>(l.trainable_elems / kBlock)));
+  if (parts.ranks != nullptr && parts.device_ranks != nullptr) {
+    std::int64_t largest = 0;
+    for (const GroupPlace& gp : l.groups) largest = std::max(largest, gp.trainable_elems);
+    if (largest > 0) {
+      STRATA_ASSIGN_OR_RETURN(p->sums_, parts.device.allocate(static_cast<std::uint64_t>(largest) * 4,
+                                                              "gradients to sum over the ranks"));
+    }
+  } else {
+    p->parts_.device_ranks = nullptr;  // one rank: nothing to sum
+  }
   if (threaded) {
     STRATA_ASSIGN_OR_RETURN(p->stream_, parts.device.create_stream("gradients"));
     p->grads_queue_ = std::make_unique<SerialQueue>();
@@ -160,6 +170,7 @@ void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const st
 
 core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,
                                                          const CopyLane& lane) {
+  if (sums_on_device()) return sum_down(g, grad, lane);
   // Device -> host, in the compute dtype and the compute layout of the
   // group's trainable part (the buffer holds that alone: gradient_elems).
   const GroupPlace& gp = parts_.layout.groups[g];
@@ -171,7 +182,91 @@ core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu
   return wire;
 }
 
+core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu::DeviceBuffer& grad,
+                                                        const CopyLane& lane) {
+  const Layout& layout = parts_.layout;
+  const GroupPlace& gp = layout.groups[g];
+  const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
+  const gpu::ElemType compute = gpu_type(layout.compute_bytes, parts_.precision);
+  gpu::Device& d = parts_.device;
+  gpu::Stream& stream = *lane.stream;
+  const gpu::DeviceSpan sums = sums_.subspan(0, static_cast<std::uint64_t>(gp.trainable_elems) * 4);
+  {
+    // The trainable layout in fp32 (exact from bf16 and fp16, as the host's
+    // pass converts): parameters adjacent in both layouts converted as one
+    // run, the padding between runs zeroed.
+    TraceScope t(parts_.trace, lane.track, str_cat("pack ", gp.name), sums.size_bytes());
+    std::vector<std::size_t> order;
+    for (std::size_t pi : gp.params) {
+      if (layout.places[pi].trainable_offset >= 0) order.push_back(pi);
+    }
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return layout.places[a].trainable_offset < layout.places[b].trainable_offset;
+    });
+    const auto zero = [&](std::int64_t from, std::int64_t to) {
+      if (to <= from) return Status();
+      return d.fill(stream, gpu::typed(sums.subspan(static_cast<std::uint64_t>(from - gp.trainable_begin) * 4,
+                                                    static_cast<std::uint64_t>(to - from) * 4),
+                                       gpu::ElemType::kF32),
+                    0.0f);
+    };
+    std::int64_t at = gp.trainable_begin;  // the next element of the trainable layout to write
+    for (std::size_t i = 0; i < order.size();) {
+      const ParamPlace& first = layout.places[order[i]];
+      std::int64_t n = layout.params[order[i]].numel();
+      std::size_t j = i + 1;
+      for (; j < order.size(); ++j) {
+        const ParamPlace& next = layout.places[order[j]];
+        if (next.trainable_offset != first.trainable_offset + n || next.compute_offset != first.compute_offset + n) {
+          break;
+        }
+        n += layout.params[order[j]].numel();
+      }
+      STRATA_RETURN_IF_ERROR(zero(at, first.trainable_offset));
+      const gpu::DeviceSpan dst = sums.subspan(static_cast<std::uint64_t>(first.trainable_offset - gp.trainable_begin) * 4,
+                                               static_cast<std::uint64_t>(n) * 4);
+      const gpu::DeviceSpan src = grad.subspan(
+          static_cast<std::uint64_t>(first.compute_offset - gp.trainable_compute_begin) * cb,
+          static_cast<std::uint64_t>(n) * cb);
+      STRATA_RETURN_IF_ERROR(d.convert(stream, gpu::typed(dst, gpu::ElemType::kF32), gpu::typed(src, compute)));
+      at = first.trainable_offset + n;
+      i = j;
+    }
+    STRATA_RETURN_IF_ERROR(zero(at, gp.trainable_begin + gp.trainable_elems));
+  }
+  // Summed over the ranks in place: this rank's shard of the sum where its
+  // shard of the gradients was.
+  partition::Communicator& comm = *parts_.device_ranks;
+  const auto shard = static_cast<std::size_t>(gp.shard_elems);
+  const std::uint64_t shard_bytes = static_cast<std::uint64_t>(shard) * 4;
+  const std::uint64_t own = static_cast<std::uint64_t>(comm.rank()) * shard_bytes;
+  {
+    TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter on the device ", gp.name),
+                 sums.size_bytes());
+    const gpu::DeviceSpan spans[] = {sums};
+    Status s = d.run_on_stream(stream, spans, [&comm, shard, own](void* native, std::span<void* const> ptrs) {
+      auto* base = static_cast<std::byte*>(ptrs[0]);
+      return comm.reduce_scatter(base, base + own, shard, partition::DType::kF32, partition::ReduceOp::kSum, native);
+    });
+    // A stream with NCCL's work waits through the communicator (within its
+    // timeout); the host device's runs the collective on its own thread.
+    void* native = stream.native_handle();
+    if (s.ok()) s = native != nullptr ? comm.synchronize(native) : d.synchronize(stream);
+    STRATA_RETURN_IF_ERROR(std::move(s).annotate(str_cat("the gradients of group '", gp.name, "'")));
+  }
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, parts_.pinned_cache.get(shard_bytes, "gradient staging"));
+  STRATA_RETURN_IF_ERROR(
+      lane_d2h(d, parts_.trace, lane, wire.bytes().first(shard_bytes), sums.subspan(own, shard_bytes)));
+  return wire;
+}
+
 core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step) {
+  if (sums_on_device()) {
+    // The rank's shard of this micro-batch's sum, in fp32.
+    Status s = pass_sum(g, wire.data(), micro_step);
+    parts_.pinned_cache.put(std::move(wire));
+    return s;
+  }
   // Into the trainable layout, then the gradient pass into the host gradients.
   const Layout& layout = parts_.layout;
   const GroupPlace& gp = layout.groups[g];
@@ -227,7 +322,26 @@ core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro
 
 core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* local, int micro_step) {
   // This micro-batch's fp32 gradients of the group are summed over the
-  // ranks in rank order; rank r gets shard r, passed into (or, after the
+  // ranks in rank order; rank r gets shard r.
+  const GroupPlace& gp = parts_.layout.groups[g];
+  const auto shard = static_cast<std::size_t>(gp.shard_elems);
+  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer sum, parts_.pinned_cache.get(shard * 4, "gradients summed over ranks"));
+  {
+    TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter ", gp.name), gp.trainable_elems * 4);
+    Status s =
+        parts_.ranks->reduce_scatter(local, sum.data(), shard, partition::DType::kF32, partition::ReduceOp::kSum);
+    if (!s.ok()) {
+      parts_.pinned_cache.put(std::move(sum));
+      return std::move(s).annotate(str_cat("the gradients of group '", gp.name, "'"));
+    }
+  }
+  Status s = pass_sum(g, sum.data(), micro_step);
+  parts_.pinned_cache.put(std::move(sum));
+  return s;
+}
+
+core::Status GradientPath::pass_sum(std::size_t g, const std::byte* sum, int micro_step) {
+  // The rank's shard of the sum over the ranks, passed into (or, after the
   // first micro-batch, added to) its host gradients. After the last
   // micro-batch the partials and flag of the shard's sums are every rank's
   // to gather, so each rank's norm is the whole group's, summed in block
@@ -243,20 +357,11 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
   for (const std::uint64_t v : {static_cast<std::uint64_t>(g), static_cast<std::uint64_t>(micro_step)}) {
     for (int b = 0; b < 8; ++b) sequence_hash_ = (sequence_hash_ ^ ((v >> (8 * b)) & 0xff)) * 0x100000001b3ull;
   }
-  STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer sum, parts_.pinned_cache.get(shard * 4, "gradients summed over ranks"));
-  {
-    TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter ", gp.name), gp.trainable_elems * 4);
-    Status s = comm.reduce_scatter(local, sum.data(), shard, partition::DType::kF32, partition::ReduceOp::kSum);
-    if (!s.ok()) {
-      parts_.pinned_cache.put(std::move(sum));
-      return std::move(s).annotate(str_cat("the gradients of group '", gp.name, "'"));
-    }
-  }
   const std::span<double> partials(norm_partials_);
   const std::size_t first_block = static_cast<std::size_t>(gp.trainable_begin / kBlock);
   const std::size_t own_block = static_cast<std::size_t>(gp.shard_begin / kBlock);
   adam::GradPassArgs a;
-  a.src = {sum.data(), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
+  a.src = {sum, adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
   a.dst = {shard_grads(g), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
   a.accumulate = micro_step > 0;
   a.norm_partials = partials.subspan(own_block, blocks);
@@ -265,7 +370,6 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
     TraceScope tp(parts_.trace, TraceTrack::kCpuAdam, str_cat("gradient pass (summed) ", gp.name), shard * 4);
     return parts_.cpu_adam.grad_pass(a);
   }();
-  parts_.pinned_cache.put(std::move(sum));
   STRATA_RETURN_IF_ERROR(r.status());
   if (micro_step + 1 < parts_.micro_steps) return Status();
   // Per rank: its blocks' partials, its flag, the group and the hash of its

@@ -5,14 +5,19 @@
 //   pass       (cpu_adam's gradient pass: into the host gradients, kept in
 //               the compute dtype with one micro-batch per step, accumulated
 //               in fp32 otherwise; each norm block's partial; the inf/NaN flag)
-//   ranks      (several data-parallel ranks, every micro-batch: the pass
-//               writes the group's fp32 gradients into staging, they are
-//               summed over the ranks, rank r's shard to rank r
-//               (reduce-scatter, rank order), and passed into the rank's
-//               host gradients, which hold its shards only (accumulated over
-//               the micro-batches); after the last one the shard's block
-//               partials and flag, then every rank's gathered, so that each
-//               holds the whole group's)
+//   ranks      (several data-parallel ranks, every micro-batch: the
+//               group's fp32 gradients are summed over the ranks, rank r's
+//               shard to rank r (reduce-scatter, rank order on the host
+//               libraries), and passed into the rank's host gradients, which
+//               hold its shards only (accumulated over the micro-batches);
+//               after the last one the shard's block partials and flag, then
+//               every rank's gathered, so that each holds the whole group's.
+//               Summed on the device (RankShare::sums_on_device): the copy
+//               packs the trainable part into fp32 in a device buffer kept
+//               for it, reduce-scatters it there and copies the rank's shard
+//               down (4 x shard bytes instead of the part in compute bytes);
+//               else the pass writes the group's fp32 gradients into staging
+//               and they are summed on the host)
 // Threaded (every schedule but "none"), the copy runs on the gradient thread
 // and its own stream and posts the pass to the pass thread, so the next
 // group's copy overlaps this group's pass; submit() returns at once and
@@ -65,6 +70,9 @@ class GradientPath {
     // which each group's gradients are summed over the ranks.
     partition::Communicator* ranks = nullptr;
     std::int64_t micro_steps = 1;
+    // With layout.share.sums_on_device: the communicator of device buffers
+    // (NCCL on CUDA, Gloo on the host device) the copies sum over.
+    partition::Communicator* device_ranks = nullptr;
   };
   static core::Result<std::unique_ptr<GradientPath>> create(const Parts& parts, bool threaded);
   ~GradientPath();  // waits for the copies and passes posted
@@ -156,13 +164,21 @@ class GradientPath {
 
  private:
   GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
+  bool sums_on_device() const { return parts_.device_ranks != nullptr; }
   core::Result<gpu::PinnedBuffer> copy_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane);
+  // Summed on the device: the trainable part of `grad` packed into fp32 in
+  // sums_, reduce-scattered there, the rank's shard of the sum copied down.
+  core::Result<gpu::PinnedBuffer> sum_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
-  // Several ranks: the group's fp32 gradients of this micro-batch in
-  // `local` (the trainable layout) summed over the ranks into the rank's
-  // shard (accumulated after the first micro-batch), and after the last
-  // one every rank's partials and flag gathered.
+  // Several ranks, summed on the host: the group's fp32 gradients of this
+  // micro-batch in `local` (the trainable layout) summed over the ranks into
+  // the rank's shard, then pass_sum.
   core::Status reduce_over_ranks(std::size_t g, const std::byte* local, int micro_step);
+  // Several ranks: the rank's fp32 shard of this micro-batch's sum over the
+  // ranks passed into its host gradients (accumulated after the first
+  // micro-batch), and after the last one every rank's partials and flag
+  // gathered.
+  core::Status pass_sum(std::size_t g, const std::byte* sum, int micro_step);
   void fail(const core::Status& s);
   // A submitted group's gradients are through their pass (or given up).
   void passed(std::int64_t elems);
@@ -170,6 +186,9 @@ class GradientPath {
   Parts parts_;
   gpu::PinnedBuffer grads_;            // host gradients (see host_grads)
   std::vector<std::int64_t> shard_at_;  // per group: its shard's first element in grads_
+  // Summed on the device: the largest group's trainable part in fp32 (the
+  // copies', one group at a time), reduce-scattered in place.
+  gpu::DeviceBuffer sums_;
   // Several ranks: FNV-1a of the (group, micro-batch) sums so far (pass thread).
   std::uint64_t sequence_hash_ = 0xcbf29ce484222325ull;
   std::vector<double> norm_partials_;  // per norm block of the trainable space

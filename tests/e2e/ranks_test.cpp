@@ -466,6 +466,59 @@ TEST_F(RanksTest, RanksConfiguredOtherwiseFailFinalizeNamingTheSetting) {
   }
 }
 
+// strata.device_collectives: summed on the device (the host device's Gloo
+// over its buffers) or on the host, the ranks' gradients give the same bits
+// (both sum fp32 in rank order, the device's packing converts exactly as the
+// host's pass does); on the device only the rank's fp32 shard of each
+// group's sum comes down, on the host each group's trainable part whole in
+// the compute dtype. Ranks that would sum in different places fail create,
+// each naming the other.
+TEST_F(RanksTest, GradientsSummedOnTheDeviceOrTheHostGiveTheSameBitsTheDeviceSendingTheShardDown) {
+  Outcome got[2];
+  for (const DeviceCollectives mode : {DeviceCollectives::kOn, DeviceCollectives::kOff}) {
+    Config c = config("cpu", OverlapMode::kExact);
+    c.strata.device_collectives = mode;
+    const bool device = mode == DeviceCollectives::kOn;
+    got[device ? 0 : 1] = on_ranks(c, 2, core::str_cat("where", device), [&](int r, Engine& e) {
+      EXPECT_EQ(e.layout().share.sums_on_device, device);
+      std::uint64_t expected = 0;
+      for (const GroupPlace& gp : e.layout().groups) {
+        expected += device ? static_cast<std::uint64_t>(gp.shard_elems) * 4
+                           : static_cast<std::uint64_t>(gp.gradient_elems() * e.layout().compute_bytes);
+      }
+      Framework f;
+      for (int s = 0; s < kRankSteps; ++s) {
+        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (s > 0) {
+          EXPECT_EQ(st->bytes.d2h, expected) << "step " << s << ", rank " << r;
+        }
+      }
+    });
+  }
+  expect_same(got[0].master, got[1].master, "masters");
+  expect_same(got[0].exp_avg, got[1].exp_avg, "exp_avg");
+  expect_same(got[0].exp_avg_sq, got[1].exp_avg_sq, "exp_avg_sq");
+  // One rank on the host, the other on its device: neither meets the other
+  // over a library the other does not take.
+  std::vector<core::Status> made(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Config c = config("cpu", OverlapMode::kExact);
+      c.strata.device_collectives = r == 0 ? DeviceCollectives::kOff : DeviceCollectives::kAuto;
+      made[static_cast<std::size_t>(r)] = Engine::create(c, ranks(r, 2, "where-differs")).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    const core::Status& s = made[static_cast<std::size_t>(r)];
+    EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << s;
+    EXPECT_NE(s.message().find(core::str_cat("rank ", 1 - r, " ")), std::string::npos) << s;
+    EXPECT_NE(s.message().find("strata.device_collectives"), std::string::npos) << s;
+  }
+}
+
 // strata.no_grad "skip" with ranks: a parameter is skipped only when no rank
 // gave it a gradient. l1.w and l1.b get none on any rank: left as they were
 // (l1.w's weight decay would show an update); l2.w gets none on rank 0

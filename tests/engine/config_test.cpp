@@ -885,6 +885,7 @@ TEST(Config, StrataKeysParse) {
                       "d2d_gbps": 1500, "tflops": 400},
       "nonfinite": "error",
       "no_grad": "zero",
+      "device_collectives": "off",
       "trace": "/tmp/trace.json"
     })"));
   const StrataConfig& s = c.strata;
@@ -924,6 +925,7 @@ TEST(Config, StrataKeysParse) {
   EXPECT_EQ(s.host_device.tflops, 400.0);
   EXPECT_EQ(s.nonfinite, NonfinitePolicy::kError);
   EXPECT_EQ(s.no_grad, NoGradPolicy::kZero);
+  EXPECT_EQ(s.device_collectives, DeviceCollectives::kOff);
   EXPECT_EQ(s.trace, "/tmp/trace.json");
   EXPECT_EQ(c.swap_paths(), s.io.paths);
   EXPECT_TRUE(c.warnings.empty()) << all_warnings(c);
@@ -1000,6 +1002,8 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
                {"strata.nonfinite: \"ignore\" is not one of skip, error, apply"});
   expect_error(doc(R"("strata": {"no_grad": "accumulate"})"),
                {"strata.no_grad: \"accumulate\" is not one of skip, zero"});
+  expect_error(doc(R"("strata": {"device_collectives": "nccl"})"),
+               {"strata.device_collectives: \"nccl\" is not one of auto, on, off"});
   expect_error(doc(R"("strata": {"seed": -1})"), {"strata.seed: -1 must be >= 0"});
   expect_error(doc(R"("strata": {"optimizer_state": {"format": "int4"}})"),
                {"strata.optimizer_state.format: \"int4\" is not one of fp32, bf16, int8_blockwise"});

@@ -430,6 +430,8 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
 // each, a multiple of 4 x 65,536: no padding), bf16, AdamW on cpu, stage 2.
 // Each rank keeps T/4 of the master, moments and (fp32) host gradients;
 // compute copies stay whole; the collectives send 3/4 x (4 B + 2 B) x T.
+// The gradients are summed on the device (strata.device_collectives "auto")
+// or, "off", on the host.
 TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
   Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
   config.zero.stage = 2;
@@ -444,13 +446,31 @@ TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "host_gradients"), 4 * shard);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "master_weights"), 4 * shard);
   EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_moments"), 8 * shard);
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_gradient_sums"), 4 * (group + group / 4));
-  // A group's gathered compute copies are a gradient staging buffer's size: they reuse one.
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_compute_gather"), 0u);
-  EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 2 * (2 * group));
+  // A group's fp32 gradients summed on the device in place, the rank's
+  // fp32 shard of each coming down (two in the pinned staging at once).
+  EXPECT_EQ(p.item_bytes(Tier::kDevice, "device_gradient_sums"), 4 * group);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_gradient_sums"), 0u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "gradient_staging"), 2 * (4 * group / 4));
+  EXPECT_EQ(p.traffic.device_to_host_bytes, 4 * shard);
+  // A group's gathered compute copies: a buffer of their own (no staging buffer is their size).
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "rank_compute_gather"), 2 * group);
   EXPECT_EQ(p.item_bytes(Tier::kNvme, "checkpoint"), (2 * t + 12 * t) / 4);
   EXPECT_EQ(p.traffic.network_bytes, 6 * t / 4 * 3);
-  EXPECT_EQ(p.traffic.device_to_host_bytes, 2 * t);  // every micro-batch's gradients come down whole
+  {
+    // Summed on the host: every micro-batch's gradients come down whole and
+    // the pass sums them in pinned memory; the gather reuses a staging buffer.
+    Config host = config;
+    host.strata.device_collectives = DeviceCollectives::kOff;
+    core::Result<Plan> h = make_plan(host, params_model(T, 4), machine(80 * kGiB, 512 * kGiB, 4000 * kGiB), options);
+    ASSERT_TRUE(h.ok()) << h.status();
+    const PlacementPlan& q = h->configured;
+    EXPECT_EQ(q.item_bytes(Tier::kDevice, "device_gradient_sums"), 0u);
+    EXPECT_EQ(q.item_bytes(Tier::kPinned, "rank_gradient_sums"), 4 * (group + group / 4));
+    EXPECT_EQ(q.item_bytes(Tier::kPinned, "rank_compute_gather"), 0u);
+    EXPECT_EQ(q.item_bytes(Tier::kPinned, "gradient_staging"), 2 * (2 * group));
+    EXPECT_EQ(q.traffic.device_to_host_bytes, 2 * t);
+    EXPECT_EQ(q.traffic.network_bytes, p.traffic.network_bytes);
+  }
   EXPECT_EQ(p.ranks_per_node, 4);
   // One machine's RAM and disk are shared by its four ranks (margins too).
   EXPECT_EQ(p.tier(Tier::kPinned).capacity_bytes, 128 * kGiB);
