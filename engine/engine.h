@@ -133,9 +133,10 @@ class Engine {
   // engine in its own process or thread driving the same model on its own
   // micro-batches, with the same config and the same calls in the same
   // order. `ranks` says how they meet (partition/communicator.h: the backend,
-  // this rank, the rendezvous); create meets the others (twice: one
-  // communicator for the gradients, one for the optimizer's compute copies),
-  // so every rank must call it. Each rank keeps and updates the optimizer
+  // this rank, the rendezvous); create meets the others (one communicator
+  // for the gradient path's host collectives, one for the optimizer's
+  // compute copies, and one for the gradients' sums on the device), so every
+  // rank must call it. Each rank keeps and updates the optimizer
   // state of its shard of every group (Layout's RankShare) and holds the
   // host gradients of its shards only (zero_optimization.stage 1 and 2
   // alike); a step's
@@ -156,8 +157,12 @@ class Engine {
   // initial values (finalize compares their CRC64: kFailedPrecondition
   // naming the rank that differs) and call grads_ready for the same groups
   // in the same order: a step whose sums were paired across groups fails on
-  // every rank (kFailedPrecondition) before anything is applied. Only the "gloo"
-  // backend (host buffers) with several ranks (kUnimplemented otherwise).
+  // every rank (kFailedPrecondition) before anything is applied. The ranks
+  // meet over the "gloo" backend (kUnimplemented for another with several);
+  // each micro-batch's gradients are summed on the device over a third
+  // communicator (NCCL on CUDA, Gloo on the host device;
+  // strata.device_collectives), only the rank's shard coming down; ranks
+  // that would sum in different places fail here (kFailedPrecondition).
   // A rank that fails or leaves makes the others' collectives fail within
   // `ranks.timeout`, naming the collective. ranks.size 1 is create(config).
   static core::Result<std::unique_ptr<Engine>> create(const Config& config,
