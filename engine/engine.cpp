@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <filesystem>
 #include <cmath>
@@ -36,22 +37,93 @@ using core::str_cat;
 
 namespace {
 constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
+// NCCL's own device memory for the collectives of several ranks (its
+// channels' buffers, 4 MiB per channel, protocol and peer by default),
+// left outside a derived arena besides the CUDA device's 1 GiB.
+constexpr std::uint64_t kNcclHeadroomBytes = 1ull << 30;
 
-// Several ranks: the collective library that sums the gradients on this
-// rank's device (strata.device_collectives), or "" for none (on the host).
+// Several ranks: the collective library that runs this rank's collectives
+// on its device (strata.device_collectives), "" for none (on the host), or
+// why it cannot ("on" where the build has no NCCL).
 core::Result<std::string> device_collectives_backend(const gpu::Device& device, DeviceCollectives mode) {
   if (mode == DeviceCollectives::kOff) return std::string();
   if (device.kind() == gpu::DeviceKind::kHost) return std::string("gloo");  // its memory is the host's
   if (partition::has_backend("nccl")) return std::string("nccl");
   if (mode == DeviceCollectives::kOn) {
     return Status::unimplemented(
-        "strata.device_collectives is \"on\" and this build has no NCCL to sum the gradients on the GPU (it comes "
-        "with the CUDA toolkit: put nvcc on PATH and reconfigure), or set it to \"auto\" or \"off\" (summed on "
-        "the host)");
+        "strata.device_collectives is \"on\" and this build has no NCCL for collectives on the GPU (it comes "
+        "with the CUDA toolkit: put nvcc on PATH and reconfigure), or set it to \"auto\" or \"off\" (on the "
+        "host)");
   }
-  STRATA_LOG(kInfo) << "strata.device_collectives auto: this build has no NCCL; the ranks' gradients come down "
-                       "whole and are summed on the host";
   return std::string();
+}
+
+// Which GPU of which machine this is (0 on the host device): two ranks with
+// the same key share a GPU, which NCCL refuses one communicator.
+std::int64_t gpu_key(const gpu::Device& device) {
+  if (device.kind() == gpu::DeviceKind::kHost) return 0;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the host name and the PCI location
+  for (const char* c = host; *c != 0; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  for (int b = 0; b < 8; ++b) h = (h ^ ((device.caps().pci_location >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  return static_cast<std::int64_t>(h | 1);  // never 0
+}
+
+// Where every rank's collectives run, agreed over `comm` (each rank would
+// otherwise meet the others over another library, or issue other
+// collectives): each rank's choice, its GPU and its mode gathered; a rank
+// that refused, ranks that differ, or ranks that share a GPU under "on"
+// fail every rank alike, naming them; ranks that share a GPU under "auto"
+// all run them on the host.
+core::Result<std::string> agree_device_collectives(partition::Communicator& comm, const gpu::Device& device,
+                                                   DeviceCollectives mode) {
+  core::Result<std::string> choice = device_collectives_backend(device, mode);
+  const auto code = [&]() -> std::int64_t {
+    if (!choice.ok()) return 3;
+    return choice->empty() ? 0 : *choice == "gloo" ? 1 : 2;
+  };
+  const std::array<std::int64_t, 3> mine{code(), gpu_key(device), static_cast<std::int64_t>(mode)};
+  const auto n = static_cast<std::size_t>(comm.size());
+  std::vector<std::int64_t> all(3 * n);
+  STRATA_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), 3, partition::DType::kI64)
+                             .annotate("comparing where the ranks' collectives run"));
+  if (!choice.ok()) return choice.status();
+  constexpr const char* kWhere[] = {"on the host", "on its device over Gloo (the host device)", "on its GPU over NCCL"};
+  const int me = comm.rank();
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::int64_t* t = all.data() + 3 * k;
+    if (t[0] == 3) {
+      return Status::failed_precondition(str_cat("ranks: rank ", k, " cannot run its collectives on its device ",
+                                                 "(its own error names the cause), so rank ", me, " stops too"));
+    }
+    if (t[0] != mine[0] || t[2] != mine[2]) {
+      return Status::failed_precondition(str_cat(
+          "ranks: rank ", me, " runs its collectives ", kWhere[mine[0]], " (strata.device_collectives \"",
+          to_string(mode), "\") and rank ", k, " ", kWhere[t[0]], " (\"",
+          to_string(static_cast<DeviceCollectives>(t[2])), "\"): strata.device, strata.device_collectives and the "
+          "build must agree on every rank"));
+    }
+  }
+  for (std::size_t a = 0; mine[0] == 2 && a < n; ++a) {
+    for (std::size_t b = a + 1; b < n; ++b) {
+      if (all[3 * a + 1] != all[3 * b + 1]) continue;
+      if (mode == DeviceCollectives::kOn) {
+        return Status::failed_precondition(str_cat(
+            "ranks: ranks ", a, " and ", b, " drive the same GPU, which NCCL refuses one communicator: give each "
+            "rank a GPU of its own, or set strata.device_collectives to \"auto\" or \"off\" (on the host)"));
+      }
+      STRATA_LOG(kInfo) << "strata.device_collectives auto: ranks " << a << " and " << b
+                        << " drive the same GPU (NCCL refuses them one communicator): every rank's collectives run "
+                           "on the host";
+      return std::string();
+    }
+  }
+  if (mine[0] == 0 && mode == DeviceCollectives::kAuto && device.kind() != gpu::DeviceKind::kHost) {
+    STRATA_LOG(kInfo) << "strata.device_collectives auto: this build has no NCCL; the ranks' collectives run on "
+                         "the host (the gradients come down whole)";
+  }
+  return *choice;
 }
 }  // namespace
 
@@ -168,6 +240,12 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     // The rank's GPU: the one given, else its local rank's among those visible.
     gpu::CudaDeviceOptions o{budgets};
     o.ordinal = ranks.device;
+    // NCCL allocates its buffers itself, outside the arena, once its
+    // communicators connect: a derived arena leaves them room.
+    if (ranks.size > 1 && config.strata.device_collectives != DeviceCollectives::kOff &&
+        partition::has_backend("nccl")) {
+      o.extra_headroom_bytes = kNcclHeadroomBytes;
+    }
     if (o.ordinal < 0) {
       // Counted without touching them (a context on every GPU would take
       // memory from the other ranks' and fail on exclusive-process GPUs).
@@ -230,35 +308,24 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     }
     e->ranks_.grads = std::move(grads).value();
     e->ranks_.weights = std::move(weights).value();
-    // Where the gradients are summed: every rank must choose alike (each
-    // would meet the others over another library, or issue other
-    // collectives), so the choices are compared first.
-    STRATA_ASSIGN_OR_RETURN(const std::string backend,
-                            device_collectives_backend(e->dev(), config.strata.device_collectives));
-    const auto code = [](std::string_view b) { return b.empty() ? 0 : b == "gloo" ? 1 : 2; };
-    std::vector<std::int64_t> choices(static_cast<std::size_t>(ranks.size));
-    const std::int64_t mine = code(backend);
-    STRATA_RETURN_IF_ERROR(
-        e->ranks_.weights->all_gather(&mine, choices.data(), 1, partition::DType::kI64)
-            .annotate(str_cat("rank ", ranks.rank, ": comparing where the ranks sum their gradients")));
-    for (std::size_t k = 0; k < choices.size(); ++k) {
-      if (choices[k] == mine) continue;
-      constexpr const char* kWhere[] = {"on the host", "on its device over Gloo (the host device)",
-                                        "on its GPU over NCCL"};
-      return Status::failed_precondition(str_cat(
-          "ranks: rank ", ranks.rank, " sums the gradients ", kWhere[mine], " and rank ", k, " ", kWhere[choices[k]],
-          " (strata.device, strata.device_collectives and the build must agree on every rank)"));
-    }
+    // Where the collectives run: every rank alike.
+    core::Result<std::string> agreed =
+        agree_device_collectives(*e->ranks_.weights, e->dev(), config.strata.device_collectives);
+    if (!agreed.ok()) return Status(agreed.status()).annotate(str_cat("rank ", ranks.rank));
+    const std::string backend = *agreed;
     if (!backend.empty()) {
-      o.prefix = ranks.prefix + "-device";
       o.backend = backend;
       o.device = e->dev().caps().index;
-      auto device = partition::make_communicator(o);
-      if (!device.ok()) {
-        return Status(device.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks' devices"));
+      for (const bool fetches : {false, true}) {
+        if (fetches && config.zero.stage != 3) break;  // the fetches gather at stage 3 only
+        o.prefix = ranks.prefix + (fetches ? "-device-fetches" : "-device");
+        auto device = partition::make_communicator(o);
+        if (!device.ok()) {
+          return Status(device.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks' devices"));
+        }
+        (fetches ? e->ranks_.device_fetches : e->ranks_.device) = std::move(device).value();
       }
-      e->ranks_.device = std::move(device).value();
-      e->ranks_.share.sums_on_device = true;
+      e->ranks_.share.device_collectives = true;
     }
     e->ranks_.local_rank = local_rank;
     e->ranks_.local_ranks = local_ranks;

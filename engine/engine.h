@@ -480,9 +480,10 @@ class Engine {
     RankShare share;
     int local_rank = 0, local_ranks = 1;  // among this machine's ranks (the CPU optimizer's cores are split)
     std::unique_ptr<partition::Communicator> grads, weights;
-    // The gradients' sums on the device (strata.device_collectives; null:
-    // on the host, over `grads`): the gradient path's copy thread's.
-    std::unique_ptr<partition::Communicator> device;
+    // The collectives on the device (strata.device_collectives; null: on the
+    // host): the gradients' sums (the gradient path's copy thread's) and, at
+    // stage 3, the fetches' gathers (the framework's thread's).
+    std::unique_ptr<partition::Communicator> device, device_fetches;
   };
   Ranks ranks_;
   // Set (with mu_ held) when a load_checkpoint failed after it began

@@ -84,7 +84,8 @@ std::uint64_t swap_footprint(const Layout& layout, bool two_versions) {
 
 // The most device memory a step needs at once beyond the state the
 // placement keeps there: a group's fetched compute copies with its gradient
-// buffer (a backward on the device holds both), and beside them a
+// buffer (a backward on the device holds both; at stage 3 gathering on the
+// device, every rank's home while it is unpacked), and beside them a
 // device-resident chunk's optimizer step (its gradients and new compute
 // copies), which an early job runs during the backward.
 std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
@@ -97,7 +98,12 @@ std::uint64_t device_working_bytes(const Layout& layout, std::uint64_t align) {
     const std::uint64_t fetched = layout.fetched_in_place(gp) ? 0 : buffer(elems * cb);
     const std::uint64_t grads =
         gp.trainable_elems > 0 ? buffer(static_cast<std::uint64_t>(gp.gradient_elems()) * cb) : 0;
-    backward = std::max(backward, fetched + grads);
+    // Stage 3 over ranks gathering on the device: every rank's home beside
+    // the fetch's buffer while it is unpacked.
+    const std::uint64_t parts = layout.compute_sharded && layout.share.device_collectives
+                                    ? buffer(layout.home_bytes(gp) * static_cast<std::uint64_t>(layout.share.ranks))
+                                    : 0;
+    backward = std::max(backward, fetched + grads + parts);
   }
   std::uint64_t chunk_step = 0;
   for (const ChunkRun& r : layout.chunk_runs) {
@@ -643,7 +649,10 @@ core::Status Engine::build_step(GradientPath& gradients, std::uint64_t ring_room
                                                        .device_cache = *device_cache_,
                                                        .pinned_cache = *pinned_cache_,
                                                        .trace = trace_,
-                                                       .stream = stream_}));
+                                                       .stream = stream_,
+                                                       .device_ranks = layout_.compute_sharded
+                                                                           ? ranks_.device_fetches.get()
+                                                                           : nullptr}));
   return Status();
 }
 
@@ -691,10 +700,14 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     if (layout_.share.ranks > 1) {
       for (const auto& [pi, v] : values) *fingerprint = nvme::crc64(*fingerprint, std::as_bytes(std::span<const float>(v)));
     }
-    gpu::PinnedBuffer staging, shard;
-    const std::uint64_t bytes = static_cast<std::uint64_t>(gp.compute_elems) * static_cast<std::uint64_t>(cb);
+    // The group's home as it is kept: its compute copies whole, or (stage
+    // 3 over ranks) this rank's shard of them, converted from the values
+    // straight into its place (padding zero): the staging holds the home
+    // alone, as a checkpoint's load does.
+    gpu::PinnedBuffer staging;
+    const std::uint64_t bytes = homes_->bytes(g);
     std::span<std::byte> host;
-    if (gp.compute_tier == Tier::kPinned && !layout_.compute_sharded) {
+    if (gp.compute_tier == Tier::kPinned) {
       host = homes_->pinned_home(g).bytes();
     } else {
       STRATA_ASSIGN_OR_RETURN(staging,
@@ -703,20 +716,14 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     }
     std::memset(host.data(), 0, host.size());
     for (const auto& [pi, v] : values) {
-      to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
-    }
-    if (layout_.compute_sharded) {  // this rank's shard of them
-      const std::uint64_t home = homes_->bytes(g);
-      std::span<std::byte> packed;
-      if (gp.compute_tier == Tier::kPinned) {
-        packed = homes_->pinned_home(g).bytes();
-      } else {
-        STRATA_ASSIGN_OR_RETURN(shard,
-                                dev().allocate_pinned(core::align_up(home, core::kDirectIoAlignment), "compute staging"));
-        packed = shard.bytes().first(home);
+      if (!layout_.compute_sharded) {
+        to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
+        continue;
       }
-      pack_home(layout_, g, ranks_.share.rank, host, packed);
-      host = packed;
+      const Layout::ShardPiece sp = layout_.shard_of(pi, ranks_.share.rank);
+      if (sp.lo == sp.hi) continue;
+      to_compute(std::span<const float>(v).subspan(static_cast<std::size_t>(sp.lo), static_cast<std::size_t>(sp.hi - sp.lo)),
+                 host.data() + sp.home * cb, cb, config_.precision);
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
     // Master weights, chunk by chunk (moments start at zero).

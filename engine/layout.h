@@ -117,10 +117,12 @@ struct GroupPlace {
 struct RankShare {
   int rank = 0;
   int ranks = 1;
-  // Several ranks: each micro-batch's gradients are summed over the ranks on
-  // the device, and only the rank's fp32 shard of the sum comes down
-  // (strata.device_collectives); else they come down whole, summed on the host.
-  bool sums_on_device = false;
+  // Several ranks: the collectives run on the device (strata.device_collectives):
+  // each micro-batch's gradients are summed over the ranks there, only the
+  // rank's fp32 shard of the sum coming down, and at stage 3 a fetch
+  // gathers the ranks' shards there; else on the host (the gradients come
+  // down whole, a fetch gathers in pinned memory).
+  bool device_collectives = false;
 };
 
 struct ChunkPlace {

@@ -13,7 +13,7 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
   for (const GroupPlace& gp : layout.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     const std::uint64_t staged = core::align_up(layout.home_bytes(gp), core::kDirectIoAlignment);  // ComputeHomes::load
-    if (gp.trainable_elems > 0 && layout.share.ranks > 1 && layout.share.sums_on_device) {
+    if (gp.trainable_elems > 0 && layout.share.ranks > 1 && layout.share.device_collectives) {
       // The rank's shard of the sum comes down in fp32 and is passed as it is
       // (GradientPath::sum_down).
       wire = std::max(wire, static_cast<std::uint64_t>(gp.shard_elems) * 4);
@@ -30,7 +30,8 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     }
     if (layout.compute_sharded) {
       // A fetch gathers every rank's home and unpacks them whole
-      // (ComputeHomes::gather).
+      // (ComputeHomes::gather), and so do read_compute and export (on the
+      // host, also where the fetches gather on the device).
       const auto n = static_cast<std::uint64_t>(layout.share.ranks);
       ranks_compute = std::max(ranks_compute, n * (layout.home_bytes(gp) + kGatherTrailerBytes) +
                                                   core::align_up(compute, core::kDirectIoAlignment));
@@ -56,7 +57,7 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
 }
 
 std::uint64_t device_sums_bytes(const Layout& layout, std::uint64_t align) {
-  if (layout.share.ranks <= 1 || !layout.share.sums_on_device) return 0;
+  if (layout.share.ranks <= 1 || !layout.share.device_collectives) return 0;
   std::int64_t largest = 0;
   for (const GroupPlace& gp : layout.groups) largest = std::max(largest, gp.trainable_elems);
   return largest > 0 ? core::align_up(static_cast<std::uint64_t>(largest) * 4, align) : 0;

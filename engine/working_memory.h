@@ -18,7 +18,7 @@ namespace strata::engine {
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs);
 
 // Several ranks summing their gradients on the device
-// (RankShare::sums_on_device): the gradient path's device buffer, the
+// (RankShare::device_collectives): the gradient path's device buffer, the
 // largest group's trainable elements in fp32, rounded up to `align`
 // (gpu::Device::allocate); 0 otherwise.
 std::uint64_t device_sums_bytes(const Layout& layout, std::uint64_t align);

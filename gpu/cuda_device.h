@@ -21,6 +21,10 @@ struct CudaDeviceOptions {
   // the device's free memory less 1 GiB of headroom for the CUDA context and
   // the framework.
   std::uint64_t arena_bytes = 0;
+  // More headroom besides that 1 GiB when the arena is derived: memory
+  // another library allocates for itself later (NCCL's buffers, for
+  // several ranks' collectives on the device).
+  std::uint64_t extra_headroom_bytes = 0;
 };
 
 // Errors: kUnimplemented without CUDA in the build; kUnavailable with no driver

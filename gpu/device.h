@@ -54,6 +54,10 @@ struct DeviceCaps {
   bool strict = false;                      // run-time checks: unrecorded events, freed buffers
   int compute_capability = 0;               // 90 for sm_90; 0 on the host device
   int index = 0;                            // the CUDA device ordinal; 0 on the host device
+  // Where the GPU sits on its machine's PCI bus: (domain << 16) | (bus << 8)
+  // | device; 0 on the host device. Two ranks of one machine with the same
+  // location share a GPU (NCCL refuses them one communicator).
+  std::uint64_t pci_location = 0;
 };
 
 class Device;

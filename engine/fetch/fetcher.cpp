@@ -140,7 +140,8 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
   // with this rank's part of the payload.
   ComputeHomes::FetchVote vote;
   vote.kept = ready.ok() && resident_->contains(g);
-  gpu::DeviceBuffer buffer;
+  vote.device = parts_.device_ranks;
+  gpu::DeviceBuffer buffer, payload;
   vote.prepare = [&]() -> Status {
     if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {
       parts_.device_cache.put(std::move(kept->buffer), std::move(kept->fence));
@@ -150,6 +151,13 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
     // Room within stage3_max_live_parameters first, as fetch makes it.
     resident_->make_room(live_bytes(), bytes, SIZE_MAX, sequence_);
     STRATA_ASSIGN_OR_RETURN(buffer, allocate_working(bytes, str_cat("fetched group '", gp.name, "'")));
+    if (vote.device != nullptr) {
+      // Every rank's home, gathered on the device, then unpacked into the buffer.
+      const std::uint64_t parts = parts_.homes.bytes(g) * static_cast<std::uint64_t>(parts_.layout.share.ranks);
+      STRATA_ASSIGN_OR_RETURN(payload, allocate_working(parts, str_cat("the ranks' parts of group '", gp.name, "'")));
+      vote.dst = buffer.span();
+      vote.payload = payload.span();
+    }
     return Status();
   };
   gpu::PinnedBuffer staging;
@@ -157,6 +165,7 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
       parts_.homes.gather(g, staging, lane(), /*pending=*/false, std::move(ready), &vote);
   if (!host.ok()) {
     parts_.device_cache.put(std::move(buffer));
+    parts_.device_cache.put(std::move(payload));
     return std::move(host).status();
   }
   if (vote.all_kept) {
@@ -168,6 +177,11 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
     return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
   }
   sequence_.note_fetch(g);
+  if (vote.device != nullptr) {
+    // The unpack reads the payload until the group has landed.
+    parts_.device_cache.put(std::move(payload), vote.landed);
+    return hand_over(g, std::move(buffer), std::move(vote.landed), stream);
+  }
   core::Result<std::shared_ptr<gpu::Event>> landed = queue_host(*host, std::move(staging), buffer.span(), lane());
   if (!landed.ok()) {
     parts_.device_cache.put(std::move(buffer));

@@ -35,6 +35,7 @@
 #include "engine/step_stats.h"
 #include "engine/trace.h"
 #include "gpu/device.h"
+#include "partition/communicator.h"
 
 namespace strata::engine {
 
@@ -59,6 +60,10 @@ class Fetcher {
     BufferCache<gpu::PinnedBuffer>& pinned_cache;
     Trace& trace;
     gpu::Stream& stream;  // the framework's calls' copies (the engine's stream)
+    // Stage 3 over ranks with the collectives on the device: the
+    // communicator of device buffers the fetches gather over (the
+    // framework's thread's); null: they gather in host memory.
+    partition::Communicator* device_ranks = nullptr;
   };
   // The prefetcher only under a threaded schedule (its thread and stream).
   static core::Result<std::unique_ptr<Fetcher>> create(const Parts& parts);

@@ -137,10 +137,10 @@ struct Evaluation {
   // compute homes hold its shard, each fetch gathers the group whole (no
   // prefetched or kept copies), the optimizer gathers nothing.
   bool sharded = false;
-  // Several ranks summing their gradients on the device
-  // (strata.device_collectives not "off": the plan takes NCCL or the host
-  // device's Gloo to be there): each rank's fp32 shard of the sum comes down.
-  bool sums_on_device = false;
+  // Several ranks running their collectives on the device
+  // (strata.device_collectives): each rank's fp32 shard of the gradients'
+  // sum comes down, and at stage 3 a fetch gathers on the device.
+  bool device_collectives = false;
   std::int64_t home = 0;         // a trainable group's home on this rank (elements): the group, or its shard
   std::int64_t L = 0;            // layers (fetch groups)
   std::uint64_t c = 0;           // bytes of a compute copy's element
@@ -205,7 +205,10 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   T_rank = N == 1 ? T : shape.group_trainable * L;
   if (N > 1) g = 4;  // host gradients summed over the ranks: fp32
   sharded = N > 1 && cfg.zero.stage == 3;
-  sums_on_device = N > 1 && cfg.strata.device_collectives != DeviceCollectives::kOff;
+  // "auto" as Engine::create decides it on the machine planned for, which
+  // has a library for them (the host device's Gloo, or NCCL with CUDA),
+  // whatever the build that plans (ranks that share a GPU aside).
+  device_collectives = N > 1 && cfg.strata.device_collectives != DeviceCollectives::kOff;
   const OptimizerSplit split = split_optimizer_state(T_rank, pl.optimizer_device, pl.optimizer_ratio,
                                                      pl.optimizer_cpu_fraction);
   t_gpu = split.device_elems;
@@ -276,14 +279,21 @@ void add_compute_copies(Evaluation& e) {
           e.sharded ? count_times(e.home, c, "staging copy of the rank's shard of a group read from nvme")
                     : str_cat(e.groups_of(1), " x ", c, " B (staging copy of a group read from nvme)"));
   }
+  if (e.sharded && e.device_collectives) {
+    // A fetch gathers every rank's home on the device and unpacks it into
+    // the fetched buffer (ComputeHomes::gather).
+    e.add("device_fetch_gather", Tier::kDevice, sat_mul(u64(e.N), sat_mul(u64(e.home), c)),
+          str_cat(e.N, " x ", group_digits(u64(e.home)), " x ", c, " B (every rank's shard of a fetched group)"));
+  }
   if (e.sharded) {
-    // A fetch gathers every rank's home and unpacks them whole
-    // (ComputeHomes::gather).
+    // A fetch gathers every rank's home and unpacks them whole on the host
+    // (ComputeHomes::gather), and so do read_compute and export, also where
+    // the fetches gather on the device.
     e.add("rank_fetch_gather", Tier::kPinned,
           sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), c), kGatherTrailerBytes)), e.group_bytes),
           str_cat(e.N, " x (", group_digits(u64(e.home)), " x ", c, " + ", kGatherTrailerBytes,
-                  ") B (every rank's shard of a fetched group and its status) + ", e.groups_of(1), " x ", c,
-                  " B (the group unpacked whole)"));
+                  ") B (every rank's shard of a group and its status) + ", e.groups_of(1), " x ", c,
+                  " B (the group unpacked whole", e.device_collectives ? ": read_compute, export)" : ")"));
   }
 }
 
@@ -309,7 +319,7 @@ void add_gradients(Evaluation& e) {
     // sum or a gather the size of a group's compute copies takes a gradient
     // staging buffer (returned by then), not memory of its own.
     const std::uint64_t padded = u64(e.shape.group_padded), shard = u64(e.shape.group_trainable);
-    if (e.sums_on_device) {
+    if (e.device_collectives) {
       e.add("device_gradient_sums", Tier::kDevice, sat_mul(padded, 4),
             str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients, summed over the ranks in place)"));
     } else {
@@ -319,7 +329,7 @@ void add_gradients(Evaluation& e) {
                     sum > 0 ? str_cat(" + ", group_digits(shard), " x 4 B (the rank's shard of the sum)")
                             : std::string(" (the shard of the sum reuses a staging buffer)")));
     }
-    if (!e.sharded && (e.sums_on_device || sat_mul(padded, c) != e.group_bytes)) {
+    if (!e.sharded && (e.device_collectives || sat_mul(padded, c) != e.group_bytes)) {
       e.add("rank_compute_gather", Tier::kPinned, sat_mul(padded, c),
             count_times(e.shape.group_padded, c, "a group's new compute copies gathered from the ranks"));
     }
@@ -348,7 +358,7 @@ void add_gradients(Evaluation& e) {
   // With several ranks the next group's gradients come down once the pass
   // has summed this one's over the ranks (the pass thread copies them).
   const bool part = e.trainable_part_bytes != e.group_bytes;  // mixed groups: their trainable part
-  if (e.sums_on_device) {
+  if (e.device_collectives) {
     // The rank's fp32 shard of a group's sum, in its pass, and threaded the
     // next one's landing.
     const std::int64_t shards = views_held || !e.threaded ? 1 : 2;
@@ -357,7 +367,7 @@ void add_gradients(Evaluation& e) {
                   " x 4 B (the rank's shard of a group's gradients summed on the device, in its pass",
                   shards > 1 ? ", and the next one's coming down)" : ")"));
   }
-  const std::int64_t staged = e.sums_on_device ? 0 : views_held ? 1 : e.N > 1 ? 2 : 3;
+  const std::int64_t staged = e.device_collectives ? 0 : views_held ? 1 : e.N > 1 ? 2 : 3;
   if (staged > 0) e.add("gradient_staging", Tier::kPinned, sat_mul(e.trainable_part_bytes, u64(staged)),
         str_cat(part ? str_cat(staged, " x ", group_digits(e.trainable_part_bytes), " B (a group's trainable part; ")
                      : str_cat(e.groups_of(staged), " x ", c, " B ("),
@@ -422,7 +432,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   const std::uint64_t staged = core::align_up(sat_mul(u64(e.home), e.c), core::kDirectIoAlignment);  // ComputeHomes::load
   const std::uint64_t chunk = u64(e.shape.chunk);
   WorkingShape w;
-  if (e.T > 0 && e.sums_on_device) {
+  if (e.T > 0 && e.device_collectives) {
     w.wire_bytes = sat_mul(u64(e.shape.group_trainable), 4);  // the rank's shard of the sum, fp32
   } else if (e.T > 0) {
     w.wire_bytes = e.trainable_part_bytes;  // the copy down: a group's trainable range
@@ -433,7 +443,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = e.state_of(e.shape.chunk);
   if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
   if (e.N > 1 && e.T > 0) {
-    if (!e.sums_on_device) w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
+    if (!e.device_collectives) w.ranks_gradient_bytes = sat_mul(u64(e.shape.group_padded + e.shape.group_trainable), 4);
     if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
   if (e.sharded) {
@@ -664,7 +674,7 @@ StepTraffic step_traffic(const Evaluation& e) {
           : 0;
   // Summed on the device, the rank's fp32 shard of each micro-batch's sum.
   const std::uint64_t gradients_down =
-      sat_mul(e.sums_on_device ? sat_mul(4, u64(e.T_rank)) : sat_mul(c, u64(T)), accum);
+      sat_mul(e.device_collectives ? sat_mul(4, u64(e.T_rank)) : sat_mul(c, u64(T)), accum);
   // Stage 3 over ranks: a fetch reads the rank's shard from its home (and
   // gathers the others' over the network); the optimizer writes its shard.
   const std::uint64_t fetches = e.fetches_copy && e.group > 0 ? fetch / sat_mul(u64(e.group), c) : 0;
@@ -677,11 +687,17 @@ StepTraffic step_traffic(const Evaluation& e) {
   const std::uint64_t view = sat_mul(c, u64(e.sharded ? e.T_rank : T));
   const bool home_device = e.pl.param_device == OffloadDevice::kNone;
   const bool home_nvme = e.pl.param_device == OffloadDevice::kNvme;
+  // Gathered on the device, a fetch brings up the rank's shard alone (a
+  // home on the device: none); gathered on the host, the group whole, a
+  // home on the device first coming down.
+  const bool gathered_on_device = e.sharded && e.device_collectives;
+  const std::uint64_t fetched_up = !gathered_on_device ? fetch : home_device ? 0 : home_fetch;
   tr.host_to_device_bytes =
-      sat_add(sat_add(fetch, home_device ? view : 0), sat_mul(g, u64(e.t_gpu)));
+      sat_add(sat_add(fetched_up, home_device ? view : 0), sat_mul(g, u64(e.t_gpu)));
   tr.device_to_host_bytes = sat_add(gradients_down, sat_mul(c, u64(e.t_gpu)));
-  // A sharded home on the device comes down for each fetch's gather.
-  if (e.sharded && home_device) tr.device_to_host_bytes = sat_add(tr.device_to_host_bytes, home_fetch);
+  if (e.sharded && home_device && !gathered_on_device) {
+    tr.device_to_host_bytes = sat_add(tr.device_to_host_bytes, home_fetch);
+  }
   tr.disk_read_bytes = e.state_of(e.t_nvme);
   tr.disk_write_bytes = e.state_of(e.t_nvme);
   if (e.N > 1) {

@@ -233,8 +233,8 @@ struct PlanItem {
   // optimizer_device_buffers, optimizer_device_copies, optimizer_staging,
   // param_staging, speculative_state, speculative_compute_copies,
   // delayed_compute_copies, activations, logits, swap_reserve, checkpoint,
-  // rank_gradient_sums or device_gradient_sums, rank_compute_gather
-  // (several ranks).
+  // rank_gradient_sums or device_gradient_sums, rank_compute_gather,
+  // rank_fetch_gather or device_fetch_gather (several ranks).
   std::string name;
   Tier tier = Tier::kDevice;
   std::uint64_t size_bytes = 0;

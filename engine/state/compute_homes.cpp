@@ -136,7 +136,8 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     return Status();
   };
   const bool kept = vote != nullptr && vote->kept;
-  if (local.ok() && !kept) local = take_buffers();
+  const bool on_device = vote != nullptr && vote->device != nullptr && !pending;
+  if (local.ok() && !kept && !on_device) local = take_buffers();
   // First every rank's tag (small, fixed size whatever the group): the
   // group, this gather's number, the bytes, the rank's status and its vote.
   // Ranks that gather other groups or failed stop here, every one of them,
@@ -166,6 +167,10 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     pinned_cache_.put(std::move(staging));
     staging = {};
     return std::span<std::byte>();
+  }
+  if (s.ok() && local.ok() && on_device) {
+    s = gather_on_device(g, lane, *vote);
+    return s.ok() ? core::Result<std::span<std::byte>>(std::span<std::byte>()) : std::move(s).annotate(what);
   }
   if (s.ok() && local.ok()) {
     // This rank's part: the caller's preparation, then its home (or its
@@ -213,6 +218,83 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     return std::move(s).annotate(what);
   }
   return staging.bytes().first(whole);
+}
+
+core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane, FetchVote& vote) {
+  const GroupPlace& gp = layout_.groups[g];
+  const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
+  const auto n = static_cast<std::uint64_t>(layout_.share.ranks);
+  const auto me = static_cast<std::uint64_t>(layout_.share.rank);
+  const std::uint64_t home = bytes(g), whole = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+  partition::Communicator& comm = *vote.device;
+  gpu::Stream& stream = *lane.stream;
+  // This rank's part: the caller's preparation (the fetch's buffer and the
+  // payload), then its home up into its slot of the payload.
+  Status part = vote.prepare ? vote.prepare() : Status();
+  if (part.ok() && (vote.dst.size_bytes() != whole || vote.payload.size_bytes() < n * home)) {
+    part = Status::internal(str_cat("the fetch's buffers hold ", vote.dst.size_bytes(), " and ",
+                                    vote.payload.size_bytes(), " bytes, not ", whole, " and ", n * home));
+  }
+  const gpu::DeviceSpan payload = vote.payload.subspan(0, n * home);
+  if (part.ok()) part = home_to_device(g, payload.subspan(me * home, home), lane);
+  // Every rank's status (small, over the host communicator): a rank that
+  // could not read its home or make room fails every rank's fetch at once,
+  // named, before the payload.
+  const auto code = static_cast<std::int64_t>(part.code());
+  std::vector<std::int64_t> codes(n);
+  Status s = ranks_->all_gather(&code, codes.data(), 1, partition::DType::kI64);
+  if (s.ok() && !part.ok()) s = part;  // this rank's own failure, named by its own error
+  for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
+    if (codes[r] == 0) continue;
+    const auto theirs = static_cast<core::StatusCode>(codes[r]);
+    s = Status(theirs, str_cat("rank ", r, " failed reading its part (", core::status_code_name(theirs),
+                               "; its own error names the cause), so this rank stops too"));
+  }
+  if (!s.ok()) {
+    device_.synchronize(stream).ignore_error();  // nothing queued may still write the payload
+    return s;
+  }
+  {
+    TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather on the device ", gp.name), n * home);
+    const gpu::DeviceSpan spans[] = {payload};
+    s = device_.run_on_stream(stream, spans, [&comm, home, me](void* native, std::span<void* const> ptrs) {
+      auto* base = static_cast<std::byte*>(ptrs[0]);
+      return comm.all_gather(base + me * home, base, home, partition::DType::kU8, native);
+    });
+    // A stream with NCCL's work waits through the communicator (within its
+    // timeout); the host device's runs the collective on its own thread.
+    void* native = stream.native_handle();
+    if (s.ok()) s = native != nullptr ? comm.synchronize(native) : device_.synchronize(stream);
+    STRATA_RETURN_IF_ERROR(s);
+  }
+  // Unpacked whole into the fetch's buffer (padding zero), queued.
+  const gpu::ElemType zeros = cb == 4 ? gpu::ElemType::kF32 : gpu::ElemType::kBf16;  // zero bits either way
+  STRATA_RETURN_IF_ERROR(device_.fill(stream, gpu::typed(vote.dst, zeros), 0.0f));
+  for (int r = 0; r < layout_.share.ranks; ++r) {
+    for (std::size_t pi : gp.params) {
+      const Layout::ShardPiece sp = layout_.shard_of(pi, r);
+      if (sp.lo == sp.hi) continue;
+      const auto len = static_cast<std::uint64_t>(sp.hi - sp.lo) * cb;
+      STRATA_RETURN_IF_ERROR(device_.copy_d2d(
+          stream, vote.dst.subspan(static_cast<std::uint64_t>(layout_.places[pi].compute_offset + sp.lo) * cb, len),
+          payload.subspan(static_cast<std::uint64_t>(r) * home + static_cast<std::uint64_t>(sp.home) * cb, len)));
+    }
+  }
+  STRATA_ASSIGN_OR_RETURN(gpu::Event landed, device_.create_event());
+  STRATA_RETURN_IF_ERROR(device_.record(landed, stream));
+  vote.landed = std::make_shared<gpu::Event>(std::move(landed));
+  return Status();
+}
+
+core::Status ComputeHomes::home_to_device(std::size_t g, gpu::DeviceSpan slot, const CopyLane& lane) {
+  if (layout_.groups[g].compute_tier == Tier::kDevice) {
+    return device_.copy_d2d(*lane.stream, slot, groups_[g].device_home.subspan(0, slot.size_bytes()));
+  }
+  gpu::PinnedBuffer own;  // stays empty for a pinned home (load lends it)
+  core::Result<std::span<std::byte>> host = load(g, own, lane);
+  Status s = host.ok() ? lane_h2d(device_, trace_, lane, slot, *host) : host.status();
+  pinned_cache_.put(std::move(own));
+  return s;
 }
 
 void pack_home(const Layout& layout, std::size_t g, int rank, std::span<const std::byte> whole,

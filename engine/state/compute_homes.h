@@ -96,10 +96,23 @@ class ComputeHomes {
   // Else `prepare` runs (the fetch's device buffer) and the home is read
   // after the tags; a failure of either travels to the others in the last
   // kGatherTrailerBytes of the rank's block of the payload.
+  //
+  // On the device (`device`: a communicator of device buffers, NCCL or Gloo
+  // on the host device, the caller's thread's): `prepare` also sets `dst`
+  // (the fetch's buffer, the group whole) and `payload` (every rank's home,
+  // n x bytes(g) of device memory); the rank's home goes up into its slot
+  // of the payload (a device home by a device copy), every rank's status is
+  // compared over `ranks` (the host communicator), the payload is
+  // all-gathered on the device in place and unpacked into `dst`, queued on
+  // the lane's stream with `landed` recorded after it (the payload is read
+  // until then); the span returned is empty.
   struct FetchVote {
     bool kept = false;
     bool all_kept = false;
     std::function<core::Status()> prepare;
+    partition::Communicator* device = nullptr;
+    gpu::DeviceSpan dst, payload;
+    std::shared_ptr<gpu::Event> landed;
   };
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
                                             bool pending = false, core::Status local = {},
@@ -170,6 +183,10 @@ class ComputeHomes {
   // device's range; each nvme block within r).
   core::Status write_home(std::size_t g, std::span<const std::byte> host, std::uint64_t host_lo, Layout::ByteRange r,
                           const CopyLane& lane);
+  // gather's part on the device (FetchVote's comment), after the tags.
+  core::Status gather_on_device(std::size_t g, const CopyLane& lane, FetchVote& vote);
+  // This rank's home of group g into `slot` of device memory, on the lane.
+  core::Status home_to_device(std::size_t g, gpu::DeviceSpan slot, const CopyLane& lane);
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,
                BufferCache<gpu::PinnedBuffer>& pinned_cache, Trace& trace, partition::Communicator* ranks,
                FrozenFiles* files)

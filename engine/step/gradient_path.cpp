@@ -170,7 +170,12 @@ void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const st
 
 core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,
                                                          const CopyLane& lane) {
-  if (sums_on_device()) return sum_down(g, grad, lane);
+  if (sums_on_device()) {
+    core::Result<gpu::PinnedBuffer> wire = sum_down(g, grad, lane);
+    // Nothing queued may still read `grad` once it goes back to the cache.
+    if (!wire.ok()) parts_.device.synchronize(*lane.stream).ignore_error();
+    return wire;
+  }
   // Device -> host, in the compute dtype and the compute layout of the
   // group's trainable part (the buffer holds that alone: gradient_elems).
   const GroupPlace& gp = parts_.layout.groups[g];

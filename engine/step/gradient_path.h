@@ -12,7 +12,7 @@
 //               hold its shards only (accumulated over the micro-batches);
 //               after the last one the shard's block partials and flag, then
 //               every rank's gathered, so that each holds the whole group's.
-//               Summed on the device (RankShare::sums_on_device): the copy
+//               Summed on the device (RankShare::device_collectives): the copy
 //               packs the trainable part into fp32 in a device buffer kept
 //               for it, reduce-scatters it there and copies the rank's shard
 //               down (4 x shard bytes instead of the part in compute bytes);

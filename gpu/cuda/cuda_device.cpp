@@ -455,9 +455,10 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
   std::uint64_t arena_bytes = options.arena_bytes;
   if (arena_bytes == 0) {
     const std::uint64_t limit = options.budgets.device->limit_bytes();
+    const std::uint64_t headroom = kHeadroomBytes + options.extra_headroom_bytes;
     arena_bytes = limit != core::MemoryBudget::kUnlimited
                       ? limit
-                      : (free_bytes > kHeadroomBytes ? free_bytes - kHeadroomBytes : free_bytes / 2);
+                      : (free_bytes > headroom ? free_bytes - headroom : free_bytes / 2);
   }
   arena_bytes = arena_bytes / kArenaAlignment * kArenaAlignment;
   if (arena_bytes == 0) return Status::invalid_argument("CUDA device: the arena would be empty");
@@ -473,6 +474,8 @@ Result<std::unique_ptr<Device>> make_cuda_device(const CudaDeviceOptions& option
   caps.kind = DeviceKind::kCuda;
   caps.name = prop.name;
   caps.index = options.ordinal;
+  caps.pci_location = (static_cast<std::uint64_t>(prop.pciDomainID) << 16) |
+                      (static_cast<std::uint64_t>(prop.pciBusID) << 8) | static_cast<std::uint64_t>(prop.pciDeviceID);
   caps.device_memory_bytes = arena_bytes;
   caps.allocation_alignment_bytes = kArenaAlignment;
   caps.page_locked_host_memory = true;

@@ -480,7 +480,7 @@ TEST_F(RanksTest, GradientsSummedOnTheDeviceOrTheHostGiveTheSameBitsTheDeviceSen
     c.strata.device_collectives = mode;
     const bool device = mode == DeviceCollectives::kOn;
     got[device ? 0 : 1] = on_ranks(c, 2, core::str_cat("where", device), [&](int r, Engine& e) {
-      EXPECT_EQ(e.layout().share.sums_on_device, device);
+      EXPECT_EQ(e.layout().share.device_collectives, device);
       std::uint64_t expected = 0;
       for (const GroupPlace& gp : e.layout().groups) {
         expected += device ? static_cast<std::uint64_t>(gp.shard_elems) * 4
@@ -517,6 +517,41 @@ TEST_F(RanksTest, GradientsSummedOnTheDeviceOrTheHostGiveTheSameBitsTheDeviceSen
     EXPECT_NE(s.message().find(core::str_cat("rank ", 1 - r, " ")), std::string::npos) << s;
     EXPECT_NE(s.message().find("strata.device_collectives"), std::string::npos) << s;
   }
+}
+
+// Stage 3 with the collectives on the device: a fetch brings up the rank's
+// own home alone and gathers the ranks' there (the host device's Gloo over
+// its memory), then unpacks it into the fetched buffer; on the host ("off")
+// it gathers in pinned memory and brings the group up whole. The same bits
+// either way. Under "none" no copy is kept: every fetch gathers, four a
+// micro-batch (each group in the forward and in the backward).
+TEST_F(RanksTest, Stage3FetchesGatherOnTheDeviceBringingUpTheRanksOwnHomeAlone) {
+  Outcome got[2];
+  for (const DeviceCollectives mode : {DeviceCollectives::kOn, DeviceCollectives::kOff}) {
+    Config c = stage3(config("cpu", OverlapMode::kNone), "cpu");
+    c.strata.device_collectives = mode;
+    const bool device = mode == DeviceCollectives::kOn;
+    got[device ? 0 : 1] = on_ranks(c, 2, core::str_cat("gather", device), [&](int r, Engine& e) {
+      const Layout& l = e.layout();
+      ASSERT_TRUE(l.compute_sharded);
+      std::uint64_t up = 0;
+      for (const GroupPlace& gp : l.groups) {
+        up += 2 * (device ? l.home_bytes(gp) : static_cast<std::uint64_t>(gp.compute_elems * l.compute_bytes));
+      }
+      Framework f;
+      for (int s = 0; s < kRankSteps; ++s) {
+        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (s > 0) {
+          EXPECT_EQ(st->bytes.h2d, up) << "step " << s << ", rank " << r;
+        }
+      }
+    });
+  }
+  expect_same(got[0].master, got[1].master, "masters");
+  expect_same(got[0].exp_avg_sq, got[1].exp_avg_sq, "exp_avg_sq");
+  ASSERT_EQ(got[0].compute.size(), 2u);
+  for (std::size_t r = 0; r < 2; ++r) expect_same(got[0].compute[r], got[1].compute[r], "compute copies");
 }
 
 // strata.no_grad "skip" with ranks: a parameter is skipped only when no rank

@@ -430,11 +430,12 @@ TEST(Planner, ZeroOffloadCpuMatchesHandCalculation) {
 // each, a multiple of 4 x 65,536: no padding), bf16, AdamW on cpu, stage 2.
 // Each rank keeps T/4 of the master, moments and (fp32) host gradients;
 // compute copies stay whole; the collectives send 3/4 x (4 B + 2 B) x T.
-// The gradients are summed on the device (strata.device_collectives "auto")
+// The gradients are summed on the device (strata.device_collectives "on")
 // or, "off", on the host.
 TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
   Config config = bf16_config(OffloadDevice::kNone, OffloadDevice::kCpu);
   config.zero.stage = 2;
+  config.strata.device_collectives = DeviceCollectives::kOn;
   constexpr std::int64_t T = 4 * (std::int64_t{1} << 21);
   PlanOptions options;
   options.ranks = 4;
