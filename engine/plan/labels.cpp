@@ -130,6 +130,7 @@ std::string_view item_label(std::string_view name) {
   if (name == "rank_gradient_sums") return "gradient sums over ranks";
   if (name == "device_gradient_sums") return "device gradient sums";
   if (name == "device_fetch_gather") return "device fetch gather";
+  if (name == "rank_read_gather") return "read gather";
   if (name == "rank_compute_gather") return "compute copies gathered";
   return name;
 }

@@ -181,6 +181,11 @@ struct Evaluation {
   // Chosen by add_compute_copies and add_gradients, fitted to the device by
   // fit_device_budget.
   std::int64_t window_groups = 0, resident_groups = 0, grad_buffers = 0;
+  // Stage 3 over ranks: a group gathered on the host (ComputeHomes::gather):
+  // every rank's home with its status, and the group unpacked whole.
+  std::uint64_t host_gather_bytes() const {
+    return sat_add(sat_mul(u64(N), sat_add(sat_mul(u64(home), c), kGatherTrailerBytes)), group_bytes);
+  }
 };
 
 Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
@@ -285,16 +290,31 @@ void add_compute_copies(Evaluation& e) {
     e.add("device_fetch_gather", Tier::kDevice, sat_mul(u64(e.N), sat_mul(u64(e.home), c)),
           str_cat(e.N, " x ", group_digits(u64(e.home)), " x ", c, " B (every rank's shard of a fetched group)"));
   }
-  if (e.sharded) {
+  if (e.sharded && !e.device_collectives) {
     // A fetch gathers every rank's home and unpacks them whole on the host
-    // (ComputeHomes::gather), and so do read_compute and export, also where
-    // the fetches gather on the device.
-    e.add("rank_fetch_gather", Tier::kPinned,
-          sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), c), kGatherTrailerBytes)), e.group_bytes),
+    // (ComputeHomes::gather).
+    e.add("rank_fetch_gather", Tier::kPinned, e.host_gather_bytes(),
           str_cat(e.N, " x (", group_digits(u64(e.home)), " x ", c, " + ", kGatherTrailerBytes,
-                  ") B (every rank's shard of a group and its status) + ", e.groups_of(1), " x ", c,
-                  " B (the group unpacked whole", e.device_collectives ? ": read_compute, export)" : ")"));
+                  ") B (every rank's shard of a fetched group and its status) + ", e.groups_of(1), " x ", c,
+                  " B (the group unpacked whole)"));
   }
+}
+
+// Stage 3 with the fetches gathered on the device: read_compute and export
+// still gather a group on the host, between steps, in what the step's
+// staging leaves (the engine reserves the larger of the two: memory_model.h's
+// PinnedWorking): only the part beyond the step's staging counts.
+void add_read_gather(Evaluation& e) {
+  if (!e.sharded || !e.device_collectives) return;
+  std::uint64_t step = 0;
+  for (const char* name : {"gradient_staging", "param_staging", "optimizer_compute_view"}) {
+    step = sat_add(step, e.plan.item_bytes(Tier::kPinned, name));
+  }
+  const std::uint64_t gather = e.host_gather_bytes();
+  if (gather <= step) return;
+  e.add("rank_read_gather", Tier::kPinned, gather - step,
+        str_cat(core::format_bytes(gather), " (a group gathered on the host for read_compute or export, between steps) "
+                "less the step's staging, ", core::format_bytes(step)));
 }
 
 // The gradients: on the host, in the device's buffers, in pinned staging, and
@@ -742,6 +762,7 @@ PlacementPlan evaluate(const Inputs& in, const Placement& pl) {
   // The items in the order the output lists them.
   add_compute_copies(e);
   add_gradients(e);
+  add_read_gather(e);
   add_resident_state(e);
   add_nvme_state(e);
   add_schedule_extra(e);

@@ -234,7 +234,8 @@ struct PlanItem {
   // param_staging, speculative_state, speculative_compute_copies,
   // delayed_compute_copies, activations, logits, swap_reserve, checkpoint,
   // rank_gradient_sums or device_gradient_sums, rank_compute_gather,
-  // rank_fetch_gather or device_fetch_gather (several ranks).
+  // rank_fetch_gather or device_fetch_gather with rank_read_gather (several
+  // ranks).
   std::string name;
   Tier tier = Tier::kDevice;
   std::uint64_t size_bytes = 0;

@@ -487,6 +487,42 @@ TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
   EXPECT_TRUE(contains(plan_to_json(*two), "\"network_bytes\": " + std::to_string(6 * t / 4 * 3)));
 }
 
+// Stage 3 over four ranks, the compute copies' home pinned: a fetch
+// gathered on the device takes every rank's shard of the group there (one
+// group's bytes) and brings up the rank's own shard alone, a quarter of what
+// a fetch gathered on the host brings up whole; the host gather's buffers
+// stay for read_compute and export, beyond what the step's staging leaves.
+TEST(Planner, Stage3RanksGatherTheirFetchesOnTheDevice) {
+  Config config = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
+  config.zero.stage = 3;
+  constexpr std::int64_t T = 4 * (std::int64_t{1} << 21);
+  PlanOptions options;
+  options.ranks = 4;
+  const auto plan_for = [&](DeviceCollectives mode) {
+    Config c = config;
+    c.strata.device_collectives = mode;
+    core::Result<Plan> p = make_plan(c, params_model(T, 4), machine(80 * kGiB, 512 * kGiB, 4000 * kGiB), options);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return p.ok() ? p->configured : PlacementPlan{};
+  };
+  const PlacementPlan on = plan_for(DeviceCollectives::kOn), off = plan_for(DeviceCollectives::kOff);
+  const std::uint64_t group = std::uint64_t{1} << 21, home = group / 4;
+  EXPECT_EQ(on.item_bytes(Tier::kDevice, "device_fetch_gather"), 4 * home * 2);
+  EXPECT_EQ(on.item_bytes(Tier::kPinned, "rank_fetch_gather"), 0u);
+  EXPECT_EQ(off.item_bytes(Tier::kDevice, "device_fetch_gather"), 0u);
+  EXPECT_EQ(off.item_bytes(Tier::kPinned, "rank_fetch_gather"), 4 * (home * 2 + 8) + group * 2);
+  // Between steps a read gathers on the host: what the step's staging (two
+  // shards of fp32 gradients; the pinned home needs no other) leaves.
+  const std::uint64_t staging = on.item_bytes(Tier::kPinned, "gradient_staging") +
+                                on.item_bytes(Tier::kPinned, "param_staging") +
+                                on.item_bytes(Tier::kPinned, "optimizer_compute_view");
+  EXPECT_EQ(staging, 2 * home * 4);
+  EXPECT_EQ(on.item_bytes(Tier::kPinned, "rank_read_gather"), 4 * (home * 2 + 8) + group * 2 - staging);
+  ASSERT_GT(on.traffic.host_to_device_bytes, 0u);
+  EXPECT_EQ(off.traffic.host_to_device_bytes, 4 * on.traffic.host_to_device_bytes);
+  EXPECT_EQ(on.traffic.network_bytes, off.traffic.network_bytes);
+}
+
 TEST(Planner, RanksPadEachGroupToWholeNormBlocksPerRank) {
   // Three groups of 100,000 trainable elements on 3 ranks: each group padded
   // to 3 norm blocks (196,608), one block per rank: the rank keeps 3 x
