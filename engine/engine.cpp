@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <filesystem>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 
@@ -37,9 +38,10 @@ using core::str_cat;
 
 namespace {
 constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
-// NCCL's own device memory for the collectives of several ranks (its
+// NCCL's own device memory for each communicator of several ranks' (its
 // channels' buffers, 4 MiB per channel, protocol and peer by default),
-// left outside a derived arena besides the CUDA device's 1 GiB.
+// left outside a derived arena besides the CUDA device's 1 GiB (also where
+// the ranks then find they share a GPU and run their collectives on the host).
 constexpr std::uint64_t kNcclHeadroomBytes = 1ull << 30;
 
 // Several ranks: the collective library that runs this rank's collectives
@@ -62,10 +64,18 @@ core::Result<std::string> device_collectives_backend(const gpu::Device& device, 
 // the same key share a GPU, which NCCL refuses one communicator.
 std::int64_t gpu_key(const gpu::Device& device) {
   if (device.kind() == gpu::DeviceKind::kHost) return 0;
+  // The machine: its host name and boot id (containers of identical nodes
+  // may share a host name; a boot id is the kernel's, each machine's own).
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the host name and the PCI location
-  for (const char* c = host; *c != 0; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 0x100000001b3ull;
+  std::string machine = host;
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r"); f != nullptr) {
+    char boot[64] = {};
+    if (std::fgets(boot, sizeof boot, f) != nullptr) machine += boot;
+    std::fclose(f);
+  }
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the machine and the PCI location
+  for (const char c : machine) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
   for (int b = 0; b < 8; ++b) h = (h ^ ((device.caps().pci_location >> (8 * b)) & 0xff)) * 0x100000001b3ull;
   return static_cast<std::int64_t>(h | 1);  // never 0
 }
@@ -244,7 +254,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     // communicators connect: a derived arena leaves them room.
     if (ranks.size > 1 && config.strata.device_collectives != DeviceCollectives::kOff &&
         partition::has_backend("nccl")) {
-      o.extra_headroom_bytes = kNcclHeadroomBytes;
+      o.extra_headroom_bytes = kNcclHeadroomBytes * (config.zero.stage == 3 ? 2 : 1);  // one per communicator
     }
     if (o.ordinal < 0) {
       // Counted without touching them (a context on every GPU would take
@@ -326,6 +336,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
         (fetches ? e->ranks_.device_fetches : e->ranks_.device) = std::move(device).value();
       }
       e->ranks_.share.device_collectives = true;
+      e->ranks_.launch_order = std::make_unique<LaunchOrder>(ranks.timeout);
     }
     e->ranks_.local_rank = local_rank;
     e->ranks_.local_ranks = local_ranks;

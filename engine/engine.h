@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "engine/config.h"
+#include "engine/internal/launch_order.h"
 #include "engine/internal/view_holds.h"
 #include "engine/state/copy_lane.h"
 #include "core/clock.h"
@@ -484,6 +485,8 @@ class Engine {
     // host): the gradients' sums (the gradient path's copy thread's) and, at
     // stage 3, the fetches' gathers (the framework's thread's).
     std::unique_ptr<partition::Communicator> device, device_fetches;
+    // With them: the order their collectives are launched in, every rank's alike.
+    std::unique_ptr<LaunchOrder> launch_order;
   };
   Ranks ranks_;
   // Set (with mu_ held) when a load_checkpoint failed after it began

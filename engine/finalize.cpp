@@ -292,7 +292,8 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
                                                 .inline_lane = step_lane(),
                                                 .ranks = ranks_.grads.get(),
                                                 .micro_steps = config_.gradient_accumulation_steps,
-                                                .device_ranks = ranks_.device.get()},
+                                                .device_ranks = ranks_.device.get(),
+                                                .launch_order = ranks_.launch_order.get()},
                                                schedule_.threaded()));
 
   // Compute homes, then the initial values group by group (the host holds one
@@ -652,7 +653,8 @@ core::Status Engine::build_step(GradientPath& gradients, std::uint64_t ring_room
                                                        .stream = stream_,
                                                        .device_ranks = layout_.compute_sharded
                                                                            ? ranks_.device_fetches.get()
-                                                                           : nullptr}));
+                                                                           : nullptr,
+                                                       .launch_order = ranks_.launch_order.get()}));
   return Status();
 }
 

@@ -26,7 +26,7 @@ PinnedWorking pinned_working(const WorkingShape& shape, bool threaded, bool earl
   // An uncertain early job brings a device chunk's new compute copies back.
   if (early_jobs) w.optimizer_copies = shape.device_chunk_compute_bytes;
   w.optimizer_copies += shape.ranks_compute_bytes;  // the gathered compute copies
-  w.between_steps = shape.unpinned_state_bytes + shape.unpinned_compute_bytes;
+  w.between_steps = std::max(shape.unpinned_state_bytes + shape.unpinned_compute_bytes, shape.read_gather_bytes);
   return w;
 }
 

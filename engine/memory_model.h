@@ -83,6 +83,11 @@ struct WorkingShape {
   // and the group unpacked whole), the largest; 0 with one rank.
   std::uint64_t ranks_gradient_bytes = 0;
   std::uint64_t ranks_compute_bytes = 0;
+  // Stage 3 over ranks with the fetches gathered on the device: a group
+  // gathered on the host all the same by read_compute and export (every
+  // rank's home with its status, the group unpacked), outside the step's
+  // work; 0 otherwise (then in ranks_compute_bytes).
+  std::uint64_t read_gather_bytes = 0;
 };
 
 // The pinned memory a step works in beyond the placement's state (Layout::bytes)
@@ -96,7 +101,7 @@ struct PinnedWorking {
   std::uint64_t gradient_staging = 0;  // copies down and the packed gradient pass
   std::uint64_t compute_staging = 0;   // non-pinned compute homes read for a fetch, a prefetch, the optimizer
   std::uint64_t optimizer_copies = 0;  // early jobs' new compute copies of device-resident chunks; with ranks, a group's gathered copies
-  std::uint64_t between_steps = 0;     // one chunk's state and one group's compute copies (checkpoints)
+  std::uint64_t between_steps = 0;     // one chunk's state and one group's compute copies (checkpoints), or a read's gather
   std::uint64_t step() const { return gradient_staging + compute_staging + optimizer_copies; }
   std::uint64_t total() const { return step() > between_steps ? step() : between_steps; }
 };

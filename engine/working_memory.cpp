@@ -9,7 +9,7 @@ namespace strata::engine {
 PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool early_jobs) {
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
   std::uint64_t wire = 0, packed = 0, nvme_compute = 0, unpinned_compute = 0, state = 0, device_chunk = 0;
-  std::uint64_t ranks_gradient = 0, ranks_compute = 0;
+  std::uint64_t ranks_gradient = 0, ranks_compute = 0, read_gather = 0;
   for (const GroupPlace& gp : layout.groups) {
     const std::uint64_t compute = static_cast<std::uint64_t>(gp.compute_elems) * cb;
     const std::uint64_t staged = core::align_up(layout.home_bytes(gp), core::kDirectIoAlignment);  // ComputeHomes::load
@@ -30,11 +30,12 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     }
     if (layout.compute_sharded) {
       // A fetch gathers every rank's home and unpacks them whole
-      // (ComputeHomes::gather), and so do read_compute and export (on the
-      // host, also where the fetches gather on the device).
+      // (ComputeHomes::gather), and so do read_compute and export, on the
+      // host also where the fetches gather on the device.
       const auto n = static_cast<std::uint64_t>(layout.share.ranks);
-      ranks_compute = std::max(ranks_compute, n * (layout.home_bytes(gp) + kGatherTrailerBytes) +
-                                                  core::align_up(compute, core::kDirectIoAlignment));
+      std::uint64_t& gather = layout.share.device_collectives ? read_gather : ranks_compute;
+      gather = std::max(gather, n * (layout.home_bytes(gp) + kGatherTrailerBytes) +
+                                    core::align_up(compute, core::kDirectIoAlignment));
     }
     if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);
     if (gp.compute_tier != Tier::kPinned) unpinned_compute = std::max(unpinned_compute, staged);
@@ -52,7 +53,8 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
                          .unpinned_state_bytes = state,
                          .device_chunk_compute_bytes = device_chunk,
                          .ranks_gradient_bytes = ranks_gradient,
-                         .ranks_compute_bytes = ranks_compute},
+                         .ranks_compute_bytes = ranks_compute,
+                         .read_gather_bytes = read_gather},
                         threaded, early_jobs);
 }
 

@@ -141,6 +141,7 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
   ComputeHomes::FetchVote vote;
   vote.kept = ready.ok() && resident_->contains(g);
   vote.device = parts_.device_ranks;
+  vote.order = parts_.launch_order;
   gpu::DeviceBuffer buffer, payload;
   vote.prepare = [&]() -> Status {
     if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {

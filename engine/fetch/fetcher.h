@@ -29,6 +29,7 @@
 #include "engine/fetch/fetch_trace.h"
 #include "engine/fetch/prefetcher.h"
 #include "engine/fetch/resident_set.h"
+#include "engine/internal/launch_order.h"
 #include "engine/layout.h"
 #include "engine/schedule/schedule.h"
 #include "engine/state/copy_lane.h"
@@ -64,6 +65,7 @@ class Fetcher {
     // communicator of device buffers the fetches gather over (the
     // framework's thread's); null: they gather in host memory.
     partition::Communicator* device_ranks = nullptr;
+    LaunchOrder* launch_order = nullptr;  // with device_ranks: the rank's launches' order
   };
   // The prefetcher only under a threaded schedule (its thread and stream).
   static core::Result<std::unique_ptr<Fetcher>> create(const Parts& parts);

@@ -301,9 +301,11 @@ void add_compute_copies(Evaluation& e) {
 }
 
 // Stage 3 with the fetches gathered on the device: read_compute and export
-// still gather a group on the host, between steps, in what the step's
-// staging leaves (the engine reserves the larger of the two: memory_model.h's
-// PinnedWorking): only the part beyond the step's staging counts.
+// still gather a group on the host, outside the step's work, in what the
+// step's staging leaves (the engine reserves the larger of the two:
+// memory_model.h's PinnedWorking::between_steps): only the part beyond the
+// step's staging counts. (A read during a step under a pinned budget that
+// tight fails with kResourceExhausted, naming it.)
 void add_read_gather(Evaluation& e) {
   if (!e.sharded || !e.device_collectives) return;
   std::uint64_t step = 0;
@@ -467,7 +469,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
     if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
   if (e.sharded) {
-    w.ranks_compute_bytes = sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes)),
+    (e.device_collectives ? w.read_gather_bytes : w.ranks_compute_bytes) = sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes)),
                                     core::align_up(e.group_bytes, core::kDirectIoAlignment));
   }
   return pinned_working(w, e.threaded, e.early_jobs());

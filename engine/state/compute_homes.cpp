@@ -136,20 +136,26 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     return Status();
   };
   const bool kept = vote != nullptr && vote->kept;
+  const bool declines = vote != nullptr && vote->declines;
   const bool on_device = vote != nullptr && vote->device != nullptr && !pending;
-  if (local.ok() && !kept && !on_device) local = take_buffers();
+  partition::Communicator& host = vote != nullptr && vote->host != nullptr ? *vote->host : *ranks_;
+  std::uint64_t& gathers = vote != nullptr && vote->gathers != nullptr ? *vote->gathers : gathers_;
+  if (local.ok() && !kept && !declines && !on_device) local = take_buffers();
   // First every rank's tag (small, fixed size whatever the group): the
   // group, this gather's number, the bytes, the rank's status and its vote.
   // Ranks that gather other groups or failed stop here, every one of them,
   // before the payload (whose size may differ between groups); ranks that
   // all kept the group's copy stop here too.
-  const std::array<std::uint64_t, 5> tag{g, gathers_++, home, static_cast<std::uint64_t>(local.code()), kept ? 1u : 0u};
+  const std::array<std::uint64_t, 5> tag{g, gathers++, home, static_cast<std::uint64_t>(local.code()),
+                                         declines ? 2u : kept ? 1u : 0u};
   std::vector<std::uint64_t> tags(5 * n);
-  Status s = ranks_->all_gather(tag.data(), tags.data(), 5, partition::DType::kI64);
+  Status s = host.all_gather(tag.data(), tags.data(), 5, partition::DType::kI64);
   bool all_kept = vote != nullptr;
+  bool declined = false;
   for (std::uint64_t r = 0; s.ok() && local.ok() && r < n; ++r) {
     const std::uint64_t* t = tags.data() + 5 * r;
-    all_kept = all_kept && t[4] != 0;
+    all_kept = all_kept && t[4] == 1;
+    declined = declined || t[4] == 2;
     if (t[3] != 0) {
       const auto code = static_cast<core::StatusCode>(t[3]);
       s = Status(code, str_cat("rank ", r, " failed before its part (", core::status_code_name(code),
@@ -161,15 +167,18 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
                                               ": every rank fetches the same groups in the same order"));
     }
   }
-  if (s.ok() && local.ok() && all_kept) {
-    vote->all_kept = true;
+  if (s.ok() && local.ok() && (all_kept || declined)) {
+    vote->all_kept = all_kept;
+    vote->declined = declined;
     pinned_cache_.put(std::move(all));
     pinned_cache_.put(std::move(staging));
     staging = {};
     return std::span<std::byte>();
   }
   if (s.ok() && local.ok() && on_device) {
-    s = gather_on_device(g, lane, *vote);
+    s = gather_on_device(g, lane, *vote, host);
+    // Nothing queued may still read or write the buffers once they go back.
+    if (!s.ok()) device_.synchronize(*lane.stream).ignore_error();
     return s.ok() ? core::Result<std::span<std::byte>>(std::span<std::byte>()) : std::move(s).annotate(what);
   }
   if (s.ok() && local.ok()) {
@@ -196,7 +205,7 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     std::memcpy(mine + home, &code, sizeof code);
     {
       TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather ", gp.name), block * n);
-      s = ranks_->all_gather(mine, blocks, block, partition::DType::kU8);
+      s = host.all_gather(mine, blocks, block, partition::DType::kU8);
     }
     if (s.ok() && !part.ok()) s = part;  // this rank's own failure, named by its own error
     for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
@@ -220,7 +229,8 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
   return staging.bytes().first(whole);
 }
 
-core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane, FetchVote& vote) {
+core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane, FetchVote& vote,
+                                            partition::Communicator& host) {
   const GroupPlace& gp = layout_.groups[g];
   const auto cb = static_cast<std::uint64_t>(layout_.compute_bytes);
   const auto n = static_cast<std::uint64_t>(layout_.share.ranks);
@@ -242,7 +252,7 @@ core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane,
   // named, before the payload.
   const auto code = static_cast<std::int64_t>(part.code());
   std::vector<std::int64_t> codes(n);
-  Status s = ranks_->all_gather(&code, codes.data(), 1, partition::DType::kI64);
+  Status s = host.all_gather(&code, codes.data(), 1, partition::DType::kI64);
   if (s.ok() && !part.ok()) s = part;  // this rank's own failure, named by its own error
   for (std::uint64_t r = 0; s.ok() && r < n; ++r) {
     if (codes[r] == 0) continue;
@@ -257,10 +267,15 @@ core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane,
   {
     TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather on the device ", gp.name), n * home);
     const gpu::DeviceSpan spans[] = {payload};
-    s = device_.run_on_stream(stream, spans, [&comm, home, me](void* native, std::span<void* const> ptrs) {
-      auto* base = static_cast<std::byte*>(ptrs[0]);
-      return comm.all_gather(base + me * home, base, home, partition::DType::kU8, native);
-    });
+    LaunchOrder::Turn turn(vote.order);  // after every launch the framework's earlier calls made
+    s = turn.wait();
+    if (s.ok()) {
+      s = device_.run_on_stream(stream, spans, [&comm, home, me](void* native, std::span<void* const> ptrs) {
+        auto* base = static_cast<std::byte*>(ptrs[0]);
+        return comm.all_gather(base + me * home, base, home, partition::DType::kU8, native);
+      });
+    }
+    turn.done();
     // A stream with NCCL's work waits through the communicator (within its
     // timeout); the host device's runs the collective on its own thread.
     void* native = stream.native_handle();

@@ -22,6 +22,7 @@
 
 #include "core/result.h"
 #include "engine/internal/buffer_cache.h"
+#include "engine/internal/launch_order.h"
 #include "engine/internal/view_holds.h"
 #include "engine/layout.h"
 #include "engine/state/copy_lane.h"
@@ -106,6 +107,12 @@ class ComputeHomes {
   // all-gathered on the device in place and unpacked into `dst`, queued on
   // the lane's stream with `landed` recorded after it (the payload is read
   // until then); the span returned is empty.
+  //
+  // A prefetch's gather (another thread's): `host` (its host communicator,
+  // for ranks_) and `gathers` (its count of gathers, for this object's), and
+  // a rank without room for the copy `declines`: when one does, no rank
+  // gathers (`declined` comes back true, the span empty; each rank's fetch
+  // gathers later).
   struct FetchVote {
     bool kept = false;
     bool all_kept = false;
@@ -113,6 +120,14 @@ class ComputeHomes {
     partition::Communicator* device = nullptr;
     gpu::DeviceSpan dst, payload;
     std::shared_ptr<gpu::Event> landed;
+    partition::Communicator* host = nullptr;
+    std::uint64_t* gathers = nullptr;
+    bool declines = false;
+    bool declined = false;
+    // On the device: the order of the rank's launches, whose ticket the
+    // payload's gather takes once the statuses agree (the caller's thread
+    // must be the framework's, in its call order; null: none).
+    LaunchOrder* order = nullptr;
   };
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
                                             bool pending = false, core::Status local = {},
@@ -184,7 +199,7 @@ class ComputeHomes {
   core::Status write_home(std::size_t g, std::span<const std::byte> host, std::uint64_t host_lo, Layout::ByteRange r,
                           const CopyLane& lane);
   // gather's part on the device (FetchVote's comment), after the tags.
-  core::Status gather_on_device(std::size_t g, const CopyLane& lane, FetchVote& vote);
+  core::Status gather_on_device(std::size_t g, const CopyLane& lane, FetchVote& vote, partition::Communicator& host);
   // This rank's home of group g into `slot` of device memory, on the lane.
   core::Status home_to_device(std::size_t g, gpu::DeviceSpan slot, const CopyLane& lane);
   ComputeHomes(const Layout& layout, gpu::Device& device, nvme::SwapStore* swap,

@@ -83,8 +83,10 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
         return Status(error_).annotate(str_cat("grads_ready: an earlier gradient pass failed; the engine cannot go on"));
       }
     }
+    LaunchOrder::Turn turn(sums_on_device() ? parts_.launch_order : nullptr);
     Status s = written != nullptr ? parts_.device.synchronize(*written) : Status();
-    core::Result<gpu::PinnedBuffer> wire = s.ok() ? copy_down(g, grad, parts_.inline_lane) : core::Result<gpu::PinnedBuffer>(s);
+    core::Result<gpu::PinnedBuffer> wire =
+        s.ok() ? copy_down(g, grad, parts_.inline_lane, &turn) : core::Result<gpu::PinnedBuffer>(s);
     parts_.device_cache.put(std::move(grad));
     s = wire.ok() ? pass(g, std::move(wire).value(), micro_step) : wire.status();
     if (!s.ok() && parts_.ranks != nullptr) fail(s);
@@ -105,7 +107,11 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     ++in_flight_;
     in_flight_elems_ += elems;
   }
-  grads_queue_->post([this, g, elems, buffer, micro_step, written, before = std::move(before), after = std::move(after)] {
+  // A sum on the device takes its launch's ticket here, in the framework's
+  // call order (given up should the copy not run).
+  auto turn = std::make_shared<LaunchOrder::Turn>(sums_on_device() ? parts_.launch_order : nullptr);
+  grads_queue_->post([this, g, elems, buffer, micro_step, written, turn, before = std::move(before),
+                      after = std::move(after)] {
     // At most kGradientCopiesInFlight copies down held at once (the pinned
     // working memory finalize reserved: engine/working_memory.h); a slot
     // comes back when its copy's pinned buffer is released, passed or not.
@@ -122,7 +128,9 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     const core::Stopwatch clock;
     Status s = written != nullptr ? parts_.device.wait(stream_, *written) : Status();
     core::Result<gpu::PinnedBuffer> wire =
-        s.ok() ? copy_down(g, *buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}) : core::Result<gpu::PinnedBuffer>(s);
+        s.ok() ? copy_down(g, *buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}, turn.get())
+               : core::Result<gpu::PinnedBuffer>(s);
+    turn->done();
     parts_.device_cache.put(std::move(*buffer));
     copy_seconds_ += clock.elapsed_s();
     {
@@ -169,9 +177,9 @@ void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const st
 }
 
 core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,
-                                                         const CopyLane& lane) {
+                                                         const CopyLane& lane, LaunchOrder::Turn* turn) {
   if (sums_on_device()) {
-    core::Result<gpu::PinnedBuffer> wire = sum_down(g, grad, lane);
+    core::Result<gpu::PinnedBuffer> wire = sum_down(g, grad, lane, turn);
     // Nothing queued may still read `grad` once it goes back to the cache.
     if (!wire.ok()) parts_.device.synchronize(*lane.stream).ignore_error();
     return wire;
@@ -188,7 +196,7 @@ core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu
 }
 
 core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu::DeviceBuffer& grad,
-                                                        const CopyLane& lane) {
+                                                        const CopyLane& lane, LaunchOrder::Turn* turn) {
   const Layout& layout = parts_.layout;
   const GroupPlace& gp = layout.groups[g];
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
@@ -249,10 +257,15 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter on the device ", gp.name),
                  sums.size_bytes());
     const gpu::DeviceSpan spans[] = {sums};
-    Status s = d.run_on_stream(stream, spans, [&comm, shard, own](void* native, std::span<void* const> ptrs) {
-      auto* base = static_cast<std::byte*>(ptrs[0]);
-      return comm.reduce_scatter(base, base + own, shard, partition::DType::kF32, partition::ReduceOp::kSum, native);
-    });
+    Status s = turn != nullptr ? turn->wait() : Status();
+    if (s.ok()) {
+      s = d.run_on_stream(stream, spans, [&comm, shard, own](void* native, std::span<void* const> ptrs) {
+        auto* base = static_cast<std::byte*>(ptrs[0]);
+        return comm.reduce_scatter(base, base + own, shard, partition::DType::kF32, partition::ReduceOp::kSum,
+                                   native);
+      });
+    }
+    if (turn != nullptr) turn->done();
     // A stream with NCCL's work waits through the communicator (within its
     // timeout); the host device's runs the collective on its own thread.
     void* native = stream.native_handle();

@@ -44,6 +44,7 @@
 #include "engine/config.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/cpu_turns.h"
+#include "engine/internal/launch_order.h"
 #include "engine/internal/serial_queue.h"
 #include "engine/layout.h"
 #include "engine/state/copy_lane.h"
@@ -73,6 +74,10 @@ class GradientPath {
     // With layout.share.sums_on_device: the communicator of device buffers
     // (NCCL on CUDA, Gloo on the host device) the copies sum over.
     partition::Communicator* device_ranks = nullptr;
+    // With device_ranks: the order the rank's collectives on the device are
+    // launched in (a sum takes its ticket in submit, in the framework's
+    // call order).
+    LaunchOrder* launch_order = nullptr;
   };
   static core::Result<std::unique_ptr<GradientPath>> create(const Parts& parts, bool threaded);
   ~GradientPath();  // waits for the copies and passes posted
@@ -165,10 +170,13 @@ class GradientPath {
  private:
   GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
   bool sums_on_device() const { return parts_.device_ranks != nullptr; }
-  core::Result<gpu::PinnedBuffer> copy_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane);
+  core::Result<gpu::PinnedBuffer> copy_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane,
+                                            LaunchOrder::Turn* turn);
   // Summed on the device: the trainable part of `grad` packed into fp32 in
-  // sums_, reduce-scattered there, the rank's shard of the sum copied down.
-  core::Result<gpu::PinnedBuffer> sum_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane);
+  // sums_, reduce-scattered there (launched in `turn`), the rank's shard of
+  // the sum copied down.
+  core::Result<gpu::PinnedBuffer> sum_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane,
+                                           LaunchOrder::Turn* turn);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   // Several ranks, summed on the host: the group's fp32 gradients of this
   // micro-batch in `local` (the trainable layout) summed over the ranks into
