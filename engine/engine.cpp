@@ -87,22 +87,37 @@ std::int64_t gpu_key(const gpu::Device& device) {
 // fail every rank alike, naming them; ranks that share a GPU under "auto"
 // all run them on the host.
 core::Result<std::string> agree_device_collectives(partition::Communicator& comm, const gpu::Device& device,
-                                                   DeviceCollectives mode) {
+                                                   const Config& config, bool threaded) {
+  const DeviceCollectives mode = config.strata.device_collectives;
   core::Result<std::string> choice = device_collectives_backend(device, mode);
   const auto code = [&]() -> std::int64_t {
     if (!choice.ok()) return 3;
     return choice->empty() ? 0 : *choice == "gloo" ? 1 : 2;
   };
-  const std::array<std::int64_t, 3> mine{code(), gpu_key(device), static_cast<std::int64_t>(mode)};
+  // The stage and whether the schedule is threaded decide the communicators
+  // each rank makes next (stage 3's fetches', a threaded schedule's
+  // prefetches'): compared here, before any rank waits to meet over one
+  // another does not make (finalize compares the rest).
+  const std::array<std::int64_t, 5> mine{code(), gpu_key(device), static_cast<std::int64_t>(mode),
+                                         config.zero.stage, threaded ? 1 : 0};
+  constexpr std::size_t kFields = mine.size();
   const auto n = static_cast<std::size_t>(comm.size());
-  std::vector<std::int64_t> all(3 * n);
-  STRATA_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), 3, partition::DType::kI64)
+  std::vector<std::int64_t> all(kFields * n);
+  STRATA_RETURN_IF_ERROR(comm.all_gather(mine.data(), all.data(), kFields, partition::DType::kI64)
                              .annotate("comparing where the ranks' collectives run"));
   if (!choice.ok()) return choice.status();
   constexpr const char* kWhere[] = {"on the host", "on its device over Gloo (the host device)", "on its GPU over NCCL"};
   const int me = comm.rank();
   for (std::size_t k = 0; k < n; ++k) {
-    const std::int64_t* t = all.data() + 3 * k;
+    const std::int64_t* t = all.data() + kFields * k;
+    const auto shape = [](const std::int64_t* x) { return x[3] == 3 ? 1 + x[4] : 0; };  // the communicators made
+    if (t[0] != 3 && shape(t) != shape(mine.data())) {
+      return Status::failed_precondition(str_cat(
+          "ranks: rank ", k, " runs zero_optimization.stage ", t[3], (t[4] != 0 ? " under a threaded" : " under the"),
+          " strata.overlap", (t[4] != 0 ? "" : " \"none\""), " and rank ", me, " stage ", mine[3],
+          (mine[4] != 0 ? " under a threaded one" : " under \"none\""),
+          ": every rank must share zero_optimization.stage and strata.overlap"));
+    }
     if (t[0] == 3) {
       return Status::failed_precondition(str_cat("ranks: rank ", k, " cannot run its collectives on its device ",
                                                  "(its own error names the cause), so rank ", me, " stops too"));
@@ -117,7 +132,7 @@ core::Result<std::string> agree_device_collectives(partition::Communicator& comm
   }
   for (std::size_t a = 0; mine[0] == 2 && a < n; ++a) {
     for (std::size_t b = a + 1; b < n; ++b) {
-      if (all[3 * a + 1] != all[3 * b + 1]) continue;
+      if (all[kFields * a + 1] != all[kFields * b + 1]) continue;
       if (mode == DeviceCollectives::kOn) {
         return Status::failed_precondition(str_cat(
             "ranks: ranks ", a, " and ", b, " drive the same GPU, which NCCL refuses one communicator: give each "
@@ -254,7 +269,8 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     // communicators connect: a derived arena leaves them room.
     if (ranks.size > 1 && config.strata.device_collectives != DeviceCollectives::kOff &&
         partition::has_backend("nccl")) {
-      o.extra_headroom_bytes = kNcclHeadroomBytes * (config.zero.stage == 3 ? 2 : 1);  // one per communicator
+      // One per communicator: the sums', and at stage 3 the fetches' and the prefetches'.
+      o.extra_headroom_bytes = kNcclHeadroomBytes * (config.zero.stage == 3 ? 3 : 1);
     }
     if (o.ordinal < 0) {
       // Counted without touching them (a context on every GPU would take
@@ -320,21 +336,28 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     e->ranks_.weights = std::move(weights).value();
     // Where the collectives run: every rank alike.
     core::Result<std::string> agreed =
-        agree_device_collectives(*e->ranks_.weights, e->dev(), config.strata.device_collectives);
+        agree_device_collectives(*e->ranks_.weights, e->dev(), config, e->schedule_.threaded());
     if (!agreed.ok()) return Status(agreed.status()).annotate(str_cat("rank ", ranks.rank));
     const std::string backend = *agreed;
+    // Stage 3 under a threaded schedule prefetches: its gathers' thread has
+    // communicators of its own.
+    const bool prefetches = config.zero.stage == 3 && e->schedule_.threaded();
+    const auto meet = [&](const std::string& backend_name, const std::string& suffix,
+                          std::unique_ptr<partition::Communicator>& out) -> Status {
+      partition::CommunicatorOptions m = o;
+      m.backend = backend_name;
+      m.prefix = ranks.prefix + suffix;
+      m.device = e->dev().caps().index;
+      auto made = partition::make_communicator(m);
+      if (!made.ok()) return Status(made.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks"));
+      out = std::move(made).value();
+      return Status();
+    };
+    if (prefetches) STRATA_RETURN_IF_ERROR(meet(ranks.backend, "-prefetches", e->ranks_.prefetches));
     if (!backend.empty()) {
-      o.backend = backend;
-      o.device = e->dev().caps().index;
-      for (const bool fetches : {false, true}) {
-        if (fetches && config.zero.stage != 3) break;  // the fetches gather at stage 3 only
-        o.prefix = ranks.prefix + (fetches ? "-device-fetches" : "-device");
-        auto device = partition::make_communicator(o);
-        if (!device.ok()) {
-          return Status(device.status()).annotate(str_cat("rank ", ranks.rank, ": meeting the other ranks' devices"));
-        }
-        (fetches ? e->ranks_.device_fetches : e->ranks_.device) = std::move(device).value();
-      }
+      STRATA_RETURN_IF_ERROR(meet(backend, "-device", e->ranks_.device));
+      if (config.zero.stage == 3) STRATA_RETURN_IF_ERROR(meet(backend, "-device-fetches", e->ranks_.device_fetches));
+      if (prefetches) STRATA_RETURN_IF_ERROR(meet(backend, "-device-prefetches", e->ranks_.device_prefetches));
       e->ranks_.share.device_collectives = true;
       e->ranks_.launch_order = std::make_unique<LaunchOrder>(ranks.timeout);
     }

@@ -485,6 +485,9 @@ class Engine {
     // host): the gradients' sums (the gradient path's copy thread's) and, at
     // stage 3, the fetches' gathers (the framework's thread's).
     std::unique_ptr<partition::Communicator> device, device_fetches;
+    // Stage 3 under a threaded schedule: the prefetch gathers' (their
+    // thread's; on the host, and with the collectives on the device there).
+    std::unique_ptr<partition::Communicator> prefetches, device_prefetches;
     // With them: the order their collectives are launched in, every rank's alike.
     std::unique_ptr<LaunchOrder> launch_order;
   };

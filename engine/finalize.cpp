@@ -654,7 +654,13 @@ core::Status Engine::build_step(GradientPath& gradients, std::uint64_t ring_room
                                                        .device_ranks = layout_.compute_sharded
                                                                            ? ranks_.device_fetches.get()
                                                                            : nullptr,
-                                                       .launch_order = ranks_.launch_order.get()}));
+                                                       .launch_order = ranks_.launch_order.get(),
+                                                       .prefetch_ranks = layout_.compute_sharded
+                                                                             ? ranks_.prefetches.get()
+                                                                             : nullptr,
+                                                       .device_prefetch_ranks = layout_.compute_sharded
+                                                                                    ? ranks_.device_prefetches.get()
+                                                                                    : nullptr}));
   return Status();
 }
 

@@ -1072,6 +1072,9 @@ core::Status Engine::gather_masters(const char* op, std::size_t g, std::vector<f
 void Engine::gather_compute(std::size_t g, gpu::PinnedBuffer& staging, std::span<std::byte>& whole,
                             core::Status& local) {
   const Step::TrafficPause pause(*step_);  // not step traffic
+  // The prefetch gathers in flight may be reading the homes (every rank
+  // settles its own: each reaches this call alike).
+  fetcher_->settle_prefetches();
   core::Result<std::span<std::byte>> got = homes_->gather(g, staging, step_lane(), /*pending=*/true, local);
   if (got.ok()) {
     whole = *got;

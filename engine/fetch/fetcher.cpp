@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/logging.h"
+#include "core/mutex.h"
 #include "core/str.h"
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_util.h"
@@ -18,12 +19,47 @@ namespace strata::engine {
 using core::Status;
 using core::str_cat;
 
+// A prefetch gather issued (Fetcher::issue_gathers): this rank's room for
+// the group (`buffer`, empty: it declines), its turn among the launches on
+// the device, and the outcome, written on the prefetch thread.
+struct Fetcher::Gathered {
+  gpu::DeviceBuffer buffer;
+  std::shared_ptr<gpu::Event> fence;  // the framework's last work on `buffer` (null: none)
+  std::uint64_t bytes = 0;            // the group's compute copies
+  std::unique_ptr<LaunchOrder::Turn> turn;
+  core::Mutex mu;
+  core::CondVar cv;
+  bool done STRATA_GUARDED_BY(mu) = false;
+  core::Status status STRATA_GUARDED_BY(mu);
+  // Written by the prefetch thread, read after done: every rank gathered it.
+  bool gathered = false;
+  std::shared_ptr<gpu::Event> landed;
+  StepBytes traffic;
+  void finish(core::Status s) {
+    const core::MutexLock lock(mu);
+    status = std::move(s);
+    done = true;
+    cv.notify_all();
+  }
+  core::Status wait() {
+    const core::MutexLock lock(mu);
+    cv.wait(mu, [this]() STRATA_REQUIRES(mu) { return done; });
+    return status;
+  }
+};
+
 core::Result<std::unique_ptr<Fetcher>> Fetcher::create(const Parts& parts) {
   std::unique_ptr<Fetcher> f(new Fetcher(parts));
-  // A sharded group's copy is gathered over the ranks, on the caller's
-  // thread in the framework's fetch order, the same on every rank: not on
-  // a prefetch thread, whose copies (and drops) depend on timing.
-  if (!parts.schedule.threaded() || parts.layout.compute_sharded) return f;
+  // A sharded group's copy is gathered over the ranks, in an order every
+  // rank shares: prefetched on a thread of its own that gathers the groups
+  // the learned sequence names (issue_gathers), fetched on the caller's.
+  if (!parts.schedule.threaded()) return f;
+  if (parts.layout.compute_sharded) {
+    if (parts.prefetch_ranks == nullptr) return f;
+    STRATA_ASSIGN_OR_RETURN(f->gather_stream_, parts.device.create_stream("prefetch gathers"));
+    f->gather_queue_ = std::make_unique<SerialQueue>();
+    return f;
+  }
   const auto cb = static_cast<std::uint64_t>(parts.layout.compute_bytes);
   Fetcher* self = f.get();
   STRATA_ASSIGN_OR_RETURN(
@@ -62,6 +98,11 @@ Fetcher::~Fetcher() {
 
 void Fetcher::stop() {
   prefetcher_.reset();
+  if (gather_queue_ != nullptr) {
+    gather_queue_->drain().ignore_error();  // the gathers end (their collectives on every rank)
+    drop_gathered(DropCopies::kAll);
+    gather_queue_.reset();
+  }
   resident_.reset();
 }
 
@@ -119,8 +160,145 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream)
   return hand_over(g, std::move(buffer), std::move(*landed), stream);
 }
 
+void Fetcher::issue_gathers() {
+  const FetchTrace& trace = sequence_;
+  if (gather_queue_ == nullptr || trace.empty()) return;
+  const auto cb = static_cast<std::uint64_t>(parts_.layout.compute_bytes);
+  const std::uint64_t bucket = static_cast<std::uint64_t>(parts_.config.zero.stage3_prefetch_bucket_size) * cb;
+  // Which groups: the sequence's next ones within the bucket, counted from
+  // what every rank issued alike (not from what each still holds).
+  std::uint64_t ahead = 0;
+  for (const auto& [g, c] : gathering_) ahead += c->bytes;
+  const std::vector<std::size_t>& seq = trace.learned();
+  for (std::size_t i = trace.cursor(); i < seq.size(); ++i) {
+    const std::size_t g = seq[i];
+    const GroupPlace& gp = parts_.layout.groups[g];
+    if (groups_[g].fetched || gathering_.contains(g)) continue;
+    const std::uint64_t size = static_cast<std::uint64_t>(gp.compute_elems) * cb;
+    if (ahead + size > bucket) break;
+    ahead += size;
+    auto c = std::make_unique<Gathered>();
+    c->bytes = size;
+    c->turn = std::make_unique<LaunchOrder::Turn>(parts_.device_prefetch_ranks != nullptr ? parts_.launch_order
+                                                                                          : nullptr);
+    // This rank's room: within stage3_max_live_parameters (resident copies
+    // used again later make room) and the device budget; a rank that keeps
+    // the group's copy since its release declines too (its fetch takes it
+    // back when every rank kept one).
+    if (!resident_->contains(g) &&
+        resident_->make_room(live_bytes(), size, i, sequence_) + size <= resident_->max_live_bytes()) {
+      core::Result<BufferCache<gpu::DeviceBuffer>::Fenced> b =
+          parts_.device_cache.get_fenced(size, str_cat("prefetch of group '", gp.name, "'"));
+      if (b.ok()) {
+        c->buffer = std::move(b->buffer);
+        c->fence = std::move(b->fence);
+      }
+    }
+    Gathered* raw = c.get();
+    gathering_[g] = std::move(c);
+    gather_queue_->post([this, g, raw] {
+      run_gather(g, *raw);
+      return Status();  // a failed prefetch fails its fetch, not the queue
+    });
+  }
+}
+
+void Fetcher::run_gather(std::size_t g, Gathered& c) {
+  const Parts& p = parts_;
+  const GroupPlace& gp = p.layout.groups[g];
+  const CopyLane lane{&gather_stream_, &c.traffic, TraceTrack::kPrefetch};
+  // A prefetch never gathers a stale compute copy; its writes follow the
+  // framework's last work on the buffer.
+  Status ready = waits_for_optimizer(g) ? p.runner.wait_group(g, "prefetch") : Status();
+  if (ready.ok() && c.fence != nullptr) ready = p.device.wait(gather_stream_, *c.fence);
+  TraceScope t(p.trace, TraceTrack::kPrefetch, str_cat("prefetch gather ", gp.name), c.bytes);
+  ComputeHomes::FetchVote vote;
+  vote.declines = c.buffer.empty();
+  vote.host = p.prefetch_ranks;
+  vote.gathers = &prefetch_gathers_;
+  vote.device = p.device_prefetch_ranks;
+  vote.turn = c.turn.get();
+  gpu::DeviceBuffer payload;
+  if (vote.device != nullptr && !vote.declines) {
+    // Every rank's part beside the buffer; without room for it this rank
+    // declines (before the tags: a prefetch is not worth failing the fetch).
+    const std::uint64_t parts = p.homes.bytes(g) * static_cast<std::uint64_t>(p.layout.share.ranks);
+    core::Result<gpu::DeviceBuffer> made =
+        p.device_cache.get(parts, str_cat("the ranks' parts of group '", gp.name, "'"));
+    if (made.ok()) {
+      payload = std::move(made).value();
+      vote.dst = c.buffer.span();
+      vote.payload = payload.span();
+    } else {
+      vote.declines = true;
+    }
+  }
+  gpu::PinnedBuffer staging;
+  core::Result<std::span<std::byte>> host = p.homes.gather(g, staging, lane, /*pending=*/false, std::move(ready), &vote);
+  c.turn->done();  // launched, or given up: the next launch's turn
+  Status s = host.status();
+  if (s.ok() && !vote.declined && !vote.all_kept) {
+    if (vote.device != nullptr) {
+      c.landed = std::move(vote.landed);
+      p.device_cache.put(std::move(payload), c.landed);  // the unpack reads it until the group has landed
+    } else {
+      core::Result<std::shared_ptr<gpu::Event>> landed = queue_host(*host, std::move(staging), c.buffer.span(), lane);
+      if (landed.ok()) c.landed = std::move(*landed);
+      else s = std::move(landed).status();
+    }
+    c.gathered = s.ok();
+  }
+  p.device_cache.put(std::move(payload));
+  c.finish(std::move(s));
+}
+
+core::Result<std::unique_ptr<Fetcher::Gathered>> Fetcher::take_gathered(std::size_t g) {
+  auto it = gathering_.find(g);
+  if (it == gathering_.end()) return std::unique_ptr<Gathered>();
+  std::unique_ptr<Gathered> c = std::move(it->second);
+  gathering_.erase(it);
+  Status s = c->wait();
+  if (!s.ok() || !c->gathered) {
+    // Its buffer goes back once nothing writes it.
+    if (c->landed != nullptr) parts_.device.synchronize(*c->landed).ignore_error();
+    if (!s.ok()) parts_.device.synchronize(gather_stream_).ignore_error();
+    parts_.device_cache.put(std::move(c->buffer), std::move(c->fence));
+    if (!s.ok()) return std::move(s).annotate(str_cat("prefetch of group '", parts_.layout.groups[g].name, "'"));
+  }
+  return c;
+}
+
+void Fetcher::drop_gathered(DropCopies which) {
+  for (auto it = gathering_.begin(); it != gathering_.end();) {
+    if (which == DropCopies::kUpdated && parts_.layout.groups[it->first].chunk_count == 0) {
+      ++it;  // frozen: no optimizer writes its copies
+      continue;
+    }
+    Gathered& c = *it->second;
+    c.wait().ignore_error();  // its gather (a collective) ends on every rank; then nothing writes the buffer
+    if (c.landed != nullptr) parts_.device.synchronize(*c.landed).ignore_error();
+    parts_.device.synchronize(gather_stream_).ignore_error();
+    parts_.device_cache.put(std::move(c.buffer), std::move(c.fence));
+    it = gathering_.erase(it);
+  }
+}
+
 core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream* stream) {
   const GroupPlace& gp = parts_.layout.groups[g];
+  // A prefetch gather of the group: taken when every rank gathered it (its
+  // tags said so, the same on every rank), with no further collective.
+  if (!groups_[g].fetched) {
+    STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Gathered> pre, take_gathered(g));
+    if (pre != nullptr && pre->gathered) {
+      if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {
+        parts_.device_cache.put(std::move(kept->buffer), std::move(kept->fence));
+      }
+      ++totals_.prefetched;
+      totals_.bytes += pre->traffic;
+      sequence_.note_fetch(g);
+      return hand_over(g, std::move(pre->buffer), std::move(pre->landed), stream);
+    }
+  }
   // Whatever fails on this rank before the gather is carried into it, so
   // that the others' fetches fail at once too, naming this rank (and a
   // kResourceExhausted reaches every rank alike: a framework that makes
@@ -347,6 +525,7 @@ core::Result<gpu::DeviceBuffer> Fetcher::allocate_working(std::uint64_t bytes, c
 }
 
 void Fetcher::issue_prefetches() {
+  issue_gathers();
   if (prefetcher_ == nullptr) return;
   prefetcher_->issue(sequence_, *resident_, fetched_bytes(), [this](std::size_t g) {
     return groups_[g].fetched || parts_.layout.fetched_in_place(parts_.layout.groups[g]);
@@ -355,10 +534,12 @@ void Fetcher::issue_prefetches() {
 
 void Fetcher::settle_prefetches() {
   if (prefetcher_ != nullptr) prefetcher_->drain();
+  if (gather_queue_ != nullptr) gather_queue_->drain().ignore_error();  // a failed gather fails its fetch
 }
 
 void Fetcher::drop_copies(DropCopies which) {
   if (prefetcher_ != nullptr) prefetcher_->drop(which);
+  drop_gathered(which);
   if (resident_ != nullptr) resident_->drop(which);
 }
 
@@ -369,7 +550,9 @@ std::uint64_t Fetcher::fetched_bytes() const {
 }
 
 std::uint64_t Fetcher::live_bytes() const {
-  return fetched_bytes() + (prefetcher_ != nullptr ? prefetcher_->bytes() : 0) + resident_->live_bytes();
+  std::uint64_t gathered = 0;
+  for (const auto& [g, c] : gathering_) gathered += c->buffer.size_bytes();
+  return fetched_bytes() + (prefetcher_ != nullptr ? prefetcher_->bytes() : 0) + gathered + resident_->live_bytes();
 }
 
 void Fetcher::learn_sequence() {

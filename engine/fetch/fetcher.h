@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,7 @@
 #include "engine/fetch/prefetcher.h"
 #include "engine/fetch/resident_set.h"
 #include "engine/internal/launch_order.h"
+#include "engine/internal/serial_queue.h"
 #include "engine/layout.h"
 #include "engine/schedule/schedule.h"
 #include "engine/state/copy_lane.h"
@@ -66,6 +68,11 @@ class Fetcher {
     // framework's thread's); null: they gather in host memory.
     partition::Communicator* device_ranks = nullptr;
     LaunchOrder* launch_order = nullptr;  // with device_ranks: the rank's launches' order
+    // Stage 3 over ranks, threaded schedules: the communicators the
+    // prefetches gather over, on a thread of their own (host; device, with
+    // device_ranks); null: no prefetch at stage 3 over ranks.
+    partition::Communicator* prefetch_ranks = nullptr;
+    partition::Communicator* device_prefetch_ranks = nullptr;
   };
   // The prefetcher only under a threaded schedule (its thread and stream).
   static core::Result<std::unique_ptr<Fetcher>> create(const Parts& parts);
@@ -173,6 +180,22 @@ class Fetcher {
   std::uint64_t fetched_bytes() const;
   std::uint64_t live_bytes() const;
 
+  // Stage 3 over ranks: prefetches gathered over the ranks. Every rank must
+  // gather the same groups in the same order, so which groups are gathered
+  // follows the learned sequence and the prefetch bucket alone (issued at
+  // the same calls on every rank); whether a rank has room is its own, and
+  // one without declines in the gather's tags, so that none gathers it (each
+  // rank's fetch gathers it then). A gathered copy is kept until its fetch
+  // takes it, or drop_copies drops it (calls every rank makes).
+  struct Gathered;
+  void issue_gathers();
+  // The prefetch gather of group g, on the prefetch thread.
+  void run_gather(std::size_t g, Gathered& c);
+  // Group g's prefetch gather, if one was issued (null: none): waits for
+  // it; its error, which every rank's has (the gather fails alike).
+  core::Result<std::unique_ptr<Gathered>> take_gathered(std::size_t g);
+  void drop_gathered(DropCopies which);
+
   Parts parts_;
   std::vector<Fetched> groups_;
   FetchTrace sequence_;
@@ -181,6 +204,13 @@ class Fetcher {
   Totals totals_;
   std::unique_ptr<ResidentSet> resident_;
   std::unique_ptr<Prefetcher> prefetcher_;  // threaded schedules only
+  // Stage 3 over ranks (prefetch_ranks): the gathers issued and not yet
+  // taken (by group), their thread's stream, its count of gathers, and the
+  // thread (last: it stops first).
+  std::map<std::size_t, std::unique_ptr<Gathered>> gathering_;
+  gpu::Stream gather_stream_;
+  std::uint64_t prefetch_gathers_ = 0;
+  std::unique_ptr<SerialQueue> gather_queue_;
 };
 
 }  // namespace strata::engine

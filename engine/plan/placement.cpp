@@ -108,8 +108,7 @@ struct Evaluation {
     return str_cat(groups_of(n), " x ", c, " B (",
                    !threaded           ? "the fetched one: strata.overlap \"none\" keeps none"
                    : persistent_groups ? "all: each under stage3_param_persistence_threshold"
-                   : sharded           ? "fetched and kept, within stage3_max_live_parameters (with ranks at stage 3 "
-                                         "none is prefetched)"
+                   : sharded           ? "fetched, prefetched (gathered) and kept, within stage3_max_live_parameters"
                                        : "fetched, prefetched and kept, within stage3_max_live_parameters",
                    n < window_groups ? " and the device budget" : "", ")");
   }
@@ -301,22 +300,22 @@ void add_compute_copies(Evaluation& e) {
 }
 
 // Stage 3 with the fetches gathered on the device: read_compute and export
-// still gather a group on the host, outside the step's work, in what the
-// step's staging leaves (the engine reserves the larger of the two:
-// memory_model.h's PinnedWorking::between_steps): only the part beyond the
-// step's staging counts. (A read during a step under a pinned budget that
-// tight fails with kResourceExhausted, naming it.)
+// still gather a group on the host, outside the step's work. The engine
+// reserves the larger of that and the step's working memory
+// (memory_model.h's PinnedWorking::between_steps: the staging cache gives
+// its buffers back to a tight pinned budget); without one the step's
+// staging stays cached beside it, which is what a run holds at its peak.
+// (The staging cache reuses buffers by exact size: the group unpacked takes
+// a gradient staging buffer when the rank's fp32 shard is its size.)
 void add_read_gather(Evaluation& e) {
   if (!e.sharded || !e.device_collectives) return;
-  std::uint64_t step = 0;
-  for (const char* name : {"gradient_staging", "param_staging", "optimizer_compute_view"}) {
-    step = sat_add(step, e.plan.item_bytes(Tier::kPinned, name));
-  }
-  const std::uint64_t gather = e.host_gather_bytes();
-  if (gather <= step) return;
-  e.add("rank_read_gather", Tier::kPinned, gather - step,
-        str_cat(core::format_bytes(gather), " (a group gathered on the host for read_compute or export, between steps) "
-                "less the step's staging, ", core::format_bytes(step)));
+  const std::uint64_t parts = sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes));
+  const bool reused = e.T > 0 && sat_mul(u64(e.shape.group_trainable), 4) == core::align_up(e.group_bytes, core::kDirectIoAlignment);
+  e.add("rank_read_gather", Tier::kPinned, reused ? parts : sat_add(parts, e.group_bytes),
+        str_cat(e.N, " x (", group_digits(u64(e.home)), " x ", e.c, " + ", kGatherTrailerBytes, ") B",
+                reused ? "" : str_cat(" + ", e.groups_of(1), " x ", e.c, " B"),
+                " (a group gathered on the host for read_compute or export, outside the step's work",
+                reused ? "; unpacked into a gradient staging buffer)" : ")"));
 }
 
 // The gradients: on the host, in the device's buffers, in pinned staging, and

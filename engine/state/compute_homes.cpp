@@ -267,7 +267,8 @@ core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane,
   {
     TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather on the device ", gp.name), n * home);
     const gpu::DeviceSpan spans[] = {payload};
-    LaunchOrder::Turn turn(vote.order);  // after every launch the framework's earlier calls made
+    LaunchOrder::Turn own(vote.turn != nullptr ? nullptr : vote.order);  // after the framework's earlier calls' launches
+    LaunchOrder::Turn& turn = vote.turn != nullptr ? *vote.turn : own;
     s = turn.wait();
     if (s.ok()) {
       s = device_.run_on_stream(stream, spans, [&comm, home, me](void* native, std::span<void* const> ptrs) {

@@ -128,6 +128,9 @@ class ComputeHomes {
     // payload's gather takes once the statuses agree (the caller's thread
     // must be the framework's, in its call order; null: none).
     LaunchOrder* order = nullptr;
+    // A turn taken already, in the framework's call order (a prefetch's,
+    // taken when it was issued): used instead of `order`.
+    LaunchOrder::Turn* turn = nullptr;
   };
   core::Result<std::span<std::byte>> gather(std::size_t g, gpu::PinnedBuffer& staging, const CopyLane& lane,
                                             bool pending = false, core::Status local = {},

@@ -554,6 +554,33 @@ TEST_F(RanksTest, Stage3FetchesGatherOnTheDeviceBringingUpTheRanksOwnHomeAlone) 
   for (std::size_t r = 0; r < 2; ++r) expect_same(got[0].compute[r], got[1].compute[r], "compute copies");
 }
 
+// Stage 3 under a threaded schedule prefetches: the groups the learned
+// fetch sequence names next are gathered on a thread of their own (their
+// own communicators, in an order every rank shares), and a fetch takes the
+// gathered copy without a collective of its own. Bits as one rank
+// accumulating the ranks' micro-batches.
+TEST_F(RanksTest, Stage3PrefetchesGatherTheNextGroupsOnTheirOwnThread) {
+  for (const std::string home : {"nvme", "cpu"}) {
+    Config c = stage3(config("cpu", OverlapMode::kExact), home);
+    const Outcome one = accumulate(c, 2);
+    std::vector<std::int64_t> prefetched(2, 0);
+    const Outcome many = on_ranks(c, 2, "prefetch-" + home, [&](int r, Engine& e) {
+      Framework f;
+      for (int s = 0; s < kRankSteps; ++s) {
+        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
+        ASSERT_TRUE(st.ok()) << st.status();
+        prefetched[static_cast<std::size_t>(r)] += st->prefetched;
+      }
+    });
+    EXPECT_GT(prefetched[0], 0) << home;
+    EXPECT_EQ(prefetched[0], prefetched[1]) << home;  // every rank takes the same gathered copies
+    expect_same(many.master, one.master, "masters (" + home + ")");
+    expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq (" + home + ")");
+    ASSERT_EQ(many.compute.size(), 2u);
+    for (const auto& comp : many.compute) expect_same(comp, one.compute[0], "compute copies (" + home + ")");
+  }
+}
+
 // strata.no_grad "skip" with ranks: a parameter is skipped only when no rank
 // gave it a gradient. l1.w and l1.b get none on any rank: left as they were
 // (l1.w's weight decay would show an update); l2.w gets none on rank 0

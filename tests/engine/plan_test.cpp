@@ -491,7 +491,7 @@ TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
 // gathered on the device takes every rank's shard of the group there (one
 // group's bytes) and brings up the rank's own shard alone, a quarter of what
 // a fetch gathered on the host brings up whole; the host gather's buffers
-// stay for read_compute and export, beyond what the step's staging leaves.
+// stay for read_compute and export.
 TEST(Planner, Stage3RanksGatherTheirFetchesOnTheDevice) {
   Config config = bf16_config(OffloadDevice::kCpu, OffloadDevice::kCpu);
   config.zero.stage = 3;
@@ -511,13 +511,8 @@ TEST(Planner, Stage3RanksGatherTheirFetchesOnTheDevice) {
   EXPECT_EQ(on.item_bytes(Tier::kPinned, "rank_fetch_gather"), 0u);
   EXPECT_EQ(off.item_bytes(Tier::kDevice, "device_fetch_gather"), 0u);
   EXPECT_EQ(off.item_bytes(Tier::kPinned, "rank_fetch_gather"), 4 * (home * 2 + 8) + group * 2);
-  // Between steps a read gathers on the host: what the step's staging (two
-  // shards of fp32 gradients; the pinned home needs no other) leaves.
-  const std::uint64_t staging = on.item_bytes(Tier::kPinned, "gradient_staging") +
-                                on.item_bytes(Tier::kPinned, "param_staging") +
-                                on.item_bytes(Tier::kPinned, "optimizer_compute_view");
-  EXPECT_EQ(staging, 2 * home * 4);
-  EXPECT_EQ(on.item_bytes(Tier::kPinned, "rank_read_gather"), 4 * (home * 2 + 8) + group * 2 - staging);
+  // Outside the step a read gathers on the host all the same.
+  EXPECT_EQ(on.item_bytes(Tier::kPinned, "rank_read_gather"), 4 * (home * 2 + 8) + group * 2);
   ASSERT_GT(on.traffic.host_to_device_bytes, 0u);
   EXPECT_EQ(off.traffic.host_to_device_bytes, 4 * on.traffic.host_to_device_bytes);
   EXPECT_EQ(on.traffic.network_bytes, off.traffic.network_bytes);
