@@ -327,6 +327,11 @@ struct Config {
   std::int64_t micro_batches_per_step() const { return gradient_accumulation_steps * world_size; }
 
   Precision precision = Precision::kFp32;  // from bf16.enabled / fp16.enabled
+  // "communication_data_type": what several ranks' gradients are summed in
+  // on the device (strata.device_collectives): fp32, what one rank
+  // accumulating forms bit for bit, or bf16 (half the bytes over the links,
+  // each sum rounded to bf16 once). On the host they are summed in fp32.
+  Precision communication_data_type = Precision::kFp32;
   Fp16Config fp16;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

@@ -270,7 +270,8 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     if (ranks.size > 1 && config.strata.device_collectives != DeviceCollectives::kOff &&
         partition::has_backend("nccl")) {
       // One per communicator: the sums', and at stage 3 the fetches' and the prefetches'.
-      o.extra_headroom_bytes = kNcclHeadroomBytes * (config.zero.stage == 3 ? 3 : 1);
+      const bool threaded = schedule_for(config.strata.overlap).threaded();
+      o.extra_headroom_bytes = kNcclHeadroomBytes * (config.zero.stage != 3 ? 1 : threaded ? 3 : 2);
     }
     if (o.ordinal < 0) {
       // Counted without touching them (a context on every GPU would take
@@ -359,6 +360,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
       if (config.zero.stage == 3) STRATA_RETURN_IF_ERROR(meet(backend, "-device-fetches", e->ranks_.device_fetches));
       if (prefetches) STRATA_RETURN_IF_ERROR(meet(backend, "-device-prefetches", e->ranks_.device_prefetches));
       e->ranks_.share.device_collectives = true;
+      e->ranks_.share.sum_bytes = config.communication_data_type == Precision::kFp32 ? 4 : 2;
       e->ranks_.launch_order = std::make_unique<LaunchOrder>(ranks.timeout);
     }
     e->ranks_.local_rank = local_rank;

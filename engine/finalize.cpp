@@ -403,6 +403,10 @@ std::vector<SharedSetting> shared_settings(const Config& c, const std::vector<Op
       {"optimizer.params.weight_decay", d(c.optimizer.weight_decay), str_cat(c.optimizer.weight_decay)},
       {"strata.optimizer_state.format", u(c.strata.optimizer_state.format),
        std::string(to_string(c.strata.optimizer_state.format))},
+      // Stage 3's prefetch gathers: which groups every rank gathers.
+      {"zero_optimization.stage3_prefetch_bucket_size", u(c.zero.stage3_prefetch_bucket_size),
+       str_cat(c.zero.stage3_prefetch_bucket_size)},
+      {"communication_data_type", u(c.communication_data_type), std::string(to_string(c.communication_data_type))},
   };
 }
 

@@ -123,6 +123,9 @@ struct RankShare {
   // gathers the ranks' shards there; else on the host (the gradients come
   // down whole, a fetch gathers in pinned memory).
   bool device_collectives = false;
+  // With device_collectives: the bytes of an element of the gradients' sums
+  // there (communication_data_type: 4 for fp32, 2 for bf16).
+  int sum_bytes = 4;
 };
 
 struct ChunkPlace {

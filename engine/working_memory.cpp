@@ -16,7 +16,7 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
     if (gp.trainable_elems > 0 && layout.share.ranks > 1 && layout.share.device_collectives) {
       // The rank's shard of the sum comes down in fp32 and is passed as it is
       // (GradientPath::sum_down).
-      wire = std::max(wire, static_cast<std::uint64_t>(gp.shard_elems) * 4);
+      wire = std::max(wire, static_cast<std::uint64_t>(gp.shard_elems) * static_cast<std::uint64_t>(layout.share.sum_bytes));
     } else if (gp.trainable_elems > 0) {
       // The gradients' copy down: the group's gradient buffer (GradientPath::copy_down).
       wire = std::max(wire, static_cast<std::uint64_t>(gp.gradient_elems()) * cb);
@@ -62,7 +62,8 @@ std::uint64_t device_sums_bytes(const Layout& layout, std::uint64_t align) {
   if (layout.share.ranks <= 1 || !layout.share.device_collectives) return 0;
   std::int64_t largest = 0;
   for (const GroupPlace& gp : layout.groups) largest = std::max(largest, gp.trainable_elems);
-  return largest > 0 ? core::align_up(static_cast<std::uint64_t>(largest) * 4, align) : 0;
+  return largest > 0 ? core::align_up(static_cast<std::uint64_t>(largest) * static_cast<std::uint64_t>(layout.share.sum_bytes), align)
+                     : 0;
 }
 
 RingShape ring_shape(const Layout& layout) {

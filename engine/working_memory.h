@@ -19,7 +19,7 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
 
 // Several ranks summing their gradients on the device
 // (RankShare::device_collectives): the gradient path's device buffer, the
-// largest group's trainable elements in fp32, rounded up to `align`
+// largest group's trainable elements in the sums' dtype (RankShare::sum_bytes), rounded up to `align`
 // (gpu::Device::allocate); 0 otherwise.
 std::uint64_t device_sums_bytes(const Layout& layout, std::uint64_t align);
 

@@ -196,6 +196,12 @@ Status parse_batch(ObjectReader& r, Context& ctx, Config* c) {
   } else {
     r.get_double("gradient_clipping", at_least(0), &c->gradient_clipping);
   }
+  if (r.get_enum<Precision>("communication_data_type", kPrecisionNames, &c->communication_data_type) &&
+      c->communication_data_type == Precision::kFp16) {
+    r.fail("communication_data_type",
+           "\"fp16\": strata sums gradients over the ranks in fp32 or bf16 (fp16 sums of scaled gradients "
+           "overflow); use \"bf16\" or \"fp32\"");
+  }
   return ctx.error();
 }
 
@@ -469,11 +475,11 @@ void ignore_top_level(ObjectReader& r, Context& ctx) {
       {"steps_per_print", "wall_clock_breakdown", "memory_breakdown", "dump_state", "tensorboard",
        "wandb", "csv_monitor", "comet", "comms_logger", "flops_profiler", "timers"},
       "monitoring and logging belong to the framework");
-  r.ignore({"communication_data_type", "seq_parallel_communication_data_type", "prescale_gradients",
+  r.ignore({"seq_parallel_communication_data_type", "prescale_gradients",
             "gradient_predivide_factor", "gradient_allreduce_op", "disable_allgather",
             "sparse_gradients", "sequence_parallel_size", "tensor_parallel", "expert_parallel",
             "use_data_before_expert_parallel_", "pipeline", "managed_gradient_accumulation"},
-           "communication between GPUs; strata trains on one GPU");
+           "other parallelism than data parallelism, or DeepSpeed's own gradient scaling");
   r.ignore({"activation_checkpointing", "sparse_attention", "progressive_layer_drop",
             "curriculum_learning", "data_efficiency", "compression_training", "quantize_training",
             "eigenvalue", "weight_quantization", "hybrid_engine", "compile", "torch_autocast",

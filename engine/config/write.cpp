@@ -142,6 +142,7 @@ OrderedJson to_ordered_json(const Config& c) {
   j["train_micro_batch_size_per_gpu"] = c.train_micro_batch_size_per_gpu;
   j["gradient_accumulation_steps"] = c.gradient_accumulation_steps;
   j["gradient_clipping"] = c.gradient_clipping;
+  j["communication_data_type"] = std::string(to_string(c.communication_data_type));
 
   j["optimizer"] = optimizer_json(c.optimizer);
   put_scheduler(c.scheduler, j);

@@ -99,6 +99,7 @@ Fetcher::~Fetcher() {
 void Fetcher::stop() {
   prefetcher_.reset();
   if (gather_queue_ != nullptr) {
+    stopping_ = true;
     gather_queue_->drain().ignore_error();  // the gathers end (their collectives on every rank)
     drop_gathered(DropCopies::kAll);
     gather_queue_.reset();
@@ -206,6 +207,13 @@ void Fetcher::issue_gathers() {
 void Fetcher::run_gather(std::size_t g, Gathered& c) {
   const Parts& p = parts_;
   const GroupPlace& gp = p.layout.groups[g];
+  if (stopping_.load()) {
+    // The engine closes: no rank's fetch will take it (the others stop too,
+    // or their gathers end at their timeout).
+    c.turn->done();
+    c.finish(Status::cancelled("the engine closed before the prefetch gather"));
+    return;
+  }
   const CopyLane lane{&gather_stream_, &c.traffic, TraceTrack::kPrefetch};
   // A prefetch never gathers a stale compute copy; its writes follow the
   // framework's last work on the buffer.
@@ -214,6 +222,7 @@ void Fetcher::run_gather(std::size_t g, Gathered& c) {
   TraceScope t(p.trace, TraceTrack::kPrefetch, str_cat("prefetch gather ", gp.name), c.bytes);
   ComputeHomes::FetchVote vote;
   vote.declines = c.buffer.empty();
+  vote.may_decline = true;
   vote.host = p.prefetch_ranks;
   vote.gathers = &prefetch_gathers_;
   vote.device = p.device_prefetch_ranks;
@@ -236,8 +245,14 @@ void Fetcher::run_gather(std::size_t g, Gathered& c) {
   gpu::PinnedBuffer staging;
   core::Result<std::span<std::byte>> host = p.homes.gather(g, staging, lane, /*pending=*/false, std::move(ready), &vote);
   c.turn->done();  // launched, or given up: the next launch's turn
-  Status s = host.status();
-  if (s.ok() && !vote.declined && !vote.all_kept) {
+  Status s;
+  if (!host.ok()) {
+    // Failed on every rank alike (the gather carries each rank's failure to
+    // the others): nothing gathered, and the fetch gathers it itself (and
+    // fails, named, should the cause remain).
+    STRATA_LOG(kInfo) << "the prefetch gather of group '" << gp.name << "' failed; its fetch gathers it: "
+                      << host.status();
+  } else if (!vote.declined && !vote.all_kept) {
     if (vote.device != nullptr) {
       c.landed = std::move(vote.landed);
       p.device_cache.put(std::move(payload), c.landed);  // the unpack reads it until the group has landed
@@ -290,6 +305,11 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
   if (!groups_[g].fetched) {
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<Gathered> pre, take_gathered(g));
     if (pre != nullptr && pre->gathered) {
+      if (Status s = parts_.runner.error("fetch"); !s.ok()) {  // the optimizer's failure, as fetch reports it
+        if (pre->landed != nullptr) parts_.device.synchronize(*pre->landed).ignore_error();
+        parts_.device_cache.put(std::move(pre->buffer));
+        return s;
+      }
       if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {
         parts_.device_cache.put(std::move(kept->buffer), std::move(kept->fence));
       }

@@ -17,6 +17,7 @@
 // prefetcher's copies run on its own thread and stream.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -210,6 +211,7 @@ class Fetcher {
   std::map<std::size_t, std::unique_ptr<Gathered>> gathering_;
   gpu::Stream gather_stream_;
   std::uint64_t prefetch_gathers_ = 0;
+  std::atomic<bool> stopping_{false};  // stop(): the gathers still queued are skipped
   std::unique_ptr<SerialQueue> gather_queue_;
 };
 

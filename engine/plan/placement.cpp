@@ -140,6 +140,9 @@ struct Evaluation {
   // (strata.device_collectives): each rank's fp32 shard of the gradients'
   // sum comes down, and at stage 3 a fetch gathers on the device.
   bool device_collectives = false;
+  // Bytes of an element of the gradients' sums: 4, or with the collectives
+  // on the device and communication_data_type bf16, 2.
+  std::uint64_t sb = 4;
   std::int64_t home = 0;         // a trainable group's home on this rank (elements): the group, or its shard
   std::int64_t L = 0;            // layers (fetch groups)
   std::uint64_t c = 0;           // bytes of a compute copy's element
@@ -213,6 +216,7 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   // has a library for them (the host device's Gloo, or NCCL with CUDA),
   // whatever the build that plans (ranks that share a GPU aside).
   device_collectives = N > 1 && cfg.strata.device_collectives != DeviceCollectives::kOff;
+  sb = device_collectives && cfg.communication_data_type != Precision::kFp32 ? 2 : 4;
   const OptimizerSplit split = split_optimizer_state(T_rank, pl.optimizer_device, pl.optimizer_ratio,
                                                      pl.optimizer_cpu_fraction);
   t_gpu = split.device_elems;
@@ -310,7 +314,7 @@ void add_compute_copies(Evaluation& e) {
 void add_read_gather(Evaluation& e) {
   if (!e.sharded || !e.device_collectives) return;
   const std::uint64_t parts = sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes));
-  const bool reused = e.T > 0 && sat_mul(u64(e.shape.group_trainable), 4) == core::align_up(e.group_bytes, core::kDirectIoAlignment);
+  const bool reused = e.T > 0 && sat_mul(u64(e.shape.group_trainable), e.sb) == core::align_up(e.group_bytes, core::kDirectIoAlignment);
   e.add("rank_read_gather", Tier::kPinned, reused ? parts : sat_add(parts, e.group_bytes),
         str_cat(e.N, " x (", group_digits(u64(e.home)), " x ", e.c, " + ", kGatherTrailerBytes, ") B",
                 reused ? "" : str_cat(" + ", e.groups_of(1), " x ", e.c, " B"),
@@ -341,8 +345,9 @@ void add_gradients(Evaluation& e) {
     // staging buffer (returned by then), not memory of its own.
     const std::uint64_t padded = u64(e.shape.group_padded), shard = u64(e.shape.group_trainable);
     if (e.device_collectives) {
-      e.add("device_gradient_sums", Tier::kDevice, sat_mul(padded, 4),
-            str_cat(group_digits(padded), " x 4 B (a group's fp32 gradients, summed over the ranks in place)"));
+      e.add("device_gradient_sums", Tier::kDevice, sat_mul(padded, e.sb),
+            str_cat(group_digits(padded), " x ", e.sb, " B (a group's ", e.sb == 4 ? "fp32" : "bf16",
+                    " gradients, summed over the ranks in place)"));
     } else {
       const std::uint64_t sum = sat_mul(shard, 4) == e.group_bytes ? 0 : sat_mul(shard, 4);
       e.add("rank_gradient_sums", Tier::kPinned, sat_add(sat_mul(padded, 4), sum),
@@ -383,9 +388,9 @@ void add_gradients(Evaluation& e) {
     // The rank's fp32 shard of a group's sum, in its pass, and threaded the
     // next one's landing.
     const std::int64_t shards = views_held || !e.threaded ? 1 : 2;
-    e.add("gradient_staging", Tier::kPinned, sat_mul(u64(e.shape.group_trainable), u64(4 * shards)),
-          str_cat(shards, " x ", group_digits(e.shape.group_trainable),
-                  " x 4 B (the rank's shard of a group's gradients summed on the device, in its pass",
+    e.add("gradient_staging", Tier::kPinned, sat_mul(u64(e.shape.group_trainable), e.sb * u64(shards)),
+          str_cat(shards, " x ", group_digits(e.shape.group_trainable), " x ", e.sb,
+                  " B (the rank's shard of a group's gradients summed on the device, in its pass",
                   shards > 1 ? ", and the next one's coming down)" : ")"));
   }
   const std::int64_t staged = e.device_collectives ? 0 : views_held ? 1 : e.N > 1 ? 2 : 3;
@@ -454,7 +459,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
   const std::uint64_t chunk = u64(e.shape.chunk);
   WorkingShape w;
   if (e.T > 0 && e.device_collectives) {
-    w.wire_bytes = sat_mul(u64(e.shape.group_trainable), 4);  // the rank's shard of the sum, fp32
+    w.wire_bytes = sat_mul(u64(e.shape.group_trainable), e.sb);  // the rank's shard of the sum
   } else if (e.T > 0) {
     w.wire_bytes = e.trainable_part_bytes;  // the copy down: a group's trainable range
     w.packed_bytes = sat_mul(u64(e.shape.group_trainable), e.c);
@@ -695,7 +700,7 @@ StepTraffic step_traffic(const Evaluation& e) {
           : 0;
   // Summed on the device, the rank's fp32 shard of each micro-batch's sum.
   const std::uint64_t gradients_down =
-      sat_mul(e.device_collectives ? sat_mul(4, u64(e.T_rank)) : sat_mul(c, u64(T)), accum);
+      sat_mul(e.device_collectives ? sat_mul(e.sb, u64(e.T_rank)) : sat_mul(c, u64(T)), accum);
   // Stage 3 over ranks: a fetch reads the rank's shard from its home (and
   // gathers the others' over the network); the optimizer writes its shard.
   const std::uint64_t fetches = e.fetches_copy && e.group > 0 ? fetch / sat_mul(u64(e.group), c) : 0;
@@ -733,7 +738,7 @@ StepTraffic step_traffic(const Evaluation& e) {
         e.sharded ? sat_add(sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTrailerBytes, sat_mul(u64(e.home), c))),
                             tags)
                   : sat_mul(padded, c);
-    const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, 4), accum), copies);
+    const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, e.sb), accum), copies);
     tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);
   }
   if (home_nvme) {

@@ -136,11 +136,17 @@ core::Result<std::span<std::byte>> ComputeHomes::gather(std::size_t g, gpu::Pinn
     return Status();
   };
   const bool kept = vote != nullptr && vote->kept;
-  const bool declines = vote != nullptr && vote->declines;
+  bool declines = vote != nullptr && vote->declines;
   const bool on_device = vote != nullptr && vote->device != nullptr && !pending;
   partition::Communicator& host = vote != nullptr && vote->host != nullptr ? *vote->host : *ranks_;
   std::uint64_t& gathers = vote != nullptr && vote->gathers != nullptr ? *vote->gathers : gathers_;
-  if (local.ok() && !kept && !declines && !on_device) local = take_buffers();
+  if (local.ok() && !kept && !declines && !on_device) {
+    local = take_buffers();
+    if (local.code() == core::StatusCode::kResourceExhausted && vote != nullptr && vote->may_decline) {
+      local = Status();
+      declines = true;
+    }
+  }
   // First every rank's tag (small, fixed size whatever the group): the
   // group, this gather's number, the bytes, the rank's status and its vote.
   // Ranks that gather other groups or failed stop here, every one of them,

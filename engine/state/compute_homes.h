@@ -124,6 +124,9 @@ class ComputeHomes {
     std::uint64_t* gathers = nullptr;
     bool declines = false;
     bool declined = false;
+    // A prefetch: a rank short of pinned memory for the gather declines
+    // rather than failing every rank's gather.
+    bool may_decline = false;
     // On the device: the order of the rank's launches, whose ticket the
     // payload's gather takes once the statuses agree (the caller's thread
     // must be the framework's, in its call order; null: none).

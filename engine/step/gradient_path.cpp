@@ -37,7 +37,8 @@ core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& pa
     std::int64_t largest = 0;
     for (const GroupPlace& gp : l.groups) largest = std::max(largest, gp.trainable_elems);
     if (largest > 0) {
-      STRATA_ASSIGN_OR_RETURN(p->sums_, parts.device.allocate(static_cast<std::uint64_t>(largest) * 4,
+      STRATA_ASSIGN_OR_RETURN(p->sums_, parts.device.allocate(static_cast<std::uint64_t>(largest) *
+                                                                  static_cast<std::uint64_t>(l.share.sum_bytes),
                                                               "gradients to sum over the ranks"));
     }
   } else {
@@ -203,11 +204,14 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
   const gpu::ElemType compute = gpu_type(layout.compute_bytes, parts_.precision);
   gpu::Device& d = parts_.device;
   gpu::Stream& stream = *lane.stream;
-  const gpu::DeviceSpan sums = sums_.subspan(0, static_cast<std::uint64_t>(gp.trainable_elems) * 4);
+  // The sums' dtype (communication_data_type): fp32, or bf16.
+  const auto sb = static_cast<std::uint64_t>(layout.share.sum_bytes);
+  const gpu::ElemType sum_type = sb == 4 ? gpu::ElemType::kF32 : gpu::ElemType::kBf16;
+  const gpu::DeviceSpan sums = sums_.subspan(0, static_cast<std::uint64_t>(gp.trainable_elems) * sb);
   {
-    // The trainable layout in fp32 (exact from bf16 and fp16, as the host's
-    // pass converts): parameters adjacent in both layouts converted as one
-    // run, the padding between runs zeroed.
+    // The trainable layout in the sums' dtype (fp32: exact from bf16 and
+    // fp16, as the host's pass converts): parameters adjacent in both
+    // layouts converted as one run, the padding between runs zeroed.
     TraceScope t(parts_.trace, lane.track, str_cat("pack ", gp.name), sums.size_bytes());
     std::vector<std::size_t> order;
     for (std::size_t pi : gp.params) {
@@ -218,9 +222,9 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
     });
     const auto zero = [&](std::int64_t from, std::int64_t to) {
       if (to <= from) return Status();
-      return d.fill(stream, gpu::typed(sums.subspan(static_cast<std::uint64_t>(from - gp.trainable_begin) * 4,
-                                                    static_cast<std::uint64_t>(to - from) * 4),
-                                       gpu::ElemType::kF32),
+      return d.fill(stream, gpu::typed(sums.subspan(static_cast<std::uint64_t>(from - gp.trainable_begin) * sb,
+                                                    static_cast<std::uint64_t>(to - from) * sb),
+                                       sum_type),
                     0.0f);
     };
     std::int64_t at = gp.trainable_begin;  // the next element of the trainable layout to write
@@ -236,12 +240,12 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
         n += layout.params[order[j]].numel();
       }
       STRATA_RETURN_IF_ERROR(zero(at, first.trainable_offset));
-      const gpu::DeviceSpan dst = sums.subspan(static_cast<std::uint64_t>(first.trainable_offset - gp.trainable_begin) * 4,
-                                               static_cast<std::uint64_t>(n) * 4);
+      const gpu::DeviceSpan dst = sums.subspan(static_cast<std::uint64_t>(first.trainable_offset - gp.trainable_begin) * sb,
+                                               static_cast<std::uint64_t>(n) * sb);
       const gpu::DeviceSpan src = grad.subspan(
           static_cast<std::uint64_t>(first.compute_offset - gp.trainable_compute_begin) * cb,
           static_cast<std::uint64_t>(n) * cb);
-      STRATA_RETURN_IF_ERROR(d.convert(stream, gpu::typed(dst, gpu::ElemType::kF32), gpu::typed(src, compute)));
+      STRATA_RETURN_IF_ERROR(d.convert(stream, gpu::typed(dst, sum_type), gpu::typed(src, compute)));
       at = first.trainable_offset + n;
       i = j;
     }
@@ -251,7 +255,8 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
   // shard of the gradients was.
   partition::Communicator& comm = *parts_.device_ranks;
   const auto shard = static_cast<std::size_t>(gp.shard_elems);
-  const std::uint64_t shard_bytes = static_cast<std::uint64_t>(shard) * 4;
+  const std::uint64_t shard_bytes = static_cast<std::uint64_t>(shard) * sb;
+  const partition::DType wire_type = sb == 4 ? partition::DType::kF32 : partition::DType::kBf16;
   const std::uint64_t own = static_cast<std::uint64_t>(comm.rank()) * shard_bytes;
   {
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter on the device ", gp.name),
@@ -259,10 +264,9 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
     const gpu::DeviceSpan spans[] = {sums};
     Status s = turn != nullptr ? turn->wait() : Status();
     if (s.ok()) {
-      s = d.run_on_stream(stream, spans, [&comm, shard, own](void* native, std::span<void* const> ptrs) {
+      s = d.run_on_stream(stream, spans, [&comm, shard, own, wire_type](void* native, std::span<void* const> ptrs) {
         auto* base = static_cast<std::byte*>(ptrs[0]);
-        return comm.reduce_scatter(base, base + own, shard, partition::DType::kF32, partition::ReduceOp::kSum,
-                                   native);
+        return comm.reduce_scatter(base, base + own, shard, wire_type, partition::ReduceOp::kSum, native);
       });
     }
     if (turn != nullptr) turn->done();
@@ -280,8 +284,9 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
 
 core::Status GradientPath::pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step) {
   if (sums_on_device()) {
-    // The rank's shard of this micro-batch's sum, in fp32.
-    Status s = pass_sum(g, wire.data(), micro_step);
+    // The rank's shard of this micro-batch's sum, in the sums' dtype.
+    Status s = pass_sum(g, wire.data(), parts_.layout.share.sum_bytes == 4 ? adam::ElemType::kF32 : adam::ElemType::kBf16,
+                        micro_step);
     parts_.pinned_cache.put(std::move(wire));
     return s;
   }
@@ -353,12 +358,12 @@ core::Status GradientPath::reduce_over_ranks(std::size_t g, const std::byte* loc
       return std::move(s).annotate(str_cat("the gradients of group '", gp.name, "'"));
     }
   }
-  Status s = pass_sum(g, sum.data(), micro_step);
+  Status s = pass_sum(g, sum.data(), adam::ElemType::kF32, micro_step);
   parts_.pinned_cache.put(std::move(sum));
   return s;
 }
 
-core::Status GradientPath::pass_sum(std::size_t g, const std::byte* sum, int micro_step) {
+core::Status GradientPath::pass_sum(std::size_t g, const std::byte* sum, adam::ElemType sum_type, int micro_step) {
   // The rank's shard of the sum over the ranks, passed into (or, after the
   // first micro-batch, added to) its host gradients. After the last
   // micro-batch the partials and flag of the shard's sums are every rank's
@@ -379,7 +384,7 @@ core::Status GradientPath::pass_sum(std::size_t g, const std::byte* sum, int mic
   const std::size_t first_block = static_cast<std::size_t>(gp.trainable_begin / kBlock);
   const std::size_t own_block = static_cast<std::size_t>(gp.shard_begin / kBlock);
   adam::GradPassArgs a;
-  a.src = {sum, adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
+  a.src = {sum, sum_type, static_cast<std::int64_t>(shard)};
   a.dst = {shard_grads(g), adam::ElemType::kF32, static_cast<std::int64_t>(shard)};
   a.accumulate = micro_step > 0;
   a.norm_partials = partials.subspan(own_block, blocks);

@@ -182,11 +182,11 @@ class GradientPath {
   // micro-batch in `local` (the trainable layout) summed over the ranks into
   // the rank's shard, then pass_sum.
   core::Status reduce_over_ranks(std::size_t g, const std::byte* local, int micro_step);
-  // Several ranks: the rank's fp32 shard of this micro-batch's sum over the
-  // ranks passed into its host gradients (accumulated after the first
+  // Several ranks: the rank's shard of this micro-batch's sum over the
+  // ranks (fp32, or bf16: communication_data_type) passed into its host gradients (accumulated after the first
   // micro-batch), and after the last one every rank's partials and flag
   // gathered.
-  core::Status pass_sum(std::size_t g, const std::byte* sum, int micro_step);
+  core::Status pass_sum(std::size_t g, const std::byte* sum, adam::ElemType sum_type, int micro_step);
   void fail(const core::Status& s);
   // A submitted group's gradients are through their pass (or given up).
   void passed(std::int64_t elems);

@@ -519,6 +519,46 @@ TEST_F(RanksTest, GradientsSummedOnTheDeviceOrTheHostGiveTheSameBitsTheDeviceSen
   }
 }
 
+// communication_data_type "bf16": the gradients summed on the device in
+// bf16 (each micro-batch's sum rounded to bf16 once: rank order on the host
+// device's Gloo), half the bytes down; reruns bit-identical, the norms
+// within bf16's rounding of fp32 sums'.
+TEST_F(RanksTest, CommunicationDataTypeBf16SumsInBf16HalfTheBytesDown) {
+  std::vector<std::vector<double>> norms;
+  std::vector<Outcome> got;
+  for (const auto& [type, run] : {std::pair{Precision::kFp32, "fp32"}, std::pair{Precision::kBf16, "bf16-a"},
+                                  std::pair{Precision::kBf16, "bf16-b"}}) {
+    Config c = config("cpu", OverlapMode::kExact);
+    c.communication_data_type = type;
+    std::vector<double> seen;
+    got.push_back(on_ranks(c, 2, core::str_cat("comm-", run), [&, type](int r, Engine& e) {
+      std::uint64_t down = 0;
+      for (const GroupPlace& gp : e.layout().groups) {
+        down += static_cast<std::uint64_t>(gp.shard_elems) * (type == Precision::kFp32 ? 4 : 2);
+      }
+      Framework f;
+      for (int s = 0; s < kRankSteps; ++s) {
+        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
+        ASSERT_TRUE(st.ok()) << st.status();
+        if (s > 0) {
+          EXPECT_EQ(st->bytes.d2h, down) << "step " << s;
+        }
+        if (r == 0) seen.push_back(st->grad_norm);
+      }
+    }));
+    norms.push_back(seen);
+  }
+  ASSERT_EQ(norms[0].size(), static_cast<std::size_t>(kRankSteps));
+  EXPECT_EQ(norms[1], norms[2]);  // reruns alike
+  expect_same(got[1].master, got[2].master, "masters of two bf16 runs");
+  bool differs = false;
+  for (std::size_t s = 0; s < norms[0].size(); ++s) {
+    EXPECT_NEAR(norms[1][s], norms[0][s], 1e-2 * norms[0][s]) << "step " << s;
+    differs = differs || norms[1][s] != norms[0][s];
+  }
+  EXPECT_TRUE(differs);  // the sums were rounded to bf16
+}
+
 // Stage 3 with the collectives on the device: a fetch brings up the rank's
 // own home alone and gathers the ranks' there (the host device's Gloo over
 // its memory), then unpacks it into the fetched buffer; on the host ("off")
@@ -558,10 +598,21 @@ TEST_F(RanksTest, Stage3FetchesGatherOnTheDeviceBringingUpTheRanksOwnHomeAlone) 
 // fetch sequence names next are gathered on a thread of their own (their
 // own communicators, in an order every rank shares), and a fetch takes the
 // gathered copy without a collective of its own. Bits as one rank
-// accumulating the ranks' micro-batches.
+// accumulating the ranks' micro-batches, under "exact" and "delayed", the
+// gathers on the device or the host.
 TEST_F(RanksTest, Stage3PrefetchesGatherTheNextGroupsOnTheirOwnThread) {
-  for (const std::string home : {"nvme", "cpu"}) {
-    Config c = stage3(config("cpu", OverlapMode::kExact), home);
+  struct Case {
+    std::string home;
+    OverlapMode overlap;
+    DeviceCollectives collectives;
+  };
+  for (const Case& k : {Case{"nvme", OverlapMode::kExact, DeviceCollectives::kAuto},
+                       Case{"cpu", OverlapMode::kExact, DeviceCollectives::kOff},
+                       Case{"nvme", OverlapMode::kDelayed, DeviceCollectives::kAuto}}) {
+    const std::string home = k.home + "-" + std::string(to_string(k.overlap)) + "-" +
+                             std::string(to_string(k.collectives));
+    Config c = stage3(config("cpu", k.overlap), k.home);
+    c.strata.device_collectives = k.collectives;
     const Outcome one = accumulate(c, 2);
     std::vector<std::int64_t> prefetched(2, 0);
     const Outcome many = on_ranks(c, 2, "prefetch-" + home, [&](int r, Engine& e) {

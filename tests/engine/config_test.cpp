@@ -1002,6 +1002,9 @@ TEST(Config, StrataErrorsNameKeyAndValue) {
                {"strata.nonfinite: \"ignore\" is not one of skip, error, apply"});
   expect_error(doc(R"("strata": {"no_grad": "accumulate"})"),
                {"strata.no_grad: \"accumulate\" is not one of skip, zero"});
+  expect_error(doc(R"("communication_data_type": "fp16")"), {"communication_data_type: \"fp16\": strata sums"});
+  expect_error(doc(R"("communication_data_type": "int8")"),
+               {"communication_data_type: \"int8\" is not one of fp32, bf16, fp16"});
   expect_error(doc(R"("strata": {"device_collectives": "nccl"})"),
                {"strata.device_collectives: \"nccl\" is not one of auto, on, off"});
   expect_error(doc(R"("strata": {"seed": -1})"), {"strata.seed: -1 must be >= 0"});

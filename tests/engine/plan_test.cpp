@@ -472,6 +472,18 @@ TEST(Planner, RanksShardTheOptimizerStateAndGradients) {
     EXPECT_EQ(q.traffic.device_to_host_bytes, 2 * t);
     EXPECT_EQ(q.traffic.network_bytes, p.traffic.network_bytes);
   }
+  {
+    // communication_data_type bf16: the sums on the device in bf16, half the bytes.
+    Config half = config;
+    half.communication_data_type = Precision::kBf16;
+    core::Result<Plan> h = make_plan(half, params_model(T, 4), machine(80 * kGiB, 512 * kGiB, 4000 * kGiB), options);
+    ASSERT_TRUE(h.ok()) << h.status();
+    const PlacementPlan& q = h->configured;
+    EXPECT_EQ(q.item_bytes(Tier::kDevice, "device_gradient_sums"), 2 * group);
+    EXPECT_EQ(q.item_bytes(Tier::kPinned, "gradient_staging"), 2 * (2 * group / 4));
+    EXPECT_EQ(q.traffic.device_to_host_bytes, 2 * shard);
+    EXPECT_EQ(q.traffic.network_bytes, (2 + 2) * t / 4 * 3);
+  }
   EXPECT_EQ(p.ranks_per_node, 4);
   // One machine's RAM and disk are shared by its four ranks (margins too).
   EXPECT_EQ(p.tier(Tier::kPinned).capacity_bytes, 128 * kGiB);
