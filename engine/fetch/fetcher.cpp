@@ -9,6 +9,7 @@
 #include "core/mutex.h"
 #include "core/str.h"
 #include "engine/internal/buffer_cache.h"
+#include "engine/internal/done_latch.h"
 #include "engine/internal/engine_util.h"
 #include "engine/state/compute_homes.h"
 #include "engine/step/gradient_path.h"
@@ -27,25 +28,11 @@ struct Fetcher::Gathered {
   std::shared_ptr<gpu::Event> fence;  // the framework's last work on `buffer` (null: none)
   std::uint64_t bytes = 0;            // the group's compute copies
   std::unique_ptr<LaunchOrder::Turn> turn;
-  core::Mutex mu;
-  core::CondVar cv;
-  bool done STRATA_GUARDED_BY(mu) = false;
-  core::Status status STRATA_GUARDED_BY(mu);
+  DoneLatch done;
   // Written by the prefetch thread, read after done: every rank gathered it.
   bool gathered = false;
   std::shared_ptr<gpu::Event> landed;
   StepBytes traffic;
-  void finish(core::Status s) {
-    const core::MutexLock lock(mu);
-    status = std::move(s);
-    done = true;
-    cv.notify_all();
-  }
-  core::Status wait() {
-    const core::MutexLock lock(mu);
-    cv.wait(mu, [this]() STRATA_REQUIRES(mu) { return done; });
-    return status;
-  }
 };
 
 core::Result<std::unique_ptr<Fetcher>> Fetcher::create(const Parts& parts) {
@@ -211,7 +198,7 @@ void Fetcher::run_gather(std::size_t g, Gathered& c) {
     // The engine closes: no rank's fetch will take it (the others stop too,
     // or their gathers end at their timeout).
     c.turn->done();
-    c.finish(Status::cancelled("the engine closed before the prefetch gather"));
+    c.done.finish(Status::cancelled("the engine closed before the prefetch gather"));
     return;
   }
   const CopyLane lane{&gather_stream_, &c.traffic, TraceTrack::kPrefetch};
@@ -264,7 +251,7 @@ void Fetcher::run_gather(std::size_t g, Gathered& c) {
     c.gathered = s.ok();
   }
   p.device_cache.put(std::move(payload));
-  c.finish(std::move(s));
+  c.done.finish(std::move(s));
 }
 
 core::Result<std::unique_ptr<Fetcher::Gathered>> Fetcher::take_gathered(std::size_t g) {
@@ -272,7 +259,7 @@ core::Result<std::unique_ptr<Fetcher::Gathered>> Fetcher::take_gathered(std::siz
   if (it == gathering_.end()) return std::unique_ptr<Gathered>();
   std::unique_ptr<Gathered> c = std::move(it->second);
   gathering_.erase(it);
-  Status s = c->wait();
+  Status s = c->done.wait();
   if (!s.ok() || !c->gathered) {
     // Its buffer goes back once nothing writes it.
     if (c->landed != nullptr) parts_.device.synchronize(*c->landed).ignore_error();
@@ -290,7 +277,7 @@ void Fetcher::drop_gathered(DropCopies which) {
       continue;
     }
     Gathered& c = *it->second;
-    c.wait().ignore_error();  // its gather (a collective) ends on every rank; then nothing writes the buffer
+    c.done.wait().ignore_error();  // its gather (a collective) ends on every rank; then nothing writes the buffer
     if (c.landed != nullptr) parts_.device.synchronize(*c.landed).ignore_error();
     parts_.device.synchronize(gather_stream_).ignore_error();
     parts_.device_cache.put(std::move(c.buffer), std::move(c.fence));

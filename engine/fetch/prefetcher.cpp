@@ -1,7 +1,7 @@
 #include "engine/fetch/prefetcher.h"
 
-#include "core/mutex.h"
 #include "core/str.h"
+#include "engine/internal/done_latch.h"
 
 namespace strata::engine {
 
@@ -11,27 +11,14 @@ using core::str_cat;
 // One prefetched group: its device buffer and the copy's outcome.
 struct Prefetcher::Copy {
   gpu::DeviceBuffer buffer;
-  core::Mutex mu;
-  core::CondVar cv;
-  bool done STRATA_GUARDED_BY(mu) = false;
-  core::Status status STRATA_GUARDED_BY(mu);
+  DoneLatch done;
   StepBytes bytes;                      // written by the copy, read after done
   std::shared_ptr<gpu::Event> landed;   // after the queued copy; written by the copy, read after done
   void finish(core::Result<std::shared_ptr<gpu::Event>> r) {
-    const core::MutexLock lock(mu);
-    if (r.ok()) {
-      landed = std::move(*r);
-    } else {
-      status = std::move(r).status();
-    }
-    done = true;
-    cv.notify_all();
+    if (r.ok()) landed = std::move(*r);
+    done.finish(r.status());
   }
-  core::Status wait() {
-    const core::MutexLock lock(mu);
-    cv.wait(mu, [this]() STRATA_REQUIRES(mu) { return done; });
-    return status;
-  }
+  core::Status wait() { return done.wait(); }
 };
 
 core::Result<std::unique_ptr<Prefetcher>> Prefetcher::create(gpu::Device& device, const Layout& layout,
