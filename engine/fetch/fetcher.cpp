@@ -151,6 +151,10 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream)
 void Fetcher::issue_gathers() {
   const FetchTrace& trace = sequence_;
   if (gather_queue_ == nullptr || trace.empty()) return;
+  // Gathers of groups the step will not fetch again (the fetches left the
+  // sequence behind them) go: they would hold their memory and the bucket.
+  // The sequence and its cursor are every rank's alike, and so is this.
+  drop_gathered_if([&](std::size_t g) { return trace.next_use(g) == SIZE_MAX; });
   const auto cb = static_cast<std::uint64_t>(parts_.layout.compute_bytes);
   const std::uint64_t bucket = static_cast<std::uint64_t>(parts_.config.zero.stage3_prefetch_bucket_size) * cb;
   // Which groups: the sequence's next ones within the bucket, counted from
@@ -271,9 +275,15 @@ core::Result<std::unique_ptr<Fetcher::Gathered>> Fetcher::take_gathered(std::siz
 }
 
 void Fetcher::drop_gathered(DropCopies which) {
+  drop_gathered_if([&](std::size_t g) {
+    return which != DropCopies::kUpdated || parts_.layout.groups[g].chunk_count > 0;  // frozen: no optimizer writes it
+  });
+}
+
+void Fetcher::drop_gathered_if(const std::function<bool(std::size_t)>& drop) {
   for (auto it = gathering_.begin(); it != gathering_.end();) {
-    if (which == DropCopies::kUpdated && parts_.layout.groups[it->first].chunk_count == 0) {
-      ++it;  // frozen: no optimizer writes its copies
+    if (!drop(it->first)) {
+      ++it;
       continue;
     }
     Gathered& c = *it->second;

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -196,6 +197,8 @@ class Fetcher {
   // it; its error, which every rank's has (the gather fails alike).
   core::Result<std::unique_ptr<Gathered>> take_gathered(std::size_t g);
   void drop_gathered(DropCopies which);
+  // Drops the gathers of the groups `drop` names, once each has ended.
+  void drop_gathered_if(const std::function<bool(std::size_t)>& drop);
 
   Parts parts_;
   std::vector<Fetched> groups_;
