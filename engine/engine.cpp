@@ -29,6 +29,7 @@
 #include "gpu/cuda_device.h"
 #include "gpu/device_query.h"
 #include "gpu/host_device.h"
+#include "nvme/crc64.h"
 #include "nvme/swap_store.h"
 
 namespace strata::engine {
@@ -43,6 +44,11 @@ constexpr std::uint64_t kUnlimited = core::MemoryBudget::kUnlimited;
 // left outside a derived arena besides the CUDA device's 1 GiB (also where
 // the ranks then find they share a GPU and run their collectives on the host).
 constexpr std::uint64_t kNcclHeadroomBytes = 1ull << 30;
+
+// Several ranks with the collectives on the device: the communicators of
+// device buffers a rank makes (Engine::create): the gradients' sums', and
+// at stage 3 the fetches' and, under a threaded schedule, the prefetches'.
+int device_communicators(std::int64_t stage, bool threaded) { return stage != 3 ? 1 : threaded ? 3 : 2; }
 
 // Several ranks: the collective library that runs this rank's collectives
 // on its device (strata.device_collectives), "" for none (on the host), or
@@ -74,9 +80,8 @@ std::int64_t gpu_key(const gpu::Device& device) {
     if (std::fgets(boot, sizeof boot, f) != nullptr) machine += boot;
     std::fclose(f);
   }
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the machine and the PCI location
-  for (const char c : machine) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
-  for (int b = 0; b < 8; ++b) h = (h ^ ((device.caps().pci_location >> (8 * b)) & 0xff)) * 0x100000001b3ull;
+  const std::uint64_t pci = device.caps().pci_location;
+  const std::uint64_t h = nvme::crc64(nvme::crc64(0, std::as_bytes(std::span(machine))), std::as_bytes(std::span(&pci, 1)));
   return static_cast<std::int64_t>(h | 1);  // never 0
 }
 
@@ -110,8 +115,8 @@ core::Result<std::string> agree_device_collectives(partition::Communicator& comm
   const int me = comm.rank();
   for (std::size_t k = 0; k < n; ++k) {
     const std::int64_t* t = all.data() + kFields * k;
-    const auto shape = [](const std::int64_t* x) { return x[3] == 3 ? 1 + x[4] : 0; };  // the communicators made
-    if (t[0] != 3 && shape(t) != shape(mine.data())) {
+    const auto made = [](const std::int64_t* x) { return device_communicators(x[3], x[4] != 0); };
+    if (t[0] != 3 && made(t) != made(mine.data())) {
       return Status::failed_precondition(str_cat(
           "ranks: rank ", k, " runs zero_optimization.stage ", t[3], (t[4] != 0 ? " under a threaded" : " under the"),
           " strata.overlap", (t[4] != 0 ? "" : " \"none\""), " and rank ", me, " stage ", mine[3],
@@ -269,9 +274,9 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     // communicators connect: a derived arena leaves them room.
     if (ranks.size > 1 && config.strata.device_collectives != DeviceCollectives::kOff &&
         partition::has_backend("nccl")) {
-      // One per communicator: the sums', and at stage 3 the fetches' and the prefetches'.
-      const bool threaded = schedule_for(config.strata.overlap).threaded();
-      o.extra_headroom_bytes = kNcclHeadroomBytes * (config.zero.stage != 3 ? 1 : threaded ? 3 : 2);
+      o.extra_headroom_bytes =
+          kNcclHeadroomBytes * static_cast<std::uint64_t>(device_communicators(
+                                   config.zero.stage, schedule_for(config.strata.overlap).threaded()));
     }
     if (o.ordinal < 0) {
       // Counted without touching them (a context on every GPU would take
@@ -341,7 +346,7 @@ core::Result<std::unique_ptr<Engine>> Engine::create(const Config& config,
     if (!agreed.ok()) return Status(agreed.status()).annotate(str_cat("rank ", ranks.rank));
     const std::string backend = *agreed;
     // Stage 3 under a threaded schedule prefetches: its gathers' thread has
-    // communicators of its own.
+    // communicators of its own (device_communicators counts the device's).
     const bool prefetches = config.zero.stage == 3 && e->schedule_.threaded();
     const auto meet = [&](const std::string& backend_name, const std::string& suffix,
                           std::unique_ptr<partition::Communicator>& out) -> Status {

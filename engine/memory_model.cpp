@@ -13,6 +13,14 @@ std::uint64_t ring_slot_bytes(const OptimizerSpec& spec, std::int64_t chunk_elem
   return core::align_up(spec.state_bytes(elems), core::kDirectIoAlignment);
 }
 
+std::uint64_t gather_payload_bytes(std::uint64_t ranks, std::uint64_t home_bytes) {
+  std::uint64_t block = 0, all = 0;
+  if (__builtin_add_overflow(home_bytes, kGatherTrailerBytes, &block) || __builtin_mul_overflow(ranks, block, &all)) {
+    return std::numeric_limits<std::uint64_t>::max();
+  }
+  return all;
+}
+
 PinnedWorking pinned_working(const WorkingShape& shape, bool threaded, bool early_jobs) {
   PinnedWorking w;
   // A copy down lands in a wire buffer; the pass packs it into the trainable

@@ -56,6 +56,9 @@ inline constexpr int kGradientCopiesInFlight = 2;
 // rank's block of the payload (its status after the tags).
 inline constexpr std::uint64_t kGatherTagBytes = 40;
 inline constexpr std::uint64_t kGatherTrailerBytes = 8;
+// A gather's payload on the host: every rank's home of `home_bytes` with
+// its trailer (ComputeHomes::gather). Saturates instead of wrapping.
+std::uint64_t gather_payload_bytes(std::uint64_t ranks, std::uint64_t home_bytes);
 
 // The largest buffers the step's pinned working memory is sized by, in bytes
 // (0 where the layout has none). The engine's come from its layout

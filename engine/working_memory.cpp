@@ -32,9 +32,9 @@ PinnedWorking pinned_working_bytes(const Layout& layout, bool threaded, bool ear
       // A fetch gathers every rank's home and unpacks them whole
       // (ComputeHomes::gather), and so do read_compute and export, on the
       // host also where the fetches gather on the device.
-      const auto n = static_cast<std::uint64_t>(layout.share.ranks);
       std::uint64_t& gather = layout.share.device_collectives ? read_gather : ranks_compute;
-      gather = std::max(gather, n * (layout.home_bytes(gp) + kGatherTrailerBytes) +
+      gather = std::max(gather, gather_payload_bytes(static_cast<std::uint64_t>(layout.share.ranks),
+                                                     layout.home_bytes(gp)) +
                                     core::align_up(compute, core::kDirectIoAlignment));
     }
     if (gp.compute_tier == Tier::kNvme) nvme_compute = std::max(nvme_compute, staged);

@@ -184,10 +184,9 @@ struct Evaluation {
   // fit_device_budget.
   std::int64_t window_groups = 0, resident_groups = 0, grad_buffers = 0;
   // Stage 3 over ranks: a group gathered on the host (ComputeHomes::gather):
-  // every rank's home with its status, and the group unpacked whole.
-  std::uint64_t host_gather_bytes() const {
-    return sat_add(sat_mul(u64(N), sat_add(sat_mul(u64(home), c), kGatherTrailerBytes)), group_bytes);
-  }
+  // every rank's home with its status, and with the group unpacked whole.
+  std::uint64_t gather_payload() const { return gather_payload_bytes(u64(N), sat_mul(u64(home), c)); }
+  std::uint64_t host_gather_bytes() const { return sat_add(gather_payload(), group_bytes); }
 };
 
 Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
@@ -313,7 +312,7 @@ void add_compute_copies(Evaluation& e) {
 // a gradient staging buffer when the rank's fp32 shard is its size.)
 void add_read_gather(Evaluation& e) {
   if (!e.sharded || !e.device_collectives) return;
-  const std::uint64_t parts = sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes));
+  const std::uint64_t parts = e.gather_payload();
   const bool reused = e.T > 0 && sat_mul(u64(e.shape.group_trainable), e.sb) == core::align_up(e.group_bytes, core::kDirectIoAlignment);
   e.add("rank_read_gather", Tier::kPinned, reused ? parts : sat_add(parts, e.group_bytes),
         str_cat(e.N, " x (", group_digits(u64(e.home)), " x ", e.c, " + ", kGatherTrailerBytes, ") B",
@@ -473,8 +472,8 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
     if (!e.sharded) w.ranks_compute_bytes = sat_mul(u64(e.shape.group_padded), e.c);
   }
   if (e.sharded) {
-    (e.device_collectives ? w.read_gather_bytes : w.ranks_compute_bytes) = sat_add(sat_mul(u64(e.N), sat_add(sat_mul(u64(e.home), e.c), kGatherTrailerBytes)),
-                                    core::align_up(e.group_bytes, core::kDirectIoAlignment));
+    (e.device_collectives ? w.read_gather_bytes : w.ranks_compute_bytes) =
+        sat_add(e.gather_payload(), core::align_up(e.group_bytes, core::kDirectIoAlignment));
   }
   return pinned_working(w, e.threaded, e.early_jobs());
 }
@@ -735,9 +734,7 @@ StepTraffic step_traffic(const Evaluation& e) {
     // rank's home and trailer, one every rank kept nothing more.)
     const std::uint64_t tags = sat_mul(sat_mul(u64(L), passes), sat_mul(u64(e.N), kGatherTagBytes));
     const std::uint64_t copies =
-        e.sharded ? sat_add(sat_mul(sat_mul(fetches, u64(e.N)), sat_add(kGatherTrailerBytes, sat_mul(u64(e.home), c))),
-                            tags)
-                  : sat_mul(padded, c);
+        e.sharded ? sat_add(sat_mul(fetches, e.gather_payload()), tags) : sat_mul(padded, c);
     const std::uint64_t per_step = sat_add(sat_mul(sat_mul(padded, e.sb), accum), copies);
     tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);
   }

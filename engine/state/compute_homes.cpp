@@ -7,6 +7,7 @@
 
 #include "core/aligned_buffer.h"
 #include "core/str.h"
+#include "engine/internal/device_collective.h"
 #include "engine/memory_model.h"
 
 namespace strata::engine {
@@ -274,19 +275,11 @@ core::Status ComputeHomes::gather_on_device(std::size_t g, const CopyLane& lane,
     TraceScope t(trace_, TraceTrack::kRanks, str_cat("all-gather on the device ", gp.name), n * home);
     const gpu::DeviceSpan spans[] = {payload};
     LaunchOrder::Turn own(vote.turn != nullptr ? nullptr : vote.order);  // after the framework's earlier calls' launches
-    LaunchOrder::Turn& turn = vote.turn != nullptr ? *vote.turn : own;
-    s = turn.wait();
-    if (s.ok()) {
-      s = device_.run_on_stream(stream, spans, [&comm, home, me](void* native, std::span<void* const> ptrs) {
-        auto* base = static_cast<std::byte*>(ptrs[0]);
-        return comm.all_gather(base + me * home, base, home, partition::DType::kU8, native);
-      });
-    }
-    turn.done();
-    // A stream with NCCL's work waits through the communicator (within its
-    // timeout); the host device's runs the collective on its own thread.
-    void* native = stream.native_handle();
-    if (s.ok()) s = native != nullptr ? comm.synchronize(native) : device_.synchronize(stream);
+    s = run_device_collective(device_, stream, spans, comm, vote.turn != nullptr ? *vote.turn : own,
+                              [&comm, home, me](void* native, std::span<void* const> ptrs) {
+                                auto* base = static_cast<std::byte*>(ptrs[0]);
+                                return comm.all_gather(base + me * home, base, home, partition::DType::kU8, native);
+                              });
     STRATA_RETURN_IF_ERROR(s);
   }
   // Unpacked whole into the fetch's buffer (padding zero), queued.

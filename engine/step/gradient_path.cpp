@@ -8,6 +8,7 @@
 #include "core/clock.h"
 #include "core/numerics.h"
 #include "core/str.h"
+#include "engine/internal/device_collective.h"
 #include "engine/internal/elem_types.h"
 #include "engine/working_memory.h"
 
@@ -87,7 +88,7 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     LaunchOrder::Turn turn(sums_on_device() ? parts_.launch_order : nullptr);
     Status s = written != nullptr ? parts_.device.synchronize(*written) : Status();
     core::Result<gpu::PinnedBuffer> wire =
-        s.ok() ? copy_down(g, grad, parts_.inline_lane, &turn) : core::Result<gpu::PinnedBuffer>(s);
+        s.ok() ? copy_down(g, grad, parts_.inline_lane, turn) : core::Result<gpu::PinnedBuffer>(s);
     parts_.device_cache.put(std::move(grad));
     s = wire.ok() ? pass(g, std::move(wire).value(), micro_step) : wire.status();
     if (!s.ok() && parts_.ranks != nullptr) fail(s);
@@ -129,7 +130,7 @@ core::Status GradientPath::submit(std::size_t g, gpu::DeviceBuffer grad, std::sh
     const core::Stopwatch clock;
     Status s = written != nullptr ? parts_.device.wait(stream_, *written) : Status();
     core::Result<gpu::PinnedBuffer> wire =
-        s.ok() ? copy_down(g, *buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}, turn.get())
+        s.ok() ? copy_down(g, *buffer, {&stream_, &bytes_, TraceTrack::kGradDevice}, *turn)
                : core::Result<gpu::PinnedBuffer>(s);
     turn->done();
     parts_.device_cache.put(std::move(*buffer));
@@ -178,7 +179,7 @@ void GradientPath::note_absent(std::size_t g, int micro_step, std::span<const st
 }
 
 core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu::DeviceBuffer& grad,
-                                                         const CopyLane& lane, LaunchOrder::Turn* turn) {
+                                                         const CopyLane& lane, LaunchOrder::Turn& turn) {
   if (sums_on_device()) {
     core::Result<gpu::PinnedBuffer> wire = sum_down(g, grad, lane, turn);
     // Nothing queued may still read `grad` once it goes back to the cache.
@@ -197,7 +198,7 @@ core::Result<gpu::PinnedBuffer> GradientPath::copy_down(std::size_t g, const gpu
 }
 
 core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu::DeviceBuffer& grad,
-                                                        const CopyLane& lane, LaunchOrder::Turn* turn) {
+                                                        const CopyLane& lane, LaunchOrder::Turn& turn) {
   const Layout& layout = parts_.layout;
   const GroupPlace& gp = layout.groups[g];
   const auto cb = static_cast<std::uint64_t>(layout.compute_bytes);
@@ -262,18 +263,12 @@ core::Result<gpu::PinnedBuffer> GradientPath::sum_down(std::size_t g, const gpu:
     TraceScope t(parts_.trace, TraceTrack::kRanks, str_cat("reduce-scatter on the device ", gp.name),
                  sums.size_bytes());
     const gpu::DeviceSpan spans[] = {sums};
-    Status s = turn != nullptr ? turn->wait() : Status();
-    if (s.ok()) {
-      s = d.run_on_stream(stream, spans, [&comm, shard, own, wire_type](void* native, std::span<void* const> ptrs) {
-        auto* base = static_cast<std::byte*>(ptrs[0]);
-        return comm.reduce_scatter(base, base + own, shard, wire_type, partition::ReduceOp::kSum, native);
-      });
-    }
-    if (turn != nullptr) turn->done();
-    // A stream with NCCL's work waits through the communicator (within its
-    // timeout); the host device's runs the collective on its own thread.
-    void* native = stream.native_handle();
-    if (s.ok()) s = native != nullptr ? comm.synchronize(native) : d.synchronize(stream);
+    Status s = run_device_collective(
+        d, stream, spans, comm, turn,
+        [&comm, shard, own, wire_type](void* native, std::span<void* const> ptrs) {
+          auto* base = static_cast<std::byte*>(ptrs[0]);
+          return comm.reduce_scatter(base, base + own, shard, wire_type, partition::ReduceOp::kSum, native);
+        });
     STRATA_RETURN_IF_ERROR(std::move(s).annotate(str_cat("the gradients of group '", gp.name, "'")));
   }
   STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer wire, parts_.pinned_cache.get(shard_bytes, "gradient staging"));

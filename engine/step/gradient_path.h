@@ -171,12 +171,12 @@ class GradientPath {
   GradientPath(const Parts& parts, gpu::PinnedBuffer grads, std::size_t blocks);
   bool sums_on_device() const { return parts_.device_ranks != nullptr; }
   core::Result<gpu::PinnedBuffer> copy_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane,
-                                            LaunchOrder::Turn* turn);
+                                            LaunchOrder::Turn& turn);
   // Summed on the device: the trainable part of `grad` packed into fp32 in
   // sums_, reduce-scattered there (launched in `turn`), the rank's shard of
   // the sum copied down.
   core::Result<gpu::PinnedBuffer> sum_down(std::size_t g, const gpu::DeviceBuffer& grad, const CopyLane& lane,
-                                           LaunchOrder::Turn* turn);
+                                           LaunchOrder::Turn& turn);
   core::Status pass(std::size_t g, gpu::PinnedBuffer wire, int micro_step);
   // Several ranks, summed on the host: the group's fp32 gradients of this
   // micro-batch in `local` (the trainable layout) summed over the ranks into

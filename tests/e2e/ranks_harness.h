@@ -225,6 +225,18 @@ class RanksTest : public MlpTest {
     return out;
   }
 
+  // Rank r of n trains kRankSteps steps of one micro-batch each (batch
+  // s * n + r: one rank accumulating them takes them in that order), handing
+  // each step's statistics to `seen(step, stats)`.
+  static void train_steps(Engine& e, int r, int n, const std::function<void(int, const StepStats&)>& seen) {
+    Framework f;
+    for (int s = 0; s < kRankSteps; ++s) {
+      const auto st = micro_batch(e, f, s * n + r, true, nullptr);
+      ASSERT_TRUE(st.ok()) << st.status();
+      seen(s, *st);
+    }
+  }
+
   // One micro-batch on batch `batch`: forward, backward, gradients (those
   // of `absent`'s parameters zeroed and said so: Framework::drop_grads), and
   // step_end when `last` (else the caller's micro_step_end follows).

@@ -198,12 +198,7 @@ TEST_F(RanksTest, Stage3KeptCopiesServeAFetchOnlyWhenEveryRankKeptOne) {
     const Outcome many = on_ranks(
         c, 2, core::str_cat(to_string(sc.overlap), sc.certain ? "-certain" : "", rank1_keeps_l1 ? "-kept" : "-dropped"),
         [&](int r, Engine& e) {
-          Framework f;
-          for (int s = 0; s < kRankSteps; ++s) {
-            const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
-            ASSERT_TRUE(st.ok()) << st.status();
-            stats[static_cast<std::size_t>(r)].push_back(*st);
-          }
+          train_steps(e, r, 2, [&](int, const StepStats& st) { stats[static_cast<std::size_t>(r)].push_back(st); });
         },
         {}, "", [&](int r, Config& rc) {
           if (r == 1 && !rank1_keeps_l1) rc.zero.stage3_max_live_parameters = 1;
@@ -486,14 +481,11 @@ TEST_F(RanksTest, GradientsSummedOnTheDeviceOrTheHostGiveTheSameBitsTheDeviceSen
         expected += device ? static_cast<std::uint64_t>(gp.shard_elems) * 4
                            : static_cast<std::uint64_t>(gp.gradient_elems() * e.layout().compute_bytes);
       }
-      Framework f;
-      for (int s = 0; s < kRankSteps; ++s) {
-        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
-        ASSERT_TRUE(st.ok()) << st.status();
+      train_steps(e, r, 2, [&](int s, const StepStats& st) {
         if (s > 0) {
-          EXPECT_EQ(st->bytes.d2h, expected) << "step " << s << ", rank " << r;
+          EXPECT_EQ(st.bytes.d2h, expected) << "step " << s << ", rank " << r;
         }
-      }
+      });
     });
   }
   expect_same(got[0].master, got[1].master, "masters");
@@ -536,15 +528,12 @@ TEST_F(RanksTest, CommunicationDataTypeBf16SumsInBf16HalfTheBytesDown) {
       for (const GroupPlace& gp : e.layout().groups) {
         down += static_cast<std::uint64_t>(gp.shard_elems) * (type == Precision::kFp32 ? 4 : 2);
       }
-      Framework f;
-      for (int s = 0; s < kRankSteps; ++s) {
-        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
-        ASSERT_TRUE(st.ok()) << st.status();
+      train_steps(e, r, 2, [&](int s, const StepStats& st) {
         if (s > 0) {
-          EXPECT_EQ(st->bytes.d2h, down) << "step " << s;
+          EXPECT_EQ(st.bytes.d2h, down) << "step " << s;
         }
-        if (r == 0) seen.push_back(st->grad_norm);
-      }
+        if (r == 0) seen.push_back(st.grad_norm);
+      });
     }));
     norms.push_back(seen);
   }
@@ -578,14 +567,11 @@ TEST_F(RanksTest, Stage3FetchesGatherOnTheDeviceBringingUpTheRanksOwnHomeAlone) 
       for (const GroupPlace& gp : l.groups) {
         up += 2 * (device ? l.home_bytes(gp) : static_cast<std::uint64_t>(gp.compute_elems * l.compute_bytes));
       }
-      Framework f;
-      for (int s = 0; s < kRankSteps; ++s) {
-        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
-        ASSERT_TRUE(st.ok()) << st.status();
+      train_steps(e, r, 2, [&](int s, const StepStats& st) {
         if (s > 0) {
-          EXPECT_EQ(st->bytes.h2d, up) << "step " << s << ", rank " << r;
+          EXPECT_EQ(st.bytes.h2d, up) << "step " << s << ", rank " << r;
         }
-      }
+      });
     });
   }
   expect_same(got[0].master, got[1].master, "masters");
@@ -616,12 +602,7 @@ TEST_F(RanksTest, Stage3PrefetchesGatherTheNextGroupsOnTheirOwnThread) {
     const Outcome one = accumulate(c, 2);
     std::vector<std::int64_t> prefetched(2, 0);
     const Outcome many = on_ranks(c, 2, "prefetch-" + home, [&](int r, Engine& e) {
-      Framework f;
-      for (int s = 0; s < kRankSteps; ++s) {
-        const auto st = micro_batch(e, f, s * 2 + r, true, nullptr);
-        ASSERT_TRUE(st.ok()) << st.status();
-        prefetched[static_cast<std::size_t>(r)] += st->prefetched;
-      }
+      train_steps(e, r, 2, [&](int, const StepStats& st) { prefetched[static_cast<std::size_t>(r)] += st.prefetched; });
     });
     EXPECT_GT(prefetched[0], 0) << home;
     EXPECT_EQ(prefetched[0], prefetched[1]) << home;  // every rank takes the same gathered copies
