@@ -81,7 +81,8 @@ std::int64_t gpu_key(const gpu::Device& device) {
     std::fclose(f);
   }
   const std::uint64_t pci = device.caps().pci_location;
-  const std::uint64_t h = nvme::crc64(nvme::crc64(0, std::as_bytes(std::span(machine))), std::as_bytes(std::span(&pci, 1)));
+  const std::uint64_t h =
+      nvme::crc64(nvme::crc64(0, std::as_bytes(std::span(machine))), std::as_bytes(std::span(&pci, 1)));
   return static_cast<std::int64_t>(h | 1);  // never 0
 }
 

@@ -493,21 +493,38 @@ TEST_F(RanksTest, GradientsSummedOnTheDeviceOrTheHostGiveTheSameBitsTheDeviceSen
   expect_same(got[0].exp_avg_sq, got[1].exp_avg_sq, "exp_avg_sq");
   // One rank on the host, the other on its device: neither meets the other
   // over a library the other does not take.
-  std::vector<core::Status> made(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Config c = config("cpu", OverlapMode::kExact);
-      c.strata.device_collectives = r == 0 ? DeviceCollectives::kOff : DeviceCollectives::kAuto;
-      made[static_cast<std::size_t>(r)] = Engine::create(c, ranks(r, 2, "where-differs")).status();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int r = 0; r < 2; ++r) {
-    const core::Status& s = made[static_cast<std::size_t>(r)];
-    EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << s;
-    EXPECT_NE(s.message().find(core::str_cat("rank ", 1 - r, " ")), std::string::npos) << s;
-    EXPECT_NE(s.message().find("strata.device_collectives"), std::string::npos) << s;
+  // So do ranks at stage 3 whose schedules make other communicators (a
+  // threaded one's prefetches'), before either waits to meet over one.
+  struct Differs {
+    std::function<Config(int)> config;
+    const char* run;
+    const char* key;
+  };
+  const Differs cases[] = {
+      {[&](int r) {
+         Config c = config("cpu", OverlapMode::kExact);
+         c.strata.device_collectives = r == 0 ? DeviceCollectives::kOff : DeviceCollectives::kAuto;
+         return c;
+       },
+       "where-differs", "strata.device_collectives"},
+      {[&](int r) { return stage3(config("cpu", r == 0 ? OverlapMode::kNone : OverlapMode::kExact), "cpu"); },
+       "stage3-differs", "every rank must share zero_optimization.stage and strata.overlap"},
+  };
+  for (const Differs& k : cases) {
+    std::vector<core::Status> made(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        made[static_cast<std::size_t>(r)] = Engine::create(k.config(r), ranks(r, 2, k.run)).status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      const core::Status& s = made[static_cast<std::size_t>(r)];
+      EXPECT_EQ(s.code(), core::StatusCode::kFailedPrecondition) << s;
+      EXPECT_NE(s.message().find(core::str_cat("rank ", 1 - r, " ")), std::string::npos) << s;
+      EXPECT_NE(s.message().find(k.key), std::string::npos) << s;
+    }
   }
 }
 
