@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/numerics.h"
+#include "core/str.h"
 #include "tests/partition/temp_dir.h"
 
 namespace strata::partition {
@@ -275,6 +276,47 @@ TEST(CommunicatorFailure, ARankThatDoesNotTakePartFailsTheOthersWithinTheTimeout
   EXPECT_LT(seconds, 60.0);  // it ended; a hang would have run into the test's limit
   EXPECT_EQ(after.code(), StatusCode::kFailedPrecondition) << after.to_string();
   EXPECT_NE(after.message().find("broke at an earlier call"), std::string_view::npos) << after.to_string();
+}
+
+// A rank whose connections close (its communicator destroyed, as while its
+// process exits: the sockets close a moment before the process is seen to
+// have ended) fails the other's call at once, naming it as failed, not late.
+// Either rank leaves, three times each: Gloo names the peer's address in
+// its error only on one side of a pair (which side connected depends on the
+// ports drawn), and the other side is the case this is about.
+TEST(CommunicatorFailure, ARankWhoseConnectionsCloseIsNamedAsFailedNotLate) {
+  if (!has_backend("gloo")) GTEST_SKIP() << "this build has no gloo backend";
+  for (int round = 0; round < 6; ++round) {
+    const int leaver = round % 2;
+    TempDir store;
+    const int stayer = 1 - leaver;
+    core::Status got;
+    double seconds = 0.0;
+    std::thread leaving([&] {
+      CommunicatorOptions o = opts("gloo", leaver, 2, store.path());
+      o.timeout = std::chrono::seconds(20);
+      auto c = make_communicator(o);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      ASSERT_TRUE((*c)->barrier().ok());
+    });  // its communicator is destroyed here: the sockets close
+    {
+      CommunicatorOptions o = opts("gloo", stayer, 2, store.path());
+      o.timeout = std::chrono::seconds(20);
+      auto c = make_communicator(o);
+      ASSERT_TRUE(c.ok()) << c.status().to_string();
+      ASSERT_TRUE((*c)->barrier().ok());
+      leaving.join();
+      std::vector<float> x(1024, 1.0f);
+      const auto t0 = std::chrono::steady_clock::now();
+      got = (*c)->all_reduce(x.data(), x.size(), DType::kF32, ReduceOp::kSum);
+      seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    ASSERT_FALSE(got.ok()) << "rank " << stayer;
+    EXPECT_EQ(got.code(), StatusCode::kUnavailable) << got.to_string();
+    EXPECT_NE(got.message().find(core::str_cat("rank ", leaver, " failed or left")), std::string_view::npos)
+        << "rank " << stayer << ": " << got.to_string();
+    EXPECT_LT(seconds, 10.0) << "rank " << stayer << ": it waited out the timeout: " << got.to_string();
+  }
 }
 
 TEST(CommunicatorFailure, ARankThatNeverArrivesFailsTheRendezvousNamingTheStore) {
