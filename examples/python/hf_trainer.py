@@ -51,8 +51,8 @@ DEFAULT_CONFIG = {
 class Windows(torch.utils.data.Dataset):
     """`count` fixed windows of `seq_len` tokens of the corpus (input ids = labels)."""
 
-    def __init__(self, count, seq_len, seed=0):
-        stream = data.TokenStream(data.load_corpus(), seq_len, seed=seed)
+    def __init__(self, count, seq_len, corpus=None, seed=0):
+        stream = data.TokenStream(data.load_corpus(corpus), seq_len, seed=seed)
         self.x = torch.cat([stream.batch(64) for _ in range((count + 63) // 64)])[:count]
 
     def __len__(self):
@@ -73,6 +73,7 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--config", help="a strata config (JSON); default: the one in this file")
+    ap.add_argument("--corpus", help="a folder of text files to train on (default: the Debian fortunes)")
     ap.add_argument("--init-from", help="a folder of safetensors and config.json to start from")
     ap.add_argument("--save-steps", type=int, default=0, help="a checkpoint-N folder every N steps (0: none)")
     ap.add_argument("--resume", help="a checkpoint-N folder to resume from")
@@ -101,7 +102,7 @@ def main():
         report_to="none",
         save_strategy="steps" if args.save_steps else "no", save_steps=args.save_steps or 500,
         use_cpu=not torch.cuda.is_available(), disable_tqdm=True)
-    dataset = Windows(args.steps * args.micro * args.gas, args.seq_len)
+    dataset = Windows(args.steps * args.micro * args.gas, args.seq_len, args.corpus)
     trainer = strata.hf.Trainer(model=model, args=training_args, train_dataset=dataset,   # the one line
                                 strata_config=config)
     trainer.train(resume_from_checkpoint=args.resume)

@@ -96,7 +96,10 @@ def run_sharded(jobs, extra):
                    "--basetemp", os.path.join(tmp, f"base{k}")]
             # Unbuffered: a shard killed at the limit has still written where it was.
             env = dict(os.environ, PYTHONUNBUFFERED="1")
-            procs[k] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log, len(shard))
+            # A session of its own: a stop kills the shard's whole process group (the
+            # torchrun launchers, ranks and example scripts its tests start), not only pytest.
+            procs[k] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
+                        log, len(shard))
         try:
             while procs:  # each shard's output as it ends
                 for k in sorted(procs):
@@ -111,7 +114,10 @@ def run_sharded(jobs, extra):
                 time.sleep(0.2)
         except KeyboardInterrupt:
             for p, _, _ in procs.values():
-                p.kill()
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             for k in sorted(procs):
                 p, log, n = procs[k]
                 p.wait()

@@ -116,6 +116,35 @@ def test_fp16_from_the_arguments_and_no_clipping(tmp_path):
     assert got["gradient_clipping"] == 0.0
 
 
+def test_strata_device_follows_the_trainers_device(tmp_path):
+    """The Trainer puts the batches on args.device: strata's weights go there too."""
+    import torch
+    for device, want in ((torch.device("cpu"), "host"), (torch.device("cuda", 0), "cuda"), ("cuda:1", "cuda")):
+        cfg = auto_config(tmp_path)
+        cfg["strata"]["device"] = "auto"
+        got, filled = strata.hf.trainer_config(cfg, training_args(device=device), num_training_steps=5)
+        assert got["strata"]["device"] == want
+        assert [v for k, v, _ in filled if k == "strata.device"] == [want]
+        # Absent is "auto"; a config without a strata section gets one.
+        del cfg["strata"]
+        got, _ = strata.hf.trainer_config(cfg, training_args(device=device), num_training_steps=5)
+        assert got["strata"] == {"device": want}
+    # Written and agreeing: kept; written and differing: named with both values.
+    got, _ = strata.hf.trainer_config(auto_config(tmp_path), training_args(device=torch.device("cpu")),
+                                      num_training_steps=5)
+    assert got["strata"]["device"] == "host"
+    with pytest.raises(strata.InvalidArgument) as e:
+        strata.hf.trainer_config(auto_config(tmp_path), training_args(device=torch.device("cuda", 0), use_cpu=False),
+                                 num_training_steps=5)
+    assert "strata.device: the config says 'host', the Trainer's device (cuda:0) says 'cuda'" in str(e.value)
+    with pytest.raises(strata.Unimplemented, match="the Trainer's device is 'mps'"):
+        strata.hf.trainer_config(auto_config(tmp_path), training_args(device=torch.device("mps")),
+                                 num_training_steps=5)
+    # Arguments without a device (older objects, these tests' own) leave the config's.
+    got, _ = strata.hf.trainer_config(auto_config(tmp_path), training_args(), num_training_steps=5)
+    assert got["strata"]["device"] == "host"
+
+
 def test_the_trainer_says_it_needs_transformers_where_there_is_none():
     try:
         import transformers  # noqa: F401

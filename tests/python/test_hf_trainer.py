@@ -7,12 +7,14 @@ weights from a checkpoint's safetensors. Runs where transformers is
 importable (the GPU machine); skipped elsewhere (test_hf_auto.py tests the
 "auto" mapping everywhere)."""
 import os
+import subprocess
 
 import pytest
 import torch
 
 import strata
 import strata.hf
+from llama_script import corpus
 
 try:
     import transformers
@@ -23,6 +25,18 @@ except ImportError:
 pytestmark = pytest.mark.skipif(transformers is None, reason="transformers is not installed (pip install transformers)")
 
 SEQ, VOCAB, MICRO, GAS, STEPS = 16, 64, 2, 2, 6
+
+
+def run_logged(cmd, timeout, **kw):
+    """subprocess.run with its output captured; one that runs past `timeout`
+    fails the test with what it had printed (the GPU check's stage limit
+    would otherwise stop it with nothing)."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        def tail(b):
+            return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-4000:]
+        pytest.fail(f"{' '.join(map(str, cmd[:4]))} ... ran past {timeout} s:\n{tail(e.stdout)}\n{tail(e.stderr)}")
 
 
 def llama(seed=0):
@@ -241,7 +255,6 @@ def test_two_ranks_under_torchrun_train_as_transformers_trainer_with_ddp(tmp_pat
     # under DDP, and strata.hf.Trainer with strata's ranks (its batch counts both ranks: each micro-batch
     # a share of the step's tokens over the two, as DDP averages), on the same data and arguments.
     import socket
-    import subprocess
     import sys
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -251,8 +264,7 @@ def test_two_ranks_under_torchrun_train_as_transformers_trainer_with_ddp(tmp_pat
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "hf_ranks_script.py")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
            "--master_port", str(port), script, str(out), str(swap)]
-    r = subprocess.run(cmd, env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""),
-                       capture_output=True, text=True, timeout=900)
+    r = run_logged(cmd, 300, env=dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES=""))
     assert r.returncode == 0, f"torchrun failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     if (out / "skip").exists():
         pytest.skip((out / "skip").read_text())
@@ -267,19 +279,17 @@ def test_the_example_trains_saves_and_fine_tunes_from_its_save(tmp_path):
     # examples/python/hf_trainer.py: the Trainer on the example text, its save_model folder
     # the start of a second run (strata.hf.from_pretrained streams it).
     import json
-    import subprocess
     import sys
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "examples", "python", "hf_trainer.py")
-    small = ["--micro", "2", "--gas", "2", "--seq-len", "32"]
-    first = subprocess.run([sys.executable, script, "--steps", "10", "--out", str(tmp_path / "a")] + small,
-                           capture_output=True, text=True, timeout=600)
+    small = ["--micro", "2", "--gas", "2", "--seq-len", "32", "--corpus", corpus(tmp_path)]
+    first = run_logged([sys.executable, script, "--steps", "10", "--out", str(tmp_path / "a")] + small, 180)
     assert first.returncode == 0, first.stderr[-3000:]
     got = json.loads(first.stdout.strip().splitlines()[-1])
     assert got["steps"] == 10 and got["last_loss"] < got["first_loss"], got
     final = tmp_path / "a" / "final"
     assert (final / "model.safetensors").exists() and (final / "config.json").exists()
-    second = subprocess.run([sys.executable, script, "--init-from", str(final), "--steps", "2", "--out",
-                             str(tmp_path / "b")] + small, capture_output=True, text=True, timeout=600)
+    second = run_logged([sys.executable, script, "--init-from", str(final), "--steps", "2", "--out",
+                         str(tmp_path / "b")] + small, 180)
     assert second.returncode == 0, second.stderr[-3000:]
     assert json.loads(second.stdout.strip().splitlines()[-1])["steps"] == 2

@@ -104,6 +104,12 @@ def trainer_config(config, args, *, num_training_steps=None, hidden_size=None, w
       scheduler.params.total_num_steps    num_training_steps
       fp16.enabled                     fp16 (or fp16_full_eval)
       bf16.enabled                     bf16 (or bf16_full_eval)
+      strata.device                    device (cuda: "cuda", cpu: "host")
+    The Trainer puts each batch on args.device (cuda:0 where a GPU is usable,
+    unless use_cpu), so strata's device follows it: "auto" or absent takes it,
+    and a device written in the config that differs is a disagreement as
+    above (weights on one device and batches on the other would fail in the
+    model's first layer). Arguments without a device leave it as written.
     With num_training_steps None the two step counts stay "auto" (strata
     then resolves them or says what to write). hidden_size is passed on to
     strata for the bucket sizes (strata.torch.initialize(hidden_size=)).
@@ -147,6 +153,7 @@ def trainer_config(config, args, *, num_training_steps=None, hidden_size=None, w
     bf16 = bool(getattr(args, "bf16", False) or getattr(args, "bf16_full_eval", False))
     f.match("fp16.enabled", fp16, "fp16")
     f.match("bf16.enabled", bf16, "bf16")
+    _match_device(config, args, f)
     if f.mismatches:
         lines = "\n".join(f"  {path}: the config says {mine!r}, {source} says {theirs!r}"
                           for path, mine, source, theirs in f.mismatches)
@@ -154,6 +161,30 @@ def trainer_config(config, args, *, num_training_steps=None, hidden_size=None, w
             f"strata.hf: the strata config and the TrainingArguments disagree (write \"auto\" in the config "
             f"or change the argument):\n{lines}", status="INVALID_ARGUMENT")
     return config, f.filled
+
+
+def _match_device(config, args, f):
+    """strata.device from the Trainer's device (trainer_config's docstring)."""
+    device = getattr(args, "device", None)
+    kind = getattr(device, "type", device)  # a torch.device, or its name
+    if kind is None:
+        return
+    kind = str(kind).split(":")[0]
+    want = {"cuda": "cuda", "cpu": "host"}.get(kind)
+    if want is None:
+        raise errors.Unimplemented(
+            f"strata.hf: the Trainer's device is {str(device)!r}; strata trains on a CUDA GPU or on the CPU "
+            f"(its host device)", status="UNIMPLEMENTED")
+    section = config.setdefault("strata", {})
+    if not isinstance(section, dict):
+        return  # strata's own config check names it
+    given = section.get("device", "auto")
+    source = f"the Trainer's device ({device}{', use_cpu' if getattr(args, 'use_cpu', False) else ''})"
+    if given == "auto":
+        section["device"] = want
+        f.filled.append(("strata.device", want, source))
+    elif given != want:
+        f.mismatches.append(("strata.device", given, source, want))
 
 
 def check_arguments(args, config, *, model_given=True, optimizers=None, optimizer_cls_and_kwargs=None):
