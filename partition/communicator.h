@@ -42,6 +42,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/result.h"
 #include "core/status.h"
@@ -55,6 +56,20 @@ std::size_t dtype_bytes(DType t);
 enum class ReduceOp { kSum, kMax };
 std::string_view reduce_op_name(ReduceOp op);
 
+// A key-value store the ranks meet through instead of a directory: a
+// framework's own (torch.distributed's TCP store, through the C API's
+// callbacks), so that ranks on machines without a shared file system meet.
+// Keys are written once. Used while communicators are made, on the thread
+// that makes them.
+class RendezvousStore {
+ public:
+  virtual ~RendezvousStore() = default;
+  virtual core::Status set(const std::string& key, const std::vector<char>& value) = 0;
+  // The value of `key` once some rank has set it; UNAVAILABLE (named) when
+  // none has within `timeout`.
+  virtual core::Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+};
+
 struct CommunicatorOptions {
   std::string backend = "self";  // "self", "gloo" (or "nccl" once built)
   int rank = 0;
@@ -63,6 +78,9 @@ struct CommunicatorOptions {
   // ranks as threads or processes of one machine, or a shared file system);
   // each run needs its own (or `prefix`).
   std::string store_dir;
+  // Or a store of the caller's (store_dir then unused). Every rank gives one
+  // that reaches the same keys.
+  std::shared_ptr<RendezvousStore> store;
   std::string prefix = "strata";  // keys of this run in the store
   // The store is this run's alone (the launcher's default private directory,
   // partition/launch.h): once every rank has met, the caller that made the

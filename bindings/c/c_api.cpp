@@ -281,6 +281,40 @@ core::Result<engine::ParseOptions> parse_options(const strata_config_options* in
                               .world_size = o.world_size};
 }
 
+// strata_ranks' store callbacks as a partition::RendezvousStore.
+class CallbackStore final : public partition::RendezvousStore {
+ public:
+  explicit CallbackStore(const strata_ranks& r) : user_(r.store_user), set_(r.store_set), get_(r.store_get) {}
+
+  core::Status set(const std::string& key, const std::vector<char>& value) override {
+    if (set_(user_, key.c_str(), value.data(), value.size()) != 0) {
+      return core::Status::unavailable(core::str_cat("ranks->store_set failed for key '", key, "'"));
+    }
+    return core::Status();
+  }
+  core::Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::vector<char> value(256);
+    for (int round = 0; round < 2; ++round) {
+      std::size_t len = 0;
+      if (get_(user_, key.c_str(), value.data(), value.size(), &len, static_cast<std::int64_t>(timeout.count())) != 0) {
+        return core::Status::unavailable(core::str_cat("ranks->store_get found no key '", key, "' within ",
+                                                       timeout.count(), " ms"));
+      }
+      if (len <= value.size()) {
+        value.resize(len);
+        return value;
+      }
+      value.resize(len);  // longer than the room: again, with room for it
+    }
+    return core::Status::internal(core::str_cat("ranks->store_get: key '", key, "' grew between two calls"));
+  }
+
+ private:
+  void* user_;
+  int (*set_)(void*, const char*, const void*, size_t);
+  int (*get_)(void*, const char*, void*, size_t, size_t*, int64_t);
+};
+
 // The communicator options a strata_ranks describes (see strata.h).
 core::Result<partition::CommunicatorOptions> communicator_options(const strata_ranks* in, const char* fn) {
   STRATA_ASSIGN_OR_RETURN(const strata_ranks r, read_struct(in, fn, "ranks"));
@@ -294,6 +328,10 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
   const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
   const core::Result<std::optional<partition::Launch>> launch = partition::launch_from_environment(getenv);
   if (r.size == 0) {
+    if (r.store_set != nullptr || r.store_get != nullptr) {
+      return core::Status::invalid_argument(core::str_cat(
+          fn, ": ranks has a store and size 0 (the launcher's ranks meet in its directory): give rank and size too"));
+    }
     STRATA_RETURN_IF_ERROR(launch.status());  // the launcher's variables, half set or malformed
     if (launch->has_value()) {  // else one rank
       STRATA_ASSIGN_OR_RETURN(o, partition::communicator_options(**launch, getenv, timeout));
@@ -310,9 +348,14 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
     o.rank = r.rank;
     o.size = r.size;
     o.store_dir = r.store_dir != nullptr ? r.store_dir : "";
-    if (r.size > 1 && o.store_dir.empty()) {
+    if ((r.store_set == nullptr) != (r.store_get == nullptr)) {
       return core::Status::invalid_argument(
-          core::str_cat(fn, ": ranks->store_dir is NULL; ", r.size, " ranks need a directory to meet in"));
+          core::str_cat(fn, ": ranks has one of store_set and store_get; a store needs both"));
+    }
+    if (r.store_set != nullptr) o.store = std::make_shared<CallbackStore>(r);
+    if (r.size > 1 && o.store_dir.empty() && o.store == nullptr) {
+      return core::Status::invalid_argument(core::str_cat(fn, ": ranks->store_dir is NULL and ranks has no store; ",
+                                                          r.size, " ranks need a directory or a store to meet in"));
     }
     if (r.run_id != nullptr) o.prefix = r.run_id;
     // A launcher's environment that describes this same rank (torchrun's

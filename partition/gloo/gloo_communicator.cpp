@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -280,19 +281,53 @@ class GlooCommunicator final : public Communicator {
 
 bool gloo_built() { return true; }
 
-core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const CommunicatorOptions& o) {
-  if (o.store_dir.empty()) {
-    return Status::invalid_argument("communicator \"gloo\": no store_dir (a directory every rank can reach, "
-                                    "where the ranks meet)");
+// The caller's RendezvousStore as Gloo's: its failures thrown, as Gloo's
+// own stores do (make_gloo_communicator catches them).
+class CallerStore final : public gloo::rendezvous::Store {
+ public:
+  CallerStore(RendezvousStore& store, std::chrono::milliseconds timeout) : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    if (Status s = store_.set(key, data); !s.ok()) throw std::runtime_error("the store's set: " + s.to_string());
   }
-  std::error_code ec;
-  if (!std::filesystem::is_directory(o.store_dir, ec)) {
-    return Status::not_found(str_cat("communicator \"gloo\": store_dir '", o.store_dir, "' is not a directory"));
+  std::vector<char> get(const std::string& key) override { return fetch(key, timeout_); }
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    for (const std::string& key : keys) fetch(key, timeout);
+  }
+
+ private:
+  std::vector<char> fetch(const std::string& key, std::chrono::milliseconds timeout) {
+    core::Result<std::vector<char>> got = store_.get(key, timeout);
+    if (!got.ok()) throw std::runtime_error("the store's get: " + got.status().to_string());
+    return std::move(got).value();
+  }
+
+  RendezvousStore& store_;
+  const std::chrono::milliseconds timeout_;
+};
+
+core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const CommunicatorOptions& o) {
+  const bool own_store = o.store != nullptr;
+  if (!own_store) {
+    if (o.store_dir.empty()) {
+      return Status::invalid_argument("communicator \"gloo\": no store_dir (a directory every rank can reach, "
+                                      "where the ranks meet) and no store");
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_directory(o.store_dir, ec)) {
+      return Status::not_found(str_cat("communicator \"gloo\": store_dir '", o.store_dir, "' is not a directory"));
+    }
   }
   const SigpipeBlocked no_sigpipe;
   try {
-    gloo::rendezvous::FileStore files(o.store_dir);
-    gloo::rendezvous::PrefixStore store(o.prefix, files);
+    std::unique_ptr<gloo::rendezvous::Store> base;
+    if (own_store) {
+      base = std::make_unique<CallerStore>(*o.store, o.connect_timeout);
+    } else {
+      base = std::make_unique<gloo::rendezvous::FileStore>(o.store_dir);
+    }
+    gloo::rendezvous::PrefixStore store(o.prefix, *base);
     gloo::transport::tcp::attr attr;
     attr.hostname = o.hostname;
     std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
@@ -310,9 +345,10 @@ core::Result<std::unique_ptr<Communicator>> make_gloo_communicator(const Communi
     return std::unique_ptr<Communicator>(
         new GlooCommunicator(o.rank, o.size, std::move(context), o.timeout, std::move(peers)));
   } catch (const std::exception& e) {
+    const std::string where = own_store ? std::string("the caller's store") : str_cat("'", o.store_dir, "'");
     return Status::unavailable(str_cat("communicator \"gloo\": rank ", o.rank, " of ", o.size,
-                                       " could not meet the others through '", o.store_dir, "' (prefix \"",
-                                       o.prefix, "\"; each run needs a store_dir or prefix of its own): ",
+                                       " could not meet the others through ", where, " (prefix \"", o.prefix,
+                                       "\"; each run needs a store or prefix of its own): ",
                                        why_failed(e, o.connect_timeout)));
   }
 }

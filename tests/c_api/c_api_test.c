@@ -613,6 +613,20 @@ static void options_checks(void) {
   CHECK_STATUS(strata_engine_create_ex(decay, NULL, NULL), STRATA_STATUS_INVALID_ARGUMENT, "out");
 }
 
+/* A store that holds nothing: every set counted and dropped, every get
+ * fails (as a key that no other rank sets within the timeout). */
+static int g_store_sets = 0, g_store_gets = 0;
+static int forgetting_set(void* user, const char* key, const void* value, size_t len) {
+  (void)user, (void)key, (void)value, (void)len;
+  ++g_store_sets;
+  return 0;
+}
+static int forgetting_get(void* user, const char* key, void* buf, size_t cap, size_t* len, int64_t timeout_ms) {
+  (void)user, (void)key, (void)buf, (void)cap, (void)len, (void)timeout_ms;
+  ++g_store_gets;
+  return 1;
+}
+
 /* One rank of several (0.5): the arguments checked; one rank as self, or
  * from the environment without a launcher (the run has none). Several ranks
  * training together: tests/e2e/ranks_test.cpp, tests/python/test_ranks.py. */
@@ -642,6 +656,23 @@ static void ranks_checks(void) {
   local.local_rank = 1;
   CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &local, &e), STRATA_STATUS_INVALID_ARGUMENT,
                "ranks->local_rank is 1 and ranks->local_size 0");
+  /* A store of the caller's: both callbacks or neither, with rank and size;
+   * rank 1 alone in it fails to meet the other within its timeout, named. */
+  strata_ranks stored = STRATA_RANKS_INIT;
+  stored.size = 2;
+  stored.rank = 1;
+  stored.store_set = forgetting_set;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &stored, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "one of store_set and store_get");
+  stored.store_get = forgetting_get;
+  stored.timeout_ms = 300;
+  strata_config_options both = STRATA_CONFIG_OPTIONS_INIT;  /* world_size 0: the engine's ranks */
+  CHECK_STATUS(strata_engine_create_ranked(cfg, &both, &stored, &e), STRATA_STATUS_UNAVAILABLE,
+               "could not meet the others through the caller's store");
+  CHECK(g_store_sets > 0 && g_store_gets > 0);
+  stored.size = 0;
+  CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &stored, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "has a store and size 0");
   strata_ranks zero = STRATA_RANKS_INIT;
   zero.struct_size = 0;
   CHECK_STATUS(strata_engine_create_ranked(cfg, NULL, &zero, &e), STRATA_STATUS_INVALID_ARGUMENT,

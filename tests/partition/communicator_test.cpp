@@ -13,7 +13,10 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <condition_variable>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -317,6 +320,83 @@ TEST(CommunicatorFailure, ARankWhoseConnectionsCloseIsNamedAsFailedNotLate) {
         << "rank " << stayer << ": " << got.to_string();
     EXPECT_LT(seconds, 10.0) << "rank " << stayer << ": it waited out the timeout: " << got.to_string();
   }
+}
+
+// A store of the caller's in memory, shared by ranks that are threads (a
+// framework's TCP store stands there in a run over several machines).
+class MemoryStore final : public RendezvousStore {
+ public:
+  core::Status set(const std::string& key, const std::vector<char>& value) override {
+    const std::lock_guard<std::mutex> lock(mu_);
+    if (!values_.emplace(key, value).second) return core::Status::already_exists(key);
+    ++sets_;
+    cv_.notify_all();
+    return core::Status();
+  }
+  core::Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return values_.contains(key); })) {
+      return core::Status::unavailable(core::str_cat("no key '", key, "'"));
+    }
+    return values_.at(key);
+  }
+  int sets() {
+    const std::lock_guard<std::mutex> lock(mu_);
+    return sets_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::vector<char>> values_;
+  int sets_ = 0;
+};
+
+TEST(CommunicatorStore, RanksMeetThroughTheCallersStoreWithoutADirectory) {
+  if (!has_backend("gloo")) GTEST_SKIP() << "this build has no gloo backend";
+  constexpr int kRanks = 3;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::vector<float>> got(kRanks);
+  std::vector<core::Status> status(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions o = opts("gloo", r, kRanks);  // no store_dir
+      o.store = store;
+      o.prefix = "run-a";
+      auto c = make_communicator(o);
+      if (!c.ok()) {
+        status[r] = c.status();
+        return;
+      }
+      got[r].assign(8, static_cast<float>(r + 1));
+      status[r] = (*c)->all_reduce(got[r].data(), got[r].size(), DType::kF32, ReduceOp::kSum);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r].to_string();
+    EXPECT_EQ(got[r], std::vector<float>(8, 6.0f)) << "rank " << r;
+  }
+  EXPECT_GT(store->sets(), 0);  // they met there
+}
+
+TEST(CommunicatorStore, ARankAloneInTheStoreFailsNamingIt) {
+  if (!has_backend("gloo")) GTEST_SKIP() << "this build has no gloo backend";
+  CommunicatorOptions o = opts("gloo", 0, 2);
+  o.store = std::make_shared<MemoryStore>();
+  o.connect_timeout = std::chrono::milliseconds(300);
+  auto c = make_communicator(o);
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), StatusCode::kUnavailable) << c.status().to_string();
+  EXPECT_NE(c.status().message().find("rank 0 of 2 could not meet the others through the caller's store"),
+            std::string_view::npos)
+      << c.status().to_string();
+  // Neither a directory nor a store: named.
+  CommunicatorOptions none = opts("gloo", 0, 2);
+  auto refused = make_communicator(none);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("no store_dir"), std::string_view::npos) << refused.status().to_string();
 }
 
 TEST(CommunicatorFailure, ARankThatNeverArrivesFailsTheRendezvousNamingTheStore) {

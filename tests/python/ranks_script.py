@@ -10,9 +10,11 @@ With a sixth argument "torch_distributed" the script initialises
 torch.distributed's process group (Gloo, from torchrun's environment) first,
 and strata.torch takes the ranks from it; "torch_distributed_no_folder" does
 that where the rendezvous folder cannot be made, and writes each rank's error;
+"torch_distributed_store" meets through torch.distributed's store (no
+STRATA_RENDEZVOUS_DIR), counting the keys strata sets there (store_sets);
 "no_grad" trains test_no_grad.py's model instead (no_grad_run).
 
-usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed[_no_folder] | no_grad]"""
+usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed[_no_folder|_store] | no_grad]"""
 import os
 import sys
 
@@ -46,6 +48,24 @@ def main():
             error = str(e)
         torch.save({"error": error}, os.path.join(out, f"rank{torch.distributed.get_rank()}.pt"))
         return 0
+    store_sets = []
+    if mode == "torch_distributed_store":
+        import strata.torch.adapter as adapter
+        store = adapter._default_store()
+        assert store is not None, "this torch gives no default store"
+
+        class Counting:
+            def set(self, key, value):
+                store_sets.append(key)
+                return store.set(key, value)
+
+            def get(self, key):
+                return store.get(key)
+
+            def wait(self, keys, timeout):
+                return store.wait(keys, timeout)
+
+        adapter._default_store = lambda: Counting()
     try:
         engine = strata.torch.initialize(model, cfg)
     except strata.Unimplemented as e:
@@ -62,7 +82,7 @@ def main():
                                   on_step=lambda s, st: norms.append(st.grad_norm))
     # state_dict() on every rank: the masters gathered from both shards.
     torch.save({"state": engine.state_dict(shard=True), "gathered": engine.state_dict(), "norms": norms,
-                "losses": losses}, os.path.join(out, f"rank{rank}.pt"))
+                "losses": losses, "store_sets": len(store_sets)}, os.path.join(out, f"rank{rank}.pt"))
     # Every rank saves its shard into one checkpoint (with its own
     # client_state and RNG states) and exports: the whole model, gathered, written by rank 0.
     torch.manual_seed(100 + rank)  # each rank's RNG its own

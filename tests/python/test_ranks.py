@@ -128,6 +128,22 @@ def test_ranks_taken_from_an_initialised_torch_distributed_group(tmp_path, swap_
     assert_no_rendezvous_left()
 
 
+def test_ranks_of_a_torch_distributed_group_meet_through_its_store(tmp_path, swap_dir):
+    # Without STRATA_RENDEZVOUS_DIR the ranks meet through torch.distributed's
+    # own (TCP) store, which ranks on machines without a shared file system
+    # reach: no folder is made anywhere (TMPDIR an empty folder of the test's).
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    results = torchrun(tmp_path, "bf16", "torch_distributed_store", env_extra={"TMPDIR": str(tmp)})
+    for k, r in enumerate(results):
+        assert r["store_sets"] > 0, f"rank {k} set no key in torch.distributed's store"
+    assert not [n for n in os.listdir(tmp) if "rendezvous" in n], f"rendezvous folders in {tmp}: {os.listdir(tmp)}"
+    want, want_norms = one_rank(swap_dir, "bf16")
+    for k, r in enumerate(results):
+        assert r["norms"] == want_norms, f"rank {k}: norms {r['norms']} vs one rank {want_norms}"
+    helpers.assert_same_bits(merged(results), want, "two ranks meeting through torch's store vs one rank accumulating")
+
+
 def test_a_rendezvous_folder_rank_0_cannot_make_fails_every_rank(tmp_path):
     # Not a wait in the broadcast until torch's timeout: rank 0 sends the error.
     gone = tmp_path / "not-there"

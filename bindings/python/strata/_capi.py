@@ -68,10 +68,16 @@ class ConfigOptions(ctypes.Structure):
                 ("hidden_size", ctypes.c_int64), ("world_size", ctypes.c_int32)]
 
 
+STORE_SET_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t)
+STORE_GET_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t,
+                                ctypes.POINTER(ctypes.c_size_t), ctypes.c_int64)
+
+
 class Ranks(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("size", ctypes.c_int32), ("rank", ctypes.c_int32),
                 ("backend", ctypes.c_char_p), ("store_dir", ctypes.c_char_p), ("run_id", ctypes.c_char_p),
-                ("timeout_ms", ctypes.c_int64), ("local_size", ctypes.c_int32), ("local_rank", ctypes.c_int32)]
+                ("timeout_ms", ctypes.c_int64), ("local_size", ctypes.c_int32), ("local_rank", ctypes.c_int32),
+                ("store_user", ctypes.c_void_p), ("store_set", STORE_SET_FN), ("store_get", STORE_GET_FN)]
 
 
 class OptimizerGroupDesc(ctypes.Structure):

@@ -80,12 +80,45 @@ def _options(total_num_steps, hidden_size, strict, world_size=None):
     return o
 
 
+def _store_callbacks(store):
+    """strata_ranks' store_set and store_get over a key-value store object with
+    torch.distributed.Store's methods: set(key, value), get(key) (waiting for
+    the key up to the store's own timeout) and, where it has one,
+    wait(keys, timedelta). A failure returns nonzero (the C API names the key)."""
+    import datetime
+
+    def set_(user, key, value, length):
+        try:
+            store.set(key.decode(), ctypes.string_at(value, length))
+            return 0
+        except Exception:  # noqa: BLE001 (a callback must not raise into C)
+            return 1
+
+    def get(user, key, buf, cap, length, timeout_ms):
+        try:
+            k = key.decode()
+            if hasattr(store, "wait"):
+                store.wait([k], datetime.timedelta(milliseconds=timeout_ms))
+            value = bytes(store.get(k))
+            length[0] = len(value)
+            if len(value) <= cap:
+                ctypes.memmove(buf, value, len(value))
+            return 0
+        except Exception:  # noqa: BLE001
+            return 1
+
+    return _capi.STORE_SET_FN(set_), _capi.STORE_GET_FN(get)
+
+
 def _ranks(ranks):
     """strata_ranks from Engine's `ranks` argument: "launcher" (the launcher's
     environment: torchrun, mpirun, srun; one rank without one), or a dict with
-    rank, size, store_dir and optionally run_id, backend, timeout_s,
-    local_rank and local_size (this rank among its machine's: its GPU and its
-    share of the cores; not given: every rank on this machine). The strings
+    rank, size, store_dir (or store: a key-value store object with
+    torch.distributed.Store's set, get and wait, such as torch.distributed's
+    default store, which ranks on machines without a shared file system meet
+    through) and optionally run_id, backend, timeout_s, local_rank and
+    local_size (this rank among its machine's: its GPU and its share of the
+    cores; not given: every rank on this machine). The strings and callbacks
     are kept alive by the returned tuple's second item."""
     r = _capi.new(_capi.Ranks)
     keep = []
@@ -93,10 +126,10 @@ def _ranks(ranks):
         return r, keep
     if not isinstance(ranks, dict):
         raise TypeError(f"strata: ranks must be \"launcher\" or a dict, not {type(ranks).__name__}")
-    unknown = set(ranks) - {"rank", "size", "store_dir", "run_id", "backend", "timeout_s", "local_rank",
+    unknown = set(ranks) - {"rank", "size", "store_dir", "store", "run_id", "backend", "timeout_s", "local_rank",
                             "local_size"}
     if unknown:
-        raise TypeError(f"strata: ranks has unknown keys {sorted(unknown)} (rank, size, store_dir, run_id, "
+        raise TypeError(f"strata: ranks has unknown keys {sorted(unknown)} (rank, size, store_dir, store, run_id, "
                         f"backend, timeout_s, local_rank, local_size)")
     for key in ("rank", "size"):
         if key not in ranks:
@@ -106,6 +139,13 @@ def _ranks(ranks):
         if ranks.get(key) is not None:
             keep.append(str(ranks[key]).encode())
             setattr(r, key, keep[-1])
+    if ranks.get("store") is not None:
+        store = ranks["store"]
+        if not (callable(getattr(store, "set", None)) and callable(getattr(store, "get", None))):
+            raise TypeError(f"strata: ranks' store must have set(key, value) and get(key) (a torch.distributed "
+                            f"Store), not {type(store).__name__}")
+        keep.extend(_store_callbacks(store))
+        r.store_set, r.store_get = keep[-2], keep[-1]
     if ranks.get("timeout_s") is not None:
         r.timeout_ms = int(round(float(ranks["timeout_s"]) * 1000))
     if (ranks.get("local_rank") is None) != (ranks.get("local_size") is None):
@@ -265,8 +305,9 @@ class Engine:
     and strict as config_check's (strata_engine_create_ex). ranks: one of
     several data-parallel ranks (strata_engine_create_ranked; docs/distributed.md):
     "launcher" takes them from torchrun's, mpirun's or srun's environment (one
-    rank without a launcher), a dict gives rank, size and store_dir (and
-    optionally run_id, backend, timeout_s); None: an engine of its own."""
+    rank without a launcher), a dict gives rank, size and store_dir or store
+    (and optionally run_id, backend, timeout_s, local_rank, local_size:
+    _ranks says more); None: an engine of its own."""
 
     def __init__(self, config, *, total_num_steps=None, hidden_size=None, strict=False, ranks=None):
         handle = ctypes.c_void_p()

@@ -224,15 +224,27 @@ typedef struct strata_ranks {
   int32_t local_rank;    /* this engine's among them, in [0, local_size) (with local_size > 0): it drives
                             CUDA device local_rank (the only one when its process sees one), and its CPU
                             optimizer takes its share of the cores near that GPU */
+  /* A key-value store the ranks meet through instead of store_dir (0.5; with size > 0): a
+     framework's own, such as torch.distributed's TCP store, so that ranks on machines without a
+     shared file system meet. Both callbacks or neither. store_set writes key's value (len
+     bytes; a key is written once). store_get waits up to timeout_ms for key to be set, then
+     copies up to cap bytes of its value into buf and its whole length into *len (a value longer
+     than cap: called again with room for it). Each returns 0, or nonzero when it failed (for
+     store_get: the key was not set in time). Called during strata_engine_create_ranked only,
+     on its thread, with store_user. */
+  void* store_user;
+  int (*store_set)(void* store_user, const char* key, const void* value, size_t len);
+  int (*store_get)(void* store_user, const char* key, void* buf, size_t cap, size_t* len, int64_t timeout_ms);
 } strata_ranks;
-#define STRATA_RANKS_INIT {(uint32_t)sizeof(strata_ranks), 0, 0, NULL, NULL, NULL, 0, 0, 0}
+#define STRATA_RANKS_INIT {(uint32_t)sizeof(strata_ranks), 0, 0, NULL, NULL, NULL, 0, 0, 0, NULL, NULL, NULL}
 
 /* strata_engine_create_ex for one rank of several (0.5): meets the others
  * (every rank must call it; it returns once all arrived, or UNAVAILABLE when
  * they do not within the timeout). ranks is borrowed; NULL means
  * STRATA_RANKS_INIT. Errors as strata_engine_create_ex's; INVALID_ARGUMENT
  * for a rank outside [0, size), a local_rank outside [0, local_size), a
- * negative timeout, no store_dir with size > 1, or more ranks on this
+ * negative timeout, no store_dir (or store) with size > 1, a store with
+ * size 0 or with one callback of two, or more ranks on this
  * machine than CUDA devices visible to each (strata.device cuda or auto); a launcher's variables half set or malformed, named;
  * UNIMPLEMENTED for what several ranks do not do yet (a backend other than
  * "gloo"). */

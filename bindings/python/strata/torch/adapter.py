@@ -62,23 +62,39 @@ def _torch_distributed_ranks():
     return dist.get_world_size()
 
 
+def _default_store():
+    """torch.distributed's default store (the TCP store of init_process_group's
+    rendezvous, which every rank reaches), or None where this torch has none to give."""
+    try:
+        from torch.distributed import distributed_c10d
+        return distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 (an API of torch's own: fall back to a folder)
+        return None
+
+
 def _ranks_from_torch_distributed():
     """strata's ranks from an initialised torch.distributed process group: its
-    rank and size, and a rendezvous folder (rank 0's, under
-    STRATA_RENDEZVOUS_DIR when set, else the temporary directory: the ranks
-    share that file system) and run id that rank 0 makes and broadcasts over
-    the group; a folder rank 0 cannot make fails every rank, naming it.
-    Returns (ranks, rendezvous), rendezvous to pass to _end_rendezvous once
-    the engine is made."""
+    rank and size, and where they meet: torch.distributed's own store (the
+    ranks reach it wherever they run, no shared file system needed) under a
+    run id rank 0 draws, or, with STRATA_RENDEZVOUS_DIR set or where torch
+    gives no store, a folder rank 0 makes (under STRATA_RENDEZVOUS_DIR, else
+    the temporary directory: the ranks must share that file system). Rank 0
+    broadcasts what it made over the group; a folder rank 0 cannot make fails
+    every rank, naming it. Returns (ranks, rendezvous), rendezvous to pass to
+    _end_rendezvous once the engine is made."""
     dist = torch.distributed
     rank, size = dist.get_rank(), dist.get_world_size()
+    parent = os.environ.get("STRATA_RENDEZVOUS_DIR") or None
+    store = None if parent else _default_store()
     made = [None, None]
     if rank == 0:
-        parent = os.environ.get("STRATA_RENDEZVOUS_DIR") or None
-        try:
-            made = [tempfile.mkdtemp(prefix="strata-torch-rendezvous-", dir=parent), uuid.uuid4().hex]
-        except OSError as e:  # every rank hears of it, none waits for a folder
-            made = [None, f"rank 0 could not make a rendezvous folder under {parent or tempfile.gettempdir()}: {e}"]
+        if store is not None:
+            made = ["", uuid.uuid4().hex]
+        else:
+            try:
+                made = [tempfile.mkdtemp(prefix="strata-torch-rendezvous-", dir=parent), uuid.uuid4().hex]
+            except OSError as e:  # every rank hears of it, none waits for a folder
+                made = [None, f"rank 0 could not make a rendezvous folder under {parent or tempfile.gettempdir()}: {e}"]
     # broadcast_object_list sends through the group's backend (with NCCL, from
     # this rank's current CUDA device, which the caller has set).
     dist.broadcast_object_list(made, src=0)
@@ -88,12 +104,21 @@ def _ranks_from_torch_distributed():
                                  f"(STRATA_RENDEZVOUS_DIR names the folder's parent)", status="UNAVAILABLE")
     # This rank among its machine's (its GPU, its share of the cores) comes
     # from the launcher's environment, read by the library (strata_ranks).
+    if store_dir == "":
+        if store is None:  # rank 0's torch gave one and this rank's none: the ranks' torch differ
+            raise errors.Unavailable("strata.torch: rank 0 meets the others through torch.distributed's store and "
+                                     "this rank's torch has none to give; set STRATA_RENDEZVOUS_DIR to a folder "
+                                     "every rank sees", status="UNAVAILABLE")
+        return ({"rank": rank, "size": size, "store": store, "run_id": f"strata-torch-{run_id}"},
+                (rank, None))
     return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
 
 
 def _end_rendezvous(rendezvous):
     """Once every rank's engine is made (or failed), rank 0 removes the rendezvous folder."""
     rank, store_dir = rendezvous
+    if store_dir is None:  # torch.distributed's store: its keys go with it
+        return
     torch.distributed.barrier()
     if rank == 0:
         shutil.rmtree(store_dir, ignore_errors=True)
