@@ -194,6 +194,7 @@ Engine::~Engine() {
   step_.reset();  // the gradient path, the optimizer and its staging ring, before the budgets they charge
   state_.reset();
   stream_.reset();
+  if (ranks_.launch_order != nullptr) ranks_.launch_order->forget_last();  // its event, before the device goes
   if (!made_swap_dirs_.empty()) {
     // The rank's swap folders finalize made go once the swap files in them
     // are removed (the store closes with the homes that hold its blocks);

@@ -1,6 +1,7 @@
 // LaunchOrder: launches go in the order their tickets were taken, whatever
 // thread reaches them first; a ticket given up (its Turn destroyed unused)
-// lets the next go; a turn that never comes is an error within the timeout.
+// lets the next go; a turn that never comes is an error within the timeout;
+// run_device_collective runs them in that order on the device too.
 #include "engine/internal/launch_order.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,10 @@
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#include "core/memory_budget.h"
+#include "engine/internal/device_collective.h"
+#include "gpu/host_device.h"
 
 namespace strata::engine {
 namespace {
@@ -65,6 +70,65 @@ TEST(LaunchOrder, ATurnThatNeverComesFailsWithinTheTimeout) {
   EXPECT_EQ(s.code(), core::StatusCode::kUnavailable) << s;
   EXPECT_NE(s.message().find("1 launched before it"), std::string::npos) << s;
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+}
+
+// Two collectives on two streams, the first ticket's held back on its
+// stream by earlier work: the second, launched after it, still runs after it
+// on the device (its stream waits for the first's), as NCCL's kernels of two
+// communicators must when they might not fit on the GPU side by side.
+TEST(LaunchOrder, TheDeviceRunsCollectivesInTicketOrderNotOnlyLaunchesThem) {
+  core::MemoryBudget device_budget{"device", core::MemoryBudget::kUnlimited, "test"};
+  core::MemoryBudget pinned_budget{"pinned", core::MemoryBudget::kUnlimited, "test"};
+  gpu::HostDeviceOptions options;
+  options.budgets = {&device_budget, &pinned_budget};
+  auto made = gpu::make_host_device(options);
+  ASSERT_TRUE(made.ok()) << made.status();
+  gpu::Device& device = **made;
+  auto a = device.create_stream("first");
+  auto b = device.create_stream("second");
+  ASSERT_TRUE(a.ok() && b.ok());
+  partition::CommunicatorOptions self;
+  self.backend = "self";
+  auto comm = partition::make_communicator(self);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  LaunchOrder order(10s);
+  LaunchOrder::Turn first(&order), second(&order);
+  std::mutex mu;
+  std::vector<int> ran;
+  const auto note = [&](int i) {
+    const std::lock_guard<std::mutex> lock(mu);
+    ran.push_back(i);
+  };
+  // The first stream is busy for a while before the first collective.
+  std::atomic<bool> release{false};
+  ASSERT_TRUE(device.run_on_stream(*a, {}, [&](void*, std::span<void* const>) {
+    while (!release) std::this_thread::sleep_for(1ms);
+    return core::Status();
+  }).ok());
+  core::Status first_status, second_status;
+  std::thread t1([&] {
+    first_status = run_device_collective(device, *a, {}, **comm, first, [&](void*, std::span<void* const>) {
+      note(1);
+      return core::Status();
+    });
+  });
+  std::thread t2([&] {
+    second_status = run_device_collective(device, *b, {}, **comm, second, [&](void*, std::span<void* const>) {
+      note(2);
+      return core::Status();
+    });
+  });
+  std::this_thread::sleep_for(50ms);  // both launched by now; the second's stream is free
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(ran.empty()) << "the second collective ran before the first";
+  }
+  release = true;
+  t1.join();
+  t2.join();
+  EXPECT_TRUE(first_status.ok()) << first_status;
+  EXPECT_TRUE(second_status.ok()) << second_status;
+  EXPECT_EQ(ran, (std::vector<int>{1, 2}));
 }
 
 TEST(LaunchOrder, NoOrderIsNoWait) {
