@@ -41,14 +41,27 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kSum ? ncclSum : ncclMax; }
 
+// NCCL's failure as a status of its kind: a caller's mistake
+// (ncclInvalidArgument, ncclInvalidUsage) INVALID_ARGUMENT, memory NCCL
+// could not allocate (its last error says so) RESOURCE_EXHAUSTED, as the
+// engine's own allocations say it, else UNAVAILABLE (a peer, the network,
+// a timeout).
 Status nccl_error(std::string_view what, ncclResult_t r, ncclComm_t comm) {
   const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
-  return Status::unavailable(str_cat("nccl ", what, ": ", ncclGetErrorString(r),
-                                     last != nullptr && *last != '\0' ? str_cat(" (", last, ")") : std::string()));
+  const std::string text = str_cat("nccl ", what, ": ", ncclGetErrorString(r),
+                                   last != nullptr && *last != '\0' ? str_cat(" (", last, ")") : std::string());
+  if (r == ncclInvalidArgument || r == ncclInvalidUsage) return Status::invalid_argument(text);
+  const std::string_view said = last != nullptr ? std::string_view(last) : std::string_view();
+  if ((r == ncclSystemError || r == ncclUnhandledCudaError) &&
+      (said.find("out of memory") != std::string_view::npos || said.find("Out of memory") != std::string_view::npos)) {
+    return Status::resource_exhausted(text);
+  }
+  return Status::unavailable(text);
 }
 
 Status cuda_error(std::string_view what, cudaError_t e) {
-  return Status::unavailable(str_cat("cuda ", what, ": ", cudaGetErrorString(e)));
+  const std::string text = str_cat("cuda ", what, ": ", cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? Status::resource_exhausted(text) : Status::unavailable(text);
 }
 
 // The calling thread's current device set to `device` for a scope, then
