@@ -293,7 +293,7 @@ class CallbackStore final : public partition::RendezvousStore {
     return core::Status();
   }
   core::Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout) override {
-    std::vector<char> value(256);
+    std::vector<char> value(64);  // Gloo's addresses are longer: the second call is the common path
     for (int round = 0; round < 2; ++round) {
       std::size_t len = 0;
       if (get_(user_, key.c_str(), value.data(), value.size(), &len, static_cast<std::int64_t>(timeout.count())) != 0) {
@@ -352,7 +352,14 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
       return core::Status::invalid_argument(
           core::str_cat(fn, ": ranks has one of store_set and store_get; a store needs both"));
     }
-    if (r.store_set != nullptr) o.store = std::make_shared<CallbackStore>(r);
+    if (r.store_set != nullptr) {
+      if (r.run_id == nullptr || *r.run_id == '\0') {
+        return core::Status::invalid_argument(core::str_cat(
+            fn, ": ranks has a store and no run_id; a store's keys are not cleared between runs, so each run "
+                "(each engine) meets under a run_id of its own"));
+      }
+      o.store = std::make_shared<CallbackStore>(r);
+    }
     if (r.size > 1 && o.store_dir.empty() && o.store == nullptr) {
       return core::Status::invalid_argument(core::str_cat(fn, ": ranks->store_dir is NULL and ranks has no store; ",
                                                           r.size, " ranks need a directory or a store to meet in"));

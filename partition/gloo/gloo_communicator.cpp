@@ -164,9 +164,10 @@ class GlooCommunicator final : public Communicator {
   // The error of a failed Gloo call, naming the rank that failed where it
   // can be told: by the address Gloo names, by a peer process on this
   // machine that has ended, or, with two ranks, the other one. Gloo's
-  // timeouts say "Timed out" or "timeout" (a pair closed after one says so
-  // too); anything else is a connection that broke (closed or reset by the
-  // peer, a write to a closed socket).
+  // transport failures are IoExceptions: its timeouts say "Timed out" or
+  // "timeout" (a pair closed after one says so too); any other is a
+  // connection that broke (closed or reset by the peer, a write to a closed
+  // socket).
   std::string named_failure(const std::exception& e) const {
     const std::string_view what = e.what();
     for (std::size_t j = 0; j < peers_.size(); ++j) {
@@ -177,6 +178,9 @@ class GlooCommunicator final : public Communicator {
     std::string lower(what);
     std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
     const bool timed_out = lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
+    // Gloo's transport failures are IoExceptions; anything else (a failed
+    // check of Gloo's own) blames no peer.
+    const bool transport = dynamic_cast<const gloo::IoException*>(&e) != nullptr;
     // A process's sockets close while it exits, a moment before it is
     // seen to have ended: looked at for up to half a second after a
     // broken connection, once after a timeout.
@@ -188,10 +192,10 @@ class GlooCommunicator final : public Communicator {
           return str_cat("rank ", j, " failed or left (its process ", p.pid, " has ended): gloo: ", what);
         }
       }
-      if (timed_out) break;
+      if (timed_out || !transport) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    if (size() == 2) {  // the error names no peer; with two ranks it can only be the other
+    if (size() == 2 && transport) {  // the error names no peer; with two ranks it can only be the other
       return timed_out ? str_cat("rank ", 1 - rank(), " did not take part within the ", timeout_.count(),
                                  " ms timeout, or its process ended: gloo: ", what)
                        : str_cat("rank ", 1 - rank(), " failed or left (its connection broke): gloo: ", what);

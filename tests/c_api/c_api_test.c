@@ -667,6 +667,9 @@ static void ranks_checks(void) {
   stored.store_get = forgetting_get;
   stored.timeout_ms = 300;
   strata_config_options both = STRATA_CONFIG_OPTIONS_INIT;  /* world_size 0: the engine's ranks */
+  CHECK_STATUS(strata_engine_create_ranked(cfg, &both, &stored, &e), STRATA_STATUS_INVALID_ARGUMENT,
+               "a store and no run_id");
+  stored.run_id = "run-1";
   CHECK_STATUS(strata_engine_create_ranked(cfg, &both, &stored, &e), STRATA_STATUS_UNAVAILABLE,
                "could not meet the others through the caller's store");
   CHECK(g_store_sets > 0 && g_store_gets > 0);

@@ -92,7 +92,7 @@ TEST(LaunchOrder, TheDeviceRunsCollectivesInTicketOrderNotOnlyLaunchesThem) {
   auto comm = partition::make_communicator(self);
   ASSERT_TRUE(comm.ok()) << comm.status();
   LaunchOrder order(10s);
-  LaunchOrder::Turn first(&order), second(&order);
+  LaunchOrder::Turn first(&order), second(&order), third(&order);
   std::mutex mu;
   std::vector<int> ran;
   const auto note = [&](int i) {
@@ -118,7 +118,8 @@ TEST(LaunchOrder, TheDeviceRunsCollectivesInTicketOrderNotOnlyLaunchesThem) {
       return core::Status();
     });
   });
-  std::this_thread::sleep_for(50ms);  // both launched by now; the second's stream is free
+  ASSERT_TRUE(third.wait().ok());  // both launched by now; the second's stream is free
+  std::this_thread::sleep_for(20ms);  // time for the second to run, were it not held
   {
     const std::lock_guard<std::mutex> lock(mu);
     EXPECT_TRUE(ran.empty()) << "the second collective ran before the first";

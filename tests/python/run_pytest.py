@@ -54,6 +54,15 @@ def collect():
     return [os.path.join(root, i) for i in ids]
 
 
+def _die_with_parent():
+    """In a shard's process before it runs: SIGKILL when the runner dies (Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_sharded(jobs, extra):
     ids = collect()
     if ids is None:
@@ -97,9 +106,10 @@ def run_sharded(jobs, extra):
             # Unbuffered: a shard killed at the limit has still written where it was.
             env = dict(os.environ, PYTHONUNBUFFERED="1")
             # A session of its own: a stop kills the shard's whole process group (the
-            # torchrun launchers, ranks and example scripts its tests start), not only pytest.
-            procs[k] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True),
-                        log, len(shard))
+            # torchrun launchers, ranks and example scripts its tests start), not only pytest;
+            # and the shard dies with this runner, should it be killed outright.
+            procs[k] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                         preexec_fn=_die_with_parent), log, len(shard))
         try:
             while procs:  # each shard's output as it ends
                 for k in sorted(procs):

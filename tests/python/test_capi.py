@@ -312,3 +312,39 @@ def test_ranks_with_a_local_rank(swap_dir):
         strata.Engine(cfg, ranks={"rank": 0, "size": 1, "local_rank": 1})
     with pytest.raises(strata.InvalidArgument, match="local_rank is 2 and ranks->local_size 2"):
         strata.Engine(cfg, ranks={"rank": 0, "size": 1, "local_rank": 2, "local_size": 2})
+
+
+def test_ranks_meeting_through_a_store_object(swap_dir):
+    """A ranks dict's store (an object with torch.distributed.Store's set, get
+    and wait) goes to the C API as callbacks: a rank alone in it fails to meet
+    the other within its timeout, naming the store, having written its keys
+    there; a Ctrl-C inside a callback comes out as KeyboardInterrupt; an object
+    without set and get is refused."""
+    cfg = helpers.config(swap_dir)
+
+    class Alone:
+        def __init__(self, interrupt=False):
+            self.keys, self.interrupt = [], interrupt
+
+        def set(self, key, value):
+            if self.interrupt:
+                raise KeyboardInterrupt
+            self.keys.append(key)
+
+        def get(self, key):
+            raise RuntimeError(f"no key {key}")
+
+        def wait(self, keys, timeout):
+            raise RuntimeError(f"no keys {keys} within {timeout}")
+
+    store = Alone()
+    with pytest.raises(strata.Unavailable, match="could not meet the others through the caller's store"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": store, "run_id": "run-a", "timeout_s": 0.3})
+    assert store.keys and all(k.startswith("run-a") for k in store.keys), store.keys
+    with pytest.raises(KeyboardInterrupt):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Alone(interrupt=True), "run_id": "run-b",
+                                  "timeout_s": 0.3})
+    with pytest.raises(strata.InvalidArgument, match="a store and no run_id"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Alone(), "timeout_s": 0.3})
+    with pytest.raises(TypeError, match="set\\(key, value\\) and get\\(key\\)"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": object(), "run_id": "run-c"})

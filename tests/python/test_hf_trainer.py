@@ -7,6 +7,7 @@ weights from a checkpoint's safetensors. Runs where transformers is
 importable (the GPU machine); skipped elsewhere (test_hf_auto.py tests the
 "auto" mapping everywhere)."""
 import os
+import signal
 import subprocess
 
 import pytest
@@ -27,16 +28,34 @@ pytestmark = pytest.mark.skipif(transformers is None, reason="transformers is no
 SEQ, VOCAB, MICRO, GAS, STEPS = 16, 64, 2, 2, 6
 
 
+def _kill_tree(pid):
+    """SIGKILL to pid and every process under it (torchrun's ranks, an example's workers)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        children = []
+    for c in children:
+        _kill_tree(c)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def run_logged(cmd, timeout, **kw):
     """subprocess.run with its output captured; one that runs past `timeout`
-    fails the test with what it had printed (the GPU check's stage limit
-    would otherwise stop it with nothing)."""
+    is killed with everything it started and fails the test with what it had
+    printed (the GPU check's stage limit would otherwise stop it with nothing)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kw)
-    except subprocess.TimeoutExpired as e:
-        def tail(b):
-            return (b.decode(errors="replace") if isinstance(b, bytes) else b or "")[-4000:]
-        pytest.fail(f"{' '.join(map(str, cmd[:4]))} ... ran past {timeout} s:\n{tail(e.stdout)}\n{tail(e.stderr)}")
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(p.pid)
+        out, err = p.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd[:4]))} ... ran past {timeout} s:\n{(out or '')[-4000:]}\n"
+                    f"{(err or '')[-4000:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def llama(seed=0):

@@ -80,22 +80,30 @@ def _options(total_num_steps, hidden_size, strict, world_size=None):
     return o
 
 
-def _store_callbacks(store):
+def _store_callbacks(store, raised):
     """strata_ranks' store_set and store_get over a key-value store object with
     torch.distributed.Store's methods: set(key, value), get(key) (waiting for
     the key up to the store's own timeout) and, where it has one,
-    wait(keys, timedelta). A failure returns nonzero (the C API names the key)."""
+    wait(keys, timedelta). A failure returns nonzero (the C API names the key);
+    what interrupted a callback (Ctrl-C: KeyboardInterrupt, SystemExit) goes
+    into `raised`, for the caller to raise once the C call has returned."""
     import datetime
 
-    def set_(user, key, value, length):
+    def guarded(fn):
         try:
-            store.set(key.decode(), ctypes.string_at(value, length))
+            fn()
             return 0
         except Exception:  # noqa: BLE001 (a callback must not raise into C)
             return 1
+        except BaseException as e:  # noqa: BLE001
+            raised.append(e)
+            return 1
+
+    def set_(user, key, value, length):
+        return guarded(lambda: store.set(key.decode(), ctypes.string_at(value, length)))
 
     def get(user, key, buf, cap, length, timeout_ms):
-        try:
+        def fetch():
             k = key.decode()
             if hasattr(store, "wait"):
                 store.wait([k], datetime.timedelta(milliseconds=timeout_ms))
@@ -103,9 +111,7 @@ def _store_callbacks(store):
             length[0] = len(value)
             if len(value) <= cap:
                 ctypes.memmove(buf, value, len(value))
-            return 0
-        except Exception:  # noqa: BLE001
-            return 1
+        return guarded(fetch)
 
     return _capi.STORE_SET_FN(set_), _capi.STORE_GET_FN(get)
 
@@ -144,8 +150,10 @@ def _ranks(ranks):
         if not (callable(getattr(store, "set", None)) and callable(getattr(store, "get", None))):
             raise TypeError(f"strata: ranks' store must have set(key, value) and get(key) (a torch.distributed "
                             f"Store), not {type(store).__name__}")
-        keep.extend(_store_callbacks(store))
+        raised = []
+        keep.extend(_store_callbacks(store, raised))
         r.store_set, r.store_get = keep[-2], keep[-1]
+        keep.append(raised)
     if ranks.get("timeout_s") is not None:
         r.timeout_ms = int(round(float(ranks["timeout_s"]) * 1000))
     if (ranks.get("local_rank") is None) != (ranks.get("local_size") is None):
@@ -316,8 +324,13 @@ class Engine:
             check(_lib.strata_engine_create_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(handle)))
         else:
             r, keep = _ranks(ranks)
-            check(_lib.strata_engine_create_ranked(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(r),
-                                                   ctypes.byref(handle)))
+            status = _lib.strata_engine_create_ranked(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(r),
+                                                      ctypes.byref(handle))
+            for interrupted in (k for k in keep if isinstance(k, list) and k):
+                if handle:
+                    _lib.strata_engine_destroy(handle)
+                raise interrupted[0]  # a Ctrl-C while the ranks met, as if it came here
+            check(status)
             del keep
         self._h = handle
         self._inits = []          # (INIT_FN, callable) kept alive until finalize returns

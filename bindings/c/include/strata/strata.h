@@ -226,7 +226,8 @@ typedef struct strata_ranks {
                             optimizer takes its share of the cores near that GPU */
   /* A key-value store the ranks meet through instead of store_dir (0.5; with size > 0): a
      framework's own, such as torch.distributed's TCP store, so that ranks on machines without a
-     shared file system meet. Both callbacks or neither. store_set writes key's value (len
+     shared file system meet. Both callbacks or neither, and a run_id of the run's own (a
+     store's keys are not cleared between runs). store_set writes key's value (len
      bytes; a key is written once). store_get waits up to timeout_ms for key to be set, then
      copies up to cap bytes of its value into buf and its whole length into *len (a value longer
      than cap: called again with room for it). Each returns 0, or nonzero when it failed (for

@@ -85,7 +85,8 @@ def _ranks_from_torch_distributed():
     dist = torch.distributed
     rank, size = dist.get_rank(), dist.get_world_size()
     parent = os.environ.get("STRATA_RENDEZVOUS_DIR") or None
-    store = None if parent else _default_store()
+    # Rank 0 decides (its environment, its torch); the others follow what it broadcasts.
+    store = _default_store() if rank != 0 or not parent else None
     made = [None, None]
     if rank == 0:
         if store is not None:
@@ -107,8 +108,8 @@ def _ranks_from_torch_distributed():
     if store_dir == "":
         if store is None:  # rank 0's torch gave one and this rank's none: the ranks' torch differ
             raise errors.Unavailable("strata.torch: rank 0 meets the others through torch.distributed's store and "
-                                     "this rank's torch has none to give; set STRATA_RENDEZVOUS_DIR to a folder "
-                                     "every rank sees", status="UNAVAILABLE")
+                                     "this rank's torch has none to give; set STRATA_RENDEZVOUS_DIR on rank 0 (a "
+                                     "folder every rank sees) to meet there instead", status="UNAVAILABLE")
         return ({"rank": rank, "size": size, "store": store, "run_id": f"strata-torch-{run_id}"},
                 (rank, None))
     return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
