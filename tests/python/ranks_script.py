@@ -11,7 +11,8 @@ torch.distributed's process group (Gloo, from torchrun's environment) first,
 and strata.torch takes the ranks from it; "torch_distributed_no_folder" does
 that where the rendezvous folder cannot be made, and writes each rank's error;
 "torch_distributed_store" meets through torch.distributed's store (no
-STRATA_RENDEZVOUS_DIR), counting the keys strata sets there (store_sets);
+STRATA_RENDEZVOUS_DIR); store_sets counts the keys strata set in torch's
+stores (torch.distributed's, or torchrun's agent store without one);
 "no_grad" trains test_no_grad.py's model instead (no_grad_run).
 
 usage: ranks_script.py OUT SWAP_DIR PRECISION STEPS CLIP [torch_distributed[_no_folder|_store] | no_grad]"""
@@ -48,24 +49,30 @@ def main():
             error = str(e)
         torch.save({"error": error}, os.path.join(out, f"rank{torch.distributed.get_rank()}.pt"))
         return 0
+    # torch.distributed's store and torchrun's, each wrapped to count the keys strata sets there.
     store_sets = []
-    if mode == "torch_distributed_store":
-        import strata.torch.adapter as adapter
-        store = adapter._default_store()
-        assert store is not None, "this torch gives no default store"
+    import strata.torch.adapter as adapter
 
-        class Counting:
-            def set(self, key, value):
-                store_sets.append(key)
-                return store.set(key, value)
+    def counting(make):
+        def made():
+            store = make()
+            if store is None:
+                return None
 
-            def get(self, key):
-                return store.get(key)
+            class Counting:
+                def set(self, key, value):
+                    store_sets.append(key)
+                    return store.set(key, value)
 
-            def wait(self, keys, timeout):
-                return store.wait(keys, timeout)
+                def get(self, key):
+                    return store.get(key)
 
-        adapter._default_store = lambda: Counting()
+                def wait(self, keys, timeout):
+                    return store.wait(keys, timeout)
+            return Counting()
+        return made
+    adapter._default_store = counting(adapter._default_store)
+    adapter._launcher_store = counting(adapter._launcher_store)
     try:
         engine = strata.torch.initialize(model, cfg)
     except strata.Unimplemented as e:

@@ -87,6 +87,10 @@ def one_rank(swap_dir, precision):
 def test_two_ranks_bf16_are_one_rank_accumulating_bit_for_bit(tmp_path, swap_dir):
     results = torchrun(tmp_path, "bf16")
     assert_no_rendezvous_left()
+    # No torch.distributed group: the ranks met through torchrun's own store
+    # (its agent's, at MASTER_ADDR:MASTER_PORT; no folder, across machines too).
+    for k, r in enumerate(results):
+        assert r["store_sets"] > 0, f"rank {k} set no key in torchrun's store"
     want, want_norms = one_rank(swap_dir, "bf16")
     assert sum(n > CLIP for n in want_norms) >= STEPS // 2, "clipping must fire for the test to mean anything"
     for k, r in enumerate(results):
@@ -121,6 +125,7 @@ def test_ranks_taken_from_an_initialised_torch_distributed_group(tmp_path, swap_
     meet.mkdir()
     results = torchrun(tmp_path, "bf16", "torch_distributed", env_extra={"STRATA_RENDEZVOUS_DIR": str(meet)})
     assert list(meet.iterdir()) == [], f"left in STRATA_RENDEZVOUS_DIR: {list(meet.iterdir())}"
+    assert [r["store_sets"] for r in results] == [0] * WORLD  # the folder, not torch's store
     want, want_norms = one_rank(swap_dir, "bf16")
     for k, r in enumerate(results):
         assert r["norms"] == want_norms, f"rank {k}: norms {r['norms']} vs one rank {want_norms}"
@@ -154,7 +159,13 @@ def test_a_rendezvous_folder_rank_0_cannot_make_fails_every_rank(tmp_path):
 
 
 def test_two_ranks_fp32_match_torch_adamw(tmp_path):
-    results = torchrun(tmp_path, "fp32")
+    # With STRATA_RENDEZVOUS_DIR (and a run id) the ranks meet in that folder,
+    # as the library reads the launcher's environment, not in torchrun's store.
+    meet = tmp_path / "meet"
+    meet.mkdir()
+    results = torchrun(tmp_path, "fp32", env_extra={"STRATA_RENDEZVOUS_DIR": str(meet), "STRATA_RUN_ID": "fp32"})
+    assert [r["store_sets"] for r in results] == [0] * WORLD
+    assert any(meet.iterdir()), "the ranks did not meet in STRATA_RENDEZVOUS_DIR"
     model = helpers.tiny_llama(seed=0)
     helpers.train_torch(model, helpers.batches(STEPS * WORLD), STEPS, WORLD, lr=3e-3, weight_decay=0.01, clip=CLIP)
     got = merged(results)

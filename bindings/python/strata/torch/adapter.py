@@ -115,6 +115,48 @@ def _ranks_from_torch_distributed():
     return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
 
 
+_launcher_engines = 0  # engines this process made meeting through torchrun's store (each run id's count)
+
+
+def _launcher_store():
+    """torchrun's own store, where its agent keeps one at MASTER_ADDR:MASTER_PORT
+    for its workers (TORCHELASTIC_USE_AGENT_STORE): a client of it, or None
+    (another launcher, no agent store, a torch without TCPStore, or none
+    reached within 30 s)."""
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or not env.get("MASTER_ADDR") \
+            or not env.get("MASTER_PORT", "").isdigit():
+        return None
+    try:
+        import datetime
+        return torch.distributed.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False,
+                                          datetime.timedelta(seconds=30))
+    except Exception:  # noqa: BLE001 (the folder is then where the ranks meet)
+        return None
+
+
+def _ranks_from_torchrun_store():
+    """Under torchrun without an initialised torch.distributed group: strata's
+    ranks meeting through torchrun's agent store (no shared file system
+    needed across machines), unless STRATA_RENDEZVOUS_DIR says to meet in a
+    folder; "launcher" (the library reads the environment and meets in a
+    folder) where there is no such store. The run id: torchrun's run and
+    restart, and this process's count of such engines (every rank makes its
+    engines in the same order)."""
+    env = os.environ
+    if env.get("STRATA_RENDEZVOUS_DIR") or not env.get("WORLD_SIZE", "").isdigit() or int(env["WORLD_SIZE"]) < 2 \
+            or not env.get("RANK", "").isdigit():
+        return "launcher"
+    store = _launcher_store()
+    if store is None:
+        return "launcher"
+    global _launcher_engines
+    _launcher_engines += 1
+    run = (f"strata-torchrun-{env.get('TORCHELASTIC_RUN_ID', 'none')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+           f"-{_launcher_engines}")
+    return {"rank": int(env["RANK"]), "size": int(env["WORLD_SIZE"]), "store": store, "run_id": run}
+
+
 def _end_rendezvous(rendezvous):
     """Once every rank's engine is made (or failed), rank 0 removes the rendezvous folder."""
     rank, store_dir = rendezvous
@@ -146,6 +188,8 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
                                    if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
         if ranks == "launcher" and _torch_distributed_ranks() > 1:
             ranks, rendezvous = _ranks_from_torch_distributed()
+        elif ranks == "launcher":
+            ranks = _ranks_from_torchrun_store()
         try:
             self._engine = _engine.Engine(text, ranks=ranks, **known)
         except BaseException:
