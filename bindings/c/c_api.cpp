@@ -322,10 +322,21 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
     return core::Status::invalid_argument(
         core::str_cat(fn, ": ranks->timeout_ms is ", r.timeout_ms, "; it must be >= 0 (0: 5 minutes)"));
   }
-  const std::chrono::milliseconds timeout = r.timeout_ms > 0 ? std::chrono::milliseconds(r.timeout_ms)
-                                                             : std::chrono::milliseconds(std::chrono::minutes(5));
-  partition::CommunicatorOptions o;
   const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
+  // 0: STRATA_TIMEOUT_S (seconds) when set, else 5 minutes.
+  std::chrono::milliseconds timeout = std::chrono::minutes(5);
+  if (r.timeout_ms > 0) {
+    timeout = std::chrono::milliseconds(r.timeout_ms);
+  } else if (const char* env = getenv("STRATA_TIMEOUT_S"); env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const double seconds = std::strtod(env, &end);
+    if (end == env || *end != '\0' || !(seconds > 0.0) || seconds > 1e7) {
+      return core::Status::invalid_argument(core::str_cat(
+          fn, ": STRATA_TIMEOUT_S is '", env, "'; it must be a number of seconds > 0 (the collectives' timeout)"));
+    }
+    timeout = std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(seconds * 1000.0)));
+  }
+  partition::CommunicatorOptions o;
   const core::Result<std::optional<partition::Launch>> launch = partition::launch_from_environment(getenv);
   if (r.size == 0) {
     if (r.store_set != nullptr || r.store_get != nullptr) {

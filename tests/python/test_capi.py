@@ -348,3 +348,27 @@ def test_ranks_meeting_through_a_store_object(swap_dir):
         strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Alone(), "timeout_s": 0.3})
     with pytest.raises(TypeError, match="set\\(key, value\\) and get\\(key\\)"):
         strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": object(), "run_id": "run-c"})
+
+
+def test_strata_timeout_s_sets_the_collectives_timeout(swap_dir, monkeypatch):
+    """Ranks taken from a launcher or from torch.distributed give no timeout of
+    their own: STRATA_TIMEOUT_S sets it (a rank alone fails to meet within it,
+    which names it); a value that is not a positive number is refused, named."""
+    import time
+    cfg = helpers.config(swap_dir)
+
+    class Empty:
+        def set(self, key, value):
+            pass
+
+        def get(self, key):
+            raise RuntimeError(key)
+
+    monkeypatch.setenv("STRATA_TIMEOUT_S", "0.25")
+    start = time.monotonic()
+    with pytest.raises(strata.Unavailable, match="within the 250 ms timeout"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Empty(), "run_id": "t"})
+    assert time.monotonic() - start < 60
+    monkeypatch.setenv("STRATA_TIMEOUT_S", "soon")
+    with pytest.raises(strata.InvalidArgument, match="STRATA_TIMEOUT_S is 'soon'"):
+        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Empty(), "run_id": "t"})

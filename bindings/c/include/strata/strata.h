@@ -218,7 +218,8 @@ typedef struct strata_ranks {
                             required with size > 1 */
   const char* run_id;    /* names this run's keys in store_dir; NULL: "strata" (size > 0) or the
                             launcher's run (size 0) */
-  int64_t timeout_ms;    /* each collective, and meeting the others; 0: 5 minutes */
+  int64_t timeout_ms;    /* each collective, and meeting the others; 0: STRATA_TIMEOUT_S's seconds when
+                            set, else 5 minutes */
   int32_t local_size;    /* ranks on this machine; 0: not given (with size 0 the launcher's, else every
                             rank on this machine, local_rank = rank) */
   int32_t local_rank;    /* this engine's among them, in [0, local_size) (with local_size > 0): it drives
