@@ -195,6 +195,12 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
       l.local_size = local_size.value_or(0);
     }
     if (l.launcher == "torchrun") {
+      // DeepSpeed's launcher (deepspeed, its launch.py) sets RANK and
+      // WORLD_SIZE as torchrun does, but the machine's rank count as LOCAL_SIZE.
+      if (l.local_size == 0) {
+        STRATA_ASSIGN_OR_RETURN(const std::optional<int> deepspeed_local, read_int(getenv, "LOCAL_SIZE"));
+        l.local_size = deepspeed_local.value_or(0);
+      }
       // torchrun without --rdzv-id says "none"; a restart of an elastic run keeps its id.
       l.run_id = env_or(getenv, "TORCHELASTIC_RUN_ID");
       if (l.run_id == "none") l.run_id.clear();

@@ -52,6 +52,27 @@ TEST(Launch, TorchrunsVariables) {
   EXPECT_EQ(x.run_id, "abc.0");  // the restart count (none yet)
 }
 
+TEST(Launch, DeepSpeedsLauncherNamesTheLocalSizeLocalSize) {
+  // deepspeed's launch.py: torchrun's names, the machine's rank count as LOCAL_SIZE.
+  Env env{{{"RANK", "9"}, {"WORLD_SIZE", "16"}, {"LOCAL_RANK", "1"}, {"LOCAL_SIZE", "8"},
+           {"CROSS_RANK", "1"}, {"CROSS_SIZE", "2"}, {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29500"}}};
+  auto l = launch_from_environment(env.get());
+  ASSERT_TRUE(l.ok() && l->has_value()) << l.status().to_string();
+  EXPECT_EQ((*l)->rank, 9);
+  EXPECT_EQ((*l)->local_rank, 1);
+  EXPECT_EQ((*l)->local_size, 8);  // two machines of 8: not every rank local
+  // LOCAL_WORLD_SIZE, where both are set, is torchrun's and wins.
+  env.vars["LOCAL_WORLD_SIZE"] = "4";
+  auto both = launch_from_environment(env.get());
+  ASSERT_TRUE(both.ok() && both->has_value()) << both.status().to_string();
+  EXPECT_EQ((*both)->local_size, 4);
+  env.vars.erase("LOCAL_WORLD_SIZE");
+  env.vars["LOCAL_SIZE"] = "eight";
+  auto bad = launch_from_environment(env.get());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("LOCAL_SIZE=\"eight\""), std::string_view::npos) << bad.status().to_string();
+}
+
 TEST(Launch, OpenMpisAndSlurmsVariables) {
   Env mpi{{{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
            {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}, {"OMPI_MCA_ess_base_jobid", "77"}}};
