@@ -196,10 +196,14 @@ core::Result<std::optional<Launch>> launch_from_environment(const GetEnv& getenv
     }
     if (l.launcher == "torchrun") {
       // DeepSpeed's launcher (deepspeed, its launch.py) sets RANK and
-      // WORLD_SIZE as torchrun does, but the machine's rank count as LOCAL_SIZE.
-      if (l.local_size == 0) {
+      // WORLD_SIZE as torchrun does, but the machine's rank count as
+      // LOCAL_SIZE, beside CROSS_RANK and CROSS_SIZE (the machine's index and
+      // count), which tell its LOCAL_SIZE from another program's; one that
+      // does not fit the ranks (local rank < it <= size) is not taken.
+      if (l.local_size == 0 && getenv("CROSS_RANK") != nullptr && getenv("CROSS_SIZE") != nullptr) {
         STRATA_ASSIGN_OR_RETURN(const std::optional<int> deepspeed_local, read_int(getenv, "LOCAL_SIZE"));
-        l.local_size = deepspeed_local.value_or(0);
+        const int n = deepspeed_local.value_or(0);
+        if (n > l.local_rank && n <= l.size) l.local_size = n;
       }
       // torchrun without --rdzv-id says "none"; a restart of an elastic run keeps its id.
       l.run_id = env_or(getenv, "TORCHELASTIC_RUN_ID");

@@ -2,6 +2,7 @@
 // turns a Status into a strata_status plus the thread's last-error message and
 // catches anything thrown (bad_alloc becomes OUT_OF_MEMORY, the rest INTERNAL).
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -319,8 +320,8 @@ class CallbackStore final : public partition::RendezvousStore {
 core::Result<partition::CommunicatorOptions> communicator_options(const strata_ranks* in, const char* fn) {
   STRATA_ASSIGN_OR_RETURN(const strata_ranks r, read_struct(in, fn, "ranks"));
   if (r.timeout_ms < 0) {
-    return core::Status::invalid_argument(
-        core::str_cat(fn, ": ranks->timeout_ms is ", r.timeout_ms, "; it must be >= 0 (0: 5 minutes)"));
+    return core::Status::invalid_argument(core::str_cat(fn, ": ranks->timeout_ms is ", r.timeout_ms,
+                                                        "; it must be >= 0 (0: STRATA_TIMEOUT_S, else 5 minutes)"));
   }
   const partition::GetEnv getenv = [](const char* name) { return std::getenv(name); };
   // 0: STRATA_TIMEOUT_S (seconds) when set, else 5 minutes.
@@ -328,13 +329,15 @@ core::Result<partition::CommunicatorOptions> communicator_options(const strata_r
   if (r.timeout_ms > 0) {
     timeout = std::chrono::milliseconds(r.timeout_ms);
   } else if (const char* env = getenv("STRATA_TIMEOUT_S"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const double seconds = std::strtod(env, &end);
-    if (end == env || *end != '\0' || !(seconds > 0.0) || seconds > 1e7) {
-      return core::Status::invalid_argument(core::str_cat(
-          fn, ": STRATA_TIMEOUT_S is '", env, "'; it must be a number of seconds > 0 (the collectives' timeout)"));
+    const std::string_view text(env);
+    double seconds = 0.0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), seconds);  // not the locale's
+    if (ec != std::errc() || end != text.data() + text.size() || !(seconds >= 0.001) || !(seconds <= 1e7)) {
+      return core::Status::invalid_argument(core::str_cat(fn, ": STRATA_TIMEOUT_S is '", text,
+                                                          "'; it must be a number of seconds from 0.001 to 1e7 "
+                                                          "(the collectives' timeout)"));
     }
-    timeout = std::chrono::milliseconds(std::max<std::int64_t>(1, static_cast<std::int64_t>(seconds * 1000.0)));
+    timeout = std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
   }
   partition::CommunicatorOptions o;
   const core::Result<std::optional<partition::Launch>> launch = partition::launch_from_environment(getenv);

@@ -71,6 +71,19 @@ TEST(Launch, DeepSpeedsLauncherNamesTheLocalSizeLocalSize) {
   auto bad = launch_from_environment(env.get());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("LOCAL_SIZE=\"eight\""), std::string_view::npos) << bad.status().to_string();
+  // Another program's LOCAL_SIZE (no CROSS_RANK, CROSS_SIZE beside it), or one
+  // that does not fit the ranks, is not taken.
+  for (const char* local : {"8", "1", "17"}) {
+    Env other = env;
+    other.vars["LOCAL_SIZE"] = local;
+    if (std::string(local) == "8") {
+      other.vars.erase("CROSS_RANK");
+      other.vars.erase("CROSS_SIZE");
+    }
+    auto o = launch_from_environment(other.get());
+    ASSERT_TRUE(o.ok() && o->has_value()) << o.status().to_string();
+    EXPECT_EQ((*o)->local_size, 0) << "LOCAL_SIZE " << local;
+  }
 }
 
 TEST(Launch, OpenMpisAndSlurmsVariables) {

@@ -369,6 +369,31 @@ def test_strata_timeout_s_sets_the_collectives_timeout(swap_dir, monkeypatch):
     with pytest.raises(strata.Unavailable, match="within the 250 ms timeout"):
         strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Empty(), "run_id": "t"})
     assert time.monotonic() - start < 60
-    monkeypatch.setenv("STRATA_TIMEOUT_S", "soon")
-    with pytest.raises(strata.InvalidArgument, match="STRATA_TIMEOUT_S is 'soon'"):
-        strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Empty(), "run_id": "t"})
+    for bad in ("soon", "0.0001", "nan", "-1"):
+        monkeypatch.setenv("STRATA_TIMEOUT_S", bad)
+        with pytest.raises(strata.InvalidArgument, match=f"STRATA_TIMEOUT_S is '{bad}'"):
+            strata.Engine(cfg, ranks={"rank": 0, "size": 2, "store": Empty(), "run_id": "t"})
+
+
+def test_torchruns_store_that_cannot_be_reached_is_named(monkeypatch):
+    """Under torchrun with its agent's store (and no restarts), a rank that
+    cannot reach the store raises at once, naming it, instead of meeting
+    elsewhere while the others wait for it; without those variables (another
+    launcher, an elastic run) the ranks meet in a folder as before."""
+    import socket
+    import strata.torch.adapter as adapter
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens there once closed
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_MAX_RESTARTS": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "2", "STRATA_TIMEOUT_S": "1"}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("STRATA_RENDEZVOUS_DIR", raising=False)
+    with pytest.raises(strata.Unavailable, match=f"torchrun's store at 127.0.0.1:{port}"):
+        adapter._ranks_from_torchrun_store()
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    assert adapter._ranks_from_torchrun_store() == "launcher"
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    monkeypatch.setenv("STRATA_RENDEZVOUS_DIR", "/tmp")
+    assert adapter._ranks_from_torchrun_store() == "launcher"

@@ -39,6 +39,7 @@ How it works, in one place:
 import os
 import shutil
 import tempfile
+import threading
 import uuid
 
 import torch
@@ -115,24 +116,34 @@ def _ranks_from_torch_distributed():
     return {"rank": rank, "size": size, "store_dir": store_dir, "run_id": run_id}, (rank, store_dir)
 
 
-_launcher_engines = 0  # engines this process made meeting through torchrun's store (each run id's count)
+_launcher_engines = [0, threading.Lock()]  # engines made meeting through torchrun's store, and its lock
 
 
 def _launcher_store():
     """torchrun's own store, where its agent keeps one at MASTER_ADDR:MASTER_PORT
-    for its workers (TORCHELASTIC_USE_AGENT_STORE): a client of it, or None
-    (another launcher, no agent store, a torch without TCPStore, or none
-    reached within 30 s)."""
+    for its workers (TORCHELASTIC_USE_AGENT_STORE) and the run allows no
+    restarts (TORCHELASTIC_MAX_RESTARTS 0, torchrun's default: a restart's
+    count is each machine's own, and the store may keep an earlier attempt's
+    keys): a client of it; None where there is no such store (the same on
+    every rank: the launcher's variables). One that cannot be reached raises,
+    naming it, rather than leave the other ranks waiting for this one."""
     env = os.environ
-    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or not env.get("MASTER_ADDR") \
-            or not env.get("MASTER_PORT", "").isdigit():
+    if env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() != "true" or env.get("TORCHELASTIC_MAX_RESTARTS") != "0" \
+            or not env.get("MASTER_ADDR") or not env.get("MASTER_PORT", "").isdigit():
         return None
+    import datetime
     try:
-        import datetime
+        wait = min(60.0, float(env.get("STRATA_TIMEOUT_S") or 60.0))  # the meeting's timeout, at most a minute
+    except ValueError:
+        wait = 60.0  # (the library names a bad STRATA_TIMEOUT_S)
+    try:
         return torch.distributed.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), None, False,
-                                          datetime.timedelta(seconds=30))
-    except Exception:  # noqa: BLE001 (the folder is then where the ranks meet)
-        return None
+                                          datetime.timedelta(seconds=max(wait, 0.001)))
+    except Exception as e:  # noqa: BLE001
+        raise errors.Unavailable(
+            f"strata.torch: torchrun's store at {env['MASTER_ADDR']}:{env['MASTER_PORT']}, where the ranks meet, "
+            f"cannot be reached: {e} (set STRATA_RENDEZVOUS_DIR to meet in a folder every rank sees)",
+            status="UNAVAILABLE") from e
 
 
 def _ranks_from_torchrun_store():
@@ -141,7 +152,7 @@ def _ranks_from_torchrun_store():
     needed across machines), unless STRATA_RENDEZVOUS_DIR says to meet in a
     folder; "launcher" (the library reads the environment and meets in a
     folder) where there is no such store. The run id: torchrun's run and
-    restart, and this process's count of such engines (every rank makes its
+    port, and this process's count of such engines (every rank makes its
     engines in the same order)."""
     env = os.environ
     if env.get("STRATA_RENDEZVOUS_DIR") or not env.get("WORLD_SIZE", "").isdigit() or int(env["WORLD_SIZE"]) < 2 \
@@ -150,10 +161,10 @@ def _ranks_from_torchrun_store():
     store = _launcher_store()
     if store is None:
         return "launcher"
-    global _launcher_engines
-    _launcher_engines += 1
-    run = (f"strata-torchrun-{env.get('TORCHELASTIC_RUN_ID', 'none')}-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
-           f"-{_launcher_engines}")
+    with _launcher_engines[1]:
+        _launcher_engines[0] += 1
+        count = _launcher_engines[0]
+    run = f"strata-torchrun-{env.get('TORCHELASTIC_RUN_ID', 'none')}-{env['MASTER_PORT']}-{count}"
     return {"rank": int(env["RANK"]), "size": int(env["WORLD_SIZE"]), "store": store, "run_id": run}
 
 
