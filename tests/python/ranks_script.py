@@ -89,7 +89,10 @@ def main():
                                   on_step=lambda s, st: norms.append(st.grad_norm))
     # state_dict() on every rank: the masters gathered from both shards.
     torch.save({"state": engine.state_dict(shard=True), "gathered": engine.state_dict(), "norms": norms,
-                "losses": losses, "store_sets": len(store_sets)}, os.path.join(out, f"rank{rank}.pt"))
+                "losses": losses, "store_sets": len(store_sets),
+                # whether torchrun keeps a store for its workers here (its version and rendezvous say)
+                "agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+                and os.environ.get("TORCHELASTIC_MAX_RESTARTS") == "0"}, os.path.join(out, f"rank{rank}.pt"))
     # Every rank saves its shard into one checkpoint (with its own
     # client_state and RNG states) and exports: the whole model, gathered, written by rank 0.
     torch.manual_seed(100 + rank)  # each rank's RNG its own
