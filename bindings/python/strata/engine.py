@@ -102,15 +102,21 @@ def _store_callbacks(store, raised):
     def set_(user, key, value, length):
         return guarded(lambda: store.set(key.decode(), ctypes.string_at(value, length)))
 
+    longer = {}  # a value longer than the room given, until the call that gives room for it
+
     def get(user, key, buf, cap, length, timeout_ms):
         def fetch():
             k = key.decode()
-            if hasattr(store, "wait"):
-                store.wait([k], datetime.timedelta(milliseconds=timeout_ms))
-            value = bytes(store.get(k))
+            value = longer.pop(k, None)
+            if value is None:
+                if hasattr(store, "wait"):
+                    store.wait([k], datetime.timedelta(milliseconds=timeout_ms))
+                value = bytes(store.get(k))
             length[0] = len(value)
             if len(value) <= cap:
                 ctypes.memmove(buf, value, len(value))
+            else:
+                longer[k] = value
         return guarded(fetch)
 
     return _capi.STORE_SET_FN(set_), _capi.STORE_GET_FN(get)
@@ -124,12 +130,13 @@ def _ranks(ranks):
     default store, which ranks on machines without a shared file system meet
     through) and optionally run_id, backend, timeout_s, local_rank and
     local_size (this rank among its machine's: its GPU and its share of the
-    cores; not given: every rank on this machine). The strings and callbacks
-    are kept alive by the returned tuple's second item."""
+    cores; not given: every rank on this machine). Returns (the struct, what
+    keeps its strings and callbacks alive, and the list a store callback
+    puts what interrupted it in)."""
     r = _capi.new(_capi.Ranks)
-    keep = []
+    keep, raised = [], []
     if ranks == "launcher":
-        return r, keep
+        return r, keep, raised
     if not isinstance(ranks, dict):
         raise TypeError(f"strata: ranks must be \"launcher\" or a dict, not {type(ranks).__name__}")
     unknown = set(ranks) - {"rank", "size", "store_dir", "store", "run_id", "backend", "timeout_s", "local_rank",
@@ -150,10 +157,8 @@ def _ranks(ranks):
         if not (callable(getattr(store, "set", None)) and callable(getattr(store, "get", None))):
             raise TypeError(f"strata: ranks' store must have set(key, value) and get(key) (a torch.distributed "
                             f"Store), not {type(store).__name__}")
-        raised = []
         keep.extend(_store_callbacks(store, raised))
         r.store_set, r.store_get = keep[-2], keep[-1]
-        keep.append(raised)
     if ranks.get("timeout_s") is not None:
         r.timeout_ms = int(round(float(ranks["timeout_s"]) * 1000))
     if (ranks.get("local_rank") is None) != (ranks.get("local_size") is None):
@@ -161,7 +166,7 @@ def _ranks(ranks):
     if ranks.get("local_size") is not None:
         r.local_size = int(ranks["local_size"])
         r.local_rank = int(ranks["local_rank"])
-    return r, keep
+    return r, keep, raised
 
 
 def config_check(config, *, total_num_steps=None, hidden_size=None, strict=False, world_size=None):
@@ -323,13 +328,13 @@ class Engine:
         if ranks is None:
             check(_lib.strata_engine_create_ex(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(handle)))
         else:
-            r, keep = _ranks(ranks)
+            r, keep, raised = _ranks(ranks)
             status = _lib.strata_engine_create_ranked(_config_text(config).encode(), ctypes.byref(o), ctypes.byref(r),
                                                       ctypes.byref(handle))
-            for interrupted in (k for k in keep if isinstance(k, list) and k):
+            if raised:
                 if handle:
                     _lib.strata_engine_destroy(handle)
-                raise interrupted[0]  # a Ctrl-C while the ranks met, as if it came here
+                raise raised[0]  # a Ctrl-C while the ranks met, as if it came here
             check(status)
             del keep
         self._h = handle

@@ -178,13 +178,9 @@ def _match_device(config, args, f):
     section = config.setdefault("strata", {})
     if not isinstance(section, dict):
         return  # strata's own config check names it
-    given = section.get("device", "auto")
-    source = f"the Trainer's device ({device}{', use_cpu' if getattr(args, 'use_cpu', False) else ''})"
-    if given == "auto":
-        section["device"] = want
-        f.filled.append(("strata.device", want, source))
-    elif given != want:
-        f.mismatches.append(("strata.device", given, source, want))
+    section.setdefault("device", "auto")  # absent is "auto"
+    f.match("strata.device", want,
+            f"the Trainer's device ({device}{', use_cpu' if getattr(args, 'use_cpu', False) else ''})")
 
 
 def check_arguments(args, config, *, model_given=True, optimizers=None, optimizer_cls_and_kwargs=None):
