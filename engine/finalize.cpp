@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
+#include "engine/internal/parallel_fill.h"
 #include "engine/fetch/fetcher.h"
 #include "engine/step/step.h"
 #include "engine/io_options.h"
@@ -261,21 +262,14 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   expand_chunks(layout_);
   out.planned_s = total.elapsed_s();
   STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version(),
-                                                     /*defer_pinned_zero=*/true));
+                                                     /*defer_pinned=*/true));
   out.state_s = total.elapsed_s() - out.planned_s;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_), ranks_.local_rank,
                                                      ranks_.local_ranks));
-  // The pinned state zero-filled by CpuAdam's threads, in parallel, where
-  // they run (first touch places the host device's pages near them).
+  // The rest of the pinned state allocated and zero-filled by CpuAdam's
+  // threads, in parallel, where they run, before it is locked.
   const core::Stopwatch zeroing;
-  state_->zero_pinned([this](std::span<std::byte> b) {
-    constexpr std::int64_t kLine = 64;
-    const std::int64_t lines = static_cast<std::int64_t>(b.size()) / kLine;
-    cpu_adam_->for_each_tile(lines, [&](std::int64_t begin, std::int64_t len) {
-      std::memset(b.data() + begin * kLine, 0, static_cast<std::size_t>(len * kLine));
-    });
-    std::memset(b.data() + lines * kLine, 0, b.size() - static_cast<std::size_t>(lines * kLine));
-  });
+  STRATA_RETURN_IF_ERROR(state_->allocate_deferred(zero_fill(*cpu_adam_)));
   out.zero_s = zeroing.elapsed_s();
   cpu_threads_ = cpu_threads_of(cpu_adam_->binding(), memory_node);
   STRATA_LOG(kInfo) << "cpu_adam: " << cpu_threads_.description << " (strata.cpu_adam.bind \""
@@ -304,7 +298,7 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   if (registry_.pretrained != nullptr) frozen_files_ = FrozenFiles::create(*registry_.pretrained, layout_, config_);
   STRATA_ASSIGN_OR_RETURN(homes_, ComputeHomes::create(layout_, dev(), swap_.get(), *pinned_cache_, trace_,
                                                        layout_.compute_sharded ? ranks_.weights.get() : nullptr,
-                                                       frozen_files_.get()));
+                                                       frozen_files_.get(), zero_fill(*cpu_adam_)));
   return Status();
 }
 
@@ -339,7 +333,7 @@ core::Status Engine::finalize_locked() {
   };
   STRATA_LOG(kInfo) << "finalize: " << elems << " parameter elements in " << secs(total.elapsed_s())
                     << ": layout and budgets " << secs(planned_s) << ", optimizer state " << secs(state_s) << " ("
-                    << core::format_bytes(pinned) << " of it pinned, zeroed in " << secs(zero_s) << " by "
+                    << core::format_bytes(pinned) << " of it pinned, allocated and zeroed in " << secs(zero_s) << " by "
                     << cpu_threads_.threads << " thread(s)), the CPU optimizer and gradient path "
                     << secs(homes_t0 - planned_s - state_s - zero_s) << ", compute homes "
                     << secs(values_t0 - homes_t0) << ", initial values " << secs(total.elapsed_s() - values_t0)
@@ -687,12 +681,33 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
       }
     }
   }
+  // One buffer holds a group's fp32 values, reused from group to group (its
+  // pages brought in once: a buffer made for each group took a third of
+  // the engine's part of this on one thread), each parameter's values on a
+  // cache line of their own (a callback may use aligned vector stores); the
+  // copies, conversions and zero-fills run on CpuAdam's threads.
+  constexpr std::size_t kLineFloats = core::kCacheLineBytes / sizeof(float);
+  auto line_floats = [&](std::size_t pi) {
+    return core::align_up(static_cast<std::size_t>(layout_.params[pi].numel()), kLineFloats);
+  };
+  std::size_t largest = 0;
+  for (const GroupPlace& gp : layout_.groups) {
+    std::size_t n = 0;
+    for (std::size_t pi : gp.params) n += line_floats(pi);
+    largest = std::max(largest, n);
+  }
+  STRATA_ASSIGN_OR_RETURN(core::AlignedBuffer buffer,
+                          core::AlignedBuffer::allocate(largest * sizeof(float), core::kCacheLineBytes));
+  adam::CpuAdam& threads = *cpu_adam_;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
     const GroupPlace& gp = layout_.groups[g];
-    std::map<std::size_t, std::vector<float>> values;  // by parameter index
+    std::map<std::size_t, std::span<float>> values;  // by parameter index
+    std::size_t at = 0;
     for (std::size_t pi : gp.params) {
-      std::vector<float>& v = values[pi];
-      v.assign(static_cast<std::size_t>(layout_.params[pi].numel()), 0.0f);
+      const std::span<float> v = buffer.as<float>().subspan(at, static_cast<std::size_t>(layout_.params[pi].numel()));
+      at += line_floats(pi);
+      values[pi] = v;
+      parallel_zero(threads, std::as_writable_bytes(v));
       Status s;
       const core::Stopwatch source;
       if (registry_.inits[pi]) {
@@ -710,7 +725,7 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     }
     if (pretrained != nullptr) pretrained->end_group(g);
     if (layout_.share.ranks > 1) {
-      for (const auto& [pi, v] : values) *fingerprint = nvme::crc64(*fingerprint, std::as_bytes(std::span<const float>(v)));
+      for (const auto& [pi, v] : values) *fingerprint = nvme::crc64(*fingerprint, std::as_bytes(v));
     }
     // The group's home as it is kept: its compute copies whole, or (stage
     // 3 over ranks) this rank's shard of them, converted from the values
@@ -722,22 +737,28 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     if (gp.compute_tier == Tier::kPinned) {
       host = homes_->pinned_home(g).bytes();
     } else {
-      STRATA_ASSIGN_OR_RETURN(staging,
-                              dev().allocate_pinned(core::align_up(bytes, core::kDirectIoAlignment), "compute staging"));
+      STRATA_ASSIGN_OR_RETURN(staging, pinned_cache_->get(core::align_up(bytes, core::kDirectIoAlignment),
+                                                          "compute staging"));
       host = staging.bytes().first(bytes);
     }
-    std::memset(host.data(), 0, host.size());
+    // (A pinned home was zero-filled when it was allocated.)
+    if (gp.compute_tier != Tier::kPinned) parallel_zero(threads, host);
     for (const auto& [pi, v] : values) {
-      if (!layout_.compute_sharded) {
-        to_compute(v, host.data() + layout_.places[pi].compute_offset * cb, cb, config_.precision);
-        continue;
+      std::span<const float> src = v;
+      std::byte* dst = host.data() + layout_.places[pi].compute_offset * cb;
+      if (layout_.compute_sharded) {
+        const Layout::ShardPiece sp = layout_.shard_of(pi, ranks_.share.rank);
+        if (sp.lo == sp.hi) continue;
+        src = src.subspan(static_cast<std::size_t>(sp.lo), static_cast<std::size_t>(sp.hi - sp.lo));
+        dst = host.data() + sp.home * cb;
       }
-      const Layout::ShardPiece sp = layout_.shard_of(pi, ranks_.share.rank);
-      if (sp.lo == sp.hi) continue;
-      to_compute(std::span<const float>(v).subspan(static_cast<std::size_t>(sp.lo), static_cast<std::size_t>(sp.hi - sp.lo)),
-                 host.data() + sp.home * cb, cb, config_.precision);
+      threads.for_each_tile(static_cast<std::int64_t>(src.size()), [&](std::int64_t lo, std::int64_t len) {
+        to_compute(src.subspan(static_cast<std::size_t>(lo), static_cast<std::size_t>(len)), dst + lo * cb, cb,
+                   config_.precision);
+      });
     }
     STRATA_RETURN_IF_ERROR(homes_->commit(g, host, step_lane()));
+    pinned_cache_->put(std::move(staging));  // the next group's, where its home is as large
     // Master weights, chunk by chunk (moments start at zero).
     for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
       const ChunkPlace& cp = layout_.chunks[c];
@@ -753,9 +774,10 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
         master = st.master();
       }
       for (const Layout::Piece& p : layout_.pieces(cp)) {
-        std::memcpy(master.data() + (p.lo - cp.begin),
-                    values.at(p.param).data() + (p.lo - layout_.places[p.param].trainable_offset),
-                    static_cast<std::size_t>(p.hi - p.lo) * 4);
+        parallel_copy(threads, reinterpret_cast<std::byte*>(master.data() + (p.lo - cp.begin)),
+                      reinterpret_cast<const std::byte*>(values.at(p.param).data() +
+                                                         (p.lo - layout_.places[p.param].trainable_offset)),
+                      static_cast<std::size_t>(p.hi - p.lo) * 4);
       }
       if (cp.state_tier == Tier::kDevice) {
         STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));

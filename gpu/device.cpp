@@ -258,9 +258,20 @@ void Device::release_buffer(DeviceBuffer& buffer) noexcept {
 }
 
 Result<PinnedBuffer> Device::allocate_pinned(std::size_t size_bytes, std::string_view what) {
+  return allocate_pinned(size_bytes, what, nullptr);
+}
+
+Result<void*> Device::do_allocate_pinned_filled(std::size_t size_bytes, int numa_node, const PinnedFill& fill) {
+  STRATA_ASSIGN_OR_RETURN(void* p, do_allocate_pinned(size_bytes, numa_node));
+  fill({static_cast<std::byte*>(p), size_bytes});
+  return p;
+}
+
+Result<PinnedBuffer> Device::allocate_pinned(std::size_t size_bytes, std::string_view what, const PinnedFill& fill) {
   if (size_bytes == 0) return Status::invalid_argument(str_cat("pinned allocation of 0 bytes for ", what));
   STRATA_ASSIGN_OR_RETURN(core::BudgetCharge charge, budgets_.pinned->charge(size_bytes, what));
-  Result<void*> p = do_allocate_pinned(size_bytes, pinned_numa_node());
+  Result<void*> p = fill != nullptr ? do_allocate_pinned_filled(size_bytes, pinned_numa_node(), fill)
+                                    : do_allocate_pinned(size_bytes, pinned_numa_node());
   if (!p.ok()) return std::move(p).status().annotate(str_cat("allocating pinned memory for ", what));
   {
     core::MutexLock lock(mu_);

@@ -47,6 +47,8 @@ SKIP = [
     (r"^STRATA_LIBRARY=\S+ \S*python3 benchmarks/", "a benchmark: minutes long, overwrites docs/results"),
     (r"^\S*python3 scripts/plot_step_bench\.py docs/results/", "redraws a figure in docs/results from benchmark "
                                                               "results (matplotlib); checks nothing"),
+    (r"\bBUILD/", "a before/after comparison of two builds (BUILD names each; the configs it uses are described "
+                  "beside it): minutes, 20 GiB of memory"),
     (r"^\.\./shared/tools/device-debs\b", "downloads Debian packages for the GPU machine (network, apt)"),
     (r"^(bash )?scripts/gpu-test\.sh\b", "the GPU check: builds build-gpu/ and runs every GPU stage (minutes; on "
                                           "a GPU machine through the device tool)"),

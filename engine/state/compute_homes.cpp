@@ -19,7 +19,8 @@ core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& l
                                                                  nvme::SwapStore* swap,
                                                                  BufferCache<gpu::PinnedBuffer>& pinned_cache,
                                                                  Trace& trace, partition::Communicator* ranks,
-                                                                 FrozenFiles* files) {
+                                                                 FrozenFiles* files,
+                                                                 const gpu::Device::PinnedFill& zero_fill) {
   std::unique_ptr<ComputeHomes> h(new ComputeHomes(layout, device, swap, pinned_cache, trace, ranks, files));
   h->groups_.resize(layout.groups.size());
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
@@ -33,7 +34,7 @@ core::Result<std::unique_ptr<ComputeHomes>> ComputeHomes::create(const Layout& l
         break;
       }
       case Tier::kPinned: {
-        STRATA_ASSIGN_OR_RETURN(home.pinned_home, device.allocate_pinned(bytes, what));
+        STRATA_ASSIGN_OR_RETURN(home.pinned_home, device.allocate_pinned(bytes, what, zero_fill));
         break;
       }
       case Tier::kNvme:

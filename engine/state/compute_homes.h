@@ -39,12 +39,16 @@ class ComputeHomes {
   // `ranks`: the communicator gather() uses (the caller's thread's), with
   // compute_sharded; else null. `files` (may be null; borrowed, must outlive
   // this): the groups whose frozen part is read from its safetensors files
-  // (strata.frozen_base), which then has no swap block.
+  // (strata.frozen_base), which then has no swap block. `zero_fill` (may be
+  // null): zero-fills the pinned homes before they are locked
+  // (gpu::Device::allocate_pinned's fill); without it their contents are
+  // undefined until written.
   static core::Result<std::unique_ptr<ComputeHomes>> create(const Layout& layout, gpu::Device& device,
                                                             nvme::SwapStore* swap,
                                                             BufferCache<gpu::PinnedBuffer>& pinned_cache,
                                                             Trace& trace, partition::Communicator* ranks,
-                                                            FrozenFiles* files = nullptr);
+                                                            FrozenFiles* files = nullptr,
+                                                            const gpu::Device::PinnedFill& zero_fill = nullptr);
   ComputeHomes(const ComputeHomes&) = delete;
   ComputeHomes& operator=(const ComputeHomes&) = delete;
 

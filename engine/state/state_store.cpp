@@ -56,9 +56,20 @@ std::vector<std::uint64_t> StateStore::path_bytes(std::size_t chunk) const {
   return std::move(split).value();
 }
 
-void StateStore::zero_pinned(const std::function<void(std::span<std::byte>)>& fill) {
-  for (std::size_t i : unzeroed_) fill(chunks_[i].pinned.bytes());
-  unzeroed_.clear();
+namespace {
+std::string chunk_what(const Layout& layout, std::size_t i) {
+  return str_cat("optimizer state of chunk ", i, " (", layout.groups[layout.chunks[i].group].name, ")");
+}
+}  // namespace
+
+core::Status StateStore::allocate_deferred(const gpu::Device::PinnedFill& zero_fill) {
+  for (std::size_t i : deferred_) {
+    STRATA_ASSIGN_OR_RETURN(chunks_[i].pinned,
+                            device_.allocate_pinned(layout_.state_bytes(layout_.chunks[i]), chunk_what(layout_, i),
+                                                    zero_fill));
+  }
+  deferred_.clear();
+  return Status();
 }
 
 std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
@@ -71,7 +82,7 @@ std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
 
 core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layout, gpu::Device& device,
                                                              nvme::SwapStore* swap, bool two_versions,
-                                                             bool defer_pinned_zero) {
+                                                             bool defer_pinned) {
   std::unique_ptr<StateStore> s(new StateStore(layout, device, swap, two_versions));
   s->chunks_.resize(layout.chunks.size());
   // One zeroed staging buffer, reused to initialise nvme chunks and device chunks.
@@ -94,7 +105,7 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   for (std::size_t i = 0; i < layout.chunks.size(); ++i) {
     const ChunkPlace& c = layout.chunks[i];
     const std::uint64_t bytes = layout.state_bytes(c);
-    const std::string what = str_cat("optimizer state of chunk ", i, " (", layout.groups[c.group].name, ")");
+    const std::string what = chunk_what(layout, i);
     Chunk& chunk = s->chunks_[i];
     switch (c.state_tier) {
       case Tier::kDevice: {
@@ -103,12 +114,12 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
         break;
       }
       case Tier::kPinned: {
-        STRATA_ASSIGN_OR_RETURN(chunk.pinned, device.allocate_pinned(bytes, what));
-        if (defer_pinned_zero && i != first_pinned) {
-          s->unzeroed_.push_back(i);
-        } else {
-          std::memset(chunk.pinned.data(), 0, bytes);
+        if (defer_pinned && i != first_pinned) {
+          s->deferred_.push_back(i);
+          break;
         }
+        STRATA_ASSIGN_OR_RETURN(chunk.pinned, device.allocate_pinned(bytes, what));
+        std::memset(chunk.pinned.data(), 0, bytes);
         break;
       }
       case Tier::kNvme: {

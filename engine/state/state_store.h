@@ -61,18 +61,19 @@ class StateStore {
   // for speculative updates: start_store(..., kNext) writes it and
   // commit_next() makes it the current one, so the current state stays
   // intact until a speculative update is known to be right.
-  // With `defer_pinned_zero`, only the first pinned chunk is zero-filled
-  // here (its pages placed by the calling thread, so that CpuAdam can find
-  // their NUMA node); zero_pinned() fills the others.
+  // With `defer_pinned`, only the first pinned chunk is allocated (and
+  // zero-filled) here, its pages placed by the calling thread so that
+  // CpuAdam can find their NUMA node; allocate_deferred() allocates the others.
   static core::Result<std::unique_ptr<StateStore>> create(const Layout& layout, gpu::Device& device,
                                                           nvme::SwapStore* swap, bool two_versions = false,
-                                                          bool defer_pinned_zero = false);
-  // Zero-fills the pinned chunks create() left (none without
-  // defer_pinned_zero) through `fill`, which must write zeros over the span
-  // it gets: the engine passes CpuAdam's threads, so that a model's state is
-  // zeroed (and its pages placed, on the host device's untouched memory) by
-  // the threads that will update it, in parallel.
-  void zero_pinned(const std::function<void(std::span<std::byte>)>& fill);
+                                                          bool defer_pinned = false);
+  // Allocates the pinned chunks create() left (none without defer_pinned),
+  // each zero-filled by `zero_fill` before it is locked
+  // (gpu::Device::allocate_pinned's fill, which must write zeros over the
+  // span it gets): the engine passes CpuAdam's threads, so that a model's
+  // state is zeroed, its pages brought in and placed by the threads that will
+  // update it, in parallel, and then locked. Errors as create()'s.
+  core::Status allocate_deferred(const gpu::Device::PinnedFill& zero_fill);
   // Disk bytes a layout's nvme state takes (twice the state with two versions).
   static std::uint64_t nvme_bytes(const Layout& layout, bool two_versions);
 
@@ -130,7 +131,7 @@ class StateStore {
   // An nvme chunk with enough staging for `what` ("read", "write").
   core::Status check_staged(std::size_t chunk, std::size_t staging_size, const char* what) const;
 
-  std::vector<std::size_t> unzeroed_;  // pinned chunks zero_pinned() fills
+  std::vector<std::size_t> deferred_;  // pinned chunks allocate_deferred() allocates
   const Layout& layout_;
   gpu::Device& device_;
   nvme::SwapStore* swap_;

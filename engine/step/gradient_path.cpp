@@ -10,6 +10,7 @@
 #include "core/str.h"
 #include "engine/internal/device_collective.h"
 #include "engine/internal/elem_types.h"
+#include "engine/internal/parallel_fill.h"
 #include "engine/working_memory.h"
 
 namespace strata::engine {
@@ -29,8 +30,7 @@ core::Result<std::unique_ptr<GradientPath>> GradientPath::create(const Parts& pa
   for (const GroupPlace& gp : l.groups) held += gp.shard_elems;
   if (held > 0) {
     const auto bytes = static_cast<std::size_t>(held) * static_cast<std::size_t>(l.grad_bytes);
-    STRATA_ASSIGN_OR_RETURN(grads, parts.device.allocate_pinned(bytes, "host gradients"));
-    std::memset(grads.data(), 0, bytes);
+    STRATA_ASSIGN_OR_RETURN(grads, parts.device.allocate_pinned(bytes, "host gradients", zero_fill(parts.cpu_adam)));
   }
   std::unique_ptr<GradientPath> p(
       new GradientPath(parts, std::move(grads), static_cast<std::size_t>(l.trainable_elems / kBlock)));

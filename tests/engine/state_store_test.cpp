@@ -173,6 +173,64 @@ TEST_F(StateStoreTest, EveryTierKeepsInt8CodesAndTheirBlockScales) {
   every_tier_keeps_what_was_stored(StateFormat::kInt8Blockwise);
 }
 
+// defer_pinned: create() allocates the first pinned chunk alone (zeroed); allocate_deferred()
+// allocates the others through the fill it is given (the engine's: zeros written on CpuAdam's
+// threads before the memory is locked), once each, and their state is the fill's zeros.
+TEST_F(StateStoreTest, DeferredPinnedChunksAreAllocatedThroughTheFill) {
+  const Layout l = layout();
+  const std::uint64_t chunk_bytes = 12 * kB;
+  auto device = gpu::make_host_device({{&device_budget_, &pinned_budget_}, {}});
+  ASSERT_TRUE(device.ok());
+  auto sw = swap();
+  ASSERT_NE(sw, nullptr);
+  auto store = StateStore::create(l, **device, sw.get(), /*two_versions=*/false, /*defer_pinned=*/true);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(pinned_budget_.used_bytes(), chunk_bytes);  // the first pinned chunk alone
+  std::vector<std::size_t> pinned;
+  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
+    if ((*store)->tier(i) == Tier::kPinned) pinned.push_back(i);
+  }
+  ASSERT_EQ(pinned.size(), 2u);
+  auto first = (*store)->load(pinned[0], {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->master()[kB - 1], 0.0f);
+
+  std::vector<const std::byte*> filled;
+  const gpu::Device::PinnedFill zeros = [&](std::span<std::byte> b) {
+    filled.push_back(b.data());
+    EXPECT_EQ(b.size(), chunk_bytes);
+    std::memset(b.data(), 0, b.size());
+  };
+  ASSERT_TRUE((*store)->allocate_deferred(zeros).ok());
+  ASSERT_EQ(filled.size(), 1u);
+  EXPECT_EQ(pinned_budget_.used_bytes(), 2 * chunk_bytes);
+  auto second = (*store)->load(pinned[1], {});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(reinterpret_cast<const std::byte*>(second->master().data()), filled[0]);
+  for (int a = 0; a < 3; ++a) {
+    const auto* f = reinterpret_cast<const float*>(filled[0]) + a * kB;
+    EXPECT_EQ(f[0], 0.0f);
+    EXPECT_EQ(f[kB - 1], 0.0f);
+  }
+  ASSERT_TRUE((*store)->allocate_deferred(zeros).ok());  // nothing left to allocate
+  EXPECT_EQ(filled.size(), 1u);
+
+  // A budget that holds the first chunk only: the deferred one is refused, naming the budget.
+  core::MemoryBudget one_chunk{"pinned host memory", chunk_bytes, "strata.budgets.pinned"};
+  auto small = gpu::make_host_device({{&device_budget_, &one_chunk}, {}});
+  ASSERT_TRUE(small.ok());
+  store->reset();
+  sw.reset();
+  auto sw2 = swap();
+  ASSERT_NE(sw2, nullptr);
+  auto tight = StateStore::create(l, **small, sw2.get(), false, true);
+  ASSERT_TRUE(tight.ok()) << tight.status();
+  const core::Status refused = (*tight)->allocate_deferred(zeros);
+  EXPECT_EQ(refused.code(), core::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("strata.budgets.pinned"), std::string::npos) << refused;
+  EXPECT_EQ(filled.size(), 1u);
+}
+
 TEST_F(StateStoreTest, CorruptSwapIsDataLossNotGarbage) {
   const Layout l = layout();
   auto device = gpu::make_host_device({{&device_budget_, &pinned_budget_}, {}});
