@@ -3,7 +3,6 @@ names, the fetch groups and units found, torch-style parameter groups made
 optimizer groups, the initial values (from the parameters or safetensors
 files), and the parameters handed to the engine (placeholders, grad hooks,
 forward hooks)."""
-import ctypes
 import warnings
 import weakref
 
@@ -219,10 +218,12 @@ class Setup:
         self._sources = None
 
     def _init_from_tensor(self, name, out):
+        # One copy_ straight into the engine's buffer (torch's threads; from
+        # a GPU tensor one transfer, the dtype converted on the way), not a
+        # CPU fp32 copy of the parameter and then a memmove on one thread.
         src = self._sources.pop(name[len(self._name_prefix):])
         with _as_internal(), torch.no_grad():
-            t = src.detach().to(device="cpu", dtype=torch.float32).contiguous()
-        ctypes.memmove(out, t.data_ptr(), t.numel() * 4)
+            torch.frombuffer(out, dtype=torch.float32).copy_(src.detach().reshape(-1))
 
     def _place(self, model):
         """The layout read back (each group's size), the compute device and
