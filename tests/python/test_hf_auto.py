@@ -176,6 +176,8 @@ def test_what_the_trainer_refuses_is_named():
          r"even_batches=False gives the ranks different numbers of batches"),
         (dict(lr_scheduler_type="reduce_lr_on_plateau"), {}, strata.Unimplemented,
          r"reduce_lr_on_plateau is not supported .*a \"scheduler\" in the strata config"),
+        (dict(lr_scheduler_type="greedy"), {}, strata.Unimplemented,
+         r"greedy is not supported \(it steps on evaluation metrics\)"),
     ]
     for over, kw, error, message in cases:
         args = training_args(**dict(dict(lr_scheduler_type="linear", n_gpu=1), **over))
@@ -183,8 +185,9 @@ def test_what_the_trainer_refuses_is_named():
             strata.hf.check_arguments(args, {}, **kw)
     # Each alone is what is refused: the same arguments with it undone pass; a plateau schedule with the
     # config's own scheduler is strata's to run; optimizers=(None, None) is the Trainer's default.
-    strata.hf.check_arguments(training_args(lr_scheduler_type="reduce_lr_on_plateau", n_gpu=1),
-                              {"scheduler": {"type": "WarmupLR"}})
+    for schedule in ("reduce_lr_on_plateau", "greedy"):
+        strata.hf.check_arguments(training_args(lr_scheduler_type=schedule, n_gpu=1),
+                                  {"scheduler": {"type": "WarmupLR"}})
     strata.hf.check_arguments(ok, {}, optimizers=(None, None))
     strata.hf.check_arguments(training_args(load_best_model_at_end=True, save_only_model=False, n_gpu=1), {})
     strata.hf.check_arguments(training_args(n_gpu=1, accelerator_config={"even_batches": False}), {})  # one rank
@@ -206,3 +209,49 @@ def test_deepspeed_or_fsdp_in_the_arguments_is_refused():
             strata.hf.check_arguments(args, {})
         strata.hf.check_arguments(training_args(lr_scheduler_type="linear", n_gpu=1, **{flag: None}), {})
     strata.hf.check_arguments(training_args(lr_scheduler_type="linear", n_gpu=1, fsdp=[]), {})  # 5.x: a list
+
+
+def test_signature_gaps_name_each_argument_a_replaced_method_does_not_take():
+    """strata.hf.Trainer replaces Trainer methods the loop calls as transformers
+    writes them: a transformers that passes one another argument is named at
+    import (trainer.py warns; test_hf_trainer asserts none with the installed
+    one)."""
+    class Base:
+        def same(self, a, b=None):
+            pass
+
+        def added(self, model, inputs, num_items_in_batch=None):
+            pass
+
+        def keyword(self, a, *, start_time=None):
+            pass
+
+        def spread(self, *args, **kwargs):
+            pass
+
+        def needs(self, a):
+            pass
+
+    class Ours:
+        def same(self, a, b=None):
+            pass
+
+        def added(self, model, inputs):
+            pass
+
+        def keyword(self, a, **kwargs):
+            pass
+
+        def spread(self, a=None):
+            pass
+
+        def needs(self, a, extra):
+            pass
+
+    gaps = strata.hf.signature_gaps(Base, Ours, ["same", "added", "keyword", "spread", "needs"])
+    assert len(gaps) == 3, gaps
+    assert gaps[0].startswith("added(self, model, inputs, num_items_in_batch=None) against strata.hf's "
+                              "added(self, model, inputs): takes no num_items_in_batch"), gaps[0]
+    assert gaps[1].endswith("takes no *args, **kwargs"), gaps[1]
+    assert gaps[2].endswith(": needs extra"), gaps[2]
+    assert strata.hf.signature_gaps(Base, Base, ["same", "added", "keyword", "spread", "needs"]) == []

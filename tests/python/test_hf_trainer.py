@@ -111,6 +111,15 @@ def swap(tmp_path):
     return d
 
 
+def test_the_installed_trainer_calls_every_replaced_method_as_strata_hf_takes_it():
+    """Each Trainer method strata.hf.Trainer replaces takes the arguments the
+    installed transformers' loop passes (a gap is a TypeError in the loop,
+    maybe only on some paths); trainer.py warns at import, this names them."""
+    from strata.hf import trainer
+    assert strata.hf.signature_gaps(transformers.Trainer, strata.hf.Trainer, trainer._REPLACED) == [], \
+        transformers.__version__
+
+
 @pytest.mark.parametrize("loss", ["tokens", "mean"])
 def test_the_trainer_matches_transformers_trainer_with_torch_adamw(tmp_path, swap, loss):
     # "tokens": the model takes num_items_in_batch (each micro-batch's loss a share of the step's

@@ -11,10 +11,12 @@ Face Trainer").
     trainer_config    a config's "auto" values filled from TrainingArguments
                       (auto.py; needs no transformers)
     check_arguments   what the Trainer refuses, named (auto.py; likewise)
+    signature_gaps    the replaced Trainer methods whose arguments differ
+                      from the installed transformers' (auto.py; likewise)
 
 Trainer and from_pretrained import transformers when first used; without it
 they raise ImportError saying so."""
-from .auto import check_arguments, trainer_config, warmup_steps  # noqa: F401
+from .auto import check_arguments, signature_gaps, trainer_config, warmup_steps  # noqa: F401
 
 
 def __getattr__(name):

@@ -7,6 +7,7 @@ Pure Python on purpose: no transformers import, so that the mapping is
 tested wherever strata is (tests/python/test_hf_auto.py), with any object
 that has TrainingArguments' attributes."""
 import copy
+import inspect
 import math
 
 from .. import errors
@@ -14,6 +15,10 @@ from .. import errors
 # The AdamW variants of TrainingArguments.optim that strata's AdamW is (the
 # fused, torch and apex kernels of one algorithm); others have no strata
 # equivalent and are refused when the config names no optimizer.
+# transformers' schedules whose step() takes an evaluation metric (the Trainer
+# steps them after evaluating); strata sets each step's learning rate before
+# the step, from a schedule that steps on its own.
+_METRIC_SCHEDULES = ("reduce_lr_on_plateau", "greedy")
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_torch_xla",
                 "adamw_torch_npu_fused")
 
@@ -191,9 +196,9 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
     torch_compile), a best-model load from checkpoints without strata's state
     (load_best_model_at_end with save_only_model), DeepSpeed or FSDP in the
     arguments (they would take the model), several GPUs in one process
-    (DataParallel: one process per GPU is how strata runs ranks), and a plateau schedule
-    strata cannot step (reduce_lr_on_plateau without a "scheduler" in the
-    config). `args` is any object with TrainingArguments' attributes;
+    (DataParallel: one process per GPU is how strata runs ranks), and a schedule
+    that steps on evaluation metrics, which strata cannot step
+    (reduce_lr_on_plateau, greedy; without a "scheduler" in the config). `args` is any object with TrainingArguments' attributes;
     `config` the strata config as a dict."""
     if not model_given:
         raise errors.Unimplemented("strata.hf.Trainer: model_init is not supported; pass the model",
@@ -244,8 +249,39 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
             f"launch a process per GPU)", status="INVALID_ARGUMENT")
     schedule = getattr(args, "lr_scheduler_type", "linear")
     schedule = getattr(schedule, "value", schedule)  # a SchedulerType enum member, or its string
-    if schedule == "reduce_lr_on_plateau" and "scheduler" not in config:
+    if schedule in _METRIC_SCHEDULES and "scheduler" not in config:
         raise errors.Unimplemented(
-            "strata.hf.Trainer: lr_scheduler_type reduce_lr_on_plateau is not supported (it steps on "
-            "evaluation metrics); choose another, or a \"scheduler\" in the strata config",
+            f"strata.hf.Trainer: lr_scheduler_type {schedule} is not supported (it steps on "
+            f"evaluation metrics); choose another, or a \"scheduler\" in the strata config",
             status="UNIMPLEMENTED")
+
+
+def signature_gaps(base, ours, names):
+    """The methods of `names` whose signature in `ours` (strata.hf.Trainer)
+    does not take every argument the one in `base` (the installed
+    transformers.Trainer) takes, or wants one it does not: the Trainer's loop
+    calls them as its own are written, so a transformers that added an
+    argument would fail there with a TypeError. One line each, naming both
+    signatures."""
+    gaps = []
+    for name in names:
+        theirs = inspect.signature(getattr(base, name))
+        mine = inspect.signature(getattr(ours, name))
+        kinds = {p.kind for p in mine.parameters.values()}
+        missing = []
+        for p in theirs.parameters.values():
+            if p.name == "self":
+                continue
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                if p.kind not in kinds:
+                    missing.append(str(p))
+            elif p.name not in mine.parameters and not (p.kind == p.KEYWORD_ONLY and p.VAR_KEYWORD in kinds):
+                missing.append(p.name)
+        extra = [p.name for p in mine.parameters.values()
+                 if p.name != "self" and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                 and p.name not in theirs.parameters]
+        if missing or extra:
+            what = "; ".join(x for x in (f"takes no {', '.join(missing)}" if missing else "",
+                                         f"needs {', '.join(extra)}" if extra else "") if x)
+            gaps.append(f"{name}{theirs} against strata.hf's {name}{mine}: {what}")
+    return gaps

@@ -34,6 +34,7 @@ import copy
 import json
 import math
 import os
+import warnings
 import weakref
 
 import torch
@@ -42,7 +43,7 @@ import transformers
 from .. import errors
 from .. import torch as strata_torch
 from ..engine import _config_text
-from .auto import check_arguments, trainer_config
+from .auto import check_arguments, signature_gaps, trainer_config
 
 _CHECKPOINT_DIR = "strata"  # inside the Trainer's checkpoint-N folder
 
@@ -303,7 +304,7 @@ class Trainer(transformers.Trainer):
             return model
         return _Model(self.model)
 
-    def create_optimizer(self):
+    def create_optimizer(self, model=None):  # (transformers 5.3+ passes the model on some paths)
         if self.optimizer is None:
             self.optimizer = _Optimizer(self)
         return self.optimizer
@@ -465,3 +466,12 @@ class Trainer(transformers.Trainer):
             raise errors.NotFound(f"strata.hf.Trainer: the best checkpoint {best} holds no strata checkpoint "
                                   f"({_CHECKPOINT_DIR}/) to load", status="NOT_FOUND")
         self._strata.load_checkpoint(root, load_rng=False)
+
+
+# Written against transformers 5.2-5.6's Trainer: one whose loop calls a method
+# strata.hf replaces with another argument is said at import, naming it (the
+# call would fail with a TypeError, or only on the paths that pass it).
+_gaps = signature_gaps(transformers.Trainer, Trainer, _REPLACED)
+if _gaps:
+    warnings.warn(f"strata.hf: transformers {transformers.__version__}'s Trainer calls methods strata.hf.Trainer "
+                  f"replaces with other arguments: {' | '.join(_gaps)}", stacklevel=2)
