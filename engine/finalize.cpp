@@ -261,8 +261,10 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   if (out.needs.tiers.nvme > 0) STRATA_RETURN_IF_ERROR(open_swap_store(out.needs));
   expand_chunks(layout_);
   out.planned_s = total.elapsed_s();
-  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(), schedule_.second_state_version(),
-                                                     /*defer_pinned=*/true));
+  STRATA_ASSIGN_OR_RETURN(state_, StateStore::create(layout_, dev(), swap_.get(),
+                                                     {.two_versions = schedule_.second_state_version(),
+                                                      .defer_pinned = true,
+                                                      .nvme_unwritten = true}));
   out.state_s = total.elapsed_s() - out.planned_s;
   STRATA_ASSIGN_OR_RETURN(cpu_adam_, create_cpu_adam(config_, pinned_state_memory(*state_), ranks_.local_rank,
                                                      ranks_.local_ranks));
@@ -768,9 +770,14 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
       if (cp.state_tier == Tier::kDevice) {
         device_master.assign(static_cast<std::size_t>(cp.elems), 0.0f);
         master = device_master;
+      } else if (cp.state_tier == Tier::kNvme) {
+        // Written whole from here, never read (StateStore's nvme_unwritten):
+        // zeros, then the masters.
+        STRATA_ASSIGN_OR_RETURN(cstage, pinned_cache_->get(state_->staging_bytes(c), "state staging"));
+        parallel_zero(threads, cstage.bytes());
+        master = state_->staged_views(c, cstage.bytes()).master();
       } else {
-        STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, cstage));
-        step_lane().bytes->add_nvme_read(state_->path_bytes(c));
+        STRATA_ASSIGN_OR_RETURN(ChunkState st, state_->load(c, {}));
         master = st.master();
       }
       for (const Layout::Piece& p : layout_.pieces(cp)) {
@@ -783,9 +790,10 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
         STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
         STRATA_RETURN_IF_ERROR(copy_h2d(home.subspan(0, static_cast<std::uint64_t>(cp.elems) * 4),
                                         std::as_bytes(master)));
-      } else {
+      } else if (cp.state_tier == Tier::kNvme) {
         STRATA_RETURN_IF_ERROR(state_->store(c, cstage.bytes()));
         step_lane().bytes->add_nvme_write(state_->path_bytes(c));
+        pinned_cache_->put(std::move(cstage));
       }
     }
   }

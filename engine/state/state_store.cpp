@@ -81,15 +81,15 @@ std::uint64_t StateStore::nvme_bytes(const Layout& layout, bool two_versions) {
 }
 
 core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layout, gpu::Device& device,
-                                                             nvme::SwapStore* swap, bool two_versions,
-                                                             bool defer_pinned) {
+                                                             nvme::SwapStore* swap, const Options& options) {
+  const bool two_versions = options.two_versions;
   std::unique_ptr<StateStore> s(new StateStore(layout, device, swap, two_versions));
   s->chunks_.resize(layout.chunks.size());
   // One zeroed staging buffer, reused to initialise nvme chunks and device chunks.
   core::AlignedBuffer zeros;
   std::uint64_t largest = 0;
   for (const ChunkPlace& c : layout.chunks) {
-    if (c.state_tier != Tier::kPinned) {
+    if (c.state_tier == Tier::kDevice || (c.state_tier == Tier::kNvme && !options.nvme_unwritten)) {
       largest = std::max<std::uint64_t>(largest, layout.state_bytes(c));
     }
   }
@@ -114,7 +114,7 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
         break;
       }
       case Tier::kPinned: {
-        if (defer_pinned && i != first_pinned) {
+        if (options.defer_pinned && i != first_pinned) {
           s->deferred_.push_back(i);
           break;
         }
@@ -128,8 +128,10 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
         }
         chunk.block_id[0] = str_cat("state/", i);
         STRATA_RETURN_IF_ERROR(swap->allocate(chunk.block_id[0], bytes));
-        STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap->start_write(chunk.block_id[0], {zeros.data(), bytes}));
-        STRATA_RETURN_IF_ERROR(io.wait());
+        if (!options.nvme_unwritten) {
+          STRATA_ASSIGN_OR_RETURN(nvme::SwapIo io, swap->start_write(chunk.block_id[0], {zeros.data(), bytes}));
+          STRATA_RETURN_IF_ERROR(io.wait());
+        }
         if (two_versions) {  // written before it is ever read: a speculative update fills it
           chunk.block_id[1] = str_cat("state/", i, "~");
           STRATA_RETURN_IF_ERROR(swap->allocate(chunk.block_id[1], bytes));

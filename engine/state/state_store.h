@@ -54,19 +54,33 @@ struct ChunkState {
 
 class StateStore {
  public:
-  // Allocates every chunk in its home tier and zero-fills it. `swap` may be
-  // null when no chunk lives on nvme. Errors: the budgets' and the swap
-  // store's, naming what was being allocated.
-  // With `two_versions`, every nvme chunk has a second block ("state/<index>~")
-  // for speculative updates: start_store(..., kNext) writes it and
-  // commit_next() makes it the current one, so the current state stays
-  // intact until a speculative update is known to be right.
-  // With `defer_pinned`, only the first pinned chunk is allocated (and
-  // zero-filled) here, its pages placed by the calling thread so that
-  // CpuAdam can find their NUMA node; allocate_deferred() allocates the others.
+  // How create() places the chunks.
+  struct Options {
+    // Every nvme chunk has a second block ("state/<index>~") for speculative
+    // updates: start_store(..., kNext) writes it and commit_next() makes it
+    // the current one, so the current state stays intact until a
+    // speculative update is known to be right.
+    bool two_versions = false;
+    // Only the first pinned chunk is allocated (and zero-filled) by create(),
+    // its pages placed by the calling thread so that CpuAdam can find their
+    // NUMA node; allocate_deferred() allocates the others.
+    bool defer_pinned = false;
+    // The nvme chunks' blocks are allocated, not written: the caller writes
+    // each one whole (staged_views over a staging buffer it fills, then
+    // store) before anything reads it. The engine's initial values do, so a
+    // model's state crosses the disk once at finalize instead of three times
+    // (zeros written, read back, written with the masters).
+    bool nvme_unwritten = false;
+  };
+  // Allocates every chunk in its home tier and zero-fills it (but as
+  // `options` say). `swap` may be null when no chunk lives on nvme. Errors:
+  // the budgets' and the swap store's, naming what was being allocated.
   static core::Result<std::unique_ptr<StateStore>> create(const Layout& layout, gpu::Device& device,
-                                                          nvme::SwapStore* swap, bool two_versions = false,
-                                                          bool defer_pinned = false);
+                                                          nvme::SwapStore* swap, const Options& options);
+  static core::Result<std::unique_ptr<StateStore>> create(const Layout& layout, gpu::Device& device,
+                                                          nvme::SwapStore* swap) {
+    return create(layout, device, swap, Options{});
+  }
   // Allocates the pinned chunks create() left (none without defer_pinned),
   // each zero-filled by `zero_fill` before it is locked
   // (gpu::Device::allocate_pinned's fill, which must write zeros over the

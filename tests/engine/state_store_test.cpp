@@ -183,7 +183,7 @@ TEST_F(StateStoreTest, DeferredPinnedChunksAreAllocatedThroughTheFill) {
   ASSERT_TRUE(device.ok());
   auto sw = swap();
   ASSERT_NE(sw, nullptr);
-  auto store = StateStore::create(l, **device, sw.get(), /*two_versions=*/false, /*defer_pinned=*/true);
+  auto store = StateStore::create(l, **device, sw.get(), {.defer_pinned = true});
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(pinned_budget_.used_bytes(), chunk_bytes);  // the first pinned chunk alone
   std::vector<std::size_t> pinned;
@@ -223,12 +223,52 @@ TEST_F(StateStoreTest, DeferredPinnedChunksAreAllocatedThroughTheFill) {
   sw.reset();
   auto sw2 = swap();
   ASSERT_NE(sw2, nullptr);
-  auto tight = StateStore::create(l, **small, sw2.get(), false, true);
+  auto tight = StateStore::create(l, **small, sw2.get(), {.defer_pinned = true});
   ASSERT_TRUE(tight.ok()) << tight.status();
   const core::Status refused = (*tight)->allocate_deferred(zeros);
   EXPECT_EQ(refused.code(), core::StatusCode::kResourceExhausted) << refused;
   EXPECT_NE(refused.message().find("strata.budgets.pinned"), std::string::npos) << refused;
   EXPECT_EQ(filled.size(), 1u);
+}
+
+// nvme_unwritten: the nvme chunks' blocks are allocated, not written (a read before the caller's
+// write is refused, never zeros or garbage); a chunk written whole through staged_views reads back.
+TEST_F(StateStoreTest, UnwrittenNvmeChunksHoldWhatTheFirstStoreWrote) {
+  const Layout l = layout();
+  auto device = gpu::make_host_device({{&device_budget_, &pinned_budget_}, {}});
+  ASSERT_TRUE(device.ok());
+  auto sw = swap();
+  ASSERT_NE(sw, nullptr);
+  auto store = StateStore::create(l, **device, sw.get(), {.nvme_unwritten = true});
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<std::size_t> nvme;
+  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
+    if ((*store)->tier(i) == Tier::kNvme) nvme.push_back(i);
+  }
+  ASSERT_EQ(nvme.size(), 2u);
+  const std::size_t bytes = (*store)->staging_bytes(nvme[0]);
+  auto staging = core::AlignedBuffer::allocate(bytes, core::kDirectIoAlignment);
+  ASSERT_TRUE(staging.ok());
+  for (std::size_t c : nvme) {
+    auto unread = (*store)->load(c, staging->bytes());
+    EXPECT_EQ(unread.status().code(), core::StatusCode::kFailedPrecondition) << unread.status();
+  }
+  for (std::size_t c : nvme) {
+    std::memset(staging->data(), 0, bytes);
+    ChunkState st = (*store)->staged_views(c, staging->bytes());
+    for (std::int64_t k = 0; k < kB; ++k) st.master()[k] = static_cast<float>(c * 7 + k);
+    ASSERT_TRUE((*store)->store(c, staging->bytes()).ok());
+  }
+  for (std::size_t c : nvme) {
+    std::memset(staging->data(), 0xff, bytes);
+    auto st = (*store)->load(c, staging->bytes());
+    ASSERT_TRUE(st.ok()) << st.status();
+    for (std::int64_t k = 0; k < kB; k += 991) {
+      EXPECT_EQ(st->master()[k], static_cast<float>(c * 7 + k));
+      EXPECT_EQ(st->arrays[1].f32()[k], 0.0f);
+      EXPECT_EQ(st->arrays[2].f32()[k], 0.0f);
+    }
+  }
 }
 
 TEST_F(StateStoreTest, CorruptSwapIsDataLossNotGarbage) {
