@@ -85,7 +85,8 @@ core::Result<std::unique_ptr<StateStore>> StateStore::create(const Layout& layou
   const bool two_versions = options.two_versions;
   std::unique_ptr<StateStore> s(new StateStore(layout, device, swap, two_versions));
   s->chunks_.resize(layout.chunks.size());
-  // One zeroed staging buffer, reused to initialise nvme chunks and device chunks.
+  // One zeroed staging buffer, reused to initialise device chunks and (but
+  // with nvme_unwritten) nvme chunks.
   core::AlignedBuffer zeros;
   std::uint64_t largest = 0;
   for (const ChunkPlace& c : layout.chunks) {

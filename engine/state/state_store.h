@@ -109,7 +109,8 @@ class StateStore {
   // kFailedPrecondition (use device_state()).
   core::Result<ChunkState> load(std::size_t chunk, std::span<std::byte> staging);
   // Writes an nvme chunk's staging copy back and waits for it; no-op for
-  // pinned chunks. The staging copy must be the one load() filled.
+  // pinned chunks. The staging copy must be the one load() filled, or one
+  // filled whole through staged_views().
   core::Status store(std::size_t chunk, std::span<const std::byte> staging);
 
   // The asynchronous halves of load() and store() for an nvme chunk (the

@@ -211,11 +211,12 @@ def test_deepspeed_or_fsdp_in_the_arguments_is_refused():
     strata.hf.check_arguments(training_args(lr_scheduler_type="linear", n_gpu=1, fsdp=[]), {})  # 5.x: a list
 
 
-def test_signature_gaps_name_each_argument_a_replaced_method_does_not_take():
+def test_signature_gaps_name_each_call_a_replaced_method_does_not_take():
     """strata.hf.Trainer replaces Trainer methods the loop calls as transformers
     writes them: a transformers that passes one another argument is named at
     import (trainer.py warns; test_hf_trainer asserts none with the installed
-    one)."""
+    one). Each method is called with every argument of the base's,
+    positionally and by keyword."""
     class Base:
         def same(self, a, b=None):
             pass
@@ -226,10 +227,16 @@ def test_signature_gaps_name_each_argument_a_replaced_method_does_not_take():
         def keyword(self, a, *, start_time=None):
             pass
 
+        def log(self, logs, start_time=None):
+            pass
+
         def spread(self, *args, **kwargs):
             pass
 
         def needs(self, a):
+            pass
+
+        def order(self, model, inputs, num_items_in_batch=None):
             pass
 
     class Ours:
@@ -242,16 +249,35 @@ def test_signature_gaps_name_each_argument_a_replaced_method_does_not_take():
         def keyword(self, a, **kwargs):
             pass
 
+        def log(self, logs, *args, **kwargs):  # strata.hf's own: takes start_time either way
+            pass
+
         def spread(self, a=None):
             pass
 
         def needs(self, a, extra):
             pass
 
-    gaps = strata.hf.signature_gaps(Base, Ours, ["same", "added", "keyword", "spread", "needs"])
-    assert len(gaps) == 3, gaps
+        def order(self, inputs, model, num_items_in_batch=None):  # binds, but by place to the wrong names
+            pass
+
+    names = ["same", "added", "keyword", "log", "spread", "needs", "order"]
+    gaps = strata.hf.signature_gaps(Base, Ours, names)
+    assert len(gaps) == 4, gaps
     assert gaps[0].startswith("added(self, model, inputs, num_items_in_batch=None) against strata.hf's "
-                              "added(self, model, inputs): takes no num_items_in_batch"), gaps[0]
-    assert gaps[1].endswith("takes no *args, **kwargs"), gaps[1]
-    assert gaps[2].endswith(": needs extra"), gaps[2]
-    assert strata.hf.signature_gaps(Base, Base, ["same", "added", "keyword", "spread", "needs"]) == []
+                              "added(self, model, inputs): called positionally: too many positional arguments; "
+                              "called by keyword: got an unexpected keyword argument 'num_items_in_batch'"), gaps[0]
+    assert gaps[1].startswith("spread(self, *args, **kwargs) against"), gaps[1]
+    assert gaps[1].endswith("takes no *args; takes no **kwargs"), gaps[1]
+    assert "needs(self, a, extra): called positionally: missing a required argument: 'extra'" in gaps[2], gaps[2]
+    assert gaps[3].endswith(": argument 1 is 'model' there, 'inputs' here; argument 2 is 'inputs' there, "
+                            "'model' here"), gaps[3]
+    assert strata.hf.signature_gaps(Base, Base, names) == []
+
+    class Unreadable:
+        log = print  # a builtin: inspect.signature may not read it
+    try:
+        import inspect
+        inspect.signature(print)
+    except ValueError:
+        assert strata.hf.signature_gaps(Base, Unreadable, ["log"])[0].startswith("log: its signature cannot be read")

@@ -12,13 +12,14 @@ import math
 
 from .. import errors
 
-# The AdamW variants of TrainingArguments.optim that strata's AdamW is (the
-# fused, torch and apex kernels of one algorithm); others have no strata
-# equivalent and are refused when the config names no optimizer.
 # transformers' schedules whose step() takes an evaluation metric (the Trainer
 # steps them after evaluating); strata sets each step's learning rate before
 # the step, from a schedule that steps on its own.
 _METRIC_SCHEDULES = ("reduce_lr_on_plateau", "greedy")
+
+# The AdamW variants of TrainingArguments.optim that strata's AdamW is (the
+# fused, torch and apex kernels of one algorithm); others have no strata
+# equivalent and are refused when the config names no optimizer.
 ADAMW_OPTIMS = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw_apex_fused", "adamw_torch_xla",
                 "adamw_torch_npu_fused")
 
@@ -258,30 +259,41 @@ def check_arguments(args, config, *, model_given=True, optimizers=None, optimize
 
 def signature_gaps(base, ours, names):
     """The methods of `names` whose signature in `ours` (strata.hf.Trainer)
-    does not take every argument the one in `base` (the installed
-    transformers.Trainer) takes, or wants one it does not: the Trainer's loop
-    calls them as its own are written, so a transformers that added an
-    argument would fail there with a TypeError. One line each, naming both
-    signatures."""
+    cannot be called as the one in `base` (the installed transformers.Trainer)
+    can: every argument of theirs passed positionally, then each by keyword
+    (the Trainer's loop calls them as its own are written, so a transformers
+    that added an argument would fail there with a TypeError), and their *args
+    or **kwargs taken. One line each, naming both signatures; a signature that
+    cannot be read is one too."""
     gaps = []
     for name in names:
-        theirs = inspect.signature(getattr(base, name))
-        mine = inspect.signature(getattr(ours, name))
+        try:
+            theirs = inspect.signature(getattr(base, name))
+            mine = inspect.signature(getattr(ours, name))
+        except (TypeError, ValueError) as e:
+            gaps.append(f"{name}: its signature cannot be read ({e})")
+            continue
+        params = [p for p in theirs.parameters.values() if p.name != "self"]
+        positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        keyword_only = {p.name: None for p in params if p.kind == p.KEYWORD_ONLY}
+        by_keyword = {p.name: None for p in positional if p.kind == p.POSITIONAL_OR_KEYWORD}
+        only_positional = [None for p in positional if p.kind == p.POSITIONAL_ONLY]
+        calls = (("called positionally", [None] * len(positional), keyword_only),
+                 ("called by keyword", only_positional, dict(by_keyword, **keyword_only)))
+        reasons = []
+        for how, args, kwargs in calls:
+            try:
+                mine.bind(None, *args, **kwargs)
+            except TypeError as e:
+                reasons.append(f"{how}: {e}")
+        # A positional call binds an argument by place: the same place must hold the same name.
+        mine_positional = [p.name for p in mine.parameters.values()
+                           if p.name != "self" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        reasons += [f"argument {i + 1} is '{p.name}' there, '{mine_positional[i]}' here"
+                    for i, p in enumerate(positional) if i < len(mine_positional) and mine_positional[i] != p.name]
         kinds = {p.kind for p in mine.parameters.values()}
-        missing = []
-        for p in theirs.parameters.values():
-            if p.name == "self":
-                continue
-            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                if p.kind not in kinds:
-                    missing.append(str(p))
-            elif p.name not in mine.parameters and not (p.kind == p.KEYWORD_ONLY and p.VAR_KEYWORD in kinds):
-                missing.append(p.name)
-        extra = [p.name for p in mine.parameters.values()
-                 if p.name != "self" and p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-                 and p.name not in theirs.parameters]
-        if missing or extra:
-            what = "; ".join(x for x in (f"takes no {', '.join(missing)}" if missing else "",
-                                         f"needs {', '.join(extra)}" if extra else "") if x)
-            gaps.append(f"{name}{theirs} against strata.hf's {name}{mine}: {what}")
+        reasons += [f"takes no {p}" for p in params
+                    if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.kind not in kinds]
+        if reasons:
+            gaps.append(f"{name}{theirs} against strata.hf's {name}{mine}: {'; '.join(reasons)}")
     return gaps

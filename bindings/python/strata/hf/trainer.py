@@ -471,7 +471,10 @@ class Trainer(transformers.Trainer):
 # Written against transformers 5.2-5.6's Trainer: one whose loop calls a method
 # strata.hf replaces with another argument is said at import, naming it (the
 # call would fail with a TypeError, or only on the paths that pass it).
-_gaps = signature_gaps(transformers.Trainer, Trainer, _REPLACED)
+try:
+    _gaps = signature_gaps(transformers.Trainer, Trainer, _REPLACED)
+except Exception as e:  # noqa: BLE001 - a diagnostic, never a reason the import fails
+    _gaps = [f"the signatures could not be compared ({type(e).__name__}: {e})"]
 if _gaps:
-    warnings.warn(f"strata.hf: transformers {transformers.__version__}'s Trainer calls methods strata.hf.Trainer "
+    warnings.warn(f"strata.hf: transformers {transformers.__version__}'s Trainer may call methods strata.hf.Trainer "
                   f"replaces with other arguments: {' | '.join(_gaps)}", stacklevel=2)
