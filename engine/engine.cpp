@@ -458,8 +458,7 @@ core::Status Engine::check_finalized(const char* op) const {
 
 core::Status Engine::check_not_torn(const char* op) const {
   if (torn_load_.empty()) return Status();
-  return Status::failed_precondition(str_cat(op, ": a load_checkpoint failed after it began replacing the state (",
-                                             torn_load_, "): load a checkpoint again before going on"));
+  return Status::failed_precondition(str_cat(op, ": ", torn_load_, ": load a checkpoint again before going on"));
 }
 
 bool Engine::between_steps() const {
@@ -484,6 +483,7 @@ core::Status Engine::read_state(std::string_view param, int which, std::span<flo
 
 core::Status Engine::read_state_locked(std::string_view param, int which, std::span<float> out) {
   STRATA_RETURN_IF_ERROR(check_finalized("read_master"));
+  STRATA_RETURN_IF_ERROR(check_not_torn("read_state"));
   if (which < 0 || which >= layout_.optimizer.arrays) {
     return Status::invalid_argument(str_cat("read_state: array ", which, " (", to_string(layout_.optimizer.type),
                                             " keeps ", layout_.optimizer.arrays, ": 0 to ",
@@ -542,6 +542,7 @@ core::Status Engine::read_state_locked(std::string_view param, int which, std::s
 
 core::Status Engine::read_compute(std::string_view param, std::span<float> out) {
   STRATA_ENGINE_ENTRY("read_compute");
+  if (finalized_) STRATA_RETURN_IF_ERROR(check_not_torn("read_compute"));  // the same verdict on every rank
   if (finalized_ && layout_.compute_sharded) {
     // A gather every rank takes part in, whatever fails here first.
     Status ready = step_->refuse_while_applying("read_compute");

@@ -207,6 +207,24 @@ class Engine {
   // naming the first failure (create a new engine); after a successful one,
   // kFailedPrecondition too.
   core::Status finalize();
+  // finalize, then load_checkpoint(root), without the initial values the
+  // checkpoint replaces: the init callbacks and pretrained files of every
+  // group whose parameters all train are neither called nor read, and its
+  // state and compute copies are written once, by the load (a resume of a
+  // model on nvme crosses the disk once, not three times). Groups with a
+  // frozen parameter get their initial values as finalize writes them (a
+  // checkpoint may leave out a frozen base, which must then be this
+  // engine's). Returns the framework's blob, as load_checkpoint.
+  // Before anything is built, on every rank (they agree): the checkpoint is
+  // found and its manifest checked (kNotFound, kDataLoss naming the file)
+  // and it holds this engine's parameters (kFailedPrecondition naming the
+  // first difference). These and finalize's errors are a failed finalize's
+  // (create a new engine; look for the checkpoint first to start fresh
+  // without one). The load's
+  // errors (a damaged state file, another base): the engine stays finalized
+  // without values, and every call but load_checkpoint is
+  // kFailedPrecondition saying so until one succeeds.
+  core::Result<std::vector<std::byte>> finalize_from_checkpoint(const std::string& root);
 
   // The group's compute copies on the device (compute dtype, the layout's
   // offsets), valid until release(group). `stream`: the framework's stream
@@ -391,6 +409,10 @@ class Engine {
   // the manifest's order) and its base's CRC64 compared.
   core::Status compare_sharded_base(const CheckpointToLoad& ck) STRATA_REQUIRES(mu_);
   core::Status apply_checkpoint(CheckpointToLoad& ck);
+  core::Result<std::vector<std::byte>> load_checkpoint_locked(const std::string& root) STRATA_REQUIRES(mu_);
+  // finalize_from_checkpoint: group g's initial values are left to the
+  // checkpoint (every parameter of it trains).
+  bool values_left_to_checkpoint(std::size_t g) const;
   // Group g's fp32 masters gathered from every rank's shard (its trainable
   // part, padding included); a failure reading this rank's own goes to
   // `local` (zeros sent instead), the collective's is returned.
@@ -467,8 +489,11 @@ class Engine {
   core::Result<ChunkState> load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage);
   // Runs fn over every chunk of group g with host views of its state (device
   // chunks through a host copy); with WriteBack::kYes, the views are written
-  // home afterwards.
-  enum class WriteBack { kNo, kYes };
+  // home afterwards. WriteBack::kWhole: fn writes every element of every
+  // chunk (a checkpoint's load), so nothing is read: the views start zeroed
+  // (padding stays zero, as finalize leaves it; a pinned chunk's own memory
+  // as it is), then they are written home.
+  enum class WriteBack { kNo, kYes, kWhole };
   core::Status visit_group_state(std::size_t g, WriteBack write_back,
                                  const std::function<core::Status(const ChunkPlace&, ChunkState&)>& fn);
 
@@ -517,6 +542,9 @@ class Engine {
   bool finalizing_ STRATA_GUARDED_BY(mu_) = false;
   // A failed finalize's message (empty: none failed); another finalize is refused.
   std::string finalize_failure_ STRATA_GUARDED_BY(mu_);
+  // Set by finalize_from_checkpoint: the initial values of the groups whose
+  // parameters all train are the checkpoint's to write.
+  bool values_from_checkpoint_ = false;
   // Destruction order: everything holding device memory or swap blocks
   // before the device, the swap store and the budgets. The device and its
   // two budgets live in shared_device_, shared with the leases of lent views

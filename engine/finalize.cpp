@@ -317,6 +317,12 @@ core::Status Engine::finalize_locked() {
   const Needs& needs = p.needs;
   std::unique_ptr<GradientPath> gradients = std::move(p.gradients);
   const double values_t0 = total.elapsed_s();
+  auto left_to_checkpoint = [&]() -> std::string {
+    if (!values_from_checkpoint_) return "";
+    std::size_t n = 0;
+    for (std::size_t g = 0; g < layout_.groups.size(); ++g) n += values_left_to_checkpoint(g) ? 1 : 0;
+    return str_cat("; ", n, " of ", layout_.groups.size(), " groups left to the checkpoint");
+  };
   finalized_ = true;  // the loaders below use the finalized paths
   finalizing_ = true;
   double sources_s = 0.0;
@@ -339,7 +345,8 @@ core::Status Engine::finalize_locked() {
                     << cpu_threads_.threads << " thread(s)), the CPU optimizer and gradient path "
                     << secs(homes_t0 - planned_s - state_s - zero_s) << ", compute homes "
                     << secs(values_t0 - homes_t0) << ", initial values " << secs(total.elapsed_s() - values_t0)
-                    << " (of them " << secs(sources_s) << " in the init callbacks and pretrained files)";
+                    << " (of them " << secs(sources_s) << " in the init callbacks and pretrained files"
+                    << left_to_checkpoint() << ")";
   step_->forget_traffic();  // initialisation is not a step's traffic
   // Last: the initial values' staging goes back first (the ring is
   // allocated directly, past the cache).
@@ -678,6 +685,7 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     pretrained = std::make_unique<PretrainedWeights::Stream>(*registry_.pretrained, *backend,
                                                              direct_file_options(config_.strata.io));
     for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+      if (values_left_to_checkpoint(g)) continue;
       for (std::size_t pi : layout_.groups[g].params) {
         if (!registry_.inits[pi]) pretrained->plan(g, layout_.params[pi].name);
       }
@@ -702,6 +710,9 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
                           core::AlignedBuffer::allocate(largest * sizeof(float), core::kCacheLineBytes));
   adam::CpuAdam& threads = *cpu_adam_;
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
+    // (Its nvme blocks stay unwritten, its pinned and device homes zero,
+    // until the load writes them whole; nothing reads them before.)
+    if (values_left_to_checkpoint(g)) continue;
     const GroupPlace& gp = layout_.groups[g];
     std::map<std::size_t, std::span<float>> values;  // by parameter index
     std::size_t at = 0;
@@ -798,6 +809,12 @@ core::Status Engine::write_initial_values(double* sources_s, std::uint64_t* fing
     }
   }
   return Status();
+}
+
+bool Engine::values_left_to_checkpoint(std::size_t g) const {
+  if (!values_from_checkpoint_) return false;
+  const GroupPlace& gp = layout_.groups[g];
+  return std::all_of(gp.params.begin(), gp.params.end(), [&](std::size_t pi) { return layout_.params[pi].trainable; });
 }
 
 core::Result<ChunkState> Engine::load_host_chunk(std::size_t c, gpu::PinnedBuffer& stage) {

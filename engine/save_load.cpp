@@ -45,6 +45,7 @@
 #include "engine/internal/buffer_cache.h"
 #include "engine/internal/engine_entry.h"
 #include "engine/internal/engine_util.h"
+#include "engine/internal/parallel_fill.h"
 #include "engine/io_options.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/checkpoint/code_tables.h"
@@ -298,6 +299,38 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
   }
 }
 
+// The checkpoint's parameters are `params`: the same names, shapes and
+// trainability, in the same order (placement and rank count may differ).
+Status same_params(const std::string& dir, const CheckpointManifest& m, const std::vector<ParamDesc>& params) {
+  if (m.params.size() != params.size()) {
+    return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", m.params.size(),
+                                               " parameters; this engine has ", params.size()));
+  }
+  for (std::size_t i = 0; i < m.params.size(); ++i) {
+    const ParamDesc& p = params[i];
+    const CheckpointParam& cp = m.params[i];
+    if (cp.name != p.name || cp.shape != p.shape || cp.trainable != p.trainable) {
+      return Status::failed_precondition(str_cat(dir, ": parameter #", i, " is '", cp.name,
+                                                 "' in the checkpoint and '", p.name,
+                                                 "' here (or its shape or trainability differs)"));
+    }
+  }
+  return Status();
+}
+
+// True when `arrays` hold every piece of the chunk, so that copying them in
+// writes all of it (the chunk need not be read first).
+bool arrays_fill_chunk(const Layout& layout, const ChunkPlace& cp, const StateArrays& arrays) {
+  for (const Layout::Piece& p : layout.pieces(cp)) {
+    const auto it = arrays.find(p.param);
+    if (it == arrays.end()) return false;
+    const std::int64_t at = p.lo - layout.places[p.param].trainable_offset - it->second.base;
+    const auto held = static_cast<std::int64_t>(it->second.arrays[0].size() / 4);  // fp32 masters
+    if (at < 0 || at + (p.hi - p.lo) > held) return false;
+  }
+  return true;
+}
+
 // Where a parameter's elements are in a checkpoint's state files: file
 // `file` holds [lo, hi) of them (the file's tensors hold just those, flat, or
 // with one rank the whole parameter).
@@ -428,22 +461,34 @@ core::Status Engine::visit_group_state(std::size_t g, WriteBack write_back,
   for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count; ++c) {
     const ChunkPlace& cp = layout_.chunks[c];
     const std::uint64_t bytes = layout_.state_bytes(cp);
+    const bool whole = write_back == WriteBack::kWhole;
     if (cp.state_tier == Tier::kDevice) {
       STRATA_ASSIGN_OR_RETURN(gpu::DeviceSpan home, state_->device_state(c));
       // Through the cache: between steps it holds the step's staging, which
       // it gives back when the budget is tight.
       STRATA_ASSIGN_OR_RETURN(gpu::PinnedBuffer host, pinned_cache_->get(bytes, "state staging"));
-      STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), home));
+      if (whole) {
+        parallel_zero(*cpu_adam_, host.bytes().first(bytes));
+      } else {
+        STRATA_RETURN_IF_ERROR(copy_d2h(host.bytes().first(bytes), home));
+      }
       ChunkState st = state_->staged_views(c, host.bytes());
       STRATA_RETURN_IF_ERROR(fn(cp, st));
-      if (write_back == WriteBack::kYes) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
+      if (write_back != WriteBack::kNo) STRATA_RETURN_IF_ERROR(copy_h2d(home, host.bytes().first(bytes)));
       pinned_cache_->put(std::move(host));
       continue;
     }
     gpu::PinnedBuffer stage;
-    STRATA_ASSIGN_OR_RETURN(ChunkState st, load_host_chunk(c, stage));
+    ChunkState st;
+    if (whole && cp.state_tier == Tier::kNvme) {
+      STRATA_ASSIGN_OR_RETURN(stage, pinned_cache_->get(state_->staging_bytes(c), "state staging"));
+      parallel_zero(*cpu_adam_, stage.bytes());
+      st = state_->staged_views(c, stage.bytes());
+    } else {
+      STRATA_ASSIGN_OR_RETURN(st, load_host_chunk(c, stage));
+    }
     STRATA_RETURN_IF_ERROR(fn(cp, st));
-    if (write_back == WriteBack::kYes) STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
+    if (write_back != WriteBack::kNo) STRATA_RETURN_IF_ERROR(state_->store(c, stage.bytes()));
   }
   return Status();
 }
@@ -757,19 +802,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
   const std::string& dir = ck.dir;
   const CheckpointManifest& m = ck.manifest;
   // Same parameters, same shapes, same trainability (placement and rank count may differ).
-  if (m.params.size() != layout_.params.size()) {
-    return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", m.params.size(),
-                                               " parameters; this engine has ", layout_.params.size()));
-  }
-  for (std::size_t i = 0; i < m.params.size(); ++i) {
-    const ParamDesc& p = layout_.params[i];
-    const CheckpointParam& cp = m.params[i];
-    if (cp.name != p.name || cp.shape != p.shape || cp.trainable != p.trainable) {
-      return Status::failed_precondition(str_cat(dir, ": parameter #", i, " is '", cp.name,
-                                                 "' in the checkpoint and '", p.name,
-                                                 "' here (or its shape or trainability differs)"));
-    }
-  }
+  STRATA_RETURN_IF_ERROR(same_params(dir, m, layout_.params));
   const std::string_view compute_dtype = to_string(dtype_of(layout_.compute_bytes, config_.precision));
   if (m.compute_dtype != compute_dtype) {
     return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
@@ -974,9 +1007,14 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
     if (left_out && gp.trainable_elems == 0) continue;
     const bool trainable_only = left_out && !layout_.compute_sharded;
     const std::uint64_t host_lo = trainable_only ? layout_.trainable_home_range(gp).lo : 0;
+    // The home is not read where the checkpoint gives every byte of it (no
+    // base left out): a blank one (padding zero) takes the copies; with a
+    // base left out at stage 3 over ranks it is read whole (its shard of the
+    // base kept).
     gpu::PinnedBuffer staging;
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, trainable_only ? homes_->blank_trainable(g, staging)
-                                                                      : homes_->load(g, staging, step_lane()));
+                                                       : left_out     ? homes_->load(g, staging, step_lane())
+                                                                      : homes_->blank(g, staging));
     StateArrays arrays;
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
@@ -1004,10 +1042,17 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
     // was read whole, its shard of the base kept as it was).
     STRATA_RETURN_IF_ERROR(left_out ? homes_->commit_trainable(g, host, step_lane(), host_lo)
                                     : homes_->commit(g, host, step_lane()));
-    STRATA_RETURN_IF_ERROR(visit_group_state(g, WriteBack::kYes, [&](const ChunkPlace& cp, ChunkState& st) {
-      exchange_chunk_arrays(layout_, cp, st, arrays, Exchange::kIntoChunk);
-      return Status();
-    }));
+    // The chunks are not read either when the checkpoint's arrays fill them
+    // (they do: its ranges cover every element, uncovered_elements).
+    bool fill = true;
+    for (std::size_t c = gp.first_chunk; c < gp.first_chunk + gp.chunk_count && fill; ++c) {
+      fill = arrays_fill_chunk(layout_, layout_.chunks[c], arrays);
+    }
+    STRATA_RETURN_IF_ERROR(visit_group_state(g, fill ? WriteBack::kWhole : WriteBack::kYes,
+                                             [&](const ChunkPlace& cp, ChunkState& st) {
+                                               exchange_chunk_arrays(layout_, cp, st, arrays, Exchange::kIntoChunk);
+                                               return Status();
+                                             }));
   }
   STRATA_RETURN_IF_ERROR(step_->verdict().restore(ck.scaler, m.step, m.skipped_steps, m.lr_override));
   std::vector<std::int64_t> missed;
@@ -1020,6 +1065,53 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
 
 core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("load_checkpoint");
+  return load_checkpoint_locked(root);
+}
+
+core::Result<std::vector<std::byte>> Engine::finalize_from_checkpoint(const std::string& root) {
+  STRATA_ENGINE_ENTRY("finalize_from_checkpoint");
+  constexpr const char* kOp = "finalize_from_checkpoint";
+  if (finalized_) return Status::failed_precondition(str_cat(kOp, " after finalize"));
+  if (!finalize_failure_.empty()) {
+    return Status::failed_precondition(
+        str_cat(kOp, " after a failed finalize (", finalize_failure_, "): create a new engine"));
+  }
+  // Before anything is built, on every rank: the checkpoint is there and is
+  // this engine's (check_checkpoint checks the rest after finalize). The
+  // payload tells a rank that called finalize instead apart (its first vote
+  // carries its settings' CRC64).
+  constexpr std::uint64_t kMine = 0x66726f6d636b7074;  // "fromckpt"
+  Status found;
+  if (auto loc = locate_checkpoint(root, config_.strata.io); !loc.ok()) {
+    found = std::move(loc).status().annotate(kOp);
+  } else {
+    found = same_params(loc->dir, loc->manifest, registry_.params).annotate(kOp);
+  }
+  std::vector<std::uint64_t> calls;
+  Status s = agree(kOp, "finding the checkpoint", std::move(found), kMine, &calls);
+  for (std::size_t k = 0; k < calls.size() && s.ok(); ++k) {
+    if (calls[k] != kMine) {
+      s = Status::failed_precondition(str_cat(kOp, ": rank ", k, " called finalize, not ", kOp,
+                                              ": every rank must start the same way"));
+    }
+  }
+  // A failure is finalize's (nothing was built yet): the engine is done.
+  values_from_checkpoint_ = true;
+  if (s.ok()) s = finalize_locked();
+  if (!s.ok()) {
+    finalize_failure_ = std::string(s.message());
+    release_after_failed_finalize();
+    return s;
+  }
+  // Until the load succeeds the state the checkpoint replaces is unwritten:
+  // only another load is allowed (load_checkpoint_locked clears this).
+  torn_load_ = str_cat(kOp, " built the engine but its checkpoint did not load; its initial values were left to it");
+  core::Result<std::vector<std::byte>> blob = load_checkpoint_locked(root);
+  if (!blob.ok()) return std::move(blob).status().annotate(str_cat(kOp, ": the engine is built without its values"));
+  return blob;
+}
+
+core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::string& root) {
   // With several ranks every rank calls it; they agree after each phase
   // (agree), so that no rank changes its state unless every rank found the
   // checkpoint whole and fitting. A checkpoint saved by any number of ranks
@@ -1045,7 +1137,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   // training is refused until a load succeeds.
   const Status loaded = agree(kOp, "loading the state", apply_checkpoint(ck));
   if (!loaded.ok()) {
-    torn_load_ = std::string(loaded.message());
+    torn_load_ = str_cat("a load_checkpoint failed after it began replacing the state (", loaded.message(), ")");
     return loaded;
   }
   torn_load_.clear();

@@ -633,6 +633,19 @@ strata_status strata_engine_finalize(strata_engine* engine) noexcept {
   });
 }
 
+strata_status strata_engine_finalize_from_checkpoint(strata_engine* engine, const char* root) noexcept {
+  return guard([&]() -> core::Status {
+    constexpr const char* fn = "strata_engine_finalize_from_checkpoint";
+    STRATA_C_NOT_NULL(fn, engine);  // no handle lock (init callbacks may run): see STRATA_C_ENTER
+    STRATA_C_NOT_NULL(fn, root);
+    STRATA_ASSIGN_OR_RETURN(std::vector<std::byte> blob, engine->engine->finalize_from_checkpoint(root));
+    const core::MutexLock lock(engine->mu);
+    engine->blob = std::move(blob);
+    engine->loaded = true;
+    return core::Status();
+  });
+}
+
 strata_status strata_group_info_get(strata_engine* engine, const char* group, strata_group_info* out) noexcept {
   return guard([&]() -> core::Status {
     constexpr const char* fn = "strata_group_info_get";

@@ -505,6 +505,36 @@ static void engine_checks(void) {
       strata_engine_destroy(e);
     }
   }
+  /* The same through strata_engine_finalize_from_checkpoint: no init callback
+   * runs, the same masters and blob. No checkpoint at the root: a failed
+   * finalize, nothing built. */
+  {
+    struct init_log log = {0, 0};
+    strata_engine* e = build(config, &log);
+    if (e != NULL) {
+      CHECK_STATUS(strata_engine_finalize_from_checkpoint(e, "/nonexistent/strata"), STRATA_STATUS_NOT_FOUND,
+                   "/nonexistent/strata");
+      CHECK_STATUS(strata_engine_finalize(e), STRATA_STATUS_FAILED_PRECONDITION, "failed finalize");
+      strata_engine_destroy(e);
+    }
+    e = build(config, &log);
+    if (e != NULL) {
+      CHECK_STATUS(strata_engine_finalize_from_checkpoint(e, NULL), STRATA_STATUS_INVALID_ARGUMENT, "root");
+      CHECK_OK(strata_engine_finalize_from_checkpoint(e, ckpt));
+      CHECK(log.calls == 0);
+      const void* blob = NULL;
+      size_t blob_size = 0;
+      CHECK_OK(strata_checkpoint_blob(e, &blob, &blob_size));
+      CHECK(blob_size == sizeof "data loader at epoch 3" && memcmp(blob, "data loader at epoch 3", blob_size) == 0);
+      float w[kOut * kIn], b[kOut];
+      CHECK_OK(strata_param_read_master(e, "w", w, kOut * kIn));
+      CHECK_OK(strata_param_read_master(e, "b", b, kOut));
+      CHECK(memcmp(w, pinned.w, sizeof w) == 0);
+      CHECK(memcmp(b, pinned.b, sizeof b) == 0);
+      CHECK_STATUS(strata_engine_finalize_from_checkpoint(e, ckpt), STRATA_STATUS_FAILED_PRECONDITION, "after finalize");
+      strata_engine_destroy(e);
+    }
+  }
   char cmd[1200];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", ckpt);
   if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", ckpt);

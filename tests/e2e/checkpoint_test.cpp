@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/logging.h"
+#include "core/str.h"
 #include "engine/checkpoint/inspect.h"
 #include "engine/checkpoint/manifest.h"
 #include "engine/config.h"
@@ -121,6 +122,171 @@ TEST_F(Checkpoint, ResumesBitIdenticallyUnderAnotherPlacement) {
   // Same placement, then the optimizer on the device with compute copies on nvme.
   resume_and_compare(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu), losses, masters);
   resume_and_compare(config_for(swap(), OffloadDevice::kNone, OffloadDevice::kNvme), losses, masters);
+}
+
+// The swap bytes an engine read and wrote since it was created, all paths.
+SwapPathBytes swap_bytes(const Engine& e) {
+  SwapPathBytes sum;
+  for (const SwapPathBytes& p : e.swap_traffic()) {
+    sum.read += p.read;
+    sum.written += p.written;
+  }
+  return sum;
+}
+
+// Saves at kSaveAt from a run of the reference placement (blob "data loader
+// at batch 10").
+void save_at(const Config& c, const std::string& root) {
+  auto e = make_mlp_engine(c);
+  ASSERT_NE(e, nullptr);
+  Framework f;
+  for (int s = 0; s < kSaveAt; ++s) train_one_step(*e, f, s);
+  ASSERT_TRUE(e->save_checkpoint(root, blob_of("data loader at batch 10")).ok());
+}
+
+// finalize_from_checkpoint: no init callback runs, the swap is written once
+// (finalize then load_checkpoint writes it twice) and read not at all (a load
+// reads nothing of what it replaces whole, either way), and training goes on
+// bit for bit as the run that never stopped, under every placement.
+TEST_F(Checkpoint, FinalizeFromCheckpointWritesTheStateOnceAndResumesBitIdentically) {
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> masters;
+  straight_run(&losses, &masters);
+  save_at(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu), ckpt());
+  const std::pair<OffloadDevice, OffloadDevice> placements[] = {{OffloadDevice::kNvme, OffloadDevice::kCpu},
+                                                                {OffloadDevice::kNone, OffloadDevice::kNvme},
+                                                                {OffloadDevice::kNvme, OffloadDevice::kNvme},
+                                                                {OffloadDevice::kCpu, OffloadDevice::kCpu}};
+  for (const auto& [optimizer, param] : placements) {
+    SCOPED_TRACE(core::str_cat("optimizer ", to_string(optimizer), ", param ", to_string(param)));
+    const Config c = config_for(swap(), optimizer, param);
+    SwapPathBytes twice;
+    {
+      auto plain = make_mlp_engine(c);
+      ASSERT_NE(plain, nullptr);
+      const SwapPathBytes finalized = swap_bytes(*plain);
+      ASSERT_TRUE(plain->load_checkpoint(ckpt()).ok());
+      twice = swap_bytes(*plain);
+      EXPECT_EQ(twice.read, 0u);  // the load read nothing it replaces
+      EXPECT_EQ(twice.written, 2 * finalized.written);
+    }
+    std::map<std::string, int> calls;
+    auto e = register_mlp(c, {}, {}, "", &calls);
+    ASSERT_NE(e, nullptr);
+    auto blob = e->finalize_from_checkpoint(ckpt());
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_EQ(*blob, blob_of("data loader at batch 10"));
+    EXPECT_TRUE(calls.empty()) << calls.begin()->first;
+    const SwapPathBytes once = swap_bytes(*e);
+    EXPECT_EQ(once.read, 0u);
+    EXPECT_EQ(2 * once.written, twice.written);
+    Framework f;
+    for (int s = kSaveAt; s < kSteps; ++s) EXPECT_EQ(train_one_step(*e, f, s), losses[s]) << "step " << s;
+    const auto got = read_masters(*e);
+    for (const auto& [name, v] : masters) EXPECT_TRUE(bits_equal(got.at(name), v)) << name;
+  }
+}
+
+// A group with a frozen parameter gets its initial values as finalize writes
+// them (a checkpoint may leave its base out); the others are the
+// checkpoint's alone. Either way the run is the one finalize and
+// load_checkpoint give.
+TEST_F(Checkpoint, FinalizeFromCheckpointInitializesTheGroupsWithAFrozenParameter) {
+  const std::vector<std::string> frozen = {"l1.w"};
+  auto read_trainable = [](Engine& e) {
+    std::map<std::string, std::vector<float>> out;
+    for (const Tensor& t : kTensors) {
+      if (t.name == "l1.w") continue;
+      std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
+      EXPECT_TRUE(e.read_master(t.name, v).ok());
+      out[t.name] = std::move(v);
+    }
+    return out;
+  };
+  const Config c = config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kNvme);
+  {
+    auto e = make_mlp_engine(c, {}, frozen);
+    ASSERT_NE(e, nullptr);
+    Framework f;
+    for (int s = 0; s < kSaveAt; ++s) train_one_step(*e, f, s);
+    ASSERT_TRUE(e->save_checkpoint(ckpt(), blob_of("b")).ok());
+  }
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> masters;
+  {
+    auto e = make_mlp_engine(c, {}, frozen);
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(e->load_checkpoint(ckpt()).ok());
+    Framework f;
+    for (int s = kSaveAt; s < kSteps; ++s) losses.push_back(train_one_step(*e, f, s));
+    masters = read_trainable(*e);
+  }
+  std::map<std::string, int> calls;
+  auto e = register_mlp(c, {}, frozen, "", &calls);
+  ASSERT_NE(e, nullptr);
+  ASSERT_TRUE(e->finalize_from_checkpoint(ckpt()).ok());
+  EXPECT_EQ(calls, (std::map<std::string, int>{{"l1.b", 1}, {"l1.w", 1}}));
+  Framework f;
+  for (int s = kSaveAt; s < kSteps; ++s) EXPECT_EQ(train_one_step(*e, f, s), losses[s - kSaveAt]) << "step " << s;
+  const auto got = read_trainable(*e);
+  for (const auto& [name, v] : masters) EXPECT_TRUE(bits_equal(got.at(name), v)) << name;
+}
+
+// No checkpoint, or another model's: a failed finalize, before anything is
+// built (the swap paths free for the next engine). A checkpoint damaged past
+// its manifest: the engine is built without values and refuses everything
+// but a load, naming why, until one succeeds; then it trains on bit for bit.
+TEST_F(Checkpoint, FinalizeFromCheckpointErrorsNameTheCauseAndLoseNothing) {
+  const Config c = config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu);
+  std::vector<double> losses;
+  std::map<std::string, std::vector<float>> masters;
+  straight_run(&losses, &masters);
+  save_at(c, ckpt());
+  {
+    auto e = register_mlp(c);
+    ASSERT_NE(e, nullptr);
+    auto r = e->finalize_from_checkpoint((dir_ / "nothing").string());
+    EXPECT_EQ(r.status().code(), core::StatusCode::kNotFound) << r.status();
+    EXPECT_FALSE(e->finalized());
+    auto other = register_mlp(c, {}, {"l2.b"});  // another trainability
+    ASSERT_NE(other, nullptr);
+    r = other->finalize_from_checkpoint(ckpt());
+    EXPECT_EQ(r.status().code(), core::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_NE(r.status().message().find("'l2.b'"), std::string::npos) << r.status();
+    EXPECT_FALSE(other->finalized());
+    EXPECT_EQ(e->finalize().code(), core::StatusCode::kFailedPrecondition);
+    auto fresh = make_mlp_engine(c);  // the swap paths are free
+    ASSERT_NE(fresh, nullptr);
+    EXPECT_EQ(fresh->finalize_from_checkpoint(ckpt()).status().code(), core::StatusCode::kFailedPrecondition);
+  }
+  const std::string good = (dir_ / "good").string();
+  fs::copy(ckpt(), good, fs::copy_options::recursive);
+  const std::string state = ckpt() + "/step-10/state.safetensors";
+  {
+    std::fstream file(state, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(fs::file_size(state) - 100));
+    file.put('\x7f');
+  }
+  auto e = register_mlp(c);
+  ASSERT_NE(e, nullptr);
+  auto r = e->finalize_from_checkpoint(ckpt());
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find("state.safetensors"), std::string::npos) << r.status();
+  EXPECT_TRUE(e->finalized());
+  const core::Status fetch = e->fetch("l1").status();
+  EXPECT_EQ(fetch.code(), core::StatusCode::kFailedPrecondition) << fetch;
+  EXPECT_NE(fetch.message().find("finalize_from_checkpoint"), std::string::npos) << fetch;
+  std::vector<float> v(static_cast<std::size_t>(kOut));
+  EXPECT_EQ(e->read_master("l2.b", v).code(), core::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->read_compute("l2.b", v).code(), core::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->save_checkpoint((dir_ / "other").string(), blob_of("x")).code(),
+            core::StatusCode::kFailedPrecondition);
+  auto blob = e->load_checkpoint(good);
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  Framework f;
+  for (int s = kSaveAt; s < kSteps; ++s) EXPECT_EQ(train_one_step(*e, f, s), losses[s]) << "step " << s;
+  const auto got = read_masters(*e);
+  for (const auto& [name, m] : masters) EXPECT_TRUE(bits_equal(got.at(name), m)) << name;
 }
 
 // strata.overlap "delayed": a save between steps commits the pending update

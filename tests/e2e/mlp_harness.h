@@ -310,9 +310,12 @@ struct Framework {
 // `frozen`: the tensors registered frozen (the others are trained).
 // `weights_dir`: the frozen parameters' values from the safetensors files
 // there (init_from_safetensors), not from init_values.
-inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition::CommunicatorOptions& ranks = {},
-                                               const std::vector<std::string>& frozen = {},
-                                               const std::string& weights_dir = "") {
+// The MLP's parameters registered, not finalized. `init_calls` (may be
+// null) counts the init callbacks' calls, by parameter name.
+inline std::unique_ptr<Engine> register_mlp(const Config& c, const partition::CommunicatorOptions& ranks = {},
+                                            const std::vector<std::string>& frozen = {},
+                                            const std::string& weights_dir = "",
+                                            std::map<std::string, int>* init_calls = nullptr) {
   auto created = Engine::create(c, ranks);
   EXPECT_TRUE(created.ok()) << created.status();
   if (!created.ok()) return nullptr;
@@ -322,7 +325,8 @@ inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition:
   for (const Tensor& t : kTensors) {
     const bool trains = std::find(frozen.begin(), frozen.end(), t.name) == frozen.end();
     ParamDesc d{t.name, t.shape, t.group, trains, t.name.back() == 'b' ? *no_decay : 0};
-    InitFn init = [t](std::span<float> out) {
+    InitFn init = [t, init_calls](std::span<float> out) {
+      if (init_calls != nullptr) ++(*init_calls)[t.name];
       init_values(t, out);
       return core::Status();
     };
@@ -332,6 +336,14 @@ inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition:
   if (!weights_dir.empty()) {
     EXPECT_TRUE(e->init_from_safetensors(weights_dir, "").ok());
   }
+  return e;
+}
+
+inline std::unique_ptr<Engine> make_mlp_engine(const Config& c, const partition::CommunicatorOptions& ranks = {},
+                                               const std::vector<std::string>& frozen = {},
+                                               const std::string& weights_dir = "") {
+  std::unique_ptr<Engine> e = register_mlp(c, ranks, frozen, weights_dir);
+  if (e == nullptr) return nullptr;
   const core::Status s = e->finalize();
   EXPECT_TRUE(s.ok()) << s;
   return s.ok() ? std::move(e) : nullptr;

@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/checkpoint/inspect.h"
@@ -392,6 +394,77 @@ TEST_F(RanksTest, EightBitStateSavedByRanksLoadsAsFp32Exactly) {
   expect_same(loaded.master, saved.master, "masters");
   expect_same(loaded.exp_avg, saved.exp_avg, "exp_avg");
   expect_same(loaded.exp_avg_sq, saved.exp_avg_sq, "exp_avg_sq");
+}
+
+// finalize_from_checkpoint on several ranks (stage 3 on nvme, saved by
+// three, read by two): every rank ends as a finalize and a load leave it and
+// trains on alike; a rank that finds no checkpoint stops every rank before
+// anything is built.
+TEST_F(RanksTest, FinalizeFromCheckpointOnRanksIsAFinalizeAndALoad) {
+  Config c = stage3(config("nvme", OverlapMode::kExact), "nvme");
+  c.strata.seed = 1234;
+  const fs::path root = dir_ / "saved";
+  on_ranks(c, 3, "save", [&](int r, Engine& e) {
+    Framework f;
+    for (int s = 0; s < 2; ++s) micro_batch(e, f, s * 3 + r, true, nullptr).status().ignore_error();
+    const core::Status st = e.save_checkpoint(root.string(), {});
+    EXPECT_TRUE(st.ok()) << st;
+  });
+  auto train_on = [](int r, Engine& e) {
+    Framework f;
+    for (int s = 2; s < 4; ++s) micro_batch(e, f, s * 2 + r, true, nullptr).status().ignore_error();
+  };
+  const Outcome want = on_ranks(c, 2, "load", [&](int r, Engine& e) {
+    const auto blob = e.load_checkpoint(root.string());
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    train_on(r, e);
+  });
+  auto from_checkpoint = [&](const std::string& run, const std::function<fs::path(int)>& root_of,
+                             std::vector<core::Status>* status) {
+    std::vector<Outcome> per(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<Engine> e = register_mlp(c, ranks(r, 2, run));
+        if (e == nullptr) return;
+        const auto blob = e->finalize_from_checkpoint(root_of(r).string());
+        (*status)[static_cast<std::size_t>(r)] = blob.status();
+        if (!blob.ok()) {
+          EXPECT_FALSE(e->finalized()) << "rank " << r;
+          return;
+        }
+        train_on(r, *e);
+        Outcome& o = per[static_cast<std::size_t>(r)];
+        o.master = read_array(*e, 0);
+        o.exp_avg = read_array(*e, 1);
+        o.exp_avg_sq = read_array(*e, 2);
+        o.compute.push_back(read_computes(*e));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    Outcome out;
+    for (Outcome& o : per) {
+      merge_owned(out.master, o.master);
+      merge_owned(out.exp_avg, o.exp_avg);
+      merge_owned(out.exp_avg_sq, o.exp_avg_sq);
+      if (!o.compute.empty()) out.compute.push_back(o.compute.front());
+    }
+    return out;
+  };
+  std::vector<core::Status> status(2);
+  const Outcome got = from_checkpoint("from", [&](int) { return root; }, &status);
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(status[static_cast<std::size_t>(r)].ok()) << status[static_cast<std::size_t>(r)];
+  expect_same(got.master, want.master, "masters");
+  expect_same(got.exp_avg, want.exp_avg, "exp_avg");
+  expect_same(got.exp_avg_sq, want.exp_avg_sq, "exp_avg_sq");
+  ASSERT_EQ(got.compute.size(), 2u);
+  for (std::size_t r = 0; r < 2; ++r) expect_same(got.compute[r], want.compute[0], "compute copies");
+  // Rank 1 finds nothing: both stop, naming it, and neither built anything.
+  from_checkpoint("missing", [&](int r) { return r == 1 ? dir_ / "nothing" : root; }, &status);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(status[static_cast<std::size_t>(r)].code(), core::StatusCode::kNotFound) << status[static_cast<std::size_t>(r)];
+  }
+  EXPECT_NE(status[0].message().find("rank 1"), std::string::npos) << status[0];
 }
 
 }  // namespace

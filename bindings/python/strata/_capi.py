@@ -152,6 +152,7 @@ _PROTOTYPES = {
     "strata_optimizer_group_add": (c_status, [c_engine_p, _P(OptimizerGroupDesc), _P(ctypes.c_int32)]),
     "strata_param_register": (c_status, [c_engine_p, _P(ParamDesc), INIT_FN, _u]),
     "strata_engine_finalize": (c_status, [c_engine_p]),
+    "strata_engine_finalize_from_checkpoint": (c_status, [c_engine_p, _s]),
     "strata_group_info_get": (c_status, [c_engine_p, _s, _P(GroupInfo)]),
     "strata_param_offset": (c_status, [c_engine_p, _s, _P(ctypes.c_int64), _P(ctypes.c_char_p)]),
     "strata_group_fetch": (c_status, [c_engine_p, _s, _u, _P(GroupView)]),

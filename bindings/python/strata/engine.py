@@ -428,9 +428,26 @@ class Engine:
 
     def finalize(self):
         """Lays out and places every state and writes the initial values."""
+        self._finalize(lambda: _lib.strata_engine_finalize(self.handle))
+
+    def finalize_from_checkpoint(self, root):
+        """finalize() then load_checkpoint(root), without the initial values the
+        checkpoint replaces: the init functions and safetensors files of every
+        group whose parameters all train are not called or read, and their
+        state is written once, by the load. Returns the framework blob. A
+        missing checkpoint or another model's raises as a failed finalize does
+        (nothing is built; make a new engine); a damaged state file leaves the
+        engine refusing everything but load_checkpoint until one succeeds."""
+        root = os.fspath(root).encode()
+        self._finalize(lambda: _lib.strata_engine_finalize_from_checkpoint(self.handle, root))
+        data, size = ctypes.c_void_p(), ctypes.c_size_t()
+        check(_lib.strata_checkpoint_blob(self.handle, ctypes.byref(data), ctypes.byref(size)))
+        return ctypes.string_at(data.value, size.value) if size.value else b""
+
+    def _finalize(self, call):
         self._init_error = None
         try:
-            status = _lib.strata_engine_finalize(self.handle)
+            status = call()
             if status != 0 and self._init_error is not None:
                 err = self._init_error
                 raise errors.BY_CODE.get(status, errors.Error)(

@@ -362,6 +362,26 @@ STRATA_API strata_status strata_init_from_safetensors(strata_engine* engine, con
  * it returns; destroy the engine and create another to try again). */
 STRATA_API strata_status strata_engine_finalize(strata_engine* engine) STRATA_NOEXCEPT;
 
+/* (since 0.5) strata_engine_finalize, then strata_checkpoint_load(root),
+ * without writing the initial values the checkpoint replaces: the init
+ * callbacks and safetensors files of every fetch group whose parameters all
+ * train are not called or read, and their state is written once, by the
+ * load (a resume of a model whose state is on nvme crosses the disk once).
+ * Groups with a frozen parameter get their initial values as
+ * strata_engine_finalize writes them. The blob: strata_checkpoint_blob.
+ * root is borrowed. Before anything is built (every rank agrees): NOT_FOUND
+ * (no complete checkpoint), DATA_LOSS (a damaged latest or manifest),
+ * FAILED_PRECONDITION (other parameters, naming the first difference; a rank
+ * that called strata_engine_finalize instead); these and
+ * strata_engine_finalize's errors are a failed finalize's (destroy the
+ * engine; to start fresh when there is no checkpoint, look for it first).
+ * The load's errors (a damaged state file, another
+ * frozen base): the engine stays finalized without values, and every call
+ * but strata_checkpoint_load is FAILED_PRECONDITION saying so until a load
+ * succeeds. */
+STRATA_API strata_status strata_engine_finalize_from_checkpoint(strata_engine* engine,
+                                                               const char* root) STRATA_NOEXCEPT;
+
 /* A fetch group's layout, without fetching it. */
 typedef struct strata_group_info {
   uint32_t struct_size;      /* STRATA_GROUP_INFO_INIT */
