@@ -435,6 +435,7 @@ double Engine::loss_scale() const {
 
 core::Status Engine::set_lr(double lr) {
   STRATA_ENGINE_ENTRY("set_lr");
+  STRATA_RETURN_IF_ERROR(check_not_torn("set_lr"));  // a load would replace it
   if (!(lr >= 0.0) || !std::isfinite(lr)) return Status::invalid_argument(str_cat("set_lr(", lr, "): expected >= 0"));
   if (lr == step_->verdict().lr_override()) return Status();
   // The step's job started early holds the constants of the old rate: it

@@ -211,19 +211,20 @@ class Engine {
   // checkpoint replaces: the init callbacks and pretrained files of every
   // group whose parameters all train are neither called nor read, and its
   // state and compute copies are written once, by the load (a resume of a
-  // model on nvme crosses the disk once, not three times). Groups with a
-  // frozen parameter get their initial values as finalize writes them (a
+  // model on nvme writes it once, not twice). Groups with a frozen
+  // parameter get their initial values as finalize writes them (a
   // checkpoint may leave out a frozen base, which must then be this
   // engine's). Returns the framework's blob, as load_checkpoint.
   // Before anything is built, on every rank (they agree): the checkpoint is
   // found and its manifest checked (kNotFound, kDataLoss naming the file)
-  // and it holds this engine's parameters (kFailedPrecondition naming the
-  // first difference). These and finalize's errors are a failed finalize's
-  // (create a new engine; look for the checkpoint first to start fresh
-  // without one). The load's
-  // errors (a damaged state file, another base): the engine stays finalized
-  // without values, and every call but load_checkpoint is
-  // kFailedPrecondition saying so until one succeeds.
+  // and it holds this engine's parameters and compute dtype
+  // (kFailedPrecondition naming the first difference; also when the ranks
+  // found different checkpoints, or one called finalize). These and
+  // finalize's errors are a failed finalize's (create a new engine; look
+  // for the checkpoint first to start fresh without one). The load's errors
+  // (a damaged state file, another base): the engine stays finalized
+  // without values, and every step, fetch, read, save, export and set_lr
+  // call is kFailedPrecondition saying so until a load_checkpoint succeeds.
   core::Result<std::vector<std::byte>> finalize_from_checkpoint(const std::string& root);
 
   // The group's compute copies on the device (compute dtype, the layout's
@@ -410,6 +411,11 @@ class Engine {
   core::Status compare_sharded_base(const CheckpointToLoad& ck) STRATA_REQUIRES(mu_);
   core::Status apply_checkpoint(CheckpointToLoad& ck);
   core::Result<std::vector<std::byte>> load_checkpoint_locked(const std::string& root) STRATA_REQUIRES(mu_);
+  // With several ranks, the first vote of finalize (op "finalize") and of
+  // finalize_from_checkpoint (`checkpoint`: the fingerprint of the one it
+  // found): every rank started the same way, from the same checkpoint, or
+  // kFailedPrecondition naming the ranks; `local` fails every rank.
+  core::Status agree_on_start(const char* op, core::Status local, std::uint64_t checkpoint);
   // finalize_from_checkpoint: group g's initial values are left to the
   // checkpoint (every parameter of it trains).
   bool values_left_to_checkpoint(std::size_t g) const;

@@ -216,7 +216,10 @@ core::Status Engine::finalize() {
     return Status::failed_precondition(
         str_cat("finalize after a failed finalize (", finalize_failure_, "): create a new engine"));
   }
-  Status s = finalize_locked();
+  // With several ranks, every rank first says how it starts (a rank that
+  // calls finalize_from_checkpoint instead is named, not waited for).
+  Status s = ranks_.share.ranks > 1 ? agree_on_start("finalize", Status(), 0) : Status();
+  if (s.ok()) s = finalize_locked();
   if (!s.ok()) {
     // One finalize per engine: what the failed one built goes now (the swap
     // files and their lock among it), not when the engine is destroyed.

@@ -318,6 +318,13 @@ Status same_params(const std::string& dir, const CheckpointManifest& m, const st
   return Status();
 }
 
+// What the ranks compare to know they found the same checkpoint: its step
+// folder's name and manifest.
+std::uint64_t checkpoint_fingerprint(const std::string& dir, const CheckpointManifest& m) {
+  const std::string seen = str_cat(fs::path(dir).filename().string(), "\n", format_checkpoint_manifest(m));
+  return nvme::crc64(0, std::as_bytes(std::span<const char>(seen)));
+}
+
 // True when `arrays` hold every piece of the chunk, so that copying them in
 // writes all of it (the chunk need not be read first).
 bool arrays_fill_chunk(const Layout& layout, const ChunkPlace& cp, const StateArrays& arrays) {
@@ -957,8 +964,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     }
     STRATA_RETURN_IF_ERROR(homes_->check_frozen(g, frozen).annotate(str_cat("load_checkpoint: ", dir)));
   }
-  const std::string seen = str_cat(fs::path(dir).filename().string(), "\n", format_checkpoint_manifest(m));
-  ck.fingerprint = nvme::crc64(0, std::as_bytes(std::span<const char>(seen)));
+  ck.fingerprint = checkpoint_fingerprint(dir, m);
   return Status();
 }
 
@@ -1068,6 +1074,28 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   return load_checkpoint_locked(root);
 }
 
+core::Status Engine::agree_on_start(const char* op, core::Status local, std::uint64_t checkpoint) {
+  // finalize's payload; finalize_from_checkpoint's is its checkpoint's
+  // fingerprint (never this, but by a 2^-64 chance).
+  constexpr std::uint64_t kPlain = 0x66696e616c697a65;  // "finalize"
+  const bool from_checkpoint = std::string_view(op) != "finalize";
+  std::vector<std::uint64_t> all;
+  STRATA_RETURN_IF_ERROR(agree(op, "starting", std::move(local), from_checkpoint ? checkpoint : kPlain, &all));
+  for (std::size_t k = 0; k < all.size(); ++k) {
+    if (all[k] == all[0]) continue;
+    if ((all[k] == kPlain) != (all[0] == kPlain)) {
+      const std::size_t plain = all[k] == kPlain ? k : 0;
+      return Status::failed_precondition(str_cat(op, ": rank ", plain, " called finalize and rank ",
+                                                 plain == 0 ? k : 0, " finalize_from_checkpoint: every rank must start "
+                                                 "the same way"));
+    }
+    return Status::failed_precondition(str_cat(op, ": rank ", k, " found another checkpoint than rank 0 (another "
+                                               "step folder or manifest): the ranks must resume from one checkpoint "
+                                               "on a file system they share"));
+  }
+  return Status();
+}
+
 core::Result<std::vector<std::byte>> Engine::finalize_from_checkpoint(const std::string& root) {
   STRATA_ENGINE_ENTRY("finalize_from_checkpoint");
   constexpr const char* kOp = "finalize_from_checkpoint";
@@ -1077,25 +1105,24 @@ core::Result<std::vector<std::byte>> Engine::finalize_from_checkpoint(const std:
         str_cat(kOp, " after a failed finalize (", finalize_failure_, "): create a new engine"));
   }
   // Before anything is built, on every rank: the checkpoint is there and is
-  // this engine's (check_checkpoint checks the rest after finalize). The
-  // payload tells a rank that called finalize instead apart (its first vote
-  // carries its settings' CRC64).
-  constexpr std::uint64_t kMine = 0x66726f6d636b7074;  // "fromckpt"
+  // this engine's, with its compute dtype (check_checkpoint checks the rest
+  // after finalize), and every rank found the same one.
   Status found;
+  std::uint64_t fingerprint = 0;
   if (auto loc = locate_checkpoint(root, config_.strata.io); !loc.ok()) {
     found = std::move(loc).status().annotate(kOp);
   } else {
-    found = same_params(loc->dir, loc->manifest, registry_.params).annotate(kOp);
-  }
-  std::vector<std::uint64_t> calls;
-  Status s = agree(kOp, "finding the checkpoint", std::move(found), kMine, &calls);
-  for (std::size_t k = 0; k < calls.size() && s.ok(); ++k) {
-    if (calls[k] != kMine) {
-      s = Status::failed_precondition(str_cat(kOp, ": rank ", k, " called finalize, not ", kOp,
-                                              ": every rank must start the same way"));
+    found = same_params(loc->dir, loc->manifest, registry_.params);
+    const std::string_view compute = to_string(dtype_of(config_.compute_bytes(), config_.precision));
+    if (found.ok() && loc->manifest.compute_dtype != compute) {
+      found = Status::failed_precondition(str_cat(loc->dir, ": compute copies are ", loc->manifest.compute_dtype,
+                                                  " in the checkpoint; this engine uses ", compute));
     }
+    found = std::move(found).annotate(kOp);
+    fingerprint = checkpoint_fingerprint(loc->dir, loc->manifest);
   }
   // A failure is finalize's (nothing was built yet): the engine is done.
+  Status s = agree_on_start(kOp, std::move(found), fingerprint);
   values_from_checkpoint_ = true;
   if (s.ok()) s = finalize_locked();
   if (!s.ok()) {

@@ -697,7 +697,10 @@ def run(args, stop):
         model.gradient_checkpointing_enable()
     t1 = time.perf_counter()
     # strata: hand the model to the engine (parameters, gradients, optimizer).
-    engine = strata.torch.initialize(model, config, param_groups=no_decay_groups(model), weights=args.init_from)
+    # With --resume the checkpoint's values are loaded as the engine is built
+    # (the trained blocks' initial values are neither read nor written).
+    engine = strata.torch.initialize(model, config, param_groups=no_decay_groups(model), weights=args.init_from,
+                                     resume_from=args.checkpoint if args.resume else None)
     print(f"setup: model built in {t1 - t0:.1f} s (drawn on {device}), strata.torch.initialize "
           f"{time.perf_counter() - t1:.1f} s", flush=True)
     try:
@@ -712,7 +715,7 @@ def train(args, cfg, text, stream, model, engine, micro, stop):
     held_out = stream.held_out_batches(micro, args.eval_batches)
     first_step = 0
     if args.resume:
-        state = engine.load_checkpoint(args.checkpoint)  # strata: the whole state, any placement
+        state = engine.client_state  # strata: the whole state loaded by initialize, any placement
         stream.restore(state["data"])
         first_step = state["step"]
         check_resume_steps(args, first_step, args.checkpoint)  # (nothing saved yet: the folder is unchanged)

@@ -292,7 +292,14 @@ int run(const Options& o) {
     std::printf("strata-train: initial values from %s\n", o.init_from.c_str());
   }
   const auto t_finalize = std::chrono::steady_clock::now();
-  CHECK_SETUP(strata_engine_finalize(engine), "finalize");
+  // With --resume, the checkpoint's values are loaded as the engine is built
+  // (the initial values they replace are not computed or written).
+  if (o.resume) {
+    CHECK_SETUP(strata_engine_finalize_from_checkpoint(engine, o.checkpoint.c_str()),
+                "finalize from the checkpoint");
+  } else {
+    CHECK_SETUP(strata_engine_finalize(engine), "finalize");
+  }
   const double finalize_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t_finalize).count();
   if (const int rc = check_output_space(engine, needs); rc != 0) return rc;
@@ -366,7 +373,6 @@ int run(const Options& o) {
 
   int first_step = 0;
   if (o.resume) {
-    CHECK_SETUP(strata_checkpoint_load(engine, o.checkpoint.c_str()), "load the checkpoint");
     const void* blob = nullptr;
     size_t blob_size = 0;
     CHECK_STRATA(strata_checkpoint_blob(engine, &blob, &blob_size), "read the checkpoint's blob");

@@ -254,6 +254,14 @@ TEST_F(Checkpoint, FinalizeFromCheckpointErrorsNameTheCauseAndLoseNothing) {
     EXPECT_EQ(r.status().code(), core::StatusCode::kFailedPrecondition) << r.status();
     EXPECT_NE(r.status().message().find("'l2.b'"), std::string::npos) << r.status();
     EXPECT_FALSE(other->finalized());
+    Config fp32 = c;  // another compute dtype
+    fp32.precision = Precision::kFp32;
+    auto wide = register_mlp(fp32);
+    ASSERT_NE(wide, nullptr);
+    r = wide->finalize_from_checkpoint(ckpt());
+    EXPECT_EQ(r.status().code(), core::StatusCode::kFailedPrecondition) << r.status();
+    EXPECT_NE(r.status().message().find("compute copies are BF16 in the checkpoint; this engine uses F32"), std::string::npos) << r.status();
+    EXPECT_FALSE(wide->finalized());
     EXPECT_EQ(e->finalize().code(), core::StatusCode::kFailedPrecondition);
     auto fresh = make_mlp_engine(c);  // the swap paths are free
     ASSERT_NE(fresh, nullptr);
@@ -281,6 +289,7 @@ TEST_F(Checkpoint, FinalizeFromCheckpointErrorsNameTheCauseAndLoseNothing) {
   EXPECT_EQ(e->read_compute("l2.b", v).code(), core::StatusCode::kFailedPrecondition);
   EXPECT_EQ(e->save_checkpoint((dir_ / "other").string(), blob_of("x")).code(),
             core::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(e->set_lr(1e-3).code(), core::StatusCode::kFailedPrecondition);
   auto blob = e->load_checkpoint(good);
   ASSERT_TRUE(blob.ok()) << blob.status();
   Framework f;

@@ -427,7 +427,9 @@ TEST_F(RanksTest, FinalizeFromCheckpointOnRanksIsAFinalizeAndALoad) {
       threads.emplace_back([&, r] {
         std::unique_ptr<Engine> e = register_mlp(c, ranks(r, 2, run));
         if (e == nullptr) return;
-        const auto blob = e->finalize_from_checkpoint(root_of(r).string());
+        const fs::path from = root_of(r);  // empty: finalize
+        const auto blob = from.empty() ? core::Result<std::vector<std::byte>>(e->finalize())
+                                       : e->finalize_from_checkpoint(from.string());
         (*status)[static_cast<std::size_t>(r)] = blob.status();
         if (!blob.ok()) {
           EXPECT_FALSE(e->finalized()) << "rank " << r;
@@ -465,6 +467,24 @@ TEST_F(RanksTest, FinalizeFromCheckpointOnRanksIsAFinalizeAndALoad) {
     EXPECT_EQ(status[static_cast<std::size_t>(r)].code(), core::StatusCode::kNotFound) << status[static_cast<std::size_t>(r)];
   }
   EXPECT_NE(status[0].message().find("rank 1"), std::string::npos) << status[0];
+  // Rank 1 calls finalize, or resumes from another checkpoint: both ranks
+  // stop at their first vote, naming it (none waits for the other).
+  const fs::path other = dir_ / "other";
+  fs::copy(root, other, fs::copy_options::recursive);
+  fs::rename(other / "step-2", other / "step-3");
+  fs::remove(other / "latest");  // the newest complete step folder: step-3
+  for (const bool plain : {true, false}) {
+    from_checkpoint(plain ? "plain" : "another", [&](int r) { return r == 0 ? root : plain ? fs::path() : other; },
+                    &status);
+    for (int r = 0; r < 2; ++r) {
+      const core::Status& st = status[static_cast<std::size_t>(r)];
+      EXPECT_EQ(st.code(), core::StatusCode::kFailedPrecondition) << st;
+      EXPECT_NE(st.message().find(plain ? "rank 1 called finalize and rank 0 finalize_from_checkpoint"
+                                        : "rank 1 found another checkpoint"),
+                std::string::npos)
+          << st;
+    }
+  }
 }
 
 }  // namespace

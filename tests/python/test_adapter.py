@@ -260,6 +260,50 @@ def test_save_and_resume_continue_bit_identically(tmp_path):
     engine.close()
 
 
+def test_resume_from_starts_a_meta_model_at_the_checkpoint_bit_identically(tmp_path):
+    """initialize(resume_from=) is initialize then load_checkpoint, without the
+    initial values: a model on the meta device (no weights files) resumes, the
+    client state and RNG come back, and it trains on as the run that saved."""
+    data = helpers.batches(8)
+    (tmp_path / "a").mkdir()
+    model = helpers.tiny_llama()
+    engine = strata.torch.initialize(model, helpers.config(str(tmp_path / "a"), "optimizer_nvme", "bf16"))
+    first = helpers.train_strata(engine, model, data[:4], 4)
+    torch.manual_seed(77)
+    engine.save_checkpoint(str(tmp_path / "ckpt"), client_state={"position": 4})
+    expected_rng = torch.rand(3)
+    rest_want = helpers.train_strata(engine, model, data[4:], 4)
+    want = engine.state_dict()
+    engine.close()
+    for placement in ("optimizer_nvme", "params_nvme"):
+        swap = tmp_path / placement
+        swap.mkdir()
+        with strata.torch.meta_init():
+            meta = llama.LlamaForCausalLM(helpers.tiny_llama().config)
+        torch.manual_seed(0)
+        engine = strata.torch.initialize(meta, helpers.config(str(swap), placement, "bf16"),
+                                         resume_from=str(tmp_path / "ckpt"))
+        assert engine.client_state == {"position": 4}
+        assert torch.equal(torch.rand(3), expected_rng), "the RNG state is restored"
+        assert all(p.device.type != "meta" for p in meta.parameters())
+        rest = helpers.train_strata(engine, meta, data[engine.client_state["position"]:], 4)
+        assert rest == rest_want, placement
+        helpers.assert_same_bits(engine.state_dict(), want, f"resumed into {placement}")
+        engine.close()
+    assert first  # (the saving run trained)
+    # A block with a frozen parameter gets its values before the load: on the
+    # meta device without weights it is named; no checkpoint is strata's NotFound.
+    with strata.torch.meta_init():
+        meta = llama.LlamaForCausalLM(helpers.tiny_llama().config)
+    meta.model.layers[0].mlp.up_proj.weight.requires_grad_(False)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match="'model.layers.0.*meta device in a block with frozen parameters"):
+        strata.torch.initialize(meta, helpers.config(str(tmp_path / "d")), resume_from=str(tmp_path / "ckpt"))
+    with pytest.raises(strata.NotFound):
+        strata.torch.initialize(helpers.tiny_llama(), helpers.config(str(tmp_path / "d")),
+                                resume_from=str(tmp_path / "none"))
+
+
 def test_export_round_trips_through_load_state_dict(swap_dir, tmp_path):
     model = helpers.tiny_llama(tie=True)
     engine = strata.torch.initialize(model, helpers.config(swap_dir))

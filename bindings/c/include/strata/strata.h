@@ -371,14 +371,15 @@ STRATA_API strata_status strata_engine_finalize(strata_engine* engine) STRATA_NO
  * strata_engine_finalize writes them. The blob: strata_checkpoint_blob.
  * root is borrowed. Before anything is built (every rank agrees): NOT_FOUND
  * (no complete checkpoint), DATA_LOSS (a damaged latest or manifest),
- * FAILED_PRECONDITION (other parameters, naming the first difference; a rank
- * that called strata_engine_finalize instead); these and
+ * FAILED_PRECONDITION (other parameters or compute dtype, naming the first
+ * difference; ranks that found different checkpoints, or a rank that called
+ * strata_engine_finalize instead, named on every rank); these and
  * strata_engine_finalize's errors are a failed finalize's (destroy the
  * engine; to start fresh when there is no checkpoint, look for it first).
  * The load's errors (a damaged state file, another
- * frozen base): the engine stays finalized without values, and every call
- * but strata_checkpoint_load is FAILED_PRECONDITION saying so until a load
- * succeeds. */
+ * frozen base): the engine stays finalized without values, and every step,
+ * fetch, read, save, export and lr call is FAILED_PRECONDITION saying so
+ * until a strata_checkpoint_load succeeds. */
 STRATA_API strata_status strata_engine_finalize_from_checkpoint(strata_engine* engine,
                                                                const char* root) STRATA_NOEXCEPT;
 

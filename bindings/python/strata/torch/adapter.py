@@ -183,7 +183,7 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
 
     def __init__(self, model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="",
                  name_prefix="", copy_views=False, total_num_steps=None, hidden_size=None, strict=False,
-                 ranks="launcher", weights_missing="error"):
+                 ranks="launcher", weights_missing="error", resume_from=None):
         if weights_missing not in ("error", "keep"):
             raise ValueError(f"strata.torch: weights_missing = {weights_missing!r}; it is \"error\" or \"keep\"")
         self._weights_missing = weights_missing
@@ -242,8 +242,12 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
         # the step (step() here, _timed in records.py)
         self.adapter_seconds = 0.0  # the adapter's own time since the last step() (see records._timed)
         self.gradient_accumulation_steps = int(self.config.get("gradient_accumulation_steps", 1))
+        # The client_state of the checkpoint `resume_from` named, else None.
+        self.client_state = None
         try:
-            self._setup(model, blocks, param_groups, weights, weights_prefix, name_prefix)
+            raw = self._setup(model, blocks, param_groups, weights, weights_prefix, name_prefix, resume_from)
+            if resume_from is not None:
+                self.client_state = self._restore_blob(raw, load_rng=True)
         except BaseException:
             self.close()
             raise
@@ -402,7 +406,7 @@ class Engine(Setup, Hooks, Fetching, Gradients, Placeholders, WriteCheck, Checkp
 
 def initialize(model, config, *, blocks=None, param_groups=None, weights=None, weights_prefix="", name_prefix="",
                copy_views=False, total_num_steps=None, hidden_size=None, strict=False, ranks="launcher",
-               weights_missing="error"):
+               weights_missing="error", resume_from=None):
     """Hands `model`'s parameters, gradients and optimizer to strata.
 
     model: an nn.Module (its parameters on the CPU, the GPU, or the meta device
@@ -436,9 +440,16 @@ def initialize(model, config, *, blocks=None, param_groups=None, weights=None, w
         strata.Engine takes; None: this process alone, whatever launched it.
         Every rank runs the same model and calls on its own micro-batches; the
         gradients are averaged over all of them.
+    resume_from: a checkpoint root (or step folder) to start from, as
+        load_checkpoint(resume_from) right after initialize would, but without
+        the initial values it replaces: the model's values (or the `weights`
+        files) are not read for blocks whose parameters all train, and their
+        state crosses the swap drive once. Such blocks may be on the meta
+        device without `weights`. The checkpoint's client_state is
+        engine.client_state; the RNG states and buffers are restored.
     Returns a strata.torch.Engine: engine.backward(loss), engine.step().
     """
     return Engine(model, config, blocks=blocks, param_groups=param_groups, weights=weights,
                   weights_prefix=weights_prefix, name_prefix=name_prefix, copy_views=copy_views,
                   total_num_steps=total_num_steps, hidden_size=hidden_size, strict=strict, ranks=ranks,
-                  weights_missing=weights_missing)
+                  weights_missing=weights_missing, resume_from=resume_from)

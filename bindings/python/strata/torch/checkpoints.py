@@ -92,6 +92,12 @@ class Checkpoints:
         raw = self._engine.load_checkpoint(root)
         self._micro = 0
         self._failed = None
+        return self._restore_blob(raw, load_rng)
+
+    def _restore_blob(self, raw, load_rng):
+        """The framework blob of a checkpoint the engine loaded: the model's
+        buffers and (with load_rng) the RNG states back; returns its
+        client_state."""
         if not raw:
             return None
         # The blob is this engine's own (torch.save above): trusted like the checkpoint itself.

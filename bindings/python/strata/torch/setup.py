@@ -66,15 +66,17 @@ class Setup:
     `_name_prefix`, `device`, `dtype`, `torch_device` and
     `_placeholder_base`."""
 
-    def _setup(self, model, blocks, param_groups, weights, weights_prefix, name_prefix):
+    def _setup(self, model, blocks, param_groups, weights, weights_prefix, name_prefix, resume_from=None):
+        """Returns the checkpoint's framework blob with `resume_from`, else None."""
         block_modules = dict(self._block_list(model, blocks))
         order = self._collect_params(model)
         self._make_groups(model, block_modules)
         opt_of = self._optimizer_groups(param_groups)
-        self._register(order, opt_of, weights, weights_prefix, name_prefix)
+        raw = self._register(order, opt_of, weights, weights_prefix, name_prefix, resume_from)
         self._place(model)
         self._take_params(model, order)
         self._install_hooks(model)
+        return raw
 
     def _block_list(self, model, blocks):
         """(name, module) of each block: `blocks`, or the default ones."""
@@ -172,12 +174,22 @@ class Setup:
                 opt_of[id(p)] = index
         return opt_of
 
-    def _register(self, order, opt_of, weights, weights_prefix, name_prefix):
+    def _register(self, order, opt_of, weights, weights_prefix, name_prefix, resume_from=None):
         """Registration, the initial values (each parameter's own, or the
-        safetensors files' under `weights`), and finalize."""
+        safetensors files' under `weights`), and finalize; with `resume_from`,
+        finalize_from_checkpoint, whose blob it returns (the values of blocks
+        whose parameters all train are the checkpoint's alone)."""
         e = self._engine
-        on_meta = any(rec.p.device.type == "meta" for rec in order)
+        # With resume_from, a block whose parameters all train takes nothing
+        # from the model: it may be on the meta device without files.
+        frozen_in = {rec.group.name for rec in order if not rec.trainable}
+        on_meta = [rec for rec in order if rec.p.device.type == "meta"
+                   and (resume_from is None or rec.group.name in frozen_in)]
         if on_meta and weights is None:
+            if resume_from is not None:
+                raise ValueError(f"strata.torch: parameter '{on_meta[0].name}' is on the meta device in a block "
+                                 f"with frozen parameters, whose values initialize writes before the checkpoint "
+                                 f"loads; pass weights=DIR (safetensors) to take them from files")
             raise ValueError("strata.torch: the model's parameters are on the meta device; pass weights=DIR "
                              "(safetensors) to take their values from files")
         self._name_prefix = name_prefix
@@ -214,8 +226,13 @@ class Setup:
                           stacklevel=4)
         if weights is not None:
             e.init_from_safetensors(weights, weights_prefix)
-        e.finalize()
+        raw = None
+        if resume_from is None:
+            e.finalize()
+        else:
+            raw = e.finalize_from_checkpoint(resume_from)
         self._sources = None
+        return raw
 
     def _init_from_tensor(self, name, out):
         # One copy_ straight into the engine's buffer (torch's threads; from
