@@ -325,10 +325,17 @@ def export(engine, args, model=None):
                           f"elsewhere") from None
 
 
+def on_meta(args):
+    """The model is built on the meta device (nothing drawn): its values come
+    from --init-from's files, or with --resume (and no --lora, whose frozen
+    base has them before the load) from the checkpoint."""
+    return bool(args.init_from) or (args.resume and not args.lora)
+
+
 def build_device(args, cfg):
     """Where the model is built (--build-device): "cpu" or "cuda"."""
-    if args.init_from or args.build_device == "cpu":
-        return "cpu"  # --init-from builds on the meta device: nothing to draw
+    if on_meta(args) or args.build_device == "cpu":
+        return "cpu"  # on the meta device: nothing to draw
     if args.build_device == "cuda":
         return "cuda"  # (parse_args refused it without a CUDA device)
     if not torch.cuda.is_available():
@@ -339,7 +346,7 @@ def build_device(args, cfg):
 
 
 def build_model(args, cfg, device):
-    """The model, its parameters on the CPU (or the meta device with --init-from), drawn on `device`."""
+    """The model, its parameters on the CPU (or the meta device: on_meta), drawn on `device`."""
     if device == "cpu":
         return _build_model_in(args, cfg)
     with torch.device(device):  # the initial draws on the GPU, then down to the host for strata
@@ -376,11 +383,11 @@ def _build_model(args, cfg):
             num_key_value_heads=cfg.num_key_value_heads, max_position_embeddings=cfg.max_position_embeddings,
             rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings,
             bos_token_id=data.BOS, eos_token_id=data.EOS, pad_token_id=data.PAD)
-        if args.init_from:
+        if on_meta(args):
             with strata.torch.meta_init():
                 return transformers.LlamaForCausalLM(hf_cfg)
         return transformers.LlamaForCausalLM(hf_cfg)
-    if args.init_from:
+    if on_meta(args):
         with strata.torch.meta_init():
             return llama.LlamaForCausalLM(cfg)
     return llama.LlamaForCausalLM(cfg)
@@ -701,7 +708,8 @@ def run(args, stop):
     # (the trained blocks' initial values are neither read nor written).
     engine = strata.torch.initialize(model, config, param_groups=no_decay_groups(model), weights=args.init_from,
                                      resume_from=args.checkpoint if args.resume else None)
-    print(f"setup: model built in {t1 - t0:.1f} s (drawn on {device}), strata.torch.initialize "
+    built = "on the meta device" if on_meta(args) else f"drawn on {device}"
+    print(f"setup: model built in {t1 - t0:.1f} s ({built}), strata.torch.initialize "
           f"{time.perf_counter() - t1:.1f} s", flush=True)
     try:
         check_output_space(outputs(args, cfg.param_count(), resolved), [s.path for s in engine.swap_stats()])

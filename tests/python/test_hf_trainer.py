@@ -162,6 +162,8 @@ def test_resuming_from_a_checkpoint_gives_the_uninterrupted_run_bit_for_bit(tmp_
     resumed = strata.hf.Trainer(model=llama(seed=5), args=args(tmp_path / "resumed"), train_dataset=data,
                                 strata_config=strata_config(swap))
     resumed.train(resume_from_checkpoint=str(checkpoint))
+    # The engine was built from the checkpoint (strata.torch.initialize's resume_from).
+    assert resumed.strata.client_state is not None and "scheduler" in resumed.strata.client_state
     got = resumed.strata.state_dict()
     for name, w in want.items():
         assert torch.equal(got[name], w), name

@@ -215,6 +215,11 @@ class Trainer(transformers.Trainer):
         self._strata_kwargs = dict(strata_kwargs or {})
         self._strata = None
         self._strata_stats = None
+        # train(resume_from_checkpoint=): the checkpoint the engine is built from
+        # (_load_from_checkpoint names it before the engine is made), and the
+        # one it was built from.
+        self._strata_resume = None
+        self._strata_resumed = None
         self._strata_step_starts = True  # the next training_step begins an optimizer step (_StepBegins)
         self._strata_max_grad_norm = args.max_grad_norm
         # The Trainer's own clipping off (strata clips, from max_grad_norm in
@@ -257,8 +262,12 @@ class Trainer(transformers.Trainer):
         weights = getattr(self.model, "_strata_weights", None)
         if weights is not None and "weights" not in kwargs:
             kwargs["weights"] = weights
+        resume = self._strata_resume
+        if resume is not None and "resume_from" not in kwargs:
+            kwargs["resume_from"] = os.path.join(resume, _CHECKPOINT_DIR)
         self._strata = strata_torch.initialize(self.model, config, total_num_steps=num_training_steps,
                                                hidden_size=hidden, **kwargs)
+        self._strata_resumed = resume
         return self._strata
 
     def _strata_decay_groups(self, args):
@@ -445,6 +454,10 @@ class Trainer(transformers.Trainer):
             raise errors.NotFound(
                 f"strata.hf.Trainer: {resume_from_checkpoint} holds no strata checkpoint ({_CHECKPOINT_DIR}/); "
                 f"resume from a checkpoint strata.hf.Trainer saved", status="NOT_FOUND")
+        # An engine not made yet is built from it (strata.torch.initialize's
+        # resume_from: the initial values it replaces are not written).
+        if self._strata is None:
+            self._strata_resume = resume_from_checkpoint
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         if checkpoint is None:
@@ -453,7 +466,11 @@ class Trainer(transformers.Trainer):
             raise errors.FailedPrecondition("strata.hf.Trainer: the Trainer loads a checkpoint before its "
                                             "scheduler (and strata's engine) is made; this transformers' order is "
                                             "not the one strata.hf was written for", status="FAILED_PRECONDITION")
-        client = self._strata.load_checkpoint(os.path.join(checkpoint, _CHECKPOINT_DIR), load_rng=False)
+        if self._strata_resumed is not None and self._strata_resumed == checkpoint:
+            client = self._strata.client_state  # the engine was built from it
+        else:
+            client = self._strata.load_checkpoint(os.path.join(checkpoint, _CHECKPOINT_DIR), load_rng=False)
+        self._strata_resume = None
         if isinstance(client, dict) and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(client.get("scheduler") or {})
 
