@@ -410,7 +410,12 @@ class Engine {
   // the manifest's order) and its base's CRC64 compared.
   core::Status compare_sharded_base(const CheckpointToLoad& ck) STRATA_REQUIRES(mu_);
   core::Status apply_checkpoint(CheckpointToLoad& ck);
-  core::Result<std::vector<std::byte>> load_checkpoint_locked(const std::string& root) STRATA_REQUIRES(mu_);
+  // `into_unwritten`: the state holds no values yet (finalize_from_checkpoint).
+  core::Result<std::vector<std::byte>> load_checkpoint_locked(const std::string& root, bool into_unwritten = false)
+      STRATA_REQUIRES(mu_);
+  // CheckpointToLoad::verify_as_read: each state file's CRC64, taken as the
+  // load read it (the rest read now), against the manifest's (kDataLoss).
+  core::Status check_files_as_read(CheckpointToLoad& ck);
   // With several ranks, the first vote of finalize (op "finalize") and of
   // finalize_from_checkpoint (`checkpoint`: the fingerprint of the one it
   // found): every rank started the same way, from the same checkpoint, or

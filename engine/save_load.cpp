@@ -713,6 +713,11 @@ core::Status Engine::publish_save(const std::string& root, const std::string& na
 
 // A checkpoint read and checked, ready to replace the engine's state.
 struct Engine::CheckpointToLoad {
+  // The state files' CRC64s are taken as the load reads them and checked
+  // after (check_files_as_read), not read whole before anything changes:
+  // for a load into state that holds no values yet (finalize_from_checkpoint).
+  bool verify_as_read = false;
+  std::vector<nvme::DirectFileReader*> direct;  // each file's (owned by its reader)
   std::string dir;
   CheckpointManifest manifest;
   std::vector<CheckpointStateFile> files;
@@ -825,7 +830,10 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     const std::string path = str_cat(dir, "/", ck.files[f].file);
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> file,
                             nvme::DirectFileReader::open(*ck.backend, path, direct_file_options(config_.strata.io)));
-    if (f % static_cast<std::size_t>(share.ranks) == static_cast<std::size_t>(share.rank)) {
+    ck.direct.push_back(file.get());
+    if (ck.verify_as_read) {
+      file->take_crc64_as_read();
+    } else if (f % static_cast<std::size_t>(share.ranks) == static_cast<std::size_t>(share.rank)) {
       STRATA_ASSIGN_OR_RETURN(const std::uint64_t crc, file->crc64());
       if (crc != ck.files[f].crc64) {
         return Status::data_loss(str_cat(path, ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
@@ -992,6 +1000,18 @@ core::Status Engine::compare_sharded_base(const CheckpointToLoad& ck) {
   return local;
 }
 
+core::Status Engine::check_files_as_read(CheckpointToLoad& ck) {
+  for (std::size_t f = 0; f < ck.files.size(); ++f) {
+    STRATA_ASSIGN_OR_RETURN(const std::uint64_t crc, ck.direct[f]->crc64_as_read());
+    if (crc != ck.files[f].crc64) {
+      return Status::data_loss(str_cat(ck.direct[f]->path(), ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
+                                       ", the manifest records ", crc64_hex(ck.files[f].crc64),
+                                       " (the file is damaged or truncated)"));
+    }
+  }
+  return Status();
+}
+
 core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
   // From here on the load replaces the engine's state.
   fetcher_->drop_copies(DropCopies::kAll);  // they hold compute copies the load replaces
@@ -1021,6 +1041,9 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
     STRATA_ASSIGN_OR_RETURN(std::span<std::byte> host, trainable_only ? homes_->blank_trainable(g, staging)
                                                        : left_out     ? homes_->load(g, staging, step_lane())
                                                                       : homes_->blank(g, staging));
+    // In the files' order (the group's compute copies, then each trainable
+    // parameter's arrays), so that a file read front to back is read once
+    // (check_files_as_read).
     StateArrays arrays;
     for (std::size_t pi : gp.params) {
       const ParamDesc& p = layout_.params[pi];
@@ -1037,8 +1060,10 @@ core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
             host.subspan(static_cast<std::size_t>(part.home + (x - part.lo)) * cb - host_lo,
                          static_cast<std::size_t>(y - x) * cb)));
       }
+    }
+    for (std::size_t pi : gp.params) {
       // The optimizer's arrays of this rank's elements only.
-      if (!p.trainable || own[pi].first == own[pi].second) continue;
+      if (!layout_.params[pi].trainable || own[pi].first == own[pi].second) continue;
       for (int k = 0; k < layout_.optimizer.arrays; ++k) {
         STRATA_RETURN_IF_ERROR(read_state_range(ck.readers, sources[pi], layout_, pi, k, own[pi].first,
                                                 own[pi].second, arrays[pi]));
@@ -1133,12 +1158,12 @@ core::Result<std::vector<std::byte>> Engine::finalize_from_checkpoint(const std:
   // Until the load succeeds the state the checkpoint replaces is unwritten:
   // only another load is allowed (load_checkpoint_locked clears this).
   torn_load_ = str_cat(kOp, " built the engine but its checkpoint did not load; its initial values were left to it");
-  core::Result<std::vector<std::byte>> blob = load_checkpoint_locked(root);
+  core::Result<std::vector<std::byte>> blob = load_checkpoint_locked(root, /*into_unwritten=*/true);
   if (!blob.ok()) return std::move(blob).status().annotate(str_cat(kOp, ": the engine is built without its values"));
   return blob;
 }
 
-core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::string& root) {
+core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::string& root, bool into_unwritten) {
   // With several ranks every rank calls it; they agree after each phase
   // (agree), so that no rank changes its state unless every rank found the
   // checkpoint whole and fitting. A checkpoint saved by any number of ranks
@@ -1148,6 +1173,12 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::s
   STRATA_RETURN_IF_ERROR(step_->refuse_while_applying(kOp));  // before any collective (save_checkpoint)
   STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
   CheckpointToLoad ck;
+  // Into state that holds no values yet there is nothing to keep from a
+  // damaged file: its CRC64 is taken as it is read, once, not first in a read
+  // of its own (one rank, every parameter trained: no base compared first).
+  ck.verify_as_read = into_unwritten && ranks_.share.ranks == 1 &&
+                      std::all_of(layout_.params.begin(), layout_.params.end(),
+                                  [](const ParamDesc& p) { return p.trainable; });
   std::vector<std::uint64_t> found;
   STRATA_RETURN_IF_ERROR(agree(kOp, "checking the checkpoint", check_checkpoint(root, ck), ck.fingerprint, &found));
   for (std::size_t k = 1; k < found.size(); ++k) {
@@ -1162,9 +1193,14 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::s
   }
   // From here a failure leaves the state part old, part new (on some ranks):
   // training is refused until a load succeeds.
-  const Status loaded = agree(kOp, "loading the state", apply_checkpoint(ck));
+  Status applied = apply_checkpoint(ck);
+  if (applied.ok() && ck.verify_as_read) applied = check_files_as_read(ck);
+  const Status loaded = agree(kOp, "loading the state", std::move(applied));
   if (!loaded.ok()) {
-    torn_load_ = str_cat("a load_checkpoint failed after it began replacing the state (", loaded.message(), ")");
+    torn_load_ = into_unwritten ? str_cat("finalize_from_checkpoint built the engine but its checkpoint did not load (",
+                                          loaded.message(), ")")
+                                : str_cat("a load_checkpoint failed after it began replacing the state (",
+                                          loaded.message(), ")");
     return loaded;
   }
   torn_load_.clear();

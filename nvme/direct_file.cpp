@@ -321,6 +321,14 @@ Status DirectFileReader::scan(std::uint64_t offset, std::uint64_t length,
       result = read_tail(body_limit, s.buffer.data() + (body_limit - s.begin));
       if (!result.ok()) break;
     }
+    if (taking_crc_) {
+      const std::uint64_t valid = std::min(s.end, size_bytes_);
+      if (s.begin <= crc_upto_ && crc_upto_ < valid) {
+        crc_taken_ = nvme::crc64(crc_taken_, std::span<const std::byte>(s.buffer.data() + (crc_upto_ - s.begin),
+                                                                        static_cast<std::size_t>(valid - crc_upto_)));
+        crc_upto_ = valid;
+      }
+    }
     const std::uint64_t lo = std::max(offset, s.begin), hi = std::min(end, s.end);
     result = fn(std::span<const std::byte>(s.buffer.data() + (lo - s.begin), static_cast<std::size_t>(hi - lo)));
     if (!result.ok()) break;
@@ -346,6 +354,21 @@ Status DirectFileReader::read(std::uint64_t offset, std::span<std::byte> out) {
     cursor += piece.size();
     return Status();
   });
+}
+
+void DirectFileReader::take_crc64_as_read() {
+  taking_crc_ = true;
+  crc_taken_ = 0;
+  crc_upto_ = 0;
+}
+
+Result<std::uint64_t> DirectFileReader::crc64_as_read() {
+  if (!taking_crc_) return Status::failed_precondition(str_cat("crc64_as_read of '", path_, "' without take_crc64_as_read"));
+  if (crc_upto_ < size_bytes_) {
+    STRATA_RETURN_IF_ERROR(scan(crc_upto_, size_bytes_ - crc_upto_, [](std::span<const std::byte>) { return Status(); }));
+  }
+  STRATA_CHECK(crc_upto_ == size_bytes_);
+  return crc_taken_;
 }
 
 Result<std::uint64_t> DirectFileReader::crc64() {

@@ -152,6 +152,15 @@ class DirectFileReader {
   core::Status read(std::uint64_t offset, std::span<std::byte> out);
   // CRC64 of the whole file (a scan from front to back).
   core::Result<std::uint64_t> crc64();
+  // The file's CRC64 taken as it is read, for a reader that reads it about
+  // front to back anyway (a checkpoint's load into state that holds nothing
+  // yet): from here on, each block a scan or read brings in that starts at
+  // or before the first byte not yet taken extends the CRC64 (the whole
+  // aligned blocks read, not only the range asked for); blocks further on
+  // are not taken. crc64_as_read() reads what is left, from the first byte
+  // not taken to the end, and returns the whole file's CRC64 (as crc64()).
+  void take_crc64_as_read();
+  core::Result<std::uint64_t> crc64_as_read();
 
   const std::string& path() const { return path_; }
   // The file's size when it was opened.
@@ -173,6 +182,9 @@ class DirectFileReader {
   bool direct_ = false;
   std::size_t request_bytes_ = 0;
   std::uint64_t size_bytes_ = 0;
+  // take_crc64_as_read: the CRC64 of bytes [0, crc_upto_).
+  bool taking_crc_ = false;
+  std::uint64_t crc_taken_ = 0, crc_upto_ = 0;
   // Destruction order as in the writer.
   std::unique_ptr<core::MemoryBudget> own_budget_;
   std::unique_ptr<BufferPool> pool_;

@@ -22,6 +22,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/checkpoint/safetensors.h"
+#include "nvme/fault_injection.h"
 #include "tests/e2e/mlp_harness.h"
 
 extern char** environ;
@@ -159,7 +160,16 @@ TEST_F(Checkpoint, FinalizeFromCheckpointWritesTheStateOnceAndResumesBitIdentica
                                                                 {OffloadDevice::kCpu, OffloadDevice::kCpu}};
   for (const auto& [optimizer, param] : placements) {
     SCOPED_TRACE(core::str_cat("optimizer ", to_string(optimizer), ", param ", to_string(param)));
-    const Config c = config_for(swap(), optimizer, param);
+    Config c = config_for(swap(), optimizer, param);
+    // Read requests, counted (a rule that delays none): the checkpoint's
+    // files, which a load into unwritten state reads once (its CRC64s taken
+    // as it goes), not first whole and then tensor by tensor.
+    nvme::FaultInjector plain_io, resume_io;
+    const std::size_t plain_reads = plain_io.add({.kind = nvme::FaultKind::kDelay, .ops = nvme::FaultOps::kReads,
+                                                  .times = -1});
+    const std::size_t resume_reads = resume_io.add({.kind = nvme::FaultKind::kDelay, .ops = nvme::FaultOps::kReads,
+                                                    .times = -1});
+    c.strata.io.fault_injector = &plain_io;
     SwapPathBytes twice;
     {
       auto plain = make_mlp_engine(c);
@@ -171,9 +181,12 @@ TEST_F(Checkpoint, FinalizeFromCheckpointWritesTheStateOnceAndResumesBitIdentica
       EXPECT_EQ(twice.written, 2 * finalized.written);
     }
     std::map<std::string, int> calls;
+    c.strata.io.fault_injector = &resume_io;
     auto e = register_mlp(c, {}, {}, "", &calls);
     ASSERT_NE(e, nullptr);
     auto blob = e->finalize_from_checkpoint(ckpt());
+    EXPECT_GT(resume_io.hits(resume_reads), 0u);
+    EXPECT_LT(resume_io.hits(resume_reads), plain_io.hits(plain_reads));
     ASSERT_TRUE(blob.ok()) << blob.status();
     EXPECT_EQ(*blob, blob_of("data loader at batch 10"));
     EXPECT_TRUE(calls.empty()) << calls.begin()->first;

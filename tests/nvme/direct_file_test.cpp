@@ -140,6 +140,68 @@ TEST_P(DirectFileTest, OddSizesRoundTripWithTheCrcOfTheBytes) {
   }
 }
 
+// take_crc64_as_read: reads about front to back (consecutive ranges, gaps
+// within a block, a range read twice, one far ahead) take the CRC64 in
+// passing, and crc64_as_read reads only what they left; any order of reads,
+// none at all, or a damaged byte still gives the whole file's CRC64.
+TEST_P(DirectFileTest, Crc64TakenAsReadIsTheWholeFilesWhateverWasRead) {
+  const std::size_t n = 3 * 65536 + 5000;  // a partial last block
+  const auto data = random_bytes(n, 7);
+  const std::string path = dir_.path() + "/f";
+  std::uint64_t crc = 0;
+  ASSERT_TRUE(write_file(path, data, small_ring(), &crc).ok());
+  using Range = std::pair<std::size_t, std::size_t>;  // offset, length
+  const std::vector<std::vector<Range>> orders = {
+      {},                                                          // nothing read: all at the end
+      {{0, 8}, {8, 1000}, {1100, 60000}, {61100, n - 61100}},      // front to back, a gap inside a block
+      {{0, 100}, {50000, 100}, {100, 49900}, {40, 10}},            // ahead first, then the gap, then behind
+      {{n - 10, 10}, {0, 4096}},                                   // the end first: not taken until the rest is
+      {{70000, 5000}},                                             // a range past the first byte not taken
+  };
+  for (std::size_t k = 0; k < orders.size(); ++k) {
+    const auto& order = orders[k];
+    SCOPED_TRACE(testing::Message() << "order " << k);
+    auto r = DirectFileReader::open(*backend_, path, small_ring());
+    ASSERT_TRUE(r.ok()) << r.status();
+    (*r)->take_crc64_as_read();
+    for (const auto& [off, len] : order) {
+      std::vector<std::byte> part(len);
+      ASSERT_TRUE((*r)->read(off, part).ok());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), data.begin() + static_cast<std::ptrdiff_t>(off)));
+    }
+    const std::uint64_t ops = faults_.ops_seen();
+    auto got = (*r)->crc64_as_read();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, crc);
+    // Read front to back: nothing is left to read; nothing read: all of it.
+    if (k == 1) {
+      EXPECT_EQ(faults_.ops_seen(), ops);
+    }
+    if (k == 0) {
+      EXPECT_GT(faults_.ops_seen(), ops);
+    }
+  }
+  // A flipped byte in a range read, or in one never read: another CRC64.
+  for (const std::size_t at : {std::size_t{100}, n - 1}) {
+    auto damaged = data;
+    damaged[at] ^= std::byte{0x10};
+    const std::string other = dir_.path() + "/g" + std::to_string(at);
+    ASSERT_TRUE(write_file(other, damaged, small_ring()).ok());
+    auto r = DirectFileReader::open(*backend_, other, small_ring());
+    ASSERT_TRUE(r.ok()) << r.status();
+    (*r)->take_crc64_as_read();
+    std::vector<std::byte> part(65536);
+    ASSERT_TRUE((*r)->read(0, part).ok());
+    auto got = (*r)->crc64_as_read();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_NE(*got, crc) << "byte " << at;
+  }
+  // Without take_crc64_as_read: a misuse, said so.
+  auto r = DirectFileReader::open(*backend_, path, small_ring());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)->crc64_as_read().status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST_P(DirectFileTest, ReadPastTheEndIsOutOfRangeNamingTheFile) {
   const std::string path = dir_.path() + "/short";
   ASSERT_TRUE(write_file(path, random_bytes(5000, 1), small_ring()).ok());
