@@ -159,6 +159,20 @@ static strata_engine* build(const char* config, struct init_log* log) {
 
 /* Trains kSteps steps as a CPU framework would; with ckpt_root, saves a
  * checkpoint at the end (before destroying the engine). */
+/* An engine that loaded the checkpoint train() saved: its blob, and the
+ * masters of the run that saved it (`saved`). */
+static void check_loaded(strata_engine* e, const struct run_result* saved) {
+  const void* blob = NULL;
+  size_t blob_size = 0;
+  CHECK_OK(strata_checkpoint_blob(e, &blob, &blob_size));
+  CHECK(blob_size == sizeof "data loader at epoch 3" && memcmp(blob, "data loader at epoch 3", blob_size) == 0);
+  float w[kOut * kIn], b[kOut];
+  CHECK_OK(strata_param_read_master(e, "w", w, kOut * kIn));
+  CHECK_OK(strata_param_read_master(e, "b", b, kOut));
+  CHECK(memcmp(w, saved->w, sizeof w) == 0);
+  CHECK(memcmp(b, saved->b, sizeof b) == 0);
+}
+
 static void train(const char* config, int on_nvme, struct run_result* r, const char* ckpt_root) {
   memset(r, 0, sizeof *r);
   struct init_log log = {0, 0};
@@ -491,13 +505,7 @@ static void engine_checks(void) {
       CHECK_STATUS(strata_checkpoint_blob(e, &blob, &blob_size), STRATA_STATUS_FAILED_PRECONDITION, "no checkpoint");
       CHECK_STATUS(strata_checkpoint_load(e, "/nonexistent/strata"), STRATA_STATUS_NOT_FOUND, "no checkpoint");
       CHECK_OK(strata_checkpoint_load(e, ckpt));
-      CHECK_OK(strata_checkpoint_blob(e, &blob, &blob_size));
-      CHECK(blob_size == sizeof "data loader at epoch 3" && memcmp(blob, "data loader at epoch 3", blob_size) == 0);
-      float w[kOut * kIn], b[kOut];
-      CHECK_OK(strata_param_read_master(e, "w", w, kOut * kIn));
-      CHECK_OK(strata_param_read_master(e, "b", b, kOut));
-      CHECK(memcmp(w, pinned.w, sizeof w) == 0);
-      CHECK(memcmp(b, pinned.b, sizeof b) == 0);
+      check_loaded(e, &pinned);
       char exported[1100];
       snprintf(exported, sizeof exported, "%s/export", ckpt);
       CHECK_OK(strata_export_safetensors(e, exported, STRATA_DTYPE_BF16, 0));
@@ -522,15 +530,7 @@ static void engine_checks(void) {
       CHECK_STATUS(strata_engine_finalize_from_checkpoint(e, NULL), STRATA_STATUS_INVALID_ARGUMENT, "root");
       CHECK_OK(strata_engine_finalize_from_checkpoint(e, ckpt));
       CHECK(log.calls == 0);
-      const void* blob = NULL;
-      size_t blob_size = 0;
-      CHECK_OK(strata_checkpoint_blob(e, &blob, &blob_size));
-      CHECK(blob_size == sizeof "data loader at epoch 3" && memcmp(blob, "data loader at epoch 3", blob_size) == 0);
-      float w[kOut * kIn], b[kOut];
-      CHECK_OK(strata_param_read_master(e, "w", w, kOut * kIn));
-      CHECK_OK(strata_param_read_master(e, "b", b, kOut));
-      CHECK(memcmp(w, pinned.w, sizeof w) == 0);
-      CHECK(memcmp(b, pinned.b, sizeof b) == 0);
+      check_loaded(e, &pinned);
       CHECK_STATUS(strata_engine_finalize_from_checkpoint(e, ckpt), STRATA_STATUS_FAILED_PRECONDITION, "after finalize");
       strata_engine_destroy(e);
     }

@@ -436,22 +436,11 @@ TEST_F(RanksTest, FinalizeFromCheckpointOnRanksIsAFinalizeAndALoad) {
           return;
         }
         train_on(r, *e);
-        Outcome& o = per[static_cast<std::size_t>(r)];
-        o.master = read_array(*e, 0);
-        o.exp_avg = read_array(*e, 1);
-        o.exp_avg_sq = read_array(*e, 2);
-        o.compute.push_back(read_computes(*e));
+        read_outcome(*e, per[static_cast<std::size_t>(r)]);
       });
     }
     for (std::thread& t : threads) t.join();
-    Outcome out;
-    for (Outcome& o : per) {
-      merge_owned(out.master, o.master);
-      merge_owned(out.exp_avg, o.exp_avg);
-      merge_owned(out.exp_avg_sq, o.exp_avg_sq);
-      if (!o.compute.empty()) out.compute.push_back(o.compute.front());
-    }
-    return out;
+    return merge_outcomes(per);
   };
   std::vector<core::Status> status(2);
   const Outcome got = from_checkpoint("from", [&](int) { return root; }, &status);

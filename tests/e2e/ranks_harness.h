@@ -167,10 +167,7 @@ class RanksTest : public MlpTest {
           if (!st.ok()) return;
           o.norms.push_back(st->grad_norm);
         }
-        o.master = read_array(*e, 0);
-        o.exp_avg = read_array(*e, 1);
-        o.exp_avg_sq = read_array(*e, 2);
-        o.compute.push_back(read_computes(*e));
+        read_outcome(*e, o);
       });
     }
     for (std::thread& t : threads) t.join();
@@ -207,14 +204,23 @@ class RanksTest : public MlpTest {
                    : make_mlp_engine(rc, ranks(r, n, run), frozen, weights_dir);
         if (e == nullptr) return;
         body(r, *e);
-        Outcome& o = per[static_cast<std::size_t>(r)];
-        o.master = read_array(*e, 0);
-        o.exp_avg = read_array(*e, 1);
-        o.exp_avg_sq = read_array(*e, 2);
-        o.compute.push_back(read_computes(*e));
+        read_outcome(*e, per[static_cast<std::size_t>(r)]);
       });
     }
     for (std::thread& t : threads) t.join();
+    return merge_outcomes(per);
+  }
+
+  // What one rank's engine holds: its masters and moments, its compute copies.
+  static void read_outcome(Engine& e, Outcome& o) {
+    o.master = read_array(e, 0);
+    o.exp_avg = read_array(e, 1);
+    o.exp_avg_sq = read_array(e, 2);
+    o.compute.push_back(read_computes(e));
+  }
+  // The ranks' outcomes together: each element from the rank that owns it,
+  // each rank's compute copies.
+  static Outcome merge_outcomes(std::vector<Outcome>& per) {
     Outcome out;
     for (Outcome& o : per) {
       merge_owned(out.master, o.master);
