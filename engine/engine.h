@@ -414,8 +414,10 @@ class Engine {
   core::Result<std::vector<std::byte>> load_checkpoint_locked(const std::string& root, bool into_unwritten = false)
       STRATA_REQUIRES(mu_);
   // CheckpointToLoad::verify_as_read: each state file's CRC64, taken as the
-  // load read it (the rest read now), against the manifest's (kDataLoss).
-  core::Status check_files_as_read(CheckpointToLoad& ck);
+  // load read it (the rest read now), against the manifest's (kDataLoss);
+  // after `first` failed, the files opened so far, a damaged one named as
+  // the cause (with `first`), else `first`.
+  core::Status check_files_as_read(CheckpointToLoad& ck, core::Status first = core::Status());
   // With several ranks, the first vote of finalize (op "finalize") and of
   // finalize_from_checkpoint (`checkpoint`: the fingerprint of the one it
   // found): every rank started the same way, from the same checkpoint, or

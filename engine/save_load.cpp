@@ -1000,16 +1000,21 @@ core::Status Engine::compare_sharded_base(const CheckpointToLoad& ck) {
   return local;
 }
 
-core::Status Engine::check_files_as_read(CheckpointToLoad& ck) {
-  for (std::size_t f = 0; f < ck.files.size(); ++f) {
-    STRATA_ASSIGN_OR_RETURN(const std::uint64_t crc, ck.direct[f]->crc64_as_read());
-    if (crc != ck.files[f].crc64) {
-      return Status::data_loss(str_cat(ck.direct[f]->path(), ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
+core::Status Engine::check_files_as_read(CheckpointToLoad& ck, core::Status first) {
+  // After a failure, the files opened so far: a damaged one is the cause to
+  // name (a flipped bit in a tensor's name reads as another optimizer's
+  // checkpoint), else the failure stands.
+  for (std::size_t f = 0; f < ck.direct.size(); ++f) {
+    core::Result<std::uint64_t> crc = ck.direct[f]->crc64_as_read();
+    if (!crc.ok()) return first.ok() ? crc.status() : first;
+    if (*crc != ck.files[f].crc64) {
+      return Status::data_loss(str_cat(ck.direct[f]->path(), ": CRC64 mismatch: its bytes give ", crc64_hex(*crc),
                                        ", the manifest records ", crc64_hex(ck.files[f].crc64),
-                                       " (the file is damaged or truncated)"));
+                                       " (the file is damaged or truncated)",
+                                       first.ok() ? "" : str_cat("; found first: ", first.message())));
     }
   }
-  return Status();
+  return first;
 }
 
 core::Status Engine::apply_checkpoint(CheckpointToLoad& ck) {
@@ -1159,7 +1164,10 @@ core::Result<std::vector<std::byte>> Engine::finalize_from_checkpoint(const std:
   // only another load is allowed (load_checkpoint_locked clears this).
   torn_load_ = str_cat(kOp, " built the engine but its checkpoint did not load; its initial values were left to it");
   core::Result<std::vector<std::byte>> blob = load_checkpoint_locked(root, /*into_unwritten=*/true);
-  if (!blob.ok()) return std::move(blob).status().annotate(str_cat(kOp, ": the engine is built without its values"));
+  if (!blob.ok()) {
+    return std::move(blob).status().annotate(
+        str_cat(kOp, ": the engine is built, without values (or with a damaged checkpoint's): only a load is allowed"));
+  }
   return blob;
 }
 
@@ -1180,7 +1188,9 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::s
                       std::all_of(layout_.params.begin(), layout_.params.end(),
                                   [](const ParamDesc& p) { return p.trainable; });
   std::vector<std::uint64_t> found;
-  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the checkpoint", check_checkpoint(root, ck), ck.fingerprint, &found));
+  Status checked = check_checkpoint(root, ck);
+  if (!checked.ok() && ck.verify_as_read) checked = check_files_as_read(ck, std::move(checked));
+  STRATA_RETURN_IF_ERROR(agree(kOp, "checking the checkpoint", std::move(checked), ck.fingerprint, &found));
   for (std::size_t k = 1; k < found.size(); ++k) {
     if (found[k] != found[0]) {  // every rank sees the same list: every rank stops here
       return Status::failed_precondition(str_cat(
@@ -1194,7 +1204,7 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::s
   // From here a failure leaves the state part old, part new (on some ranks):
   // training is refused until a load succeeds.
   Status applied = apply_checkpoint(ck);
-  if (applied.ok() && ck.verify_as_read) applied = check_files_as_read(ck);
+  if (ck.verify_as_read) applied = check_files_as_read(ck, std::move(applied));
   const Status loaded = agree(kOp, "loading the state", std::move(applied));
   if (!loaded.ok()) {
     torn_load_ = into_unwritten ? str_cat("finalize_from_checkpoint built the engine but its checkpoint did not load (",

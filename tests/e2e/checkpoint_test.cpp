@@ -305,10 +305,34 @@ TEST_F(Checkpoint, FinalizeFromCheckpointErrorsNameTheCauseAndLoseNothing) {
   EXPECT_EQ(e->set_lr(1e-3).code(), core::StatusCode::kFailedPrecondition);
   auto blob = e->load_checkpoint(good);
   ASSERT_TRUE(blob.ok()) << blob.status();
-  Framework f;
-  for (int s = kSaveAt; s < kSteps; ++s) EXPECT_EQ(train_one_step(*e, f, s), losses[s]) << "step " << s;
+  {
+    Framework f;
+    for (int s = kSaveAt; s < kSteps; ++s) EXPECT_EQ(train_one_step(*e, f, s), losses[s]) << "step " << s;
+  }
   const auto got = read_masters(*e);
   for (const auto& [name, m] : masters) EXPECT_TRUE(bits_equal(got.at(name), m)) << name;
+  // A flipped bit in a tensor's name (the file read once, its CRC64 taken as
+  // it goes): the damage is named, not "another optimizer's checkpoint".
+  const std::string renamed = (dir_ / "renamed").string();
+  fs::copy(good, renamed, fs::copy_options::recursive);
+  const std::string renamed_state = renamed + "/step-10/state.safetensors";
+  {
+    std::fstream file(renamed_state, std::ios::in | std::ios::out | std::ios::binary);
+    std::string head(4096, '\0');
+    file.read(head.data(), static_cast<std::streamsize>(head.size()));
+    const std::size_t at = head.find("l1.w.exp_avg\"");
+    ASSERT_NE(at, std::string::npos);
+    file.clear();
+    file.seekp(static_cast<std::streamoff>(at + 6));  // "exp_avg" -> "exq_avg"
+    file.put('q');
+  }
+  e.reset();
+  auto again = register_mlp(c);
+  ASSERT_NE(again, nullptr);
+  r = again->finalize_from_checkpoint(renamed);
+  EXPECT_EQ(r.status().code(), core::StatusCode::kDataLoss) << r.status();
+  EXPECT_NE(r.status().message().find(renamed_state + ": CRC64 mismatch"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("found first"), std::string::npos) << r.status();
 }
 
 // strata.overlap "delayed": a save between steps commits the pending update

@@ -242,7 +242,17 @@ class Trainer(transformers.Trainer):
         """The strata.torch engine (None before training or evaluation starts)."""
         return self._strata
 
-    def _strata_make(self, num_training_steps):
+    def train(self, *args, **kwargs):
+        """transformers.Trainer.train; a checkpoint it was to resume from is
+        forgotten when it returns or fails (the engine is built from it once)."""
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            self._strata_resume = None
+
+    def _strata_make(self, num_training_steps, resume=None):
+        """The engine, made once: from the checkpoint `resume` (a folder the
+        Trainer saved) when given."""
         if self._strata is not None:
             return self._strata
         args = copy.copy(self.args)
@@ -262,12 +272,11 @@ class Trainer(transformers.Trainer):
         weights = getattr(self.model, "_strata_weights", None)
         if weights is not None and "weights" not in kwargs:
             kwargs["weights"] = weights
-        resume = self._strata_resume
         if resume is not None and "resume_from" not in kwargs:
             kwargs["resume_from"] = os.path.join(resume, _CHECKPOINT_DIR)
         self._strata = strata_torch.initialize(self.model, config, total_num_steps=num_training_steps,
                                                hidden_size=hidden, **kwargs)
-        self._strata_resumed = resume
+        self._strata_resumed = resume if "resume_from" not in self._strata_kwargs else None
         return self._strata
 
     def _strata_decay_groups(self, args):
@@ -319,7 +328,9 @@ class Trainer(transformers.Trainer):
         return self.optimizer
 
     def create_scheduler(self, num_training_steps, optimizer=None):
-        self._strata_make(num_training_steps)
+        # train(resume_from_checkpoint=): the engine is built from it (once).
+        resume, self._strata_resume = self._strata_resume, None
+        self._strata_make(num_training_steps, resume)
         if self.lr_scheduler is None or not isinstance(self.lr_scheduler, _Scheduler):
             inner = None
             if "scheduler" not in self._strata_config_dict:
@@ -466,11 +477,11 @@ class Trainer(transformers.Trainer):
             raise errors.FailedPrecondition("strata.hf.Trainer: the Trainer loads a checkpoint before its "
                                             "scheduler (and strata's engine) is made; this transformers' order is "
                                             "not the one strata.hf was written for", status="FAILED_PRECONDITION")
-        if self._strata_resumed is not None and self._strata_resumed == checkpoint:
+        resumed, self._strata_resumed = self._strata_resumed, None  # (once)
+        if resumed is not None and resumed == checkpoint:
             client = self._strata.client_state  # the engine was built from it
         else:
             client = self._strata.load_checkpoint(os.path.join(checkpoint, _CHECKPOINT_DIR), load_rng=False)
-        self._strata_resume = None
         if isinstance(client, dict) and self.lr_scheduler is not None:
             self.lr_scheduler.load_state_dict(client.get("scheduler") or {})
 
