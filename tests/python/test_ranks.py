@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import helpers
+import llama
 import strata.torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,6 +115,16 @@ def test_two_ranks_bf16_are_one_rank_accumulating_bit_for_bit(tmp_path, swap_dir
                                                            lr=3e-3, weight_decay=0.01), ranks=None)
     assert engine.load_checkpoint(str(tmp_path / "out" / "ckpt")) == {"rank": 0}
     helpers.assert_same_bits(engine.state_dict(), want, "two ranks' checkpoint loaded by one rank")
+    engine.close()
+    # And resumed by one rank as its engine is built (a model on the meta device; each rank's
+    # state file read once, its CRC64 taken as it goes).
+    with strata.torch.meta_init():
+        meta = llama.LlamaForCausalLM(helpers.tiny_llama().config)
+    engine = strata.torch.initialize(meta, helpers.config(swap_dir, "optimizer_cpu", "bf16", gas=WORLD, clip=CLIP,
+                                                          lr=3e-3, weight_decay=0.01), ranks=None,
+                                     resume_from=str(tmp_path / "out" / "ckpt"))
+    assert engine.client_state == {"rank": 0}
+    helpers.assert_same_bits(engine.state_dict(), want, "two ranks' checkpoint resumed by one rank")
     engine.close()
     exported = strata.torch.load_file(str(tmp_path / "out" / "export" / "model.safetensors"))
     assert exported
