@@ -718,6 +718,11 @@ struct Engine::CheckpointToLoad {
   // for a load into state that holds no values yet (finalize_from_checkpoint).
   bool verify_as_read = false;
   std::vector<nvme::DirectFileReader*> direct;  // each file's (owned by its reader)
+  // Whether this rank checks file f: every ranks-th file is each rank's (a
+  // rank loading as many ranks' checkpoint reads its own file whole).
+  static bool checks(std::size_t f, const RankShare& share) {
+    return f % static_cast<std::size_t>(share.ranks) == static_cast<std::size_t>(share.rank);
+  }
   std::string dir;
   CheckpointManifest manifest;
   std::vector<CheckpointStateFile> files;
@@ -831,9 +836,11 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     STRATA_ASSIGN_OR_RETURN(std::unique_ptr<nvme::DirectFileReader> file,
                             nvme::DirectFileReader::open(*ck.backend, path, direct_file_options(config_.strata.io)));
     ck.direct.push_back(file.get());
-    if (ck.verify_as_read) {
+    if (!ck.checks(f, share)) {
+      // (another rank checks it)
+    } else if (ck.verify_as_read) {
       file->take_crc64_as_read();
-    } else if (f % static_cast<std::size_t>(share.ranks) == static_cast<std::size_t>(share.rank)) {
+    } else {
       STRATA_ASSIGN_OR_RETURN(const std::uint64_t crc, file->crc64());
       if (crc != ck.files[f].crc64) {
         return Status::data_loss(str_cat(path, ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
@@ -1005,6 +1012,7 @@ core::Status Engine::check_files_as_read(CheckpointToLoad& ck, core::Status firs
   // name (a flipped bit in a tensor's name reads as another optimizer's
   // checkpoint), else the failure stands.
   for (std::size_t f = 0; f < ck.direct.size(); ++f) {
+    if (!ck.checks(f, ranks_.share)) continue;
     core::Result<std::uint64_t> crc = ck.direct[f]->crc64_as_read();
     if (!crc.ok()) return first.ok() ? crc.status() : first;
     if (*crc != ck.files[f].crc64) {
@@ -1182,9 +1190,10 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint_locked(const std::s
   STRATA_RETURN_IF_ERROR(agree(kOp, "checking the engine", ready_between_steps(kOp)));
   CheckpointToLoad ck;
   // Into state that holds no values yet there is nothing to keep from a
-  // damaged file: its CRC64 is taken as it is read, once, not first in a read
-  // of its own (one rank, every parameter trained: no base compared first).
-  ck.verify_as_read = into_unwritten && ranks_.share.ranks == 1 &&
+  // damaged file: the CRC64 of each file this rank checks is taken as it is
+  // read, once, not first in a read of its own (every parameter trained: no
+  // base compared first); the ranks agree on it after the load.
+  ck.verify_as_read = into_unwritten &&
                       std::all_of(layout_.params.begin(), layout_.params.end(),
                                   [](const ParamDesc& p) { return p.trainable; });
   std::vector<std::uint64_t> found;
