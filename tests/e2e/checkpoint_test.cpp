@@ -22,7 +22,7 @@
 #include "engine/config.h"
 #include "engine/engine.h"
 #include "engine/checkpoint/safetensors.h"
-#include "nvme/fault_injection.h"
+#include "engine/io_faults.h"
 #include "tests/e2e/mlp_harness.h"
 
 extern char** environ;
@@ -164,11 +164,10 @@ TEST_F(Checkpoint, FinalizeFromCheckpointWritesTheStateOnceAndResumesBitIdentica
     // Read requests, counted (a rule that delays none): the checkpoint's
     // files, which a load into unwritten state reads once (its CRC64s taken
     // as it goes), not first whole and then tensor by tensor.
-    nvme::FaultInjector plain_io, resume_io;
-    const std::size_t plain_reads = plain_io.add({.kind = nvme::FaultKind::kDelay, .ops = nvme::FaultOps::kReads,
-                                                  .times = -1});
-    const std::size_t resume_reads = resume_io.add({.kind = nvme::FaultKind::kDelay, .ops = nvme::FaultOps::kReads,
-                                                    .times = -1});
+    FaultInjector plain_io, resume_io;
+    const FaultRule count_reads{.kind = FaultKind::kDelay, .ops = FaultOps::kReads, .times = -1};
+    const std::size_t plain_reads = plain_io.add(count_reads);
+    const std::size_t resume_reads = resume_io.add(count_reads);
     c.strata.io.fault_injector = &plain_io;
     SwapPathBytes twice;
     {
