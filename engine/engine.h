@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -418,11 +419,11 @@ class Engine {
   // after `first` failed, the files opened so far, a damaged one named as
   // the cause (with `first`), else `first`.
   core::Status check_files_as_read(CheckpointToLoad& ck, core::Status first = core::Status());
-  // With several ranks, the first vote of finalize (op "finalize") and of
+  // With several ranks, the first vote of finalize (no `checkpoint`) and of
   // finalize_from_checkpoint (`checkpoint`: the fingerprint of the one it
   // found): every rank started the same way, from the same checkpoint, or
   // kFailedPrecondition naming the ranks; `local` fails every rank.
-  core::Status agree_on_start(const char* op, core::Status local, std::uint64_t checkpoint);
+  core::Status agree_on_start(const char* op, core::Status local, std::optional<std::uint64_t> checkpoint);
   // finalize_from_checkpoint: group g's initial values are left to the
   // checkpoint (every parameter of it trains).
   bool values_left_to_checkpoint(std::size_t g) const;

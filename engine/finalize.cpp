@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -218,7 +219,7 @@ core::Status Engine::finalize() {
   }
   // With several ranks, every rank first says how it starts (a rank that
   // calls finalize_from_checkpoint instead is named, not waited for).
-  Status s = ranks_.share.ranks > 1 ? agree_on_start("finalize", Status(), 0) : Status();
+  Status s = ranks_.share.ranks > 1 ? agree_on_start("finalize", Status(), std::nullopt) : Status();
   if (s.ok()) s = finalize_locked();
   if (!s.ok()) {
     // One finalize per engine: what the failed one built goes now (the swap

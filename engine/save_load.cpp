@@ -299,9 +299,11 @@ void exchange_chunk_arrays(const Layout& layout, const ChunkPlace& cp, ChunkStat
   }
 }
 
-// The checkpoint's parameters are `params`: the same names, shapes and
-// trainability, in the same order (placement and rank count may differ).
-Status same_params(const std::string& dir, const CheckpointManifest& m, const std::vector<ParamDesc>& params) {
+// The checkpoint is of this engine's model: the same parameters (names,
+// shapes and trainability, in the same order) and compute dtype (placement
+// and rank count may differ).
+Status same_model(const std::string& dir, const CheckpointManifest& m, const std::vector<ParamDesc>& params,
+                  const Config& config) {
   if (m.params.size() != params.size()) {
     return Status::failed_precondition(str_cat(dir, ": the checkpoint has ", m.params.size(),
                                                " parameters; this engine has ", params.size()));
@@ -315,7 +317,19 @@ Status same_params(const std::string& dir, const CheckpointManifest& m, const st
                                                  "' here (or its shape or trainability differs)"));
     }
   }
+  const std::string_view compute_dtype = to_string(dtype_of(config.compute_bytes(), config.precision));
+  if (m.compute_dtype != compute_dtype) {
+    return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
+                                               " in the checkpoint; this engine uses ", compute_dtype));
+  }
   return Status();
+}
+
+// A checkpoint file whose bytes give `got` where the manifest records `recorded`.
+Status crc_mismatch(const std::string& path, std::uint64_t got, std::uint64_t recorded) {
+  return Status::data_loss(str_cat(path, ": CRC64 mismatch: its bytes give ", crc64_hex(got),
+                                   ", the manifest records ", crc64_hex(recorded),
+                                   " (the file is damaged or truncated)"));
 }
 
 // What the ranks compare to know they found the same checkpoint: its step
@@ -818,13 +832,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
   ck.manifest = std::move(loc.manifest);
   const std::string& dir = ck.dir;
   const CheckpointManifest& m = ck.manifest;
-  // Same parameters, same shapes, same trainability (placement and rank count may differ).
-  STRATA_RETURN_IF_ERROR(same_params(dir, m, layout_.params));
-  const std::string_view compute_dtype = to_string(dtype_of(layout_.compute_bytes, config_.precision));
-  if (m.compute_dtype != compute_dtype) {
-    return Status::failed_precondition(str_cat(dir, ": compute copies are ", m.compute_dtype,
-                                               " in the checkpoint; this engine uses ", compute_dtype));
-  }
+  STRATA_RETURN_IF_ERROR(same_model(dir, m, layout_.params, config_));
   STRATA_RETURN_IF_ERROR(check_frozen_base(dir, m, ck));
   // Integrity before anything changes: the state files' CRC64s, each read
   // front to back with direct reads (read-ahead); with several ranks each
@@ -842,11 +850,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
       file->take_crc64_as_read();
     } else {
       STRATA_ASSIGN_OR_RETURN(const std::uint64_t crc, file->crc64());
-      if (crc != ck.files[f].crc64) {
-        return Status::data_loss(str_cat(path, ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
-                                         ", the manifest records ", crc64_hex(ck.files[f].crc64),
-                                         " (the file is damaged or truncated)"));
-      }
+      if (crc != ck.files[f].crc64) return crc_mismatch(path, crc, ck.files[f].crc64);
     }
     // Tensors come in with direct reads of the aligned blocks around them.
     STRATA_ASSIGN_OR_RETURN(SafetensorsReader reader, SafetensorsReader::open(std::move(file)));
@@ -859,9 +863,7 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
   const auto [blob_file, blob_crc] = checkpoint_framework_file_for(m, share.rank, share.ranks);
   STRATA_ASSIGN_OR_RETURN(ck.blob, read_file(dir + "/" + blob_file, config_.strata.io));
   if (const std::uint64_t crc = nvme::crc64(0, ck.blob); crc != blob_crc) {
-    return Status::data_loss(str_cat(dir, "/", blob_file, ": CRC64 mismatch: its bytes give ", crc64_hex(crc),
-                                     ", the manifest records ", crc64_hex(blob_crc),
-                                     " (the file is damaged or truncated)"));
+    return crc_mismatch(str_cat(dir, "/", blob_file), crc, blob_crc);
   }
   // The optimizer's arrays, and no other optimizer's, before anything changes.
   ck.sources = sources_of(m, ck.files, layout_);
@@ -1016,10 +1018,8 @@ core::Status Engine::check_files_as_read(CheckpointToLoad& ck, core::Status firs
     core::Result<std::uint64_t> crc = ck.direct[f]->crc64_as_read();
     if (!crc.ok()) return first.ok() ? crc.status() : first;
     if (*crc != ck.files[f].crc64) {
-      return Status::data_loss(str_cat(ck.direct[f]->path(), ": CRC64 mismatch: its bytes give ", crc64_hex(*crc),
-                                       ", the manifest records ", crc64_hex(ck.files[f].crc64),
-                                       " (the file is damaged or truncated)",
-                                       first.ok() ? "" : str_cat("; found first: ", first.message())));
+      const Status damaged = crc_mismatch(ck.direct[f]->path(), *crc, ck.files[f].crc64);
+      return first.ok() ? damaged : Status::data_loss(str_cat(damaged.message(), "; found first: ", first.message()));
     }
   }
   return first;
@@ -1112,13 +1112,12 @@ core::Result<std::vector<std::byte>> Engine::load_checkpoint(const std::string& 
   return load_checkpoint_locked(root);
 }
 
-core::Status Engine::agree_on_start(const char* op, core::Status local, std::uint64_t checkpoint) {
+core::Status Engine::agree_on_start(const char* op, core::Status local, std::optional<std::uint64_t> checkpoint) {
   // finalize's payload; finalize_from_checkpoint's is its checkpoint's
   // fingerprint (never this, but by a 2^-64 chance).
   constexpr std::uint64_t kPlain = 0x66696e616c697a65;  // "finalize"
-  const bool from_checkpoint = std::string_view(op) != "finalize";
   std::vector<std::uint64_t> all;
-  STRATA_RETURN_IF_ERROR(agree(op, "starting", std::move(local), from_checkpoint ? checkpoint : kPlain, &all));
+  STRATA_RETURN_IF_ERROR(agree(op, "starting", std::move(local), checkpoint.value_or(kPlain), &all));
   for (std::size_t k = 0; k < all.size(); ++k) {
     if (all[k] == all[0]) continue;
     if ((all[k] == kPlain) != (all[0] == kPlain)) {
@@ -1150,13 +1149,7 @@ core::Result<std::vector<std::byte>> Engine::finalize_from_checkpoint(const std:
   if (auto loc = locate_checkpoint(root, config_.strata.io); !loc.ok()) {
     found = std::move(loc).status().annotate(kOp);
   } else {
-    found = same_params(loc->dir, loc->manifest, registry_.params);
-    const std::string_view compute = to_string(dtype_of(config_.compute_bytes(), config_.precision));
-    if (found.ok() && loc->manifest.compute_dtype != compute) {
-      found = Status::failed_precondition(str_cat(loc->dir, ": compute copies are ", loc->manifest.compute_dtype,
-                                                  " in the checkpoint; this engine uses ", compute));
-    }
-    found = std::move(found).annotate(kOp);
+    found = same_model(loc->dir, loc->manifest, registry_.params, config_).annotate(kOp);
     fingerprint = checkpoint_fingerprint(loc->dir, loc->manifest);
   }
   // A failure is finalize's (nothing was built yet): the engine is done.

@@ -173,6 +173,15 @@ TEST_F(StateStoreTest, EveryTierKeepsInt8CodesAndTheirBlockScales) {
   every_tier_keeps_what_was_stored(StateFormat::kInt8Blockwise);
 }
 
+// The store's chunks in `tier`, in order.
+std::vector<std::size_t> chunks_in(const StateStore& store, Tier tier) {
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < store.chunk_count(); ++i) {
+    if (store.tier(i) == tier) out.push_back(i);
+  }
+  return out;
+}
+
 // defer_pinned: create() allocates the first pinned chunk alone (zeroed); allocate_deferred()
 // allocates the others through the fill it is given (the engine's: zeros written on CpuAdam's
 // threads before the memory is locked), once each, and their state is the fill's zeros.
@@ -186,10 +195,7 @@ TEST_F(StateStoreTest, DeferredPinnedChunksAreAllocatedThroughTheFill) {
   auto store = StateStore::create(l, **device, sw.get(), {.defer_pinned = true});
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ(pinned_budget_.used_bytes(), chunk_bytes);  // the first pinned chunk alone
-  std::vector<std::size_t> pinned;
-  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
-    if ((*store)->tier(i) == Tier::kPinned) pinned.push_back(i);
-  }
+  const std::vector<std::size_t> pinned = chunks_in(**store, Tier::kPinned);
   ASSERT_EQ(pinned.size(), 2u);
   auto first = (*store)->load(pinned[0], {});
   ASSERT_TRUE(first.ok()) << first.status();
@@ -241,10 +247,7 @@ TEST_F(StateStoreTest, UnwrittenNvmeChunksHoldWhatTheFirstStoreWrote) {
   ASSERT_NE(sw, nullptr);
   auto store = StateStore::create(l, **device, sw.get(), {.nvme_unwritten = true});
   ASSERT_TRUE(store.ok()) << store.status();
-  std::vector<std::size_t> nvme;
-  for (std::size_t i = 0; i < l.chunks.size(); ++i) {
-    if ((*store)->tier(i) == Tier::kNvme) nvme.push_back(i);
-  }
+  const std::vector<std::size_t> nvme = chunks_in(**store, Tier::kNvme);
   ASSERT_EQ(nvme.size(), 2u);
   const std::size_t bytes = (*store)->staging_bytes(nvme[0]);
   auto staging = core::AlignedBuffer::allocate(bytes, core::kDirectIoAlignment);

@@ -440,9 +440,7 @@ class Engine:
         engine refusing everything but load_checkpoint until one succeeds."""
         root = os.fspath(root).encode()
         self._finalize(lambda: _lib.strata_engine_finalize_from_checkpoint(self.handle, root))
-        data, size = ctypes.c_void_p(), ctypes.c_size_t()
-        check(_lib.strata_checkpoint_blob(self.handle, ctypes.byref(data), ctypes.byref(size)))
-        return ctypes.string_at(data.value, size.value) if size.value else b""
+        return self._checkpoint_blob()
 
     def _finalize(self, call):
         self._init_error = None
@@ -608,6 +606,10 @@ class Engine:
     def load_checkpoint(self, root):
         """Loads a checkpoint; returns the framework blob saved with it."""
         check(_lib.strata_checkpoint_load(self.handle, os.fspath(root).encode()))
+        return self._checkpoint_blob()
+
+    def _checkpoint_blob(self):
+        """The framework blob of the checkpoint the engine loaded last."""
         data, size = ctypes.c_void_p(), ctypes.c_size_t()
         check(_lib.strata_checkpoint_blob(self.handle, ctypes.byref(data), ctypes.byref(size)))
         return ctypes.string_at(data.value, size.value) if size.value else b""
