@@ -160,7 +160,10 @@ struct OffloadParamConfig {
   bool pin_memory = false;
   std::int64_t buffer_count = 5;
   std::int64_t buffer_size = 100'000'000;  // elements
-  std::int64_t max_in_cpu = 1'000'000'000;  // elements
+  // With device nvme: the compute copies' elements kept in CPU memory, whole
+  // groups in registration order (plan_layout). DeepSpeed's default is 1e9;
+  // strata's 0 keeps every group where `device` says unless a value is written.
+  std::int64_t max_in_cpu = 0;  // elements
 
   friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
 };

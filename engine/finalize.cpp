@@ -257,6 +257,22 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   STRATA_RETURN_IF_ERROR(FrozenFiles::choose(layout_, config_.strata.frozen_base, registry_.pretrained != nullptr,
                                              from_files));
   STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
+  if (config_.zero.offload_param.device == OffloadDevice::kNvme && config_.zero.offload_param.max_in_cpu > 0) {
+    std::size_t kept = 0;
+    std::uint64_t kept_bytes = 0, nvme_bytes = 0;
+    for (const GroupPlace& gp : layout_.groups) {
+      if (gp.compute_tier == Tier::kPinned) {
+        ++kept;
+        kept_bytes += layout_.home_bytes(gp);
+      } else {
+        nvme_bytes += layout_.tier_home_bytes(gp);
+      }
+    }
+    STRATA_LOG(kInfo) << "compute copies: " << kept << " of " << layout_.groups.size() << " groups ("
+                      << core::format_bytes(kept_bytes) << ") in pinned memory by zero_optimization.offload_param."
+                      << "max_in_cpu = " << config_.zero.offload_param.max_in_cpu << ", the rest ("
+                      << core::format_bytes(nvme_bytes) << ") on nvme";
+  }
   // Every pinned buffer from here on (the swap's staging, the state, the
   // caches) on the node the optimizer's threads will run on, where that node
   // is known before the memory is (DESIGN.md section 10).
@@ -487,6 +503,15 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
   // What the schedule holds beyond the placement's state, and why.
   std::string pinned_why;
   std::string& nvme_why = needs.nvme_why;
+  // Compute homes offload_param.max_in_cpu keeps in pinned memory instead of nvme.
+  if (config_.zero.offload_param.device == OffloadDevice::kNvme) {
+    std::uint64_t kept = 0;
+    for (const GroupPlace& gp : layout_.groups) kept += gp.compute_tier == Tier::kPinned ? layout_.home_bytes(gp) : 0;
+    if (kept > 0) {
+      pinned_why = str_cat(" (", core::format_bytes(kept), " of it compute copies that zero_optimization.offload_param."
+                           "max_in_cpu = ", config_.zero.offload_param.max_in_cpu, " keeps there)");
+    }
+  }
   const ExtraShape extra = extra_shape(layout_);
   for (const ScheduleExtra& x : schedule_.extra_memory()) {
     const std::uint64_t bytes = extra_bytes(x.basis, extra);
@@ -495,7 +520,7 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
       nvme_why = str_cat(" (with ", x.why, ")");
     } else {
       need.pinned += bytes;
-      pinned_why = str_cat(" (with ", x.why, ")");
+      pinned_why += str_cat(" (with ", x.why, ")");
     }
   }
   // The smallest device budget that works: the state kept there plus the

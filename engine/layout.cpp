@@ -134,6 +134,21 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
   }
   l.trainable_elems = trainable;
 
+  // offload_param.max_in_cpu, DeepSpeed's meaning: with the compute copies on
+  // nvme, up to that many of their elements stay in CPU memory. Whole homes:
+  // each group, in registration order, whose home still fits in what the
+  // earlier ones left has a pinned home (a fetch reads it from memory, a step
+  // writes it there), the others stay on nvme.
+  if (config.zero.offload_param.device == OffloadDevice::kNvme) {
+    std::int64_t left = config.zero.offload_param.max_in_cpu;
+    for (GroupPlace& g : l.groups) {
+      const std::int64_t n = l.home_elems(g);
+      if (n > left) continue;
+      g.compute_tier = Tier::kPinned;
+      left -= n;
+    }
+  }
+
   // Chunks over this rank's shards (each group's whole part with one rank),
   // never crossing a group, each homed where the placement rule puts its
   // first element among the rank's own (the offloaded share first, pinned

@@ -73,12 +73,9 @@ Status parse_offload_param(ObjectReader& z, bool* given, OffloadParamConfig* o,
       nvme) {
     r.warn("buffer_size", str_cat(o->buffer_size, " has no effect: ", kStagingGoverns));
   }
-  if (r.get_int("max_in_cpu", 0, kMaxI64, &o->max_in_cpu) && o->max_in_cpu != 1'000'000'000 &&
-      nvme) {
-    r.warn("max_in_cpu", str_cat(o->max_in_cpu,
-                                 " has no effect: strata.budgets.pinned governs "
-                                 "how much stays in CPU memory"));
-  }
+  // With device nvme, the compute copies' elements kept in pinned memory
+  // (layout.cpp); no effect otherwise, as in DeepSpeed.
+  r.get_int("max_in_cpu", 0, kMaxI64, &o->max_in_cpu);
   return r.finish();
 }
 

@@ -119,8 +119,7 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch(std::size_t g, gpu::Stream* stream)
     return parts_.homes.device_home(g).span();
   }
   if (std::optional<ResidentSet::Taken> kept = resident_->take(g)) {  // still on the device since its release
-    ++totals_.resident;
-    totals_.resident_bytes += kept->buffer.size_bytes();
+    count_resident(gp, kept->buffer.size_bytes());
     // Read again after the release's fence: the fetch's queued copy into it
     // ended before the framework's work that the fence follows.
     return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
@@ -367,8 +366,7 @@ core::Result<gpu::DeviceSpan> Fetcher::fetch_gathered(std::size_t g, gpu::Stream
   if (vote.all_kept) {
     std::optional<ResidentSet::Taken> kept = resident_->take(g);
     STRATA_CHECK(kept.has_value()) << "fetch('" << gp.name << "'): every rank kept it, this one has no copy";
-    ++totals_.resident;
-    totals_.resident_bytes += kept->buffer.size_bytes();
+    count_resident(gp, kept->buffer.size_bytes());
     sequence_.note_fetch(g);
     return hand_over(g, std::move(kept->buffer), std::move(kept->fence), stream);
   }

@@ -92,6 +92,7 @@ class Fetcher {
     std::int64_t prefetched = 0;
     std::int64_t resident = 0;
     std::uint64_t resident_bytes = 0;
+    std::uint64_t resident_nvme_bytes = 0;
   };
   Totals take_totals() { return std::exchange(totals_, {}); }
 
@@ -153,6 +154,12 @@ class Fetcher {
   // Whether fetch (and prefetch) of group g waits for the last step's job
   // on it (Schedule::fetch_waits_for_optimizer).
   bool waits_for_optimizer(std::size_t g) const;
+  // A fetch of group gp served by a copy kept on the device: counted.
+  void count_resident(const GroupPlace& gp, std::uint64_t bytes) {
+    ++totals_.resident;
+    totals_.resident_bytes += bytes;
+    if (gp.compute_tier == Tier::kNvme) totals_.resident_nvme_bytes += bytes;
+  }
   // Hands `buffer` to group g as its fetched copy, ordered after `landed`.
   core::Result<gpu::DeviceSpan> hand_over(std::size_t g, gpu::DeviceBuffer buffer,
                                           std::shared_ptr<gpu::Event> landed, gpu::Stream* stream);

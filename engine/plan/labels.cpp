@@ -108,6 +108,7 @@ std::string over_capacity_reason(const PlacementPlan& plan, const TierPlan& tier
 
 std::string_view item_label(std::string_view name) {
   if (name == "compute_copies") return "compute copies";
+  if (name == "compute_copies_in_cpu") return "compute copies kept in CPU memory";
   if (name == "persistent_params") return "persistent params";
   if (name == "fetch_window") return "fetch window";
   if (name == "device_gradient_buffers") return "device gradient buffers";

@@ -179,6 +179,19 @@ struct Evaluation {
   // home on nvme, not sharded): in no tier.
   bool frozen_in_files = false;
   bool persistent_groups = false;  // every group under stage3_param_persistence_threshold
+  // Compute copies on nvme: the groups whose homes offload_param.max_in_cpu
+  // keeps in pinned memory (whole homes, as plan_layout keeps them), and
+  // the share of a per-step figure over every group that the others' homes,
+  // on nvme, take.
+  std::int64_t cpu_groups = 0;
+  // Every compute home in pinned memory (offload_param.device cpu, or nvme
+  // with max_in_cpu keeping them all).
+  bool homes_pinned() const {
+    return pl.param_device == OffloadDevice::kCpu || (pl.param_device == OffloadDevice::kNvme && cpu_groups >= L);
+  }
+  std::uint64_t nvme_share(std::uint64_t x) const {
+    return cpu_groups == 0 ? x : cpu_groups >= L ? 0 : x - x / u64(L) * u64(cpu_groups);
+  }
   LayoutShape shape;
   // Chosen by add_compute_copies and add_gradients, fitted to the device by
   // fit_device_budget.
@@ -236,6 +249,9 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
   frozen_in_files = pl.param_device == OffloadDevice::kNvme && P > T && !sharded &&
                     cfg.strata.frozen_base != FrozenBase::kSwap;
   persistent_groups = !m.has_shape && group <= cfg.zero.stage3_param_persistence_threshold;
+  if (pl.param_device == OffloadDevice::kNvme && home > 0) {
+    cpu_groups = std::min<std::int64_t>(L, cfg.zero.offload_param.max_in_cpu / home);
+  }
 }
 
 // The compute copies in their home, and their copies on the device and in
@@ -243,18 +259,30 @@ Evaluation::Evaluation(const Inputs& inputs, const Placement& placement)
 void add_compute_copies(Evaluation& e) {
   const std::int64_t P = e.P, L = e.L, group = e.group;
   const std::uint64_t c = e.c;
+  // The homes offload_param.max_in_cpu keeps in pinned memory: whole ones
+  // (the rank's shards at stage 3 over ranks), frozen parameters included.
+  const std::int64_t own = e.sharded ? e.T_rank + ceil_div(P - e.T, e.N) : P;
+  const std::int64_t kept = std::min(own, e.cpu_groups * e.home);
+  if (kept > 0) {
+    e.add("compute_copies_in_cpu", Tier::kPinned, sat_mul(u64(kept), c),
+          str_cat(e.cpu_groups == 1 ? "1 home of " : str_cat(e.cpu_groups, " homes of "), group_digits(u64(e.home)),
+                  " x ", c, " B (", e.prec, "; zero_optimization.offload_param.max_in_cpu = ",
+                  group_digits(u64(e.cfg.zero.offload_param.max_in_cpu)), " keeps them in CPU memory)"));
+  }
+  const std::string others = kept > 0 ? str_cat(", the other ", L - e.cpu_groups, " groups") : "";
   if (e.sharded) {
     // The rank's shards: of the trainable groups, as the optimizer's; of the frozen parameters, 1/N.
-    const std::int64_t own = e.T_rank + ceil_div(P - e.T, e.N);
-    e.add("compute_copies", e.param_tier, sat_mul(u64(own), c),
-          count_times(own, c, str_cat(e.prec, ", the rank's shards: stage 3 over ", e.N, " ranks")));
+    e.add("compute_copies", e.param_tier, sat_mul(u64(own - kept), c),
+          count_times(own - kept, c, str_cat(e.prec, ", the rank's shards: stage 3 over ", e.N, " ranks", others)));
   } else if (e.frozen_in_files) {
     // The frozen base's home is its files: only the trainable parameters' copies live in the tier.
-    e.add("compute_copies", e.param_tier, sat_mul(u64(e.T), c),
-          count_times(e.T, c, str_cat(e.prec, "; the frozen ", group_digits(u64(P - e.T)),
-                                      " are read from their safetensors files (strata.frozen_base)")));
+    const std::int64_t trainable = static_cast<std::int64_t>(e.nvme_share(u64(e.T)));
+    e.add("compute_copies", e.param_tier, sat_mul(u64(trainable), c),
+          count_times(trainable, c,
+                      str_cat(e.prec, others, "; the frozen ", group_digits(e.nvme_share(u64(P - e.T))),
+                              " are read from their safetensors files (strata.frozen_base)")));
   } else {
-    e.add("compute_copies", e.param_tier, sat_mul(u64(P), c), count_times(P, c, e.prec));
+    e.add("compute_copies", e.param_tier, sat_mul(u64(P - kept), c), count_times(P - kept, c, str_cat(e.prec, others)));
   }
   // Device copies of offloaded compute copies (the threaded schedules: the
   // fetched, prefetched and resident ones, which share
@@ -276,7 +304,7 @@ void add_compute_copies(Evaluation& e) {
     e.add("fetch_window", Tier::kDevice, sat_mul(e.group_bytes, u64(e.window_groups)),
           e.window_detail(e.window_groups));
   }
-  if (e.pl.param_device == OffloadDevice::kNvme) {
+  if (e.pl.param_device == OffloadDevice::kNvme && e.cpu_groups < L) {
     // A group read from nvme passes through a pinned staging copy on its way
     // to the device (ComputeHomes::load), one group at a time (the prefetch
     // thread's, or a fetch's). DeepSpeed's offload_param.buffer_count and
@@ -403,15 +431,15 @@ void add_gradients(Evaluation& e) {
   if (views_held) {
     e.add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(T), c),
           count_times(T, c, "every trainable group's new compute copies, held until step_end"));
-  } else if (e.pl.param_device != OffloadDevice::kCpu && e.sharded) {
+  } else if (!e.homes_pinned() && e.sharded) {
     e.add("optimizer_compute_view", Tier::kPinned, sat_mul(u64(e.home), c),
           count_times(e.home, c, "the optimizer's host copy of the rank's shard of the group it updates"));
-  } else if (e.pl.param_device != OffloadDevice::kCpu && part && e.cfg.strata.overlap != OverlapMode::kDelayed) {
+  } else if (!e.homes_pinned() && part && e.cfg.strata.overlap != OverlapMode::kDelayed) {
     // A mixed group's trainable range alone (ComputeHomes::blank_trainable).
     e.add("optimizer_compute_view", Tier::kPinned, e.trainable_part_bytes,
           str_cat(group_digits(e.trainable_part_bytes),
                   " B (the optimizer's host copy of the trainable part of the group it updates)"));
-  } else if (e.pl.param_device != OffloadDevice::kCpu) {
+  } else if (!e.homes_pinned()) {
     e.add("optimizer_compute_view", Tier::kPinned, e.group_bytes,
           str_cat(e.groups_of(1), " x ", c, " B (the optimizer's host copy of the group it updates)"));
   }
@@ -463,8 +491,10 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
     w.wire_bytes = e.trainable_part_bytes;  // the copy down: a group's trainable range
     w.packed_bytes = sat_mul(u64(e.shape.group_trainable), e.c);
   }
-  if (e.pl.param_device == OffloadDevice::kNvme) w.nvme_compute_bytes = staged;
-  if (e.pl.param_device != OffloadDevice::kCpu) w.unpinned_compute_bytes = staged;
+  // (Compute homes on nvme, unless max_in_cpu keeps every one in pinned memory.)
+  const bool nvme_homes = e.pl.param_device == OffloadDevice::kNvme && e.cpu_groups < e.L;
+  if (nvme_homes) w.nvme_compute_bytes = staged;
+  if (e.pl.param_device == OffloadDevice::kNone || nvme_homes) w.unpinned_compute_bytes = staged;
   if (e.t_gpu > 0 || e.t_nvme > 0) w.unpinned_state_bytes = e.state_of(e.shape.chunk);
   if (e.t_gpu > 0) w.device_chunk_compute_bytes = sat_mul(chunk, e.c);
   if (e.N > 1 && e.T > 0) {
@@ -485,6 +515,7 @@ PinnedWorking planned_pinned_working(const Evaluation& e) {
 std::uint64_t planned_pinned_held(const Evaluation& e) {
   std::uint64_t held = sat_mul(u64(e.T_rank), e.g);
   if (e.pl.param_device == OffloadDevice::kCpu) held = sat_add(held, e.plan.item_bytes(Tier::kPinned, "compute_copies"));
+  held = sat_add(held, e.plan.item_bytes(Tier::kPinned, "compute_copies_in_cpu"));
   held = sat_add(held, e.state_of(e.t_keep));
   const ExtraShape extra = planned_extra_shape(e);
   for (const ScheduleExtra& x : e.schedule.extra_memory()) {
@@ -739,10 +770,13 @@ StepTraffic step_traffic(const Evaluation& e) {
     tr.network_bytes = per_step / u64(e.N) * u64(e.N - 1);
   }
   if (home_nvme) {
-    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, home_fetch);
-    tr.disk_write_bytes = sat_add(tr.disk_write_bytes, view);
+    // The groups offload_param.max_in_cpu keeps in pinned memory read and
+    // write nothing on the drive.
+    const std::uint64_t read = e.nvme_share(home_fetch);
+    tr.disk_read_bytes = sat_add(tr.disk_read_bytes, read);
+    tr.disk_write_bytes = sat_add(tr.disk_write_bytes, e.nvme_share(view));
     // Of the fetches' reads, the frozen parameters' come from their files.
-    if (e.frozen_in_files && P > 0) tr.file_read_bytes = home_fetch / u64(P) * u64(P - T);
+    if (e.frozen_in_files && P > 0) tr.file_read_bytes = read / u64(P) * u64(P - T);
   }
   return tr;
 }

@@ -231,7 +231,8 @@ struct PlanItem {
   // device_gradient_buffers, host_gradients, gradient_staging,
   // optimizer_compute_view, master_weights, optimizer_moments,
   // optimizer_device_buffers, optimizer_device_copies, optimizer_staging,
-  // param_staging, speculative_state, speculative_compute_copies,
+  // param_staging, compute_copies_in_cpu (offload_param.max_in_cpu),
+  // speculative_state, speculative_compute_copies,
   // delayed_compute_copies, activations, logits, swap_reserve, checkpoint,
   // rank_gradient_sums or device_gradient_sums, rank_compute_gather,
   // rank_fetch_gather or device_fetch_gather with rank_read_gather (several

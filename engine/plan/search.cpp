@@ -188,6 +188,42 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
     plan.formats.push_back(std::move(row));
   }
 
+  // Compute copies on nvme with RAM to spare: the largest
+  // offload_param.max_in_cpu under which the configured placement still
+  // fits (more kept there never moves more), said as a note.
+  if (configured.param_device == OffloadDevice::kNvme && plan.configured.fits) {
+    const auto kept_elems = [&](const PlacementPlan& p) {
+      return p.item_bytes(Tier::kPinned, "compute_copies_in_cpu") / plan.state.compute_bytes;
+    };
+    const auto with_max = [&](std::uint64_t max_in_cpu) {
+      Config mc = config;
+      mc.zero.offload_param.max_in_cpu = static_cast<std::int64_t>(max_in_cpu);
+      return evaluate(Inputs{mc, plan.model, capacities, options}, configured);
+    };
+    // Fits at lo; the largest value that fits is below hi (homes beyond the
+    // model's elements hold nothing more).
+    std::uint64_t lo = static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu);
+    std::uint64_t hi = static_cast<std::uint64_t>(plan.model.num_params) + 1;
+    if (lo < hi) {
+      while (hi - lo > 1) {
+        const std::uint64_t mid = lo + (hi - lo) / 2;
+        (with_max(mid).fits ? lo : hi) = mid;
+      }
+      const PlacementPlan more = with_max(lo);
+      const std::uint64_t elems = kept_elems(more);
+      if (elems > kept_elems(plan.configured)) {
+        const StepTraffic& now = plan.configured.traffic;
+        plan.notes.push_back(str_cat(
+            "RAM has room for more compute copies: zero_optimization.offload_param.max_in_cpu = ",
+            group_digits(elems), " (now ", group_digits(static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu)),
+            ") keeps ", core::format_bytes(more.item_bytes(Tier::kPinned, "compute_copies_in_cpu")),
+            " of them in CPU memory; the drive would read ",
+            core::format_bytes(now.disk_read_bytes - more.traffic.disk_read_bytes), " and write ",
+            core::format_bytes(now.disk_write_bytes - more.traffic.disk_write_bytes), " less per step"));
+      }
+    }
+  }
+
   // Notes: what the estimate leaves out or assumes.
   if (!plan.model.has_shape) {
     plan.notes.push_back(

@@ -359,6 +359,7 @@ void Step::finish_stats(StepStats& stats, bool defer) {
   stats.prefetched = fetches.prefetched;
   stats.resident = fetches.resident;
   stats.resident_bytes = fetches.resident_bytes;
+  stats.resident_nvme_bytes = fetches.resident_nvme_bytes;
   state_.bytes = {};
   state_.grads_s = 0.0;
   state_.micro_step = 0;

@@ -123,6 +123,10 @@ TEST_F(Checkpoint, ResumesBitIdenticallyUnderAnotherPlacement) {
   // Same placement, then the optimizer on the device with compute copies on nvme.
   resume_and_compare(config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kCpu), losses, masters);
   resume_and_compare(config_for(swap(), OffloadDevice::kNone, OffloadDevice::kNvme), losses, masters);
+  // Compute copies on nvme but l2's, which offload_param.max_in_cpu keeps in pinned memory.
+  Config split = config_for(swap(), OffloadDevice::kNvme, OffloadDevice::kNvme);
+  split.zero.offload_param.max_in_cpu = 16448;
+  resume_and_compare(split, losses, masters);
 }
 
 // The swap bytes an engine read and wrote since it was created, all paths.

@@ -25,6 +25,7 @@ CONFIGS = [
     "placement_nvme_optimizer.json",
     "placement_nvme_all.json",
     "placement_cpu_nvme_split.json",
+    "placement_nvme_max_in_cpu.json",
 ]
 UNITS = {"B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 SKIP = 77  # meson: the test was skipped

@@ -265,7 +265,7 @@ class Placement : public MlpTest {
       r.stats.push_back(*st);
       StepBytes t = st->bytes;
       t.h2d += st->resident_bytes;
-      if (e.layout().groups[0].compute_tier == Tier::kNvme) t.nvme_read += st->resident_bytes;
+      t.nvme_read += st->resident_nvme_bytes;
       t.nvme_paths.clear();  // the memory model counts tiers; swap_traffic_test.cpp checks the paths
       r.traffic.push_back(t);
     }
@@ -353,6 +353,7 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
       const char* name;
       OffloadDevice optimizer, param;
       double cpu_fraction = 0.0, ratio = 1.0;
+      std::int64_t max_in_cpu = 0;
     };
     const std::vector<Case> cases = {
         {"all on the device", OffloadDevice::kNone, OffloadDevice::kNone},
@@ -362,6 +363,10 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
         {"everything on nvme", OffloadDevice::kNvme, OffloadDevice::kNvme},
         {"optimizer split cpu/nvme", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.5},
         {"half the optimizer on the device (ratio)", OffloadDevice::kCpu, OffloadDevice::kCpu, 0.0, 0.5},
+        // l2's compute home (32 x 512 + 32, padded: 16448 elements) in
+        // pinned memory, l1's (131584) too large for what is left: on nvme.
+        {"compute copies split pinned/nvme (max_in_cpu)", OffloadDevice::kNvme, OffloadDevice::kNvme, 0.0, 1.0,
+         16448},
     };
     RunResult reference;
     for (const Case& k : cases) {
@@ -371,6 +376,7 @@ TEST_F(Placement, EveryPlacementGivesTheSameBitsAndItsOwnTraffic) {
       c.zero.offload_param.device = k.param;
       c.zero.offload_optimizer.ratio = k.ratio;
       c.strata.optimizer_cpu_fraction = k.cpu_fraction;
+      c.zero.offload_param.max_in_cpu = k.max_in_cpu;
       c.strata.optimizer_state = {fmt.format, fmt.rounding};
       // The compressed format: fewer steps (its bits and traffic show from the first).
       const int steps = fmt.format == StateFormat::kFp32 ? kSteps : 6;
@@ -1557,6 +1563,31 @@ TEST_F(Placement, TheSmallestPinnedBudgetTheMessageNamesTrains) {
           c, "strata.budgets.pinned", [](Config& k, std::uint64_t b) { k.strata.budgets.pinned_bytes = b; },
           4096, /*steps=*/4);
     }
+  }
+}
+
+// offload_param.max_in_cpu keeps l2's compute copies in pinned memory (l1's
+// stay on nvme): the least pinned budget counts them, says they are there by
+// max_in_cpu, and trains; the compute homes move the same bits wherever they
+// are (EveryPlacementGivesTheSameBitsAndItsOwnTraffic).
+TEST_F(Placement, ComputeCopiesKeptInCpuMemoryByMaxInCpuCountInThePinnedBudget) {
+  Config c = base();
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.max_in_cpu = 16448;  // l2's home: 32 x 512 + 32, padded
+  c.strata.budgets.pinned_bytes = 4096;
+  const core::Status s = finalize_status(c);
+  ASSERT_EQ(s.code(), core::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("32.12 KiB of it compute copies that zero_optimization.offload_param.max_in_cpu = 16448 "
+                             "keeps there"),
+            std::string::npos)
+      << s;
+  c.strata.budgets.pinned_bytes = base().strata.budgets.pinned_bytes;
+  for (const OverlapMode mode : {OverlapMode::kExact, OverlapMode::kDelayed}) {
+    c.strata.overlap = mode;
+    expect_least_budget_trains(
+        c, "strata.budgets.pinned", [](Config& k, std::uint64_t b) { k.strata.budgets.pinned_bytes = b; }, 4096,
+        /*steps=*/4);
   }
 }
 

@@ -154,7 +154,7 @@ TEST(Config, DefaultsEqualDeepSpeedWhenOnlyTheBatchIsGiven) {
   EXPECT_EQ(c.zero.offload_param.device, OffloadDevice::kNone);
   EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
   EXPECT_EQ(c.zero.offload_param.buffer_size, 100'000'000);
-  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 1'000'000'000);
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 0);  // strata's default (DeepSpeed's is 1e9)
   EXPECT_EQ(c.zero.sub_group_size, 1'000'000'000);
   EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50'000'000);
   EXPECT_EQ(c.zero.stage3_max_live_parameters, 1'000'000'000);
@@ -638,6 +638,7 @@ TEST(Config, ExampleConfigFilesLoad) {
   EXPECT_EQ(nvme->zero.reduce_bucket_size, 1'000'000);
   EXPECT_TRUE(nvme->zero.stage3_gather_16bit_weights_on_model_save);
   EXPECT_EQ(nvme->zero.offload_param.buffer_size, 100'000'000);
+  EXPECT_EQ(nvme->zero.offload_param.max_in_cpu, 1'000'000'000);  // written in the file: DeepSpeed's documented value
   EXPECT_NE(find_warning(*nvme, "aio.thread_count"), nullptr) << all_warnings(*nvme);
 
   Result<Config> cpu = load_config_file(example("deepspeed_zero_offload_cpu.json"));
@@ -666,6 +667,7 @@ TEST(Config, PlacementExamplesLoadWithoutWarningsAndPlaceWhatTheyNameSay) {
     const char* file;
     OffloadDevice optimizer, param;
     double cpu_fraction;
+    std::int64_t max_in_cpu = 0;
   };
   const Case cases[] = {
       {"placement_device.json", OffloadDevice::kNone, OffloadDevice::kNone, 0.0},
@@ -674,6 +676,7 @@ TEST(Config, PlacementExamplesLoadWithoutWarningsAndPlaceWhatTheyNameSay) {
       {"placement_nvme_optimizer.json", OffloadDevice::kNvme, OffloadDevice::kNone, 0.0},
       {"placement_nvme_all.json", OffloadDevice::kNvme, OffloadDevice::kNvme, 0.0},
       {"placement_cpu_nvme_split.json", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.5},
+      {"placement_nvme_max_in_cpu.json", OffloadDevice::kNvme, OffloadDevice::kNvme, 0.0, 300'000},
       {"finetune_frozen_base.json", OffloadDevice::kNvme, OffloadDevice::kCpu, 0.0},
   };
   for (const Case& k : cases) {
@@ -683,6 +686,7 @@ TEST(Config, PlacementExamplesLoadWithoutWarningsAndPlaceWhatTheyNameSay) {
     EXPECT_EQ(c->zero.offload_optimizer.device, k.optimizer) << k.file;
     EXPECT_EQ(c->zero.offload_param.device, k.param) << k.file;
     EXPECT_EQ(c->strata.optimizer_cpu_fraction, k.cpu_fraction) << k.file;
+    EXPECT_EQ(c->zero.offload_param.max_in_cpu, k.max_in_cpu) << k.file;
     EXPECT_EQ(c->strata.device, DeviceKind::kHost) << k.file;
     EXPECT_EQ(c->precision, Precision::kBf16) << k.file;
   }
@@ -771,10 +775,13 @@ TEST(Config, KeysWithoutEffectWarnOnlyWhenTheyWouldMatter) {
         "zero_optimization.offload_optimizer.buffer_count",
         "zero_optimization.offload_optimizer.fast_init",
         "zero_optimization.offload_optimizer.cpuadam_cores_perc",
-        "zero_optimization.offload_param.buffer_size", "zero_optimization.offload_param.max_in_cpu",
+        "zero_optimization.offload_param.buffer_size",
         "aio.intra_op_parallelism", "aio.use_gds", "aio.single_submit", "aio.overlap_events"}) {
     EXPECT_NE(find_warning(c, path), nullptr) << path << "\n" << all_warnings(c);
   }
+  // max_in_cpu has its effect: the compute copies kept in pinned memory.
+  EXPECT_EQ(c.zero.offload_param.max_in_cpu, 100'000'000);
+  EXPECT_EQ(find_warning(c, "zero_optimization.offload_param.max_in_cpu"), nullptr);
   // Defaults, or values strata matches anyway, do not warn.
   EXPECT_EQ(find_warning(c, "zero_optimization.offload_param.pin_memory"), nullptr);
   EXPECT_EQ(find_warning(c, "zero_optimization.offload_param.buffer_count"), nullptr);

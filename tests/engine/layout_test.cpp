@@ -169,6 +169,53 @@ TEST(Layout, TierHomesFollowTheConfig) {
   EXPECT_EQ(half->chunks.back().state_tier, Tier::kDevice);
 }
 
+std::vector<ParamDesc> uneven_model();
+
+// offload_param.max_in_cpu with the compute copies on nvme: each group, in
+// registration order, whose whole home fits in what is left of the
+// allowance has a pinned home; a group that does not fit is passed over, so a
+// later smaller one may still fit. No effect unless the device is nvme.
+TEST(Layout, MaxInCpuKeepsWholeComputeHomesInPinnedMemory) {
+  const std::vector<OptimizerGroupDesc> og = {{"d", 0.1}, {"n", 0.0}};
+  // Homes: embed 32000 elements, l0 and l1 300032 + 320 = 300352 each.
+  const auto tiers = [&](OffloadDevice param, std::int64_t max_in_cpu) {
+    Config c = config_with(OffloadDevice::kCpu, param, 4 * kB);
+    c.zero.offload_param.max_in_cpu = max_in_cpu;
+    auto l = plan_layout(small_model(), og, c);
+    EXPECT_TRUE(l.ok()) << l.status().to_string();
+    std::vector<Tier> out;
+    for (const GroupPlace& g : l->groups) out.push_back(g.compute_tier);
+    return std::pair{out, l->bytes()};
+  };
+  constexpr Tier P = Tier::kPinned, N = Tier::kNvme;
+  EXPECT_EQ(tiers(OffloadDevice::kNvme, 0).first, (std::vector<Tier>{N, N, N}));
+  EXPECT_EQ(tiers(OffloadDevice::kNvme, 31999).first, (std::vector<Tier>{N, N, N}));
+  EXPECT_EQ(tiers(OffloadDevice::kNvme, 32000).first, (std::vector<Tier>{P, N, N}));
+  // l0 does not fit in what embed leaves (300351 < 300352); l1 neither.
+  EXPECT_EQ(tiers(OffloadDevice::kNvme, 32000 + 300351).first, (std::vector<Tier>{P, N, N}));
+  EXPECT_EQ(tiers(OffloadDevice::kNvme, 32000 + 300352).first, (std::vector<Tier>{P, P, N}));
+  EXPECT_EQ(tiers(OffloadDevice::kNvme, 1'000'000'000).first, (std::vector<Tier>{P, P, P}));
+  // The homes' bytes move from nvme to pinned (bf16: 2 B an element).
+  const auto [all_nvme, b0] = tiers(OffloadDevice::kNvme, 0);
+  const auto [two_pinned, b1] = tiers(OffloadDevice::kNvme, 32000 + 300352);
+  EXPECT_EQ(b1.pinned - b0.pinned, (32000u + 300352u) * 2);
+  EXPECT_EQ(b0.nvme - b1.nvme, (32000u + 300352u) * 2);
+  // Passed over: in uneven_model (groups l0, frozen0, l1, frozen1, l2,
+  // frozen2; each frozen one 64 elements) l0 does not fit in 100, frozen0
+  // does, and the 36 left hold no other.
+  Config c = config_with(OffloadDevice::kCpu, OffloadDevice::kNvme, 4 * kB);
+  c.zero.offload_param.max_in_cpu = 100;
+  auto uneven = plan_layout(uneven_model(), og, c);
+  ASSERT_TRUE(uneven.ok());
+  std::vector<Tier> got;
+  for (const GroupPlace& g : uneven->groups) got.push_back(g.compute_tier);
+  EXPECT_EQ(got, (std::vector<Tier>{N, P, N, N, N, N}));
+  // Other devices: the homes stay where the device says.
+  EXPECT_EQ(tiers(OffloadDevice::kCpu, 0).first, (std::vector<Tier>{P, P, P}));
+  EXPECT_EQ(tiers(OffloadDevice::kNone, 1'000'000'000).first,
+            (std::vector<Tier>{Tier::kDevice, Tier::kDevice, Tier::kDevice}));
+}
+
 // The rule the layout and the planner share (tier.h): whole elements,
 // offloaded share first, pinned before nvme.
 TEST(Layout, OptimizerSplitRoundsToElementsAndAddsUp) {

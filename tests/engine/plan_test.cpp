@@ -154,6 +154,64 @@ TEST(Planner, FortyBillionFitsWithParamsAndOptimizerOnNvme) {
   EXPECT_EQ(p.traffic.disk_write_bytes, 560'000'000'000u);
 }
 
+// The same placement with offload_param.max_in_cpu: whole homes of 833,333,334
+// elements kept in pinned memory, as plan_layout keeps them. 8,333,333,340
+// keeps 10 of the 48: 10 x 1,666,666,668 = 16,666,666,680 B move from NVMe
+// to RAM (RAM 89,138,639,708 + that = 105,805,306,388 B); per step the other
+// 38 groups' share of the fetches is read (158,333,333,334 - 10 x
+// 158,333,333,334 / 48 (3,298,611,111) = 125,347,222,224) and of the new
+// compute copies written (80e9 - 10 x 1,666,666,666 = 63,333,333,340). With
+// every home kept there is no param staging and no optimizer's host view.
+TEST(Planner, MaxInCpuKeepsWholeComputeHomesInRam) {
+  Config config = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  config.zero.offload_param.max_in_cpu = 8'333'333'340;
+  core::Result<Plan> plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok()) << plan.status().to_string();
+  const PlacementPlan& p = plan->configured;
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "compute_copies_in_cpu"), 16'666'666'680u);
+  EXPECT_EQ(p.item_bytes(Tier::kNvme, "compute_copies"), 63'333'333'320u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "param_staging"), 1'666'666'668u);
+  EXPECT_EQ(p.item_bytes(Tier::kPinned, "optimizer_compute_view"), 1'666'666'668u);
+  EXPECT_EQ(p.tier(Tier::kPinned).needed_bytes, 105'805'306'388u);
+  EXPECT_EQ(p.traffic.host_to_device_bytes, 158'333'333'334u);  // the links do not change
+  EXPECT_EQ(p.traffic.disk_read_bytes, 480'000'000'000u + 125'347'222'224u);
+  EXPECT_EQ(p.traffic.disk_write_bytes, 480'000'000'000u + 63'333'333'340u);
+  const std::string detail = [&] {
+    for (const PlanItem& i : p.items) {
+      if (i.name == "compute_copies_in_cpu") return i.detail;
+    }
+    return std::string();
+  }();
+  EXPECT_NE(detail.find("10 homes of 833,333,334 x 2 B"), std::string::npos) << detail;
+  EXPECT_NE(detail.find("max_in_cpu = 8,333,333,340"), std::string::npos) << detail;
+
+  // One element short of 10 homes: 9.
+  config.zero.offload_param.max_in_cpu = 8'333'333'339;
+  plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu"), 15'000'000'012u);
+
+  // Every home: nothing of the compute copies on the drive or staged for it.
+  config.zero.offload_param.max_in_cpu = 40'000'000'032;  // 48 homes
+  plan = make_plan(config, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok());
+  const PlacementPlan& all = plan->configured;
+  EXPECT_EQ(all.item_bytes(Tier::kPinned, "compute_copies_in_cpu"), 80'000'000'000u);
+  EXPECT_EQ(all.item_bytes(Tier::kNvme, "compute_copies"), 0u);
+  EXPECT_EQ(all.item_bytes(Tier::kPinned, "param_staging"), 0u);
+  EXPECT_EQ(all.item_bytes(Tier::kPinned, "optimizer_compute_view"), 0u);
+  EXPECT_EQ(all.traffic.disk_read_bytes, 480'000'000'000u);
+  EXPECT_EQ(all.traffic.disk_write_bytes, 480'000'000'000u);
+  EXPECT_FALSE(all.tier(Tier::kPinned).fits);  // 80e9 more of RAM than 119.4e9 holds
+
+  // No effect unless the compute copies are on nvme.
+  Config cpu = forty_b_config(OffloadDevice::kNone, OffloadDevice::kNvme);
+  cpu.zero.offload_param.max_in_cpu = 8'333'333'340;
+  plan = make_plan(cpu, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu"), 0u);
+}
+
 // The same model, configured ZeRO-Offload style (params and optimizer in CPU
 // memory). Hand calculation of why the other placements fail (a group is
 // 833,333,334 params, 1,666,666,668 B):
