@@ -776,7 +776,12 @@ StepTraffic step_traffic(const Evaluation& e) {
     tr.disk_read_bytes = sat_add(tr.disk_read_bytes, read);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, e.nvme_share(view));
     // Of the fetches' reads, the frozen parameters' come from their files.
-    if (e.frozen_in_files && P > 0) tr.file_read_bytes = read / u64(P) * u64(P - T);
+    // (In long double, whose 64-bit mantissa holds any byte count: read / P
+    // in integers first would drop up to a whole share of the base.)
+    if (e.frozen_in_files && P > 0) {
+      tr.file_read_bytes = static_cast<std::uint64_t>(static_cast<long double>(read) * static_cast<long double>(P - T) /
+                                                      static_cast<long double>(P));
+    }
   }
   return tr;
 }
@@ -792,6 +797,11 @@ std::string precision_label(const Config& config) {
     case Precision::kFp32: return "fp32";
   }
   return "?";
+}
+
+PlannedHomes planned_homes(const Inputs& in, const Placement& pl) {
+  const Evaluation e(in, pl);
+  return {.home = e.home, .groups = e.L};
 }
 
 PlacementPlan evaluate(const Inputs& in, const Placement& pl) {

@@ -94,6 +94,14 @@ core::Result<TierCapacities> tier_capacities(const Config& config, const Machine
 // placement.cpp: "bf16", "fp16", "fp32"; one placement's bytes per tier and per step.
 std::string precision_label(const Config& config);
 PlacementPlan evaluate(const Inputs& in, const Placement& pl);
+// The elements of one group's compute home as evaluate() counts them (the
+// rank's shard at stage 3 over ranks), and how many groups there are: the
+// unit offload_param.max_in_cpu keeps in pinned memory.
+struct PlannedHomes {
+  std::int64_t home = 0;
+  std::int64_t groups = 0;
+};
+PlannedHomes planned_homes(const Inputs& in, const Placement& pl);
 // search.cpp: `"s"`; the config changes that reach `to`; the search's grid of
 // strata.optimizer_cpu_fraction (k x step, exact where the step is).
 std::string quoted(std::string_view s);

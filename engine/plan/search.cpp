@@ -22,6 +22,8 @@ using plan_detail::evaluate;
 using plan_detail::grid_fraction;
 using plan_detail::Inputs;
 using plan_detail::placement_wear;
+using plan_detail::planned_homes;
+using plan_detail::PlannedHomes;
 using plan_detail::plan_wear;
 using plan_detail::precision_label;
 using plan_detail::quoted;
@@ -126,6 +128,15 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   configured.optimizer_ratio = config.zero.offload_optimizer.ratio;
   configured.optimizer_cpu_fraction = config.strata.optimizer_cpu_fraction;
   plan.configured = evaluate(in, configured);
+  // ... nor for a group offload_param.max_in_cpu keeps in pinned memory.
+  if (config.strata.frozen_base == FrozenBase::kFiles && plan.model.num_frozen_params > 0 &&
+      plan.configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu") > 0) {
+    return Status::invalid_argument(str_cat(
+        "strata.frozen_base \"files\" reads the frozen parameters from their files only where their compute copies "
+        "live on nvme, and zero_optimization.offload_param.max_in_cpu = ", config.zero.offload_param.max_in_cpu,
+        " keeps groups with frozen parameters in CPU memory: the engine refuses this config (\"auto\" keeps such "
+        "groups' in memory)"));
+  }
 
   // The search. Fractions are k x step, computed from k so that they are exact
   // decimals where the step is (0.05 x 3 == 0.15).
@@ -188,39 +199,49 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
     plan.formats.push_back(std::move(row));
   }
 
-  // Compute copies on nvme with RAM to spare: the largest
-  // offload_param.max_in_cpu under which the configured placement still
-  // fits (more kept there never moves more), said as a note.
+  // Compute copies on nvme with RAM to spare: the most whole homes
+  // offload_param.max_in_cpu can keep in pinned memory with the configured
+  // placement still fitting, said as a note. Below every group, each more
+  // one takes RAM (fits falls once, and stays false); keeping them all also
+  // drops the param staging and the optimizer's host view, so that case is
+  // tried on its own.
   if (configured.param_device == OffloadDevice::kNvme && plan.configured.fits) {
-    const auto kept_elems = [&](const PlacementPlan& p) {
-      return p.item_bytes(Tier::kPinned, "compute_copies_in_cpu") / plan.state.compute_bytes;
+    const PlannedHomes homes = planned_homes(in, configured);
+    const std::int64_t now = homes.home > 0 ? config.zero.offload_param.max_in_cpu / homes.home : 0;
+    // k homes, with room for the engine's padding of each parameter to 64
+    // elements (the planner's groups have none): up to 4096 elements a
+    // group, less than one home in all, so that the planner keeps k too.
+    const auto value_for = [&](std::int64_t k) {
+      return k * homes.home + std::min<std::int64_t>(k * 4096, homes.home - 1);
     };
-    const auto with_max = [&](std::uint64_t max_in_cpu) {
+    const auto with_homes = [&](std::int64_t k) {
       Config mc = config;
-      mc.zero.offload_param.max_in_cpu = static_cast<std::int64_t>(max_in_cpu);
+      mc.zero.offload_param.max_in_cpu = value_for(k);
       return evaluate(Inputs{mc, plan.model, capacities, options}, configured);
     };
-    // Fits at lo; the largest value that fits is below hi (homes beyond the
-    // model's elements hold nothing more).
-    std::uint64_t lo = static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu);
-    std::uint64_t hi = static_cast<std::uint64_t>(plan.model.num_params) + 1;
-    if (lo < hi) {
-      while (hi - lo > 1) {
-        const std::uint64_t mid = lo + (hi - lo) / 2;
-        (with_max(mid).fits ? lo : hi) = mid;
+    std::int64_t best = now;
+    if (homes.home > 0 && now < homes.groups) {
+      if (with_homes(homes.groups).fits) {
+        best = homes.groups;
+      } else {
+        std::int64_t lo = now, hi = homes.groups;  // fits at lo (or lo is now); hi does not
+        while (hi - lo > 1) {
+          const std::int64_t mid = lo + (hi - lo) / 2;
+          (with_homes(mid).fits ? lo : hi) = mid;
+        }
+        best = lo;
       }
-      const PlacementPlan more = with_max(lo);
-      const std::uint64_t elems = kept_elems(more);
-      if (elems > kept_elems(plan.configured)) {
-        const StepTraffic& now = plan.configured.traffic;
-        plan.notes.push_back(str_cat(
-            "RAM has room for more compute copies: zero_optimization.offload_param.max_in_cpu = ",
-            group_digits(elems), " (now ", group_digits(static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu)),
-            ") keeps ", core::format_bytes(more.item_bytes(Tier::kPinned, "compute_copies_in_cpu")),
-            " of them in CPU memory; the drive would read ",
-            core::format_bytes(now.disk_read_bytes - more.traffic.disk_read_bytes), " and write ",
-            core::format_bytes(now.disk_write_bytes - more.traffic.disk_write_bytes), " less per step"));
-      }
+    }
+    if (best > now) {
+      const PlacementPlan more = with_homes(best);
+      const StepTraffic& was = plan.configured.traffic;
+      plan.notes.push_back(str_cat(
+          "RAM has room for more compute copies: zero_optimization.offload_param.max_in_cpu = ",
+          group_digits(static_cast<std::uint64_t>(value_for(best))), " (now ",
+          group_digits(static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu)), ") keeps the compute copies of ", best, " of ",
+          homes.groups, " groups (", core::format_bytes(more.item_bytes(Tier::kPinned, "compute_copies_in_cpu")),
+          ") in CPU memory; the drive would read ", core::format_bytes(was.disk_read_bytes - more.traffic.disk_read_bytes),
+          " and write ", core::format_bytes(was.disk_write_bytes - more.traffic.disk_write_bytes), " less per step"));
     }
   }
 

@@ -55,9 +55,13 @@ core::Status FrozenFiles::choose(Layout& layout, FrozenBase mode, bool have_file
     }
     if (frozen == 0) continue;
     if (refused.empty() && gp.compute_tier != Tier::kNvme) {
-      refused = str_cat("its compute copies live in ", to_string(gp.compute_tier),
-                        " memory, not on nvme, and a fetch reads them from there (zero_optimization.offload_param.device "
-                        "\"nvme\" puts them there, but for the groups offload_param.max_in_cpu keeps in CPU memory)");
+      refused = gp.compute_tier == Tier::kPinned
+                    ? std::string("its compute copies live in pinned memory (zero_optimization.offload_param.device "
+                                  "\"cpu\", or \"nvme\" with offload_param.max_in_cpu keeping the group there), "
+                                  "and a fetch reads them from there")
+                    : str_cat("its compute copies live in ", to_string(gp.compute_tier),
+                              " memory, not on nvme, and a fetch reads them from there (zero_optimization."
+                              "offload_param.device \"nvme\" puts them there)");
     }
     if (refused.empty() && layout.compute_sharded) {
       refused = "stage 3 shards its compute copies over the ranks";

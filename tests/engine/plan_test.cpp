@@ -184,6 +184,30 @@ TEST(Planner, MaxInCpuKeepsWholeComputeHomesInRam) {
   }();
   EXPECT_NE(detail.find("10 homes of 833,333,334 x 2 B"), std::string::npos) << detail;
   EXPECT_NE(detail.find("max_in_cpu = 8,333,333,340"), std::string::npos) << detail;
+  // RAM holds 18 homes: 89,138,639,708 + 18 x 1,666,666,668 = 119,138,639,732
+  // <= 119,400,090,829, 19 do not. The note's value leaves 4096 elements a
+  // group for the engine's padding: 18 x (833,333,334 + 4096).
+  const auto note_with = [](const Plan& plan, std::string_view text) {
+    for (const std::string& n : plan.notes) {
+      if (n.find(text) != std::string::npos) return n;
+    }
+    return std::string();
+  };
+  EXPECT_NE(note_with(*plan, "max_in_cpu = 15,000,073,740 (now 8,333,333,340) keeps the compute copies of 18 of 48 "
+                             "groups (27.94 GiB) in CPU memory"),
+            "");
+  Config more = config;
+  more.zero.offload_param.max_in_cpu = 15'000'073'740;
+  core::Result<Plan> eighteen = make_plan(more, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(eighteen.ok());
+  EXPECT_TRUE(eighteen->configured.fits);
+  EXPECT_EQ(eighteen->configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu"), 30'000'000'024u);  // 18 homes
+  EXPECT_EQ(note_with(*eighteen, "RAM has room for more compute copies"), "");
+  // A model whose every home fits: the note keeps them all (no param staging then).
+  core::Result<Plan> small = make_plan(forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme),
+                                       params_model(1'000'000'000, 8), forty_b_machine());
+  ASSERT_TRUE(small.ok());
+  EXPECT_NE(note_with(*small, "max_in_cpu = 1,000,032,768 (now 0) keeps the compute copies of 8 of 8 groups"), "");
 
   // One element short of 10 homes: 9.
   config.zero.offload_param.max_in_cpu = 8'333'333'339;
@@ -692,8 +716,13 @@ TEST(Planner, LoraMixesEveryGroupAndReadsTheBaseFromItsFiles) {
   EXPECT_EQ(p.traffic.device_to_host_bytes, static_cast<std::uint64_t>(adapters) * 2);
   // Every fetch reads the base from its files: its share of the fetches' reads.
   EXPECT_GT(p.traffic.file_read_bytes, 0u);
+  // (read x base / (base + adapters), rounded down: 3.98 B per parameter
+  // here, the forward's and the backward's fetches less the backward's first
+  // group, kept since the forward; read / P first in integers gave 3 B.)
   EXPECT_EQ(p.traffic.file_read_bytes,
-            (p.traffic.disk_read_bytes - 0) / static_cast<std::uint64_t>(base + adapters) * static_cast<std::uint64_t>(base));
+            static_cast<std::uint64_t>(static_cast<long double>(p.traffic.disk_read_bytes) * static_cast<long double>(base) /
+                                       static_cast<long double>(base + adapters)));
+  EXPECT_GT(p.traffic.file_read_bytes, 3.9 * static_cast<double>(base));
   EXPECT_EQ(p.traffic.disk_write_bytes, static_cast<std::uint64_t>(adapters) * 2);  // the adapters' new copies
   // A checkpoint leaves the base out (its files are named), unless strata.checkpoint.keep_base.
   const std::uint64_t checkpoint = p.item_bytes(Tier::kNvme, "checkpoint");
@@ -709,6 +738,23 @@ TEST(Planner, LoraMixesEveryGroupAndReadsTheBaseFromItsFiles) {
   const core::Result<Plan> refused = make_plan(pinned_files, model, m);
   ASSERT_FALSE(refused.ok());
   EXPECT_TRUE(contains(std::string(refused.status().message()), "strata.frozen_base \"files\"")) << refused.status();
+  // So is "files" with offload_param.max_in_cpu keeping groups of the base in
+  // CPU memory; "auto" keeps them there, their base and all, and reads the
+  // others' from the files.
+  Config kept_files = config;
+  kept_files.strata.frozen_base = FrozenBase::kFiles;
+  kept_files.zero.offload_param.max_in_cpu = 1'000'000'000'000;
+  const core::Result<Plan> kept_refused = make_plan(kept_files, model, m);
+  ASSERT_FALSE(kept_refused.ok());
+  EXPECT_TRUE(contains(std::string(kept_refused.status().message()), "offload_param.max_in_cpu"))
+      << kept_refused.status();
+  Config kept_auto = config;
+  kept_auto.zero.offload_param.max_in_cpu = p.item_bytes(Tier::kDevice, "fetch_window") / 2;  // one home
+  const core::Result<Plan> one_kept = make_plan(kept_auto, model, m);
+  ASSERT_TRUE(one_kept.ok()) << one_kept.status();
+  EXPECT_EQ(one_kept->configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu"),
+            p.item_bytes(Tier::kDevice, "fetch_window"));
+  EXPECT_LT(one_kept->configured.traffic.file_read_bytes, p.traffic.file_read_bytes);
 
   config.strata.frozen_base = FrozenBase::kSwap;
   plan = make_plan(config, model, m);
