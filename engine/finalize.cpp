@@ -255,7 +255,7 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   std::vector<bool> from_files(layout_.params.size());
   for (std::size_t pi = 0; pi < layout_.params.size(); ++pi) from_files[pi] = !registry_.inits[pi];
   STRATA_RETURN_IF_ERROR(FrozenFiles::choose(layout_, config_.strata.frozen_base, registry_.pretrained != nullptr,
-                                             from_files));
+                                             from_files, config_.zero.offload_param.device));
   STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
   if (config_.zero.offload_param.device == OffloadDevice::kNvme && config_.zero.offload_param.max_in_cpu > 0) {
     std::size_t kept = 0;

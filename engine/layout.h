@@ -98,6 +98,14 @@ struct GroupPlace {
   // files they were imported from (strata.frozen_base; compute_tier nvme):
   // that part of the home (frozen_home_range) is in no tier and no swap block.
   bool frozen_in_files = false;
+  // Its home is in pinned memory by offload_param.max_in_cpu (compute_tier
+  // pinned with the device nvme) and its frozen parameters all come from
+  // the safetensors files: that part of the home is a copy of the files'
+  // values, which checkpoints leave out as they leave out a base read from
+  // its files (strata.frozen_base "auto"; FrozenFiles::choose).
+  bool frozen_kept_from_files = false;
+  // Either way: its frozen part is the files' values, recorded at import.
+  bool frozen_of_files() const { return frozen_in_files || frozen_kept_from_files; }
   std::size_t first_chunk = 0, chunk_count = 0;
   // This rank's shard of the trainable part (in the trainable space, whole
   // norm blocks): the whole part with one rank.

@@ -136,8 +136,9 @@ HeldRanges held_ranges(const Layout& layout, int rank, const std::vector<bool>& 
   return out;
 }
 
-// The manifest's "frozen_base": each group read from its files (recorded
-// when the initial values were written, at finalize), its files and the
+// The manifest's "frozen_base": each group whose frozen part is its files'
+// values (read from them, or a copy offload_param.max_in_cpu keeps in
+// memory: recorded when the initial values were written, at finalize), its files and the
 // CRC64 of its frozen range in the compute dtype; none with
 // strata.checkpoint.keep_base (the checkpoint then holds the base).
 std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const ComputeHomes& homes,
@@ -145,7 +146,7 @@ std::vector<CheckpointFrozenBase> frozen_base_of(const Layout& layout, const Com
   std::vector<CheckpointFrozenBase> out;
   if (config.strata.checkpoint.keep_base) return out;
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
-    if (!homes.frozen_from_files(g) || !homes.frozen_files().recorded(g)) continue;
+    if (!homes.base_of_files(g) || !homes.frozen_files().recorded(g)) continue;
     const FrozenFiles& files = homes.frozen_files();
     out.push_back({.group = layout.groups[g].name, .crc64 = files.crc(g), .files = files.files_of(g)});
   }
@@ -797,7 +798,7 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
     }
     std::uint64_t have = 0;
     std::string here;
-    if (homes_->frozen_from_files(g)) {
+    if (homes_->base_of_files(g)) {
       const FrozenFiles& files = homes_->frozen_files();
       if (!files.recorded(g)) return Status::internal(str_cat(what, "this engine has not read its own yet"));
       have = files.crc(g);
@@ -959,12 +960,13 @@ core::Status Engine::check_checkpoint(const std::string& root, CheckpointToLoad&
     return Status::failed_precondition(str_cat(dir, "/manifest.json: ", fits.message(),
                                                ": the checkpoint's loss scaler does not fit this engine's fp16 config"));
   }
-  // Last (it reads the frozen base): a frozen base read from its files is
-  // never written, so the checkpoint's copies of it must be the files' values
+  // Last (it reads the frozen base): a frozen base of its files' values (read
+  // from them, or kept in memory) is never written after the initial values,
+  // so the checkpoint's copies of it must be the files' values
   // (a checkpoint that leaves them out named them: check_frozen_base).
   const auto cb = static_cast<std::size_t>(layout_.compute_bytes);
   for (std::size_t g = 0; g < layout_.groups.size(); ++g) {
-    if (!homes_->frozen_from_files(g)) continue;
+    if (!homes_->base_of_files(g)) continue;
     const auto left_out = [&](const CheckpointFrozenBase& b) { return b.group == layout_.groups[g].name; };
     if (std::any_of(m.frozen_base.begin(), m.frozen_base.end(), left_out)) continue;
     const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);

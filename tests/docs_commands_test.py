@@ -58,6 +58,10 @@ SKIP = [
                                                         "tree (meson test --suite wheel, scripts/test.sh --full)"),
     (r"^cd \S+ && mkdir -p strata_swap$", "makes a scratch directory with ./strata_swap (the commands here run in "
                                          "one)"),
+    (r"^sync; echo 3 > /proc/sys/vm/drop_caches$", "drops the page cache before a timed run (root)"),
+    (r"^build-release/examples/train/strata-train --config lv_\S+\.json ", "a timed benchmark run of configs "
+                                                                          "described beside it (a minute each, "
+                                                                          "4 GiB of swap files)"),
 ]
 
 

@@ -950,6 +950,7 @@ strata_status strata_step_end(strata_engine* engine, strata_step_stats* out) noe
     r.resident = st.resident;
     r.norm_step = st.norm_step;
     r.resident_bytes = st.resident_bytes;
+    r.resident_nvme_bytes = st.resident_nvme_bytes;
     for (const se::SwapPathBytes& p : st.nvme_total) {
       r.bytes_nvme_read_total += p.read;
       r.bytes_nvme_write_total += p.written;

@@ -425,6 +425,20 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
                                       Layout::ByteRange r, const CopyLane& lane) {
   Group& home = groups_[g];
   const std::span<const std::byte> part = host.subspan(r.lo - host_lo, r.size());
+  if (base_of_files(g)) {
+    // The files' values: the first write of the frozen part (the initial
+    // values) is what later reads (and checkpoints that leave it out) must
+    // give; a later write must give the same.
+    const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);
+    if (fr.lo >= r.lo && fr.hi <= r.hi) {
+      const std::span<const std::byte> frozen = host.subspan(fr.lo - host_lo, fr.size());
+      if (!files_->recorded(g)) {
+        files_->record(g, frozen);
+      } else {
+        STRATA_RETURN_IF_ERROR(check_frozen(g, frozen));
+      }
+    }
+  }
   switch (layout_.groups[g].compute_tier) {
     case Tier::kPinned:
       if (part.data() != home.pinned_home.data() + r.lo) std::memcpy(home.pinned_home.data() + r.lo, part.data(), part.size());
@@ -432,19 +446,6 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
     case Tier::kDevice:
       return lane_h2d(device_, trace_, lane, home.device_home.span().subspan(r.lo, r.size()), part);
     case Tier::kNvme:
-      if (frozen_from_files(g)) {
-        // The files are not written: the first write of the frozen part (the
-        // initial values) is what later reads must give.
-        const Layout::ByteRange fr = layout_.frozen_home_range(layout_.groups[g]);
-        if (fr.lo >= r.lo && fr.hi <= r.hi) {
-          const std::span<const std::byte> frozen = host.subspan(fr.lo - host_lo, fr.size());
-          if (!files_->recorded(g)) {
-            files_->record(g, frozen);
-          } else {
-            STRATA_RETURN_IF_ERROR(check_frozen(g, frozen));
-          }
-        }
-      }
       // Each swap block the range holds (r is the whole home or one block's).
       for (const auto& [id, b] : nvme_parts(g)) {
         if (b.lo < r.lo || b.hi > r.hi) continue;
@@ -458,7 +459,7 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
 }
 
 core::Status ComputeHomes::check_frozen(std::size_t g, std::span<const std::byte> frozen) const {
-  if (!frozen_from_files(g) || files_->matches(g, frozen)) return Status();
+  if (!base_of_files(g) || files_->matches(g, frozen)) return Status();
   return Status::failed_precondition(str_cat(
       "the compute copies of ", files_->describe(g), " differ from those files' values: a frozen base read from its "
       "files is never written (strata.frozen_base \"files\" or \"auto\"); start from the files these values came "

@@ -154,7 +154,12 @@ class ComputeHomes {
   core::Status check_frozen(std::size_t g, std::span<const std::byte> frozen) const;
   // True when group g's frozen part is read from its safetensors files.
   bool frozen_from_files(std::size_t g) const { return files_ != nullptr && layout_.groups[g].frozen_in_files; }
-  // The files' record of group g's frozen part (frozen_from_files(g)): what
+  // True when group g's frozen part is the files' values, recorded at
+  // import: read from them (frozen_from_files), or a copy of them kept in
+  // pinned memory (GroupPlace::frozen_kept_from_files). Never written after
+  // the initial values; a checkpoint leaves it out.
+  bool base_of_files(std::size_t g) const { return files_ != nullptr && layout_.groups[g].frozen_of_files(); }
+  // The files' record of group g's frozen part (base_of_files(g)): what
   // a checkpoint that leaves the part out names.
   const FrozenFiles& frozen_files() const { return *files_; }
   // A step's commit: of `host`, a view of the home's bytes from `host_lo`

@@ -34,8 +34,8 @@ void quiet_nans(std::span<std::byte> bytes, Precision p) {
 }  // namespace
 
 core::Status FrozenFiles::choose(Layout& layout, FrozenBase mode, bool have_files,
-                                 const std::vector<bool>& from_files) {
-  for (GroupPlace& gp : layout.groups) gp.frozen_in_files = false;
+                                 const std::vector<bool>& from_files, OffloadDevice param_device) {
+  for (GroupPlace& gp : layout.groups) gp.frozen_in_files = gp.frozen_kept_from_files = false;
   if (mode == FrozenBase::kSwap) return Status();
   for (GroupPlace& gp : layout.groups) {
     std::size_t frozen = 0;
@@ -54,11 +54,17 @@ core::Status FrozenFiles::choose(Layout& layout, FrozenBase mode, bool have_file
       }
     }
     if (frozen == 0) continue;
+    // A copy of the files' values in the memory max_in_cpu keeps it in.
+    const bool kept = param_device == OffloadDevice::kNvme && gp.compute_tier == Tier::kPinned;
+    if (refused.empty() && kept && !layout.compute_sharded && mode == FrozenBase::kAuto) {
+      gp.frozen_kept_from_files = true;
+      continue;
+    }
     if (refused.empty() && gp.compute_tier != Tier::kNvme) {
       refused = gp.compute_tier == Tier::kPinned
-                    ? std::string("its compute copies live in pinned memory (zero_optimization.offload_param.device "
-                                  "\"cpu\", or \"nvme\" with offload_param.max_in_cpu keeping the group there), "
-                                  "and a fetch reads them from there")
+                    ? std::string("its compute copies live in pinned memory, not on nvme (zero_optimization."
+                                  "offload_param.device \"cpu\", or \"nvme\" with offload_param.max_in_cpu keeping "
+                                  "the group there), and a fetch reads them from there")
                     : str_cat("its compute copies live in ", to_string(gp.compute_tier),
                               " memory, not on nvme, and a fetch reads them from there (zero_optimization."
                               "offload_param.device \"nvme\" puts them there)");
@@ -96,7 +102,7 @@ std::unique_ptr<FrozenFiles> FrozenFiles::create(const PretrainedWeights& weight
   f->groups_.resize(layout.groups.size());
   for (std::size_t g = 0; g < layout.groups.size(); ++g) {
     const GroupPlace& gp = layout.groups[g];
-    if (!gp.frozen_in_files) continue;
+    if (!gp.frozen_of_files()) continue;  // (a kept group's tensors name its files; it is never read here)
     Group& fg = f->groups_[g];
     fg.name = gp.name;
     const Layout::ByteRange range = layout.frozen_home_range(gp);

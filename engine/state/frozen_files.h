@@ -40,7 +40,12 @@ class FrozenFiles {
   // and compute copies that are not sharded over ranks. "auto" takes every
   // such group; "files" is kFailedPrecondition naming the first group (and
   // why) that cannot be; "swap" takes none.
-  static core::Status choose(Layout& layout, FrozenBase mode, bool have_files, const std::vector<bool>& from_files);
+  // With the compute copies on nvme (`param_device`), a group whose home
+  // offload_param.max_in_cpu keeps in pinned memory and whose frozen
+  // parameters all come from the files is marked frozen_kept_from_files
+  // under "auto" instead ("files" refuses it).
+  static core::Status choose(Layout& layout, FrozenBase mode, bool have_files, const std::vector<bool>& from_files,
+                             OffloadDevice param_device);
 
   // Reads the frozen range of every group with frozen_in_files from
   // `weights`. Nothing is opened until the first read.

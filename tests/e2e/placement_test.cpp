@@ -25,6 +25,7 @@
 #include "core/str.h"
 #include "engine/config.h"
 #include "engine/engine.h"
+#include "engine/checkpoint/manifest.h"
 #include "engine/checkpoint/safetensors.h"
 #include "engine/schedule/schedule.h"
 #include "tests/e2e/mlp_harness.h"
@@ -692,6 +693,91 @@ TEST_F(Placement, AFrozenBaseReadFromItsFileGivesTheBitsOfASwapCopy) {
     std::uint64_t read = 0;
     for (const StepStats& st : files.stats) read += st.bytes.file_read;
     EXPECT_GE(read, frozen_bytes * kSteps) << "every step fetches l1 at least once";
+  }
+}
+
+// offload_param.max_in_cpu keeping a group whose frozen parameter comes from
+// the imported file (l1: l1.w frozen, from the file; strata.frozen_base
+// "auto"): its pinned home holds a copy of the file's values, recorded at
+// import. The run has the bits of the base read from its file, reads
+// nothing of it from the file, and its checkpoints leave the base out as a
+// base read from its file does: each engine (kept, read from the file, a
+// copy on the swap drive) loads the other's checkpoints.
+TEST_F(Placement, ABaseKeptInCpuMemoryIsTheFilesValuesAndLeftOutOfCheckpoints) {
+  frozen_ = {"l1.w"};
+  weights_dir_ = (dir_ / "base").string();
+  ASSERT_NO_FATAL_FAILURE(write_base(weights_dir_));
+  Config files = base();
+  files.zero.offload_param.device = OffloadDevice::kNvme;
+  files.zero.offload_optimizer.device = OffloadDevice::kCpu;
+  Config kept = files;
+  kept.zero.offload_param.max_in_cpu = 131584;  // l1's home: l1.w (frozen), then l1.b from a 4 KiB boundary
+  Config swap = files;
+  swap.strata.frozen_base = FrozenBase::kSwap;
+  const RunResult from_files = train(files);
+  const RunResult from_memory = train(kept);
+  ASSERT_EQ(from_memory.losses.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_EQ(from_memory.losses, from_files.losses);
+  expect_same_state(from_memory, from_files);
+  for (std::size_t s = 0; s < from_memory.stats.size(); ++s) {
+    EXPECT_EQ(from_memory.stats[s].bytes.file_read, 0u) << s;
+    EXPECT_GT(from_files.stats[s].bytes.file_read, 0u) << s;
+  }
+
+  const auto make = [&](const Config& c) -> std::unique_ptr<Engine> {
+    std::unique_ptr<Engine> e = registered(c);
+    if (e == nullptr) return nullptr;
+    const core::Status fin = e->finalize();
+    EXPECT_TRUE(fin.ok()) << fin;
+    return fin.ok() ? std::move(e) : nullptr;
+  };
+  // The groups a checkpoint left the base of out (its manifest's frozen_base).
+  const auto left_out = [](const std::string& root) {
+    std::vector<std::string> groups;
+    for (const auto& f : std::filesystem::recursive_directory_iterator(root)) {
+      if (f.path().filename() != "manifest.json") continue;
+      std::ifstream in(f.path(), std::ios::binary);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      auto m = parse_checkpoint_manifest(std::as_bytes(std::span(text)), f.path().string());
+      EXPECT_TRUE(m.ok()) << m.status();
+      if (m.ok()) {
+        for (const CheckpointFrozenBase& b : m->frozen_base) groups.push_back(b.group);
+      }
+    }
+    return groups;
+  };
+  const std::pair<const char*, const Config*> engines[] = {{"kept", &kept}, {"files", &files}, {"swap", &swap}};
+  for (const auto& [name, c] : engines) {
+    std::unique_ptr<Engine> e = make(*c);
+    ASSERT_NE(e, nullptr) << name;
+    const GroupPlace* l1 = e->layout().find_group("l1");
+    EXPECT_EQ(l1->compute_tier, c == &kept ? Tier::kPinned : Tier::kNvme) << name;
+    EXPECT_EQ(l1->frozen_kept_from_files, c == &kept) << name;
+    Framework f;
+    f.bind(*e);
+    for (int step = 0; step < 2; ++step) {
+      f.batch(step * 16);
+      f.load(*e, "l1");
+      f.load(*e, "l2");
+      f.forward();
+      auto& g = f.backward(1.0f);
+      f.give_grads(*e, "l2", g);
+      f.give_grads(*e, "l1", g);
+      ASSERT_TRUE(e->step_end().ok()) << name;
+    }
+    const core::Status saved = e->save_checkpoint((dir_ / core::str_cat("ck_", name)).string(), {});
+    ASSERT_TRUE(saved.ok()) << name << ": " << saved;
+  }
+  EXPECT_EQ(left_out((dir_ / "ck_kept").string()), std::vector<std::string>{"l1"});
+  EXPECT_EQ(left_out((dir_ / "ck_files").string()), std::vector<std::string>{"l1"});
+  EXPECT_EQ(left_out((dir_ / "ck_swap").string()), std::vector<std::string>{});
+  for (const auto& [name, c] : engines) {
+    for (const char* from : {"kept", "files", "swap"}) {
+      std::unique_ptr<Engine> e = make(*c);
+      ASSERT_NE(e, nullptr) << name;
+      const auto loaded = e->load_checkpoint((dir_ / core::str_cat("ck_", from)).string());
+      EXPECT_TRUE(loaded.ok()) << name << " loading " << from << ": " << loaded.status();
+    }
   }
 }
 

@@ -231,6 +231,7 @@ def test_base_read_from_its_files_is_never_copied_or_written(tmp_path, swap_dir,
     assert all(s.bytes_file_read == 0 for s in st_swap)
     for f, s in zip(st_files, st_swap):
         assert f.resident == s.resident
+        assert s.resident_nvme_bytes == s.resident_bytes  # every group's copies live on nvme
         assert f.bytes_nvme_read + f.bytes_file_read * cb // (4 if file_dtype == torch.float32 else 2) <= s.bytes_nvme_read
         assert f.bytes_nvme_read < s.bytes_nvme_read
 

@@ -115,7 +115,7 @@ class StepStatsC(ctypes.Structure):
                 ("cpu_adam_binding", ctypes.c_char_p), ("cpu_adam_threads", ctypes.c_int32),
                 ("cpu_adam_pinned", ctypes.c_int32), ("cpu_adam_numa_node", ctypes.c_int32),
                 ("pinned_memory_numa_node", ctypes.c_int32),
-                ("bytes_file_read", ctypes.c_uint64)]
+                ("bytes_file_read", ctypes.c_uint64), ("resident_nvme_bytes", ctypes.c_uint64)]
 
 
 class SwapStatsC(ctypes.Structure):

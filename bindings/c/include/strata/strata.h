@@ -624,10 +624,14 @@ typedef struct strata_step_stats {
    * (strata.frozen_base: a frozen base whose home is its files) since the previous strata_step_end:
    * reads of the drive outside the swap paths, in none of the bytes_nvme_* figures. */
   uint64_t bytes_file_read;
+  /* (0.5) Of resident_bytes, those of groups whose compute copies live on nvme: the swap reads those
+   * fetches did not make (zero_optimization.offload_param.max_in_cpu keeps some groups' in pinned
+   * memory instead). */
+  uint64_t resident_nvme_bytes;
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT                                                                             \
   {(uint32_t)sizeof(strata_step_stats), 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, 0, 0, 0, 0, 0, 0, \
-   NULL, 0, 0, 0, -1, 0}
+   NULL, 0, 0, 0, -1, 0, 0}
 
 /* Ends the step after its last micro-batch: loss scaling or skip, clipping,
  * the learning rate, the optimizer, new compute copies home. Writes the
