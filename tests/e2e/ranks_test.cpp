@@ -228,6 +228,40 @@ TEST_F(RanksTest, Stage3KeptCopiesServeAFetchOnlyWhenEveryRankKeptOne) {
   }
 }
 
+// A rank's compute homes are its own: at stage 3 with them on nvme, rank 0
+// keeps its shards in pinned memory (offload_param.max_in_cpu), rank 1 on
+// its swap drive; the fetches gather them alike and the outcome is one rank's
+// accumulating, bit for bit. Rank 0 reads nothing from its drive for them.
+TEST_F(RanksTest, Stage3RanksKeepTheirComputeHomesWhereMaxInCpuSays) {
+  const Config c = stage3(config("cpu", OverlapMode::kExact), "nvme");
+  const Outcome one = accumulate(c, 2);
+  std::vector<std::vector<StepStats>> stats(2);
+  std::vector<Tier> tiers(2, Tier::kDevice);
+  const Outcome many = on_ranks(
+      c, 2, "max-in-cpu",
+      [&](int r, Engine& e) {
+        tiers[static_cast<std::size_t>(r)] = e.layout().groups[0].compute_tier;
+        train_steps(e, r, 2, [&](int, const StepStats& st) { stats[static_cast<std::size_t>(r)].push_back(st); });
+      },
+      {}, "", [](int r, Config& rc) {
+        if (r == 0) rc.zero.offload_param.max_in_cpu = 1'000'000'000;
+      });
+  EXPECT_EQ(tiers, (std::vector<Tier>{Tier::kPinned, Tier::kNvme}));
+  ASSERT_EQ(stats[0].size(), static_cast<std::size_t>(kRankSteps));
+  ASSERT_EQ(stats[1].size(), static_cast<std::size_t>(kRankSteps));
+  for (int s = 0; s < kRankSteps; ++s) {
+    EXPECT_EQ(stats[0][static_cast<std::size_t>(s)].bytes.nvme_read, 0u) << s;  // the optimizer's state is pinned too
+    EXPECT_GT(stats[1][static_cast<std::size_t>(s)].bytes.nvme_read, 0u) << s;
+  }
+  expect_same(many.master, one.master, "masters");
+  expect_same(many.exp_avg, one.exp_avg, "exp_avg");
+  expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
+  ASSERT_EQ(many.compute.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
+  }
+}
+
 TEST_F(RanksTest, Stage3AHomeThatCannotBeReadFailsEveryRanksFetchNamingTheRank) {
   // Stage 3, the compute copies' homes on nvme: rank 1's reads fail (EIO)
   // once it is finalized. A fetch reads each rank's home after the gather's
