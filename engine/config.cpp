@@ -115,6 +115,13 @@ core::Result<Config> parse_config_unsafe(std::string_view text, const ParseOptio
                 to_string(c.zero.offload_optimizer.device),
                 "\"; it splits optimizer state between CPU and NVMe, so it needs device \"nvme\""));
   }
+  if (c.zero.offload_param.max_in_cpu_auto && c.zero.offload_param.device == OffloadDevice::kNvme &&
+      c.strata.budgets.pinned_bytes == 0) {
+    return Status::invalid_argument(
+        "zero_optimization.offload_param.max_in_cpu: \"auto\" keeps as many groups' compute copies in pinned memory "
+        "as strata.budgets.pinned leaves room for, and strata.budgets.pinned is not set (unlimited): set it, or "
+        "write a number of elements (strata plan's note gives the largest that fits the machine)");
+  }
   const OptimizerStateConfig& os = c.strata.optimizer_state;
   if (os.format != StateFormat::kFp32 && c.optimizer.type != OptimizerType::kAdam &&
       c.optimizer.type != OptimizerType::kAdamW) {

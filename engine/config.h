@@ -164,6 +164,10 @@ struct OffloadParamConfig {
   // groups in registration order (plan_layout). DeepSpeed's default is 1e9;
   // strata's 0 keeps every group where `device` says unless a value is written.
   std::int64_t max_in_cpu = 0;  // elements
+  // "auto" (strata's): as many groups as strata.budgets.pinned leaves room
+  // for, beside everything else it holds and the disk pipeline's ring at its
+  // depth (Engine::finalize); needs strata.budgets.pinned.
+  bool max_in_cpu_auto = false;
 
   friend bool operator==(const OffloadParamConfig&, const OffloadParamConfig&) = default;
 };

@@ -458,6 +458,9 @@ class Engine {
     TierBytes tiers;            // state per tier, with the schedule's extra memory
     std::string nvme_why;       // " (with ...)": the schedule's extra on nvme, for messages
     std::uint64_t ring_room = 0;  // pinned memory left to the staging ring
+    // What strata.budgets.pinned leaves beyond everything above with the
+    // ring at its depth: what offload_param.max_in_cpu "auto" fills.
+    std::uint64_t pinned_spare = 0;
   };
   // finalize's body; on failure finalize releases what it built.
   core::Status finalize_locked() STRATA_REQUIRES(mu_);

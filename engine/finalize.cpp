@@ -44,6 +44,11 @@ using core::str_cat;
 
 namespace {
 
+// offload_param.max_in_cpu as the config says it, for messages.
+std::string max_in_cpu_text(const Config& c) {
+  return c.zero.offload_param.max_in_cpu_auto ? std::string("\"auto\"") : str_cat(c.zero.offload_param.max_in_cpu);
+}
+
 // What a schedule's extra copies (Schedule::extra_memory) measure in this
 // layout (ExtraShape: compute copies in whole groups).
 ExtraShape extra_shape(const Layout& layout) {
@@ -257,7 +262,19 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
   STRATA_RETURN_IF_ERROR(FrozenFiles::choose(layout_, config_.strata.frozen_base, registry_.pretrained != nullptr,
                                              from_files, config_.zero.offload_param.device));
   STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
-  if (config_.zero.offload_param.device == OffloadDevice::kNvme && config_.zero.offload_param.max_in_cpu > 0) {
+  const OffloadParamConfig& op = config_.zero.offload_param;
+  if (op.device == OffloadDevice::kNvme && op.max_in_cpu_auto) {
+    // "auto": the homes that fit in what the pinned budget leaves beside
+    // everything else (the ring at its depth). Keeping them only lowers the
+    // other pinned needs (no staging for them), so the budgets hold again;
+    // the frozen bases are chosen anew (a kept group is not read from files).
+    keep_compute_homes_in_pinned(layout_, static_cast<std::int64_t>(out.needs.pinned_spare /
+                                                                    static_cast<std::uint64_t>(layout_.compute_bytes)));
+    STRATA_RETURN_IF_ERROR(FrozenFiles::choose(layout_, config_.strata.frozen_base, registry_.pretrained != nullptr,
+                                               from_files, op.device));
+    STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());
+  }
+  if (op.device == OffloadDevice::kNvme && (op.max_in_cpu > 0 || op.max_in_cpu_auto)) {
     std::size_t kept = 0;
     std::uint64_t kept_bytes = 0, nvme_bytes = 0;
     for (const GroupPlace& gp : layout_.groups) {
@@ -270,8 +287,8 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
     }
     STRATA_LOG(kInfo) << "compute copies: " << kept << " of " << layout_.groups.size() << " groups ("
                       << core::format_bytes(kept_bytes) << ") in pinned memory by zero_optimization.offload_param."
-                      << "max_in_cpu = " << config_.zero.offload_param.max_in_cpu << ", the rest ("
-                      << core::format_bytes(nvme_bytes) << ") on nvme";
+                      << "max_in_cpu = " << max_in_cpu_text(config_) << ", the rest (" << core::format_bytes(nvme_bytes)
+                      << ") on nvme";
   }
   // Every pinned buffer from here on (the swap's staging, the state, the
   // caches) on the node the optimizer's threads will run on, where that node
@@ -509,7 +526,7 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
     for (const GroupPlace& gp : layout_.groups) kept += gp.compute_tier == Tier::kPinned ? layout_.home_bytes(gp) : 0;
     if (kept > 0) {
       pinned_why = str_cat(" (", core::format_bytes(kept), " of it compute copies that zero_optimization.offload_param."
-                           "max_in_cpu = ", config_.zero.offload_param.max_in_cpu, " keeps there)");
+                           "max_in_cpu = ", max_in_cpu_text(config_), " keeps there)");
     }
   }
   const ExtraShape extra = extra_shape(layout_);
@@ -575,6 +592,12 @@ core::Result<Engine::Needs> Engine::check_budgets() const {
         "(zero_optimization.offload_optimizer / offload_param), or lower strata.chunk_bytes"));
   }
   needs.ring_room = ring_room_bytes(pinned_limit, need.pinned, pinned_working);
+  const RingSlots full_ring = ring_slots({.shape = ring,
+                                         .staging_bytes = config_.strata.budgets.staging_bytes,
+                                         .pinned_room_bytes = kNoRoomLimit,
+                                         .depth = static_cast<std::uint64_t>(schedule_.ring_depth())});
+  const std::uint64_t with_full_ring = need.pinned + pinned_working.total() + full_ring.bytes();
+  needs.pinned_spare = pinned_limit > with_full_ring ? pinned_limit - with_full_ring : 0;
   return needs;
 }
 

@@ -135,18 +135,10 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
   l.trainable_elems = trainable;
 
   // offload_param.max_in_cpu, DeepSpeed's meaning: with the compute copies on
-  // nvme, up to that many of their elements stay in CPU memory. Whole homes:
-  // each group, in registration order, whose home still fits in what the
-  // earlier ones left has a pinned home (a fetch reads it from memory, a step
-  // writes it there), the others stay on nvme.
-  if (config.zero.offload_param.device == OffloadDevice::kNvme) {
-    std::int64_t left = config.zero.offload_param.max_in_cpu;
-    for (GroupPlace& g : l.groups) {
-      const std::int64_t n = l.home_elems(g);
-      if (n > left) continue;
-      g.compute_tier = Tier::kPinned;
-      left -= n;
-    }
+  // nvme, up to that many of their elements stay in CPU memory ("auto":
+  // finalize fills what strata.budgets.pinned leaves).
+  if (config.zero.offload_param.device == OffloadDevice::kNvme && !config.zero.offload_param.max_in_cpu_auto) {
+    keep_compute_homes_in_pinned(l, config.zero.offload_param.max_in_cpu);
   }
 
   // Chunks over this rank's shards (each group's whole part with one rank),
@@ -193,6 +185,20 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
   l.params = std::move(params);
   l.optimizer_groups = std::move(optimizer_groups);
   return l;
+}
+
+// Whole homes: each group, in registration order, whose home still fits in
+// what the earlier ones left has a pinned home (a fetch reads it from memory,
+// a step writes it there); the others stay on nvme.
+std::int64_t keep_compute_homes_in_pinned(Layout& layout, std::int64_t max_elems) {
+  std::int64_t left = max_elems;
+  for (GroupPlace& g : layout.groups) {
+    const std::int64_t n = layout.home_elems(g);
+    if (g.compute_tier != Tier::kNvme || n > left) continue;
+    g.compute_tier = Tier::kPinned;
+    left -= n;
+  }
+  return max_elems - left;
 }
 
 void expand_chunks(Layout& layout) {

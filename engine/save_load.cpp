@@ -798,7 +798,11 @@ core::Status Engine::check_frozen_base(const std::string& dir, const CheckpointM
     }
     std::uint64_t have = 0;
     std::string here;
-    if (homes_->base_of_files(g)) {
+    // A base read from its files: their record (the files are never
+    // written). A kept copy of them (frozen_kept_from_files) or any other
+    // home: the bytes the home holds (a load that failed half-way may have
+    // written there).
+    if (homes_->frozen_from_files(g)) {
       const FrozenFiles& files = homes_->frozen_files();
       if (!files.recorded(g)) return Status::internal(str_cat(what, "this engine has not read its own yet"));
       have = files.crc(g);

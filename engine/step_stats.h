@@ -101,7 +101,10 @@ struct StepStats {
   std::int64_t prefetched = 0; // fetches served by a prefetched copy (traced prefetch)
   std::int64_t resident = 0;   // fetches served by a copy kept on the device since its release
   std::uint64_t resident_bytes = 0;  // the compute copies they did not move (not in `bytes`)
-  std::uint64_t resident_nvme_bytes = 0;  // of them, those of groups whose home is on nvme
+  // The swap reads those fetches did not make: the homes on nvme of their
+  // groups (the rank's shard at stage 3 over ranks; a frozen part read from
+  // its files aside).
+  std::uint64_t resident_nvme_bytes = 0;
   // overlap "speculative": elements whose speculative update was thrown away
   // (the step was skipped, or clipping fired and they were updated again),
   // counted when the job that did the work ends.

@@ -74,8 +74,13 @@ Status parse_offload_param(ObjectReader& z, bool* given, OffloadParamConfig* o,
     r.warn("buffer_size", str_cat(o->buffer_size, " has no effect: ", kStagingGoverns));
   }
   // With device nvme, the compute copies' elements kept in pinned memory
-  // (layout.cpp); no effect otherwise, as in DeepSpeed.
-  r.get_int("max_in_cpu", 0, kMaxI64, &o->max_in_cpu);
+  // (layout.cpp); no effect otherwise, as in DeepSpeed. "auto": finalize
+  // fills what strata.budgets.pinned leaves (parse_config checks it is set).
+  if (r.take_auto("max_in_cpu")) {
+    o->max_in_cpu_auto = true;
+  } else {
+    r.get_int("max_in_cpu", 0, kMaxI64, &o->max_in_cpu);
+  }
   return r.finish();
 }
 

@@ -68,7 +68,11 @@ OrderedJson zero_json(const ZeroConfig& z) {
   if (z.offload_param.pin_memory) opar["pin_memory"] = true;
   opar["buffer_count"] = z.offload_param.buffer_count;
   opar["buffer_size"] = z.offload_param.buffer_size;
-  opar["max_in_cpu"] = z.offload_param.max_in_cpu;
+  if (z.offload_param.max_in_cpu_auto) {
+    opar["max_in_cpu"] = "auto";
+  } else {
+    opar["max_in_cpu"] = z.offload_param.max_in_cpu;
+  }
   OrderedJson zj;
   zj["stage"] = z.stage;
   zj["offload_optimizer"] = oo;

@@ -158,7 +158,9 @@ class Fetcher {
   void count_resident(const GroupPlace& gp, std::uint64_t bytes) {
     ++totals_.resident;
     totals_.resident_bytes += bytes;
-    if (gp.compute_tier == Tier::kNvme) totals_.resident_nvme_bytes += bytes;
+    // (What the fetch would have read from the swap drive: the home less a
+    // frozen part read from its files.)
+    if (gp.compute_tier == Tier::kNvme) totals_.resident_nvme_bytes += parts_.layout.tier_home_bytes(gp);
   }
   // Hands `buffer` to group g as its fetched copy, ordered after `landed`.
   core::Result<gpu::DeviceSpan> hand_over(std::size_t g, gpu::DeviceBuffer buffer,

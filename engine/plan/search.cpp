@@ -40,6 +40,37 @@ bool moves_less(const PlacementPlan& a, const PlacementPlan& b) {
   return a.traffic.disk_bytes() < b.traffic.disk_bytes();
 }
 
+// offload_param.max_in_cpu for k whole homes, with room for the engine's
+// padding of each parameter to 64 elements (the planner's groups have none):
+// up to 4096 elements a group, less than one home in all, so that the
+// planner keeps k too.
+std::int64_t homes_value(const PlannedHomes& homes, std::int64_t k) {
+  return k * homes.home + std::min<std::int64_t>(k * 4096, homes.home - 1);
+}
+
+// The most whole homes (from `from` on, which fits) max_in_cpu can keep in
+// pinned memory with placement `p` of `config` still fitting. Below every
+// group each more one takes RAM (fits falls once, and stays false); keeping
+// them all also drops the param staging and the optimizer's host view, so
+// that case is tried on its own.
+std::int64_t most_homes(const Config& config, const ModelSummary& model, const TierCapacities& capacities,
+                        const PlanOptions& options, const Placement& p, const PlannedHomes& homes, std::int64_t from) {
+  if (homes.home <= 0 || from >= homes.groups) return from;
+  const auto fits = [&](std::int64_t k) {
+    Config mc = config;
+    mc.zero.offload_param.max_in_cpu_auto = false;
+    mc.zero.offload_param.max_in_cpu = homes_value(homes, k);
+    return evaluate(Inputs{mc, model, capacities, options}, p).fits;
+  };
+  if (fits(homes.groups)) return homes.groups;
+  std::int64_t lo = from, hi = homes.groups;  // fits at lo; not at hi
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (fits(mid) ? lo : hi) = mid;
+  }
+  return lo;
+}
+
 }  // namespace
 
 namespace plan_detail {
@@ -120,20 +151,36 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   STRATA_ASSIGN_OR_RETURN(TierCapacities capacities,
                           tier_capacities(config, machine, options.margins, options.ranks / options.nodes,
                                           &plan.notes));
-  const Inputs in{config, plan.model, capacities, options};
+  // offload_param.max_in_cpu "auto" resolved as finalize resolves it: the
+  // most whole homes that fit beside everything else (the planner's capacity
+  // for pinned memory is then strata.budgets.pinned, which "auto" needs).
+  Config resolved = config;
+  resolved.zero.offload_param.max_in_cpu_auto = false;
+  if (config.zero.offload_param.max_in_cpu_auto) resolved.zero.offload_param.max_in_cpu = 0;
+  const Inputs in{resolved, plan.model, capacities, options};
 
   Placement configured;
   configured.param_device = config.zero.offload_param.device;
   configured.optimizer_device = config.zero.offload_optimizer.device;
   configured.optimizer_ratio = config.zero.offload_optimizer.ratio;
   configured.optimizer_cpu_fraction = config.strata.optimizer_cpu_fraction;
+  if (config.zero.offload_param.max_in_cpu_auto && configured.param_device == OffloadDevice::kNvme &&
+      evaluate(in, configured).fits) {
+    const PlannedHomes homes = planned_homes(in, configured);
+    const std::int64_t k = most_homes(resolved, plan.model, capacities, options, configured, homes, 0);
+    resolved.zero.offload_param.max_in_cpu = k > 0 ? homes_value(homes, k) : 0;
+    plan.notes.push_back(str_cat("zero_optimization.offload_param.max_in_cpu \"auto\": the compute copies of ", k,
+                                 " of ", homes.groups, " groups fit in what strata.budgets.pinned leaves (",
+                                 group_digits(static_cast<std::uint64_t>(resolved.zero.offload_param.max_in_cpu)),
+                                 " elements)"));
+  }
   plan.configured = evaluate(in, configured);
   // ... nor for a group offload_param.max_in_cpu keeps in pinned memory.
   if (config.strata.frozen_base == FrozenBase::kFiles && plan.model.num_frozen_params > 0 &&
       plan.configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu") > 0) {
     return Status::invalid_argument(str_cat(
         "strata.frozen_base \"files\" reads the frozen parameters from their files only where their compute copies "
-        "live on nvme, and zero_optimization.offload_param.max_in_cpu = ", config.zero.offload_param.max_in_cpu,
+        "live on nvme, and zero_optimization.offload_param.max_in_cpu = ", resolved.zero.offload_param.max_in_cpu,
         " keeps groups with frozen parameters in CPU memory: the engine refuses this config (\"auto\" keeps such "
         "groups' in memory)"));
   }
@@ -184,7 +231,7 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
         config.optimizer.type != OptimizerType::kAdamW) {
       continue;
     }
-    Config fc = config;
+    Config fc = resolved;  // (max_in_cpu "auto" resolved)
     fc.strata.optimizer_state.format = f;
     if (f == StateFormat::kFp32) fc.strata.optimizer_state.rounding = StateRounding::kNearestEven;
     const Inputs fin{fc, plan.model, capacities, options};
@@ -201,45 +248,23 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
 
   // Compute copies on nvme with RAM to spare: the most whole homes
   // offload_param.max_in_cpu can keep in pinned memory with the configured
-  // placement still fitting, said as a note. Below every group, each more
-  // one takes RAM (fits falls once, and stays false); keeping them all also
-  // drops the param staging and the optimizer's host view, so that case is
-  // tried on its own.
-  if (configured.param_device == OffloadDevice::kNvme && plan.configured.fits) {
+  // placement still fitting, said as a note ("auto" took them already).
+  if (configured.param_device == OffloadDevice::kNvme && plan.configured.fits &&
+      !config.zero.offload_param.max_in_cpu_auto) {
     const PlannedHomes homes = planned_homes(in, configured);
     const std::int64_t now = homes.home > 0 ? config.zero.offload_param.max_in_cpu / homes.home : 0;
-    // k homes, with room for the engine's padding of each parameter to 64
-    // elements (the planner's groups have none): up to 4096 elements a
-    // group, less than one home in all, so that the planner keeps k too.
-    const auto value_for = [&](std::int64_t k) {
-      return k * homes.home + std::min<std::int64_t>(k * 4096, homes.home - 1);
-    };
-    const auto with_homes = [&](std::int64_t k) {
-      Config mc = config;
-      mc.zero.offload_param.max_in_cpu = value_for(k);
-      return evaluate(Inputs{mc, plan.model, capacities, options}, configured);
-    };
-    std::int64_t best = now;
-    if (homes.home > 0 && now < homes.groups) {
-      if (with_homes(homes.groups).fits) {
-        best = homes.groups;
-      } else {
-        std::int64_t lo = now, hi = homes.groups;  // fits at lo (or lo is now); hi does not
-        while (hi - lo > 1) {
-          const std::int64_t mid = lo + (hi - lo) / 2;
-          (with_homes(mid).fits ? lo : hi) = mid;
-        }
-        best = lo;
-      }
-    }
+    const std::int64_t best = most_homes(resolved, plan.model, capacities, options, configured, homes, now);
     if (best > now) {
-      const PlacementPlan more = with_homes(best);
+      Config mc = resolved;
+      mc.zero.offload_param.max_in_cpu = homes_value(homes, best);
+      const PlacementPlan more = evaluate(Inputs{mc, plan.model, capacities, options}, configured);
       const StepTraffic& was = plan.configured.traffic;
       plan.notes.push_back(str_cat(
           "RAM has room for more compute copies: zero_optimization.offload_param.max_in_cpu = ",
-          group_digits(static_cast<std::uint64_t>(value_for(best))), " (now ",
-          group_digits(static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu)), ") keeps the compute copies of ", best, " of ",
-          homes.groups, " groups (", core::format_bytes(more.item_bytes(Tier::kPinned, "compute_copies_in_cpu")),
+          group_digits(static_cast<std::uint64_t>(homes_value(homes, best))), " (now ",
+          group_digits(static_cast<std::uint64_t>(config.zero.offload_param.max_in_cpu)),
+          ") keeps the compute copies of ", best, " of ", homes.groups, " groups (",
+          core::format_bytes(more.item_bytes(Tier::kPinned, "compute_copies_in_cpu")),
           ") in CPU memory; the drive would read ", core::format_bytes(was.disk_read_bytes - more.traffic.disk_read_bytes),
           " and write ", core::format_bytes(was.disk_write_bytes - more.traffic.disk_write_bytes), " less per step"));
     }

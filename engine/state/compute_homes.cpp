@@ -461,9 +461,10 @@ core::Status ComputeHomes::write_home(std::size_t g, std::span<const std::byte> 
 core::Status ComputeHomes::check_frozen(std::size_t g, std::span<const std::byte> frozen) const {
   if (!base_of_files(g) || files_->matches(g, frozen)) return Status();
   return Status::failed_precondition(str_cat(
-      "the compute copies of ", files_->describe(g), " differ from those files' values: a frozen base read from its "
-      "files is never written (strata.frozen_base \"files\" or \"auto\"); start from the files these values came "
-      "from, or set strata.frozen_base \"swap\" to keep a copy of the base that can take other values"));
+      "the compute copies of ", files_->describe(g), " differ from those files' values: a frozen base of its files' "
+      "values (read from them, or kept in memory by offload_param.max_in_cpu; strata.frozen_base \"files\" or "
+      "\"auto\") is never written; start from the files these values came from, or set strata.frozen_base "
+      "\"swap\" to keep a copy of the base that can take other values"));
 }
 
 void ComputeHomes::hold_pending(std::size_t g, gpu::PinnedBuffer buffer, std::uint64_t bytes) {

@@ -143,9 +143,10 @@ class ComputeHomes {
                                             bool pending = false, core::Status local = {},
                                             FetchVote* vote = nullptr);
   // Writes a host view of group g's compute copies home on `lane`. A frozen
-  // part read from files is not written: the first commit (the initial
-  // values) records its CRC64, a later one (a checkpoint's load) must give
-  // the same bytes (kFailedPrecondition: check_frozen first).
+  // part of its files' values (base_of_files: read from them, not written;
+  // or a copy kept in pinned memory): the first commit (the initial values)
+  // records its CRC64, a later one (a checkpoint's load) must give the same
+  // bytes (kFailedPrecondition: check_frozen first).
   core::Status commit(std::size_t g, std::span<const std::byte> host, const CopyLane& lane);
   // A checkpoint's compute copies of group g's frozen part (`frozen`, the
   // bytes of Layout::frozen_home_range) fit its home: kFailedPrecondition

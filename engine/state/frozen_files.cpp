@@ -236,7 +236,7 @@ std::vector<std::string> FrozenFiles::files_of(std::size_t g) const {
 
 std::string FrozenFiles::describe(std::size_t g) const {
   const std::vector<std::string> files = files_of(g);
-  std::string s = str_cat("the frozen parameters of group '", groups_[g].name, "' (read from ");
+  std::string s = str_cat("the frozen parameters of group '", groups_[g].name, "' (imported from ");
   for (std::size_t i = 0; i < files.size(); ++i) s += str_cat(i == 0 ? "" : ", ", files[i]);
   return s + ")";
 }

@@ -746,6 +746,21 @@ TEST_F(Placement, ABaseKeptInCpuMemoryIsTheFilesValuesAndLeftOutOfCheckpoints) {
     }
     return groups;
   };
+  // The trainable parameters' masters and every compute copy (l1.w's: the base).
+  const auto state_of = [](Engine& e) {
+    std::map<std::string, std::vector<float>> out;
+    for (const Tensor& t : kTensors) {
+      std::vector<float> v(static_cast<std::size_t>(t.shape.size() == 2 ? t.shape[0] * t.shape[1] : t.shape[0]));
+      EXPECT_TRUE(e.read_compute(t.name, v).ok()) << t.name;
+      out[t.name + ".compute"] = v;
+      if (t.name != "l1.w") {
+        EXPECT_TRUE(e.read_master(t.name, v).ok()) << t.name;
+        out[t.name] = std::move(v);
+      }
+    }
+    return out;
+  };
+  std::map<std::string, std::map<std::string, std::vector<float>>> saved;
   const std::pair<const char*, const Config*> engines[] = {{"kept", &kept}, {"files", &files}, {"swap", &swap}};
   for (const auto& [name, c] : engines) {
     std::unique_ptr<Engine> e = make(*c);
@@ -765,9 +780,11 @@ TEST_F(Placement, ABaseKeptInCpuMemoryIsTheFilesValuesAndLeftOutOfCheckpoints) {
       f.give_grads(*e, "l1", g);
       ASSERT_TRUE(e->step_end().ok()) << name;
     }
-    const core::Status saved = e->save_checkpoint((dir_ / core::str_cat("ck_", name)).string(), {});
-    ASSERT_TRUE(saved.ok()) << name << ": " << saved;
+    const core::Status status = e->save_checkpoint((dir_ / core::str_cat("ck_", name)).string(), {});
+    ASSERT_TRUE(status.ok()) << name << ": " << status;
+    saved[name] = state_of(*e);
   }
+  EXPECT_EQ(saved.at("kept"), saved.at("files"));  // (bit for bit: their float vectors compare equal, no NaNs)
   EXPECT_EQ(left_out((dir_ / "ck_kept").string()), std::vector<std::string>{"l1"});
   EXPECT_EQ(left_out((dir_ / "ck_files").string()), std::vector<std::string>{"l1"});
   EXPECT_EQ(left_out((dir_ / "ck_swap").string()), std::vector<std::string>{});
@@ -776,9 +793,36 @@ TEST_F(Placement, ABaseKeptInCpuMemoryIsTheFilesValuesAndLeftOutOfCheckpoints) {
       std::unique_ptr<Engine> e = make(*c);
       ASSERT_NE(e, nullptr) << name;
       const auto loaded = e->load_checkpoint((dir_ / core::str_cat("ck_", from)).string());
-      EXPECT_TRUE(loaded.ok()) << name << " loading " << from << ": " << loaded.status();
+      ASSERT_TRUE(loaded.ok()) << name << " loading " << from << ": " << loaded.status();
+      for (const auto& [t, v] : state_of(*e)) EXPECT_TRUE(bits_equal(v, saved.at(from).at(t))) << name << " " << from << " " << t;
     }
   }
+  // A checkpoint whose base is another (a swap copy of other values) is
+  // refused by the kept engine before anything changes, as by the files one.
+  weights_dir_ = (dir_ / "other").string();
+  {
+    const Tensor& w = kTensors[0];
+    std::filesystem::create_directories(weights_dir_);
+    std::vector<float> v(static_cast<std::size_t>(w.shape[0] * w.shape[1]));
+    init_values(w, v);
+    for (float& x : v) x += 1.0f;
+    auto writer = SafetensorsWriter::create(weights_dir_ + "/model.safetensors", {{w.name, TensorDtype::kBf16, w.shape}});
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    ASSERT_TRUE(writer->write_f32(w.name, v).ok());
+    ASSERT_TRUE(writer->finish().ok());
+    std::unique_ptr<Engine> other = make(swap);
+    ASSERT_NE(other, nullptr);
+    ASSERT_TRUE(other->save_checkpoint((dir_ / "ck_other").string(), {}).ok());
+  }
+  weights_dir_ = (dir_ / "base").string();
+  std::unique_ptr<Engine> e = make(kept);
+  ASSERT_NE(e, nullptr);
+  const auto before = state_of(*e);
+  const auto refused = e->load_checkpoint((dir_ / "ck_other").string());
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), core::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("differ from those files' values"), std::string::npos) << refused.status();
+  EXPECT_EQ(state_of(*e), before);
 }
 
 // A checkpoint that leaves its frozen base out (strata.frozen_base "files")
@@ -1674,6 +1718,80 @@ TEST_F(Placement, ComputeCopiesKeptInCpuMemoryByMaxInCpuCountInThePinnedBudget) 
     expect_least_budget_trains(
         c, "strata.budgets.pinned", [](Config& k, std::uint64_t b) { k.strata.budgets.pinned_bytes = b; }, 4096,
         /*steps=*/4);
+  }
+}
+
+// max_in_cpu "auto": finalize keeps the groups (registration order, whole
+// homes, one passed over when it does not fit) that fit in what
+// strata.budgets.pinned leaves beside the rest of the placement (the disk
+// pipeline's ring at its depth). Budgets from the least that works up: none
+// kept at first, then l2 alone (32896 B; l1, 263168 B, passed over), then
+// both, exactly l1's bytes of budget later; every one trains the same bits,
+// and the count it keeps, written as a number, fits the same budget.
+TEST_F(Placement, MaxInCpuAutoKeepsWhatThePinnedBudgetLeaves) {
+  Config c = base();
+  c.zero.offload_param.device = OffloadDevice::kNvme;
+  c.zero.offload_optimizer.device = OffloadDevice::kNvme;
+  c.zero.offload_param.max_in_cpu_auto = true;
+  c.strata.budgets.pinned_bytes = 4096;
+  const core::Status tiny = finalize_status(c);
+  ASSERT_EQ(tiny.code(), core::StatusCode::kResourceExhausted) << tiny;
+  const std::string says = "strata.budgets.pinned >= ";
+  const std::string m(tiny.message());
+  ASSERT_NE(m.find(says), std::string::npos) << m;
+  const std::uint64_t least = std::stoull(m.substr(m.find(says) + says.size()));
+  // The groups kept in pinned memory under `budget` (l1 first, then l2) and their elements.
+  struct Kept {
+    std::vector<bool> groups;
+    std::int64_t elems = 0;
+  };
+  const auto kept_at = [&](std::uint64_t budget) {
+    Config k = c;
+    k.strata.budgets.pinned_bytes = budget;
+    Kept out;
+    auto e = registered(k);
+    EXPECT_NE(e, nullptr);
+    if (e == nullptr) return out;
+    const core::Status fin = e->finalize();
+    EXPECT_TRUE(fin.ok()) << budget << ": " << fin;
+    for (const GroupPlace& g : e->layout().groups) {
+      out.groups.push_back(g.compute_tier == Tier::kPinned);
+      if (g.compute_tier == Tier::kPinned) out.elems += g.compute_elems;
+    }
+    return out;
+  };
+  // The least budget under which at least `n` groups are kept.
+  const auto least_keeping = [&](int n) {
+    std::uint64_t lo = least, hi = std::uint64_t{64} << 20;  // keeps fewer at lo; n at hi
+    const std::vector<bool> at_hi = kept_at(hi).groups;
+    EXPECT_GE(std::count(at_hi.begin(), at_hi.end(), true), n);
+    while (hi - lo > 1) {
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      const std::vector<bool> g = kept_at(mid).groups;
+      (std::count(g.begin(), g.end(), true) >= n ? hi : lo) = mid;
+    }
+    return hi;
+  };
+  EXPECT_EQ(kept_at(least).groups, (std::vector<bool>{false, false}));
+  const std::uint64_t one = least_keeping(1), two = least_keeping(2);
+  EXPECT_EQ(kept_at(one).groups, (std::vector<bool>{false, true}));  // l2 alone: l1 passed over
+  EXPECT_EQ(kept_at(two).groups, (std::vector<bool>{true, true}));
+  EXPECT_EQ(two - one, 131584u * 2);  // l1's home
+  Config none = c;
+  none.zero.offload_param.max_in_cpu_auto = false;
+  none.strata.budgets.pinned_bytes = 0;
+  const RunResult reference = train(none, false, nullptr, -1, 3);
+  for (const std::uint64_t budget : {least, one, two}) {
+    SCOPED_TRACE(core::str_cat("strata.budgets.pinned ", budget));
+    c.strata.budgets.pinned_bytes = budget;
+    Config number = c;
+    number.zero.offload_param.max_in_cpu_auto = false;
+    number.zero.offload_param.max_in_cpu = kept_at(budget).elems;
+    EXPECT_TRUE(finalize_status(number).ok());
+    const RunResult r = train(c, false, nullptr, -1, 3);
+    ASSERT_EQ(r.losses.size(), 3u);
+    EXPECT_EQ(r.losses, reference.losses);
+    expect_same_state(r, reference);
   }
 }
 

@@ -692,6 +692,25 @@ TEST(Config, PlacementExamplesLoadWithoutWarningsAndPlaceWhatTheyNameSay) {
   }
 }
 
+void expect_round_trip(const Config& c);  // (to_json, below)
+
+// max_in_cpu "auto" (strata's): filled at finalize from what
+// strata.budgets.pinned leaves, so it needs one with the copies on nvme;
+// written back as "auto".
+TEST(Config, MaxInCpuAutoNeedsAPinnedBudget) {
+  const Config c = parse_ok(doc(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme",
+      "max_in_cpu": "auto"}}, "strata": {"budgets": {"pinned": "8GiB"}})"));
+  EXPECT_TRUE(c.zero.offload_param.max_in_cpu_auto);
+  EXPECT_NE(to_json(c).find("\"max_in_cpu\": \"auto\""), std::string::npos) << to_json(c);
+  expect_round_trip(c);
+  expect_error(doc(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme", "max_in_cpu": "auto"}})"),
+               {"zero_optimization.offload_param.max_in_cpu: \"auto\"", "strata.budgets.pinned is not set"});
+  // Without the copies on nvme it has no effect, and needs nothing.
+  const Config cpu = parse_ok(
+      doc(R"("zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "max_in_cpu": "auto"}})"));
+  EXPECT_TRUE(cpu.zero.offload_param.max_in_cpu_auto);
+}
+
 TEST(Config, OffloadPlacementRulesFollowDeepSpeed) {
   expect_error(doc(R"("zero_optimization": {"stage": 2, "offload_param": {"device": "nvme"}})"),
                {"zero_optimization.offload_param.device: \"nvme\" needs zero_optimization.stage 3",
@@ -781,6 +800,7 @@ TEST(Config, KeysWithoutEffectWarnOnlyWhenTheyWouldMatter) {
   }
   // max_in_cpu has its effect: the compute copies kept in pinned memory.
   EXPECT_EQ(c.zero.offload_param.max_in_cpu, 100'000'000);
+  EXPECT_FALSE(c.zero.offload_param.max_in_cpu_auto);
   EXPECT_EQ(find_warning(c, "zero_optimization.offload_param.max_in_cpu"), nullptr);
   // Defaults, or values strata matches anyway, do not warn.
   EXPECT_EQ(find_warning(c, "zero_optimization.offload_param.pin_memory"), nullptr);

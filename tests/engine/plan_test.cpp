@@ -228,6 +228,21 @@ TEST(Planner, MaxInCpuKeepsWholeComputeHomesInRam) {
   EXPECT_EQ(all.traffic.disk_write_bytes, 480'000'000'000u);
   EXPECT_FALSE(all.tier(Tier::kPinned).fits);  // 80e9 more of RAM than 119.4e9 holds
 
+  // "auto" takes the most that fit in strata.budgets.pinned, as finalize
+  // does: with the budget at the RAM the planner had (119,400,090,829 B
+  // available), 17 homes, said in a note (under a budget the fit is
+  // finalize's: the step's pinned working memory as it reserves it, above
+  // the items' peak, so one home fewer than without one).
+  Config autofill = forty_b_config(OffloadDevice::kNvme, OffloadDevice::kNvme);
+  autofill.zero.offload_param.max_in_cpu_auto = true;
+  autofill.strata.budgets.pinned_bytes = 119'400'090'829;
+  core::Result<Plan> filled = make_plan(autofill, params_model(40'000'000'000, 48), forty_b_machine());
+  ASSERT_TRUE(filled.ok()) << filled.status();
+  EXPECT_TRUE(filled->configured.fits);
+  EXPECT_EQ(filled->configured.item_bytes(Tier::kPinned, "compute_copies_in_cpu"), 28'333'333'356u);  // 17 homes
+  EXPECT_NE(note_with(*filled, "max_in_cpu \"auto\": the compute copies of 17 of 48 groups fit"), "");
+  EXPECT_EQ(note_with(*filled, "RAM has room for more compute copies"), "");
+
   // No effect unless the compute copies are on nvme.
   Config cpu = forty_b_config(OffloadDevice::kNone, OffloadDevice::kNvme);
   cpu.zero.offload_param.max_in_cpu = 8'333'333'340;

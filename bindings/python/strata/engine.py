@@ -284,7 +284,7 @@ class StepStats:
     # Bytes of a frozen base read from its safetensors files this step (strata.frozen_base), in
     # none of the bytes_nvme_* figures (the swap paths').
     bytes_file_read: int = 0
-    # Of resident_bytes, those of groups whose compute copies live on nvme (the swap reads they saved).
+    # The swap reads the resident fetches did not make (their groups' homes on nvme; see strata.h).
     resident_nvme_bytes: int = 0
     adapter_seconds: float = 0.0  # strata.torch: its own time in the step (hooks, copies); not from the C API
 

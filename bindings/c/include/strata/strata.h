@@ -624,9 +624,10 @@ typedef struct strata_step_stats {
    * (strata.frozen_base: a frozen base whose home is its files) since the previous strata_step_end:
    * reads of the drive outside the swap paths, in none of the bytes_nvme_* figures. */
   uint64_t bytes_file_read;
-  /* (0.5) Of resident_bytes, those of groups whose compute copies live on nvme: the swap reads those
-   * fetches did not make (zero_optimization.offload_param.max_in_cpu keeps some groups' in pinned
-   * memory instead). */
+  /* (0.5) The swap reads the fetches counted in resident did not make: their groups' compute homes
+   * on nvme (this rank's shard at stage 3 over ranks; a frozen part read from its safetensors files
+   * aside; none for a home in pinned memory, where zero_optimization.offload_param.max_in_cpu keeps
+   * some groups'). */
   uint64_t resident_nvme_bytes;
 } strata_step_stats;
 #define STRATA_STEP_STATS_INIT                                                                             \
