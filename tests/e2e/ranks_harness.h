@@ -278,4 +278,16 @@ inline void expect_same(const std::map<std::string, std::vector<float>>& a,
   }
 }
 
+// `many` (ranks, each with its compute copies) holds the state `one` (a rank
+// accumulating) holds, bit for bit: masters, moments, every rank's copies.
+inline void expect_same_outcome(const Outcome& many, const Outcome& one, int ranks) {
+  expect_same(many.master, one.master, "masters");
+  expect_same(many.exp_avg, one.exp_avg, "exp_avg");
+  expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
+  ASSERT_EQ(many.compute.size(), static_cast<std::size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) {
+    expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
+  }
+}
+
 }  // namespace strata::engine::e2e

@@ -76,13 +76,7 @@ TEST_P(RanksMatchAccumulation, BitIdenticalToOneRankAccumulating) {
       EXPECT_LT(clipped, kRankSteps) << ::testing::PrintToString(one.norms);
     }
   }
-  expect_same(many.master, one.master, "masters");
-  expect_same(many.exp_avg, one.exp_avg, "exp_avg");
-  expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
-  ASSERT_EQ(many.compute.size(), static_cast<std::size_t>(k.ranks));
-  for (int r = 0; r < k.ranks; ++r) {
-    expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
-  }
+  expect_same_outcome(many, one, k.ranks);
 }
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
@@ -217,13 +211,7 @@ TEST_F(RanksTest, Stage3KeptCopiesServeAFetchOnlyWhenEveryRankKeptOne) {
       }
     }
     EXPECT_GE(served, kRankSteps);  // l2's at least, every step
-    expect_same(many.master, one.master, "masters");
-    expect_same(many.exp_avg, one.exp_avg, "exp_avg");
-    expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
-    ASSERT_EQ(many.compute.size(), 2u);
-    for (int r = 0; r < 2; ++r) {
-      expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
-    }
+    expect_same_outcome(many, one, 2);
   }
   }
 }
@@ -253,13 +241,7 @@ TEST_F(RanksTest, Stage3RanksKeepTheirComputeHomesWhereMaxInCpuSays) {
     EXPECT_EQ(stats[0][static_cast<std::size_t>(s)].bytes.nvme_read, 0u) << s;  // the optimizer's state is pinned too
     EXPECT_GT(stats[1][static_cast<std::size_t>(s)].bytes.nvme_read, 0u) << s;
   }
-  expect_same(many.master, one.master, "masters");
-  expect_same(many.exp_avg, one.exp_avg, "exp_avg");
-  expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq");
-  ASSERT_EQ(many.compute.size(), 2u);
-  for (int r = 0; r < 2; ++r) {
-    expect_same(many.compute[static_cast<std::size_t>(r)], one.compute[0], "compute copies of rank " + std::to_string(r));
-  }
+  expect_same_outcome(many, one, 2);
 }
 
 TEST_F(RanksTest, Stage3AHomeThatCannotBeReadFailsEveryRanksFetchNamingTheRank) {
@@ -657,10 +639,8 @@ TEST_F(RanksTest, Stage3PrefetchesGatherTheNextGroupsOnTheirOwnThread) {
     });
     EXPECT_GT(prefetched[0], 0) << home;
     EXPECT_EQ(prefetched[0], prefetched[1]) << home;  // every rank takes the same gathered copies
-    expect_same(many.master, one.master, "masters (" + home + ")");
-    expect_same(many.exp_avg_sq, one.exp_avg_sq, "exp_avg_sq (" + home + ")");
-    ASSERT_EQ(many.compute.size(), 2u);
-    for (const auto& comp : many.compute) expect_same(comp, one.compute[0], "compute copies (" + home + ")");
+    SCOPED_TRACE(home);
+    expect_same_outcome(many, one, 2);
   }
 }
 
