@@ -2,7 +2,9 @@
 """The planner held to a measured run, in CI: scale_bench trains a small model
 (4M parameters, 64 MiB of training state, 64 layers) for three steps under three
 placements (everything on nvme, the optimizer and the compute copies in pinned
-memory, everything in device memory) with AdamW, and with Lion (nvme, device)
+memory, everything in device memory) with AdamW (and on nvme with
+offload_param.max_in_cpu keeping a quarter of the layers' compute copies in
+pinned memory), and with Lion (nvme, device)
 and Adagrad (pinned), and AdamW on nvme with each optimizer state format
 (--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise in one run), and this test reads its JSON: every
 tier's planned bytes within 5% of the measured peak, the planned bytes moved
@@ -44,16 +46,16 @@ def check(cond, what):
         sys.exit(1)
 
 
-def run(bench, tmp, placement, optimizer):
-    out = os.path.join(tmp, f"{placement}_{optimizer}.json")
+def run(bench, tmp, placement, optimizer, extra=()):
+    out = os.path.join(tmp, f"{placement}_{optimizer}{'_'.join(('',) + tuple(extra))}.json")
     # A slow declared device (0.2 TFLOP/s: 2.7 ms per layer's backward) keeps
     # the framework ahead of it, as an asynchronous framework is (the
     # gradient buffers fill their room), and the optimizer's updates behind
     # the backward (with the compute copies on the device, every group's
     # new copies wait for step_end).
     cmd = [bench, "--params", "4M", "--layers", "64", "--steps", "3", "--placement", placement, "--tflops", "0.2",
-           "--dir", tmp, "--json", out, "--optimizer", optimizer]
-    if placement != "nvme" or optimizer != "AdamW":
+           "--dir", tmp, "--json", out, "--optimizer", optimizer, *extra]
+    if placement != "nvme" or optimizer != "AdamW" or extra:
         cmd.append("--no-bound")  # the bound's measurements once (nvme) are enough
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     print(proc.stdout)
@@ -104,9 +106,25 @@ def main():
     # The ranks' runs need the Gloo communicator (meson passes whether the build has it).
     gloo = len(sys.argv) < 3 or sys.argv[2] != "no-gloo"
     with tempfile.TemporaryDirectory(prefix="scale_bench_plan.") as tmp:
+        docs = {}
         for placement, optimizer in RUNS:
             doc = run(bench, tmp, placement, optimizer)
             check_run(doc, placement, optimizer, bound=placement == "nvme" and optimizer == "AdamW")
+            docs[placement, optimizer] = doc
+        # offload_param.max_in_cpu keeping 16 of the 64 layers' compute copies
+        # (65,536 elements each) in pinned memory: the plan holds, and against
+        # the plain nvme run a steady step reads their two fetches and writes
+        # their new copies no more (the kept ones are the first layers, the
+        # copies kept on the device since the forward the last).
+        kept = run(bench, tmp, "nvme", "AdamW", ("--max-in-cpu", str(16 * 65536)))
+        check_run(kept, "nvme", "AdamW", bound=False)
+        plain = docs["nvme", "AdamW"]
+        for key, less in (("nvme_read", 16 * 2 * 65536 * 2), ("nvme_write", 16 * 65536 * 2)):
+            got = plain["steps"][-1]["bytes"][key] - kept["steps"][-1]["bytes"][key]
+            check(got == less, f"--max-in-cpu: {key} {got} B less than without it, not {less} B")
+        pinned = {d: {c["what"]: c["measured"] for c in docs_["checks"]}["pinned memory"]
+                  for d, docs_ in (("plain", plain), ("kept", kept))}
+        check(pinned["kept"] > pinned["plain"], f"--max-in-cpu: pinned memory {pinned}")
         # Compressed moments: each run's plan holds as fp32's does, and a
         # steady step reads and writes less by what the format saves.
         out = os.path.join(tmp, "formats.json")

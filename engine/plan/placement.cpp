@@ -771,8 +771,23 @@ StepTraffic step_traffic(const Evaluation& e) {
   }
   if (home_nvme) {
     // The groups offload_param.max_in_cpu keeps in pinned memory read and
-    // write nothing on the drive.
-    const std::uint64_t read = e.nvme_share(home_fetch);
+    // write nothing on the drive. They are the first in registration
+    // (forward) order, and the copies kept on the device since the forward
+    // are its last ones (the backward's first): of the fetches, in units of
+    // one group's, each group has `passes` and each resident one all but one
+    // served from the device; the drive reads the other groups' share.
+    std::uint64_t read = home_fetch;
+    if (e.cpu_groups > 0) {
+      const std::uint64_t groups = u64(L), nvme_groups = u64(L - std::min(L, e.cpu_groups));
+      const std::uint64_t resident = u64(e.resident_groups);
+      const std::uint64_t all_units = groups * passes - std::min(groups * passes, resident * (passes - 1));
+      const std::uint64_t nvme_units =
+          nvme_groups * passes - std::min(nvme_groups * passes, std::min(resident, nvme_groups) * (passes - 1));
+      read = all_units == 0 ? 0
+                            : static_cast<std::uint64_t>(static_cast<long double>(home_fetch) *
+                                                         static_cast<long double>(nvme_units) /
+                                                         static_cast<long double>(all_units));
+    }
     tr.disk_read_bytes = sat_add(tr.disk_read_bytes, read);
     tr.disk_write_bytes = sat_add(tr.disk_write_bytes, e.nvme_share(view));
     // Of the fetches' reads, the frozen parameters' come from their files.
