@@ -15,7 +15,7 @@
 //
 //   scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]
 //               [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]
-//               [--max-in-cpu ELEMENTS]
+//               [--max-in-cpu ELEMENTS|auto]
 //               [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]
 //               [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]
 //               [--ranks N] [--json FILE] [--save-config FILE]
@@ -87,6 +87,7 @@ struct Options {
   std::uint64_t device_budget = 8ull << 30;   // strata.budgets.device (the host device's memory)
   std::uint64_t max_disk = 65'000'000'000;    // refuse a run whose swap would be larger
   std::int64_t max_in_cpu = 0;  // zero_optimization.offload_param.max_in_cpu (placement nvme): elements
+  bool max_in_cpu_auto = false;  // --max-in-cpu auto
   eng::OverlapMode overlap = eng::OverlapMode::kExact;
   std::string optimizer = "AdamW";  // optimizer.type: AdamW, Lion or Adagrad
   // strata.optimizer_state of each run, in order (--optimizer-state: fp32,
@@ -295,7 +296,10 @@ std::string config_json(const Options& o, const Model& m, const std::string& swa
   j += str_cat("  \"zero_optimization\": {\"stage\": 3,\n    \"offload_optimizer\": {\"device\": \"",
                keys_of(o.placement).offload, "\", \"pin_memory\": true},\n",
                "    \"offload_param\": {\"device\": \"", keys_of(o.placement).offload, "\", \"pin_memory\": true",
-               o.max_in_cpu > 0 ? str_cat(", \"max_in_cpu\": ", o.max_in_cpu) : std::string(), "},\n", "    \"stage3_prefetch_bucket_size\": ", m.layer_elems, ",\n",
+               o.max_in_cpu_auto ? std::string(", \"max_in_cpu\": \"auto\"")
+               : o.max_in_cpu > 0 ? str_cat(", \"max_in_cpu\": ", o.max_in_cpu)
+                                  : std::string(),
+               "},\n", "    \"stage3_prefetch_bucket_size\": ", m.layer_elems, ",\n",
                "    \"stage3_max_live_parameters\": ", 3 * m.layer_elems, ",\n",
                "    \"stage3_param_persistence_threshold\": 0,\n",
                "    \"reduce_bucket_size\": ", static_cast<std::int64_t>(o.grad_buffers) * m.layer_elems,
@@ -659,7 +663,12 @@ Options parse(int argc, char** argv) {
     } else if (arg == "--max-disk") {
       size(&o.max_disk);
     } else if (arg == "--max-in-cpu") {
-      count(&o.max_in_cpu);
+      if (i + 1 < argc && std::string_view(argv[i + 1]) == "auto") {
+        o.max_in_cpu_auto = true;
+        ++i;
+      } else {
+        count(&o.max_in_cpu);
+      }
     } else if (arg == "--overlap") {
       const std::string v = value();
       if (v == "exact") {
@@ -716,7 +725,7 @@ Options parse(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]\n"
           "                   [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]\n"
-          "                   [--max-in-cpu ELEMENTS]\n"
+          "                   [--max-in-cpu ELEMENTS|auto]\n"
           "                   [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]\n"
           "                   [--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise]\n"
           "                   [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]\n"

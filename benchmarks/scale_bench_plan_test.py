@@ -4,7 +4,7 @@
 placements (everything on nvme, the optimizer and the compute copies in pinned
 memory, everything in device memory) with AdamW (and on nvme with
 offload_param.max_in_cpu keeping a quarter of the layers' compute copies in
-pinned memory), and with Lion (nvme, device)
+pinned memory, and "auto" under a pinned budget), and with Lion (nvme, device)
 and Adagrad (pinned), and AdamW on nvme with each optimizer state format
 (--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise in one run), and this test reads its JSON: every
 tier's planned bytes within 5% of the measured peak, the planned bytes moved
@@ -125,6 +125,14 @@ def main():
         pinned = {d: {c["what"]: c["measured"] for c in docs_["checks"]}["pinned memory"]
                   for d, docs_ in (("plain", plain), ("kept", kept))}
         check(pinned["kept"] > pinned["plain"], f"--max-in-cpu: pinned memory {pinned}")
+        # "auto" under a 15 MiB pinned budget: the engine keeps what the budget
+        # leaves beside the rest (the ring at its depth), and the planner
+        # resolves it alike (the plan's disk reads and pinned bytes hold).
+        auto = run(bench, tmp, "nvme", "AdamW", ("--max-in-cpu", "auto", "--pinned-budget", "15MiB"))
+        check_run(auto, "nvme", "AdamW", bound=False)
+        read_less = plain["steps"][-1]["bytes"]["nvme_read"] - auto["steps"][-1]["bytes"]["nvme_read"]
+        check(read_less > 0 and read_less % (2 * 65536 * 2) == 0,
+              f"--max-in-cpu auto: {read_less} B less read, not a whole number of layers' two fetches")
         # Compressed moments: each run's plan holds as fp32's does, and a
         # steady step reads and writes less by what the format saves.
         out = os.path.join(tmp, "formats.json")

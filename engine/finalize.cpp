@@ -268,8 +268,10 @@ core::Status Engine::finalize_prepare(const core::Stopwatch& total, Prepared& ou
     // everything else (the ring at its depth). Keeping them only lowers the
     // other pinned needs (no staging for them), so the budgets hold again;
     // the frozen bases are chosen anew (a kept group is not read from files).
-    keep_compute_homes_in_pinned(layout_, static_cast<std::int64_t>(out.needs.pinned_spare /
-                                                                    static_cast<std::uint64_t>(layout_.compute_bytes)));
+    keep_compute_homes_in_pinned(layout_,
+                                 static_cast<std::int64_t>(out.needs.pinned_spare /
+                                                           static_cast<std::uint64_t>(layout_.compute_bytes)),
+                                 /*without_frozen=*/config_.strata.frozen_base == FrozenBase::kFiles);
     STRATA_RETURN_IF_ERROR(FrozenFiles::choose(layout_, config_.strata.frozen_base, registry_.pretrained != nullptr,
                                                from_files, op.device));
     STRATA_ASSIGN_OR_RETURN(out.needs, check_budgets());

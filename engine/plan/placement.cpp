@@ -776,13 +776,19 @@ StepTraffic step_traffic(const Evaluation& e) {
     // are its last ones (the backward's first): of the fetches, in units of
     // one group's, each group has `passes` and each resident one all but one
     // served from the device; the drive reads the other groups' share.
+    // (This step's own model of the resident copies, above: the last
+    // resident_groups serve the backward of each of the accum micro-batches,
+    // the first resident_groups each later micro-batch's forward.)
     std::uint64_t read = home_fetch;
     if (e.cpu_groups > 0) {
-      const std::uint64_t groups = u64(L), nvme_groups = u64(L - std::min(L, e.cpu_groups));
-      const std::uint64_t resident = u64(e.resident_groups);
-      const std::uint64_t all_units = groups * passes - std::min(groups * passes, resident * (passes - 1));
-      const std::uint64_t nvme_units =
-          nvme_groups * passes - std::min(nvme_groups * passes, std::min(resident, nvme_groups) * (passes - 1));
+      const std::int64_t resident = e.resident_groups;
+      std::uint64_t all_units = 0, nvme_units = 0;
+      for (std::int64_t gi = 0; gi < L; ++gi) {
+        const std::uint64_t served = std::min(
+            passes, (gi >= L - resident ? accum : 0) + (gi < resident ? accum - 1 : 0));
+        all_units += passes - served;
+        if (gi >= e.cpu_groups) nvme_units += passes - served;
+      }
       read = all_units == 0 ? 0
                             : static_cast<std::uint64_t>(static_cast<long double>(home_fetch) *
                                                          static_cast<long double>(nvme_units) /
@@ -812,6 +818,16 @@ std::string precision_label(const Config& config) {
     case Precision::kFp32: return "fp32";
   }
   return "?";
+}
+
+std::uint64_t planned_pinned_spare(const Inputs& in, const Placement& pl) {
+  Evaluation e(in, pl);
+  const std::uint64_t budget = e.cfg.strata.budgets.pinned_bytes;
+  if (budget == 0) return 0;
+  add_compute_copies(e);  // (what planned_pinned_held reads)
+  const RingSlots full = ring_slots(planned_ring(e));  // no room limit: the ring at its depth
+  const std::uint64_t used = sat_add(sat_add(planned_pinned_held(e), planned_pinned_working(e).total()), full.bytes());
+  return budget > used ? budget - used : 0;
 }
 
 PlannedHomes planned_homes(const Inputs& in, const Placement& pl) {

@@ -102,6 +102,11 @@ struct PlannedHomes {
   std::int64_t groups = 0;
 };
 PlannedHomes planned_homes(const Inputs& in, const Placement& pl);
+// What strata.budgets.pinned leaves beyond the placement's pinned state, the
+// step's working memory and the disk pipeline's ring at its depth, as
+// Engine::finalize's Needs::pinned_spare (0 without a pinned budget): the
+// room offload_param.max_in_cpu "auto" fills.
+std::uint64_t planned_pinned_spare(const Inputs& in, const Placement& pl);
 // search.cpp: `"s"`; the config changes that reach `to`; the search's grid of
 // strata.optimizer_cpu_fraction (k x step, exact where the step is).
 std::string quoted(std::string_view s);

@@ -71,6 +71,31 @@ std::int64_t most_homes(const Config& config, const ModelSummary& model, const T
   return lo;
 }
 
+// offload_param.max_in_cpu "auto" resolved for placement `p` as
+// Engine::finalize resolves it: the whole homes that fit in what
+// strata.budgets.pinned leaves beside everything else with the disk
+// pipeline's ring at its depth (planned_pinned_spare); none under
+// strata.frozen_base "files" when the model has frozen parameters (the
+// planner's groups hold them alike; the engine keeps only groups without).
+// Any other config as it is, "auto" cleared.
+Config resolve_max_in_cpu(const Config& config, const ModelSummary& model, const TierCapacities& capacities,
+                          const PlanOptions& options, const Placement& p) {
+  Config out = config;
+  out.zero.offload_param.max_in_cpu_auto = false;
+  if (!config.zero.offload_param.max_in_cpu_auto) return out;
+  out.zero.offload_param.max_in_cpu = 0;
+  if (p.param_device != OffloadDevice::kNvme) return out;
+  if (config.strata.frozen_base == FrozenBase::kFiles && model.num_frozen_params > 0) return out;
+  const Inputs in{out, model, capacities, options};
+  const PlannedHomes homes = planned_homes(in, p);
+  if (homes.home <= 0) return out;
+  const std::uint64_t spare = planned_pinned_spare(in, p);
+  const std::uint64_t home_bytes = static_cast<std::uint64_t>(homes.home) * static_cast<std::uint64_t>(config.compute_bytes());
+  const std::int64_t k = std::min<std::int64_t>(homes.groups, static_cast<std::int64_t>(spare / home_bytes));
+  out.zero.offload_param.max_in_cpu = k > 0 ? homes_value(homes, k) : 0;
+  return out;
+}
+
 }  // namespace
 
 namespace plan_detail {
@@ -154,23 +179,22 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   // offload_param.max_in_cpu "auto" resolved as finalize resolves it: the
   // most whole homes that fit beside everything else (the planner's capacity
   // for pinned memory is then strata.budgets.pinned, which "auto" needs).
-  Config resolved = config;
-  resolved.zero.offload_param.max_in_cpu_auto = false;
-  if (config.zero.offload_param.max_in_cpu_auto) resolved.zero.offload_param.max_in_cpu = 0;
-  const Inputs in{resolved, plan.model, capacities, options};
-
   Placement configured;
   configured.param_device = config.zero.offload_param.device;
   configured.optimizer_device = config.zero.offload_optimizer.device;
   configured.optimizer_ratio = config.zero.offload_optimizer.ratio;
   configured.optimizer_cpu_fraction = config.strata.optimizer_cpu_fraction;
-  if (config.zero.offload_param.max_in_cpu_auto && configured.param_device == OffloadDevice::kNvme &&
-      evaluate(in, configured).fits) {
+  // offload_param.max_in_cpu "auto" resolved as finalize resolves it (for
+  // the configured placement here, for each one the search tries there).
+  const bool max_in_cpu_auto = config.zero.offload_param.max_in_cpu_auto;
+  const Config resolved = resolve_max_in_cpu(config, plan.model, capacities, options, configured);
+  const Inputs in{resolved, plan.model, capacities, options};
+  if (max_in_cpu_auto && configured.param_device == OffloadDevice::kNvme) {
     const PlannedHomes homes = planned_homes(in, configured);
-    const std::int64_t k = most_homes(resolved, plan.model, capacities, options, configured, homes, 0);
-    resolved.zero.offload_param.max_in_cpu = k > 0 ? homes_value(homes, k) : 0;
+    const std::int64_t k = homes.home > 0 ? resolved.zero.offload_param.max_in_cpu / homes.home : 0;
     plan.notes.push_back(str_cat("zero_optimization.offload_param.max_in_cpu \"auto\": the compute copies of ", k,
-                                 " of ", homes.groups, " groups fit in what strata.budgets.pinned leaves (",
+                                 " of ", homes.groups, " groups fit in what strata.budgets.pinned leaves beside the "
+                                 "rest and the disk pipeline's ring (",
                                  group_digits(static_cast<std::uint64_t>(resolved.zero.offload_param.max_in_cpu)),
                                  " elements)"));
   }
@@ -205,7 +229,11 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
         if (od == OffloadDevice::kNvme) {
           p.optimizer_cpu_fraction = grid_fraction(k, options.cpu_fraction_step);
         }
-        PlacementPlan candidate = evaluate(in, p);
+        PlacementPlan candidate =
+            max_in_cpu_auto ? evaluate(Inputs{resolve_max_in_cpu(config, plan.model, capacities, options, p),
+                                              plan.model, capacities, options},
+                                       p)
+                            : evaluate(in, p);
         if (!shown || (candidate.fits && (!shown->fits || moves_less(candidate, *shown)))) {
           shown = candidate;
         }

@@ -1726,8 +1726,10 @@ TEST_F(Placement, ComputeCopiesKeptInCpuMemoryByMaxInCpuCountInThePinnedBudget) 
 // strata.budgets.pinned leaves beside the rest of the placement (the disk
 // pipeline's ring at its depth). Budgets from the least that works up: none
 // kept at first, then l2 alone (32896 B; l1, 263168 B, passed over), then
-// both, exactly l1's bytes of budget later; every one trains the same bits,
-// and the count it keeps, written as a number, fits the same budget.
+// both, exactly l1's bytes of budget later; the ring keeps its depth (as
+// many slots as under a budget with room to spare) and every one trains the
+// same bits. Under strata.frozen_base "files" a group with a frozen
+// parameter read from its file is not kept.
 TEST_F(Placement, MaxInCpuAutoKeepsWhatThePinnedBudgetLeaves) {
   Config c = base();
   c.zero.offload_param.device = OffloadDevice::kNvme;
@@ -1744,6 +1746,7 @@ TEST_F(Placement, MaxInCpuAutoKeepsWhatThePinnedBudgetLeaves) {
   struct Kept {
     std::vector<bool> groups;
     std::int64_t elems = 0;
+    std::size_t ring_slots = 0;
   };
   const auto kept_at = [&](std::uint64_t budget) {
     Config k = c;
@@ -1758,6 +1761,7 @@ TEST_F(Placement, MaxInCpuAutoKeepsWhatThePinnedBudgetLeaves) {
       out.groups.push_back(g.compute_tier == Tier::kPinned);
       if (g.compute_tier == Tier::kPinned) out.elems += g.compute_elems;
     }
+    out.ring_slots = e->staging_slots();
     return out;
   };
   // The least budget under which at least `n` groups are kept.
@@ -1777,6 +1781,9 @@ TEST_F(Placement, MaxInCpuAutoKeepsWhatThePinnedBudgetLeaves) {
   EXPECT_EQ(kept_at(one).groups, (std::vector<bool>{false, true}));  // l2 alone: l1 passed over
   EXPECT_EQ(kept_at(two).groups, (std::vector<bool>{true, true}));
   EXPECT_EQ(two - one, 131584u * 2);  // l1's home
+  const std::size_t depth = kept_at(std::uint64_t{64} << 20).ring_slots;
+  EXPECT_GT(depth, 1u);
+  for (const std::uint64_t budget : {one, two}) EXPECT_EQ(kept_at(budget).ring_slots, depth) << budget;
   Config none = c;
   none.zero.offload_param.max_in_cpu_auto = false;
   none.strata.budgets.pinned_bytes = 0;
@@ -1784,15 +1791,18 @@ TEST_F(Placement, MaxInCpuAutoKeepsWhatThePinnedBudgetLeaves) {
   for (const std::uint64_t budget : {least, one, two}) {
     SCOPED_TRACE(core::str_cat("strata.budgets.pinned ", budget));
     c.strata.budgets.pinned_bytes = budget;
-    Config number = c;
-    number.zero.offload_param.max_in_cpu_auto = false;
-    number.zero.offload_param.max_in_cpu = kept_at(budget).elems;
-    EXPECT_TRUE(finalize_status(number).ok());
     const RunResult r = train(c, false, nullptr, -1, 3);
     ASSERT_EQ(r.losses.size(), 3u);
     EXPECT_EQ(r.losses, reference.losses);
     expect_same_state(r, reference);
   }
+  // "files": l1.w frozen from its file; with room for both homes, l2 alone is kept.
+  frozen_ = {"l1.w"};
+  weights_dir_ = (dir_ / "base").string();
+  ASSERT_NO_FATAL_FAILURE(write_base(weights_dir_));
+  c.strata.frozen_base = FrozenBase::kFiles;
+  const Kept files = kept_at(std::uint64_t{64} << 20);
+  EXPECT_EQ(files.groups, (std::vector<bool>{false, true}));
 }
 
 // strata.overlap "delayed" keeps the new compute copies in pinned memory
