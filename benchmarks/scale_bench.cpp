@@ -15,7 +15,7 @@
 //
 //   scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]
 //               [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]
-//               [--max-in-cpu ELEMENTS|auto]
+//               [--max-in-cpu ELEMENTS|auto] [--accum N]
 //               [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]
 //               [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]
 //               [--ranks N] [--json FILE] [--save-config FILE]
@@ -88,6 +88,7 @@ struct Options {
   std::uint64_t max_disk = 65'000'000'000;    // refuse a run whose swap would be larger
   std::int64_t max_in_cpu = 0;  // zero_optimization.offload_param.max_in_cpu (placement nvme): elements
   bool max_in_cpu_auto = false;  // --max-in-cpu auto
+  int accum = 1;  // gradient_accumulation_steps: micro-batches a step (the same batch each)
   eng::OverlapMode overlap = eng::OverlapMode::kExact;
   std::string optimizer = "AdamW";  // optimizer.type: AdamW, Lion or Adagrad
   // strata.optimizer_state of each run, in order (--optimizer-state: fp32,
@@ -279,7 +280,7 @@ std::uint64_t free_bytes(const std::string& dir) {
 
 std::string config_json(const Options& o, const Model& m, const std::string& swap_dir) {
   std::string j = "{\n";
-  j += "  \"train_micro_batch_size_per_gpu\": 1,\n  \"gradient_accumulation_steps\": 1,\n";
+  j += str_cat("  \"train_micro_batch_size_per_gpu\": 1,\n  \"gradient_accumulation_steps\": ", o.accum, ",\n");
   j += "  \"gradient_clipping\": 0,\n  \"bf16\": {\"enabled\": true},\n";
   if (o.optimizer == "Lion") {
     j += str_cat("  \"optimizer\": {\"type\": \"Lion\", \"params\": {\"lr\": ", o.lr / 10,
@@ -337,6 +338,7 @@ class Driver {
                                                 const std::vector<float>& pattern,
                                                 const partition::CommunicatorOptions& ranks = {}) {
     std::unique_ptr<Driver> d(new Driver(model));
+    d->accum_ = config.gradient_accumulation_steps;
     STRATA_ASSIGN_OR_RETURN(d->engine_, eng::Engine::create(config, ranks));
     gpu::Device& dev = d->engine_->device();
     STRATA_ASSIGN_OR_RETURN(d->stream_, dev.create_stream("framework"));
@@ -368,24 +370,28 @@ class Driver {
       engine_->device().synchronize(stream_).ignore_error();  // at exit
   }
 
-  // One step: forward over every layer (declared compute), backward in
-  // reverse (declared compute and the task's loss and gradient), step_end,
-  // then the loss read back. Timed from the first fetch to the loss on the
-  // host (a trainer reads its loss).
+  // One step: per micro-batch (--accum, the same batch each), forward over
+  // every layer (declared compute), backward in reverse (declared compute
+  // and the task's loss and gradient), micro_step_end between them;
+  // step_end, then the loss read back. Timed from the first fetch to the
+  // loss on the host (a trainer reads its loss).
   Result<StepRecord> step() {
     gpu::Device& dev = engine_->device();
     const double fwd = model_.forward_flops();
     const Usage before = Usage::now();
     core::Stopwatch sw;
-    STRATA_RETURN_IF_ERROR(run_forward(*engine_, stream_, model_));
-    for (int g = model_.layers - 1; g >= 0; --g) {
-      const std::string name = model_.group(g);
-      STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan weights, engine_->fetch(name));
-      STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan grad, engine_->grad_buffer(name));
-      STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, 2.0 * fwd, "backward"));
-      STRATA_RETURN_IF_ERROR(task_->backward(dev, stream_, g, weights, grad));
-      STRATA_RETURN_IF_ERROR(engine_->grads_ready(name, &stream_));
-      STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));
+    for (int micro = 0; micro < accum_; ++micro) {
+      if (micro > 0) STRATA_RETURN_IF_ERROR(engine_->micro_step_end());
+      STRATA_RETURN_IF_ERROR(run_forward(*engine_, stream_, model_));
+      for (int g = model_.layers - 1; g >= 0; --g) {
+        const std::string name = model_.group(g);
+        STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan weights, engine_->fetch(name));
+        STRATA_ASSIGN_OR_RETURN(const gpu::DeviceSpan grad, engine_->grad_buffer(name));
+        STRATA_RETURN_IF_ERROR(dev.declare_compute(stream_, 2.0 * fwd, "backward"));
+        STRATA_RETURN_IF_ERROR(task_->backward(dev, stream_, g, weights, grad));
+        STRATA_RETURN_IF_ERROR(engine_->grads_ready(name, &stream_));
+        STRATA_RETURN_IF_ERROR(engine_->release(name, &stream_));
+      }
     }
     STRATA_RETURN_IF_ERROR(task_->fetch_loss(dev, stream_));
     StepRecord r;
@@ -423,6 +429,7 @@ class Driver {
  private:
   explicit Driver(const Model& m) : model_(m) {}
   Model model_;
+  int accum_ = 1;  // micro-batches a step
   double finalize_s_ = 0.0;
   // Destruction order: the task's buffers and the stream before the engine (their device).
   std::unique_ptr<eng::Engine> engine_;
@@ -662,6 +669,11 @@ Options parse(int argc, char** argv) {
       size(&o.device_budget);
     } else if (arg == "--max-disk") {
       size(&o.max_disk);
+    } else if (arg == "--accum") {
+      std::int64_t n = 0;
+      count(&n);
+      if (n > 1024) bad(arg, std::to_string(n), "at most 1024");
+      o.accum = static_cast<int>(n);
     } else if (arg == "--max-in-cpu") {
       if (i + 1 < argc && std::string_view(argv[i + 1]) == "auto") {
         o.max_in_cpu_auto = true;
@@ -725,7 +737,7 @@ Options parse(int argc, char** argv) {
           stderr,
           "usage: scale_bench [--params N] [--layers L] [--placement nvme|cpu|device] [--steps S]\n"
           "                   [--pinned-budget SIZE] [--device-budget SIZE] [--dir DIR] [--max-disk SIZE]\n"
-          "                   [--max-in-cpu ELEMENTS|auto]\n"
+          "                   [--max-in-cpu ELEMENTS|auto] [--accum N]\n"
           "                   [--overlap exact|delayed|none] [--optimizer AdamW|Lion|Adagrad] [--tflops T] [--link-gbps G] [--lr LR]\n"
           "                   [--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise]\n"
           "                   [--sample-params N] [--grad-buffers N] [--no-bound] [--plan-only]\n"

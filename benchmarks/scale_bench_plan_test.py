@@ -4,7 +4,8 @@
 placements (everything on nvme, the optimizer and the compute copies in pinned
 memory, everything in device memory) with AdamW (and on nvme with
 offload_param.max_in_cpu keeping a quarter of the layers' compute copies in
-pinned memory, and "auto" under a pinned budget), and with Lion (nvme, device)
+pinned memory, and "auto" under a pinned budget; two micro-batches a step,
+with and without), and with Lion (nvme, device)
 and Adagrad (pinned), and AdamW on nvme with each optimizer state format
 (--optimizer-state fp32,bf16,bf16_stochastic,int8_blockwise in one run), and this test reads its JSON: every
 tier's planned bytes within 5% of the measured peak, the planned bytes moved
@@ -69,8 +70,8 @@ def check_run(doc, placement, optimizer, bound, state="fp32"):
     name = f"{placement} ({optimizer}, {state} state)"
     check(doc["placement"] == placement, f"{name}: placement {doc['placement']}")
     check(doc["optimizer"] == optimizer, f"{name}: optimizer {doc['optimizer']}")
-    check(8 << 20 <= doc["training_state_bytes"] <= 64 << 20,
-          f"{name}: training state {doc['training_state_bytes']} B is not 8-64 MiB")
+    check(8 << 20 <= doc["training_state_bytes"] <= 80 << 20,  # (72 MiB with --accum: fp32 host gradients)
+          f"{name}: training state {doc['training_state_bytes']} B is not 8-80 MiB")
     checks = {c["what"]: c for c in doc["checks"]}
     check(sorted(checks) == sorted(TIERS + LINKS), f"{name}: checks {sorted(checks)}")
     for what in TIERS:
@@ -125,6 +126,11 @@ def main():
         pinned = {d: {c["what"]: c["measured"] for c in docs_["checks"]}["pinned memory"]
                   for d, docs_ in (("plain", plain), ("kept", kept))}
         check(pinned["kept"] > pinned["plain"], f"--max-in-cpu: pinned memory {pinned}")
+        # Two micro-batches a step (copies kept on the device since a
+        # backward serve the next forward's first fetches), with and without
+        # layers kept in pinned memory: the plan holds either way.
+        for extra in ((), ("--max-in-cpu", str(16 * 65536))):
+            check_run(run(bench, tmp, "nvme", "AdamW", ("--accum", "2") + extra), "nvme", "AdamW", bound=False)
         # "auto" under a 15 MiB pinned budget: the engine keeps what the budget
         # leaves beside the rest (the ring at its depth), and the planner
         # resolves it alike (the plan's disk reads and pinned bytes hold).
