@@ -170,7 +170,8 @@ def _base_files(tmp_path, dtype=torch.float32, name="base"):
     return base_dir
 
 
-def _lora_from_files(base_dir, swap_dir, precision="fp32", frozen_base="auto", placement="base_nvme", **strata_keys):
+def _lora_from_files(base_dir, swap_dir, precision="fp32", frozen_base="auto", placement="base_nvme", max_in_cpu=None,
+                     **strata_keys):
     with strata.torch.meta_init():
         model = helpers.tiny_llama(seed=0)
     torch.manual_seed(11)
@@ -179,6 +180,8 @@ def _lora_from_files(base_dir, swap_dir, precision="fp32", frozen_base="auto", p
                          lr=LR, weight_decay=WD, frozen_base=frozen_base, **strata_keys)
     if placement == "base_nvme":
         cfg["zero_optimization"]["offload_optimizer"]["device"] = "cpu"
+    if max_in_cpu is not None:
+        cfg["zero_optimization"]["offload_param"]["max_in_cpu"] = max_in_cpu
     return model, strata.torch.initialize(model, cfg, weights=str(base_dir))
 
 
@@ -234,6 +237,43 @@ def test_base_read_from_its_files_is_never_copied_or_written(tmp_path, swap_dir,
         assert s.resident_nvme_bytes == s.resident_bytes  # every group's copies live on nvme
         assert f.bytes_nvme_read + f.bytes_file_read * cb // (4 if file_dtype == torch.float32 else 2) <= s.bytes_nvme_read
         assert f.bytes_nvme_read < s.bytes_nvme_read
+
+
+@pytest.mark.parametrize("max_in_cpu,budget", [(10**9, None), ("auto", "64MiB")])
+def test_a_base_kept_in_cpu_memory_reads_no_file_and_is_left_out_of_checkpoints(tmp_path, swap_dir, max_in_cpu,
+                                                                                   budget):
+    """zero_optimization.offload_param.max_in_cpu (a number, or "auto" under a pinned budget) keeping
+    every group's compute copies in pinned memory: the run is bit for bit the run reading the base
+    from its files, reads nothing from the files or the swap drive in a step, and its checkpoint
+    leaves the base out as that run's does (the files named), loading into a run that reads them."""
+    base_dir = _base_files(tmp_path)
+    runs = {}
+    for name, keys in (("files", {}), ("kept", {"max_in_cpu": max_in_cpu})):
+        if name == "kept" and budget is not None:
+            keys["budgets"] = {"pinned": budget}
+        model, engine = _lora_from_files(base_dir, swap_dir, **keys)
+        stats = []
+        losses = helpers.train_strata(engine, model, helpers.batches(4 * GAS), 4, GAS,
+                                      on_step=lambda s, st_: stats.append(st_))
+        if name == "kept":
+            engine.save_checkpoint(str(tmp_path / "ck"))
+        runs[name] = (losses, engine.state_dict(), stats)
+        engine.close()
+    (l_files, w_files, st_files), (l_kept, w_kept, st_kept) = runs["files"], runs["kept"]
+    assert l_kept == l_files and l_kept[-1] < l_kept[0]
+    for name, w in w_files.items():
+        assert torch.equal(w_kept[name], w), name
+    assert all(s.bytes_file_read > 0 for s in st_files)
+    assert all(s.bytes_file_read == 0 and s.bytes_nvme_read == 0 and s.bytes_nvme_write == 0 for s in st_kept)
+    step = tmp_path / "ck" / (tmp_path / "ck" / "latest").read_text().split()[0]
+    manifest = json.loads((step / "manifest.json").read_text())
+    groups = {p["group"] for p in manifest["params"] if not p["trainable"]}
+    assert {b["group"] for b in manifest["frozen_base"]} == groups
+    assert all(b["files"] == [str(base_dir / "model.safetensors")] for b in manifest["frozen_base"])
+    model, engine = _lora_from_files(base_dir, swap_dir)
+    engine.load_checkpoint(str(tmp_path / "ck"))
+    assert all(torch.equal(engine.state_dict()[n], w) for n, w in w_kept.items())
+    engine.close()
 
 
 def test_a_base_file_changed_during_the_run_is_data_loss_naming_it(tmp_path, swap_dir):
