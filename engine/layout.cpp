@@ -190,7 +190,7 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
 // Whole homes: each group, in registration order, whose home still fits in
 // what the earlier ones left has a pinned home (a fetch reads it from memory,
 // a step writes it there); the others stay on nvme.
-std::int64_t keep_compute_homes_in_pinned(Layout& layout, std::int64_t max_elems, bool without_frozen) {
+void keep_compute_homes_in_pinned(Layout& layout, std::int64_t max_elems, bool without_frozen) {
   std::int64_t left = max_elems;
   for (GroupPlace& g : layout.groups) {
     const std::int64_t n = layout.home_elems(g);
@@ -199,7 +199,6 @@ std::int64_t keep_compute_homes_in_pinned(Layout& layout, std::int64_t max_elems
     g.compute_tier = Tier::kPinned;
     left -= n;
   }
-  return max_elems - left;
 }
 
 void expand_chunks(Layout& layout) {

@@ -277,12 +277,12 @@ core::Result<Layout> plan_layout_runs(std::vector<ParamDesc> params,
 
 // offload_param.max_in_cpu's rule: each group whose compute tier is nvme, in
 // registration order, whose home (home_elems) still fits in what is left of
-// `max_elems` gets a pinned home. Returns the elements kept. plan_layout_runs
+// `max_elems` gets a pinned home. plan_layout_runs
 // applies it with the config's value (compute copies on nvme); finalize with
 // what strata.budgets.pinned leaves under "auto", there with
 // `without_frozen` under strata.frozen_base "files" (a group with frozen
 // parameters keeps reading them from their files).
-std::int64_t keep_compute_homes_in_pinned(Layout& layout, std::int64_t max_elems, bool without_frozen = false);
+void keep_compute_homes_in_pinned(Layout& layout, std::int64_t max_elems, bool without_frozen = false);
 
 // Lists Layout::chunks from chunk_runs (no-op when already listed);
 // plan_layout(...) is plan_layout_runs(...) then this.

@@ -180,15 +180,15 @@ struct Evaluation {
   bool frozen_in_files = false;
   bool persistent_groups = false;  // every group under stage3_param_persistence_threshold
   // Compute copies on nvme: the groups whose homes offload_param.max_in_cpu
-  // keeps in pinned memory (whole homes, as plan_layout keeps them), and
-  // the share of a per-step figure over every group that the others' homes,
-  // on nvme, take.
+  // keeps in pinned memory (whole homes, as plan_layout keeps them).
   std::int64_t cpu_groups = 0;
   // Every compute home in pinned memory (offload_param.device cpu, or nvme
   // with max_in_cpu keeping them all).
   bool homes_pinned() const {
     return pl.param_device == OffloadDevice::kCpu || (pl.param_device == OffloadDevice::kNvme && cpu_groups >= L);
   }
+  // The other groups' share of a figure every group takes alike (their
+  // homes on nvme).
   std::uint64_t nvme_share(std::uint64_t x) const {
     return cpu_groups == 0 ? x : cpu_groups >= L ? 0 : x - x / u64(L) * u64(cpu_groups);
   }
@@ -771,14 +771,12 @@ StepTraffic step_traffic(const Evaluation& e) {
   }
   if (home_nvme) {
     // The groups offload_param.max_in_cpu keeps in pinned memory read and
-    // write nothing on the drive. They are the first in registration
-    // (forward) order, and the copies kept on the device since the forward
-    // are its last ones (the backward's first): of the fetches, in units of
-    // one group's, each group has `passes` and each resident one all but one
-    // served from the device; the drive reads the other groups' share.
-    // (This step's own model of the resident copies, above: the last
-    // resident_groups serve the backward of each of the accum micro-batches,
-    // the first resident_groups each later micro-batch's forward.)
+    // write nothing on the drive; they are the first in registration
+    // (forward) order. Of the fetches, in units of one group's, each group
+    // has `passes`, less those its copies kept on the device serve (this
+    // step's model of them, above: the last resident_groups each
+    // micro-batch's backward, the first resident_groups each later
+    // micro-batch's forward); the drive reads the other groups'.
     std::uint64_t read = home_fetch;
     if (e.cpu_groups > 0) {
       const std::int64_t resident = e.resident_groups;

@@ -48,6 +48,14 @@ std::int64_t homes_value(const PlannedHomes& homes, std::int64_t k) {
   return k * homes.home + std::min<std::int64_t>(k * 4096, homes.home - 1);
 }
 
+// `config` with max_in_cpu at k whole homes (0 for none), "auto" cleared.
+Config with_homes(const Config& config, const PlannedHomes& homes, std::int64_t k) {
+  Config out = config;
+  out.zero.offload_param.max_in_cpu_auto = false;
+  out.zero.offload_param.max_in_cpu = k > 0 ? homes_value(homes, k) : 0;
+  return out;
+}
+
 // The most whole homes (from `from` on, which fits) max_in_cpu can keep in
 // pinned memory with placement `p` of `config` still fitting. Below every
 // group each more one takes RAM (fits falls once, and stays false); keeping
@@ -57,10 +65,7 @@ std::int64_t most_homes(const Config& config, const ModelSummary& model, const T
                         const PlanOptions& options, const Placement& p, const PlannedHomes& homes, std::int64_t from) {
   if (homes.home <= 0 || from >= homes.groups) return from;
   const auto fits = [&](std::int64_t k) {
-    Config mc = config;
-    mc.zero.offload_param.max_in_cpu_auto = false;
-    mc.zero.offload_param.max_in_cpu = homes_value(homes, k);
-    return evaluate(Inputs{mc, model, capacities, options}, p).fits;
+    return evaluate(Inputs{with_homes(config, homes, k), model, capacities, options}, p).fits;
   };
   if (fits(homes.groups)) return homes.groups;
   std::int64_t lo = from, hi = homes.groups;  // fits at lo; not at hi
@@ -91,9 +96,7 @@ Config resolve_max_in_cpu(const Config& config, const ModelSummary& model, const
   if (homes.home <= 0) return out;
   const std::uint64_t spare = planned_pinned_spare(in, p);
   const std::uint64_t home_bytes = static_cast<std::uint64_t>(homes.home) * static_cast<std::uint64_t>(config.compute_bytes());
-  const std::int64_t k = std::min<std::int64_t>(homes.groups, static_cast<std::int64_t>(spare / home_bytes));
-  out.zero.offload_param.max_in_cpu = k > 0 ? homes_value(homes, k) : 0;
-  return out;
+  return with_homes(out, homes, std::min<std::int64_t>(homes.groups, static_cast<std::int64_t>(spare / home_bytes)));
 }
 
 }  // namespace
@@ -176,9 +179,6 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
   STRATA_ASSIGN_OR_RETURN(TierCapacities capacities,
                           tier_capacities(config, machine, options.margins, options.ranks / options.nodes,
                                           &plan.notes));
-  // offload_param.max_in_cpu "auto" resolved as finalize resolves it: the
-  // most whole homes that fit beside everything else (the planner's capacity
-  // for pinned memory is then strata.budgets.pinned, which "auto" needs).
   Placement configured;
   configured.param_device = config.zero.offload_param.device;
   configured.optimizer_device = config.zero.offload_optimizer.device;
@@ -283,9 +283,8 @@ core::Result<Plan> make_plan(const Config& config, const ModelSpec& model,
     const std::int64_t now = homes.home > 0 ? config.zero.offload_param.max_in_cpu / homes.home : 0;
     const std::int64_t best = most_homes(resolved, plan.model, capacities, options, configured, homes, now);
     if (best > now) {
-      Config mc = resolved;
-      mc.zero.offload_param.max_in_cpu = homes_value(homes, best);
-      const PlacementPlan more = evaluate(Inputs{mc, plan.model, capacities, options}, configured);
+      const PlacementPlan more =
+          evaluate(Inputs{with_homes(resolved, homes, best), plan.model, capacities, options}, configured);
       const StepTraffic& was = plan.configured.traffic;
       plan.notes.push_back(str_cat(
           "RAM has room for more compute copies: zero_optimization.offload_param.max_in_cpu = ",
